@@ -1,0 +1,94 @@
+"""The command-line surface: parse flags -> config -> call. Nothing else lives here.
+
+argparse (standard library) gives exit code 2 and a usage line for malformed flags; our own
+MirrorfitError gets the same exit code with one clear line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Sequence
+
+from mirrorfit.errors import EXIT_USAGE, MirrorfitError
+
+
+def _train_parser(sub) -> None:
+    p = sub.add_parser("train", help="train a model data-parallel",
+                       description="Train a Keras model data-parallel with mirrorfit's compiled "
+                                   "multi-step loop. Flags override --config.")
+    add = p.add_argument
+    add("--config", help="TOML file with any of the settings below (flags override it)")
+    add("--model", help="mlp (default), cnn, or package.module:function returning a Keras model")
+    add("--dataset", help="data set (mnist)")
+    add("--data-dir", help="folder holding mnist.npz (else $MIRRORFIT_DATA, the Keras cache)")
+    add("--replicas", type=int, help="replicas; on a CPU-only host, logical CPU devices")
+    add("--devices", help="comma-separated devices to replicate over, e.g. /gpu:0,/gpu:2")
+    add("--visible-devices", help="GPU indices to use, like CUDA_VISIBLE_DEVICES (e.g. 0,1)")
+    add("--no-memory-growth", dest="memory_growth", action="store_const", const=False,
+        help="let TensorFlow take all GPU memory at start")
+    add("--strategy", help="auto (default), single, mirrored, central-storage")
+    add("--cross-device-ops", help="auto (default), nccl, hierarchical, reduce-to-one")
+    add("--batch-size", type=int, help="examples per replica per step (default 32)")
+    add("--global-batch-size", type=int, help="examples per step over all replicas (instead)")
+    add("--epochs", type=int, help="epochs (default 10)")
+    add("--optimizer", help="sgd (default), adam, adamw, rmsprop")
+    add("--lr", type=float, help="learning rate (default 0.01)")
+    add("--steps-per-execution", type=int, help="steps per compiled call (default 50)")
+    add("--seed", type=int, help="seed for weights and data order (default 42)")
+    add("--train-examples", type=int, help="train on the first N training examples")
+    add("--eval-batch-size", type=int, help="global batch for evaluation")
+    add("--metrics-out", help="write a JSON summary here")
+    add("--no-progress", dest="progress", action="store_const", const=False,
+        help="no progress bars")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="mirrorfit", description=(
+        "Data-parallel Keras training on 1..N devices, measured."))
+    sub = parser.add_subparsers(dest="command", required=True)
+    _train_parser(sub)
+    sub.add_parser("devices", help="list the devices TensorFlow sees")
+    return parser
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from mirrorfit.config import load_config
+    from mirrorfit.train import run_training
+
+    overrides = {k: v for k, v in vars(args).items() if k not in ("command", "config")}
+    config = load_config(args.config, **overrides)
+    run_training(config)
+    return 0
+
+
+def _cmd_devices(args: argparse.Namespace) -> int:
+    from mirrorfit.devices import list_devices
+
+    devices = list_devices()
+    for d in devices:
+        print(f"{d['type']:4} {d['name']} {d.get('model', '')}".rstrip())
+    if not any(d["type"] == "GPU" for d in devices):
+        print(f"no GPU: `--replicas N` splits the CPU into N logical devices that share the "
+              f"same {os.cpu_count()} cores")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``mirrorfit`` console script; returns the exit code."""
+    args = _parser().parse_args(argv)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # keep TF's C++ banner out of the way
+    try:
+        return {"train": _cmd_train, "devices": _cmd_devices}[args.command](args)
+    except MirrorfitError as e:
+        print(f"mirrorfit: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("mirrorfit: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+

@@ -1,0 +1,157 @@
+"""Training settings: one frozen dataclass, resolved and validated in one place.
+
+Precedence: defaults < TOML file (``--config``) < command-line flags / keyword arguments.
+Every check a user can fail lives here, so the rest of the package may trust the values.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from mirrorfit.errors import ConfigError
+
+STRATEGIES = ("auto", "single", "mirrored", "central-storage")
+CROSS_DEVICE_OPS = ("auto", "nccl", "hierarchical", "reduce-to-one")
+OPTIMIZERS = ("sgd", "adam", "adamw", "rmsprop")
+DATASETS = ("mnist",)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Everything ``mirrorfit train`` needs. Field names are the TOML keys and the flag names
+    (``steps_per_execution`` <-> ``--steps-per-execution``)."""
+
+    model: str = "mlp"
+    dataset: str = "mnist"
+    data_dir: str | None = None
+    replicas: int | None = None  # None: every local device (all GPUs, else the one CPU)
+    devices: tuple[str, ...] = ()  # explicit device names, e.g. ("/gpu:0", "/gpu:2")
+    visible_devices: str | None = None  # GPU indices, like CUDA_VISIBLE_DEVICES
+    memory_growth: bool = True
+    strategy: str = "auto"
+    cross_device_ops: str = "auto"
+    batch_size: int = 32  # per replica
+    global_batch_size: int | None = None  # instead of batch_size
+    epochs: int = 10
+    optimizer: str = "sgd"
+    lr: float = 1e-2
+    steps_per_execution: int = 50
+    seed: int = 42
+    train_examples: int | None = None
+    eval_batch_size: int | None = None  # global; None: the training global batch
+    metrics_out: str | None = None
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        _check_choice("strategy", self.strategy, STRATEGIES)
+        _check_choice("cross_device_ops", self.cross_device_ops, CROSS_DEVICE_OPS)
+        _check_choice("dataset", self.dataset, DATASETS)
+        _check_choice("optimizer", self.optimizer.lower(), OPTIMIZERS)
+        for name in ("batch_size", "epochs", "steps_per_execution"):
+            _check_positive(name, getattr(self, name))
+        for name in ("replicas", "global_batch_size", "train_examples", "eval_batch_size"):
+            if getattr(self, name) is not None:
+                _check_positive(name, getattr(self, name))
+        if not self.lr > 0:
+            raise ConfigError(f"lr must be > 0, got {self.lr}; pass e.g. --lr 0.01")
+        if self.seed < 0:
+            raise ConfigError(f"seed must be >= 0, got {self.seed}")
+
+    def batch_sizes(self, replicas: int) -> tuple[int, int]:
+        """(per-replica, global) batch size in examples for ``replicas`` replicas."""
+        if self.global_batch_size is None:
+            return self.batch_size, self.batch_size * replicas
+        if self.global_batch_size % replicas:
+            raise ConfigError(
+                f"global batch size {self.global_batch_size} is not divisible by {replicas} "
+                f"replicas; use a multiple of {replicas} (e.g. "
+                f"{max(replicas, self.global_batch_size // replicas * replicas)}) "
+                "or --batch-size for the per-replica batch"
+            )
+        return self.global_batch_size // replicas, self.global_batch_size
+
+
+def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ConfigError(f"unknown {name} {value!r}; choose one of: {', '.join(choices)}")
+
+
+def _check_positive(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+
+
+_FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
+
+
+def _coerce(name: str, value: Any) -> Any:
+    """Check a TOML value's type against the field (TOML has no None, ints are not floats)."""
+    default = _FIELDS[name].default
+    if name == "devices":
+        if isinstance(value, str):
+            value = [v for v in value.split(",") if v]
+        if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+            raise ConfigError(f"devices must be a list of device names, got {value!r}")
+        return tuple(value)
+    if name == "lr" and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    want = type(default) if default is not None else None
+    if want is None:  # optional fields: int or str
+        ok = isinstance(value, str) if name in ("data_dir", "visible_devices", "metrics_out") else (
+            isinstance(value, int) and not isinstance(value, bool))
+    else:
+        ok = isinstance(value, want) and not (want is int and isinstance(value, bool))
+    if not ok:
+        raise ConfigError(f"config key {name!r} has the wrong type: {value!r}")
+    return value
+
+
+def load_config(path: str | Path | None = None, **overrides: Any) -> TrainConfig:
+    """Build a :class:`TrainConfig` from an optional TOML file and keyword overrides.
+
+    Overrides whose value is ``None`` are ignored, so unset CLI flags keep the file's value.
+    Raises :class:`ConfigError` for unknown keys (with a suggestion), wrong types, bad values.
+    """
+    values: dict[str, Any] = {}
+    if path is not None:
+        values.update(_read_toml(Path(path)))
+    for key, value in overrides.items():
+        if value is not None:
+            values[_key(key, "argument")] = value
+    values = {k: _coerce(k, v) for k, v in values.items()}
+    return TrainConfig(**values)
+
+
+def _read_toml(path: Path) -> Mapping[str, Any]:
+    try:
+        raw = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist; check the --config path") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"config file {path} is not valid TOML: {e}") from None
+    table = raw.get("train", raw)  # accept a [train] table or top-level keys
+    return {_key(k, f"key in {path}"): v for k, v in table.items()}
+
+
+def _key(key: str, where: str) -> str:
+    name = key.replace("-", "_")
+    if name not in _FIELDS:
+        close = difflib.get_close_matches(name, list(_FIELDS), n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else f"; valid keys: {', '.join(_FIELDS)}"
+        raise ConfigError(f"unknown config {where} {key!r}{hint}")
+    return name
+
+
+def to_dict(config: TrainConfig) -> dict[str, Any]:
+    """The config as plain JSON-able values."""
+    out = dataclasses.asdict(config)
+    out["devices"] = list(config.devices)
+    return out
+
+
+__all__ = ["TrainConfig", "load_config", "to_dict"]

@@ -1,0 +1,215 @@
+"""The controller: epochs, metrics, progress and callbacks around the compiled loops.
+
+Like Orbit's controller, it knows nothing of what runs on the devices; it asks the compiled
+loops to "run N steps" and tracks where it is (epoch, step). Checkpoints and preemption hook in
+through ``callbacks`` and ``Trainer.position``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from mirrorfit.data.pipeline import eval_dataset
+from mirrorfit.engine.loop import compile_loops
+from mirrorfit.engine.progress import EpochProgress
+from mirrorfit.engine.step import ReplicaStep
+from mirrorfit.errors import ConfigError
+
+# A callback is a plain callable: fn(epoch, logs) after each epoch (epoch counts from 1).
+Callback = Callable[[int, dict[str, float]], None]
+# Training data: a dataset of global batches, or a function epoch -> such a dataset
+# (a fresh, seeded order per epoch).
+TrainData = tf.data.Dataset | Callable[[int], tf.data.Dataset]
+
+
+@dataclass
+class History:
+    """What a ``fit`` did: per-epoch logs and steady-state throughput."""
+
+    epochs: list[dict[str, float]] = field(default_factory=list)
+    steps: int = 0
+    wall_time_s: float = 0.0
+    steady_examples: int = 0
+    steady_time_s: float = 0.0
+
+    @property
+    def train_examples_per_sec(self) -> float:
+        """Examples/s over all executions but the first (which traces and compiles)."""
+        return self.steady_examples / self.steady_time_s if self.steady_time_s else 0.0
+
+
+class Trainer:
+    """Data-parallel training of a Keras model with a tf.distribute strategy.
+
+    ``model`` is a zero-argument function returning a Keras model (built here under the
+    strategy's scope) or a model already built under ``strategy.scope()``. ``optimizer`` is a
+    configured Keras optimizer; if it was made outside the scope, a copy is made inside it from
+    its config. ``loss`` is a Keras loss or a function returning per-example losses.
+    ``global_batch`` is the examples per step over all replicas.
+    """
+
+    def __init__(self, *, strategy: tf.distribute.Strategy, model, optimizer, loss,
+                 global_batch: int, metrics: Sequence[str | keras.metrics.Metric] = ("accuracy",),
+                 steps_per_execution: int = 1) -> None:
+        if global_batch % strategy.num_replicas_in_sync:
+            raise ConfigError(f"global batch {global_batch} is not divisible by "
+                              f"{strategy.num_replicas_in_sync} replicas")
+        self.strategy = strategy
+        self.global_batch = global_batch
+        self.steps_per_execution = steps_per_execution
+        with strategy.scope():
+            self.model = _build_model(model, strategy)
+            self.optimizer = _bind_optimizer(optimizer, strategy)
+            self.optimizer.build(self.model.trainable_variables)
+            train_metrics = [_metric(m) for m in metrics]
+            eval_metrics = [_metric(m) for m in metrics]
+            self._step = ReplicaStep(
+                model=self.model, optimizer=self.optimizer, loss=loss,
+                train_metrics=train_metrics, eval_metrics=eval_metrics,
+                loss_tracker=keras.metrics.Mean(name="loss"),
+                eval_loss_tracker=keras.metrics.Mean(name="loss"),
+                global_batch=global_batch, num_replicas=strategy.num_replicas_in_sync)
+        self._loops = compile_loops(strategy, self._step.train, self._step.evaluate)
+        self.epoch = 0  # epochs completed
+        self.step = 0  # optimizer steps completed
+
+    @property
+    def replicas(self) -> int:
+        return self.strategy.num_replicas_in_sync
+
+    def fit(self, train: TrainData, *, epochs: int, steps_per_epoch: int | None = None,
+            validation: tuple[np.ndarray, np.ndarray] | tf.data.Dataset | None = None,
+            callbacks: Sequence[Callback] = (), progress: EpochProgress | None = None) -> History:
+        """Train for ``epochs`` epochs; return per-epoch logs and throughput (examples/s)."""
+        history = History()
+        progress = progress or EpochProgress(enabled=False)
+        start = time.perf_counter()
+        with progress:
+            for epoch in range(self.epoch + 1, epochs + 1):
+                dataset = train(epoch - 1) if callable(train) else train
+                steps = steps_per_epoch or _cardinality(dataset)
+                logs = self._run_epoch(dataset, epoch, epochs, steps, progress, history)
+                if validation is not None:
+                    logs.update({f"val_{k}": v for k, v in self.evaluate(validation).items()})
+                self.epoch = epoch
+                history.epochs.append(logs)
+                for callback in callbacks:
+                    callback(epoch, logs)
+        history.wall_time_s = time.perf_counter() - start
+        return history
+
+    def _run_epoch(self, dataset, epoch, epochs, steps, progress, history) -> dict[str, float]:
+        for metric in self._train_metrics():
+            metric.reset_state()
+        iterator = iter(self.strategy.experimental_distribute_dataset(dataset))
+        progress.start_epoch(epoch, epochs, steps)
+        done, epoch_examples, epoch_time, last_draw = 0, 0, 0.0, 0.0
+        while done < steps:
+            n = min(self.steps_per_execution, steps - done)
+            t0 = time.perf_counter()
+            self._loops.run_train(iterator, n)
+            elapsed = time.perf_counter() - t0
+            done += n
+            self.step += n
+            if history.steps:  # the very first execution traces and compiles: not steady
+                history.steady_examples += n * self.global_batch
+                history.steady_time_s += elapsed
+                epoch_examples += n * self.global_batch
+                epoch_time += elapsed
+            history.steps += n
+            now = time.perf_counter()
+            if now - last_draw > 0.1 or done == steps:
+                last_draw = now
+                logs = self._read(self._train_metrics())
+                if epoch_time:
+                    logs["examples/s"] = epoch_examples / epoch_time
+                progress.update(done, logs)
+        logs = self._read(self._train_metrics())
+        logs["examples_per_sec"] = epoch_examples / epoch_time if epoch_time else 0.0
+        return logs
+
+    def evaluate(self, data: tuple[np.ndarray, np.ndarray] | tf.data.Dataset,
+                 batch_size: int | None = None) -> dict[str, float]:
+        """Loss, metrics and the example count over every example of ``data`` exactly once.
+
+        ``data`` is (x, y) arrays (batched here by ``batch_size``, default the global batch)
+        or a dataset of global batches.
+        """
+        if isinstance(data, tuple):
+            data = eval_dataset(*data, global_batch=batch_size or self.global_batch)
+        metrics = self._eval_metrics()
+        for metric in metrics:
+            metric.reset_state()
+        self._loops.evaluate(self.strategy.experimental_distribute_dataset(data))
+        results = self._read(metrics)
+        # SyncOnRead: reading in cross-replica context sums the replicas' counts.
+        results["examples"] = int(self._step.eval_loss_tracker.count.value.read_value())
+        return results
+
+    def _train_metrics(self) -> list[keras.metrics.Metric]:
+        return [self._step.loss_tracker, *self._step.train_metrics]
+
+    def _eval_metrics(self) -> list[keras.metrics.Metric]:
+        return [self._step.eval_loss_tracker, *self._step.eval_metrics]
+
+    @staticmethod
+    def _read(metrics) -> dict[str, float]:
+        return {m.name: float(m.result()) for m in metrics}
+
+    def tracing_count(self) -> int:
+        """How often the multi-step train function was traced (1 once running)."""
+        return self._loops.tracing_count()
+
+
+def _build_model(model, strategy: tf.distribute.Strategy) -> keras.Model:
+    if isinstance(model, keras.Model):
+        variables = model.variables
+        if variables and not strategy.extended.variable_created_in_scope(variables[0].value):
+            raise ConfigError("the model's variables were not created under this strategy; "
+                              "pass a function that builds the model, or build it inside "
+                              "strategy.scope()")
+        return model
+    if callable(model):
+        return model()
+    raise ConfigError(f"model must be a keras.Model or a function returning one, got {model!r}")
+
+
+def _bind_optimizer(optimizer, strategy: tf.distribute.Strategy):
+    # Keras's TF optimizer captures the strategy current at construction: one made outside
+    # the scope would not all-reduce. Rebuild it inside from its config (keeps schedules).
+    if not isinstance(optimizer, keras.optimizers.Optimizer):
+        raise ConfigError(f"optimizer must be a keras.optimizers.Optimizer, got {optimizer!r}")
+    if getattr(optimizer, "_distribution_strategy", None) is strategy:
+        return optimizer
+    if optimizer.built:
+        raise ConfigError("the optimizer was already used with another strategy; pass a fresh "
+                          "one (or its config)")
+    return optimizer.__class__.from_config(optimizer.get_config())
+
+
+def _metric(spec: str | keras.metrics.Metric) -> keras.metrics.Metric:
+    if isinstance(spec, keras.metrics.Metric):
+        return spec.__class__.from_config(spec.get_config())  # fresh state, made in scope
+    if spec == "accuracy":  # integer labels, as for MNIST
+        return keras.metrics.SparseCategoricalAccuracy(name="accuracy")
+    try:
+        return keras.metrics.get(spec)
+    except ValueError:
+        raise ConfigError(f"unknown metric {spec!r}; pass a keras.metrics.Metric") from None
+
+
+def _cardinality(dataset: tf.data.Dataset) -> int:
+    n = int(dataset.cardinality())
+    if n < 0:
+        raise ConfigError("the training dataset has unknown or infinite length; pass "
+                          "steps_per_epoch")
+    return n
+
+
+__all__ = ["Trainer", "History", "Callback"]

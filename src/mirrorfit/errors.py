@@ -1,0 +1,20 @@
+"""User-facing errors.
+
+Anything a user can fix (a flag, a config file, a data path, a model spec) raises
+``MirrorfitError`` with one line naming the bad value and the fix. The CLI prints it and exits
+with ``EXIT_USAGE``; it never lets a TensorFlow traceback reach the user for such input.
+"""
+
+EXIT_USAGE = 2
+
+
+class MirrorfitError(Exception):
+    """A problem with the user's input, explained in one line."""
+
+
+class ConfigError(MirrorfitError):
+    """A bad setting: unknown key, wrong type, or a value out of range."""
+
+
+class DataError(MirrorfitError):
+    """The data set is missing or malformed."""

@@ -1,0 +1,104 @@
+"""The training job: config -> devices -> strategy -> data -> trainer -> summary.
+
+``run_training(config)`` is what ``mirrorfit train`` calls; scripts can call it too.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import keras
+from rich.console import Console
+
+from mirrorfit import _io
+from mirrorfit.config import TrainConfig, to_dict
+from mirrorfit.data import load_mnist, train_dataset
+from mirrorfit.devices import configure_devices
+from mirrorfit.engine.progress import EpochProgress
+from mirrorfit.engine.trainer import Trainer
+from mirrorfit.errors import ConfigError
+from mirrorfit.models import model_factory
+from mirrorfit.strategy import build_strategy
+
+_OPTIMIZERS = {"sgd": keras.optimizers.SGD, "adam": keras.optimizers.Adam,
+               "adamw": keras.optimizers.AdamW, "rmsprop": keras.optimizers.RMSprop}
+
+
+def build_optimizer(name: str, lr: float) -> keras.optimizers.Optimizer:
+    """A Keras optimizer by name (sgd, adam, adamw, rmsprop) with learning rate ``lr``."""
+    return _OPTIMIZERS[name.lower()](learning_rate=lr)
+
+
+def _check_outputs(config: TrainConfig) -> None:
+    # Fail before any work, so bad input writes nothing.
+    if config.metrics_out and not Path(config.metrics_out).parent.resolve().is_dir():
+        raise ConfigError(f"--metrics-out {config.metrics_out}: folder "
+                          f"{Path(config.metrics_out).parent} does not exist; create it first")
+
+
+def run_training(config: TrainConfig, *, console: Console | None = None) -> dict[str, Any]:
+    """Train as ``config`` says; print setup, progress and summary; return the summary dict.
+
+    The summary's throughput ``train_examples_per_sec`` is steady state (examples/s, the first
+    compiled execution excluded); ``wall_time_s`` is seconds for the whole fit.
+    """
+    console = console or Console(stderr=True)
+    _check_outputs(config)
+    factory = model_factory(config.model)
+    data = load_mnist(config.data_dir, train_examples=config.train_examples)
+    setup = configure_devices(replicas=config.replicas, devices=config.devices,
+                              visible_devices=config.visible_devices,
+                              memory_growth=config.memory_growth)
+    per_replica, global_batch = config.batch_sizes(setup.replicas)
+    if global_batch > len(data.x_train):
+        raise ConfigError(f"global batch {global_batch} is larger than the "
+                          f"{len(data.x_train)} training examples; lower --batch-size")
+    keras.utils.set_random_seed(config.seed)
+    strategy = build_strategy(setup, kind=config.strategy,
+                              cross_device_ops=config.cross_device_ops)
+    console.print(f"[bold]mirrorfit[/] {config.model} on {data.source}")
+    console.print(f"devices: {setup.describe()}")
+    console.print(f"strategy: {type(strategy).__name__}, batch: {per_replica} per replica x "
+                  f"{setup.replicas} replicas = {global_batch} global, "
+                  f"{config.steps_per_execution} steps per execution")
+    trainer = Trainer(strategy=strategy, model=factory,
+                      optimizer=build_optimizer(config.optimizer, config.lr),
+                      loss=keras.losses.SparseCategoricalCrossentropy(),
+                      global_batch=global_batch, steps_per_execution=config.steps_per_execution)
+    history = trainer.fit(
+        lambda epoch: train_dataset(data.x_train, data.y_train, global_batch=global_batch,
+                                    seed=config.seed, epoch=epoch),
+        epochs=config.epochs, validation=(data.x_val, data.y_val),
+        progress=EpochProgress(console=console, enabled=config.progress),
+        callbacks=[lambda e, logs: console.print(_epoch_line(e, config.epochs, logs))])
+    eval_batch = config.eval_batch_size or global_batch
+    t0 = time.perf_counter()
+    test = trainer.evaluate((data.x_test, data.y_test), batch_size=eval_batch)
+    last = history.epochs[-1]
+    summary = {
+        "model": config.model, "replicas": setup.replicas, "devices": list(setup.devices),
+        "strategy": type(strategy).__name__, "per_replica_batch_size": per_replica,
+        "global_batch_size": global_batch, "epochs": config.epochs, "steps": history.steps,
+        "train_examples": len(data.x_train), "wall_time_s": history.wall_time_s,
+        "train_examples_per_sec": history.train_examples_per_sec,
+        "final_train_loss": last["loss"], "final_train_accuracy": last["accuracy"],
+        "val_loss": last["val_loss"], "val_accuracy": last["val_accuracy"],
+        "test_loss": test["loss"], "test_accuracy": test["accuracy"],
+        "test_eval_time_s": time.perf_counter() - t0, "history": history.epochs,
+        "config": to_dict(config),
+    }
+    console.print(f"done: {history.steps} steps in {history.wall_time_s:.1f} s, "
+                  f"{summary['train_examples_per_sec']:,.0f} examples/s steady, "
+                  f"val accuracy {summary['val_accuracy']:.4f}, "
+                  f"test accuracy {summary['test_accuracy']:.4f}")
+    if config.metrics_out:
+        _io.write_json_atomic(config.metrics_out, summary)
+    return summary
+
+
+def _epoch_line(epoch: int, epochs: int, logs: dict[str, float]) -> str:
+    return (f"epoch {epoch}/{epochs}: loss {logs['loss']:.4f} accuracy {logs['accuracy']:.4f} "
+            f"val_loss {logs['val_loss']:.4f} val_accuracy {logs['val_accuracy']:.4f} "
+            f"{logs['examples_per_sec']:,.0f} examples/s")

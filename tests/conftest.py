@@ -1,0 +1,47 @@
+"""Shared fixtures: the real MNIST file and a runner for code that needs a fresh TensorFlow.
+
+Logical CPU devices must be set before TensorFlow initialises, so anything that uses several
+replicas runs in its own interpreter (``run_isolated``), which prints one JSON line at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+MNIST_DIR = Path(os.environ.get("MIRRORFIT_DATA", ROOT.parent / "shared" / "data"))
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", MIRRORFIT_DATA=str(MNIST_DIR),
+               PYTHONPATH=os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]))
+    return env
+
+
+def run_isolated(code: str, timeout: float = 300) -> dict:
+    """Run ``code`` in a new Python process; return the JSON object on its last stdout line."""
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
+                          text=True, timeout=timeout, env=_env(), cwd=ROOT)
+    if proc.returncode != 0:
+        raise AssertionError(f"subprocess failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def run_cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    """Run ``mirrorfit ARGS`` as a user would (new process, real console script entry)."""
+    return subprocess.run([sys.executable, "-m", "mirrorfit.cli", *args], capture_output=True,
+                          text=True, timeout=timeout, env=_env(), cwd=ROOT)
+
+
+@pytest.fixture(scope="session")
+def mnist_dir() -> Path:
+    if not (MNIST_DIR / "mnist.npz").is_file():
+        pytest.fail(f"real MNIST not found at {MNIST_DIR}/mnist.npz (set MIRRORFIT_DATA)")
+    return MNIST_DIR
