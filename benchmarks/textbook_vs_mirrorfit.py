@@ -61,7 +61,7 @@ def run_side(side: str, model: str, replicas: int, data_dir: str) -> dict:
     return {"examples_per_sec": examples / (ends[-1] - ends[0]), "test_accuracy": accuracy}
 
 
-def _spawn(side: str, model: str, replicas: int, data_dir: str) -> dict:
+def _spawn(side: str, replicas: int, model: str, data_dir: str) -> dict:
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
     out = subprocess.run([sys.executable, __file__, "--side", side, "--model", model,
                           "--replicas", str(replicas), "--data-dir", data_dir],

@@ -23,6 +23,9 @@ from mirrorfit.errors import ConfigError
 
 # A callback is a plain callable: fn(epoch, logs) after each epoch (epoch counts from 1).
 Callback = Callable[[int, dict[str, float]], None]
+# A hook is a plain callable: fn(trainer) after every compiled execution (checkpoints,
+# preemption). It may raise to stop training; the trainer's position is then exact.
+Hook = Callable[["Trainer"], None]
 # Training data: a dataset of global batches, or a function epoch -> such a dataset
 # (a fresh, seeded order per epoch).
 TrainData = tf.data.Dataset | Callable[[int], tf.data.Dataset]
@@ -76,8 +79,10 @@ class Trainer:
                 eval_loss_tracker=keras.metrics.Mean(name="loss"),
                 global_batch=global_batch, num_replicas=strategy.num_replicas_in_sync)
         self._loops = compile_loops(strategy, self._step.train, self._step.evaluate)
+        # Where training is (what checkpoints save and restore).
         self.epoch = 0  # epochs completed
-        self.step = 0  # optimizer steps completed
+        self.step_in_epoch = 0  # steps completed in the current epoch
+        self.step = 0  # optimizer steps completed in all
 
     @property
     def replicas(self) -> int:
@@ -85,8 +90,13 @@ class Trainer:
 
     def fit(self, train: TrainData, *, epochs: int, steps_per_epoch: int | None = None,
             validation: tuple[np.ndarray, np.ndarray] | tf.data.Dataset | None = None,
-            callbacks: Sequence[Callback] = (), progress: EpochProgress | None = None) -> History:
-        """Train for ``epochs`` epochs; return per-epoch logs and throughput (examples/s)."""
+            callbacks: Sequence[Callback] = (), hooks: Sequence[Hook] = (),
+            progress: EpochProgress | None = None) -> History:
+        """Train up to ``epochs`` epochs in all; return per-epoch logs and throughput.
+
+        Starts from the trainer's position (``epoch``, ``step_in_epoch``), so a trainer restored
+        from a checkpoint continues mid-epoch with the batches it had not seen yet.
+        """
         history = History()
         progress = progress or EpochProgress(enabled=False)
         start = time.perf_counter()
@@ -94,22 +104,26 @@ class Trainer:
             for epoch in range(self.epoch + 1, epochs + 1):
                 dataset = train(epoch - 1) if callable(train) else train
                 steps = steps_per_epoch or _cardinality(dataset)
-                logs = self._run_epoch(dataset, epoch, epochs, steps, progress, history)
+                if self.step_in_epoch:  # resumed mid-epoch: skip what was already trained on
+                    dataset = dataset.skip(self.step_in_epoch)
+                logs = self._run_epoch(dataset, epoch, epochs, steps, progress, history, hooks)
                 if validation is not None:
-                    logs.update({f"val_{k}": v for k, v in self.evaluate(validation).items()})
-                self.epoch = epoch
+                    logs.update({f"val_{k}": v for k, v in self.evaluate(validation).items()
+                                 if k != "examples"})
+                self.epoch, self.step_in_epoch = epoch, 0
                 history.epochs.append(logs)
                 for callback in callbacks:
                     callback(epoch, logs)
         history.wall_time_s = time.perf_counter() - start
         return history
 
-    def _run_epoch(self, dataset, epoch, epochs, steps, progress, history) -> dict[str, float]:
+    def _run_epoch(self, dataset, epoch, epochs, steps, progress, history,
+                   hooks) -> dict[str, float]:
         for metric in self._train_metrics():
             metric.reset_state()
         iterator = iter(self.strategy.experimental_distribute_dataset(dataset))
         progress.start_epoch(epoch, epochs, steps)
-        done, epoch_examples, epoch_time, last_draw = 0, 0, 0.0, 0.0
+        done, epoch_examples, epoch_time, last_draw = self.step_in_epoch, 0, 0.0, 0.0
         while done < steps:
             n = min(self.steps_per_execution, steps - done)
             t0 = time.perf_counter()
@@ -117,6 +131,7 @@ class Trainer:
             elapsed = time.perf_counter() - t0
             done += n
             self.step += n
+            self.step_in_epoch = done
             if history.steps:  # the very first execution traces and compiles: not steady
                 history.steady_examples += n * self.global_batch
                 history.steady_time_s += elapsed
@@ -130,6 +145,8 @@ class Trainer:
                 if epoch_time:
                     logs["examples/s"] = epoch_examples / epoch_time
                 progress.update(done, logs)
+            for hook in hooks:
+                hook(self)
         logs = self._read(self._train_metrics())
         logs["examples_per_sec"] = epoch_examples / epoch_time if epoch_time else 0.0
         return logs
@@ -212,4 +229,4 @@ def _cardinality(dataset: tf.data.Dataset) -> int:
     return n
 
 
-__all__ = ["Trainer", "History", "Callback"]
+__all__ = ["Trainer", "History", "Callback", "Hook"]
