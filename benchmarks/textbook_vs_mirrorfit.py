@@ -52,8 +52,8 @@ def run_side(side: str, model: str, replicas: int, data_dir: str) -> dict:
             strategy=strategy, model=factory, optimizer=keras.optimizers.SGD(learning_rate=1e-2),
             loss=keras.losses.SparseCategoricalCrossentropy(), global_batch=global_batch,
             steps_per_execution=50)
-        trainer.fit(lambda e: mirrorfit.train_dataset(data.x_train, data.y_train,
-                                                      global_batch=global_batch, seed=1, epoch=e),
+        trainer.fit(mirrorfit.train_batches(data.x_train, data.y_train,
+                                            global_batch=global_batch, seed=1),
                     epochs=epochs, callbacks=[lambda e, logs: ends.append(time.perf_counter())])
         accuracy = trainer.evaluate((data.x_test, data.y_test))["accuracy"]
     steps = len(data.x_train) // global_batch

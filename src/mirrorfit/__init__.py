@@ -14,7 +14,7 @@ Public API::
 
 from mirrorfit import models
 from mirrorfit.config import TrainConfig, load_config
-from mirrorfit.data import eval_dataset, load_mnist, train_dataset
+from mirrorfit.data import eval_dataset, load_mnist, train_batches
 from mirrorfit.devices import DeviceSetup, configure_devices, list_devices
 from mirrorfit.engine.trainer import History, Trainer
 from mirrorfit.errors import ConfigError, DataError, MirrorfitError
@@ -22,7 +22,7 @@ from mirrorfit.strategy import build_strategy
 from mirrorfit.train import build_optimizer, run_training
 
 __all__ = [
-    "models", "TrainConfig", "load_config", "eval_dataset", "load_mnist", "train_dataset",
+    "models", "TrainConfig", "load_config", "eval_dataset", "load_mnist", "train_batches",
     "DeviceSetup", "configure_devices", "list_devices", "History", "Trainer", "ConfigError",
     "DataError", "MirrorfitError", "build_strategy", "build_optimizer", "run_training",
 ]

@@ -14,7 +14,7 @@ from rich.console import Console
 
 from mirrorfit import _io
 from mirrorfit.config import TrainConfig, to_dict
-from mirrorfit.data import load_mnist, train_dataset
+from mirrorfit.data import load_mnist, train_batches
 from mirrorfit.devices import configure_devices
 from mirrorfit.engine.progress import EpochProgress
 from mirrorfit.engine.trainer import Trainer
@@ -68,8 +68,7 @@ def run_training(config: TrainConfig, *, console: Console | None = None) -> dict
                       loss=keras.losses.SparseCategoricalCrossentropy(),
                       global_batch=global_batch, steps_per_execution=config.steps_per_execution)
     history = trainer.fit(
-        lambda epoch: train_dataset(data.x_train, data.y_train, global_batch=global_batch,
-                                    seed=config.seed, epoch=epoch),
+        train_batches(data.x_train, data.y_train, global_batch=global_batch, seed=config.seed),
         epochs=config.epochs, validation=(data.x_val, data.y_val),
         progress=EpochProgress(console=console, enabled=config.progress),
         callbacks=[lambda e, logs: console.print(_epoch_line(e, config.epochs, logs))])

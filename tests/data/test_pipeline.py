@@ -1,14 +1,19 @@
-"""data.pipeline: seeded, replica-independent epoch order; full global batches for training;
-every example exactly once for evaluation."""
+"""data.pipeline: seeded, replica-independent epoch order; full global batches for training,
+all epochs from one dataset, resumable at any batch; every example exactly once for
+evaluation."""
 
 import numpy as np
 
-from mirrorfit.data.pipeline import epoch_order, eval_dataset, train_dataset
+from mirrorfit.data.pipeline import epoch_order, eval_dataset, train_batches
 
 
 def _data(n=1000):
     x = (np.arange(n * 4) % 256).astype(np.uint8).reshape(n, 2, 2)
     return x, np.arange(n, dtype=np.int32)
+
+
+def _labels(ds):
+    return np.concatenate([by for _, by in ds.as_numpy_iterator()])
 
 
 def test_order_depends_on_seed_and_epoch_only():
@@ -19,18 +24,27 @@ def test_order_depends_on_seed_and_epoch_only():
     assert sorted(a) == list(range(100))
 
 
-def test_train_batches_are_full_scaled_and_follow_the_order():
+def test_batches_are_full_scaled_and_follow_each_epochs_order():
     x, y = _data(1000)
-    batches = list(train_dataset(x, y, global_batch=64, seed=3, epoch=2).as_numpy_iterator())
-    assert len(batches) == 1000 // 64
+    src = train_batches(x, y, global_batch=64, seed=3)
+    assert src.steps_per_epoch == 1000 // 64
+    batches = list(src.dataset(start_epoch=1, epochs=3).as_numpy_iterator())
+    assert len(batches) == 2 * src.steps_per_epoch
     assert all(bx.shape == (64, 2, 2) and bx.dtype == np.float32 for bx, _ in batches)
-    labels = np.concatenate([by for _, by in batches])
-    np.testing.assert_array_equal(labels, epoch_order(1000, seed=3, epoch=2)[:len(labels)])
+    labels = np.concatenate([by for _, by in batches]).reshape(2, -1)
+    for row, epoch in zip(labels, (1, 2)):  # each epoch drops its own remainder
+        np.testing.assert_array_equal(row, epoch_order(1000, seed=3, epoch=epoch)[:len(row)])
     np.testing.assert_allclose(batches[0][0], x[batches[0][1]] / 255.0, rtol=1e-6)
+
+
+def test_skip_resumes_exactly_where_a_run_stopped():
+    x, y = _data(1000)
+    src = train_batches(x, y, global_batch=64, seed=3)
+    full = _labels(src.dataset(epochs=2))
+    resumed = _labels(src.dataset(start_epoch=0, epochs=2, skip=5))
+    np.testing.assert_array_equal(resumed, full[5 * 64:])
 
 
 def test_eval_sees_every_example_once_with_a_partial_last_batch():
     x, y = _data(1001)
-    labels = np.concatenate([by for _, by in eval_dataset(x, y, global_batch=64)
-                             .as_numpy_iterator()])
-    np.testing.assert_array_equal(labels, y)
+    np.testing.assert_array_equal(_labels(eval_dataset(x, y, global_batch=64)), y)

@@ -20,8 +20,8 @@ trainer = mirrorfit.Trainer(strategy=strategy, model=mirrorfit.models.mlp, optim
                             loss=keras.losses.SparseCategoricalCrossentropy(), global_batch=64,
                             steps_per_execution={spe})
 init = [w.copy() for w in trainer.model.get_weights()]
-history = trainer.fit(lambda e: mirrorfit.train_dataset(data.x_train, data.y_train,
-                      global_batch=64, seed=3, epoch=e), epochs=2)
+history = trainer.fit(mirrorfit.train_batches(data.x_train, data.y_train, global_batch=64,
+                                              seed=3), epochs=2)
 np.savez("{out}", *trainer.model.get_weights())
 changed = max(float(np.abs(a - b).max()) for a, b in zip(init, trainer.model.get_weights()))
 print(json.dumps({{"steps": history.steps, "traced": trainer.tracing_count(),
@@ -77,8 +77,8 @@ data = mirrorfit.load_mnist(train_examples=512, download=False)
 trainer = mirrorfit.Trainer(strategy=strategy, model=mirrorfit.models.mlp,
                             optimizer=keras.optimizers.SGD(0.1),
                             loss=keras.losses.SparseCategoricalCrossentropy(), global_batch=64)
-trainer.fit(mirrorfit.train_dataset(data.x_train, data.y_train, global_batch=64, seed=0,
-                                    epoch=0), epochs=1)
+trainer.fit(mirrorfit.train_batches(data.x_train, data.y_train, global_batch=64, seed=0),
+            epochs=1)
 x, y = data.x_test[:1001], data.y_test[:1001]
 result = trainer.evaluate((x, y), batch_size=64)
 probs = trainer.model.predict(x / 255.0, verbose=0)

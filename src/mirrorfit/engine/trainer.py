@@ -15,7 +15,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from mirrorfit.data.pipeline import eval_dataset
+from mirrorfit.data.pipeline import ShuffledBatches, eval_dataset
 from mirrorfit.engine.loop import compile_loops
 from mirrorfit.engine.progress import EpochProgress
 from mirrorfit.engine.step import ReplicaStep
@@ -26,9 +26,9 @@ Callback = Callable[[int, dict[str, float]], None]
 # A hook is a plain callable: fn(trainer) after every compiled execution (checkpoints,
 # preemption). It may raise to stop training; the trainer's position is then exact.
 Hook = Callable[["Trainer"], None]
-# Training data: a dataset of global batches, or a function epoch -> such a dataset
-# (a fresh, seeded order per epoch).
-TrainData = tf.data.Dataset | Callable[[int], tf.data.Dataset]
+# Training data: mirrorfit.train_batches(...) (seeded epochs), or a tf.data.Dataset of one
+# epoch of global batches.
+TrainData = tf.data.Dataset | ShuffledBatches
 
 
 @dataclass
@@ -94,19 +94,24 @@ class Trainer:
             progress: EpochProgress | None = None) -> History:
         """Train up to ``epochs`` epochs in all; return per-epoch logs and throughput.
 
-        Starts from the trainer's position (``epoch``, ``step_in_epoch``), so a trainer restored
-        from a checkpoint continues mid-epoch with the batches it had not seen yet.
+        ``train`` is :func:`~mirrorfit.data.pipeline.train_batches` (seeded epochs) or a
+        ``tf.data.Dataset`` of one epoch of global batches (repeated each epoch). Starts from the
+        trainer's position (``epoch``, ``step_in_epoch``): a trainer restored from a checkpoint
+        continues mid-epoch with the batches it had not seen yet.
         """
         history = History()
         progress = progress or EpochProgress(enabled=False)
+        steps = steps_per_epoch or _steps_per_epoch(train)
+        if isinstance(train, tf.data.Dataset):
+            dataset = train.repeat().skip(self.step_in_epoch)
+        else:
+            dataset = train.dataset(start_epoch=self.epoch, epochs=epochs, skip=self.step_in_epoch)
+        # One iterator for the whole run: one per epoch costs a set-up and a teardown each time.
+        iterator = iter(self.strategy.experimental_distribute_dataset(dataset))
         start = time.perf_counter()
         with progress:
             for epoch in range(self.epoch + 1, epochs + 1):
-                dataset = train(epoch - 1) if callable(train) else train
-                steps = steps_per_epoch or _cardinality(dataset)
-                if self.step_in_epoch:  # resumed mid-epoch: skip what was already trained on
-                    dataset = dataset.skip(self.step_in_epoch)
-                logs = self._run_epoch(dataset, epoch, epochs, steps, progress, history, hooks)
+                logs = self._run_epoch(iterator, epoch, epochs, steps, progress, history, hooks)
                 if validation is not None:
                     logs.update({f"val_{k}": v for k, v in self.evaluate(validation).items()
                                  if k != "examples"})
@@ -117,11 +122,10 @@ class Trainer:
         history.wall_time_s = time.perf_counter() - start
         return history
 
-    def _run_epoch(self, dataset, epoch, epochs, steps, progress, history,
+    def _run_epoch(self, iterator, epoch, epochs, steps, progress, history,
                    hooks) -> dict[str, float]:
         for metric in self._train_metrics():
             metric.reset_state()
-        iterator = iter(self.strategy.experimental_distribute_dataset(dataset))
         progress.start_epoch(epoch, epochs, steps)
         done, epoch_examples, epoch_time, last_draw = self.step_in_epoch, 0, 0.0, 0.0
         while done < steps:
@@ -221,8 +225,10 @@ def _metric(spec: str | keras.metrics.Metric) -> keras.metrics.Metric:
         raise ConfigError(f"unknown metric {spec!r}; pass a keras.metrics.Metric") from None
 
 
-def _cardinality(dataset: tf.data.Dataset) -> int:
-    n = int(dataset.cardinality())
+def _steps_per_epoch(train) -> int:
+    if not isinstance(train, tf.data.Dataset):
+        return train.steps_per_epoch
+    n = int(train.cardinality())
     if n < 0:
         raise ConfigError("the training dataset has unknown or infinite length; pass "
                           "steps_per_epoch")
