@@ -42,6 +42,20 @@ def _train_parser(sub) -> None:
     add("--metrics-out", help="write a JSON summary here")
     add("--no-progress", dest="progress", action="store_const", const=False,
         help="no progress bars")
+    add("--checkpoint-dir", help="save step-exact checkpoints here; rerunning resumes")
+    add("--checkpoint-every", type=int, help="also checkpoint every N steps (default: epoch "
+        "ends only)")
+    add("--keep-checkpoints", type=int, help="how many recent checkpoints to keep (default 3)")
+    add("--fresh", action="store_const", const=True,
+        help="move existing checkpoints aside and start over instead of resuming")
+    _export_flags(add)
+    add("--save-keras", help="also save the trained model as FILE.keras")
+
+
+def _export_flags(add) -> None:
+    add("--export-dir", help="write a SavedModel into the next version folder of models/NAME")
+    add("--export-preprocessing", action="store_const", const=True,
+        help="exported signature takes raw uint8 pixels and scales them itself")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -50,6 +64,14 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     _train_parser(sub)
     sub.add_parser("devices", help="list the devices TensorFlow sees")
+    exp = sub.add_parser("export", help="export the newest checkpoint as a SavedModel version")
+    exp.add_argument("--checkpoint-dir", required=True)
+    _export_flags(exp.add_argument)
+    ev = sub.add_parser("evaluate", help="test accuracy and loss of a checkpoint or export")
+    ev.add_argument("--checkpoint-dir")
+    ev.add_argument("--saved-model", help="models/NAME (newest version) or models/NAME/0001")
+    ev.add_argument("--data-dir")
+    ev.add_argument("--metrics-out")
     return parser
 
 
@@ -60,6 +82,31 @@ def _cmd_train(args: argparse.Namespace) -> int:
     overrides = {k: v for k, v in vars(args).items() if k not in ("command", "config")}
     config = load_config(args.config, **overrides)
     run_training(config)
+    return 0
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    from mirrorfit.checkpoint import load_model
+    from mirrorfit.export import export_saved_model
+
+    if not args.export_dir:
+        raise MirrorfitError("mirrorfit export needs --export-dir models/NAME")
+    model, meta = load_model(args.checkpoint_dir)
+    path = export_saved_model(model, args.export_dir, preprocessing=bool(args.export_preprocessing))
+    print(f"exported step {meta['step']} of {args.checkpoint_dir} as {path}")
+    return 0
+
+
+def _cmd_evaluate(args: argparse.Namespace) -> int:
+    from mirrorfit import _io
+    from mirrorfit.evaluate import evaluate_artifact
+
+    result = evaluate_artifact(checkpoint_dir=args.checkpoint_dir, saved_model=args.saved_model,
+                               data_dir=args.data_dir)
+    print(f"{result['source']}: test accuracy {result['test_accuracy']:.4f}, "
+          f"loss {result['test_loss']:.4f} on {result['examples']} examples")
+    if args.metrics_out:
+        _io.write_json_atomic(args.metrics_out, result)
     return 0
 
 
@@ -79,8 +126,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``mirrorfit`` console script; returns the exit code."""
     args = _parser().parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # keep TF's C++ banner out of the way
+    from mirrorfit.checkpoint import EXIT_PREEMPTED, Preempted
+
+    commands = {"train": _cmd_train, "devices": _cmd_devices, "export": _cmd_export,
+                "evaluate": _cmd_evaluate}
     try:
-        return {"train": _cmd_train, "devices": _cmd_devices}[args.command](args)
+        return commands[args.command](args)
+    except Preempted as e:
+        print(f"mirrorfit: preempted by {e}", file=sys.stderr)
+        return EXIT_PREEMPTED
     except MirrorfitError as e:
         print(f"mirrorfit: error: {e}", file=sys.stderr)
         return EXIT_USAGE

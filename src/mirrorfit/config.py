@@ -46,13 +46,23 @@ class TrainConfig:
     eval_batch_size: int | None = None  # global; None: the training global batch
     metrics_out: str | None = None
     progress: bool = True
+    checkpoint_dir: str | None = None
+    checkpoint_every: int = 0  # steps; 0: at epoch ends only
+    keep_checkpoints: int = 3
+    fresh: bool = False  # move existing checkpoints aside instead of resuming
+    export_dir: str | None = None  # models/NAME: the next numeric version is written there
+    export_preprocessing: bool = False
+    save_keras: str | None = None
 
     def __post_init__(self) -> None:
         _check_choice("strategy", self.strategy, STRATEGIES)
         _check_choice("cross_device_ops", self.cross_device_ops, CROSS_DEVICE_OPS)
         _check_choice("dataset", self.dataset, DATASETS)
         _check_choice("optimizer", self.optimizer.lower(), OPTIMIZERS)
-        for name in ("batch_size", "epochs", "steps_per_execution"):
+        if isinstance(self.checkpoint_every, bool) or not isinstance(self.checkpoint_every, int) \
+                or self.checkpoint_every < 0:
+            raise ConfigError(f"checkpoint_every must be >= 0 steps, got {self.checkpoint_every!r}")
+        for name in ("batch_size", "epochs", "steps_per_execution", "keep_checkpoints"):
             _check_positive(name, getattr(self, name))
         for name in ("replicas", "global_batch_size", "train_examples", "eval_batch_size"):
             if getattr(self, name) is not None:
@@ -87,6 +97,8 @@ def _check_positive(name: str, value: Any) -> None:
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
+_OPTIONAL_STR = {"data_dir", "visible_devices", "metrics_out", "checkpoint_dir", "export_dir",
+                 "save_keras"}
 
 
 def _coerce(name: str, value: Any) -> Any:
@@ -102,7 +114,7 @@ def _coerce(name: str, value: Any) -> Any:
         return float(value)
     want = type(default) if default is not None else None
     if want is None:  # optional fields: int or str
-        ok = isinstance(value, str) if name in ("data_dir", "visible_devices", "metrics_out") else (
+        ok = isinstance(value, str) if name in _OPTIONAL_STR else (
             isinstance(value, int) and not isinstance(value, bool))
     else:
         ok = isinstance(value, want) and not (want is int and isinstance(value, bool))

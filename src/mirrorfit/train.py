@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from pathlib import Path
 from typing import Any
@@ -13,12 +14,14 @@ import keras
 from rich.console import Console
 
 from mirrorfit import _io
+from mirrorfit.checkpoint import Checkpointer, PreemptionGuard
 from mirrorfit.config import TrainConfig, to_dict
 from mirrorfit.data import load_mnist, train_batches
 from mirrorfit.devices import configure_devices
 from mirrorfit.engine.progress import EpochProgress
 from mirrorfit.engine.trainer import Trainer
 from mirrorfit.errors import ConfigError
+from mirrorfit.export import export_saved_model, save_keras
 from mirrorfit.models import model_factory
 from mirrorfit.strategy import build_strategy
 
@@ -33,9 +36,12 @@ def build_optimizer(name: str, lr: float) -> keras.optimizers.Optimizer:
 
 def _check_outputs(config: TrainConfig) -> None:
     # Fail before any work, so bad input writes nothing.
-    if config.metrics_out and not Path(config.metrics_out).parent.resolve().is_dir():
-        raise ConfigError(f"--metrics-out {config.metrics_out}: folder "
-                          f"{Path(config.metrics_out).parent} does not exist; create it first")
+    for flag, path in (("--metrics-out", config.metrics_out), ("--save-keras", config.save_keras)):
+        if path and not Path(path).parent.resolve().is_dir():
+            raise ConfigError(f"{flag} {path}: folder {Path(path).parent} does not exist; "
+                              "create it first")
+    if config.save_keras and not config.save_keras.endswith(".keras"):
+        raise ConfigError(f"--save-keras {config.save_keras}: the file name must end in .keras")
 
 
 def run_training(config: TrainConfig, *, console: Console | None = None) -> dict[str, Any]:
@@ -67,23 +73,37 @@ def run_training(config: TrainConfig, *, console: Console | None = None) -> dict
                       optimizer=build_optimizer(config.optimizer, config.lr),
                       loss=keras.losses.SparseCategoricalCrossentropy(),
                       global_batch=global_batch, steps_per_execution=config.steps_per_execution)
-    history = trainer.fit(
-        train_batches(data.x_train, data.y_train, global_batch=global_batch, seed=config.seed),
-        epochs=config.epochs, validation=(data.x_val, data.y_val),
-        progress=EpochProgress(console=console, enabled=config.progress),
-        callbacks=[lambda e, logs: console.print(_epoch_line(e, config.epochs, logs))])
+    callbacks = [lambda e, logs: console.print(_epoch_line(e, config.epochs, logs))]
+    hooks, guard = [], contextlib.nullcontext()
+    if config.checkpoint_dir:
+        checkpointer = Checkpointer(config.checkpoint_dir, trainer=trainer,
+                                    model_spec=config.model, every=config.checkpoint_every,
+                                    keep=config.keep_checkpoints)
+        _restore(checkpointer, config, console)
+        hooks.append(checkpointer.step_hook)
+        callbacks.append(checkpointer.epoch_callback)
+        guard = PreemptionGuard(checkpointer)
+        hooks.append(guard.hook)
+    with guard:  # SIGTERM/SIGINT: finish the steps in flight, checkpoint, raise Preempted
+        history = trainer.fit(
+            train_batches(data.x_train, data.y_train, global_batch=global_batch,
+                          seed=config.seed),
+            epochs=config.epochs, validation=(data.x_val, data.y_val), hooks=hooks,
+            progress=EpochProgress(console=console, enabled=config.progress),
+            callbacks=callbacks)
     eval_batch = config.eval_batch_size or global_batch
     t0 = time.perf_counter()
     test = trainer.evaluate((data.x_test, data.y_test), batch_size=eval_batch)
-    last = history.epochs[-1]
+    val = trainer.evaluate((data.x_val, data.y_val), batch_size=eval_batch)
+    last = history.epochs[-1] if history.epochs else {}
     summary = {
         "model": config.model, "replicas": setup.replicas, "devices": list(setup.devices),
         "strategy": type(strategy).__name__, "per_replica_batch_size": per_replica,
         "global_batch_size": global_batch, "epochs": config.epochs, "steps": history.steps,
         "train_examples": len(data.x_train), "wall_time_s": history.wall_time_s,
         "train_examples_per_sec": history.train_examples_per_sec,
-        "final_train_loss": last["loss"], "final_train_accuracy": last["accuracy"],
-        "val_loss": last["val_loss"], "val_accuracy": last["val_accuracy"],
+        "final_train_loss": last.get("loss"), "final_train_accuracy": last.get("accuracy"),
+        "val_loss": val["loss"], "val_accuracy": val["accuracy"],
         "test_loss": test["loss"], "test_accuracy": test["accuracy"],
         "test_eval_time_s": time.perf_counter() - t0, "history": history.epochs,
         "config": to_dict(config),
@@ -92,9 +112,32 @@ def run_training(config: TrainConfig, *, console: Console | None = None) -> dict
                   f"{summary['train_examples_per_sec']:,.0f} examples/s steady, "
                   f"val accuracy {summary['val_accuracy']:.4f}, "
                   f"test accuracy {summary['test_accuracy']:.4f}")
+    if config.export_dir or config.save_keras:
+        plain = factory()  # a copy outside the strategy: exports load with no strategy
+        plain.set_weights(trainer.model.get_weights())
+        if config.export_dir:
+            path = export_saved_model(plain, config.export_dir,
+                                      preprocessing=config.export_preprocessing)
+            summary["export_path"] = str(path)
+            console.print(f"exported SavedModel version {path}")
+        if config.save_keras:
+            summary["keras_file"] = str(save_keras(plain, config.save_keras))
     if config.metrics_out:
         _io.write_json_atomic(config.metrics_out, summary)
     return summary
+
+
+def _restore(checkpointer: Checkpointer, config: TrainConfig, console: Console) -> None:
+    checkpointer.clean_partial()
+    if config.fresh:
+        aside = checkpointer.discard()
+        if aside:
+            console.print(f"--fresh: moved the existing checkpoints to {aside}")
+    restored = checkpointer.restore_latest()
+    if restored:
+        console.print(f"resuming from {restored.path}: {restored.epoch} epoch(s) done, "
+                      f"continuing epoch {restored.epoch + 1} at step {restored.step_in_epoch} "
+                      f"(global step {restored.step})")
 
 
 def _epoch_line(epoch: int, epochs: int, logs: dict[str, float]) -> str:
