@@ -81,10 +81,7 @@ class Checkpointer:
     # -- reading ---------------------------------------------------------------------------
     def checkpoints(self) -> list[Path]:
         """Complete checkpoints, oldest first."""
-        if not self.directory.is_dir():
-            return []
-        found = [p for p in self.directory.iterdir() if _NAME.match(p.name) and p.is_dir()]
-        return sorted(found, key=lambda p: int(_NAME.match(p.name).group(1)))
+        return list_checkpoints(self.directory)
 
     def restore_latest(self) -> Restored | None:
         """Restore the newest checkpoint into the trainer; None if there is none."""
@@ -168,6 +165,14 @@ class Checkpointer:
         self.save()
 
 
+def list_checkpoints(directory: Path) -> list[Path]:
+    """Complete checkpoint folders in ``directory``, oldest first (temp folders excluded)."""
+    if not directory.is_dir():
+        return []
+    found = [p for p in directory.iterdir() if _NAME.match(p.name) and p.is_dir()]
+    return sorted(found, key=lambda p: int(_NAME.match(p.name).group(1)))
+
+
 def read_meta(path: Path) -> dict:
     """The metadata of checkpoint folder ``path``; CheckpointError if unreadable."""
     try:
@@ -227,8 +232,7 @@ def load_model(directory: str | Path):
     from mirrorfit.models import model_factory
 
     directory = Path(directory)
-    found = sorted((p for p in directory.glob("ckpt-*") if _NAME.match(p.name)),
-                   key=lambda p: int(_NAME.match(p.name).group(1))) if directory.is_dir() else []
+    found = list_checkpoints(directory)
     if not found:
         raise CheckpointError(f"no checkpoint in {directory}; train with --checkpoint-dir "
                               f"{directory} first")
