@@ -127,3 +127,6 @@ def test_two_replicas_resume_on_one(tmp_path):
     assert one.returncode == 0, one.stderr[-2000:]
     assert "resuming from" in one.stderr and "1 epoch(s) done" in one.stderr
     assert (d / "ckpt-000000016").is_dir()
+    again = run_cli(*args, "--replicas", "1", "--epochs", "2")  # the same command once more
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "nothing to train: 2 of 2 epochs already done" in again.stderr

@@ -29,6 +29,8 @@ def _one_line_error(proc, *needles):
     (["--epochs", "0"], ["epochs must be a positive integer"]),
     (["--epochs", "ten"], ["invalid int value: 'ten'"]),
     (["--data-dir", "/nonexistent"], ["no mnist.npz at --data-dir /nonexistent"]),
+    (["--save-keras", "model.h5"], ["must end in .keras"]),
+    (["--export-dir", "pyproject.toml"], ["is a file; give a folder"]),
 ])
 def test_bad_input_is_one_clear_line(tmp_path, args, needles):
     out = tmp_path / "m.json"

@@ -21,6 +21,22 @@ INPUT_NAME = "images"
 OUTPUT_NAME = "probabilities"
 
 
+def check_export_dir(base: str | Path) -> Path:
+    """``base`` as a Path; ConfigError if it exists but is not a folder."""
+    base = Path(base)
+    if base.exists() and not base.is_dir():
+        raise ConfigError(f"--export-dir {base} is a file; give a folder like models/mnist")
+    return base
+
+
+def check_keras_path(path: str | Path) -> Path:
+    """``path`` as a Path; ConfigError unless it ends in .keras (Keras requires it)."""
+    path = Path(path)
+    if path.suffix != ".keras":
+        raise ConfigError(f"--save-keras {path}: the file name must end in .keras")
+    return path
+
+
 def versions(base: str | Path) -> list[int]:
     """Version numbers present under ``base`` (children whose names are integers), sorted."""
     base = Path(base)
@@ -36,9 +52,7 @@ def export_saved_model(model: keras.Model, base: str | Path, *,
     With ``preprocessing`` the signature takes raw uint8 pixels and scales them inside the
     model, so clients can send images as they are; otherwise float32 in [0, 1].
     """
-    base = Path(base)
-    if base.exists() and not base.is_dir():
-        raise ConfigError(f"--export-dir {base} is a file; give a folder like models/mnist")
+    base = check_export_dir(base)
     base.mkdir(parents=True, exist_ok=True)
     shape = (None, *model.input_shape[1:])
     dtype = tf.uint8 if preprocessing else tf.float32
@@ -65,9 +79,7 @@ def export_saved_model(model: keras.Model, base: str | Path, *,
 
 def save_keras(model: keras.Model, path: str | Path) -> Path:
     """Save a ``.keras`` file atomically (temp file beside it, then rename)."""
-    path = Path(path)
-    if path.suffix != ".keras":
-        raise ConfigError(f"--save-keras {path}: the file name must end in .keras")
+    path = check_keras_path(path)
     tmp = path.with_name(f".{path.stem}.tmp-{os.getpid()}.keras")
     model.save(tmp)
     os.replace(tmp, path)

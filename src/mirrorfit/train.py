@@ -21,7 +21,7 @@ from mirrorfit.devices import configure_devices
 from mirrorfit.engine.progress import EpochProgress
 from mirrorfit.engine.trainer import Trainer
 from mirrorfit.errors import ConfigError
-from mirrorfit.export import export_saved_model, save_keras
+from mirrorfit.export import check_export_dir, check_keras_path, export_saved_model, save_keras
 from mirrorfit.models import model_factory
 from mirrorfit.strategy import build_strategy
 
@@ -40,8 +40,10 @@ def _check_outputs(config: TrainConfig) -> None:
         if path and not Path(path).parent.resolve().is_dir():
             raise ConfigError(f"{flag} {path}: folder {Path(path).parent} does not exist; "
                               "create it first")
-    if config.save_keras and not config.save_keras.endswith(".keras"):
-        raise ConfigError(f"--save-keras {config.save_keras}: the file name must end in .keras")
+    if config.save_keras:
+        check_keras_path(config.save_keras)
+    if config.export_dir:
+        check_export_dir(config.export_dir)
 
 
 def run_training(config: TrainConfig, *, console: Console | None = None) -> dict[str, Any]:
@@ -94,8 +96,12 @@ def run_training(config: TrainConfig, *, console: Console | None = None) -> dict
     eval_batch = config.eval_batch_size or global_batch
     t0 = time.perf_counter()
     test = trainer.evaluate((data.x_test, data.y_test), batch_size=eval_batch)
-    val = trainer.evaluate((data.x_val, data.y_val), batch_size=eval_batch)
-    last = history.epochs[-1] if history.epochs else {}
+    if history.epochs:
+        last = history.epochs[-1]
+        val = {"loss": last["val_loss"], "accuracy": last["val_accuracy"]}
+    else:  # resumed a finished run: nothing trained, but still report where it stands
+        console.print(f"nothing to train: {trainer.epoch} of {config.epochs} epochs already done")
+        last, val = {}, trainer.evaluate((data.x_val, data.y_val), batch_size=eval_batch)
     summary = {
         "model": config.model, "replicas": setup.replicas, "devices": list(setup.devices),
         "strategy": type(strategy).__name__, "per_replica_batch_size": per_replica,
@@ -108,9 +114,10 @@ def run_training(config: TrainConfig, *, console: Console | None = None) -> dict
         "test_eval_time_s": time.perf_counter() - t0, "history": history.epochs,
         "config": to_dict(config),
     }
+    rate = history.train_examples_per_sec
     console.print(f"done: {history.steps} steps in {history.wall_time_s:.1f} s, "
-                  f"{summary['train_examples_per_sec']:,.0f} examples/s steady, "
-                  f"val accuracy {summary['val_accuracy']:.4f}, "
+                  + (f"{rate:,.0f} examples/s steady, " if rate else "")
+                  + f"val accuracy {summary['val_accuracy']:.4f}, "
                   f"test accuracy {summary['test_accuracy']:.4f}")
     if config.export_dir or config.save_keras:
         plain = factory()  # a copy outside the strategy: exports load with no strategy

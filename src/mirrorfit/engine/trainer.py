@@ -100,6 +100,8 @@ class Trainer:
         continues mid-epoch with the batches it had not seen yet.
         """
         history = History()
+        if self.epoch >= epochs:  # e.g. restored from the last checkpoint of a finished run
+            return history
         progress = progress or EpochProgress(enabled=False)
         steps = steps_per_epoch or _steps_per_epoch(train)
         if isinstance(train, tf.data.Dataset):
