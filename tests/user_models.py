@@ -10,3 +10,18 @@ def tiny():
 
 def not_a_model():
     return 42
+
+
+class _PythonCall(keras.layers.Layer):
+    """Passes its input through a Python function (tf.numpy_function: XLA cannot compile it)."""
+
+    def call(self, x):
+        import tensorflow as tf
+        out = tf.numpy_function(lambda a: a, [x], x.dtype)
+        out.set_shape(x.shape)
+        return out
+
+
+def not_xla_compilable():
+    return keras.Sequential([keras.Input((28, 28)), keras.layers.Flatten(), _PythonCall(),
+                             keras.layers.Dense(10, activation="softmax")], name="unique")

@@ -19,6 +19,8 @@ STRATEGIES = ("auto", "single", "mirrored", "central-storage")
 CROSS_DEVICE_OPS = ("auto", "nccl", "hierarchical", "reduce-to-one")
 OPTIMIZERS = ("sgd", "adam", "adamw", "rmsprop")
 DATASETS = ("mnist",)
+PRECISIONS = ("fp32", "bf16", "fp16")
+LR_SCALINGS = ("none", "linear")
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,16 @@ class TrainConfig:
     optimizer: str = "sgd"
     lr: float = 1e-2
     steps_per_execution: int = 50
+    accum_steps: int = 1  # micro-batches per replica per optimizer step
+    precision: str = "fp32"
+    xla: bool = False
+    lr_scaling: str = "none"
+    base_batch: int = 32  # the global batch --lr was chosen for (linear scaling)
+    warmup_epochs: float = 0.0
+    gpu_memory_limit: int | None = None  # MB per GPU
+    remat: bool = False
+    logdir: str | None = None  # TensorBoard scalars
+    profile: bool = False
     seed: int = 42
     train_examples: int | None = None
     eval_batch_size: int | None = None  # global; None: the training global batch
@@ -59,12 +71,18 @@ class TrainConfig:
         _check_choice("cross_device_ops", self.cross_device_ops, CROSS_DEVICE_OPS)
         _check_choice("dataset", self.dataset, DATASETS)
         _check_choice("optimizer", self.optimizer.lower(), OPTIMIZERS)
+        _check_choice("precision", self.precision, PRECISIONS)
+        _check_choice("lr_scaling", self.lr_scaling, LR_SCALINGS)
+        if not self.warmup_epochs >= 0:
+            raise ConfigError(f"warmup_epochs must be >= 0, got {self.warmup_epochs}")
         if isinstance(self.checkpoint_every, bool) or not isinstance(self.checkpoint_every, int) \
                 or self.checkpoint_every < 0:
             raise ConfigError(f"checkpoint_every must be >= 0 steps, got {self.checkpoint_every!r}")
-        for name in ("batch_size", "epochs", "steps_per_execution", "keep_checkpoints"):
+        for name in ("batch_size", "epochs", "steps_per_execution", "keep_checkpoints",
+                     "accum_steps", "base_batch"):
             _check_positive(name, getattr(self, name))
-        for name in ("replicas", "global_batch_size", "train_examples", "eval_batch_size"):
+        for name in ("replicas", "global_batch_size", "train_examples", "eval_batch_size",
+                     "gpu_memory_limit"):
             if getattr(self, name) is not None:
                 _check_positive(name, getattr(self, name))
         if not self.lr > 0:
@@ -73,17 +91,22 @@ class TrainConfig:
             raise ConfigError(f"seed must be >= 0, got {self.seed}")
 
     def batch_sizes(self, replicas: int) -> tuple[int, int]:
-        """(per-replica, global) batch size in examples for ``replicas`` replicas."""
+        """(per-replica micro-batch, effective global batch) in examples for ``replicas``.
+
+        Effective global batch = per-replica batch x replicas x accumulation steps.
+        """
+        k = self.accum_steps
         if self.global_batch_size is None:
-            return self.batch_size, self.batch_size * replicas
-        if self.global_batch_size % replicas:
+            return self.batch_size, self.batch_size * replicas * k
+        if self.global_batch_size % (replicas * k):
+            n = replicas * k
             raise ConfigError(
                 f"global batch size {self.global_batch_size} is not divisible by {replicas} "
-                f"replicas; use a multiple of {replicas} (e.g. "
-                f"{max(replicas, self.global_batch_size // replicas * replicas)}) "
+                f"replicas x {k} accumulation steps; use a multiple of {n} (e.g. "
+                f"{max(n, self.global_batch_size // n * n)}) "
                 "or --batch-size for the per-replica batch"
             )
-        return self.global_batch_size // replicas, self.global_batch_size
+        return self.global_batch_size // (replicas * k), self.global_batch_size
 
 
 def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
@@ -98,7 +121,7 @@ def _check_positive(name: str, value: Any) -> None:
 
 _FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
 _OPTIONAL_STR = {"data_dir", "visible_devices", "metrics_out", "checkpoint_dir", "export_dir",
-                 "save_keras"}
+                 "save_keras", "logdir"}
 
 
 def _coerce(name: str, value: Any) -> Any:
@@ -110,7 +133,7 @@ def _coerce(name: str, value: Any) -> Any:
         if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
             raise ConfigError(f"devices must be a list of device names, got {value!r}")
         return tuple(value)
-    if name == "lr" and isinstance(value, int) and not isinstance(value, bool):
+    if name in ("lr", "warmup_epochs") and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     want = type(default) if default is not None else None
     if want is None:  # optional fields: int or str

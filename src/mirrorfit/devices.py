@@ -43,11 +43,13 @@ class DeviceSetup:
 
 def configure_devices(*, replicas: int | None = None, devices: tuple[str, ...] = (),
                       visible_devices: str | None = None,
-                      memory_growth: bool = True) -> DeviceSetup:
+                      memory_growth: bool = True,
+                      memory_limit_mb: int | None = None) -> DeviceSetup:
     """Make the requested devices visible and return the ones to replicate over.
 
     GPUs: ``visible_devices`` ("0,2") selects them like CUDA_VISIBLE_DEVICES, memory growth is
-    on by default, ``replicas`` takes the first N. Without GPUs, ``replicas=N`` splits the CPU
+    on by default, ``memory_limit_mb`` caps each GPU (MB; replaces memory growth),
+    ``replicas`` takes the first N. Without GPUs, ``replicas=N`` splits the CPU
     into N logical devices.
     """
     gpus = tf.config.list_physical_devices("GPU")
@@ -56,7 +58,11 @@ def configure_devices(*, replicas: int | None = None, devices: tuple[str, ...] =
     try:
         if gpus:
             for gpu in gpus:
-                tf.config.experimental.set_memory_growth(gpu, memory_growth)
+                if memory_limit_mb:  # a fixed cap and memory growth are exclusive in TF
+                    tf.config.set_logical_device_configuration(
+                        gpu, [tf.config.LogicalDeviceConfiguration(memory_limit=memory_limit_mb)])
+                else:
+                    tf.config.experimental.set_memory_growth(gpu, memory_growth)
             kind, available = "GPU", [f"/gpu:{i}" for i in range(len(gpus))]
             physical = tuple(g.name for g in gpus)
         else:

@@ -22,7 +22,9 @@ def mlp(input_shape: tuple[int, ...] = MNIST_SHAPE, num_classes: int = 10) -> ke
         keras.Input(input_shape),
         keras.layers.Flatten(),
         keras.layers.Dense(100, activation="relu"),
-        keras.layers.Dense(num_classes, activation="softmax"),
+        # float32 output under mixed precision too: a softmax in bf16/fp16 loses the small
+        # probabilities the loss needs.
+        keras.layers.Dense(num_classes, activation="softmax", dtype="float32"),
     ], name="mlp")
 
 
@@ -39,7 +41,7 @@ def cnn(input_shape: tuple[int, ...] = MNIST_SHAPE, num_classes: int = 10) -> ke
         keras.layers.Flatten(),
         keras.layers.Dense(64, activation="relu"),
         keras.layers.Dropout(0.5),
-        keras.layers.Dense(num_classes, activation="softmax"),
+        keras.layers.Dense(num_classes, activation="softmax", dtype="float32"),
     ], name="cnn")
 
 

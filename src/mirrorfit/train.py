@@ -23,14 +23,18 @@ from mirrorfit.engine.trainer import Trainer
 from mirrorfit.errors import ConfigError
 from mirrorfit.export import check_export_dir, check_keras_path, export_saved_model, save_keras
 from mirrorfit.models import model_factory
+from mirrorfit.observe import CpuGpuSampler, ScalarWriter, out_of_memory_hint
+from mirrorfit.profiling import profile_steps
+from mirrorfit.schedules import LinearWarmup, learning_rate
 from mirrorfit.strategy import build_strategy
 
 _OPTIMIZERS = {"sgd": keras.optimizers.SGD, "adam": keras.optimizers.Adam,
                "adamw": keras.optimizers.AdamW, "rmsprop": keras.optimizers.RMSprop}
 
 
-def build_optimizer(name: str, lr: float) -> keras.optimizers.Optimizer:
-    """A Keras optimizer by name (sgd, adam, adamw, rmsprop) with learning rate ``lr``."""
+def build_optimizer(name: str, lr) -> keras.optimizers.Optimizer:
+    """A Keras optimizer by name (sgd, adam, adamw, rmsprop) with learning rate ``lr`` (a float
+    or a Keras schedule)."""
     return _OPTIMIZERS[name.lower()](learning_rate=lr)
 
 
@@ -58,7 +62,8 @@ def run_training(config: TrainConfig, *, console: Console | None = None) -> dict
     data = load_mnist(config.data_dir, train_examples=config.train_examples)
     setup = configure_devices(replicas=config.replicas, devices=config.devices,
                               visible_devices=config.visible_devices,
-                              memory_growth=config.memory_growth)
+                              memory_growth=config.memory_growth,
+                              memory_limit_mb=config.gpu_memory_limit)
     per_replica, global_batch = config.batch_sizes(setup.replicas)
     if global_batch > len(data.x_train):
         raise ConfigError(f"global batch {global_batch} is larger than the "
@@ -68,15 +73,31 @@ def run_training(config: TrainConfig, *, console: Console | None = None) -> dict
                               cross_device_ops=config.cross_device_ops)
     console.print(f"[bold]mirrorfit[/] {config.model} on {data.source}")
     console.print(f"devices: {setup.describe()}")
+    accum = f" x {config.accum_steps} accumulation steps" if config.accum_steps > 1 else ""
     console.print(f"strategy: {type(strategy).__name__}, batch: {per_replica} per replica x "
-                  f"{setup.replicas} replicas = {global_batch} global, "
+                  f"{setup.replicas} replicas{accum} = {global_batch} global (effective), "
                   f"{config.steps_per_execution} steps per execution")
+    steps_per_epoch = len(data.x_train) // global_batch
+    lr = learning_rate(config.lr, global_batch=global_batch, base_batch=config.base_batch,
+                       scaling=config.lr_scaling,
+                       warmup_steps=round(config.warmup_epochs * steps_per_epoch))
+    console.print(f"precision: {config.precision}, XLA: {'on' if config.xla else 'off'}, "
+                  f"learning rate: {_describe_lr(lr)}"
+                  + (", rematerialisation on" if config.remat else ""))
     trainer = Trainer(strategy=strategy, model=factory,
-                      optimizer=build_optimizer(config.optimizer, config.lr),
+                      optimizer=build_optimizer(config.optimizer, lr),
                       loss=keras.losses.SparseCategoricalCrossentropy(),
-                      global_batch=global_batch, steps_per_execution=config.steps_per_execution)
+                      global_batch=global_batch, steps_per_execution=config.steps_per_execution,
+                      accum_steps=config.accum_steps, precision=config.precision,
+                      jit_compile=config.xla, remat=config.remat,
+                      on_notice=lambda msg: console.print(f"[yellow]{msg}[/]"))
     callbacks = [lambda e, logs: console.print(_epoch_line(e, config.epochs, logs))]
-    hooks, guard = [], contextlib.nullcontext()
+    if config.logdir:
+        board = ScalarWriter(config.logdir)
+        hooks_extra, callbacks = [board.step_hook], callbacks + [board.epoch_callback]
+    else:
+        hooks_extra = []
+    hooks, guard = list(hooks_extra), contextlib.nullcontext()
     if config.checkpoint_dir:
         checkpointer = Checkpointer(config.checkpoint_dir, trainer=trainer,
                                     model_spec=config.model, every=config.checkpoint_every,
@@ -86,11 +107,12 @@ def run_training(config: TrainConfig, *, console: Console | None = None) -> dict
         callbacks.append(checkpointer.epoch_callback)
         guard = PreemptionGuard(checkpointer)
         hooks.append(guard.hook)
-    with guard:  # SIGTERM/SIGINT: finish the steps in flight, checkpoint, raise Preempted
+    batches = train_batches(data.x_train, data.y_train, global_batch=global_batch,
+                            seed=config.seed)
+    usage = CpuGpuSampler() if config.profile else contextlib.nullcontext()
+    with guard, usage, out_of_memory_hint(per_replica):  # SIGTERM/SIGINT: checkpoint, raise Preempted
         history = trainer.fit(
-            train_batches(data.x_train, data.y_train, global_batch=global_batch,
-                          seed=config.seed),
-            epochs=config.epochs, validation=(data.x_val, data.y_val), hooks=hooks,
+            batches, epochs=config.epochs, validation=(data.x_val, data.y_val), hooks=hooks,
             progress=EpochProgress(console=console, enabled=config.progress),
             callbacks=callbacks)
     eval_batch = config.eval_batch_size or global_batch
@@ -103,7 +125,8 @@ def run_training(config: TrainConfig, *, console: Console | None = None) -> dict
         console.print(f"nothing to train: {trainer.epoch} of {config.epochs} epochs already done")
         last, val = {}, trainer.evaluate((data.x_val, data.y_val), batch_size=eval_batch)
     summary = {
-        "model": config.model, "replicas": setup.replicas, "devices": list(setup.devices),
+        "model": config.model, "precision": config.precision, "xla": trainer.jit_compile,
+        "accum_steps": config.accum_steps, "replicas": setup.replicas, "devices": list(setup.devices),
         "strategy": type(strategy).__name__, "per_replica_batch_size": per_replica,
         "global_batch_size": global_batch, "epochs": config.epochs, "steps": history.steps,
         "train_examples": len(data.x_train), "wall_time_s": history.wall_time_s,
@@ -112,6 +135,8 @@ def run_training(config: TrainConfig, *, console: Console | None = None) -> dict
         "val_loss": val["loss"], "val_accuracy": val["accuracy"],
         "test_loss": test["loss"], "test_accuracy": test["accuracy"],
         "test_eval_time_s": time.perf_counter() - t0, "history": history.epochs,
+        "learning_rate": trainer.learning_rate(), "loss_scale": trainer.loss_scale(),
+        "skipped_steps": trainer.skipped_steps(),
         "config": to_dict(config),
     }
     rate = history.train_examples_per_sec
@@ -119,6 +144,14 @@ def run_training(config: TrainConfig, *, console: Console | None = None) -> dict
                   + (f"{rate:,.0f} examples/s steady, " if rate else "")
                   + f"val accuracy {summary['val_accuracy']:.4f}, "
                   f"test accuracy {summary['test_accuracy']:.4f}")
+    if trainer.loss_scale() is not None:
+        console.print(f"fp16 loss scale {trainer.loss_scale():g}, "
+                      f"{trainer.skipped_steps()} step(s) skipped for non-finite gradients")
+    if config.profile:
+        report = profile_steps(trainer, batches, steady_step_s=_steady_step_s(history, global_batch),
+                               usage=usage.summary())
+        summary["profile"] = report.as_dict()
+        console.print(report.describe())
     if config.export_dir or config.save_keras:
         plain = factory()  # a copy outside the strategy: exports load with no strategy
         plain.set_weights(trainer.model.get_weights())
@@ -147,7 +180,21 @@ def _restore(checkpointer: Checkpointer, config: TrainConfig, console: Console) 
                       f"(global step {restored.step})")
 
 
+def _steady_step_s(history, global_batch: int) -> float:
+    """Seconds per optimizer step in steady state (0 when there was none)."""
+    rate = history.train_examples_per_sec
+    return global_batch / rate if rate else 0.0
+
+
+def _describe_lr(lr) -> str:
+    if isinstance(lr, LinearWarmup):
+        return f"{lr.initial_lr:g} -> {lr.target_lr:g} over {lr.warmup_steps} warm-up steps"
+    return f"{lr:g}"
+
+
 def _epoch_line(epoch: int, epochs: int, logs: dict[str, float]) -> str:
     return (f"epoch {epoch}/{epochs}: loss {logs['loss']:.4f} accuracy {logs['accuracy']:.4f} "
             f"val_loss {logs['val_loss']:.4f} val_accuracy {logs['val_accuracy']:.4f} "
-            f"{logs['examples_per_sec']:,.0f} examples/s")
+            f"{logs['examples_per_sec']:,.0f} examples/s"
+            + (f" loss scale {logs['loss_scale']:g}, {logs['skipped_steps']:.0f} skipped"
+               if "loss_scale" in logs else ""))

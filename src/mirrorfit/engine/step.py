@@ -1,13 +1,17 @@
 """What runs on each replica: forward, loss over the *global* batch, backward, update.
 
 These functions run inside ``strategy.run``; the loop module compiles them into multi-step
-``tf.function``s. Gradients are all-reduced once per step by the Keras optimizer
-(one batched ``all_reduce`` of every gradient) and applied once.
+``tf.function``s. Gradients are all-reduced once per optimizer step by the Keras optimizer
+(one batched ``all_reduce`` of every gradient) and applied once, also with gradient
+accumulation: the K micro-batches' gradients are summed locally first.
+
+With ``jit_compile`` only the forward and backward pass (what one replica computes alone) is
+compiled by XLA; the all-reduce and the update stay outside, because TF 2.21 rejects a
+``jit_compile`` function containing cross-replica collectives under MirroredStrategy.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import keras
@@ -21,35 +25,71 @@ def per_example_loss(loss: Callable, y: tf.Tensor, pred: tf.Tensor) -> tf.Tensor
     return tf.cast(values, tf.float32)
 
 
-@dataclass(frozen=True)
 class ReplicaStep:
     """Per-replica train and eval computations for one model.
 
-    ``global_batch`` (examples per step over all replicas) scales the loss so that summing the
-    replicas' gradients gives the gradient of the global-batch mean: the same update as one
-    device on the whole batch.
+    ``global_batch`` (examples per optimizer step over all replicas, micro-batches included)
+    scales the loss so that summing the replicas' gradients gives the gradient of the
+    global-batch mean: the same update as one device on the whole batch. ``accum_steps`` K
+    splits each replica's batch into K micro-batches run one after another.
     """
 
-    model: keras.Model
-    optimizer: keras.optimizers.Optimizer
-    loss: Callable
-    train_metrics: Sequence[keras.metrics.Metric]
-    eval_metrics: Sequence[keras.metrics.Metric]
-    loss_tracker: keras.metrics.Mean
-    eval_loss_tracker: keras.metrics.Mean
-    global_batch: int
-    num_replicas: int
+    def __init__(self, *, model: keras.Model, optimizer: keras.optimizers.Optimizer,
+                 loss: Callable, train_metrics: Sequence[keras.metrics.Metric],
+                 eval_metrics: Sequence[keras.metrics.Metric], global_batch: int,
+                 num_replicas: int, accum_steps: int = 1, jit_compile: bool = False) -> None:
+        self.model, self.optimizer, self.loss = model, optimizer, loss
+        self.train_metrics, self.eval_metrics = list(train_metrics), list(eval_metrics)
+        self.loss_tracker = keras.metrics.Mean(name="loss")
+        self.eval_loss_tracker = keras.metrics.Mean(name="loss")
+        self.global_batch, self.num_replicas = global_batch, num_replicas
+        self.accum_steps = accum_steps
+        self.loss_scaling = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
+        self.jit_compile = jit_compile
+        self.gradients = (tf.function(self._gradients, jit_compile=True) if jit_compile
+                          else self._gradients)
 
-    def train(self, x: tf.Tensor, y: tf.Tensor) -> None:
+    def _gradients(self, x: tf.Tensor, y: tf.Tensor):
+        """Forward and backward on one micro-batch: (gradients, per-example loss, predictions).
+
+        Gradients are of the (loss-scaled, under fp16) share of the global-batch mean loss.
+        """
         with tf.GradientTape() as tape:
             pred = self.model(x, training=True)
             per_example = per_example_loss(self.loss, y, pred)
             loss = tf.reduce_sum(per_example) / self.global_batch
-            if self.model.losses:  # regularisers: added once per step over all replicas
-                loss += tf.add_n(self.model.losses) / self.num_replicas
+            if self.model.losses:  # regularisers: once per optimizer step over all replicas
+                loss += tf.add_n(self.model.losses) / (self.num_replicas * self.accum_steps)
+            scaled = self.optimizer.scale_loss(loss)
         variables = self.model.trainable_variables
-        grads = tape.gradient(loss, variables)
-        self.optimizer.apply_gradients(zip(grads, variables))
+        grads = tape.gradient(scaled, variables)
+        grads = [tf.zeros_like(v) if g is None else g for g, v in zip(grads, variables)]
+        return grads, per_example, pred
+
+    def train(self, x: tf.Tensor, y: tf.Tensor) -> None:
+        """One optimizer step on this replica's share of a global batch."""
+        if self.accum_steps == 1:
+            grads, per_example, pred = self.gradients(x, y)
+            self._update_metrics(y, per_example, pred)
+        else:
+            grads = self._accumulate(x, y)
+        if self.loss_scaling:
+            grads = _agree_on_overflow(grads)
+        self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
+
+    def _accumulate(self, x: tf.Tensor, y: tf.Tensor) -> list[tf.Tensor]:
+        # [K*b, ...] -> [K, b, ...]; the pipeline batched K micro-batches per replica.
+        k = self.accum_steps
+        xs = tf.reshape(x, tf.concat([[k, -1], tf.shape(x)[1:]], 0))
+        ys = tf.reshape(y, tf.concat([[k, -1], tf.shape(y)[1:]], 0))
+        total = [tf.zeros_like(v) for v in self.model.trainable_variables]
+        for i in tf.range(k):
+            grads, per_example, pred = self.gradients(xs[i], ys[i])
+            total = [t + g for t, g in zip(total, grads)]
+            self._update_metrics(ys[i], per_example, pred)
+        return total
+
+    def _update_metrics(self, y, per_example, pred) -> None:
         self.loss_tracker.update_state(per_example)
         for metric in self.train_metrics:
             metric.update_state(y, pred)
@@ -59,3 +99,18 @@ class ReplicaStep:
         self.eval_loss_tracker.update_state(per_example_loss(self.loss, y, pred))
         for metric in self.eval_metrics:
             metric.update_state(y, pred)
+
+
+def _agree_on_overflow(grads: list[tf.Tensor]) -> list[tf.Tensor]:
+    """Make every replica see non-finite gradients if any replica has them.
+
+    Keras's LossScaleOptimizer decides skip-or-apply from the *first* replica's local gradients,
+    before the all-reduce; an overflow on another replica would then be applied to the weights.
+    One scalar all-reduce makes the decision unanimous.
+    """
+    local_bad = tf.cast(tf.logical_not(tf.reduce_all(
+        [tf.reduce_all(tf.math.is_finite(g)) for g in grads])), tf.float32)
+    context = tf.distribute.get_replica_context()
+    any_bad = context.all_reduce(tf.distribute.ReduceOp.SUM, local_bad) > 0
+    return [tf.where(any_bad, tf.fill(tf.shape(g), tf.constant(float("nan"), g.dtype)), g)
+            for g in grads]

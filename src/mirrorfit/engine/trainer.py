@@ -7,6 +7,7 @@ through ``callbacks`` and ``Trainer.position``.
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
@@ -20,6 +21,7 @@ from mirrorfit.engine.loop import compile_loops
 from mirrorfit.engine.progress import EpochProgress
 from mirrorfit.engine.step import ReplicaStep
 from mirrorfit.errors import ConfigError
+from mirrorfit.precision import Precision, as_precision
 
 # A callback is a plain callable: fn(epoch, logs) after each epoch (epoch counts from 1).
 Callback = Callable[[int, dict[str, float]], None]
@@ -54,31 +56,41 @@ class Trainer:
     strategy's scope) or a model already built under ``strategy.scope()``. ``optimizer`` is a
     configured Keras optimizer; if it was made outside the scope, a copy is made inside it from
     its config. ``loss`` is a Keras loss or a function returning per-example losses.
-    ``global_batch`` is the examples per step over all replicas.
+    ``global_batch`` is the examples per optimizer step over all replicas; with
+    ``accum_steps`` K each replica runs K micro-batches of ``global_batch / (replicas * K)``
+    examples per step and all-reduces once. ``precision`` (``"fp32"``, ``"bf16"``, ``"fp16"`` or a
+    :class:`~mirrorfit.precision.Precision`) and ``remat`` apply to a model built here from a
+    function. ``jit_compile`` compiles each replica's forward and backward pass with XLA; a model
+    XLA cannot compile is reported through ``on_notice`` and trained without it.
     """
 
     def __init__(self, *, strategy: tf.distribute.Strategy, model, optimizer, loss,
                  global_batch: int, metrics: Sequence[str | keras.metrics.Metric] = ("accuracy",),
-                 steps_per_execution: int = 1) -> None:
-        if global_batch % strategy.num_replicas_in_sync:
-            raise ConfigError(f"global batch {global_batch} is not divisible by "
-                              f"{strategy.num_replicas_in_sync} replicas")
+                 steps_per_execution: int = 1, accum_steps: int = 1,
+                 precision: Precision | str = "fp32", jit_compile: bool = False,
+                 remat: bool = False, on_notice: Callable[[str], None] = print) -> None:
+        replicas = strategy.num_replicas_in_sync
+        if global_batch % (replicas * accum_steps):
+            raise ConfigError(f"global batch {global_batch} is not divisible by {replicas} "
+                              f"replicas x {accum_steps} accumulation steps")
         self.strategy = strategy
         self.global_batch = global_batch
         self.steps_per_execution = steps_per_execution
+        self.accum_steps = accum_steps
+        self.precision = as_precision(precision)
+        self._on_notice = on_notice
         with strategy.scope():
-            self.model = _build_model(model, strategy)
-            self.optimizer = _bind_optimizer(optimizer, strategy)
+            with self.precision.building(remat=remat):
+                self.model = _build_model(model, strategy, self.precision)
+            self.optimizer = self.precision.wrap_optimizer(_bind_optimizer(optimizer, strategy))
             self.optimizer.build(self.model.trainable_variables)
-            train_metrics = [_metric(m) for m in metrics]
-            eval_metrics = [_metric(m) for m in metrics]
             self._step = ReplicaStep(
                 model=self.model, optimizer=self.optimizer, loss=loss,
-                train_metrics=train_metrics, eval_metrics=eval_metrics,
-                loss_tracker=keras.metrics.Mean(name="loss"),
-                eval_loss_tracker=keras.metrics.Mean(name="loss"),
-                global_batch=global_batch, num_replicas=strategy.num_replicas_in_sync)
+                train_metrics=[_metric(m) for m in metrics],
+                eval_metrics=[_metric(m) for m in metrics], global_batch=global_batch,
+                num_replicas=replicas, accum_steps=accum_steps, jit_compile=jit_compile)
         self._loops = compile_loops(strategy, self._step.train, self._step.evaluate)
+        self._xla_checked = not jit_compile
         # Where training is (what checkpoints save and restore).
         self.epoch = 0  # epochs completed
         self.step_in_epoch = 0  # steps completed in the current epoch
@@ -87,6 +99,42 @@ class Trainer:
     @property
     def replicas(self) -> int:
         return self.strategy.num_replicas_in_sync
+
+    @property
+    def micro_batch(self) -> int:
+        """Examples per replica per micro-batch (forward/backward pass)."""
+        return self.global_batch // (self.replicas * self.accum_steps)
+
+    @property
+    def jit_compile(self) -> bool:
+        """Whether replicas run their forward/backward pass XLA-compiled (after the check)."""
+        return self._step.jit_compile
+
+    @property
+    def replica_step(self) -> ReplicaStep:
+        """What each replica runs (for profiling its parts)."""
+        return self._step
+
+    def run_steps(self, iterator, num_steps: int) -> None:
+        """Run ``num_steps`` compiled steps from a distributed iterator, without moving the
+        trainer's position or progress (for profiling; ``fit`` is the way to train)."""
+        self._loops.run_train(iterator, num_steps)
+
+    def loss_scale(self) -> float | None:
+        """fp16's current dynamic loss scale; None without loss scaling."""
+        if not self._step.loss_scaling:
+            return None
+        return float(self.optimizer.dynamic_scale.numpy())
+
+    def skipped_steps(self) -> int:
+        """Optimizer steps skipped for non-finite gradients (fp16), over the trainer's life."""
+        if not self._step.loss_scaling:
+            return 0
+        return self.step - int(self.optimizer.iterations.numpy())
+
+    def learning_rate(self) -> float:
+        """The learning rate the next step uses (schedules evaluated at the current step)."""
+        return float(keras.ops.convert_to_numpy(self.optimizer.learning_rate))
 
     def fit(self, train: TrainData, *, epochs: int, steps_per_epoch: int | None = None,
             validation: tuple[np.ndarray, np.ndarray] | tf.data.Dataset | None = None,
@@ -109,6 +157,8 @@ class Trainer:
         else:
             dataset = train.dataset(start_epoch=self.epoch, epochs=epochs, skip=self.step_in_epoch)
         # One iterator for the whole run: one per epoch costs a set-up and a teardown each time.
+        if not self._xla_checked:
+            self._check_xla(dataset.element_spec)
         iterator = iter(self.strategy.experimental_distribute_dataset(dataset))
         start = time.perf_counter()
         with progress:
@@ -123,6 +173,22 @@ class Trainer:
                     callback(epoch, logs)
         history.wall_time_s = time.perf_counter() - start
         return history
+
+    def _check_xla(self, element_spec) -> None:
+        """Compile one replica's forward/backward with XLA now; fall back, loudly, if it fails."""
+        self._xla_checked = True
+        problem = xla_problem(self._step, element_spec, self.micro_batch)
+        if problem is None:
+            return
+        self._on_notice(f"XLA cannot compile this model ({problem}); training without --xla")
+        with self.strategy.scope():
+            step = self._step
+            self._step = ReplicaStep(
+                model=self.model, optimizer=self.optimizer, loss=step.loss,
+                train_metrics=step.train_metrics, eval_metrics=step.eval_metrics,
+                global_batch=self.global_batch, num_replicas=self.replicas,
+                accum_steps=self.accum_steps, jit_compile=False)
+        self._loops = compile_loops(self.strategy, self._step.train, self._step.evaluate)
 
     def _run_epoch(self, iterator, epoch, epochs, steps, progress, history,
                    hooks) -> dict[str, float]:
@@ -147,13 +213,14 @@ class Trainer:
             now = time.perf_counter()
             if now - last_draw > 0.1 or done == steps:
                 last_draw = now
-                logs = self._read(self._train_metrics())
+                logs = self.train_logs()
                 if epoch_time:
                     logs["examples/s"] = epoch_examples / epoch_time
                 progress.update(done, logs)
             for hook in hooks:
                 hook(self)
-        logs = self._read(self._train_metrics())
+        logs = self.train_logs()
+        logs["learning_rate"] = self.learning_rate()
         logs["examples_per_sec"] = epoch_examples / epoch_time if epoch_time else 0.0
         return logs
 
@@ -185,13 +252,43 @@ class Trainer:
     def _read(metrics) -> dict[str, float]:
         return {m.name: float(m.result()) for m in metrics}
 
+    def train_logs(self) -> dict[str, float]:
+        """Training metrics of the current epoch so far (and fp16 loss scale, skipped steps)."""
+        logs = self._read(self._train_metrics())
+        if self._step.loss_scaling:
+            logs["loss_scale"] = self.loss_scale()
+            logs["skipped_steps"] = float(self.skipped_steps())
+        return logs
+
     def tracing_count(self) -> int:
         """How often the multi-step train function was traced (1 once running)."""
         return self._loops.tracing_count()
 
 
-def _build_model(model, strategy: tf.distribute.Strategy) -> keras.Model:
+def xla_problem(step: ReplicaStep, element_spec, micro_batch: int) -> str | None:
+    """None if XLA compiles ``step``'s forward/backward for this input, else the first line of
+    XLA's complaint. Compiles to HLO only: nothing runs, no state changes."""
+    x_spec, y_spec = element_spec
+    x = tf.zeros([micro_batch, *x_spec.shape[1:]], x_spec.dtype)
+    y = tf.zeros([micro_batch, *y_spec.shape[1:]], y_spec.dtype)
+    try:
+        step.gradients.experimental_get_compiler_ir(x, y)(stage="hlo")
+    except (tf.errors.OpError, ValueError, TypeError) as e:
+        text = str(getattr(e, "message", e))
+        ops = sorted(set(re.findall(r"(\w+) \(No registered '\w+' OpKernel for XLA", text)))
+        if ops:
+            return f"unsupported operation(s): {', '.join(ops)}"
+        lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+        return lines[0][:300] if lines else type(e).__name__
+    return None
+
+
+def _build_model(model, strategy: tf.distribute.Strategy, precision: Precision) -> keras.Model:
     if isinstance(model, keras.Model):
+        if model.dtype_policy.name != precision.policy:
+            raise ConfigError(f"the model was built with dtype policy "
+                              f"{model.dtype_policy.name!r} but precision {precision.name!r} "
+                              f"needs {precision.policy!r}; pass a function that builds it")
         variables = model.variables
         if variables and not strategy.extended.variable_created_in_scope(variables[0].value):
             raise ConfigError("the model's variables were not created under this strategy; "
@@ -237,4 +334,4 @@ def _steps_per_epoch(train) -> int:
     return n
 
 
-__all__ = ["Trainer", "History", "Callback", "Hook"]
+__all__ = ["Trainer", "History", "Callback", "Hook", "xla_problem"]

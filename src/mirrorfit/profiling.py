@@ -1,0 +1,174 @@
+"""Where a training step's time goes: input, forward/backward compute, all-reduce, the rest.
+
+Each part is timed on its own with the trainer's own compiled pieces, after training, on the
+same devices:
+
+- *step, synthetic input*: the full compiled step on one cached batch (no input pipeline);
+- *compute*: each replica's forward and backward pass (micro-batches included), no all-reduce;
+- *all-reduce*: one batched all-reduce of gradient-sized tensors;
+- *input wait* = the measured steady step time minus the synthetic-input step time;
+- *update and overhead* = what the synthetic step takes beyond compute and all-reduce.
+
+The model and optimizer state are restored afterwards: profiling does not change the result.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+
+import tensorflow as tf
+
+
+@dataclass(frozen=True)
+class ProfileReport:
+    """Seconds per optimizer step by part, and device utilisation in % (None if unknown)."""
+
+    step_s: float
+    input_wait_s: float
+    compute_s: float
+    all_reduce_s: float
+    update_overhead_s: float
+    input_batch_s: float  # the pipeline alone, per global batch
+    cpu_percent: float | None
+    gpu_percent: float | None
+    precision: str = "fp32"
+    xla: bool = False
+
+    def fractions(self) -> dict[str, float]:
+        total = max(self.step_s, 1e-12)
+        return {"input_wait": self.input_wait_s / total, "compute": self.compute_s / total,
+                "all_reduce": self.all_reduce_s / total,
+                "update_overhead": self.update_overhead_s / total}
+
+    def diagnosis(self) -> str:
+        """One line: what bounds the step, and what to try."""
+        f = self.fractions()
+        if f["input_wait"] > 0.2:
+            return (f"input bound: {f['input_wait']:.0%} of step time waiting for data; try "
+                    "--cache / a larger prefetch, or more steps per execution")
+        if f["all_reduce"] > 0.3:
+            return (f"communication bound: {f['all_reduce']:.0%} of step time in the all-reduce; "
+                    "try a larger per-replica batch, --accum-steps, or fewer replicas")
+        if f["update_overhead"] > 0.3:
+            return (f"overhead bound: {f['update_overhead']:.0%} of step time in the update and "
+                    "per-step overhead; try a larger batch or --steps-per-execution")
+        tries = [t for t, on in (("--precision bf16 (or fp16 on GPUs)", self.precision == "fp32"),
+                                 ("--xla", not self.xla)) if on]
+        return (f"compute bound: {f['compute']:.0%} of step time in forward/backward; "
+                + (f"try {' or '.join(tries)}" if tries else "more or faster devices"))
+
+    def describe(self) -> str:
+        f = self.fractions()
+        usage = []
+        if self.cpu_percent is not None:
+            usage.append(f"CPU {self.cpu_percent:.0f}%")
+        if self.gpu_percent is not None:
+            usage.append(f"GPU {self.gpu_percent:.0f}%")
+        return (f"profile, per step of {self.step_s * 1e3:.2f} ms: input wait "
+                f"{f['input_wait']:.0%}, compute {f['compute']:.0%}, all-reduce "
+                f"{f['all_reduce']:.0%}, update+overhead {f['update_overhead']:.0%}"
+                + (f"; utilisation {', '.join(usage)}" if usage else "")
+                + f"\n{self.diagnosis()}")
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "fractions": self.fractions(), "diagnosis": self.diagnosis()}
+
+
+def profile_steps(trainer, batches, *, steady_step_s: float,
+                  usage: dict[str, float | None] | None = None,
+                  target_s: float = 0.5) -> ProfileReport:
+    """Time the parts of ``trainer``'s step on ``batches`` (a ShuffledBatches).
+
+    ``steady_step_s`` is the seconds per step measured during training (input included).
+    Each part runs about ``target_s`` seconds after one untimed warm-up call.
+    """
+    strategy = trainer.strategy
+    saved = [v.numpy() for v in trainer.model.variables + trainer.optimizer.variables]
+    one_epoch = batches.dataset(start_epoch=0, epochs=1, skip=0)
+    synthetic = iter(strategy.experimental_distribute_dataset(one_epoch.take(1).cache().repeat()))
+    n = int(max(5, min(1000, target_s / max(steady_step_s, 1e-6))))
+    try:
+        step_s = _time(lambda k: trainer.run_steps(synthetic, k), n)
+        compute_s = _time(_compute_loop(trainer, synthetic), n)
+        reduce_s = _time(_all_reduce_loop(trainer), n)
+        real = iter(strategy.experimental_distribute_dataset(one_epoch.repeat()))
+        input_s = _time(_input_loop(strategy, real), n)
+    finally:
+        for var, value in zip(trainer.model.variables + trainer.optimizer.variables, saved):
+            var.assign(value)
+    measured = steady_step_s or step_s
+    usage = usage or {}
+    return ProfileReport(
+        step_s=measured, input_wait_s=max(0.0, measured - step_s),
+        compute_s=min(compute_s, step_s), all_reduce_s=min(reduce_s, step_s),
+        update_overhead_s=max(0.0, step_s - compute_s - reduce_s), input_batch_s=input_s,
+        cpu_percent=usage.get("cpu_percent"), gpu_percent=usage.get("gpu_percent"),
+        precision=trainer.precision.name, xla=trainer.jit_compile)
+
+
+def _time(run, n: int) -> float:
+    """Seconds per step of ``run(k)`` (which runs k steps), after one warm-up call."""
+    run(1)
+    t0 = time.perf_counter()
+    run(n)
+    return (time.perf_counter() - t0) / n
+
+
+def _compute_loop(trainer, iterator):
+    strategy, step = trainer.strategy, trainer.replica_step
+    k = trainer.accum_steps
+
+    def replica(x, y):
+        xs = tf.reshape(x, tf.concat([[k, -1], tf.shape(x)[1:]], 0))
+        ys = tf.reshape(y, tf.concat([[k, -1], tf.shape(y)[1:]], 0))
+        total = tf.constant(0.0)
+        for i in range(k):  # the result is consumed, so nothing is pruned away
+            grads, _, _ = step.gradients(xs[i], ys[i])
+            total += tf.add_n([tf.reduce_sum(tf.cast(g, tf.float32)) for g in grads])
+        return total
+
+    @tf.function
+    def loop(num):
+        total = tf.constant(0.0)
+        for _ in tf.range(num):
+            out = strategy.run(replica, args=next(iterator))
+            total += tf.add_n(strategy.experimental_local_results(out))
+        return total
+
+    return lambda n: loop(tf.constant(n)).numpy()
+
+
+def _all_reduce_loop(trainer):
+    strategy, variables = trainer.strategy, trainer.model.trainable_variables
+
+    def replica():
+        ctx = tf.distribute.get_replica_context()
+        reduced = ctx.all_reduce(tf.distribute.ReduceOp.SUM,
+                                 [tf.zeros(v.shape, v.dtype) for v in variables])
+        return tf.add_n([tf.reduce_sum(r) for r in reduced])
+
+    @tf.function
+    def loop(num):
+        total = tf.constant(0.0)
+        for _ in tf.range(num):
+            total += tf.add_n(strategy.experimental_local_results(strategy.run(replica)))
+        return total
+
+    return lambda n: loop(tf.constant(n)).numpy()
+
+
+def _input_loop(strategy, iterator):
+    @tf.function
+    def loop(num):
+        total = tf.constant(0, tf.int64)
+        for _ in tf.range(num):
+            _, y = next(iterator)
+            total += tf.add_n([tf.size(t, tf.int64)
+                               for t in strategy.experimental_local_results(y)])
+        return total
+
+    return lambda n: loop(tf.constant(n)).numpy()
+
+
+__all__ = ["ProfileReport", "profile_steps"]
