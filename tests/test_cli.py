@@ -31,6 +31,13 @@ def _one_line_error(proc, *needles):
     (["--data-dir", "/nonexistent"], ["no mnist.npz at --data-dir /nonexistent"]),
     (["--save-keras", "model.h5"], ["must end in .keras"]),
     (["--export-dir", "pyproject.toml"], ["is a file; give a folder"]),
+    (["--precision", "fp8"], ["unknown precision 'fp8'", "fp32, bf16, fp16"]),
+    (["--accum-steps", "0"], ["accum_steps must be a positive integer"]),
+    (["--replicas", "2", "--accum-steps", "4", "--global-batch-size", "100"],
+     ["not divisible by 2 replicas x 4 accumulation steps", "multiple of 8"]),
+    (["--lr-scaling", "sqrt"], ["unknown lr_scaling 'sqrt'", "none, linear"]),
+    (["--warmup-epochs", "-1"], ["warmup_epochs must be >= 0"]),
+    (["--gpu-memory-limit", "0"], ["gpu_memory_limit must be a positive integer"]),
 ])
 def test_bad_input_is_one_clear_line(tmp_path, args, needles):
     out = tmp_path / "m.json"
@@ -95,3 +102,72 @@ def test_config_file_and_flags(tmp_path, mnist_dir):
     assert proc.returncode == 0, proc.stderr[-3000:]
     m = json.loads(out.read_text())
     assert m["epochs"] == 1 and m["steps"] == 10 and m["train_examples"] == 640
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_mixed_precision_trains_the_mlp_to_95_percent(tmp_path, mnist_dir, precision):
+    out = tmp_path / "metrics.json"
+    proc = run_cli("train", "--data-dir", str(mnist_dir), "--precision", precision,
+                   "--epochs", "10", "--no-progress", "--metrics-out", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"precision: {precision}" in proc.stderr
+    m = json.loads(out.read_text())
+    assert m["precision"] == precision and m["test_accuracy"] >= 0.95
+    if precision == "fp16":  # the scale and the skipped steps are reported
+        assert m["loss_scale"] > 0 and m["skipped_steps"] >= 0
+        assert "loss scale" in proc.stderr and "skipped" in proc.stderr
+    else:
+        assert m["loss_scale"] is None and m["skipped_steps"] == 0
+
+
+def test_accumulation_warmup_logdir_and_profile(tmp_path, mnist_dir):
+    """The acceleration flags together: what is printed, recorded and written."""
+    out, logdir = tmp_path / "m.json", tmp_path / "tb"
+    proc = run_cli("train", "--data-dir", str(mnist_dir), "--train-examples", "2560",
+                   "--epochs", "2", "--batch-size", "16", "--accum-steps", "4",
+                   "--lr-scaling", "linear", "--warmup-epochs", "1", "--steps-per-execution", "10",
+                   "--logdir", str(logdir), "--profile", "--no-progress",
+                   "--metrics-out", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    err = " ".join(proc.stderr.split())  # rich wraps long lines
+    assert "16 per replica x 1 replicas x 4 accumulation steps = 64 global (effective)" in err
+    assert "0.01 -> 0.02 over 40 warm-up steps" in err  # 2560 / 64 = 40 steps per epoch
+    m = json.loads(out.read_text())
+    assert m["global_batch_size"] == 64 and m["steps"] == 80 and m["accum_steps"] == 4
+    assert m["learning_rate"] == pytest.approx(0.02)
+    fractions = m["profile"]["fractions"]
+    assert set(fractions) == {"input_wait", "compute", "all_reduce", "update_overhead"}
+    assert all(0 <= v <= 1 for v in fractions.values())
+    assert m["profile"]["cpu_percent"] is not None
+    assert "bound:" in m["profile"]["diagnosis"] and m["profile"]["diagnosis"] in err
+    assert list(logdir.glob("events.out.tfevents.*"))
+
+
+@pytest.mark.slow
+def test_bench_writes_table_csv_json_and_png(tmp_path, mnist_dir):
+    proc = run_cli("bench", "--data-dir", str(mnist_dir), "--replicas", "1,2", "--precision",
+                   "fp32,bf16", "--train-examples", "1280", "--epochs", "2", "--repeats", "1",
+                   "--out", str(tmp_path), "--recommend")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for label in ("x1 fp32 spe50", "x2 bf16 spe50", "textbook fit x2"):
+        assert label in proc.stdout
+    assert "recommended:" in proc.stdout and "matmul peak measured" in proc.stderr
+    data = json.loads((tmp_path / "bench.json").read_text())
+    assert len(data["rows"]) == 6 and data["train_flops_per_example"] > 0
+    assert all(r["examples_per_sec"] > 0 and 0 < r["mfu"] < 2 for r in data["rows"])
+    assert (tmp_path / "bench.csv").read_text().count("\n") == 7
+    assert (tmp_path / "bench.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--precision", "fp8"], "unknown precision 'fp8'"),
+    (["--replicas", "one"], "--replicas 'one': expected a comma-separated list of int"),
+    (["--xla", "maybe"], "--xla 'maybe'"),
+    (["--epochs", "1"], "--epochs 2 or more"),
+    (["--model", "resnet"], "unknown model 'resnet'"),
+])
+def test_bench_bad_input_is_one_clear_line(tmp_path, args, needle):
+    proc = run_cli("bench", "--out", str(tmp_path / "out"), *args)
+    _one_line_error(proc, needle)
+    assert not (tmp_path / "out").exists()

@@ -36,6 +36,20 @@ def _train_parser(sub) -> None:
     add("--optimizer", help="sgd (default), adam, adamw, rmsprop")
     add("--lr", type=float, help="learning rate (default 0.01)")
     add("--steps-per-execution", type=int, help="steps per compiled call (default 50)")
+    add("--accum-steps", type=int, help="micro-batches per replica per optimizer step; the "
+        "effective global batch is batch x replicas x K (default 1)")
+    add("--precision", help="fp32 (default), bf16 or fp16 (dynamic loss scaling)")
+    add("--xla", action="store_const", const=True,
+        help="compile each replica's forward/backward pass with XLA")
+    add("--lr-scaling", help="none (default) or linear: lr x global batch / --base-batch")
+    add("--base-batch", type=int, help="global batch --lr was chosen for (default 32)")
+    add("--warmup-epochs", type=float, help="linear learning-rate warm-up epochs (default 0)")
+    add("--gpu-memory-limit", type=int, help="cap each GPU at MB (instead of memory growth)")
+    add("--remat", action="store_const", const=True,
+        help="recompute activations in the backward pass (less memory, more compute)")
+    add("--logdir", help="write TensorBoard scalars here")
+    add("--profile", action="store_const", const=True,
+        help="after training, report where step time goes and a one-line diagnosis")
     add("--seed", type=int, help="seed for weights and data order (default 42)")
     add("--train-examples", type=int, help="train on the first N training examples")
     add("--eval-batch-size", type=int, help="global batch for evaluation")
@@ -58,6 +72,53 @@ def _export_flags(add) -> None:
         help="exported signature takes raw uint8 pixels and scales them itself")
 
 
+def _csv(kind, name: str):
+    """An argparse type for comma-separated lists, naming the flag when a value is bad."""
+    def parse(text: str) -> tuple:
+        try:
+            return tuple(kind(v.strip()) for v in text.split(",") if v.strip())
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} {text!r}: expected a comma-separated "
+                                             f"list of {kind.__name__} values") from None
+    return parse
+
+
+def _on_off(text: str) -> bool:
+    if text not in ("on", "off"):
+        raise ValueError(text)
+    return text == "on"
+
+
+_on_off.__name__ = "on/off"
+
+
+def _bench_parser(sub) -> None:
+    p = sub.add_parser("bench", help="measure a grid of configurations, each in its own process",
+                       description="Throughput, scaling efficiency, MFU and accuracy for a grid "
+                                   "of configurations, plus the textbook recipe (Keras fit "
+                                   "under MirroredStrategy); medians of alternated repeats.")
+    add = p.add_argument
+    add("--model", default="mlp", help="mlp (default) or cnn")
+    add("--data-dir", help="folder holding mnist.npz")
+    add("--replicas", type=_csv(int, "--replicas"), default=(1, 2), help="e.g. 1,2 (default)")
+    add("--precision", type=_csv(str, "--precision"), default=("fp32", "bf16", "fp16"),
+        help="e.g. fp32,bf16,fp16 (default)")
+    add("--xla", type=_csv(_on_off, "--xla"), default=(False,), help="off (default), on, or "
+        "off,on")
+    add("--accum-steps", type=_csv(int, "--accum-steps"), default=(1,), help="e.g. 1,4")
+    add("--steps-per-execution", type=_csv(int, "--steps-per-execution"), default=(50,))
+    add("--global-batch-size", type=int, help="effective global batch (default: mlp 64, cnn 100)")
+    add("--train-examples", type=int, help="training images (default: mlp all, cnn 12,800)")
+    add("--epochs", type=int, help="epochs per run, >= 2 (default: mlp 3, cnn 2)")
+    add("--repeats", type=int, default=3, help="runs per point (default 3)")
+    add("--no-textbook", dest="textbook", action="store_false",
+        help="leave out the textbook recipe rows")
+    add("--out", default="bench-results", help="folder for bench.csv, bench.json, bench.png")
+    add("--recommend", action="store_true", help="name the fastest configuration whose "
+        "accuracy stays within --tolerance of float32")
+    add("--tolerance", type=float, default=0.005, help="accuracy tolerance (default 0.005)")
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mirrorfit", description=(
         "Data-parallel Keras training on 1..N devices, measured."))
@@ -67,6 +128,7 @@ def _parser() -> argparse.ArgumentParser:
     exp = sub.add_parser("export", help="export the newest checkpoint as a SavedModel version")
     exp.add_argument("--checkpoint-dir", required=True)
     _export_flags(exp.add_argument)
+    _bench_parser(sub)
     ev = sub.add_parser("evaluate", help="test accuracy and loss of a checkpoint or export")
     ev.add_argument("--checkpoint-dir")
     ev.add_argument("--saved-model", help="models/NAME (newest version) or models/NAME/0001")
@@ -82,6 +144,33 @@ def _cmd_train(args: argparse.Namespace) -> int:
     overrides = {k: v for k, v in vars(args).items() if k not in ("command", "config")}
     config = load_config(args.config, **overrides)
     run_training(config)
+    return 0
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from mirrorfit.bench import Grid, run_bench
+    from mirrorfit.config import PRECISIONS
+    from mirrorfit.models import model_factory
+
+    model_factory(args.model)  # unknown models fail here, before any process starts
+    for name in args.precision:
+        if name not in PRECISIONS:
+            raise MirrorfitError(f"unknown precision {name!r} in --precision; choose from "
+                                 f"{', '.join(PRECISIONS)}")
+    for flag, values in (("--replicas", args.replicas), ("--accum-steps", args.accum_steps),
+                         ("--steps-per-execution", args.steps_per_execution),
+                         ("--repeats", (args.repeats,))):
+        if not values or min(values) < 1:
+            raise MirrorfitError(f"{flag} needs positive integers, got {values}")
+    grid = Grid(model=args.model, replicas=args.replicas, precisions=args.precision,
+                xla=args.xla, accum_steps=args.accum_steps,
+                steps_per_execution=args.steps_per_execution,
+                global_batch=args.global_batch_size, train_examples=args.train_examples,
+                epochs=args.epochs, repeats=args.repeats, textbook=args.textbook,
+                data_dir=args.data_dir)
+    grid.points()  # batch / epoch problems are reported before anything runs
+    run_bench(grid, out_dir=args.out, tolerance=args.tolerance,
+              show_recommendation=args.recommend)
     return 0
 
 
@@ -129,7 +218,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from mirrorfit.checkpoint import EXIT_PREEMPTED, Preempted
 
     commands = {"train": _cmd_train, "devices": _cmd_devices, "export": _cmd_export,
-                "evaluate": _cmd_evaluate}
+                "evaluate": _cmd_evaluate, "bench": _cmd_bench}
     try:
         return commands[args.command](args)
     except Preempted as e:

@@ -1,0 +1,67 @@
+"""``mirrorfit bench``: which configuration is fastest on *this* machine, and by how much.
+
+grid (the points, each in its own process, alternated and repeated) -> flops (model FLOPs and
+the measured matmul peak) -> report (medians, speedup, efficiency, MFU; table, CSV, JSON, PNG).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import Progress
+
+from mirrorfit.bench.grid import Grid, run_grid
+from mirrorfit.bench.point import Point
+from mirrorfit.bench.report import Row, build_rows, recommend, table_text, write_outputs
+
+
+def run_bench(grid: Grid, *, out_dir: str | Path, tolerance: float = 0.005,
+              show_recommendation: bool = False, console: Console | None = None) -> dict:
+    """Run ``grid``, print the table, write bench.csv/json/png to ``out_dir``; return the meta
+    and rows."""
+    import tensorflow as tf
+
+    from mirrorfit.bench.flops import train_flops_per_example
+    from mirrorfit.models import model_factory
+
+    console = console or Console(stderr=True)
+    flops = train_flops_per_example(model_factory(grid.model)())
+    gpus = tf.config.list_physical_devices("GPU")
+    devices = f"{len(gpus)} GPU(s)" if gpus else f"logical CPU devices on {os.cpu_count()} cores"
+    points = grid.points()
+    console.print(f"[bold]mirrorfit bench[/] {grid.model}: {len(points)} points x "
+                  f"{grid.repeats} repeats, each its own process; {flops / 1e6:,.2f} MFLOP per "
+                  "training example")
+    with Progress(console=console, transient=True) as progress:
+        task = progress.add_task("bench", total=1 + len(points) * grid.repeats)
+
+        def on_run(point: Point, result: dict) -> None:
+            progress.advance(task)
+            if point.kind == "peak":
+                return
+            rate = result.get("examples_per_sec")
+            console.print(f"  {point.label:28} "
+                          + (f"{rate:10,.0f} examples/s  acc {result['test_accuracy']:.4f}"
+                             if rate else f"FAILED: {result.get('error')}"))
+
+        peak, runs = run_grid(grid, on_run=on_run)
+    rows = build_rows(runs, peak=peak, train_flops=flops, shared_cores=not gpus)
+    meta = {"model": grid.model, "devices": devices, "repeats": grid.repeats,
+            "train_flops_per_example": flops, "peak_flops": peak}
+    console.print(f"matmul peak measured in this run: "
+                  + ", ".join(f"{k} {v / 1e9:,.0f} GFLOP/s" for k, v in peak.items()))
+    if not gpus:
+        console.print("logical CPU devices share the same cores: the ideal speedup is 1.0, so "
+                      "efficiency = speedup")
+    print(table_text(rows), end="", flush=True)  # results on stdout, the rest on stderr
+    advice = recommend(rows, tolerance)
+    if show_recommendation:
+        print(advice, flush=True)
+    paths = write_outputs(rows, Path(out_dir), meta)
+    console.print("wrote " + ", ".join(str(p) for p in paths.values()))
+    return {**meta, "rows": rows, "recommendation": advice, "paths": paths}
+
+
+__all__ = ["Grid", "Point", "Row", "run_bench"]

@@ -1,0 +1,102 @@
+"""Run a grid of bench points, each in its own process, alternating and repeating.
+
+The machine is shared and noisy: each repeat runs every point once, in forward order on even
+repeats and in reverse on odd ones, so slow spells spread over all points instead of hitting one.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass, replace
+from typing import Callable, Sequence
+
+from mirrorfit.bench.point import Point
+from mirrorfit.errors import MirrorfitError
+
+# Per model: (global batch, training images, epochs). The chapter's batch for the MLP; the
+# CNN on a subset so one run takes tens of seconds here.
+WORKLOADS = {"mlp": (64, None, 3), "cnn": (100, 12800, 2)}
+
+
+@dataclass(frozen=True)
+class Grid:
+    """The configurations to compare (the cross product) and how to run them."""
+
+    model: str = "mlp"
+    replicas: Sequence[int] = (1, 2)
+    precisions: Sequence[str] = ("fp32", "bf16", "fp16")
+    xla: Sequence[bool] = (False,)
+    accum_steps: Sequence[int] = (1,)
+    steps_per_execution: Sequence[int] = (50,)
+    global_batch: int | None = None
+    train_examples: int | None = None
+    epochs: int | None = None
+    repeats: int = 3
+    textbook: bool = True
+    data_dir: str | None = None
+
+    def points(self) -> list[Point]:
+        """mirrorfit points (the cross product), then the textbook recipe at each replica count
+        (fp32, Keras ``fit`` under MirroredStrategy)."""
+        batch, n_train, epochs = WORKLOADS.get(self.model, (64, None, 2))
+        base = Point(kind="mirrorfit", model=self.model, global_batch=self.global_batch or batch,
+                     train_examples=self.train_examples or n_train,
+                     epochs=self.epochs or epochs, data_dir=self.data_dir)
+        if base.epochs < 2:
+            raise MirrorfitError("bench needs --epochs 2 or more: epoch 1 compiles and is not "
+                                 "timed")
+        out = [replace(base, replicas=r, precision=p, xla=x, accum_steps=k,
+                       steps_per_execution=s)
+               for r, p, x, k, s in itertools.product(self.replicas, self.precisions, self.xla,
+                                                      self.accum_steps, self.steps_per_execution)]
+        for p in out:
+            if p.global_batch % (p.replicas * p.accum_steps):
+                raise MirrorfitError(
+                    f"global batch {p.global_batch} is not divisible by {p.replicas} replicas x "
+                    f"{p.accum_steps} accumulation steps; pick --global-batch-size accordingly")
+        if self.textbook:
+            out += [replace(base, kind="textbook", replicas=r) for r in self.replicas]
+        return out
+
+
+def spawn(point: Point, timeout_s: float = 1800) -> dict:
+    """Run one point in a fresh interpreter; its measurements, or an ``error``."""
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    try:
+        proc = subprocess.run([sys.executable, "-m", "mirrorfit.bench.point", point.to_json()],
+                              capture_output=True, text=True, env=env, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout_s:.0f} s"}
+    if proc.returncode:
+        tail = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()][-1:]
+        return {"error": tail[0] if tail else f"exit code {proc.returncode}"}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def run_grid(grid: Grid, *, on_run: Callable[[Point, dict], None] = lambda p, r: None,
+             runner: Callable[[Point], dict] = spawn) -> tuple[dict, list[tuple[Point, list]]]:
+    """Measure the matmul peak, then every point ``grid.repeats`` times, alternating the order.
+
+    Returns (peak FLOP/s by dtype, [(point, [run results])]). ``on_run`` sees each result as it
+    comes, the peak's included (for progress).
+    """
+    peak_point = Point(kind="peak")
+    peak = runner(peak_point)
+    on_run(peak_point, peak)
+    if "error" in peak:
+        raise MirrorfitError(f"measuring the matmul peak failed: {peak['error']}")
+    points = grid.points()
+    runs: dict[Point, list[dict]] = {p: [] for p in points}
+    for rep in range(grid.repeats):
+        for point in points if rep % 2 == 0 else points[::-1]:
+            result = runner(point)
+            runs[point].append(result)
+            on_run(point, result)
+    return peak, [(p, runs[p]) for p in points]
+
+
+__all__ = ["Grid", "WORKLOADS", "run_grid", "spawn"]

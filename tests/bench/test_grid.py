@@ -1,0 +1,36 @@
+"""bench.grid: the points of a grid, and the alternating, repeated run order."""
+
+import pytest
+
+from mirrorfit.bench.grid import Grid, run_grid
+from mirrorfit.errors import MirrorfitError
+
+
+def test_points_are_the_cross_product_plus_the_textbook_per_replica_count():
+    grid = Grid(model="cnn", replicas=(1, 2), precisions=("fp32", "bf16"), xla=(False, True))
+    points = grid.points()
+    ours = [p for p in points if p.kind == "mirrorfit"]
+    assert len(ours) == 8 and len(points) == 10
+    assert {p.global_batch for p in points} == {100}  # the CNN workload's default
+    assert [p.replicas for p in points if p.kind == "textbook"] == [1, 2]
+
+
+def test_runs_alternate_order_and_repeat():
+    grid = Grid(replicas=(1, 2), precisions=("fp32",), repeats=3, textbook=False)
+    order = []
+
+    def runner(point):
+        order.append(point.kind if point.kind == "peak" else point.replicas)
+        return ({"float32": 1.0} if point.kind == "peak"
+                else {"examples_per_sec": 1.0, "test_accuracy": 0.9})
+
+    peak, runs = run_grid(grid, runner=runner)
+    assert order == ["peak", 1, 2, 2, 1, 1, 2]
+    assert [len(r) for _, r in runs] == [3, 3]
+
+
+def test_bad_grids_are_refused_before_running():
+    with pytest.raises(MirrorfitError, match="not divisible by 2 replicas x 4"):
+        Grid(replicas=(2,), accum_steps=(4,), global_batch=100).points()
+    with pytest.raises(MirrorfitError, match="--epochs 2 or more"):
+        Grid(epochs=1).points()
