@@ -92,6 +92,49 @@ def _on_off(text: str) -> bool:
 _on_off.__name__ = "on/off"
 
 
+def _flag_bool(text: str) -> bool:
+    """TF Serving's boolean flags: --flag, --flag=true, --flag=false."""
+    value = text.lower()
+    if value not in ("true", "false", "1", "0"):
+        raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+    return value in ("true", "1")
+
+
+def _serve_parser(sub) -> None:
+    p = sub.add_parser("serve", help="serve SavedModels with TF Serving's REST and gRPC APIs",
+                       description="A TensorFlow-Serving-compatible model server. Takes "
+                                   "tensorflow_model_server's flag names.")
+    add = p.add_argument
+    add("--port", type=int, default=8500, help="gRPC port (8500)")
+    add("--rest_api_port", type=int, default=8501, help="REST port (8501; 0 turns REST off)")
+    add("--host", default="127.0.0.1", help="address to bind (127.0.0.1; 0.0.0.0 for all)")
+    add("--model_name", default="default", help="name of the model (default)")
+    add("--model_base_path", help="folder of numeric version folders (0001, 0002, ...)")
+    add("--model_config_file", help="text-format ModelServerConfig for several models")
+    add("--file_system_poll_wait_seconds", type=float, default=1.0,
+        help="seconds between polls for new versions (1; 0: once; < 0: never)")
+    for flag, default, text in (
+            ("--enable_batching", False, "merge concurrent requests into batches"),
+            ("--enable_model_warmup", True, "warm new versions up before they take traffic"),
+            ("--rest_api_enable_cors_support", False, "send CORS headers")):
+        add(flag, type=_flag_bool, nargs="?", const=True, default=default, help=text)
+    add("--batching_parameters_file", help="text-format BatchingParameters")
+    add("--monitoring_config_file", help="text-format MonitoringConfig (Prometheus path)")
+    add("--rest_api_timeout_in_ms", type=int, default=30000)
+    add("--max_num_load_retries", type=int, default=5)
+    add("--saved_model_tags", default="serve")
+    add("--grpc_max_threads", type=int, default=256)
+    add("--max_request_bytes", type=int, default=64 * 1024 * 1024,
+        help="largest REST body accepted (64 MiB); larger gets 413")
+    add("--log_level", default="info", choices=["debug", "info", "warning", "error"])
+    # accepted for compatibility with tensorflow_model_server command lines; no effect here
+    for flag in ("--rest_api_num_threads", "--tensorflow_session_parallelism",
+                 "--tensorflow_intra_op_parallelism", "--tensorflow_inter_op_parallelism",
+                 "--model_config_file_poll_wait_seconds", "--enable_signature_method_name_check",
+                 "--allow_version_labels_for_unavailable_models", "--xla_cpu_compilation_enabled"):
+        add(flag, dest=f"_ignored{flag.replace('-', '_')}", help=argparse.SUPPRESS)
+
+
 def _bench_parser(sub) -> None:
     p = sub.add_parser("bench", help="measure a grid of configurations, each in its own process",
                        description="Throughput, scaling efficiency, MFU and accuracy for a grid "
@@ -129,6 +172,7 @@ def _parser() -> argparse.ArgumentParser:
     exp.add_argument("--checkpoint-dir", required=True)
     _export_flags(exp.add_argument)
     _bench_parser(sub)
+    _serve_parser(sub)
     ev = sub.add_parser("evaluate", help="test accuracy and loss of a checkpoint or export")
     ev.add_argument("--checkpoint-dir")
     ev.add_argument("--saved-model", help="models/NAME (newest version) or models/NAME/0001")
@@ -172,6 +216,23 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     run_bench(grid, out_dir=args.out, tolerance=args.tolerance,
               show_recommendation=args.recommend)
     return 0
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from mirrorfit.serving.server import ServeConfig, serve
+
+    values = {k: v for k, v in vars(args).items()
+              if k != "command" and not k.startswith("_ignored")}
+    for flag in ("port", "rest_api_port"):
+        if not 0 <= values[flag] < 65536:
+            raise MirrorfitError(f"--{flag}={values[flag]}: a port is 0-65535")
+    if values["port"] == values["rest_api_port"]:
+        raise MirrorfitError(f"--port and --rest_api_port are both {values['port']}; give them "
+                             "different ports")
+    if values["model_base_path"] and not os.path.isdir(values["model_base_path"]):
+        raise MirrorfitError(f"--model_base_path {values['model_base_path']} is not a folder; "
+                             "point it at models/NAME holding 0001, 0002, ...")
+    return serve(ServeConfig(**values))
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
@@ -218,7 +279,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from mirrorfit.checkpoint import EXIT_PREEMPTED, Preempted
 
     commands = {"train": _cmd_train, "devices": _cmd_devices, "export": _cmd_export,
-                "evaluate": _cmd_evaluate, "bench": _cmd_bench}
+                "evaluate": _cmd_evaluate, "bench": _cmd_bench, "serve": _cmd_serve}
     try:
         return commands[args.command](args)
     except Preempted as e:

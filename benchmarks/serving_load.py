@@ -1,0 +1,203 @@
+"""Load test for `mirrorfit serve`: N concurrent REST and gRPC clients against the exported
+MLP and CNN, with and without dynamic batching, next to the limit measured in the same run (the
+SavedModel called in-process on batches of the same size).
+
+Every side runs in its own process: the server (`mirrorfit serve`), the load generator (asyncio
+clients: grpc.aio and httpx), and the in-process limit.
+
+    python benchmarks/serving_load.py [--models mlp,cnn] [--clients 64] [--seconds 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def export_models(root: Path, models: list[str]) -> None:
+    import keras
+    import mirrorfit
+    from mirrorfit.export import export_saved_model
+    for name in models:
+        keras.utils.set_random_seed(0)
+        export_saved_model(mirrorfit.models.model_factory(name)(), root / name)
+
+
+def in_process(path: str, batch: int, seconds: float) -> float:
+    """Examples/s of the SavedModel's signature called directly on ``batch`` images."""
+    import numpy as np
+    import tensorflow as tf
+    fn = tf.saved_model.load(path).signatures["serving_default"]
+    x = tf.constant(np.random.default_rng(0).uniform(0, 1, (batch, 28, 28)).astype("float32"))
+    fn(images=x)
+    n, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        fn(images=x)
+        n += batch
+    return n / (time.perf_counter() - start)
+
+
+async def _grpc_load(target: str, model: str, clients: int, seconds: float) -> list[float]:
+    import grpc
+    import numpy as np
+    import tensorflow as tf
+    from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name = model
+    image = np.random.default_rng(1).uniform(0, 1, (1, 28, 28)).astype("float32")
+    request.inputs["images"].CopyFrom(tf.make_tensor_proto(image))
+    latencies: list[float] = []
+    async with grpc.aio.insecure_channel(target) as channel:
+        stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+        await stub.Predict(request, timeout=60)
+        end = time.perf_counter() + seconds
+
+        async def client():
+            while time.perf_counter() < end:
+                t0 = time.perf_counter()
+                await stub.Predict(request, timeout=60)
+                latencies.append(time.perf_counter() - t0)
+        await asyncio.gather(*(client() for _ in range(clients)))
+    return latencies
+
+
+async def _rest_load(url: str, model: str, clients: int, seconds: float) -> list[float]:
+    import httpx
+    import numpy as np
+    image = np.random.default_rng(1).uniform(0, 1, (1, 28, 28)).astype("float32")
+    body = json.dumps({"instances": image.tolist()}).encode()
+    latencies: list[float] = []
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    async with httpx.AsyncClient(limits=limits, timeout=60) as http:
+        path = f"{url}/v1/models/{model}:predict"
+        (await http.post(path, content=body)).raise_for_status()
+        end = time.perf_counter() + seconds
+
+        async def client():
+            while time.perf_counter() < end:
+                t0 = time.perf_counter()
+                (await http.post(path, content=body)).raise_for_status()
+                latencies.append(time.perf_counter() - t0)
+        await asyncio.gather(*(client() for _ in range(clients)))
+    return latencies
+
+
+def _child(argv: list[str]) -> None:
+    kind = argv[0]
+    if kind == "inproc":
+        print(json.dumps({"examples_per_sec": in_process(argv[1], int(argv[2]),
+                                                         float(argv[3]))}))
+        return
+    api, target, model, clients, seconds = argv[1:6]
+    load = _grpc_load if api == "grpc" else _rest_load
+    t0 = time.perf_counter()
+    lat = asyncio.run(load(target, model, int(clients), float(seconds)))
+    wall = time.perf_counter() - t0
+    lat.sort()
+    print(json.dumps({"requests_per_sec": len(lat) / wall,
+                      "p50_ms": 1e3 * lat[len(lat) // 2], "p99_ms": 1e3 * lat[int(len(lat) * .99)]}))
+
+
+def _run_child(*args: str) -> dict:
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    out = subprocess.run([sys.executable, __file__, "--child", *args], capture_output=True,
+                         text=True, env=env, check=False)
+    if out.returncode:
+        sys.exit(f"{args} failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _start_server(root: Path, model: str, batching: Path | None) -> tuple:
+    port, rest = _free_port(), _free_port()
+    args = [sys.executable, "-m", "mirrorfit.cli", "serve", f"--port={port}",
+            f"--rest_api_port={rest}", f"--model_name={model}",
+            f"--model_base_path={root / model}", "--file_system_poll_wait_seconds=-1"]
+    if batching:
+        args += ["--enable_batching", f"--batching_parameters_file={batching}"]
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    import httpx
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{rest}/readyz", timeout=1).status_code == 200:
+                return proc, f"127.0.0.1:{port}", f"http://127.0.0.1:{rest}"
+        except httpx.HTTPError:
+            time.sleep(0.3)
+    proc.kill()
+    sys.exit("server did not start")
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--child":
+        _child(sys.argv[2:])
+        return
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", default="mlp,cnn")
+    p.add_argument("--clients", type=int, default=64)
+    p.add_argument("--seconds", type=float, default=10)
+    p.add_argument("--apis", default="grpc,rest")
+    p.add_argument("--batch-timeout-micros", type=int, default=2000)
+    a = p.parse_args()
+    models = a.models.split(",")
+    root = Path(tempfile.mkdtemp(prefix="mirrorfit-load-"))
+    subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, {str(ROOT / 'benchmarks')!r}); "
+                    f"import serving_load; from pathlib import Path; "
+                    f"serving_load.export_models(Path({str(root)!r}), {models!r})"],
+                   check=True, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
+                   capture_output=True)
+    batching = root / "batching.config"
+    batching.write_text(f"max_batch_size {{ value: {a.clients} }} batch_timeout_micros {{ value: "
+                        f"{a.batch_timeout_micros} }} max_enqueued_batches {{ value: 1000 }} "
+                        "num_batch_threads { value: 1 }")
+    print(f"{a.clients} concurrent clients, {a.seconds:g} s per run, one image per request; "
+          f"batching: max_batch_size {a.clients}, timeout {a.batch_timeout_micros} us\n",
+          flush=True)
+    for model in models:
+        path = str(next((root / model).iterdir()))
+        limit1 = _run_child("inproc", path, "1", "3")["examples_per_sec"]
+        limitn = _run_child("inproc", path, str(a.clients), "3")["examples_per_sec"]
+        print(f"{model.upper()} in-process limit: {limit1:,.0f} examples/s at batch 1, "
+              f"{limitn:,.0f} at batch {a.clients}")
+        results = {}
+        for batch_on in (False, True):
+            proc, target, url = _start_server(root, model, batching if batch_on else None)
+            try:
+                for api in a.apis.split(","):
+                    r = _run_child("load", api, target if api == "grpc" else url, model,
+                                   str(a.clients), str(a.seconds))
+                    results[(api, batch_on)] = r
+                    print(f"  {api:4} batching {'on ' if batch_on else 'off'}: "
+                          f"{r['requests_per_sec']:8,.0f} requests/s  p50 {r['p50_ms']:7.1f} ms"
+                          f"  p99 {r['p99_ms']:7.1f} ms  = {r['requests_per_sec'] / limitn:.0%} "
+                          f"of the batch-{a.clients} limit", flush=True)
+            finally:
+                proc.send_signal(signal.SIGTERM)
+                proc.wait(timeout=60)
+        for api in a.apis.split(","):
+            on, off = results[(api, True)], results[(api, False)]
+            print(f"  {api}: batching / no batching = "
+                  f"{on['requests_per_sec'] / off['requests_per_sec']:.2f}x")
+        print(flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,170 @@
+"""Dynamic batching: concurrent requests for the same signature are merged into one model call
+and the outputs split back, with TF Serving's knobs (``--batching_parameters_file``).
+
+One queue per (model, version, signature, per-example shapes and dtypes); ``num_batch_threads``
+threads per queue. A batch closes when it reaches ``max_batch_size`` examples or
+``batch_timeout_micros`` after its first request; it is padded up to the next
+``allowed_batch_sizes`` entry. When ``max_enqueued_batches`` batches' worth of examples are
+already waiting, a request is refused with UNAVAILABLE (HTTP 503).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable
+
+import grpc
+import numpy as np
+
+from mirrorfit.serving.errors import ServingError, invalid
+from mirrorfit.serving.model_config import BatchingParameters
+
+Run = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
+
+
+@dataclass
+class _Task:
+    inputs: dict[str, np.ndarray]
+    size: int
+    done: threading.Event = field(default_factory=threading.Event)
+    result: dict[str, np.ndarray] | None = None
+    error: BaseException | None = None
+
+
+class _Queue:
+    def __init__(self, run: Run, params: BatchingParameters,
+                 on_batch: Callable[[int], None]) -> None:
+        self.run, self.params, self.on_batch = run, params, on_batch
+        self.tasks: deque[_Task] = deque()
+        self.pending = 0  # examples waiting
+        self.cond = threading.Condition()
+        self.closed = False
+        self.threads = [threading.Thread(target=self._work, daemon=True, name="batch")
+                        for _ in range(params.num_batch_threads)]
+        for t in self.threads:
+            t.start()
+
+    def submit(self, task: _Task) -> None:
+        limit = self.params.max_enqueued_batches * self.params.max_batch_size
+        with self.cond:
+            if self.pending + task.size > limit:
+                raise ServingError(grpc.StatusCode.UNAVAILABLE,
+                                   "The batch scheduling queue to which this task was submitted "
+                                   "is full")
+            self.tasks.append(task)
+            self.pending += task.size
+            self.cond.notify()
+
+    def _take_batch(self) -> list[_Task]:
+        p = self.params
+        with self.cond:
+            while not self.tasks and not self.closed:
+                self.cond.wait()
+            if self.closed and not self.tasks:
+                return []
+            deadline = time.monotonic() + p.batch_timeout_micros / 1e6
+            batch, size = [], 0
+            while True:
+                while self.tasks and size + self.tasks[0].size <= p.max_batch_size:
+                    task = self.tasks.popleft()
+                    self.pending -= task.size
+                    batch.append(task)
+                    size += task.size
+                remaining = deadline - time.monotonic()
+                if size >= p.max_batch_size or remaining <= 0 or self.closed or (
+                        self.tasks and size + self.tasks[0].size > p.max_batch_size):
+                    return batch
+                self.cond.wait(remaining)
+
+    def _work(self) -> None:
+        while True:
+            batch = self._take_batch()
+            if not batch:
+                return
+            self._run(batch)
+
+    def _run(self, batch: list[_Task]) -> None:
+        sizes = [t.size for t in batch]
+        total = sum(sizes)
+        padded = next((s for s in self.params.allowed_batch_sizes if s >= total), total)
+        try:
+            merged = {k: np.concatenate([t.inputs[k] for t in batch]) for k in batch[0].inputs}
+            if padded > total:  # repeat the first example: any valid input does
+                merged = {k: np.concatenate([v, np.repeat(v[:1], padded - total, axis=0)])
+                          for k, v in merged.items()}
+            outputs = self.run(merged)
+            self.on_batch(padded)
+            start = 0
+            for task, n in zip(batch, sizes):
+                task.result = {k: v[start:start + n] for k, v in outputs.items()}
+                start += n
+        except BaseException as e:  # noqa: BLE001 - every waiting request gets the error
+            for task in batch:
+                task.error = e
+        for task in batch:
+            task.done.set()
+
+    def close(self) -> None:
+        with self.cond:
+            self.closed = True
+            self.cond.notify_all()
+
+
+class Batcher:
+    """Merge concurrent ``run`` calls into batches (see the module doc)."""
+
+    def __init__(self, params: BatchingParameters,
+                 on_batch: Callable[[str, int], None] = lambda model, size: None) -> None:
+        self.params = params
+        self._on_batch = on_batch
+        self._queues: dict[tuple, _Queue] = {}
+        self._lock = threading.Lock()
+
+    def run(self, key: tuple, model: str, run: Run, inputs: dict[str, np.ndarray],
+            timeout_s: float | None = None) -> dict[str, np.ndarray]:
+        """Run ``inputs`` (every array batched on dim 0, equal sizes) through ``run`` as part
+        of a batch; blocks until its slice of the outputs is ready. ``key`` starts with
+        (model, version)."""
+        sizes = {v.shape[0] for v in inputs.values()}
+        if len(sizes) != 1:
+            raise invalid("Batching session Run() input tensors must have equal 0th-dimension "
+                          "size")
+        size = sizes.pop()
+        if size > self.params.max_batch_size:
+            raise invalid(f"Task size {size} is larger than maximum input batch size "
+                          f"{self.params.max_batch_size}")
+        shape_key = tuple((k, v.shape[1:], v.dtype.str) for k, v in sorted(inputs.items()))
+        queue = self._queue((*key, shape_key), model, run)
+        task = _Task(inputs=inputs, size=size)
+        queue.submit(task)
+        if not task.done.wait(timeout_s):
+            raise ServingError(grpc.StatusCode.DEADLINE_EXCEEDED, "Timed out waiting for the "
+                               "batch")
+        if task.error is not None:
+            raise task.error
+        return task.result
+
+    def _queue(self, key: tuple, model: str, run: Run) -> _Queue:
+        with self._lock:
+            queue = self._queues.get(key)
+            if queue is None:
+                queue = _Queue(run, self.params, lambda n: self._on_batch(model, n))
+                self._queues[key] = queue
+            return queue
+
+    def forget(self, model: str, version: int) -> None:
+        """Close the queues of an unloaded version (after their waiting batches run)."""
+        with self._lock:
+            for key in [k for k in self._queues if k[:2] == (model, version)]:
+                self._queues.pop(key).close()
+
+    def close(self) -> None:
+        with self._lock:
+            for queue in self._queues.values():
+                queue.close()
+
+
+__all__ = ["Batcher"]

@@ -1,0 +1,181 @@
+"""TF Serving's gRPC services (PredictionService, ModelService) with the tensorflow-serving-api
+protos, over the same :class:`ModelService` the REST API uses."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import grpc
+import numpy as np
+import tensorflow as tf
+from tensorflow.core.framework import tensor_pb2, tensor_shape_pb2, types_pb2
+from tensorflow_serving.apis import (classification_pb2, get_model_metadata_pb2,
+                                     get_model_status_pb2, model_service_pb2_grpc, predict_pb2,
+                                     prediction_service_pb2_grpc, regression_pb2)
+
+from mirrorfit.serving.errors import ServingError, invalid
+from mirrorfit.serving.metrics import ServerMetrics
+from mirrorfit.serving.service import DEFAULT_SIGNATURE, ModelService, Spec, merge_context
+
+log = logging.getLogger("mirrorfit.serving")
+
+_STATES = {"START": 10, "LOADING": 20, "AVAILABLE": 30, "UNLOADING": 40, "END": 50}
+_TYPED_FIELDS = {types_pb2.DT_FLOAT: "float_val", types_pb2.DT_DOUBLE: "double_val",
+                 types_pb2.DT_INT32: "int_val", types_pb2.DT_INT16: "int_val",
+                 types_pb2.DT_INT8: "int_val", types_pb2.DT_UINT8: "int_val",
+                 types_pb2.DT_INT64: "int64_val", types_pb2.DT_BOOL: "bool_val",
+                 types_pb2.DT_STRING: "string_val", types_pb2.DT_UINT32: "uint32_val",
+                 types_pb2.DT_UINT64: "uint64_val"}
+
+
+def _spec(model_spec) -> Spec:
+    version = model_spec.version.value if model_spec.HasField("version") else None
+    label = model_spec.version_label if model_spec.HasField("version_label") else None
+    return Spec(model_spec.name, version, label, model_spec.signature_name)
+
+
+def to_tensor_proto(value: np.ndarray) -> tensor_pb2.TensorProto:
+    """An output as TF Serving writes it by default: the typed ``*_val`` field."""
+    dtype = tf.as_dtype(value.dtype if value.dtype != object else tf.string).as_datatype_enum
+    proto = tensor_pb2.TensorProto(dtype=dtype, tensor_shape=tensor_shape_pb2.TensorShapeProto(
+        dim=[tensor_shape_pb2.TensorShapeProto.Dim(size=n) for n in value.shape]))
+    getattr(proto, _TYPED_FIELDS.get(dtype, "float_val")).extend(value.reshape(-1).tolist())
+    return proto
+
+
+def _from_tensor_proto(alias: str, proto: tensor_pb2.TensorProto) -> np.ndarray:
+    try:
+        return tf.make_ndarray(proto)
+    except (TypeError, ValueError) as e:
+        raise invalid(f"input {alias}: not a valid TensorProto ({e})") from None
+
+
+class _Handler:
+    """Common plumbing: run one RPC, map ServingError to a status, record metrics."""
+
+    def __init__(self, service: ModelService, metrics: ServerMetrics) -> None:
+        self.service, self.metrics = service, metrics
+
+    def _call(self, api: str, request, context, fn):
+        start = time.perf_counter()
+        model = request.model_spec.name if hasattr(request, "model_spec") else ""
+        try:
+            response, examples = fn()
+            self._record(model, api, "OK", start, examples)
+            return response
+        except ServingError as e:
+            self._record(model, api, e.code.name, start, 0)
+            context.abort(e.code, e.message)
+
+    def _record(self, model, api, status, start, examples):
+        elapsed = time.perf_counter() - start
+        self.metrics.record(model=model, api=api, entrypoint="GRPC", status=status,
+                            seconds=elapsed, examples=examples)
+        log.debug("request", extra={"entrypoint": "GRPC", "model": model, "api": api,
+                                    "status": status, "latency_ms": round(elapsed * 1e3, 3)})
+
+
+class PredictionServicer(_Handler, prediction_service_pb2_grpc.PredictionServiceServicer):
+    def Predict(self, request, context):
+        def run():
+            spec = _spec(request.model_spec)
+            servable, sig = self.service.resolve_signature(spec, entrypoint="GRPC")
+            inputs = {k: _from_tensor_proto(k, v) for k, v in request.inputs.items()}
+            outputs = self.service.predict(servable, sig, inputs,
+                                           list(request.output_filter) or None)
+            response = predict_pb2.PredictResponse()
+            response.model_spec.name = servable.name
+            response.model_spec.version.value = servable.version
+            response.model_spec.signature_name = spec.signature_name or DEFAULT_SIGNATURE
+            for alias, value in outputs.items():
+                response.outputs[alias].CopyFrom(to_tensor_proto(value))
+            n = next((v.shape[0] for v in inputs.values() if np.ndim(v)), 0)
+            return response, n
+        return self._call("predict", request, context, run)
+
+    def GetModelMetadata(self, request, context):
+        def run():
+            if not request.metadata_field:
+                raise invalid("GetModelMetadataRequest must specify at least one "
+                              "metadata_field")
+            for field in request.metadata_field:
+                if field != "signature_def":
+                    raise invalid(f"Metadata field {field} is not supported")
+            servable = self.service.metadata(_spec(request.model_spec))
+            defs = get_model_metadata_pb2.SignatureDefMap()
+            for key, sdef in servable.signature_defs.items():
+                defs.signature_def[key].CopyFrom(sdef)
+            response = get_model_metadata_pb2.GetModelMetadataResponse()
+            response.model_spec.name = servable.name
+            response.model_spec.version.value = servable.version
+            response.metadata["signature_def"].Pack(defs)
+            return response, 0
+        return self._call("metadata", request, context, run)
+
+    def _examples(self, request) -> list[bytes]:
+        which = request.input.WhichOneof("kind")
+        if which == "example_list":
+            return merge_context(None, list(request.input.example_list.examples))
+        if which == "example_list_with_context":
+            ctx = request.input.example_list_with_context
+            return merge_context(ctx.context, list(ctx.examples))
+        raise invalid("Input is empty")
+
+    def Classify(self, request, context):
+        def run():
+            spec = _spec(request.model_spec)
+            servable, sig = self.service.resolve_signature(spec, api="classify")
+            examples = self._examples(request)
+            response = classification_pb2.ClassificationResponse()
+            for pairs in self.service.classify(servable, sig, examples):
+                item = response.result.classifications.add()
+                for label, score in pairs:
+                    item.classes.add(label=label, score=score)
+            response.model_spec.name = servable.name
+            response.model_spec.version.value = servable.version
+            response.model_spec.signature_name = sig.name
+            return response, len(examples)
+        return self._call("classify", request, context, run)
+
+    def Regress(self, request, context):
+        def run():
+            spec = _spec(request.model_spec)
+            servable, sig = self.service.resolve_signature(spec, api="regress")
+            examples = self._examples(request)
+            response = regression_pb2.RegressionResponse()
+            for value in self.service.regress(servable, sig, examples):
+                response.result.regressions.add(value=value)
+            response.model_spec.name = servable.name
+            response.model_spec.version.value = servable.version
+            response.model_spec.signature_name = sig.name
+            return response, len(examples)
+        return self._call("regress", request, context, run)
+
+
+class ModelServicer(_Handler, model_service_pb2_grpc.ModelServiceServicer):
+    def GetModelStatus(self, request, context):
+        def run():
+            spec = _spec(request.model_spec)
+            response = get_model_status_pb2.GetModelStatusResponse()
+            for s in self.service.status(Spec(spec.name, spec.version)):
+                item = response.model_version_status.add(version=s.version,
+                                                          state=_STATES[s.state])
+                item.status.error_code = _error_code(s.error_code)
+                item.status.error_message = s.error_message
+            return response, 0
+        return self._call("status", request, context, run)
+
+
+def _error_code(name: str) -> int:
+    return grpc.StatusCode[name].value[0] if name in grpc.StatusCode.__members__ else 2
+
+
+def add_services(server: grpc.Server, service: ModelService, metrics: ServerMetrics) -> None:
+    prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(
+        PredictionServicer(service, metrics), server)
+    model_service_pb2_grpc.add_ModelServiceServicer_to_server(
+        ModelServicer(service, metrics), server)
+
+
+__all__ = ["add_services", "to_tensor_proto"]

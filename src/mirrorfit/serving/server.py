@@ -1,0 +1,161 @@
+"""``mirrorfit serve``: assemble repository -> loader -> batcher -> REST and gRPC, and run them
+until SIGTERM/SIGINT, then finish the requests in flight and stop."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+from concurrent import futures
+from dataclasses import dataclass
+from functools import partial
+
+from mirrorfit.errors import ConfigError
+from mirrorfit.serving import model_config
+from mirrorfit.serving.batcher import Batcher
+from mirrorfit.serving.loader import load_version
+from mirrorfit.serving.metrics import ServerMetrics
+from mirrorfit.serving.repository import ModelRepository
+from mirrorfit.serving.service import ModelService
+
+log = logging.getLogger("mirrorfit.serving")
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """The server's settings; field names are TF Serving's flag names."""
+
+    port: int = 8500
+    rest_api_port: int = 8501
+    host: str = "127.0.0.1"
+    model_name: str | None = None
+    model_base_path: str | None = None
+    model_config_file: str | None = None
+    file_system_poll_wait_seconds: float = 1.0
+    enable_batching: bool = False
+    batching_parameters_file: str | None = None
+    monitoring_config_file: str | None = None
+    rest_api_timeout_in_ms: int = 30000
+    max_num_load_retries: int = 5
+    enable_model_warmup: bool = True
+    saved_model_tags: str = "serve"
+    rest_api_enable_cors_support: bool = False
+    grpc_max_threads: int = 256
+    max_request_bytes: int = 64 * 1024 * 1024
+    shutdown_grace_seconds: float = 10.0
+    log_level: str = "info"
+
+
+class _JsonFormatter(logging.Formatter):
+    """One JSON object per line: time, level, event and the record's extra fields."""
+
+    _PLAIN = set(vars(logging.makeLogRecord({})))
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {"time": round(record.created, 3), "level": record.levelname.lower(),
+                 "event": record.getMessage()}
+        entry.update({k: v for k, v in vars(record).items() if k not in self._PLAIN})
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry, default=str)
+
+
+def build(config: ServeConfig):
+    """The repository, service and metrics for ``config``, with every model loaded once."""
+    if config.model_config_file:
+        configs = model_config.read_model_config_file(config.model_config_file)
+    elif config.model_base_path:
+        configs = model_config.from_flags(config.model_name or "default", config.model_base_path)
+    else:
+        raise ConfigError("give --model_base_path (with --model_name) or --model_config_file")
+    if config.batching_parameters_file and not config.enable_batching:
+        raise ConfigError("--batching_parameters_file needs --enable_batching")
+    params = model_config.read_batching_parameters(config.batching_parameters_file,
+                                                   cpus=os.cpu_count() or 1)
+    metrics_path = model_config.read_monitoring_config(config.monitoring_config_file)
+    metrics = ServerMetrics()
+    batcher = Batcher(params, on_batch=metrics.record_batch) if config.enable_batching else None
+    repository = ModelRepository(
+        configs, loader=partial(_load, tags=config.saved_model_tags,
+                                warmup=config.enable_model_warmup),
+        max_load_retries=config.max_num_load_retries,
+        on_unload=batcher.forget if batcher else (lambda name, version: None))
+    repository.poll_once()
+    service = ModelService(repository, batcher, timeout_s=config.rest_api_timeout_in_ms / 1e3)
+    return repository, service, metrics, metrics_path
+
+
+def _load(name, version, path, *, tags, warmup):
+    return load_version(name, version, path, tags=tags, warmup=warmup)
+
+
+def serve(config: ServeConfig) -> int:
+    """Run the server until SIGTERM/SIGINT; returns the exit code."""
+    import grpc
+    import uvicorn
+
+    from mirrorfit.serving.grpc_service import add_services
+    from mirrorfit.serving.rest import RestApi
+
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_JsonFormatter())
+    log.addHandler(handler)
+    log.setLevel(config.log_level.upper())
+    log.propagate = False
+
+    repository, service, metrics, metrics_path = build(config)
+    if config.rest_api_port:
+        _check_port_free(config.host, config.rest_api_port, "--rest_api_port")
+    repository.start_polling(config.file_system_poll_wait_seconds)
+    grpc_server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=config.grpc_max_threads),
+        options=[("grpc.max_receive_message_length", 2 ** 31 - 1),
+                 ("grpc.max_send_message_length", 2 ** 31 - 1)])
+    add_services(grpc_server, service, metrics)
+    if grpc_server.add_insecure_port(f"{config.host}:{config.port}") == 0:
+        raise ConfigError(f"cannot bind gRPC to {config.host}:{config.port}; is the port in use? "
+                          "Pick another with --port")
+    grpc_server.start()
+    rest = RestApi(service, metrics, metrics_path=metrics_path,
+                   max_body_bytes=config.max_request_bytes,
+                   cors=config.rest_api_enable_cors_support)
+    log.info("serving", extra={"grpc": f"{config.host}:{config.port}",
+                               "rest": f"{config.host}:{config.rest_api_port}",
+                               "models": sorted(repository.configs),
+                               "batching": config.enable_batching,
+                               "metrics_path": metrics_path})
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        # uvicorn re-raises the signal it handled once it has shut down, into the handler it
+        # found: this one, so the gRPC side still gets its graceful stop below.
+        signal.signal(sig, lambda *_: stop.set())
+    if config.rest_api_port:
+        # uvicorn handles SIGTERM/SIGINT: stops accepting, finishes requests in flight, returns.
+        uvicorn.Server(uvicorn.Config(
+            rest.app(), host=config.host, port=config.rest_api_port, log_level="warning",
+            timeout_graceful_shutdown=config.shutdown_grace_seconds, access_log=False)).run()
+    else:  # TF Serving: --rest_api_port=0 turns REST off
+        stop.wait()
+    log.info("shutting down", extra={"grace_s": config.shutdown_grace_seconds})
+    grpc_server.stop(grace=config.shutdown_grace_seconds).wait()
+    repository.stop()
+    if service.batcher:
+        service.batcher.close()
+    return 0
+
+
+def _check_port_free(host: str, port: int, flag: str) -> None:
+    import socket
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as e:
+            raise ConfigError(f"{flag}={port}: cannot listen on {host}:{port} ({e.strerror}); "
+                              f"pick another port with {flag}") from None
+
+
+__all__ = ["ServeConfig", "serve", "build"]

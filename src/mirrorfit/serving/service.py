@@ -1,0 +1,151 @@
+"""What the server does, independent of transport: status, metadata, predict, classify,
+regress. The REST and gRPC handlers translate their wire formats to these calls and back."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import grpc
+import numpy as np
+import tensorflow as tf
+
+from mirrorfit.serving.batcher import Batcher
+from mirrorfit.serving.errors import ServingError, invalid
+from mirrorfit.serving.loader import DEFAULT_SIGNATURE, LoadedVersion, Signature
+from mirrorfit.serving.repository import ModelRepository, VersionStatus
+
+
+@dataclass(frozen=True)
+class Spec:
+    """A request's model spec: name, and a version or a label (or neither: latest)."""
+
+    name: str
+    version: int | None = None
+    label: str | None = None
+    signature_name: str = ""
+
+
+class ModelService:
+    """The operations both APIs serve, over a repository and an optional batcher."""
+
+    def __init__(self, repository: ModelRepository, batcher: Batcher | None = None,
+                 timeout_s: float | None = None) -> None:
+        self.repository = repository
+        self.batcher = batcher
+        self.timeout_s = timeout_s
+
+    def status(self, spec: Spec) -> list[VersionStatus]:
+        return self.repository.status(spec.name, spec.version)
+
+    def metadata(self, spec: Spec) -> LoadedVersion:
+        return self.repository.resolve(spec.name, spec.version, spec.label)
+
+    def resolve_signature(self, spec: Spec, *, api: str = "predict",
+                          entrypoint: str = "REST") -> tuple[LoadedVersion, Signature]:
+        """The servable and signature a request names, with TF Serving's message (which
+        differs by API and entrypoint) for an unknown signature."""
+        servable = self.repository.resolve(spec.name, spec.version, spec.label)
+        name = spec.signature_name or DEFAULT_SIGNATURE
+        sig = servable.signatures.get(name)
+        if sig is not None:
+            return servable, sig
+        if api != "predict":
+            raise invalid(f"No signature was found with the name: {name}")
+        if entrypoint == "GRPC":
+            raise ServingError(grpc.StatusCode.FAILED_PRECONDITION,
+                               f'Serving signature key "{name}" not found.')
+        raise invalid(f'Serving signature name: "{name}" not found in signature def')
+
+    def predict(self, servable: LoadedVersion, sig: Signature, inputs: dict[str, np.ndarray],
+                output_filter: list[str] | None = None) -> dict[str, np.ndarray]:
+        """Run ``sig`` on ``inputs`` (checked against its inputs), batched when enabled."""
+        _check_inputs(sig, inputs)
+        if output_filter:
+            unknown = [a for a in output_filter if a not in sig.outputs]
+            if unknown:
+                raise invalid(f"output tensor alias not found in signature: {unknown[0]} "
+                              f"Outputs expected to be in the set "
+                              f"{{{','.join(sorted(sig.outputs))}}}.")
+        outputs = self._run(servable, sig, inputs)
+        if output_filter:
+            outputs = {a: outputs[a] for a in output_filter}
+        return outputs
+
+    def _run(self, servable: LoadedVersion, sig: Signature,
+             inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        batchable = (self.batcher is not None and sig.batched and inputs
+                     and all(np.ndim(v) >= 1 for v in inputs.values()))
+        if not batchable:
+            return sig.run(inputs)
+        arrays = {k: np.asarray(v, dtype=sig.inputs[k].dtype.as_numpy_dtype)
+                  for k, v in inputs.items()}
+        return self.batcher.run((servable.name, servable.version, sig.name), servable.name,
+                                sig.run, arrays, timeout_s=self.timeout_s)
+
+    def classify(self, servable: LoadedVersion, sig: Signature,
+                 examples: list[bytes]) -> list[list[tuple[str, float]]]:
+        """[(label, score), ...] per example, for a signature with one string input and
+        ``classes`` and/or ``scores`` outputs (TF Serving's classifier contract)."""
+        alias = _example_input(sig, "classify")
+        if "classes" not in sig.outputs and "scores" not in sig.outputs:
+            raise invalid(f"Expected classification signature outputs to contain classes or "
+                          f"scores; signature {sig.name} has {','.join(sorted(sig.outputs))}")
+        out = sig.run({alias: np.array(examples, dtype=object)})
+        scores, classes = out.get("scores"), out.get("classes")
+        n = len(examples)
+        width = (scores if scores is not None else classes).reshape(n, -1).shape[1]
+        result = []
+        for i in range(n):
+            labels = ([c.decode() if isinstance(c, bytes) else str(c)
+                       for c in classes.reshape(n, -1)[i]] if classes is not None
+                      else [""] * width)
+            values = (scores.reshape(n, -1)[i].astype(float).tolist() if scores is not None
+                      else [0.0] * width)
+            result.append(list(zip(labels, values)))
+        return result
+
+    def regress(self, servable: LoadedVersion, sig: Signature, examples: list[bytes]) \
+            -> list[float]:
+        """One value per example, for a signature with one string input and an ``outputs``
+        output of shape [batch] or [batch, 1]."""
+        alias = _example_input(sig, "regress")
+        if "outputs" not in sig.outputs:
+            raise invalid(f"No output named 'outputs' in regression signature {sig.name}")
+        values = sig.run({alias: np.array(examples, dtype=object)})["outputs"]
+        if values.ndim == 2 and values.shape[1] != 1 or values.ndim > 2:
+            raise invalid(f"Expected output Tensor shape to be either [batch_size] or "
+                          f"[batch_size, 1] but got {list(values.shape)}")
+        return values.reshape(-1).astype(float).tolist()
+
+
+def _check_inputs(sig: Signature, inputs: dict[str, np.ndarray]) -> None:
+    want, got = set(sig.inputs), set(inputs)
+    if want != got:
+        raise invalid(f"input size does not match signature: {len(got)}!={len(want)} "
+                      f"len({{{','.join(sorted(got))}}}) != len({{{','.join(sorted(want))}}}). "
+                      f"Sent extra: {{{','.join(sorted(got - want))}}}. Missing but required: "
+                      f"{{{','.join(sorted(want - got))}}}.")
+
+
+def _example_input(sig: Signature, method: str) -> str:
+    if len(sig.inputs) != 1 or next(iter(sig.inputs.values())).dtype != tf.string:
+        raise invalid(f"Expected one input Tensor of type DT_STRING (serialized tf.Examples) "
+                      f"for {method}; signature {sig.name} does not take one")
+    return next(iter(sig.inputs))
+
+
+def merge_context(context: tf.train.Example | None, examples: list) -> list[bytes]:
+    """Serialized tf.Examples; with a context, each example merged over it (example wins)."""
+    out = []
+    for example in examples:
+        if context is not None:
+            merged = tf.train.Example()
+            merged.CopyFrom(context)
+            for key, feature in example.features.feature.items():
+                merged.features.feature[key].CopyFrom(feature)
+            example = merged
+        out.append(example.SerializeToString())
+    return out
+
+
+__all__ = ["ModelService", "Spec", "merge_context", "DEFAULT_SIGNATURE", "ServingError"]

@@ -1,0 +1,101 @@
+"""serving.batcher: concurrent requests merged into one model call and split back; padding to
+allowed sizes; a full queue refused with UNAVAILABLE; an oversized request refused."""
+
+import threading
+import time
+
+import grpc
+import numpy as np
+import pytest
+
+from mirrorfit.serving.batcher import Batcher
+from mirrorfit.serving.errors import ServingError
+from mirrorfit.serving.model_config import BatchingParameters
+
+
+class _Model:
+    """Doubles its input; records the batch sizes it was called with."""
+
+    def __init__(self, delay_s=0.0):
+        self.calls, self.delay_s = [], delay_s
+        self.lock = threading.Lock()
+
+    def __call__(self, inputs):
+        x = inputs["x"]
+        with self.lock:
+            self.calls.append(len(x))
+        time.sleep(self.delay_s)
+        return {"y": x * 2, "n": np.full(len(x), len(x))}
+
+
+def _concurrently(batcher, model, sizes):
+    results, errors = [None] * len(sizes), []
+    start = threading.Barrier(len(sizes))
+
+    def client(i, n):
+        start.wait()
+        try:
+            x = np.arange(n, dtype=np.float32).reshape(n, 1) + 100 * i
+            results[i] = (x, batcher.run(("m", 1, "sig"), "m", model, {"x": x}))
+        except ServingError as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=client, args=(i, n)) for i, n in enumerate(sizes)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results, errors
+
+
+def test_concurrent_requests_share_one_call_and_get_their_own_rows():
+    params = BatchingParameters(max_batch_size=64, batch_timeout_micros=200_000,
+                                num_batch_threads=1)
+    batches = []
+    model = _Model()
+    results, errors = _concurrently(Batcher(params, on_batch=lambda m, n: batches.append(n)),
+                                    model, [1, 2, 3, 4] * 4)
+    assert errors == []
+    assert sum(model.calls) == 40 and len(model.calls) < 16  # merged
+    assert max(model.calls) > 4
+    for x, out in results:
+        np.testing.assert_array_equal(out["y"], x * 2)  # each gets exactly its own rows back
+    assert batches == model.calls
+
+
+def test_batches_are_padded_to_the_allowed_sizes():
+    params = BatchingParameters(max_batch_size=16, batch_timeout_micros=100_000,
+                                num_batch_threads=1, allowed_batch_sizes=(4, 8, 16))
+    model = _Model()
+    results, errors = _concurrently(Batcher(params), model, [3])
+    assert errors == [] and model.calls == [4]  # 3 padded to 4
+    x, out = results[0]
+    assert out["y"].shape == (3, 1)  # the padding is cut off again
+
+
+def test_a_full_queue_answers_unavailable():
+    params = BatchingParameters(max_batch_size=2, batch_timeout_micros=0,
+                                max_enqueued_batches=1, num_batch_threads=1)
+    model = _Model(delay_s=0.3)
+    results, errors = _concurrently(Batcher(params), model, [2] * 6)
+    assert errors, "some requests must be refused while the model is busy"
+    assert all(e.code == grpc.StatusCode.UNAVAILABLE and e.http_status == 503 for e in errors)
+    assert "queue" in errors[0].message
+    assert sum(r is not None for r in results) + len(errors) == 6
+
+
+def test_a_request_larger_than_the_max_batch_is_refused():
+    batcher = Batcher(BatchingParameters(max_batch_size=4, num_batch_threads=1))
+    with pytest.raises(ServingError, match="Task size 5 is larger than maximum input batch "
+                                           "size 4"):
+        batcher.run(("m", 1, "s"), "m", _Model(), {"x": np.zeros((5, 1), np.float32)})
+
+
+def test_model_errors_reach_every_request_of_the_batch():
+    def broken(inputs):
+        raise ServingError(grpc.StatusCode.INVALID_ARGUMENT, "bad batch")
+
+    params = BatchingParameters(max_batch_size=8, batch_timeout_micros=100_000,
+                                num_batch_threads=1)
+    results, errors = _concurrently(Batcher(params), broken, [1, 1, 1])
+    assert len(errors) == 3 and all(e.message == "bad batch" for e in errors)

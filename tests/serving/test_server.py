@@ -1,0 +1,148 @@
+"""serving.server: batching through the real server, graceful shutdown, malformed input (fuzz)
+never answered with a 5xx, and bad command lines."""
+
+import json
+import random
+import threading
+import time
+
+import grpc
+import httpx
+import numpy as np
+import pytest
+import tensorflow as tf
+from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
+
+from conftest import run_cli
+from serving_support import Server, model_root, server  # noqa: F401 (fixtures)
+
+IMAGE = np.linspace(0, 1, 784, dtype=np.float32).reshape(1, 28, 28)
+
+
+def _grpc_burst(server, n_clients, requests_each):
+    channel = grpc.insecure_channel(server.grpc_target)
+    stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name = "mnist"
+    request.inputs["images"].CopyFrom(tf.make_tensor_proto(IMAGE))
+    errors = []
+
+    def client():
+        for _ in range(requests_each):
+            try:
+                stub.Predict(request, timeout=30)
+            except grpc.RpcError as e:
+                errors.append(e.code())
+
+    threads = [threading.Thread(target=client) for _ in range(n_clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    channel.close()
+    return errors
+
+
+@pytest.mark.slow
+def test_batching_merges_concurrent_grpc_requests(tmp_path, model_root):
+    params = tmp_path / "batching.config"
+    params.write_text("max_batch_size { value: 32 } batch_timeout_micros { value: 5000 } "
+                      "num_batch_threads { value: 1 } max_enqueued_batches { value: 100 }")
+    srv = Server([f"--model_config_file={model_root / 'models.config'}",
+                  f"--monitoring_config_file={model_root / 'monitoring.config'}",
+                  "--enable_batching", f"--batching_parameters_file={params}"], tmp_path)
+    try:
+        assert _grpc_burst(srv, n_clients=16, requests_each=10) == []
+        text = httpx.get(f"{srv.url}/monitoring/prometheus/metrics").text
+    finally:
+        srv.stop()
+    count = sum_ = 0.0
+    for line in text.splitlines():
+        if line.startswith(":tensorflow:serving:batching_session:processed_batch_size_count"):
+            count = float(line.split()[-1])
+        if line.startswith(":tensorflow:serving:batching_session:processed_batch_size_sum"):
+            sum_ = float(line.split()[-1])
+    assert sum_ >= 160  # every request went through the batcher (warm-up excluded)
+    assert count < 160 and sum_ / count > 1.5, (count, sum_)  # merged into fewer, larger calls
+
+
+@pytest.mark.slow
+def test_sigterm_finishes_requests_in_flight(tmp_path, model_root):
+    params = tmp_path / "batching.config"  # requests wait 1 s in the queue: in flight
+    params.write_text("max_batch_size { value: 64 } batch_timeout_micros { value: 1000000 } "
+                      "num_batch_threads { value: 1 }")
+    srv = Server([f"--model_config_file={model_root / 'models.config'}", "--enable_batching",
+                  f"--batching_parameters_file={params}"], tmp_path)
+    results = []
+
+    def client():
+        r = httpx.post(f"{srv.url}/v1/models/mnist:predict",
+                       json={"instances": IMAGE.tolist()}, timeout=30)
+        results.append(r.status_code)
+
+    threads = [threading.Thread(target=client) for _ in range(4)]
+    for t in threads:
+        t.start()
+    time.sleep(0.4)
+    code = srv.stop()  # SIGTERM while the 4 requests wait for their batch
+    for t in threads:
+        t.join()
+    assert results == [200] * 4 and code == 0
+    assert '"event": "shutting down"' in srv.logs()
+
+
+def _malformed_bodies(seed: int, n: int):
+    rng = random.Random(seed)
+    valid = json.dumps({"instances": [[[0.5] * 28] * 28]})
+    fixed = [b"", b"{", b"[]", b"null", b"1e999999", b'{"instances": [[[NaN]]]}', b"\xff\xfe",
+             b'{"instances": {"b64": "!!"}}', b'{"inputs": {"images": "x"}}',
+             b'{"instances": [[[1, 2], [3]]]}', b'{"instances": [[[[[[[[[[1]]]]]]]]]]}',
+             b"[" * 5000 + b"]" * 5000, b'{"signature_name": null, "instances": [1]}',
+             b'{"instances": [true]}', b'{"instances": [{"images": 1, "x": 2}]}',
+             b'{"instances": [1e400]}', b'{"examples": [{"x": {"y": 1}}]}']
+    for body in fixed:
+        yield body
+    for _ in range(n):
+        data = bytearray(valid.encode())
+        for _ in range(rng.randint(1, 8)):
+            op = rng.random()
+            pos = rng.randrange(len(data))
+            if op < 0.4:
+                data[pos] = rng.randrange(256)
+            elif op < 0.7:
+                del data[pos:pos + rng.randint(1, 50)]
+            else:
+                data[pos:pos] = rng.choice([b"[", b"]", b"{", b"}", b",", b'"', b"-", b"e9",
+                                            b"null", b"true", b'{"b64": "AA=="}'])
+        yield bytes(data)
+
+
+@pytest.mark.slow
+def test_fuzzed_bodies_never_get_a_5xx(server):
+    paths = ["/v1/models/mnist:predict", "/v1/models/multi:predict", "/v1/models/multi:classify",
+             "/v1/models/multi:regress", "/v1/models/mnist/versions/1:predict"]
+    seen = set()
+    with httpx.Client(timeout=30) as client:
+        for i, body in enumerate(_malformed_bodies(seed=1234, n=150)):
+            r = client.post(server.url + paths[i % len(paths)], content=body)
+            assert r.status_code < 500, (body[:200], r.status_code, r.text[:300])
+            if r.status_code != 200:
+                assert "error" in r.json()
+            seen.add(r.status_code)
+    assert 400 in seen
+    assert httpx.get(f"{server.url}/readyz").status_code == 200  # still up
+
+
+@pytest.mark.parametrize("args, needle", [
+    ([], "give --model_base_path (with --model_name) or --model_config_file"),
+    (["--model_base_path=/nonexistent"], "--model_base_path /nonexistent is not a folder"),
+    (["--model_base_path=.", "--batching_parameters_file=x"],
+     "--batching_parameters_file needs --enable_batching"),
+    (["--model_base_path=.", "--port=8500", "--rest_api_port=8500"], "both 8500"),
+    (["--model_base_path=.", "--enable_batching=maybe"], "expected true or false"),
+    (["--model_config_file=/nonexistent.config"], "cannot read it"),
+])
+def test_bad_serve_command_lines(args, needle):
+    proc = run_cli("serve", *args, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert needle in proc.stderr and "Traceback" not in proc.stderr
