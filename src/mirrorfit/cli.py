@@ -127,9 +127,12 @@ def _serve_parser(sub) -> None:
     add("--max_request_bytes", type=int, default=64 * 1024 * 1024,
         help="largest REST body accepted (64 MiB); larger gets 413")
     add("--log_level", default="info", choices=["debug", "info", "warning", "error"])
+    add("--tensorflow_intra_op_parallelism", type=int, default=0,
+        help="threads per op (0: TensorFlow's default)")
+    add("--tensorflow_inter_op_parallelism", type=int, default=0,
+        help="ops run at once (0: TensorFlow's default)")
     # accepted for compatibility with tensorflow_model_server command lines; no effect here
     for flag in ("--rest_api_num_threads", "--tensorflow_session_parallelism",
-                 "--tensorflow_intra_op_parallelism", "--tensorflow_inter_op_parallelism",
                  "--model_config_file_poll_wait_seconds", "--enable_signature_method_name_check",
                  "--allow_version_labels_for_unavailable_models", "--xla_cpu_compilation_enabled"):
         add(flag, dest=f"_ignored{flag.replace('-', '_')}", help=argparse.SUPPRESS)
@@ -156,6 +159,9 @@ def _bench_parser(sub) -> None:
     add("--repeats", type=int, default=3, help="runs per point (default 3)")
     add("--no-textbook", dest="textbook", action="store_false",
         help="leave out the textbook recipe rows")
+    add("--textbook-precision", type=_csv(str, "--textbook-precision"), default=("fp32",),
+        help="precisions for the textbook rows (fp32; e.g. fp32,bf16 to see what Keras's own "
+             "mixed precision does under fit)")
     add("--out", default="bench-results", help="folder for bench.csv, bench.json, bench.png")
     add("--recommend", action="store_true", help="name the fastest configuration whose "
         "accuracy stays within --tolerance of float32")
@@ -197,10 +203,12 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     from mirrorfit.models import model_factory
 
     model_factory(args.model)  # unknown models fail here, before any process starts
-    for name in args.precision:
-        if name not in PRECISIONS:
-            raise MirrorfitError(f"unknown precision {name!r} in --precision; choose from "
-                                 f"{', '.join(PRECISIONS)}")
+    for flag, names in (("--precision", args.precision),
+                        ("--textbook-precision", args.textbook_precision)):
+        for name in names:
+            if name not in PRECISIONS:
+                raise MirrorfitError(f"unknown precision {name!r} in {flag}; choose from "
+                                     f"{', '.join(PRECISIONS)}")
     for flag, values in (("--replicas", args.replicas), ("--accum-steps", args.accum_steps),
                          ("--steps-per-execution", args.steps_per_execution),
                          ("--repeats", (args.repeats,))):
@@ -211,7 +219,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
                 steps_per_execution=args.steps_per_execution,
                 global_batch=args.global_batch_size, train_examples=args.train_examples,
                 epochs=args.epochs, repeats=args.repeats, textbook=args.textbook,
-                data_dir=args.data_dir)
+                textbook_precisions=args.textbook_precision, data_dir=args.data_dir)
     grid.points()  # batch / epoch problems are reported before anything runs
     run_bench(grid, out_dir=args.out, tolerance=args.tolerance,
               show_recommendation=args.recommend)

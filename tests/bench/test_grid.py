@@ -15,6 +15,14 @@ def test_points_are_the_cross_product_plus_the_textbook_per_replica_count():
     assert [p.replicas for p in points if p.kind == "textbook"] == [1, 2]
 
 
+def test_textbook_rows_at_each_requested_precision():
+    points = Grid(replicas=(1, 2), precisions=("bf16",), textbook_precisions=("fp32", "bf16"))\
+        .points()
+    book = [(p.replicas, p.precision) for p in points if p.kind == "textbook"]
+    assert book == [(1, "fp32"), (2, "fp32"), (1, "bf16"), (2, "bf16")]
+    assert points[-1].label == "textbook fit x2 bf16"
+
+
 def test_runs_alternate_order_and_repeat():
     grid = Grid(replicas=(1, 2), precisions=("fp32",), repeats=3, textbook=False)
     order = []

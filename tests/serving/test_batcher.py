@@ -53,7 +53,7 @@ def test_concurrent_requests_share_one_call_and_get_their_own_rows():
                                 num_batch_threads=1)
     batches = []
     model = _Model()
-    results, errors = _concurrently(Batcher(params, on_batch=lambda m, n: batches.append(n)),
+    results, errors = _concurrently(Batcher(params, on_batch=lambda m, n, s: batches.append(n)),
                                     model, [1, 2, 3, 4] * 4)
     assert errors == []
     assert sum(model.calls) == 40 and len(model.calls) < 16  # merged

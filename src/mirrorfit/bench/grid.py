@@ -37,11 +37,12 @@ class Grid:
     epochs: int | None = None
     repeats: int = 3
     textbook: bool = True
+    textbook_precisions: Sequence[str] = ("fp32",)
     data_dir: str | None = None
 
     def points(self) -> list[Point]:
-        """mirrorfit points (the cross product), then the textbook recipe at each replica count
-        (fp32, Keras ``fit`` under MirroredStrategy)."""
+        """mirrorfit points (the cross product), then the textbook recipe (Keras ``fit`` under
+        MirroredStrategy) at each replica count and each of ``textbook_precisions``."""
         batch, n_train, epochs = WORKLOADS.get(self.model, (64, None, 2))
         base = Point(kind="mirrorfit", model=self.model, global_batch=self.global_batch or batch,
                      train_examples=self.train_examples or n_train,
@@ -59,7 +60,8 @@ class Grid:
                     f"global batch {p.global_batch} is not divisible by {p.replicas} replicas x "
                     f"{p.accum_steps} accumulation steps; pick --global-batch-size accordingly")
         if self.textbook:
-            out += [replace(base, kind="textbook", replicas=r) for r in self.replicas]
+            out += [replace(base, kind="textbook", replicas=r, precision=p)
+                    for p in self.textbook_precisions for r in self.replicas]
         return out
 
 

@@ -35,7 +35,8 @@ class Point:
     @property
     def label(self) -> str:
         if self.kind == "textbook":
-            return f"textbook fit x{self.replicas}"
+            suffix = "" if self.precision == "fp32" else f" {self.precision}"
+            return f"textbook fit x{self.replicas}{suffix}"
         parts = [f"x{self.replicas}", self.precision]
         if self.xla:
             parts.append("xla")
@@ -65,10 +66,14 @@ def run_point(point: Point) -> dict:
     factory = mirrorfit.models.model_factory(point.model)
     ends: list[float] = []
     if point.kind == "textbook":
+        from mirrorfit.precision import Precision
+        precision = Precision(point.precision)  # Keras's own mixed precision, as users do it
         with strategy.scope():
-            net = factory()
+            with precision.building():
+                net = factory()
             net.compile(loss="sparse_categorical_crossentropy",
-                        optimizer=keras.optimizers.SGD(learning_rate=1e-2), metrics=["accuracy"])
+                        optimizer=precision.wrap_optimizer(keras.optimizers.SGD(1e-2)),
+                        metrics=["accuracy"])
         stamp = keras.callbacks.LambdaCallback(
             on_epoch_end=lambda e, logs: ends.append(time.perf_counter()))
         net.fit(data.x_train / 255.0, data.y_train, batch_size=point.global_batch,

@@ -54,18 +54,18 @@ def build_rows(runs: list[tuple[Point, list[dict]]], *, peak: dict[str, float],
         notes = [s["error"]] if s["error"] else []
         one = _find(stats, point, replicas=1)
         book = None if point.kind == "textbook" else next(
-            (stats[p] for p in stats if p.kind == "textbook" and p.replicas == point.replicas),
-            None)
+            (stats[p] for p in stats if p.kind == "textbook" and p.replicas == point.replicas
+             and p.precision == "fp32"), None)
         rate = s["median"]
         speedup = _ratio(s, one, notes, "vs 1 replica") if point.replicas > 1 else (
             1.0 if rate else None)
         ideal = 1 if shared_cores else point.replicas
-        dtype = COMPUTE_DTYPES["fp32" if point.kind == "textbook" else point.precision]
+        dtype = COMPUTE_DTYPES[point.precision]
         if s["spread"] is not None and s["spread"] > WIDE_SPREAD:
             notes.append(f"noisy: runs spread {s['spread']:.0%}")
         rows.append(Row(
             label=point.label, kind=point.kind, replicas=point.replicas,
-            precision=point.precision if point.kind != "textbook" else "fp32",
+            precision=point.precision,
             xla=point.xla, accum_steps=point.accum_steps,
             steps_per_execution=point.steps_per_execution, global_batch=point.global_batch,
             runs=s["runs"], examples_per_sec=rate, min_examples_per_sec=s["min"],
@@ -170,13 +170,14 @@ def _plot(rows: list[Row], meta: dict) -> bytes:
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.5))
     series: dict[str, list[Row]] = {}
     for r in rows:
-        name = "textbook fit" if r.kind == "textbook" else " ".join(
+        name = (f"textbook fit{'' if r.precision == 'fp32' else ' ' + r.precision}"
+                if r.kind == "textbook" else None) or " ".join(
             [r.precision] + (["xla"] * r.xla) + ([f"accum{r.accum_steps}"] * (r.accum_steps > 1))
             + ([f"spe{r.steps_per_execution}"] * (len({x.steps_per_execution for x in rows}) > 1)))
         series.setdefault(name, []).append(r)
     for name, group in series.items():
         group = sorted((r for r in group if r.examples_per_sec), key=lambda r: r.replicas)
-        style = dict(linestyle="--", color="black") if name == "textbook fit" else {}
+        style = dict(linestyle="--") if name.startswith("textbook") else {}
         xs = [r.replicas for r in group]
         left.plot(xs, [r.examples_per_sec for r in group], marker="o", label=name, **style)
         right.plot(xs, [r.scaling_efficiency for r in group], marker="o", label=name, **style)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -29,14 +30,12 @@ Run = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
 class _Task:
     inputs: dict[str, np.ndarray]
     size: int
-    done: threading.Event = field(default_factory=threading.Event)
-    result: dict[str, np.ndarray] | None = None
-    error: BaseException | None = None
+    future: Future = field(default_factory=Future)
 
 
 class _Queue:
     def __init__(self, run: Run, params: BatchingParameters,
-                 on_batch: Callable[[int], None]) -> None:
+                 on_batch: Callable[[int, float], None]) -> None:
         self.run, self.params, self.on_batch = run, params, on_batch
         self.tasks: deque[_Task] = deque()
         self.pending = 0  # examples waiting
@@ -95,17 +94,17 @@ class _Queue:
             if padded > total:  # repeat the first example: any valid input does
                 merged = {k: np.concatenate([v, np.repeat(v[:1], padded - total, axis=0)])
                           for k, v in merged.items()}
+            t0 = time.perf_counter()
             outputs = self.run(merged)
-            self.on_batch(padded)
-            start = 0
-            for task, n in zip(batch, sizes):
-                task.result = {k: v[start:start + n] for k, v in outputs.items()}
-                start += n
+            self.on_batch(padded, time.perf_counter() - t0)
         except BaseException as e:  # noqa: BLE001 - every waiting request gets the error
             for task in batch:
-                task.error = e
-        for task in batch:
-            task.done.set()
+                _settle(task.future, error=e)
+            return
+        start = 0
+        for task, n in zip(batch, sizes):
+            _settle(task.future, result={k: v[start:start + n] for k, v in outputs.items()})
+            start += n
 
     def close(self) -> None:
         with self.cond:
@@ -113,11 +112,22 @@ class _Queue:
             self.cond.notify_all()
 
 
+def _settle(future: Future, *, result=None, error: BaseException | None = None) -> None:
+    try:  # a client that timed out cancelled its future: nobody waits for this one
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)
+    except InvalidStateError:
+        pass
+
+
 class Batcher:
     """Merge concurrent ``run`` calls into batches (see the module doc)."""
 
     def __init__(self, params: BatchingParameters,
-                 on_batch: Callable[[str, int], None] = lambda model, size: None) -> None:
+                 on_batch: Callable[[str, int, float], None] = lambda model, size, s: None) \
+            -> None:
         self.params = params
         self._on_batch = on_batch
         self._queues: dict[tuple, _Queue] = {}
@@ -125,9 +135,19 @@ class Batcher:
 
     def run(self, key: tuple, model: str, run: Run, inputs: dict[str, np.ndarray],
             timeout_s: float | None = None) -> dict[str, np.ndarray]:
-        """Run ``inputs`` (every array batched on dim 0, equal sizes) through ``run`` as part
-        of a batch; blocks until its slice of the outputs is ready. ``key`` starts with
-        (model, version)."""
+        """:meth:`submit`, then wait (at most ``timeout_s`` seconds) for the outputs."""
+        future = self.submit(key, model, run, inputs)
+        try:
+            return future.result(timeout_s)
+        except TimeoutError:
+            raise ServingError(grpc.StatusCode.DEADLINE_EXCEEDED,
+                               "Timed out waiting for the batch") from None
+
+    def submit(self, key: tuple, model: str, run: Run,
+               inputs: dict[str, np.ndarray]) -> Future:
+        """Queue ``inputs`` (every array batched on dim 0, equal sizes) to run through ``run``
+        as part of a batch; the future gets this request's slice of the outputs. ``key``
+        starts with (model, version)."""
         sizes = {v.shape[0] for v in inputs.values()}
         if len(sizes) != 1:
             raise invalid("Batching session Run() input tensors must have equal 0th-dimension "
@@ -140,18 +160,13 @@ class Batcher:
         queue = self._queue((*key, shape_key), model, run)
         task = _Task(inputs=inputs, size=size)
         queue.submit(task)
-        if not task.done.wait(timeout_s):
-            raise ServingError(grpc.StatusCode.DEADLINE_EXCEEDED, "Timed out waiting for the "
-                               "batch")
-        if task.error is not None:
-            raise task.error
-        return task.result
+        return task.future
 
     def _queue(self, key: tuple, model: str, run: Run) -> _Queue:
         with self._lock:
             queue = self._queues.get(key)
             if queue is None:
-                queue = _Queue(run, self.params, lambda n: self._on_batch(model, n))
+                queue = _Queue(run, self.params, lambda n, s: self._on_batch(model, n, s))
                 self._queues[key] = queue
             return queue
 

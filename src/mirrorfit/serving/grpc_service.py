@@ -3,6 +3,7 @@ protos, over the same :class:`ModelService` the REST API uses."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 
@@ -52,21 +53,22 @@ def _from_tensor_proto(alias: str, proto: tensor_pb2.TensorProto) -> np.ndarray:
 
 
 class _Handler:
-    """Common plumbing: run one RPC, map ServingError to a status, record metrics."""
+    """Common plumbing: run one RPC (an asyncio handler on grpc.aio), map ServingError to a
+    status, record metrics."""
 
     def __init__(self, service: ModelService, metrics: ServerMetrics) -> None:
         self.service, self.metrics = service, metrics
 
-    def _call(self, api: str, request, context, fn):
+    async def _call(self, api: str, request, context, handler):
         start = time.perf_counter()
         model = request.model_spec.name if hasattr(request, "model_spec") else ""
         try:
-            response, examples = fn()
-            self._record(model, api, "OK", start, examples)
-            return response
+            response, examples = await handler(request)
         except ServingError as e:
             self._record(model, api, e.code.name, start, 0)
-            context.abort(e.code, e.message)
+            await context.abort(e.code, e.message)
+        self._record(model, api, "OK", start, examples)
+        return response
 
     def _record(self, model, api, status, start, examples):
         elapsed = time.perf_counter() - start
@@ -77,41 +79,42 @@ class _Handler:
 
 
 class PredictionServicer(_Handler, prediction_service_pb2_grpc.PredictionServiceServicer):
-    def Predict(self, request, context):
-        def run():
-            spec = _spec(request.model_spec)
-            servable, sig = self.service.resolve_signature(spec, entrypoint="GRPC")
-            inputs = {k: _from_tensor_proto(k, v) for k, v in request.inputs.items()}
-            outputs = self.service.predict(servable, sig, inputs,
-                                           list(request.output_filter) or None)
-            response = predict_pb2.PredictResponse()
-            response.model_spec.name = servable.name
-            response.model_spec.version.value = servable.version
-            response.model_spec.signature_name = spec.signature_name or DEFAULT_SIGNATURE
-            for alias, value in outputs.items():
-                response.outputs[alias].CopyFrom(to_tensor_proto(value))
-            n = next((v.shape[0] for v in inputs.values() if np.ndim(v)), 0)
-            return response, n
-        return self._call("predict", request, context, run)
+    async def Predict(self, request, context):
+        return await self._call("predict", request, context, self._predict)
 
-    def GetModelMetadata(self, request, context):
-        def run():
-            if not request.metadata_field:
-                raise invalid("GetModelMetadataRequest must specify at least one "
-                              "metadata_field")
-            for field in request.metadata_field:
-                if field != "signature_def":
-                    raise invalid(f"Metadata field {field} is not supported")
-            servable = self.service.metadata(_spec(request.model_spec))
-            defs = get_model_metadata_pb2.SignatureDefMap()
-            for key, sdef in servable.signature_defs.items():
-                defs.signature_def[key].CopyFrom(sdef)
-            response = get_model_metadata_pb2.GetModelMetadataResponse()
-            response.model_spec.name = servable.name
-            response.model_spec.version.value = servable.version
-            response.metadata["signature_def"].Pack(defs)
-            return response, 0
-        return self._call("metadata", request, context, run)
+    async def _predict(self, request):
+        spec = _spec(request.model_spec)
+        servable, sig = self.service.resolve_signature(spec, entrypoint="GRPC")
+        inputs = {k: _from_tensor_proto(k, v) for k, v in request.inputs.items()}
+        outputs = await self.service.predict_async(servable, sig, inputs,
+                                                   list(request.output_filter) or None)
+        response = predict_pb2.PredictResponse()
+        response.model_spec.name = servable.name
+        response.model_spec.version.value = servable.version
+        response.model_spec.signature_name = spec.signature_name or DEFAULT_SIGNATURE
+        for alias, value in outputs.items():
+            response.outputs[alias].CopyFrom(to_tensor_proto(value))
+        return response, next((v.shape[0] for v in inputs.values() if np.ndim(v)), 0)
+
+    async def GetModelMetadata(self, request, context):
+        return await self._call("metadata", request, context, self._metadata)
+
+    async def _metadata(self, request):
+        if not request.metadata_field:
+            raise invalid("GetModelMetadataRequest must specify at least one "
+                          "metadata_field")
+        for field in request.metadata_field:
+            if field != "signature_def":
+                raise invalid(f"Metadata field {field} is not supported")
+        servable = self.service.metadata(_spec(request.model_spec))
+        defs = get_model_metadata_pb2.SignatureDefMap()
+        for key, sdef in servable.signature_defs.items():
+            defs.signature_def[key].CopyFrom(sdef)
+        response = get_model_metadata_pb2.GetModelMetadataResponse()
+        response.model_spec.name = servable.name
+        response.model_spec.version.value = servable.version
+        response.metadata["signature_def"].Pack(defs)
+        return response, 0
 
     def _examples(self, request) -> list[bytes]:
         which = request.input.WhichOneof("kind")
@@ -122,49 +125,61 @@ class PredictionServicer(_Handler, prediction_service_pb2_grpc.PredictionService
             return merge_context(ctx.context, list(ctx.examples))
         raise invalid("Input is empty")
 
-    def Classify(self, request, context):
-        def run():
-            spec = _spec(request.model_spec)
-            servable, sig = self.service.resolve_signature(spec, api="classify")
-            examples = self._examples(request)
-            response = classification_pb2.ClassificationResponse()
-            for pairs in self.service.classify(servable, sig, examples):
-                item = response.result.classifications.add()
-                for label, score in pairs:
-                    item.classes.add(label=label, score=score)
-            response.model_spec.name = servable.name
-            response.model_spec.version.value = servable.version
-            response.model_spec.signature_name = sig.name
-            return response, len(examples)
-        return self._call("classify", request, context, run)
+    async def Classify(self, request, context):
+        return await self._call("classify", request, context, self._classify)
 
-    def Regress(self, request, context):
-        def run():
-            spec = _spec(request.model_spec)
-            servable, sig = self.service.resolve_signature(spec, api="regress")
-            examples = self._examples(request)
-            response = regression_pb2.RegressionResponse()
-            for value in self.service.regress(servable, sig, examples):
-                response.result.regressions.add(value=value)
-            response.model_spec.name = servable.name
-            response.model_spec.version.value = servable.version
-            response.model_spec.signature_name = sig.name
-            return response, len(examples)
-        return self._call("regress", request, context, run)
+    async def _classify(self, request):
+        # the model call blocks: run it off the event loop
+        return await asyncio.get_running_loop().run_in_executor(None, self._classify_sync,
+                                                                request)
+
+    def _classify_sync(self, request):
+        spec = _spec(request.model_spec)
+        servable, sig = self.service.resolve_signature(spec, api="classify")
+        examples = self._examples(request)
+        response = classification_pb2.ClassificationResponse()
+        for pairs in self.service.classify(servable, sig, examples):
+            item = response.result.classifications.add()
+            for label, score in pairs:
+                item.classes.add(label=label, score=score)
+        response.model_spec.name = servable.name
+        response.model_spec.version.value = servable.version
+        response.model_spec.signature_name = sig.name
+        return response, len(examples)
+
+    async def Regress(self, request, context):
+        return await self._call("regress", request, context, self._regress)
+
+    async def _regress(self, request):
+        return await asyncio.get_running_loop().run_in_executor(None, self._regress_sync,
+                                                                request)
+
+    def _regress_sync(self, request):
+        spec = _spec(request.model_spec)
+        servable, sig = self.service.resolve_signature(spec, api="regress")
+        examples = self._examples(request)
+        response = regression_pb2.RegressionResponse()
+        for value in self.service.regress(servable, sig, examples):
+            response.result.regressions.add(value=value)
+        response.model_spec.name = servable.name
+        response.model_spec.version.value = servable.version
+        response.model_spec.signature_name = sig.name
+        return response, len(examples)
 
 
 class ModelServicer(_Handler, model_service_pb2_grpc.ModelServiceServicer):
-    def GetModelStatus(self, request, context):
-        def run():
-            spec = _spec(request.model_spec)
-            response = get_model_status_pb2.GetModelStatusResponse()
-            for s in self.service.status(Spec(spec.name, spec.version)):
-                item = response.model_version_status.add(version=s.version,
-                                                          state=_STATES[s.state])
-                item.status.error_code = _error_code(s.error_code)
-                item.status.error_message = s.error_message
-            return response, 0
-        return self._call("status", request, context, run)
+    async def GetModelStatus(self, request, context):
+        return await self._call("status", request, context, self._status)
+
+    async def _status(self, request):
+        spec = _spec(request.model_spec)
+        response = get_model_status_pb2.GetModelStatusResponse()
+        for s in self.service.status(Spec(spec.name, spec.version)):
+            item = response.model_version_status.add(version=s.version,
+                                                      state=_STATES[s.state])
+            item.status.error_code = _error_code(s.error_code)
+            item.status.error_message = s.error_message
+        return response, 0
 
 
 def _error_code(name: str) -> int:

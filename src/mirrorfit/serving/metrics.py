@@ -39,6 +39,10 @@ class ServerMetrics:
                                     "Distribution of the batch sizes the model ran (padded).",
                                     ["model_name"], buckets=BATCH_BUCKETS,
                                     registry=self.registry)
+        self.runtime = Histogram(":tensorflow:serving:runtime_latency",
+                                 "Distribution of wall time (in microseconds) for the model "
+                                 "call of a batch.", ["model_name", "API", "runtime"],
+                                 buckets=LATENCY_BUCKETS_US, registry=self.registry)
 
     def record(self, *, model: str, api: str, entrypoint: str, status: str, seconds: float,
                examples: int = 0) -> None:
@@ -50,8 +54,10 @@ class ServerMetrics:
                 self._examples[model] += examples
         self.latency.labels(model, api, entrypoint).observe(seconds * 1e6)
 
-    def record_batch(self, model: str, size: int) -> None:
+    def record_batch(self, model: str, size: int, seconds: float) -> None:
+        """One model call on a merged batch: its (padded) size and its run time."""
         self.batch_size.labels(model).observe(size)
+        self.runtime.labels(model, "predict", "TF").observe(seconds * 1e6)
 
     def exposition(self) -> bytes:
         with self._lock:

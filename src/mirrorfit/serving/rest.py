@@ -156,20 +156,25 @@ class RestApi:
                 raise invalid(f"JSON Value: {json.dumps(doc)[:256]} not formatted correctly. "
                               "'signature_name' key must be a string value.")
             spec = Spec(spec.name, spec.version, spec.label, signature)
-            result, examples = await run_in_threadpool(self._run, method, spec, doc)
+            if method == "predict":  # waits for the model without holding a thread
+                result, examples = await self._predict(spec, doc)
+            else:
+                result, examples = await run_in_threadpool(self._examples, method, spec, doc)
             self._record(spec.name, method, "OK", start, examples)
             return _json(result)
         except ServingError as e:
             self._record(unquote(name), method, e.code.name, start, examples)
             return _error(e)
 
-    def _run(self, method: str, spec: Spec, doc) -> tuple[dict, int]:
+    async def _predict(self, spec: Spec, doc) -> tuple[dict, int]:
+        servable, sig = self.service.resolve_signature(spec, entrypoint="REST")
+        inputs, rows = json_codec.predict_inputs(doc, sig)
+        outputs = await self.service.predict_async(servable, sig, inputs)
+        n = next(iter(inputs.values())).shape[0] if rows else 0
+        return json_codec.predict_response(outputs, rows), n
+
+    def _examples(self, method: str, spec: Spec, doc) -> tuple[dict, int]:
         servable, sig = self.service.resolve_signature(spec, api=method, entrypoint="REST")
-        if method == "predict":
-            inputs, rows = json_codec.predict_inputs(doc, sig)
-            outputs = self.service.predict(servable, sig, inputs)
-            n = next(iter(inputs.values())).shape[0] if rows else 0
-            return json_codec.predict_response(outputs, rows), n
         context, items = json_codec.examples(doc, method)
         serialized = merge_context(context, items)
         if method == "classify":

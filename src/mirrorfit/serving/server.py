@@ -3,13 +3,13 @@ until SIGTERM/SIGINT, then finish the requests in flight and stop."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
 import signal
 import sys
 import threading
-from concurrent import futures
 from dataclasses import dataclass
 from functools import partial
 
@@ -46,6 +46,8 @@ class ServeConfig:
     grpc_max_threads: int = 256
     max_request_bytes: int = 64 * 1024 * 1024
     shutdown_grace_seconds: float = 10.0
+    tensorflow_intra_op_parallelism: int = 0  # 0: TensorFlow's default (all cores)
+    tensorflow_inter_op_parallelism: int = 0
     log_level: str = "info"
 
 
@@ -94,57 +96,72 @@ def _load(name, version, path, *, tags, warmup):
 
 def serve(config: ServeConfig) -> int:
     """Run the server until SIGTERM/SIGINT; returns the exit code."""
-    import grpc
-    import uvicorn
-
-    from mirrorfit.serving.grpc_service import add_services
-    from mirrorfit.serving.rest import RestApi
-
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(_JsonFormatter())
     log.addHandler(handler)
     log.setLevel(config.log_level.upper())
     log.propagate = False
 
+    import tensorflow as tf
+    # before any model loads: TF fixes its thread pools at the first op
+    tf.config.threading.set_intra_op_parallelism_threads(config.tensorflow_intra_op_parallelism)
+    tf.config.threading.set_inter_op_parallelism_threads(config.tensorflow_inter_op_parallelism)
     repository, service, metrics, metrics_path = build(config)
     if config.rest_api_port:
         _check_port_free(config.host, config.rest_api_port, "--rest_api_port")
     repository.start_polling(config.file_system_poll_wait_seconds)
-    grpc_server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=config.grpc_max_threads),
-        options=[("grpc.max_receive_message_length", 2 ** 31 - 1),
-                 ("grpc.max_send_message_length", 2 ** 31 - 1)])
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        # uvicorn re-raises the signal it handled once it has shut down, into the handler it
+        # found: this one, so the gRPC side still gets its graceful stop.
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        asyncio.run(_serve(config, service, metrics, metrics_path, stop))
+    finally:
+        repository.stop()
+        if service.batcher:
+            service.batcher.close()
+    return 0
+
+
+async def _serve(config: ServeConfig, service: ModelService, metrics: ServerMetrics,
+                 metrics_path: str | None, stop: threading.Event) -> None:
+    """gRPC (grpc.aio) and REST (uvicorn) on one event loop: no thread per waiting request."""
+    import grpc
+    import uvicorn
+
+    from mirrorfit.serving.grpc_service import add_services
+    from mirrorfit.serving.rest import RestApi
+
+    grpc_server = grpc.aio.server(options=[("grpc.max_receive_message_length", 2 ** 31 - 1),
+                                           ("grpc.max_send_message_length", 2 ** 31 - 1)])
     add_services(grpc_server, service, metrics)
-    if grpc_server.add_insecure_port(f"{config.host}:{config.port}") == 0:
-        raise ConfigError(f"cannot bind gRPC to {config.host}:{config.port}; is the port in use? "
-                          "Pick another with --port")
-    grpc_server.start()
+    try:
+        bound = grpc_server.add_insecure_port(f"{config.host}:{config.port}")
+    except RuntimeError:
+        bound = 0
+    if not bound:
+        raise ConfigError(f"--port={config.port}: cannot listen on {config.host}:{config.port}; "
+                          "pick another port with --port")
+    await grpc_server.start()
     rest = RestApi(service, metrics, metrics_path=metrics_path,
                    max_body_bytes=config.max_request_bytes,
                    cors=config.rest_api_enable_cors_support)
     log.info("serving", extra={"grpc": f"{config.host}:{config.port}",
                                "rest": f"{config.host}:{config.rest_api_port}",
-                               "models": sorted(repository.configs),
+                               "models": sorted(service.repository.configs),
                                "batching": config.enable_batching,
                                "metrics_path": metrics_path})
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        # uvicorn re-raises the signal it handled once it has shut down, into the handler it
-        # found: this one, so the gRPC side still gets its graceful stop below.
-        signal.signal(sig, lambda *_: stop.set())
     if config.rest_api_port:
         # uvicorn handles SIGTERM/SIGINT: stops accepting, finishes requests in flight, returns.
-        uvicorn.Server(uvicorn.Config(
+        await uvicorn.Server(uvicorn.Config(
             rest.app(), host=config.host, port=config.rest_api_port, log_level="warning",
-            timeout_graceful_shutdown=config.shutdown_grace_seconds, access_log=False)).run()
+            timeout_graceful_shutdown=config.shutdown_grace_seconds, access_log=False)).serve()
     else:  # TF Serving: --rest_api_port=0 turns REST off
-        stop.wait()
+        while not stop.is_set():
+            await asyncio.sleep(0.2)
     log.info("shutting down", extra={"grace_s": config.shutdown_grace_seconds})
-    grpc_server.stop(grace=config.shutdown_grace_seconds).wait()
-    repository.stop()
-    if service.batcher:
-        service.batcher.close()
-    return 0
+    await grpc_server.stop(grace=config.shutdown_grace_seconds)
 
 
 def _check_port_free(host: str, port: int, flag: str) -> None:

@@ -3,6 +3,8 @@ regress. The REST and gRPC handlers translate their wire formats to these calls 
 
 from __future__ import annotations
 
+import asyncio
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import grpc
@@ -29,10 +31,14 @@ class ModelService:
     """The operations both APIs serve, over a repository and an optional batcher."""
 
     def __init__(self, repository: ModelRepository, batcher: Batcher | None = None,
-                 timeout_s: float | None = None) -> None:
+                 timeout_s: float | None = None, model_threads: int = 2) -> None:
         self.repository = repository
         self.batcher = batcher
         self.timeout_s = timeout_s
+        # Unbatched model calls run on a few threads, not one per request: dozens of
+        # concurrent TF calls on a few cores only fight over them.
+        self._model_pool = ThreadPoolExecutor(max_workers=model_threads,
+                                              thread_name_prefix="model")
 
     def status(self, spec: Spec) -> list[VersionStatus]:
         return self.repository.status(spec.name, spec.version)
@@ -60,27 +66,39 @@ class ModelService:
                 output_filter: list[str] | None = None) -> dict[str, np.ndarray]:
         """Run ``sig`` on ``inputs`` (checked against its inputs), batched when enabled."""
         _check_inputs(sig, inputs)
-        if output_filter:
-            unknown = [a for a in output_filter if a not in sig.outputs]
-            if unknown:
-                raise invalid(f"output tensor alias not found in signature: {unknown[0]} "
-                              f"Outputs expected to be in the set "
-                              f"{{{','.join(sorted(sig.outputs))}}}.")
-        outputs = self._run(servable, sig, inputs)
-        if output_filter:
-            outputs = {a: outputs[a] for a in output_filter}
-        return outputs
+        _check_filter(sig, output_filter)
+        future = self._submit(servable, sig, inputs)
+        try:
+            outputs = future.result(self.timeout_s)
+        except TimeoutError:
+            raise ServingError(grpc.StatusCode.DEADLINE_EXCEEDED, "Timed out running the "
+                               "model") from None
+        return _filter(outputs, output_filter)
 
-    def _run(self, servable: LoadedVersion, sig: Signature,
-             inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    async def predict_async(self, servable: LoadedVersion, sig: Signature,
+                            inputs: dict[str, np.ndarray],
+                            output_filter: list[str] | None = None) -> dict[str, np.ndarray]:
+        """:meth:`predict` for an asyncio server: waits without holding a thread."""
+        _check_inputs(sig, inputs)
+        _check_filter(sig, output_filter)
+        future = asyncio.wrap_future(self._submit(servable, sig, inputs))
+        try:
+            outputs = await asyncio.wait_for(future, self.timeout_s)
+        except asyncio.TimeoutError:
+            raise ServingError(grpc.StatusCode.DEADLINE_EXCEEDED, "Timed out running the "
+                               "model") from None
+        return _filter(outputs, output_filter)
+
+    def _submit(self, servable: LoadedVersion, sig: Signature,
+                inputs: dict[str, np.ndarray]) -> Future:
         batchable = (self.batcher is not None and sig.batched and inputs
                      and all(np.ndim(v) >= 1 for v in inputs.values()))
         if not batchable:
-            return sig.run(inputs)
+            return self._model_pool.submit(sig.run, inputs)
         arrays = {k: np.asarray(v, dtype=sig.inputs[k].dtype.as_numpy_dtype)
                   for k, v in inputs.items()}
-        return self.batcher.run((servable.name, servable.version, sig.name), servable.name,
-                                sig.run, arrays, timeout_s=self.timeout_s)
+        return self.batcher.submit((servable.name, servable.version, sig.name), servable.name,
+                                   sig.run, arrays)
 
     def classify(self, servable: LoadedVersion, sig: Signature,
                  examples: list[bytes]) -> list[list[tuple[str, float]]]:
@@ -116,6 +134,17 @@ class ModelService:
             raise invalid(f"Expected output Tensor shape to be either [batch_size] or "
                           f"[batch_size, 1] but got {list(values.shape)}")
         return values.reshape(-1).astype(float).tolist()
+
+
+def _check_filter(sig: Signature, output_filter: list[str] | None) -> None:
+    unknown = [a for a in output_filter or () if a not in sig.outputs]
+    if unknown:
+        raise invalid(f"output tensor alias not found in signature: {unknown[0]} Outputs "
+                      f"expected to be in the set {{{','.join(sorted(sig.outputs))}}}.")
+
+
+def _filter(outputs: dict[str, np.ndarray], output_filter: list[str] | None) -> dict:
+    return {a: outputs[a] for a in output_filter} if output_filter else outputs
 
 
 def _check_inputs(sig: Signature, inputs: dict[str, np.ndarray]) -> None:
