@@ -46,3 +46,29 @@ def test_remat_builds_layers_that_recompute_activations():
     with Precision("fp32").building(remat=True):
         model = mirrorfit.models.mlp()
     assert model.layers[-2]._remat_mode is not None
+
+
+def test_bf16_cnn_runs_every_heavy_kernel_in_bfloat16():
+    """What mixed_bfloat16 really does to the CNN's step: no convolution, pooling or hidden
+    matmul falls back to float32 (forward or backward); only the float32 output layer does."""
+    import collections
+
+    import tensorflow as tf
+
+    strategy = mirrorfit.build_strategy(mirrorfit.configure_devices())
+    trainer = mirrorfit.Trainer(strategy=strategy, model=mirrorfit.models.cnn,
+                                optimizer=keras.optimizers.SGD(0.01),
+                                loss=keras.losses.SparseCategoricalCrossentropy(),
+                                global_batch=8, precision="bf16")
+    graph = tf.function(trainer.replica_step.gradients).get_concrete_function(
+        tf.TensorSpec([8, 28, 28], tf.float32), tf.TensorSpec([8], tf.uint8)).graph
+    dtypes = collections.defaultdict(collections.Counter)
+    for op in graph.get_operations():
+        if "T" in op.node_def.attr:
+            dtypes[op.type][op.get_attr("T").name] += 1
+    for kind in ("Conv2D", "Conv2DBackpropFilter", "Conv2DBackpropInput", "MaxPool",
+                 "MaxPoolGrad", "Relu", "ReluGrad"):
+        assert set(dtypes[kind]) == {"bfloat16"}, (kind, dtypes[kind])
+    # Dense(64): forward + 2 backward matmuls in bf16; the output Dense(10): 3 in float32
+    assert dtypes["MatMul"] == {"bfloat16": 3, "float32": 3}
+    assert set(dtypes["Softmax"]) == {"float32"}
