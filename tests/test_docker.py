@@ -2,7 +2,6 @@
 here, so they are parsed and every mirrorfit command line in them is checked by the real
 argument parser)."""
 
-import shlex
 from pathlib import Path
 
 import pytest

@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
-from serving_support import Server, copy_version, export_mlp, model_root  # noqa: F401
+from serving_support import Server, copy_version, model_root  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.slow
 IMAGE = np.linspace(0, 1, 784, dtype=np.float32).reshape(1, 28, 28)
@@ -63,7 +63,7 @@ def _wait_for(predicate, timeout=60):
 def test_new_version_swaps_in_under_load_with_zero_failures(tmp_path, model_root):
     base = tmp_path / "mnist"
     copy_version(model_root / "mnist" / "0001", base, 1)
-    server = Server([f"--model_name=mnist", f"--model_base_path={base}",
+    server = Server(["--model_name=mnist", f"--model_base_path={base}",
                      "--file_system_poll_wait_seconds=0.2"], tmp_path)
     stop, seen, failures = threading.Event(), set(), []
     clients = ([threading.Thread(target=_rest_client, args=(server, stop, seen, failures))

@@ -50,7 +50,7 @@ def run_bench(grid: Grid, *, out_dir: str | Path, tolerance: float = 0.005,
     rows = build_rows(runs, peak=peak, train_flops=flops, shared_cores=not gpus)
     meta = {"model": grid.model, "devices": devices, "repeats": grid.repeats,
             "train_flops_per_example": flops, "peak_flops": peak}
-    console.print(f"matmul peak measured in this run: "
+    console.print("matmul peak measured in this run: "
                   + ", ".join(f"{k} {v / 1e9:,.0f} GFLOP/s" for k, v in peak.items()))
     if not gpus:
         console.print("logical CPU devices share the same cores: the ideal speedup is 1.0, so "

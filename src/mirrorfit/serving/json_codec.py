@@ -10,6 +10,7 @@ import json
 import math
 from typing import Any
 
+import grpc
 import numpy as np
 import tensorflow as tf
 
@@ -117,7 +118,7 @@ def _tensor(value: Any, info: TensorInfo, *, batch: bool) -> np.ndarray:
     """A dense array of ``info.dtype`` from nested lists, checked as TF Serving checks."""
     dtype = info.dtype
     if dtype not in _TYPE_NAMES:
-        raise ServingError(__import__("grpc").StatusCode.UNIMPLEMENTED,
+        raise ServingError(grpc.StatusCode.UNIMPLEMENTED,
                            f"Conversion of JSON Value: {_dbg(value)} to type: {dtype.name}")
     if dtype.is_floating and isinstance(value, list):
         # Fast path for the common case, a regular nest of numbers (an image is 784 of them).

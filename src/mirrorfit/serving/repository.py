@@ -62,21 +62,18 @@ class ModelRepository:
     def resolve(self, name: str, version: int | None = None,
                 label: str | None = None) -> LoadedVersion:
         """The loaded version a request names (latest when neither version nor label)."""
-        live = self._live.get(name)
+        live = self._live.get(name) or {}
         if label is not None:
             config = self.configs.get(name)
             if config is None or label not in config.labels:
                 raise invalid(f"Unrecognized servable version label: {label}")
             version = config.labels[label]
-        if not live:
-            raise not_found(f"Servable not found for request: "
-                            + (f"Specific({name}, {version})" if version is not None
-                               else f"Latest({name})"))
-        if version is None:
+        if version is None and live:
             return live[max(live)]
-        if version not in live:
-            raise not_found(f"Servable not found for request: Specific({name}, {version})")
-        return live[version]
+        if version in live:
+            return live[version]
+        wanted = f"Latest({name})" if version is None else f"Specific({name}, {version})"
+        raise not_found(f"Servable not found for request: {wanted}")
 
     def status(self, name: str, version: int | None = None) -> list[VersionStatus]:
         """Every known version's status (or one version's), newest first."""
