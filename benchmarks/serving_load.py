@@ -3,7 +3,12 @@ MLP and CNN, with and without dynamic batching, next to the limit measured in th
 SavedModel called in-process on batches of the same size).
 
 Every side runs in its own process: the server (`mirrorfit serve`), the load generator (asyncio
-clients: grpc.aio and httpx), and the in-process limit.
+clients: grpc.aio and raw HTTP/1.1 streams), and the in-process limit.
+
+It also measures the transport alone: the same clients against an echo server (grpc.aio, or
+uvicorn + Starlette) that answers every request with a canned response of the same size and
+runs no model. Client, server and model share this machine's cores, so a request costs at least
+1/echo + 1/limit machine-seconds; the bound printed is 1 / (1/echo + 1/limit).
 
     python benchmarks/serving_load.py [--models mlp,cnn] [--clients 64] [--seconds 10]
 """
@@ -109,8 +114,61 @@ async def _rest_load(url: str, model: str, clients: int, seconds: float) -> list
     return latencies
 
 
+def _canned_response():
+    import numpy as np
+    from tensorflow_serving.apis import predict_pb2
+    from mirrorfit.serving.grpc_service import to_tensor_proto
+    response = predict_pb2.PredictResponse()
+    response.model_spec.name = "echo"
+    response.model_spec.version.value = 1
+    response.model_spec.signature_name = "serving_default"
+    response.outputs["probabilities"].CopyFrom(to_tensor_proto(np.full((1, 10), .1, "float32")))
+    return response
+
+
+def echo_server(grpc_port: int, rest_port: int) -> None:
+    """A gRPC PredictionService and a REST :predict route that parse the request and return
+    a canned answer of the real size: the transport's cost with no model behind it."""
+    import gc
+    import grpc
+    import uvicorn
+    from starlette.applications import Starlette
+    from starlette.responses import Response
+    from starlette.routing import Route
+    from tensorflow_serving.apis import prediction_service_pb2_grpc
+    response = _canned_response()
+    body = json.dumps({"predictions": [[0.1] * 10]}).encode()
+
+    class Echo(prediction_service_pb2_grpc.PredictionServiceServicer):
+        async def Predict(self, request, context):
+            return response
+
+    async def predict(request):
+        json.loads(await request.body())
+        return Response(body, media_type="application/json")
+
+    async def main():
+        server = grpc.aio.server()
+        prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(Echo(), server)
+        server.add_insecure_port(f"127.0.0.1:{grpc_port}")
+        await server.start()
+        app = Starlette(routes=[Route("/v1/models/{rest:path}", predict, methods=["POST"]),
+                                Route("/readyz", lambda r: Response("ok"))])
+        await uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=rest_port,
+                                            log_level="warning", access_log=False)).serve()
+    gc.collect()
+    gc.freeze()
+    asyncio.run(main())
+
+
 def _child(argv: list[str]) -> None:
+    import gc
+    gc.collect()
+    gc.freeze()  # TensorFlow's heap out of the collector's scans, as the server does
     kind = argv[0]
+    if kind == "echo":
+        echo_server(int(argv[1]), int(argv[2]))
+        return
     if kind == "inproc":
         print(json.dumps({"examples_per_sec": in_process(argv[1], int(argv[2]),
                                                          float(argv[3]))}))
@@ -134,12 +192,15 @@ def _run_child(*args: str) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def _start_server(root: Path, model: str, batching: Path | None,
+def _start_server(root: Path | None, model: str, batching: Path | None,
                   extra: tuple[str, ...] = ()) -> tuple:
+    """`mirrorfit serve` for ``model`` (the echo server when ``root`` is None)."""
     port, rest = _free_port(), _free_port()
     args = [sys.executable, "-m", "mirrorfit.cli", "serve", f"--port={port}",
             f"--rest_api_port={rest}", f"--model_name={model}",
-            f"--model_base_path={root / model}", "--file_system_poll_wait_seconds=-1", *extra]
+            f"--model_base_path={root / model}", "--file_system_poll_wait_seconds=-1",
+            *extra] if root else [sys.executable, __file__, "--child", "echo", str(port),
+                                  str(rest)]
     if batching:
         args += ["--enable_batching", f"--batching_parameters_file={batching}"]
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -184,6 +245,18 @@ def main() -> None:
           f"batching: max_batch_size {a.clients}, timeout {a.batch_timeout_micros} us, "
           f"{a.batch_threads} batch thread(s)\n",
           flush=True)
+    echo = {}
+    proc, target, url = _start_server(None, "echo", None)
+    try:
+        for api in a.apis.split(","):
+            echo[api] = _run_child("load", api, target if api == "grpc" else url, "echo",
+                                   str(a.clients), str(a.seconds))["requests_per_sec"]
+            print(f"{api:4} transport alone (echo server, no model): {echo[api]:8,.0f} "
+                  f"requests/s", flush=True)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+    print(flush=True)
     for model in models:
         path = str(next((root / model).iterdir()))
         limit1 = _run_child("inproc", path, "1", "3")["examples_per_sec"]
@@ -208,8 +281,11 @@ def main() -> None:
                 proc.wait(timeout=60)
         for api in a.apis.split(","):
             on, off = results[(api, True)], results[(api, False)]
+            bound = 1 / (1 / echo[api] + 1 / limitn)
             print(f"  {api}: batching / no batching = "
-                  f"{on['requests_per_sec'] / off['requests_per_sec']:.2f}x")
+                  f"{on['requests_per_sec'] / off['requests_per_sec']:.2f}x; bound from the "
+                  f"echo and the limit: {bound:,.0f} requests/s = {bound / limitn:.0%} of the "
+                  f"limit; batching reached {on['requests_per_sec'] / bound:.0%} of that bound")
         print(flush=True)
 
 

@@ -1,6 +1,8 @@
 """serving.batcher: concurrent requests merged into one model call and split back; padding to
-allowed sizes; a full queue refused with UNAVAILABLE; an oversized request refused."""
+allowed sizes; a full queue refused with UNAVAILABLE; an oversized request refused; requests
+awaited on an event loop settled with one wake-up of that loop per batch."""
 
+import asyncio
 import threading
 import time
 
@@ -99,3 +101,44 @@ def test_model_errors_reach_every_request_of_the_batch():
                                 num_batch_threads=1)
     results, errors = _concurrently(Batcher(params), broken, [1, 1, 1])
     assert len(errors) == 3 and all(e.message == "bad batch" for e in errors)
+
+
+def test_requests_awaited_on_a_loop_are_settled_with_one_wakeup_per_batch():
+    params = BatchingParameters(max_batch_size=8, batch_timeout_micros=200_000,
+                                num_batch_threads=1)
+    batcher, model = Batcher(params), _Model()
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        wakeups = []
+        real = loop.call_soon_threadsafe
+        loop.call_soon_threadsafe = lambda *a, **k: (wakeups.append(a[0]), real(*a, **k))[1]
+        xs = [np.full((1, 1), i, np.float32) for i in range(8)]
+        futures = [batcher.submit(("m", 1, "s"), "m", model, {"x": x}, loop) for x in xs]
+        assert all(isinstance(f, asyncio.Future) for f in futures)
+        outs = await asyncio.gather(*futures)
+        return xs, outs, wakeups
+
+    xs, outs, wakeups = asyncio.run(main())
+    assert model.calls == [8]
+    assert len(wakeups) == 1  # not one per request
+    for x, out in zip(xs, outs):
+        np.testing.assert_array_equal(out["y"], x * 2)
+
+
+def test_a_cancelled_waiter_does_not_disturb_the_rest_of_its_batch():
+    params = BatchingParameters(max_batch_size=2, batch_timeout_micros=200_000,
+                                num_batch_threads=1)
+    batcher, model = Batcher(params), _Model(delay_s=0.05)
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        gone = batcher.submit(("m", 1, "s"), "m", model, {"x": np.ones((1, 1), np.float32)},
+                              loop)
+        kept = batcher.submit(("m", 1, "s"), "m", model, {"x": np.ones((1, 1), np.float32)},
+                              loop)
+        gone.cancel()  # e.g. its client timed out
+        return await kept
+
+    out = asyncio.run(main())
+    np.testing.assert_array_equal(out["y"], [[2.0]])

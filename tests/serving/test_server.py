@@ -146,3 +146,27 @@ def test_bad_serve_command_lines(args, needle):
     proc = run_cli("serve", *args, timeout=120)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert needle in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_loaded_versions_leave_the_gc_scans_and_unloaded_ones_are_freed(model_root):
+    import gc
+    import weakref
+
+    from mirrorfit.serving import server as server_module
+    path = str(next((model_root / "mnist").iterdir()))
+    try:
+        loaded = server_module._load("mnist", 1, path, tags="serve", warmup=False)
+        # TensorFlow and the model are out of every later collection's scan (no long pauses)
+        assert gc.get_freeze_count() > 100_000
+        # a version whose objects reference each other: only the collector can free them
+        cycle = [loaded._keepalive]
+        cycle.append(cycle)
+        loaded._keepalive.__dict__["_test_cycle"] = cycle
+        server_module._freeze_heap()
+        model = weakref.ref(loaded._keepalive)
+        del loaded, cycle
+        server_module._unload(None, "mnist", 1)
+        assert model() is None  # its reference cycles were collected, not frozen forever
+        assert gc.get_freeze_count() > 100_000
+    finally:
+        gc.unfreeze()

@@ -10,9 +10,10 @@ already waiting, a request is refused with UNAVAILABLE (HTTP 503).
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
-from collections import deque
+from collections import defaultdict, deque
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 from typing import Callable
@@ -30,7 +31,8 @@ Run = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
 class _Task:
     inputs: dict[str, np.ndarray]
     size: int
-    future: Future = field(default_factory=Future)
+    future: Future | asyncio.Future = field(default_factory=Future)
+    loop: asyncio.AbstractEventLoop | None = None  # set: ``future`` belongs to this loop
 
 
 class _Queue:
@@ -98,13 +100,13 @@ class _Queue:
             outputs = self.run(merged)
             self.on_batch(padded, time.perf_counter() - t0)
         except BaseException as e:  # noqa: BLE001 - every waiting request gets the error
-            for task in batch:
-                _settle(task.future, error=e)
+            _settle_all([(task, None, e) for task in batch])
             return
-        start = 0
+        settled, start = [], 0
         for task, n in zip(batch, sizes):
-            _settle(task.future, result={k: v[start:start + n] for k, v in outputs.items()})
+            settled.append((task, {k: v[start:start + n] for k, v in outputs.items()}, None))
             start += n
+        _settle_all(settled)
 
     def close(self) -> None:
         with self.cond:
@@ -112,13 +114,37 @@ class _Queue:
             self.cond.notify_all()
 
 
-def _settle(future: Future, *, result=None, error: BaseException | None = None) -> None:
-    try:  # a client that timed out cancelled its future: nobody waits for this one
+def _settle_all(settled: list[tuple[_Task, dict | None, BaseException | None]]) -> None:
+    """Give each task its result or error. Tasks waited on from an event loop are settled
+    with one wake-up of that loop per batch, not one per request: on a few cores the
+    per-request wake-ups cost as much as the model call they wait for."""
+    by_loop = defaultdict(list)
+    for task, result, error in settled:
+        if task.loop is None:
+            _settle(task.future, result, error)
+        else:
+            by_loop[task.loop].append((task.future, result, error))
+    for loop, items in by_loop.items():
+        try:
+            loop.call_soon_threadsafe(_settle_each, items)
+        except RuntimeError:  # the loop has closed: nobody waits any more
+            pass
+
+
+def _settle_each(items: list) -> None:
+    for future, result, error in items:
+        _settle(future, result, error)
+
+
+def _settle(future, result, error: BaseException | None) -> None:
+    if future.done():  # a client that timed out cancelled its future: nobody waits for it
+        return
+    try:
         if error is not None:
             future.set_exception(error)
         else:
             future.set_result(result)
-    except InvalidStateError:
+    except InvalidStateError:  # cancelled between the check and the set (another thread)
         pass
 
 
@@ -143,11 +169,12 @@ class Batcher:
             raise ServingError(grpc.StatusCode.DEADLINE_EXCEEDED,
                                "Timed out waiting for the batch") from None
 
-    def submit(self, key: tuple, model: str, run: Run,
-               inputs: dict[str, np.ndarray]) -> Future:
+    def submit(self, key: tuple, model: str, run: Run, inputs: dict[str, np.ndarray],
+               loop: asyncio.AbstractEventLoop | None = None) -> Future | asyncio.Future:
         """Queue ``inputs`` (every array batched on dim 0, equal sizes) to run through ``run``
         as part of a batch; the future gets this request's slice of the outputs. ``key``
-        starts with (model, version)."""
+        starts with (model, version). With ``loop``, the future is an asyncio future of that
+        loop, to be awaited there."""
         sizes = {v.shape[0] for v in inputs.values()}
         if len(sizes) != 1:
             raise invalid("Batching session Run() input tensors must have equal 0th-dimension "
@@ -158,7 +185,8 @@ class Batcher:
                           f"{self.params.max_batch_size}")
         shape_key = tuple((k, v.shape[1:], v.dtype.str) for k, v in sorted(inputs.items()))
         queue = self._queue((*key, shape_key), model, run)
-        task = _Task(inputs=inputs, size=size)
+        task = (_Task(inputs=inputs, size=size) if loop is None else
+                _Task(inputs=inputs, size=size, future=loop.create_future(), loop=loop))
         queue.submit(task)
         return task.future
 

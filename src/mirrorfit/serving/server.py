@@ -4,6 +4,7 @@ until SIGTERM/SIGINT, then finish the requests in flight and stop."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import logging
 import os
@@ -84,14 +85,31 @@ def build(config: ServeConfig):
         configs, loader=partial(_load, tags=config.saved_model_tags,
                                 warmup=config.enable_model_warmup),
         max_load_retries=config.max_num_load_retries,
-        on_unload=batcher.forget if batcher else (lambda name, version: None))
+        on_unload=partial(_unload, batcher))
     repository.poll_once()
     service = ModelService(repository, batcher, timeout_s=config.rest_api_timeout_in_ms / 1e3)
     return repository, service, metrics, metrics_path
 
 
 def _load(name, version, path, *, tags, warmup):
-    return load_version(name, version, path, tags=tags, warmup=warmup)
+    loaded = load_version(name, version, path, tags=tags, warmup=warmup)
+    _freeze_heap()
+    return loaded
+
+
+def _unload(batcher: Batcher | None, name: str, version: int) -> None:
+    if batcher is not None:
+        batcher.forget(name, version)
+    gc.unfreeze()  # so the unloaded version's reference cycles can be collected
+    _freeze_heap()
+
+
+def _freeze_heap() -> None:
+    """Take everything alive now (TensorFlow and the loaded models: some 300k objects) out of
+    the garbage collector's scans. Otherwise each full collection walks them all, a pause of
+    100-200 ms for every request in flight: under load it doubled p99 latency."""
+    gc.collect()
+    gc.freeze()
 
 
 def serve(config: ServeConfig) -> int:

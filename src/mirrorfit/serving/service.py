@@ -81,16 +81,28 @@ class ModelService:
         """:meth:`predict` for an asyncio server: waits without holding a thread."""
         _check_inputs(sig, inputs)
         _check_filter(sig, output_filter)
-        future = asyncio.wrap_future(self._submit(servable, sig, inputs))
+        loop = asyncio.get_running_loop()
+        future = self._submit(servable, sig, inputs, loop)
+        if not isinstance(future, asyncio.Future):
+            future = asyncio.wrap_future(future)
+        # A timer that cancels the future, not asyncio.wait_for: that wraps every request in
+        # one more task.
+        timer = (loop.call_later(self.timeout_s, future.cancel)
+                 if self.timeout_s is not None else None)
         try:
-            outputs = await asyncio.wait_for(future, self.timeout_s)
-        except asyncio.TimeoutError:
-            raise ServingError(grpc.StatusCode.DEADLINE_EXCEEDED, "Timed out running the "
-                               "model") from None
+            outputs = await future
+        except asyncio.CancelledError:
+            if timer is not None and loop.time() >= timer.when():
+                raise ServingError(grpc.StatusCode.DEADLINE_EXCEEDED, "Timed out running the "
+                                   "model") from None
+            raise  # the request itself was cancelled (client gone, shutdown)
+        finally:
+            if timer is not None:
+                timer.cancel()
         return _filter(outputs, output_filter)
 
-    def _submit(self, servable: LoadedVersion, sig: Signature,
-                inputs: dict[str, np.ndarray]) -> Future:
+    def _submit(self, servable: LoadedVersion, sig: Signature, inputs: dict[str, np.ndarray],
+                loop: asyncio.AbstractEventLoop | None = None) -> Future | asyncio.Future:
         batchable = (self.batcher is not None and sig.batched and inputs
                      and all(np.ndim(v) >= 1 for v in inputs.values()))
         if not batchable:
@@ -98,7 +110,7 @@ class ModelService:
         arrays = {k: np.asarray(v, dtype=sig.inputs[k].dtype.as_numpy_dtype)
                   for k, v in inputs.items()}
         return self.batcher.submit((servable.name, servable.version, sig.name), servable.name,
-                                   sig.run, arrays)
+                                   sig.run, arrays, loop)
 
     def classify(self, servable: LoadedVersion, sig: Signature,
                  examples: list[bytes]) -> list[list[tuple[str, float]]]:
