@@ -142,3 +142,26 @@ def test_a_cancelled_waiter_does_not_disturb_the_rest_of_its_batch():
 
     out = asyncio.run(main())
     np.testing.assert_array_equal(out["y"], [[2.0]])
+
+
+def test_the_timeout_runs_from_the_oldest_request_not_from_when_the_model_is_free():
+    params = BatchingParameters(max_batch_size=8, batch_timeout_micros=300_000,
+                                num_batch_threads=1)
+    starts = []
+
+    def slow(inputs):
+        starts.append(time.monotonic())
+        time.sleep(0.4)
+        return {"y": inputs["x"]}
+
+    batcher = Batcher(params)
+    first = batcher.submit(("m", 1, "s"), "m", slow, {"x": np.ones((1, 1), np.float32)})
+    while not starts:  # the first batch is running (after its 300 ms)
+        time.sleep(0.01)
+    second = batcher.submit(("m", 1, "s"), "m", slow, {"x": np.ones((1, 1), np.float32)})
+    first.result(5)
+    done = time.monotonic()
+    second.result(5)
+    # the second request waited longer than the timeout while the model was busy: it runs
+    # at once, not 300 ms after the model became free
+    assert starts[1] - done < 0.15

@@ -3,7 +3,7 @@ and the outputs split back, with TF Serving's knobs (``--batching_parameters_fil
 
 One queue per (model, version, signature, per-example shapes and dtypes); ``num_batch_threads``
 threads per queue. A batch closes when it reaches ``max_batch_size`` examples or
-``batch_timeout_micros`` after its first request; it is padded up to the next
+``batch_timeout_micros`` after its oldest request arrived; it is padded up to the next
 ``allowed_batch_sizes`` entry. When ``max_enqueued_batches`` batches' worth of examples are
 already waiting, a request is refused with UNAVAILABLE (HTTP 503).
 """
@@ -33,6 +33,7 @@ class _Task:
     size: int
     future: Future | asyncio.Future = field(default_factory=Future)
     loop: asyncio.AbstractEventLoop | None = None  # set: ``future`` belongs to this loop
+    enqueued: float = 0.0  # time.monotonic() when queued
 
 
 class _Queue:
@@ -49,36 +50,48 @@ class _Queue:
             t.start()
 
     def submit(self, task: _Task) -> None:
-        limit = self.params.max_enqueued_batches * self.params.max_batch_size
+        p = self.params
         with self.cond:
-            if self.pending + task.size > limit:
+            if self.pending + task.size > p.max_enqueued_batches * p.max_batch_size:
                 raise ServingError(grpc.StatusCode.UNAVAILABLE,
                                    "The batch scheduling queue to which this task was submitted "
                                    "is full")
+            task.enqueued = time.monotonic()
             self.tasks.append(task)
             self.pending += task.size
-            self.cond.notify()
+            # Wake a batch thread only when there is something new for it to do: the first
+            # request (a thread may be idle) or a full batch. One wake-up per request cost a
+            # thread switch, and a fight for the GIL, per request.
+            if len(self.tasks) == 1 or self.pending - task.size < p.max_batch_size \
+                    <= self.pending:
+                self.cond.notify()
 
     def _take_batch(self) -> list[_Task]:
+        """The next batch: once ``max_batch_size`` examples wait, or ``batch_timeout_micros``
+        after the oldest waiting request arrived (as in TF Serving); [] once closed."""
         p = self.params
         with self.cond:
-            while not self.tasks and not self.closed:
-                self.cond.wait()
-            if self.closed and not self.tasks:
-                return []
-            deadline = time.monotonic() + p.batch_timeout_micros / 1e6
-            batch, size = [], 0
             while True:
+                while not self.tasks and not self.closed:
+                    self.cond.wait()
+                if not self.tasks:
+                    return []
+                while self.tasks and self.pending < p.max_batch_size and not self.closed:
+                    remaining = self.tasks[0].enqueued + p.batch_timeout_micros / 1e6 \
+                        - time.monotonic()
+                    if remaining <= 0:
+                        break
+                    self.cond.wait(remaining)
+                batch, size = [], 0
                 while self.tasks and size + self.tasks[0].size <= p.max_batch_size:
                     task = self.tasks.popleft()
                     self.pending -= task.size
                     batch.append(task)
                     size += task.size
-                remaining = deadline - time.monotonic()
-                if size >= p.max_batch_size or remaining <= 0 or self.closed or (
-                        self.tasks and size + self.tasks[0].size > p.max_batch_size):
+                if self.tasks:  # the rest makes another batch: another thread may take it
+                    self.cond.notify()
+                if batch:  # (another thread may have taken them while this one waited)
                     return batch
-                self.cond.wait(remaining)
 
     def _work(self) -> None:
         while True:
