@@ -228,6 +228,7 @@ def main() -> None:
     p.add_argument("--apis", default="grpc,rest")
     p.add_argument("--batch-timeout-micros", type=int, default=2000)
     p.add_argument("--batch-threads", type=int, default=1)
+    p.add_argument("--max-batch-size", type=int, default=0, help="default: --clients")
     p.add_argument("--server-flags", default="", help="extra `mirrorfit serve` flags")
     a = p.parse_args()
     models = a.models.split(",")
@@ -238,11 +239,12 @@ def main() -> None:
                    check=True, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
                    capture_output=True)
     batching = root / "batching.config"
-    batching.write_text(f"max_batch_size {{ value: {a.clients} }} batch_timeout_micros {{ value: "
+    max_batch = a.max_batch_size or a.clients
+    batching.write_text(f"max_batch_size {{ value: {max_batch} }} batch_timeout_micros {{ value: "
                         f"{a.batch_timeout_micros} }} max_enqueued_batches {{ value: 1000 }} "
                         f"num_batch_threads {{ value: {a.batch_threads} }}")
     print(f"{a.clients} concurrent clients, {a.seconds:g} s per run, one image per request; "
-          f"batching: max_batch_size {a.clients}, timeout {a.batch_timeout_micros} us, "
+          f"batching: max_batch_size {max_batch}, timeout {a.batch_timeout_micros} us, "
           f"{a.batch_threads} batch thread(s)\n",
           flush=True)
     echo = {}
