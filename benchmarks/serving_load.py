@@ -11,6 +11,12 @@ runs no model. Client, server and model share this machine's cores, so a request
 1/echo + 1/limit machine-seconds; the bound printed is 1 / (1/echo + 1/limit).
 
     python benchmarks/serving_load.py [--models mlp,cnn] [--clients 64] [--seconds 10]
+                                      [--load-generator python|h2load]
+
+`--load-generator h2load` drives the same requests from nghttp2's C load generator (Debian:
+nghttp2-client), which leaves the cores the Python clients used to the server and the model.
+h2load cannot read gRPC's status trailers, so the run then checks the server's own request
+counts (Prometheus page) for any status but OK.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -59,15 +66,24 @@ def in_process(path: str, batch: int, seconds: float) -> float:
     return n / (time.perf_counter() - start)
 
 
-async def _grpc_load(target: str, model: str, clients: int, seconds: float) -> list[float]:
-    import grpc
+def _image():
     import numpy as np
+    return np.random.default_rng(1).uniform(0, 1, (1, 28, 28)).astype("float32")
+
+
+def _predict_request(model: str):
     import tensorflow as tf
-    from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
+    from tensorflow_serving.apis import predict_pb2
     request = predict_pb2.PredictRequest()
     request.model_spec.name = model
-    image = np.random.default_rng(1).uniform(0, 1, (1, 28, 28)).astype("float32")
-    request.inputs["images"].CopyFrom(tf.make_tensor_proto(image))
+    request.inputs["images"].CopyFrom(tf.make_tensor_proto(_image()))
+    return request
+
+
+async def _grpc_load(target: str, model: str, clients: int, seconds: float) -> list[float]:
+    import grpc
+    from tensorflow_serving.apis import prediction_service_pb2_grpc
+    request = _predict_request(model)
     latencies: list[float] = []
     async with grpc.aio.insecure_channel(target) as channel:
         stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
@@ -86,10 +102,8 @@ async def _grpc_load(target: str, model: str, clients: int, seconds: float) -> l
 async def _rest_load(url: str, model: str, clients: int, seconds: float) -> list[float]:
     """Keep-alive HTTP/1.1 clients on raw asyncio streams: httpx spent about 6 ms of client
     CPU per request here, which measured the client instead of the server."""
-    import numpy as np
     host, port = url.removeprefix("http://").split(":")
-    image = np.random.default_rng(1).uniform(0, 1, (1, 28, 28)).astype("float32")
-    body = json.dumps({"instances": image.tolist()}).encode()
+    body = json.dumps({"instances": _image().tolist()}).encode()
     request = (f"POST /v1/models/{model}:predict HTTP/1.1\r\nHost: {host}\r\n"
                f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
                ).encode() + body
@@ -169,6 +183,10 @@ def _child(argv: list[str]) -> None:
     if kind == "echo":
         echo_server(int(argv[1]), int(argv[2]))
         return
+    if kind == "grpc-body":  # a gRPC message as on the wire: flag, length, PredictRequest
+        message = _predict_request(argv[2]).SerializeToString()
+        Path(argv[1]).write_bytes(b"\0" + len(message).to_bytes(4, "big") + message)
+        return
     if kind == "inproc":
         print(json.dumps({"examples_per_sec": in_process(argv[1], int(argv[2]),
                                                          float(argv[3]))}))
@@ -183,13 +201,48 @@ def _child(argv: list[str]) -> None:
                       "p50_ms": 1e3 * lat[len(lat) // 2], "p99_ms": 1e3 * lat[int(len(lat) * .99)]}))
 
 
+def h2load(api: str, target: str, model: str, clients: int, seconds: float,
+           workdir: Path) -> dict:
+    """The load from h2load: ``clients`` connections, one request in flight on each."""
+    body, log = workdir / f"{api}-{model}.body", workdir / "h2load.log"
+    if api == "grpc":
+        _run_child("grpc-body", str(body), model)
+        url = f"http://{target}/tensorflow.serving.PredictionService/Predict"
+        flags = ["-H", "content-type: application/grpc", "-H", "te: trailers"]
+    else:
+        body.write_text(json.dumps({"instances": _image().tolist()}))
+        url = f"{target}/v1/models/{model}:predict"
+        flags = ["--h1", "-H", "content-type: application/json"]
+    log.unlink(missing_ok=True)
+    out = subprocess.run(["h2load", "-D", f"{seconds:g}", "-c", str(clients), "-m", "1",
+                          "-d", str(body), "--log-file", str(log), *flags, url],
+                         capture_output=True, text=True, check=False).stdout
+    rows = [line.split("\t") for line in log.read_text().splitlines()]
+    bad = sum(row[1] != "200" for row in rows)
+    if out.count("finished in") != 1 or bad or not rows:
+        sys.exit(f"h2load against {url}: {bad} of {len(rows)} answers not 200\n{out[-2000:]}")
+    rps = float(out.split("finished in", 1)[1].split(",")[1].split()[0])
+    lat = sorted(int(row[2]) / 1e6 for row in rows)
+    return {"requests_per_sec": rps, "p50_ms": 1e3 * lat[len(lat) // 2],
+            "p99_ms": 1e3 * lat[int(len(lat) * .99)]}
+
+
+def _not_ok(url: str) -> int:
+    """Requests the server answered with a status other than OK (from its Prometheus page)."""
+    import httpx
+    page = httpx.get(f"{url}/monitoring/prometheus/metrics", timeout=10).text
+    return sum(int(float(line.rsplit(" ", 1)[1])) for line in page.splitlines()
+               if line.startswith(":tensorflow:serving:request_count") and 'status="OK"' not in line)
+
+
 def _run_child(*args: str) -> dict:
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
     out = subprocess.run([sys.executable, __file__, "--child", *args], capture_output=True,
                          text=True, env=env, check=False)
     if out.returncode:
         sys.exit(f"{args} failed:\n{out.stderr[-3000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    lines = out.stdout.strip().splitlines()
+    return json.loads(lines[-1]) if lines else {}
 
 
 def _start_server(root: Path | None, model: str, batching: Path | None,
@@ -199,7 +252,7 @@ def _start_server(root: Path | None, model: str, batching: Path | None,
     args = [sys.executable, "-m", "mirrorfit.cli", "serve", f"--port={port}",
             f"--rest_api_port={rest}", f"--model_name={model}",
             f"--model_base_path={root / model}", "--file_system_poll_wait_seconds=-1",
-            *extra] if root else [sys.executable, __file__, "--child", "echo", str(port),
+            f"--monitoring_config_file={root / 'monitoring.config'}", *extra] if root else [sys.executable, __file__, "--child", "echo", str(port),
                                   str(rest)]
     if batching:
         args += ["--enable_batching", f"--batching_parameters_file={batching}"]
@@ -230,7 +283,11 @@ def main() -> None:
     p.add_argument("--batch-threads", type=int, default=1)
     p.add_argument("--max-batch-size", type=int, default=0, help="default: --clients")
     p.add_argument("--server-flags", default="", help="extra `mirrorfit serve` flags")
+    p.add_argument("--load-generator", choices=["python", "h2load"], default="python")
     a = p.parse_args()
+    if a.load_generator == "h2load" and not shutil.which("h2load"):
+        sys.exit("--load-generator h2load: h2load is not installed (Debian: apt-get install "
+                 "nghttp2-client); or use --load-generator python")
     models = a.models.split(",")
     root = Path(tempfile.mkdtemp(prefix="mirrorfit-load-"))
     subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, {str(ROOT / 'benchmarks')!r}); "
@@ -238,6 +295,16 @@ def main() -> None:
                     f"serving_load.export_models(Path({str(root)!r}), {models!r})"],
                    check=True, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
                    capture_output=True)
+    (root / "monitoring.config").write_text(
+        'prometheus_config { enable: true, path: "/monitoring/prometheus/metrics" }\n')
+
+    def load(api: str, target: str, url: str, model: str) -> dict:
+        if a.load_generator == "h2load":
+            return h2load(api, target if api == "grpc" else url, model, a.clients, a.seconds,
+                          root)
+        return _run_child("load", api, target if api == "grpc" else url, model,
+                          str(a.clients), str(a.seconds))
+
     batching = root / "batching.config"
     max_batch = a.max_batch_size or a.clients
     batching.write_text(f"max_batch_size {{ value: {max_batch} }} batch_timeout_micros {{ value: "
@@ -245,14 +312,13 @@ def main() -> None:
                         f"num_batch_threads {{ value: {a.batch_threads} }}")
     print(f"{a.clients} concurrent clients, {a.seconds:g} s per run, one image per request; "
           f"batching: max_batch_size {max_batch}, timeout {a.batch_timeout_micros} us, "
-          f"{a.batch_threads} batch thread(s)\n",
+          f"{a.batch_threads} batch thread(s); load generator: {a.load_generator}\n",
           flush=True)
     echo = {}
     proc, target, url = _start_server(None, "echo", None)
     try:
         for api in a.apis.split(","):
-            echo[api] = _run_child("load", api, target if api == "grpc" else url, "echo",
-                                   str(a.clients), str(a.seconds))["requests_per_sec"]
+            echo[api] = load(api, target, url, "echo")["requests_per_sec"]
             print(f"{api:4} transport alone (echo server, no model): {echo[api]:8,.0f} "
                   f"requests/s", flush=True)
     finally:
@@ -271,13 +337,16 @@ def main() -> None:
                                               tuple(a.server_flags.split()))
             try:
                 for api in a.apis.split(","):
-                    r = _run_child("load", api, target if api == "grpc" else url, model,
-                                   str(a.clients), str(a.seconds))
+                    r = load(api, target, url, model)
                     results[(api, batch_on)] = r
                     print(f"  {api:4} batching {'on ' if batch_on else 'off'}: "
                           f"{r['requests_per_sec']:8,.0f} requests/s  p50 {r['p50_ms']:7.1f} ms"
                           f"  p99 {r['p99_ms']:7.1f} ms  = {r['requests_per_sec'] / limitn:.0%} "
                           f"of the batch-{a.clients} limit", flush=True)
+                errors = _not_ok(url)
+                if errors:
+                    sys.exit(f"{model}: the server answered {errors} requests with an error "
+                             f"status")
             finally:
                 proc.send_signal(signal.SIGTERM)
                 proc.wait(timeout=60)
