@@ -60,8 +60,7 @@ class _Queue:
             self.tasks.append(task)
             self.pending += task.size
             # Wake a batch thread only when there is something new for it to do: the first
-            # request (a thread may be idle) or a full batch. One wake-up per request cost a
-            # thread switch, and a fight for the GIL, per request.
+            # request (a thread may be idle) or a full batch; not a thread switch per request.
             if len(self.tasks) == 1 or self.pending - task.size < p.max_batch_size \
                     <= self.pending:
                 self.cond.notify()
@@ -129,8 +128,8 @@ class _Queue:
 
 def _settle_all(settled: list[tuple[_Task, dict | None, BaseException | None]]) -> None:
     """Give each task its result or error. Tasks waited on from an event loop are settled
-    with one wake-up of that loop per batch, not one per request: on a few cores the
-    per-request wake-ups cost as much as the model call they wait for."""
+    with one wake-up of that loop per batch, not one per request (each wake-up is a write to
+    the loop's self-pipe and a turn of the loop, taken from the cores the model needs)."""
     by_loop = defaultdict(list)
     for task, result, error in settled:
         if task.loop is None:
