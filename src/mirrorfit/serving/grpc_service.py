@@ -89,9 +89,7 @@ class PredictionServicer(_Handler, prediction_service_pb2_grpc.PredictionService
         outputs = await self.service.predict_async(servable, sig, inputs,
                                                    list(request.output_filter) or None)
         response = predict_pb2.PredictResponse()
-        response.model_spec.name = servable.name
-        response.model_spec.version.value = servable.version
-        response.model_spec.signature_name = spec.signature_name or DEFAULT_SIGNATURE
+        _stamp(response, servable, spec.signature_name or DEFAULT_SIGNATURE)
         for alias, value in outputs.items():
             response.outputs[alias].CopyFrom(to_tensor_proto(value))
         return response, next((v.shape[0] for v in inputs.values() if np.ndim(v)), 0)
@@ -129,9 +127,7 @@ class PredictionServicer(_Handler, prediction_service_pb2_grpc.PredictionService
         return await self._call("classify", request, context, self._classify)
 
     async def _classify(self, request):
-        # the model call blocks: run it off the event loop
-        return await asyncio.get_running_loop().run_in_executor(None, self._classify_sync,
-                                                                request)
+        return await _off_loop(self._classify_sync, request)
 
     def _classify_sync(self, request):
         spec = _spec(request.model_spec)
@@ -142,17 +138,14 @@ class PredictionServicer(_Handler, prediction_service_pb2_grpc.PredictionService
             item = response.result.classifications.add()
             for label, score in pairs:
                 item.classes.add(label=label, score=score)
-        response.model_spec.name = servable.name
-        response.model_spec.version.value = servable.version
-        response.model_spec.signature_name = sig.name
+        _stamp(response, servable, sig.name)
         return response, len(examples)
 
     async def Regress(self, request, context):
         return await self._call("regress", request, context, self._regress)
 
     async def _regress(self, request):
-        return await asyncio.get_running_loop().run_in_executor(None, self._regress_sync,
-                                                                request)
+        return await _off_loop(self._regress_sync, request)
 
     def _regress_sync(self, request):
         spec = _spec(request.model_spec)
@@ -161,9 +154,7 @@ class PredictionServicer(_Handler, prediction_service_pb2_grpc.PredictionService
         response = regression_pb2.RegressionResponse()
         for value in self.service.regress(servable, sig, examples):
             response.result.regressions.add(value=value)
-        response.model_spec.name = servable.name
-        response.model_spec.version.value = servable.version
-        response.model_spec.signature_name = sig.name
+        _stamp(response, servable, sig.name)
         return response, len(examples)
 
 
@@ -180,6 +171,18 @@ class ModelServicer(_Handler, model_service_pb2_grpc.ModelServiceServicer):
             item.status.error_code = _error_code(s.error_code)
             item.status.error_message = s.error_message
         return response, 0
+
+
+def _stamp(response, servable, signature_name: str) -> None:
+    """The model spec TF Serving puts in every response: name, version, signature."""
+    response.model_spec.name = servable.name
+    response.model_spec.version.value = servable.version
+    response.model_spec.signature_name = signature_name
+
+
+async def _off_loop(fn, request):
+    """Run a blocking handler (one that calls the model) off the event loop."""
+    return await asyncio.get_running_loop().run_in_executor(None, fn, request)
 
 
 def _error_code(name: str) -> int:
