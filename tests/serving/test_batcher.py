@@ -165,3 +165,50 @@ def test_the_timeout_runs_from_the_oldest_request_not_from_when_the_model_is_fre
     # the second request waited longer than the timeout while the model was busy: it runs
     # at once, not 300 ms after the model became free
     assert starts[1] - done < 0.15
+
+
+def test_many_shapes_share_one_pool_of_threads_and_a_bounded_number_of_queues():
+    # Issue 10 item 1: each new shape used to start num_batch_threads threads, never freed.
+    params = BatchingParameters(max_batch_size=8, batch_timeout_micros=0, num_batch_threads=2)
+    batcher = Batcher(params, max_queues=4)
+    before = threading.active_count()
+    for width in range(1, 21):  # 20 shapes, one at a time: old queues are empty, evicted
+        out = batcher.run(("m", 1, "s"), "m", _Model(), {"x": np.ones((1, width), np.float32)},
+                          timeout_s=5)
+        np.testing.assert_array_equal(out["y"], np.full((1, width), 2.0))
+    assert batcher.thread_count == 2 and threading.active_count() - before == 2
+    assert batcher.queue_count == 4
+
+
+def test_a_new_shape_is_refused_when_every_queue_holds_waiting_requests():
+    params = BatchingParameters(max_batch_size=8, batch_timeout_micros=2_000_000,
+                                num_batch_threads=1)
+    batcher = Batcher(params, max_queues=2)
+    model = _Model()
+    waiting = [batcher.submit(("m", 1, "s"), "m", model, {"x": np.ones((1, w), np.float32)})
+               for w in (1, 2)]  # both wait 2 s for their batches to fill
+    with pytest.raises(ServingError) as e:
+        batcher.submit(("m", 1, "s"), "m", model, {"x": np.ones((1, 3), np.float32)})
+    assert e.value.code == grpc.StatusCode.UNAVAILABLE and "Too many batch queues" in \
+        e.value.message
+    batcher.close()  # closing runs what waits at once
+    assert [f.result(5)["y"].shape for f in waiting] == [(1, 1), (1, 2)]
+
+
+def test_idle_queues_are_dropped_when_a_new_one_is_made():
+    params = BatchingParameters(max_batch_size=8, batch_timeout_micros=0, num_batch_threads=1)
+    batcher = Batcher(params, idle_queue_s=0.05)
+    batcher.run(("m", 1, "s"), "m", _Model(), {"x": np.ones((1, 1), np.float32)}, timeout_s=5)
+    time.sleep(0.1)
+    batcher.run(("m", 1, "s"), "m", _Model(), {"x": np.ones((1, 2), np.float32)}, timeout_s=5)
+    assert batcher.queue_count == 1
+
+
+def test_an_unloaded_versions_waiting_requests_still_run():
+    params = BatchingParameters(max_batch_size=8, batch_timeout_micros=5_000_000,
+                                num_batch_threads=1)
+    batcher = Batcher(params)
+    future = batcher.submit(("m", 1, "s"), "m", _Model(), {"x": np.ones((1, 1), np.float32)})
+    batcher.forget("m", 1)  # does not wait the 5 s timeout
+    assert future.result(2)["y"].tolist() == [[2.0]]
+    assert batcher.queue_count == 0
