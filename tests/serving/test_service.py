@@ -68,3 +68,24 @@ def test_a_request_cancelled_by_its_caller_is_not_reported_as_a_timeout():
 
     with pytest.raises(asyncio.CancelledError):
         asyncio.run(main())
+
+
+@pytest.mark.parametrize("x, message", [
+    (np.ones((1, 5), np.float32), "shape [1, 5] does not match the signature's [-1,1]"),
+    (np.ones((1, 1, 1), np.float32), "does not match the signature's [-1,1]"),
+    (np.ones((1, 1), np.float64), "Expected input x to be float but get double."),
+    (np.ones((1, 1), np.uint8), "Expected input x to be float but get uint8."),
+    (np.array([[b"a"]], object), "Expected input x to be float but get string."),
+    (np.ones((9, 1), np.float32), "9 rows is more than the limit of 8 rows per request"),
+])
+def test_bad_inputs_are_refused_before_they_make_a_batch_queue(x, message):
+    # Issue 10 items 1 and 6: a wrong shape used to make a queue (and threads) before the
+    # signature refused it; a wrong dtype was silently cast.
+    servable = _servable()
+    service = _service(batching=True, timeout_s=10)
+    service.max_rows = 8
+    with pytest.raises(ServingError) as e:
+        asyncio.run(service.predict_async(servable, servable.signatures["serving_default"],
+                                          {"x": x}))
+    assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT and message in e.value.message
+    assert service.batcher.queue_count == 0 and service.batcher.thread_count == 0

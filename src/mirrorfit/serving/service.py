@@ -15,6 +15,7 @@ from mirrorfit.serving.batcher import Batcher
 from mirrorfit.serving.errors import ServingError, invalid
 from mirrorfit.serving.loader import DEFAULT_SIGNATURE, LoadedVersion, Signature
 from mirrorfit.serving.repository import ModelRepository, VersionStatus
+from mirrorfit.serving.validation import MAX_ROWS, check_inputs, check_rows
 
 
 @dataclass(frozen=True)
@@ -31,10 +32,12 @@ class ModelService:
     """The operations both APIs serve, over a repository and an optional batcher."""
 
     def __init__(self, repository: ModelRepository, batcher: Batcher | None = None,
-                 timeout_s: float | None = None, model_threads: int = 2) -> None:
+                 timeout_s: float | None = None, model_threads: int = 2,
+                 max_rows: int = MAX_ROWS) -> None:
         self.repository = repository
         self.batcher = batcher
         self.timeout_s = timeout_s
+        self.max_rows = max_rows  # rows per request (--max_rows_per_request)
         # Unbatched model calls run on a few threads, not one per request: dozens of
         # concurrent TF calls on a few cores only fight over them.
         self._model_pool = ThreadPoolExecutor(max_workers=model_threads,
@@ -65,7 +68,7 @@ class ModelService:
     def predict(self, servable: LoadedVersion, sig: Signature, inputs: dict[str, np.ndarray],
                 output_filter: list[str] | None = None) -> dict[str, np.ndarray]:
         """Run ``sig`` on ``inputs`` (checked against its inputs), batched when enabled."""
-        _check_inputs(sig, inputs)
+        check_inputs(sig, inputs, self.max_rows)
         _check_filter(sig, output_filter)
         future = self._submit(servable, sig, inputs)
         try:
@@ -79,7 +82,7 @@ class ModelService:
                             inputs: dict[str, np.ndarray],
                             output_filter: list[str] | None = None) -> dict[str, np.ndarray]:
         """:meth:`predict` for an asyncio server: waits without holding a thread."""
-        _check_inputs(sig, inputs)
+        check_inputs(sig, inputs, self.max_rows)  # before it costs a queue or a thread
         _check_filter(sig, output_filter)
         loop = asyncio.get_running_loop()
         future = self._submit(servable, sig, inputs, loop)
@@ -117,6 +120,7 @@ class ModelService:
         """[(label, score), ...] per example, for a signature with one string input and
         ``classes`` and/or ``scores`` outputs (TF Serving's classifier contract)."""
         alias = _example_input(sig, "classify")
+        check_rows(len(examples), self.max_rows)
         if "classes" not in sig.outputs and "scores" not in sig.outputs:
             raise invalid(f"Expected classification signature outputs to contain classes or "
                           f"scores; signature {sig.name} has {','.join(sorted(sig.outputs))}")
@@ -139,6 +143,7 @@ class ModelService:
         """One value per example, for a signature with one string input and an ``outputs``
         output of shape [batch] or [batch, 1]."""
         alias = _example_input(sig, "regress")
+        check_rows(len(examples), self.max_rows)
         if "outputs" not in sig.outputs:
             raise invalid(f"No output named 'outputs' in regression signature {sig.name}")
         values = sig.run({alias: np.array(examples, dtype=object)})["outputs"]
@@ -157,15 +162,6 @@ def _check_filter(sig: Signature, output_filter: list[str] | None) -> None:
 
 def _filter(outputs: dict[str, np.ndarray], output_filter: list[str] | None) -> dict:
     return {a: outputs[a] for a in output_filter} if output_filter else outputs
-
-
-def _check_inputs(sig: Signature, inputs: dict[str, np.ndarray]) -> None:
-    want, got = set(sig.inputs), set(inputs)
-    if want != got:
-        raise invalid(f"input size does not match signature: {len(got)}!={len(want)} "
-                      f"len({{{','.join(sorted(got))}}}) != len({{{','.join(sorted(want))}}}). "
-                      f"Sent extra: {{{','.join(sorted(got - want))}}}. Missing but required: "
-                      f"{{{','.join(sorted(want - got))}}}.")
 
 
 def _example_input(sig: Signature, method: str) -> str:
