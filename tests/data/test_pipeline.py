@@ -48,3 +48,31 @@ def test_skip_resumes_exactly_where_a_run_stopped():
 def test_eval_sees_every_example_once_with_a_partial_last_batch():
     x, y = _data(1001)
     np.testing.assert_array_equal(_labels(eval_dataset(x, y, global_batch=64)), y)
+
+
+def test_epochs_are_generated_one_at_a_time():
+    # 2,000 epochs of 10,000 examples: all index arrays up front were 160 MB; one epoch is 80 kB.
+    import tracemalloc
+
+    x, y = _data(10_000)
+    src = train_batches(x, y, global_batch=100, seed=5)
+    tracemalloc.start()
+    try:
+        batches = src.dataset(start_epoch=0, epochs=2000).take(150).as_numpy_iterator()
+        labels = np.concatenate([by for _, by in batches])
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 20e6, f"{peak / 1e6:.0f} MB traced"
+    expected = np.concatenate([epoch_order(10_000, seed=5, epoch=e) for e in (0, 1)])[:15_000]
+    np.testing.assert_array_equal(labels, expected)  # the same order as before, across epochs
+
+
+def test_a_resume_skips_within_its_epoch_only():
+    x, y = _data(1000)
+    src = train_batches(x, y, global_batch=64, seed=3)
+    steps = src.steps_per_epoch
+    full = _labels(src.dataset(epochs=3))
+    np.testing.assert_array_equal(_labels(src.dataset(start_epoch=1, epochs=3, skip=steps - 1)),
+                                  full[(2 * steps - 1) * 64:])
+    assert src.order.global_batch == 64 and src.order.examples == 1000 and src.order.seed == 3

@@ -22,6 +22,16 @@ def epoch_order(num_examples: int, *, seed: int, epoch: int) -> np.ndarray:
     return np.random.default_rng([seed, epoch]).permutation(num_examples)
 
 
+@dataclass(frozen=True)
+class DataOrder:
+    """What fixes the examples each optimizer step sees. A checkpoint stores it: a resume with
+    another value would repeat or skip examples, so it is refused rather than silently wrong."""
+
+    seed: int
+    examples: int  # training examples (each epoch a permutation of them)
+    global_batch: int  # examples per optimizer step: the unit of the position (epoch, step)
+
+
 @dataclass(frozen=True, eq=False)
 class ShuffledBatches:
     """Training data: each epoch a seeded permutation of (x, y), cut into full global batches
@@ -37,16 +47,34 @@ class ShuffledBatches:
         """Optimizer steps (global batches) per epoch."""
         return len(self.x) // self.global_batch
 
+    @property
+    def order(self) -> DataOrder:
+        return DataOrder(seed=self.seed, examples=len(self.x), global_batch=self.global_batch)
+
+    def epoch_batches(self, epoch: int) -> np.ndarray:
+        """Example indices of ``epoch``, one row per global batch (int64, [steps, batch])."""
+        steps, batch = self.steps_per_epoch, self.global_batch
+        order = epoch_order(len(self.x), seed=self.seed, epoch=epoch)
+        return order[:steps * batch].reshape(steps, batch).astype(np.int64)
+
     def dataset(self, *, start_epoch: int = 0, epochs: int = 1, skip: int = 0) -> tf.data.Dataset:
         """Batches of epochs ``start_epoch``..``epochs - 1`` back to back, the first ``skip``
         batches left out (they were trained on before a resume)."""
-        steps = self.steps_per_epoch
-        # Only indices are shuffled (NumPy, cheap); images are gathered per batch.
-        index = np.stack([epoch_order(len(self.x), seed=self.seed, epoch=e)[:steps * self.global_batch]
-                          .reshape(steps, self.global_batch)
-                          for e in range(start_epoch, epochs)]).reshape(-1, self.global_batch)
+        if not 0 <= skip <= self.steps_per_epoch:
+            raise ValueError(f"skip {skip} is outside an epoch of {self.steps_per_epoch} steps")
+        # Only indices are shuffled (NumPy, cheap); images are gathered per batch. One epoch's
+        # indices at a time: all epochs up front would be 8 bytes x examples x epochs (~4 GB
+        # for 10,000 MNIST epochs).
+        steps, batch = self.steps_per_epoch, self.global_batch
+
+        def indices(epoch):
+            rows = tf.numpy_function(lambda e: self.epoch_batches(int(e)), [epoch], tf.int64,
+                                     stateful=False)
+            rows.set_shape([steps, batch])
+            return tf.data.Dataset.from_tensor_slices(rows)
+
         x, y = tf.constant(self.x), tf.constant(self.y)
-        ds = tf.data.Dataset.from_tensor_slices(index[skip:])
+        ds = tf.data.Dataset.range(start_epoch, epochs).flat_map(indices).skip(skip)
         ds = ds.map(lambda i: (tf.gather(x, i), tf.gather(y, i)),
                     num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
         return _finish(ds)
