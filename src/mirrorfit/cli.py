@@ -121,11 +121,17 @@ def _serve_parser(sub) -> None:
     add("--batching_parameters_file", help="text-format BatchingParameters")
     add("--monitoring_config_file", help="text-format MonitoringConfig (Prometheus path)")
     add("--rest_api_timeout_in_ms", type=int, default=30000)
-    add("--max_num_load_retries", type=int, default=5)
+    add("--max_num_load_retries", type=int, default=5,
+        help="retries of a failed version load after the first attempt (5)")
+    add("--load_retry_interval_micros", type=int, default=60_000_000,
+        help="microseconds between load retries (60 s)")
     add("--saved_model_tags", default="serve")
     add("--grpc_max_threads", type=int, default=256)
     add("--max_request_bytes", type=int, default=64 * 1024 * 1024,
-        help="largest REST body accepted (64 MiB); larger gets 413")
+        help="largest REST body (larger gets 413) or gRPC message (RESOURCE_EXHAUSTED) "
+             "accepted (64 MiB)")
+    add("--max_rows_per_request", type=int, default=1000,
+        help="most rows (examples) in one request (1000)")
     add("--log_level", default="info", choices=["debug", "info", "warning", "error"])
     add("--tensorflow_intra_op_parallelism", type=int, default=0,
         help="threads per op (0: TensorFlow's default)")

@@ -6,11 +6,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import traceback
 
 import grpc
 import numpy as np
-import tensorflow as tf
-from tensorflow.core.framework import tensor_pb2, tensor_shape_pb2, types_pb2
 from tensorflow_serving.apis import (classification_pb2, get_model_metadata_pb2,
                                      get_model_status_pb2, model_service_pb2_grpc, predict_pb2,
                                      prediction_service_pb2_grpc, regression_pb2)
@@ -18,16 +17,12 @@ from tensorflow_serving.apis import (classification_pb2, get_model_metadata_pb2,
 from mirrorfit.serving.errors import ServingError, invalid
 from mirrorfit.serving.metrics import ServerMetrics
 from mirrorfit.serving.service import DEFAULT_SIGNATURE, ModelService, Spec, merge_context
+from mirrorfit.serving.tensor_proto import from_tensor_proto, to_tensor_proto
+from mirrorfit.serving.validation import check_names
 
 log = logging.getLogger("mirrorfit.serving")
 
 _STATES = {"START": 10, "LOADING": 20, "AVAILABLE": 30, "UNLOADING": 40, "END": 50}
-_TYPED_FIELDS = {types_pb2.DT_FLOAT: "float_val", types_pb2.DT_DOUBLE: "double_val",
-                 types_pb2.DT_INT32: "int_val", types_pb2.DT_INT16: "int_val",
-                 types_pb2.DT_INT8: "int_val", types_pb2.DT_UINT8: "int_val",
-                 types_pb2.DT_INT64: "int64_val", types_pb2.DT_BOOL: "bool_val",
-                 types_pb2.DT_STRING: "string_val", types_pb2.DT_UINT32: "uint32_val",
-                 types_pb2.DT_UINT64: "uint64_val"}
 
 
 def _spec(model_spec) -> Spec:
@@ -36,25 +31,9 @@ def _spec(model_spec) -> Spec:
     return Spec(model_spec.name, version, label, model_spec.signature_name)
 
 
-def to_tensor_proto(value: np.ndarray) -> tensor_pb2.TensorProto:
-    """An output as TF Serving writes it by default: the typed ``*_val`` field."""
-    dtype = tf.as_dtype(value.dtype if value.dtype != object else tf.string).as_datatype_enum
-    proto = tensor_pb2.TensorProto(dtype=dtype, tensor_shape=tensor_shape_pb2.TensorShapeProto(
-        dim=[tensor_shape_pb2.TensorShapeProto.Dim(size=n) for n in value.shape]))
-    getattr(proto, _TYPED_FIELDS.get(dtype, "float_val")).extend(value.reshape(-1).tolist())
-    return proto
-
-
-def _from_tensor_proto(alias: str, proto: tensor_pb2.TensorProto) -> np.ndarray:
-    try:
-        return tf.make_ndarray(proto)
-    except (TypeError, ValueError) as e:
-        raise invalid(f"input {alias}: not a valid TensorProto ({e})") from None
-
-
 class _Handler:
-    """Common plumbing: run one RPC (an asyncio handler on grpc.aio), map ServingError to a
-    status, record metrics."""
+    """Common plumbing: run one RPC (an asyncio handler on grpc.aio), map ServingError to its
+    status and anything unexpected to INTERNAL (logged as one JSON line), record metrics."""
 
     def __init__(self, service: ModelService, metrics: ServerMetrics) -> None:
         self.service, self.metrics = service, metrics
@@ -65,10 +44,20 @@ class _Handler:
         try:
             response, examples = await handler(request)
         except ServingError as e:
-            self._record(model, api, e.code.name, start, 0)
-            await context.abort(e.code, e.message)
-        self._record(model, api, "OK", start, examples)
-        return response
+            code, message = e.code, e.message
+        except Exception as e:  # noqa: BLE001 - a bug or a resource error, never the client's
+            # One JSON line for the operator; nothing of Python's text for the client.
+            frame = traceback.extract_tb(e.__traceback__)[-1]
+            log.error("internal error", extra={
+                "entrypoint": "GRPC", "model": model, "api": api,
+                "error": f"{type(e).__name__}: {e}"[:500],
+                "where": f"{frame.filename}:{frame.lineno} in {frame.name}"})
+            code, message = grpc.StatusCode.INTERNAL, "Internal error; see the server log"
+        else:
+            self._record(model, api, "OK", start, examples)
+            return response
+        self._record(model, api, code.name, start, 0)
+        await context.abort(code, message)
 
     def _record(self, model, api, status, start, examples):
         elapsed = time.perf_counter() - start
@@ -85,7 +74,10 @@ class PredictionServicer(_Handler, prediction_service_pb2_grpc.PredictionService
     async def _predict(self, request):
         spec = _spec(request.model_spec)
         servable, sig = self.service.resolve_signature(spec, entrypoint="GRPC")
-        inputs = {k: _from_tensor_proto(k, v) for k, v in request.inputs.items()}
+        check_names(sig, request.inputs)
+        # each checked against the signature and its own declared size before it is decoded
+        inputs = {k: from_tensor_proto(sig.inputs[k], v, self.service.max_rows)
+                  for k, v in request.inputs.items()}
         outputs = await self.service.predict_async(servable, sig, inputs,
                                                    list(request.output_filter) or None)
         response = predict_pb2.PredictResponse()

@@ -42,9 +42,9 @@ class Signature:
             value = inputs[alias]
             try:
                 tensors[alias] = tf.convert_to_tensor(value, dtype=info.dtype)
-            except (TypeError, ValueError) as e:
-                raise invalid(f"input {alias}: cannot convert to {info.dtype.name}: {e}") \
-                    from None
+            except (TypeError, ValueError):  # (callers check dtypes first; Python's text
+                raise invalid(f"input {alias}: cannot convert to {info.dtype.name}") \
+                    from None                   # is no message for a client)
             _check_shape(alias, tensors[alias].shape, info.shape)
         try:
             out = self._fn(**tensors)

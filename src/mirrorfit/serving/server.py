@@ -41,11 +41,13 @@ class ServeConfig:
     monitoring_config_file: str | None = None
     rest_api_timeout_in_ms: int = 30000
     max_num_load_retries: int = 5
+    load_retry_interval_micros: int = 60_000_000  # TF Serving's default: 60 s between tries
     enable_model_warmup: bool = True
     saved_model_tags: str = "serve"
     rest_api_enable_cors_support: bool = False
     grpc_max_threads: int = 256
-    max_request_bytes: int = 64 * 1024 * 1024
+    max_request_bytes: int = 64 * 1024 * 1024  # REST bodies and gRPC messages
+    max_rows_per_request: int = 1000  # see serving.validation.MAX_ROWS
     shutdown_grace_seconds: float = 10.0
     tensorflow_intra_op_parallelism: int = 0  # 0: TensorFlow's default (all cores)
     tensorflow_inter_op_parallelism: int = 0
@@ -85,9 +87,11 @@ def build(config: ServeConfig):
         configs, loader=partial(_load, tags=config.saved_model_tags,
                                 warmup=config.enable_model_warmup),
         max_load_retries=config.max_num_load_retries,
+        retry_interval_s=config.load_retry_interval_micros / 1e6,
         on_unload=partial(_unload, batcher))
     repository.poll_once()
-    service = ModelService(repository, batcher, timeout_s=config.rest_api_timeout_in_ms / 1e3)
+    service = ModelService(repository, batcher, timeout_s=config.rest_api_timeout_in_ms / 1e3,
+                           max_rows=config.max_rows_per_request)
     return repository, service, metrics, metrics_path
 
 
@@ -151,7 +155,10 @@ async def _serve(config: ServeConfig, service: ModelService, metrics: ServerMetr
     from mirrorfit.serving.grpc_service import add_services
     from mirrorfit.serving.rest import RestApi
 
-    grpc_server = grpc.aio.server(options=[("grpc.max_receive_message_length", 2 ** 31 - 1),
+    # --max_request_bytes bounds gRPC messages too (TF Serving allows 2 GiB): a larger one is
+    # refused by gRPC itself with RESOURCE_EXHAUSTED before it is read into memory.
+    grpc_server = grpc.aio.server(options=[("grpc.max_receive_message_length",
+                                            min(config.max_request_bytes, 2 ** 31 - 1)),
                                            ("grpc.max_send_message_length", 2 ** 31 - 1)])
     add_services(grpc_server, service, metrics)
     try:
