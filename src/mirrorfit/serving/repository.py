@@ -4,16 +4,26 @@ A poll (every ``--file_system_poll_wait_seconds``) lists each model's numeric ve
 applies the version policy, loads and warms up new versions *before* they take traffic, and only
 then unloads the versions the policy no longer wants. The table requests read is replaced
 whole (copy on write), so a request holds the version it resolved until it finishes: no request
-fails during a swap. A version that fails to load is shown in the status and never served; it is retried on later
-polls (``--max_num_load_retries``) while the newest version that did load keeps serving. (TF
-Serving would serve nothing at start-up when the newest version is broken; passing over it to
-the previous one is a deliberate difference.)
+fails during a swap.
+
+A version that fails to load is shown in the status and never served, while the newest version
+that did load keeps serving. As in TF Serving it is retried ``--max_num_load_retries`` times
+after the first attempt, ``--load_retry_interval_micros`` apart. Having given up, it is tried
+again once its folder changes (a slow, non-atomic copy that has since completed). (TF Serving
+would serve nothing at start-up when the newest version is broken; passing over it to the
+previous one is a deliberate difference.)
+
+A version folder's name is ASCII digits that fit in int64 (``00000123`` is 123), as TF
+Serving's ``SimpleAtoi`` reads it; any other name (``²``, ``٣``, ``.tmp-0009``) is ignored.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import re
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -38,6 +48,15 @@ class VersionStatus:
     error_message: str = ""
 
 
+@dataclass(frozen=True)
+class _Failure:
+    """A version that failed to load: when it may be tried again, and on what content."""
+
+    retries: int  # attempts after the first one, on this content
+    next_try: float  # clock time
+    content: int  # a hash of the folder's files (names, sizes, mtimes) when it failed
+
+
 Loader = Callable[[str, int, str], LoadedVersion]  # (name, version, path) -> loaded
 
 
@@ -45,15 +64,19 @@ class ModelRepository:
     """Serves the models in ``configs``; ``loader`` loads one version folder."""
 
     def __init__(self, configs: list[ModelConfig], *, loader: Loader,
-                 max_load_retries: int = 5,
+                 max_load_retries: int = 5, retry_interval_s: float = 60.0,
+                 clock: Callable[[], float] = time.monotonic,
                  on_unload: Callable[[str, int], None] = lambda name, version: None) -> None:
         self.configs = {c.name: c for c in configs}
         self._loader = loader
         self._on_unload = on_unload
         self._max_retries = max_load_retries
+        self._retry_interval_s = retry_interval_s
+        self._clock = clock
+        self._folders: dict[str, dict[int, str]] = {}  # last listing: version -> folder name
         self._live: dict[str, dict[int, LoadedVersion]] = {c.name: {} for c in configs}
         self._status: dict[str, dict[int, VersionStatus]] = {c.name: {} for c in configs}
-        self._failures: dict[tuple[str, int], int] = {}
+        self._failures: dict[tuple[str, int], _Failure] = {}
         self._lock = threading.Lock()  # guards writers; readers take a reference to a table
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -91,17 +114,28 @@ class ModelRepository:
         return all(self._live[name] for name in self.configs)
 
     # ---- polling -----------------------------------------------------------------------
-    def poll_once(self) -> None:
-        """Bring every model in line with what is on disk and its policy."""
+    def poll_once(self, rescan: bool = True) -> None:
+        """Bring every model in line with what is on disk and its policy (with ``rescan``
+        False, only retry the versions seen last time). A model whose folder cannot be read
+        is logged and left as it is; the others go on."""
         for config in self.configs.values():
-            self._sync(config)
+            try:
+                self._sync(config, rescan)
+            except OSError as e:
+                log.error("poll failed", extra={"model": config.name, "path": config.base_path,
+                                                "error": f"{type(e).__name__}: {e}"[:500]})
 
-    def _sync(self, config: ModelConfig) -> None:
+    def _sync(self, config: ModelConfig, rescan: bool = True) -> None:
         name = config.name
-        on_disk = _numeric_versions(Path(config.base_path))
+        if rescan or name not in self._folders:
+            self._folders[name] = _version_folders(Path(config.base_path))
+        folders = self._folders[name]
+        on_disk = sorted(folders)
+        for key in [k for k in self._failures if k[0] == name and k[1] not in folders]:
+            del self._failures[key]  # gone from disk: a new copy starts afresh
+        now = self._clock()
         for version in config.policy.select(on_disk):  # retry broken versions the policy wants
-            tries = self._failures.get((name, version), 0)
-            if 0 < tries < self._max_retries and version not in self._live[name]:
+            if version not in self._live[name] and self._retry_due(config, version, now):
                 self._load(config, version)
         # Versions that failed are passed over, so an older good one keeps (or starts) serving:
         # select again after each failure (at most once per version on disk).
@@ -118,20 +152,42 @@ class ModelRepository:
             for version in unwanted:  # only once a wanted one serves: availability first
                 self._unload(name, version)
 
+    def _retry_due(self, config: ModelConfig, version: int, now: float) -> bool:
+        failure = self._failures.get((config.name, version))
+        if failure is None or now < failure.next_try:
+            return False
+        return failure.retries < self._max_retries or \
+            _content(self._path(config, version)) != failure.content
+
+    def next_retry_in(self) -> float | None:
+        """Seconds until a failed version is due for a retry (None: none left to retry
+        unless its folder changes)."""
+        due = [f.next_try for f in self._failures.values() if f.retries < self._max_retries]
+        return max(0.0, min(due) - self._clock()) if due else None
+
+    def _path(self, config: ModelConfig, version: int) -> Path:
+        return Path(config.base_path) / self._folders[config.name].get(version, str(version))
+
     def _load(self, config: ModelConfig, version: int) -> None:
         name = config.name
         self._set_status(name, VersionStatus(version, LOADING))
-        path = str(Path(config.base_path) / _folder(Path(config.base_path), version))
-        log.info("loading", extra={"model": name, "version": version, "path": path})
+        path = self._path(config, version)
+        log.info("loading", extra={"model": name, "version": version, "path": str(path)})
         try:
-            loaded = self._loader(name, version, path)
+            loaded = self._loader(name, version, str(path))
         except Exception as e:  # noqa: BLE001 - any broken SavedModel: record, never serve
-            key = (name, version)
-            self._failures[key] = self._failures.get(key, 0) + 1
+            key, content = (name, version), _content(path)
+            before = self._failures.get(key)
+            retries = before.retries + 1 if before and before.content == content else 0
+            self._failures[key] = _Failure(retries, self._clock() + self._retry_interval_s,
+                                           content)
             message = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e) else ''}"
             self._set_status(name, VersionStatus(version, END, "UNKNOWN", message[:500]))
+            left = max(0, self._max_retries - retries)
             log.error("load failed", extra={"model": name, "version": version,
-                                            "error": message[:500]})
+                                            "error": message[:500], "retries_left": left,
+                                            "retry_in_s": self._retry_interval_s if left
+                                            else None})
             return
         self._failures.pop((name, version), None)
         with self._lock:
@@ -157,16 +213,20 @@ class ModelRepository:
 
     def start_polling(self, interval_s: float) -> None:
         """Poll every ``interval_s`` seconds in a background thread (TF Serving: 0 = poll
-        once at start, which the caller did; negative = never)."""
-        if interval_s <= 0:
-            return
+        once at start, which the caller did; negative = never), and sooner when a failed
+        version is due for a retry (retries run with polling off too, on the versions seen)."""
+
+        def wait_s() -> float | None:
+            waits = [w for w in (interval_s if interval_s > 0 else None, self.next_retry_in())
+                     if w is not None]
+            return min(waits) if waits else None
 
         def loop() -> None:
-            while not self._stop.wait(interval_s):
+            while (wait := wait_s()) is not None and not self._stop.wait(wait):
                 try:
-                    self.poll_once()
-                except Exception:  # noqa: BLE001 - keep serving what is loaded
-                    log.exception("poll failed")
+                    self.poll_once(rescan=interval_s > 0)
+                except Exception as e:  # noqa: BLE001 - keep serving what is loaded
+                    log.error("poll failed", extra={"error": f"{type(e).__name__}: {e}"[:500]})
 
         self._thread = threading.Thread(target=loop, name="model-poller", daemon=True)
         self._thread.start()
@@ -177,22 +237,33 @@ class ModelRepository:
             self._thread.join(timeout=5)
 
 
-def _numeric_versions(base: Path) -> list[int]:
-    """Child folders whose names parse as int64 (``00000123`` is 123), as TF Serving reads."""
+_VERSION = re.compile(r"[0-9]+")  # ASCII only: str.isdigit() also takes "²" and "٣"
+
+
+def _version_folders(base: Path) -> dict[int, str]:
+    """Version -> folder name, for child folders named by an int64 (``00000123`` is 123),
+    as TF Serving reads them. Where two names give one number, the first in order wins."""
     if not base.is_dir():
-        return []
-    out = []
-    for child in base.iterdir():
-        if child.is_dir() and child.name.isdigit() and int(child.name) < 2 ** 63:
-            out.append(int(child.name))
-    return sorted(set(out))
+        return {}
+    out: dict[int, str] = {}
+    for child in sorted(base.iterdir()):
+        if _VERSION.fullmatch(child.name) and int(child.name) < 2 ** 63 and child.is_dir():
+            out.setdefault(int(child.name), child.name)
+    return out
 
 
-def _folder(base: Path, version: int) -> str:
-    for child in base.iterdir():
-        if child.name.isdigit() and int(child.name) == version:
-            return child.name
-    return str(version)
+def _content(path: Path) -> int:
+    """A hash of the files under ``path`` (names, sizes, mtimes): changes as a copy goes on."""
+    entries = []
+    for root, _, files in os.walk(path):
+        for f in files:
+            try:
+                st = os.stat(os.path.join(root, f))
+            except OSError:  # removed while we looked
+                continue
+            entries.append((os.path.relpath(os.path.join(root, f), path), st.st_size,
+                            st.st_mtime_ns))
+    return hash(tuple(sorted(entries)))
 
 
 __all__ = ["ModelRepository", "VersionStatus", "START", "LOADING", "AVAILABLE", "UNLOADING",
