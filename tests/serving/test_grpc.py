@@ -174,3 +174,101 @@ def test_metadata_field_is_required(stubs):
     with pytest.raises(grpc.RpcError) as info:
         predict.GetModelMetadata(request, timeout=30)
     assert "must specify at least one metadata_field" in info.value.details()
+
+
+def _raw_request(name, signature, alias, proto):
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name = name
+    request.model_spec.signature_name = signature
+    request.inputs[alias].CopyFrom(proto)
+    return request
+
+
+def _declared(dtype, dims, **values):
+    proto = tf.make_tensor_proto(np.zeros(0, np.float32))  # then overwritten
+    proto.Clear()
+    proto.dtype = dtype
+    for n in dims:
+        proto.tensor_shape.dim.add(size=n)
+    for field, vals in values.items():
+        if field == "tensor_content":
+            proto.tensor_content = vals
+        else:
+            getattr(proto, field).extend(vals)
+    return proto
+
+
+@pytest.mark.parametrize("request_, message", [
+    # issue 10 item 6: DT_FLOAT for an int32 input was silently cast
+    (lambda: _raw_request("multi", "ints", "ids",
+                          tf.make_tensor_proto(np.ones((1, 3), np.float32))),
+     "Expected input ids to be int32 but get float."),
+    # item 2: 18 bytes declaring a 3 GB tensor became a zero array
+    (lambda: _raw_request("mnist", "", "images", _declared(1, [1000000, 28, 28])),
+     "input images: 1000000 rows is more than the limit of 1000 rows per request"),
+    (lambda: _raw_request("mnist", "", "images", _declared(1, [2, 28, 28], float_val=[0.5])),
+     "tensor parsing error: images (tensor_shape [2, 28, 28] needs 1568 entries in float_val; "
+     "the request has 1)"),
+    (lambda: _raw_request("mnist", "", "images",
+                          _declared(1, [1, 28, 28], tensor_content=b"\0" * 12)),
+     "tensor parsing error: images (tensor_shape [1, 28, 28] needs 3136 bytes of "
+     "tensor_content; the request has 12)"),
+    (lambda: _raw_request("mnist", "", "images", _declared(1, [1, -1, 28])),
+     "dimensions must be >= 0"),
+])
+def test_bad_tensor_protos_are_invalid_argument(stubs, request_, message):
+    predict, _ = stubs
+    with pytest.raises(grpc.RpcError) as info:
+        predict.Predict(request_(), timeout=30)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert message in info.value.details()
+
+
+def test_max_request_bytes_applies_to_grpc(stubs):
+    # the module's server runs with --max_request_bytes=1000000; gRPC's own limit was 2 GiB
+    predict, _ = stubs
+    images = np.zeros((400, 28, 28), np.float32)  # 1.25 MB
+    with pytest.raises(grpc.RpcError) as info:
+        predict.Predict(_predict_request("mnist", images), timeout=30)
+    assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+def test_an_unexpected_error_is_internal_with_one_log_line_and_no_python_text(caplog):
+    # item 5: any exception used to reach the client as UNKNOWN with Python's text
+    import asyncio
+
+    from mirrorfit.serving.grpc_service import PredictionServicer
+
+    class Context:
+        async def abort(self, code, message):
+            self.code, self.message = code, message
+            raise grpc.aio.AbortError()
+
+    async def broken(request):
+        raise MemoryError("Unable to allocate 3.06 PiB for an array")
+
+    class Metrics:
+        def record(self, **kw):
+            self.status = kw["status"]
+
+    servicer, context = PredictionServicer(None, Metrics()), Context()
+    with pytest.raises(grpc.aio.AbortError):
+        asyncio.run(servicer._call("predict", predict_pb2.PredictRequest(), context, broken))
+    assert context.code == grpc.StatusCode.INTERNAL and "PiB" not in context.message
+    assert servicer.metrics.status == "INTERNAL"
+    [record] = [r for r in caplog.records if r.name == "mirrorfit.serving"]
+    assert record.levelname == "ERROR" and record.exc_info is None
+    assert "Unable to allocate" in record.error and record.where.endswith(" in broken")
+
+
+def test_values_out_of_range_for_a_small_int_dtype_are_invalid_argument():
+    from mirrorfit.serving.errors import ServingError
+    from mirrorfit.serving.loader import TensorInfo
+    from mirrorfit.serving.tensor_proto import from_tensor_proto
+
+    info = TensorInfo("pixels", tf.uint8, (None, 2))
+    ok = from_tensor_proto(info, _declared(4, [1, 2], int_val=[0, 255]), max_rows=10)
+    assert ok.dtype == np.uint8 and ok.tolist() == [[0, 255]]
+    with pytest.raises(ServingError, match=r"tensor parsing error: pixels \(values out of "
+                                           r"range for uint8\)"):
+        from_tensor_proto(info, _declared(4, [1, 2], int_val=[0, 300]), max_rows=10)
