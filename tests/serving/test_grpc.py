@@ -272,3 +272,24 @@ def test_values_out_of_range_for_a_small_int_dtype_are_invalid_argument():
     with pytest.raises(ServingError, match=r"tensor parsing error: pixels \(values out of "
                                            r"range for uint8\)"):
         from_tensor_proto(info, _declared(4, [1, 2], int_val=[0, 300]), max_rows=10)
+
+
+@pytest.mark.parametrize("method, body, code, message", [
+    ("PredictionService/Predict", b"\xff\xff\xff garbage", grpc.StatusCode.INVALID_ARGUMENT,
+     "Failed to parse the request as tensorflow.serving.PredictRequest"),
+    ("PredictionService/MultiInference", b"", grpc.StatusCode.UNIMPLEMENTED,
+     "MultiInference is not implemented by this server"),
+    ("ModelService/HandleReloadConfigRequest", b"", grpc.StatusCode.UNIMPLEMENTED,
+     "HandleReloadConfigRequest is not implemented"),
+])
+def test_garbage_and_unimplemented_methods_get_a_status_without_python_text(server, method,
+                                                                              body, code,
+                                                                              message):
+    # grpc's own answers were UNKNOWN "Unexpected <class '...DecodeError'>: ..." and
+    # UNIMPLEMENTED "Unexpected <class 'NotImplementedError'>: ..."
+    with grpc.insecure_channel(server.grpc_target) as channel:
+        call = channel.unary_unary(f"/tensorflow.serving.{method}")
+        with pytest.raises(grpc.RpcError) as info:
+            call(body, timeout=30)
+    assert info.value.code() == code and message in info.value.details()
+    assert "class" not in info.value.details()

@@ -10,8 +10,10 @@ import traceback
 
 import grpc
 import numpy as np
+from google.protobuf import message_factory
 from tensorflow_serving.apis import (classification_pb2, get_model_metadata_pb2,
-                                     get_model_status_pb2, model_service_pb2_grpc, predict_pb2,
+                                     get_model_status_pb2, model_service_pb2,
+                                     model_service_pb2_grpc, predict_pb2, prediction_service_pb2,
                                      prediction_service_pb2_grpc, regression_pb2)
 
 from mirrorfit.serving.errors import ServingError, invalid
@@ -42,6 +44,8 @@ class _Handler:
         start = time.perf_counter()
         model = request.model_spec.name if hasattr(request, "model_spec") else ""
         try:
+            if isinstance(request, _Unparsable):
+                raise invalid(f"Failed to parse the request as {request.type_name}")
             response, examples = await handler(request)
         except ServingError as e:
             code, message = e.code, e.message
@@ -88,6 +92,10 @@ class PredictionServicer(_Handler, prediction_service_pb2_grpc.PredictionService
 
     async def GetModelMetadata(self, request, context):
         return await self._call("metadata", request, context, self._metadata)
+
+    async def MultiInference(self, request, context):
+        return await self._call("multi_inference", request, context,
+                                _unimplemented("MultiInference"))
 
     async def _metadata(self, request):
         if not request.metadata_field:
@@ -164,6 +172,10 @@ class ModelServicer(_Handler, model_service_pb2_grpc.ModelServiceServicer):
             item.status.error_message = s.error_message
         return response, 0
 
+    async def HandleReloadConfigRequest(self, request, context):
+        return await self._call("reload_config", request, context,
+                                _unimplemented("HandleReloadConfigRequest"))
+
 
 def _stamp(response, servable, signature_name: str) -> None:
     """The model spec TF Serving puts in every response: name, version, signature."""
@@ -181,11 +193,48 @@ def _error_code(name: str) -> int:
     return grpc.StatusCode[name].value[0] if name in grpc.StatusCode.__members__ else 2
 
 
+def _unimplemented(method: str):
+    async def handler(request):
+        raise ServingError(grpc.StatusCode.UNIMPLEMENTED, f"{method} is not implemented by "
+                                                          "this server")
+    return handler
+
+
+class _Unparsable:
+    """A request body that is not the method's message: the client's error, answered with
+    INVALID_ARGUMENT (grpc's own deserializer failure is UNKNOWN with Python's text)."""
+
+    def __init__(self, type_name: str) -> None:
+        self.type_name = type_name
+
+
+def _parser(message_class):
+    def parse(raw: bytes):
+        try:
+            return message_class.FromString(raw)
+        except Exception:  # noqa: BLE001 - DecodeError, nesting too deep: any bad bytes
+            return _Unparsable(message_class.DESCRIPTOR.full_name)
+    return parse
+
+
+def _register(server: grpc.Server, descriptor, servicer) -> None:
+    """Every method of ``descriptor`` on ``servicer``, with :func:`_parser` requests."""
+    handlers = {}
+    for method in descriptor.methods:
+        handlers[method.name] = grpc.unary_unary_rpc_method_handler(
+            getattr(servicer, method.name),
+            request_deserializer=_parser(message_factory.GetMessageClass(method.input_type)),
+            response_serializer=message_factory.GetMessageClass(
+                method.output_type).SerializeToString)
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler(descriptor.full_name, handlers),))
+
+
 def add_services(server: grpc.Server, service: ModelService, metrics: ServerMetrics) -> None:
-    prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(
-        PredictionServicer(service, metrics), server)
-    model_service_pb2_grpc.add_ModelServiceServicer_to_server(
-        ModelServicer(service, metrics), server)
+    _register(server, prediction_service_pb2.DESCRIPTOR.services_by_name["PredictionService"],
+              PredictionServicer(service, metrics))
+    _register(server, model_service_pb2.DESCRIPTOR.services_by_name["ModelService"],
+              ModelServicer(service, metrics))
 
 
 __all__ = ["add_services", "to_tensor_proto"]
