@@ -21,18 +21,20 @@ _INT_RANGES = {tf.int8: (-2 ** 7, 2 ** 7 - 1), tf.int16: (-2 ** 15, 2 ** 15 - 1)
                tf.int32: (-2 ** 31, 2 ** 31 - 1), tf.uint8: (0, 255),
                tf.int64: (-2 ** 63, 2 ** 63 - 1), tf.uint32: (0, 2 ** 32 - 1),
                tf.uint64: (0, 2 ** 64 - 1)}
+MAX_DIMS = 64  # numpy's limit on an array's rank: a JSON value nested deeper cannot be a tensor
 _TYPE_NAMES = {tf.float32: "float", tf.float64: "double", tf.int8: "int8", tf.int16: "int16",
                tf.int32: "int32", tf.uint8: "uint8", tf.int64: "int64", tf.uint32: "uint32",
                tf.uint64: "uint64", tf.bool: "bool", tf.string: "string"}
 
 
 def parse_body(body: bytes) -> Any:
-    """JSON as TF Serving reads it: NaN/Infinity accepted, trailing bytes ignored."""
+    """JSON as TF Serving reads it: NaN/Infinity accepted, trailing bytes ignored, integers as
+    rapidjson stores them (see :func:`_parse_int`)."""
     text = body.decode("utf-8", errors="replace")
     if not text.strip():
         raise invalid("JSON Parse error: The document is empty")
     try:
-        value, _ = json.JSONDecoder().raw_decode(text.lstrip())
+        value, _ = json.JSONDecoder(parse_int=_parse_int).raw_decode(text.lstrip())
     except json.JSONDecodeError as e:
         raise invalid(f"JSON Parse error: {e.msg} at offset: {e.pos}") from None
     except RecursionError:
@@ -40,19 +42,63 @@ def parse_body(body: bytes) -> Any:
     return value
 
 
-def _dbg(value: Any) -> str:
-    text = json.dumps(value, separators=(",", ":"))
-    return text[:256]
+def _parse_int(text: str) -> int | float:
+    """An integer literal as rapidjson stores it: an int64 or uint64, else a double; beyond a
+    double's range it is a parse error. Checking the length first also keeps a literal of
+    thousands of digits away from Python's int() (which refuses over 4,300 digits)."""
+    if len(text) <= 20:  # the longest int64 / uint64 literal ("-9223372036854775808")
+        value = int(text)
+        if -2 ** 63 <= value < 2 ** 64:
+            return value
+    value = float(text)
+    if math.isinf(value):
+        shown = text if len(text) <= 40 else f"{text[:20]}... ({len(text)} characters)"
+        raise invalid(f"JSON Parse error: Number too big to be stored in double: {shown}")
+    return value
+
+
+def debug_json(value: Any, limit: int = 256) -> str:
+    """The first ``limit`` characters of ``value`` as compact JSON, as TF Serving quotes a bad
+    value. Written lazily, so a huge or deeply nested value costs no more than a small one."""
+    out, size = [], 0
+    for token in _tokens(value, limit):
+        out.append(token)
+        size += len(token)
+        if size >= limit:
+            break
+    return "".join(out)[:limit]
+
+
+def _tokens(value: Any, limit: int):
+    # Each level yields "[" or "{" before going deeper, so the caller stops this generator
+    # within ``limit`` levels: the recursion stays shallow whatever the nesting.
+    if isinstance(value, list):
+        yield "["
+        for i, item in enumerate(value):
+            if i:
+                yield ","
+            yield from _tokens(item, limit)
+        yield "]"
+    elif isinstance(value, dict):
+        yield "{"
+        for i, (key, item) in enumerate(value.items()):
+            yield ("," if i else "") + json.dumps(key[:limit]) + ":"
+            yield from _tokens(item, limit)
+        yield "}"
+    elif isinstance(value, str):
+        yield json.dumps(value[:limit])
+    else:
+        yield json.dumps(value)
 
 
 def predict_inputs(doc: Any, sig: Signature) -> tuple[dict[str, np.ndarray], bool]:
     """The input arrays of a :predict body, and whether it was the row format."""
     if not isinstance(doc, dict):
-        raise invalid(f"JSON Value: {_dbg(doc)} Is not object")
+        raise invalid(f"JSON Value: {debug_json(doc)} Is not object")
     has_rows, has_cols = "instances" in doc, "inputs" in doc
     if has_rows and has_cols:
-        raise invalid(f"JSON Value: {_dbg(doc)} Not formatted correctly expecting only one of "
-                      "'inputs' or 'instances' keys to exist ")
+        raise invalid(f"JSON Value: {debug_json(doc)} Not formatted correctly expecting only one "
+                      "of 'inputs' or 'instances' keys to exist ")
     if not has_rows and not has_cols:
         raise invalid("Missing 'inputs' or 'instances' key")
     if not sig.inputs:
@@ -93,7 +139,7 @@ def _rows(instances: Any, sig: Signature) -> dict[str, np.ndarray]:
                               f"input: {key}")
         if set(item) != keys:
             raise invalid(f"Failed to process element: {i} of 'instances' list. JSON object: "
-                          f"{_dbg(item)} keys must be equal to: {','.join(sorted(keys))}")
+                          f"{debug_json(item)} keys must be equal to: {','.join(sorted(keys))}")
         for key in keys:
             columns[key].append(item[key])
     return {k: _tensor(v, sig.inputs[k], batch=True) for k, v in columns.items()}
@@ -119,25 +165,31 @@ def _tensor(value: Any, info: TensorInfo, *, batch: bool) -> np.ndarray:
     dtype = info.dtype
     if dtype not in _TYPE_NAMES:
         raise ServingError(grpc.StatusCode.UNIMPLEMENTED,
-                           f"Conversion of JSON Value: {_dbg(value)} to type: {dtype.name}")
+                           f"Conversion of JSON Value: {debug_json(value)} to type: "
+                           f"{dtype.name}")
     if dtype.is_floating and isinstance(value, list):
         # Fast path for the common case, a regular nest of numbers (an image is 784 of them).
         # Anything else (ragged, strings, all-bool) falls through to the checked path.
         # Known leniency: a bool mixed among numbers is read as 0/1 here.
         try:
             arr = np.array(value)
-        except (ValueError, TypeError):
+        except (ValueError, TypeError, RecursionError):  # e.g. nested deeper than MAX_DIMS
             arr = None
         if arr is not None and arr.dtype.kind in "iuf" and arr.size:
-            return arr.astype(dtype.as_numpy_dtype)
+            with np.errstate(over="ignore"):  # past float max is +-inf, as TF Serving
+                return arr.astype(dtype.as_numpy_dtype)
     shape = _shape_of(value)
+    if len(shape) > MAX_DIMS:
+        raise invalid(f"JSON Value: {debug_json(value)} is a list nested {len(shape)} deep: "
+                      f"a tensor has at most {MAX_DIMS} dimensions here")
     flat: list = []
     _fill(value, shape, 0, flat, dtype)
     if batch and len(shape) == 0:
         shape = [len(flat)]
     if dtype == tf.string:
         return np.array(flat, dtype=object).reshape(shape)
-    return np.array(flat, dtype=dtype.as_numpy_dtype).reshape(shape)
+    with np.errstate(over="ignore"):
+        return np.array(flat, dtype=dtype.as_numpy_dtype).reshape(shape)
 
 
 def _shape_of(value: Any) -> list[int]:
@@ -162,39 +214,45 @@ def _fill(value: Any, shape: list[int], level: int, out: list, dtype: tf.DType) 
             _fill(item, shape, level + 1, out, dtype)
         return
     if level != len(shape):
-        raise invalid(f"JSON Value: {_dbg(value)} found at incorrect level: {level + 1} in the "
-                      f"JSON DOM. Expected at level: {len(shape) + 1}")
+        raise invalid(f"JSON Value: {debug_json(value)} found at incorrect level: {level + 1} "
+                      f"in the JSON DOM. Expected at level: {len(shape) + 1}")
     out.append(_scalar(value, dtype))
 
 
 def _scalar(value: Any, dtype: tf.DType):
-    kind = ("String" if isinstance(value, str) else "Object" if isinstance(value, dict)
-            else "Bool" if isinstance(value, bool) else "Null" if value is None else "Number")
-    wrong = invalid(f"JSON Value: {_dbg(value)} Type: {kind} is not of expected type: "
-                    f"{_TYPE_NAMES[dtype]}")
     if dtype == tf.string:
         if isinstance(value, str):
-            return value.encode()
+            return _utf8(value)
         if _is_b64(value):
-            try:
-                return base64.b64decode(value["b64"], validate=True)
-            except (binascii.Error, ValueError):
-                raise invalid("Unable to base64 decode") from None
-        raise wrong
-    if dtype == tf.bool:
+            return _b64decode(value["b64"])
+    elif dtype == tf.bool:
         if isinstance(value, bool):
             return value
-        raise wrong
-    if kind != "Number":
-        raise wrong
-    if dtype.is_floating:
-        return float(value)
-    if not isinstance(value, int):
-        raise wrong
-    low, high = _INT_RANGES[dtype]
-    if not low <= value <= high:
-        raise wrong
-    return value
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        if dtype.is_floating:
+            return float(value)
+        low, high = _INT_RANGES[dtype]
+        if isinstance(value, int) and low <= value <= high:
+            return value
+    kind = ("String" if isinstance(value, str) else "Object" if isinstance(value, dict)
+            else "Bool" if isinstance(value, bool) else "Null" if value is None else "Number")
+    raise invalid(f"JSON Value: {debug_json(value)} Type: {kind} is not of expected type: "
+                  f"{_TYPE_NAMES[dtype]}")
+
+
+def _utf8(text: str) -> bytes:
+    try:
+        return text.encode()
+    except UnicodeEncodeError:  # a lone surrogate escape such as "\ud800"
+        raise invalid(f"JSON Value: {debug_json(text)} is not valid UTF-8 (the surrogate pair "
+                      "in string is invalid)") from None
+
+
+def _b64decode(text: str) -> bytes:
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        raise invalid(f"Unable to base64 decode: {debug_json(text)}") from None
 
 
 def predict_response(outputs: dict[str, np.ndarray], row_format: bool) -> dict:
@@ -245,7 +303,7 @@ def _nest(flat: list, shape: tuple) -> Any:
 def examples(doc: Any, method: str) -> tuple[tf.train.Example | None, list[tf.train.Example]]:
     """(context, examples) of a :classify / :regress body as tf.Examples."""
     if not isinstance(doc, dict):
-        raise invalid(f"JSON Value: {_dbg(doc)} Is not object")
+        raise invalid(f"JSON Value: {debug_json(doc)} Is not object")
     if "examples" not in doc:
         raise invalid("When method is classify, key 'examples' is expected and was not found")
     items = doc["examples"]
@@ -279,16 +337,16 @@ def _example(obj: Any) -> tf.train.Example:
         kind = kinds.pop() if kinds else "float"
         if kind == "bytes":
             feature.bytes_list.value.extend(
-                base64.b64decode(v["b64"]) if _is_b64(v) else v.encode() for v in values)
+                _b64decode(v["b64"]) if _is_b64(v) else _utf8(v) for v in values)
         elif kind == "int64":
             for v in values:
                 if v > 2 ** 63 - 1:
                     raise invalid(f"Feature: {name} has uint64_t element. Only int64_t is "
-                                  "supported.")
+                                  f"supported. Got: {v}")
             feature.int64_list.value.extend(int(v) for v in values)
         else:
             feature.float_list.value.extend(float(v) for v in values)
     return example
 
 
-__all__ = ["parse_body", "predict_inputs", "predict_response", "examples"]
+__all__ = ["parse_body", "debug_json", "predict_inputs", "predict_response", "examples"]
