@@ -1,11 +1,15 @@
 """Prometheus metrics under TF Serving's names (``/`` -> ``:``), in a registry of the server's
 own (no process-wide state): request counts by model and status, request latency (µs) by model,
-API and entrypoint (REST or GRPC), processed batch sizes, and example counts."""
+API and entrypoint (REST or GRPC), processed batch sizes, and example counts.
+
+Requests for a model the server does not serve are all counted under one model name,
+UNKNOWN_MODEL: a client naming a new model per request must not grow the page."""
 
 from __future__ import annotations
 
 import threading
 from collections import Counter
+from collections.abc import Collection
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
@@ -13,6 +17,7 @@ LATENCY_BUCKETS_US = (100, 250, 500, 1e3, 2.5e3, 5e3, 1e4, 2.5e4, 5e4, 1e5, 2.5e
                       2.5e6, 5e6, 1e7)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+UNKNOWN_MODEL = "<unknown>"  # the model_name label of every name the server does not serve
 
 
 def _labels(**labels: str) -> str:
@@ -24,7 +29,10 @@ def _labels(**labels: str) -> str:
 class ServerMetrics:
     """Everything the server counts; ``exposition()`` is the Prometheus text page."""
 
-    def __init__(self) -> None:
+    def __init__(self, model_names: Collection[str] | None = None) -> None:
+        """``model_names``: the models served; others are recorded as UNKNOWN_MODEL (None:
+        every name as given)."""
+        self.model_names = frozenset(model_names) if model_names is not None else None
         self.registry = CollectorRegistry()
         # Counters are written by hand: prometheus_client renames counters to NAME_total,
         # and dashboards for TF Serving query its exact names.
@@ -48,6 +56,8 @@ class ServerMetrics:
                examples: int = 0) -> None:
         """One finished request: its model, API (predict, classify, ...), REST or GRPC, status
         code name (OK, INVALID_ARGUMENT, ...), wall time in seconds and example count."""
+        if self.model_names is not None and model not in self.model_names:
+            model = UNKNOWN_MODEL
         with self._lock:
             self._requests[(model, status)] += 1
             if examples:
@@ -73,4 +83,4 @@ class ServerMetrics:
         return ("\n".join(lines) + "\n").encode() + generate_latest(self.registry)
 
 
-__all__ = ["ServerMetrics", "CONTENT_TYPE"]
+__all__ = ["ServerMetrics", "CONTENT_TYPE", "UNKNOWN_MODEL"]

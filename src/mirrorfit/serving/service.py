@@ -4,6 +4,7 @@ regress. The REST and gRPC handlers translate their wire formats to these calls 
 from __future__ import annotations
 
 import asyncio
+import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -33,15 +34,14 @@ class ModelService:
 
     def __init__(self, repository: ModelRepository, batcher: Batcher | None = None,
                  timeout_s: float | None = None, model_threads: int = 2,
-                 max_rows: int = MAX_ROWS) -> None:
+                 max_rows: int = MAX_ROWS, max_in_flight: int = 64) -> None:
         self.repository = repository
         self.batcher = batcher
         self.timeout_s = timeout_s
         self.max_rows = max_rows  # rows per request (--max_rows_per_request)
         # Unbatched model calls run on a few threads, not one per request: dozens of
         # concurrent TF calls on a few cores only fight over them.
-        self._model_pool = ThreadPoolExecutor(max_workers=model_threads,
-                                              thread_name_prefix="model")
+        self._model_pool = _ModelPool(model_threads, max_in_flight)
 
     def status(self, spec: Spec) -> list[VersionStatus]:
         return self.repository.status(spec.name, spec.version)
@@ -70,13 +70,19 @@ class ModelService:
         """Run ``sig`` on ``inputs`` (checked against its inputs), batched when enabled."""
         check_inputs(sig, inputs, self.max_rows)
         _check_filter(sig, output_filter)
-        future = self._submit(servable, sig, inputs)
+        return _filter(self._wait(self._submit(servable, sig, inputs)), output_filter)
+
+    def _run(self, sig: Signature, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """An unbatched call (classify, regress) on the bounded model pool."""
+        return self._wait(self._model_pool.submit(sig.run, inputs))
+
+    def _wait(self, future: Future) -> dict[str, np.ndarray]:
         try:
-            outputs = future.result(self.timeout_s)
+            return future.result(self.timeout_s)
         except TimeoutError:
+            future.cancel()  # if it has not started, it never will: its slot is free again
             raise ServingError(grpc.StatusCode.DEADLINE_EXCEEDED, "Timed out running the "
                                "model") from None
-        return _filter(outputs, output_filter)
 
     async def predict_async(self, servable: LoadedVersion, sig: Signature,
                             inputs: dict[str, np.ndarray],
@@ -124,7 +130,7 @@ class ModelService:
         if "classes" not in sig.outputs and "scores" not in sig.outputs:
             raise invalid(f"Expected classification signature outputs to contain classes or "
                           f"scores; signature {sig.name} has {','.join(sorted(sig.outputs))}")
-        out = sig.run({alias: np.array(examples, dtype=object)})
+        out = self._run(sig, {alias: np.array(examples, dtype=object)})
         scores, classes = out.get("scores"), out.get("classes")
         n = len(examples)
         width = (scores if scores is not None else classes).reshape(n, -1).shape[1]
@@ -146,11 +152,36 @@ class ModelService:
         check_rows(len(examples), self.max_rows)
         if "outputs" not in sig.outputs:
             raise invalid(f"No output named 'outputs' in regression signature {sig.name}")
-        values = sig.run({alias: np.array(examples, dtype=object)})["outputs"]
+        values = self._run(sig, {alias: np.array(examples, dtype=object)})["outputs"]
         if values.ndim == 2 and values.shape[1] != 1 or values.ndim > 2:
             raise invalid(f"Expected output Tensor shape to be either [batch_size] or "
                           f"[batch_size, 1] but got {list(values.shape)}")
         return values.reshape(-1).astype(float).tolist()
+
+
+class _ModelPool:
+    """Unbatched model calls: ``threads`` run at once and at most ``max_in_flight`` run or
+    wait. One more is refused at once with UNAVAILABLE (HTTP 503), as TF Serving's full batch
+    queue is, instead of queueing (with its inputs in memory) without bound."""
+
+    def __init__(self, threads: int, max_in_flight: int) -> None:
+        self._executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="model")
+        self._slots = threading.BoundedSemaphore(max_in_flight)
+        self.max_in_flight = max_in_flight
+
+    def submit(self, fn, *args) -> Future:
+        if not self._slots.acquire(blocking=False):
+            raise ServingError(grpc.StatusCode.UNAVAILABLE, (
+                f"Server busy: {self.max_in_flight} model calls are already running or waiting "
+                "(--max_unbatched_in_flight); retry later"))
+        try:
+            future = self._executor.submit(fn, *args)
+        except BaseException:
+            self._slots.release()
+            raise
+        # done, failed or cancelled (a timed-out request that never started) frees the slot
+        future.add_done_callback(lambda _: self._slots.release())
+        return future
 
 
 def _check_filter(sig: Signature, output_filter: list[str] | None) -> None:
