@@ -105,3 +105,92 @@ def test_cli_export_and_evaluate_agree_with_training(tmp_path, mnist_dir):
         assert result["test_accuracy"] == pytest.approx(trained["test_accuracy"], abs=1e-4)
     missing = run_cli("evaluate", "--checkpoint-dir", str(tmp_path / "none"))
     assert missing.returncode == 2 and "no checkpoint in" in missing.stderr
+
+
+# -- names, full disks, crashes, power loss (issue 10) -----------------------------------------
+def _fsync_recorder(monkeypatch):
+    """Record the path of everything fsynced (and the order), still fsyncing it."""
+    import os
+
+    done, real = [], os.fsync
+
+    def fsync(fd):
+        done.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    return done
+
+
+def test_odd_names_and_a_file_named_like_a_version(tmp_path, model):
+    base = tmp_path / "m"
+    (base / "²").mkdir(parents=True)  # str.isdigit() says yes, int() says no
+    (base / "0003").mkdir()
+    (base / "0004").write_text("not a version")  # a file: a version cannot be renamed onto it
+    assert versions(base) == [3]
+    assert export_saved_model(model, base).name == "0005"
+    assert versions(base) == [3, 5]
+
+
+def test_a_full_disk_says_so_and_adds_nothing(tmp_path, model, monkeypatch):
+    from mirrorfit.errors import StorageError
+
+    base = tmp_path / "m"
+    export_saved_model(model, base)
+
+    def save(obj, path, **kwargs):  # as TensorFlow reports ENOSPC, after a partial write
+        (tmp_path / "m" / str(path).rsplit("/", 1)[-1] / "half").mkdir(parents=True)
+        raise tf.errors.ResourceExhaustedError(None, None,
+                                               f"{path}/variables; No space left on device")
+
+    monkeypatch.setattr(tf.saved_model, "save", save)
+    with pytest.raises(StorageError, match="disk full while writing the export") as e:
+        export_saved_model(model, base)
+    assert "memory" not in str(e.value)
+    assert sorted(p.name for p in base.iterdir()) == ["0001"]  # no temp folder left either
+
+
+def test_exports_and_keras_files_are_fsynced_before_the_rename(tmp_path, model, monkeypatch):
+    done = _fsync_recorder(monkeypatch)
+    path = export_saved_model(model, tmp_path / "m")
+    tmp = [p for p in done if "/.tmp-" in p][0].split("/.tmp-")[1].split("/")[0]
+    synced = {p.split(f"/.tmp-{tmp}/", 1)[1] for p in done if f"/.tmp-{tmp}/" in p}
+    files = {str(p.relative_to(path)) for p in path.rglob("*") if p.is_file()}
+    assert files and files <= synced
+    assert done[-1] == str(tmp_path / "m")  # the folder, after the rename
+
+    done.clear()
+    save_keras(model, tmp_path / "k.keras")
+    assert any(p.endswith(".keras") and "/.k.tmp-" in p for p in done)
+    assert done[-1] == str(tmp_path)
+
+
+def test_temp_folders_of_crashed_exports_are_removed(tmp_path, model):
+    import os
+    import subprocess
+    import sys
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True).stdout.strip()
+    base = tmp_path / "m"
+    (base / f".tmp-{dead}-abc" / "variables").mkdir(parents=True)  # its writer is gone
+    (base / f".tmp-{os.getppid()}-def").mkdir()  # a live process's export in progress: kept
+    (tmp_path / f".k.tmp-{dead}.keras").write_text("half")
+    export_saved_model(model, base)
+    save_keras(model, tmp_path / "k.keras")
+    assert sorted(p.name for p in base.iterdir()) == [f".tmp-{os.getppid()}-def", "0001"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["k.keras", "m"]
+
+
+def test_a_stop_before_the_commit_adds_no_version(tmp_path, model):
+    class Stop(Exception):
+        pass
+
+    def stop():
+        raise Stop
+
+    with pytest.raises(Stop):
+        export_saved_model(model, tmp_path / "m", before_commit=stop)
+    with pytest.raises(Stop):
+        save_keras(model, tmp_path / "k.keras", before_commit=stop)
+    assert [p.name for p in tmp_path.iterdir()] == ["m"] and not list((tmp_path / "m").iterdir())

@@ -1,12 +1,22 @@
-"""Small file helpers: atomic writes (temp file in the same folder, then rename)."""
+"""Small file helpers: durable atomic writes (temp in the same folder, fsync, rename, fsync the
+folder), leftovers of crashed writers, and a clear "disk full" instead of a traceback."""
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
+import re
+import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
+
+from mirrorfit.errors import StorageError
+
+_NO_SPACE = os.strerror(errno.ENOSPC)  # TensorFlow maps ENOSPC to ResourceExhaustedError
+_PID = re.compile(r"\.tmp-(\d+)")  # the writer's process id in a temp name: ".tmp-PID..."
 
 
 def write_bytes_atomic(path: str | Path, data: bytes) -> None:
@@ -14,7 +24,7 @@ def write_bytes_atomic(path: str | Path, data: bytes) -> None:
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "wb") as f:
+        with disk_full_hint(path), os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
@@ -22,8 +32,89 @@ def write_bytes_atomic(path: str | Path, data: bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    fsync_dir(path.parent)
 
 
 def write_json_atomic(path: str | Path, data: Any) -> None:
     """Write ``data`` as indented JSON, atomically."""
     write_bytes_atomic(path, (json.dumps(data, indent=2, sort_keys=True) + "\n").encode())
+
+
+def fsync_dir(path: str | Path) -> None:
+    """Make a rename or a new entry in folder ``path`` survive a power loss."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_tree(path: str | Path) -> None:
+    """fsync every file and folder under ``path`` (files written by TensorFlow or Keras, which
+    do not fsync), so that renaming ``path`` into place commits complete data."""
+    path = Path(path)
+    if path.is_file():
+        _fsync_file(path)
+        return
+    for folder, _, files in os.walk(path, topdown=False):
+        for name in files:
+            _fsync_file(Path(folder) / name)
+        fsync_dir(folder)
+
+
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def is_disk_full(error: BaseException) -> bool:
+    """True for ENOSPC, raised by Python (OSError) or by TensorFlow (its message says so)."""
+    if isinstance(error, OSError):
+        return error.errno in (errno.ENOSPC, errno.EDQUOT)
+    return _NO_SPACE in str(getattr(error, "message", error))
+
+
+@contextlib.contextmanager
+def disk_full_hint(what: str | Path, keep: str = "") -> Iterator[None]:
+    """Turn a full disk while writing ``what`` into one StorageError line; ``keep`` says what
+    is still intact (e.g. the previous checkpoint)."""
+    try:
+        yield
+    except StorageError:
+        raise
+    except Exception as e:
+        if not is_disk_full(e):
+            raise
+        raise StorageError(f"disk full while writing {what}{'; ' + keep if keep else ''}; "
+                           "free some space and rerun") from None
+
+
+def remove_stale_temps(folder: str | Path, pattern: str) -> list[Path]:
+    """Remove temp files/folders matching ``pattern`` in ``folder`` whose writer (the process
+    id in their name) is gone: leftovers of a crash. Another live writer's temps stay."""
+    folder, removed = Path(folder), []
+    if not folder.is_dir():
+        return removed
+    for p in folder.glob(pattern):
+        m = _PID.search(p.name)
+        if m and _alive(int(m.group(1))):
+            continue
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            p.unlink(missing_ok=True)
+        removed.append(p)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # exists, owned by someone else
+    return True

@@ -18,3 +18,7 @@ class ConfigError(MirrorfitError):
 
 class DataError(MirrorfitError):
     """The data set is missing or malformed."""
+
+
+class StorageError(MirrorfitError):
+    """A write that cannot complete (the disk is full); what was there before is kept."""
