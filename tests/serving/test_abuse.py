@@ -8,7 +8,19 @@ ready, and no traceback reaches its stderr.
 
 from __future__ import annotations
 
+import concurrent.futures
+import json
+import shutil
+import time
+from pathlib import Path
+
+import grpc
+import httpx
+import numpy as np
 import pytest
+import tensorflow as tf
+from tensorflow.core.framework import tensor_pb2, tensor_shape_pb2, types_pb2
+from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
 from serving_support import Server, model_root  # noqa: F401 - fixture
 
@@ -16,6 +28,301 @@ pytestmark = pytest.mark.slow
 
 
 # --- gRPC, batching and version polling (items 1, 2, 5 for gRPC, 6, 7) -------------------------
+
+MAX_ROWS = 64  # --max_rows_per_request for the module's server
+MAX_BYTES = 1_000_000  # --max_request_bytes
+
+
+def _save_pixels(path: Path) -> None:
+    """A uint8 image input (item 6) and a signature with a variable non-batch dimension
+    (item 1: each length in use is its own batch queue)."""
+
+    class Pixels(tf.Module):
+        @tf.function(input_signature=[tf.TensorSpec([None, 28, 28], tf.uint8, name="pixels")])
+        def brightness(self, pixels):
+            return {"brightness": tf.reduce_mean(tf.cast(pixels, tf.float32), axis=[1, 2])}
+
+        @tf.function(input_signature=[tf.TensorSpec([None, None], tf.float32, name="x")])
+        def total(self, x):
+            return {"total": tf.reduce_sum(x, axis=1)}
+
+    module = Pixels()
+    tf.saved_model.save(module, str(path),
+                        signatures={"serving_default": module.brightness, "seq": module.total})
+
+
+@pytest.fixture(scope="module")
+def hardened(model_root, tmp_path_factory):
+    """A server with batching on, small limits, and fast version polling and load retries."""
+    root = tmp_path_factory.mktemp("abuse")
+    _save_pixels(root / "pixels" / "1")
+    for name in ("²", "٣"):  # isdigit() is True for both: start-up used to crash on ²
+        (root / "pixels" / name).mkdir()
+    shutil.copytree(root / "pixels" / "1", root / "polled" / "0001")
+    (root / "models.config").write_text(f"""model_config_list {{
+  config {{ name: 'mnist' base_path: '{model_root / "mnist"}' }}
+  config {{ name: 'pixels' base_path: '{root / "pixels"}' }}
+  config {{ name: 'polled' base_path: '{root / "polled"}' }}
+}}""")
+    (root / "batching.config").write_text(
+        "max_batch_size { value: 32 } batch_timeout_micros { value: 2000 } "
+        "num_batch_threads { value: 2 } max_enqueued_batches { value: 100 }")
+    srv = Server([f"--model_config_file={root / 'models.config'}", "--enable_batching",
+                  f"--batching_parameters_file={root / 'batching.config'}",
+                  f"--max_request_bytes={MAX_BYTES}", f"--max_rows_per_request={MAX_ROWS}",
+                  "--file_system_poll_wait_seconds=0.2", "--max_num_load_retries=1",
+                  "--load_retry_interval_micros=200000"], root)
+    srv.models = root
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def channel(hardened):
+    with grpc.insecure_channel(hardened.grpc_target) as channel:
+        yield channel
+
+
+@pytest.fixture(scope="module")
+def stub(channel):
+    return prediction_service_pb2_grpc.PredictionServiceStub(channel)
+
+
+def _log_events(server, event: str, **fields) -> list[dict]:
+    """The server's JSON log lines for ``event`` (with ``fields``)."""
+    out = []
+    for line in server.log.read_text().splitlines():
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if entry.get("event") == event and all(entry.get(k) == v for k, v in fields.items()):
+            out.append(entry)
+    return out
+
+
+def _proc(server, field: str) -> int:
+    """A number from /proc/PID/status (Threads, VmRSS in kB)."""
+    for line in Path(f"/proc/{server.proc.pid}/status").read_text().splitlines():
+        if line.startswith(f"{field}:"):
+            return int(line.split()[1])
+    raise AssertionError(f"no {field} in /proc/{server.proc.pid}/status")
+
+
+def _request(model: str, alias: str, proto, signature: str = "") -> predict_pb2.PredictRequest:
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name = model
+    request.model_spec.signature_name = signature
+    request.inputs[alias].CopyFrom(proto)
+    return request
+
+
+def _declared(dtype, dims) -> tensor_pb2.TensorProto:
+    """A TensorProto declaring ``dims`` and holding no values."""
+    return tensor_pb2.TensorProto(dtype=dtype, tensor_shape=tensor_shape_pb2.TensorShapeProto(
+        dim=[tensor_shape_pb2.TensorShapeProto.Dim(size=n) for n in dims]))
+
+
+def _code(stub, request) -> grpc.StatusCode:
+    try:
+        stub.Predict(request, timeout=30)
+    except grpc.RpcError as e:
+        assert "Traceback" not in e.details() and "<class" not in e.details(), e.details()
+        return e.code()
+    return grpc.StatusCode.OK
+
+
+def _warm(server, stub) -> None:
+    """One good request per signature, both transports: batch threads and pools started."""
+    image = np.zeros((1, 28, 28), np.float32)
+    assert _code(stub, _request("mnist", "images", tf.make_tensor_proto(image))) == OK
+    assert _code(stub, _request("pixels", "pixels", tf.make_tensor_proto(
+        np.zeros((1, 28, 28), np.uint8)))) == OK
+    assert _code(stub, _request("pixels", "x", tf.make_tensor_proto(np.ones((1, 3), np.float32)),
+                                "seq")) == OK
+    assert httpx.post(f"{server.url}/v1/models/mnist:predict",
+                      json={"instances": image.tolist()}, timeout=30).status_code == 200
+
+
+OK, INVALID = grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_bad_shapes_make_no_batch_queues_or_threads(hardened, stub):
+    # Item 1: ten bad shapes took the server from 15 to 35 threads, never freed.
+    _warm(hardened, stub)
+    before = _proc(hardened, "Threads")
+    for i in range(20):
+        bad = np.zeros((1, 28, 8 + i), np.float32)
+        assert _code(stub, _request("mnist", "images", tf.make_tensor_proto(bad))) == INVALID
+        r = httpx.post(f"{hardened.url}/v1/models/mnist:predict",
+                       json={"instances": np.zeros((1, 5 + i)).tolist()}, timeout=30)
+        assert r.status_code == 400 and "does not match the signature" in r.json()["error"]
+    for n in range(1, 41):  # 40 lengths of a variable dimension: 40 queues, no new threads
+        x = tf.make_tensor_proto(np.ones((1, n), np.float32))
+        assert _code(stub, _request("pixels", "x", x, "seq")) == OK
+    # the batch threads are one shared pool (num_batch_threads = 2), started by _warm
+    assert _proc(hardened, "Threads") <= before, (before, _proc(hardened, "Threads"))
+
+
+def test_a_tiny_request_declaring_a_huge_tensor_allocates_nothing(hardened, stub):
+    # Item 2: 18 bytes declaring [1000000, 28, 28] became a 3 GB zero array.
+    rss = _proc(hardened, "VmRSS")
+    huge = _request("mnist", "images", _declared(types_pb2.DT_FLOAT, [1000000, 28, 28]))
+    assert huge.ByteSize() < 40
+    with pytest.raises(grpc.RpcError) as info:
+        stub.Predict(huge, timeout=30)
+    assert info.value.code() == INVALID
+    assert f"1000000 rows is more than the limit of {MAX_ROWS}" in info.value.details()
+    cases = [  # within the row limit, but declaring more than they hold
+        _request("mnist", "images", _declared(types_pb2.DT_FLOAT, [MAX_ROWS, 28, 28])),
+        _request("pixels", "x", _declared(types_pb2.DT_FLOAT, [1, 10 ** 12]), "seq"),
+        _request("pixels", "x", _declared(types_pb2.DT_FLOAT, [MAX_ROWS, 2 ** 62]), "seq")]
+    for request in cases:
+        with pytest.raises(grpc.RpcError) as info:
+            stub.Predict(request, timeout=30)
+        assert info.value.code() == INVALID and "tensor parsing error" in info.value.details()
+    rows = tf.make_tensor_proto(np.zeros((MAX_ROWS + 1, 28, 28), np.float32))  # 205 kB, real
+    assert _code(stub, _request("mnist", "images", rows)) == INVALID
+    big = tf.make_tensor_proto(np.zeros((1, MAX_BYTES // 4 + 1), np.float32))
+    assert _code(stub, _request("pixels", "x", big, "seq")) == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert _proc(hardened, "VmRSS") - rss < 50_000  # kB: nothing like the declared sizes
+
+
+def test_grpc_errors_are_tf_serving_codes_without_python_text(hardened, stub):
+    # Item 5 (gRPC): errors were UNKNOWN with Python's text ("could not convert string to
+    # float", "Unable to allocate 3.06 PiB").
+    text = tf.make_tensor_proto(np.array([[b"a"] * 28] * 28, object).reshape(1, 28, 28))
+    assert _code(stub, _request("mnist", "images", text)) == INVALID
+    assert _code(stub, _request("mnist", "images", _declared(types_pb2.DT_FLOAT,
+                                                             [2 ** 62, 2 ** 62]))) == INVALID
+    with grpc.insecure_channel(hardened.grpc_target) as channel:
+        raw = channel.unary_unary("/tensorflow.serving.PredictionService/Predict")
+        with pytest.raises(grpc.RpcError) as info:
+            raw(b"\x0a\xff\xff\xff\xff\x0f", timeout=30)
+    assert info.value.code() == INVALID and "Failed to parse" in info.value.details()
+
+
+def test_dtype_mismatches_are_refused_not_cast(hardened, stub):
+    # Item 6: DT_FLOAT sent to the uint8 input answered OK with an all-zero image's result.
+    floats = tf.make_tensor_proto(np.full((1, 28, 28), 0.9, np.float32))
+    with pytest.raises(grpc.RpcError) as info:
+        stub.Predict(_request("pixels", "pixels", floats), timeout=30)
+    assert info.value.code() == INVALID
+    assert info.value.details() == "Expected input pixels to be uint8 but get float."
+    over = _declared(types_pb2.DT_UINT8, [1, 28, 28])
+    over.int_val.extend([300] * 784)
+    with pytest.raises(grpc.RpcError) as info:
+        stub.Predict(_request("pixels", "pixels", over), timeout=30)
+    assert info.value.details() == "tensor parsing error: pixels (values out of range for uint8)"
+
+
+def _version_states(server, model: str) -> dict[int, str]:
+    r = httpx.get(f"{server.url}/v1/models/{model}", timeout=10)
+    return {int(s["version"]): s["state"] for s in r.json()["model_version_status"]}
+
+
+def _wait_for(predicate, timeout_s: float = 60):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.1)
+    raise AssertionError("timed out")
+
+
+def test_a_slow_copy_is_picked_up_once_complete(hardened):
+    # Item 7: a version that failed to load while half copied was dropped until restart.
+    base, source = hardened.models / "polled", hardened.models / "pixels" / "1"
+    half = base / "0002"
+    half.mkdir()
+    pb = (source / "saved_model.pb").read_bytes()
+    (half / "saved_model.pb").write_bytes(pb[:len(pb) // 2])
+    # the first attempt and --max_num_load_retries=1 retry, 0.2 s apart, both fail
+    _wait_for(lambda: len(_log_events(hardened, "load failed", model="polled")) >= 2)
+    time.sleep(0.6)  # no third attempt on unchanged content
+    failed = _log_events(hardened, "load failed", model="polled")
+    assert [e["retries_left"] for e in failed] == [1, 0]
+    assert _version_states(hardened, "polled") == {1: "AVAILABLE", 2: "END"}
+    shutil.copytree(source, half, dirs_exist_ok=True)  # the copy completes
+    _wait_for(lambda: _version_states(hardened, "polled").get(2) == "AVAILABLE")
+    r = httpx.post(f"{hardened.url}/v1/models/polled:predict",
+                   json={"instances": np.zeros((1, 28, 28), int).tolist()}, timeout=30)
+    assert r.status_code == 200
+    assert "Traceback" not in hardened.log.read_text()
+
+
+def _hostile(client, stub, raw, i: int):
+    """The i-th hostile request and the answers allowed for it: (gRPC code or HTTP status)."""
+    image = np.zeros((1, 28, 28), np.float32)
+    kind = i % 10
+    if kind == 0:  # a new wrong shape each time
+        return lambda: _code(stub, _request("mnist", "images", tf.make_tensor_proto(
+            np.zeros((1, 28, 29 + i % 200), np.float32)))), {INVALID}
+    if kind == 1:  # a float image for the uint8 input
+        return lambda: _code(stub, _request("pixels", "pixels", tf.make_tensor_proto(
+            image))), {INVALID}
+    if kind == 2:  # a huge declared shape
+        return lambda: _code(stub, _request("mnist", "images", _declared(
+            types_pb2.DT_FLOAT, [10 ** (i % 7 + 3), 28, 28]))), {INVALID}
+    if kind == 3:  # an unknown model (a new name each time)
+        return lambda: _code(stub, _request(f"nope{i}", "images", tf.make_tensor_proto(
+            image))), {grpc.StatusCode.NOT_FOUND}
+    if kind == 4:  # bytes that are no PredictRequest
+        return lambda: _raw_code(raw, bytes([0x0a, 0xff, i % 256, 0xff])), {INVALID}
+    if kind == 5:  # too many rows
+        return lambda: _code(stub, _request("mnist", "images", tf.make_tensor_proto(
+            np.zeros((MAX_ROWS + 1 + i % 5, 28, 28), np.float32)))), {INVALID}
+    if kind == 6:  # REST: a wrong shape
+        wrong = {"instances": np.zeros((1, 3 + i % 50)).tolist()}
+        return lambda: _post(client, "mnist", wrong), {400}
+    if kind == 7:  # REST: strings for a float input
+        return lambda: _post(client, "mnist", {"instances": [["x"] * 28] * 28}), {400}
+    if kind == 8:  # REST: an unknown model
+        return lambda: _post(client, f"nope{i}", {"instances": image.tolist()}), {404}
+    return lambda: _post(client, "mnist", b"{\"instances\": [[" + b"\xff" * (i % 64)), {400}
+
+
+def _raw_code(raw, body: bytes) -> grpc.StatusCode:
+    try:
+        raw(body, timeout=30)
+    except grpc.RpcError as e:
+        return e.code()
+    return grpc.StatusCode.OK
+
+
+def _post(client: httpx.Client, model: str, body) -> int:
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    return client.post(f"/v1/models/{model}:predict", content=content).status_code
+
+
+def test_a_thousand_hostile_requests_leave_the_server_as_it_was(hardened, channel, stub):
+    raw = channel.unary_unary("/tensorflow.serving.PredictionService/Predict")
+    _warm(hardened, stub)
+    with httpx.Client(base_url=hardened.url, timeout=30) as client:  # pooled connections
+        for i in range(20):  # one of each kind first: lazily made pools and caches exist
+            call, _ = _hostile(client, stub, raw, i)
+            call()
+        threads, rss = _proc(hardened, "Threads"), _proc(hardened, "VmRSS")
+        requests = [_hostile(client, stub, raw, i) for i in range(1000)]
+        start = time.monotonic()
+        with concurrent.futures.ThreadPoolExecutor(16) as pool:
+            answers = list(pool.map(lambda item: (item[0](), item[1]), requests))
+        elapsed = time.monotonic() - start
+    wrong = [(i, got, allowed) for i, (got, allowed) in enumerate(answers) if got not in allowed]
+    assert not wrong, wrong[:10]
+    # Threads: the batch pool, gRPC's and uvicorn's threads and TensorFlow's pools are all
+    # made by _warm and the first round; a hostile request must add none. Before the fix the
+    # 100 new shapes above added 2 batch threads each. The slack of 4 is for pools that grow
+    # on demand under concurrency (asyncio's default executor, anyio's thread pool).
+    assert _proc(hardened, "Threads") <= threads + 4, (threads, _proc(hardened, "Threads"))
+    # Memory: no request above may cost more than it carries; the largest carries 0.2 MB and
+    # 16 run at once: a few MB, plus allocator and gRPC buffer growth. 100 MB is far below a
+    # single declared tensor above (3 GB and more) and still catches a leak of 100 kB per
+    # request.
+    assert _proc(hardened, "VmRSS") - rss < 100_000, (rss, _proc(hardened, "VmRSS"))
+    assert httpx.get(f"{hardened.url}/readyz", timeout=10).status_code == 200
+    assert "Traceback" not in hardened.log.read_text()
+    assert elapsed < 60, elapsed
 
 
 # --- REST transport, limits and metrics (items 3, 4, 5 for REST) -------------------------------
