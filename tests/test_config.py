@@ -32,6 +32,22 @@ def test_train_table_is_accepted(tmp_path):
     assert c.replicas == 2 and c.devices == ("/cpu:0", "/cpu:1")
 
 
+def test_top_level_keys_and_train_table_are_merged(tmp_path):
+    """TOML puts keys written before a [train] header at the top level: they count too."""
+    f = tmp_path / "run.toml"
+    f.write_text('epochs = 3\nsteps-per-execution = 7\n[train]\nmodel = "cnn"\n')
+    c = load_config(f)
+    assert (c.epochs, c.steps_per_execution, c.model) == (3, 7, "cnn")
+
+
+def test_key_both_top_level_and_in_train_table_is_refused(tmp_path):
+    f = tmp_path / "run.toml"
+    f.write_text('steps-per-execution = 7\n[train]\nsteps_per_execution = 9\n')
+    with pytest.raises(ConfigError, match="sets 'steps_per_execution' both at the top level and "
+                                          "under \\[train\\]"):
+        load_config(f)
+
+
 def test_unknown_key_names_it_and_suggests(tmp_path):
     f = tmp_path / "run.toml"
     f.write_text("epoch = 3\n")
@@ -41,12 +57,22 @@ def test_unknown_key_names_it_and_suggests(tmp_path):
 
 @pytest.mark.parametrize("toml,match", [
     ('epochs = "ten"', "epochs"),
-    ("epochs = 0", "epochs must be a positive integer"),
-    ("batch_size = -4", "batch_size"),
+    ("epochs = 0", "--epochs must be a positive integer"),
+    ("batch_size = -4", "batch-size"),
     ('strategy = "ring"', "unknown strategy 'ring'"),
     ('optimizer = "lion"', "unknown optimizer 'lion'"),
-    ("lr = -1.0", "lr must be > 0"),
+    ("lr = -1.0", "--lr must be a finite number > 0, got -1.0"),
+    ("lr = 0", "--lr must be a finite number > 0"),
+    ("lr = inf", "--lr must be a finite number > 0, got inf; e.g. --lr 0.01"),
+    ("lr = nan", "--lr must be a finite number > 0, got nan"),
+    ("warmup-epochs = inf", "--warmup-epochs must be a finite number >= 0, got inf"),
+    ("warmup-epochs = nan", "--warmup-epochs must be a finite number >= 0, got nan"),
+    ("warmup-epochs = -0.5", "--warmup-epochs must be a finite number >= 0"),
+    ("seed = 4294967296", "--seed must be an integer from 0 to 2\\*\\*32 - 1.*got 4294967296"),
+    ("seed = -1", "--seed must be an integer from 0"),
+    ("checkpoint-every = -1", "--checkpoint-every must be >= 0"),
     ("epochs = [", "not valid TOML"),
+    ("train = 3", "'train' must be a \\[train\\] table"),
 ])
 def test_bad_values_are_named(tmp_path, toml, match):
     f = tmp_path / "run.toml"
@@ -58,6 +84,30 @@ def test_bad_values_are_named(tmp_path, toml, match):
 def test_missing_config_file():
     with pytest.raises(ConfigError, match="does not exist"):
         load_config("/nonexistent/run.toml")
+
+
+def test_unreadable_config_file(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read config file"):
+        load_config(tmp_path)  # a folder
+    f = tmp_path / "run.toml"
+    f.write_bytes(b"epochs = 3 \xff\n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(f)
+
+
+@pytest.mark.parametrize("overrides,match", [
+    ({"seed": 2**32}, "--seed must be an integer"),
+    ({"seed": 2**32 - 1}, None),
+    ({"lr": float("inf")}, "--lr must be a finite number"),
+    ({"warmup_epochs": float("inf")}, "--warmup-epochs must be a finite number"),
+    ({"warmup_epochs": 0}, None),
+])
+def test_flag_values_are_checked_like_toml_values(overrides, match):
+    if match is None:
+        load_config(**overrides)
+    else:
+        with pytest.raises(ConfigError, match=match):
+            load_config(**overrides)
 
 
 def test_batch_sizes_per_replica_and_global():

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,11 +74,12 @@ class TrainConfig:
         _check_choice("optimizer", self.optimizer.lower(), OPTIMIZERS)
         _check_choice("precision", self.precision, PRECISIONS)
         _check_choice("lr_scaling", self.lr_scaling, LR_SCALINGS)
-        if not self.warmup_epochs >= 0:
-            raise ConfigError(f"warmup_epochs must be >= 0, got {self.warmup_epochs}")
+        _check_float("warmup_epochs", self.warmup_epochs, minimum=0.0, example="1")
+        _check_float("lr", self.lr, minimum=0.0, example="0.01", inclusive=False)
         if isinstance(self.checkpoint_every, bool) or not isinstance(self.checkpoint_every, int) \
                 or self.checkpoint_every < 0:
-            raise ConfigError(f"checkpoint_every must be >= 0 steps, got {self.checkpoint_every!r}")
+            raise ConfigError(f"--checkpoint-every must be >= 0 steps, got "
+                              f"{self.checkpoint_every!r}")
         for name in ("batch_size", "epochs", "steps_per_execution", "keep_checkpoints",
                      "accum_steps", "base_batch"):
             _check_positive(name, getattr(self, name))
@@ -85,10 +87,12 @@ class TrainConfig:
                      "gpu_memory_limit"):
             if getattr(self, name) is not None:
                 _check_positive(name, getattr(self, name))
-        if not self.lr > 0:
-            raise ConfigError(f"lr must be > 0, got {self.lr}; pass e.g. --lr 0.01")
-        if self.seed < 0:
-            raise ConfigError(f"seed must be >= 0, got {self.seed}")
+        # NumPy's and Keras's global seeds are 32-bit: a larger seed passes here and fails at
+        # keras.utils.set_random_seed, after the data was loaded.
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) \
+                or not 0 <= self.seed < 2**32:
+            raise ConfigError(f"{_flag('seed')} must be an integer from 0 to 2**32 - 1 "
+                              f"(4294967295), got {self.seed!r}; e.g. {_flag('seed')} 42")
 
     def batch_sizes(self, replicas: int) -> tuple[int, int]:
         """(per-replica micro-batch, effective global batch) in examples for ``replicas``.
@@ -114,9 +118,26 @@ def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
         raise ConfigError(f"unknown {name} {value!r}; choose one of: {', '.join(choices)}")
 
 
+def _flag(name: str) -> str:
+    """The flag for a field: ``warmup_epochs`` -> ``--warmup-epochs`` (also its TOML key)."""
+    return "--" + name.replace("_", "-")
+
+
 def _check_positive(name: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        raise ConfigError(f"{_flag(name)} must be a positive integer, got {value!r}")
+
+
+def _check_float(name: str, value: Any, *, minimum: float, example: str,
+                 inclusive: bool = True) -> None:
+    """A finite number above ``minimum``: inf and NaN pass a plain ``>`` test one way or the
+    other and only fail later (a warm-up of inf steps, a NaN loss)."""
+    ok = (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+          and (value >= minimum if inclusive else value > minimum))
+    if not ok:
+        bound = f"{'>=' if inclusive else '>'} {minimum:g}"
+        raise ConfigError(f"{_flag(name)} must be a finite number {bound}, got {value!r}; "
+                          f"e.g. {_flag(name)} {example}")
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
@@ -164,13 +185,28 @@ def load_config(path: str | Path | None = None, **overrides: Any) -> TrainConfig
 
 def _read_toml(path: Path) -> Mapping[str, Any]:
     try:
-        raw = tomllib.loads(path.read_text())
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ConfigError(f"config file {path} does not exist; check the --config path") from None
-    except tomllib.TOMLDecodeError as e:
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise ConfigError(f"config file {path} is not valid TOML: {e}") from None
-    table = raw.get("train", raw)  # accept a [train] table or top-level keys
-    return {_key(k, f"key in {path}"): v for k, v in table.items()}
+    except OSError as e:  # a folder, no permission
+        raise ConfigError(f"cannot read config file {path} ({e.strerror}); check the --config "
+                          "path") from None
+    # Top-level keys and a [train] table are both read: taking only the table used to drop the
+    # top-level keys without a word. A key set in both places is ambiguous, so it is refused.
+    train = raw.get("train", {})
+    if not isinstance(train, dict):
+        raise ConfigError(f"config file {path}: 'train' must be a [train] table of settings, "
+                          f"got {train!r}")
+    values = {_key(k, f"key in {path}"): v for k, v in raw.items() if k != "train"}
+    for key, value in train.items():
+        name = _key(key, f"key in [train] of {path}")
+        if name in values:
+            raise ConfigError(f"config file {path} sets {key!r} both at the top level and under "
+                              "[train]; keep one of them")
+        values[name] = value
+    return values
 
 
 def _key(key: str, where: str) -> str:
