@@ -2,10 +2,19 @@
 exit code 2, nothing written."""
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 
-from conftest import run_cli
+from conftest import ROOT, run_cli
+
+
+@pytest.fixture
+def cpu_only(monkeypatch):
+    """For tests about logical CPU replicas: a GPU host looks like a host without GPUs."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
 
 
 def _one_line_error(proc, *needles):
@@ -32,14 +41,18 @@ def _one_line_error(proc, *needles):
     (["--save-keras", "model.h5"], ["must end in .keras"]),
     (["--export-dir", "pyproject.toml"], ["is a file; give a folder"]),
     (["--precision", "fp8"], ["unknown precision 'fp8'", "fp32, bf16, fp16"]),
-    (["--accum-steps", "0"], ["accum_steps must be a positive integer"]),
+    (["--accum-steps", "0"], ["--accum-steps must be a positive integer"]),
     (["--replicas", "2", "--accum-steps", "4", "--global-batch-size", "100"],
      ["not divisible by 2 replicas x 4 accumulation steps", "multiple of 8"]),
     (["--lr-scaling", "sqrt"], ["unknown lr_scaling 'sqrt'", "none, linear"]),
-    (["--warmup-epochs", "-1"], ["warmup_epochs must be >= 0"]),
-    (["--gpu-memory-limit", "0"], ["gpu_memory_limit must be a positive integer"]),
+    (["--warmup-epochs", "-1"], ["--warmup-epochs must be a finite number >= 0"]),
+    (["--warmup-epochs", "inf"], ["--warmup-epochs must be a finite number >= 0, got inf"]),
+    (["--lr", "inf"], ["--lr must be a finite number > 0, got inf", "--lr 0.01"]),
+    (["--lr", "nan"], ["--lr must be a finite number > 0, got nan"]),
+    (["--seed", "4294967296"], ["--seed must be an integer from 0 to 2**32 - 1"]),
+    (["--gpu-memory-limit", "0"], ["--gpu-memory-limit must be a positive integer"]),
 ])
-def test_bad_input_is_one_clear_line(tmp_path, args, needles):
+def test_bad_input_is_one_clear_line(tmp_path, cpu_only, args, needles):
     out = tmp_path / "m.json"
     proc = run_cli("train", "--epochs", "1", "--train-examples", "256", "--no-progress",
                    "--metrics-out", str(out), *args)
@@ -66,15 +79,40 @@ def test_metrics_out_folder_must_exist(tmp_path):
     _one_line_error(proc, "does not exist; create it first")
 
 
-def test_devices_lists_cpu_and_says_logical_split():
+def test_devices_lists_what_tensorflow_sees():
+    import tensorflow as tf
+
     proc = run_cli("devices")
-    assert proc.returncode == 0
-    assert "CPU" in proc.stdout and "--replicas N" in proc.stdout
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    listed = [line.split()[:2] for line in proc.stdout.splitlines()]
+    physical = tf.config.list_physical_devices()
+    for device in physical:
+        assert [device.device_type, device.name] in listed, proc.stdout
+    assert any(d.device_type == "CPU" for d in physical)
+    # the logical-CPU hint only where TensorFlow sees no GPU
+    has_gpu = any(d.device_type == "GPU" for d in physical)
+    assert ("--replicas N" in proc.stdout) == (not has_gpu), proc.stdout
+
+
+def test_piped_output_prints_each_epoch_once_and_no_warnings(tmp_path, mnist_dir):
+    """As in CI or `| tee`: stdout and stderr are pipes, TF's log level is the CLI's own."""
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "mirrorfit.cli", "train", "--data-dir", str(mnist_dir),
+         "--train-examples", "256", "--batch-size", "64", "--epochs", "2"],
+        capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout + proc.stderr
+    for epoch in ("epoch 1/2", "epoch 2/2"):
+        assert out.count(epoch) == 1, out  # a line per epoch, no progress bars repeating them
+    assert "━" not in out  # rich's bar
+    for warning in ("Warning", "GeneratorDataset", "W0000"):
+        assert warning not in out, out
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("replicas", [1, 2])
-def test_chapter_mlp_reaches_95_percent(tmp_path, mnist_dir, replicas):
+def test_chapter_mlp_reaches_95_percent(tmp_path, cpu_only, mnist_dir, replicas):
     """The chapter's recipe: MLP, 10 epochs, global batch 32, SGD 1e-2, on the real MNIST."""
     out = tmp_path / "metrics.json"
     proc = run_cli("train", "--data-dir", str(mnist_dir), "--replicas", str(replicas),
@@ -145,7 +183,7 @@ def test_accumulation_warmup_logdir_and_profile(tmp_path, mnist_dir):
 
 
 @pytest.mark.slow
-def test_bench_writes_table_csv_json_and_png(tmp_path, mnist_dir):
+def test_bench_writes_table_csv_json_and_png(tmp_path, cpu_only, mnist_dir):
     proc = run_cli("bench", "--data-dir", str(mnist_dir), "--replicas", "1,2", "--precision",
                    "fp32,bf16", "--train-examples", "1280", "--epochs", "2", "--repeats", "1",
                    "--out", str(tmp_path), "--recommend")

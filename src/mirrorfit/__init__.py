@@ -13,20 +13,38 @@ Public API::
     history = trainer.fit(dataset_of_global_batches, epochs=10)
 """
 
-from mirrorfit import models
-from mirrorfit.config import TrainConfig, load_config
-from mirrorfit.data import eval_dataset, load_mnist, train_batches
-from mirrorfit.devices import DeviceSetup, configure_devices, list_devices
-from mirrorfit.engine.trainer import History, Trainer
-from mirrorfit.errors import ConfigError, DataError, MirrorfitError
-from mirrorfit.precision import Precision
-from mirrorfit.schedules import LinearWarmup, learning_rate
-from mirrorfit.strategy import build_strategy
-from mirrorfit.train import build_optimizer, run_training
+import importlib
 
-__all__ = [
-    "models", "TrainConfig", "load_config", "eval_dataset", "load_mnist", "train_batches",
-    "DeviceSetup", "configure_devices", "list_devices", "History", "Trainer", "ConfigError",
-    "DataError", "MirrorfitError", "Precision", "LinearWarmup", "learning_rate",
-    "build_strategy", "build_optimizer", "run_training",
-]
+# Names are imported on first use (PEP 562), not here: importing TensorFlow takes seconds and
+# fixes its C++ log level for the process, so `mirrorfit --help`, a flag error and the CLI's
+# quiet-logging setting must all come before it.
+_EXPORTS = {
+    "models": "mirrorfit.models",
+    "TrainConfig": "mirrorfit.config", "load_config": "mirrorfit.config",
+    "eval_dataset": "mirrorfit.data", "load_mnist": "mirrorfit.data",
+    "train_batches": "mirrorfit.data",
+    "DeviceSetup": "mirrorfit.devices", "configure_devices": "mirrorfit.devices",
+    "list_devices": "mirrorfit.devices",
+    "History": "mirrorfit.engine.trainer", "Trainer": "mirrorfit.engine.trainer",
+    "ConfigError": "mirrorfit.errors", "DataError": "mirrorfit.errors",
+    "MirrorfitError": "mirrorfit.errors",
+    "Precision": "mirrorfit.precision",
+    "LinearWarmup": "mirrorfit.schedules", "learning_rate": "mirrorfit.schedules",
+    "build_strategy": "mirrorfit.strategy",
+    "build_optimizer": "mirrorfit.train", "run_training": "mirrorfit.train",
+}
+
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'mirrorfit' has no attribute {name!r}")
+    module = importlib.import_module(_EXPORTS[name])
+    value = module if name == "models" else getattr(module, name)
+    globals()[name] = value  # later look-ups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

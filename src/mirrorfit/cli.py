@@ -132,6 +132,23 @@ def _serve_parser(sub) -> None:
              "accepted (64 MiB)")
     add("--max_rows_per_request", type=int, default=1000,
         help="most rows (examples) in one request (1000)")
+    # bounds on what clients can hold (README, serving flags)
+    add("--max_unbatched_in_flight", type=int, default=64,
+        help="unbatched model calls running or waiting; more get 503 / UNAVAILABLE (64)")
+    add("--rest_api_max_connections", type=int, default=500,
+        help="open REST connections; a request beyond them gets 503 (500)")
+    add("--rest_api_keepalive_timeout_in_ms", type=int, default=5000,
+        help="idle keep-alive REST connections are closed after this (5000)")
+    add("--rest_api_header_timeout_in_ms", type=int, default=10000,
+        help="time to send a request's headers, from connecting or the last response (10000)")
+    add("--rest_api_body_timeout_in_ms", type=int, default=60000,
+        help="time to send a request's body; slower gets 408 (60000)")
+    add("--rest_api_max_buffered_bytes", type=int, default=256 * 1024 * 1024,
+        help="request-body bytes held by all REST requests at once; more gets 503 (256 MiB)")
+    add("--rest_api_http_impl", default="auto", choices=["auto", "h11", "httptools"],
+        help="HTTP parser (auto: httptools when installed)")
+    add("--event_loop", default="auto", choices=["auto", "asyncio", "uvloop"],
+        help="event loop of REST and gRPC (auto: uvloop when installed)")
     add("--log_level", default="info", choices=["debug", "info", "warning", "error"])
     add("--tensorflow_intra_op_parallelism", type=int, default=0,
         help="threads per op (0: TensorFlow's default)")
@@ -195,10 +212,11 @@ def _parser() -> argparse.ArgumentParser:
 
 def _cmd_train(args: argparse.Namespace) -> int:
     from mirrorfit.config import load_config
-    from mirrorfit.train import run_training
 
     overrides = {k: v for k, v in vars(args).items() if k not in ("command", "config")}
-    config = load_config(args.config, **overrides)
+    config = load_config(args.config, **overrides)  # before TensorFlow loads: bad input is fast
+    from mirrorfit.train import run_training
+
     run_training(config)
     return 0
 
@@ -289,7 +307,10 @@ def _cmd_devices(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``mirrorfit`` console script; returns the exit code."""
     args = _parser().parse_args(argv)
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # keep TF's C++ banner out of the way
+    # Keep TF's C++ INFO/WARNING lines (banners, tf.data's notes on TF's own multi-device
+    # iterator) out of the way. TF reads this once, when it loads, so nothing imported above
+    # may import TensorFlow (the package's names load lazily for this reason).
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     from mirrorfit.checkpoint import EXIT_PREEMPTED, Preempted
 
     commands = {"train": _cmd_train, "devices": _cmd_devices, "export": _cmd_export,

@@ -19,11 +19,18 @@ class CompiledLoops:
     """The compiled functions a controller drives. Build with :func:`compile_loops`."""
 
     train_steps: Callable[[object, tf.Tensor], None]
-    evaluate: Callable[[object], None]
+    evaluate_batches: Callable[[object], None]
 
     def run_train(self, iterator, num_steps: int) -> None:
         """Run ``num_steps`` optimizer steps from the distributed ``iterator``."""
         self.train_steps(iterator, tf.constant(num_steps, tf.int64))
+
+    def evaluate(self, dist_dataset) -> None:
+        """Run the eval step on every batch of the distributed dataset, each example once."""
+        # The iterator is made here, eagerly, as TF asks: made inside the tf.function, TF's
+        # multi-device iterator reads the dataset's options in graph mode, which warns
+        # (UserWarning: "...the options value is in general no longer known...").
+        self.evaluate_batches(iter(dist_dataset))
 
     def tracing_count(self) -> int:
         """How often the train function was traced (should stay 1)."""
@@ -40,10 +47,10 @@ def compile_loops(strategy: tf.distribute.Strategy, train_fn: Callable,
             strategy.run(train_fn, args=next(iterator))
 
     @tf.function
-    def evaluate(dist_dataset):
-        # Iterating the distributed dataset inside the function handles a partial last
-        # batch: some replicas may get fewer (or zero) examples, none is counted twice.
-        for batch in dist_dataset:
+    def evaluate_batches(iterator):
+        # Iterating inside the function (get_next_as_optional) handles a partial last batch:
+        # some replicas may get fewer (or zero) examples, none is counted twice.
+        for batch in iterator:
             strategy.run(eval_fn, args=batch)
 
-    return CompiledLoops(train_steps=train_steps, evaluate=evaluate)
+    return CompiledLoops(train_steps=train_steps, evaluate_batches=evaluate_batches)

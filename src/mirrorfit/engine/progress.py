@@ -8,13 +8,21 @@ from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
 
 
 class EpochProgress:
-    """A progress bar per epoch; ``update`` is cheap to call, it redraws at most 10x/s."""
+    """A progress bar per epoch; ``update`` is cheap to call, it redraws at most 10x/s.
+
+    Bars are drawn where they can redraw in place (a terminal, a notebook) only. Elsewhere (CI,
+    ``| tee``, a log file) rich prints every bar once when they stop, repeating the per-epoch
+    lines the run already printed.
+    """
 
     def __init__(self, *, console: Console | None = None, enabled: bool = True) -> None:
+        console = console or Console(stderr=True)
         self._progress = Progress(
             TextColumn("epoch {task.fields[epoch]}"), BarColumn(), MofNCompleteColumn(),
             TextColumn("{task.fields[stats]}"), TimeElapsedColumn(),
-            console=console, disable=not enabled, refresh_per_second=10,
+            console=console,
+            disable=not (enabled and (console.is_interactive or console.is_jupyter)),
+            refresh_per_second=10,
         )
         self._task = None
 
