@@ -2,8 +2,13 @@
 
 from conftest import run_isolated
 
+# Logical CPU devices are what a host without GPUs offers; CUDA_VISIBLE_DEVICES="" makes a GPU
+# host one of those, so this holds on both.
 CODE = """
+import os
+os.environ["CUDA_VISIBLE_DEVICES"] = ""
 import json, mirrorfit, tensorflow as tf
+assert not tf.config.list_physical_devices("GPU")
 setup = mirrorfit.configure_devices(replicas=2)
 out = {"devices": list(setup.devices), "shared": setup.shared_cores,
        "describe": setup.describe()}
@@ -30,3 +35,28 @@ def test_logical_cpu_devices_and_strategies():
     assert out["auto_ops"] == "ReductionToOneDevice"  # measured faster than RING on CPUs
     assert out["single"] == "OneDeviceStrategy"
     assert "only be configured before TensorFlow starts" in out["relayout"]
+
+
+HOST = """
+import json, mirrorfit, tensorflow as tf
+gpus = tf.config.list_physical_devices("GPU")
+setup = mirrorfit.configure_devices()
+strategy = mirrorfit.build_strategy(setup)
+print(json.dumps({"gpus": len(gpus), "kind": setup.kind, "devices": list(setup.devices),
+                  "shared": setup.shared_cores, "strategy": type(strategy).__name__,
+                  "replicas": strategy.num_replicas_in_sync,
+                  "logical": len(tf.config.list_logical_devices(setup.kind))}))
+"""
+
+
+def test_default_setup_is_what_tensorflow_reports():
+    """No flags: every GPU TensorFlow lists, else the one CPU (on whatever host runs this)."""
+    out = run_isolated(HOST)
+    if out["gpus"]:
+        assert out["kind"] == "GPU" and not out["shared"]
+        assert out["devices"] == [f"/gpu:{i}" for i in range(out["gpus"])]
+    else:
+        assert out["kind"] == "CPU" and out["shared"] and out["devices"] == ["/cpu:0"]
+    assert out["replicas"] == out["logical"] == len(out["devices"])
+    assert out["strategy"] == ("OneDeviceStrategy" if out["replicas"] == 1
+                               else "MirroredStrategy")
