@@ -1,6 +1,7 @@
 """config: one frozen dataclass; TOML < flags; every bad value is a one-line ConfigError."""
 
 import dataclasses
+import tomllib
 
 import pytest
 
@@ -118,3 +119,14 @@ def test_batch_sizes_per_replica_and_global():
 def test_global_batch_not_divisible_by_replicas():
     with pytest.raises(ConfigError, match="global batch size 33 is not divisible by 2 replicas"):
         TrainConfig(global_batch_size=33).batch_sizes(2)
+
+
+def test_requires_python_admits_no_python_without_tomllib():
+    """Config files are read with tomllib, which Python has from 3.11 on."""
+    from packaging.specifiers import SpecifierSet
+
+    from conftest import ROOT
+
+    spec = SpecifierSet(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+                        ["requires-python"])
+    assert "3.10.14" not in spec and "3.11.0" in spec
