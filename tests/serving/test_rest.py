@@ -174,6 +174,28 @@ ERRORS = [
      "Feature: x has element with unexpected JSON type: Null"),
     ("POST", "/v1/models/mnist:classify", {"examples": [{"x": [1.0, 2.0]}]}, 400,
      "Expected one input Tensor of type DT_STRING"),
+    # issue 10 item 5: each of these was a 500 with a traceback
+    ("POST", "/v1/models/mnist:predict", b'{"instances": ' + b"[" * 66 + b"1" + b"]" * 66 + b"}",
+     400, "is a list nested 66 deep: a tensor has at most 64 dimensions"),
+    ("POST", "/v1/models/mnist:predict",
+     b'{"instances": ' + b"[" * 950 + b"1" + b"]" * 950 + b"}", 400, "nested 950 deep"),
+    ("POST", "/v1/models/mnist:predict", b'{"instances": [' + b"9" * 5000 + b"]}", 400,
+     "Number too big to be stored in double: 99999999999999999999... (5000 characters)"),
+    ("POST", "/v1/models/multi:predict",
+     b'{"signature_name": "multi", "inputs": {"a": [[' + b"9" * 400 + b', 1]], "b": [[1, 1]]}}',
+     400, "Number too big to be stored in double: 99999999999999999999... (400 characters)"),
+    ("POST", "/v1/models/multi:classify",
+     {"signature_name": "classify_x", "examples": [{"x": {"b64": "a"}}]}, 400,
+     'Unable to base64 decode: "a"'),
+    ("POST", "/v1/models/multi:regress",
+     {"signature_name": "regress_x", "context": {"x": [{"b64": "a"}]}, "examples": [{}]}, 400,
+     'Unable to base64 decode: "a"'),
+    ("POST", "/v1/models/multi:classify",  # beyond int64 a literal is a double, as rapidjson
+     b'{"signature_name": "classify_x", "examples": [{"x": [-99999999999999999999999, 1]}]}',
+     400, "Unexpected element type in feature: x expecting type: float"),
+    ("POST", "/v1/models/multi:classify",
+     b'{"signature_name": "classify_x", "examples": [{"x": "\\ud800"}]}', 400,
+     'JSON Value: "\\ud800" is not valid UTF-8'),
 ]
 
 
@@ -223,7 +245,20 @@ def test_prometheus_metrics_and_readiness(server):
     text = page.text
     assert "# TYPE :tensorflow:serving:request_count counter" in text
     assert ':tensorflow:serving:request_count{model_name="mnist",status="OK"}' in text
-    assert ':tensorflow:serving:request_count{model_name="half",status="NOT_FOUND"}' in text
+    # an unknown model is counted under one name, whatever the client calls it
+    assert ':tensorflow:serving:request_count{model_name="<unknown>",status="NOT_FOUND"}' in text
+    assert 'model_name="half"' not in text
     assert ('request_latency_count{API="predict",entrypoint="REST",model_name="mnist"}'
             in text)
     assert httpx.get(f"{server.url}/readyz").json() == {"ready": True}
+
+
+def test_integers_beyond_int64_are_doubles_as_rapidjson_reads_them(server):
+    # TF Serving's parser stores such a literal as a double: a float feature, not an error
+    r = _post(server, "/v1/models/multi:classify",
+              b'{"signature_name": "classify_x", '
+              b'"examples": [{"x": [-99999999999999999999999, 1.5]}]}')
+    assert r.status_code == 200, r.text
+    r = _post(server, "/v1/models/multi:predict",
+              {"signature_name": "ints", "instances": [[2 ** 63, 2, 3]]})  # not an int32
+    assert r.status_code == 400 and "9223372036854775808 Type: Number" in r.json()["error"]

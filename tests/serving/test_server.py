@@ -68,25 +68,31 @@ def test_batching_merges_concurrent_grpc_requests(tmp_path, model_root):
 
 @pytest.mark.slow
 def test_sigterm_finishes_requests_in_flight(tmp_path, model_root):
-    params = tmp_path / "batching.config"  # requests wait 1 s in the queue: in flight
-    params.write_text("max_batch_size { value: 64 } batch_timeout_micros { value: 1000000 } "
+    params = tmp_path / "batching.config"  # requests wait 2 s in the queue: in flight
+    params.write_text("max_batch_size { value: 64 } batch_timeout_micros { value: 2000000 } "
                       "num_batch_threads { value: 1 }")
     srv = Server([f"--model_config_file={model_root / 'models.config'}", "--enable_batching",
                   f"--batching_parameters_file={params}"], tmp_path)
     results = []
+    # clients made (and connected) up front: on a loaded machine making four in their threads
+    # took longer than the wait below, and the SIGTERM came before the requests
+    clients = [httpx.Client(timeout=30) for _ in range(4)]
+    for c in clients:
+        assert c.get(f"{srv.url}/readyz").status_code == 200
 
-    def client():
-        r = httpx.post(f"{srv.url}/v1/models/mnist:predict",
-                       json={"instances": IMAGE.tolist()}, timeout=30)
+    def client(c):
+        r = c.post(f"{srv.url}/v1/models/mnist:predict", json={"instances": IMAGE.tolist()})
         results.append(r.status_code)
 
-    threads = [threading.Thread(target=client) for _ in range(4)]
+    threads = [threading.Thread(target=client, args=(c,)) for c in clients]
     for t in threads:
         t.start()
-    time.sleep(0.4)
+    time.sleep(0.8)
     code = srv.stop()  # SIGTERM while the 4 requests wait for their batch
     for t in threads:
         t.join()
+    for c in clients:
+        c.close()
     assert results == [200] * 4 and code == 0
     assert '"event": "shutting down"' in srv.logs()
 

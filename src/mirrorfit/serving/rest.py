@@ -2,21 +2,29 @@
 
 Every ``/v1/...`` path goes through TF Serving's two regexes; the Prometheus page (when enabled)
 and ``/readyz`` are the only other paths. Errors are ``{"error": message}`` with TF Serving's
-HTTP codes; nothing a client sends produces a 500.
+HTTP codes; nothing a client sends produces a 500 (a bug does: a generic message to the client,
+one JSON line in the log).
+
+Request bodies are bounded in size, in the time they take to arrive and in the bytes all of
+them hold at once; large ones are decoded off the event loop, which gRPC shares.
 """
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import io
 import json
 import logging
 import re
+import threading
 import time
+import traceback
 import zlib
+from concurrent.futures import ThreadPoolExecutor
+from urllib.parse import unquote
 
 import grpc
-from urllib.parse import unquote
 
 from google.protobuf import json_format
 from starlette.applications import Starlette
@@ -29,6 +37,7 @@ from tensorflow_serving.apis import get_model_metadata_pb2
 from mirrorfit.serving import json_codec
 from mirrorfit.serving.errors import ServingError, invalid
 from mirrorfit.serving.metrics import CONTENT_TYPE, ServerMetrics
+from mirrorfit.serving.rest_transport import RestLimits
 from mirrorfit.serving.service import ModelService, Spec, merge_context
 
 log = logging.getLogger("mirrorfit.serving")
@@ -37,6 +46,10 @@ _POST = re.compile(r"/v1/models/([^/:]+)(?:(?:/versions/(\d+))|(?:/labels/([^/:]
                    r"(classify|regress|predict)", re.IGNORECASE)
 _GET = re.compile(r"/v1/models(?:/([^/:]+))?(?:(?:/versions/(\d+))|(?:/labels/([^/:]+)))?"
                   r"(?:/(metadata))?", re.IGNORECASE)
+# Bodies (and outputs) up to this size are decoded (encoded) on the event loop: it costs less
+# than the hop to a thread; larger ones (up to 64 MiB of JSON, seconds of parsing) go to a thread
+# so gRPC and the other REST connections keep being served meanwhile.
+OFF_LOOP_BYTES = 64 * 1024
 
 
 def _json(data, status: int = 200, indent: int | None = 4) -> Response:
@@ -64,11 +77,16 @@ class RestApi:
     """The REST handlers over a :class:`ModelService`."""
 
     def __init__(self, service: ModelService, metrics: ServerMetrics, *,
-                 metrics_path: str | None, max_body_bytes: int, cors: bool = False) -> None:
+                 metrics_path: str | None, max_body_bytes: int, cors: bool = False,
+                 limits: RestLimits = RestLimits()) -> None:
         self.service, self.metrics = service, metrics
         self.metrics_path = metrics_path
         self.max_body_bytes = max_body_bytes
         self.cors = cors
+        self.limits = limits
+        self.budget = BodyBudget(limits.max_buffered_bytes)
+        # two threads: decoding holds the GIL, more would only add memory in flight
+        self._decoder = ThreadPoolExecutor(max_workers=2, thread_name_prefix="rest-decode")
 
     def app(self) -> Starlette:
         routes = [Route("/readyz", self.readyz, methods=["GET"])]
@@ -89,7 +107,15 @@ class RestApi:
         path, method = request.url.path, request.method
         if not re.fullmatch(r"(?i)/v1/.*", path):
             return Response(status_code=404)  # TF Serving: a bare 404 outside /v1/
-        response = await self._dispatch(request, path, method)
+        try:
+            response = await self._dispatch(request, path, method)
+        except Exception as e:  # noqa: BLE001 - a bug, never the client's: no traceback out
+            frame = traceback.extract_tb(e.__traceback__)[-1]
+            log.error("internal error", extra={
+                "entrypoint": "REST", "method": method, "path": path[:200],
+                "error": f"{type(e).__name__}: {e}"[:500],
+                "where": f"{frame.filename}:{frame.lineno} in {frame.name}"})
+            response = _json({"error": "Internal error; see the server log"}, 500)
         if self.cors:
             response.headers.update({"Access-Control-Allow-Origin": "*",
                                      "Access-Control-Allow-Methods": "POST, GET",
@@ -148,60 +174,102 @@ class RestApi:
         start = time.perf_counter()
         examples = 0
         try:
-            spec = _spec(name, version, label)
-            body = await self._body(request)
-            doc = json_codec.parse_body(body)
-            signature = doc.get("signature_name", "") if isinstance(doc, dict) else ""
-            if not isinstance(signature, str):
-                raise invalid(f"JSON Value: {json.dumps(doc)[:256]} not formatted correctly. "
-                              "'signature_name' key must be a string value.")
-            spec = Spec(spec.name, spec.version, spec.label, signature)
-            if method == "predict":  # waits for the model without holding a thread
-                result, examples = await self._predict(spec, doc)
-            else:
-                result, examples = await run_in_threadpool(self._examples, method, spec, doc)
+            with self.budget.hold() as held:
+                spec = _spec(name, version, label)
+                body = await self._body(request, held)
+                gzipped = request.headers.get("content-encoding", "").lower() == "gzip"
+                if method == "predict":  # waits for the model without holding a thread
+                    response, examples, spec = await self._predict(spec, body, gzipped, held)
+                else:
+                    response, examples, spec = await run_in_threadpool(
+                        self._examples, method, spec, body, gzipped, held)
             self._record(spec.name, method, "OK", start, examples)
-            return _json(result)
+            return response
         except ServingError as e:
             self._record(unquote(name), method, e.code.name, start, examples)
-            return _error(e)
+            response = _error(e)
+            if e.http_status in (408, 413):  # the rest of the body is not worth reading
+                response.headers["connection"] = "close"
+            return response
 
-    async def _predict(self, spec: Spec, doc) -> tuple[dict, int]:
-        servable, sig = self.service.resolve_signature(spec, entrypoint="REST")
-        inputs, rows = json_codec.predict_inputs(doc, sig)
+    async def _predict(self, spec: Spec, body: bytes, gzipped: bool,
+                       held: "_Held") -> tuple[Response, int, Spec]:
+        big = gzipped or len(body) > OFF_LOOP_BYTES  # a small gzip body may inflate to 64 MiB
+        servable, sig, inputs, rows, spec = await self._maybe_off_loop(
+            big, self._predict_inputs, spec, body, gzipped, held)
         outputs = await self.service.predict_async(servable, sig, inputs)
         n = next(iter(inputs.values())).shape[0] if rows else 0
-        return json_codec.predict_response(outputs, rows), n
+        size = sum(v.size for v in outputs.values())
+        response = await self._maybe_off_loop(size * 8 > OFF_LOOP_BYTES, _predict_response,
+                                              outputs, rows)
+        return response, n, spec
 
-    def _examples(self, method: str, spec: Spec, doc) -> tuple[dict, int]:
+    def _predict_inputs(self, spec: Spec, body: bytes, gzipped: bool, held: "_Held"):
+        doc, spec = self._decode(spec, body, gzipped, held)
+        servable, sig = self.service.resolve_signature(spec, entrypoint="REST")
+        inputs, rows = json_codec.predict_inputs(doc, sig)
+        return servable, sig, inputs, rows, spec
+
+    def _examples(self, method: str, spec: Spec, body: bytes, gzipped: bool,
+                  held: "_Held") -> tuple[Response, int, Spec]:
+        doc, spec = self._decode(spec, body, gzipped, held)
         servable, sig = self.service.resolve_signature(spec, api=method, entrypoint="REST")
         context, items = json_codec.examples(doc, method)
         serialized = merge_context(context, items)
         if method == "classify":
             results = self.service.classify(servable, sig, serialized)
-            return {"results": [[[label, score] for label, score in r] for r in results]}, \
-                len(items)
-        return {"results": self.service.regress(servable, sig, serialized)}, len(items)
+            result = {"results": [[[label, score] for label, score in r] for r in results]}
+        else:
+            result = {"results": self.service.regress(servable, sig, serialized)}
+        return _json(result), len(items), spec
 
-    async def _body(self, request: Request) -> bytes:
+    def _decode(self, spec: Spec, body: bytes, gzipped: bool, held: "_Held") -> tuple:
+        """The JSON document of a body, and the spec with its signature name."""
+        if gzipped:
+            try:
+                body = _gunzip(body, self.max_body_bytes)
+            except (OSError, EOFError, zlib.error):
+                raise invalid("Failed to decompress gzip request body") from None
+            held.take(len(body))
+        doc = json_codec.parse_body(body)
+        signature = doc.get("signature_name", "") if isinstance(doc, dict) else ""
+        if not isinstance(signature, str):
+            raise invalid(f"JSON Value: {json_codec.debug_json(doc)} not formatted correctly. "
+                          "'signature_name' key must be a string value.")
+        return doc, Spec(spec.name, spec.version, spec.label, signature)
+
+    async def _maybe_off_loop(self, big: bool, fn, *args):
+        if not big:
+            return fn(*args)
+        return await asyncio.get_running_loop().run_in_executor(self._decoder, fn, *args)
+
+    async def _body(self, request: Request, held: "_Held") -> bytes:
+        """The body, within --max_request_bytes, the body timeout and the shared budget."""
         declared = request.headers.get("content-length")
-        if declared and declared.isdigit() and int(declared) > self.max_body_bytes:
-            raise _too_large(f"Request body of {declared} bytes is larger than the limit of "
-                             f"{self.max_body_bytes} bytes (--max_request_bytes)")
+        if declared and declared.isdigit():
+            if int(declared) > self.max_body_bytes:
+                raise _too_large(f"Request body of {declared} bytes is larger than the limit "
+                                 f"of {self.max_body_bytes} bytes (--max_request_bytes)")
+            held.take(int(declared))  # refused before a byte of it is read
+        try:
+            return await asyncio.wait_for(self._read(request, held, counted=bool(held.bytes)),
+                                          self.limits.body_timeout_s)
+        except asyncio.TimeoutError:
+            raise ServingError(grpc.StatusCode.DEADLINE_EXCEEDED, (
+                f"Request body not received within {self.limits.body_timeout_s * 1e3:.0f} ms "
+                "(--rest_api_body_timeout_in_ms)"), http=408) from None
+
+    async def _read(self, request: Request, held: "_Held", counted: bool) -> bytes:
         chunks, size = [], 0
         async for chunk in request.stream():
             size += len(chunk)
             if size > self.max_body_bytes:
                 raise _too_large(f"Request body is larger than the limit of "
                                  f"{self.max_body_bytes} bytes (--max_request_bytes)")
+            if not counted:  # chunked: no length declared up front
+                held.take(len(chunk))
             chunks.append(chunk)
-        body = b"".join(chunks)
-        if request.headers.get("content-encoding", "").lower() == "gzip":
-            try:
-                body = _gunzip(body, self.max_body_bytes)
-            except (OSError, EOFError, zlib.error):
-                raise invalid("Failed to decompress gzip request body") from None
-        return body
+        return b"".join(chunks)
 
     def _record(self, model: str, api: str, status: str, start: float, examples: int = 0):
         elapsed = time.perf_counter() - start
@@ -209,6 +277,53 @@ class RestApi:
                             seconds=elapsed, examples=examples)
         log.debug("request", extra={"entrypoint": "REST", "model": model, "api": api,
                                     "status": status, "latency_ms": round(elapsed * 1e3, 3)})
+
+
+def _predict_response(outputs, rows: bool) -> Response:
+    return _json(json_codec.predict_response(outputs, rows))
+
+
+class BodyBudget:
+    """The request-body bytes all REST requests hold at once (--rest_api_max_buffered_bytes).
+    Each body may be up to --max_request_bytes; without a shared bound, many at once exhaust
+    memory. A request that would go over answers 503 at once rather than wait."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.held = 0
+        self._lock = threading.Lock()  # taken on the event loop and in decode threads
+
+    def hold(self) -> "_Held":
+        return _Held(self)
+
+    def _take(self, n: int) -> None:
+        with self._lock:
+            if self.held + n > self.limit:
+                raise ServingError(grpc.StatusCode.UNAVAILABLE, (
+                    f"Server busy: request bodies in progress already hold {self.held} of "
+                    f"{self.limit} bytes (--rest_api_max_buffered_bytes); retry later"))
+            self.held += n
+
+    def _give(self, n: int) -> None:
+        with self._lock:
+            self.held -= n
+
+
+class _Held:
+    """One request's share of a :class:`BodyBudget`, given back when the request ends."""
+
+    def __init__(self, budget: BodyBudget) -> None:
+        self.budget, self.bytes = budget, 0
+
+    def take(self, n: int) -> None:
+        self.budget._take(n)
+        self.bytes += n
+
+    def __enter__(self) -> "_Held":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.budget._give(self.bytes)
 
 
 def _too_large(message: str) -> ServingError:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from functools import partial
 
 from mirrorfit.errors import ConfigError
-from mirrorfit.serving import model_config
+from mirrorfit.serving import model_config, rest_transport
 from mirrorfit.serving.batcher import Batcher
 from mirrorfit.serving.loader import load_version
 from mirrorfit.serving.metrics import ServerMetrics
@@ -48,6 +48,14 @@ class ServeConfig:
     grpc_max_threads: int = 256
     max_request_bytes: int = 64 * 1024 * 1024  # REST bodies and gRPC messages
     max_rows_per_request: int = 1000  # see serving.validation.MAX_ROWS
+    max_unbatched_in_flight: int = 64  # model calls without batching, running or waiting
+    rest_api_max_connections: int = 500  # these six: see rest_transport.RestLimits
+    rest_api_keepalive_timeout_in_ms: int = 5000
+    rest_api_header_timeout_in_ms: int = 10000
+    rest_api_body_timeout_in_ms: int = 60000
+    rest_api_max_buffered_bytes: int = 256 * 1024 * 1024
+    rest_api_http_impl: str = "auto"  # h11 or httptools (auto: httptools when installed)
+    event_loop: str = "auto"  # asyncio or uvloop (auto: uvloop when installed)
     shutdown_grace_seconds: float = 10.0
     tensorflow_intra_op_parallelism: int = 0  # 0: TensorFlow's default (all cores)
     tensorflow_inter_op_parallelism: int = 0
@@ -81,7 +89,14 @@ def build(config: ServeConfig):
     params = model_config.read_batching_parameters(config.batching_parameters_file,
                                                    cpus=os.cpu_count() or 1)
     metrics_path = model_config.read_monitoring_config(config.monitoring_config_file)
-    metrics = ServerMetrics()
+    for flag in ("max_unbatched_in_flight", "rest_api_max_connections",
+                 "rest_api_keepalive_timeout_in_ms", "rest_api_header_timeout_in_ms",
+                 "rest_api_body_timeout_in_ms"):
+        if getattr(config, flag) <= 0:
+            raise ConfigError(f"--{flag} must be positive, got {getattr(config, flag)}")
+    if config.rest_api_max_buffered_bytes < config.max_request_bytes:
+        raise ConfigError("--rest_api_max_buffered_bytes must be at least --max_request_bytes")
+    metrics = ServerMetrics(model_names=[c.name for c in configs])
     batcher = Batcher(params, on_batch=metrics.record_batch) if config.enable_batching else None
     repository = ModelRepository(
         configs, loader=partial(_load, tags=config.saved_model_tags,
@@ -91,7 +106,8 @@ def build(config: ServeConfig):
         on_unload=partial(_unload, batcher))
     repository.poll_once()
     service = ModelService(repository, batcher, timeout_s=config.rest_api_timeout_in_ms / 1e3,
-                           max_rows=config.max_rows_per_request)
+                           max_rows=config.max_rows_per_request,
+                           max_in_flight=config.max_unbatched_in_flight)
     return repository, service, metrics, metrics_path
 
 
@@ -123,6 +139,9 @@ def serve(config: ServeConfig) -> int:
     log.addHandler(handler)
     log.setLevel(config.log_level.upper())
     log.propagate = False
+    for name in ("uvicorn.error", "asyncio"):  # their warnings as JSON lines too
+        logging.getLogger(name).addHandler(handler)
+        logging.getLogger(name).propagate = False
 
     import tensorflow as tf
     # before any model loads: TF fixes its thread pools at the first op
@@ -138,7 +157,8 @@ def serve(config: ServeConfig) -> int:
         # found: this one, so the gRPC side still gets its graceful stop.
         signal.signal(sig, lambda *_: stop.set())
     try:
-        asyncio.run(_serve(config, service, metrics, metrics_path, stop))
+        rest_transport.run(_serve(config, service, metrics, metrics_path, stop),
+                           config.event_loop)
     finally:
         repository.stop()
         if service.batcher:
@@ -171,7 +191,7 @@ async def _serve(config: ServeConfig, service: ModelService, metrics: ServerMetr
     await grpc_server.start()
     rest = RestApi(service, metrics, metrics_path=metrics_path,
                    max_body_bytes=config.max_request_bytes,
-                   cors=config.rest_api_enable_cors_support)
+                   cors=config.rest_api_enable_cors_support, limits=_rest_limits(config))
     log.info("serving", extra={"grpc": f"{config.host}:{config.port}",
                                "rest": f"{config.host}:{config.rest_api_port}",
                                "models": sorted(service.repository.configs),
@@ -179,14 +199,24 @@ async def _serve(config: ServeConfig, service: ModelService, metrics: ServerMetr
                                "metrics_path": metrics_path})
     if config.rest_api_port:
         # uvicorn handles SIGTERM/SIGINT: stops accepting, finishes requests in flight, returns.
-        await uvicorn.Server(uvicorn.Config(
-            rest.app(), host=config.host, port=config.rest_api_port, log_level="warning",
-            timeout_graceful_shutdown=config.shutdown_grace_seconds, access_log=False)).serve()
+        await uvicorn.Server(rest_transport.uvicorn_config(
+            rest.app(), host=config.host, port=config.rest_api_port, limits=rest.limits,
+            graceful_shutdown_s=config.shutdown_grace_seconds)).serve()
     else:  # TF Serving: --rest_api_port=0 turns REST off
         while not stop.is_set():
             await asyncio.sleep(0.2)
     log.info("shutting down", extra={"grace_s": config.shutdown_grace_seconds})
     await grpc_server.stop(grace=config.shutdown_grace_seconds)
+
+
+def _rest_limits(config: ServeConfig) -> rest_transport.RestLimits:
+    return rest_transport.RestLimits(
+        max_connections=config.rest_api_max_connections,
+        keepalive_timeout_s=config.rest_api_keepalive_timeout_in_ms / 1e3,
+        header_timeout_s=config.rest_api_header_timeout_in_ms / 1e3,
+        body_timeout_s=config.rest_api_body_timeout_in_ms / 1e3,
+        max_buffered_bytes=config.rest_api_max_buffered_bytes,
+        http_impl=config.rest_api_http_impl)
 
 
 def _check_port_free(host: str, port: int, flag: str) -> None:

@@ -1,0 +1,133 @@
+"""How the REST port accepts and bounds connections: uvicorn's own settings (HTTP parser, event
+loop, connection cap, keep-alive) plus the two bounds uvicorn lacks, a deadline and a size cap
+for each request head, on either parser (h11 or httptools).
+
+Without them a client that connects and sends nothing, or sends its headers a byte a second,
+holds a connection forever, and httptools buffers headers without limit.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+HEAD_BYTES = 64 * 1024  # request line + headers; h11's own default is 16 KiB, httptools has none
+HTTP_IMPLS = ("auto", "h11", "httptools")
+EVENT_LOOPS = ("auto", "asyncio", "uvloop")
+
+
+@dataclass(frozen=True)
+class RestLimits:
+    """The REST port's bounds; see the serving flags in README.md for why these defaults."""
+
+    max_connections: int = 500
+    keepalive_timeout_s: float = 5.0
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 60.0
+    max_buffered_bytes: int = 256 * 1024 * 1024
+    http_impl: str = "auto"
+
+
+class _HeadLimits:
+    """Mixed into uvicorn's H11Protocol / HttpToolsProtocol: a connection has
+    ``head_timeout_s`` from opening, or from its previous response, to deliver a complete
+    request head of at most HEAD_BYTES; otherwise it is closed (408 / 431 if it sent part)."""
+
+    head_timeout_s: float
+
+    def connection_made(self, transport) -> None:
+        super().connection_made(transport)
+        self._head_timer = None
+        self._await_head()
+
+    def connection_lost(self, exc) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        idle = self._idle()
+        super().data_received(data)
+        if idle and self._idle() and not self.transport.is_closing():  # still no whole head
+            self._head_bytes += len(data)
+            if self._head_bytes > HEAD_BYTES:
+                self._refuse(431, "Request Header Fields Too Large",
+                             f"Request head is larger than {HEAD_BYTES} bytes")
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if not self.transport.is_closing():
+            self._await_head()
+
+    def _idle(self) -> bool:
+        """No request in progress: whatever arrives next is a request head."""
+        return self.cycle is None or self.cycle.response_complete
+
+    def _await_head(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+        self._head_bytes = 0
+        self._head_timer = self.loop.call_later(self.head_timeout_s, self._head_late)
+
+    def _head_late(self) -> None:
+        self._head_timer = None
+        if not self._idle() or self.transport.is_closing():
+            return  # a request arrived in time (its body has its own timeout, in rest.py)
+        if self._head_bytes:
+            self._refuse(408, "Request Timeout", f"Request head not received within "
+                         f"{self.head_timeout_s * 1e3:.0f} ms (--rest_api_header_timeout_in_ms)")
+        else:  # an idle connection: close it quietly, as a keep-alive timeout does
+            self.transport.close()
+
+    def _refuse(self, status: int, reason: str, message: str) -> None:
+        body = json.dumps({"error": message}).encode()
+        self.transport.write(
+            b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\nconnection: close\r\n"
+            b"content-length: %d\r\n\r\n%s" % (status, reason.encode(), len(body), body))
+        self.transport.close()
+
+
+def protocol_class(http_impl: str, head_timeout_s: float) -> type:
+    """uvicorn's protocol for ``http_impl`` (auto: httptools when installed) with head limits."""
+    if http_impl == "auto":
+        try:
+            import httptools  # noqa: F401
+            http_impl = "httptools"
+        except ImportError:
+            http_impl = "h11"
+    if http_impl == "httptools":
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as base
+    else:
+        from uvicorn.protocols.http.h11_impl import H11Protocol as base
+    return type(f"Bounded{base.__name__}", (_HeadLimits, base), {"head_timeout_s": head_timeout_s})
+
+
+def uvicorn_config(app, *, host: str, port: int, limits: RestLimits,
+                   graceful_shutdown_s: float):
+    """uvicorn's Config for the REST port. ``limit_concurrency`` answers 503 to a request when
+    this many connections or requests are open; logs go through the server's JSON handler."""
+    import uvicorn
+
+    return uvicorn.Config(
+        app, host=host, port=port, http=protocol_class(limits.http_impl, limits.header_timeout_s),
+        limit_concurrency=limits.max_connections, timeout_keep_alive=limits.keepalive_timeout_s,
+        h11_max_incomplete_event_size=HEAD_BYTES, timeout_graceful_shutdown=graceful_shutdown_s,
+        log_config=None, log_level="warning", access_log=False, lifespan="off", ws="none")
+
+
+def run(main, event_loop: str):
+    """Run coroutine ``main`` to completion on ``event_loop`` (auto: uvloop when installed)."""
+    import asyncio
+
+    if event_loop in ("auto", "uvloop"):
+        try:
+            import uvloop
+        except ImportError:
+            if event_loop == "uvloop":
+                raise
+        else:
+            return uvloop.run(main)
+    return asyncio.run(main)
+
+
+__all__ = ["RestLimits", "HTTP_IMPLS", "EVENT_LOOPS", "protocol_class", "uvicorn_config", "run"]
