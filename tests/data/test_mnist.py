@@ -1,11 +1,26 @@
 """data.mnist: find mnist.npz (flag, $MIRRORFIT_DATA, Keras cache, download), split it, and
 reject missing or malformed files with a clear DataError."""
 
+import functools
+import hashlib
+import http.server
+import os
+import subprocess
+import sys
+import threading
+import time
+import zipfile
+
 import numpy as np
 import pytest
 
+from conftest import ROOT
+from mirrorfit.data import mnist
 from mirrorfit.data.mnist import load_mnist, locate_mnist
 from mirrorfit.errors import DataError
+
+# A proxy on a closed local port: any download attempt fails at once, network or not.
+NO_NETWORK = {"https_proxy": "http://127.0.0.1:9", "HTTPS_PROXY": "http://127.0.0.1:9"}
 
 
 def test_real_mnist_splits_as_in_the_chapter(mnist_dir):
@@ -41,8 +56,60 @@ def test_env_var_then_keras_cache_order(tmp_path, monkeypatch, mnist_dir):
 def test_nothing_found_lists_what_was_tried(tmp_path, monkeypatch):
     monkeypatch.delenv("MIRRORFIT_DATA", raising=False)
     monkeypatch.setenv("KERAS_HOME", str(tmp_path))
-    with pytest.raises(DataError, match=r"MNIST not found; tried Keras cache .* --data-dir"):
+    with pytest.raises(DataError, match=r"MNIST not found; tried \$MIRRORFIT_DATA \(unset\), "
+                                        r"Keras cache .* --data-dir"):
         locate_mnist(download=False)
+
+
+def test_no_network_fails_fast_naming_every_place(tmp_path, monkeypatch):
+    monkeypatch.setenv("MIRRORFIT_DATA", str(tmp_path / "nowhere"))
+    monkeypatch.setenv("KERAS_HOME", str(tmp_path / "keras"))
+    monkeypatch.delenv("no_proxy", raising=False)
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    for key, value in NO_NETWORK.items():
+        monkeypatch.setenv(key, value)
+    start = time.perf_counter()
+    with pytest.raises(DataError) as info:
+        locate_mnist()
+    assert time.perf_counter() - start < 10
+    message = str(info.value)
+    assert "\n" not in message
+    for place in (f"$MIRRORFIT_DATA ({tmp_path / 'nowhere' / 'mnist.npz'}: no such file)",
+                  f"Keras cache ({tmp_path / 'keras' / 'datasets' / 'mnist.npz'}: no such file)",
+                  f"download from {mnist.URL} (URLError"):
+        assert place in message, message
+    assert not list((tmp_path / "keras" / "datasets").iterdir())  # no partial file left
+
+
+@pytest.fixture
+def served(tmp_path, mnist_dir):
+    """A local HTTP server holding the real mnist.npz (a stand-in for the Keras download)."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "mnist.npz").symlink_to(mnist_dir / "mnist.npz")
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(site))
+    handler.log_message = lambda *args: None
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_port}/mnist.npz"
+    server.shutdown()
+
+
+def test_download_goes_to_the_keras_cache_and_is_checked(tmp_path, monkeypatch, mnist_dir,
+                                                         served):
+    monkeypatch.delenv("MIRRORFIT_DATA", raising=False)
+    monkeypatch.setenv("KERAS_HOME", str(tmp_path / "keras"))
+    monkeypatch.setattr(mnist, "URL", served)
+    monkeypatch.setattr(mnist, "SHA256", "0" * 64)  # not this file's hash: refused
+    with pytest.raises(DataError, match="download from .* is not MNIST's"):
+        locate_mnist()
+    cache = tmp_path / "keras" / "datasets"
+    assert not list(cache.iterdir())  # nothing half-written or unverified left behind
+    real = hashlib.sha256((mnist_dir / "mnist.npz").read_bytes()).hexdigest()
+    monkeypatch.setattr(mnist, "SHA256", real)
+    assert locate_mnist() == cache / "mnist.npz"
+    assert [p.name for p in cache.iterdir()] == ["mnist.npz"]
+    assert hashlib.sha256((cache / "mnist.npz").read_bytes()).hexdigest() == real
 
 
 def test_wrong_data_dir_is_an_error_not_a_fallback(tmp_path):
@@ -67,3 +134,82 @@ def test_missing_key(tmp_path):
     np.savez(tmp_path / "mnist.npz", x_train=np.zeros((10, 28, 28), np.uint8))
     with pytest.raises(DataError, match="is not a valid MNIST npz file"):
         load_mnist(str(tmp_path), download=False)
+
+
+def _fake_mnist(path, n_train=12, n_test=4, **override):
+    arrays = {"x_train": np.zeros((n_train, 28, 28), np.uint8),
+              "y_train": np.arange(n_train, dtype=np.uint8) % 10,
+              "x_test": np.zeros((n_test, 28, 28), np.uint8),
+              "y_test": np.arange(n_test, dtype=np.uint8) % 10}
+    np.savez(path, **{**arrays, **override})
+
+
+def test_a_well_formed_small_file_loads(tmp_path):
+    _fake_mnist(tmp_path / "mnist.npz")  # the checks below reject only what is wrong
+    s = load_mnist(str(tmp_path), download=False)
+    assert len(s.y_test) == 4 and s.y_val.dtype == np.int32
+
+
+@pytest.mark.parametrize("override,match", [
+    ({"y_test": np.zeros(3, np.uint8)}, "x_test has 4 images but y_test has 3 labels"),
+    ({"x_train": np.zeros((11, 28, 28), np.uint8)}, "x_train has 11 images but y_train has 12"),
+    ({"y_train": np.full(12, 10, np.uint8)}, r"y_train\[0\] is 10, not a class 0-9 \(12 such"),
+    ({"y_test": np.array([0, 1, -1, 3], np.int8)}, r"y_test\[2\] is -1, not a class 0-9"),
+    ({"y_test": np.zeros(4, np.float32)}, "y_test has dtype float32; expected integer labels"),
+    ({"x_test": np.zeros((4, 28, 28), np.float32)}, "x_test has dtype float32; expected uint8"),
+    ({"y_train": np.int64(3)}, r"y_train has shape \(\)"),
+])
+def test_inconsistent_contents_are_refused_at_load(tmp_path, override, match):
+    _fake_mnist(tmp_path / "mnist.npz", **override)
+    with pytest.raises(DataError, match=match):
+        load_mnist(str(tmp_path), download=False)
+
+
+def test_corrupt_compressed_member(tmp_path):
+    """A damaged deflate stream raises zlib.error inside NumPy: one DataError instead."""
+    path = tmp_path / "mnist.npz"
+    rng = np.random.default_rng(0)
+    np.savez_compressed(path, x_train=rng.integers(0, 50, (40, 28, 28), dtype=np.uint8),
+                        y_train=np.zeros(40, np.uint8), x_test=np.zeros((4, 28, 28), np.uint8),
+                        y_test=np.zeros(4, np.uint8))
+    with zipfile.ZipFile(path) as z:
+        info = z.getinfo("x_train.npy")
+    data = bytearray(path.read_bytes())
+    middle = info.header_offset + 30 + len(info.filename) + len(info.extra) + \
+        info.compress_size // 3
+    data[middle:middle + 64] = b"\xff" * 64
+    path.write_bytes(bytes(data))
+    with pytest.raises(DataError, match="is not a valid MNIST npz file \\(error: Error -3"):
+        load_mnist(str(tmp_path), download=False)
+
+
+def _cli_without_data_env(home, *args):
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("MIRRORFIT_DATA", "KERAS_HOME", "no_proxy", "NO_PROXY")}
+    env.update(NO_NETWORK, HOME=str(home), TF_CPP_MIN_LOG_LEVEL="3")
+    return subprocess.run([sys.executable, "-m", "mirrorfit.cli", *args], capture_output=True,
+                          text=True, timeout=300, env=env, cwd=ROOT)
+
+
+def test_plain_train_finds_mnist_in_the_keras_cache(tmp_path, mnist_dir):
+    """`mirrorfit train` with no flag and no $MIRRORFIT_DATA: ~/.keras/datasets/mnist.npz."""
+    cache = tmp_path / ".keras" / "datasets"
+    cache.mkdir(parents=True)
+    (cache / "mnist.npz").symlink_to(mnist_dir / "mnist.npz")
+    proc = _cli_without_data_env(tmp_path, "train", "--train-examples", "256", "--epochs", "1",
+                                 "--batch-size", "64")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    # rich folds long lines (and paths) when stderr is not a terminal
+    assert f"mlpon{cache / 'mnist.npz'}" in "".join(proc.stderr.split()), proc.stderr[-3000:]
+
+
+def test_plain_train_without_data_is_one_line(tmp_path):
+    out = tmp_path / "m.json"
+    proc = _cli_without_data_env(tmp_path, "train", "--metrics-out", str(out))
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("mirrorfit: error:")]
+    assert len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    for place in ("$MIRRORFIT_DATA (unset)", f"Keras cache ({tmp_path}/.keras/datasets",
+                  "download from https://", "--data-dir DIR"):
+        assert place in errors[0], errors[0]
+    assert not out.exists()

@@ -1,14 +1,19 @@
 """Find and load MNIST in the ``keras.datasets.mnist`` npz layout.
 
 Search order: ``data_dir`` argument (``--data-dir``), ``$MIRRORFIT_DATA``, the Keras cache
-(``~/.keras/datasets/mnist.npz``), then Keras's download. Validation is the first 5,000
-training images, as in the chapter.
+(``$KERAS_HOME/datasets/mnist.npz``, by default ``~/.keras/datasets/mnist.npz``), then a
+download into that cache. Validation is the first 5,000 training images, as in the chapter.
 """
 
 from __future__ import annotations
 
+import hashlib
+import http.client
+import lzma
 import os
+import urllib.request
 import zipfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,8 +23,19 @@ from mirrorfit.errors import DataError
 
 FILENAME = "mnist.npz"
 VALIDATION_SIZE = 5000
+NUM_CLASSES = 10
+# Where and what keras.datasets.mnist downloads (its published SHA-256).
+URL = "https://storage.googleapis.com/tensorflow/tf-keras-datasets/mnist.npz"
+SHA256 = "731c5ac602752760c8e48fbffcf8c3b850d9dc2a2aedcf2cc48468fc17b673d1"
+# Seconds per connect / read: Keras's own get_file has no timeout and can hang on a network
+# that drops packets.
+DOWNLOAD_TIMEOUT_S = 20
 _KEYS = {"x_train": (60000, 28, 28), "y_train": (60000,), "x_test": (10000, 28, 28),
          "y_test": (10000,)}
+# What reading a damaged or foreign npz raises: zip structure, a member's compression
+# (zlib.error, lzma), NumPy's header or pickle refusal (ValueError), a truncated file.
+_READ_ERRORS = (KeyError, ValueError, OSError, EOFError, zipfile.BadZipFile, zlib.error,
+                lzma.LZMAError, NotImplementedError)
 
 
 @dataclass(frozen=True)
@@ -35,38 +51,69 @@ class Splits:
     source: str
 
 
-def _candidates(data_dir: str | None) -> list[tuple[str, Path]]:
-    out = []
-    if data_dir:
-        out.append(("--data-dir", Path(data_dir)))
-    if os.environ.get("MIRRORFIT_DATA"):
-        out.append(("$MIRRORFIT_DATA", Path(os.environ["MIRRORFIT_DATA"])))
-    keras_home = Path(os.environ.get("KERAS_HOME", Path.home() / ".keras"))
-    out.append(("Keras cache", keras_home / "datasets"))
-    return out
+def keras_cache() -> Path:
+    """Where Keras keeps downloaded data sets: ``$KERAS_HOME/datasets`` or ``~/.keras/datasets``."""
+    return Path(os.environ.get("KERAS_HOME") or Path.home() / ".keras") / "datasets"
 
 
 def locate_mnist(data_dir: str | None = None, *, download: bool = True) -> Path:
-    """Path of mnist.npz. A given ``data_dir`` may be the file itself or its folder."""
-    tried = []
-    for origin, path in _candidates(data_dir):
-        file = path if path.suffix == ".npz" else path / FILENAME
-        if file.is_file():
-            return file
-        tried.append(f"{origin} ({file})")
-        if origin == "--data-dir":  # an explicit path that is wrong is an error, not a hint
+    """Path of mnist.npz. A given ``data_dir`` may be the file itself or its folder; it is
+    the only place looked at. Without it: $MIRRORFIT_DATA, the Keras cache, a download."""
+    if data_dir:  # an explicit path that is wrong is an error, not a hint
+        file = _npz(Path(data_dir))
+        if not file.is_file():
             raise DataError(f"no {FILENAME} at --data-dir {data_dir}; point it at the folder "
                             f"holding {FILENAME} or at the file itself")
+        return file
+    tried = []
+    env = os.environ.get("MIRRORFIT_DATA")
+    for origin, folder in (("$MIRRORFIT_DATA", Path(env) if env else None),
+                           ("Keras cache", keras_cache())):
+        if folder is None:
+            tried.append(f"{origin} (unset)")
+            continue
+        file = _npz(folder)
+        if file.is_file():
+            return file
+        tried.append(f"{origin} ({file}: no such file)")
     if download:
         try:
-            import keras
+            return _download(keras_cache() / FILENAME)
+        except (OSError, ValueError, http.client.HTTPException) as e:  # offline is common
+            tried.append(f"download from {URL} ({_reason(e)})")
+    else:
+        tried.append("download (not attempted)")
+    raise DataError(f"MNIST not found; tried {', '.join(tried)}. Pass --data-dir DIR or set "
+                    f"MIRRORFIT_DATA to a folder with {FILENAME} (keras.datasets.mnist's file)")
 
-            return Path(keras.utils.get_file(FILENAME, origin="https://storage.googleapis.com/"
-                                             "tensorflow/tf-keras-datasets/mnist.npz"))
-        except Exception as e:  # no network here is the common case
-            tried.append(f"download ({type(e).__name__})")
-    raise DataError(f"MNIST not found; tried {'; '.join(tried)}. Pass --data-dir DIR or set "
-                    f"MIRRORFIT_DATA to a folder with {FILENAME}")
+
+def _npz(path: Path) -> Path:
+    return path if path.suffix == ".npz" else path / FILENAME
+
+
+def _download(dest: Path) -> Path:
+    """Fetch MNIST into the Keras cache (where Keras itself would put it), checking its hash;
+    written aside and renamed, so an interrupted download leaves nothing half-written."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    part = dest.with_name(f".{dest.name}.{os.getpid()}.part")
+    digest = hashlib.sha256()
+    try:
+        with urllib.request.urlopen(URL, timeout=DOWNLOAD_TIMEOUT_S) as response, \
+                open(part, "wb") as out:
+            for chunk in iter(lambda: response.read(1 << 20), b""):
+                digest.update(chunk)
+                out.write(chunk)
+        if digest.hexdigest() != SHA256:
+            raise ValueError(f"SHA-256 {digest.hexdigest()[:12]}... is not MNIST's")
+        os.replace(part, dest)
+    finally:
+        part.unlink(missing_ok=True)
+    return dest
+
+
+def _reason(error: Exception) -> str:
+    reason = getattr(error, "reason", None) or getattr(error, "strerror", None) or error
+    return f"{type(error).__name__}: {reason}"
 
 
 def load_mnist(data_dir: str | None = None, *, train_examples: int | None = None,
@@ -77,16 +124,11 @@ def load_mnist(data_dir: str | None = None, *, train_examples: int | None = None
     try:
         with np.load(path) as f:
             arrays = {k: f[k] for k in _KEYS}
-    except (KeyError, ValueError, OSError, zipfile.BadZipFile, EOFError) as e:
+    except _READ_ERRORS as e:
         raise DataError(f"{path} is not a valid MNIST npz file ({type(e).__name__}: {e}); "
                         "expected keras.datasets.mnist's layout (x_train, y_train, x_test, "
                         "y_test)") from None
-    for key, shape in _KEYS.items():
-        if arrays[key].shape[1:] != shape[1:] or len(arrays[key]) < 1:
-            raise DataError(f"{path}: {key} has shape {arrays[key].shape}, expected "
-                            f"{('N',) + shape[1:]}; is this keras.datasets.mnist's npz?")
-    if len(arrays["x_train"]) != len(arrays["y_train"]):
-        raise DataError(f"{path}: x_train and y_train differ in length")
+    _check(path, arrays)
     x, y = arrays["x_train"], arrays["y_train"].astype(np.int32)
     x_train, y_train = x[VALIDATION_SIZE:], y[VALIDATION_SIZE:]
     if train_examples is not None:
@@ -97,3 +139,29 @@ def load_mnist(data_dir: str | None = None, *, train_examples: int | None = None
     return Splits(x_train=x_train, y_train=y_train, x_val=x[:VALIDATION_SIZE],
                   y_val=y[:VALIDATION_SIZE], x_test=arrays["x_test"],
                   y_test=arrays["y_test"].astype(np.int32), source=str(path))
+
+
+def _check(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    """Refuse what would train and then fail (or be silently wrong): every check is cheap
+    next to a run."""
+    for key, shape in _KEYS.items():
+        a = arrays[key]
+        if a.ndim != len(shape) or a.shape[1:] != shape[1:] or len(a) < 1:
+            raise DataError(f"{path}: {key} has shape {a.shape}, expected "
+                            f"{('N',) + shape[1:]}; is this keras.datasets.mnist's npz?")
+    for split in ("train", "test"):
+        x, y = arrays[f"x_{split}"], arrays[f"y_{split}"]
+        if len(x) != len(y):
+            raise DataError(f"{path}: x_{split} has {len(x)} images but y_{split} has "
+                            f"{len(y)} labels; each image needs exactly one label")
+        if x.dtype != np.uint8:  # the pipeline scales by 1/255
+            raise DataError(f"{path}: x_{split} has dtype {x.dtype}; expected uint8 pixels "
+                            "0-255 as in keras.datasets.mnist")
+        if not np.issubdtype(y.dtype, np.integer):
+            raise DataError(f"{path}: y_{split} has dtype {y.dtype}; expected integer labels "
+                            f"0-{NUM_CLASSES - 1}")
+        bad = (y < 0) | (y >= NUM_CLASSES)
+        if bad.any():
+            i = int(np.argmax(bad))
+            raise DataError(f"{path}: y_{split}[{i}] is {y[i]}, not a class 0-"
+                            f"{NUM_CLASSES - 1} ({int(bad.sum())} such label(s))")
