@@ -79,6 +79,14 @@ def test_metrics_out_folder_must_exist(tmp_path):
     _one_line_error(proc, "does not exist; create it first")
 
 
+def test_readme_first_command_needs_no_local_path():
+    """The set-up line works on any machine: the data is found or downloaded (tests/data)."""
+    setup = [line.strip() for line in (ROOT / "README.md").read_text().splitlines()
+             if "pip install -e . &&" in line]
+    assert setup == ["python3 -m venv .venv && .venv/bin/pip install -e . && "
+                     ".venv/bin/mirrorfit train"]
+
+
 def test_devices_lists_what_tensorflow_sees():
     import tensorflow as tf
 

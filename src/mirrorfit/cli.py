@@ -22,7 +22,8 @@ def _train_parser(sub) -> None:
     add("--config", help="TOML file with any of the settings below (flags override it)")
     add("--model", help="mlp (default), cnn, or package.module:function returning a Keras model")
     add("--dataset", help="data set (mnist)")
-    add("--data-dir", help="folder holding mnist.npz (else $MIRRORFIT_DATA, the Keras cache)")
+    add("--data-dir", help="folder holding mnist.npz, or the file (else $MIRRORFIT_DATA, the "
+        "Keras cache ~/.keras/datasets, a download)")
     add("--replicas", type=int, help="replicas; on a CPU-only host, logical CPU devices")
     add("--devices", help="comma-separated devices to replicate over, e.g. /gpu:0,/gpu:2")
     add("--visible-devices", help="GPU indices to use, like CUDA_VISIBLE_DEVICES (e.g. 0,1)")
