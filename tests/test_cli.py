@@ -212,6 +212,7 @@ def test_bench_writes_table_csv_json_and_png(tmp_path, cpu_only, mnist_dir):
     (["--xla", "maybe"], "--xla 'maybe'"),
     (["--epochs", "1"], "--epochs 2 or more"),
     (["--model", "resnet"], "unknown model 'resnet'"),
+    (["--tolerance", "nan"], "--tolerance must be a finite accuracy difference >= 0, got nan"),
 ])
 def test_bench_bad_input_is_one_clear_line(tmp_path, args, needle):
     proc = run_cli("bench", "--out", str(tmp_path / "out"), *args)

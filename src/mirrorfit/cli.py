@@ -7,6 +7,7 @@ MirrorfitError gets the same exit code with one clear line.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from typing import Sequence
@@ -223,6 +224,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
+    if not math.isfinite(args.tolerance) or args.tolerance < 0:
+        raise MirrorfitError(f"--tolerance must be a finite accuracy difference >= 0, got "
+                             f"{args.tolerance}; e.g. --tolerance 0.005")
     from mirrorfit.bench import Grid, run_bench
     from mirrorfit.config import PRECISIONS
     from mirrorfit.models import model_factory
