@@ -101,6 +101,14 @@ def test_devices_lists_what_tensorflow_sees():
     assert ("--replicas N" in proc.stdout) == (not has_gpu), proc.stdout
 
 
+def test_cli_sets_tf_log_level_before_tensorflow_loads():
+    """TF reads TF_CPP_MIN_LOG_LEVEL once, at import: the CLI module must not import it."""
+    code = "import sys, mirrorfit.cli; print('tensorflow' in sys.modules)"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, cwd=ROOT)
+    assert proc.stdout.strip() == "False", proc.stderr[-2000:]
+
+
 def test_piped_output_prints_each_epoch_once_and_no_warnings(tmp_path, mnist_dir):
     """As in CI or `| tee`: stdout and stderr are pipes, TF's log level is the CLI's own."""
     env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
