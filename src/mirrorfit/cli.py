@@ -216,7 +216,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from mirrorfit.config import load_config
 
     overrides = {k: v for k, v in vars(args).items() if k not in ("command", "config")}
-    config = load_config(args.config, **overrides)  # before TensorFlow loads: bad input is fast
+    config = load_config(args.config, **overrides)  # before the training stack loads
     from mirrorfit.train import run_training
 
     run_training(config)
