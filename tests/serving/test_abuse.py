@@ -326,3 +326,191 @@ def test_a_thousand_hostile_requests_leave_the_server_as_it_was(hardened, channe
 
 
 # --- REST transport, limits and metrics (items 3, 4, 5 for REST) -------------------------------
+
+REST_LIMIT_S = 1.0  # the header and body timeouts of the module's REST server
+MAX_CONNECTIONS = 16
+
+
+def _save_slow(path: Path) -> None:
+    """A model that takes a second without using a core (tf.data's sleep, a test helper of
+    TensorFlow's, is a graph op, so it survives the export): unbatched calls pile up
+    deterministically, whatever the load."""
+    from tensorflow.python.data.experimental.ops.testing import sleep
+
+    class Slow(tf.Module):
+        @tf.function(input_signature=[tf.TensorSpec([None, 1], tf.float32, name="x")])
+        def slow(self, x):
+            ds = tf.data.Dataset.range(1).apply(sleep(1_000_000))
+            zero = tf.cast(ds.reduce(tf.constant(0, tf.int64), lambda a, b: a + b), tf.float32)
+            return {"y": x + zero}
+
+    module = Slow()
+    tf.saved_model.save(module, str(path), signatures={"serving_default": module.slow})
+
+
+@pytest.fixture(scope="module")
+def rest_server(model_root, tmp_path_factory):
+    """No batching, tight REST bounds, and uvicorn's other HTTP stack (h11 on asyncio; the
+    REST suite in test_rest.py runs on the default, httptools on uvloop)."""
+    root = tmp_path_factory.mktemp("abuse-rest")
+    _save_slow(root / "slow" / "1")
+    (root / "models.config").write_text(f"""model_config_list {{
+  config {{ name: 'mnist' base_path: '{model_root / "mnist"}' }}
+  config {{ name: 'multi' base_path: '{model_root / "multi"}' }}
+  config {{ name: 'slow' base_path: '{root / "slow"}' }}
+}}""")
+    ms = int(REST_LIMIT_S * 1000)
+    srv = Server([f"--model_config_file={root / 'models.config'}",
+                  f"--monitoring_config_file={model_root / 'monitoring.config'}",
+                  "--max_unbatched_in_flight=2", f"--rest_api_max_connections={MAX_CONNECTIONS}",
+                  f"--rest_api_header_timeout_in_ms={ms}", f"--rest_api_body_timeout_in_ms={ms}",
+                  "--rest_api_http_impl=h11", "--event_loop=asyncio"], root)
+    yield srv
+    srv.stop()
+
+
+def _socket(server):
+    import socket
+
+    return socket.create_connection(("127.0.0.1", server.rest_port), timeout=30)
+
+
+def _until_closed(sock) -> bytes:
+    data = b""
+    while chunk := sock.recv(65536):
+        data += chunk
+    return data
+
+
+def test_rest_idle_and_slowloris_connections_are_cut(rest_server):
+    idle, slow_head, slow_body = _socket(rest_server), _socket(rest_server), _socket(rest_server)
+    slow_head.sendall(b"POST /v1/models/mnist:predict HTTP/1.1\r\nhost: x\r\n")  # no end
+    slow_body.sendall(b"POST /v1/models/mnist:predict HTTP/1.1\r\nhost: x\r\n"
+                      b"content-length: 1000\r\n\r\n{")
+    start = time.monotonic()
+    for _ in range(int(REST_LIMIT_S * 3)):  # a byte a second on each
+        time.sleep(0.5)
+        for sock, byte in ((slow_head, b"x"), (slow_body, b" ")):
+            try:
+                sock.sendall(byte)
+            except OSError:  # cut: the point of the test
+                pass
+    answers = [_until_closed(s) for s in (idle, slow_head, slow_body)]
+    assert time.monotonic() - start < REST_LIMIT_S + 5  # all closed by the server
+    assert answers[0] == b""  # idle: closed quietly
+    assert answers[1].startswith(b"HTTP/1.1 408") and b"header_timeout" in answers[1]
+    assert answers[2].startswith(b"HTTP/1.1 408") and b"body_timeout" in answers[2]
+    assert httpx.get(f"{rest_server.url}/readyz", timeout=10).status_code == 200
+
+
+def test_rest_connections_beyond_the_limit_get_503_and_the_server_recovers(rest_server):
+    held = [_socket(rest_server) for _ in range(MAX_CONNECTIONS)]
+    time.sleep(0.3)
+    assert httpx.get(f"{rest_server.url}/readyz", timeout=10).status_code == 503
+    time.sleep(REST_LIMIT_S + 1)  # the server drops the silent ones itself
+    assert httpx.get(f"{rest_server.url}/readyz", timeout=10).status_code == 200
+    for sock in held:
+        sock.close()
+
+
+def test_unbatched_overload_answers_503_not_an_endless_queue(rest_server):
+    body = {"instances": [[1.0]]}
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        clients = [httpx.Client(timeout=30) for _ in range(6)]
+        for c in clients:  # connected before the burst: it lands within the model's second
+            c.get(f"{rest_server.url}/readyz")
+        answers = list(pool.map(
+            lambda c: c.post(f"{rest_server.url}/v1/models/slow:predict", json=body), clients))
+        for c in clients:
+            c.close()
+    codes = sorted(r.status_code for r in answers)
+    assert codes == [200, 200, 503, 503, 503, 503], [r.text for r in answers]
+    busy = next(r for r in answers if r.status_code == 503)
+    assert "--max_unbatched_in_flight" in busy.json()["error"]
+    # the bound is the service's, shared with gRPC
+    with grpc.insecure_channel(rest_server.grpc_target) as channel:
+        stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+        request = _request("slow", "x", tf.make_tensor_proto(np.ones((1, 1), np.float32)))
+        with concurrent.futures.ThreadPoolExecutor(3) as pool:
+            codes = sorted(pool.map(lambda _: _code(stub, request), range(3)), key=str)
+    assert codes.count(grpc.StatusCode.UNAVAILABLE) == 1 and codes.count(OK) == 2, codes
+    assert httpx.post(f"{rest_server.url}/v1/models/slow:predict", json=body,
+                      timeout=30).status_code == 200  # slots given back
+
+
+def _metric_lines(server) -> list[str]:
+    page = httpx.get(f"{server.url}/monitoring/prometheus/metrics", timeout=10).text
+    return [line for line in page.splitlines() if not line.startswith("#")]
+
+
+def _unknown_model_round(client, url: str, name: str) -> None:
+    for path, body in ((f"/v1/models/{name}:predict", {"instances": [1]}),
+                       (f"/v1/models/{name}:classify", {"examples": [{}]}),
+                       (f"/v1/models/{name}:regress", {"examples": [{}]})):
+        assert client.post(url + path, json=body).status_code == 404
+    for path in (f"/v1/models/{name}", f"/v1/models/{name}/metadata"):
+        assert client.get(url + path).status_code == 404
+
+
+def test_unknown_model_names_add_no_metric_series(rest_server):
+    with httpx.Client(timeout=30) as client:
+        _unknown_model_round(client, rest_server.url, "first-unknown")  # the one shared series
+        before = _metric_lines(rest_server)
+        for i in range(50):
+            _unknown_model_round(client, rest_server.url, f"nope{i}")
+    after = _metric_lines(rest_server)
+    assert len(after) == len(before), set(after) - set(before)  # was ~1,000 lines more
+    assert not [line for line in after if "nope" in line or "first-unknown" in line]
+    assert any('model_name="<unknown>",status="NOT_FOUND"' in line for line in after)
+
+
+NASTY_REST = [  # (path, body): each was a 500 and a traceback in the server's log
+    ("mnist:predict", b'{"instances": ' + b"[" * 66 + b"1" + b"]" * 66 + b"}"),
+    ("mnist:predict", b'{"instances": ' + b"[" * 950 + b"1" + b"]" * 950 + b"}"),
+    ("mnist:predict", b'{"instances": [' + b"9" * 4301 + b"]}"),
+    ("multi:predict", b'{"signature_name": "multi", "inputs": {"a": [[' + b"9" * 400
+     + b', 1]], "b": [[1, 1]]}}'),
+    ("multi:classify", b'{"signature_name": "classify_x", "examples": [{"x": {"b64": "a"}}]}'),
+    ("multi:regress", b'{"signature_name": "regress_x", "examples": [{"x": [{"b64": "a"}]}]}'),
+    ("multi:classify", b'{"signature_name": "classify_x", '
+                       b'"examples": [{"x": [-9223372036854775809, 1]}]}'),
+    ("multi:classify", b'{"signature_name": "classify_x", "examples": [{"x": "\\ud800"}]}'),
+    ("multi:predict", b'{"signature_name": "ints", "instances": [[' + b"9" * 30 + b', 1, 2]]}'),
+]
+
+
+def test_nasty_rest_bodies_get_a_4xx_and_leave_no_traceback(rest_server):
+    with httpx.Client(timeout=30) as client:
+        for path, body in NASTY_REST:
+            r = client.post(f"{rest_server.url}/v1/models/{path}", content=body)
+            assert 400 <= r.status_code < 500, (body[:80], r.status_code, r.text[:300])
+            assert r.json()["error"], body[:80]
+    log = rest_server.log.read_text()
+    assert "Traceback" not in log and "Exception in ASGI" not in log
+    assert httpx.get(f"{rest_server.url}/readyz", timeout=10).status_code == 200
+
+
+def test_a_large_body_is_decoded_off_the_event_loop(rest_server):
+    # 19 MB of JSON: seconds of parsing, during which the loop keeps answering
+    body = b'{"instances": [' + b",".join([b"[" + b"0.5," * 27 + b"0.5]"] * 28 * 6000) + b"]}"
+    result = {}
+
+    def big():
+        start = time.monotonic()
+        result["status"] = httpx.post(f"{rest_server.url}/v1/models/mnist:predict",
+                                      content=body, timeout=60).status_code
+        result["seconds"] = time.monotonic() - start
+
+    with httpx.Client(timeout=30) as client, concurrent.futures.ThreadPoolExecutor(1) as pool:
+        client.get(f"{rest_server.url}/readyz")
+        future = pool.submit(big)
+        worst = 0.0
+        while not future.done():
+            start = time.monotonic()
+            assert client.get(f"{rest_server.url}/readyz").status_code == 200
+            worst = max(worst, time.monotonic() - start)
+            time.sleep(0.01)
+        future.result()
+    assert result["status"] == 400  # 168,000 rows of 28 numbers: not images
+    # before, the loop parsed it: /readyz waited as long as the request (seconds)
+    assert worst < result["seconds"] / 4, (worst, result)

@@ -194,9 +194,8 @@ class RestApi:
 
     async def _predict(self, spec: Spec, body: bytes, gzipped: bool,
                        held: "_Held") -> tuple[Response, int, Spec]:
-        big = gzipped or len(body) > OFF_LOOP_BYTES  # a small gzip body may inflate to 64 MiB
         servable, sig, inputs, rows, spec = await self._maybe_off_loop(
-            big, self._predict_inputs, spec, body, gzipped, held)
+            _big(body, gzipped), self._predict_inputs, spec, body, gzipped, held)
         outputs = await self.service.predict_async(servable, sig, inputs)
         n = next(iter(inputs.values())).shape[0] if rows else 0
         size = sum(v.size for v in outputs.values())
@@ -231,7 +230,7 @@ class RestApi:
             except (OSError, EOFError, zlib.error):
                 raise invalid("Failed to decompress gzip request body") from None
             held.take(len(body))
-        doc = json_codec.parse_body(body)
+        doc = json_codec.parse_body(body, yielding=_big(body, gzipped))
         signature = doc.get("signature_name", "") if isinstance(doc, dict) else ""
         if not isinstance(signature, str):
             raise invalid(f"JSON Value: {json_codec.debug_json(doc)} not formatted correctly. "
@@ -277,6 +276,11 @@ class RestApi:
                             seconds=elapsed, examples=examples)
         log.debug("request", extra={"entrypoint": "REST", "model": model, "api": api,
                                     "status": status, "latency_ms": round(elapsed * 1e3, 3)})
+
+
+def _big(body: bytes, gzipped: bool) -> bool:
+    """Whether to decode off the event loop (a small gzip body may inflate to 64 MiB)."""
+    return gzipped or len(body) > OFF_LOOP_BYTES
 
 
 def _predict_response(outputs, rows: bool) -> Response:
