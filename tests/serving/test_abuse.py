@@ -233,10 +233,11 @@ def _wait_for(predicate, timeout_s: float = 60):
 def test_a_slow_copy_is_picked_up_once_complete(hardened):
     # Item 7: a version that failed to load while half copied was dropped until restart.
     base, source = hardened.models / "polled", hardened.models / "pixels" / "1"
-    half = base / "0002"
-    half.mkdir()
+    half, staging = base / "0002", base / ".staging"  # (staged: the poller sees one state)
+    staging.mkdir()
     pb = (source / "saved_model.pb").read_bytes()
-    (half / "saved_model.pb").write_bytes(pb[:len(pb) // 2])
+    (staging / "saved_model.pb").write_bytes(pb[:len(pb) // 2])
+    staging.rename(half)  # half of the copy is there
     # the first attempt and --max_num_load_retries=1 retry, 0.2 s apart, both fail
     _wait_for(lambda: len(_log_events(hardened, "load failed", model="polled")) >= 2)
     time.sleep(0.6)  # no third attempt on unchanged content
