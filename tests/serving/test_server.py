@@ -147,6 +147,8 @@ def test_fuzzed_bodies_never_get_a_5xx(server):
     (["--model_base_path=.", "--port=8500", "--rest_api_port=8500"], "both 8500"),
     (["--model_base_path=.", "--enable_batching=maybe"], "expected true or false"),
     (["--model_config_file=/nonexistent.config"], "cannot read it"),
+    (["--model_base_path=.", "--rest_api_body_timeout_in_ms=0"],
+     "--rest_api_body_timeout_in_ms must be positive, got 0"),
 ])
 def test_bad_serve_command_lines(args, needle):
     proc = run_cli("serve", *args, timeout=120)
