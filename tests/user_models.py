@@ -8,6 +8,13 @@ def tiny():
                              keras.layers.Dense(10, activation="softmax")], name="tiny")
 
 
+def tiny_dropout():
+    """The smallest model with Dropout: its RNG state must survive a checkpoint."""
+    return keras.Sequential([keras.Input((28, 28)), keras.layers.Flatten(),
+                             keras.layers.Dense(16, activation="relu"), keras.layers.Dropout(0.5),
+                             keras.layers.Dense(10, activation="softmax")], name="tiny_dropout")
+
+
 def not_a_model():
     return 42
 

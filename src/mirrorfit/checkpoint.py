@@ -5,42 +5,50 @@ including RNG seed state, and the optimizer with its slots and iteration count) 
 ``meta.json`` (position: epoch, step in epoch, global step; and what the run was: model,
 optimizer, weight shapes). Each checkpoint is written into a hidden temp folder and renamed into
 place, so a kill -9 mid-write leaves only a temp folder, and the last complete checkpoint is
-still the latest. TF checkpoints do not depend on the strategy: a 2-replica run resumes on 1 or 4.
-The input position needs no saving beyond (epoch, step): the data order depends only on
-(seed, epoch), so a resumed run skips the batches it has seen.
+still the latest; the files TensorFlow writes are fsynced before the rename. If the newest
+checkpoint cannot be read (a power loss, a bad disk), restore moves it aside and falls back to
+the previous complete one, saying so. TF checkpoints do not depend on the strategy: a 2-replica
+run resumes on 1 or 4.
+
+The input position is (epoch, step in epoch) in units of the global batch, also stored in
+examples; the data order depends on the seed, the number of examples and the global batch
+(:class:`~mirrorfit.data.pipeline.DataOrder`). A run that changes any of them is refused, naming
+the flag that changed, instead of repeating or skipping examples.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
 import shutil
-import signal
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Mapping
 
 import tensorflow as tf
 
+from mirrorfit import _io
+from mirrorfit.data.pipeline import DataOrder
 from mirrorfit.errors import MirrorfitError
+# Re-exported: callers take the preemption pieces from here, beside the checkpoints they save.
+from mirrorfit.preemption import EXIT_PREEMPTED, Preempted, PreemptionGuard  # noqa: F401
 
-EXIT_PREEMPTED = 75  # sysexits EX_TEMPFAIL: "try again"; rerun the same command to resume
 _NAME = re.compile(r"^ckpt-(\d+)$")
+_FORMAT = 2  # 2: adds "data" (DataOrder), "flags" and "examples_in_epoch"
+# What each DataOrder field is called in a message.
+_LABELS = {"seed": "seed", "examples": "training examples", "global_batch": "global batch"}
 
 
 class CheckpointError(MirrorfitError):
     """A checkpoint that cannot be used: corrupt, or written by another model/optimizer."""
 
-
-class Preempted(Exception):
-    """Raised by :class:`PreemptionGuard` after it saved a checkpoint on SIGTERM/SIGINT."""
-
-    def __init__(self, signal_name: str, path: Path, epoch: int, step: int) -> None:
-        super().__init__(f"{signal_name}: saved {path} at epoch {epoch + 1}, step {step}; "
-                         "rerun the same command to resume")
-        self.path = path
+    def __init__(self, message: str, *, reason: str = "") -> None:
+        super().__init__(message)
+        self.reason = reason or message  # what is wrong, without the advice
 
 
 @dataclass(frozen=True)
@@ -63,15 +71,29 @@ class Checkpointer:
     """Save and restore a :class:`~mirrorfit.engine.trainer.Trainer` in ``directory``.
 
     ``every`` is in optimizer steps (checked after each compiled execution; 0: epoch ends
-    only); ``keep`` is how many recent checkpoints stay on disk.
+    only); ``keep`` is how many recent checkpoints stay on disk. ``data`` is the training data's
+    :class:`~mirrorfit.data.pipeline.DataOrder` (e.g. ``train_batches(...).order``): restoring
+    a checkpoint written with another one is refused. ``flags`` maps each DataOrder field to
+    the settings that produced it (e.g. ``{"seed": {"--seed": 42}}``), recorded so that a
+    refusal can name the one that changed. ``on_notice`` gets one line when restore falls back
+    past a corrupt checkpoint.
     """
 
     def __init__(self, directory: str | Path, *, trainer, model_spec: str, every: int = 0,
-                 keep: int = 3) -> None:
+                 keep: int = 3, data: DataOrder | None = None,
+                 flags: Mapping[str, Mapping[str, Any]] | None = None,
+                 on_notice: Callable[[str], None] = print) -> None:
         self.directory = Path(directory)
         self.trainer = trainer
         self.every, self.keep = every, keep
         self.identity = identity(trainer, model_spec)
+        if data is not None and data.global_batch != trainer.global_batch:
+            raise ValueError(f"the data's global batch {data.global_batch} is not the "
+                             f"trainer's {trainer.global_batch}")
+        # Without the data's order, the global batch (the step's unit) is still known.
+        self.data = dataclasses.asdict(data) if data else {"global_batch": trainer.global_batch}
+        self.flags = {k: dict(v) for k, v in (flags or {}).items()}
+        self._on_notice = on_notice
         # Keras's seed-generator state (Dropout's RNG) is a model variable that the model's
         # own checkpoint dependencies miss: list every model variable explicitly too.
         self._state = tf.train.Checkpoint(model=trainer.model, optimizer=trainer.optimizer,
@@ -84,23 +106,45 @@ class Checkpointer:
         return list_checkpoints(self.directory)
 
     def restore_latest(self) -> Restored | None:
-        """Restore the newest checkpoint into the trainer; None if there is none."""
-        found = self.checkpoints()
-        if not found:
-            return None
-        path = found[-1]
-        meta = read_meta(path)
-        self._check_identity(path, meta)
-        try:
-            self._state.read(str(path / "state")).assert_existing_objects_matched()
-        except Exception as e:  # TF raises OpError, ValueError, IndexError... on bad files
-            raise CheckpointError(f"checkpoint {path} cannot be read ({type(e).__name__}: "
-                                  f"{str(e).splitlines()[0][:200]}); pass --fresh to start over "
-                                  "or delete that folder to fall back to an older one") from None
-        t = self.trainer
-        t.epoch, t.step_in_epoch, t.step = meta["epoch"], meta["step_in_epoch"], meta["step"]
-        self._last_saved_step = t.step
-        return Restored(path, t.epoch, t.step_in_epoch, t.step)
+        """Restore the newest readable checkpoint into the trainer; None if there is none.
+
+        A checkpoint that cannot be read is moved aside (``corrupt-ckpt-...``) when an older
+        one restores, with one line through ``on_notice``; if none can be read, CheckpointError
+        names the newest. One written by another run (model, optimizer, data order) is refused.
+        """
+        unreadable: list[tuple[Path, str]] = []  # (checkpoint, why), newest first
+        for path in reversed(self.checkpoints()):
+            try:
+                meta = read_meta(path)
+            except CheckpointError as e:
+                unreadable.append((path, e.reason))
+                continue
+            self._check_identity(path, meta)
+            self._check_data(path, meta)
+            try:
+                self._state.read(str(path / "state")).assert_existing_objects_matched()
+            except Exception as e:  # TF raises OpError, ValueError, IndexError... on bad files
+                unreadable.append((path, _why(e)))
+                continue
+            self._set_aside(unreadable, path)
+            t = self.trainer
+            t.epoch, t.step_in_epoch, t.step = meta["epoch"], meta["step_in_epoch"], meta["step"]
+            self._last_saved_step = t.step
+            return Restored(path, t.epoch, t.step_in_epoch, t.step)
+        if unreadable:
+            raise _unreadable(*unreadable[0])
+        return None
+
+    def _set_aside(self, unreadable: list[tuple[Path, str]], good: Path) -> None:
+        # Out of the way, so this run's own save at that step is not mistaken for done; kept
+        # (not deleted) for whoever wants to look at it.
+        for path, why in unreadable:
+            aside = path.with_name(f"corrupt-{path.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+            os.rename(path, aside)
+            self._on_notice(f"checkpoint {path.name} cannot be read ({why}); moved it to "
+                            f"{aside.name} and resuming from the previous one, {good.name}")
+        if unreadable:
+            _io.fsync_dir(self.directory)
 
     def _check_identity(self, path: Path, meta: dict) -> None:
         theirs, ours = meta.get("identity", {}), self.identity
@@ -112,27 +156,51 @@ class Checkpointer:
                     f"checkpoint {path} was written by another run ({what} differ{detail}); "
                     "pass --fresh to start over, or use another --checkpoint-dir")
 
+    def _check_data(self, path: Path, meta: dict) -> None:
+        theirs = meta.get("data") or {}  # format 1 checkpoints did not record it
+        for key, ours in self.data.items():
+            old = theirs.get(key)
+            if old is None or ours is None or old == ours:
+                continue
+            their_flags, our_flags = meta.get("flags", {}).get(key, {}), self.flags.get(key, {})
+            changed = [f for f in our_flags if f in their_flags and their_flags[f] != our_flags[f]]
+            why = ", ".join(f"{f} {their_flags[f]} -> {our_flags[f]}" for f in changed)
+            fix = " ".join(_as_flag(f, their_flags[f]) for f in changed) or "the original settings"
+            if key == "global_batch" and changed and "--global-batch-size" not in changed:
+                fix += f" (or --global-batch-size {old})"  # e.g. on a host with fewer GPUs
+            raise CheckpointError(
+                f"checkpoint {path} was trained with {_LABELS[key]} {old}, this run has {ours}"
+                + (f" ({why})" if why else "") + f": resume with {fix}, or pass --fresh to "
+                "start over (resuming would repeat or skip examples)")
+
     # -- writing ---------------------------------------------------------------------------
     def save(self) -> Path:
-        """Write a checkpoint of the trainer's current position atomically; prune old ones."""
+        """Write a checkpoint of the trainer's current position atomically and durably; prune
+        old ones. StorageError (nothing changed) if the disk is full."""
         t = self.trainer
         final = self.directory / f"ckpt-{t.step:09d}"
         if final.exists():
             return final
         self.directory.mkdir(parents=True, exist_ok=True)
+        previous = self.checkpoints()
+        keep = (f"the previous checkpoint {previous[-1]} is kept" if previous
+                else "no checkpoint was written")
         tmp = self.directory / f".{final.name}.tmp-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
-        self._state.write(str(tmp / "state"))
-        meta = {"epoch": t.epoch, "step_in_epoch": t.step_in_epoch, "step": t.step,
-                "identity": self.identity, "time": time.time(), "format": 1}
-        with open(tmp / "meta.json", "w") as f:
-            json.dump(meta, f, indent=1)
-            f.flush()
-            os.fsync(f.fileno())
-        _fsync_dir(tmp)
-        os.rename(tmp, final)  # the commit point: before it, the previous checkpoint is latest
-        _fsync_dir(self.directory)
+        try:
+            with _io.disk_full_hint(f"checkpoint {final}", keep):
+                tmp.mkdir()
+                self._state.write(str(tmp / "state"))
+                meta = {"epoch": t.epoch, "step_in_epoch": t.step_in_epoch, "step": t.step,
+                        "examples_in_epoch": t.step_in_epoch * t.global_batch,
+                        "data": self.data, "flags": self.flags,
+                        "identity": self.identity, "time": time.time(), "format": _FORMAT}
+                (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
+                _io.fsync_tree(tmp)  # TF's files too: it does not fsync them itself
+            os.rename(tmp, final)  # the commit point: before it, the previous checkpoint is latest
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)  # a failed write leaves nothing behind
+        _io.fsync_dir(self.directory)
         self._last_saved_step = t.step
         for old in self.checkpoints()[:-self.keep]:
             shutil.rmtree(old, ignore_errors=True)
@@ -147,13 +215,12 @@ class Checkpointer:
         aside.mkdir()
         for p in found:
             os.rename(p, aside / p.name)
+        _io.fsync_dir(self.directory)
         return aside
 
-    def clean_partial(self) -> None:
-        """Remove temp folders left by a write that was killed."""
-        if self.directory.is_dir():
-            for p in self.directory.glob(".ckpt-*.tmp-*"):
-                shutil.rmtree(p, ignore_errors=True)
+    def clean_partial(self) -> list[Path]:
+        """Remove temp folders left by a write that was killed (not those of a live writer)."""
+        return _io.remove_stale_temps(self.directory, ".ckpt-*.tmp-*")
 
     # -- trainer hooks ---------------------------------------------------------------------
     def step_hook(self, trainer) -> None:
@@ -163,6 +230,21 @@ class Checkpointer:
 
     def epoch_callback(self, epoch: int, logs: dict) -> None:
         self.save()
+
+
+def _why(error: Exception) -> str:
+    first = str(error).strip().splitlines()[0][:200] if str(error).strip() else ""
+    return f"{type(error).__name__}: {first}" if first else type(error).__name__
+
+
+def _unreadable(path: Path, why: str) -> "CheckpointError":
+    return CheckpointError(f"checkpoint {path} cannot be read ({why}); pass --fresh to start "
+                           "over or delete that folder to fall back to an older one",
+                           reason=why)
+
+
+def _as_flag(flag: str, value: Any) -> str:
+    return f"without {flag}" if value is None else f"{flag} {value}"
 
 
 def list_checkpoints(directory: Path) -> list[Path]:
@@ -182,50 +264,14 @@ def read_meta(path: Path) -> dict:
         return meta
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise CheckpointError(f"checkpoint {path / 'meta.json'} is corrupt or missing "
-                              f"({type(e).__name__}); pass --fresh to start over") from None
+                              f"({type(e).__name__}); pass --fresh to start over",
+                              reason=f"meta.json: {type(e).__name__}") from None
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-class PreemptionGuard:
-    """On SIGTERM or SIGINT, finish the steps in flight, save, and raise :class:`Preempted`.
-
-    Use as a context manager around ``fit`` and pass ``guard.hook`` in ``hooks``. Python runs
-    signal handlers between compiled executions, so at most ``steps_per_execution`` steps
-    finish after the signal.
-    """
-
-    def __init__(self, checkpointer: Checkpointer) -> None:
-        self.checkpointer = checkpointer
-        self.signal_name: str | None = None
-        self._previous: dict[int, Any] = {}
-
-    def __enter__(self) -> "PreemptionGuard":
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            self._previous[sig] = signal.signal(sig, self._on_signal)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-
-    def _on_signal(self, signum, frame) -> None:
-        self.signal_name = signal.Signals(signum).name
-
-    def hook(self, trainer) -> None:
-        if self.signal_name:
-            path = self.checkpointer.save()
-            raise Preempted(self.signal_name, path, trainer.epoch, trainer.step)
-
-
-def load_model(directory: str | Path):
-    """The model of the newest checkpoint in ``directory``, rebuilt outside any strategy.
+def load_model(directory: str | Path, *,
+               on_notice: Callable[[str], None] = lambda m: print(m, file=sys.stderr)):
+    """The model of the newest readable checkpoint in ``directory``, rebuilt outside any
+    strategy (an unreadable newer one is skipped, with one line through ``on_notice``).
 
     Returns (model, meta). Only the model's variables are read (not the optimizer's).
     """
@@ -236,12 +282,22 @@ def load_model(directory: str | Path):
     if not found:
         raise CheckpointError(f"no checkpoint in {directory}; train with --checkpoint-dir "
                               f"{directory} first")
-    meta = read_meta(found[-1])
-    model = model_factory(meta["identity"]["model"])()
-    try:
-        tf.train.Checkpoint(model=model).read(str(found[-1] / "state")).expect_partial() \
-            .assert_existing_objects_matched()
-    except Exception as e:  # TF raises OpError, ValueError, IndexError... on bad files
-        raise CheckpointError(f"checkpoint {found[-1]} cannot be read ({type(e).__name__}); "
-                              "is it from this model?") from None
-    return model, meta
+    unreadable: list[tuple[Path, str]] = []
+    for path in reversed(found):
+        try:
+            meta = read_meta(path)
+        except CheckpointError as e:
+            unreadable.append((path, e.reason))
+            continue
+        model = model_factory(meta["identity"]["model"])()
+        try:
+            tf.train.Checkpoint(model=model).read(str(path / "state")).expect_partial() \
+                .assert_existing_objects_matched()
+        except Exception as e:  # TF raises OpError, ValueError, IndexError... on bad files
+            unreadable.append((path, _why(e)))
+            continue
+        for bad, why in unreadable:
+            on_notice(f"checkpoint {bad.name} cannot be read ({why}); using the previous one, "
+                      f"{path.name}")
+        return model, meta
+    raise _unreadable(*unreadable[0])

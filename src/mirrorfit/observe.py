@@ -16,7 +16,8 @@ from typing import Iterator
 import psutil
 import tensorflow as tf
 
-from mirrorfit.errors import MirrorfitError
+from mirrorfit._io import is_disk_full
+from mirrorfit.errors import MirrorfitError, StorageError
 
 
 class ScalarWriter:
@@ -97,10 +98,14 @@ def _nvml_handles() -> list:
 
 @contextlib.contextmanager
 def out_of_memory_hint(per_replica_batch: int) -> Iterator[None]:
-    """Turn TensorFlow's out-of-memory error into one line saying what to try."""
+    """Turn TensorFlow's out-of-memory error into one line saying what to try (TensorFlow
+    reports a full disk with the same error: that says "disk full")."""
     try:
         yield
     except tf.errors.ResourceExhaustedError as e:
+        if is_disk_full(e):
+            raise StorageError(f"disk full ({str(e.message).strip()[:200]}); free some space "
+                               "and rerun") from None
         first = str(e.message).strip().splitlines()[0][:200]
         raise MirrorfitError(
             f"out of memory at a batch of {per_replica_batch} per replica ({first}); try a "

@@ -14,7 +14,7 @@ import keras
 from rich.console import Console
 
 from mirrorfit import _io
-from mirrorfit.checkpoint import Checkpointer, PreemptionGuard
+from mirrorfit.checkpoint import Checkpointer
 from mirrorfit.config import TrainConfig, to_dict
 from mirrorfit.data import load_mnist, train_batches
 from mirrorfit.devices import configure_devices
@@ -24,6 +24,7 @@ from mirrorfit.errors import ConfigError
 from mirrorfit.export import check_export_dir, check_keras_path, export_saved_model, save_keras
 from mirrorfit.models import model_factory
 from mirrorfit.observe import CpuGpuSampler, ScalarWriter, out_of_memory_hint
+from mirrorfit.preemption import PreemptionGuard
 from mirrorfit.profiling import profile_steps
 from mirrorfit.schedules import LinearWarmup, learning_rate
 from mirrorfit.strategy import build_strategy
@@ -97,27 +98,44 @@ def run_training(config: TrainConfig, *, console: Console | None = None) -> dict
         hooks_extra, callbacks = [board.step_hook], callbacks + [board.epoch_callback]
     else:
         hooks_extra = []
-    hooks, guard = list(hooks_extra), contextlib.nullcontext()
+    batches = train_batches(data.x_train, data.y_train, global_batch=global_batch,
+                            seed=config.seed)
+    hooks, checkpointer = list(hooks_extra), None
     if config.checkpoint_dir:
         checkpointer = Checkpointer(config.checkpoint_dir, trainer=trainer,
                                     model_spec=config.model, every=config.checkpoint_every,
-                                    keep=config.keep_checkpoints)
+                                    keep=config.keep_checkpoints, data=batches.order,
+                                    flags=_data_flags(config, setup.replicas),
+                                    on_notice=lambda msg: console.print(f"[yellow]{msg}[/]"))
         _restore(checkpointer, config, console)
         hooks.append(checkpointer.step_hook)
         callbacks.append(checkpointer.epoch_callback)
-        guard = PreemptionGuard(checkpointer)
-        hooks.append(guard.hook)
-    batches = train_batches(data.x_train, data.y_train, global_batch=global_batch,
-                            seed=config.seed)
+    # SIGTERM/SIGINT: stop at the next safe point (saving a checkpoint if there is a
+    # checkpointer) and raise Preempted; checked up to the export's commit.
+    guard = PreemptionGuard(trainer, checkpointer)
+    hooks.append(guard.hook)
+    callbacks.append(guard.epoch_callback)
     usage = CpuGpuSampler() if config.profile else contextlib.nullcontext()
-    with guard, usage, out_of_memory_hint(per_replica):  # SIGTERM/SIGINT: checkpoint, raise Preempted
-        history = trainer.fit(
-            batches, epochs=config.epochs, validation=(data.x_val, data.y_val), hooks=hooks,
-            progress=EpochProgress(console=console, enabled=config.progress),
-            callbacks=callbacks)
+    with guard:
+        with usage, out_of_memory_hint(per_replica):
+            history = trainer.fit(
+                batches, epochs=config.epochs, validation=(data.x_val, data.y_val), hooks=hooks,
+                progress=EpochProgress(console=console, enabled=config.progress),
+                callbacks=callbacks)
+        guard.check()  # a signal during the last validation or checkpoint
+        return _finish(config, console, history, trainer=trainer, data=data, batches=batches,
+                       setup=setup, strategy=strategy, factory=factory, usage=usage, guard=guard)
+
+
+def _finish(config: TrainConfig, console: Console, history, *, trainer, data, batches, setup,
+            strategy, factory, usage, guard: PreemptionGuard) -> dict[str, Any]:
+    """Test evaluation, summary, profile and exports: everything after the training loop.
+    ``guard`` stops it before the exports commit if a signal arrives."""
+    per_replica, global_batch = config.batch_sizes(setup.replicas)
     eval_batch = config.eval_batch_size or global_batch
     t0 = time.perf_counter()
-    test = trainer.evaluate((data.x_test, data.y_test), batch_size=eval_batch)
+    with out_of_memory_hint(per_replica):
+        test = trainer.evaluate((data.x_test, data.y_test), batch_size=eval_batch)
     if history.epochs:
         last = history.epochs[-1]
         val = {"loss": last["val_loss"], "accuracy": last["val_accuracy"]}
@@ -152,19 +170,35 @@ def run_training(config: TrainConfig, *, console: Console | None = None) -> dict
                                usage=usage.summary())
         summary["profile"] = report.as_dict()
         console.print(report.describe())
+    guard.check()
     if config.export_dir or config.save_keras:
         plain = factory()  # a copy outside the strategy: exports load with no strategy
         plain.set_weights(trainer.model.get_weights())
+        # The .keras file first: the SavedModel version is what servers pick up, so it commits
+        # last, and a signal before it leaves no export.
+        if config.save_keras:
+            summary["keras_file"] = str(save_keras(plain, config.save_keras,
+                                                   before_commit=guard.check))
         if config.export_dir:
             path = export_saved_model(plain, config.export_dir,
-                                      preprocessing=config.export_preprocessing)
+                                      preprocessing=config.export_preprocessing,
+                                      before_commit=guard.check)
             summary["export_path"] = str(path)
             console.print(f"exported SavedModel version {path}")
-        if config.save_keras:
-            summary["keras_file"] = str(save_keras(plain, config.save_keras))
     if config.metrics_out:
         _io.write_json_atomic(config.metrics_out, summary)
     return summary
+
+
+def _data_flags(config: TrainConfig, replicas: int) -> dict[str, dict[str, Any]]:
+    """The flags behind each field of the data order (DataOrder), so that a checkpoint can name
+    the one that changed when it refuses a resume."""
+    return {"seed": {"--seed": config.seed},
+            "examples": {"--train-examples": config.train_examples,
+                         "--data-dir": config.data_dir},
+            "global_batch": {"--replicas": replicas, "--batch-size": config.batch_size,
+                             "--accum-steps": config.accum_steps,
+                             "--global-batch-size": config.global_batch_size}}
 
 
 def _restore(checkpointer: Checkpointer, config: TrainConfig, console: Console) -> None:

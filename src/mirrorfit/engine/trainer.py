@@ -152,6 +152,9 @@ class Trainer:
             return history
         progress = progress or EpochProgress(enabled=False)
         steps = steps_per_epoch or _steps_per_epoch(train)
+        if self.step_in_epoch > steps:  # e.g. restored from a checkpoint of other data
+            raise ConfigError(f"the trainer is at step {self.step_in_epoch} of an epoch of only "
+                              f"{steps} steps; was it restored from a run with other data?")
         if isinstance(train, tf.data.Dataset):
             dataset = train.repeat().skip(self.step_in_epoch)
         else:
