@@ -113,3 +113,20 @@ except mirrorfit.ConfigError as e:
 @pytest.mark.slow
 def test_model_built_outside_the_scope_is_refused_clearly():
     assert "not created under this strategy" in run_isolated(OUTSIDE)["error"]
+
+
+def test_a_position_past_the_end_of_an_epoch_is_refused_clearly():
+    # A trainer restored from a checkpoint of other data once ran out of batches in its last
+    # epoch (an OutOfRangeError traceback); the checkpoint now refuses such a resume, and the
+    # trainer says so itself for a Python-API caller.
+    import keras
+    import mirrorfit
+
+    x = np.zeros((128, 28, 28), np.uint8)
+    y = np.zeros(128, np.int32)
+    trainer = mirrorfit.Trainer(strategy=mirrorfit.build_strategy(mirrorfit.configure_devices()),
+                                model=mirrorfit.models.mlp, optimizer=keras.optimizers.SGD(0.1),
+                                loss=keras.losses.SparseCategoricalCrossentropy(), global_batch=32)
+    trainer.step_in_epoch = 6  # of an epoch of 4 steps
+    with pytest.raises(mirrorfit.ConfigError, match="at step 6 of an epoch of only 4 steps"):
+        trainer.fit(mirrorfit.train_batches(x, y, global_batch=32, seed=0), epochs=1)
