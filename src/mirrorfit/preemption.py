@@ -20,9 +20,12 @@ class Preempted(Exception):
     """Raised by :class:`PreemptionGuard` after a signal, once the trainer's position is exact
     (and saved, with a checkpointer)."""
 
-    def __init__(self, signal_name: str, path: Path | None, epoch: int, step: int) -> None:
+    def __init__(self, signal_name: str, path: Path | None, epoch: int | None,
+                 step: int | None) -> None:
         where = f"global step {step} ({epoch} epoch(s) done)"
-        if path is None:
+        if step is None:
+            text = f"{signal_name} before training started; rerun the same command"
+        elif path is None:
             text = (f"{signal_name} at {where}: nothing saved (no --checkpoint-dir), so a rerun "
                     "starts over; pass --checkpoint-dir to make runs resumable")
         else:
@@ -34,14 +37,15 @@ class Preempted(Exception):
 class PreemptionGuard:
     """Context manager that turns SIGTERM/SIGINT into :class:`Preempted` at the next safe point.
 
-    ``trainer`` is the :class:`~mirrorfit.engine.trainer.Trainer`; ``checkpointer`` (optional)
+    ``trainer`` is the :class:`~mirrorfit.engine.trainer.Trainer` (or given later with
+    :meth:`watch`, so that the guard can cover the set-up too); ``checkpointer`` (optional)
     saves its position first. Pass ``guard.hook`` in the trainer's hooks (after each compiled
     execution: at most ``steps_per_execution`` steps run after the signal) and
     ``guard.epoch_callback`` last in its callbacks; call ``guard.check()`` between later phases.
     """
 
-    def __init__(self, trainer, checkpointer=None) -> None:
-        self.trainer, self.checkpointer = trainer, checkpointer
+    def __init__(self, trainer=None, checkpointer=None) -> None:
+        self.watch(trainer, checkpointer)
         self.signal_name: str | None = None
         self._previous: dict[int, Any] = {}
 
@@ -63,11 +67,18 @@ class PreemptionGuard:
                         "Ctrl-C again stops at once\n".encode())
         signal.signal(signal.SIGINT, signal.SIG_DFL)  # a second Ctrl-C ends the process now
 
+    def watch(self, trainer, checkpointer=None) -> None:
+        """Guard ``trainer`` (saved through ``checkpointer``, if any) from now on."""
+        self.trainer, self.checkpointer = trainer, checkpointer
+
     def check(self) -> None:
         """Raise :class:`Preempted` (after saving, with a checkpointer) if a signal arrived."""
         if self.signal_name:
+            t = self.trainer
+            if t is None:
+                raise Preempted(self.signal_name, None, None, None)
             path = self.checkpointer.save() if self.checkpointer else None
-            raise Preempted(self.signal_name, path, self.trainer.epoch, self.trainer.step)
+            raise Preempted(self.signal_name, path, t.epoch, t.step)
 
     def hook(self, trainer) -> None:
         self.check()

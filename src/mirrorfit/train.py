@@ -59,6 +59,13 @@ def run_training(config: TrainConfig, *, console: Console | None = None) -> dict
     """
     console = console or Console(stderr=True)
     _check_outputs(config)
+    # SIGTERM/SIGINT from here on: stop at the next safe point (after saving a checkpoint, with
+    # --checkpoint-dir) and raise Preempted; honoured up to the export's commit.
+    with PreemptionGuard() as guard:
+        return _train(config, console, guard)
+
+
+def _train(config: TrainConfig, console: Console, guard: PreemptionGuard) -> dict[str, Any]:
     factory = model_factory(config.model)
     data = load_mnist(config.data_dir, train_examples=config.train_examples)
     setup = configure_devices(replicas=config.replicas, devices=config.devices,
@@ -110,21 +117,19 @@ def run_training(config: TrainConfig, *, console: Console | None = None) -> dict
         _restore(checkpointer, config, console)
         hooks.append(checkpointer.step_hook)
         callbacks.append(checkpointer.epoch_callback)
-    # SIGTERM/SIGINT: stop at the next safe point (saving a checkpoint if there is a
-    # checkpointer) and raise Preempted; checked up to the export's commit.
-    guard = PreemptionGuard(trainer, checkpointer)
+    guard.watch(trainer, checkpointer)
     hooks.append(guard.hook)
     callbacks.append(guard.epoch_callback)
     usage = CpuGpuSampler() if config.profile else contextlib.nullcontext()
-    with guard:
-        with usage, out_of_memory_hint(per_replica):
-            history = trainer.fit(
-                batches, epochs=config.epochs, validation=(data.x_val, data.y_val), hooks=hooks,
-                progress=EpochProgress(console=console, enabled=config.progress),
-                callbacks=callbacks)
-        guard.check()  # a signal during the last validation or checkpoint
-        return _finish(config, console, history, trainer=trainer, data=data, batches=batches,
-                       setup=setup, strategy=strategy, factory=factory, usage=usage, guard=guard)
+    guard.check()  # a signal while setting up: stop before the first step
+    with usage, out_of_memory_hint(per_replica):
+        history = trainer.fit(
+            batches, epochs=config.epochs, validation=(data.x_val, data.y_val), hooks=hooks,
+            progress=EpochProgress(console=console, enabled=config.progress),
+            callbacks=callbacks)
+    guard.check()  # a signal during the last validation or checkpoint
+    return _finish(config, console, history, trainer=trainer, data=data, batches=batches,
+                   setup=setup, strategy=strategy, factory=factory, usage=usage, guard=guard)
 
 
 def _finish(config: TrainConfig, console: Console, history, *, trainer, data, batches, setup,
