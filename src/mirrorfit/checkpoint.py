@@ -197,7 +197,7 @@ class Checkpointer:
                         "identity": self.identity, "time": time.time(), "format": _FORMAT}
                 (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
                 _io.fsync_tree(tmp)  # TF's files too: it does not fsync them itself
-            os.rename(tmp, final)  # the commit point: before it, the previous checkpoint is latest
+                os.rename(tmp, final)  # the commit point: until then the previous one is latest
         finally:
             shutil.rmtree(tmp, ignore_errors=True)  # a failed write leaves nothing behind
         _io.fsync_dir(self.directory)
