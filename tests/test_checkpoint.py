@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import keras
 import numpy as np
@@ -146,6 +147,20 @@ def test_sigterm_without_a_checkpoint_dir_says_what_was_lost(tmp_path):
     err = proc.stderr.read()
     assert proc.wait(timeout=60) == 75, err[-3000:]
     assert "nothing saved (no --checkpoint-dir)" in err and "Traceback" not in err
+    assert not (tmp_path / "m").exists()
+
+
+def test_sigterm_while_tensorflow_loads_is_honoured(tmp_path):
+    """The CLI takes the signals before it imports TensorFlow (seconds), not after."""
+    cmd = ["train", "--model", "user_models:tiny", "--train-examples", "256", "--epochs", "1",
+           "--export-dir", str(tmp_path / "m"), "--no-progress"]
+    proc = subprocess.Popen([sys.executable, "-m", "mirrorfit.cli", *cmd], env=_env(), cwd=ROOT,
+                            stderr=subprocess.PIPE, text=True)
+    time.sleep(0.5)  # arguments parsed (~0.1 s), TensorFlow still loading
+    proc.send_signal(signal.SIGTERM)
+    err = proc.stderr.read()
+    assert proc.wait(timeout=60) == 75, err[-3000:]  # not -15: killed before any handler
+    assert "preempted by SIGTERM" in err and "Traceback" not in err
     assert not (tmp_path / "m").exists()
 
 

@@ -217,9 +217,12 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
     overrides = {k: v for k, v in vars(args).items() if k not in ("command", "config")}
     config = load_config(args.config, **overrides)  # before the training stack loads
-    from mirrorfit.train import run_training
+    from mirrorfit.preemption import PreemptionGuard
 
-    run_training(config)
+    with PreemptionGuard() as guard:  # a signal while TensorFlow loads is honoured too
+        from mirrorfit.train import run_training
+
+        run_training(config, guard=guard)
     return 0
 
 
@@ -316,7 +319,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # iterator) out of the way. TF reads this once, when it loads, so nothing imported above
     # may import TensorFlow (the package's names load lazily for this reason).
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    from mirrorfit.checkpoint import EXIT_PREEMPTED, Preempted
+    from mirrorfit.preemption import EXIT_PREEMPTED, Preempted
 
     commands = {"train": _cmd_train, "devices": _cmd_devices, "export": _cmd_export,
                 "evaluate": _cmd_evaluate, "bench": _cmd_bench, "serve": _cmd_serve}

@@ -51,16 +51,22 @@ def _check_outputs(config: TrainConfig) -> None:
         check_export_dir(config.export_dir)
 
 
-def run_training(config: TrainConfig, *, console: Console | None = None) -> dict[str, Any]:
+def run_training(config: TrainConfig, *, console: Console | None = None,
+                 guard: PreemptionGuard | None = None) -> dict[str, Any]:
     """Train as ``config`` says; print setup, progress and summary; return the summary dict.
 
     The summary's throughput ``train_examples_per_sec`` is steady state (examples/s, the first
-    compiled execution excluded); ``wall_time_s`` is seconds for the whole fit.
+    compiled execution excluded); ``wall_time_s`` is seconds for the whole fit. ``guard``: an
+    entered :class:`PreemptionGuard` (the CLI enters one before TensorFlow loads); else one is
+    entered here.
     """
-    console = console or Console(stderr=True)
+    # soft_wrap: in a pipe or a log file rich would break lines at 80 columns.
+    console = console or Console(stderr=True, soft_wrap=True)
     _check_outputs(config)
     # SIGTERM/SIGINT from here on: stop at the next safe point (after saving a checkpoint, with
     # --checkpoint-dir) and raise Preempted; honoured up to the export's commit.
+    if guard is not None:
+        return _train(config, console, guard)
     with PreemptionGuard() as guard:
         return _train(config, console, guard)
 
