@@ -165,21 +165,53 @@ def test_exports_and_keras_files_are_fsynced_before_the_rename(tmp_path, model, 
     assert done[-1] == str(tmp_path)
 
 
-def test_temp_folders_of_crashed_exports_are_removed(tmp_path, model):
+def test_only_our_own_temps_of_crashed_writers_are_removed(tmp_path, model):
     import os
     import subprocess
     import sys
 
+    from mirrorfit import _io
+
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True).stdout.strip()
+    host, rand = _io.temp_tag().split("-")[0], "0" * 32
+    other_host = format(int(host, 16) ^ 1, "08x")
     base = tmp_path / "m"
-    (base / f".tmp-{dead}-abc" / "variables").mkdir(parents=True)  # its writer is gone
-    (base / f".tmp-{os.getppid()}-def").mkdir()  # a live process's export in progress: kept
-    (tmp_path / f".k.tmp-{dead}.keras").write_text("half")
+    (base / f".tmp-{host}-{dead}-{rand}" / "variables").mkdir(parents=True)  # writer gone
+    kept = [f".tmp-{host}-{os.getppid()}-{rand}",  # a live process's export in progress
+            f".tmp-{other_host}-{dead}-{rand}",  # another host's (NFS): its pid means nothing here
+            ".tmp-deploy-staging", ".tmp-99999", f".tmp-{host}-{dead}-{rand}x"]  # not ours
+    for name in kept:
+        (base / name).mkdir()
+    (tmp_path / f".k.tmp-{host}-{dead}-{rand}.keras").write_text("half")
+    # A stem with glob characters matches only its own temps, not ".m1.tmp-..." (glob "[1]").
+    (tmp_path / f".m1.tmp-{host}-{dead}-{rand}.keras").write_text("another file's")
     export_saved_model(model, base)
     save_keras(model, tmp_path / "k.keras")
-    assert sorted(p.name for p in base.iterdir()) == [f".tmp-{os.getppid()}-def", "0001"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["k.keras", "m"]
+    save_keras(model, tmp_path / "m[1].keras")
+    assert sorted(p.name for p in base.iterdir()) == sorted([*kept, "0001"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["k.keras", "m", "m[1].keras", f".m1.tmp-{host}-{dead}-{rand}.keras"])
+
+
+def test_versions_past_int64_are_refused_and_the_server_agrees(tmp_path, model):
+    from mirrorfit.errors import StorageError
+    from mirrorfit.serving.repository import _version_folders
+
+    base = tmp_path / "m"
+    (base / "99999999999999999999").mkdir(parents=True)  # TF Serving ignores it (int64)
+    with pytest.raises(StorageError, match="past the largest TF Serving reads"):
+        export_saved_model(model, base)
+    assert [p.name for p in base.iterdir()] == ["99999999999999999999"]  # nothing written
+    (base / "99999999999999999999").rmdir()
+    (base / str(2**63 - 1)).mkdir()  # the largest version: the next one has no number
+    with pytest.raises(StorageError, match=f"after {base / str(2**63 - 1)} would be {2**63}"):
+        export_saved_model(model, base)
+    (base / "0007").mkdir()
+    for name in ("٣", "²", "7\n", str(2**63)):
+        (base / name).mkdir()
+    # One parser: what export counts as a version is what the server serves.
+    assert versions(base) == sorted(_version_folders(base)) == [7, 2**63 - 1]
 
 
 def test_a_stop_before_the_commit_adds_no_version(tmp_path, model):

@@ -9,14 +9,22 @@ import json
 import os
 import re
 import shutil
+import socket
 import tempfile
+import uuid
+import zlib
 from pathlib import Path
 from typing import Any, Iterator
 
 from mirrorfit.errors import StorageError
 
 _NO_SPACE = os.strerror(errno.ENOSPC)  # TensorFlow maps ENOSPC to ResourceExhaustedError
-_PID = re.compile(r"\.tmp-(\d+)")  # the writer's process id in a temp name: ".tmp-PID..."
+# A temp name's tag: this host, the writer's process id, and a random part. Only names of
+# exactly this shape are ever removed as leftovers, and only this host's: a process id says
+# nothing about a writer on another host sharing the folder (NFS), and other tools' ".tmp-*"
+# entries are not ours to delete.
+_HOST = f"{zlib.crc32(socket.gethostname().encode()):08x}"
+_TAG = r"(?P<host>[0-9a-f]{8})-(?P<pid>[0-9]+)-[0-9a-f]{32}"
 
 
 def write_bytes_atomic(path: str | Path, data: bytes) -> None:
@@ -92,15 +100,23 @@ def disk_full_hint(what: str | Path, keep: str = "") -> Iterator[None]:
                            "free some space and rerun") from None
 
 
-def remove_stale_temps(folder: str | Path, pattern: str) -> list[Path]:
-    """Remove temp files/folders matching ``pattern`` in ``folder`` whose writer (the process
-    id in their name) is gone: leftovers of a crash. Another live writer's temps stay."""
+def temp_tag() -> str:
+    """A unique part for a temp name: ``HOST-PID-RANDOM`` (see :func:`remove_stale_temps`)."""
+    return f"{_HOST}-{os.getpid()}-{uuid.uuid4().hex}"
+
+
+def remove_stale_temps(folder: str | Path, before: str, after: str = "") -> list[Path]:
+    """Remove leftovers of crashed writers in ``folder``: entries named exactly
+    ``before + temp_tag() + after`` (``before``/``after`` are regexes; escape literal text)
+    whose writer ran on this host and is gone. Anything else stays: other tools' temps,
+    another host's, a live writer's."""
     folder, removed = Path(folder), []
     if not folder.is_dir():
         return removed
-    for p in folder.glob(pattern):
-        m = _PID.search(p.name)
-        if m and _alive(int(m.group(1))):
+    shape = re.compile(before + _TAG + after)
+    for p in folder.iterdir():
+        m = shape.fullmatch(p.name)
+        if not m or m["host"] != _HOST or _alive(int(m["pid"])):
             continue
         if p.is_dir() and not p.is_symlink():
             shutil.rmtree(p, ignore_errors=True)
@@ -113,7 +129,7 @@ def remove_stale_temps(folder: str | Path, pattern: str) -> list[Path]:
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+    except (ProcessLookupError, OverflowError):  # gone, or no such process id can exist
         return False
     except PermissionError:
         return True  # exists, owned by someone else

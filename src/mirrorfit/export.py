@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import uuid
 from pathlib import Path
 from typing import Callable
 
@@ -20,10 +19,10 @@ import tensorflow as tf
 
 from mirrorfit import _io
 from mirrorfit.errors import ConfigError, StorageError
+from mirrorfit.version_names import MAX_VERSION, parse_version, version_number
 
 INPUT_NAME = "images"
 OUTPUT_NAME = "probabilities"
-_VERSION = re.compile(r"[0-9]+")
 _MAX_RACES = 1000
 
 
@@ -44,18 +43,31 @@ def check_keras_path(path: str | Path) -> Path:
 
 
 def versions(base: str | Path) -> list[int]:
-    """Version numbers present under ``base`` (folders named by ASCII digits only, as TF
-    Serving counts them; ``str.isdigit`` would also take "²", which ``int`` rejects), sorted."""
-    return sorted(int(p.name) for p in _numbered(base) if p.is_dir())
+    """Version numbers under ``base`` as TF Serving sees them (folders named by ASCII digits
+    that fit in int64: :func:`~mirrorfit.version_names.parse_version`), sorted."""
+    found = (parse_version(p.name) for p in _numbered(base) if p.is_dir())
+    return sorted(v for v in found if v is not None)
 
 
 def _numbered(base: str | Path) -> list[Path]:
-    """Children of ``base`` named like a version, folders or not (a file named ``0002`` takes
-    that number too: a version cannot be renamed onto it)."""
+    """Children of ``base`` named by ASCII digits, folders or not, of any size (a file named
+    ``0002`` takes that number too: a version cannot be renamed onto it)."""
     base = Path(base)
     if not base.is_dir():
         return []
-    return [p for p in base.iterdir() if _VERSION.fullmatch(p.name)]
+    return [p for p in base.iterdir() if version_number(p.name) is not None]
+
+
+def _next_version(base: Path) -> int:
+    """One past the largest number under ``base``; StorageError if TF Serving could not read
+    it (past int64: the server would ignore the version and serve the older one)."""
+    top = max(_numbered(base), key=lambda p: version_number(p.name), default=None)
+    version = version_number(top.name) + 1 if top is not None else 1
+    if version > MAX_VERSION:
+        raise StorageError(f"the next export version after {top} would be {version}, past the "
+                           f"largest TF Serving reads ({MAX_VERSION}); move {top.name} out of "
+                           f"{base} or export to another folder")
+    return version
 
 
 def export_saved_model(model: keras.Model, base: str | Path, *, preprocessing: bool = False,
@@ -80,9 +92,10 @@ def export_saved_model(model: keras.Model, base: str | Path, *, preprocessing: b
     archive.track(model)
     archive.add_endpoint("serving_default", serve,
                          input_signature=[tf.TensorSpec(shape, dtype, name=INPUT_NAME)])
-    _io.remove_stale_temps(base, ".tmp-*")
-    tmp = base / f".tmp-{os.getpid()}-{uuid.uuid4().hex}"  # not mkdtemp: its 0700 hides the
-    tmp.mkdir()  # version from a server running as another user
+    _next_version(base)  # refuse before the write if no number is left
+    _io.remove_stale_temps(base, re.escape(".tmp-"))
+    tmp = base / f".tmp-{_io.temp_tag()}"  # not mkdtemp: its 0700 hides the version from a
+    tmp.mkdir()  # server running as another user
     try:
         with _io.disk_full_hint(f"the export under {base}", "no version was added"):
             archive.write_out(str(tmp), verbose=False)
@@ -96,7 +109,7 @@ def _commit(tmp: Path, base: Path, before_commit: Callable[[], None] | None) -> 
     if before_commit:
         before_commit()
     for _ in range(_MAX_RACES):
-        version = max((int(p.name) for p in _numbered(base)), default=0) + 1
+        version = _next_version(base)
         final = base / f"{version:04d}"
         try:
             os.rename(tmp, final)  # the commit point
@@ -114,8 +127,9 @@ def save_keras(model: keras.Model, path: str | Path, *,
                before_commit: Callable[[], None] | None = None) -> Path:
     """Save a ``.keras`` file atomically and durably (temp file beside it, fsync, rename)."""
     path = check_keras_path(path)
-    _io.remove_stale_temps(path.parent, f".{path.stem}.tmp-*.keras")
-    tmp = path.with_name(f".{path.stem}.tmp-{os.getpid()}.keras")
+    # Escaped: a stem like "model[1]" or "m.*" must only match its own temps.
+    _io.remove_stale_temps(path.parent, re.escape(f".{path.stem}.tmp-"), re.escape(".keras"))
+    tmp = path.with_name(f".{path.stem}.tmp-{_io.temp_tag()}.keras")
     try:
         with _io.disk_full_hint(path, f"{path} is unchanged"):
             model.save(tmp)

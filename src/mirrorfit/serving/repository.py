@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import threading
 import time
 from dataclasses import dataclass
@@ -31,6 +30,7 @@ from typing import Callable
 from mirrorfit.serving.errors import ServingError, invalid, not_found
 from mirrorfit.serving.loader import LoadedVersion
 from mirrorfit.serving.model_config import ModelConfig
+from mirrorfit.version_names import parse_version
 
 log = logging.getLogger("mirrorfit.serving")
 
@@ -237,9 +237,6 @@ class ModelRepository:
             self._thread.join(timeout=5)
 
 
-_VERSION = re.compile(r"[0-9]+")  # ASCII only: str.isdigit() also takes "²" and "٣"
-
-
 def _version_folders(base: Path) -> dict[int, str]:
     """Version -> folder name, for child folders named by an int64 (``00000123`` is 123),
     as TF Serving reads them. Where two names give one number, the first in order wins."""
@@ -247,8 +244,9 @@ def _version_folders(base: Path) -> dict[int, str]:
         return {}
     out: dict[int, str] = {}
     for child in sorted(base.iterdir()):
-        if _VERSION.fullmatch(child.name) and int(child.name) < 2 ** 63 and child.is_dir():
-            out.setdefault(int(child.name), child.name)
+        version = parse_version(child.name)  # the exporter's parser: what it writes, we see
+        if version is not None and child.is_dir():
+            out.setdefault(version, child.name)
     return out
 
 
