@@ -165,6 +165,50 @@ def test_inconsistent_contents_are_refused_at_load(tmp_path, override, match):
         load_mnist(str(tmp_path), download=False)
 
 
+def _declaring(path, key, shape, dtype="|u1"):
+    """A valid small npz but for ``key``, whose header declares ``shape`` over 16 bytes."""
+    _fake_mnist(path)
+    header = {"descr": dtype, "fortran_order": False, "shape": shape}
+    with zipfile.ZipFile(path) as z:
+        members = {n: z.read(n) for n in z.namelist()}
+    import io
+    out = io.BytesIO()
+    np.lib.format.write_array_header_1_0(out, header)
+    members[f"{key}.npy"] = out.getvalue() + b"\0" * 16
+    with zipfile.ZipFile(path, "w") as z:
+        for name, data in members.items():
+            z.writestr(name, data)
+
+
+@pytest.mark.parametrize("key,shape,dtype,match", [
+    # 1 KB declaring 730 GiB: NumPy allocated it before reading (a traceback, or worse, memory)
+    ("x_train", (10**9, 28, 28), "|u1", r"x_train declares shape \(1000000000, 28, 28\) "
+                                        r"\(784,000,000,000 bytes\) but holds only 16"),
+    ("y_test", (10**18,), "<i8", "y_test declares shape"),
+    ("x_test", (4, 32, 32), "|u1", r"x_test has shape \(4, 32, 32\), expected"),
+    ("y_train", (12,), "|O", r"y_train holds Python objects \(dtype object\)"),
+])
+def test_a_header_is_checked_before_anything_is_allocated(tmp_path, key, shape, dtype, match):
+    _declaring(tmp_path / "mnist.npz", key, shape, dtype)
+    with pytest.raises(DataError, match=match):
+        load_mnist(str(tmp_path), download=False)
+
+
+def test_arrays_past_the_memory_bound_are_refused_unread(tmp_path, monkeypatch):
+    _fake_mnist(tmp_path / "mnist.npz")
+    monkeypatch.setattr(mnist, "MAX_BYTES", 1000)  # the 12 + 4 tiny images take 12,560 bytes
+    with pytest.raises(DataError, match=r"would take 0.0 GiB in memory, more than"):
+        load_mnist(str(tmp_path), download=False)
+    monkeypatch.setattr(mnist, "MAX_BYTES", 4 << 30)
+
+    def no_memory(*args, **kwargs):
+        raise MemoryError
+
+    monkeypatch.setattr(np, "load", no_memory)
+    with pytest.raises(DataError, match="not enough memory to load its arrays"):
+        load_mnist(str(tmp_path), download=False)
+
+
 def test_corrupt_compressed_member(tmp_path):
     """A damaged deflate stream raises zlib.error inside NumPy: one DataError instead."""
     path = tmp_path / "mnist.npz"

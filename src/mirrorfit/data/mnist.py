@@ -36,6 +36,9 @@ _KEYS = {"x_train": (60000, 28, 28), "y_train": (60000,), "x_test": (10000, 28, 
 # (zlib.error, lzma), NumPy's header or pickle refusal (ValueError), a truncated file.
 _READ_ERRORS = (KeyError, ValueError, OSError, EOFError, zipfile.BadZipFile, zlib.error,
                 lzma.LZMAError, NotImplementedError)
+# The most the four arrays may take in memory (MNIST: 55 MB): a member's header can declare any
+# shape, and NumPy allocates it before reading a byte.
+MAX_BYTES = 4 << 30
 
 
 @dataclass(frozen=True)
@@ -122,8 +125,11 @@ def load_mnist(data_dir: str | None = None, *, train_examples: int | None = None
     (the first ``train_examples`` of them, if given). Raises DataError if malformed."""
     path = locate_mnist(data_dir, download=download)
     try:
+        _check_headers(path)
         with np.load(path) as f:
             arrays = {k: f[k] for k in _KEYS}
+    except MemoryError:
+        raise DataError(f"{path}: not enough memory to load its arrays") from None
     except _READ_ERRORS as e:
         raise DataError(f"{path} is not a valid MNIST npz file ({type(e).__name__}: {e}); "
                         "expected keras.datasets.mnist's layout (x_train, y_train, x_test, "
@@ -139,6 +145,39 @@ def load_mnist(data_dir: str | None = None, *, train_examples: int | None = None
     return Splits(x_train=x_train, y_train=y_train, x_val=x[:VALIDATION_SIZE],
                   y_val=y[:VALIDATION_SIZE], x_test=arrays["x_test"],
                   y_test=arrays["y_test"].astype(np.int32), source=str(path))
+
+
+def _check_headers(path: Path) -> None:
+    """Read each array's header (a few bytes) and refuse, before NumPy allocates anything, a
+    shape that is not MNIST's layout, that the member does not hold the bytes for (a 1 KB file
+    declaring 730 GiB), or that is larger than MAX_BYTES in all."""
+    total = 0
+    with zipfile.ZipFile(path) as z:
+        for key, shape in _KEYS.items():
+            info = z.getinfo(f"{key}.npy")  # KeyError: named in load_mnist's message
+            with z.open(info) as f:
+                version = np.lib.format.read_magic(f)
+                if version == (1, 0):
+                    got, _, dtype = np.lib.format.read_array_header_1_0(f)
+                else:
+                    got, _, dtype = np.lib.format.read_array_header_2_0(f)
+                offset = f.tell()
+            if len(got) != len(shape) or got[1:] != shape[1:]:
+                raise DataError(f"{path}: {key} has shape {got}, expected "
+                                f"{('N',) + shape[1:]}; is this keras.datasets.mnist's npz?")
+            if dtype.hasobject:  # NumPy would refuse to unpickle it, after allocating
+                raise DataError(f"{path}: {key} holds Python objects (dtype {dtype}), not "
+                                "numbers; is this keras.datasets.mnist's npz?")
+            size = int(np.prod(got, dtype=object)) * dtype.itemsize  # Python ints: no overflow
+            if offset + size > info.file_size:
+                raise DataError(f"{path}: {key} declares shape {got} ({size:,} bytes) but holds "
+                                f"only {info.file_size - offset:,}; the file is damaged or not "
+                                "MNIST")
+            total += size
+    if total > MAX_BYTES:
+        raise DataError(f"{path}: its arrays would take {total / 2**30:.1f} GiB in memory, more "
+                        f"than the {MAX_BYTES / 2**30:g} GiB an MNIST-layout file may (MNIST "
+                        "itself: 55 MB)")
 
 
 def _check(path: Path, arrays: dict[str, np.ndarray]) -> None:
