@@ -102,6 +102,10 @@ def test_unreadable_config_file(tmp_path):
     ({"lr": float("inf")}, "--lr must be a finite number"),
     ({"warmup_epochs": float("inf")}, "--warmup-epochs must be a finite number"),
     ({"warmup_epochs": 0}, None),
+    # A warm-up past the run kept the rate ~0 all run (1e300: an overflow warning, no error).
+    ({"warmup_epochs": 1e300}, r"--warmup-epochs 1e\+300 is more than --epochs 10"),
+    ({"warmup_epochs": 3, "epochs": 2}, "--warmup-epochs 3 is more than --epochs 2"),
+    ({"warmup_epochs": 2, "epochs": 2}, None),
 ])
 def test_flag_values_are_checked_like_toml_values(overrides, match):
     if match is None:

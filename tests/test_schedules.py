@@ -37,3 +37,18 @@ def test_warmup_survives_the_optimizer_config_round_trip():
 def test_unknown_scaling_is_a_config_error():
     with pytest.raises(mirrorfit.ConfigError, match="unknown lr scaling 'sqrt'"):
         scaled_lr(0.1, global_batch=64, base_batch=32, scaling="sqrt")
+
+
+@pytest.mark.parametrize("lr,scaling,fix", [
+    (1e308, "linear", r"--lr 1e\+308 scaled to inf \(x 64/1, --lr-scaling linear\).*lower --lr "
+                      "or raise --base-batch"),
+    (1e37, "linear", r"scaled to 6.4e\+38"),  # finite in float64, inf in the optimizer's float32
+    (1e39, "none", r"--lr 1e\+39 is not a usable float32 learning rate; use e.g. --lr 0.01"),
+    (1e-50, "none", "--lr 1e-50 is not a usable float32"),  # 0 in float32: nothing would train
+])
+def test_a_rate_the_optimizer_cannot_hold_is_refused(lr, scaling, fix):
+    # It used to print "learning rate: inf", train NaN and exit 0.
+    with pytest.raises(mirrorfit.ConfigError, match=fix):
+        learning_rate(lr, global_batch=64, base_batch=1, scaling=scaling, warmup_steps=0)
+    with pytest.raises(mirrorfit.ConfigError, match=fix):
+        learning_rate(lr, global_batch=64, base_batch=1, scaling=scaling, warmup_steps=5)

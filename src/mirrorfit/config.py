@@ -87,6 +87,10 @@ class TrainConfig:
                      "gpu_memory_limit"):
             if getattr(self, name) is not None:
                 _check_positive(name, getattr(self, name))
+        if self.warmup_epochs > self.epochs:  # e.g. 1e300: the rate would stay ~0 all run
+            raise ConfigError(f"--warmup-epochs {self.warmup_epochs:g} is more than --epochs "
+                              f"{self.epochs}; the warm-up must end within the run (e.g. "
+                              f"--warmup-epochs {min(1, self.epochs)})")
         # NumPy's and Keras's global seeds are 32-bit: a larger seed passes here and fails at
         # keras.utils.set_random_seed, after the data was loaded.
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) \

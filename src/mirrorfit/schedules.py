@@ -6,6 +6,7 @@ ramp up to it over the first epochs so the early, large updates do not diverge.
 from __future__ import annotations
 
 import keras
+import numpy as np
 
 from mirrorfit.errors import ConfigError
 
@@ -47,6 +48,12 @@ def learning_rate(lr: float, *, global_batch: int, base_batch: int, scaling: str
     The warm-up starts from the unscaled ``lr`` (Goyal et al.); when nothing was scaled, from 0.
     """
     target = scaled_lr(lr, global_batch=global_batch, base_batch=base_batch, scaling=scaling)
+    # The optimizer holds the rate in float32: past its range it is inf, and the run trains NaN.
+    if not target < float(np.finfo(np.float32).max) or np.float32(target) <= 0:
+        how = (f" scaled to {target:g} (x {global_batch}/{base_batch}, --lr-scaling linear)"
+               if target != lr else "")
+        fix = "lower --lr or raise --base-batch" if target != lr else "use e.g. --lr 0.01"
+        raise ConfigError(f"--lr {lr:g}{how} is not a usable float32 learning rate; {fix}")
     if warmup_steps <= 0:
         return target
     return LinearWarmup(target_lr=target, warmup_steps=warmup_steps,
