@@ -59,6 +59,8 @@ def test_batching_parameters_file(tmp_path):
      "expected 64"),
     ("max_batch_sise { value: 64 }", "not valid text format"),
     ("max_batch_size { value: 0 }", "max_batch_size must be >= 1"),
+    # each thread is started up front
+    ("num_batch_threads { value: 100000 }", "num_batch_threads must be at most 1024, got 100000"),
 ])
 def test_bad_batching_files(tmp_path, text, needle):
     path = tmp_path / "b.config"
@@ -75,3 +77,12 @@ def test_monitoring_config(tmp_path):
     assert read_monitoring_config(str(path)) == "/monitoring/prometheus/metrics"
     path.write_text("prometheus_config { enable: false }")
     assert read_monitoring_config(str(path)) is None
+
+
+@pytest.mark.parametrize("read", [read_model_config_file, read_monitoring_config,
+                                  lambda path: read_batching_parameters(path, cpus=2)])
+def test_a_binary_config_file_is_not_valid_text_format(tmp_path, read):
+    path = tmp_path / "binary.config"
+    path.write_bytes(b"\x89PNG\r\n\x1a\n\xff\xfe\x00")  # was a UnicodeDecodeError traceback
+    with pytest.raises(ConfigError, match="not valid text format: byte 0 is not UTF-8"):
+        read(str(path))

@@ -128,8 +128,10 @@ class BatchingParameters:
     allowed_batch_sizes: tuple[int, ...] = ()
 
 
-def read_batching_parameters(path: str | None, *, cpus: int) -> BatchingParameters:
-    """Parse ``--batching_parameters_file`` (or TF Serving's defaults when None)."""
+def read_batching_parameters(path: str | None, *, cpus: int,
+                             max_threads: int = 1024) -> BatchingParameters:
+    """Parse ``--batching_parameters_file`` (or TF Serving's defaults when None). At most
+    ``max_threads`` batch threads: each is started up front."""
     if path is None:
         return BatchingParameters(num_batch_threads=cpus)
     p = _parse(path, _BatchingParameters(), "--batching_parameters_file")
@@ -143,6 +145,9 @@ def read_batching_parameters(path: str | None, *, cpus: int) -> BatchingParamete
     for name in ("max_batch_size", "max_enqueued_batches", "num_batch_threads"):
         if getattr(params, name) < 1:
             raise ConfigError(f"--batching_parameters_file {path}: {name} must be >= 1")
+    if params.num_batch_threads > max_threads:
+        raise ConfigError(f"--batching_parameters_file {path}: num_batch_threads must be at "
+                          f"most {max_threads}, got {params.num_batch_threads}")
     sizes = params.allowed_batch_sizes
     if sizes:
         if list(sizes) != sorted(set(sizes)) or sizes[0] < 1:
@@ -165,12 +170,7 @@ def read_monitoring_config(path: str | None) -> str | None:
     true path: ... }``), or None when monitoring is off."""
     if path is None:
         return None
-    try:
-        text = Path(path).read_text()
-    except OSError as e:
-        raise ConfigError(f"--monitoring_config_file {path}: cannot read it ({e.strerror})") \
-            from None
-    body = text.strip()
+    body = _read(path, "--monitoring_config_file").strip()
     if body.startswith("prometheus_config"):
         body = body[len("prometheus_config"):].strip().lstrip(":").strip()
         if body.startswith("{") and body.endswith("}"):
@@ -178,15 +178,22 @@ def read_monitoring_config(path: str | None) -> str | None:
     try:
         proto = text_format.Parse(body, _PrometheusConfig())
     except text_format.ParseError as e:
-        raise ConfigError(f"--monitoring_config_file {path}: {e}") from None
+        raise ConfigError(f"--monitoring_config_file {path}: not valid text format: {e}") from None
     return (proto.path or DEFAULT_METRICS_PATH) if proto.enable else None
 
 
-def _parse(path: str, message, flag: str):
+def _read(path: str, flag: str) -> str:
     try:
-        text = Path(path).read_text()
+        return Path(path).read_text(encoding="utf-8")
     except OSError as e:
         raise ConfigError(f"{flag} {path}: cannot read it ({e.strerror})") from None
+    except UnicodeDecodeError as e:  # a binary file, or another encoding
+        raise ConfigError(f"{flag} {path}: not valid text format: byte {e.start} is not "
+                          "UTF-8; give a text-format protobuf file") from None
+
+
+def _parse(path: str, message, flag: str):
+    text = _read(path, flag)
     try:
         return text_format.Parse(text, message)
     except text_format.ParseError as e:
