@@ -128,7 +128,8 @@ def _serve_parser(sub) -> None:
     add("--load_retry_interval_micros", type=int, default=60_000_000,
         help="microseconds between load retries (60 s)")
     add("--saved_model_tags", default="serve")
-    add("--grpc_max_threads", type=int, default=256)
+    add("--grpc_max_threads", type=int, default=64,
+        help="gRPC requests in progress at once; more get RESOURCE_EXHAUSTED (64)")
     add("--max_request_bytes", type=int, default=64 * 1024 * 1024,
         help="largest REST body (larger gets 413) or gRPC message (RESOURCE_EXHAUSTED) "
              "accepted (64 MiB)")

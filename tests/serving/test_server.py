@@ -3,6 +3,7 @@ never answered with a 5xx, and bad command lines."""
 
 import json
 import random
+import re
 import threading
 import time
 
@@ -148,12 +149,38 @@ def test_fuzzed_bodies_never_get_a_5xx(server):
     (["--model_base_path=.", "--enable_batching=maybe"], "expected true or false"),
     (["--model_config_file=/nonexistent.config"], "cannot read it"),
     (["--model_base_path=.", "--rest_api_body_timeout_in_ms=0"],
-     "--rest_api_body_timeout_in_ms must be positive, got 0"),
+     "--rest_api_body_timeout_in_ms must be 1-86400000 (a day), got 0"),
+    # -1 meant 'unlimited' to gRPC: the server started and took 84 MB messages
+    (["--model_base_path=.", "--max_request_bytes", "-1"],
+     "--max_request_bytes must be 1-2147483647 (2 GiB, gRPC's limit), got -1"),
 ])
 def test_bad_serve_command_lines(args, needle):
     proc = run_cli("serve", *args, timeout=120)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert needle in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("field, value, needle", [
+    ("max_request_bytes", 2 ** 31, "--max_request_bytes must be 1-2147483647"),
+    ("max_rows_per_request", -5, "--max_rows_per_request must be positive, got -5"),
+    ("rest_api_timeout_in_ms", -1, "--rest_api_timeout_in_ms must be 1-86400000"),
+    ("rest_api_max_buffered_bytes", -1, "--rest_api_max_buffered_bytes must be at least"),
+    ("grpc_max_threads", 0, "--grpc_max_threads must be positive, got 0"),
+    ("max_num_load_retries", -1, "--max_num_load_retries must be >= 0"),
+    ("tensorflow_intra_op_parallelism", -1, "--tensorflow_intra_op_parallelism must be 0"),
+    ("tensorflow_inter_op_parallelism", 10 ** 6, "--tensorflow_inter_op_parallelism must be 0"),
+    ("file_system_poll_wait_seconds", float("nan"), "--file_system_poll_wait_seconds must be"),
+    ("file_system_poll_wait_seconds", float("inf"), "--file_system_poll_wait_seconds must be"),
+    ("shutdown_grace_seconds", -1.0, "--shutdown_grace_seconds must be 0-86400"),
+    ("shutdown_grace_seconds", float("nan"), "--shutdown_grace_seconds must be 0-86400"),
+])
+def test_every_numeric_setting_is_range_checked(field, value, needle):
+    from mirrorfit.errors import ConfigError
+    from mirrorfit.serving.server import ServeConfig, check_config
+
+    check_config(ServeConfig())  # the defaults pass
+    with pytest.raises(ConfigError, match=re.escape(needle)):
+        check_config(ServeConfig(**{field: value}))
 
 
 def test_loaded_versions_leave_the_gc_scans_and_unloaded_ones_are_freed(model_root):

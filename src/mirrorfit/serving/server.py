@@ -7,6 +7,7 @@ import asyncio
 import gc
 import json
 import logging
+import math
 import os
 import signal
 import sys
@@ -45,7 +46,9 @@ class ServeConfig:
     enable_model_warmup: bool = True
     saved_model_tags: str = "serve"
     rest_api_enable_cors_support: bool = False
-    grpc_max_threads: int = 256
+    # gRPC requests in progress at once (more get RESOURCE_EXHAUSTED); as many as unbatched
+    # model calls may run or wait: more would only hold more messages, not be served sooner
+    grpc_max_threads: int = 64
     max_request_bytes: int = 64 * 1024 * 1024  # REST bodies and gRPC messages
     max_rows_per_request: int = 1000  # see serving.validation.MAX_ROWS
     max_unbatched_in_flight: int = 64  # model calls without batching, running or waiting
@@ -76,8 +79,49 @@ class _JsonFormatter(logging.Formatter):
         return json.dumps(entry, default=str)
 
 
+# Threads a flag may ask for: far beyond any host's cores, and each is started up front.
+MAX_THREADS = 1024
+# Timeouts and waits past a day are no limit at all, and absurd values overflow event-loop timers.
+MAX_SECONDS = 24 * 3600
+_POSITIVE = ("max_rows_per_request", "max_unbatched_in_flight", "grpc_max_threads",
+             "rest_api_max_connections")
+_MILLISECONDS = ("rest_api_timeout_in_ms", "rest_api_keepalive_timeout_in_ms",
+                 "rest_api_header_timeout_in_ms", "rest_api_body_timeout_in_ms")
+
+
+def check_config(config: ServeConfig) -> None:
+    """Every numeric setting in its range, before anything starts: a ConfigError (exit 2)
+    naming the flag. A negative byte limit, for one, would mean 'unlimited' to gRPC."""
+    def bad(flag: str, want: str):
+        return ConfigError(f"--{flag} must be {want}, got {getattr(config, flag)}")
+
+    for flag in _POSITIVE:
+        if getattr(config, flag) < 1:
+            raise bad(flag, "positive")
+    for flag in _MILLISECONDS:
+        if not 1 <= getattr(config, flag) <= MAX_SECONDS * 1000:
+            raise bad(flag, f"1-{MAX_SECONDS * 1000} (a day)")
+    if not 1 <= config.max_request_bytes < 2 ** 31:  # gRPC's own ceiling
+        raise bad("max_request_bytes", f"1-{2 ** 31 - 1} (2 GiB, gRPC's limit)")
+    if config.rest_api_max_buffered_bytes < config.max_request_bytes:
+        raise ConfigError("--rest_api_max_buffered_bytes must be at least --max_request_bytes")
+    for flag in ("max_num_load_retries", "load_retry_interval_micros"):
+        if getattr(config, flag) < 0:
+            raise bad(flag, ">= 0")
+    for flag in ("tensorflow_intra_op_parallelism", "tensorflow_inter_op_parallelism"):
+        if not 0 <= getattr(config, flag) <= MAX_THREADS:
+            raise bad(flag, f"0 (TensorFlow's default) to {MAX_THREADS}")
+    if not (math.isfinite(config.file_system_poll_wait_seconds)
+            and config.file_system_poll_wait_seconds <= MAX_SECONDS):
+        raise bad("file_system_poll_wait_seconds",
+                  f"a number of seconds up to {MAX_SECONDS} (0: load once; < 0: never poll)")
+    if not 0 <= config.shutdown_grace_seconds <= MAX_SECONDS:  # (NaN fails this too)
+        raise bad("shutdown_grace_seconds", f"0-{MAX_SECONDS} seconds")
+
+
 def build(config: ServeConfig):
     """The repository, service and metrics for ``config``, with every model loaded once."""
+    check_config(config)
     if config.model_config_file:
         configs = model_config.read_model_config_file(config.model_config_file)
     elif config.model_base_path:
@@ -87,15 +131,9 @@ def build(config: ServeConfig):
     if config.batching_parameters_file and not config.enable_batching:
         raise ConfigError("--batching_parameters_file needs --enable_batching")
     params = model_config.read_batching_parameters(config.batching_parameters_file,
-                                                   cpus=os.cpu_count() or 1)
+                                                   cpus=min(os.cpu_count() or 1, MAX_THREADS),
+                                                   max_threads=MAX_THREADS)
     metrics_path = model_config.read_monitoring_config(config.monitoring_config_file)
-    for flag in ("max_unbatched_in_flight", "rest_api_max_connections",
-                 "rest_api_keepalive_timeout_in_ms", "rest_api_header_timeout_in_ms",
-                 "rest_api_body_timeout_in_ms"):
-        if getattr(config, flag) <= 0:
-            raise ConfigError(f"--{flag} must be positive, got {getattr(config, flag)}")
-    if config.rest_api_max_buffered_bytes < config.max_request_bytes:
-        raise ConfigError("--rest_api_max_buffered_bytes must be at least --max_request_bytes")
     metrics = ServerMetrics(model_names=[c.name for c in configs])
     batcher = Batcher(params, on_batch=metrics.record_batch) if config.enable_batching else None
     repository = ModelRepository(
@@ -107,7 +145,8 @@ def build(config: ServeConfig):
     repository.poll_once()
     service = ModelService(repository, batcher, timeout_s=config.rest_api_timeout_in_ms / 1e3,
                            max_rows=config.max_rows_per_request,
-                           max_in_flight=config.max_unbatched_in_flight)
+                           max_in_flight=config.max_unbatched_in_flight,
+                           max_bytes=config.max_request_bytes)
     return repository, service, metrics, metrics_path
 
 
@@ -134,6 +173,7 @@ def _freeze_heap() -> None:
 
 def serve(config: ServeConfig) -> int:
     """Run the server until SIGTERM/SIGINT; returns the exit code."""
+    check_config(config)  # before TensorFlow loads: a bad flag fails at once
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(_JsonFormatter())
     log.addHandler(handler)
@@ -176,10 +216,13 @@ async def _serve(config: ServeConfig, service: ModelService, metrics: ServerMetr
     from mirrorfit.serving.rest import RestApi
 
     # --max_request_bytes bounds gRPC messages too (TF Serving allows 2 GiB): a larger one is
-    # refused by gRPC itself with RESOURCE_EXHAUSTED before it is read into memory.
-    grpc_server = grpc.aio.server(options=[("grpc.max_receive_message_length",
-                                            min(config.max_request_bytes, 2 ** 31 - 1)),
-                                           ("grpc.max_send_message_length", 2 ** 31 - 1)])
+    # refused by gRPC itself with RESOURCE_EXHAUSTED before it is read into memory. gRPC has
+    # no shared byte budget as REST has: --grpc_max_threads bounds the requests in progress
+    # (one more is refused with RESOURCE_EXHAUSTED), so the messages held at once.
+    grpc_server = grpc.aio.server(
+        options=[("grpc.max_receive_message_length", config.max_request_bytes),
+                 ("grpc.max_send_message_length", 2 ** 31 - 1)],
+        maximum_concurrent_rpcs=config.grpc_max_threads)
     add_services(grpc_server, service, metrics)
     try:
         bound = grpc_server.add_insecure_port(f"{config.host}:{config.port}")
