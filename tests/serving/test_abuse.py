@@ -20,7 +20,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from tensorflow.core.framework import tensor_pb2, tensor_shape_pb2, types_pb2
-from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
+from tensorflow_serving.apis import (classification_pb2, predict_pb2,
+                                     prediction_service_pb2_grpc, regression_pb2)
 
 from serving_support import Server, model_root  # noqa: F401 - fixture
 
@@ -330,6 +331,7 @@ def test_a_thousand_hostile_requests_leave_the_server_as_it_was(hardened, channe
 
 REST_LIMIT_S = 1.0  # the header and body timeouts of the module's REST server
 MAX_CONNECTIONS = 16
+GRPC_MAX_THREADS = 3  # gRPC requests in progress at once
 
 
 def _save_slow(path: Path) -> None:
@@ -365,6 +367,7 @@ def rest_server(model_root, tmp_path_factory):
                   f"--monitoring_config_file={model_root / 'monitoring.config'}",
                   "--max_unbatched_in_flight=2", f"--rest_api_max_connections={MAX_CONNECTIONS}",
                   f"--rest_api_header_timeout_in_ms={ms}", f"--rest_api_body_timeout_in_ms={ms}",
+                  f"--grpc_max_threads={GRPC_MAX_THREADS}",
                   "--rest_api_http_impl=h11", "--event_loop=asyncio"], root)
     yield srv
     srv.stop()
@@ -515,3 +518,65 @@ def test_a_large_body_is_decoded_off_the_event_loop(rest_server):
     assert result["status"] == 400  # 168,000 rows of 28 numbers: not images
     # before, the loop parsed it: /readyz waited as long as the request (seconds)
     assert worst < result["seconds"] / 4, (worst, result)
+
+
+def test_grpc_requests_in_progress_are_bounded(rest_server):
+    # the slow model holds each admitted request for a second: the rest arrive meanwhile
+    request = _request("slow", "x", tf.make_tensor_proto(np.ones((1, 1), np.float32)))
+    with grpc.insecure_channel(rest_server.grpc_target) as channel, \
+            concurrent.futures.ThreadPoolExecutor(8) as pool:
+        stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+        codes = list(pool.map(lambda _: _code(stub, request), range(8)))
+    # two run (--max_unbatched_in_flight=2); a third in progress is refused by the model pool;
+    # the others never got in (they were unlimited: each could hold a 64 MiB message)
+    assert codes.count(OK) == 2 and grpc.StatusCode.RESOURCE_EXHAUSTED in codes, codes
+    assert set(codes) <= {OK, grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED}
+
+
+# --- classify / regress: checked before any example is built ------------------------------------
+
+PAD = 200_000  # context floats: 1 MB of JSON, 0.8 MB as a tf.Example, copied into every example
+
+
+def _rss_mb(server) -> float:
+    return _proc(server, "VmRSS") / 1024
+
+
+def _examples_body(signature: str, n: int) -> bytes:
+    context = ",".join(["0.0"] * PAD)
+    return (f'{{"signature_name": "{signature}", "context": {{"pad": [{context}]}}, '
+            f'"examples": [{",".join(["{}"] * n)}]}}').encode()
+
+
+def test_rest_examples_are_checked_before_they_are_built(rest_server):
+    cases = [("mnist:classify", _examples_body("", 1000), "DT_STRING"),  # no tf.Example input
+             ("multi:classify", _examples_body("classify_x", 1000), "--max_request_bytes"),
+             ("multi:regress", _examples_body("regress_x", 1001), "--max_rows_per_request")]
+    with httpx.Client(timeout=60) as client:
+        for path, body, needle in cases:
+            before = _rss_mb(rest_server)
+            r = client.post(f"{rest_server.url}/v1/models/{path}", content=body)
+            grown = _rss_mb(rest_server) - before
+            assert r.status_code == 400 and needle in r.json()["error"], r.text[:300]
+            assert grown < 150, (path, grown)  # was +800 MB: the context copied 1,000 times
+
+
+def test_grpc_examples_are_checked_before_they_are_built(rest_server):
+    wide = classification_pb2.ClassificationRequest()  # 0.8 MB, 800 MB once merged
+    wide.model_spec.name, wide.model_spec.signature_name = "multi", "classify_x"
+    ctx = wide.input.example_list_with_context
+    ctx.context.features.feature["pad"].float_list.value.extend([0.0] * PAD)
+    ctx.examples.MergeFrom([tf.train.Example()] * 1000)
+    many = regression_pb2.RegressionRequest()  # 4 MB: two million empty examples
+    many.model_spec.name, many.model_spec.signature_name = "multi", "regress_x"
+    many.input.example_list.MergeFromString(b"\x0a\x00" * 2_000_000)
+    with grpc.insecure_channel(rest_server.grpc_target) as channel:
+        stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+        for call, request, needle in ((stub.Classify, wide, "--max_request_bytes"),
+                                      (stub.Regress, many, "--max_rows_per_request")):
+            before = _rss_mb(rest_server)
+            with pytest.raises(grpc.RpcError) as e:
+                call(request, timeout=30)  # was 37 s (and +450 MB) for the two million
+            grown = _rss_mb(rest_server) - before
+            assert e.value.code() == INVALID and needle in e.value.details(), e.value.details()
+            assert grown < 150, (needle, grown)

@@ -196,6 +196,20 @@ ERRORS = [
     ("POST", "/v1/models/multi:classify",
      b'{"signature_name": "classify_x", "examples": [{"x": "\\ud800"}]}', 400,
      'JSON Value: "\\ud800" is not valid UTF-8'),
+    # a feature name or context key that is a lone surrogate (was a 500: UnicodeEncodeError)
+    ("POST", "/v1/models/multi:classify",
+     b'{"signature_name": "classify_x", "examples": [{"\\ud800": 1}]}', 400,
+     'Feature name: "\\ud800" is not valid UTF-8'),
+    ("POST", "/v1/models/multi:regress",
+     b'{"signature_name": "regress_x", "context": {"\\udc00x": 1}, "examples": [{}]}', 400,
+     'Feature name: "\\udc00x" is not valid UTF-8'),
+    # only ASCII digits are a version (Arabic-Indic 7 was served as version 7)
+    ("POST", "/v1/models/multi/versions/%D9%A7:regress", {"examples": [{}]}, 400,
+     "Malformed request: POST /v1/models/multi/versions/%D9%A7:regress"),
+    # the name is percent-decoded once, as TF Serving does (was twice: %2541 -> A)
+    ("GET", "/v1/models/%2541", None, 404, "Could not find any versions of model %41"),
+    ("POST", "/v1/models/a%2Fb:predict", {"instances": [1]}, 404,
+     "Servable not found for request: Latest(a/b)"),
 ]
 
 

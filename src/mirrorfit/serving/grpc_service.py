@@ -3,7 +3,6 @@ protos, over the same :class:`ModelService` the REST API uses."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 import traceback
@@ -18,7 +17,7 @@ from tensorflow_serving.apis import (classification_pb2, get_model_metadata_pb2,
 
 from mirrorfit.serving.errors import ServingError, invalid
 from mirrorfit.serving.metrics import ServerMetrics
-from mirrorfit.serving.service import DEFAULT_SIGNATURE, ModelService, Spec, merge_context
+from mirrorfit.serving.service import DEFAULT_SIGNATURE, ModelService, Spec
 from mirrorfit.serving.tensor_proto import from_tensor_proto, to_tensor_proto
 from mirrorfit.serving.validation import check_names
 
@@ -114,48 +113,45 @@ class PredictionServicer(_Handler, prediction_service_pb2_grpc.PredictionService
         response.metadata["signature_def"].Pack(defs)
         return response, 0
 
-    def _examples(self, request) -> list[bytes]:
-        which = request.input.WhichOneof("kind")
-        if which == "example_list":
-            return merge_context(None, list(request.input.example_list.examples))
-        if which == "example_list_with_context":
-            ctx = request.input.example_list_with_context
-            return merge_context(ctx.context, list(ctx.examples))
-        raise invalid("Input is empty")
-
     async def Classify(self, request, context):
         return await self._call("classify", request, context, self._classify)
 
     async def _classify(self, request):
-        return await _off_loop(self._classify_sync, request)
-
-    def _classify_sync(self, request):
-        spec = _spec(request.model_spec)
-        servable, sig = self.service.resolve_signature(spec, api="classify")
-        examples = self._examples(request)
+        servable, sig = self.service.resolve_signature(_spec(request.model_spec),
+                                                       api="classify")
+        examples = _examples(request)
+        results = await self.service.classify_async(servable, sig, *examples)
         response = classification_pb2.ClassificationResponse()
-        for pairs in self.service.classify(servable, sig, examples):
+        for pairs in results:
             item = response.result.classifications.add()
             for label, score in pairs:
                 item.classes.add(label=label, score=score)
         _stamp(response, servable, sig.name)
-        return response, len(examples)
+        return response, len(results)
 
     async def Regress(self, request, context):
         return await self._call("regress", request, context, self._regress)
 
     async def _regress(self, request):
-        return await _off_loop(self._regress_sync, request)
-
-    def _regress_sync(self, request):
-        spec = _spec(request.model_spec)
-        servable, sig = self.service.resolve_signature(spec, api="regress")
-        examples = self._examples(request)
+        servable, sig = self.service.resolve_signature(_spec(request.model_spec), api="regress")
+        values = await self.service.regress_async(servable, sig, *_examples(request))
         response = regression_pb2.RegressionResponse()
-        for value in self.service.regress(servable, sig, examples):
+        for value in values:
             response.result.regressions.add(value=value)
         _stamp(response, servable, sig.name)
-        return response, len(examples)
+        return response, len(values)
+
+
+def _examples(request) -> tuple:
+    """(context or None, examples) of a Classify/Regress input, as the parsed message holds
+    them: no copy, so the service checks their count before any is touched."""
+    which = request.input.WhichOneof("kind")
+    if which == "example_list":
+        return None, request.input.example_list.examples
+    if which == "example_list_with_context":
+        ctx = request.input.example_list_with_context
+        return ctx.context, ctx.examples
+    raise invalid("Input is empty")
 
 
 class ModelServicer(_Handler, model_service_pb2_grpc.ModelServiceServicer):
@@ -182,11 +178,6 @@ def _stamp(response, servable, signature_name: str) -> None:
     response.model_spec.name = servable.name
     response.model_spec.version.value = servable.version
     response.model_spec.signature_name = signature_name
-
-
-async def _off_loop(fn, request):
-    """Run a blocking handler (one that calls the model) off the event loop."""
-    return await asyncio.get_running_loop().run_in_executor(None, fn, request)
 
 
 def _error_code(name: str) -> int:

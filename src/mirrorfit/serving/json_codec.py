@@ -323,8 +323,10 @@ def _nest(flat: list, shape: tuple) -> Any:
     return np.array(flat, dtype=object).reshape(shape).tolist()
 
 
-def examples(doc: Any, method: str) -> tuple[tf.train.Example | None, list[tf.train.Example]]:
-    """(context, examples) of a :classify / :regress body as tf.Examples."""
+def examples(doc: Any, method: str) -> tuple[Any, list]:
+    """(context or None, examples) of a :classify / :regress body, still JSON: checked here
+    only as a whole, so the signature and the count are checked before any is converted
+    (by :func:`example`, within the service's byte bound)."""
     if not isinstance(doc, dict):
         raise invalid(f"JSON Value: {debug_json(doc)} Is not object")
     if "examples" not in doc:
@@ -334,16 +336,20 @@ def examples(doc: Any, method: str) -> tuple[tf.train.Example | None, list[tf.tr
         raise invalid("Expecting 'examples' value to be an list/array")
     if not items:
         raise invalid("'examples' value is an empty array")
-    context = _example(doc["context"]) if "context" in doc else None
-    return context, [_example(item) for item in items]
+    context = doc.get("context")
+    if "context" in doc and not isinstance(context, dict):
+        example(context)  # raises its message for a non-object
+    return context, items
 
 
-def _example(obj: Any) -> tf.train.Example:
+def example(obj: Any) -> tf.train.Example:
+    """A tf.Example from a JSON object of features, as TF Serving converts one."""
     if not isinstance(obj, dict):
         kind = "Array" if isinstance(obj, list) else type(obj).__name__.capitalize()
         raise invalid(f"Example must be JSON object but got JSON {kind}")
-    example = tf.train.Example()
+    out = tf.train.Example()
     for name, value in obj.items():
+        _feature_name(name)
         values = value if isinstance(value, list) else [value]
         kinds = set()
         for v in values:
@@ -356,7 +362,7 @@ def _example(obj: Any) -> tf.train.Example:
             first = ("bytes" if isinstance(values[0], str) or _is_b64(values[0]) else
                      "int64" if isinstance(values[0], (bool, int)) else "float")
             raise invalid(f"Unexpected element type in feature: {name} expecting type: {first}")
-        feature = example.features.feature[name]
+        feature = out.features.feature[name]
         kind = kinds.pop() if kinds else "float"
         if kind == "bytes":
             feature.bytes_list.value.extend(
@@ -369,7 +375,16 @@ def _example(obj: Any) -> tf.train.Example:
             feature.int64_list.value.extend(int(v) for v in values)
         else:
             feature.float_list.value.extend(float(v) for v in values)
-    return example
+    return out
 
 
-__all__ = ["parse_body", "debug_json", "predict_inputs", "predict_response", "examples"]
+def _feature_name(name: str) -> None:
+    try:
+        name.encode()
+    except UnicodeEncodeError:  # a lone surrogate escape such as "\ud800": not UTF-8
+        raise invalid(f"Feature name: {debug_json(name)} is not valid UTF-8 (the surrogate pair "
+                      "in string is invalid)") from None
+
+
+__all__ = ["parse_body", "debug_json", "predict_inputs", "predict_response", "examples",
+           "example"]

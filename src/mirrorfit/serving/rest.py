@@ -22,13 +22,13 @@ import time
 import traceback
 import zlib
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from urllib.parse import unquote
 
 import grpc
 
 from google.protobuf import json_format
 from starlette.applications import Starlette
-from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -38,13 +38,13 @@ from mirrorfit.serving import json_codec
 from mirrorfit.serving.errors import ServingError, invalid
 from mirrorfit.serving.metrics import CONTENT_TYPE, ServerMetrics
 from mirrorfit.serving.rest_transport import RestLimits
-from mirrorfit.serving.service import ModelService, Spec, merge_context
+from mirrorfit.serving.service import ModelService, Spec
 
 log = logging.getLogger("mirrorfit.serving")
 
-_POST = re.compile(r"/v1/models/([^/:]+)(?:(?:/versions/(\d+))|(?:/labels/([^/:]+)))?:"
+_POST = re.compile(r"/v1/models/([^/:]+)(?:(?:/versions/([0-9]+))|(?:/labels/([^/:]+)))?:"
                    r"(classify|regress|predict)", re.IGNORECASE)
-_GET = re.compile(r"/v1/models(?:/([^/:]+))?(?:(?:/versions/(\d+))|(?:/labels/([^/:]+)))?"
+_GET = re.compile(r"/v1/models(?:/([^/:]+))?(?:(?:/versions/([0-9]+))|(?:/labels/([^/:]+)))?"
                   r"(?:/(metadata))?", re.IGNORECASE)
 # Bodies (and outputs) up to this size are decoded (encoded) on the event loop: it costs less
 # than the hop to a thread; larger ones (up to 64 MiB of JSON, seconds of parsing) go to a thread
@@ -104,7 +104,12 @@ class RestApi:
         return Response(self.metrics.exposition(), media_type=CONTENT_TYPE)
 
     async def dispatch(self, request: Request) -> Response:
-        path, method = request.url.path, request.method
+        # TF Serving matches its regexes on the path as sent and then percent-decodes the name
+        # and label once (_spec): on the decoded path, %2F in a name would split it and %2541
+        # would be decoded twice.
+        raw = request.scope.get("raw_path")
+        path = raw.decode("utf-8", "replace") if raw is not None else request.url.path
+        method = request.method
         if not re.fullmatch(r"(?i)/v1/.*", path):
             return Response(status_code=404)  # TF Serving: a bare 404 outside /v1/
         try:
@@ -178,11 +183,10 @@ class RestApi:
                 spec = _spec(name, version, label)
                 body = await self._body(request, held)
                 gzipped = request.headers.get("content-encoding", "").lower() == "gzip"
-                if method == "predict":  # waits for the model without holding a thread
-                    response, examples, spec = await self._predict(spec, body, gzipped, held)
-                else:
-                    response, examples, spec = await run_in_threadpool(
-                        self._examples, method, spec, body, gzipped, held)
+                # decoded as predict bodies are; waits for the model without holding a thread
+                handler = self._predict if method == "predict" else partial(self._examples,
+                                                                            method)
+                response, examples, spec = await handler(spec, body, gzipped, held)
             self._record(spec.name, method, "OK", start, examples)
             return response
         except ServingError as e:
@@ -209,18 +213,25 @@ class RestApi:
         inputs, rows = json_codec.predict_inputs(doc, sig)
         return servable, sig, inputs, rows, spec
 
-    def _examples(self, method: str, spec: Spec, body: bytes, gzipped: bool,
-                  held: "_Held") -> tuple[Response, int, Spec]:
-        doc, spec = self._decode(spec, body, gzipped, held)
-        servable, sig = self.service.resolve_signature(spec, api=method, entrypoint="REST")
-        context, items = json_codec.examples(doc, method)
-        serialized = merge_context(context, items)
+    async def _examples(self, method: str, spec: Spec, body: bytes, gzipped: bool,
+                        held: "_Held") -> tuple[Response, int, Spec]:
+        servable, sig, context, items, spec = await self._maybe_off_loop(
+            _big(body, gzipped), self._examples_input, method, spec, body, gzipped, held)
         if method == "classify":
-            results = self.service.classify(servable, sig, serialized)
+            results = await self.service.classify_async(servable, sig, context, items,
+                                                        json_codec.example)
             result = {"results": [[[label, score] for label, score in r] for r in results]}
         else:
-            result = {"results": self.service.regress(servable, sig, serialized)}
+            result = {"results": await self.service.regress_async(servable, sig, context, items,
+                                                                  json_codec.example)}
         return _json(result), len(items), spec
+
+    def _examples_input(self, method: str, spec: Spec, body: bytes, gzipped: bool,
+                        held: "_Held"):
+        doc, spec = self._decode(spec, body, gzipped, held)
+        servable, sig = self.service.resolve_signature(spec, api=method, entrypoint="REST")
+        context, items = json_codec.examples(doc, method)  # still JSON: converted by the service
+        return servable, sig, context, items, spec
 
     def _decode(self, spec: Spec, body: bytes, gzipped: bool, held: "_Held") -> tuple:
         """The JSON document of a body, and the spec with its signature name."""
@@ -245,7 +256,7 @@ class RestApi:
     async def _body(self, request: Request, held: "_Held") -> bytes:
         """The body, within --max_request_bytes, the body timeout and the shared budget."""
         declared = request.headers.get("content-length")
-        if declared and declared.isdigit():
+        if declared and re.fullmatch("[0-9]+", declared):
             if int(declared) > self.max_body_bytes:
                 raise _too_large(f"Request body of {declared} bytes is larger than the limit "
                                  f"of {self.max_body_bytes} bytes (--max_request_bytes)")

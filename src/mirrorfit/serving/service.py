@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import grpc
@@ -34,11 +35,13 @@ class ModelService:
 
     def __init__(self, repository: ModelRepository, batcher: Batcher | None = None,
                  timeout_s: float | None = None, model_threads: int = 2,
-                 max_rows: int = MAX_ROWS, max_in_flight: int = 64) -> None:
+                 max_rows: int = MAX_ROWS, max_in_flight: int = 64,
+                 max_bytes: int = 64 * 1024 * 1024) -> None:
         self.repository = repository
         self.batcher = batcher
         self.timeout_s = timeout_s
         self.max_rows = max_rows  # rows per request (--max_rows_per_request)
+        self.max_bytes = max_bytes  # tf.Examples one request may build (--max_request_bytes)
         # Unbatched model calls run on a few threads, not one per request: dozens of
         # concurrent TF calls on a few cores only fight over them.
         self._model_pool = _ModelPool(model_threads, max_in_flight)
@@ -72,10 +75,6 @@ class ModelService:
         _check_filter(sig, output_filter)
         return _filter(self._wait(self._submit(servable, sig, inputs)), output_filter)
 
-    def _run(self, sig: Signature, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """An unbatched call (classify, regress) on the bounded model pool."""
-        return self._wait(self._model_pool.submit(sig.run, inputs))
-
     def _wait(self, future: Future) -> dict[str, np.ndarray]:
         try:
             return future.result(self.timeout_s)
@@ -91,7 +90,12 @@ class ModelService:
         check_inputs(sig, inputs, self.max_rows)  # before it costs a queue or a thread
         _check_filter(sig, output_filter)
         loop = asyncio.get_running_loop()
-        future = self._submit(servable, sig, inputs, loop)
+        outputs = await self._wait_async(self._submit(servable, sig, inputs, loop), loop)
+        return _filter(outputs, output_filter)
+
+    async def _wait_async(self, future: Future | asyncio.Future,
+                          loop: asyncio.AbstractEventLoop):
+        """The result of ``future`` within the model timeout, waited for without a thread."""
         if not isinstance(future, asyncio.Future):
             future = asyncio.wrap_future(future)
         # A timer that cancels the future, not asyncio.wait_for: that wraps every request in
@@ -99,7 +103,7 @@ class ModelService:
         timer = (loop.call_later(self.timeout_s, future.cancel)
                  if self.timeout_s is not None else None)
         try:
-            outputs = await future
+            return await future
         except asyncio.CancelledError:
             if timer is not None and loop.time() >= timer.when():
                 raise ServingError(grpc.StatusCode.DEADLINE_EXCEEDED, "Timed out running the "
@@ -108,7 +112,6 @@ class ModelService:
         finally:
             if timer is not None:
                 timer.cancel()
-        return _filter(outputs, output_filter)
 
     def _submit(self, servable: LoadedVersion, sig: Signature, inputs: dict[str, np.ndarray],
                 loop: asyncio.AbstractEventLoop | None = None) -> Future | asyncio.Future:
@@ -121,42 +124,68 @@ class ModelService:
         return self.batcher.submit((servable.name, servable.version, sig.name), servable.name,
                                    sig.run, arrays, loop)
 
-    def classify(self, servable: LoadedVersion, sig: Signature,
-                 examples: list[bytes]) -> list[list[tuple[str, float]]]:
+    async def classify_async(self, servable: LoadedVersion, sig: Signature, context,
+                             examples: Sequence, to_example: Callable | None = None) \
+            -> list[list[tuple[str, float]]]:
         """[(label, score), ...] per example, for a signature with one string input and
-        ``classes`` and/or ``scores`` outputs (TF Serving's classifier contract)."""
-        alias = _example_input(sig, "classify")
-        check_rows(len(examples), self.max_rows)
+        ``classes`` and/or ``scores`` outputs (TF Serving's classifier contract).
+
+        ``context`` (or None) and ``examples`` are tf.Examples, or what ``to_example`` makes
+        them from (REST's JSON objects). The signature and the example count are checked
+        before any of them is built; building, merging and the model call take a slot of the
+        unbatched model pool (--max_unbatched_in_flight), so waiting requests are bounded."""
+        alias = self._check_examples(sig, "classify", len(examples))
         if "classes" not in sig.outputs and "scores" not in sig.outputs:
             raise invalid(f"Expected classification signature outputs to contain classes or "
                           f"scores; signature {sig.name} has {','.join(sorted(sig.outputs))}")
-        out = self._run(sig, {alias: np.array(examples, dtype=object)})
-        scores, classes = out.get("scores"), out.get("classes")
-        n = len(examples)
-        width = (scores if scores is not None else classes).reshape(n, -1).shape[1]
-        result = []
-        for i in range(n):
-            labels = ([c.decode() if isinstance(c, bytes) else str(c)
-                       for c in classes.reshape(n, -1)[i]] if classes is not None
-                      else [""] * width)
-            values = (scores.reshape(n, -1)[i].astype(float).tolist() if scores is not None
-                      else [0.0] * width)
-            result.append(list(zip(labels, values)))
-        return result
 
-    def regress(self, servable: LoadedVersion, sig: Signature, examples: list[bytes]) \
+        def run():
+            serialized = serialize_examples(context, examples, self.max_bytes, to_example)
+            return _classifications(sig.run({alias: np.array(serialized, dtype=object)}),
+                                    len(serialized))
+        return await self._run_async(run)
+
+    async def regress_async(self, servable: LoadedVersion, sig: Signature, context,
+                            examples: Sequence, to_example: Callable | None = None) \
             -> list[float]:
         """One value per example, for a signature with one string input and an ``outputs``
-        output of shape [batch] or [batch, 1]."""
-        alias = _example_input(sig, "regress")
-        check_rows(len(examples), self.max_rows)
+        output of shape [batch] or [batch, 1]. Arguments and bounds as :meth:`classify_async`."""
+        alias = self._check_examples(sig, "regress", len(examples))
         if "outputs" not in sig.outputs:
             raise invalid(f"No output named 'outputs' in regression signature {sig.name}")
-        values = self._run(sig, {alias: np.array(examples, dtype=object)})["outputs"]
-        if values.ndim == 2 and values.shape[1] != 1 or values.ndim > 2:
-            raise invalid(f"Expected output Tensor shape to be either [batch_size] or "
-                          f"[batch_size, 1] but got {list(values.shape)}")
-        return values.reshape(-1).astype(float).tolist()
+
+        def run():
+            serialized = serialize_examples(context, examples, self.max_bytes, to_example)
+            values = sig.run({alias: np.array(serialized, dtype=object)})["outputs"]
+            if values.ndim == 2 and values.shape[1] != 1 or values.ndim > 2:
+                raise invalid(f"Expected output Tensor shape to be either [batch_size] or "
+                              f"[batch_size, 1] but got {list(values.shape)}")
+            return values.reshape(-1).astype(float).tolist()
+        return await self._run_async(run)
+
+    def _check_examples(self, sig: Signature, method: str, count: int) -> str:
+        alias = _example_input(sig, method)
+        check_rows(count, self.max_rows)
+        return alias
+
+    async def _run_async(self, fn):
+        """``fn()`` on the bounded model pool, awaited within the model timeout."""
+        loop = asyncio.get_running_loop()
+        return await self._wait_async(self._model_pool.submit(fn), loop)
+
+
+def _classifications(out: dict[str, np.ndarray], n: int) -> list[list[tuple[str, float]]]:
+    scores, classes = out.get("scores"), out.get("classes")
+    width = (scores if scores is not None else classes).reshape(n, -1).shape[1]
+    result = []
+    for i in range(n):
+        labels = ([c.decode() if isinstance(c, bytes) else str(c)
+                   for c in classes.reshape(n, -1)[i]] if classes is not None
+                  else [""] * width)
+        values = (scores.reshape(n, -1)[i].astype(float).tolist() if scores is not None
+                  else [0.0] * width)
+        result.append(list(zip(labels, values)))
+    return result
 
 
 class _ModelPool:
@@ -202,13 +231,32 @@ def _example_input(sig: Signature, method: str) -> str:
     return next(iter(sig.inputs))
 
 
-def merge_context(context: tf.train.Example | None, examples: list) -> list[bytes]:
-    """Serialized tf.Examples; with a context, each example merged over it (example wins)."""
+def serialize_examples(context, examples: Sequence, max_bytes: int,
+                       to_example: Callable | None = None) -> list[bytes]:
+    """Serialized tf.Examples; with a context, each example merged over it (example wins).
+
+    The context is copied into every example, so a small request can ask for examples x
+    context bytes: the merged size is bounded by ``max_bytes`` before it is built (from the
+    context's size, then as each example is made)."""
+    make = to_example or (lambda item: item)
+    ctx = make(context) if context is not None else None
+    ctx_bytes = ctx.ByteSize() if ctx is not None else 0
+    total = len(examples) * ctx_bytes
+    if total > max_bytes:
+        raise invalid(f"{len(examples)} examples with a context of {ctx_bytes} bytes would be "
+                      f"{total} bytes of tf.Examples, more than the limit of {max_bytes} bytes "
+                      "(--max_request_bytes); send a smaller context or fewer examples")
     out = []
-    for example in examples:
-        if context is not None:
+    for i, item in enumerate(examples):
+        example = make(item)
+        total += example.ByteSize()
+        if total > max_bytes:
+            raise invalid(f"The examples merged with their context are more than the limit of "
+                          f"{max_bytes} bytes (--max_request_bytes) at example {i}; send "
+                          "smaller or fewer examples")
+        if ctx is not None:
             merged = tf.train.Example()
-            merged.CopyFrom(context)
+            merged.CopyFrom(ctx)
             for key, feature in example.features.feature.items():
                 merged.features.feature[key].CopyFrom(feature)
             example = merged
@@ -216,4 +264,4 @@ def merge_context(context: tf.train.Example | None, examples: list) -> list[byte
     return out
 
 
-__all__ = ["ModelService", "Spec", "merge_context", "DEFAULT_SIGNATURE", "ServingError"]
+__all__ = ["ModelService", "Spec", "serialize_examples", "DEFAULT_SIGNATURE", "ServingError"]
