@@ -237,7 +237,8 @@ def test_checkpoint_of_another_model_is_refused_clearly(tmp_path):
     other = run_cli("train", "--model", "user_models:tiny", "--train-examples", "256",
                     "--epochs", "2", "--checkpoint-dir", str(d), "--no-progress")
     assert other.returncode == 2
-    assert "written by another run (model differ: 'mlp' vs 'user_models:tiny')" in other.stderr
+    assert ("written with --model mlp, this run has --model user_models:tiny: resume with "
+            "--model mlp, or pass --fresh") in other.stderr
 
 
 # -- resuming with changed flags (issue 10, item 8); 2 replicas resume on 1 -------------------

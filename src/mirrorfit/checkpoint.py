@@ -13,7 +13,10 @@ run resumes on 1 or 4.
 The input position is (epoch, step in epoch) in units of the global batch, also stored in
 examples; the data order depends on the seed, the number of examples and the global batch
 (:class:`~mirrorfit.data.pipeline.DataOrder`). A run that changes any of them is refused, naming
-the flag that changed, instead of repeating or skipping examples.
+the flag that changed, instead of repeating or skipping examples. So is one that changes the
+model, optimizer, learning-rate schedule or precision (``settings``): resuming it would not
+continue the same run. Those checks read only ``meta.json``
+(:mod:`mirrorfit.checkpoint_meta`), before any state.
 """
 
 from __future__ import annotations
@@ -32,23 +35,15 @@ from typing import Any, Callable, Mapping
 import tensorflow as tf
 
 from mirrorfit import _io
+from mirrorfit.checkpoint_meta import (FORMAT, CheckpointError, check_data, check_identity,
+                                       check_settings, read_meta)
 from mirrorfit.data.pipeline import DataOrder
-from mirrorfit.errors import MirrorfitError
 # Re-exported: callers take the preemption pieces from here, beside the checkpoints they save.
 from mirrorfit.preemption import EXIT_PREEMPTED, Preempted, PreemptionGuard  # noqa: F401
 
-_NAME = re.compile(r"^ckpt-(\d+)$")
-_FORMAT = 2  # 2: adds "data" (DataOrder), "flags" and "examples_in_epoch"
-# What each DataOrder field is called in a message.
-_LABELS = {"seed": "seed", "examples": "training examples", "global_batch": "global batch"}
-
-
-class CheckpointError(MirrorfitError):
-    """A checkpoint that cannot be used: corrupt, or written by another model/optimizer."""
-
-    def __init__(self, message: str, *, reason: str = "") -> None:
-        super().__init__(message)
-        self.reason = reason or message  # what is wrong, without the advice
+_NAME = re.compile(r"ckpt-([0-9]+)")  # fullmatch, ASCII: \d and $ take "٣" and a newline
+__all__ = ["CheckpointError", "Checkpointer", "Restored", "identity", "list_checkpoints",
+           "load_model", "read_meta"]
 
 
 @dataclass(frozen=True)
@@ -75,13 +70,16 @@ class Checkpointer:
     :class:`~mirrorfit.data.pipeline.DataOrder` (e.g. ``train_batches(...).order``): restoring
     a checkpoint written with another one is refused. ``flags`` maps each DataOrder field to
     the settings that produced it (e.g. ``{"seed": {"--seed": 42}}``), recorded so that a
-    refusal can name the one that changed. ``on_notice`` gets one line when restore falls back
-    past a corrupt checkpoint.
+    refusal can name the one that changed. ``settings`` maps the flags that fix the saved
+    state's meaning or structure to their values (e.g. ``{"--lr": 0.01, "--precision":
+    "fp32"}``; None: does not apply): a checkpoint written with other values is refused, naming
+    them. ``on_notice`` gets one line when restore falls back past a corrupt checkpoint.
     """
 
     def __init__(self, directory: str | Path, *, trainer, model_spec: str, every: int = 0,
                  keep: int = 3, data: DataOrder | None = None,
                  flags: Mapping[str, Mapping[str, Any]] | None = None,
+                 settings: Mapping[str, Any] | None = None,
                  on_notice: Callable[[str], None] = print) -> None:
         self.directory = Path(directory)
         self.trainer = trainer
@@ -93,6 +91,7 @@ class Checkpointer:
         # Without the data's order, the global batch (the step's unit) is still known.
         self.data = dataclasses.asdict(data) if data else {"global_batch": trainer.global_batch}
         self.flags = {k: dict(v) for k, v in (flags or {}).items()}
+        self.settings = dict(settings or {})
         self._on_notice = on_notice
         # Keras's seed-generator state (Dropout's RNG) is a model variable that the model's
         # own checkpoint dependencies miss: list every model variable explicitly too.
@@ -110,7 +109,8 @@ class Checkpointer:
 
         A checkpoint that cannot be read is moved aside (``corrupt-ckpt-...``) when an older
         one restores, with one line through ``on_notice``; if none can be read, CheckpointError
-        names the newest. One written by another run (model, optimizer, data order) is refused.
+        names the newest. One written by another run (settings, model, optimizer, data order)
+        is refused, before its state is read.
         """
         unreadable: list[tuple[Path, str]] = []  # (checkpoint, why), newest first
         for path in reversed(self.checkpoints()):
@@ -119,10 +119,16 @@ class Checkpointer:
             except CheckpointError as e:
                 unreadable.append((path, e.reason))
                 continue
-            self._check_identity(path, meta)
-            self._check_data(path, meta)
+            check_settings(path, meta, self.settings)
+            check_identity(path, meta, self.identity)
+            check_data(path, meta, self.data, self.flags)
             try:
                 self._state.read(str(path / "state")).assert_existing_objects_matched()
+            except AssertionError as e:  # the files were read: their structure differs
+                raise CheckpointError(
+                    f"checkpoint {path} was written with other settings ({_why(e)}); resume "
+                    "with the settings it was written with, or pass --fresh to start over"
+                ) from None
             except Exception as e:  # TF raises OpError, ValueError, IndexError... on bad files
                 unreadable.append((path, _why(e)))
                 continue
@@ -139,39 +145,12 @@ class Checkpointer:
         # Out of the way, so this run's own save at that step is not mistaken for done; kept
         # (not deleted) for whoever wants to look at it.
         for path, why in unreadable:
-            aside = path.with_name(f"corrupt-{path.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+            aside = _unused(self.directory, f"corrupt-{path.name}-{time.strftime('%Y%m%d-%H%M%S')}")
             os.rename(path, aside)
             self._on_notice(f"checkpoint {path.name} cannot be read ({why}); moved it to "
                             f"{aside.name} and resuming from the previous one, {good.name}")
         if unreadable:
             _io.fsync_dir(self.directory)
-
-    def _check_identity(self, path: Path, meta: dict) -> None:
-        theirs, ours = meta.get("identity", {}), self.identity
-        for key in ("model", "optimizer", "weights"):
-            if theirs.get(key) != ours[key]:
-                what = "weight shapes" if key == "weights" else key
-                detail = "" if key == "weights" else f": {theirs.get(key)!r} vs {ours[key]!r}"
-                raise CheckpointError(
-                    f"checkpoint {path} was written by another run ({what} differ{detail}); "
-                    "pass --fresh to start over, or use another --checkpoint-dir")
-
-    def _check_data(self, path: Path, meta: dict) -> None:
-        theirs = meta.get("data") or {}  # format 1 checkpoints did not record it
-        for key, ours in self.data.items():
-            old = theirs.get(key)
-            if old is None or ours is None or old == ours:
-                continue
-            their_flags, our_flags = meta.get("flags", {}).get(key, {}), self.flags.get(key, {})
-            changed = [f for f in our_flags if f in their_flags and their_flags[f] != our_flags[f]]
-            why = ", ".join(f"{f} {their_flags[f]} -> {our_flags[f]}" for f in changed)
-            fix = " ".join(_as_flag(f, their_flags[f]) for f in changed) or "the original settings"
-            if key == "global_batch" and changed and "--global-batch-size" not in changed:
-                fix += f" (or --global-batch-size {old})"  # e.g. on a host with fewer GPUs
-            raise CheckpointError(
-                f"checkpoint {path} was trained with {_LABELS[key]} {old}, this run has {ours}"
-                + (f" ({why})" if why else "") + f": resume with {fix}, or pass --fresh to "
-                "start over (resuming would repeat or skip examples)")
 
     # -- writing ---------------------------------------------------------------------------
     def save(self) -> Path:
@@ -185,16 +164,15 @@ class Checkpointer:
         previous = self.checkpoints()
         keep = (f"the previous checkpoint {previous[-1]} is kept" if previous
                 else "no checkpoint was written")
-        tmp = self.directory / f".{final.name}.tmp-{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
+        tmp = self.directory / f".{final.name}.tmp-{_io.temp_tag()}"
         try:
             with _io.disk_full_hint(f"checkpoint {final}", keep):
                 tmp.mkdir()
                 self._state.write(str(tmp / "state"))
                 meta = {"epoch": t.epoch, "step_in_epoch": t.step_in_epoch, "step": t.step,
                         "examples_in_epoch": t.step_in_epoch * t.global_batch,
-                        "data": self.data, "flags": self.flags,
-                        "identity": self.identity, "time": time.time(), "format": _FORMAT}
+                        "data": self.data, "flags": self.flags, "settings": self.settings,
+                        "identity": self.identity, "time": time.time(), "format": FORMAT}
                 (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
                 _io.fsync_tree(tmp)  # TF's files too: it does not fsync them itself
                 os.rename(tmp, final)  # the commit point: until then the previous one is latest
@@ -211,8 +189,14 @@ class Checkpointer:
         found = self.checkpoints()
         if not found:
             return None
-        aside = self.directory / f"discarded-{time.strftime('%Y%m%d-%H%M%S')}"
-        aside.mkdir()
+        for n in range(1, 1000):  # --fresh twice in one second: a new name, not an error
+            aside = self.directory / (f"discarded-{time.strftime('%Y%m%d-%H%M%S')}"
+                                      + (f"-{n}" if n > 1 else ""))
+            try:
+                aside.mkdir()
+                break
+            except FileExistsError:
+                continue
         for p in found:
             os.rename(p, aside / p.name)
         _io.fsync_dir(self.directory)
@@ -220,7 +204,7 @@ class Checkpointer:
 
     def clean_partial(self) -> list[Path]:
         """Remove temp folders left by a write that was killed (not those of a live writer)."""
-        return _io.remove_stale_temps(self.directory, ".ckpt-*.tmp-*")
+        return _io.remove_stale_temps(self.directory, r"\.ckpt-[0-9]+\.tmp-")
 
     # -- trainer hooks ---------------------------------------------------------------------
     def step_hook(self, trainer) -> None:
@@ -237,45 +221,38 @@ def _why(error: Exception) -> str:
     return f"{type(error).__name__}: {first}" if first else type(error).__name__
 
 
+def _unused(folder: Path, name: str) -> Path:
+    """``folder / name``, or ``name-2``, ``name-3``... if taken (two set-asides in a second)."""
+    path, n = folder / name, 1
+    while os.path.lexists(path):
+        n += 1
+        path = folder / f"{name}-{n}"
+    return path
+
+
 def _unreadable(path: Path, why: str) -> "CheckpointError":
     return CheckpointError(f"checkpoint {path} cannot be read ({why}); pass --fresh to start "
                            "over or delete that folder to fall back to an older one",
                            reason=why)
 
 
-def _as_flag(flag: str, value: Any) -> str:
-    return f"without {flag}" if value is None else f"{flag} {value}"
-
-
 def list_checkpoints(directory: Path) -> list[Path]:
     """Complete checkpoint folders in ``directory``, oldest first (temp folders excluded)."""
     if not directory.is_dir():
         return []
-    found = [p for p in directory.iterdir() if _NAME.match(p.name) and p.is_dir()]
-    return sorted(found, key=lambda p: int(_NAME.match(p.name).group(1)))
+    found = [p for p in directory.iterdir() if _NAME.fullmatch(p.name) and p.is_dir()]
+    return sorted(found, key=lambda p: int(_NAME.fullmatch(p.name).group(1)))
 
 
-def read_meta(path: Path) -> dict:
-    """The metadata of checkpoint folder ``path``; CheckpointError if unreadable."""
-    try:
-        meta = json.loads((path / "meta.json").read_text())
-        for key in ("epoch", "step_in_epoch", "step"):
-            int(meta[key])
-        return meta
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise CheckpointError(f"checkpoint {path / 'meta.json'} is corrupt or missing "
-                              f"({type(e).__name__}); pass --fresh to start over",
-                              reason=f"meta.json: {type(e).__name__}") from None
-
-
-def load_model(directory: str | Path, *,
+def load_model(directory: str | Path, *, model: str | None = None,
                on_notice: Callable[[str], None] = lambda m: print(m, file=sys.stderr)):
     """The model of the newest readable checkpoint in ``directory``, rebuilt outside any
     strategy (an unreadable newer one is skipped, with one line through ``on_notice``).
 
-    Returns (model, meta). Only the model's variables are read (not the optimizer's).
+    A user model (``package.module:function``) is imported only when ``model`` names it too:
+    a checkpoint folder is data, and must not choose which code runs. Returns (model, meta).
+    Only the model's variables are read (not the optimizer's).
     """
-    from mirrorfit.models import model_factory
 
     directory = Path(directory)
     found = list_checkpoints(directory)
@@ -289,9 +266,9 @@ def load_model(directory: str | Path, *,
         except CheckpointError as e:
             unreadable.append((path, e.reason))
             continue
-        model = model_factory(meta["identity"]["model"])()
+        net = _build_checked(path, meta["identity"]["model"], model)
         try:
-            tf.train.Checkpoint(model=model).read(str(path / "state")).expect_partial() \
+            tf.train.Checkpoint(model=net).read(str(path / "state")).expect_partial() \
                 .assert_existing_objects_matched()
         except Exception as e:  # TF raises OpError, ValueError, IndexError... on bad files
             unreadable.append((path, _why(e)))
@@ -299,5 +276,19 @@ def load_model(directory: str | Path, *,
         for bad, why in unreadable:
             on_notice(f"checkpoint {bad.name} cannot be read ({why}); using the previous one, "
                       f"{path.name}")
-        return model, meta
+        return net, meta
     raise _unreadable(*unreadable[0])
+
+
+def _build_checked(path: Path, spec: str, asked: str | None):
+    """Build the checkpoint's model ``spec``: a built-in freely, a user model only if the
+    caller asked for that very one."""
+    from mirrorfit.models import REFERENCE_MODELS, model_factory
+
+    if asked is not None and asked != spec:
+        raise CheckpointError(f"checkpoint {path} holds --model {spec}, not --model {asked}; "
+                              f"pass --model {spec}")
+    if spec not in REFERENCE_MODELS and asked is None:
+        raise CheckpointError(f"checkpoint {path} holds the user model {spec}, whose code "
+                              f"would be imported and run; pass --model {spec} to allow it")
+    return model_factory(spec)()

@@ -194,6 +194,10 @@ def _bench_parser(sub) -> None:
     add("--tolerance", type=float, default=0.005, help="accuracy tolerance (default 0.005)")
 
 
+_USER_MODEL_HELP = ("the checkpoint's package.module:function model, to allow importing it "
+                    "(a checkpoint alone never picks code to run)")
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mirrorfit", description=(
         "Data-parallel Keras training on 1..N devices, measured."))
@@ -202,11 +206,13 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("devices", help="list the devices TensorFlow sees")
     exp = sub.add_parser("export", help="export the newest checkpoint as a SavedModel version")
     exp.add_argument("--checkpoint-dir", required=True)
+    exp.add_argument("--model", help=_USER_MODEL_HELP)
     _export_flags(exp.add_argument)
     _bench_parser(sub)
     _serve_parser(sub)
     ev = sub.add_parser("evaluate", help="test accuracy and loss of a checkpoint or export")
     ev.add_argument("--checkpoint-dir")
+    ev.add_argument("--model", help=_USER_MODEL_HELP)
     ev.add_argument("--saved-model", help="models/NAME (newest version) or models/NAME/0001")
     ev.add_argument("--data-dir")
     ev.add_argument("--metrics-out")
@@ -282,7 +288,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
     if not args.export_dir:
         raise MirrorfitError("mirrorfit export needs --export-dir models/NAME")
-    model, meta = load_model(args.checkpoint_dir)
+    model, meta = load_model(args.checkpoint_dir, model=args.model)
     path = export_saved_model(model, args.export_dir, preprocessing=bool(args.export_preprocessing))
     print(f"exported step {meta['step']} of {args.checkpoint_dir} as {path}")
     return 0
@@ -293,7 +299,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     from mirrorfit.evaluate import evaluate_artifact
 
     result = evaluate_artifact(checkpoint_dir=args.checkpoint_dir, saved_model=args.saved_model,
-                               data_dir=args.data_dir)
+                               data_dir=args.data_dir, model=args.model)
     print(f"{result['source']}: test accuracy {result['test_accuracy']:.4f}, "
           f"loss {result['test_loss']:.4f} on {result['examples']} examples")
     if args.metrics_out:

@@ -26,15 +26,17 @@ def _saved_model_predict(path: Path):
 
 
 def evaluate_artifact(*, checkpoint_dir: str | None = None, saved_model: str | None = None,
-                      data_dir: str | None = None, batch_size: int = 500) -> dict[str, Any]:
-    """Accuracy and mean cross-entropy over the whole MNIST test set (10,000 images)."""
+                      data_dir: str | None = None, batch_size: int = 500,
+                      model: str | None = None) -> dict[str, Any]:
+    """Accuracy and mean cross-entropy over the whole MNIST test set (10,000 images).
+    ``model``: a checkpoint's user model spec, to allow importing it (see ``load_model``)."""
     if bool(checkpoint_dir) == bool(saved_model):
         raise ConfigError("pass exactly one of --checkpoint-dir or --saved-model")
     data = load_mnist(data_dir, train_examples=1)
     if checkpoint_dir:
-        model, meta = load_model(checkpoint_dir)
+        net, meta = load_model(checkpoint_dir, model=model)
         source = f"{checkpoint_dir} (step {meta['step']})"
-        predict = lambda x: model(x / np.float32(255), training=False).numpy()  # noqa: E731
+        predict = lambda x: net(x / np.float32(255), training=False).numpy()  # noqa: E731
     else:
         path, predict = _saved_model_predict(Path(saved_model))
         source = str(path)

@@ -118,7 +118,8 @@ def _train(config: TrainConfig, console: Console, guard: PreemptionGuard) -> dic
         checkpointer = Checkpointer(config.checkpoint_dir, trainer=trainer,
                                     model_spec=config.model, every=config.checkpoint_every,
                                     keep=config.keep_checkpoints, data=batches.order,
-                                    flags=_data_flags(config, setup.replicas),
+                                    flags=_data_flags(config, setup.replicas, data.source),
+                                    settings=_settings(config),
                                     on_notice=lambda msg: console.print(f"[yellow]{msg}[/]"))
         _restore(checkpointer, config, console)
         hooks.append(checkpointer.step_hook)
@@ -201,7 +202,7 @@ def _finish(config: TrainConfig, console: Console, history, *, trainer, data, ba
     return summary
 
 
-def _data_flags(config: TrainConfig, replicas: int) -> dict[str, dict[str, Any]]:
+def _data_flags(config: TrainConfig, replicas: int, source: str) -> dict[str, dict[str, Any]]:
     """The flags behind each field of the data order (DataOrder), so that a checkpoint can name
     the one that changed when it refuses a resume."""
     return {"seed": {"--seed": config.seed},
@@ -209,7 +210,21 @@ def _data_flags(config: TrainConfig, replicas: int) -> dict[str, dict[str, Any]]
                          "--data-dir": config.data_dir},
             "global_batch": {"--replicas": replicas, "--batch-size": config.batch_size,
                              "--accum-steps": config.accum_steps,
-                             "--global-batch-size": config.global_batch_size}}
+                             "--global-batch-size": config.global_batch_size},
+            "fingerprint": {"--data-dir": source}}  # the file found, however it was found
+
+
+def _settings(config: TrainConfig) -> dict[str, Any]:
+    """The flags that fix what the checkpointed state means: another model, optimizer,
+    learning-rate schedule or precision would not continue the same run (and Keras would keep
+    the old rate: the learning rate is an optimizer variable), so a resume with any of them
+    changed is refused by name. Free to change: --epochs, --steps-per-execution, --xla,
+    --remat, --checkpoint-every and the outputs."""
+    linear = config.lr_scaling == "linear"
+    return {"--model": config.model, "--optimizer": config.optimizer.lower(), "--lr": config.lr,
+            "--lr-scaling": config.lr_scaling,
+            "--base-batch": config.base_batch if linear else None,
+            "--warmup-epochs": config.warmup_epochs, "--precision": config.precision}
 
 
 def _restore(checkpointer: Checkpointer, config: TrainConfig, console: Console) -> None:

@@ -11,7 +11,9 @@ MLP epoch.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import tensorflow as tf
@@ -30,6 +32,17 @@ class DataOrder:
     seed: int
     examples: int  # training examples (each epoch a permutation of them)
     global_batch: int  # examples per optimizer step: the unit of the position (epoch, step)
+    fingerprint: str | None = None  # of the examples themselves: another file, same count
+
+
+def fingerprint(x: np.ndarray, y: np.ndarray) -> str:
+    """A short hash of the training arrays (shapes, dtypes, bytes): ~0.1 s for MNIST's 47 MB,
+    once per run, against resuming on other data without a word."""
+    h = hashlib.blake2b(digest_size=8)
+    for a in (x, y):
+        h.update(f"{a.dtype.str}{a.shape}".encode())
+        h.update(np.ascontiguousarray(a).data)
+    return h.hexdigest()
 
 
 @dataclass(frozen=True, eq=False)
@@ -47,9 +60,10 @@ class ShuffledBatches:
         """Optimizer steps (global batches) per epoch."""
         return len(self.x) // self.global_batch
 
-    @property
+    @cached_property  # the fingerprint reads every byte: once
     def order(self) -> DataOrder:
-        return DataOrder(seed=self.seed, examples=len(self.x), global_batch=self.global_batch)
+        return DataOrder(seed=self.seed, examples=len(self.x), global_batch=self.global_batch,
+                         fingerprint=fingerprint(self.x, self.y))
 
     def epoch_batches(self, epoch: int) -> np.ndarray:
         """Example indices of ``epoch``, one row per global batch (int64, [steps, batch])."""

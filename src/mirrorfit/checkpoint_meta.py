@@ -1,0 +1,131 @@
+"""A checkpoint's ``meta.json``: its schema, and the checks that decide whether a run may resume
+from it. All of them read only meta.json, so a run written with other settings is refused,
+naming the flag, before any of its state is read (TensorFlow's own complaint about a mismatch,
+"Found 1 Python objects that were not bound", names no flag and reads like corruption).
+
+``settings`` maps flags that fix the meaning or the structure of the saved state (model,
+optimizer, learning-rate schedule, precision) to their values; ``None`` means "does not apply"
+(``--base-batch`` without linear scaling) and is not compared. ``data`` is the training data's
+:class:`~mirrorfit.data.pipeline.DataOrder`, and ``flags`` the settings behind each of its
+fields, so a refusal can name the one that changed.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Mapping
+
+from mirrorfit.errors import MirrorfitError
+
+FORMAT = 3  # 2: adds "data", "flags", "examples_in_epoch"; 3: "settings", data "fingerprint"
+# What each DataOrder field is called in a message.
+LABELS = {"seed": "seed", "examples": "training examples", "global_batch": "global batch",
+          "fingerprint": "training data"}
+_SCALAR = (int, float, str, bool, type(None))
+
+
+class CheckpointError(MirrorfitError):
+    """A checkpoint that cannot be used: corrupt, or written by another model/optimizer."""
+
+    def __init__(self, message: str, *, reason: str = "") -> None:
+        super().__init__(message)
+        self.reason = reason or message  # what is wrong, without the advice
+
+
+def read_meta(path: Path) -> dict:
+    """The metadata of checkpoint folder ``path``, its whole schema checked (a hand edit must
+    not become a traceback later); CheckpointError naming the file if it is unusable."""
+    file = path / "meta.json"
+    try:
+        meta = json.loads(file.read_text())
+        problem = _schema_problem(meta)
+    except (OSError, ValueError) as e:  # UnicodeDecodeError and JSONDecodeError too
+        problem = type(e).__name__
+    if problem:
+        raise CheckpointError(f"checkpoint {file} is corrupt or missing ({problem}); pass "
+                              "--fresh to start over", reason=f"meta.json: {problem}")
+    return meta
+
+
+def _schema_problem(meta: Any) -> str | None:
+    """What is wrong with ``meta``'s structure, or None."""
+    if not isinstance(meta, dict):
+        return f"not an object but {type(meta).__name__}"
+    for key in ("epoch", "step_in_epoch", "step"):
+        if not _count(meta.get(key)):
+            return f"{key} is {meta.get(key)!r}, not a count >= 0"
+    ident = meta.get("identity")
+    if not isinstance(ident, dict):
+        return f"identity is {type(ident).__name__}, not an object"
+    if not isinstance(ident.get("model"), str) or not isinstance(ident.get("optimizer"), str):
+        return "identity needs model and optimizer names"
+    weights = ident.get("weights")
+    if not isinstance(weights, list) or not all(
+            isinstance(w, list) and all(_count(d) for d in w) for w in weights):
+        return "identity.weights is not a list of shapes"
+    for key in ("data", "settings"):  # absent in older formats
+        if not isinstance(meta.get(key, {}), dict) or not all(
+                isinstance(v, _SCALAR) for v in meta.get(key, {}).values()):
+            return f"{key} is not an object of plain values"
+    flags = meta.get("flags", {})
+    if not isinstance(flags, dict) or not all(
+            isinstance(v, dict) and all(isinstance(x, _SCALAR) for x in v.values())
+            for v in flags.values()):
+        return "flags is not an object of flag -> value objects"
+    return None
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def check_settings(path: Path, meta: dict, ours: Mapping[str, Any]) -> None:
+    """Refuse a run whose settings differ from those ``path`` was written with, naming each
+    changed flag, its original value, and --fresh."""
+    theirs = meta.get("settings", {})
+    changed = [f for f, v in ours.items() if f in theirs and v is not None
+               and theirs[f] is not None and theirs[f] != v]
+    if changed:
+        was = " ".join(as_flag(f, theirs[f]) for f in changed)
+        now = " ".join(as_flag(f, ours[f]) for f in changed)
+        raise CheckpointError(f"checkpoint {path} was written with {was}, this run has {now}: "
+                              f"resume with {was}, or pass --fresh to start over")
+
+
+def check_identity(path: Path, meta: dict, ours: Mapping[str, Any]) -> None:
+    """Refuse a checkpoint of another model, optimizer or weight shapes (for callers that do
+    not pass the flags: the Python API)."""
+    theirs = meta["identity"]
+    for key in ("model", "optimizer", "weights"):
+        if theirs.get(key) != ours[key]:
+            what = "weight shapes" if key == "weights" else key
+            detail = "" if key == "weights" else f": {theirs.get(key)!r} vs {ours[key]!r}"
+            raise CheckpointError(
+                f"checkpoint {path} was written by another run ({what} differ{detail}); "
+                "pass --fresh to start over, or use another --checkpoint-dir")
+
+
+def check_data(path: Path, meta: dict, ours: Mapping[str, Any],
+               our_flags: Mapping[str, Mapping[str, Any]]) -> None:
+    """Refuse a resume that would repeat or skip examples (another data order), naming the
+    flag behind the field that changed."""
+    theirs = meta.get("data", {})  # format 1 checkpoints did not record it
+    for key, mine in ours.items():
+        old = theirs.get(key)
+        if old is None or mine is None or old == mine:
+            continue
+        their_flags, flags = meta.get("flags", {}).get(key, {}), our_flags.get(key, {})
+        changed = [f for f in flags if f in their_flags and their_flags[f] != flags[f]]
+        why = ", ".join(f"{f} {their_flags[f]} -> {flags[f]}" for f in changed)
+        fix = " ".join(as_flag(f, their_flags[f]) for f in changed) or "the original settings"
+        if key == "global_batch" and changed and "--global-batch-size" not in changed:
+            fix += f" (or --global-batch-size {old})"  # e.g. on a host with fewer GPUs
+        raise CheckpointError(
+            f"checkpoint {path} was trained with {LABELS.get(key, key)} {old}, this run has "
+            f"{mine}" + (f" ({why})" if why else "") + f": resume with {fix}, or pass --fresh "
+            "to start over (resuming would repeat or skip examples)")
+
+
+def as_flag(flag: str, value: Any) -> str:
+    return f"without {flag}" if value is None else f"{flag} {value}"
