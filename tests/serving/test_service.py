@@ -89,3 +89,17 @@ def test_bad_inputs_are_refused_before_they_make_a_batch_queue(x, message):
                                           {"x": x}))
     assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT and message in e.value.message
     assert service.batcher.queue_count == 0 and service.batcher.thread_count == 0
+
+
+def test_a_model_error_reaches_the_client_as_tensorflows_words_without_the_stack():
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.float32)])
+    def pick(x):
+        return {"y": tf.gather(x, [5])}
+
+    sig = Signature("s", {"x": TensorInfo("x", tf.float32, (None,))},
+                    {"y": TensorInfo("y", tf.float32, (None,))}, "tensorflow/serving/predict",
+                    lambda x: pick(x))
+    with pytest.raises(ServingError) as e:
+        sig.run({"x": np.zeros(2, np.float32)})
+    assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert str(e.value.message) == "indices[0] = 5 is not in [0, 2)"

@@ -49,9 +49,9 @@ class Signature:
         try:
             out = self._fn(**tensors)
         except tf.errors.InvalidArgumentError as e:
-            raise invalid(e.message.splitlines()[0]) from None
+            raise invalid(op_error_text(e.message)) from None
         except tf.errors.OpError as e:
-            raise ServingError(_grpc_code(e), e.message.splitlines()[0]) from None
+            raise ServingError(_grpc_code(e), op_error_text(e.message)) from None
         return {alias: out[alias].numpy() for alias in self.outputs}
 
     @property
@@ -59,6 +59,15 @@ class Signature:
         """Whether every input and output has a leading (batch) dimension."""
         infos = list(self.inputs.values()) + list(self.outputs.values())
         return all(i.shape is not None and len(i.shape) >= 1 for i in infos)
+
+
+def op_error_text(message: str) -> str:
+    """TensorFlow's own words for a failed op ("indices[0] = 5 is not in [0, 2)"), without
+    the "Graph execution error:" header, the Python stack (the server's file paths are no
+    business of a client) and the graph node it appends."""
+    kept = [line.strip() for line in message.splitlines() if line.strip() and not line.startswith(
+        ("Graph execution error", "Detected at node", " ", "\t"))]
+    return kept[-1] if kept else "the model failed on this input"
 
 
 @dataclass(frozen=True)
