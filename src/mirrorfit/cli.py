@@ -266,7 +266,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    from mirrorfit.serving.server import ServeConfig, serve
+    from mirrorfit.serving.settings import ServeConfig, check_config
 
     values = {k: v for k, v in vars(args).items()
               if k != "command" and not k.startswith("_ignored")}
@@ -279,7 +279,11 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     if values["model_base_path"] and not os.path.isdir(values["model_base_path"]):
         raise MirrorfitError(f"--model_base_path {values['model_base_path']} is not a folder; "
                              "point it at models/NAME holding 0001, 0002, ...")
-    return serve(ServeConfig(**values))
+    config = ServeConfig(**values)
+    check_config(config)  # before TensorFlow loads (seconds): a bad flag fails at once
+    from mirrorfit.serving.server import serve
+
+    return serve(config)
 
 
 def _cmd_export(args: argparse.Namespace) -> int:

@@ -176,11 +176,12 @@ def test_bad_serve_command_lines(args, needle):
 ])
 def test_every_numeric_setting_is_range_checked(field, value, needle):
     from mirrorfit.errors import ConfigError
-    from mirrorfit.serving.server import ServeConfig, check_config
+    from mirrorfit.serving.settings import ServeConfig, check_config
 
-    check_config(ServeConfig())  # the defaults pass
+    model = {"model_base_path": "models/m"}
+    check_config(ServeConfig(**model))  # the defaults pass
     with pytest.raises(ConfigError, match=re.escape(needle)):
-        check_config(ServeConfig(**{field: value}))
+        check_config(ServeConfig(**model, **{field: value}))
 
 
 def test_loaded_versions_leave_the_gc_scans_and_unloaded_ones_are_freed(model_root):

@@ -7,12 +7,10 @@ import asyncio
 import gc
 import json
 import logging
-import math
 import os
 import signal
 import sys
 import threading
-from dataclasses import dataclass
 from functools import partial
 
 from mirrorfit.errors import ConfigError
@@ -22,47 +20,9 @@ from mirrorfit.serving.loader import load_version
 from mirrorfit.serving.metrics import ServerMetrics
 from mirrorfit.serving.repository import ModelRepository
 from mirrorfit.serving.service import ModelService
+from mirrorfit.serving.settings import MAX_THREADS, ServeConfig, check_config
 
 log = logging.getLogger("mirrorfit.serving")
-
-
-@dataclass(frozen=True)
-class ServeConfig:
-    """The server's settings; field names are TF Serving's flag names."""
-
-    port: int = 8500
-    rest_api_port: int = 8501
-    host: str = "127.0.0.1"
-    model_name: str | None = None
-    model_base_path: str | None = None
-    model_config_file: str | None = None
-    file_system_poll_wait_seconds: float = 1.0
-    enable_batching: bool = False
-    batching_parameters_file: str | None = None
-    monitoring_config_file: str | None = None
-    rest_api_timeout_in_ms: int = 30000
-    max_num_load_retries: int = 5
-    load_retry_interval_micros: int = 60_000_000  # TF Serving's default: 60 s between tries
-    enable_model_warmup: bool = True
-    saved_model_tags: str = "serve"
-    rest_api_enable_cors_support: bool = False
-    # gRPC requests in progress at once (more get RESOURCE_EXHAUSTED); as many as unbatched
-    # model calls may run or wait: more would only hold more messages, not be served sooner
-    grpc_max_threads: int = 64
-    max_request_bytes: int = 64 * 1024 * 1024  # REST bodies and gRPC messages
-    max_rows_per_request: int = 1000  # see serving.validation.MAX_ROWS
-    max_unbatched_in_flight: int = 64  # model calls without batching, running or waiting
-    rest_api_max_connections: int = 500  # these six: see rest_transport.RestLimits
-    rest_api_keepalive_timeout_in_ms: int = 5000
-    rest_api_header_timeout_in_ms: int = 10000
-    rest_api_body_timeout_in_ms: int = 60000
-    rest_api_max_buffered_bytes: int = 256 * 1024 * 1024
-    rest_api_http_impl: str = "auto"  # h11 or httptools (auto: httptools when installed)
-    event_loop: str = "auto"  # asyncio or uvloop (auto: uvloop when installed)
-    shutdown_grace_seconds: float = 10.0
-    tensorflow_intra_op_parallelism: int = 0  # 0: TensorFlow's default (all cores)
-    tensorflow_inter_op_parallelism: int = 0
-    log_level: str = "info"
 
 
 class _JsonFormatter(logging.Formatter):
@@ -79,57 +39,13 @@ class _JsonFormatter(logging.Formatter):
         return json.dumps(entry, default=str)
 
 
-# Threads a flag may ask for: far beyond any host's cores, and each is started up front.
-MAX_THREADS = 1024
-# Timeouts and waits past a day are no limit at all, and absurd values overflow event-loop timers.
-MAX_SECONDS = 24 * 3600
-_POSITIVE = ("max_rows_per_request", "max_unbatched_in_flight", "grpc_max_threads",
-             "rest_api_max_connections")
-_MILLISECONDS = ("rest_api_timeout_in_ms", "rest_api_keepalive_timeout_in_ms",
-                 "rest_api_header_timeout_in_ms", "rest_api_body_timeout_in_ms")
-
-
-def check_config(config: ServeConfig) -> None:
-    """Every numeric setting in its range, before anything starts: a ConfigError (exit 2)
-    naming the flag. A negative byte limit, for one, would mean 'unlimited' to gRPC."""
-    def bad(flag: str, want: str):
-        return ConfigError(f"--{flag} must be {want}, got {getattr(config, flag)}")
-
-    for flag in _POSITIVE:
-        if getattr(config, flag) < 1:
-            raise bad(flag, "positive")
-    for flag in _MILLISECONDS:
-        if not 1 <= getattr(config, flag) <= MAX_SECONDS * 1000:
-            raise bad(flag, f"1-{MAX_SECONDS * 1000} (a day)")
-    if not 1 <= config.max_request_bytes < 2 ** 31:  # gRPC's own ceiling
-        raise bad("max_request_bytes", f"1-{2 ** 31 - 1} (2 GiB, gRPC's limit)")
-    if config.rest_api_max_buffered_bytes < config.max_request_bytes:
-        raise ConfigError("--rest_api_max_buffered_bytes must be at least --max_request_bytes")
-    for flag in ("max_num_load_retries", "load_retry_interval_micros"):
-        if getattr(config, flag) < 0:
-            raise bad(flag, ">= 0")
-    for flag in ("tensorflow_intra_op_parallelism", "tensorflow_inter_op_parallelism"):
-        if not 0 <= getattr(config, flag) <= MAX_THREADS:
-            raise bad(flag, f"0 (TensorFlow's default) to {MAX_THREADS}")
-    if not (math.isfinite(config.file_system_poll_wait_seconds)
-            and config.file_system_poll_wait_seconds <= MAX_SECONDS):
-        raise bad("file_system_poll_wait_seconds",
-                  f"a number of seconds up to {MAX_SECONDS} (0: load once; < 0: never poll)")
-    if not 0 <= config.shutdown_grace_seconds <= MAX_SECONDS:  # (NaN fails this too)
-        raise bad("shutdown_grace_seconds", f"0-{MAX_SECONDS} seconds")
-
-
 def build(config: ServeConfig):
     """The repository, service and metrics for ``config``, with every model loaded once."""
     check_config(config)
     if config.model_config_file:
         configs = model_config.read_model_config_file(config.model_config_file)
-    elif config.model_base_path:
-        configs = model_config.from_flags(config.model_name or "default", config.model_base_path)
     else:
-        raise ConfigError("give --model_base_path (with --model_name) or --model_config_file")
-    if config.batching_parameters_file and not config.enable_batching:
-        raise ConfigError("--batching_parameters_file needs --enable_batching")
+        configs = model_config.from_flags(config.model_name or "default", config.model_base_path)
     params = model_config.read_batching_parameters(config.batching_parameters_file,
                                                    cpus=min(os.cpu_count() or 1, MAX_THREADS),
                                                    max_threads=MAX_THREADS)
@@ -173,7 +89,7 @@ def _freeze_heap() -> None:
 
 def serve(config: ServeConfig) -> int:
     """Run the server until SIGTERM/SIGINT; returns the exit code."""
-    check_config(config)  # before TensorFlow loads: a bad flag fails at once
+    check_config(config)
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(_JsonFormatter())
     log.addHandler(handler)
