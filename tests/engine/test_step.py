@@ -1,6 +1,6 @@
 """engine.step: gradient accumulation, fp16 loss scaling and XLA, each under distribution.
 
-Every case runs in a fresh interpreter with N logical CPU devices.
+Cases run in fresh interpreters with N logical CPU devices (set before TensorFlow starts).
 """
 
 import numpy as np
@@ -8,22 +8,28 @@ import pytest
 
 from conftest import run_isolated
 
+# Runs on the same replica count share one interpreter (TensorFlow's start-up is most of a
+# run's time); each builds its trainer afresh from the same seed.
 ACCUM = """
 import json, numpy as np, keras, mirrorfit
 setup = mirrorfit.configure_devices(replicas={replicas})
 strategy = mirrorfit.build_strategy(setup)
 data = mirrorfit.load_mnist(train_examples=2048, download=False)
-keras.utils.set_random_seed(7)
-trainer = mirrorfit.Trainer(strategy=strategy, model=mirrorfit.models.mlp,
-                            optimizer=keras.optimizers.SGD(0.1),
-                            loss=keras.losses.SparseCategoricalCrossentropy(), global_batch=128,
-                            steps_per_execution=4, accum_steps={accum})
-history = trainer.fit(mirrorfit.train_batches(data.x_train, data.y_train, global_batch=128,
-                                              seed=3), epochs=2)
-np.savez("{out}", *trainer.model.get_weights())
-print(json.dumps({{"steps": history.steps, "micro": trainer.micro_batch,
-                  "iterations": int(trainer.optimizer.iterations.numpy()),
-                  "traced": trainer.tracing_count()}}))
+results = {{}}
+for accum in {accums!r}:
+    keras.utils.set_random_seed(7)
+    trainer = mirrorfit.Trainer(strategy=strategy, model=mirrorfit.models.mlp,
+                                optimizer=keras.optimizers.SGD(0.1),
+                                loss=keras.losses.SparseCategoricalCrossentropy(),
+                                global_batch=128, steps_per_execution=4, accum_steps=accum)
+    history = trainer.fit(mirrorfit.train_batches(data.x_train, data.y_train, global_batch=128,
+                                                  seed=3), epochs=2)
+    np.savez(f"{out}/x{replicas}_accum{{accum}}.npz", *trainer.model.get_weights())
+    results[f"x{replicas}_accum{{accum}}"] = {{
+        "steps": history.steps, "micro": trainer.micro_batch,
+        "iterations": int(trainer.optimizer.iterations.numpy()),
+        "traced": trainer.tracing_count()}}
+print(json.dumps(results))
 """
 
 
@@ -32,12 +38,22 @@ def _weights(path):
         return [f[k] for k in sorted(f.files, key=lambda k: int(k.split("_")[1]))]
 
 
+@pytest.fixture(scope="module")
+def accumulated(tmp_path_factory):
+    """One step on the 128 batch (1 replica), and 4 accumulated micro-batches on 1 and on 2
+    replicas: summaries by name, weights in ``out/NAME.npz``."""
+    out = tmp_path_factory.mktemp("accum")
+    results = run_isolated(ACCUM.format(replicas=1, accums=[1, 4], out=out))
+    results.update(run_isolated(ACCUM.format(replicas=2, accums=[4], out=out)))
+    return out, results
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("replicas", [1, 2])
-def test_k_micro_batches_equal_one_step_on_the_k_times_larger_batch(tmp_path, replicas):
-    out_big, out_acc = tmp_path / "big.npz", tmp_path / "acc.npz"
-    big = run_isolated(ACCUM.format(replicas=1, accum=1, out=out_big))
-    acc = run_isolated(ACCUM.format(replicas=replicas, accum=4, out=out_acc))
+def test_k_micro_batches_equal_one_step_on_the_k_times_larger_batch(accumulated, replicas):
+    out, results = accumulated
+    out_big, out_acc = out / "x1_accum1.npz", out / f"x{replicas}_accum4.npz"
+    big, acc = results["x1_accum1"], results[f"x{replicas}_accum4"]
     assert acc["micro"] == 128 // (replicas * 4)
     # one optimizer update per 4 micro-batches: as many updates as with the big batch
     assert acc["steps"] == acc["iterations"] == big["steps"] == 2 * (2048 // 128)

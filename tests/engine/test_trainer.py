@@ -1,7 +1,7 @@
 """engine.trainer (with step and loop): data-parallel training that matches one device.
 
-Each case runs in a fresh interpreter with N logical CPU devices (they must be set before
-TensorFlow starts) and saves the trained weights for comparison here.
+Training runs in fresh interpreters with N logical CPU devices (they must be set before
+TensorFlow starts), one per replica count, and saves the trained weights for comparison here.
 """
 
 import numpy as np
@@ -9,33 +9,50 @@ import pytest
 
 from conftest import run_isolated
 
+# The runs of one replica count share one interpreter (TensorFlow's start-up is most of a
+# run's time); each builds its strategy, model and optimizer afresh from the same seed, so a run
+# gives the weights it would alone (the comparisons below would catch it if not).
 TRAIN = """
-import json, sys, numpy as np, keras, mirrorfit
+import json, numpy as np, keras, mirrorfit
 setup = mirrorfit.configure_devices(replicas={replicas})
-strategy = mirrorfit.build_strategy(setup, kind="{strategy}")
 data = mirrorfit.load_mnist(train_examples=2048, download=False)
-keras.utils.set_random_seed(7)
-opt = {{"sgd": keras.optimizers.SGD(0.05), "adam": keras.optimizers.Adam(1e-3)}}["{optimizer}"]
-trainer = mirrorfit.Trainer(strategy=strategy, model=mirrorfit.models.mlp, optimizer=opt,
-                            loss=keras.losses.SparseCategoricalCrossentropy(), global_batch=64,
-                            steps_per_execution={spe})
-init = [w.copy() for w in trainer.model.get_weights()]
-history = trainer.fit(mirrorfit.train_batches(data.x_train, data.y_train, global_batch=64,
-                                              seed=3), epochs=2)
-np.savez("{out}", *trainer.model.get_weights())
-changed = max(float(np.abs(a - b).max()) for a, b in zip(init, trainer.model.get_weights()))
-print(json.dumps({{"steps": history.steps, "traced": trainer.tracing_count(),
-                  "changed": changed, "loss": history.epochs[-1]["loss"]}}))
+results = {{}}
+for name, kind, optimizer, spe in {runs!r}:
+    strategy = mirrorfit.build_strategy(setup, kind=kind)
+    keras.utils.set_random_seed(7)
+    opt = {{"sgd": keras.optimizers.SGD(0.05), "adam": keras.optimizers.Adam(1e-3)}}[optimizer]
+    trainer = mirrorfit.Trainer(strategy=strategy, model=mirrorfit.models.mlp, optimizer=opt,
+                                loss=keras.losses.SparseCategoricalCrossentropy(),
+                                global_batch=64, steps_per_execution=spe)
+    init = [w.copy() for w in trainer.model.get_weights()]
+    history = trainer.fit(mirrorfit.train_batches(data.x_train, data.y_train, global_batch=64,
+                                                  seed=3), epochs=2)
+    np.savez(f"{out}/{{name}}.npz", *trainer.model.get_weights())
+    changed = max(float(np.abs(a - b).max()) for a, b in zip(init, trainer.model.get_weights()))
+    results[name] = {{"steps": history.steps, "traced": trainer.tracing_count(),
+                      "changed": changed, "loss": history.epochs[-1]["loss"]}}
+print(json.dumps(results))
 """
+# name: (replicas, strategy, optimizer, steps per execution)
+RUNS = {"one_sgd": (1, "auto", "sgd", 8), "one_adam": (1, "auto", "adam", 8),
+        "two_sgd": (2, "auto", "sgd", 8), "two_adam": (2, "auto", "adam", 8),
+        "central_storage": (2, "central-storage", "sgd", 8),
+        "spe10": (2, "auto", "sgd", 10), "spe1": (2, "auto", "sgd", 1)}
 
 
-def _train(tmp_path, *, replicas=1, strategy="auto", optimizer="sgd", spe=8):
-    out = tmp_path / f"w_{replicas}_{strategy}_{optimizer}_{spe}.npz"
-    info = run_isolated(TRAIN.format(replicas=replicas, strategy=strategy, optimizer=optimizer,
-                                     spe=spe, out=out))
-    with np.load(out) as f:
-        info["weights"] = [f[k] for k in sorted(f.files, key=lambda k: int(k.split("_")[1]))]
-    return info
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Every run of RUNS: its JSON summary plus "weights"."""
+    out = tmp_path_factory.mktemp("weights")
+    results = {}
+    for replicas in (1, 2):
+        mine = [(name, kind, opt, spe) for name, (r, kind, opt, spe) in RUNS.items()
+                if r == replicas]
+        results.update(run_isolated(TRAIN.format(replicas=replicas, runs=mine, out=out)))
+    for name, info in results.items():
+        with np.load(out / f"{name}.npz") as f:
+            info["weights"] = [f[k] for k in sorted(f.files, key=lambda k: int(k.split("_")[1]))]
+    return results
 
 
 def _assert_same_weights(a, b, rtol, atol):
@@ -46,25 +63,22 @@ def _assert_same_weights(a, b, rtol, atol):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
-def test_two_replicas_give_the_same_weights_as_one(tmp_path, optimizer):
-    one = _train(tmp_path, replicas=1, optimizer=optimizer)
-    two = _train(tmp_path, replicas=2, optimizer=optimizer)
+def test_two_replicas_give_the_same_weights_as_one(runs, optimizer):
+    one, two = runs[f"one_{optimizer}"], runs[f"two_{optimizer}"]
     assert one["steps"] == two["steps"] == 2 * (2048 // 64)
     assert one["changed"] > 1e-3  # it did train
     _assert_same_weights(one["weights"], two["weights"], rtol=1e-4, atol=2e-5)
 
 
 @pytest.mark.slow
-def test_central_storage_matches_one_replica(tmp_path):
-    one = _train(tmp_path, replicas=1)
-    cs = _train(tmp_path, replicas=2, strategy="central-storage")
-    _assert_same_weights(one["weights"], cs["weights"], rtol=1e-4, atol=2e-5)
+def test_central_storage_matches_one_replica(runs):
+    _assert_same_weights(runs["one_sgd"]["weights"], runs["central_storage"]["weights"],
+                         rtol=1e-4, atol=2e-5)
 
 
 @pytest.mark.slow
-def test_steps_per_execution_does_not_change_the_result(tmp_path):
-    ten = _train(tmp_path, replicas=2, spe=10)  # 32 steps: 10+10+10+2, a shorter last call
-    one = _train(tmp_path, replicas=2, spe=1)
+def test_steps_per_execution_does_not_change_the_result(runs):
+    ten, one = runs["spe10"], runs["spe1"]  # 32 steps: 10+10+10+2, a shorter last call
     _assert_same_weights(ten["weights"], one["weights"], rtol=1e-6, atol=1e-7)
     assert ten["traced"] == 1 and one["traced"] == 1  # step counts are tensors: no retracing
 
