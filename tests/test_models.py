@@ -42,3 +42,11 @@ def test_bad_model_specs(spec, match):
 def test_user_function_must_return_a_model():
     with pytest.raises(ConfigError, match="not a keras.Model"):
         model_factory("user_models:not_a_model")()
+
+
+def test_config_knows_the_reference_models_by_name():
+    # config refuses an unknown --model before Keras loads, from its own list of names
+    from mirrorfit.config import MODELS
+    from mirrorfit.models import REFERENCE_MODELS
+
+    assert tuple(REFERENCE_MODELS) == MODELS

@@ -22,6 +22,7 @@ OPTIMIZERS = ("sgd", "adam", "adamw", "rmsprop")
 DATASETS = ("mnist",)
 PRECISIONS = ("fp32", "bf16", "fp16")
 LR_SCALINGS = ("none", "linear")
+MODELS = ("mlp", "cnn")  # the keys of models.REFERENCE_MODELS (checked there too)
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,17 @@ class TrainConfig:
             raise ConfigError(f"--warmup-epochs {self.warmup_epochs:g} is more than --epochs "
                               f"{self.epochs}; the warm-up must end within the run (e.g. "
                               f"--warmup-epochs {min(1, self.epochs)})")
+        # What needs no devices is checked here, before TensorFlow loads (seconds): the model
+        # name, and the batch and strategy against an explicit --replicas.
+        if ":" not in self.model and self.model not in MODELS:
+            raise ConfigError(f"unknown model {self.model!r}; use mlp, cnn or "
+                              "package.module:function")
+        if self.replicas is not None:
+            self.batch_sizes(self.replicas)
+            if self.strategy == "single" and self.replicas != 1:
+                raise ConfigError(f"--strategy single runs on one device but {self.replicas} "
+                                  "replicas were asked for; use --replicas 1 or --strategy "
+                                  "mirrored")
         # NumPy's and Keras's global seeds are 32-bit: a larger seed passes here and fails at
         # keras.utils.set_random_seed, after the data was loaded.
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) \

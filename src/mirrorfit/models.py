@@ -45,6 +45,7 @@ def cnn(input_shape: tuple[int, ...] = MNIST_SHAPE, num_classes: int = 10) -> ke
     ], name="cnn")
 
 
+# config.MODELS holds the same names, to check --model before Keras loads (tests/test_models.py)
 REFERENCE_MODELS: dict[str, Callable[..., keras.Model]] = {"mlp": mlp, "cnn": cnn}
 
 
