@@ -3,6 +3,9 @@ them (model_servers/http_server.cc), gRPC codes as they are."""
 
 from __future__ import annotations
 
+import logging
+import traceback
+
 import grpc
 
 _HTTP = {
@@ -16,6 +19,16 @@ _HTTP = {
     grpc.StatusCode.DATA_LOSS: 500, grpc.StatusCode.UNAUTHENTICATED: 401,
 }
 MAX_MESSAGE = 1024  # TF Serving cuts longer messages and marks them
+INTERNAL_MESSAGE = "Internal error; see the server log"  # all a client learns of a bug
+
+
+def log_internal_error(error: BaseException, **fields) -> None:
+    """One JSON log line for an unexpected error (a bug, never the client's): its type, text
+    and where it was raised, plus ``fields``; no traceback on stderr, nothing to the client."""
+    frame = traceback.extract_tb(error.__traceback__)[-1]
+    logging.getLogger("mirrorfit.serving").error("internal error", extra={
+        **fields, "error": f"{type(error).__name__}: {error}"[:500],
+        "where": f"{frame.filename}:{frame.lineno} in {frame.name}"})
 
 
 class ServingError(Exception):

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import time
-import traceback
 
 import grpc
 import numpy as np
@@ -15,7 +14,7 @@ from tensorflow_serving.apis import (classification_pb2, get_model_metadata_pb2,
                                      model_service_pb2_grpc, predict_pb2, prediction_service_pb2,
                                      prediction_service_pb2_grpc, regression_pb2)
 
-from mirrorfit.serving.errors import ServingError, invalid
+from mirrorfit.serving.errors import INTERNAL_MESSAGE, ServingError, invalid, log_internal_error
 from mirrorfit.serving.metrics import ServerMetrics
 from mirrorfit.serving.service import DEFAULT_SIGNATURE, ModelService, Spec
 from mirrorfit.serving.tensor_proto import from_tensor_proto, to_tensor_proto
@@ -50,12 +49,8 @@ class _Handler:
             code, message = e.code, e.message
         except Exception as e:  # noqa: BLE001 - a bug or a resource error, never the client's
             # One JSON line for the operator; nothing of Python's text for the client.
-            frame = traceback.extract_tb(e.__traceback__)[-1]
-            log.error("internal error", extra={
-                "entrypoint": "GRPC", "model": model, "api": api,
-                "error": f"{type(e).__name__}: {e}"[:500],
-                "where": f"{frame.filename}:{frame.lineno} in {frame.name}"})
-            code, message = grpc.StatusCode.INTERNAL, "Internal error; see the server log"
+            log_internal_error(e, entrypoint="GRPC", model=model, api=api)
+            code, message = grpc.StatusCode.INTERNAL, INTERNAL_MESSAGE
         else:
             self._record(model, api, "OK", start, examples)
             return response

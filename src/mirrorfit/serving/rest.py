@@ -19,7 +19,6 @@ import logging
 import re
 import threading
 import time
-import traceback
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
@@ -35,7 +34,7 @@ from starlette.routing import Route
 from tensorflow_serving.apis import get_model_metadata_pb2
 
 from mirrorfit.serving import json_codec
-from mirrorfit.serving.errors import ServingError, invalid
+from mirrorfit.serving.errors import INTERNAL_MESSAGE, ServingError, invalid, log_internal_error
 from mirrorfit.serving.metrics import CONTENT_TYPE, ServerMetrics
 from mirrorfit.serving.rest_transport import RestLimits
 from mirrorfit.serving.service import ModelService, Spec
@@ -115,12 +114,8 @@ class RestApi:
         try:
             response = await self._dispatch(request, path, method)
         except Exception as e:  # noqa: BLE001 - a bug, never the client's: no traceback out
-            frame = traceback.extract_tb(e.__traceback__)[-1]
-            log.error("internal error", extra={
-                "entrypoint": "REST", "method": method, "path": path[:200],
-                "error": f"{type(e).__name__}: {e}"[:500],
-                "where": f"{frame.filename}:{frame.lineno} in {frame.name}"})
-            response = _json({"error": "Internal error; see the server log"}, 500)
+            log_internal_error(e, entrypoint="REST", method=method, path=path[:200])
+            response = _json({"error": INTERNAL_MESSAGE}, 500)
         if self.cors:
             response.headers.update({"Access-Control-Allow-Origin": "*",
                                      "Access-Control-Allow-Methods": "POST, GET",
