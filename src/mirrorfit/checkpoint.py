@@ -27,6 +27,7 @@ import os
 import re
 import shutil
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +39,7 @@ from mirrorfit import _io
 from mirrorfit.checkpoint_meta import (FORMAT, CheckpointError, check_data, check_identity,
                                        check_settings, read_meta)
 from mirrorfit.data.pipeline import DataOrder
+from mirrorfit.engine.trainer import Position
 # Re-exported: callers take the preemption pieces from here, beside the checkpoints they save.
 from mirrorfit.preemption import EXIT_PREEMPTED, Preempted, PreemptionGuard  # noqa: F401
 
@@ -74,13 +76,15 @@ class Checkpointer:
     state's meaning or structure to their values (e.g. ``{"--lr": 0.01, "--precision":
     "fp32"}``; None: does not apply): a checkpoint written with other values is refused, naming
     them. ``on_notice`` gets one line when restore falls back past a corrupt checkpoint.
+    ``writer``: whether this process keeps what it saves (the chief of a multi-worker run;
+    the other workers read ``directory``, on storage every worker sees, and write nothing).
     """
 
     def __init__(self, directory: str | Path, *, trainer, model_spec: str, every: int = 0,
                  keep: int = 3, data: DataOrder | None = None,
                  flags: Mapping[str, Mapping[str, Any]] | None = None,
                  settings: Mapping[str, Any] | None = None,
-                 on_notice: Callable[[str], None] = print) -> None:
+                 on_notice: Callable[[str], None] = print, writer: bool = True) -> None:
         self.directory = Path(directory)
         self.trainer = trainer
         self.every, self.keep = every, keep
@@ -93,6 +97,7 @@ class Checkpointer:
         self.flags = {k: dict(v) for k, v in (flags or {}).items()}
         self.settings = dict(settings or {})
         self._on_notice = on_notice
+        self.writer = writer
         # Keras's seed-generator state (Dropout's RNG) is a model variable that the model's
         # own checkpoint dependencies miss: list every model variable explicitly too.
         self._state = tf.train.Checkpoint(model=trainer.model, optimizer=trainer.optimizer,
@@ -133,17 +138,20 @@ class Checkpointer:
                 unreadable.append((path, _why(e)))
                 continue
             self._set_aside(unreadable, path)
-            t = self.trainer
-            t.epoch, t.step_in_epoch, t.step = meta["epoch"], meta["step_in_epoch"], meta["step"]
-            self._last_saved_step = t.step
-            return Restored(path, t.epoch, t.step_in_epoch, t.step)
+            position = Position(epoch=meta["epoch"], step_in_epoch=meta["step_in_epoch"],
+                                step=meta["step"])
+            self.trainer.position = position
+            self._last_saved_step = position.step
+            return Restored(path, position.epoch, position.step_in_epoch, position.step)
         if unreadable:
             raise _unreadable(*unreadable[0])
         return None
 
     def _set_aside(self, unreadable: list[tuple[Path, str]], good: Path) -> None:
         # Out of the way, so this run's own save at that step is not mistaken for done; kept
-        # (not deleted) for whoever wants to look at it.
+        # (not deleted) for whoever wants to look at it. Only the writer moves it.
+        if not self.writer:
+            return
         for path, why in unreadable:
             aside = _unused(self.directory, f"corrupt-{path.name}-{time.strftime('%Y%m%d-%H%M%S')}")
             os.rename(path, aside)
@@ -155,8 +163,20 @@ class Checkpointer:
     # -- writing ---------------------------------------------------------------------------
     def save(self) -> Path:
         """Write a checkpoint of the trainer's current position atomically and durably; prune
-        old ones. StorageError (nothing changed) if the disk is full."""
+        old ones. StorageError (nothing changed) if the disk is full.
+
+        On a worker that is not the chief, the state is written to a private temporary folder
+        and removed: TF's multi-worker saving may run collectives, so every worker saves, but
+        only the chief's copy is kept (``writer=False``)."""
         t = self.trainer
+        if not self.writer:
+            scratch = Path(tempfile.mkdtemp(prefix="mirrorfit-worker-ckpt-"))
+            try:
+                self._state.write(str(scratch / "state"))
+            finally:
+                shutil.rmtree(scratch, ignore_errors=True)
+            self._last_saved_step = t.step
+            return self.directory / f"ckpt-{t.step:09d}"
         final = self.directory / f"ckpt-{t.step:09d}"
         if final.exists():
             return final
@@ -185,9 +205,10 @@ class Checkpointer:
         return final
 
     def discard(self) -> Path | None:
-        """Move existing checkpoints aside (``--fresh``); nothing is deleted. Returns where."""
+        """Move existing checkpoints aside (``--fresh``); nothing is deleted. Returns where.
+        Only the writer (the chief) moves anything."""
         found = self.checkpoints()
-        if not found:
+        if not found or not self.writer:
             return None
         for n in range(1, 1000):  # --fresh twice in one second: a new name, not an error
             aside = self.directory / (f"discarded-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -204,6 +225,8 @@ class Checkpointer:
 
     def clean_partial(self) -> list[Path]:
         """Remove temp folders left by a write that was killed (not those of a live writer)."""
+        if not self.writer:
+            return []
         return _io.remove_stale_temps(self.directory, r"\.ckpt-[0-9]+\.tmp-")
 
     # -- trainer hooks ---------------------------------------------------------------------

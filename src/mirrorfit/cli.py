@@ -30,8 +30,15 @@ def _train_parser(sub) -> None:
     add("--visible-devices", help="GPU indices to use, like CUDA_VISIBLE_DEVICES (e.g. 0,1)")
     add("--no-memory-growth", dest="memory_growth", action="store_const", const=False,
         help="let TensorFlow take all GPU memory at start")
-    add("--strategy", help="auto (default), single, mirrored, central-storage")
+    add("--strategy", help="auto (default), single, mirrored, central-storage, multi-worker "
+        "(one replica set per process; TF_CONFIG, SLURM or `mirrorfit launch`), "
+        "parameter-server")
     add("--cross-device-ops", help="auto (default), nccl, hierarchical, reduce-to-one")
+    add("--communication", help="multi-worker all-reduce: auto (default), ring, nccl")
+    add("--threads-per-worker", type=int, help="TensorFlow threads of this process (intra- and "
+        "inter-op pools); with N workers on one host, cores / N")
+    add("--collective-timeout", type=float, help="seconds to wait for the other workers, at "
+        "start-up and in every all-reduce, before naming the one missing (default 300)")
     add("--batch-size", type=int, help="examples per replica per step (default 32)")
     add("--global-batch-size", type=int, help="examples per step over all replicas (instead)")
     add("--epochs", type=int, help="epochs (default 10)")
@@ -312,7 +319,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
 
 
 def _cmd_devices(args: argparse.Namespace) -> int:
-    from mirrorfit.devices import list_devices
+    from mirrorfit.distribute.devices import list_devices
 
     devices = list_devices()
     for d in devices:
@@ -341,7 +348,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_PREEMPTED
     except MirrorfitError as e:
         print(f"mirrorfit: error: {e}", file=sys.stderr)
-        return EXIT_USAGE
+        return getattr(e, "exit_code", EXIT_USAGE)
     except KeyboardInterrupt:
         print("mirrorfit: interrupted", file=sys.stderr)
         return 130

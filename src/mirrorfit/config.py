@@ -16,7 +16,10 @@ from typing import Any, Mapping
 
 from mirrorfit.errors import ConfigError
 
-STRATEGIES = ("auto", "single", "mirrored", "central-storage")
+STRATEGIES = ("auto", "single", "mirrored", "central-storage", "multi-worker",
+              "parameter-server")
+CLUSTER_STRATEGIES = ("multi-worker", "parameter-server")  # several processes
+COMMUNICATIONS = ("auto", "ring", "nccl")
 CROSS_DEVICE_OPS = ("auto", "nccl", "hierarchical", "reduce-to-one")
 OPTIMIZERS = ("sgd", "adam", "adamw", "rmsprop")
 DATASETS = ("mnist",)
@@ -39,6 +42,9 @@ class TrainConfig:
     memory_growth: bool = True
     strategy: str = "auto"
     cross_device_ops: str = "auto"
+    communication: str = "auto"  # multi-worker all-reduce implementation
+    threads_per_worker: int | None = None  # TF intra/inter-op threads of this process
+    collective_timeout: float = 300.0  # seconds: peers at start-up, and each collective
     batch_size: int = 32  # per replica
     global_batch_size: int | None = None  # instead of batch_size
     epochs: int = 10
@@ -71,6 +77,15 @@ class TrainConfig:
     def __post_init__(self) -> None:
         _check_choice("strategy", self.strategy, STRATEGIES)
         _check_choice("cross_device_ops", self.cross_device_ops, CROSS_DEVICE_OPS)
+        _check_choice("communication", self.communication, COMMUNICATIONS)
+        _check_float("collective_timeout", self.collective_timeout, minimum=0.0, example="300",
+                     inclusive=False)
+        if self.collective_timeout > 86400:
+            raise ConfigError(f"--collective-timeout {self.collective_timeout:g} s is more than "
+                              "a day; a hung worker would go unnoticed that long (e.g. 300)")
+        if self.profile and self.strategy in CLUSTER_STRATEGIES:
+            raise ConfigError(f"--profile times one process's devices; it cannot run with "
+                              f"--strategy {self.strategy}: profile with --strategy mirrored")
         _check_choice("dataset", self.dataset, DATASETS)
         _check_choice("optimizer", self.optimizer.lower(), OPTIMIZERS)
         _check_choice("precision", self.precision, PRECISIONS)
@@ -85,7 +100,7 @@ class TrainConfig:
                      "accum_steps", "base_batch"):
             _check_positive(name, getattr(self, name))
         for name in ("replicas", "global_batch_size", "train_examples", "eval_batch_size",
-                     "gpu_memory_limit"):
+                     "gpu_memory_limit", "threads_per_worker"):
             if getattr(self, name) is not None:
                 _check_positive(name, getattr(self, name))
         if self.warmup_epochs > self.epochs:  # e.g. 1e300: the rate would stay ~0 all run
@@ -170,7 +185,7 @@ def _coerce(name: str, value: Any) -> Any:
         if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
             raise ConfigError(f"devices must be a list of device names, got {value!r}")
         return tuple(value)
-    if name in ("lr", "warmup_epochs") and isinstance(value, int) and not isinstance(value, bool):
+    if name in ("lr", "warmup_epochs", "collective_timeout") and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     want = type(default) if default is not None else None
     if want is None:  # optional fields: int or str

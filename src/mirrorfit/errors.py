@@ -11,6 +11,8 @@ EXIT_USAGE = 2
 class MirrorfitError(Exception):
     """A problem with the user's input, explained in one line."""
 
+    exit_code = EXIT_USAGE
+
 
 class ConfigError(MirrorfitError):
     """A bad setting: unknown key, wrong type, or a value out of range."""
@@ -22,3 +24,10 @@ class DataError(MirrorfitError):
 
 class StorageError(MirrorfitError):
     """A write that cannot complete (the disk is full); what was there before is kept."""
+
+
+class ClusterError(MirrorfitError):
+    """Another task of the cluster did not come up, or stopped answering (not the user's input:
+    exit 69, sysexits' EX_UNAVAILABLE; a launcher restarts the group)."""
+
+    exit_code = 69

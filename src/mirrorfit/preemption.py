@@ -45,6 +45,7 @@ class PreemptionGuard:
     """
 
     def __init__(self, trainer=None, checkpointer=None) -> None:
+        self.agree = lambda flag: flag
         self.watch(trainer, checkpointer)
         self.signal_name: str | None = None
         self._previous: dict[int, Any] = {}
@@ -67,18 +68,33 @@ class PreemptionGuard:
                         "Ctrl-C again stops at once\n".encode())
         signal.signal(signal.SIGINT, signal.SIG_DFL)  # a second Ctrl-C ends the process now
 
-    def watch(self, trainer, checkpointer=None) -> None:
-        """Guard ``trainer`` (saved through ``checkpointer``, if any) from now on."""
+    def watch(self, trainer, checkpointer=None, *, agree=None) -> None:
+        """Guard ``trainer`` (saved through ``checkpointer``, if any) from now on. ``agree``
+        (a Distribution's ``agree``) makes every worker of a cluster stop at the same step when
+        any of them got a signal; :meth:`check` then runs a collective, so every worker must
+        call it at the same points."""
         self.trainer, self.checkpointer = trainer, checkpointer
+        if agree is not None:
+            self.agree = agree
 
     def check(self) -> None:
-        """Raise :class:`Preempted` (after saving, with a checkpointer) if a signal arrived."""
+        """Raise :class:`Preempted` (after saving, with a checkpointer) if a signal arrived,
+        here or, in a cluster, at any worker."""
+        if self.agree(self.signal_name is not None):
+            self._stop(self.signal_name or "another worker's signal")
+
+    def check_local(self) -> None:
+        """:meth:`check` for this process alone (no collective): for points only the chief
+        reaches, such as an export's commit."""
         if self.signal_name:
-            t = self.trainer
-            if t is None:
-                raise Preempted(self.signal_name, None, None, None)
-            path = self.checkpointer.save() if self.checkpointer else None
-            raise Preempted(self.signal_name, path, t.epoch, t.step)
+            self._stop(self.signal_name)
+
+    def _stop(self, name: str) -> None:
+        t = self.trainer
+        if t is None:
+            raise Preempted(name, None, None, None)
+        path = self.checkpointer.save() if self.checkpointer else None
+        raise Preempted(name, path, t.epoch, t.step)
 
     def hook(self, trainer) -> None:
         self.check()

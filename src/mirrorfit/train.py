@@ -11,23 +11,25 @@ from pathlib import Path
 from typing import Any
 
 import keras
+import tensorflow as tf
 from rich.console import Console
 
 from mirrorfit import _io
 from mirrorfit.checkpoint import Checkpointer
-from mirrorfit.config import TrainConfig, to_dict
+from mirrorfit.config import CLUSTER_STRATEGIES, TrainConfig, to_dict
 from mirrorfit.data import load_mnist, train_batches
-from mirrorfit.devices import configure_devices
+from mirrorfit.distribute.cluster import resolve_cluster
+from mirrorfit.distribute.devices import configure_devices
+from mirrorfit.distribute.strategy import Distribution, build_distribution, unreachable
 from mirrorfit.engine.progress import EpochProgress
 from mirrorfit.engine.trainer import Trainer
-from mirrorfit.errors import ConfigError
+from mirrorfit.errors import ClusterError, ConfigError
 from mirrorfit.export import check_export_dir, check_keras_path, export_saved_model, save_keras
 from mirrorfit.models import model_factory
 from mirrorfit.observe import CpuGpuSampler, ScalarWriter, out_of_memory_hint
 from mirrorfit.preemption import PreemptionGuard
 from mirrorfit.profiling import profile_steps
 from mirrorfit.schedules import LinearWarmup, learning_rate
-from mirrorfit.strategy import build_strategy
 
 _OPTIMIZERS = {"sgd": keras.optimizers.SGD, "adam": keras.optimizers.Adam,
                "adamw": keras.optimizers.AdamW, "rmsprop": keras.optimizers.RMSprop}
@@ -62,34 +64,67 @@ def run_training(config: TrainConfig, *, console: Console | None = None,
     """
     # soft_wrap: in a pipe or a log file rich would break lines at 80 columns.
     console = console or Console(stderr=True, soft_wrap=True)
-    _check_outputs(config)
+    # The cluster (TF_CONFIG, SLURM) is plain text: read and checked before TensorFlow starts.
+    cluster = resolve_cluster() if config.strategy in CLUSTER_STRATEGIES else None
+    if cluster is None or cluster.is_chief:
+        _check_outputs(config)
     # SIGTERM/SIGINT from here on: stop at the next safe point (after saving a checkpoint, with
     # --checkpoint-dir) and raise Preempted; honoured up to the export's commit.
-    if guard is not None:
-        return _train(config, console, guard)
-    with PreemptionGuard() as guard:
-        return _train(config, console, guard)
+    if guard is None:
+        guard = PreemptionGuard()
+        with guard:
+            return _run(config, console, guard, cluster)
+    return _run(config, console, guard, cluster)
 
 
-def _train(config: TrainConfig, console: Console, guard: PreemptionGuard) -> dict[str, Any]:
+def _run(config: TrainConfig, console: Console, guard: PreemptionGuard,
+         cluster) -> dict[str, Any]:
+    try:
+        return _train(config, console, guard, cluster)
+    except (tf.errors.UnavailableError, tf.errors.DeadlineExceededError,
+            tf.errors.CancelledError, tf.errors.AbortedError) as e:
+        if cluster is None:
+            raise
+        # A collective failed: another task died or stopped answering. Name it, in one line.
+        gone = unreachable(cluster)
+        who = (f"{', '.join(gone)} stopped answering" if gone
+               else "a collective with the other workers failed")
+        first = (str(getattr(e, "message", e)).strip().splitlines() or [""])[0][:200]
+        raise ClusterError(f"{cluster.task_name()}: {who} ({type(e).__name__}: {first}); "
+                           "restart the group to resume from the last checkpoint "
+                           "(`mirrorfit launch --max-restarts N` does)") from None
+
+
+def _train(config: TrainConfig, console: Console, guard: PreemptionGuard,
+           cluster) -> dict[str, Any]:
     factory = model_factory(config.model)
+    if cluster is not None and config.strategy == "parameter-server" \
+            and cluster.task_type in ("worker", "ps"):
+        from mirrorfit.engine.coordinated import serve_task
+        return serve_task(cluster, console=console)  # runs what the chief schedules
     data = load_mnist(config.data_dir, train_examples=config.train_examples)
     setup = configure_devices(replicas=config.replicas, devices=config.devices,
                               visible_devices=config.visible_devices,
                               memory_growth=config.memory_growth,
-                              memory_limit_mb=config.gpu_memory_limit)
-    per_replica, global_batch = config.batch_sizes(setup.replicas)
+                              memory_limit_mb=config.gpu_memory_limit,
+                              threads=config.threads_per_worker)
+    dist = build_distribution(setup, kind=config.strategy,
+                              cross_device_ops=config.cross_device_ops, cluster=cluster,
+                              communication=config.communication,
+                              collective_timeout_s=config.collective_timeout)
+    if not dist.is_chief:  # only the chief talks; the others say only what goes wrong
+        console = Console(stderr=True, soft_wrap=True, quiet=True)
+    guard.watch(None, agree=dist.agree)
+    per_replica, global_batch = config.batch_sizes(dist.replicas)
     if global_batch > len(data.x_train):
         raise ConfigError(f"global batch {global_batch} is larger than the "
                           f"{len(data.x_train)} training examples; lower --batch-size")
     keras.utils.set_random_seed(config.seed)
-    strategy = build_strategy(setup, kind=config.strategy,
-                              cross_device_ops=config.cross_device_ops)
     console.print(f"[bold]mirrorfit[/] {config.model} on {data.source}")
     console.print(f"devices: {setup.describe()}")
     accum = f" x {config.accum_steps} accumulation steps" if config.accum_steps > 1 else ""
-    console.print(f"strategy: {type(strategy).__name__}, batch: {per_replica} per replica x "
-                  f"{setup.replicas} replicas{accum} = {global_batch} global (effective), "
+    console.print(f"strategy: {dist.describe()}, batch: {per_replica} per replica x "
+                  f"{dist.replicas} replicas{accum} = {global_batch} global (effective), "
                   f"{config.steps_per_execution} steps per execution")
     steps_per_epoch = len(data.x_train) // global_batch
     lr = learning_rate(config.lr, global_batch=global_batch, base_batch=config.base_batch,
@@ -98,7 +133,7 @@ def _train(config: TrainConfig, console: Console, guard: PreemptionGuard) -> dic
     console.print(f"precision: {config.precision}, XLA: {'on' if config.xla else 'off'}, "
                   f"learning rate: {_describe_lr(lr)}"
                   + (", rematerialisation on" if config.remat else ""))
-    trainer = Trainer(strategy=strategy, model=factory,
+    trainer = Trainer(strategy=dist, model=factory,
                       optimizer=build_optimizer(config.optimizer, lr),
                       loss=keras.losses.SparseCategoricalCrossentropy(),
                       global_batch=global_batch, steps_per_execution=config.steps_per_execution,
@@ -106,7 +141,7 @@ def _train(config: TrainConfig, console: Console, guard: PreemptionGuard) -> dic
                       jit_compile=config.xla, remat=config.remat,
                       on_notice=lambda msg: console.print(f"[yellow]{msg}[/]"))
     callbacks = [lambda e, logs: console.print(_epoch_line(e, config.epochs, logs))]
-    if config.logdir:
+    if config.logdir and dist.is_chief:
         board = ScalarWriter(config.logdir)
         hooks_extra, callbacks = [board.step_hook], callbacks + [board.epoch_callback]
     else:
@@ -118,13 +153,14 @@ def _train(config: TrainConfig, console: Console, guard: PreemptionGuard) -> dic
         checkpointer = Checkpointer(config.checkpoint_dir, trainer=trainer,
                                     model_spec=config.model, every=config.checkpoint_every,
                                     keep=config.keep_checkpoints, data=batches.order,
-                                    flags=_data_flags(config, setup.replicas, data.source),
+                                    flags=_data_flags(config, dist.replicas, data.source),
                                     settings=_settings(config),
-                                    on_notice=lambda msg: console.print(f"[yellow]{msg}[/]"))
-        _restore(checkpointer, config, console)
+                                    on_notice=lambda msg: console.print(f"[yellow]{msg}[/]"),
+                                    writer=dist.is_chief)
+        _restore(checkpointer, config, console, dist)
         hooks.append(checkpointer.step_hook)
         callbacks.append(checkpointer.epoch_callback)
-    guard.watch(trainer, checkpointer)
+    guard.watch(trainer, checkpointer, agree=dist.agree)
     hooks.append(guard.hook)
     callbacks.append(guard.epoch_callback)
     usage = CpuGpuSampler() if config.profile else contextlib.nullcontext()
@@ -136,14 +172,15 @@ def _train(config: TrainConfig, console: Console, guard: PreemptionGuard) -> dic
             callbacks=callbacks)
     guard.check()  # a signal during the last validation or checkpoint
     return _finish(config, console, history, trainer=trainer, data=data, batches=batches,
-                   setup=setup, strategy=strategy, factory=factory, usage=usage, guard=guard)
+                   setup=setup, dist=dist, factory=factory, usage=usage, guard=guard)
 
 
 def _finish(config: TrainConfig, console: Console, history, *, trainer, data, batches, setup,
-            strategy, factory, usage, guard: PreemptionGuard) -> dict[str, Any]:
+            dist: Distribution, factory, usage, guard: PreemptionGuard) -> dict[str, Any]:
     """Test evaluation, summary, profile and exports: everything after the training loop.
-    ``guard`` stops it before the exports commit if a signal arrives."""
-    per_replica, global_batch = config.batch_sizes(setup.replicas)
+    ``guard`` stops it before the exports commit if a signal arrives. Every worker evaluates
+    (the evaluation's collectives need them all); only the chief writes."""
+    per_replica, global_batch = config.batch_sizes(dist.replicas)
     eval_batch = config.eval_batch_size or global_batch
     t0 = time.perf_counter()
     with out_of_memory_hint(per_replica):
@@ -156,8 +193,9 @@ def _finish(config: TrainConfig, console: Console, history, *, trainer, data, ba
         last, val = {}, trainer.evaluate((data.x_val, data.y_val), batch_size=eval_batch)
     summary = {
         "model": config.model, "precision": config.precision, "xla": trainer.jit_compile,
-        "accum_steps": config.accum_steps, "replicas": setup.replicas, "devices": list(setup.devices),
-        "strategy": type(strategy).__name__, "per_replica_batch_size": per_replica,
+        "accum_steps": config.accum_steps, "replicas": dist.replicas,
+        "devices": list(setup.devices), "workers": dist.workers,
+        "strategy": type(dist.strategy).__name__, "per_replica_batch_size": per_replica,
         "global_batch_size": global_batch, "epochs": config.epochs, "steps": history.steps,
         "train_examples": len(data.x_train), "wall_time_s": history.wall_time_s,
         "train_examples_per_sec": history.train_examples_per_sec,
@@ -183,6 +221,8 @@ def _finish(config: TrainConfig, console: Console, history, *, trainer, data, ba
         summary["profile"] = report.as_dict()
         console.print(report.describe())
     guard.check()
+    if not dist.is_chief:
+        return summary
     if config.export_dir or config.save_keras:
         plain = factory()  # a copy outside the strategy: exports load with no strategy
         plain.set_weights(trainer.model.get_weights())
@@ -190,11 +230,11 @@ def _finish(config: TrainConfig, console: Console, history, *, trainer, data, ba
         # last, and a signal before it leaves no export.
         if config.save_keras:
             summary["keras_file"] = str(save_keras(plain, config.save_keras,
-                                                   before_commit=guard.check))
+                                                   before_commit=guard.check_local))
         if config.export_dir:
             path = export_saved_model(plain, config.export_dir,
                                       preprocessing=config.export_preprocessing,
-                                      before_commit=guard.check)
+                                      before_commit=guard.check_local)
             summary["export_path"] = str(path)
             console.print(f"exported SavedModel version {path}")
     if config.metrics_out:
@@ -227,13 +267,19 @@ def _settings(config: TrainConfig) -> dict[str, Any]:
             "--warmup-epochs": config.warmup_epochs, "--precision": config.precision}
 
 
-def _restore(checkpointer: Checkpointer, config: TrainConfig, console: Console) -> None:
-    checkpointer.clean_partial()
+def _restore(checkpointer: Checkpointer, config: TrainConfig, console: Console,
+             dist: Distribution) -> None:
+    checkpointer.clean_partial()  # the chief's; the other workers only read
     if config.fresh:
         aside = checkpointer.discard()
         if aside:
             console.print(f"--fresh: moved the existing checkpoints to {aside}")
+    dist.agree(False)  # a barrier: nobody reads before the chief has cleaned up
     restored = checkpointer.restore_latest()
+    step = restored.step if restored else 0
+    if not dist.all_equal(step):
+        raise ClusterError(f"{dist.task} restored step {step}, another worker a different "
+                           "one; is --checkpoint-dir on storage every worker sees?")
     if restored:
         console.print(f"resuming from {restored.path}: {restored.epoch} epoch(s) done, "
                       f"continuing epoch {restored.epoch + 1} at step {restored.step_in_epoch} "

@@ -141,6 +141,6 @@ def test_a_position_past_the_end_of_an_epoch_is_refused_clearly():
     trainer = mirrorfit.Trainer(strategy=mirrorfit.build_strategy(mirrorfit.configure_devices()),
                                 model=mirrorfit.models.mlp, optimizer=keras.optimizers.SGD(0.1),
                                 loss=keras.losses.SparseCategoricalCrossentropy(), global_batch=32)
-    trainer.step_in_epoch = 6  # of an epoch of 4 steps
+    trainer.position = mirrorfit.Position(step_in_epoch=6)  # of an epoch of 4 steps
     with pytest.raises(mirrorfit.ConfigError, match="at step 6 of an epoch of only 4 steps"):
         trainer.fit(mirrorfit.train_batches(x, y, global_batch=32, seed=0), epochs=1)

@@ -65,25 +65,34 @@ class ShuffledBatches:
         return DataOrder(seed=self.seed, examples=len(self.x), global_batch=self.global_batch,
                          fingerprint=fingerprint(self.x, self.y))
 
-    def epoch_batches(self, epoch: int) -> np.ndarray:
-        """Example indices of ``epoch``, one row per global batch (int64, [steps, batch])."""
+    def epoch_batches(self, epoch: int, worker: int = 0, workers: int = 1) -> np.ndarray:
+        """Example indices of ``epoch``, one row per global batch (int64, [steps, batch]);
+        with ``workers`` > 1, worker ``worker``'s contiguous share of each row."""
         steps, batch = self.steps_per_epoch, self.global_batch
         order = epoch_order(len(self.x), seed=self.seed, epoch=epoch)
-        return order[:steps * batch].reshape(steps, batch).astype(np.int64)
+        rows = order[:steps * batch].reshape(steps, batch).astype(np.int64)
+        share = batch // workers
+        return rows[:, worker * share:(worker + 1) * share]
 
-    def dataset(self, *, start_epoch: int = 0, epochs: int = 1, skip: int = 0) -> tf.data.Dataset:
+    def dataset(self, *, start_epoch: int = 0, epochs: int = 1, skip: int = 0,
+                worker: int = 0, workers: int = 1) -> tf.data.Dataset:
         """Batches of epochs ``start_epoch``..``epochs - 1`` back to back, the first ``skip``
-        batches left out (they were trained on before a resume)."""
+        batches left out (they were trained on before a resume). With ``workers`` > 1, each
+        batch is worker ``worker``'s contiguous share of the global batch: the same examples
+        in the same order whatever the number of workers."""
         if not 0 <= skip <= self.steps_per_epoch:
             raise ValueError(f"skip {skip} is outside an epoch of {self.steps_per_epoch} steps")
-        # Only indices are shuffled (NumPy, cheap); images are gathered per batch. One epoch's
-        # indices at a time: all epochs up front would be 8 bytes x examples x epochs (~4 GB
-        # for 10,000 MNIST epochs).
-        steps, batch = self.steps_per_epoch, self.global_batch
+        if self.global_batch % workers:
+            raise ValueError(f"global batch {self.global_batch} does not split over {workers} "
+                             "workers")
+        # Only indices are shuffled (NumPy, cheap); images are gathered per batch (each worker
+        # gathers only its share). One epoch's indices at a time: all epochs up front would be
+        # 8 bytes x examples x epochs (~4 GB for 10,000 MNIST epochs).
+        steps, batch = self.steps_per_epoch, self.global_batch // workers
 
         def indices(epoch):
-            rows = tf.numpy_function(lambda e: self.epoch_batches(int(e)), [epoch], tf.int64,
-                                     stateful=False)
+            rows = tf.numpy_function(lambda e: self.epoch_batches(int(e), worker, workers),
+                                     [epoch], tf.int64, stateful=False)
             rows.set_shape([steps, batch])
             return tf.data.Dataset.from_tensor_slices(rows)
 
@@ -100,9 +109,23 @@ def train_batches(x: np.ndarray, y: np.ndarray, *, global_batch: int,
     return ShuffledBatches(x=x, y=y, global_batch=global_batch, seed=seed)
 
 
-def eval_dataset(x: np.ndarray, y: np.ndarray, *, global_batch: int) -> tf.data.Dataset:
-    """Every example exactly once, in order; the last batch may be partial."""
-    return _finish(tf.data.Dataset.from_tensor_slices((x, y)).batch(global_batch))
+def eval_dataset(x: np.ndarray, y: np.ndarray, *, global_batch: int, worker: int = 0,
+                 workers: int = 1) -> tf.data.Dataset:
+    """Every example exactly once, in order; the last batch may be partial. With ``workers``
+    > 1, worker ``worker``'s share of each batch (:func:`worker_slice`): over all workers, still
+    every example exactly once."""
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(global_batch)
+    if workers > 1:
+        ds = ds.map(lambda xb, yb: (worker_slice(xb, worker, workers),
+                                    worker_slice(yb, worker, workers)))
+    return _finish(ds)
+
+
+def worker_slice(t: tf.Tensor, worker: int, workers: int) -> tf.Tensor:
+    """Worker ``worker``'s contiguous share of a batch: rows ``[w*n//W, (w+1)*n//W)``; every
+    row goes to exactly one worker, also in a partial last batch."""
+    n = tf.shape(t, out_type=tf.int64)[0]
+    return t[worker * n // workers:(worker + 1) * n // workers]
 
 
 def _to_float(x: tf.Tensor, y: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:

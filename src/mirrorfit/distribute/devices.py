@@ -44,14 +44,24 @@ class DeviceSetup:
 def configure_devices(*, replicas: int | None = None, devices: tuple[str, ...] = (),
                       visible_devices: str | None = None,
                       memory_growth: bool = True,
-                      memory_limit_mb: int | None = None) -> DeviceSetup:
+                      memory_limit_mb: int | None = None,
+                      threads: int | None = None) -> DeviceSetup:
     """Make the requested devices visible and return the ones to replicate over.
 
     GPUs: ``visible_devices`` ("0,2") selects them like CUDA_VISIBLE_DEVICES, memory growth is
     on by default, ``memory_limit_mb`` caps each GPU (MB; replaces memory growth),
     ``replicas`` takes the first N. Without GPUs, ``replicas=N`` splits the CPU
-    into N logical devices.
+    into N logical devices. ``threads`` sizes TensorFlow's intra- and inter-op thread pools
+    (None: TF's default, every core): N worker processes on one host each take cores / N, or
+    they fight over the same cores.
     """
+    if threads:
+        try:
+            tf.config.threading.set_intra_op_parallelism_threads(threads)
+            tf.config.threading.set_inter_op_parallelism_threads(threads)
+        except RuntimeError as e:
+            raise ConfigError(f"thread pools can only be sized before TensorFlow starts ({e})"
+                              ) from None
     gpus = tf.config.list_physical_devices("GPU")
     if visible_devices is not None:
         gpus = _select_gpus(gpus, visible_devices)
