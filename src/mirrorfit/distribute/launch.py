@@ -1,0 +1,428 @@
+"""``mirrorfit launch``: run every task of a multi-worker or parameter-server job on this host.
+
+    mirrorfit launch --workers 2 -- mirrorfit train --strategy multi-worker --checkpoint-dir ckpt
+    mirrorfit launch --workers 2 --ps 1 -- mirrorfit train --strategy parameter-server ...
+
+Each task is the same COMMAND with its own ``TF_CONFIG`` on free loopback ports (what a cluster
+manager would set on real hosts), in its own session so that a whole task (with any children it
+starts) can be signalled and killed as a group. Output is streamed line by line with the task's
+name in front (``[worker 1] ...``). The exit code is the chief's.
+
+Failure: when a task dies before the chief has finished, the launcher stops the others (SIGTERM,
+``--grace-s``, then SIGKILL) and starts the whole group again on fresh ports, at most
+``--max-restarts`` times (default 0: a failure ends the run, as ``torchrun``'s default). Training
+resumes where it stopped only from a checkpoint, so pass ``--checkpoint-dir`` to the command. In
+parameter-server mode a dead *worker* is restarted alone at the same address (the coordinator
+retries its steps). Exit code 2 (a usage error) is never retried: every retry would fail alike.
+POSIX only (process groups).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from typing import IO, Sequence
+
+from mirrorfit.distribute.cluster import Cluster
+from mirrorfit.errors import EXIT_USAGE, ConfigError, MirrorfitError
+
+DEFAULT_GRACE_S = 10.0  # seconds a task gets between SIGTERM and SIGKILL
+DEFAULT_MAX_RESTARTS = 0
+REDRAW_INTERVAL_S = 2.0  # a "\r" progress redraw is printed at most this often per stream
+LOOPBACK = "127.0.0.1"
+_POLL_S = 0.05  # how often task exits and signals are checked
+_LINE_END = re.compile(rb"[\r\n]")
+_MAX_LINE = 1 << 16  # bytes; a longer run without a line end is printed in pieces
+
+
+def add_launch_parser(subparsers) -> argparse.ArgumentParser:
+    """Add the ``launch`` command to ``subparsers`` (of ``mirrorfit``'s parser); return it."""
+    p = subparsers.add_parser("launch", help="run a multi-worker or parameter-server job on "
+                              "this host, one process per task", **_PARSER_TEXT)
+    _add_arguments(p)
+    return p
+
+
+_PARSER_TEXT = dict(
+    description="Start N workers (and with --ps, a chief and M parameter servers) on this host, "
+                "each running COMMAND with its own TF_CONFIG on free loopback ports; stream "
+                "their output prefixed with the task; exit with the chief's code.",
+    epilog="Restarted tasks resume from a checkpoint only if COMMAND has --checkpoint-dir, e.g. "
+           "mirrorfit launch --workers 2 --max-restarts 3 -- mirrorfit train --strategy "
+           "multi-worker --threads-per-worker 1 --checkpoint-dir ckpt")
+
+
+def _add_arguments(p: argparse.ArgumentParser) -> None:
+    add = p.add_argument
+    add("--workers", type=int, required=True, metavar="N", help="worker tasks (>= 1); without "
+        "--ps, worker 0 is the chief")
+    add("--ps", type=int, default=0, metavar="M", help="parameter-server tasks (default 0); "
+        "M >= 1 also starts a chief task, the coordinator")
+    add("--max-restarts", type=int, default=DEFAULT_MAX_RESTARTS, metavar="R",
+        help="restarts after a task dies, each of the whole group (a lone worker with --ps); "
+             "pass --checkpoint-dir to COMMAND so training resumes (default "
+             f"{DEFAULT_MAX_RESTARTS})")
+    add("--grace-s", type=float, default=DEFAULT_GRACE_S, metavar="S",
+        help="seconds between SIGTERM and SIGKILL when stopping tasks (default "
+             f"{DEFAULT_GRACE_S:g})")
+    add("task_command", nargs=argparse.REMAINDER, metavar="-- COMMAND ...",
+        help="the command every task runs, after --")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``mirrorfit launch`` on its own (``python -m mirrorfit.distribute.launch ...``)."""
+    parser = argparse.ArgumentParser(prog="mirrorfit launch", **_PARSER_TEXT)
+    _add_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        return run_launch(args)
+    except MirrorfitError as e:
+        print(f"mirrorfit: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+def run_launch(args: argparse.Namespace) -> int:
+    """Run the job described by parsed ``launch`` flags; return the chief's exit code.
+
+    Raises :class:`ConfigError` (one line, before any task starts) for a bad flag.
+    """
+    launcher = Launcher(check_launch_args(args), workers=args.workers, ps=args.ps,
+                        max_restarts=args.max_restarts, grace_s=args.grace_s)
+    return launcher.run()
+
+
+def check_launch_args(args: argparse.Namespace) -> list[str]:
+    """Check parsed ``launch`` flags without starting anything; return the argv every task
+    runs (see :func:`resolve_command`). Raises :class:`ConfigError` naming the flag."""
+    command = list(args.task_command or ())
+    if command[:1] == ["--"]:
+        command = command[1:]
+    for flag, value, minimum in (("--workers", args.workers, 1), ("--ps", args.ps, 0),
+                                 ("--max-restarts", args.max_restarts, 0)):
+        if value < minimum:
+            raise ConfigError(f"{flag} must be >= {minimum}, got {value}; e.g. {flag} "
+                              f"{max(minimum, 1 if flag != '--workers' else 2)}")
+    if not math.isfinite(args.grace_s) or args.grace_s < 0:
+        raise ConfigError(f"--grace-s must be a number of seconds >= 0, got {args.grace_s}; "
+                          f"e.g. --grace-s {DEFAULT_GRACE_S:g}")
+    return resolve_command(command)
+
+
+def resolve_command(command: Sequence[str]) -> list[str]:
+    """The argv to start for COMMAND, checked. A bare ``mirrorfit`` becomes this interpreter's
+    ``python -m mirrorfit``, so tasks run the launcher's own installation even when another one
+    (or none) is first on PATH."""
+    if not command:
+        raise ConfigError("mirrorfit launch needs the command to run after --; e.g. mirrorfit "
+                          "launch --workers 2 -- mirrorfit train --strategy multi-worker")
+    exe = command[0]
+    if exe == "mirrorfit":
+        return [sys.executable, "-m", "mirrorfit", *command[1:]]
+    if os.sep in exe:
+        if not (os.path.isfile(exe) and os.access(exe, os.X_OK)):
+            raise ConfigError(f"the command {exe!r} after -- is not an executable file; check "
+                              "the path")
+    elif shutil.which(exe) is None:
+        raise ConfigError(f"the command {exe!r} after -- is not on PATH; give its full path or "
+                          "install it")
+    return list(command)
+
+
+def free_ports(count: int, host: str = LOOPBACK) -> list[int]:
+    """``count`` distinct ports free on ``host`` now. All are bound (port 0) at the same time so
+    they differ; another program may still take one before the task binds it (rare)."""
+    socks = []
+    try:
+        for _ in range(count):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            socks.append(s)
+            s.bind((host, 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def plan_cluster(workers: int, ps: int, ports: Sequence[int],
+                 host: str = LOOPBACK) -> list[Cluster]:
+    """One :class:`Cluster` per task, the chief first: without ``ps``, ``workers`` workers
+    (worker 0 is the chief); with ``ps``, a chief (the coordinator), the workers, the ps tasks
+    (TF's ParameterServerStrategy layout). ``ports``: ``workers + ps + (1 if ps else 0)``."""
+    addresses = [f"{host}:{port}" for port in ports]
+    chief = addresses.pop(0) if ps else None
+    worker_addrs, ps_addrs = tuple(addresses[:workers]), tuple(addresses[workers:])
+    roles = ([("chief", 0)] if ps else []) + [("worker", i) for i in range(workers)] \
+        + [("ps", i) for i in range(ps)]
+    return [Cluster(workers=worker_addrs, ps=ps_addrs, chief=chief, task_type=kind,
+                    task_index=i, source="launch") for kind, i in roles]
+
+
+class _Task:
+    """One process of the job and the threads copying its output."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+        self.name = cluster.task_name()
+        self.proc: subprocess.Popen | None = None
+        self.readers: list[threading.Thread] = []
+        self.handled = False  # its exit has been acted on
+        self._swept = False  # what it left in its process group has been killed
+
+    def poll(self) -> int | None:
+        if self.proc is None:
+            return 0
+        rc = self.proc.poll()
+        if rc is not None and not self._swept:
+            self._swept = True
+            self.signal(signal.SIGKILL)  # what it started must not outlive it (same group)
+        return rc
+
+    def signal(self, sig: int) -> None:
+        try:  # start_new_session: the group id is the task's pid
+            os.killpg(self.proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass  # the group is gone already
+
+    def join_output(self, timeout_s: float = 2.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        for t in self.readers:
+            t.join(max(0.0, deadline - time.monotonic()))
+
+
+class Launcher:
+    """Starts, watches, restarts and stops the tasks of one job; :meth:`run` returns the exit
+    code. ``out``/``err`` (default: ``sys.stdout``/``sys.stderr``) receive the tasks' prefixed
+    stdout/stderr; the launcher's own lines go to ``err``, starting ``mirrorfit launch:``."""
+
+    def __init__(self, command: Sequence[str], workers: int, ps: int = 0,
+                 max_restarts: int = DEFAULT_MAX_RESTARTS, grace_s: float = DEFAULT_GRACE_S,
+                 out: IO[str] | None = None, err: IO[str] | None = None) -> None:
+        self.command, self.workers, self.ps = list(command), workers, ps
+        self.max_restarts, self.grace_s = max_restarts, grace_s
+        self.out, self.err = out or sys.stdout, err or sys.stderr
+        self.restarts = 0
+        self._lock = threading.Lock()  # one line at a time on each stream
+        self._signals: list[int] = []  # received by the launcher, in order
+        self._started: list[_Task] = []
+
+    def run(self) -> int:
+        previous = self._install_signal_handlers()
+        try:
+            while True:
+                if self._signals:  # arrived while a failed group was being stopped
+                    return 128 + self._signals[0]
+                restart, code = self._run_group()
+                if not restart:
+                    return code
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            for task in self._started:  # no path leaves a task behind
+                if task.proc is not None and task.proc.poll() is None:
+                    task.signal(signal.SIGKILL)
+                    task.proc.wait()
+                task.join_output(0.5)
+
+    # -- one generation of the group ------------------------------------------------------
+    def _run_group(self) -> tuple[bool, int]:
+        """Run the group until the job ends (False, exit code) or must restart (True, 0)."""
+        tasks = [_Task(c) for c in plan_cluster(self.workers, self.ps,
+                                                free_ports(self.workers + self.ps
+                                                           + (1 if self.ps else 0)))]
+        first = tasks[0].cluster
+        chief_note = "chief" if self.ps else "worker 0 (chief)"
+        places = ", ".join(f"{t.name} {first.address(t.cluster.task_type, t.cluster.task_index)}"
+                           for t in tasks)
+        self._say(f"starting {len(tasks)} task(s): {places}; {chief_note} decides the exit code")
+        for task in tasks:
+            self._start(task)
+        chief = tasks[0]
+        while True:
+            if self._signals:
+                return False, self._forward_signal(tasks, chief)
+            exited = [t for t in tasks if not t.handled and t.poll() is not None]
+            # A chief that succeeded ends the job whatever else ended with it; a chief failing
+            # right after a worker died is usually the consequence: report the worker.
+            exited.sort(key=lambda t: (0 if t.proc.returncode == 0 else 2) if t is chief else 1)
+            for task in exited:
+                task.handled = True
+                task.join_output()  # its last lines (a traceback) come before ours
+                rc = task.proc.returncode
+                if task is chief and rc == 0:
+                    return False, self._finish(tasks, chief)
+                if rc == 0:
+                    continue  # a multi-worker peer that is done; the chief decides
+                outcome = self._on_failure(task, rc, tasks)
+                if outcome is not None:
+                    return outcome
+            time.sleep(_POLL_S)
+
+    def _on_failure(self, task: _Task, rc: int, tasks: list[_Task]) -> tuple[bool, int] | None:
+        what = f"{task.name} exited with {_describe(rc)}"
+        everyone = f"all {len(tasks)} task(s)"
+        if rc == EXIT_USAGE:
+            self._say(f"{what} (a usage error, which a restart would repeat); stopping {everyone}")
+            self._stop(tasks)
+            return False, rc
+        if self.restarts >= self.max_restarts:
+            self._say(f"{what}; no restarts left (--max-restarts {self.max_restarts}); stopping "
+                      f"{everyone}; exit code {_exit_code(rc)}")
+            self._stop(tasks)
+            return False, _exit_code(rc)
+        self.restarts += 1
+        count = f"restart {self.restarts} of {self.max_restarts}"
+        if self.ps and task.cluster.task_type == "worker":
+            where = task.cluster.address("worker", task.cluster.task_index)
+            self._say(f"{what}; restarting {task.name} alone at {where} ({count}); the chief "
+                      "retries its steps")
+            task.handled = False
+            self._start(task)
+            return None
+        self._say(f"{what}; restarting {everyone} ({count})")
+        self._stop(tasks)
+        return True, 0
+
+    def _finish(self, tasks: list[_Task], chief: _Task) -> int:
+        """The chief succeeded: multi-worker peers get ``grace_s`` to end by themselves; tasks
+        that only serve (ps, and workers under a coordinator) run forever and are stopped."""
+        rest = [t for t in tasks if t is not chief]
+        if not self.ps:
+            deadline = time.monotonic() + self.grace_s
+            while (any(t.poll() is None for t in rest) and time.monotonic() < deadline
+                   and not self._signals):
+                time.sleep(_POLL_S)
+        self._stop(rest)
+        return 0
+
+    def _forward_signal(self, tasks: list[_Task], chief: _Task) -> int:
+        sig = self._signals[0]
+        live = [t for t in tasks if t.poll() is None]
+        self._say(f"{signal.Signals(sig).name}: forwarding it to {len(live)} running task(s); "
+                  f"SIGKILL after {self.grace_s:g} s (a second signal: at once)")
+        self._stop(tasks, sig)
+        return _exit_code(chief.proc.returncode)
+
+    # -- processes ------------------------------------------------------------------------
+    def _start(self, task: _Task) -> None:
+        env = dict(os.environ, TF_CONFIG=json.dumps(task.cluster.tf_config()),
+                   MIRRORFIT_LAUNCH="1", MIRRORFIT_LAUNCH_RESTART=str(self.restarts))
+        env.setdefault("PYTHONUNBUFFERED", "1")  # else a killed task's last lines are lost
+        try:
+            task.proc = subprocess.Popen(self.command, env=env, stdin=subprocess.DEVNULL,
+                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                         start_new_session=True, bufsize=0)
+        except OSError as e:
+            raise ConfigError(f"cannot start {self.command[0]!r} ({e.strerror}); check the "
+                              "command after --") from None
+        task._swept = False
+        self._started.append(task)
+        prefix = f"[{task.name}] "
+        task.readers = [threading.Thread(target=self._pump, args=(pipe, prefix, stream),
+                                         daemon=True, name=f"{prefix}{kind}")
+                        for pipe, stream, kind in ((task.proc.stdout, self.out, "stdout"),
+                                                   (task.proc.stderr, self.err, "stderr"))]
+        for t in task.readers:
+            t.start()
+
+    def _stop(self, tasks: list[_Task], sig: int = signal.SIGTERM) -> None:
+        """Send ``sig`` to every running task's group, wait ``grace_s``, SIGKILL the rest."""
+        live = [t for t in tasks if t.poll() is None]
+        for t in live:
+            t.signal(sig)
+        seen = len(self._signals)
+        deadline = time.monotonic() + self.grace_s
+        while any(t.poll() is None for t in live) and time.monotonic() < deadline:
+            if len(self._signals) > max(seen, 1):  # a second signal to the launcher: kill now
+                break
+            time.sleep(_POLL_S)
+        for t in live:
+            if t.poll() is None:
+                t.signal(signal.SIGKILL)
+                t.proc.wait()
+            t.handled = True
+            t.join_output()
+
+    # -- output ---------------------------------------------------------------------------
+    def _pump(self, pipe, prefix: str, stream: IO[str]) -> None:
+        """Copy one pipe to ``stream`` line by line. ``\\r`` ends a line too (progress bars
+        redraw with it): such redraws are shown at most every REDRAW_INTERVAL_S, never merged."""
+        fd, buf, last_redraw = pipe.fileno(), b"", -math.inf
+        while True:
+            try:
+                chunk = os.read(fd, 1 << 16)
+            except OSError:
+                break
+            if not chunk:
+                break
+            buf += chunk
+            while (m := _LINE_END.search(buf)) is not None:
+                i = m.start()
+                if buf[i:i + 1] == b"\n" or buf[i + 1:i + 2] == b"\n":  # "\n" or "\r\n"
+                    self._emit(stream, prefix, buf[:i])
+                    buf = buf[i + (1 if buf[i:i + 1] == b"\n" else 2):]
+                    continue
+                if i + 1 == len(buf):
+                    break  # a "\r" that may be the first half of "\r\n": wait for more
+                segment, buf = buf[:i], buf[i + 1:]
+                now = time.monotonic()
+                if segment.strip() and now - last_redraw >= REDRAW_INTERVAL_S:
+                    last_redraw = now
+                    self._emit(stream, prefix, segment)
+            if len(buf) > _MAX_LINE:
+                self._emit(stream, prefix, buf)
+                buf = b""
+        pipe.close()
+        if buf.strip(b"\r"):
+            self._emit(stream, prefix, buf.strip(b"\r"))
+
+    def _emit(self, stream: IO[str], prefix: str, data: bytes) -> None:
+        with self._lock:
+            stream.write(prefix + data.decode("utf-8", "replace") + "\n")
+            stream.flush()
+
+    def _say(self, text: str) -> None:
+        with self._lock:
+            self.err.write(f"mirrorfit launch: {text}\n")
+            self.err.flush()
+
+    # -- signals --------------------------------------------------------------------------
+    def _install_signal_handlers(self) -> dict[int, object]:
+        # Tasks run in their own sessions, so a terminal's Ctrl-C reaches only the launcher,
+        # which forwards it once to every task.
+        if threading.current_thread() is not threading.main_thread():
+            return {}  # signal handlers can only be set there; callers handle signals
+        previous = {}
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            previous[sig] = signal.signal(sig, lambda signum, frame: self._signals.append(signum))
+        return previous
+
+
+def _describe(rc: int) -> str:
+    """``"code 1"`` or ``"SIGKILL (-9)"`` for a Popen return code."""
+    if rc >= 0:
+        return f"code {rc}"
+    try:
+        return f"{signal.Signals(-rc).name} ({rc})"
+    except ValueError:
+        return f"signal {-rc} ({rc})"
+
+
+def _exit_code(rc: int | None) -> int:
+    """A Popen return code as a process exit code: a death by signal N is 128 + N (shells')."""
+    if rc is None:
+        return 1
+    return rc if rc >= 0 else 128 - rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())

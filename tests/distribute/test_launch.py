@@ -1,0 +1,287 @@
+"""``mirrorfit launch`` with tiny Python tasks (no TensorFlow): layout and TF_CONFIG, prefixed
+output, the chief's exit code, restarts, signals, and that no process outlives the launcher."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from mirrorfit.distribute import launch
+from mirrorfit.distribute.cluster import Cluster
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# One script, several behaviours (argv[1]); argv[2] is a folder for marker and pid files.
+TASK = textwrap.dedent("""
+    import json, os, signal, subprocess, sys, time
+    from pathlib import Path
+    config = json.loads(os.environ["TF_CONFIG"])
+    task, workers = config["task"], len(config["cluster"]["worker"])
+    name = "chief" if task["type"] == "chief" else f"{task['type']}{task['index']}"
+    mode, d = sys.argv[1], Path(sys.argv[2])
+    life = os.environ["MIRRORFIT_LAUNCH_RESTART"]
+    print("TF_CONFIG", os.environ["TF_CONFIG"], "RESTART", life)
+
+    def wait_for(*names, timeout=15):
+        end = time.monotonic() + timeout
+        while not all((d / n).exists() for n in names):
+            if time.monotonic() > end:
+                sys.exit(99)
+            time.sleep(0.02)
+
+    def die_once():  # SIGKILL itself the first time only
+        marker = d / f"{name}.died"
+        if not marker.exists():
+            marker.touch()
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    if mode == "output":
+        sys.stdout.write("step 1/3\\rstep 2/3\\rstep 3/3\\r\\n")
+        print(f"to stderr from {name}", file=sys.stderr)
+        (d / name).touch()
+        if name == "worker0" and workers > 1:
+            wait_for("worker1")
+    elif mode == "group-restart":
+        if name == "worker1":
+            die_once()
+            (d / "worker1.back").touch()
+        else:
+            wait_for("worker1.back")
+    elif mode == "always-fail":
+        if name == "worker1":
+            sys.exit(int(sys.argv[3]))
+        time.sleep(30)
+    elif mode == "ps":
+        (d / name).touch()
+        if name == "chief":
+            wait_for("worker0", "worker1", "ps0")
+            sys.exit(5)
+        time.sleep(30)  # workers and ps serve until stopped
+    elif mode == "ps-worker-restart":
+        if name == "worker1":
+            die_once()
+            (d / "worker1.back").touch()
+        if name == "chief":
+            wait_for("worker1.back")
+        else:
+            time.sleep(30)
+    elif mode == "sigterm":
+        (d / f"{name}.pid").write_text(str(os.getpid()))
+        if name == "worker0":
+            signal.signal(signal.SIGTERM, lambda *a: (print("chief got SIGTERM"), sys.exit(75)))
+        else:  # ignores SIGTERM (needs the SIGKILL) and has a child of its own
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            child = subprocess.Popen(["sleep", "60"])
+            (d / "grandchild.pid").write_text(str(child.pid))
+        (d / f"{name}.ready").touch()
+        time.sleep(60)
+""")
+
+
+@pytest.fixture
+def task(tmp_path):
+    """argv prefix for the task script; files land in tmp_path."""
+    script = tmp_path / "task.py"
+    script.write_text(TASK)
+    return lambda mode, *extra: [sys.executable, str(script), mode, str(tmp_path), *extra]
+
+
+def run(argv, capsys):
+    code = launch.main(argv)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def configs(out):
+    """The TF_CONFIG each task life printed: a list of (task, cluster, restart)."""
+    found = re.findall(r"TF_CONFIG (\{.*\}) RESTART (\d+)", out)
+    return [(json.loads(c)["task"], json.loads(c)["cluster"], int(r)) for c, r in found]
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"  # a zombie left for a non-reaping init is dead
+
+
+def test_plan_cluster_layouts():
+    mw = launch.plan_cluster(2, 0, [1001, 1002])
+    assert [c.task_name() for c in mw] == ["worker 0", "worker 1"] and mw[0].is_chief
+    assert mw[1] == Cluster(workers=("127.0.0.1:1001", "127.0.0.1:1002"), task_index=1,
+                            source="launch")
+    ps = launch.plan_cluster(2, 1, [1, 2, 3, 4])
+    assert [c.task_name() for c in ps] == ["chief", "worker 0", "worker 1", "ps 0"]
+    assert ps[0].tf_config()["cluster"] == {"chief": ["127.0.0.1:1"], "ps": ["127.0.0.1:4"],
+                                            "worker": ["127.0.0.1:2", "127.0.0.1:3"]}
+    assert len(set(launch.free_ports(5))) == 5
+
+
+def test_output_is_prefixed_per_task_and_stream(task, capsys):
+    code, out, err = run(["--workers", "2", "--", *task("output")], capsys)
+    assert code == 0
+    seen = configs(out)
+    assert sorted((t["type"], t["index"]) for t, _, _ in seen) == [("worker", 0), ("worker", 1)]
+    cluster = seen[0][1]
+    assert all(c == cluster for _, c, _ in seen)  # one cluster, each task its own index
+    ports = [a.rsplit(":", 1)[1] for a in cluster["worker"]]
+    assert len(set(ports)) == 2 and all(a.startswith("127.0.0.1:") for a in cluster["worker"])
+    for i in (0, 1):
+        # "\r" redraws: the first is shown, the next within REDRAW_INTERVAL_S dropped; the line
+        # that ends with "\r\n" is the final state
+        assert f"[worker {i}] step 1/3\n[worker {i}] step 3/3\n" in out
+        assert "step 2/3" not in out
+        assert f"[worker {i}] to stderr from worker{i}\n" in err
+    assert "starting 2 task(s)" in err
+
+
+def test_carriage_returns_never_garble_lines():
+    r, w = os.pipe()
+    chunks = [b"a\rb\rc\r", b"\nd\n", b"x" * 10 + b"\r"]  # "\r\n" split across two reads
+    for chunk in chunks:
+        os.write(w, chunk)
+    os.close(w)
+
+    class Sink(list):
+        def write(self, text):
+            self.append(text)
+
+        def flush(self):
+            pass
+
+    sink = Sink()
+    launcher = launch.Launcher(["true"], workers=1, out=sink, err=sink)
+    launcher._pump(os.fdopen(r, "rb", buffering=0), "[w] ", sink)
+    assert "".join(sink) == "[w] a\n[w] c\n[w] d\n[w] xxxxxxxxxx\n"
+
+
+def test_group_restarts_on_fresh_ports_after_a_worker_dies(task, capsys):
+    code, out, err = run(["--workers", "2", "--max-restarts", "2", "--grace-s", "2", "--",
+                          *task("group-restart")], capsys)
+    assert code == 0, err
+    assert ("mirrorfit launch: worker 1 exited with SIGKILL (-9); restarting all 2 task(s) "
+            "(restart 1 of 2)") in err
+    assert err.count("starting 2 task(s)") == 2
+    first = {c["worker"][0] for t, c, r in configs(out) if r == 0}
+    second = {c["worker"][0] for t, c, r in configs(out) if r == 1}
+    assert first and second and first != second
+
+
+def test_exhausted_restarts_return_the_failing_code(task, capsys):
+    start = time.monotonic()
+    code, out, err = run(["--workers", "2", "--max-restarts", "1", "--grace-s", "2", "--",
+                          *task("always-fail", "4")], capsys)
+    assert code == 4
+    assert "worker 1 exited with code 4; restarting all 2 task(s) (restart 1 of 1)" in err
+    assert ("worker 1 exited with code 4; no restarts left (--max-restarts 1); stopping all 2 "
+            "task(s); exit code 4") in err
+    assert time.monotonic() - start < 10  # the sleeping chief was stopped, not waited for
+
+
+def test_usage_errors_are_not_retried(task, capsys):
+    code, out, err = run(["--workers", "2", "--max-restarts", "3", "--",
+                          *task("always-fail", "2")], capsys)
+    assert code == 2 and err.count("starting 2 task(s)") == 1
+    assert "worker 1 exited with code 2 (a usage error, which a restart would repeat)" in err
+
+
+def test_parameter_server_layout_and_the_chiefs_exit_code(task, capsys):
+    start = time.monotonic()
+    code, out, err = run(["--workers", "2", "--ps", "1", "--", *task("ps")], capsys)
+    assert code == 5  # the chief's, although workers and ps never end by themselves
+    tasks = sorted((t["type"], t["index"]) for t, _, _ in configs(out))
+    assert tasks == [("chief", 0), ("ps", 0), ("worker", 0), ("worker", 1)]
+    cluster = configs(out)[0][1]
+    assert sorted(cluster) == ["chief", "ps", "worker"] and len(cluster["worker"]) == 2
+    assert "chief exited with code 5" in err
+    assert time.monotonic() - start < 8
+
+
+def test_parameter_server_worker_restarts_alone_at_its_address(task, capsys):
+    code, out, err = run(["--workers", "2", "--ps", "1", "--max-restarts", "1", "--",
+                          *task("ps-worker-restart")], capsys)
+    assert code == 0, err
+    assert err.count("starting 4 task(s)") == 1
+    assert re.search(r"worker 1 exited with SIGKILL \(-9\); restarting worker 1 alone at "
+                     r"127\.0\.0\.1:\d+ \(restart 1 of 1\)", err)
+    lives = [(c, r) for t, c, r in configs(out) if t == {"type": "worker", "index": 1}]
+    assert len(lives) == 2 and lives[0][0] == lives[1][0]  # the same TF_CONFIG both times
+
+
+def test_sigterm_is_forwarded_and_nothing_outlives_the_launcher(task, tmp_path):
+    proc = subprocess.Popen([sys.executable, "-m", "mirrorfit.distribute.launch", "--workers",
+                             "2", "--grace-s", "1", "--", *task("sigterm")], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 15
+        while not all((tmp_path / f).exists() for f in ("worker0.ready", "worker1.ready")):
+            assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
+            time.sleep(0.02)
+        pids = [int((tmp_path / f).read_text())
+                for f in ("worker0.pid", "worker1.pid", "grandchild.pid")]
+        start = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 75, err  # the chief's code after its SIGTERM handler
+    assert "[worker 0] chief got SIGTERM" in out
+    assert "SIGTERM: forwarding it to 2 running task(s)" in err
+    assert time.monotonic() - start < 5  # grace 1 s, then SIGKILL for the one ignoring it
+    time.sleep(0.1)
+    assert [p for p in pids if alive(p)] == []
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--workers", "0", "--", "true"], "--workers must be >= 1, got 0"),
+    (["--workers", "1", "--ps", "-1", "--", "true"], "--ps must be >= 0, got -1"),
+    (["--workers", "1", "--max-restarts", "-2", "--", "true"], "--max-restarts must be >= 0"),
+    (["--workers", "1", "--grace-s", "nan", "--", "true"], "--grace-s must be"),
+    (["--workers", "1"], "needs the command to run after --"),
+    (["--workers", "1", "--"], "needs the command to run after --"),
+    (["--workers", "1", "--", "no-such-program-xyz"], "'no-such-program-xyz' after -- is not "
+                                                      "on PATH"),
+    (["--workers", "1", "--", "./no/such/file"], "'./no/such/file' after -- is not an "
+                                                 "executable file"),
+])
+def test_bad_flags_exit_2_with_one_line_before_anything_starts(argv, words, capsys):
+    code, out, err = run(argv, capsys)
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and words in err and "Traceback" not in err
+
+
+def test_malformed_numbers_are_argparse_usage_errors(capsys):
+    with pytest.raises(SystemExit) as info:
+        launch.main(["--workers", "two", "--", "true"])
+    assert info.value.code == 2 and "--workers" in capsys.readouterr().err
+
+
+def test_mirrorfit_runs_from_the_launchers_own_environment():
+    assert launch.resolve_command(["mirrorfit", "train", "--epochs", "1"]) == \
+        [sys.executable, "-m", "mirrorfit", "train", "--epochs", "1"]
+    assert launch.resolve_command(["true"]) == ["true"]
+    help_text = subprocess.run([sys.executable, "-m", "mirrorfit", "--help"], cwd=ROOT,
+                               capture_output=True, text=True, check=True).stdout
+    assert "usage: mirrorfit" in help_text
+
+
+def test_registered_as_mirrorfit_launch(task, capsys):
+    """Through the real CLI (the lead registers add_launch_parser / run_launch in cli.py)."""
+    from mirrorfit import cli
+
+    code = cli.main(["launch", "--workers", "1", "--", *task("output")])
+    out, err = capsys.readouterr()
+    assert code == 0 and "[worker 0] to stderr from worker0" in err
+    assert cli.main(["launch", "--workers", "0", "--", "true"]) == 2
+    assert "--workers must be >= 1" in capsys.readouterr().err
