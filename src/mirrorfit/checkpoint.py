@@ -170,8 +170,9 @@ class Checkpointer:
         only the chief's copy is kept (``writer=False``)."""
         t = self.trainer
         if not self.writer:
-            scratch = Path(tempfile.mkdtemp(prefix="mirrorfit-worker-ckpt-"))
+            scratch = Path(tempfile.gettempdir()) / f"mirrorfit-worker-ckpt.tmp-{_io.temp_tag()}"
             try:
+                scratch.mkdir()
                 self._state.write(str(scratch / "state"))
             finally:
                 shutil.rmtree(scratch, ignore_errors=True)
@@ -225,8 +226,8 @@ class Checkpointer:
 
     def clean_partial(self) -> list[Path]:
         """Remove temp folders left by a write that was killed (not those of a live writer)."""
-        if not self.writer:
-            return []
+        if not self.writer:  # its own scratch copies, left by a worker killed mid-save
+            return _io.remove_stale_temps(tempfile.gettempdir(), r"mirrorfit-worker-ckpt\.tmp-")
         return _io.remove_stale_temps(self.directory, r"\.ckpt-[0-9]+\.tmp-")
 
     # -- trainer hooks ---------------------------------------------------------------------

@@ -217,6 +217,8 @@ def _parser() -> argparse.ArgumentParser:
     _export_flags(exp.add_argument)
     _bench_parser(sub)
     _serve_parser(sub)
+    from mirrorfit.distribute.launch import add_launch_parser  # standard library only
+    add_launch_parser(sub)
     ev = sub.add_parser("evaluate", help="test accuracy and loss of a checkpoint or export")
     ev.add_argument("--checkpoint-dir")
     ev.add_argument("--model", help=_USER_MODEL_HELP)
@@ -231,6 +233,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
     overrides = {k: v for k, v in vars(args).items() if k not in ("command", "config")}
     config = load_config(args.config, **overrides)  # before the training stack loads
+    from mirrorfit.distribute.cluster import cluster_for
+
+    cluster_for(config.strategy)  # TF_CONFIG / SLURM are checked before TensorFlow loads too
     from mirrorfit.preemption import PreemptionGuard
 
     with PreemptionGuard() as guard:  # a signal while TensorFlow loads is honoured too
@@ -318,6 +323,12 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_launch(args: argparse.Namespace) -> int:
+    from mirrorfit.distribute.launch import run_launch
+
+    return run_launch(args)
+
+
 def _cmd_devices(args: argparse.Namespace) -> int:
     from mirrorfit.distribute.devices import list_devices
 
@@ -340,7 +351,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from mirrorfit.preemption import EXIT_PREEMPTED, Preempted
 
     commands = {"train": _cmd_train, "devices": _cmd_devices, "export": _cmd_export,
-                "evaluate": _cmd_evaluate, "bench": _cmd_bench, "serve": _cmd_serve}
+                "evaluate": _cmd_evaluate, "bench": _cmd_bench, "serve": _cmd_serve,
+                "launch": _cmd_launch}
     try:
         return commands[args.command](args)
     except Preempted as e:

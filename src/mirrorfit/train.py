@@ -16,9 +16,9 @@ from rich.console import Console
 
 from mirrorfit import _io
 from mirrorfit.checkpoint import Checkpointer
-from mirrorfit.config import CLUSTER_STRATEGIES, TrainConfig, to_dict
+from mirrorfit.config import TrainConfig, to_dict
 from mirrorfit.data import load_mnist, train_batches
-from mirrorfit.distribute.cluster import resolve_cluster
+from mirrorfit.distribute.cluster import cluster_for
 from mirrorfit.distribute.devices import configure_devices
 from mirrorfit.distribute.strategy import Distribution, build_distribution, unreachable
 from mirrorfit.engine.progress import EpochProgress
@@ -65,7 +65,7 @@ def run_training(config: TrainConfig, *, console: Console | None = None,
     # soft_wrap: in a pipe or a log file rich would break lines at 80 columns.
     console = console or Console(stderr=True, soft_wrap=True)
     # The cluster (TF_CONFIG, SLURM) is plain text: read and checked before TensorFlow starts.
-    cluster = resolve_cluster() if config.strategy in CLUSTER_STRATEGIES else None
+    cluster = cluster_for(config.strategy)
     if cluster is None or cluster.is_chief:
         _check_outputs(config)
     # SIGTERM/SIGINT from here on: stop at the next safe point (after saving a checkpoint, with
@@ -202,6 +202,7 @@ def _finish(config: TrainConfig, console: Console, history, *, trainer, data, ba
         "final_train_loss": last.get("loss"), "final_train_accuracy": last.get("accuracy"),
         "val_loss": val["loss"], "val_accuracy": val["accuracy"],
         "test_loss": test["loss"], "test_accuracy": test["accuracy"],
+        "test_examples": test["examples"],  # counted on the devices: every example once
         "test_eval_time_s": time.perf_counter() - t0, "history": history.epochs,
         "learning_rate": trainer.learning_rate(), "loss_scale": trainer.loss_scale(),
         "skipped_steps": trainer.skipped_steps(),

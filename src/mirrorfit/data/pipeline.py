@@ -103,6 +103,18 @@ class ShuffledBatches:
         return _finish(ds)
 
 
+    def sampled(self, context: tf.distribute.InputContext) -> tf.data.Dataset:
+        """For parameter-server workers: this worker's endless stream of global batches,
+        reshuffled each pass with the run's seed and the worker's index
+        (``context.input_pipeline_id``, a tensor known on the worker). Pure TensorFlow, no
+        NumPy callback: it runs on the worker, where the chief's Python does not. Every
+        worker samples all examples; an epoch is a count of steps, not a visit of each."""
+        seed = tf.cast(context.input_pipeline_id, tf.int64) + self.seed * 1000
+        ds = tf.data.Dataset.from_tensor_slices((self.x, self.y))
+        ds = ds.shuffle(len(self.x), seed=seed, reshuffle_each_iteration=True).repeat()
+        return _finish(ds.batch(self.global_batch, drop_remainder=True))
+
+
 def train_batches(x: np.ndarray, y: np.ndarray, *, global_batch: int,
                   seed: int) -> ShuffledBatches:
     """Seeded, replica-independent training batches of ``global_batch`` examples."""

@@ -357,3 +357,20 @@ def _slurm_int(env: Mapping[str, str], name: str, minimum: int) -> int:
 
 __all__ = ["Cluster", "resolve_cluster", "expand_hostlist", "expand_tasks_per_node",
            "SLURM_PORT_BASE", "SLURM_PORT_BASE_ENV"]
+
+
+def cluster_for(strategy: str, environ: Mapping[str, str] | None = None) -> Cluster | None:
+    """The cluster this process belongs to, for ``--strategy multi-worker`` or
+    ``parameter-server`` (None for the one-process strategies); ConfigError when such a
+    strategy finds no cluster, or one laid out for the other."""
+    if strategy not in ("multi-worker", "parameter-server"):
+        return None
+    cluster = resolve_cluster(environ)
+    if cluster is None:
+        raise ConfigError(f"--strategy {strategy} needs a cluster: set TF_CONFIG, run under "
+                          f"SLURM with srun, or start it with `mirrorfit launch --workers N -- "
+                          f"mirrorfit train --strategy {strategy} ...`")
+    if cluster.mode != strategy:
+        raise ConfigError(f"--strategy {strategy}, but the cluster ({cluster.describe()}) is "
+                          f"laid out for {cluster.mode}; use --strategy {cluster.mode}")
+    return cluster

@@ -19,12 +19,13 @@ Input splits:
 from __future__ import annotations
 
 import socket
-import time
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Callable
 
 import tensorflow as tf
 
+from mirrorfit.distribute._deadline import deadline
 from mirrorfit.distribute.devices import DeviceSetup
 from mirrorfit.errors import ClusterError, ConfigError
 
@@ -75,8 +76,7 @@ class Distribution:
         process."""
         if self.workers == 1 or self.input_split != WORKER_SHARE:
             return flag
-        value = self.strategy.run(lambda: tf.constant(1.0 if flag else 0.0))
-        return float(self.strategy.reduce(tf.distribute.ReduceOp.SUM, value, axis=None)) > 0
+        return float(self._sum(tf.constant([1.0 if flag else 0.0], tf.float64))[0]) > 0
 
     def all_equal(self, value: int) -> bool:
         """Whether every worker holds the same ``value`` (e.g. the restored step): two scalar
@@ -84,10 +84,19 @@ class Distribution:
         if self.workers == 1 or self.input_split != WORKER_SHARE:
             return True
         v = float(value)
-        sums = self.strategy.run(lambda: tf.constant([v, v * v], tf.float64))
-        total, squares = self.strategy.reduce(tf.distribute.ReduceOp.SUM, sums, axis=None).numpy()
+        total, squares = self._sum(tf.constant([v, v * v], tf.float64)).numpy()
         n = self.replicas  # every replica of a worker contributes its worker's value
         return squares / n - (total / n) ** 2 < 0.1
+
+    @cached_property
+    def _sum(self) -> Callable[[tf.Tensor], tf.Tensor]:
+        """Sum of a small float64 vector over every replica, compiled once (run eagerly, a
+        collective costs a warning and more time)."""
+        @tf.function
+        def total(value):
+            per_replica = self.strategy.run(lambda: tf.identity(value))
+            return self.strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+        return total
 
     def describe(self) -> str:
         """One line for the start of a run."""
@@ -194,46 +203,34 @@ def _multi_worker(setup: DeviceSetup, cluster, communication: str,
                       "nccl": tf.distribute.experimental.CommunicationImplementation.NCCL}
     if communication == "nccl" and setup.kind != "GPU":
         raise ConfigError("--communication nccl needs GPUs; on CPU use ring or auto")
-    wait_for_peers(cluster, timeout_s)
     resolver = cluster.tf_resolver()
     if setup.kind == "GPU":
         resolver.num_accelerators = lambda *a, **k: {"GPU": setup.replicas}
     options = tf.distribute.experimental.CommunicationOptions(
         implementation=implementation[communication], timeout_seconds=timeout_s)
-    # The start-up barrier waits for every worker; TF's default waits forever.
-    from tensorflow.python.distribute import collective_all_reduce_strategy as _cars
-    _cars.CollectiveAllReduceExtended._check_health_initial_timeout = int(max(1, timeout_s))
-    try:
-        strategy = tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver,
-                                                             communication_options=options)
-    except RuntimeError as e:  # the barrier timed out: name who is missing
-        raise ClusterError(f"{_missing(cluster) or 'a worker'} did not join within "
-                           f"{timeout_s:g} s ({e}); check that every task started, or raise "
-                           "--collective-timeout") from None
+    from tensorflow.python.distribute import collective_all_reduce_strategy as cars
+    # The strategy's start-up barrier has a deadline setting (TF's default: none)...
+    cars.CollectiveAllReduceExtended._check_health_initial_timeout = int(max(1, timeout_s))
+    # ...but before it, TF's coordination service waits for every task to register, in C++,
+    # for ever, whatever its register timeout says (measured on TF 2.21). Nothing can interrupt
+    # that wait (it holds the GIL), so a watchdog process names who is missing and ends it.
+    with deadline(timeout_s, f"did not join within {timeout_s:g} s; check that every task "
+                  "started (its log), or raise --collective-timeout", _peers(cluster)):
+        try:
+            strategy = tf.distribute.MultiWorkerMirroredStrategy(
+                cluster_resolver=resolver, communication_options=options)
+        except (RuntimeError, tf.errors.OpError) as e:  # the barrier timed out
+            first = (str(getattr(e, "message", e)).strip().splitlines() or [""])[0][:160]
+            raise ClusterError(f"{_missing(cluster) or 'a worker'} did not join within "
+                               f"{timeout_s:g} s ({type(e).__name__}: {first}); check that "
+                               "every task started (its log), or raise --collective-timeout"
+                               ) from None
     local = strategy.extended._num_devices_per_worker  # noqa: SLF001 (no public accessor)
     return Distribution(strategy=strategy, kind="multi-worker",
                         replicas=strategy.num_replicas_in_sync, local_replicas=local,
-                        workers=cluster.num_workers, worker_index=cluster.task_index,
+                        workers=cluster.num_workers, worker_index=cluster.worker_rank,
                         is_chief=cluster.is_chief, input_split=WORKER_SHARE,
                         task=cluster.task_name(), cluster=cluster)
-
-
-def wait_for_peers(cluster, timeout_s: float, *, poll_s: float = 0.2) -> None:
-    """Wait until every other task's gRPC port accepts connections; ClusterError naming the
-    first one that does not within ``timeout_s`` seconds (TF would wait for ever)."""
-    deadline = time.monotonic() + timeout_s
-    for name, address in _peers(cluster):
-        host, _, port = address.rpartition(":")
-        while True:
-            try:
-                with socket.create_connection((host.strip("[]"), int(port)), timeout=poll_s * 5):
-                    break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise ClusterError(
-                        f"{name} ({address}) did not come up within {timeout_s:g} s; check that "
-                        "it started (its log), or raise --collective-timeout") from None
-                time.sleep(poll_s)
 
 
 def unreachable(cluster, *, timeout_s: float = 2.0) -> list[str]:

@@ -209,4 +209,37 @@ def coordinated_loops(strategy: tf.distribute.Strategy,
                             evaluate_batches=evaluate_batches, num_workers=num_workers)
 
 
-__all__ = ["CoordinatedLoops", "coordinated_loops", "serve", "atomic_keras_increments"]
+def build_parameter_server(setup, cluster, *, timeout_s: float):
+    """The chief's :class:`~mirrorfit.distribute.strategy.Distribution` for ``cluster`` (with
+    ps tasks): ParameterServerStrategy and its ClusterCoordinator. Under it one optimizer step
+    is one worker's batch, so ``replicas`` is the replicas of one worker (1 on CPUs) and the
+    global batch is per worker."""
+    from mirrorfit.distribute.strategy import COORDINATOR, Distribution
+    from mirrorfit.errors import ConfigError
+
+    if not cluster.is_chief:
+        raise ConfigError(f"{cluster.task_name()} serves; only the chief builds the strategy")
+    strategy = tf.distribute.experimental.ParameterServerStrategy(cluster.tf_resolver())
+    coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+    return Distribution(strategy=strategy, kind="parameter-server",
+                        replicas=strategy.num_replicas_in_sync,
+                        local_replicas=strategy.num_replicas_in_sync,
+                        workers=cluster.num_workers, is_chief=True, input_split=COORDINATOR,
+                        task=cluster.task_name(), coordinator=coordinator, cluster=cluster)
+
+
+def serve_task(cluster, *, console=None) -> NoReturn:
+    """What a ``worker`` or ``ps`` task of ``mirrorfit train --strategy parameter-server`` does:
+    serve the chief until it is stopped. A signal ends it at once (nothing of its own to
+    save: the chief checkpoints)."""
+    import signal
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, signal.SIG_DFL)
+    if console is not None:
+        console.print(f"{cluster.describe()}: serving the chief's steps until stopped")
+    serve(cluster.tf_resolver())
+
+
+__all__ = ["CoordinatedLoops", "build_parameter_server", "coordinated_loops", "serve",
+           "serve_task", "atomic_keras_increments"]

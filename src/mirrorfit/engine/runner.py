@@ -69,7 +69,8 @@ class Runner:
     def _compile(self):
         if self.distribution.input_split == COORDINATOR:
             from mirrorfit.engine.coordinated import coordinated_loops
-            return coordinated_loops(self.distribution, self.step.train, self.step.evaluate)
+            return coordinated_loops(self.strategy, self.distribution.coordinator,
+                                     self.step.train, self.step.evaluate)
         return compile_loops(self.strategy, self.step.train, self.step.evaluate)
 
     @property
@@ -96,9 +97,16 @@ class Runner:
         global batch; see :meth:`Distribution.distribute`). Checks XLA first, on its spec."""
         if not self._xla_checked:
             self._check_xla(make(0, 1).element_spec)
-        if self.distribution.input_split == COORDINATOR:
-            return self._loops.per_worker_iterator(make)
         return iter(self.distribution.distribute(make, per_replica=self.per_replica_batch))
+
+    def worker_iterator(self, dataset_fn: Callable[[tf.distribute.InputContext],
+                                                   tf.data.Dataset]):
+        """Under parameter servers: an iterator over ``dataset_fn(context)`` built on each
+        worker (repeated batches of one step each; see
+        :meth:`~mirrorfit.engine.coordinated.CoordinatedLoops.per_worker_dataset`)."""
+        if not self._xla_checked:
+            self._check_xla(dataset_fn(tf.distribute.InputContext()).element_spec)
+        return self._loops.per_worker_dataset(dataset_fn)
 
     # -- what runs on the devices ------------------------------------------------------------
     def run(self, iterator, num_steps: int) -> None:

@@ -18,7 +18,7 @@ import numpy as np
 import tensorflow as tf
 
 from mirrorfit.data.pipeline import ShuffledBatches, eval_dataset, worker_slice
-from mirrorfit.distribute.strategy import Distribution
+from mirrorfit.distribute.strategy import COORDINATOR, Distribution
 from mirrorfit.engine.progress import EpochProgress
 from mirrorfit.engine.runner import Runner, as_distribution, xla_problem
 from mirrorfit.engine.step import ReplicaStep
@@ -151,7 +151,9 @@ class Trainer:
             raise ConfigError(f"the trainer is at step {self.step_in_epoch} of an epoch of only "
                               f"{steps} steps; was it restored from a run with other data?")
         first, skip = self.epoch, self.step_in_epoch
-        if isinstance(train, tf.data.Dataset):
+        if self.distribution.input_split == COORDINATOR:
+            iterator = self.runner.worker_iterator(_sampled(train))
+        elif isinstance(train, tf.data.Dataset):
             def make(worker, workers):
                 return _share(train.repeat().skip(skip), worker, workers)
         else:
@@ -159,7 +161,8 @@ class Trainer:
                 return train.dataset(start_epoch=first, epochs=epochs, skip=skip,
                                      worker=worker, workers=workers)
         # One iterator for the whole run: one per epoch costs a set-up and a teardown each time.
-        iterator = self.runner.train_iterator(make)
+        if self.distribution.input_split != COORDINATOR:
+            iterator = self.runner.train_iterator(make)
         start = time.perf_counter()
         with progress:
             for epoch in range(self.epoch + 1, epochs + 1):
@@ -235,6 +238,15 @@ class Trainer:
     def tracing_count(self) -> int:
         """How often the multi-step train function was traced (1 once running)."""
         return self.runner.tracing_count()
+
+
+def _sampled(train: TrainData) -> Callable[[tf.distribute.InputContext], tf.data.Dataset]:
+    """Under parameter servers each worker samples its own stream (no exact epochs: steps are
+    asynchronous): a dataset of global batches is repeated as it is; arrays are reshuffled
+    each pass with the run's seed and the worker's index."""
+    if isinstance(train, tf.data.Dataset):
+        return lambda context: train.repeat()
+    return train.sampled
 
 
 def _share(ds: tf.data.Dataset, worker: int, workers: int) -> tf.data.Dataset:
