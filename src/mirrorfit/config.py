@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from mirrorfit.errors import ConfigError
+from mirrorfit.model_names import REFERENCE, check_model_name
 
 STRATEGIES = ("auto", "single", "mirrored", "central-storage", "multi-worker",
               "parameter-server")
@@ -25,7 +26,8 @@ OPTIMIZERS = ("sgd", "adam", "adamw", "rmsprop")
 DATASETS = ("mnist",)
 PRECISIONS = ("fp32", "bf16", "fp16")
 LR_SCALINGS = ("none", "linear")
-MODELS = ("mlp", "cnn")  # the keys of models.REFERENCE_MODELS (checked there too)
+# The keys of models.REFERENCE_MODELS; keras.applications names are model_names.APPLICATIONS
+MODELS = REFERENCE
 
 
 @dataclass(frozen=True)
@@ -109,9 +111,7 @@ class TrainConfig:
                               f"--warmup-epochs {min(1, self.epochs)})")
         # What needs no devices is checked here, before TensorFlow loads (seconds): the model
         # name, and the batch and strategy against an explicit --replicas.
-        if ":" not in self.model and self.model not in MODELS:
-            raise ConfigError(f"unknown model {self.model!r}; use mlp, cnn or "
-                              "package.module:function")
+        check_model_name(self.model)  # plain Python: no TensorFlow to load
         if self.replicas is not None:
             self.batch_sizes(self.replicas)
             if self.strategy == "single" and self.replicas != 1:

@@ -23,10 +23,12 @@ from mirrorfit.errors import MirrorfitError, StorageError
 class ScalarWriter:
     """TensorBoard scalars under ``logdir``: per execution (x axis: optimizer step) loss,
     accuracy, learning rate, examples/s and fp16's loss scale; per epoch the validation
-    metrics."""
+    metrics. ``logdir`` None: read the metrics (a collective in a multi-worker run, so every
+    worker must) but write nothing: what the workers other than the chief do."""
 
-    def __init__(self, logdir: str) -> None:
-        self._writer = tf.summary.create_file_writer(logdir)
+    def __init__(self, logdir: str | None) -> None:
+        self._writer = (tf.summary.create_file_writer(logdir) if logdir
+                        else tf.summary.create_noop_writer())
         self._last: tuple[int, float] | None = None
 
     def step_hook(self, trainer) -> None:

@@ -141,8 +141,8 @@ def _train(config: TrainConfig, console: Console, guard: PreemptionGuard,
                       jit_compile=config.xla, remat=config.remat,
                       on_notice=lambda msg: console.print(f"[yellow]{msg}[/]"))
     callbacks = [lambda e, logs: console.print(_epoch_line(e, config.epochs, logs))]
-    if config.logdir and dist.is_chief:
-        board = ScalarWriter(config.logdir)
+    if config.logdir:  # every worker reads the metrics (collectives); the chief writes
+        board = ScalarWriter(config.logdir if dist.is_chief else None)
         hooks_extra, callbacks = [board.step_hook], callbacks + [board.epoch_callback]
     else:
         hooks_extra = []

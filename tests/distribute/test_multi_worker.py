@@ -69,6 +69,7 @@ def test_two_workers_train_as_one_process_with_two_replicas_and_only_the_chief_w
     scratch = tmp_path / "tmp"
     scratch.mkdir()
     out = tmp_path / "out"
+    out.mkdir()
     proc = _launch("--workers", "2", "--", "mirrorfit", "train", "--strategy", "multi-worker",
                    "--threads-per-worker", "1", *COMMON, *SGD,
                    "--checkpoint-dir", str(out / "ckpt"), "--export-dir", str(out / "models/mlp"),
@@ -97,6 +98,7 @@ def test_two_workers_train_as_one_process_with_two_replicas_and_only_the_chief_w
 
 def test_a_killed_worker_restarts_and_resumes_to_the_uninterrupted_weights(reference, tmp_path):
     out = tmp_path / "out"
+    out.mkdir()
     proc = _launch("--workers", "2", "--max-restarts", "1", "--", "mirrorfit", "train",
                    "--strategy", "multi-worker", "--threads-per-worker", "1", *COMMON, *ADAM,
                    "--checkpoint-dir", str(out / "ckpt"), "--checkpoint-every", "8",

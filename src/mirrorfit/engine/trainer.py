@@ -18,7 +18,7 @@ import numpy as np
 import tensorflow as tf
 
 from mirrorfit.data.pipeline import ShuffledBatches, eval_dataset, worker_slice
-from mirrorfit.distribute.strategy import COORDINATOR, Distribution
+from mirrorfit.distribute.strategy import COORDINATOR, WORKER_SHARE, Distribution
 from mirrorfit.engine.progress import EpochProgress
 from mirrorfit.engine.runner import Runner, as_distribution, xla_problem
 from mirrorfit.engine.step import ReplicaStep
@@ -96,6 +96,8 @@ class Trainer:
                              jit_compile=jit_compile, remat=remat, on_notice=on_notice)
         self.steps_per_execution = steps_per_execution
         self.position = Position()  # what checkpoints save and restore
+        # Several workers must run the same collectives in the same order.
+        self._in_lockstep = self.distribution.input_split == WORKER_SHARE
 
     # -- the runner's parts, for callers that need them -------------------------------------
     strategy = property(lambda self: self.distribution.strategy)
@@ -195,7 +197,9 @@ class Trainer:
                 epoch_time += elapsed
             history.steps += n
             now = time.perf_counter()
-            if now - last_draw > 0.1 or self.step_in_epoch == steps:
+            # Reading metrics is a collective across workers: with several, every execution
+            # (the same points on every worker), else at most every 0.1 s.
+            if self._in_lockstep or now - last_draw > 0.1 or self.step_in_epoch == steps:
                 last_draw = now
                 logs = self.train_logs()
                 if epoch_time:
