@@ -206,6 +206,7 @@ def _finish(config: TrainConfig, console: Console, history, *, trainer, data, ba
         "test_eval_time_s": time.perf_counter() - t0, "history": history.epochs,
         "learning_rate": trainer.learning_rate(), "loss_scale": trainer.loss_scale(),
         "skipped_steps": trainer.skipped_steps(),
+        "optimizer_updates": trainer.runner.applied_steps(),  # updates the weights received
         "config": to_dict(config),
     }
     rate = history.train_examples_per_sec
