@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
+from mirrorfit.data.spec import FILE_KINDS, check_cache, parse_ints, source_kind
 from mirrorfit.errors import ConfigError
 from mirrorfit.model_names import REFERENCE, check_model_name
 
@@ -36,8 +37,18 @@ class TrainConfig:
     (``steps_per_execution`` <-> ``--steps-per-execution``)."""
 
     model: str = "mlp"
-    dataset: str = "mnist"
-    data_dir: str | None = None
+    # --data SOURCE: mnist, synthetic, FILE.npz, an image FOLDER, 'GLOB.tfrecord' or
+    # package.module:function (mirrorfit.data.spec.source_kind tells which).
+    data: str = "mnist"
+    dataset: str | None = None  # the older name of --data, kept as an alias
+    data_dir: str | None = None  # where MNIST is (--data mnist only)
+    image_size: tuple[int, int] | None = None  # (height, width) pixels images are resized to
+    image_feature: str = "image/encoded"  # TFRecord feature holding the encoded PNG/JPEG
+    label_feature: str = "image/class/label"  # TFRecord feature holding the int64 label
+    validation_split: float | None = None  # share of training examples held out (0 < F < 1)
+    cache: str | None = None  # decoded examples kept in "memory" or in a folder
+    input_shape: tuple[int, ...] | None = None  # one example's shape (synthetic data, models)
+    num_classes: int | None = None  # classes of the labels (model outputs)
     replicas: int | None = None  # None: every local device (all GPUs, else the one CPU)
     devices: tuple[str, ...] = ()  # explicit device names, e.g. ("/gpu:0", "/gpu:2")
     visible_devices: str | None = None  # GPU indices, like CUDA_VISIBLE_DEVICES
@@ -88,7 +99,7 @@ class TrainConfig:
         if self.profile and self.strategy in CLUSTER_STRATEGIES:
             raise ConfigError(f"--profile times one process's devices; it cannot run with "
                               f"--strategy {self.strategy}: profile with --strategy mirrored")
-        _check_choice("dataset", self.dataset, DATASETS)
+        self._check_data()
         _check_choice("optimizer", self.optimizer.lower(), OPTIMIZERS)
         _check_choice("precision", self.precision, PRECISIONS)
         _check_choice("lr_scaling", self.lr_scaling, LR_SCALINGS)
@@ -124,6 +135,61 @@ class TrainConfig:
                 or not 0 <= self.seed < 2**32:
             raise ConfigError(f"{_flag('seed')} must be an integer from 0 to 2**32 - 1 "
                               f"(4294967295), got {self.seed!r}; e.g. {_flag('seed')} 42")
+
+    def _check_data(self) -> None:
+        """--data and the flags that go with it: values, and whether they apply to the kind of
+        source (a flag that would be ignored is refused rather than silently dropped)."""
+        if self.dataset is not None:  # the alias: same value as --data, or --data left out
+            _check_choice("dataset", self.dataset, DATASETS)
+            if self.data not in ("mnist", self.dataset):
+                raise ConfigError(f"--dataset {self.dataset} and --data {self.data} disagree; "
+                                  "--dataset is the older name of --data: give only --data")
+            object.__setattr__(self, "data", self.dataset)
+        kind = source_kind(self.data)
+        if self.data_dir is not None and kind != "mnist":
+            raise ConfigError(f"--data-dir says where MNIST is; it does not apply to --data "
+                              f"{self.data}: drop --data-dir")
+        if self.image_size is not None:
+            object.__setattr__(self, "image_size", parse_ints(
+                "--image-size", self.image_size, count=2, example="224,224"))
+            if kind not in FILE_KINDS:
+                raise ConfigError(f"--image-size resizes images read from files (an image "
+                                  f"folder or TFRecords), not --data {self.data}: drop it")
+        for name, default in (("image_feature", "image/encoded"),
+                              ("label_feature", "image/class/label")):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value:
+                raise ConfigError(f"{_flag(name)} must name a feature, got {value!r}")
+            if value != default and kind != "tfrecord":
+                raise ConfigError(f"{_flag(name)} names a TFRecord feature; --data {self.data} "
+                                  "is not TFRecord files: drop it")
+        if self.validation_split is not None:
+            v = self.validation_split
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < 1:
+                raise ConfigError(f"--validation-split must be a fraction between 0 and 1 "
+                                  f"(exclusive), got {v!r}; e.g. --validation-split 0.1")
+            if kind in ("mnist", "synthetic"):
+                raise ConfigError(f"--data {kind} has its own validation split"
+                                  + (" (the first 5,000 training images)" if kind == "mnist"
+                                     else " (none: random data teaches nothing)")
+                                  + ": drop --validation-split")
+        if self.cache is not None:
+            if kind in ("mnist", "npz", "synthetic"):
+                raise ConfigError(f"--cache keeps decoded examples of files or of a "
+                                  f"package.module:function's datasets; --data {self.data} is "
+                                  "already in memory: drop --cache")
+            check_cache(self.cache)
+        if self.input_shape is not None:
+            object.__setattr__(self, "input_shape", parse_ints(
+                "--input-shape", self.input_shape, lengths=(1, 2, 3, 4), example="224,224,3"))
+        if self.num_classes is not None and (
+                isinstance(self.num_classes, bool) or not isinstance(self.num_classes, int)
+                or self.num_classes < 2):
+            raise ConfigError(f"--num-classes must be an integer >= 2, got "
+                              f"{self.num_classes!r}; e.g. --num-classes 10")
+        if kind == "synthetic" and self.input_shape is None and ":" in self.model:
+            raise ConfigError(f"--data synthetic with --model {self.model} needs "
+                              "--input-shape (e.g. --input-shape 224,224,3)")
 
     def batch_sizes(self, replicas: int) -> tuple[int, int]:
         """(per-replica micro-batch, effective global batch) in examples for ``replicas``.
@@ -172,13 +238,23 @@ def _check_float(name: str, value: Any, *, minimum: float, example: str,
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
-_OPTIONAL_STR = {"data_dir", "visible_devices", "metrics_out", "checkpoint_dir", "export_dir",
+_OPTIONAL_STR = {"data_dir", "dataset", "cache", "visible_devices", "metrics_out",
+                 "checkpoint_dir", "export_dir",
                  "save_keras", "logdir"}
 
 
 def _coerce(name: str, value: Any) -> Any:
     """Check a TOML value's type against the field (TOML has no None, ints are not floats)."""
     default = _FIELDS[name].default
+    if name in ("image_size", "input_shape"):  # "224,224" or [224, 224]; parsed in the checks
+        if not isinstance(value, (str, list, tuple)):
+            raise ConfigError(f"{_flag(name)} must be numbers separated by commas or a list, "
+                              f"got {value!r}")
+        return value if isinstance(value, str) else tuple(value)
+    if name == "validation_split":  # an optional float: the generic check below takes int/str
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"config key {name!r} has the wrong type: {value!r}")
+        return float(value)
     if name == "devices":
         if isinstance(value, str):
             value = [v for v in value.split(",") if v]
@@ -253,6 +329,9 @@ def to_dict(config: TrainConfig) -> dict[str, Any]:
     """The config as plain JSON-able values."""
     out = dataclasses.asdict(config)
     out["devices"] = list(config.devices)
+    for name in ("image_size", "input_shape"):
+        if out[name] is not None:
+            out[name] = list(out[name])
     return out
 
 

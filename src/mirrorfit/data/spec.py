@@ -1,0 +1,127 @@
+"""What kind of source ``--data SOURCE`` names, and the data flags' values, in plain Python.
+
+The configuration checks ``--data`` and the flags that go with it (``--image-size``,
+``--cache``, ``--validation-split``, ``--input-shape``, ``--num-classes``) with this module
+before TensorFlow loads (seconds), so a typo or a path that does not exist costs no start-up.
+The sources themselves are read by :mod:`mirrorfit.data.sources`.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+from pathlib import Path
+
+from mirrorfit.errors import ConfigError
+
+# mnist: keras.datasets.mnist's file (--data-dir / $MIRRORFIT_DATA / Keras cache / download);
+# synthetic: random data (mirrorfit.data.synthetic); npz: x_train/y_train (+ x_val/y_val,
+# x_test/y_test); module: package.module:function; tfrecord: a glob of TFRecord files;
+# folder: one subfolder of images per class.
+KINDS = ("mnist", "synthetic", "npz", "module", "tfrecord", "folder")
+FILE_KINDS = ("folder", "tfrecord")  # read from files as training runs (streamed)
+TFRECORD_SUFFIXES = (".tfrecord", ".tfrecords", ".tfrec")
+_MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*")
+_FORMS = ("mnist, synthetic, FILE.npz, an image FOLDER (one subfolder per class), "
+          "'train-*.tfrecord' or package.module:function")
+
+
+def source_kind(spec: str) -> str:
+    """The kind of ``--data`` ``spec`` (one of KINDS); ConfigError naming it if it is none.
+
+    Looks at the file system only to tell a folder from a missing path, and to check that a
+    glob matches something (cheap: no file is opened)."""
+    if not isinstance(spec, str) or not spec.strip():
+        raise ConfigError(f"--data must name a source, got {spec!r}; use {_FORMS}")
+    if spec in ("mnist", "synthetic"):
+        return spec
+    if _MODULE.fullmatch(spec) and not os.path.exists(spec):
+        return "module"
+    lower = spec.lower()
+    if any(c in spec for c in "*?["):
+        if not tfrecord_files(spec):
+            raise ConfigError(f"--data {spec}: the pattern matches no file; check the path "
+                              "(quote the pattern so that the shell leaves it to mirrorfit)")
+        return "tfrecord"
+    if lower.endswith(".npz") or lower.endswith(TFRECORD_SUFFIXES):
+        if not os.path.isfile(spec):
+            raise ConfigError(f"--data {spec}: no such file")
+        return "npz" if lower.endswith(".npz") else "tfrecord"
+    if os.path.isdir(spec):
+        return "folder"
+    if os.path.exists(spec):
+        raise ConfigError(f"--data {spec} is a file but neither .npz nor TFRecord "
+                          f"({', '.join(TFRECORD_SUFFIXES)}); use {_FORMS}")
+    raise ConfigError(f"--data {spec}: no such file or folder; use {_FORMS}")
+
+
+def tfrecord_files(pattern: str) -> list[str]:
+    """Files matching ``pattern`` (a path or a glob, ``**`` for subfolders), sorted: the
+    canonical order every epoch's shuffle starts from. Folders are left out."""
+    return sorted(p for p in glob.glob(pattern, recursive=True) if os.path.isfile(p))
+
+
+def parse_ints(flag: str, value, *, count: int | None = None, lengths: tuple[int, ...] = (),
+               example: str) -> tuple[int, ...]:
+    """``"28,28"`` or ``[28, 28]`` (TOML) as a tuple of positive integers; ConfigError naming
+    ``flag``, the value and ``example`` otherwise. ``count``: exactly that many numbers;
+    ``lengths``: one of those counts."""
+    parts = value.split(",") if isinstance(value, str) else value
+    try:
+        if isinstance(parts, (str, bytes)) or not hasattr(parts, "__iter__"):
+            raise ValueError
+        numbers = tuple(_positive(p) for p in parts)
+    except (TypeError, ValueError):
+        numbers = ()
+    ok = bool(numbers) and (count is None or len(numbers) == count) and (
+        not lengths or len(numbers) in lengths)
+    if not ok:
+        shown = value if isinstance(value, str) else ",".join(map(str, value)) \
+            if isinstance(value, (list, tuple)) else repr(value)
+        raise ConfigError(f"{flag} {shown}: expected "
+                          + (f"{count} " if count else "")
+                          + f"positive integers separated by commas; e.g. {flag} {example}")
+    return numbers
+
+
+def _positive(part) -> int:
+    if isinstance(part, bool):
+        raise ValueError
+    if isinstance(part, str):
+        part = part.strip()
+        if not part.isdigit():  # ASCII digits only: int() takes "٣" and " 3 "
+            raise ValueError
+    elif not isinstance(part, int):
+        raise ValueError
+    number = int(part)
+    if number < 1 or number > 1 << 20:  # 2**20 pixels a side: past that it is a typo
+        raise ValueError
+    return number
+
+
+def check_cache(value: str) -> None:
+    """``--cache memory`` or a folder that exists and is writable, or can be created (the
+    nearest existing folder above it is writable); ConfigError naming the problem."""
+    if value == "memory":
+        return
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(f"--cache must be memory or a folder, got {value!r}")
+    path = Path(value)
+    if path.exists():
+        if not path.is_dir():
+            raise ConfigError(f"--cache {value} is a file, not a folder; give a folder (created "
+                              "if missing) or memory")
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise ConfigError(f"--cache {value}: the folder is not writable; give another "
+                              "folder or --cache memory")
+        return
+    parent = path.absolute().parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise ConfigError(f"--cache {value}: cannot create it ({parent} is not a writable "
+                          "folder); give another folder or --cache memory")
+
+
+__all__ = ["KINDS", "FILE_KINDS", "source_kind", "tfrecord_files", "parse_ints", "check_cache"]
