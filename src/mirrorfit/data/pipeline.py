@@ -68,11 +68,8 @@ class ShuffledBatches:
     def epoch_batches(self, epoch: int, worker: int = 0, workers: int = 1) -> np.ndarray:
         """Example indices of ``epoch``, one row per global batch (int64, [steps, batch]);
         with ``workers`` > 1, worker ``worker``'s contiguous share of each row."""
-        steps, batch = self.steps_per_epoch, self.global_batch
-        order = epoch_order(len(self.x), seed=self.seed, epoch=epoch)
-        rows = order[:steps * batch].reshape(steps, batch).astype(np.int64)
-        share = batch // workers
-        return rows[:, worker * share:(worker + 1) * share]
+        return epoch_rows(len(self.x), self.global_batch, seed=self.seed, epoch=epoch,
+                          worker=worker, workers=workers)
 
     def dataset(self, *, start_epoch: int = 0, epochs: int = 1, skip: int = 0,
                 worker: int = 0, workers: int = 1) -> tf.data.Dataset:
@@ -80,28 +77,15 @@ class ShuffledBatches:
         batches left out (they were trained on before a resume). With ``workers`` > 1, each
         batch is worker ``worker``'s contiguous share of the global batch: the same examples
         in the same order whatever the number of workers."""
-        if not 0 <= skip <= self.steps_per_epoch:
-            raise ValueError(f"skip {skip} is outside an epoch of {self.steps_per_epoch} steps")
-        if self.global_batch % workers:
-            raise ValueError(f"global batch {self.global_batch} does not split over {workers} "
-                             "workers")
         # Only indices are shuffled (NumPy, cheap); images are gathered per batch (each worker
-        # gathers only its share). One epoch's indices at a time: all epochs up front would be
-        # 8 bytes x examples x epochs (~4 GB for 10,000 MNIST epochs).
-        steps, batch = self.steps_per_epoch, self.global_batch // workers
-
-        def indices(epoch):
-            rows = tf.numpy_function(lambda e: self.epoch_batches(int(e), worker, workers),
-                                     [epoch], tf.int64, stateful=False)
-            rows.set_shape([steps, batch])
-            return tf.data.Dataset.from_tensor_slices(rows)
-
+        # gathers only its share).
+        ds = index_rows(len(self.x), self.global_batch, seed=self.seed,
+                        start_epoch=start_epoch, epochs=epochs, skip=skip, worker=worker,
+                        workers=workers)
         x, y = tf.constant(self.x), tf.constant(self.y)
-        ds = tf.data.Dataset.range(start_epoch, epochs).flat_map(indices).skip(skip)
         ds = ds.map(lambda i: (tf.gather(x, i), tf.gather(y, i)),
                     num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-        return _finish(ds)
-
+        return finish(ds)
 
     def sampled(self, context: tf.distribute.InputContext) -> tf.data.Dataset:
         """For parameter-server workers: this worker's endless stream of global batches,
@@ -112,7 +96,45 @@ class ShuffledBatches:
         seed = tf.cast(context.input_pipeline_id, tf.int64) + self.seed * 1000
         ds = tf.data.Dataset.from_tensor_slices((self.x, self.y))
         ds = ds.shuffle(len(self.x), seed=seed, reshuffle_each_iteration=True).repeat()
-        return _finish(ds.batch(self.global_batch, drop_remainder=True))
+        return finish(ds.batch(self.global_batch, drop_remainder=True))
+
+
+def epoch_rows(num_examples: int, global_batch: int, *, seed: int, epoch: int, worker: int = 0,
+               workers: int = 1) -> np.ndarray:
+    """Example indices of ``epoch`` (int64, [steps, global_batch // workers]): one row per
+    global batch of the seeded permutation (the remainder dropped), worker ``worker``'s
+    contiguous share of each. Over all workers every row is the same whatever their number."""
+    steps = num_examples // global_batch
+    order = epoch_order(num_examples, seed=seed, epoch=epoch)
+    rows = order[:steps * global_batch].reshape(steps, global_batch).astype(np.int64)
+    share = global_batch // workers
+    return rows[:, worker * share:(worker + 1) * share]
+
+
+def index_rows(num_examples: int, global_batch: int, *, seed: int, start_epoch: int, epochs: int,
+               skip: int, worker: int = 0, workers: int = 1) -> tf.data.Dataset:
+    """Rows of :func:`epoch_rows` for epochs ``start_epoch``..``epochs - 1`` back to back, the
+    first ``skip`` rows left out (trained on before a resume): the order of every source whose
+    examples can be read by index (arrays, image files, a decoded cache).
+
+    One epoch's indices at a time: all epochs up front would be 8 bytes x examples x epochs
+    (~4 GB for 10,000 MNIST epochs)."""
+    steps = num_examples // global_batch
+    if not 0 <= skip <= steps:
+        raise ValueError(f"skip {skip} is outside an epoch of {steps} steps")
+    if global_batch % workers:
+        raise ValueError(f"global batch {global_batch} does not split over {workers} workers")
+    share = global_batch // workers
+
+    def rows_of(epoch):
+        rows = tf.numpy_function(
+            lambda e: epoch_rows(num_examples, global_batch, seed=seed, epoch=int(e),
+                                 worker=worker, workers=workers),
+            [epoch], tf.int64, stateful=False)
+        rows.set_shape([steps, share])
+        return tf.data.Dataset.from_tensor_slices(rows)
+
+    return tf.data.Dataset.range(start_epoch, epochs).flat_map(rows_of).skip(skip)
 
 
 def train_batches(x: np.ndarray, y: np.ndarray, *, global_batch: int,
@@ -130,7 +152,7 @@ def eval_dataset(x: np.ndarray, y: np.ndarray, *, global_batch: int, worker: int
     if workers > 1:
         ds = ds.map(lambda xb, yb: (worker_slice(xb, worker, workers),
                                     worker_slice(yb, worker, workers)))
-    return _finish(ds)
+    return finish(ds)
 
 
 def worker_slice(t: tf.Tensor, worker: int, workers: int) -> tf.Tensor:
@@ -141,11 +163,16 @@ def worker_slice(t: tf.Tensor, worker: int, workers: int) -> tf.Tensor:
 
 
 def _to_float(x: tf.Tensor, y: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-    # Scale after batching: one vectorised op per batch instead of one per example.
-    return tf.cast(x, tf.float32) / 255.0, y
+    # Scale after batching: one vectorised op per batch instead of one per example. uint8 is
+    # pixels (0-255 -> [0, 1]); other dtypes are taken as the values the model wants.
+    if x.dtype == tf.uint8:
+        return tf.cast(x, tf.float32) / 255.0, y
+    return tf.cast(x, tf.float32), y
 
 
-def _finish(ds: tf.data.Dataset) -> tf.data.Dataset:
+def finish(ds: tf.data.Dataset) -> tf.data.Dataset:
+    """Batches as the devices take them: uint8 pixels scaled to [0, 1] (other dtypes cast to
+    float32), no automatic sharding (each worker's share is chosen by the source), prefetched."""
     ds = ds.map(_to_float, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF

@@ -1,0 +1,160 @@
+"""Listing an image folder, fingerprinting files, and holding out a validation split: plain
+Python and NumPy, no TensorFlow.
+
+An image folder is ``keras.utils.image_dataset_from_directory``'s layout: one subfolder per
+class (class names sorted, so label i is the i-th name), PNG or JPEG files anywhere below it.
+A folder whose subfolders are ``train`` (required), ``val`` or ``validation``, and ``test``,
+each in that layout, gives those splits.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable
+
+import numpy as np
+
+from mirrorfit.errors import DataError
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
+_SPLITS = {"train": "train", "val": "val", "validation": "val", "test": "test"}
+
+
+@dataclass(frozen=True)
+class FileSplit:
+    """One split's examples: a file per example (paths as str) and its int32 label."""
+
+    paths: np.ndarray
+    labels: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def subset(self, index: np.ndarray) -> "FileSplit":
+        return FileSplit(self.paths[index], self.labels[index])
+
+
+@dataclass(frozen=True)
+class ImageFolder:
+    """An image folder's classes and splits (``train``; ``val`` and ``test`` when it has
+    them), and a fingerprint of every file's name, size and modification time."""
+
+    root: Path
+    class_names: tuple[str, ...]
+    splits: dict[str, FileSplit] = field(default_factory=dict)
+    fingerprint: str = ""
+
+
+def list_image_folder(root: str | Path, flag: str) -> ImageFolder:
+    """List ``root``; DataError (naming ``flag``'s value and the fix) for an empty folder, a
+    class folder without images, fewer than two classes, or val/test classes train lacks."""
+    root = Path(root)
+    subfolders = _subfolders(root)
+    names = {p.name for p in subfolders}
+    if "train" in names and names <= set(_SPLITS):
+        tops = {_SPLITS[p.name]: p for p in subfolders}
+        if "validation" in names and "val" in names:
+            raise DataError(f"--data {flag}: has both val/ and validation/; keep one")
+    else:
+        tops = {"train": root}
+    classes = tuple(p.name for p in _subfolders(tops["train"]))
+    if not classes:
+        loose = any(p.suffix.lower() in IMAGE_SUFFIXES for p in _entries(tops["train"]))
+        raise DataError(f"--data {flag}: no class subfolders in {tops['train']}"
+                        + (" (its images must be in one subfolder per class)" if loose else "")
+                        + "; an image folder has one subfolder of PNG/JPEG images per class "
+                        "(keras.utils.image_dataset_from_directory's layout); for TFRecord "
+                        f"files give a pattern such as '{root}/*.tfrecord'")
+    if len(classes) < 2:
+        raise DataError(f"--data {flag}: only one class folder ({classes[0]}); a classifier "
+                        "needs at least 2 classes, one subfolder each")
+    digest = hashlib.blake2b(digest_size=8)
+    digest.update("\0".join(classes).encode())
+    splits = {}
+    for split, top in sorted(tops.items()):
+        present = {p.name for p in _subfolders(top)}
+        extra = sorted(present - set(classes))
+        if extra:
+            raise DataError(f"--data {flag}: {top} has class folder(s) {', '.join(extra)} that "
+                            f"{tops['train']} has not; every split needs the same classes")
+        paths, labels = [], []
+        for label, name in enumerate(classes):
+            if name not in present:
+                continue  # a val/test split may lack a class; train has them all
+            found = _images(top / name, digest, root)
+            if not found:
+                raise DataError(f"--data {flag}: class folder {top / name} holds no PNG or "
+                                "JPEG image; add images or remove the folder")
+            paths += found
+            labels += [label] * len(found)
+        splits[split] = FileSplit(np.array(paths, dtype=object), np.array(labels, np.int32))
+    return ImageFolder(root=root, class_names=classes, splits=splits,
+                       fingerprint=digest.hexdigest())
+
+
+def _entries(folder: Path) -> list[os.DirEntry]:
+    try:
+        with os.scandir(folder) as it:
+            return sorted((e for e in it if not e.name.startswith(".")), key=lambda e: e.name)
+    except OSError as e:
+        raise DataError(f"cannot read folder {folder} ({e.strerror}); check --data") from None
+
+
+def _subfolders(folder: Path) -> list[Path]:
+    return [Path(e.path) for e in _entries(folder) if e.is_dir()]
+
+
+def _images(folder: Path, digest, root: Path) -> list[str]:
+    """PNG/JPEG files under ``folder`` (subfolders too, hidden ones left out), sorted by path;
+    each file's name relative to ``root`` (the same folder given another way is the same
+    data), size and mtime go into ``digest``."""
+    found = []
+    stack = [folder]
+    while stack:
+        here = stack.pop()
+        subs = []
+        for entry in _entries(here):
+            if entry.is_dir():
+                subs.append(Path(entry.path))
+            elif os.path.splitext(entry.name)[1].lower() in IMAGE_SUFFIXES:
+                st = entry.stat()
+                found.append(entry.path)
+                rel = os.path.relpath(entry.path, root)
+                digest.update(f"{rel}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+        stack.extend(reversed(subs))
+    return sorted(found)
+
+
+def files_fingerprint(paths: Iterable[str], extra: str = "") -> str:
+    """A short hash of files' names, sizes and modification times (and ``extra``): another
+    file, or one rewritten, gives another value. No file is read."""
+    digest = hashlib.blake2b(digest_size=8)
+    digest.update(extra.encode())
+    for path in paths:
+        try:
+            st = os.stat(path)
+        except OSError as e:
+            raise DataError(f"cannot read {path} ({e.strerror}); check --data") from None
+        digest.update(f"{path}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    return digest.hexdigest()
+
+
+def holdout(n: int, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(train, validation) example indices for ``--validation-split fraction``: exactly
+    round(fraction x n) examples (at least 1, at most n - 1) drawn with ``seed``, each set in
+    the source's order. The same seed, count and fraction always give the same split."""
+    k = min(max(round(fraction * n), 1), n - 1)
+    if n < 2:
+        raise DataError(f"--validation-split needs at least 2 training examples, got {n}")
+    # A stream of its own ([seed, 1 << 32]), apart from the epochs' ([seed, epoch]).
+    chosen = np.random.default_rng([seed, 1 << 32]).permutation(n)[:k]
+    mask = np.zeros(n, bool)
+    mask[chosen] = True
+    return np.flatnonzero(~mask), np.flatnonzero(mask)
+
+
+__all__ = ["IMAGE_SUFFIXES", "FileSplit", "ImageFolder", "list_image_folder",
+           "files_fingerprint", "holdout"]

@@ -1,0 +1,212 @@
+"""Training data read by index from files, one example each (an image folder), or from a
+store of decoded examples (``--cache``).
+
+Order and resume are those of in-memory arrays (:mod:`mirrorfit.data.pipeline`): epoch e is
+the permutation seeded by (seed, e) of the example indices, cut into full global batches, and
+each worker reads its contiguous share of every global batch. Since an image file is one
+example, that share is a set of whole files: the split across workers is at file level, and
+the examples of every step are the same whatever the number of workers or replicas. A resume
+skips the indices already trained on, mid-epoch too, without reading their files.
+
+Files are read and decoded in parallel (``num_parallel_calls=AUTOTUNE``, deterministic order),
+batched to full batches and prefetched. ``--cache memory|DIR`` decodes every image once,
+before the first epoch, into memory or into a ``.npy`` file in DIR (reused by later runs on
+the same files, image size and channels); epochs then gather decoded pixels by index, in the
+same order as without the cache. tf.data's own ``cache()`` replays one fixed order, which
+could not give each epoch its own permutation nor resume mid-epoch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass, replace
+from functools import cached_property
+from pathlib import Path
+
+import numpy as np
+import tensorflow as tf
+
+from mirrorfit import _io
+from mirrorfit.data.decode import ImageDecoder, find_undecodable
+from mirrorfit.data.pipeline import DataOrder, finish, index_rows
+from mirrorfit.errors import DataError
+
+FILL_BATCH = 256  # images decoded per write while filling a cache
+
+
+@dataclass(frozen=True, eq=False)
+class IndexedBatches:
+    """Training batches of examples read by index: from ``paths`` (one encoded image file
+    each, decoded by ``decoder``) or, with ``store``, from decoded uint8 pixels (an array or a
+    read-only memory map, [examples, height, width, channels]). ``labels``: int32 per example.
+    ``fingerprint`` identifies the files (names, sizes, modification times), so a resume on
+    changed files is refused; it does not depend on the cache."""
+
+    paths: np.ndarray
+    labels: np.ndarray
+    decoder: ImageDecoder
+    global_batch: int
+    seed: int
+    fingerprint: str
+    store: np.ndarray | None = None
+    parallel: bool = True
+
+    @property
+    def steps_per_epoch(self) -> int:
+        """Optimizer steps (global batches) per epoch; the remainder is dropped."""
+        return len(self.labels) // self.global_batch
+
+    @cached_property
+    def order(self) -> DataOrder:
+        return DataOrder(seed=self.seed, examples=len(self.labels),
+                         global_batch=self.global_batch, fingerprint=self.fingerprint)
+
+    def dataset(self, *, start_epoch: int = 0, epochs: int = 1, skip: int = 0,
+                worker: int = 0, workers: int = 1) -> tf.data.Dataset:
+        """The trainer's protocol: epochs ``start_epoch``..``epochs - 1`` back to back, the
+        first ``skip`` batches left out; each element worker ``worker``'s contiguous share
+        (``global_batch // workers`` examples) of a global batch: (pixels, labels)."""
+        rows = index_rows(len(self.labels), self.global_batch, seed=self.seed,
+                          start_epoch=start_epoch, epochs=epochs, skip=skip, worker=worker,
+                          workers=workers)
+        share = self.global_batch // workers
+        return finish(self._read(rows, share))
+
+    def _read(self, rows: tf.data.Dataset, share: int) -> tf.data.Dataset:
+        labels = tf.constant(self.labels)
+        calls = tf.data.AUTOTUNE if self.parallel else None
+        if self.store is not None:
+            read = store_reader(self.store)
+            return rows.map(lambda i: (read(i), tf.gather(labels, i)),
+                            num_parallel_calls=calls, deterministic=True)
+        paths = tf.constant(self.paths.astype(str))
+
+        def one(i):
+            path = paths[i]
+            return self.decoder(tf.io.read_file(path), path), labels[i]
+
+        # Unbatched, so that the decoding of one batch runs on every core.
+        ds = rows.unbatch().map(one, num_parallel_calls=calls, deterministic=True)
+        return ds.batch(share, drop_remainder=True)
+
+    def sampled(self, context: tf.distribute.InputContext) -> tf.data.Dataset:
+        """For parameter-server workers: an endless stream of global batches, reshuffled each
+        pass with the run's seed and the worker's index; pure TensorFlow (it runs on the
+        worker). Decodes the files (a cache on the chief is not the workers')."""
+        seed = tf.cast(context.input_pipeline_id, tf.int64) + self.seed * 1000
+        ds = tf.data.Dataset.from_tensor_slices((self.paths.astype(str), self.labels))
+        ds = ds.shuffle(len(self.labels), seed=seed, reshuffle_each_iteration=True).repeat()
+        ds = ds.map(lambda p, y: (self.decoder(tf.io.read_file(p), p), y),
+                    num_parallel_calls=tf.data.AUTOTUNE)
+        return finish(ds.batch(self.global_batch, drop_remainder=True))
+
+    def explain_failure(self, error: tf.errors.OpError, flag: str) -> DataError:
+        """The file(s) behind a decode error raised while training (see decode.py)."""
+        return undecodable_files(self.paths, self.decoder, flag, error)
+
+
+def store_reader(store: np.ndarray):
+    """A function from example indices to rows of a decoded store: a gather from one constant
+    for an array in memory, a NumPy call for a memory map (read from disk through the page
+    cache, never all of it in memory)."""
+    if isinstance(store, np.memmap):
+        def read(index):
+            out = tf.numpy_function(lambda i: np.asarray(store[i]), [index], tf.uint8,
+                                    stateful=False)
+            return tf.ensure_shape(out, [None, *store.shape[1:]])
+        return read
+    pixels = tf.constant(store)
+    return lambda index: tf.gather(pixels, index)
+
+
+def eval_files(paths: np.ndarray, labels: np.ndarray, decoder: ImageDecoder, *, batch: int,
+               store: np.ndarray | None = None, parallel: bool = True) -> tf.data.Dataset:
+    """Every example once, in order, as a dataset of global batches (the last one partial),
+    decoded in parallel, or read from a decoded ``store``."""
+    calls = tf.data.AUTOTUNE if parallel else None
+    if store is not None:
+        rows = tf.data.Dataset.range(len(labels)).batch(batch)
+        y, read = tf.constant(labels), store_reader(store)
+        ds = rows.map(lambda i: (read(i), tf.gather(y, i)),
+                      num_parallel_calls=calls, deterministic=True)
+        return finish(ds)
+    ds = tf.data.Dataset.from_tensor_slices((paths.astype(str), labels))
+    ds = ds.map(lambda p, y: (decoder(tf.io.read_file(p), p), y), num_parallel_calls=calls,
+                deterministic=True)
+    return finish(ds.batch(batch))
+
+
+def undecodable_files(paths: np.ndarray, decoder: ImageDecoder, flag: str,
+                      cause: tf.errors.OpError) -> DataError:
+    """Name the files of ``paths`` that do not decode (one parallel pass over them)."""
+    names = [str(p) for p in paths]
+    items = tf.data.Dataset.from_tensor_slices(
+        (np.arange(len(names), dtype=np.int64), np.array(names, dtype=str)))
+    items = items.map(lambda i, p: (i, tf.io.read_file(p)))
+    return find_undecodable(items, names, replace(decoder, resize=True), flag, cause)
+
+
+def fill_store(items: tf.data.Dataset, count: int, decoder: ImageDecoder, cache: str, key: str,
+               *, on_error) -> np.ndarray:
+    """Decode ``items`` (a dataset of ``(raw bytes, name)`` in the source's order, ``count`` of
+    them) once into a store: an array for ``cache == "memory"``, else a ``.npy`` file in the
+    folder ``cache``, named by ``key`` (the files' fingerprint, image shape), reused when it
+    exists. The file is written aside and renamed when complete: a run killed while filling
+    leaves no store that looks complete. ``on_error(OpError) -> DataError`` names a file that
+    does not decode."""
+    shape = (count, *decoder.shape)
+    if cache == "memory":
+        store = np.empty(shape, np.uint8)
+        _decode_into(store, items, decoder, on_error)
+        return store
+    folder = Path(cache)
+    folder.mkdir(parents=True, exist_ok=True)
+    final = folder / f"mirrorfit-cache-{key}.npy"
+    if final.is_file():
+        try:
+            store = np.load(final, mmap_mode="r")
+            if store.shape == shape and store.dtype == np.uint8:
+                return store
+        except (OSError, ValueError):
+            pass  # damaged or foreign: written again below
+    tmp = folder / f".{final.name}.tmp-{_io.temp_tag()}"
+    size = int(np.prod(shape, dtype=np.int64))
+    try:
+        with _io.disk_full_hint(f"--cache {cache} ({size / 2**30:.2f} GiB of decoded images)",
+                                "nothing was cached"):
+            store = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.uint8, shape=shape)
+            _decode_into(store, items, decoder, on_error)
+            store.flush()
+            del store
+            with open(tmp, "rb+") as f:
+                os.fsync(f.fileno())
+            os.replace(tmp, final)
+        _io.fsync_dir(folder)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    return np.load(final, mmap_mode="r")
+
+
+def _decode_into(store: np.ndarray, items: tf.data.Dataset, decoder: ImageDecoder,
+                 on_error) -> None:
+    ds = items.map(decoder, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    ds = ds.batch(FILL_BATCH).prefetch(2)
+    at = 0
+    try:
+        for batch in ds.as_numpy_iterator():
+            store[at:at + len(batch)] = batch
+            at += len(batch)
+    except tf.errors.OpError as e:
+        raise on_error(e) from None
+
+
+def store_key(fingerprint: str, decoder: ImageDecoder, what: str) -> str:
+    """The name of a cache file: the same files decoded to the same shape, and nothing else."""
+    text = f"{what}|{fingerprint}|{decoder.shape}|{decoder.resize}"
+    return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
+
+
+__all__ = ["IndexedBatches", "eval_files", "fill_store", "store_reader", "store_key",
+           "undecodable_files"]

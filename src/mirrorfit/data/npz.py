@@ -1,0 +1,77 @@
+"""``--data FILE.npz``: (x, y) arrays per split, each member's header checked before NumPy
+allocates anything."""
+
+from __future__ import annotations
+
+import zipfile
+from pathlib import Path
+
+import numpy as np
+
+from mirrorfit.errors import DataError
+
+
+def read_npz(path: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """The (x, y) pairs of an npz file; each member's header is read first, so a shape the
+    file does not hold the bytes for, Python objects, or more than the memory available is
+    refused before NumPy allocates anything."""
+    import psutil
+
+    try:
+        with zipfile.ZipFile(path) as z:
+            members = {Path(n).stem: z.getinfo(n) for n in z.namelist() if n.endswith(".npy")}
+            total = 0
+            for key in ("x_train", "y_train", "x_val", "y_val", "x_test", "y_test"):
+                if key in members:
+                    total += member_bytes(path, z, key, members[key])
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError) as e:
+        raise DataError(f"--data {path} is not a readable npz file ({type(e).__name__}: "
+                        f"{str(e)[:200]}); save it with numpy.savez") from None
+    if "x_train" not in members or "y_train" not in members:
+        raise DataError(f"--data {path} has {', '.join(sorted(members)) or 'no arrays'}; it "
+                        "needs x_train and y_train (and optionally x_val/y_val, x_test/y_test)")
+    available = psutil.virtual_memory().available
+    if total > available:
+        raise DataError(f"--data {path}: its arrays take {total / 2**30:.1f} GiB, more than the "
+                        f"{available / 2**30:.1f} GiB of memory available; store the data as "
+                        "image files or TFRecords, which are streamed")
+    out = {}
+    with np.load(path, allow_pickle=False) as f:
+        for split in ("train", "val", "test"):
+            have = [k in members for k in (f"x_{split}", f"y_{split}")]
+            if have == [True, False] or have == [False, True]:
+                raise DataError(f"--data {path} has x_{split} or y_{split} but not both")
+            if all(have):
+                out[split] = (f[f"x_{split}"], f[f"y_{split}"])
+    for split, (x, y) in out.items():
+        if len(x) != len(y) or not len(x):
+            raise DataError(f"--data {path}: x_{split} has {len(x)} examples, y_{split} "
+                            f"{len(y)} labels; each example needs exactly one label")
+        if y.ndim != 1 or not np.issubdtype(y.dtype, np.integer):
+            raise DataError(f"--data {path}: y_{split} has shape {y.shape} and dtype {y.dtype}; "
+                            "give integer class indices of shape (N,) (not one-hot)")
+        if x.ndim < 2 or not (np.issubdtype(x.dtype, np.integer)
+                              or np.issubdtype(x.dtype, np.floating)):
+            raise DataError(f"--data {path}: x_{split} has shape {x.shape} and dtype {x.dtype}; "
+                            "give one array of numbers per example, (N, ...) in all")
+    return out
+
+
+def member_bytes(path: str, z: zipfile.ZipFile, key: str, info: zipfile.ZipInfo) -> int:
+    with z.open(info) as f:
+        version = np.lib.format.read_magic(f)
+        read = np.lib.format.read_array_header_1_0 if version == (1, 0) else \
+            np.lib.format.read_array_header_2_0
+        shape, _, dtype = read(f)
+        offset = f.tell()
+    if dtype.hasobject:
+        raise DataError(f"--data {path}: {key} holds Python objects (dtype {dtype}), not "
+                        "numbers")
+    size = int(np.prod(shape, dtype=object)) * dtype.itemsize
+    if offset + size > info.file_size:
+        raise DataError(f"--data {path}: {key} declares shape {shape} ({size:,} bytes) but holds "
+                        f"only {info.file_size - offset:,}; the file is damaged")
+    return size
+
+
+__all__ = ["read_npz"]

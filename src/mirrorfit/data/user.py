@@ -1,0 +1,198 @@
+"""``--data package.module:function``: a user's function returning the data.
+
+**The contract.** The function takes no arguments and returns one of
+
+* ``train``, ``(train, val)`` or ``(train, val, test)`` (``val`` may be None), or
+* a dict with ``"train"`` and optional ``"val"`` (or ``"validation"``) and ``"test"``,
+
+where each split is either NumPy arrays ``(x, y)``, or a ``tf.data.Dataset`` of single,
+unbatched examples ``(x, y)``. ``y`` holds integer class indices 0..classes-1 (shape (N,) or
+scalar per example); ``x`` is uint8 pixels (scaled to [0, 1] by mirrorfit) or any other
+number type (taken as the model's input, cast to float32). A train split given as arrays gets
+the guarantees of in-memory data (order independent of replicas and workers, exact resume).
+
+A train split given as a dataset is counted once at start (unless its cardinality is known);
+each epoch iterates it from the beginning through a shuffle buffer of
+``SHUFFLE_BUFFER`` examples seeded with (seed, epoch), cut into full global batches; each
+worker keeps its contiguous share of every global batch (every worker reads it all). The
+order, and so a mid-epoch resume, is exact when the dataset itself is deterministic.
+``--cache memory|DIR`` puts tf.data's ``cache()`` before that shuffle: the function's pipeline
+runs once, later epochs read the cache (in DIR, reused by later runs).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from mirrorfit.data.pipeline import DataOrder, finish, worker_slice
+from mirrorfit.errors import DataError
+
+SHUFFLE_BUFFER = 10_000  # examples
+
+
+def call_user_function(spec: str) -> dict[str, Any]:
+    """Import and call ``spec``; its splits as ``{"train": ..., "val": ..., "test": ...}``
+    (absent ones left out), each checked to be arrays ``(x, y)`` or a dataset of examples."""
+    module_name, _, attr = spec.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as e:  # ImportError, or the module's own code failing
+        raise DataError(f"--data {spec}: cannot import {module_name} ({type(e).__name__}: "
+                        f"{_short(e)}); is it on PYTHONPATH?") from None
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        raise DataError(f"--data {spec}: module {module_name} has no function {attr}")
+    try:
+        result = fn()
+    except Exception as e:
+        raise DataError(f"--data {spec}: the function raised {type(e).__name__}: "
+                        f"{_short(e)}") from None
+    splits = _splits(spec, result)
+    for name, split in splits.items():
+        _check_split(spec, name, split)
+    return splits
+
+
+def _splits(spec: str, result: Any) -> dict[str, Any]:
+    expected = ("expected train, (train, val), (train, val, test) or a dict with 'train', "
+                "each (x, y) NumPy arrays or a tf.data.Dataset of (x, y) examples")
+    if isinstance(result, dict):
+        unknown = set(result) - {"train", "val", "validation", "test"}
+        if "train" not in result or unknown or ("val" in result and "validation" in result):
+            raise DataError(f"--data {spec} returned a dict with keys {sorted(result)}; "
+                            f"{expected}")
+        named = {"val" if k == "validation" else k: v for k, v in result.items()}
+    elif _is_split(result):
+        named = {"train": result}
+    elif isinstance(result, (tuple, list)) and 1 <= len(result) <= 3:
+        named = dict(zip(("train", "val", "test"), result))
+    else:
+        raise DataError(f"--data {spec} returned {type(result).__name__}; {expected}")
+    return {k: v for k, v in named.items() if v is not None}
+
+
+def _is_split(value: Any) -> bool:
+    return isinstance(value, tf.data.Dataset) or (
+        isinstance(value, (tuple, list)) and len(value) == 2
+        and all(isinstance(a, np.ndarray) for a in value))
+
+
+def _check_split(spec: str, name: str, split: Any) -> None:
+    where = f"--data {spec}: its {name} split"
+    if isinstance(split, tf.data.Dataset):
+        element = split.element_spec
+        if not (isinstance(element, tuple) and len(element) == 2
+                and all(isinstance(s, tf.TensorSpec) for s in element)):
+            raise DataError(f"{where} is a dataset of {element}; it must yield (x, y) pairs "
+                            "of tensors")
+        x, y = element
+        if y.shape.rank != 0 or not y.dtype.is_integer:
+            raise DataError(f"{where} yields labels of shape {y.shape} and dtype {y.dtype.name}; "
+                            "give single examples (not batches) with integer class labels")
+        if not (x.dtype.is_integer or x.dtype.is_floating) or not x.shape.is_fully_defined():
+            raise DataError(f"{where} yields x of shape {x.shape} and dtype {x.dtype.name}; "
+                            "every example needs one fixed shape of numbers")
+        if split.cardinality() == tf.data.INFINITE_CARDINALITY:
+            raise DataError(f"{where} is infinite (repeated?); return one pass over the data")
+        return
+    if not _is_split(split):
+        raise DataError(f"{where} is {type(split).__name__}; give (x, y) NumPy arrays or a "
+                        "tf.data.Dataset of (x, y) examples")
+    x, y = split
+    if len(x) != len(y) or len(x) == 0:
+        raise DataError(f"{where} has {len(x)} examples in x and {len(y)} labels in y; each "
+                        "example needs exactly one label (and there must be some)")
+    if y.ndim != 1 or not np.issubdtype(y.dtype, np.integer):
+        raise DataError(f"{where} has labels of shape {y.shape} and dtype {y.dtype}; give "
+                        "integer class indices, shape (N,) (not one-hot)")
+    if not (np.issubdtype(x.dtype, np.integer) or np.issubdtype(x.dtype, np.floating)):
+        raise DataError(f"{where} has x of dtype {x.dtype}; give numbers")
+
+
+def labels_of(ds: tf.data.Dataset) -> np.ndarray:
+    """Every label of a dataset of examples, in order (int64): one pass over it at start, to
+    count the examples and check the labels' range (the inputs are computed, not kept)."""
+    parts = [y for y in ds.map(lambda x, y: tf.cast(y, tf.int64)).batch(4096)
+             .as_numpy_iterator()]
+    return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+
+
+@dataclass(frozen=True, eq=False)
+class DatasetBatches:
+    """Training batches from a user's dataset of examples (see the module's docstring)."""
+
+    examples_ds: tf.data.Dataset
+    examples: int
+    global_batch: int
+    seed: int
+    fingerprint: str
+    cache: str | None = None
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return self.examples // self.global_batch
+
+    @cached_property
+    def order(self) -> DataOrder:
+        return DataOrder(seed=self.seed, examples=self.examples, global_batch=self.global_batch,
+                         fingerprint=self.fingerprint)
+
+    @cached_property
+    def _base(self) -> tf.data.Dataset:
+        # One dataset object for the run: its cache (tf.data's) is filled once and shared by
+        # every epoch and every pipeline built on it.
+        ds = self.examples_ds.take(self.examples)
+        if self.cache == "memory":
+            return ds.cache()
+        if self.cache:
+            Path(self.cache).mkdir(parents=True, exist_ok=True)
+            return ds.cache(str(Path(self.cache) / f"mirrorfit-{self.fingerprint}"))
+        return ds
+
+    def dataset(self, *, start_epoch: int = 0, epochs: int = 1, skip: int = 0,
+                worker: int = 0, workers: int = 1) -> tf.data.Dataset:
+        """The trainer's protocol; each worker reads every example and keeps its share."""
+        if not 0 <= skip <= self.steps_per_epoch:
+            raise ValueError(f"skip {skip} is outside an epoch of {self.steps_per_epoch} steps")
+        base, buffer = self._base, max(1, min(self.examples, SHUFFLE_BUFFER))
+
+        def epoch(e):
+            ds = base.shuffle(buffer, seed=self.seed * 1_000_003 + e)
+            return ds.batch(self.global_batch, drop_remainder=True)
+
+        ds = tf.data.Dataset.range(start_epoch, epochs).flat_map(epoch).skip(skip)
+        if workers > 1:
+            ds = ds.map(lambda x, y: (worker_slice(x, worker, workers),
+                                      worker_slice(y, worker, workers)))
+        return finish(ds)
+
+    def sampled(self, context: tf.distribute.InputContext) -> tf.data.Dataset:
+        """For parameter-server workers: endless global batches, seeded per worker."""
+        seed = tf.cast(context.input_pipeline_id, tf.int64) + self.seed * 1000
+        buffer = max(1, min(self.examples, SHUFFLE_BUFFER))
+        ds = self.examples_ds.shuffle(buffer, seed=seed).repeat()
+        return finish(ds.batch(self.global_batch, drop_remainder=True))
+
+
+def dataset_fingerprint(spec: str, ds: tf.data.Dataset, examples: int) -> str:
+    """What can be known of a user's dataset without reading it twice: the function's name,
+    the example count and the element spec (a changed body with the same shape is not seen)."""
+    text = f"{spec}|{examples}|{ds.element_spec}"
+    return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
+
+
+def _short(error: Exception) -> str:
+    text = str(error).strip().splitlines()
+    return text[0][:200] if text else "no message"
+
+
+__all__ = ["DatasetBatches", "call_user_function", "dataset_fingerprint",
+           "labels_of", "SHUFFLE_BUFFER"]
