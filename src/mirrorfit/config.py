@@ -116,6 +116,11 @@ class TrainConfig:
                      "gpu_memory_limit", "threads_per_worker"):
             if getattr(self, name) is not None:
                 _check_positive(name, getattr(self, name))
+        if self.threads_per_worker is not None and self.threads_per_worker > 1024:
+            # Each thread costs a stack; 100,000 of them took ~19 GB before TF did any work.
+            raise ConfigError(f"--threads-per-worker {self.threads_per_worker} is more threads "
+                              "than any host runs well; use at most 1024 (typically the "
+                              "cores of the host divided by its workers)")
         if self.warmup_epochs > self.epochs:  # e.g. 1e300: the rate would stay ~0 all run
             raise ConfigError(f"--warmup-epochs {self.warmup_epochs:g} is more than --epochs "
                               f"{self.epochs}; the warm-up must end within the run (e.g. "
