@@ -120,7 +120,7 @@ def _application(name: str, *, input_shape: tuple[int, ...] | None,
         # softmax rounds the small probabilities the loss needs (as the reference models do).
         probabilities = keras.layers.Activation("softmax", dtype="float32",
                                                 name="probabilities")(base.output)
-        return keras.Model(base.inputs, probabilities, name=base.name)
+        return keras.Model(base.input, probabilities, name=base.name)
 
     return build
 
