@@ -32,3 +32,9 @@ class _PythonCall(keras.layers.Layer):
 def not_xla_compilable():
     return keras.Sequential([keras.Input((28, 28)), keras.layers.Flatten(), _PythonCall(),
                              keras.layers.Dense(10, activation="softmax")], name="unique")
+
+
+def sized(input_shape=(28, 28), num_classes=10):
+    """A user model that takes the data's shape and classes (model_factory passes them)."""
+    return keras.Sequential([keras.Input(input_shape), keras.layers.Flatten(),
+                             keras.layers.Dense(num_classes, activation="softmax")], name="sized")

@@ -177,7 +177,13 @@ def _bench_parser(sub) -> None:
                                    "of configurations, plus the textbook recipe (Keras fit "
                                    "under MirroredStrategy); medians of alternated repeats.")
     add = p.add_argument
-    add("--model", default="mlp", help="mlp (default) or cnn")
+    add("--model", default="mlp", help="mlp (default), cnn, a keras.applications name "
+        "(ResNet50, MobileNetV2, ...; random weights) or package.module:function")
+    add("--data", default="mnist", help="mnist (default) or synthetic: random batches made "
+        "once and repeated, so no input pipeline limits the figures")
+    add("--input-shape", type=_csv(int, "--input-shape"),
+        help="--data synthetic: one example's shape, e.g. 224,224,3 (default: the model's)")
+    add("--num-classes", type=int, help="--data synthetic: classes (default: the model's)")
     add("--data-dir", help="folder holding mnist.npz")
     add("--replicas", type=_csv(int, "--replicas"), default=(1, 2), help="e.g. 1,2 (default)")
     add("--precision", type=_csv(str, "--precision"), default=("fp32", "bf16", "fp16"),
@@ -186,8 +192,10 @@ def _bench_parser(sub) -> None:
         "off,on")
     add("--accum-steps", type=_csv(int, "--accum-steps"), default=(1,), help="e.g. 1,4")
     add("--steps-per-execution", type=_csv(int, "--steps-per-execution"), default=(50,))
-    add("--global-batch-size", type=int, help="effective global batch (default: mlp 64, cnn 100)")
-    add("--train-examples", type=int, help="training images (default: mlp all, cnn 12,800)")
+    add("--global-batch-size", type=int, help="effective global batch (default: mlp 64, cnn "
+        "100; synthetic data 32)")
+    add("--train-examples", type=int, help="training images (default: mlp all, cnn 12,800; "
+        "synthetic data: examples per epoch, 160)")
     add("--epochs", type=int, help="epochs per run, >= 2 (default: mlp 3, cnn 2)")
     add("--repeats", type=int, default=3, help="runs per point (default 3)")
     add("--no-textbook", dest="textbook", action="store_false",
@@ -251,9 +259,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
                              f"{args.tolerance}; e.g. --tolerance 0.005")
     from mirrorfit.bench import Grid, run_bench
     from mirrorfit.config import PRECISIONS
-    from mirrorfit.models import model_factory
 
-    model_factory(args.model)  # unknown models fail here, before any process starts
     for flag, names in (("--precision", args.precision),
                         ("--textbook-precision", args.textbook_precision)):
         for name in names:
@@ -270,8 +276,10 @@ def _cmd_bench(args: argparse.Namespace) -> int:
                 steps_per_execution=args.steps_per_execution,
                 global_batch=args.global_batch_size, train_examples=args.train_examples,
                 epochs=args.epochs, repeats=args.repeats, textbook=args.textbook,
-                textbook_precisions=args.textbook_precision, data_dir=args.data_dir)
-    grid.points()  # batch / epoch problems are reported before anything runs
+                textbook_precisions=args.textbook_precision, data_dir=args.data_dir,
+                data=args.data, input_shape=args.input_shape, num_classes=args.num_classes)
+    # model, data, shape, batch and epoch problems are reported before anything runs
+    grid.points()
     run_bench(grid, out_dir=args.out, tolerance=args.tolerance,
               show_recommendation=args.recommend)
     return 0

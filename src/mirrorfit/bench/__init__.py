@@ -27,11 +27,15 @@ def run_bench(grid: Grid, *, out_dir: str | Path, tolerance: float = 0.005,
     from mirrorfit.models import model_factory
 
     console = console or Console(stderr=True)
-    flops = train_flops_per_example(model_factory(grid.model)())
+    points = grid.points()  # checks the grid before anything is built
+    shape, classes = grid.shape_and_classes()
+    flops = train_flops_per_example(model_factory(grid.model, input_shape=shape,
+                                                  num_classes=classes)())
     gpus = tf.config.list_physical_devices("GPU")
     devices = f"{len(gpus)} GPU(s)" if gpus else f"logical CPU devices on {os.cpu_count()} cores"
-    points = grid.points()
-    console.print(f"[bold]mirrorfit bench[/] {grid.model}: {len(points)} points x "
+    data = (f"synthetic {'x'.join(map(str, shape))}, {classes} classes"
+            if grid.data == "synthetic" else "MNIST")
+    console.print(f"[bold]mirrorfit bench[/] {grid.model} on {data}: {len(points)} points x "
                   f"{grid.repeats} repeats, each its own process; {flops / 1e6:,.2f} MFLOP per "
                   "training example")
     with Progress(console=console, transient=True) as progress:
@@ -42,13 +46,16 @@ def run_bench(grid: Grid, *, out_dir: str | Path, tolerance: float = 0.005,
             if point.kind == "peak":
                 return
             rate = result.get("examples_per_sec")
+            acc = result.get("test_accuracy")
             console.print(f"  {point.label:28} "
-                          + (f"{rate:10,.0f} examples/s  acc {result['test_accuracy']:.4f}"
+                          + (f"{rate:10,.0f} examples/s"
+                             + (f"  acc {acc:.4f}" if acc is not None else "")
                              if rate else f"FAILED: {result.get('error')}"))
 
         peak, runs = run_grid(grid, on_run=on_run)
     rows = build_rows(runs, peak=peak, train_flops=flops, shared_cores=not gpus)
-    meta = {"model": grid.model, "devices": devices, "repeats": grid.repeats,
+    meta = {"model": grid.model, "data": data, "input_shape": list(shape),
+            "num_classes": classes, "devices": devices, "repeats": grid.repeats,
             "train_flops_per_example": flops, "peak_flops": peak}
     console.print("matmul peak measured in this run: "
                   + ", ".join(f"{k} {v / 1e9:,.0f} GFLOP/s" for k, v in peak.items()))

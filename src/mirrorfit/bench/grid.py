@@ -16,10 +16,16 @@ from typing import Callable, Sequence
 
 from mirrorfit.bench.point import Point
 from mirrorfit.errors import MirrorfitError
+from mirrorfit.model_names import (IMAGENET_CLASSES, check_input_shape, check_model_name,
+                                   default_input_shape, is_application)
 
-# Per model: (global batch, training images, epochs). The chapter's batch for the MLP; the
-# CNN on a subset so one run takes tens of seconds here.
+# Per model on MNIST: (global batch, training images, epochs). The chapter's batch for the
+# MLP; the CNN on a subset so one run takes tens of seconds here.
 WORKLOADS = {"mlp": (64, None, 3), "cnn": (100, 12800, 2)}
+# On synthetic data, any model: (global batch, examples per epoch, epochs): one compiling
+# epoch and one timed epoch of 5 steps, sized for a ResNet on a CPU (seconds per step).
+SYNTHETIC_WORKLOAD = (32, 160, 2)
+DATA = ("mnist", "synthetic")
 
 
 @dataclass(frozen=True)
@@ -39,14 +45,61 @@ class Grid:
     textbook: bool = True
     textbook_precisions: Sequence[str] = ("fp32",)
     data_dir: str | None = None
+    data: str = "mnist"  # or "synthetic"
+    input_shape: tuple[int, ...] | None = None  # synthetic; default: the model's own
+    num_classes: int | None = None  # synthetic; default: the model's own
+
+    def shape_and_classes(self) -> tuple[tuple[int, ...], int]:
+        """(one example's input shape, number of classes) the model is built for: MNIST's
+        (28, 28) and 10, or on synthetic data the flags', else the model's defaults (an
+        application's ImageNet size and 1000 classes)."""
+        if self.data == "mnist":
+            return (28, 28), 10
+        app = is_application(self.model)
+        shape = self.input_shape or (default_input_shape(self.model) if app else (28, 28))
+        return tuple(shape), self.num_classes or (IMAGENET_CLASSES if app else 10)
+
+    def check(self) -> None:
+        """MirrorfitError, one line, for a data source, model or shape that cannot run:
+        plain Python, before any process starts."""
+        if self.data not in DATA:
+            raise MirrorfitError(f"mirrorfit bench --data {self.data!r}: bench measures on "
+                                 f"{' or '.join(DATA)} (e.g. --data synthetic --input-shape "
+                                 "224,224,3 --num-classes 1000)")
+        if self.data == "mnist" and (self.input_shape or self.num_classes):
+            raise MirrorfitError("--input-shape and --num-classes set the synthetic data; MNIST "
+                                 "is 28x28 with 10 classes (use --data synthetic)")
+        check_model_name(self.model)
+        if self.num_classes is not None and self.num_classes < 2:
+            raise MirrorfitError(f"--num-classes must be 2 or more, got {self.num_classes}")
+        if self.input_shape is not None and (
+                not self.input_shape or min(self.input_shape) < 1):
+            raise MirrorfitError(f"--input-shape must be positive sizes, e.g. 224,224,3; got "
+                                 f"{','.join(map(str, self.input_shape)) or 'nothing'}")
+        shape, classes = self.shape_and_classes()
+        if self.data == "mnist" and is_application(self.model):
+            raise MirrorfitError(f"--model {self.model} needs images with channels of at least "
+                                 "32x32 pixels; MNIST's are 28x28 grey: use --data synthetic "
+                                 "--input-shape 32,32,3 (or larger)")
+        check_input_shape(self.model, shape)
 
     def points(self) -> list[Point]:
         """mirrorfit points (the cross product), then the textbook recipe (Keras ``fit`` under
         MirroredStrategy) at each replica count and each of ``textbook_precisions``."""
-        batch, n_train, epochs = WORKLOADS.get(self.model, (64, None, 2))
+        self.check()
+        batch, n_train, epochs = (SYNTHETIC_WORKLOAD if self.data == "synthetic"
+                                  else WORKLOADS.get(self.model, (64, None, 2)))
+        shape, classes = self.shape_and_classes()
+        synthetic = self.data == "synthetic"
         base = Point(kind="mirrorfit", model=self.model, global_batch=self.global_batch or batch,
                      train_examples=self.train_examples or n_train,
-                     epochs=self.epochs or epochs, data_dir=self.data_dir)
+                     epochs=self.epochs or epochs, data_dir=self.data_dir, data=self.data,
+                     input_shape=shape if synthetic else None,
+                     num_classes=classes if synthetic else None)
+        if synthetic and base.train_examples < base.global_batch:
+            raise MirrorfitError(f"--train-examples {base.train_examples} (examples per "
+                                 f"synthetic epoch) is less than one global batch of "
+                                 f"{base.global_batch}")
         if base.epochs < 2:
             raise MirrorfitError("bench needs --epochs 2 or more: epoch 1 compiles and is not "
                                  "timed")
@@ -101,4 +154,4 @@ def run_grid(grid: Grid, *, on_run: Callable[[Point, dict], None] = lambda p, r:
     return peak, [(p, runs[p]) for p in points]
 
 
-__all__ = ["Grid", "WORKLOADS", "run_grid", "spawn"]
+__all__ = ["Grid", "WORKLOADS", "SYNTHETIC_WORKLOAD", "DATA", "run_grid", "spawn"]
