@@ -21,7 +21,7 @@ def _report(**fractions):
 
 @pytest.mark.parametrize("fractions, start, advice", [
     ({"input_wait": 0.4, "compute": 0.6}, "input bound: 40% of step time waiting for data",
-     "--cache / a larger prefetch"),
+     "more steps per execution"),
     ({"all_reduce": 0.5, "compute": 0.5}, "communication bound: 50%", "--accum-steps"),
     ({"update_overhead": 0.6, "compute": 0.4}, "overhead bound: 60%", "--steps-per-execution"),
     ({"compute": 0.9, "update_overhead": 0.1}, "compute bound: 90%", "--precision bf16"),
@@ -29,6 +29,15 @@ def _report(**fractions):
 def test_diagnosis_names_the_bound_and_what_to_try(fractions, start, advice):
     line = _report(**fractions).diagnosis()
     assert line.startswith(start) and advice in line
+
+
+def test_input_bound_on_files_decoded_every_step_advises_the_cache():
+    report = ProfileReport(step_s=1, input_wait_s=0.5, compute_s=0.5, all_reduce_s=0,
+                           update_overhead_s=0, input_batch_s=0.9, cpu_percent=None,
+                           gpu_percent=None, input_source="image files, decoded every step")
+    assert report.diagnosis().startswith("input bound: 50% of step time waiting for data "
+                                         "(image files, decoded every step); try --cache memory")
+    assert "input: image files, decoded every step" in report.describe()
 
 
 def test_compute_bound_advice_drops_what_is_already_on():

@@ -117,6 +117,14 @@ def check_data(path: Path, meta: dict, ours: Mapping[str, Any],
             continue
         their_flags, flags = meta.get("flags", {}).get(key, {}), our_flags.get(key, {})
         changed = [f for f in flags if f in their_flags and their_flags[f] != flags[f]]
+        if key in ("examples", "fingerprint") and not changed and "--data" in flags:
+            # The same flags, other contents: files added, removed or rewritten (names, sizes,
+            # modification times), or another file at the same path.
+            raise CheckpointError(
+                f"checkpoint {path} was trained on other data than --data {flags['--data']} "
+                f"holds now ({LABELS.get(key, key)} {old}, now {mine}: files added, removed "
+                "or changed): resume with the data it was trained on, or pass --fresh to start "
+                "over (resuming would train on other examples)")
         why = ", ".join(f"{f} {their_flags[f]} -> {flags[f]}" for f in changed)
         fix = " ".join(as_flag(f, their_flags[f]) for f in changed) or "the original settings"
         if key == "global_batch" and changed and "--global-batch-size" not in changed:

@@ -22,9 +22,26 @@ def _train_parser(sub) -> None:
     add = p.add_argument
     add("--config", help="TOML file with any of the settings below (flags override it)")
     add("--model", help="mlp (default), cnn, or package.module:function returning a Keras model")
-    add("--dataset", help="data set (mnist)")
-    add("--data-dir", help="folder holding mnist.npz, or the file (else $MIRRORFIT_DATA, the "
-        "Keras cache ~/.keras/datasets, a download)")
+    add("--data", help="training data: mnist (default), synthetic, FILE.npz (x_train, y_train; "
+        "optional x_val/y_val, x_test/y_test), an image FOLDER (one subfolder per class), "
+        "'train-*.tfrecord' (tf.train.Example; quote the pattern) or package.module:function")
+    add("--dataset", help="older name of --data (mnist)")
+    add("--data-dir", help="--data mnist: folder holding mnist.npz, or the file (else "
+        "$MIRRORFIT_DATA, the Keras cache ~/.keras/datasets, a download)")
+    add("--image-size", help="image folders and TFRecords: resize every image to H,W pixels "
+        "(default: keep the images' size, which must then be the same for all)")
+    add("--image-feature", help="TFRecords: feature holding the encoded PNG/JPEG image "
+        "(default image/encoded)")
+    add("--label-feature", help="TFRecords: feature holding the int64 class label "
+        "(default image/class/label)")
+    add("--validation-split", type=float, help="hold out this fraction of the training "
+        "examples for validation (drawn with --seed) when the source has no validation split")
+    add("--cache", help="image folders, TFRecords, dataset functions: decode once and keep "
+        "the examples in memory, or in this folder (created; reused by later runs)")
+    add("--input-shape", help="one example's shape, e.g. 224,224,3: of --data synthetic, and "
+        "of the model (keras.applications names); file data brings its own")
+    add("--num-classes", type=int, help="classes (the model's outputs); default: from the data "
+        "(class folders, or the largest label + 1)")
     add("--replicas", type=int, help="replicas; on a CPU-only host, logical CPU devices")
     add("--devices", help="comma-separated devices to replicate over, e.g. /gpu:0,/gpu:2")
     add("--visible-devices", help="GPU indices to use, like CUDA_VISIBLE_DEVICES (e.g. 0,1)")
@@ -60,7 +77,8 @@ def _train_parser(sub) -> None:
     add("--profile", action="store_const", const=True,
         help="after training, report where step time goes and a one-line diagnosis")
     add("--seed", type=int, help="seed for weights and data order (default 42)")
-    add("--train-examples", type=int, help="train on the first N training examples")
+    add("--train-examples", type=int, help="train on the first N training examples (of an "
+        "image folder, whose files are sorted by class: N drawn with --seed)")
     add("--eval-batch-size", type=int, help="global batch for evaluation")
     add("--metrics-out", help="write a JSON summary here")
     add("--no-progress", dest="progress", action="store_const", const=False,

@@ -6,7 +6,9 @@ same devices:
 - *step, synthetic input*: the full compiled step on one cached batch (no input pipeline);
 - *compute*: each replica's forward and backward pass (micro-batches included), no all-reduce;
 - *all-reduce*: one batched all-reduce of gradient-sized tensors;
-- *input wait* = the measured steady step time minus the synthetic-input step time;
+- *input wait* = the measured steady step time minus the synthetic-input step time: the time
+  the step waited for the input pipeline (for files: reading and decoding them), whatever the
+  source, since the synthetic step reuses one batch the pipeline already made;
 - *update and overhead* = what the synthetic step takes beyond compute and all-reduce.
 
 The model and optimizer state are restored afterwards: profiling does not change the result.
@@ -34,6 +36,7 @@ class ProfileReport:
     gpu_percent: float | None
     precision: str = "fp32"
     xla: bool = False
+    input_source: str = "memory"  # how the input is read: "memory", "image files, ..."
 
     def fractions(self) -> dict[str, float]:
         total = max(self.step_s, 1e-12)
@@ -45,8 +48,13 @@ class ProfileReport:
         """One line: what bounds the step, and what to try."""
         f = self.fractions()
         if f["input_wait"] > 0.2:
-            return (f"input bound: {f['input_wait']:.0%} of step time waiting for data; try "
-                    "--cache / a larger prefetch, or more steps per execution")
+            if "decoded every step" in self.input_source:
+                fix = ("--cache memory (or --cache DIR) to decode each image once, or more "
+                       "CPU cores for the decoding")
+            else:
+                fix = "more CPU cores for the input pipeline, or more steps per execution"
+            return (f"input bound: {f['input_wait']:.0%} of step time waiting for data "
+                    f"({self.input_source}); try {fix}")
         if f["all_reduce"] > 0.3:
             return (f"communication bound: {f['all_reduce']:.0%} of step time in the all-reduce; "
                     "try a larger per-replica batch, --accum-steps, or fewer replicas")
@@ -66,7 +74,8 @@ class ProfileReport:
         if self.gpu_percent is not None:
             usage.append(f"GPU {self.gpu_percent:.0f}%")
         return (f"profile, per step of {self.step_s * 1e3:.2f} ms: input wait "
-                f"{f['input_wait']:.0%}, compute {f['compute']:.0%}, all-reduce "
+                f"{f['input_wait']:.0%} (input: {self.input_source}; the pipeline alone makes "
+                f"a global batch in {self.input_batch_s * 1e3:.2f} ms), compute {f['compute']:.0%}, all-reduce "
                 f"{f['all_reduce']:.0%}, update+overhead {f['update_overhead']:.0%}"
                 + (f"; utilisation {', '.join(usage)}" if usage else "")
                 + f"\n{self.diagnosis()}")
@@ -77,8 +86,9 @@ class ProfileReport:
 
 def profile_steps(trainer, batches, *, steady_step_s: float,
                   usage: dict[str, float | None] | None = None,
-                  target_s: float = 0.5) -> ProfileReport:
-    """Time the parts of ``trainer``'s step on ``batches`` (a ShuffledBatches).
+                  target_s: float = 0.5, input_source: str = "memory") -> ProfileReport:
+    """Time the parts of ``trainer``'s step on ``batches`` (training data with the trainer's
+    protocol: arrays, files, synthetic). ``input_source`` says how it is read, for the report.
 
     ``steady_step_s`` is the seconds per step measured during training (input included).
     Each part runs about ``target_s`` seconds after one untimed warm-up call.
@@ -104,7 +114,7 @@ def profile_steps(trainer, batches, *, steady_step_s: float,
         compute_s=min(compute_s, step_s), all_reduce_s=min(reduce_s, step_s),
         update_overhead_s=max(0.0, step_s - compute_s - reduce_s), input_batch_s=input_s,
         cpu_percent=usage.get("cpu_percent"), gpu_percent=usage.get("gpu_percent"),
-        precision=trainer.precision.name, xla=trainer.jit_compile)
+        precision=trainer.precision.name, xla=trainer.jit_compile, input_source=input_source)
 
 
 def _time(run, n: int) -> float:

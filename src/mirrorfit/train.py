@@ -17,13 +17,14 @@ from rich.console import Console
 from mirrorfit import _io
 from mirrorfit.checkpoint import Checkpointer
 from mirrorfit.config import TrainConfig, to_dict
-from mirrorfit.data import load_mnist, train_batches
+from mirrorfit.data.sources import Data, load_data
 from mirrorfit.distribute.cluster import cluster_for
 from mirrorfit.distribute.devices import configure_devices
-from mirrorfit.distribute.strategy import Distribution, build_distribution, unreachable
+from mirrorfit.distribute.strategy import (WORKER_SHARE, Distribution, build_distribution,
+                                           unreachable)
 from mirrorfit.engine.progress import EpochProgress
 from mirrorfit.engine.trainer import Trainer
-from mirrorfit.errors import ClusterError, ConfigError
+from mirrorfit.errors import ClusterError, ConfigError, DataError
 from mirrorfit.export import check_export_dir, check_keras_path, export_saved_model, save_keras
 from mirrorfit.models import model_factory
 from mirrorfit.observe import CpuGpuSampler, ScalarWriter, out_of_memory_hint
@@ -102,7 +103,6 @@ def _train(config: TrainConfig, console: Console, guard: PreemptionGuard,
             and cluster.task_type in ("worker", "ps"):
         from mirrorfit.engine.coordinated import serve_task
         return serve_task(cluster, console=console)  # runs what the chief schedules
-    data = load_mnist(config.data_dir, train_examples=config.train_examples)
     setup = configure_devices(replicas=config.replicas, devices=config.devices,
                               visible_devices=config.visible_devices,
                               memory_growth=config.memory_growth,
@@ -116,17 +116,19 @@ def _train(config: TrainConfig, console: Console, guard: PreemptionGuard,
         console = Console(stderr=True, soft_wrap=True, quiet=True)
     guard.watch(None, agree=dist.agree)
     per_replica, global_batch = config.batch_sizes(dist.replicas)
-    if global_batch > len(data.x_train):
-        raise ConfigError(f"global batch {global_batch} is larger than the "
-                          f"{len(data.x_train)} training examples; lower --batch-size")
+    data = _load_data(config, global_batch, dist)
+    # The model is built for the data: its input shape and classes (mlp/cnn take MNIST's when
+    # the data is MNIST, as before).
+    factory = model_factory(config.model, input_shape=data.input_shape,
+                            num_classes=data.num_classes)
     keras.utils.set_random_seed(config.seed)
-    console.print(f"[bold]mirrorfit[/] {config.model} on {data.source}")
+    console.print(f"[bold]mirrorfit[/] {config.model} on {data.description}")
     console.print(f"devices: {setup.describe()}")
     accum = f" x {config.accum_steps} accumulation steps" if config.accum_steps > 1 else ""
     console.print(f"strategy: {dist.describe()}, batch: {per_replica} per replica x "
                   f"{dist.replicas} replicas{accum} = {global_batch} global (effective), "
                   f"{config.steps_per_execution} steps per execution")
-    steps_per_epoch = len(data.x_train) // global_batch
+    steps_per_epoch = data.train.steps_per_epoch
     lr = learning_rate(config.lr, global_batch=global_batch, base_batch=config.base_batch,
                        scaling=config.lr_scaling,
                        warmup_steps=round(config.warmup_epochs * steps_per_epoch))
@@ -146,14 +148,14 @@ def _train(config: TrainConfig, console: Console, guard: PreemptionGuard,
         hooks_extra, callbacks = [board.step_hook], callbacks + [board.epoch_callback]
     else:
         hooks_extra = []
-    batches = train_batches(data.x_train, data.y_train, global_batch=global_batch,
-                            seed=config.seed)
+    _check_model_fits(trainer.model, data, config)
+    batches = data.train
     hooks, checkpointer = list(hooks_extra), None
     if config.checkpoint_dir:
         checkpointer = Checkpointer(config.checkpoint_dir, trainer=trainer,
                                     model_spec=config.model, every=config.checkpoint_every,
                                     keep=config.keep_checkpoints, data=batches.order,
-                                    flags=_data_flags(config, dist.replicas, data.source),
+                                    flags=_data_flags(config, dist, data),
                                     settings=_settings(config),
                                     on_notice=lambda msg: console.print(f"[yellow]{msg}[/]"),
                                     writer=dist.is_chief)
@@ -165,9 +167,9 @@ def _train(config: TrainConfig, console: Console, guard: PreemptionGuard,
     callbacks.append(guard.epoch_callback)
     usage = CpuGpuSampler() if config.profile else contextlib.nullcontext()
     guard.check()  # a signal while setting up: stop before the first step
-    with usage, out_of_memory_hint(per_replica):
+    with usage, out_of_memory_hint(per_replica), data_errors(data):
         history = trainer.fit(
-            batches, epochs=config.epochs, validation=(data.x_val, data.y_val), hooks=hooks,
+            batches, epochs=config.epochs, validation=data.val, hooks=hooks,
             progress=EpochProgress(console=console, enabled=config.progress),
             callbacks=callbacks)
     guard.check()  # a signal during the last validation or checkpoint
@@ -183,21 +185,24 @@ def _finish(config: TrainConfig, console: Console, history, *, trainer, data, ba
     per_replica, global_batch = config.batch_sizes(dist.replicas)
     eval_batch = config.eval_batch_size or global_batch
     t0 = time.perf_counter()
-    with out_of_memory_hint(per_replica):
-        test = trainer.evaluate((data.x_test, data.y_test), batch_size=eval_batch)
-    if history.epochs:
-        last = history.epochs[-1]
-        val = {"loss": last["val_loss"], "accuracy": last["val_accuracy"]}
-    else:  # resumed a finished run: nothing trained, but still report where it stands
-        console.print(f"nothing to train: {trainer.epoch} of {config.epochs} epochs already done")
-        last, val = {}, trainer.evaluate((data.x_val, data.y_val), batch_size=eval_batch)
+    none = {"loss": None, "accuracy": None, "examples": 0}
+    with out_of_memory_hint(per_replica), data_errors(data):
+        test = none if data.test is None else trainer.evaluate(data.test, batch_size=eval_batch)
+        if history.epochs:
+            last = history.epochs[-1]
+            val = {"loss": last.get("val_loss"), "accuracy": last.get("val_accuracy")}
+        else:  # resumed a finished run: nothing trained, but still report where it stands
+            console.print(f"nothing to train: {trainer.epoch} of {config.epochs} epochs "
+                          "already done")
+            last = {}
+            val = none if data.val is None else trainer.evaluate(data.val, batch_size=eval_batch)
     summary = {
         "model": config.model, "precision": config.precision, "xla": trainer.jit_compile,
         "accum_steps": config.accum_steps, "replicas": dist.replicas,
         "devices": list(setup.devices), "workers": dist.workers,
         "strategy": type(dist.strategy).__name__, "per_replica_batch_size": per_replica,
         "global_batch_size": global_batch, "epochs": config.epochs, "steps": history.steps,
-        "train_examples": len(data.x_train), "wall_time_s": history.wall_time_s,
+        "train_examples": data.train_examples, "wall_time_s": history.wall_time_s,
         "train_examples_per_sec": history.train_examples_per_sec,
         "final_train_loss": last.get("loss"), "final_train_accuracy": last.get("accuracy"),
         "val_loss": val["loss"], "val_accuracy": val["accuracy"],
@@ -207,19 +212,28 @@ def _finish(config: TrainConfig, console: Console, history, *, trainer, data, ba
         "learning_rate": trainer.learning_rate(), "loss_scale": trainer.loss_scale(),
         "skipped_steps": trainer.skipped_steps(),
         "optimizer_updates": trainer.runner.applied_steps(),  # updates the weights received
+        "data": {"source": data.source, "kind": data.kind, "description": data.description,
+                 "input_shape": list(data.input_shape), "num_classes": data.num_classes,
+                 "class_names": list(data.class_names) if data.class_names else None},
         "config": to_dict(config),
     }
     rate = history.train_examples_per_sec
     console.print(f"done: {history.steps} steps in {history.wall_time_s:.1f} s, "
                   + (f"{rate:,.0f} examples/s steady, " if rate else "")
-                  + f"val accuracy {summary['val_accuracy']:.4f}, "
-                  f"test accuracy {summary['test_accuracy']:.4f}")
+                  + ", ".join(f"{name} accuracy {summary[f'{name}_accuracy']:.4f}"
+                              for name in ("val", "test")
+                              if summary[f"{name}_accuracy"] is not None)
+                  + ("" if data.val is not None or data.test is not None
+                     else "no validation or test data"))
     if trainer.loss_scale() is not None:
         console.print(f"fp16 loss scale {trainer.loss_scale():g}, "
                       f"{trainer.skipped_steps()} step(s) skipped for non-finite gradients")
     if config.profile:
-        report = profile_steps(trainer, batches, steady_step_s=_steady_step_s(history, global_batch),
-                               usage=usage.summary())
+        with data_errors(data):
+            report = profile_steps(trainer, batches,
+                                   steady_step_s=_steady_step_s(history, global_batch),
+                                   usage=usage.summary(), input_source=_input_source(data,
+                                                                                     config))
         summary["profile"] = report.as_dict()
         console.print(report.describe())
     guard.check()
@@ -244,16 +258,98 @@ def _finish(config: TrainConfig, console: Console, history, *, trainer, data, ba
     return summary
 
 
-def _data_flags(config: TrainConfig, replicas: int, source: str) -> dict[str, dict[str, Any]]:
+def _load_data(config: TrainConfig, global_batch: int, dist: Distribution) -> Data:
+    """``--data`` for this run. Each worker reads its own share (WORKER_SHARE), else one
+    process reads whole global batches (workers=1 for the order)."""
+    workers = dist.workers if dist.input_split == WORKER_SHARE else 1
+    return load_data(config.data, global_batch=global_batch, seed=config.seed, workers=workers,
+                     eval_batch=config.eval_batch_size or global_batch,
+                     data_dir=config.data_dir, train_examples=config.train_examples,
+                     validation_split=config.validation_split, image_size=config.image_size,
+                     image_feature=config.image_feature, label_feature=config.label_feature,
+                     cache=config.cache, input_shape=config.input_shape,
+                     num_classes=config.num_classes, model=config.model)
+
+
+@contextlib.contextmanager
+def data_errors(data: Data):
+    """A tf.data error about the source's files (an image that does not decode, or has another
+    size; a file gone) as one line naming the file, not a traceback."""
+    try:
+        yield
+    except (tf.errors.InvalidArgumentError, tf.errors.DataLossError) as e:
+        found = data.explain(e)
+        if found is None:
+            raise
+        raise found from None
+    except tf.errors.NotFoundError as e:
+        if data.kind not in ("folder", "tfrecord"):
+            raise
+        first = (str(getattr(e, "message", e)).strip().splitlines() or [""])[0][:300]
+        raise DataError(f"--data {data.source}: a file went missing while training "
+                        f"({first}); restore it, or rerun to list the files again") from None
+
+
+def _check_model_fits(model: keras.Model, data: Data, config: TrainConfig) -> None:
+    """Refuse, in one line, a model whose input does not take the data's examples or whose
+    outputs are fewer than the data's classes (a label past the last output is no error to
+    Keras: the loss would be silently wrong or NaN)."""
+    want = tuple(model.inputs[0].shape[1:])
+    have = tuple(data.input_shape)
+    if len(want) != len(have) or any(w is not None and w != h for w, h in zip(want, have)):
+        shown = "x".join("?" if w is None else str(w) for w in want)
+        hint = ("pass --image-size H,W to resize the images" if data.kind in ("folder",
+                                                                             "tfrecord")
+                else "pass --input-shape to build the model for the data" if
+                config.input_shape is None and data.kind == "synthetic"
+                else "give data of that shape")
+        raise DataError(f"--data {data.source} gives examples of shape "
+                        f"{'x'.join(map(str, have))} but --model {config.model} takes "
+                        f"{shown}; {hint}, or use a model built for "
+                        f"{'x'.join(map(str, have))}")
+    outputs = model.outputs[0].shape[-1]
+    if outputs is not None and outputs < data.num_classes:
+        raise DataError(f"--data {data.source} has labels 0-{data.num_classes - 1} "
+                        f"({data.num_classes} classes) but --model {config.model} has "
+                        f"{outputs} outputs; pass --num-classes {data.num_classes} (a model "
+                        "function takes it as num_classes) or a model with enough outputs")
+
+
+def _input_source(data: Data, config: TrainConfig) -> str:
+    """How the profiled input is read, for the report and its advice."""
+    if data.kind == "folder":
+        how = "image files"
+    elif data.kind == "tfrecord":
+        how = "TFRecord files"
+    elif data.kind == "module" and config.cache is None:
+        how = "a dataset function"
+    else:
+        return "memory"
+    return f"{how}, {'decoded once (--cache)' if config.cache else 'decoded every step'}"
+
+
+def _data_flags(config: TrainConfig, dist: Distribution, data: Data) -> dict[str, dict[str, Any]]:
     """The flags behind each field of the data order (DataOrder), so that a checkpoint can name
     the one that changed when it refuses a resume."""
+    fingerprint = {"--data": config.data, "--image-size": _csv(config.image_size),
+                   "--validation-split": config.validation_split}
+    if data.kind == "tfrecord":  # streamed TFRecords: the order depends on these too
+        fingerprint.update({"--cache": config.cache,
+                            "workers": dist.workers if dist.input_split == WORKER_SHARE else 1})
     return {"seed": {"--seed": config.seed},
             "examples": {"--train-examples": config.train_examples,
-                         "--data-dir": config.data_dir},
-            "global_batch": {"--replicas": replicas, "--batch-size": config.batch_size,
+                         "--data-dir": config.data_dir, "--data": config.data,
+                         "--validation-split": config.validation_split},
+            "global_batch": {"--replicas": dist.replicas, "--batch-size": config.batch_size,
                              "--accum-steps": config.accum_steps,
                              "--global-batch-size": config.global_batch_size},
-            "fingerprint": {"--data-dir": source}}  # the file found, however it was found
+            # the files' names, sizes and times (however --data found them): a change with the
+            # same flags is still named, as --data (checkpoint_meta.check_data)
+            "fingerprint": fingerprint}
+
+
+def _csv(values) -> str | None:
+    return None if values is None else ",".join(map(str, values))
 
 
 def _settings(config: TrainConfig) -> dict[str, Any]:
@@ -302,7 +398,8 @@ def _describe_lr(lr) -> str:
 
 def _epoch_line(epoch: int, epochs: int, logs: dict[str, float]) -> str:
     return (f"epoch {epoch}/{epochs}: loss {logs['loss']:.4f} accuracy {logs['accuracy']:.4f} "
-            f"val_loss {logs['val_loss']:.4f} val_accuracy {logs['val_accuracy']:.4f} "
-            f"{logs['examples_per_sec']:,.0f} examples/s"
+            + (f"val_loss {logs['val_loss']:.4f} val_accuracy {logs['val_accuracy']:.4f} "
+               if "val_loss" in logs else "")
+            + f"{logs['examples_per_sec']:,.0f} examples/s"
             + (f" loss scale {logs['loss_scale']:g}, {logs['skipped_steps']:.0f} skipped"
                if "loss_scale" in logs else ""))

@@ -83,15 +83,21 @@ def explain(error: tf.errors.OpError, data_flag: str) -> DataError | None:
                      "first image; pass --image-size H,W to resize every image to one size")
 
 
-def find_undecodable(items: tf.data.Dataset, names: Sequence[str], decode,
-                     data_flag: str, cause: tf.errors.OpError) -> DataError:
+def find_undecodable(items: tf.data.Dataset, names: Sequence[str], data_flag: str,
+                     cause: tf.errors.OpError) -> DataError:
     """Decode every element of ``items`` (``(index, raw bytes)``; ``names[index]`` says which
     file or record it is) again, in parallel, skipping failures; the DataError names those that
     fail. Called only after a decode error, so its cost (one pass over the data) is paid only
     on the way out."""
     start = time.perf_counter()
-    ds = items.map(lambda i, raw: (i, tf.shape(decode(raw, tf.constant("")))),
-                   num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
+
+    def decoded(i, raw):
+        # A value of the pixels: a static result (a shape after resizing) would let TensorFlow
+        # drop the decoding altogether.
+        image = tf.io.decode_image(raw, expand_animations=False)
+        return i, tf.reduce_max(image)
+
+    ds = items.map(decoded, num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
     ds = ds.ignore_errors()
     seen = set()
     for index, _ in ds.as_numpy_iterator():
@@ -109,10 +115,14 @@ def find_undecodable(items: tf.data.Dataset, names: Sequence[str], decode,
 
 
 def _first_line(error: Exception) -> str:
-    text = str(getattr(error, "message", error)).strip()
-    # TF prefixes "{{function_node ...}}" and appends graph node lines: keep the reason.
+    """TensorFlow's reason, without its wrapping: "Graph execution error:", "Detected at node
+    ...", stack lines, "{{function_node ...}}" and "[[...]]" node lines."""
+    text = str(getattr(error, "message", error))
     text = re.sub(r"\{\{function_node [^}]*\}\}\s*", "", text)
-    first = text.splitlines()[0] if text else type(error).__name__
+    skip = ("Graph execution error", "Detected at node", "<stack traces", "[[", "File ")
+    lines = [ln.strip() for ln in text.splitlines()
+             if ln.strip() and not ln.strip().startswith(skip)]
+    first = lines[0] if lines else type(error).__name__
     return re.sub(r"\s*\[Op:\w+\].*", "", first)[:200]
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
@@ -144,7 +144,7 @@ def undecodable_files(paths: np.ndarray, decoder: ImageDecoder, flag: str,
     items = tf.data.Dataset.from_tensor_slices(
         (np.arange(len(names), dtype=np.int64), np.array(names, dtype=str)))
     items = items.map(lambda i, p: (i, tf.io.read_file(p)))
-    return find_undecodable(items, names, replace(decoder, resize=True), flag, cause)
+    return find_undecodable(items, names, flag, cause)
 
 
 def fill_store(items: tf.data.Dataset, count: int, decoder: ImageDecoder, cache: str, key: str,

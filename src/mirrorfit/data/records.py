@@ -29,7 +29,7 @@ records within that epoch.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import cached_property
 
 import numpy as np
@@ -206,10 +206,9 @@ class RecordBatches:
                 worker: int = 0, workers: int = 1) -> tf.data.Dataset:
         """The trainer's protocol: epochs ``start_epoch``..``epochs - 1`` back to back, the
         first ``skip`` batches left out (their records read, not decoded); each element this
-        worker's share of a global batch, from its own files."""
-        if workers != self.workers:
-            raise ValueError(f"these batches are ordered for {self.workers} worker(s), not "
-                             f"{workers}")
+        worker's share of a global batch, from its own files. (``workers`` other than the
+        ``workers`` the batches were made for gives another order than the fingerprint says:
+        the trainer asks for (0, 1) only to read the element spec.)"""
         if not 0 <= skip <= self.steps_per_epoch:
             raise ValueError(f"skip {skip} is outside an epoch of {self.steps_per_epoch} steps")
         share = self.global_batch // workers
@@ -222,7 +221,7 @@ class RecordBatches:
             rows.set_shape([None, 3])
             seed = (self.seed * 1_000_003 + epoch) * 1009 + worker
             ds = self._records(tf.data.Dataset.from_tensor_slices(rows))
-            return ds.shuffle(buffer, seed=seed)
+            return ds.shuffle(buffer, seed=seed, reshuffle_each_iteration=False)
 
         ds = tf.data.Dataset.range(start_epoch, epochs).flat_map(epoch_records)
         ds = ds.skip(skip * share)  # before decoding: a resume reads but does not decode them
@@ -285,7 +284,7 @@ def undecodable_records(index: RecordIndex, image_feature: str, decoder: ImageDe
     spec = {image_feature: tf.io.FixedLenFeature([], tf.string)}
     items = records_in_order(index, None).enumerate().map(
         lambda i, item: (i, tf.io.parse_single_example(item[0], spec)[image_feature]))
-    return find_undecodable(items, names, replace(decoder, resize=True), flag, cause)
+    return find_undecodable(items, names, flag, cause)
 
 
 __all__ = ["RecordBatches", "RecordIndex", "scan_records", "parse_fn", "records_in_order",

@@ -195,7 +195,7 @@ def _mnist(o: _Options, data_dir: str | None) -> Data:
     return Data(train=train, val=(splits.x_val, splits.y_val),
                 test=(splits.x_test, splits.y_test), input_shape=splits.x_train.shape[1:],
                 num_classes=classes, kind="mnist", source=splits.source,
-                description=f"MNIST ({splits.source})", fingerprint=train.order.fingerprint)
+                description=splits.source, fingerprint=train.order.fingerprint)
 
 
 def _arrays(o: _Options, arrays: dict[str, tuple[np.ndarray, np.ndarray]], *, source: str,

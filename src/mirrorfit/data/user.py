@@ -165,7 +165,7 @@ class DatasetBatches:
         base, buffer = self._base, max(1, min(self.examples, SHUFFLE_BUFFER))
 
         def epoch(e):
-            ds = base.shuffle(buffer, seed=self.seed * 1_000_003 + e)
+            ds = base.shuffle(buffer, seed=self.seed * 1_000_003 + e, reshuffle_each_iteration=False)
             return ds.batch(self.global_batch, drop_remainder=True)
 
         ds = tf.data.Dataset.range(start_epoch, epochs).flat_map(epoch).skip(skip)

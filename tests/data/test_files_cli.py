@@ -1,0 +1,153 @@
+"""--data through `mirrorfit train`: a file-based run on 2 replicas sees every example once per
+epoch; bad input is one line and exit 2 (no traceback), from the flag checks (before TensorFlow
+loads) to a corrupt image met while training; a resume on changed files is refused naming
+--data."""
+
+import json
+
+import numpy as np
+import pytest
+
+from conftest import run_cli, run_isolated
+from data_fixtures import mnist, png, write_png_folder
+
+
+def _one_line_error(proc, *needles):
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("mirrorfit: error:")]
+    assert len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    for needle in needles:
+        assert needle in errors[0], errors[0]
+
+
+@pytest.mark.parametrize("args, needles", [
+    (["--data", "/nonexistent/imgs"], ["--data /nonexistent/imgs: no such file or folder"]),
+    (["--data", "{tmp}/*.tfrecord"], ["the pattern matches no file"]),
+    (["--data", "{tmp}", "--image-size", "28"], ["--image-size 28: expected 2 positive"]),
+    (["--data", "{tmp}", "--image-size", "0,28"], ["--image-size 0,28"]),
+    (["--data", "synthetic", "--input-shape", "a,b"], ["--input-shape a,b"]),
+    (["--data", "synthetic", "--num-classes", "1"], ["--num-classes must be an integer >= 2"]),
+    (["--data", "{tmp}", "--validation-split", "1.5"], ["--validation-split must be a fraction"]),
+    (["--validation-split", "0.1"], ["--data mnist has its own validation split"]),
+    (["--data", "{tmp}", "--cache", "{tmp}/file"], ["--cache {tmp}/file is a file"]),
+    (["--cache", "memory"], ["--data mnist is already in memory: drop --cache"]),
+    (["--data", "{tmp}", "--data-dir", "{tmp}"], ["--data-dir says where MNIST is"]),
+    (["--dataset", "mnist", "--data", "{tmp}"], ["--dataset mnist and --data", "disagree"]),
+])
+def test_bad_data_flags_are_one_line_before_tensorflow_loads(tmp_path, args, needles):
+    (tmp_path / "file").write_text("x")
+    args = [a.replace("{tmp}", str(tmp_path)) for a in args]
+    proc = run_cli("train", "--epochs", "1", "--no-progress", *args, timeout=120)
+    _one_line_error(proc, *[n.replace("{tmp}", str(tmp_path)) for n in needles])
+
+
+@pytest.mark.slow
+def test_bad_data_met_while_loading_or_training_is_one_line(tmp_path):
+    """One interpreter runs `mirrorfit train` (cli.main) on each bad source: every one exits 2
+    with one line on stderr, no traceback. A corrupt image in the middle of a folder is met by
+    the decoder while training: the line names the file."""
+    x, y = mnist(300)
+    write_png_folder(tmp_path / "corrupt", x, y)
+    bad = sorted((tmp_path / "corrupt" / "7").glob("*.png"))[3]
+    bad.write_bytes(bad.read_bytes()[:60])  # a truncated PNG: its header is still fine
+    write_png_folder(tmp_path / "sizes", x[:20], y[:20])
+    big = np.zeros((30, 28), np.uint8)
+    (tmp_path / "sizes" / "4" / "tall.png").write_bytes(png(big))
+    (tmp_path / "empty").mkdir()
+    x10, y10 = mnist(64)
+    y10[5] = 12
+    np.savez(tmp_path / "labels.npz", x_train=x10, y_train=y10)
+    cases = {
+        "corrupt": ["--data", str(tmp_path / "corrupt")],
+        "sizes": ["--data", str(tmp_path / "sizes")],
+        "empty": ["--data", str(tmp_path / "empty")],
+        "labels": ["--data", str(tmp_path / "labels.npz"), "--num-classes", "10"],
+        "model": ["--data", str(tmp_path / "sizes"), "--image-size", "28,28",
+                  "--model", "user_models:tiny"],
+        "module": ["--data", "data_fixtures:raising_source"],
+    }
+    out = run_isolated(f"""
+        import contextlib, io, json
+        from mirrorfit.cli import main
+        results = {{}}
+        for name, args in {cases!r}.items():
+            err = io.StringIO()
+            with contextlib.redirect_stderr(err):
+                rc = main(["train", "--epochs", "1", "--global-batch-size", "10",
+                           "--no-progress", *args])
+            results[name] = [rc, err.getvalue()]
+        print(json.dumps(results))
+    """, timeout=600)
+    needles = {
+        "corrupt": [f"cannot decode {bad}", "remove or replace it"],
+        "sizes": ["tall.png is 30x28 pixels, not the size of the first image",
+                  "--image-size H,W"],
+        "empty": ["no class subfolders in"],
+        "labels": ["train label 12 (example 5) is out of range for --num-classes 10"],
+        "model": ["gives examples of shape 28x28x1 but --model user_models:tiny takes 28x28"],
+        "module": ["raised RuntimeError: the bucket is not reachable"],
+    }
+    for name, (rc, err) in out.items():
+        errors = [line for line in err.splitlines() if line.startswith("mirrorfit: error:")]
+        assert rc == 2 and len(errors) == 1 and "Traceback" not in err, (name, err[-2000:])
+        for needle in needles[name]:
+            assert needle in errors[0], (name, errors[0])
+
+
+@pytest.mark.slow
+def test_image_folder_on_two_replicas_sees_every_example_once_per_epoch(tmp_path):
+    """The trainer's own input path (Distribution.distribute over 2 logical CPU replicas) for
+    an image folder (read by index) and TFRecords (streamed): over both replicas every image
+    once per epoch; then `train --replicas 2` on the folder trains every example, and a
+    resume after the files changed is refused naming --data."""
+    x, y = mnist(600)
+    write_png_folder(tmp_path / "png", x, y)
+    from data_fixtures import write_tfrecords
+    write_tfrecords(tmp_path / "tfr", x, y, shards=3)
+    out = run_isolated(f"""
+        import hashlib, json
+        import mirrorfit
+        from mirrorfit.config import load_config
+        from mirrorfit.data.sources import load_data
+        from mirrorfit.distribute.strategy import build_distribution
+        setup = mirrorfit.configure_devices(replicas=2)
+        dist = build_distribution(setup, kind="mirrored")
+        seen = {{}}
+        for name, spec in (("folder", {str(tmp_path / 'png')!r}),
+                           ("tfrecord", {str(tmp_path / 'tfr' / '*.tfrecord')!r})):
+            data = load_data(spec, global_batch=20, seed=3)
+            for epoch in (0, 1):
+                make = lambda w, n: data.train.dataset(start_epoch=epoch, epochs=epoch + 1,
+                                                       worker=w, workers=n)
+                digests, steps = [], 0
+                for xb, yb in dist.distribute(make, per_replica=10):
+                    steps += 1
+                    for part in dist.strategy.experimental_local_results(xb):
+                        assert part.shape[0] == 10
+                        digests += [hashlib.blake2b((a * 255).round().astype("uint8").tobytes(),
+                                                    digest_size=8).hexdigest()
+                                    for a in part.numpy()]
+                seen[f"{{name}} {{epoch}}"] = [steps, sorted(digests)]
+        from mirrorfit.train import run_training
+        config = load_config(data={str(tmp_path / 'png')!r}, replicas=2, epochs=1,
+                             global_batch_size=20, progress=False, validation_split=0.1,
+                             optimizer="adam", lr=0.003,
+                             checkpoint_dir={str(tmp_path / 'ck')!r})
+        summary = run_training(config)
+        seen["run"] = [summary["replicas"], summary["steps"], summary["train_examples"],
+                       summary["val_accuracy"]]
+        print(json.dumps(seen))
+    """, timeout=600)
+    import hashlib
+    everything = sorted(hashlib.blake2b(a.tobytes(), digest_size=8).hexdigest() for a in x)
+    for key in ("folder 0", "folder 1", "tfrecord 0", "tfrecord 1"):
+        steps, digests = out[key]
+        assert steps == 30 and digests == everything, key
+    assert out["run"][:3] == [2, 27, 540] and out["run"][3] > 0.5
+    (tmp_path / "png" / "3" / "extra.png").write_bytes(png(x[0]))
+    proc = run_cli("train", "--data", str(tmp_path / "png"), "--replicas", "2", "--epochs", "2",
+                   "--global-batch-size", "20", "--validation-split", "0.1", "--no-progress",
+                   "--optimizer", "adam", "--lr", "0.003", "--checkpoint-dir", str(tmp_path / "ck"))
+    _one_line_error(proc, f"was trained on other data than --data {tmp_path / 'png'} holds now",
+                    "--fresh")
+    assert json.dumps(out)  # the subprocess's summary was plain JSON

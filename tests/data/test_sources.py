@@ -1,0 +1,230 @@
+"""--data sources, in this process (one device): each trains like the same images from an npz,
+the order and resume guarantees of files, and every bad input as one DataError line.
+
+Fixtures are the first 2,000 MNIST training images written as a PNG folder, as TFRecords and as
+an npz in the folder's order (small and lean: the whole module runs in ~30 s on 2 cores)."""
+
+import hashlib
+import os
+
+import keras
+import numpy as np
+import pytest
+
+import mirrorfit
+from data_fixtures import (folder_order, mnist, png, write_png_folder, write_tfrecords)
+from mirrorfit.data.files import holdout
+from mirrorfit.data.sources import load_data
+from mirrorfit.errors import ConfigError, DataError
+
+N = 2000  # training images in every fixture
+BATCH = 50  # global batch: N is a multiple, so an epoch is every example
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """The same 2,000 images as a PNG folder, 5 TFRecord shards, and an npz in the folder's
+    order (what image_dataset_from_directory's layout lists: by class, then by file name)."""
+    root = tmp_path_factory.mktemp("sources")
+    x, y = mnist(N)
+    write_png_folder(root / "png", x, y)
+    write_tfrecords(root / "tfr", x, y, shards=5)
+    order = folder_order(y)
+    np.savez(root / "same.npz", x_train=x[order], y_train=y[order])
+    return {"root": root, "png": str(root / "png"), "tfr": str(root / "tfr" / "*.tfrecord"),
+            "npz": str(root / "same.npz"), "x": x, "y": y}
+
+
+def _batches(data, **kwargs):
+    return [(x.numpy(), y.numpy()) for x, y in data.train.dataset(**kwargs)]
+
+
+def _same(a, b):
+    return len(a) == len(b) and all(np.array_equal(p[0].reshape(q[0].shape), q[0])
+                                    and np.array_equal(p[1], q[1]) for p, q in zip(a, b))
+
+
+def test_image_folder_reads_the_npz_order_pixel_for_pixel(files, tmp_path):
+    """Same images, same order (the seeded permutation of the folder's listing): the batches
+    are identical, cached in memory or in a folder too, and a mid-epoch resume skips exactly."""
+    npz = load_data(files["npz"], global_batch=BATCH, seed=7)
+    folder = load_data(files["png"], global_batch=BATCH, seed=7)
+    assert folder.input_shape == (28, 28, 1) and folder.num_classes == 10
+    assert folder.class_names == tuple(str(c) for c in range(10))
+    want = _batches(npz, start_epoch=0, epochs=2)
+    assert _same(_batches(folder, start_epoch=0, epochs=2), want)
+    for cache in ("memory", str(tmp_path / "cache")):
+        cached = load_data(files["png"], global_batch=BATCH, seed=7, cache=cache)
+        assert cached.fingerprint == folder.fingerprint  # the cache does not change the order
+        assert _same(_batches(cached, start_epoch=1, epochs=2, skip=13), want[40 + 13:])
+    stored = list((tmp_path / "cache").glob("mirrorfit-cache-*.npy"))
+    assert len(stored) == 1
+    mtime = stored[0].stat().st_mtime_ns
+    load_data(files["png"], global_batch=BATCH, seed=7, cache=str(tmp_path / "cache"))
+    assert stored[0].stat().st_mtime_ns == mtime  # reused, not decoded again
+
+
+def test_image_folder_workers_read_their_share_of_every_global_batch(files):
+    data = load_data(files["png"], global_batch=BATCH, seed=3)
+    whole = _batches(data, start_epoch=0, epochs=1)
+    shares = [_batches(data, start_epoch=0, epochs=1, worker=w, workers=2) for w in (0, 1)]
+    joined = [(np.concatenate([a[0], b[0]]), np.concatenate([a[1], b[1]]))
+              for a, b in zip(*shares)]
+    assert _same(joined, whole)
+
+
+def _digests(batches):
+    """One hash per image, of its uint8 pixels (the pipeline hands them on scaled to [0, 1])."""
+    def pixels(x):
+        return x if x.dtype == np.uint8 else np.round(x * 255).astype(np.uint8)
+    return sorted(hashlib.blake2b(pixels(x).tobytes(), digest_size=8).hexdigest()
+                  for xs, _ in batches for x in xs)
+
+
+def test_tfrecords_split_across_workers_by_file_every_record_once_per_epoch(files):
+    """Two workers read disjoint files (at most one shared at the boundary), together every
+    record once per epoch; each epoch another order; a resume mid-epoch is exact."""
+    data = load_data(files["tfr"], global_batch=BATCH, seed=5, workers=2)
+    everything = _digests([(files["x"][..., None], None)])
+    for epoch in (0, 1):
+        shares = [_batches(data, start_epoch=epoch, epochs=epoch + 1, worker=w, workers=2)
+                  for w in (0, 1)]
+        assert all(len(s) == N // BATCH for s in shares)
+        assert _digests(shares[0] + shares[1]) == everything
+        reading = [data.train.epoch_slices(epoch, w, 2) for w in (0, 1)]
+        shared = set(reading[0][:, 0]) & set(reading[1][:, 0])
+        assert len(shared) <= 1 and sum(r[:, 2].sum() for r in reading) == N
+    steps = N // BATCH
+    full = _batches(data, start_epoch=0, epochs=2, worker=1, workers=2)
+    assert len(full) == 2 * steps and not _same(full[:steps], full[steps:])  # epochs differ
+    assert _same(_batches(data, start_epoch=1, epochs=2, skip=7, worker=1, workers=2),
+                 full[steps + 7:])
+
+
+def _accuracy(data, test, seed=1):
+    keras.utils.set_random_seed(seed)
+    strategy = mirrorfit.build_strategy(mirrorfit.configure_devices())
+    trainer = mirrorfit.Trainer(
+        strategy=strategy,
+        model=lambda: mirrorfit.models.mlp(data.input_shape, data.num_classes),
+        optimizer=keras.optimizers.Adam(1e-3),
+        loss=keras.losses.SparseCategoricalCrossentropy(), global_batch=BATCH,
+        steps_per_execution=20)
+    trainer.fit(data.train, epochs=2)
+    x, y = test
+    return trainer.evaluate((x.reshape(len(x), *data.input_shape), y.astype(np.int32)))["accuracy"]
+
+
+def test_each_source_trains_to_the_accuracy_of_the_same_images_from_the_npz(files, monkeypatch):
+    monkeypatch.setenv("DATA_FIXTURE_N", str(N))
+    test = mnist(1000, split="test")
+    reference = _accuracy(load_data(files["npz"], global_batch=BATCH, seed=7), test)
+    assert reference > 0.8
+    same_order = {"folder": load_data(files["png"], global_batch=BATCH, seed=7)}
+    other_order = {
+        "tfrecord": load_data(files["tfr"], global_batch=BATCH, seed=7),
+        "module arrays": load_data("data_fixtures:arrays_source", global_batch=BATCH, seed=7),
+        "module dataset": load_data("data_fixtures:dataset_source", global_batch=BATCH, seed=7,
+                                    cache="memory"),
+    }
+    for name, data in same_order.items():
+        assert _accuracy(data, test) == pytest.approx(reference, abs=0.002), name
+    for name, data in other_order.items():  # the same images in another order
+        assert _accuracy(data, test) == pytest.approx(reference, abs=0.03), name
+
+
+def test_validation_split_is_seeded_and_exact(files):
+    train, val = holdout(2000, 0.1, seed=4)
+    assert len(val) == 200 and len(train) == 1800 and not set(train) & set(val)
+    assert np.array_equal(val, holdout(2000, 0.1, seed=4)[1])
+    assert not np.array_equal(val, holdout(2000, 0.1, seed=5)[1])
+    for spec in (files["png"], files["tfr"], files["npz"]):
+        data = load_data(spec, global_batch=BATCH, seed=4, validation_split=0.1)
+        assert data.train_examples == 1800, spec
+        assert sum(len(y) for _, y in data.val) if not isinstance(data.val, tuple) \
+            else len(data.val[1]) == 200
+
+
+def test_a_changed_file_changes_the_fingerprint(files, tmp_path):
+    x, y = files["x"][:100], files["y"][:100]
+    paths = write_png_folder(tmp_path / "png", x, y)
+    before = load_data(str(tmp_path / "png"), global_batch=10, seed=1).fingerprint
+    os.utime(paths[0], ns=(1, 1))
+    assert load_data(str(tmp_path / "png"), global_batch=10, seed=1).fingerprint != before
+
+
+# -- bad input: one DataError line, named -------------------------------------------------
+
+def _class_folders(root, classes=("a", "b")):
+    for c in classes:
+        (root / c).mkdir(parents=True)
+        (root / c / "1.png").write_bytes(png(np.zeros((28, 28), np.uint8)))
+
+
+@pytest.mark.parametrize("case, needles", [
+    ("empty folder", ["no class subfolders in"]),
+    ("class without images", ["class folder", "/b holds no PNG or JPEG image"]),
+    ("one class", ["only one class folder (a)"]),
+    ("corrupt first image", ["cannot be decoded as an image"]),
+    ("label out of range", ["train label 10 (example 3) is out of range for --num-classes 10"]),
+    ("negative label", ["train label -1 (example 0) is negative"]),
+    ("missing feature", ["record 0 has no feature 'image/encoded' (it has image/class/label)",
+                         "--image-feature"]),
+    ("negative tfrecord label", ["record 1 has label -2 under image/class/label"]),
+    ("npz without y_train", ["it needs x_train and y_train"]),
+    ("module raises", ["the function raised RuntimeError: the bucket is not reachable"]),
+    ("module returns a string", ["returned str; expected train"]),
+    ("module one-hot labels", ["labels of shape (100, 10)", "not one-hot"]),
+    ("input shape", ["--input-shape 32,32,1 is not the shape", "--image-size H,W"]),
+    ("batch too large", ["global batch 4096 is larger than the 2 training examples"]),
+])
+def test_bad_input_is_one_named_data_error(tmp_path, case, needles):
+    root = tmp_path / "data"
+    kwargs = {}
+    if case == "empty folder":
+        root.mkdir()
+    elif case == "class without images":
+        _class_folders(root, ("a",))
+        (root / "b").mkdir()
+    elif case == "one class":
+        _class_folders(root, ("a",))
+    elif case == "corrupt first image":
+        _class_folders(root)
+        (root / "a" / "1.png").write_bytes(b"\x89PNG this is not a png")
+    elif case in ("label out of range", "negative label"):
+        x, y = mnist(10)
+        y[3 if case == "label out of range" else 0] = 10 if case == "label out of range" else -1
+        root = tmp_path / "d.npz"
+        np.savez(root, x_train=x, y_train=y)
+        kwargs = {"num_classes": 10} if case == "label out of range" else {}
+    elif case in ("missing feature", "negative tfrecord label"):
+        x, y = mnist(4)
+        labels = np.array([1, -2, 3, 4]) if case == "negative tfrecord label" else None
+        write_tfrecords(root, x, y, 1, image_feature="" if case == "missing feature"
+                        else "image/encoded", labels=labels)
+        root = root / "*.tfrecord"
+    elif case == "npz without y_train":
+        root = tmp_path / "d.npz"
+        np.savez(root, x_train=np.zeros((3, 2)))
+    elif case.startswith("module"):
+        root = {"module raises": "data_fixtures:raising_source",
+                "module returns a string": "data_fixtures:wrong_source",
+                "module one-hot labels": "data_fixtures:one_hot_source"}[case]
+    elif case == "input shape":
+        _class_folders(root)
+        kwargs = {"input_shape": (32, 32, 1)}
+    elif case == "batch too large":
+        _class_folders(root)
+        kwargs = {"global_batch": 4096}
+    kwargs.setdefault("global_batch", 2)
+    with pytest.raises(DataError) as e:
+        load_data(str(root), **kwargs)
+    message = str(e.value)
+    assert "\n" not in message
+    for needle in needles:
+        assert needle in message
+
+
+def test_a_glob_that_matches_nothing_is_a_config_error(tmp_path):
+    with pytest.raises(ConfigError, match="the pattern matches no file"):
+        load_data(str(tmp_path / "*.tfrecord"), global_batch=2)

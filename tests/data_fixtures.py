@@ -1,0 +1,115 @@
+"""Small data fixtures written from the real MNIST: PNG folders, TFRecords, npz files, and
+``--data package.module:function`` sources (tests/ is on PYTHONPATH in subprocesses too).
+
+PNGs are written by hand (zlib, no TensorFlow): a few thousand take well under a second.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import zlib
+from pathlib import Path
+
+import numpy as np
+
+from conftest import MNIST_DIR
+
+IMAGE = "image/encoded"
+LABEL = "image/class/label"
+
+
+def mnist(n: int, *, offset: int = 0, split: str = "train") -> tuple[np.ndarray, np.ndarray]:
+    """``n`` real MNIST images (uint8 28x28) and labels from ``offset`` of the split."""
+    with np.load(MNIST_DIR / "mnist.npz") as f:
+        return (f[f"x_{split}"][offset:offset + n],
+                f[f"y_{split}"][offset:offset + n].astype(np.int64))
+
+
+def png(image: np.ndarray) -> bytes:
+    """A grayscale 8-bit PNG of a (H, W) uint8 image."""
+    h, w = image.shape
+    raw = b"".join(b"\0" + image[r].tobytes() for r in range(h))
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return (struct.pack(">I", len(data)) + kind + data
+                + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF))
+
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 0, 0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(raw, 1)) + chunk(b"IEND", b""))
+
+
+def write_png_folder(root: Path, x: np.ndarray, y: np.ndarray) -> list[Path]:
+    """One subfolder per class (``0`` .. ``9``), file names by index: ``root/3/00007.png``.
+    Returns the files in the folder source's order (by class, then name)."""
+    paths = []
+    for i, (image, label) in enumerate(zip(x, y)):
+        folder = root / str(int(label))
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"{i:05d}.png"
+        path.write_bytes(png(image))
+        paths.append(path)
+    return sorted(paths)
+
+
+def folder_order(y: np.ndarray) -> np.ndarray:
+    """The indices of the examples in the order an image folder lists them (class, index)."""
+    return np.lexsort((np.arange(len(y)), y))
+
+
+def write_tfrecords(folder: Path, x: np.ndarray, y: np.ndarray, shards: int, *,
+                    image_feature: str = IMAGE, label_feature: str = LABEL,
+                    labels: np.ndarray | None = None) -> list[Path]:
+    """Example i goes to shard i % shards, in order; ``labels`` replaces ``y`` as written."""
+    import tensorflow as tf
+
+    folder.mkdir(parents=True, exist_ok=True)
+    written = y if labels is None else labels
+    files = []
+    for s in range(shards):
+        path = folder / f"train-{s:03d}-of-{shards:03d}.tfrecord"
+        with tf.io.TFRecordWriter(str(path)) as w:
+            for i in range(s, len(x), shards):
+                feature = {}
+                if image_feature:
+                    feature[image_feature] = tf.train.Feature(
+                        bytes_list=tf.train.BytesList(value=[png(x[i])]))
+                if label_feature:
+                    feature[label_feature] = tf.train.Feature(
+                        int64_list=tf.train.Int64List(value=[int(written[i])]))
+                example = tf.train.Example(features=tf.train.Features(feature=feature))
+                w.write(example.SerializeToString())
+        files.append(path)
+    return files
+
+
+# --data data_fixtures:FUNCTION sources; DATA_FIXTURE_N sets how many examples.
+def _n() -> int:
+    return int(os.environ.get("DATA_FIXTURE_N", "2000"))
+
+
+def arrays_source():
+    x, y = mnist(_n())
+    return {"train": (x, y), "test": mnist(500, split="test")}
+
+
+def dataset_source():
+    import tensorflow as tf
+
+    x, y = mnist(_n())
+    tx, ty = mnist(500, split="test")
+    return (tf.data.Dataset.from_tensor_slices((x, y)), None,
+            tf.data.Dataset.from_tensor_slices((tx, ty)))
+
+
+def raising_source():
+    raise RuntimeError("the bucket is not reachable")
+
+
+def wrong_source():
+    return "not data"
+
+
+def one_hot_source():
+    x, y = mnist(100)
+    return x, np.eye(10)[y]
