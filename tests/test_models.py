@@ -91,7 +91,8 @@ def test_application_default_is_keras_s_imagenet_shape():
                                              ("DenseNet12", "DenseNet121"),
                                              ("MLP", "mlp")])
 def test_misspelt_names_get_the_close_match(spec, suggested):
-    with pytest.raises(ConfigError, match=f"unknown model '{spec}'; did you mean '{suggested}'"):
+    with pytest.raises(ConfigError,
+                       match=fr"unknown model '{spec}' \(did you mean '{suggested}'\?\)"):
         model_factory(spec)
 
 

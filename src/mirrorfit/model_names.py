@@ -72,7 +72,7 @@ def _suggestion(spec: str) -> str:
     # score as five edits.
     by_lower = {n.lower(): n for n in REFERENCE + APPLICATIONS}
     close = difflib.get_close_matches(spec.lower(), list(by_lower), n=1, cutoff=0.75)
-    return f"; did you mean {by_lower[close[0]]!r}?" if close else ""
+    return f" (did you mean {by_lower[close[0]]!r}?)" if close else ""
 
 
 def check_input_shape(spec: str, input_shape: tuple[int, ...] | None, *,

@@ -7,7 +7,7 @@ from mirrorfit.cli import main
 
 
 @pytest.mark.parametrize("args, needle", [
-    (["--model", "resnet50"], "unknown model 'resnet50'; did you mean 'ResNet50'?"),
+    (["--model", "resnet50"], "unknown model 'resnet50' (did you mean 'ResNet50'?); use mlp, cnn"),
     (["--model", "ResNet50"], "use --data synthetic --input-shape 32,32,3"),
     (["--model", "ResNet50", "--data", "synthetic", "--input-shape", "16,16,3"],
      "--input-shape 16,16,3: --model ResNet50 needs images of at least 32x32 pixels"),
