@@ -134,3 +134,22 @@ def test_requires_python_admits_no_python_without_tomllib():
     spec = SpecifierSet(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
                         ["requires-python"])
     assert "3.10.14" not in spec and "3.11.0" in spec
+
+
+def test_data_settings_from_toml_and_flags(tmp_path):
+    """--data and its flags take TOML values too (sizes as "H,W" or a list); --dataset is the
+    older name of --data; a flag that does not apply to the source is refused by name."""
+    (tmp_path / "imgs").mkdir()
+    f = tmp_path / "run.toml"
+    f.write_text(f'data = "{tmp_path / "imgs"}"\nimage-size = [64, 48]\nvalidation-split = 0.2\n'
+                 'cache = "memory"\nnum-classes = 5\n')
+    c = load_config(f)
+    assert (c.image_size, c.validation_split, c.cache, c.num_classes) == ((64, 48), 0.2,
+                                                                          "memory", 5)
+    assert load_config(f, image_size="32,32").image_size == (32, 32)
+    assert load_config(dataset="mnist").data == "mnist"
+    assert load_config(data="synthetic", input_shape="224,224,3").input_shape == (224, 224, 3)
+    with pytest.raises(ConfigError, match="--label-feature names a TFRecord feature"):
+        load_config(f, label_feature="y")
+    with pytest.raises(ConfigError, match="--image-size resizes images read from files"):
+        load_config(data="synthetic", image_size="28,28")

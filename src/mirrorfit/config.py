@@ -192,9 +192,6 @@ class TrainConfig:
                 or self.num_classes < 2):
             raise ConfigError(f"--num-classes must be an integer >= 2, got "
                               f"{self.num_classes!r}; e.g. --num-classes 10")
-        if kind == "synthetic" and self.input_shape is None and ":" in self.model:
-            raise ConfigError(f"--data synthetic with --model {self.model} needs "
-                              "--input-shape (e.g. --input-shape 224,224,3)")
 
     def batch_sizes(self, replicas: int) -> tuple[int, int]:
         """(per-replica micro-batch, effective global batch) in examples for ``replicas``.

@@ -228,3 +228,25 @@ def test_bad_input_is_one_named_data_error(tmp_path, case, needles):
 def test_a_glob_that_matches_nothing_is_a_config_error(tmp_path):
     with pytest.raises(ConfigError, match="the pattern matches no file"):
         load_data(str(tmp_path / "*.tfrecord"), global_batch=2)
+
+
+def test_parameter_server_streams_are_pure_tensorflow(files, tmp_path):
+    """sampled() runs on the workers, where the chief's Python does not: no NumPy callback in
+    the graph, endless global batches, different per worker."""
+    import tensorflow as tf
+
+    sources = {"folder": load_data(files["png"], global_batch=BATCH, seed=2),
+               "tfrecord": load_data(files["tfr"], global_batch=BATCH, seed=2),
+               "tfrecord cached": load_data(files["tfr"], global_batch=BATCH, seed=2,
+                                            cache=str(tmp_path)),
+               "module": load_data("data_fixtures:dataset_source", global_batch=BATCH, seed=2)}
+    for name, data in sources.items():
+        streams = []
+        for worker in (0, 1):
+            context = tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=worker)
+            ds = data.train.sampled(context)
+            graph = ds._as_serialized_graph().numpy()
+            assert b"PyFunc" not in graph, name
+            streams.append([y.numpy() for _, y in ds.take(N // BATCH + 2)])  # past one pass
+        assert all(len(y) == BATCH for y in streams[0]), name
+        assert not all(np.array_equal(a, b) for a, b in zip(*streams)), name

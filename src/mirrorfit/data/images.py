@@ -39,7 +39,7 @@ FILL_BATCH = 256  # images decoded per write while filling a cache
 class IndexedBatches:
     """Training batches of examples read by index: from ``paths`` (one encoded image file
     each, decoded by ``decoder``) or, with ``store``, from decoded uint8 pixels (an array or a
-    read-only memory map, [examples, height, width, channels]). ``labels``: int32 per example.
+    read-only memory map, [examples, height, width, channels]; ``paths`` may then be empty). ``labels``: int32 per example.
     ``fingerprint`` identifies the files (names, sizes, modification times), so a resume on
     changed files is refused; it does not depend on the cache."""
 
@@ -93,18 +93,18 @@ class IndexedBatches:
     def sampled(self, context: tf.distribute.InputContext) -> tf.data.Dataset:
         """For parameter-server workers: an endless stream of global batches, reshuffled each
         pass with the run's seed and the worker's index; pure TensorFlow (it runs on the
-        worker). Decodes the files (a cache on the chief is not the workers')."""
+        worker). Decodes the files; decoded TFRecords (no files to read by index) are sent
+        to the workers whole, a memory map loaded first."""
         seed = tf.cast(context.input_pipeline_id, tf.int64) + self.seed * 1000
+        if not len(self.paths):
+            ds = tf.data.Dataset.from_tensor_slices((np.asarray(self.store), self.labels))
+            ds = ds.shuffle(len(self.labels), seed=seed, reshuffle_each_iteration=True).repeat()
+            return finish(ds.batch(self.global_batch, drop_remainder=True))
         ds = tf.data.Dataset.from_tensor_slices((self.paths.astype(str), self.labels))
         ds = ds.shuffle(len(self.labels), seed=seed, reshuffle_each_iteration=True).repeat()
         ds = ds.map(lambda p, y: (self.decoder(tf.io.read_file(p), p), y),
                     num_parallel_calls=tf.data.AUTOTUNE)
         return finish(ds.batch(self.global_batch, drop_remainder=True))
-
-    def explain_failure(self, error: tf.errors.OpError, flag: str) -> DataError:
-        """The file(s) behind a decode error raised while training (see decode.py)."""
-        return undecodable_files(self.paths, self.decoder, flag, error)
-
 
 def store_reader(store: np.ndarray):
     """A function from example indices to rows of a decoded store: a gather from one constant

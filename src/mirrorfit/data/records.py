@@ -244,11 +244,6 @@ class RecordBatches:
                     num_parallel_calls=tf.data.AUTOTUNE)
         return finish(ds.batch(self.global_batch, drop_remainder=True))
 
-    def explain_failure(self, error: tf.errors.OpError, flag: str) -> DataError:
-        """The record(s) behind a decode error raised while training."""
-        return undecodable_records(self.index, self.image_feature, self.decoder, flag, error)
-
-
 def records_in_order(index: RecordIndex, want: np.ndarray | None) -> tf.data.Dataset:
     """(serialized, name) of the records whose entry in ``want`` is True (all if None), file
     after file in the sorted order."""
