@@ -317,6 +317,8 @@ def _check_model_fits(model: keras.Model, data: Data, config: TrainConfig) -> No
 
 def _input_source(data: Data, config: TrainConfig) -> str:
     """How the profiled input is read, for the report and its advice."""
+    if data.kind == "synthetic":
+        return "synthetic, one batch repeated"
     if data.kind == "folder":
         how = "image files"
     elif data.kind == "tfrecord":
