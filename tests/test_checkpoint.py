@@ -2,6 +2,7 @@
 corrupt newest checkpoint, clear errors for corrupt or foreign checkpoints and for changed flags,
 a full disk, and independence from the replica count. Mostly through real processes."""
 
+import json
 import os
 import signal
 import subprocess
@@ -379,3 +380,19 @@ def test_restore_falls_back_past_a_corrupt_newest_checkpoint(tmp_path, batches, 
     assert len(aside) == 1  # kept for a look, out of the way
     trainer.fit(batches, epochs=2, callbacks=[ckpt.epoch_callback])  # redoes epoch 2
     assert Checkpointer(tmp_path, trainer=_trainer(), model_spec="tiny").restore_latest().step == 16
+
+
+def test_export_rebuilds_a_checkpoint_at_the_shape_and_classes_it_was_trained_with(tmp_path):
+    """A model trained on other data (here 32x32x3, 5 classes, synthetic) is exported from its
+    checkpoint at that shape, not the model's default (MNIST's 28x28, 10 classes)."""
+    from conftest import run_cli
+
+    ckpt, models = tmp_path / "ckpt", tmp_path / "models" / "small"
+    proc = run_cli("train", "--model", "cnn", "--data", "synthetic", "--input-shape", "32,32,3",
+                   "--num-classes", "5", "--epochs", "1", "--global-batch-size", "16",
+                   "--train-examples", "64", "--no-progress", "--checkpoint-dir", str(ckpt))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = run_cli("export", "--checkpoint-dir", str(ckpt), "--export-dir", str(models))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    meta = json.loads(sorted(ckpt.glob("ckpt-*"))[-1].joinpath("meta.json").read_text())
+    assert (meta["identity"]["input_shape"], meta["identity"]["num_classes"]) == ([32, 32, 3], 5)

@@ -59,9 +59,17 @@ class Restored:
 
 
 def identity(trainer, model_spec: str) -> dict[str, Any]:
-    """What must match for a checkpoint to be restorable into ``trainer``."""
+    """What must match for a checkpoint to be restorable into ``trainer``; the input shape and
+    classes let ``export``/``evaluate`` rebuild the model the data shaped (not the default)."""
+    model = trainer.model
+    try:
+        input_shape = [int(d) for d in model.inputs[0].shape[1:]]
+        num_classes = int(model.outputs[0].shape[-1])
+    except (AttributeError, IndexError, TypeError, ValueError):  # subclassed, unknown dims
+        input_shape, num_classes = None, None
     return {"model": model_spec, "optimizer": type(trainer.optimizer).__name__,
-            "weights": [list(map(int, w.shape)) for w in trainer.model.weights]}
+            "weights": [list(map(int, w.shape)) for w in model.weights],
+            "input_shape": input_shape, "num_classes": num_classes}
 
 
 class Checkpointer:
@@ -290,7 +298,7 @@ def load_model(directory: str | Path, *, model: str | None = None,
         except CheckpointError as e:
             unreadable.append((path, e.reason))
             continue
-        net = _build_checked(path, meta["identity"]["model"], model)
+        net = _build_checked(path, meta["identity"], model)
         try:
             tf.train.Checkpoint(model=net).read(str(path / "state")).expect_partial() \
                 .assert_existing_objects_matched()
@@ -304,15 +312,18 @@ def load_model(directory: str | Path, *, model: str | None = None,
     raise _unreadable(*unreadable[0])
 
 
-def _build_checked(path: Path, spec: str, asked: str | None):
-    """Build the checkpoint's model ``spec``: a built-in freely, a user model only if the
-    caller asked for that very one."""
-    from mirrorfit.models import REFERENCE_MODELS, model_factory
+def _build_checked(path: Path, ident: dict, asked: str | None):
+    """Build the checkpoint's model (its spec, input shape and classes): a built-in or a
+    keras.applications name freely, a user model only if the caller asked for that very one."""
+    from mirrorfit.models import model_factory
 
+    spec = ident["model"]
     if asked is not None and asked != spec:
         raise CheckpointError(f"checkpoint {path} holds --model {spec}, not --model {asked}; "
                               f"pass --model {spec}")
-    if spec not in REFERENCE_MODELS and asked is None:
+    if ":" in spec and asked is None:
         raise CheckpointError(f"checkpoint {path} holds the user model {spec}, whose code "
                               f"would be imported and run; pass --model {spec} to allow it")
-    return model_factory(spec)()
+    shape, classes = ident.get("input_shape"), ident.get("num_classes")
+    return model_factory(spec, input_shape=tuple(shape) if shape else None,
+                         num_classes=classes)()

@@ -13,6 +13,7 @@ fields, so a refusal can name the one that changed.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -64,6 +65,14 @@ def _schema_problem(meta: Any) -> str | None:
     if not isinstance(weights, list) or not all(
             isinstance(w, list) and all(_count(d) for d in w) for w in weights):
         return "identity.weights is not a list of shapes"
+    # The shape the model is rebuilt with (export/evaluate): bounded, as a bigger one would
+    # cost its memory before the checkpoint's weights could refuse it.
+    shape, classes = ident.get("input_shape"), ident.get("num_classes")
+    if shape is not None and not (isinstance(shape, list) and 1 <= len(shape) <= 4 and all(
+            _count(d) and 1 <= d <= 16384 for d in shape) and math.prod(shape) <= 2**26):
+        return f"identity.input_shape is {shape!r}, not an example's shape"
+    if classes is not None and not (_count(classes) and 1 <= classes <= 1_000_000):
+        return f"identity.num_classes is {classes!r}, not a number of classes"
     for key in ("data", "settings"):  # absent in older formats
         if not isinstance(meta.get(key, {}), dict) or not all(
                 isinstance(v, _SCALAR) for v in meta.get(key, {}).values()):
