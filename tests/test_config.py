@@ -153,3 +153,14 @@ def test_data_settings_from_toml_and_flags(tmp_path):
         load_config(f, label_feature="y")
     with pytest.raises(ConfigError, match="--image-size resizes images read from files"):
         load_config(data="synthetic", image_size="28,28")
+
+
+@pytest.mark.parametrize("overrides, flag", [
+    ({"strategy": "mirrored", "communication": "nccl"}, "--communication"),
+    ({"strategy": "multi-worker", "cross_device_ops": "nccl"}, "--cross-device-ops"),
+    ({"strategy": "parameter-server", "xla": True}, "--xla"),
+    ({"threads_per_worker": 100_000}, "--threads-per-worker"),
+])
+def test_cluster_flags_that_would_be_ignored_or_harmful_are_refused(overrides, flag):
+    with pytest.raises(ConfigError, match=flag):
+        load_config(**overrides)

@@ -96,6 +96,19 @@ class TrainConfig:
         if self.collective_timeout > 86400:
             raise ConfigError(f"--collective-timeout {self.collective_timeout:g} s is more than "
                               "a day; a hung worker would go unnoticed that long (e.g. 300)")
+        if self.communication != "auto" and self.strategy != "multi-worker":
+            raise ConfigError(f"--communication {self.communication} sets multi-worker's "
+                              f"all-reduce; --strategy {self.strategy} does not use it: drop it "
+                              "or use --strategy multi-worker")
+        if self.cross_device_ops != "auto" and self.strategy in CLUSTER_STRATEGIES:
+            raise ConfigError(f"--cross-device-ops {self.cross_device_ops} is for one process "
+                              f"with several devices; with --strategy {self.strategy} use "
+                              "--communication (multi-worker) or drop it")
+        if self.xla and self.strategy == "parameter-server":
+            # The check compiles the step against variables that live on the ps: it can only
+            # fail, and it would blame the model.
+            raise ConfigError("--xla cannot compile steps whose variables live on parameter "
+                              "servers; drop --xla or use --strategy multi-worker")
         if self.profile and self.strategy in CLUSTER_STRATEGIES:
             raise ConfigError(f"--profile times one process's devices; it cannot run with "
                               f"--strategy {self.strategy}: profile with --strategy mirrored")

@@ -59,6 +59,14 @@ class PreemptionGuard:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
 
+    def reclaim(self) -> None:
+        """Take SIGTERM/SIGINT back after TensorFlow took them: MultiWorkerMirroredStrategy
+        installs TF's own C++ SIGTERM handler (its preemption notifier), which silently
+        replaced this guard's, so a preempted worker trained on to the end."""
+        if self.signal_name is None:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(sig, self._on_signal)
+
     def _on_signal(self, signum, frame) -> None:
         if self.signal_name is None:
             self.signal_name = signal.Signals(signum).name

@@ -114,6 +114,7 @@ def _train(config: TrainConfig, console: Console, guard: PreemptionGuard,
                               collective_timeout_s=config.collective_timeout)
     if not dist.is_chief:  # only the chief talks; the others say only what goes wrong
         console = Console(stderr=True, soft_wrap=True, quiet=True)
+    guard.reclaim()  # the strategy may have installed TF's own SIGTERM handler
     guard.watch(None, agree=dist.agree)
     per_replica, global_batch = config.batch_sizes(dist.replicas)
     data = _load_data(config, global_batch, dist)
@@ -378,8 +379,9 @@ def _restore(checkpointer: Checkpointer, config: TrainConfig, console: Console,
     restored = checkpointer.restore_latest()
     step = restored.step if restored else 0
     if not dist.all_equal(step):
-        raise ClusterError(f"{dist.task} restored step {step}, another worker a different "
-                           "one; is --checkpoint-dir on storage every worker sees?")
+        raise ConfigError(f"{dist.task} restored step {step}, another worker a different one; "
+                          "give every worker the same --checkpoint-dir, on storage they all "
+                          "see")
     if restored:
         console.print(f"resuming from {restored.path}: {restored.epoch} epoch(s) done, "
                       f"continuing epoch {restored.epoch + 1} at step {restored.step_in_epoch} "

@@ -231,3 +231,31 @@ def test_slurm_layout_matches_slurm_cluster_resolver(tf, monkeypatch, nodes, per
         ours = resolve_cluster(env)
         assert list(ours.workers) == spec["worker"]
         assert (ours.task_type, ours.task_index) == theirs.get_task_info()
+
+
+def test_a_one_process_strategy_inside_a_described_cluster_is_refused():
+    import json as _json
+
+    from mirrorfit.distribute.cluster import cluster_for
+    from mirrorfit.errors import ConfigError
+
+    env = {"TF_CONFIG": _json.dumps({"cluster": {"worker": ["a:1", "b:2"]},
+                                     "task": {"type": "worker", "index": 0}})}
+    # Under `mirrorfit launch` without --strategy multi-worker, each task would train alone and
+    # write the same outputs.
+    with pytest.raises(ConfigError, match="--strategy auto trains alone; pass --strategy "
+                                          "multi-worker"):
+        cluster_for("auto", env)
+    assert cluster_for("multi-worker", env).num_workers == 2
+    assert cluster_for("mirrored", {}) is None
+
+
+def test_non_ascii_digits_in_an_index_are_one_line_not_a_traceback():
+    import json as _json
+
+    from mirrorfit.distribute.cluster import resolve_cluster
+    from mirrorfit.errors import ConfigError
+
+    with pytest.raises(ConfigError):
+        resolve_cluster({"TF_CONFIG": _json.dumps({"cluster": {"worker": ["a:1", "b:2"]},
+                                                   "task": {"type": "worker", "index": "²"}})})

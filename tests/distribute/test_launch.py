@@ -254,11 +254,18 @@ def test_sigterm_is_forwarded_and_nothing_outlives_the_launcher(task, tmp_path):
                                                       "on PATH"),
     (["--workers", "1", "--", "./no/such/file"], "'./no/such/file' after -- is not an "
                                                  "executable file"),
+    (["--workers", "300", "--", "true"], "at most 256 tasks on one host"),
 ])
 def test_bad_flags_exit_2_with_one_line_before_anything_starts(argv, words, capsys):
     code, out, err = run(argv, capsys)
     assert code == 2 and out == ""
     assert err.count("\n") == 1 and words in err and "Traceback" not in err
+
+
+def test_a_launch_inside_a_launched_task_is_refused(capsys, monkeypatch):
+    monkeypatch.setenv("MIRRORFIT_LAUNCH", "1")  # what every task gets
+    code, out, err = run(["--workers", "2", "--", "true"], capsys)
+    assert code == 2 and "nested launchers" in err and err.count("\n") == 1
 
 
 def test_malformed_numbers_are_argparse_usage_errors(capsys):

@@ -215,3 +215,26 @@ def test_multi_worker_without_a_cluster_is_refused_before_tensorflow_loads():
     assert proc.returncode == 2
     assert "needs a cluster" in proc.stderr and "mirrorfit launch" in proc.stderr
     assert time.monotonic() - t0 < 5
+
+
+def test_sigterm_stops_every_worker_at_the_same_step_with_a_checkpoint(tmp_path):
+    """TF's MultiWorkerMirroredStrategy installs its own SIGTERM handler; mirrorfit takes it
+    back, and the workers agree on the step to stop at (exit 75, as on one process)."""
+    out = tmp_path / "out"
+    out.mkdir()
+    proc = _launch("--workers", "2", "--", "mirrorfit", "train", "--strategy", "multi-worker",
+                   "--threads-per-worker", "1", "--model", "mlp", "--train-examples", "8192",
+                   "--epochs", "4", "--no-progress", "--steps-per-execution", "4",
+                   "--checkpoint-dir", str(out / "ckpt"), "--checkpoint-every", "16",
+                   tmp=tmp_path)
+    deadline = time.monotonic() + 300
+    while not list((out / "ckpt").glob("ckpt-*")):
+        assert time.monotonic() < deadline and proc.poll() is None, proc.stdout.read()[-4000:]
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)  # the launcher forwards it to both workers
+    log, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 75, log[-4000:]
+    stops = [line.split("saved ")[1].split(" ")[0] for line in log.splitlines()
+             if "preempted by SIGTERM: saved" in line]
+    assert len(stops) == 2 and stops[0] == stops[1], log[-3000:]  # the same step on both
+    assert (Path(stops[0]) / "meta.json").is_file()

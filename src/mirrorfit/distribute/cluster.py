@@ -220,7 +220,7 @@ def _from_tf_config(text: str) -> Cluster:
         raise ConfigError(f"TF_CONFIG cluster.chief lists {len(chiefs)} tasks {chiefs}; a job "
                           "has at most one chief (make the others workers)")
     index = task.get("index", 0)
-    if isinstance(index, str) and index.strip().isdigit():  # templated manifests give "1"
+    if isinstance(index, str) and index.strip().isdecimal() and index.strip().isascii():  # templated manifests give "1"
         index = int(index)
     if isinstance(index, bool) or not isinstance(index, int):
         raise ConfigError(f"TF_CONFIG task.index {index!r} is not an integer; e.g. 0")
@@ -310,7 +310,7 @@ def expand_hostlist(hostlist: str, name: str = "SLURM_STEP_NODELIST") -> list[st
         for piece in ranges.split(","):
             lo, _, hi = piece.partition("-")
             hi = hi or lo
-            if not (lo.isdigit() and hi.isdigit()) or int(hi) < int(lo):
+            if not all(t.isascii() and t.isdecimal() for t in (lo, hi)) or int(hi) < int(lo):
                 raise bad
             hosts.extend(prefix + str(i).zfill(len(lo)) for i in range(int(lo), int(hi) + 1))
     return hosts
@@ -348,7 +348,8 @@ def _first_set(env: Mapping[str, str], *names: str) -> str:
 
 def _slurm_int(env: Mapping[str, str], name: str, minimum: int) -> int:
     text = env.get(name)
-    if text is None or not text.strip().isdigit() or int(text) < minimum:
+    if text is None or not (text.strip().isascii() and text.strip().isdecimal()) \
+            or int(text) < minimum:
         raise ConfigError(f"{name}={text!r} is not an integer >= {minimum}; run under srun, "
                           "which sets it" if name.startswith("SLURM") else
                           f"{name}={text!r} is not an integer >= {minimum}; e.g. 8888")
@@ -363,9 +364,14 @@ def cluster_for(strategy: str, environ: Mapping[str, str] | None = None) -> Clus
     """The cluster this process belongs to, for ``--strategy multi-worker`` or
     ``parameter-server`` (None for the one-process strategies); ConfigError when such a
     strategy finds no cluster, or one laid out for the other."""
-    if strategy not in ("multi-worker", "parameter-server"):
-        return None
     cluster = resolve_cluster(environ)
+    if strategy not in ("multi-worker", "parameter-server"):
+        if cluster is not None and cluster.num_workers + len(cluster.ps) > 1:
+            # Every task would train its own copy and write the same outputs.
+            raise ConfigError(f"{cluster.source} describes a cluster ({cluster.describe()}) but "
+                              f"--strategy {strategy} trains alone; pass --strategy "
+                              f"{cluster.mode}, or unset TF_CONFIG for a one-process run")
+        return None
     if cluster is None:
         raise ConfigError(f"--strategy {strategy} needs a cluster: set TF_CONFIG, run under "
                           f"SLURM with srun, or start it with `mirrorfit launch --workers N -- "

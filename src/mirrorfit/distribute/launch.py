@@ -101,6 +101,9 @@ def run_launch(args: argparse.Namespace) -> int:
     return launcher.run()
 
 
+MAX_TASKS = 256  # TensorFlow processes on one host; planning 4,000 took 66 s before any start
+
+
 def check_launch_args(args: argparse.Namespace) -> list[str]:
     """Check parsed ``launch`` flags without starting anything; return the argv every task
     runs (see :func:`resolve_command`). Raises :class:`ConfigError` naming the flag."""
@@ -112,6 +115,14 @@ def check_launch_args(args: argparse.Namespace) -> list[str]:
         if value < minimum:
             raise ConfigError(f"{flag} must be >= {minimum}, got {value}; e.g. {flag} "
                               f"{max(minimum, 1 if flag != '--workers' else 2)}")
+    if args.workers + args.ps > MAX_TASKS:
+        raise ConfigError(f"--workers {args.workers} --ps {args.ps}: at most {MAX_TASKS} tasks "
+                          "on one host (each is a TensorFlow process); use a cluster scheduler "
+                          "(SLURM, Kubernetes) for more")
+    if os.environ.get("MIRRORFIT_LAUNCH") == "1":
+        raise ConfigError("mirrorfit launch is running inside a task of another mirrorfit "
+                          "launch; nested launchers would make several clusters with a chief "
+                          "each: launch once")
     if not math.isfinite(args.grace_s) or args.grace_s < 0:
         raise ConfigError(f"--grace-s must be a number of seconds >= 0, got {args.grace_s}; "
                           f"e.g. --grace-s {DEFAULT_GRACE_S:g}")

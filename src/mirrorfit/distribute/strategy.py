@@ -215,7 +215,7 @@ def _multi_worker(setup: DeviceSetup, cluster, communication: str,
     # for ever, whatever its register timeout says (measured on TF 2.21). Nothing can interrupt
     # that wait (it holds the GIL), so a watchdog process names who is missing and ends it.
     with deadline(timeout_s, f"did not join within {timeout_s:g} s; check that every task "
-                  "started (its log), or raise --collective-timeout", _peers(cluster)):
+                  "started (its log), or raise --collective-timeout", peers(cluster)):
         try:
             strategy = tf.distribute.MultiWorkerMirroredStrategy(
                 cluster_resolver=resolver, communication_options=options)
@@ -237,7 +237,7 @@ def unreachable(cluster, *, timeout_s: float = 2.0) -> list[str]:
     """The other tasks whose port does not accept a connection now (to name, after a
     collective failed, the one that stopped answering)."""
     gone = []
-    for name, address in _peers(cluster):
+    for name, address in peers(cluster):
         host, _, port = address.rpartition(":")
         try:
             socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
@@ -250,7 +250,8 @@ def _missing(cluster) -> str:
     return ", ".join(unreachable(cluster))
 
 
-def _peers(cluster) -> list[tuple[str, str]]:
+def peers(cluster) -> list[tuple[str, str]]:
+    """(name, "host:port") of every other task of ``cluster``."""
     me = cluster.address(cluster.task_type, cluster.task_index)
     out = []
     for job, addresses in (("chief", [cluster.chief] if cluster.chief else []),

@@ -219,8 +219,15 @@ def build_parameter_server(setup, cluster, *, timeout_s: float):
 
     if not cluster.is_chief:
         raise ConfigError(f"{cluster.task_name()} serves; only the chief builds the strategy")
-    strategy = tf.distribute.experimental.ParameterServerStrategy(cluster.tf_resolver())
-    coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+    from mirrorfit.distribute._deadline import deadline
+    from mirrorfit.distribute.strategy import peers
+
+    # Connecting to the workers and ps waits for them inside TF's C++, for ever: a watchdog
+    # process names the ones missing after the timeout.
+    with deadline(timeout_s, f"did not come up within {timeout_s:g} s; check that every task "
+                  "started (its log), or raise --collective-timeout", peers(cluster)):
+        strategy = tf.distribute.experimental.ParameterServerStrategy(cluster.tf_resolver())
+        coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
     return Distribution(strategy=strategy, kind="parameter-server",
                         replicas=strategy.num_replicas_in_sync,
                         local_replicas=strategy.num_replicas_in_sync,
