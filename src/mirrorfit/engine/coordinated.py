@@ -237,15 +237,40 @@ def build_parameter_server(setup, cluster, *, timeout_s: float):
 
 def serve_task(cluster, *, console=None) -> NoReturn:
     """What a ``worker`` or ``ps`` task of ``mirrorfit train --strategy parameter-server`` does:
-    serve the chief until it is stopped. A signal ends it at once (nothing of its own to
-    save: the chief checkpoints)."""
-    import signal
+    serve the chief until it is stopped.
 
+    A SIGTERM/SIGINT does not end it at once: the chief, signalled at the same moment (by
+    ``mirrorfit launch`` or a node drain), still needs the ps to save its checkpoint. So a
+    signalled task serves on until the chief's port is closed, then exits 0; a second signal
+    ends it at once.
+    """
+    import os
+    import signal
+    import socket
+    import time
+
+    signals: list[int] = []
+
+    def on_signal(signum, frame) -> None:
+        if signals:
+            os._exit(128 + signum)
+        signals.append(signum)
+
+    resolver = cluster.tf_resolver()
+    tf.distribute.Server(resolver.cluster_spec(), job_name=cluster.task_type,
+                         task_index=cluster.task_index, protocol="grpc", start=True)
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, signal.SIG_DFL)
+        signal.signal(sig, on_signal)
     if console is not None:
         console.print(f"{cluster.describe()}: serving the chief's steps until stopped")
-    serve(cluster.tf_resolver())
+    host, _, port = cluster.address("chief", 0).rpartition(":")
+    while True:  # the server runs on TF's threads; this thread only waits, so signals land
+        time.sleep(0.5)
+        if signals:
+            try:
+                socket.create_connection((host.strip("[]"), int(port)), timeout=1).close()
+            except OSError:  # the chief is gone: nothing left to serve
+                os._exit(0)
 
 
 __all__ = ["CoordinatedLoops", "build_parameter_server", "coordinated_loops", "serve",
