@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from mirrorfit.data.spec import FILE_KINDS, check_cache, parse_ints, source_kind
+from mirrorfit.distribute.cluster import DEFAULT_COLLECTIVE_TIMEOUT_S
 from mirrorfit.errors import ConfigError
 from mirrorfit.model_names import REFERENCE, check_model_name
 
@@ -57,7 +58,7 @@ class TrainConfig:
     cross_device_ops: str = "auto"
     communication: str = "auto"  # multi-worker all-reduce implementation
     threads_per_worker: int | None = None  # TF intra/inter-op threads of this process
-    collective_timeout: float = 300.0  # seconds: peers at start-up, and each collective
+    collective_timeout: float = DEFAULT_COLLECTIVE_TIMEOUT_S  # seconds: start-up, collectives
     batch_size: int = 32  # per replica
     global_batch_size: int | None = None  # instead of batch_size
     epochs: int = 10

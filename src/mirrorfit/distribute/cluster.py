@@ -29,6 +29,10 @@ from typing import Mapping
 
 from mirrorfit.errors import ConfigError
 
+# Seconds to wait for the other tasks (start-up, each collective): a step of a ResNet on a slow
+# host stays far below.
+DEFAULT_COLLECTIVE_TIMEOUT_S = 300.0
+
 TASK_TYPES = ("worker", "ps", "chief")
 SOURCES = ("TF_CONFIG", "SLURM", "launch")
 SLURM_PORT_BASE = 8888  # as SlurmClusterResolver: task k on a node listens on 8888 + k

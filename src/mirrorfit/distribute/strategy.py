@@ -26,11 +26,11 @@ from typing import Callable
 import tensorflow as tf
 
 from mirrorfit.distribute._deadline import deadline
+from mirrorfit.distribute.cluster import DEFAULT_COLLECTIVE_TIMEOUT_S, cluster_for
 from mirrorfit.distribute.devices import DeviceSetup
 from mirrorfit.errors import ClusterError, ConfigError
 
 GLOBAL_BATCH, WORKER_SHARE, COORDINATOR = "global-batch", "worker-share", "coordinator"
-DEFAULT_COLLECTIVE_TIMEOUT_S = 300.0  # a step of a ResNet on a slow host stays far below
 
 
 @dataclass(frozen=True)
@@ -178,10 +178,8 @@ def build_distribution(setup: DeviceSetup, *, kind: str = "auto", cross_device_o
         name = kind if kind != "auto" else ("single" if setup.replicas == 1 else "mirrored")
         return Distribution(strategy=strategy, kind=name, replicas=setup.replicas,
                             local_replicas=setup.replicas)
-    if cluster is None:
-        raise ConfigError(f"--strategy {kind} needs a cluster: set TF_CONFIG, run under SLURM "
-                          f"with several tasks, or start it with `mirrorfit launch --workers N "
-                          f"-- mirrorfit train --strategy {kind} ...`")
+    if cluster is None:  # from TF_CONFIG / SLURM; one line if there is none
+        cluster = cluster_for(kind)
     if kind == "parameter-server":
         from mirrorfit.engine.coordinated import build_parameter_server
         return build_parameter_server(setup, cluster, timeout_s=collective_timeout_s)
