@@ -60,3 +60,54 @@ def test_default_setup_is_what_tensorflow_reports():
     assert out["replicas"] == out["logical"] == len(out["devices"])
     assert out["strategy"] == ("OneDeviceStrategy" if out["replicas"] == 1
                                else "MirroredStrategy")
+
+
+HOST_FEED = """
+import os
+os.environ["CUDA_VISIBLE_DEVICES"] = ""
+import json, mirrorfit, tensorflow as tf
+from mirrorfit.distribute.strategy import build_distribution
+setup = mirrorfit.configure_devices(replicas=2)
+out = {}
+for kind in ("mirrored", "central-storage"):
+    d = build_distribution(setup, kind=kind)
+    out[kind] = d.feeds_from_host
+
+d = build_distribution(setup, kind="mirrored")
+rows = tf.data.Dataset.range(20).map(lambda i: (tf.fill([2], i), i * 10))
+
+def make(worker, workers):
+    return rows.batch(8)  # 8, 8, then a partial batch of 4
+
+fed = d.distribute(make, per_replica=4)
+out["plain"] = isinstance(fed, tf.data.Dataset)
+
+@tf.function
+def pieces(batch):
+    return d.strategy.run(lambda x, y: (x[:, 0], y), args=d.split(batch))
+
+got = []
+for batch in fed:
+    x, y = pieces(batch)
+    got.append([[int(v) for v in t.numpy()] for t in d.strategy.experimental_local_results(x)])
+    assert [list(t.numpy()) for t in d.strategy.experimental_local_results(y)] == \\
+        [[10 * v for v in piece] for piece in got[-1]]
+out["pieces"] = got
+# TF's own distributed dataset cuts a full batch the same way
+theirs = next(iter(d.strategy.experimental_distribute_dataset(rows.batch(8))))[0]
+out["theirs"] = [[int(v) for v in t.numpy()[:, 0]]
+                 for t in d.strategy.experimental_local_results(theirs)]
+print(json.dumps(out))
+"""
+
+
+def test_host_replicas_are_fed_plain_batches_cut_in_the_step():
+    """Replicas on this host's CPUs take the plain dataset; the step cuts each batch into
+    contiguous pieces, one per replica: every row exactly once, the same pieces as TF's
+    distributed dataset for full batches, fewer rows (none twice) for a partial one."""
+    out = run_isolated(HOST_FEED)
+    assert out["mirrored"] is True and out["central-storage"] is False
+    assert out["plain"]
+    assert out["pieces"] == [[[0, 1, 2, 3], [4, 5, 6, 7]], [[8, 9, 10, 11], [12, 13, 14, 15]],
+                             [[16, 17], [18, 19]]]
+    assert out["theirs"] == out["pieces"][0]

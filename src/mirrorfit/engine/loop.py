@@ -37,20 +37,22 @@ class CompiledLoops:
         return self.train_steps.experimental_get_tracing_count()
 
 
-def compile_loops(strategy: tf.distribute.Strategy, train_fn: Callable,
-                  eval_fn: Callable) -> CompiledLoops:
-    """Wrap per-replica ``train_fn(x, y)`` and ``eval_fn(x, y)`` in ``strategy.run`` loops."""
+def compile_loops(strategy: tf.distribute.Strategy, train_fn: Callable, eval_fn: Callable,
+                  split: Callable = lambda batch: batch) -> CompiledLoops:
+    """Wrap per-replica ``train_fn(x, y)`` and ``eval_fn(x, y)`` in ``strategy.run`` loops.
+    ``split`` turns what the iterator yields into ``strategy.run``'s arguments
+    (:meth:`mirrorfit.distribute.strategy.Distribution.split`)."""
 
     @tf.function
     def train_steps(iterator, num_steps):
         for _ in tf.range(num_steps):
-            strategy.run(train_fn, args=next(iterator))
+            strategy.run(train_fn, args=split(next(iterator)))
 
     @tf.function
     def evaluate_batches(iterator):
         # Iterating inside the function (get_next_as_optional) handles a partial last batch:
         # some replicas may get fewer (or zero) examples, none is counted twice.
         for batch in iterator:
-            strategy.run(eval_fn, args=batch)
+            strategy.run(eval_fn, args=split(batch))
 
     return CompiledLoops(train_steps=train_steps, evaluate_batches=evaluate_batches)

@@ -71,7 +71,8 @@ class Runner:
             from mirrorfit.engine.coordinated import coordinated_loops
             return coordinated_loops(self.strategy, self.distribution.coordinator,
                                      self.step.train, self.step.evaluate)
-        return compile_loops(self.strategy, self.step.train, self.step.evaluate)
+        return compile_loops(self.strategy, self.step.train, self.step.evaluate,
+                             split=self.distribution.split)
 
     @property
     def replicas(self) -> int:
