@@ -93,16 +93,21 @@ def profile_steps(trainer, batches, *, steady_step_s: float,
     ``steady_step_s`` is the seconds per step measured during training (input included).
     Each part runs about ``target_s`` seconds after one untimed warm-up call.
     """
-    strategy = trainer.strategy
+    strategy, distribution = trainer.strategy, trainer.distribution
     saved = [v.numpy() for v in trainer.model.variables + trainer.optimizer.variables]
     one_epoch = batches.dataset(start_epoch=0, epochs=1, skip=0)
-    synthetic = iter(strategy.experimental_distribute_dataset(one_epoch.take(1).cache().repeat()))
+
+    def fed(dataset):  # as training reads it (plain on host CPUs, cut in the step)
+        return iter(distribution.distribute(lambda worker, workers: dataset,
+                                            per_replica=trainer.global_batch // trainer.replicas))
+
+    synthetic = fed(one_epoch.take(1).cache().repeat())
     n = int(max(5, min(1000, target_s / max(steady_step_s, 1e-6))))
     try:
         step_s = _time(lambda k: trainer.run_steps(synthetic, k), n)
         compute_s = _time(_compute_loop(trainer, synthetic), n)
         reduce_s = _time(_all_reduce_loop(trainer), n)
-        real = iter(strategy.experimental_distribute_dataset(one_epoch.repeat()))
+        real = fed(one_epoch.repeat())
         input_s = _time(_input_loop(strategy, real), n)
     finally:
         for var, value in zip(trainer.model.variables + trainer.optimizer.variables, saved):
@@ -142,7 +147,7 @@ def _compute_loop(trainer, iterator):
     def loop(num):
         total = tf.constant(0.0)
         for _ in tf.range(num):
-            out = strategy.run(replica, args=next(iterator))
+            out = strategy.run(replica, args=trainer.distribution.split(next(iterator)))
             total += tf.add_n(strategy.experimental_local_results(out))
         return total
 

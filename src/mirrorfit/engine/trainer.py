@@ -115,7 +115,8 @@ class Trainer:
     step = property(lambda self: self.position.step)
 
     def run_steps(self, iterator, num_steps: int) -> None:
-        """Run ``num_steps`` compiled steps from a distributed iterator, without moving the
+        """Run ``num_steps`` compiled steps from an iterator over ``distribution.distribute``
+        (plain on host CPUs, distributed on devices), without moving the
         trainer's position or progress (for profiling; ``fit`` is the way to train)."""
         self.runner.run(iterator, num_steps)
 
