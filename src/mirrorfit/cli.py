@@ -93,6 +93,20 @@ def _train_parser(sub) -> None:
     add("--save-keras", help="also save the trained model as FILE.keras")
 
 
+def _source_flags(add, *, records: bool = True) -> None:
+    """The flags that shape a file source, for bench and evaluate (train has its own help);
+    ``records``: the TFRecord features too (evaluate has no use for them: TFRecord sources
+    have no test split)."""
+    add("--image-size", help="image folders and TFRecords: resize every image to H,W pixels, "
+        "as in training (default: the images' own size)")
+    if not records:
+        return
+    add("--image-feature", default="image/encoded", help="TFRecords: feature holding the "
+        "encoded PNG/JPEG image (default image/encoded)")
+    add("--label-feature", default="image/class/label", help="TFRecords: feature holding the "
+        "int64 class label (default image/class/label)")
+
+
 def _export_flags(add) -> None:
     add("--export-dir", help="write a SavedModel into the next version folder of models/NAME")
     add("--export-preprocessing", action="store_const", const=True,
@@ -197,12 +211,22 @@ def _bench_parser(sub) -> None:
     add = p.add_argument
     add("--model", default="mlp", help="mlp (default), cnn, a keras.applications name "
         "(ResNet50, MobileNetV2, ...; random weights) or package.module:function")
-    add("--data", default="mnist", help="mnist (default) or synthetic: random batches made "
-        "once and repeated, so no input pipeline limits the figures")
+    add("--data", default="mnist", help="mnist (default), synthetic (random batches made "
+        "once and repeated, so no input pipeline limits the figures), or any --data of "
+        "`mirrorfit train`: FILE.npz, an image FOLDER, 'train-*.tfrecord' (quote the pattern), "
+        "package.module:function; both sides of every point read its tf.data pipeline, and "
+        "test accuracy comes from its test split (none: shown as -)")
     add("--input-shape", type=_csv(int, "--input-shape"),
-        help="--data synthetic: one example's shape, e.g. 224,224,3 (default: the model's)")
-    add("--num-classes", type=int, help="--data synthetic: classes (default: the model's)")
+        help="--data synthetic: one example's shape, e.g. 224,224,3 (default: the model's); "
+        "other sources bring their own")
+    add("--num-classes", type=int, help="--data synthetic: classes (default: the model's); "
+        "other sources: as `mirrorfit train --num-classes` (default: from the data)")
     add("--data-dir", help="folder holding mnist.npz")
+    _source_flags(add)
+    add("--validation-split", type=float, help="as `mirrorfit train`: hold out this fraction "
+        "of the training examples (drawn with the seed); they are not trained on")
+    add("--cache", help="as `mirrorfit train`: image folders, TFRecords, dataset functions "
+        "decoded once, in memory or in this folder (filled once, before the points run)")
     add("--replicas", type=_csv(int, "--replicas"), default=(1, 2), help="e.g. 1,2 (default)")
     add("--precision", type=_csv(str, "--precision"), default=("fp32", "bf16", "fp16"),
         help="e.g. fp32,bf16,fp16 (default)")
@@ -249,7 +273,11 @@ def _parser() -> argparse.ArgumentParser:
     ev.add_argument("--checkpoint-dir")
     ev.add_argument("--model", help=_USER_MODEL_HELP)
     ev.add_argument("--saved-model", help="models/NAME (newest version) or models/NAME/0001")
-    ev.add_argument("--data-dir")
+    ev.add_argument("--data", default="mnist", help="test data: mnist (default), FILE.npz "
+                    "with x_test/y_test, an image FOLDER with a test/ subfolder (one subfolder "
+                    "per class), or package.module:function returning a test split")
+    ev.add_argument("--data-dir", help="--data mnist: folder holding mnist.npz, or the file")
+    _source_flags(ev.add_argument, records=False)
     ev.add_argument("--metrics-out")
     return parser
 
@@ -295,7 +323,10 @@ def _cmd_bench(args: argparse.Namespace) -> int:
                 global_batch=args.global_batch_size, train_examples=args.train_examples,
                 epochs=args.epochs, repeats=args.repeats, textbook=args.textbook,
                 textbook_precisions=args.textbook_precision, data_dir=args.data_dir,
-                data=args.data, input_shape=args.input_shape, num_classes=args.num_classes)
+                data=args.data, input_shape=args.input_shape, num_classes=args.num_classes,
+                image_size=args.image_size, image_feature=args.image_feature,
+                label_feature=args.label_feature, cache=args.cache,
+                validation_split=args.validation_split)
     # model, data, shape, batch and epoch problems are reported before anything runs
     grid.points()
     run_bench(grid, out_dir=args.out, tolerance=args.tolerance,
@@ -338,12 +369,17 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
 def _cmd_evaluate(args: argparse.Namespace) -> int:
     from mirrorfit import _io
+    from mirrorfit.evaluate import check_evaluate_flags
+
+    flags = dict(checkpoint_dir=args.checkpoint_dir, saved_model=args.saved_model,
+                 data=args.data, data_dir=args.data_dir, image_size=args.image_size)
+    check_evaluate_flags(**flags)  # before TensorFlow loads (seconds): a bad flag fails at once
     from mirrorfit.evaluate import evaluate_artifact
 
-    result = evaluate_artifact(checkpoint_dir=args.checkpoint_dir, saved_model=args.saved_model,
-                               data_dir=args.data_dir, model=args.model)
+    result = evaluate_artifact(**flags, model=args.model)
+    on = "" if args.data == "mnist" else f" of --data {args.data}"
     print(f"{result['source']}: test accuracy {result['test_accuracy']:.4f}, "
-          f"loss {result['test_loss']:.4f} on {result['examples']} examples")
+          f"loss {result['test_loss']:.4f} on {result['examples']} examples{on}")
     if args.metrics_out:
         _io.write_json_atomic(args.metrics_out, result)
     return 0

@@ -1,48 +1,145 @@
-"""``mirrorfit evaluate``: test-set accuracy and loss of a checkpoint or an exported version."""
+"""``mirrorfit evaluate``: test-set accuracy and loss of a checkpoint or an exported version, on
+the test split of any ``--data`` source that has one (MNIST's 10,000 images by default).
+
+The flags are checked in plain Python first (:func:`check_evaluate_flags`, before TensorFlow
+loads), as `mirrorfit train` checks them; then the model is loaded, the source opened, and a
+source whose examples or classes the model cannot take is refused in one line. The test
+examples go through the pipeline training evaluates them with (uint8 pixels scaled to [0, 1],
+images decoded and resized as ``--image-size`` says, in pixels), so a checkpoint scores here
+what its training run reported.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import tensorflow as tf
+from mirrorfit.config import load_config
+from mirrorfit.data.spec import source_kind
+from mirrorfit.errors import ConfigError, DataError
 
-from mirrorfit.checkpoint import load_model
-from mirrorfit.data import load_mnist
-from mirrorfit.errors import ConfigError
-from mirrorfit.export import INPUT_NAME, OUTPUT_NAME, versions
+# Why a kind of source has no test split, and what to pass instead.
+_NO_TEST = {
+    "synthetic": "random data has no test split",
+    "tfrecord": "TFRecord sources are training examples only; write the test examples to an "
+                "image FOLDER with a test/ subfolder or a FILE.npz with x_test/y_test",
+    "npz": "the file has no x_test/y_test; add them, or pass a file that has them",
+    "folder": "the folder has no test/ subfolder; give a folder holding train/ and test/ "
+              "(each one subfolder per class), or a FILE.npz with x_test/y_test",
+    "module": "the function returns no test split; return one (x_test, y_test or a dataset), "
+              "or pass a FILE.npz with x_test/y_test",
+}
+
+
+def check_evaluate_flags(*, checkpoint_dir: str | None = None, saved_model: str | None = None,
+                         data: str = "mnist", data_dir: str | None = None,
+                         image_size: str | tuple[int, int] | None = None):
+    """ConfigError, one line, for flags that cannot evaluate anything: not exactly one model,
+    a source that does not exist or cannot have a test split (synthetic data, TFRecords), a
+    flag that does not apply to it (checked as `mirrorfit train` checks it). Plain Python;
+    returns the checked :class:`~mirrorfit.config.TrainConfig` (``image_size`` as (height,
+    width) pixels)."""
+    if bool(checkpoint_dir) == bool(saved_model):
+        raise ConfigError("pass exactly one of --checkpoint-dir or --saved-model")
+    config = load_config(data=data, data_dir=data_dir, image_size=image_size)
+    kind = source_kind(data)
+    if kind in ("synthetic", "tfrecord"):  # never a test split: known without opening it
+        raise ConfigError(f"--data {data} has no test split to evaluate on: {_NO_TEST[kind]} "
+                          "(or use --data mnist)")
+    return config
 
 
 def _saved_model_predict(path: Path):
+    """(the version's path, predict(float32 batch in [0, 1]) -> probabilities, the signature's
+    input shape per example, its outputs)."""
+    import numpy as np
+    import tensorflow as tf
+
+    from mirrorfit.export import INPUT_NAME, OUTPUT_NAME, versions
+
     if versions(path):  # a base path: take the newest version, as TF Serving would
         path = path / f"{versions(path)[-1]:04d}"
     if not (path / "saved_model.pb").is_file():
         raise ConfigError(f"no SavedModel at {path}; pass models/NAME or models/NAME/0001")
     fn = tf.saved_model.load(str(path)).signatures["serving_default"]
-    raw = fn.structured_input_signature[1][INPUT_NAME].dtype == tf.uint8
-    return path, lambda x: fn(**{INPUT_NAME: tf.constant(x if raw else x / np.float32(255))}
-                              )[OUTPUT_NAME].numpy()
+    spec = fn.structured_input_signature[1][INPUT_NAME]
+    raw = spec.dtype == tf.uint8  # exported with --export-preprocessing: it scales itself
+
+    def predict(x):
+        # The pipeline scaled uint8 pixels to k/255 in float32; x * 255 rounds back to k.
+        x = tf.cast(tf.round(x * np.float32(255)), tf.uint8) if raw else x
+        return fn(**{INPUT_NAME: x})[OUTPUT_NAME].numpy()
+
+    return path, predict, tuple(spec.shape[1:]), fn.structured_outputs[OUTPUT_NAME].shape[-1]
 
 
 def evaluate_artifact(*, checkpoint_dir: str | None = None, saved_model: str | None = None,
-                      data_dir: str | None = None, batch_size: int = 500,
+                      data: str = "mnist", data_dir: str | None = None,
+                      image_size: str | tuple[int, int] | None = None, batch_size: int = 500,
                       model: str | None = None) -> dict[str, Any]:
-    """Accuracy and mean cross-entropy over the whole MNIST test set (10,000 images).
-    ``model``: a checkpoint's user model spec, to allow importing it (see ``load_model``)."""
-    if bool(checkpoint_dir) == bool(saved_model):
-        raise ConfigError("pass exactly one of --checkpoint-dir or --saved-model")
-    data = load_mnist(data_dir, train_examples=1)
+    """Accuracy and mean cross-entropy over every example of ``data``'s test split (a
+    ``--data`` value; MNIST's 10,000 images by default), ``batch_size`` examples at a time.
+    ``model``: a checkpoint's user model spec, to allow importing it (see ``load_model``).
+
+    DataError, one line, for a source without a test split, or whose examples have another
+    shape than the model takes, or more classes than it has outputs (an image folder: other
+    than its outputs, as labels are the sorted class folders' indices)."""
+    config = check_evaluate_flags(checkpoint_dir=checkpoint_dir, saved_model=saved_model,
+                                  data=data, data_dir=data_dir, image_size=image_size)
+    import numpy as np
+
+    from mirrorfit.data.pipeline import eval_dataset
+    from mirrorfit.data.sources import load_data
+    from mirrorfit.train import data_errors
+
     if checkpoint_dir:
+        from mirrorfit.checkpoint import load_model
+
         net, meta = load_model(checkpoint_dir, model=model)
         source = f"{checkpoint_dir} (step {meta['step']})"
-        predict = lambda x: net(x / np.float32(255), training=False).numpy()  # noqa: E731
+        predict = lambda x: net(x, training=False).numpy()  # noqa: E731
+        takes, outputs = tuple(net.inputs[0].shape[1:]), net.outputs[0].shape[-1]
     else:
-        path, predict = _saved_model_predict(Path(saved_model))
+        path, predict, takes, outputs = _saved_model_predict(Path(saved_model))
         source = str(path)
-    probs = np.concatenate([predict(data.x_test[i:i + batch_size])
-                            for i in range(0, len(data.x_test), batch_size)])
-    y = data.y_test
-    loss = float(np.mean(-np.log(np.clip(probs[np.arange(len(y)), y], 1e-7, 1.0))))
-    return {"source": source, "examples": int(len(y)),
-            "test_accuracy": float(np.mean(np.argmax(probs, 1) == y)), "test_loss": loss}
+    # One training example and a batch of one: only the test split is read, and a small
+    # training split must not be refused for being under an evaluation batch.
+    opened = load_data(config.data, global_batch=1, eval_batch=batch_size,
+                       data_dir=config.data_dir, train_examples=1,
+                       image_size=config.image_size)
+    if opened.test is None:
+        raise DataError(f"--data {data} has no test split to evaluate on: "
+                        f"{_NO_TEST.get(opened.kind, 'pass a source with one')}")
+    _check_fits(opened, takes, outputs, source, data)
+    test = opened.test
+    if isinstance(test, tuple):  # arrays: scaled as training's evaluation scales them
+        test = eval_dataset(test[0], test[1], global_batch=batch_size)
+    picked, correct = [], []
+    with data_errors(opened):  # an image that does not decode: one line naming the file
+        for x, y in test:
+            probs, y = predict(x), y.numpy().astype(np.int64)
+            picked.append(probs[np.arange(len(y)), y])
+            correct.append(np.argmax(probs, 1) == y)
+    picked, correct = np.concatenate(picked), np.concatenate(correct)
+    loss = float(np.mean(-np.log(np.clip(picked, 1e-7, 1.0))))
+    return {"source": source, "data": opened.description, "examples": int(len(correct)),
+            "test_accuracy": float(np.mean(correct)), "test_loss": loss}
+
+
+def _check_fits(opened, takes: tuple, outputs: int | None, source: str, data: str) -> None:
+    """DataError naming both shapes (or class counts) and the fix, unless the model at
+    ``source`` takes ``opened``'s examples and has an output for each of its classes."""
+    have = tuple(opened.input_shape)
+    if len(takes) != len(have) or any(t is not None and t != h for t, h in zip(takes, have)):
+        shown = "x".join("?" if t is None else str(t) for t in takes)
+        hint = ("pass --image-size H,W as in training" if opened.kind in ("folder", "tfrecord")
+                else "evaluate on data of the shape it was trained on")
+        raise DataError(f"--data {data} gives examples of shape {'x'.join(map(str, have))} but "
+                        f"the model of {source} takes {shown}; {hint}")
+    if outputs is None:
+        return
+    if opened.num_classes > outputs or (opened.kind == "folder"
+                                        and opened.num_classes != outputs):
+        raise DataError(f"--data {data} has {opened.num_classes} classes but the model of "
+                        f"{source} has {outputs} outputs; evaluate on data with the classes it "
+                        "was trained on")

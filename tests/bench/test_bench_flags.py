@@ -1,8 +1,13 @@
-"""`mirrorfit bench --data/--model/--input-shape/--num-classes`: bad values are one line and
-exit code 2 before any process starts (in this process: the check is plain Python)."""
+"""`mirrorfit bench --data/--model/--input-shape/--num-classes` and the file-source flags
+(`--image-size`, `--image-feature`, `--label-feature`, `--cache`, `--validation-split`): bad
+values are one line and exit code 2 before any process starts (in this process: the check is
+plain Python); good ones reach every point."""
 
+import numpy as np
 import pytest
 
+import mirrorfit.bench
+from data_fixtures import mnist, write_png_folder
 from mirrorfit.cli import main
 
 
@@ -14,7 +19,11 @@ from mirrorfit.cli import main
     (["--model", "InceptionV3", "--data", "synthetic", "--input-shape", "224,224"],
      "height,width,channels"),
     (["--data", "synthetic", "--num-classes", "0"], "--num-classes must be 2 or more"),
-    (["--data", "cifar10"], "bench measures on mnist or synthetic"),
+    (["--data", "cifar10"], "--data cifar10: no such file or folder; use mnist, synthetic"),
+    (["--image-size", "32,32"], "--image-size resizes images read from files"),
+    (["--cache", "memory"], "--data mnist is already in memory: drop --cache"),
+    (["--validation-split", "0.1"], "--data mnist has its own validation split"),
+    (["--label-feature", "y"], "--label-feature names a TFRecord feature"),
 ])
 def test_bad_bench_flags_are_one_line_exit_2(tmp_path, capsys, args, needle):
     code = main(["bench", "--out", str(tmp_path / "out"), *args])
@@ -32,3 +41,35 @@ def test_input_shape_must_be_integers(capsys):
     assert info.value.code == 2
     assert "--input-shape 'a,b,3': expected a comma-separated list of int" in \
         capsys.readouterr().err
+
+
+def test_file_source_flags_reach_every_point(tmp_path, monkeypatch):
+    x, y = mnist(40)
+    write_png_folder(tmp_path / "imgs", x, y)
+    seen = []
+    monkeypatch.setattr(mirrorfit.bench, "run_bench", lambda grid, **kw: seen.append(grid))
+    code = main(["bench", "--data", str(tmp_path / "imgs"), "--image-size", "32,32",
+                 "--cache", str(tmp_path / "cache"), "--validation-split", "0.2",
+                 "--replicas", "1,2", "--precision", "fp32", "--out", str(tmp_path / "out")])
+    assert code == 0 and len(seen) == 1
+    points = seen[0].points()
+    assert len(points) == 4
+    assert {(p.data, p.image_size, p.cache, p.validation_split) for p in points} == {
+        (str(tmp_path / "imgs"), (32, 32), str(tmp_path / "cache"), 0.2)}
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--data", "{tmp}/imgs", "--image-size", "28"], "--image-size 28: expected 2 positive"),
+    (["--data", "{tmp}/d.npz", "--cache", "memory"], "is already in memory: drop --cache"),
+    (["--data", "{tmp}/imgs", "--data-dir", "{tmp}"], "--data-dir says where MNIST is"),
+])
+def test_bad_file_source_flags_are_one_line_exit_2(tmp_path, capsys, args, needle):
+    x, y = mnist(20)
+    write_png_folder(tmp_path / "imgs", x, y)
+    np.savez(tmp_path / "d.npz", x_train=x, y_train=y)
+    code = main(["bench", "--out", str(tmp_path / "out"),
+                 *[a.replace("{tmp}", str(tmp_path)) for a in args]])
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert code == 2 and len(lines) == 1 and needle in lines[0], err
+    assert not (tmp_path / "out").exists()

@@ -1,8 +1,13 @@
 """bench.grid: the points of a grid, and the alternating, repeated run order."""
 
+import json
+
+import numpy as np
 import pytest
 
+from data_fixtures import mnist, write_png_folder
 from mirrorfit.bench.grid import Grid, run_grid
+from mirrorfit.bench.point import Point
 from mirrorfit.errors import MirrorfitError
 
 
@@ -61,7 +66,8 @@ def test_synthetic_points_carry_the_shape_and_classes():
 
 
 @pytest.mark.parametrize("grid, match", [
-    (Grid(data="imagenet"), "bench measures on mnist or synthetic"),
+    (Grid(data="imagenet"), "--data imagenet: no such file or folder; use mnist, synthetic, "
+                            "FILE.npz"),
     (Grid(model="ResNet50"), "MNIST's are 28x28 grey: use --data synthetic"),
     (Grid(model="ResNet50", data="synthetic", input_shape=(16, 16, 3)), "at least 32x32"),
     (Grid(input_shape=(28, 28)), "--input-shape and --num-classes set the synthetic data"),
@@ -71,3 +77,56 @@ def test_synthetic_points_carry_the_shape_and_classes():
 def test_bad_data_models_and_shapes_are_refused_before_running(grid, match):
     with pytest.raises(MirrorfitError, match=match):
         grid.points()
+
+
+@pytest.fixture
+def sources(tmp_path):
+    """An npz, a PNG folder and a (never opened) TFRecord file: plain Python checks only."""
+    x, y = mnist(40)
+    np.savez(tmp_path / "d.npz", x_train=x, y_train=y)
+    write_png_folder(tmp_path / "imgs", x, y)
+    (tmp_path / "a.tfrecord").write_bytes(b"")
+    return tmp_path
+
+
+def test_file_source_points_carry_the_source_and_the_train_flags(sources):
+    npz = str(sources / "d.npz")
+    points = Grid(model="cnn", data=npz, replicas=(1, 2), precisions=("fp32",)).points()
+    # the CNN's MNIST batch and epochs, but all of the source's examples (not MNIST's 12,800)
+    assert {(p.data, p.global_batch, p.train_examples, p.epochs, p.input_shape, p.image_size)
+            for p in points} == {(npz, 100, None, 2, None, None)}
+    assert [p.kind for p in points] == ["mirrorfit", "mirrorfit", "textbook", "textbook"]
+    folder = str(sources / "imgs")
+    grid = Grid(data=folder, image_size="32,32", cache="memory", validation_split=0.25,
+                num_classes=12, train_examples=30, replicas=(1,), precisions=("fp32",))
+    points = grid.points()
+    assert {(p.image_size, p.cache, p.validation_split, p.num_classes, p.train_examples)
+            for p in points} == {((32, 32), "memory", 0.25, 12, 30)}
+    assert Point(**json.loads(points[0].to_json())) == points[0]  # image_size a tuple again
+    records = Grid(data=str(sources / "a.tfrecord"), image_feature="img", label_feature="cls",
+                   replicas=(1,), precisions=("fp32",)).points()
+    assert {(p.image_feature, p.label_feature) for p in records} == {("img", "cls")}
+    # bench has always ignored --data-dir with synthetic data (train refuses it): still runs
+    assert Grid(data="synthetic", data_dir="/elsewhere").points()
+    with pytest.raises(ValueError, match="known once it is opened"):
+        Grid(data=npz).shape_and_classes()
+
+
+@pytest.mark.parametrize("changes, match", [
+    (dict(data="{tmp}/missing.npz"), "--data {tmp}/missing.npz: no such file"),
+    (dict(data="{tmp}/*.tfrec"), "the pattern matches no file"),
+    (dict(data="{tmp}/imgs", image_size="28"), "--image-size 28: expected 2 positive integers"),
+    (dict(image_size="32,32"), "--image-size resizes images read from files"),
+    (dict(data="{tmp}/d.npz", cache="memory"), "is already in memory: drop --cache"),
+    (dict(data="{tmp}/imgs", cache="{tmp}/d.npz"), "is a file, not a folder"),
+    (dict(data="{tmp}/d.npz", image_feature="img"), "--image-feature names a TFRecord feature"),
+    (dict(data="synthetic", validation_split=0.1), "--data synthetic has its own validation"),
+    (dict(data="{tmp}/imgs", validation_split=1.5), "--validation-split must be a fraction"),
+    (dict(data="{tmp}/imgs", data_dir="{tmp}"), "--data-dir says where MNIST is"),
+])
+def test_file_source_flags_are_checked_as_train_checks_them(sources, changes, match):
+    values = {k: v.replace("{tmp}", str(sources)) if isinstance(v, str) else v
+              for k, v in changes.items()}
+    with pytest.raises(MirrorfitError) as info:
+        Grid(**values).points()
+    assert match.replace("{tmp}", str(sources)) in str(info.value)

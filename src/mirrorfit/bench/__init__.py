@@ -1,7 +1,8 @@
 """``mirrorfit bench``: which configuration is fastest on *this* machine, and by how much.
 
-grid (the points, each in its own process, alternated and repeated) -> flops (model FLOPs and
-the measured matmul peak) -> report (medians, speedup, efficiency, MFU; table, CSV, JSON, PNG).
+grid (the points, each in its own process, alternated and repeated) -> source (the data,
+opened once here to check it) -> flops (model FLOPs and the measured matmul peak) -> report
+(medians, speedup, efficiency, MFU; table, CSV, JSON, PNG).
 """
 
 from __future__ import annotations
@@ -24,17 +25,24 @@ def run_bench(grid: Grid, *, out_dir: str | Path, tolerance: float = 0.005,
     import tensorflow as tf
 
     from mirrorfit.bench.flops import train_flops_per_example
+    from mirrorfit.bench.source import check_model_fits, open_source
     from mirrorfit.models import model_factory
 
     console = console or Console(stderr=True)
     points = grid.points()  # checks the grid before anything is built
-    shape, classes = grid.shape_and_classes()
-    flops = train_flops_per_example(model_factory(grid.model, input_shape=shape,
-                                                  num_classes=classes)())
+    source = open_source(grid, points[0])  # a source that cannot be read fails here, once
+    shape, classes = source.input_shape, source.num_classes
+    model = model_factory(grid.model, input_shape=shape, num_classes=classes)()
+    check_model_fits(model, source, grid.model)
+    flops = train_flops_per_example(model)
     gpus = tf.config.list_physical_devices("GPU")
     devices = f"{len(gpus)} GPU(s)" if gpus else f"logical CPU devices on {os.cpu_count()} cores"
-    data = (f"synthetic {'x'.join(map(str, shape))}, {classes} classes"
-            if grid.data == "synthetic" else "MNIST")
+    data = source.label
+    if source.description != data:
+        console.print(f"data: {source.description}")
+    if not source.has_test and grid.data != "synthetic":
+        console.print(f"--data {grid.data} has no test split: no test accuracy (shown as -), "
+                      "and --recommend compares speed only")
     console.print(f"[bold]mirrorfit bench[/] {grid.model} on {data}: {len(points)} points x "
                   f"{grid.repeats} repeats, each its own process; {flops / 1e6:,.2f} MFLOP per "
                   "training example")
@@ -54,7 +62,8 @@ def run_bench(grid: Grid, *, out_dir: str | Path, tolerance: float = 0.005,
 
         peak, runs = run_grid(grid, on_run=on_run)
     rows = build_rows(runs, peak=peak, train_flops=flops, shared_cores=not gpus)
-    meta = {"model": grid.model, "data": data, "input_shape": list(shape),
+    meta = {"model": grid.model, "data": data, "data_description": source.description,
+            "input_shape": list(shape),
             "num_classes": classes, "devices": devices, "repeats": grid.repeats,
             "train_flops_per_example": flops, "peak_flops": peak}
     console.print("matmul peak measured in this run: "
@@ -63,7 +72,12 @@ def run_bench(grid: Grid, *, out_dir: str | Path, tolerance: float = 0.005,
         console.print("logical CPU devices share the same cores: the ideal speedup is 1.0, so "
                       "efficiency = speedup")
     print(table_text(rows), end="", flush=True)  # results on stdout, the rest on stderr
-    advice = recommend(rows, tolerance)
+    if source.has_test or grid.data == "synthetic":
+        advice = recommend(rows, tolerance)
+    else:
+        advice = recommend(rows, tolerance, no_accuracy=(
+            f"--data {grid.data} has no test split: accuracy not compared; check the "
+            "precision on data with one"))
     if show_recommendation:
         print(advice, flush=True)
     paths = write_outputs(rows, Path(out_dir), meta)

@@ -15,6 +15,8 @@ from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
 from mirrorfit.bench.point import Point
+from mirrorfit.config import TrainConfig, load_config
+from mirrorfit.data.spec import source_kind
 from mirrorfit.errors import MirrorfitError
 from mirrorfit.model_names import (IMAGENET_CLASSES, check_input_shape, check_model_name,
                                    default_input_shape, is_application)
@@ -25,6 +27,9 @@ WORKLOADS = {"mlp": (64, None, 3), "cnn": (100, 12800, 2)}
 # On synthetic data, any model: (global batch, examples per epoch, epochs): one compiling
 # epoch and one timed epoch of 5 steps, sized for a ResNet on a CPU (seconds per step).
 SYNTHETIC_WORKLOAD = (32, 160, 2)
+# Sources with their own figures (above); any other --data (FILE.npz, an image FOLDER,
+# 'GLOB.tfrecord', package.module:function) takes the model's MNIST batch and epochs, and all
+# of its training examples unless --train-examples says.
 DATA = ("mnist", "synthetic")
 
 
@@ -45,14 +50,31 @@ class Grid:
     textbook: bool = True
     textbook_precisions: Sequence[str] = ("fp32",)
     data_dir: str | None = None
-    data: str = "mnist"  # or "synthetic"
+    data: str = "mnist"  # any --data of `mirrorfit train` (mirrorfit.data.spec.source_kind)
     input_shape: tuple[int, ...] | None = None  # synthetic; default: the model's own
     num_classes: int | None = None  # synthetic; default: the model's own
+    # Shaping file sources, as `mirrorfit train`'s flags of the same names: resize to
+    # (height, width) pixels ("H,W" or a tuple), TFRecord features, decoded-example cache,
+    # share of training examples held out (validation is not measured, but it changes which
+    # examples are trained on).
+    image_size: tuple[int, int] | str | None = None
+    image_feature: str = "image/encoded"
+    label_feature: str = "image/class/label"
+    cache: str | None = None
+    validation_split: float | None = None
+
+    @property
+    def kind(self) -> str:
+        """The kind of ``data`` (mirrorfit.data.spec.KINDS); ConfigError if it names none."""
+        return source_kind(self.data)
 
     def shape_and_classes(self) -> tuple[tuple[int, ...], int]:
         """(one example's input shape, number of classes) the model is built for: MNIST's
         (28, 28) and 10, or on synthetic data the flags', else the model's defaults (an
-        application's ImageNet size and 1000 classes)."""
+        application's ImageNet size and 1000 classes). Other sources bring their own, known
+        once opened (:func:`mirrorfit.bench.source.open_source`): ValueError here."""
+        if self.data not in DATA:
+            raise ValueError(f"--data {self.data}: its shape is known once it is opened")
         if self.data == "mnist":
             return (28, 28), 10
         app = is_application(self.model)
@@ -62,10 +84,7 @@ class Grid:
     def check(self) -> None:
         """MirrorfitError, one line, for a data source, model or shape that cannot run:
         plain Python, before any process starts."""
-        if self.data not in DATA:
-            raise MirrorfitError(f"mirrorfit bench --data {self.data!r}: bench measures on "
-                                 f"{' or '.join(DATA)} (e.g. --data synthetic --input-shape "
-                                 "224,224,3 --num-classes 1000)")
+        kind = self.kind
         if self.data == "mnist" and (self.input_shape or self.num_classes):
             raise MirrorfitError("--input-shape and --num-classes set the synthetic data; MNIST "
                                  "is 28x28 with 10 classes (use --data synthetic)")
@@ -76,26 +95,49 @@ class Grid:
                 not self.input_shape or min(self.input_shape) < 1):
             raise MirrorfitError(f"--input-shape must be positive sizes, e.g. 224,224,3; got "
                                  f"{','.join(map(str, self.input_shape)) or 'nothing'}")
-        shape, classes = self.shape_and_classes()
+        self.source_config()  # the file flags, checked as `mirrorfit train` checks them
+        if kind not in DATA:  # its shape is checked against the model once it is opened
+            return
         if self.data == "mnist" and is_application(self.model):
             raise MirrorfitError(f"--model {self.model} needs images with channels of at least "
                                  "32x32 pixels; MNIST's are 28x28 grey: use --data synthetic "
                                  "--input-shape 32,32,3 (or larger)")
-        check_input_shape(self.model, shape)
+        check_input_shape(self.model, self.shape_and_classes()[0])
+
+    def source_config(self) -> TrainConfig:
+        """The data flags as `mirrorfit train` reads them: ConfigError, one line, for a source
+        that does not exist or a flag that does not apply to it (``--image-size`` on MNIST,
+        ``--cache`` on arrays, ...); ``image_size`` comes back as (height, width)."""
+        # bench has always taken --data-dir alongside --data synthetic (and ignored it); train
+        # refuses it there. Kept, so that existing bench command lines still run.
+        data_dir = None if self.kind == "synthetic" else self.data_dir
+        return load_config(model=self.model, data=self.data, data_dir=data_dir,
+                           image_size=self.image_size, image_feature=self.image_feature,
+                           label_feature=self.label_feature, cache=self.cache,
+                           validation_split=self.validation_split,
+                           input_shape=self.input_shape, num_classes=self.num_classes)
 
     def points(self) -> list[Point]:
         """mirrorfit points (the cross product), then the textbook recipe (Keras ``fit`` under
         MirroredStrategy) at each replica count and each of ``textbook_precisions``."""
         self.check()
-        batch, n_train, epochs = (SYNTHETIC_WORKLOAD if self.data == "synthetic"
+        synthetic, files = self.data == "synthetic", self.data not in DATA
+        batch, n_train, epochs = (SYNTHETIC_WORKLOAD if synthetic
                                   else WORKLOADS.get(self.model, (64, None, 2)))
-        shape, classes = self.shape_and_classes()
-        synthetic = self.data == "synthetic"
+        if files:  # the MNIST subsets are MNIST's; other data is used whole by default
+            n_train = None
         base = Point(kind="mirrorfit", model=self.model, global_batch=self.global_batch or batch,
                      train_examples=self.train_examples or n_train,
-                     epochs=self.epochs or epochs, data_dir=self.data_dir, data=self.data,
-                     input_shape=shape if synthetic else None,
-                     num_classes=classes if synthetic else None)
+                     epochs=self.epochs or epochs, data_dir=self.data_dir, data=self.data)
+        if synthetic:
+            shape, classes = self.shape_and_classes()
+            base = replace(base, input_shape=shape, num_classes=classes)
+        elif files:  # the flags as given: the point's process passes them to load_data
+            flags = self.source_config()
+            base = replace(base, data_dir=None, input_shape=flags.input_shape,
+                           num_classes=flags.num_classes, image_size=flags.image_size,
+                           image_feature=flags.image_feature, label_feature=flags.label_feature,
+                           cache=flags.cache, validation_split=flags.validation_split)
         if synthetic and base.train_examples < base.global_batch:
             raise MirrorfitError(f"--train-examples {base.train_examples} (examples per "
                                  f"synthetic epoch) is less than one global batch of "

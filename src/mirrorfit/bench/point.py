@@ -4,12 +4,15 @@ Logical devices are fixed when TensorFlow starts, so every point is a fresh inte
 ``python -m mirrorfit.bench.point '{"kind": "mirrorfit", ...}'`` prints one JSON line.
 Throughput is measured the same way for both sides: wall time between the end of epoch 1 and
 the end of the last epoch (epoch 1 traces and compiles), everything in between included. Both
-sides read the same data: MNIST arrays, or (``data="synthetic"``) the same repeated random
-batch, given to Keras ``fit`` as the same tf.data pipeline mirrorfit reads.
+sides read the same data: MNIST arrays, or for any other source (``data="synthetic"``: the same
+repeated random batch; a file, folder, TFRecords or function: what
+:func:`mirrorfit.data.sources.load_data` opens) the same tf.data pipeline, given to Keras ``fit``
+as it is given to mirrorfit.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import time
@@ -33,13 +36,20 @@ class Point:
     epochs: int = 2
     seed: int = 1
     data_dir: str | None = None
-    data: str = "mnist"  # or "synthetic": random batches, no input pipeline cost
-    input_shape: tuple[int, ...] | None = None  # synthetic: one example's shape
-    num_classes: int | None = None  # synthetic: labels
+    data: str = "mnist"  # "synthetic": random batches, no input pipeline cost; or any --data
+    input_shape: tuple[int, ...] | None = None  # synthetic: one example's shape; else a check
+    num_classes: int | None = None  # synthetic: labels; else --num-classes
+    # Other sources: `mirrorfit train`'s flags of the same names, passed to load_data.
+    image_size: tuple[int, int] | None = None  # (height, width) pixels
+    image_feature: str = "image/encoded"
+    label_feature: str = "image/class/label"
+    cache: str | None = None
+    validation_split: float | None = None
 
     def __post_init__(self) -> None:
-        if self.input_shape is not None:  # from JSON as a list; a Point is a dict key
-            object.__setattr__(self, "input_shape", tuple(self.input_shape))
+        for name in ("input_shape", "image_size"):  # from JSON as lists; a Point is a dict key
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, tuple(getattr(self, name)))
 
     @property
     def label(self) -> str:
@@ -60,7 +70,8 @@ class Point:
 
 def run_point(point: Point) -> dict:
     """Run ``point`` in this (fresh) process; return its measurements (examples/s; test
-    accuracy, None on synthetic data, which has nothing to learn)."""
+    accuracy, None on synthetic data, which has nothing to learn, and on a source without a
+    test split)."""
     if point.kind == "peak":
         from mirrorfit.bench.flops import matmul_peak_flops
         return {dtype: matmul_peak_flops(dtype) for dtype in ("float32", "bfloat16", "float16")}
@@ -72,6 +83,16 @@ def run_point(point: Point) -> dict:
     strategy = mirrorfit.build_strategy(setup)
     keras.utils.set_random_seed(point.seed)
     train, test, steps = _data(point)
+    with _explained(train.source):
+        return _measure(point, strategy, train, test, steps)
+
+
+def _measure(point: Point, strategy, train: "_Train", test, steps: int) -> dict:
+    """Build, train and test ``point``'s model under ``strategy``; its measurements."""
+    import keras
+
+    import mirrorfit
+
     factory = mirrorfit.models.model_factory(point.model, input_shape=train.input_shape,
                                              num_classes=train.num_classes)
     ends: list[float] = []
@@ -92,8 +113,13 @@ def run_point(point: Point) -> dict:
         else:
             net.fit(train.x / 255.0, train.y, batch_size=point.global_batch,
                     epochs=point.epochs, verbose=0, callbacks=[callback])
-        accuracy = None if test is None else net.evaluate(
-            test[0] / 255.0, test[1], batch_size=point.global_batch, verbose=0)[1]
+        if test is None:
+            accuracy = None
+        elif train.x is not None:  # MNIST, as the chapter evaluates it
+            accuracy = net.evaluate(test[0] / 255.0, test[1], batch_size=point.global_batch,
+                                    verbose=0)[1]
+        else:  # the batches mirrorfit's evaluate reads (arrays: scaled as mirrorfit scales them)
+            accuracy = net.evaluate(_eval_batches(test, point.global_batch), verbose=0)[1]
         xla_used = False
     else:
         trainer = mirrorfit.Trainer(
@@ -102,7 +128,7 @@ def run_point(point: Point) -> dict:
             steps_per_execution=point.steps_per_execution, accum_steps=point.accum_steps,
             precision=point.precision, jit_compile=point.xla,
             on_notice=lambda msg: print(msg, file=sys.stderr))
-        batches = train.batches or mirrorfit.train_batches(
+        batches = train.batches if train.batches is not None else mirrorfit.train_batches(
             train.x, train.y, global_batch=point.global_batch, seed=point.seed)
         trainer.fit(batches, epochs=point.epochs, callbacks=[stamp])
         accuracy = None if test is None else trainer.evaluate(test)["accuracy"]
@@ -115,17 +141,32 @@ def run_point(point: Point) -> dict:
 
 @dataclass
 class _Train:
-    """A point's training data: MNIST arrays (``x``, ``y``), or synthetic ``batches``."""
+    """A point's training data: MNIST arrays (``x``, ``y``), or ``batches`` (synthetic, or the
+    ``train`` of the :class:`~mirrorfit.data.sources.Data` ``source``)."""
 
     input_shape: tuple[int, ...]
     num_classes: int
     x: object = None
     y: object = None
     batches: object = None
+    source: object = None
 
 
-def _data(point: Point) -> tuple[_Train, tuple | None, int]:
-    """(training data, test arrays or None, optimizer steps per epoch) for ``point``."""
+def _data(point: Point) -> tuple[_Train, object, int]:
+    """(training data, test data or None, optimizer steps per epoch) for ``point``. Test data
+    is (x, y) arrays, or a tf.data.Dataset of global batches."""
+    if point.data not in ("mnist", "synthetic"):
+        from mirrorfit.data.sources import load_data
+
+        data = load_data(point.data, global_batch=point.global_batch, seed=point.seed,
+                         train_examples=point.train_examples,
+                         validation_split=point.validation_split, image_size=point.image_size,
+                         image_feature=point.image_feature, label_feature=point.label_feature,
+                         cache=point.cache, input_shape=point.input_shape,
+                         num_classes=point.num_classes, model=point.model)
+        train = _Train(tuple(data.input_shape), data.num_classes, batches=data.train,
+                       source=data)
+        return train, data.test, data.train.steps_per_epoch
     if point.data == "synthetic":
         from mirrorfit.data.synthetic import synthetic_batches
 
@@ -142,9 +183,36 @@ def _data(point: Point) -> tuple[_Train, tuple | None, int]:
     return train, (data.x_test, data.y_test), len(data.x_train) // point.global_batch
 
 
+def _eval_batches(test, global_batch: int):
+    """``test`` as the dataset of global batches ``Trainer.evaluate`` reads: a dataset as it
+    is, arrays through the same pipeline (uint8 pixels scaled to [0, 1], others cast)."""
+    if not isinstance(test, tuple):
+        return test
+    from mirrorfit.data.pipeline import eval_dataset
+
+    return eval_dataset(test[0], test[1], global_batch=global_batch)
+
+
+def _explained(source):
+    """A tf.data error about ``source``'s files (an image that does not decode) as the
+    one-line DataError `mirrorfit train` gives, for the report's error column."""
+    if source is None:
+        return contextlib.nullcontext()
+    from mirrorfit.train import data_errors
+
+    return data_errors(source)
+
+
 def main() -> None:
+    from mirrorfit.errors import MirrorfitError
+
     point = Point(**json.loads(sys.argv[1]))
-    print(json.dumps(run_point(point)))
+    try:
+        result = run_point(point)
+    except MirrorfitError as e:  # one line, the last on stderr: what the report shows
+        print(f"mirrorfit: error: {e}", file=sys.stderr)
+        sys.exit(2)
+    print(json.dumps(result))
 
 
 if __name__ == "__main__":

@@ -107,14 +107,18 @@ def _ratio(a: dict, b: dict | None, notes: list[str], what: str) -> float | None
     return a["median"] / b["median"]
 
 
-def recommend(rows: list[Row], tolerance: float) -> str:
+_SYNTHETIC = "synthetic data: accuracy not compared; check the precision on real data"
+
+
+def recommend(rows: list[Row], tolerance: float, *, no_accuracy: str = _SYNTHETIC) -> str:
     """The fastest mirrorfit configuration whose test accuracy is within ``tolerance`` of the
-    float32 points' (median) accuracy."""
+    float32 points' (median) accuracy; when no row has a test accuracy, the fastest, with
+    ``no_accuracy`` (why, and what to do) in brackets."""
     ours = [r for r in rows if r.kind == "mirrorfit" and r.examples_per_sec]
-    if ours and all(r.test_accuracy is None for r in ours):  # synthetic data
+    if ours and all(r.test_accuracy is None for r in ours):  # synthetic data, or no test split
         best = max(ours, key=lambda r: r.examples_per_sec)
-        return (f"recommended: {best.label}: {best.examples_per_sec:,.0f} examples/s (synthetic "
-                "data: accuracy not compared; check the precision on real data)")
+        return (f"recommended: {best.label}: {best.examples_per_sec:,.0f} examples/s "
+                f"({no_accuracy})")
     fp32 = [r.test_accuracy for r in ours if r.precision == "fp32" and r.test_accuracy is not None]
     if not fp32:
         return "no recommendation: the grid has no float32 point to compare accuracy with"

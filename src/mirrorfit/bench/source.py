@@ -1,0 +1,85 @@
+"""What a bench grid trains on, opened once in the bench's own process before any point runs.
+
+MNIST and synthetic data are known without opening them (28x28 and 10 classes; the flags' or
+the model's shape). Any other ``--data`` is opened here with the very arguments every point's
+process will use, so that a source that cannot be read (a damaged file, labels out of range,
+too few examples for the global batch) or a model that cannot take its examples is one line and
+exit code 2 before the matmul peak or any point starts, as `mirrorfit train` refuses it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mirrorfit.bench.grid import DATA, Grid
+from mirrorfit.bench.point import Point
+from mirrorfit.errors import DataError, MirrorfitError
+from mirrorfit.model_names import check_input_shape, is_application, min_size
+
+
+@dataclass(frozen=True)
+class BenchSource:
+    """A grid's data: one example's ``input_shape`` (pixels: height, width, channels),
+    ``num_classes``, a short ``label`` for the title line and the ``description`` of the
+    source (:attr:`mirrorfit.data.sources.Data.description`), and whether it has a test split
+    (else test accuracy is None in every row)."""
+
+    input_shape: tuple[int, ...]
+    num_classes: int
+    label: str
+    description: str
+    has_test: bool
+
+
+def open_source(grid: Grid, point: Point) -> BenchSource:
+    """``grid``'s data as ``point`` (any point of the grid: they share the data arguments)
+    reads it. MirrorfitError, one line, for a source that cannot be read or a keras.applications
+    model too large for its examples."""
+    if grid.data in DATA:
+        shape, classes = grid.shape_and_classes()
+        label = ("MNIST" if grid.data == "mnist"
+                 else f"synthetic {'x'.join(map(str, shape))}, {classes} classes")
+        return BenchSource(shape, classes, label, label, has_test=grid.data == "mnist")
+    from mirrorfit.data.sources import load_data
+
+    data = load_data(point.data, global_batch=point.global_batch, seed=point.seed,
+                     train_examples=point.train_examples,
+                     validation_split=point.validation_split, image_size=point.image_size,
+                     image_feature=point.image_feature, label_feature=point.label_feature,
+                     cache=point.cache, input_shape=point.input_shape,
+                     num_classes=point.num_classes, model=point.model)
+    shape = tuple(data.input_shape)
+    if is_application(grid.model):
+        try:
+            check_input_shape(grid.model, shape)
+        except MirrorfitError:
+            size = max(min_size(grid.model), 32)
+            raise DataError(
+                f"--data {grid.data} gives examples of shape {'x'.join(map(str, shape))}; "
+                f"--model {grid.model} takes height x width x channels images of at least "
+                f"{size}x{size} pixels"
+                + (f": pass --image-size {size},{size}" if data.kind in ("folder", "tfrecord")
+                   else "") + " or use --model mlp/cnn") from None
+    return BenchSource(shape, data.num_classes, grid.data, data.description,
+                       has_test=data.test is not None)
+
+
+def check_model_fits(model, source: BenchSource, spec: str) -> None:
+    """Refuse, in one line, a model (built for ``source``) whose input does not take its
+    examples or whose outputs are fewer than its classes: a package.module:function model
+    ignores the shape it is offered, and every point would fail the same way."""
+    want = tuple(model.inputs[0].shape[1:])
+    have = source.input_shape
+    if len(want) != len(have) or any(w is not None and w != h for w, h in zip(want, have)):
+        shown = "x".join("?" if w is None else str(w) for w in want)
+        raise DataError(f"--data {source.label} gives examples of shape "
+                        f"{'x'.join(map(str, have))} but --model {spec} takes {shown}; give a "
+                        "model built for the data (a model function takes input_shape)")
+    outputs = model.outputs[0].shape[-1]
+    if outputs is not None and outputs < source.num_classes:
+        raise DataError(f"--data {source.label} has {source.num_classes} classes but --model "
+                        f"{spec} has {outputs} outputs; pass --num-classes "
+                        f"{source.num_classes} (a model function takes it as num_classes)")
+
+
+__all__ = ["BenchSource", "check_model_fits", "open_source"]
