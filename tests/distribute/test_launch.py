@@ -10,12 +10,14 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
 from mirrorfit.distribute import launch
+from mirrorfit.distribute._output import MAX_LINE, stream_lines
 from mirrorfit.distribute.cluster import Cluster
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -145,24 +147,33 @@ def test_output_is_prefixed_per_task_and_stream(task, capsys):
     assert "starting 2 task(s)" in err
 
 
-def test_carriage_returns_never_garble_lines():
+def _stream(*chunks: bytes) -> str:
+    """What stream_lines writes for ``chunks`` written to a pipe (each a separate write)."""
     r, w = os.pipe()
-    chunks = [b"a\rb\rc\r", b"\nd\n", b"x" * 10 + b"\r"]  # "\r\n" split across two reads
-    for chunk in chunks:
-        os.write(w, chunk)
-    os.close(w)
 
-    class Sink(list):
-        def write(self, text):
-            self.append(text)
+    def feed():  # from a thread: more than the pipe's buffer (64 KiB) blocks until read
+        for chunk in chunks:
+            os.write(w, chunk)
+        os.close(w)
 
-        def flush(self):
-            pass
+    feeder = threading.Thread(target=feed, daemon=True)
+    feeder.start()
+    lines: list[str] = []
+    stream_lines(os.fdopen(r, "rb", buffering=0), "[w] ", lines.append)
+    feeder.join(10)
+    return "".join(lines)
 
-    sink = Sink()
-    launcher = launch.Launcher(["true"], workers=1, out=sink, err=sink)
-    launcher._pump(os.fdopen(r, "rb", buffering=0), "[w] ", sink)
-    assert "".join(sink) == "[w] a\n[w] c\n[w] d\n[w] xxxxxxxxxx\n"
+
+def test_carriage_returns_never_garble_lines():
+    # "\r\n" split across two reads; the redraw "b" comes within REDRAW_INTERVAL_S of "a"
+    assert _stream(b"a\rb\rc\r", b"\nd\n", b"x" * 10 + b"\r") == \
+        "[w] a\n[w] c\n[w] d\n[w] xxxxxxxxxx\n"
+
+
+def test_overlong_lines_come_in_pieces_and_bad_utf8_is_replaced():
+    out = _stream(b"y" * (MAX_LINE + 10), b"\xff ok\n")
+    assert out.startswith("[w] " + "y" * 16)  # not held back until a line end
+    assert out.replace("[w] ", "").replace("\n", "") == "y" * (MAX_LINE + 10) + "\ufffd ok"
 
 
 def test_group_restarts_on_fresh_ports_after_a_worker_dies(task, capsys):

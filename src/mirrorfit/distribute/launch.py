@@ -6,7 +6,7 @@
 Each task is the same COMMAND with its own ``TF_CONFIG`` on free loopback ports (what a cluster
 manager would set on real hosts), in its own session so that a whole task (with any children it
 starts) can be signalled and killed as a group. Output is streamed line by line with the task's
-name in front (``[worker 1] ...``). The exit code is the chief's.
+name in front (``[worker 1] ...``; see :mod:`._output`). The exit code is the chief's.
 
 Failure: when a task dies before the chief has finished, the launcher stops the others (SIGTERM,
 ``--grace-s``, then SIGKILL) and starts the whole group again on fresh ports, at most
@@ -23,7 +23,6 @@ import argparse
 import json
 import math
 import os
-import re
 import shutil
 import signal
 import socket
@@ -33,16 +32,14 @@ import threading
 import time
 from typing import IO, Sequence
 
+from mirrorfit.distribute._output import line_writer, start_streaming
 from mirrorfit.distribute.cluster import Cluster
 from mirrorfit.errors import EXIT_USAGE, ConfigError, MirrorfitError
 
 DEFAULT_GRACE_S = 10.0  # seconds a task gets between SIGTERM and SIGKILL
 DEFAULT_MAX_RESTARTS = 0
-REDRAW_INTERVAL_S = 2.0  # a "\r" progress redraw is printed at most this often per stream
 LOOPBACK = "127.0.0.1"
 _POLL_S = 0.05  # how often task exits and signals are checked
-_LINE_END = re.compile(rb"[\r\n]")
-_MAX_LINE = 1 << 16  # bytes; a longer run without a line end is printed in pieces
 
 
 def add_launch_parser(subparsers) -> argparse.ArgumentParser:
@@ -338,12 +335,10 @@ class Launcher:
         task._swept = False
         self._started.append(task)
         prefix = f"[{task.name}] "
-        task.readers = [threading.Thread(target=self._pump, args=(pipe, prefix, stream),
-                                         daemon=True, name=f"{prefix}{kind}")
+        task.readers = [start_streaming(pipe, prefix, line_writer(stream, self._lock),
+                                        name=f"{prefix}{kind}")
                         for pipe, stream, kind in ((task.proc.stdout, self.out, "stdout"),
                                                    (task.proc.stderr, self.err, "stderr"))]
-        for t in task.readers:
-            t.start()
 
     def _stop(self, tasks: list[_Task], sig: int = signal.SIGTERM) -> None:
         """Send ``sig`` to every running task's group, wait ``grace_s``, SIGKILL the rest."""
@@ -364,43 +359,6 @@ class Launcher:
             t.join_output()
 
     # -- output ---------------------------------------------------------------------------
-    def _pump(self, pipe, prefix: str, stream: IO[str]) -> None:
-        """Copy one pipe to ``stream`` line by line. ``\\r`` ends a line too (progress bars
-        redraw with it): such redraws are shown at most every REDRAW_INTERVAL_S, never merged."""
-        fd, buf, last_redraw = pipe.fileno(), b"", -math.inf
-        while True:
-            try:
-                chunk = os.read(fd, 1 << 16)
-            except OSError:
-                break
-            if not chunk:
-                break
-            buf += chunk
-            while (m := _LINE_END.search(buf)) is not None:
-                i = m.start()
-                if buf[i:i + 1] == b"\n" or buf[i + 1:i + 2] == b"\n":  # "\n" or "\r\n"
-                    self._emit(stream, prefix, buf[:i])
-                    buf = buf[i + (1 if buf[i:i + 1] == b"\n" else 2):]
-                    continue
-                if i + 1 == len(buf):
-                    break  # a "\r" that may be the first half of "\r\n": wait for more
-                segment, buf = buf[:i], buf[i + 1:]
-                now = time.monotonic()
-                if segment.strip() and now - last_redraw >= REDRAW_INTERVAL_S:
-                    last_redraw = now
-                    self._emit(stream, prefix, segment)
-            if len(buf) > _MAX_LINE:
-                self._emit(stream, prefix, buf)
-                buf = b""
-        pipe.close()
-        if buf.strip(b"\r"):
-            self._emit(stream, prefix, buf.strip(b"\r"))
-
-    def _emit(self, stream: IO[str], prefix: str, data: bytes) -> None:
-        with self._lock:
-            stream.write(prefix + data.decode("utf-8", "replace") + "\n")
-            stream.flush()
-
     def _say(self, text: str) -> None:
         with self._lock:
             self.err.write(f"mirrorfit launch: {text}\n")
