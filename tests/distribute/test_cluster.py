@@ -7,11 +7,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
+import tracemalloc
 
 import pytest
 
-from mirrorfit.distribute.cluster import (Cluster, expand_hostlist, expand_tasks_per_node,
-                                          resolve_cluster)
+from mirrorfit.distribute.cluster import (MAX_SLURM_TASKS, Cluster, expand_hostlist,
+                                          expand_tasks_per_node, resolve_cluster)
 from mirrorfit.errors import ConfigError
 
 
@@ -190,6 +192,44 @@ def test_expansions():
     with pytest.raises(ConfigError):
         expand_hostlist("[1-2]x")  # TF's grammar: a range only at the end of a name
     assert expand_tasks_per_node("3(x2),2,1") == [3, 3, 2, 1]
+
+
+@pytest.mark.parametrize("env, words", [
+    (slurm(0, nodes="n[1-99999999]"),
+     ["SLURM_STEP_NODELIST='n[1-99999999]' names 99999999 nodes", "SLURM_STEP_NUM_TASKS=4"]),
+    (slurm(0, nodes="n[1-3],m[1-2]"), ["names 5 nodes", "SLURM_STEP_NUM_TASKS=4"]),
+    (slurm(0, per_node="1(x99999999)"), ["SLURM_STEP_TASKS_PER_NODE='1(x99999999)'",
+                                         "names 99999999 nodes"]),
+    (slurm(0, per_node="99999999,1"), ["places 100000000 task(s)"]),  # addresses never made
+    (slurm(0, ntasks=10**8, nodes="n[1-99999999]"), ["SLURM_STEP_NUM_TASKS=100000000",
+                                                     "cap of 65536"]),
+    (slurm(0, nodes="n[1-" + "9" * 5000 + "]"), ["hostlist"]),  # int()'s digit limit
+])
+def test_huge_slurm_lists_are_refused_before_expanding(env, words):
+    tracemalloc.start()
+    started = time.perf_counter()
+    try:
+        with pytest.raises(ConfigError) as info:
+            resolve_cluster(env)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20 and time.perf_counter() - started < 1.0  # bytes, seconds
+    assert "\n" not in str(info.value) and len(str(info.value)) < 300
+    for word in words:
+        assert word in str(info.value)
+
+
+def test_expansion_bounds_are_exact():
+    assert len(expand_hostlist("n[00001-65536]")) == MAX_SLURM_TASKS
+    with pytest.raises(ConfigError, match=r"names 65537 nodes, more than mirrorfit's cap"):
+        expand_hostlist("n[1-65536],m1")
+    assert expand_hostlist("n[1-2],m1", max_hosts=3) == ["n1", "n2", "m1"]
+    assert expand_tasks_per_node("2(x3)", max_nodes=3) == [2, 2, 2]
+    with pytest.raises(ConfigError, match="names 4 nodes, more than 3"):
+        expand_tasks_per_node("2(x3),1", max_nodes=3)
+    c = resolve_cluster(slurm(3, ntasks=4, nodes="n[1-4]", per_node="1(x4)"))
+    assert c.workers[-1] == "n4:8888"
 
 
 def test_cluster_checks_its_fields():

@@ -37,6 +37,9 @@ TASK_TYPES = ("worker", "ps", "chief")
 SOURCES = ("TF_CONFIG", "SLURM", "launch")
 SLURM_PORT_BASE = 8888  # as SlurmClusterResolver: task k on a node listens on 8888 + k
 SLURM_PORT_BASE_ENV = "MIRRORFIT_SLURM_PORT_BASE"  # override, e.g. when two jobs share nodes
+# Most tasks (so nodes) of a SLURM step: far above any gRPC cluster TF runs, yet their names fit
+# in a few MB, so a corrupt "n[1-99999999]" fails at once instead of taking ~7 GB.
+MAX_SLURM_TASKS = 65_536
 
 _TF_CONFIG_EXAMPLE = ('{"cluster": {"worker": ["host0:2222", "host1:2222"]}, '
                       '"task": {"type": "worker", "index": 0}}')
@@ -224,7 +227,8 @@ def _from_tf_config(text: str) -> Cluster:
         raise ConfigError(f"TF_CONFIG cluster.chief lists {len(chiefs)} tasks {chiefs}; a job "
                           "has at most one chief (make the others workers)")
     index = task.get("index", 0)
-    if isinstance(index, str) and index.strip().isdecimal() and index.strip().isascii():  # templated manifests give "1"
+    # templated manifests give "1"
+    if isinstance(index, str) and index.strip().isdecimal() and index.strip().isascii():
         index = int(index)
     if isinstance(index, bool) or not isinstance(index, int):
         raise ConfigError(f"TF_CONFIG task.index {index!r} is not an integer; e.g. 0")
@@ -243,23 +247,29 @@ def _from_slurm(env: Mapping[str, str]) -> Cluster | None:
     ntasks = _slurm_int(env, "SLURM_STEP_NUM_TASKS", minimum=1)
     if ntasks == 1:
         return None
+    if ntasks > MAX_SLURM_TASKS:
+        raise ConfigError(f"SLURM: SLURM_STEP_NUM_TASKS={ntasks} is more than mirrorfit's cap "
+                          f"of {MAX_SLURM_TASKS} tasks per job; run fewer tasks (srun -n)")
     rank = _slurm_int(env, "SLURM_PROCID", minimum=0)
     nodes_var = _first_set(env, "SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")
     tpn_var = _first_set(env, "SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE")
-    hosts = expand_hostlist(env[nodes_var], nodes_var)
-    per_node = expand_tasks_per_node(env[tpn_var], tpn_var)
+    bound = f"SLURM_STEP_NUM_TASKS={ntasks} (each node of a step runs at least one task)"
+    hosts = expand_hostlist(env[nodes_var], nodes_var, max_hosts=ntasks, bound=bound)
+    per_node = expand_tasks_per_node(env[tpn_var], tpn_var, max_nodes=ntasks, bound=bound)
     if len(per_node) != len(hosts):
         raise ConfigError(f"SLURM: {nodes_var} names {len(hosts)} node(s) but {tpn_var}="
-                          f"{env[tpn_var]!r} gives {len(per_node)}; run under srun")
+                          f"{_shown(env[tpn_var])} gives {len(per_node)}; run under srun")
     base = _slurm_int(env, SLURM_PORT_BASE_ENV, minimum=1) if SLURM_PORT_BASE_ENV in env \
         else SLURM_PORT_BASE
     # As SlurmClusterResolver: nodes sorted by name, consecutive ports on each node, and
-    # SLURM_PROCID r is the r-th address (SLURM's default block distribution).
-    addresses = [(host, k) for host, n in sorted(dict(zip(hosts, per_node)).items())
-                 for k in range(n)]
-    if len(addresses) != ntasks:
+    # SLURM_PROCID r is the r-th address (SLURM's default block distribution). Counted before
+    # the addresses are made: a per-node count like "99999999" would make that many.
+    placed = dict(zip(hosts, per_node))
+    if sum(placed.values()) != ntasks:
         raise ConfigError(f"SLURM: SLURM_STEP_NUM_TASKS={ntasks} but {tpn_var}="
-                          f"{env[tpn_var]!r} places {len(addresses)} task(s); run under srun")
+                          f"{_shown(env[tpn_var])} places {sum(placed.values())} task(s); run "
+                          "under srun")
+    addresses = [(host, k) for host, n in sorted(placed.items()) for k in range(n)]
     if rank >= ntasks:
         raise ConfigError(f"SLURM: SLURM_PROCID={rank} is not below SLURM_STEP_NUM_TASKS="
                           f"{ntasks}; run under srun")
@@ -277,15 +287,18 @@ def _from_slurm(env: Mapping[str, str]) -> Cluster | None:
                    task_index=rank, source="SLURM")
 
 
-def expand_hostlist(hostlist: str, name: str = "SLURM_STEP_NODELIST") -> list[str]:
+def expand_hostlist(hostlist: str, name: str = "SLURM_STEP_NODELIST",
+                    max_hosts: int = MAX_SLURM_TASKS, bound: str | None = None) -> list[str]:
     """``"n[1-2],m5,o[03-04,6]"`` -> ``["n1", "n2", "m5", "o03", "o04", "o6"]``, in order.
 
     The grammar and output of TF's ``slurm_cluster_resolver.expand_hostlist`` (zero padding
     kept, no sorting or deduplication); rewritten because importing TF's takes seconds and TF's
-    checks are ``assert``s. Raises :class:`ConfigError` naming ``name`` for a malformed list.
+    checks are ``assert``s. Raises :class:`ConfigError` naming ``name`` for a malformed list
+    or one of more than ``max_hosts`` names, counted before any is made (``"n[1-99999999]"``
+    fails at once); ``bound`` says where the limit comes from, e.g. ``"SLURM_STEP_NUM_TASKS=4"``.
     """
-    bad = ConfigError(f"{name}={hostlist!r} is not a SLURM hostlist like 'node[01-04],gpu7'; "
-                      "run under srun, which sets it")
+    bad = ConfigError(f"{name}={_shown(hostlist)} is not a SLURM hostlist like "
+                      "'node[01-04],gpu7'; run under srun, which sets it")
     parts, current, depth = [], "", 0
     for c in hostlist:  # split at commas outside brackets ("o[3-4,6],m5")
         if c == "[":
@@ -302,34 +315,53 @@ def expand_hostlist(hostlist: str, name: str = "SLURM_STEP_NODELIST") -> list[st
     parts.append(current)
     if depth or not hostlist.strip():
         raise bad
-    hosts: list[str] = []
+    plan: list[tuple[str, int | None, int, int]] = []  # (prefix, digits or None, first, last)
     for part in parts:
         m = re.fullmatch(r"([^,\[\]\s]*)(?:\[([^\]]+)\])?", part)
         if m is None or not part:
             raise bad
         prefix, ranges = m.group(1), m.group(2)
         if ranges is None:
-            hosts.append(prefix)
+            plan.append((prefix, None, 0, 0))
             continue
         for piece in ranges.split(","):
             lo, _, hi = piece.partition("-")
             hi = hi or lo
-            if not all(t.isascii() and t.isdecimal() for t in (lo, hi)) or int(hi) < int(lo):
+            # 64 digits: past int()'s 4300-digit limit would be a ValueError, not one line
+            if not all(t.isascii() and t.isdecimal() and len(t) <= 64 for t in (lo, hi)) \
+                    or int(hi) < int(lo):
                 raise bad
-            hosts.extend(prefix + str(i).zfill(len(lo)) for i in range(int(lo), int(hi) + 1))
-    return hosts
+            plan.append((prefix, len(lo), int(lo), int(hi)))  # zero padding kept: len(lo)
+    _check_count(sum(hi - lo + 1 for *_, lo, hi in plan), max_hosts, bound, name, hostlist)
+    return [prefix + ("" if width is None else str(i).zfill(width))
+            for prefix, width, lo, hi in plan for i in range(lo, hi + 1)]
 
 
-def expand_tasks_per_node(text: str, name: str = "SLURM_STEP_TASKS_PER_NODE") -> list[int]:
-    """``"3(x2),2,1"`` -> ``[3, 3, 2, 1]`` (TF's ``expand_tasks_per_node``)."""
-    out: list[int] = []
+def expand_tasks_per_node(text: str, name: str = "SLURM_STEP_TASKS_PER_NODE",
+                          max_nodes: int = MAX_SLURM_TASKS, bound: str | None = None) -> list[int]:
+    """``"3(x2),2,1"`` -> ``[3, 3, 2, 1]`` (TF's ``expand_tasks_per_node``); ConfigError for a
+    malformed list or one for more than ``max_nodes`` nodes (counted before expanding)."""
+    counts: list[tuple[int, int]] = []  # (tasks on a node, nodes)
     for part in text.split(","):
-        m = re.fullmatch(r"\s*(\d+)(?:\(x(\d+)\))?\s*", part)
+        m = re.fullmatch(r"\s*(\d{1,64})(?:\(x(\d{1,64})\))?\s*", part)
         if m is None:
-            raise ConfigError(f"{name}={text!r} is not a SLURM tasks-per-node list like "
+            raise ConfigError(f"{name}={_shown(text)} is not a SLURM tasks-per-node list like "
                               "'2(x3),1'; run under srun, which sets it")
-        out.extend([int(m.group(1))] * int(m.group(2) or 1))
-    return out
+        counts.append((int(m.group(1)), int(m.group(2) or 1)))
+    _check_count(sum(n for _, n in counts), max_nodes, bound, name, text)
+    return [tasks for tasks, n in counts for _ in range(n)]
+
+
+def _check_count(nodes: int, limit: int, bound: str | None, name: str, text: str) -> None:
+    if nodes > limit:
+        bound = bound or (f"mirrorfit's cap of {limit}" if limit == MAX_SLURM_TASKS else limit)
+        raise ConfigError(f"{name}={_shown(text)} names {nodes} nodes, more than {bound}; fix "
+                          f"{name} or run under srun, which sets it")
+
+
+def _shown(text: str, keep: int = 60) -> str:
+    """``repr(text)`` cut to ``keep`` characters: a SLURM list may be kilobytes of ranges."""
+    return repr(text) if len(text) <= keep else f"{text[:keep]!r}... ({len(text)} chars)"
 
 
 def _check_address(address: object, where: str) -> None:
@@ -361,7 +393,7 @@ def _slurm_int(env: Mapping[str, str], name: str, minimum: int) -> int:
 
 
 __all__ = ["Cluster", "resolve_cluster", "expand_hostlist", "expand_tasks_per_node",
-           "SLURM_PORT_BASE", "SLURM_PORT_BASE_ENV"]
+           "SLURM_PORT_BASE", "SLURM_PORT_BASE_ENV", "MAX_SLURM_TASKS"]
 
 
 def cluster_for(strategy: str, environ: Mapping[str, str] | None = None) -> Cluster | None:
