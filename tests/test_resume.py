@@ -167,3 +167,28 @@ def test_only_this_hosts_dead_writers_checkpoint_temps_are_cleaned(tmp_path):
         (tmp_path / name).mkdir()
     Checkpointer(tmp_path, trainer=_trainer(), model_spec="tiny").clean_partial()
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(kept)
+
+
+def test_a_resume_at_an_epoch_boundary_reports_no_untrained_epoch(tmp_path, batches):
+    """A step hook's checkpoint at an epoch's last step is also that epoch's (the epoch-end save
+    finds it): resuming from it must not report the finished epoch again, with zero metrics."""
+    from mirrorfit.checkpoint import Checkpointer
+    from test_checkpoint import _trainer
+
+    first = _trainer()
+    steps = batches.steps_per_epoch  # 8
+    ckpt = Checkpointer(tmp_path, trainer=first, model_spec="tiny", data=batches.order,
+                        every=steps)
+    first.fit(batches, epochs=1, hooks=[ckpt.step_hook], callbacks=[ckpt.epoch_callback])
+    meta = json.loads((tmp_path / f"ckpt-{steps:09d}" / "meta.json").read_text())
+    assert (meta["epoch"], meta["step_in_epoch"]) == (0, steps)  # the hook's, not the epoch's
+
+    for epochs, reported in ((2, [2]), (1, [])):
+        resumed = _trainer()
+        Checkpointer(tmp_path, trainer=resumed, model_spec="tiny",
+                     data=batches.order).restore_latest()
+        seen = []
+        history = resumed.fit(batches, epochs=epochs, callbacks=[lambda e, logs: seen.append(e)])
+        assert seen == reported and len(history.epochs) == len(reported)
+        assert all(logs["loss"] > 0 for logs in history.epochs)
+        assert (resumed.epoch, resumed.step_in_epoch) == (epochs, 0)

@@ -160,7 +160,7 @@ def _train(config: TrainConfig, console: Console, guard: PreemptionGuard,
                                     settings=_settings(config),
                                     on_notice=lambda msg: console.print(f"[yellow]{msg}[/]"),
                                     writer=dist.is_chief)
-        _restore(checkpointer, config, console, dist)
+        _restore(checkpointer, config, console, dist, batches.steps_per_epoch)
         hooks.append(checkpointer.step_hook)
         callbacks.append(checkpointer.epoch_callback)
     guard.watch(trainer, checkpointer, agree=dist.agree)
@@ -369,7 +369,7 @@ def _settings(config: TrainConfig) -> dict[str, Any]:
 
 
 def _restore(checkpointer: Checkpointer, config: TrainConfig, console: Console,
-             dist: Distribution) -> None:
+             dist: Distribution, steps_per_epoch: int) -> None:
     checkpointer.clean_partial()  # the chief's; the other workers only read
     if config.fresh:
         aside = checkpointer.discard()
@@ -382,10 +382,11 @@ def _restore(checkpointer: Checkpointer, config: TrainConfig, console: Console,
         raise ConfigError(f"{dist.task} restored step {step}, another worker a different one; "
                           "give every worker the same --checkpoint-dir, on storage they all "
                           "see")
-    if restored:
-        console.print(f"resuming from {restored.path}: {restored.epoch} epoch(s) done, "
-                      f"continuing epoch {restored.epoch + 1} at step {restored.step_in_epoch} "
-                      f"(global step {restored.step})")
+    if restored:  # saved at an epoch's last step: that epoch is done (as Trainer.fit counts)
+        done, at = ((restored.epoch + 1, 0) if restored.step_in_epoch == steps_per_epoch
+                    else (restored.epoch, restored.step_in_epoch))
+        console.print(f"resuming from {restored.path}: {done} epoch(s) done, continuing epoch "
+                      f"{done + 1} at step {at} (global step {restored.step})")
 
 
 def _steady_step_s(history, global_batch: int) -> float:
