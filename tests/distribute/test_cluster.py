@@ -12,8 +12,8 @@ import tracemalloc
 
 import pytest
 
-from mirrorfit.distribute.cluster import (MAX_SLURM_TASKS, Cluster, expand_hostlist,
-                                          expand_tasks_per_node, resolve_cluster)
+from mirrorfit.distribute.cluster import Cluster, resolve_cluster
+from mirrorfit.distribute.slurm import MAX_SLURM_TASKS, expand_hostlist, expand_tasks_per_node
 from mirrorfit.errors import ConfigError
 
 

@@ -1,7 +1,8 @@
 """Which processes make up a training job and which one this is: one frozen ``Cluster`` value.
 
 A cluster comes from ``TF_CONFIG`` (what ``mirrorfit launch``, Kubeflow's ``TFJob`` and hand-made
-manifests set), else from SLURM's environment under ``srun``, else there is none (one process).
+manifests set), else from SLURM's environment under ``srun`` (:mod:`mirrorfit.distribute.slurm`),
+else there is none (one process).
 
 Pure Python on purpose: the CLI resolves and checks the cluster before TensorFlow loads
 (seconds), so a bad ``TF_CONFIG`` fails at once with one line. Only :meth:`Cluster.tf_resolver`
@@ -35,11 +36,6 @@ DEFAULT_COLLECTIVE_TIMEOUT_S = 300.0
 
 TASK_TYPES = ("worker", "ps", "chief")
 SOURCES = ("TF_CONFIG", "SLURM", "launch")
-SLURM_PORT_BASE = 8888  # as SlurmClusterResolver: task k on a node listens on 8888 + k
-SLURM_PORT_BASE_ENV = "MIRRORFIT_SLURM_PORT_BASE"  # override, e.g. when two jobs share nodes
-# Most tasks (so nodes) of a SLURM step: far above any gRPC cluster TF runs, yet their names fit
-# in a few MB, so a corrupt "n[1-99999999]" fails at once instead of taking ~7 GB.
-MAX_SLURM_TASKS = 65_536
 
 _TF_CONFIG_EXAMPLE = ('{"cluster": {"worker": ["host0:2222", "host1:2222"]}, '
                       '"task": {"type": "worker", "index": 0}}')
@@ -189,7 +185,8 @@ def resolve_cluster(environ: Mapping[str, str] | None = None) -> Cluster | None:
     text = env.get("TF_CONFIG", "")
     if text.strip():  # an empty TF_CONFIG (a template left blank) means "not set", as unset
         return _from_tf_config(text)
-    return _from_slurm(env)
+    from mirrorfit.distribute.slurm import from_slurm  # it builds a Cluster: imported late
+    return from_slurm(env)
 
 
 def _from_tf_config(text: str) -> Cluster:
@@ -237,133 +234,6 @@ def _from_tf_config(text: str) -> Cluster:
                    task_index=index, source="TF_CONFIG")
 
 
-def _from_slurm(env: Mapping[str, str]) -> Cluster | None:
-    # The step variables are set by srun for each task it starts (what SlurmClusterResolver
-    # reads). The job-level SLURM_NTASKS alone is also set in the batch script itself, where
-    # one process runs: treating that as task 0 of N would wait forever for the others.
-    ntasks_text = env.get("SLURM_STEP_NUM_TASKS")
-    if ntasks_text is None:
-        return None
-    ntasks = _slurm_int(env, "SLURM_STEP_NUM_TASKS", minimum=1)
-    if ntasks == 1:
-        return None
-    if ntasks > MAX_SLURM_TASKS:
-        raise ConfigError(f"SLURM: SLURM_STEP_NUM_TASKS={ntasks} is more than mirrorfit's cap "
-                          f"of {MAX_SLURM_TASKS} tasks per job; run fewer tasks (srun -n)")
-    rank = _slurm_int(env, "SLURM_PROCID", minimum=0)
-    nodes_var = _first_set(env, "SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")
-    tpn_var = _first_set(env, "SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE")
-    bound = f"SLURM_STEP_NUM_TASKS={ntasks} (each node of a step runs at least one task)"
-    hosts = expand_hostlist(env[nodes_var], nodes_var, max_hosts=ntasks, bound=bound)
-    per_node = expand_tasks_per_node(env[tpn_var], tpn_var, max_nodes=ntasks, bound=bound)
-    if len(per_node) != len(hosts):
-        raise ConfigError(f"SLURM: {nodes_var} names {len(hosts)} node(s) but {tpn_var}="
-                          f"{_shown(env[tpn_var])} gives {len(per_node)}; run under srun")
-    base = _slurm_int(env, SLURM_PORT_BASE_ENV, minimum=1) if SLURM_PORT_BASE_ENV in env \
-        else SLURM_PORT_BASE
-    # As SlurmClusterResolver: nodes sorted by name, consecutive ports on each node, and
-    # SLURM_PROCID r is the r-th address (SLURM's default block distribution). Counted before
-    # the addresses are made: a per-node count like "99999999" would make that many.
-    placed = dict(zip(hosts, per_node))
-    if sum(placed.values()) != ntasks:
-        raise ConfigError(f"SLURM: SLURM_STEP_NUM_TASKS={ntasks} but {tpn_var}="
-                          f"{_shown(env[tpn_var])} places {sum(placed.values())} task(s); run "
-                          "under srun")
-    addresses = [(host, k) for host, n in sorted(placed.items()) for k in range(n)]
-    if rank >= ntasks:
-        raise ConfigError(f"SLURM: SLURM_PROCID={rank} is not below SLURM_STEP_NUM_TASKS="
-                          f"{ntasks}; run under srun")
-    if base + max(k for _, k in addresses) > 65535:
-        raise ConfigError(f"SLURM: port base {base} + tasks per node exceeds 65535; set "
-                          f"{SLURM_PORT_BASE_ENV} lower, e.g. 8888")
-    host, local = addresses[rank]
-    node, localid = env.get("SLURMD_NODENAME"), env.get("SLURM_LOCALID")
-    if node and localid is not None and (node.split(".")[0] != host.split(".")[0]
-                                         or localid.strip() != str(local)):
-        raise ConfigError(f"SLURM: task {rank} runs on {node} as local task {localid} but the "
-                          f"block layout puts it on {host} as {local}; use srun's default "
-                          "--distribution=block")
-    return Cluster(workers=tuple(f"{h}:{base + k}" for h, k in addresses), task_type="worker",
-                   task_index=rank, source="SLURM")
-
-
-def expand_hostlist(hostlist: str, name: str = "SLURM_STEP_NODELIST",
-                    max_hosts: int = MAX_SLURM_TASKS, bound: str | None = None) -> list[str]:
-    """``"n[1-2],m5,o[03-04,6]"`` -> ``["n1", "n2", "m5", "o03", "o04", "o6"]``, in order.
-
-    The grammar and output of TF's ``slurm_cluster_resolver.expand_hostlist`` (zero padding
-    kept, no sorting or deduplication); rewritten because importing TF's takes seconds and TF's
-    checks are ``assert``s. Raises :class:`ConfigError` naming ``name`` for a malformed list
-    or one of more than ``max_hosts`` names, counted before any is made (``"n[1-99999999]"``
-    fails at once); ``bound`` says where the limit comes from, e.g. ``"SLURM_STEP_NUM_TASKS=4"``.
-    """
-    bad = ConfigError(f"{name}={_shown(hostlist)} is not a SLURM hostlist like "
-                      "'node[01-04],gpu7'; run under srun, which sets it")
-    parts, current, depth = [], "", 0
-    for c in hostlist:  # split at commas outside brackets ("o[3-4,6],m5")
-        if c == "[":
-            depth += 1
-        elif c == "]":
-            depth -= 1
-        if depth not in (0, 1):
-            raise bad
-        if c == "," and depth == 0:
-            parts.append(current)
-            current = ""
-        else:
-            current += c
-    parts.append(current)
-    if depth or not hostlist.strip():
-        raise bad
-    plan: list[tuple[str, int | None, int, int]] = []  # (prefix, digits or None, first, last)
-    for part in parts:
-        m = re.fullmatch(r"([^,\[\]\s]*)(?:\[([^\]]+)\])?", part)
-        if m is None or not part:
-            raise bad
-        prefix, ranges = m.group(1), m.group(2)
-        if ranges is None:
-            plan.append((prefix, None, 0, 0))
-            continue
-        for piece in ranges.split(","):
-            lo, _, hi = piece.partition("-")
-            hi = hi or lo
-            # 64 digits: past int()'s 4300-digit limit would be a ValueError, not one line
-            if not all(t.isascii() and t.isdecimal() and len(t) <= 64 for t in (lo, hi)) \
-                    or int(hi) < int(lo):
-                raise bad
-            plan.append((prefix, len(lo), int(lo), int(hi)))  # zero padding kept: len(lo)
-    _check_count(sum(hi - lo + 1 for *_, lo, hi in plan), max_hosts, bound, name, hostlist)
-    return [prefix + ("" if width is None else str(i).zfill(width))
-            for prefix, width, lo, hi in plan for i in range(lo, hi + 1)]
-
-
-def expand_tasks_per_node(text: str, name: str = "SLURM_STEP_TASKS_PER_NODE",
-                          max_nodes: int = MAX_SLURM_TASKS, bound: str | None = None) -> list[int]:
-    """``"3(x2),2,1"`` -> ``[3, 3, 2, 1]`` (TF's ``expand_tasks_per_node``); ConfigError for a
-    malformed list or one for more than ``max_nodes`` nodes (counted before expanding)."""
-    counts: list[tuple[int, int]] = []  # (tasks on a node, nodes)
-    for part in text.split(","):
-        m = re.fullmatch(r"\s*(\d{1,64})(?:\(x(\d{1,64})\))?\s*", part)
-        if m is None:
-            raise ConfigError(f"{name}={_shown(text)} is not a SLURM tasks-per-node list like "
-                              "'2(x3),1'; run under srun, which sets it")
-        counts.append((int(m.group(1)), int(m.group(2) or 1)))
-    _check_count(sum(n for _, n in counts), max_nodes, bound, name, text)
-    return [tasks for tasks, n in counts for _ in range(n)]
-
-
-def _check_count(nodes: int, limit: int, bound: str | None, name: str, text: str) -> None:
-    if nodes > limit:
-        bound = bound or (f"mirrorfit's cap of {limit}" if limit == MAX_SLURM_TASKS else limit)
-        raise ConfigError(f"{name}={_shown(text)} names {nodes} nodes, more than {bound}; fix "
-                          f"{name} or run under srun, which sets it")
-
-
-def _shown(text: str, keep: int = 60) -> str:
-    """``repr(text)`` cut to ``keep`` characters: a SLURM list may be kilobytes of ranges."""
-    return repr(text) if len(text) <= keep else f"{text[:keep]!r}... ({len(text)} chars)"
-
-
 def _check_address(address: object, where: str) -> None:
     fix = "write it as host:port, e.g. 'worker-0.trainer:2222' or '10.0.0.5:2222'"
     if not isinstance(address, str):
@@ -375,25 +245,7 @@ def _check_address(address: object, where: str) -> None:
         raise ConfigError(f"{where} {address!r}: port {m.group(2)} is not in 1..65535; {fix}")
 
 
-def _first_set(env: Mapping[str, str], *names: str) -> str:
-    for name in names:
-        if env.get(name, "").strip():
-            return name
-    raise ConfigError(f"SLURM: none of {', '.join(names)} is set; run the command under srun")
-
-
-def _slurm_int(env: Mapping[str, str], name: str, minimum: int) -> int:
-    text = env.get(name)
-    if text is None or not (text.strip().isascii() and text.strip().isdecimal()) \
-            or int(text) < minimum:
-        raise ConfigError(f"{name}={text!r} is not an integer >= {minimum}; run under srun, "
-                          "which sets it" if name.startswith("SLURM") else
-                          f"{name}={text!r} is not an integer >= {minimum}; e.g. 8888")
-    return int(text)
-
-
-__all__ = ["Cluster", "resolve_cluster", "expand_hostlist", "expand_tasks_per_node",
-           "SLURM_PORT_BASE", "SLURM_PORT_BASE_ENV", "MAX_SLURM_TASKS"]
+__all__ = ["Cluster", "resolve_cluster", "cluster_for", "DEFAULT_COLLECTIVE_TIMEOUT_S"]
 
 
 def cluster_for(strategy: str, environ: Mapping[str, str] | None = None) -> Cluster | None:
