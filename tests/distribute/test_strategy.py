@@ -97,6 +97,14 @@ out["pieces"] = got
 theirs = next(iter(d.strategy.experimental_distribute_dataset(rows.batch(8))))[0]
 out["theirs"] = [[int(v) for v in t.numpy()[:, 0]]
                  for t in d.strategy.experimental_local_results(theirs)]
+# a batch already cut per replica (a distributed iterator's) passes through split
+whole = next(iter(d.strategy.experimental_distribute_dataset(rows.batch(8))))
+x, _ = d.strategy.run(lambda x, y: (x, y), args=d.split(whole))
+out["through"] = [int(t.shape[0]) for t in d.strategy.experimental_local_results(x)]
+# sparse components: TF's distributed dataset cuts them
+sparse = tf.data.Dataset.from_tensor_slices(tf.sparse.from_dense(tf.eye(8))).batch(4)
+out["sparse_plain"] = isinstance(d.distribute(lambda w, n: sparse, per_replica=2),
+                                 tf.data.Dataset)
 print(json.dumps(out))
 """
 
@@ -111,3 +119,5 @@ def test_host_replicas_are_fed_plain_batches_cut_in_the_step():
     assert out["pieces"] == [[[0, 1, 2, 3], [4, 5, 6, 7]], [[8, 9, 10, 11], [12, 13, 14, 15]],
                              [[16, 17], [18, 19]]]
     assert out["theirs"] == out["pieces"][0]
+    assert out["through"] == [4, 4]  # not cut again
+    assert out["sparse_plain"] is False

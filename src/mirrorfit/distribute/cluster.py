@@ -192,7 +192,7 @@ def resolve_cluster(environ: Mapping[str, str] | None = None) -> Cluster | None:
 def _from_tf_config(text: str) -> Cluster:
     try:
         raw = json.loads(text)
-    except json.JSONDecodeError as e:
+    except ValueError as e:  # JSONDecodeError, or an integer past int()'s 4,300 digits
         raise ConfigError(f"TF_CONFIG is not valid JSON ({e}); set it like {_TF_CONFIG_EXAMPLE}"
                           " or unset it") from None
     if not isinstance(raw, dict):
@@ -225,7 +225,8 @@ def _from_tf_config(text: str) -> Cluster:
                           "has at most one chief (make the others workers)")
     index = task.get("index", 0)
     # templated manifests give "1"
-    if isinstance(index, str) and index.strip().isdecimal() and index.strip().isascii():
+    if isinstance(index, str) and index.strip().isdecimal() and index.strip().isascii() \
+            and len(index.strip()) <= 18:
         index = int(index)
     if isinstance(index, bool) or not isinstance(index, int):
         raise ConfigError(f"TF_CONFIG task.index {index!r} is not an integer; e.g. 0")

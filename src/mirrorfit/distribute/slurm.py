@@ -18,6 +18,7 @@ SLURM_PORT_BASE_ENV = "MIRRORFIT_SLURM_PORT_BASE"  # override, e.g. when two job
 # Most tasks (so nodes) of a SLURM step: far above any gRPC cluster TF runs, yet their names fit
 # in a few MB, so a corrupt "n[1-99999999]" fails at once instead of taking ~7 GB.
 MAX_SLURM_TASKS = 65_536
+MAX_HOST_NAME = 255  # characters, as DNS allows
 
 
 def from_slurm(env: Mapping[str, str]) -> Cluster | None:
@@ -116,6 +117,11 @@ def expand_hostlist(hostlist: str, name: str = "SLURM_STEP_NODELIST",
                 raise bad
             plan.append((prefix, len(lo), int(lo), int(hi)))  # zero padding kept: len(lo)
     _check_count(sum(hi - lo + 1 for *_, lo, hi in plan), max_hosts, bound, name, hostlist)
+    # A host name is at most 255 characters (DNS): a long prefix times many names is gigabytes.
+    if any(len(prefix) + max(width or 0, len(str(hi))) > MAX_HOST_NAME
+           for prefix, width, _, hi in plan):
+        raise ConfigError(f"{name}={_shown(hostlist)} makes a host name longer than "
+                          f"{MAX_HOST_NAME} characters; fix {name} or run under srun")
     return [prefix + ("" if width is None else str(i).zfill(width))
             for prefix, width, lo, hi in plan for i in range(lo, hi + 1)]
 
@@ -157,7 +163,7 @@ def _first_set(env: Mapping[str, str], *names: str) -> str:
 def _slurm_int(env: Mapping[str, str], name: str, minimum: int) -> int:
     text = env.get(name)
     if text is None or not (text.strip().isascii() and text.strip().isdecimal()) \
-            or int(text) < minimum:
+            or len(text.strip()) > 18 or int(text) < minimum:  # 18 digits: no int() limit
         raise ConfigError(f"{name}={text!r} is not an integer >= {minimum}; run under srun, "
                           "which sets it" if name.startswith("SLURM") else
                           f"{name}={text!r} is not an integer >= {minimum}; e.g. 8888")

@@ -71,7 +71,10 @@ class Distribution:
         one at one thread (measured side by side). Devices keep it: there it overlaps a real
         copy with the step."""
         if self.feeds_from_host:
-            return make(self.worker_index, self.workers)
+            dataset = make(self.worker_index, self.workers)
+            if all(isinstance(s, tf.TensorSpec) for s in tf.nest.flatten(dataset.element_spec)):
+                return dataset
+            # sparse or ragged components: TF's distributed dataset knows how to cut them
         if self.input_split == GLOBAL_BATCH:
             return self.strategy.experimental_distribute_dataset(make(0, 1))
         local = self.local_replicas
@@ -99,8 +102,9 @@ class Distribution:
         takes it. Fed from the host to several replicas, replica r of R gets the contiguous rows
         ``[r*n//R, (r+1)*n//R)`` (with full batches the pieces TF's distributed dataset would
         give); else the batch as it is."""
-        if not self.feeds_from_host or self.local_replicas == 1:
-            return batch
+        if not self.feeds_from_host or self.local_replicas == 1 or any(
+                isinstance(t, tf.distribute.DistributedValues) for t in tf.nest.flatten(batch)):
+            return batch  # already one value per replica (a distributed iterator's)
         replicas = self.local_replicas
 
         def piece(context: tf.distribute.experimental.ValueContext):

@@ -153,7 +153,7 @@ class Trainer:
         if self.step_in_epoch > steps:  # e.g. restored from a checkpoint of other data
             raise ConfigError(f"the trainer is at step {self.step_in_epoch} of an epoch of only "
                               f"{steps} steps; was it restored from a run with other data?")
-        if self.step_in_epoch == steps:
+        if steps and self.step_in_epoch == steps:
             # Restored from a checkpoint a step hook wrote at an epoch's last step (the epoch-end
             # save then finds it and keeps it): that epoch was trained and reported by the run
             # that wrote it. "Finishing" it here would report metrics of no step (zeros).
