@@ -73,6 +73,8 @@ def test_synthetic_points_carry_the_shape_and_classes():
     (Grid(input_shape=(28, 28)), "--input-shape and --num-classes set the synthetic data"),
     (Grid(data="synthetic", num_classes=1), "--num-classes must be 2 or more"),
     (Grid(model="resnet50", data="synthetic"), "did you mean 'ResNet50'"),
+    (Grid(train_examples=-5), "--train-examples must be 1 or more, got -5"),
+    (Grid(global_batch=-8), "--global-batch-size must be 1 or more, got -8"),
 ])
 def test_bad_data_models_and_shapes_are_refused_before_running(grid, match):
     with pytest.raises(MirrorfitError, match=match):

@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import Progress
 
 from mirrorfit.bench.grid import Grid, run_grid
@@ -39,11 +40,12 @@ def run_bench(grid: Grid, *, out_dir: str | Path, tolerance: float = 0.005,
     devices = f"{len(gpus)} GPU(s)" if gpus else f"logical CPU devices on {os.cpu_count()} cores"
     data = source.label
     if source.description != data:
-        console.print(f"data: {source.description}")
+        console.print(f"data: {escape(source.description)}")  # paths may hold [brackets]
     if not source.has_test and grid.data != "synthetic":
-        console.print(f"--data {grid.data} has no test split: no test accuracy (shown as -), "
+        console.print(f"--data {escape(grid.data)} has no test split: no test accuracy (shown as -), "
                       "and --recommend compares speed only")
-    console.print(f"[bold]mirrorfit bench[/] {grid.model} on {data}: {len(points)} points x "
+    console.print(f"[bold]mirrorfit bench[/] {escape(grid.model)} on {escape(data)}: "
+                  f"{len(points)} points x "
                   f"{grid.repeats} repeats, each its own process; {flops / 1e6:,.2f} MFLOP per "
                   "training example")
     with Progress(console=console, transient=True) as progress:

@@ -89,6 +89,10 @@ class Grid:
             raise MirrorfitError("--input-shape and --num-classes set the synthetic data; MNIST "
                                  "is 28x28 with 10 classes (use --data synthetic)")
         check_model_name(self.model)
+        for flag, value in (("--global-batch-size", self.global_batch),
+                            ("--train-examples", self.train_examples)):
+            if value is not None and value < 1:  # -5 would slice x[:-5]; 0 would mean "all"
+                raise MirrorfitError(f"{flag} must be 1 or more, got {value}; e.g. {flag} 64")
         if self.num_classes is not None and self.num_classes < 2:
             raise MirrorfitError(f"--num-classes must be 2 or more, got {self.num_classes}")
         if self.input_shape is not None and (
