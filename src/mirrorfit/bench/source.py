@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mirrorfit.bench.grid import DATA, Grid
-from mirrorfit.bench.point import Point
+from mirrorfit.bench.point import Point, load_source
 from mirrorfit.errors import DataError, MirrorfitError
 from mirrorfit.model_names import check_input_shape, is_application, min_size
 
@@ -40,14 +40,7 @@ def open_source(grid: Grid, point: Point) -> BenchSource:
         label = ("MNIST" if grid.data == "mnist"
                  else f"synthetic {'x'.join(map(str, shape))}, {classes} classes")
         return BenchSource(shape, classes, label, label, has_test=grid.data == "mnist")
-    from mirrorfit.data.sources import load_data
-
-    data = load_data(point.data, global_batch=point.global_batch, seed=point.seed,
-                     train_examples=point.train_examples,
-                     validation_split=point.validation_split, image_size=point.image_size,
-                     image_feature=point.image_feature, label_feature=point.label_feature,
-                     cache=point.cache, input_shape=point.input_shape,
-                     num_classes=point.num_classes, model=point.model)
+    data = load_source(point)
     shape = tuple(data.input_shape)
     if is_application(grid.model):
         try:
