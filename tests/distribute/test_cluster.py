@@ -204,6 +204,15 @@ def test_expansions():
     (slurm(0, ntasks=10**8, nodes="n[1-99999999]"), ["SLURM_STEP_NUM_TASKS=100000000",
                                                      "cap of 65536"]),
     (slurm(0, nodes="n[1-" + "9" * 5000 + "]"), ["hostlist"]),  # int()'s digit limit
+    # a long host prefix times many names; numbers past int()'s 4,300 digits
+    (dict(SLURM_STEP_NUM_TASKS="65536", SLURM_PROCID="0", SLURM_STEP_TASKS_PER_NODE="1(x65536)",
+          SLURM_STEP_NODELIST="a" * 4000 + "[1-65536]"), ["longer than 255"]),
+    (dict(SLURM_STEP_NUM_TASKS="2", SLURM_PROCID="0" * 4301, SLURM_STEP_TASKS_PER_NODE="1(x2)",
+          SLURM_STEP_NODELIST="n[1-2]"), ["SLURM_PROCID", "not an integer"]),
+    ({"TF_CONFIG": '{"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": '
+                   + "1" * 4301 + "}}"}, ["TF_CONFIG is not valid JSON"]),
+    ({"TF_CONFIG": '{"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": "'
+                   + "1" * 4301 + '"}}'}, ["task.index", "not an integer"]),
 ])
 def test_huge_slurm_lists_are_refused_before_expanding(env, words):
     tracemalloc.start()
@@ -299,28 +308,3 @@ def test_non_ascii_digits_in_an_index_are_one_line_not_a_traceback():
     with pytest.raises(ConfigError):
         resolve_cluster({"TF_CONFIG": _json.dumps({"cluster": {"worker": ["a:1", "b:2"]},
                                                    "task": {"type": "worker", "index": "²"}})})
-
-
-@pytest.mark.parametrize("env, words", [
-    (dict(SLURM_STEP_NUM_TASKS="65536", SLURM_PROCID="0", SLURM_STEP_TASKS_PER_NODE="1(x65536)",
-          SLURM_STEP_NODELIST="a" * 4000 + "[1-65536]"), ["longer than 255"]),
-    (dict(SLURM_STEP_NUM_TASKS="2", SLURM_PROCID="0" * 4301, SLURM_STEP_TASKS_PER_NODE="1(x2)",
-          SLURM_STEP_NODELIST="n[1-2]"), ["SLURM_PROCID", "not an integer"]),
-    ({"TF_CONFIG": '{"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": '
-                   + "1" * 4301 + "}}"}, ["TF_CONFIG is not valid JSON"]),
-    ({"TF_CONFIG": '{"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": "'
-                   + "1" * 4301 + '"}}'}, ["task.index", "not an integer"]),
-])
-def test_long_names_and_numbers_are_one_line_in_little_memory(env, words):
-    """A long host prefix times many names, or numbers past int()'s 4,300 digits: one
-    ConfigError line, fast, in little memory (not gigabytes or a ValueError traceback)."""
-    tracemalloc.start()
-    start = time.perf_counter()
-    try:
-        with pytest.raises(ConfigError) as e:
-            resolve_cluster(env)
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
-    assert time.perf_counter() - start < 1.0 and peak < 4 << 20
-    assert "\n" not in str(e.value) and all(w in str(e.value) for w in words), str(e.value)

@@ -229,7 +229,7 @@ def _from_tf_config(text: str) -> Cluster:
             and len(index.strip()) <= 18:
         index = int(index)
     if isinstance(index, bool) or not isinstance(index, int):
-        raise ConfigError(f"TF_CONFIG task.index {index!r} is not an integer; e.g. 0")
+        raise ConfigError(f"TF_CONFIG task.index {index!r:.60} is not an integer; e.g. 0")
     return Cluster(workers=tuple(jobs.get("worker", ())), ps=tuple(jobs.get("ps", ())),
                    chief=chiefs[0] if chiefs else None, task_type=task["type"],
                    task_index=index, source="TF_CONFIG")

@@ -162,11 +162,12 @@ def _first_set(env: Mapping[str, str], *names: str) -> str:
 
 def _slurm_int(env: Mapping[str, str], name: str, minimum: int) -> int:
     text = env.get(name)
+    shown = repr(text) if text is None else _shown(text)
     if text is None or not (text.strip().isascii() and text.strip().isdecimal()) \
             or len(text.strip()) > 18 or int(text) < minimum:  # 18 digits: no int() limit
-        raise ConfigError(f"{name}={text!r} is not an integer >= {minimum}; run under srun, "
+        raise ConfigError(f"{name}={shown} is not an integer >= {minimum}; run under srun, "
                           "which sets it" if name.startswith("SLURM") else
-                          f"{name}={text!r} is not an integer >= {minimum}; e.g. 8888")
+                          f"{name}={shown} is not an integer >= {minimum}; e.g. 8888")
     return int(text)
 
 
