@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import tensorflow as tf
 
+from mirrorfit.distribute import _host_memory
 from mirrorfit.errors import ConfigError
 
 
@@ -45,7 +46,8 @@ def configure_devices(*, replicas: int | None = None, devices: tuple[str, ...] =
                       visible_devices: str | None = None,
                       memory_growth: bool = True,
                       memory_limit_mb: int | None = None,
-                      threads: int | None = None) -> DeviceSetup:
+                      threads: int | None = None,
+                      keep_freed_memory: bool = True) -> DeviceSetup:
     """Make the requested devices visible and return the ones to replicate over.
 
     GPUs: ``visible_devices`` ("0,2") selects them like CUDA_VISIBLE_DEVICES, memory growth is
@@ -53,8 +55,12 @@ def configure_devices(*, replicas: int | None = None, devices: tuple[str, ...] =
     ``replicas`` takes the first N. Without GPUs, ``replicas=N`` splits the CPU
     into N logical devices. ``threads`` sizes TensorFlow's intra- and inter-op thread pools
     (None: TF's default, every core): N worker processes on one host each take cores / N, or
-    they fight over the same cores.
+    they fight over the same cores. ``keep_freed_memory`` keeps buffers a step frees in the
+    process instead of faulting them in again next step (glibc malloc thresholds; see
+    :mod:`mirrorfit.distribute._host_memory`).
     """
+    if keep_freed_memory:
+        _host_memory.keep_freed_memory()
     if threads:
         try:
             tf.config.threading.set_intra_op_parallelism_threads(threads)
