@@ -2,6 +2,8 @@
 split (what its training run reported); a source without one, or whose examples or classes the
 model cannot take, is one line and exit code 2."""
 
+import json
+
 import numpy as np
 import pytest
 
@@ -42,9 +44,9 @@ def test_checkpoint_and_saved_model_score_a_folders_test_split_as_training_did(t
     write_png_folder(tmp_path / "imgs" / "train", x, y)
     write_png_folder(tmp_path / "imgs" / "test", *mnist(200, split="test"))
     np.savez(tmp_path / "no_test.npz", x_train=x, y_train=y)
-    three = y < 3  # a folder of 3 class folders: its labels 0-2 mean other classes
-    write_png_folder(tmp_path / "three" / "train", x[three][:30], y[three][:30])
-    write_png_folder(tmp_path / "three" / "test", x[three][30:60], y[three][30:60])
+    twelve = np.arange(36) % 12  # 12 class folders: more than the model's 10 outputs
+    write_png_folder(tmp_path / "twelve" / "train", x[:36], twelve)
+    write_png_folder(tmp_path / "twelve" / "test", x[36:72], twelve)
     imgs, ckpt, models = tmp_path / "imgs", tmp_path / "ckpt", tmp_path / "models" / "m"
     runs = {
         "train": ["train", "--data", str(imgs), "--epochs", "1", "--global-batch-size", "32",
@@ -61,7 +63,7 @@ def test_checkpoint_and_saved_model_score_a_folders_test_split_as_training_did(t
         "no_test": ["evaluate", "--saved-model", str(models), "--data",
                     str(tmp_path / "no_test.npz")],
         "classes": ["evaluate", "--checkpoint-dir", str(ckpt), "--data",
-                    str(tmp_path / "three")],
+                    str(tmp_path / "twelve")],
     }
     out = run_isolated(f"""
         import contextlib, io, json, pathlib
@@ -91,8 +93,128 @@ def test_checkpoint_and_saved_model_score_a_folders_test_split_as_training_did(t
                       f"{ckpt} (step 20) takes 28x28x1"),
             ("resized", "gives examples of shape 32x32x1 but the model of"),
             ("no_test", "has no test split to evaluate on: the file has no x_test/y_test"),
-            ("classes", "has 3 classes but the model of")):
+            ("classes", "has 12 class folders but the model of")):
         rc, err, _ = out[name]
         errors = [ln for ln in err.splitlines() if ln.startswith("mirrorfit: error:")]
         assert rc == 2 and len(errors) == 1 and "Traceback" not in err, err[-2000:]
         assert needle in errors[0], errors[0]
+
+
+# -- in this process, on untrained SavedModels (seconds): the classes and labels a model takes --
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """Untrained MLPs exported as SavedModels: image-folder shaped with 12 and 3 outputs,
+    MNIST-array shaped with 10."""
+    import keras
+
+    from mirrorfit.export import export_saved_model
+    from mirrorfit.models import mlp
+
+    root = tmp_path_factory.mktemp("exported")
+    keras.utils.set_random_seed(0)
+    return {name: str(export_saved_model(mlp(shape, classes), root / name))
+            for name, shape, classes in (("twelve", (28, 28, 1), 12), ("three", (28, 28, 1), 3),
+                                         ("arrays", (28, 28), 10))}
+
+
+def _main(capsys, *args):
+    code = main(["evaluate", *map(str, args)])
+    captured = capsys.readouterr()
+    errors = [ln for ln in captured.err.splitlines() if ln.strip()]
+    return code, captured.out, errors
+
+
+def test_a_model_with_more_outputs_than_class_folders_is_evaluated(tmp_path, exported, capsys):
+    """`mirrorfit train --num-classes 12` on a 10-class folder makes 12 outputs: evaluate takes
+    that model on that folder (it used to require exactly 10), and refuses one with fewer."""
+    x, y = mnist(20)
+    write_png_folder(tmp_path / "imgs" / "train", x, y)
+    write_png_folder(tmp_path / "imgs" / "test", *mnist(30, split="test"))
+    code, out, errors = _main(capsys, "--saved-model", exported["twelve"], "--data",
+                              tmp_path / "imgs", "--metrics-out", tmp_path / "m.json")
+    assert code == 0 and not errors, errors
+    assert "on 30 examples" in out
+    result = json.loads((tmp_path / "m.json").read_text())
+    assert result["examples"] == 30 and 0 <= result["test_accuracy"] <= 1
+    code, _, errors = _main(capsys, "--saved-model", exported["three"], "--data",
+                            tmp_path / "imgs")
+    assert code == 2 and len(errors) == 1, errors
+    assert f"--data {tmp_path / 'imgs'} has 10 class folders but the model of" in errors[0]
+    assert "has 3 outputs, fewer; evaluate on a folder with the class folders it was " \
+        "trained on" in errors[0]
+
+
+def test_a_folder_of_test_alone_is_evaluated(tmp_path, exported, capsys):
+    """test/ without train/ is scored on its own class folders (the first 25 test images have
+    no 8: 9 folders), with a note on how its labels are numbered."""
+    write_png_folder(tmp_path / "held" / "test", *mnist(25, split="test"))
+    code, out, lines = _main(capsys, "--saved-model", exported["twelve"], "--data",
+                             tmp_path / "held")
+    assert code == 0 and "on 25 examples" in out, lines
+    assert len(lines) == 1 and lines[0].startswith("mirrorfit: note:"), lines
+    assert "its 9 class folders are labels 0-8 by name, for a model of 12 outputs" in lines[0]
+
+
+@pytest.fixture
+def user_source(monkeypatch):
+    import sys
+    import types
+
+    module = types.ModuleType("evaluate_fixture")
+    monkeypatch.setitem(sys.modules, "evaluate_fixture", module)
+    return module
+
+
+def test_a_label_past_the_outputs_in_a_test_dataset_is_one_line(exported, user_source, capsys):
+    """A dataset's labels are checked as it is scored (one pass): a label past the outputs
+    would be an IndexError, a negative one a silently wrong score."""
+    import tensorflow as tf
+
+    x, y = mnist(12, split="test")
+    for bad, needle in ((12, "test label 12 (example 7) is past the model's 10 outputs "
+                             "(labels 0-9)"),
+                        (-1, "test label -1 (example 7) is negative")):
+        labels = y.copy()
+        labels[7] = bad
+        user_source.load = lambda labels=labels: (
+            (x, y), None, tf.data.Dataset.from_tensor_slices((x, labels)))
+        code, _, errors = _main(capsys, "--saved-model", exported["arrays"], "--data",
+                                "evaluate_fixture:load")
+        assert code == 2 and len(errors) == 1 and needle in errors[0], errors
+    user_source.load = lambda: ((x, y), None, tf.data.Dataset.from_tensor_slices((x, y)))
+    code, out, errors = _main(capsys, "--saved-model", exported["arrays"], "--data",
+                              "evaluate_fixture:load")
+    assert code == 0 and "on 12 examples" in out, errors
+
+    def failing():  # the user's own pipeline fails halfway: its reason, in one line
+        yield from zip(x[:3], y[:3])
+        raise OSError("the bucket went away")
+
+    user_source.load = lambda: ((x, y), None, tf.data.Dataset.from_generator(
+        failing, output_signature=(tf.TensorSpec((28, 28), tf.uint8),
+                                   tf.TensorSpec((), tf.int64))))
+    code, _, errors = _main(capsys, "--saved-model", exported["arrays"], "--data",
+                            "evaluate_fixture:load")
+    assert code == 2 and len(errors) == 1, errors
+    assert "reading its test split failed" in errors[0] and "bucket went away" in errors[0]
+
+
+def test_a_function_source_is_scored_without_reading_its_train_split(exported, user_source,
+                                                                     capsys):
+    """Only the test split is read: a train dataset that fails when read (at scale: huge or
+    lazy) is never touched (evaluate used to read every training label first)."""
+    import tensorflow as tf
+
+    x, y = mnist(12, split="test")
+
+    def unreadable():
+        raise RuntimeError("the training split was read")
+        yield  # a generator
+
+    train = tf.data.Dataset.from_generator(unreadable, output_signature=(
+        tf.TensorSpec((28, 28), tf.uint8), tf.TensorSpec((), tf.int64)))
+    user_source.load = lambda: {"train": train, "test": (x, y)}
+    code, out, errors = _main(capsys, "--saved-model", exported["arrays"], "--data",
+                              "evaluate_fixture:load")
+    assert code == 0 and not errors and "on 12 examples" in out, errors

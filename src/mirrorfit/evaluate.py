@@ -11,6 +11,7 @@ what its training run reported.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,16 +19,12 @@ from mirrorfit.config import load_config
 from mirrorfit.data.spec import source_kind
 from mirrorfit.errors import ConfigError, DataError
 
-# Why a kind of source has no test split, and what to pass instead.
+# Why a kind of source has no test split (mirrorfit.data.heldout.NO_TEST says it for every
+# kind, but importing it loads TensorFlow, and these two are refused before it loads).
 _NO_TEST = {
     "synthetic": "random data has no test split",
     "tfrecord": "TFRecord sources are training examples only; write the test examples to an "
                 "image FOLDER with a test/ subfolder or a FILE.npz with x_test/y_test",
-    "npz": "the file has no x_test/y_test; add them, or pass a file that has them",
-    "folder": "the folder has no test/ subfolder; give a folder holding train/ and test/ "
-              "(each one subfolder per class), or a FILE.npz with x_test/y_test",
-    "module": "the function returns no test split; return one (x_test, y_test or a dataset), "
-              "or pass a FILE.npz with x_test/y_test",
 }
 
 
@@ -81,15 +78,15 @@ def evaluate_artifact(*, checkpoint_dir: str | None = None, saved_model: str | N
     ``--data`` value; MNIST's 10,000 images by default), ``batch_size`` examples at a time.
     ``model``: a checkpoint's user model spec, to allow importing it (see ``load_model``).
 
-    DataError, one line, for a source without a test split, or whose examples have another
-    shape than the model takes, or more classes than it has outputs (an image folder: other
-    than its outputs, as labels are the sorted class folders' indices)."""
+    Only the test split is read (:func:`mirrorfit.data.heldout.load_test`). DataError, one
+    line, for a source without a test split, or whose examples have another shape than the
+    model takes, or more classes than it has outputs (fewer is what `mirrorfit train
+    --num-classes` makes: the extra outputs are never a label), or a label outside them."""
     config = check_evaluate_flags(checkpoint_dir=checkpoint_dir, saved_model=saved_model,
                                   data=data, data_dir=data_dir, image_size=image_size)
     import numpy as np
 
-    from mirrorfit.data.pipeline import eval_dataset
-    from mirrorfit.data.sources import load_data
+    from mirrorfit.data.heldout import load_test
     from mirrorfit.train import data_errors
 
     if checkpoint_dir:
@@ -102,33 +99,78 @@ def evaluate_artifact(*, checkpoint_dir: str | None = None, saved_model: str | N
     else:
         path, predict, takes, outputs = _saved_model_predict(Path(saved_model))
         source = str(path)
-    # One training example and a batch of one: only the test split is read, and a small
-    # training split must not be refused for being under an evaluation batch.
-    opened = load_data(config.data, global_batch=1, eval_batch=batch_size,
-                       data_dir=config.data_dir, train_examples=1,
+    opened = load_test(config.data, batch=batch_size, data_dir=config.data_dir,
                        image_size=config.image_size)
-    if opened.test is None:
-        raise DataError(f"--data {data} has no test split to evaluate on: "
-                        f"{_NO_TEST.get(opened.kind, 'pass a source with one')}")
     _check_fits(opened, takes, outputs, source, data)
-    test = opened.test
-    if isinstance(test, tuple):  # arrays: scaled as training's evaluation scales them
-        test = eval_dataset(test[0], test[1], global_batch=batch_size)
-    picked, correct = [], []
+    if opened.alone and outputs is not None and opened.num_classes != outputs:
+        # Not an error (train --num-classes makes more outputs), but a test/ lacking a class
+        # folder shifts the labels of the classes after it: say how labels were numbered.
+        print(f"mirrorfit: note: --data {data} has test/ alone: its {opened.num_classes} class "
+              f"folders are labels 0-{opened.num_classes - 1} by name, for a model of "
+              f"{outputs} outputs; if it lacks one of training's classes, put train/ beside it",
+              file=sys.stderr)
+    picked, correct, seen = [], [], 0
     with data_errors(opened):  # an image that does not decode: one line naming the file
-        for x, y in test:
-            probs, y = predict(x), y.numpy().astype(np.int64)
+        for x, y in _batches(opened, data):
+            y = y.numpy().astype(np.int64)
+            _check_labels(y, outputs, seen, data)  # before the model runs on the batch
+            probs = predict(x)
+            if outputs is None:  # a SavedModel of unknown width: known from its output
+                _check_labels(y, probs.shape[-1], seen, data)
             picked.append(probs[np.arange(len(y)), y])
             correct.append(np.argmax(probs, 1) == y)
+            seen += len(y)
+    if not correct:
+        raise DataError(f"--data {data}: its test split has no examples; give one that has")
     picked, correct = np.concatenate(picked), np.concatenate(correct)
     loss = float(np.mean(-np.log(np.clip(picked, 1e-7, 1.0))))
     return {"source": source, "data": opened.description, "examples": int(len(correct)),
             "test_accuracy": float(np.mean(correct)), "test_loss": loss}
 
 
+def _check_labels(y, outputs: int | None, before: int, data: str) -> None:
+    """DataError naming the first label of a batch that is negative or past the model's
+    outputs (NumPy would index from the end with a negative one: a silent wrong score)."""
+    if outputs is None:
+        return
+    bad = (y < 0) | (y >= outputs)
+    if bad.any():
+        at = int(bad.argmax())
+        why = "is negative" if y[at] < 0 else (f"is past the model's {outputs} outputs "
+                                                f"(labels 0-{outputs - 1})")
+        raise DataError(f"--data {data}: test label {y[at]} (example {before + at}) {why}; "
+                        "evaluate on labels the model was trained with")
+
+
+def _batches(opened, data: str):
+    """The test split's batches. What a user's dataset raises while it is read (its own code
+    runs in it), or a file without read permission, is one line; a file that does not decode
+    is left to ``data_errors``, which names it."""
+    import tensorflow as tf
+
+    from mirrorfit.data.decode import _first_line  # TensorFlow's reason, without its wrapping
+
+    batches = iter(opened.test)
+    while True:
+        try:
+            x, y = next(batches)
+        except StopIteration:
+            return
+        except tf.errors.PermissionDeniedError as e:
+            raise DataError(f"--data {data}: a file cannot be read ({_first_line(e)}); fix its "
+                            "permissions") from None
+        except tf.errors.OpError as e:
+            if opened.kind != "module":
+                raise
+            raise DataError(f"--data {data}: reading its test split failed ({_first_line(e)}); "
+                            "fix the dataset the function returns") from None
+        yield x, y
+
+
 def _check_fits(opened, takes: tuple, outputs: int | None, source: str, data: str) -> None:
     """DataError naming both shapes (or class counts) and the fix, unless the model at
-    ``source`` takes ``opened``'s examples and has an output for each of its classes."""
+    ``source`` takes ``opened``'s examples and has an output for each of its classes (more
+    outputs than classes is what `mirrorfit train --num-classes` makes, and is accepted)."""
     have = tuple(opened.input_shape)
     if len(takes) != len(have) or any(t is not None and t != h for t, h in zip(takes, have)):
         shown = "x".join("?" if t is None else str(t) for t in takes)
@@ -136,10 +178,12 @@ def _check_fits(opened, takes: tuple, outputs: int | None, source: str, data: st
                 else "evaluate on data of the shape it was trained on")
         raise DataError(f"--data {data} gives examples of shape {'x'.join(map(str, have))} but "
                         f"the model of {source} takes {shown}; {hint}")
-    if outputs is None:
+    if outputs is None or opened.num_classes is None or opened.num_classes <= outputs:
         return
-    if opened.num_classes > outputs or (opened.kind == "folder"
-                                        and opened.num_classes != outputs):
-        raise DataError(f"--data {data} has {opened.num_classes} classes but the model of "
-                        f"{source} has {outputs} outputs; evaluate on data with the classes it "
-                        "was trained on")
+    if opened.kind == "folder":
+        raise DataError(f"--data {data} has {opened.num_classes} class folders but the model of "
+                        f"{source} has {outputs} outputs, fewer; evaluate on a folder with the "
+                        "class folders it was trained on (label i is the i-th by name)")
+    raise DataError(f"--data {data} has {opened.num_classes} classes (labels 0-"
+                    f"{opened.num_classes - 1}) but the model of {source} has {outputs} "
+                    "outputs, fewer; evaluate on data with the classes it was trained on")

@@ -39,7 +39,8 @@ FILL_BATCH = 256  # images decoded per write while filling a cache
 class IndexedBatches:
     """Training batches of examples read by index: from ``paths`` (one encoded image file
     each, decoded by ``decoder``) or, with ``store``, from decoded uint8 pixels (an array or a
-    read-only memory map, [examples, height, width, channels]; ``paths`` may then be empty). ``labels``: int32 per example.
+    read-only memory map, [examples, height, width, channels]; ``paths`` may then be empty).
+    ``labels``: int32 per example.
     ``fingerprint`` identifies the files (names, sizes, modification times), so a resume on
     changed files is refused; it does not depend on the cache."""
 

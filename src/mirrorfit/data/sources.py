@@ -6,8 +6,8 @@ Sources (``mirrorfit.data.spec.source_kind`` tells which a value is):
 * ``mnist``: keras.datasets.mnist's file (``--data-dir``, ``$MIRRORFIT_DATA``, the Keras cache,
   a download); validation = the first 5,000 training images, as in the chapter;
 * ``FILE.npz``: ``x_train``, ``y_train`` and optional ``x_val``/``y_val``, ``x_test``/``y_test``;
-* an image ``FOLDER``: one subfolder per class (:mod:`mirrorfit.data.files`), read by index
-  (:mod:`mirrorfit.data.images`);
+* an image ``FOLDER``: one subfolder per class (:mod:`mirrorfit.data.folders`, listed by
+  :mod:`mirrorfit.data.files`), read by index (:mod:`mirrorfit.data.images`);
 * ``'GLOB.tfrecord'``: tf.train.Example records, streamed (:mod:`mirrorfit.data.records`);
 * ``package.module:function``: arrays or datasets (:mod:`mirrorfit.data.user`);
 * ``synthetic``: random batches (:mod:`mirrorfit.data.synthetic`).
@@ -20,19 +20,19 @@ mismatched lengths, shapes, damaged files.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
 
 import numpy as np
 import tensorflow as tf
 
 from mirrorfit.data import decode as decoding
-from mirrorfit.data.files import files_fingerprint, holdout, list_image_folder
-from mirrorfit.data.images import (IndexedBatches, eval_files, fill_store, store_key,
-                                   undecodable_files)
+from mirrorfit.data.files import files_fingerprint, holdout
+from mirrorfit.data.folders import decode_errors, image_decoder, open_folder
+from mirrorfit.data.images import IndexedBatches, fill_store, store_key
 from mirrorfit.data.mnist import load_mnist
 from mirrorfit.data.npz import read_npz
+from mirrorfit.data.opened import Data
 from mirrorfit.data.pipeline import ShuffledBatches, finish
 from mirrorfit.data.records import (RecordBatches, eval_records, parse_fn, records_in_order,
                                     scan_records, undecodable_records)
@@ -41,41 +41,6 @@ from mirrorfit.data.user import DatasetBatches, call_user_function, dataset_fing
 from mirrorfit.errors import DataError
 
 SYNTHETIC_STEPS = 100  # global batches per synthetic epoch unless --train-examples says
-EvalData = Any  # (x, y) arrays, or a tf.data.Dataset of global batches (last one partial)
-
-
-@dataclass(frozen=True)
-class Data:
-    """Everything a run needs from ``--data``. ``train`` has the trainer's training-data
-    protocol (``global_batch``, ``steps_per_epoch``, ``order``, ``dataset``, ``sampled``);
-    ``val``/``test`` are what ``Trainer.evaluate`` takes, or None when the source has none.
-    ``input_shape`` is one example's (pixels: height, width, channels), ``num_classes`` the
-    labels' (0..num_classes-1)."""
-
-    train: Any
-    val: EvalData | None
-    test: EvalData | None
-    input_shape: tuple[int, ...]
-    num_classes: int
-    description: str
-    fingerprint: str
-    kind: str
-    source: str  # the file, folder, pattern or function --data resolved to
-    class_names: tuple[str, ...] | None = None
-    _explain: Callable[[tf.errors.OpError], DataError | None] | None = field(
-        default=None, repr=False, compare=False)
-
-    @property
-    def train_examples(self) -> int:
-        return self.train.order.examples
-
-    def explain(self, error: tf.errors.OpError) -> DataError | None:
-        """A one-line DataError naming the file behind a tf.data error raised while training
-        or evaluating (an image that does not decode, or has another size); None if the error
-        is not about this source's files."""
-        if self._explain is None:
-            return None
-        return self._explain(error)
 
 
 def load_data(spec: str = "mnist", *, global_batch: int, seed: int = 42, workers: int = 1,
@@ -102,7 +67,7 @@ def load_data(spec: str = "mnist", *, global_batch: int, seed: int = 42, workers
     elif kind == "module":
         data = _module(o)
     elif kind == "folder":
-        data = _folder(o)
+        data = open_folder(o)
     elif kind == "tfrecord":
         data = _tfrecord(o)
     else:
@@ -278,66 +243,6 @@ def _module(o: _Options) -> Data:
                             + ")")
 
 
-def _decoder(o: _Options, first: bytes, name: str) -> decoding.ImageDecoder:
-    h, w, c = decoding.probe(first, name)
-    if o.image_size is not None:
-        h, w = o.image_size
-    return decoding.ImageDecoder(height=h, width=w, channels=c, resize=o.image_size is not None)
-
-
-def _folder(o: _Options) -> Data:
-    folder = list_image_folder(o.spec, o.spec)
-    train, val, test = (folder.splits.get(k) for k in ("train", "val", "test"))
-    split = o.holdout(len(train), val is not None)
-    if split is not None:
-        val, train = train.subset(split[1]), train.subset(split[0])
-    if o.first(len(train)) < len(train):  # the files are sorted by class: draw, not the first
-        chosen = np.random.default_rng([o.seed, 2 << 32]).permutation(len(train))
-        train = train.subset(np.sort(chosen[:o.train_examples]))
-    decoder = _decoder(o, Path(train.paths[0]).read_bytes(), str(train.paths[0]))
-    o.check_shape(decoder.shape)
-    # Every class folder is a class, also one that --train-examples left without examples.
-    classes = len(folder.class_names)
-    if o.num_classes is not None:
-        if o.num_classes < classes:
-            raise DataError(f"--data {o.spec} has {classes} class folders, more than "
-                            f"--num-classes {o.num_classes}; raise --num-classes or drop it")
-        classes = o.num_classes
-    text = (f"{folder.fingerprint}|{decoder.shape}|{decoder.resize}|{o.validation_split}|"
-            f"{o.seed if o.validation_split or o.train_examples else ''}")
-    fingerprint = files_fingerprint([], extra=text)
-    all_paths = np.concatenate([s.paths for s in (train, val, test) if s is not None])
-
-    def on_error(error):
-        return decoding.explain(error, o.spec) or undecodable_files(all_paths, decoder, o.spec,
-                                                                    error)
-
-    def store_of(part, what):
-        if o.cache is None or part is None:
-            return None
-        items = tf.data.Dataset.from_tensor_slices(part.paths.astype(str))
-        items = items.map(lambda p: (tf.io.read_file(p), p))
-        key = store_key(fingerprint, decoder, f"folder|{what}|{len(part)}")
-        return fill_store(items, len(part), decoder, o.cache, key, on_error=on_error)
-
-    batches = IndexedBatches(paths=train.paths, labels=train.labels, decoder=decoder,
-                             global_batch=o.global_batch, seed=o.seed, fingerprint=fingerprint,
-                             store=store_of(train, "train"), parallel=o.parallel)
-    evals = {name: eval_files(part.paths, part.labels, decoder, batch=o.eval_batch,
-                              store=store_of(part, name), parallel=o.parallel)
-             for name, part in (("val", val), ("test", test)) if part is not None}
-    counts = ", ".join(f"{len(p):,} {k}" for k, p in (("train", train), ("val", val),
-                                                      ("test", test)) if p is not None)
-    return Data(train=batches, val=evals.get("val"), test=evals.get("test"),
-                input_shape=decoder.shape, num_classes=classes, kind="folder",
-                source=str(folder.root), class_names=folder.class_names,
-                fingerprint=fingerprint, _explain=_decode_errors(on_error),
-                description=f"image folder {folder.root} ({counts} images, "
-                            f"{len(folder.class_names)} classes, decoded to "
-                            f"{'x'.join(map(str, decoder.shape))}"
-                            + (f", cached in {o.cache}" if o.cache else "") + ")")
-
-
 def _tfrecord(o: _Options) -> Data:
     files = tfrecord_files(o.spec) if any(c in o.spec for c in "*?[") else [o.spec]
     features = f"{o.image_feature}|{o.label_feature}"
@@ -352,7 +257,7 @@ def _tfrecord(o: _Options) -> Data:
         val_mask = ~train_mask
     kept = np.flatnonzero(train_mask)
     train_mask[kept[o.first(len(kept)):]] = False
-    decoder = _decoder(o, index.first_image, f"{files[0]} record 0")
+    decoder = image_decoder(index.first_image, f"{files[0]} record 0", o.image_size, o.spec)
     o.check_shape(decoder.shape)
     labels = {"train": index.labels[train_mask]}
     if val_mask is not None:
@@ -386,22 +291,10 @@ def _tfrecord(o: _Options) -> Data:
         f", {int(val_mask.sum()):,} val" if val_mask is not None else "")
     return Data(train=batches, val=val, test=None, input_shape=decoder.shape,
                 num_classes=classes, kind="tfrecord", source=o.spec,
-                fingerprint=batches.order.fingerprint, _explain=_decode_errors(on_error),
+                fingerprint=batches.order.fingerprint, _explain=decode_errors(on_error),
                 description=f"{len(files)} TFRecord file(s) {o.spec} ({counts} records, "
                             f"{classes} classes, decoded to {'x'.join(map(str, decoder.shape))}"
                             + (f", cached in {o.cache}" if o.cache else ", streamed") + ")")
-
-
-def _decode_errors(on_error):
-    """Only errors that can come from reading or decoding files are looked into."""
-    def explain(error: tf.errors.OpError) -> DataError | None:
-        text = str(getattr(error, "message", error)).lower()
-        if decoding.SIZE_MARK in text or any(w in text for w in (
-                "image", "png", "jpeg", "decode", "corrupted record", "data_loss")):
-            found = on_error(error)
-            return found if isinstance(found, DataError) else None
-        return None
-    return explain
 
 
 def _synthetic(o: _Options) -> Data:

@@ -1,0 +1,189 @@
+"""``--data FOLDER``: an image folder opened for training (:func:`open_folder`), and what
+training and ``mirrorfit evaluate`` (:mod:`mirrorfit.data.heldout`) share: the layout check
+(:func:`split_folders`), listing with file-system errors as one line (:func:`list_folder`),
+the decoder the first image sets (:func:`image_decoder`) and naming a file that fails to
+decode (:func:`decode_errors`).
+
+A folder whose subfolders are all split names (train, val or validation, test) is a split
+layout: training needs its ``train/`` (without one, it says so instead of taking ``test/`` for
+a class); evaluate needs ``test/`` only (:mod:`mirrorfit.data.heldout`).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import tensorflow as tf
+
+from mirrorfit.data import decode as decoding
+from mirrorfit.data.files import (IMAGE_SUFFIXES, ImageFolder, files_fingerprint,
+                                  list_image_folder)
+from mirrorfit.data.images import (IndexedBatches, eval_files, fill_store, store_key,
+                                   undecodable_files)
+from mirrorfit.data.opened import Data
+from mirrorfit.errors import DataError
+
+SPLIT_NAMES = ("train", "val", "validation", "test")  # files.py's split subfolders
+
+
+def split_folders(root: Path, flag: str) -> set[str]:
+    """The split subfolders of ``root`` when every (non-hidden) subfolder is one, else the
+    empty set (a folder of class folders). A file named like a split (``test``) while every
+    folder is one is refused: it is most likely a split that was meant to be a folder."""
+    try:
+        with os.scandir(root) as it:
+            entries = [e for e in it if not e.name.startswith(".")]
+        folders = {e.name for e in entries if e.is_dir()}
+    except OSError as e:
+        raise DataError(f"--data {flag}: cannot read {root} ({e.strerror}); check the path "
+                        "and its permissions") from None
+    if not folders or not folders <= set(SPLIT_NAMES):
+        return set()
+    for e in entries:
+        if e.name in SPLIT_NAMES and e.name not in folders:
+            raise DataError(f"--data {flag}: {root / e.name} is a file, not a folder; a split "
+                            "is a folder holding one subfolder of images per class")
+    return folders
+
+
+def list_folder(root: Path, flag: str) -> ImageFolder:
+    """:func:`~mirrorfit.data.files.list_image_folder`, with an entry that cannot be read (a
+    dangling link, no permission) as one line naming it."""
+    top = root / "train" if "train" in split_folders(root, flag) else root
+    _check_class_folders(top, root, flag)
+    try:
+        return list_image_folder(root, flag)
+    except OSError as e:
+        raise DataError(f"--data {flag}: cannot read {e.filename or root} ({e.strerror}); fix "
+                        "or remove it") from None
+
+
+def _check_class_folders(top: Path, root: Path, flag: str) -> None:
+    """Images with no class folder above them: said here, as files.py says it (its own check
+    of loose images raises AttributeError, on os.DirEntry.suffix)."""
+    try:
+        with os.scandir(top) as it:
+            entries = [e for e in it if not e.name.startswith(".")]
+    except OSError as e:
+        raise DataError(f"--data {flag}: cannot read {top} ({e.strerror}); check the path and "
+                        "its permissions") from None
+    if any(e.is_dir() for e in entries):
+        return
+    loose = any(os.path.splitext(e.name)[1].lower() in IMAGE_SUFFIXES for e in entries)
+    raise DataError(f"--data {flag}: no class subfolders in {top}"
+                    + (" (its images must be in one subfolder per class)" if loose else "")
+                    + "; an image folder has one subfolder of PNG/JPEG images per class "
+                    "(keras.utils.image_dataset_from_directory's layout); for TFRecord "
+                    f"files give a pattern such as '{root}/*.tfrecord'")
+
+
+def check_not_empty(folder: ImageFolder, split: str, flag: str) -> None:
+    """A val/ or test/ without class folders would be scored as no examples at all."""
+    if split in folder.splits and not len(folder.splits[split]):
+        name = "validation" if split == "val" and (folder.root / "validation").is_dir() \
+            else split
+        raise DataError(f"--data {flag}: {folder.root / name} holds no class subfolders of "
+                        "images; add them (named as in train/) or remove it")
+
+
+def image_decoder(first: str | Path | bytes, name: str, image_size: tuple[int, int] | None,
+                  flag: str) -> decoding.ImageDecoder:
+    """The decoder every image of a source goes through: the first image's size (or
+    ``image_size``) and channels. ``first``: its bytes, or the file to read them from."""
+    if not isinstance(first, bytes):
+        try:
+            first = Path(first).read_bytes()
+        except OSError as e:
+            raise DataError(f"--data {flag}: cannot read {name} ({e.strerror}); fix or remove "
+                            "it") from None
+    h, w, c = decoding.probe(first, name)
+    if image_size is not None:
+        h, w = image_size
+    # Grayscale + alpha (2 channels) is decoded as grayscale, as RGBA is as RGB: decode_image
+    # takes 1, 3 or 4 channels, and the alpha channel is no class evidence.
+    c = 1 if c == 2 else c
+    return decoding.ImageDecoder(height=h, width=w, channels=c, resize=image_size is not None)
+
+
+def decode_errors(on_error):
+    """Only errors that can come from reading or decoding files are looked into."""
+    def explain(error: tf.errors.OpError) -> DataError | None:
+        text = str(getattr(error, "message", error)).lower()
+        if decoding.SIZE_MARK in text or any(w in text for w in (
+                "image", "png", "jpeg", "decode", "corrupted record", "data_loss")):
+            found = on_error(error)
+            return found if isinstance(found, DataError) else None
+        return None
+    return explain
+
+
+def open_folder(o) -> Data:
+    """An image folder for training; ``o``: the options of
+    :func:`mirrorfit.data.sources.load_data`."""
+    root = Path(o.spec)
+    layout = split_folders(root, o.spec)
+    if layout and "train" not in layout:
+        have = ", ".join(f"{n}/" for n in sorted(layout))
+        raise DataError(f"--data {o.spec} has {have} but no train/ subfolder; training reads "
+                        "train/ (one subfolder of images per class) beside them: add it, or "
+                        "give a folder of class folders"
+                        + ("; `mirrorfit evaluate` scores test/ alone" if "test" in layout
+                           else ""))
+    folder = list_folder(root, o.spec)
+    for split in ("val", "test"):
+        check_not_empty(folder, split, o.spec)
+    train, val, test = (folder.splits.get(k) for k in ("train", "val", "test"))
+    split = o.holdout(len(train), val is not None)
+    if split is not None:
+        val, train = train.subset(split[1]), train.subset(split[0])
+    if o.first(len(train)) < len(train):  # the files are sorted by class: draw, not the first
+        chosen = np.random.default_rng([o.seed, 2 << 32]).permutation(len(train))
+        train = train.subset(np.sort(chosen[:o.train_examples]))
+    decoder = image_decoder(train.paths[0], str(train.paths[0]), o.image_size, o.spec)
+    o.check_shape(decoder.shape)
+    # Every class folder is a class, also one that --train-examples left without examples.
+    classes = len(folder.class_names)
+    if o.num_classes is not None:
+        if o.num_classes < classes:
+            raise DataError(f"--data {o.spec} has {classes} class folders, more than "
+                            f"--num-classes {o.num_classes}; raise --num-classes or drop it")
+        classes = o.num_classes
+    text = (f"{folder.fingerprint}|{decoder.shape}|{decoder.resize}|{o.validation_split}|"
+            f"{o.seed if o.validation_split or o.train_examples else ''}")
+    fingerprint = files_fingerprint([], extra=text)
+    all_paths = np.concatenate([s.paths for s in (train, val, test) if s is not None])
+
+    def on_error(error):
+        return decoding.explain(error, o.spec) or undecodable_files(all_paths, decoder, o.spec,
+                                                                    error)
+
+    def store_of(part, what):
+        if o.cache is None or part is None:
+            return None
+        items = tf.data.Dataset.from_tensor_slices(part.paths.astype(str))
+        items = items.map(lambda p: (tf.io.read_file(p), p))
+        key = store_key(fingerprint, decoder, f"folder|{what}|{len(part)}")
+        return fill_store(items, len(part), decoder, o.cache, key, on_error=on_error)
+
+    batches = IndexedBatches(paths=train.paths, labels=train.labels, decoder=decoder,
+                             global_batch=o.global_batch, seed=o.seed, fingerprint=fingerprint,
+                             store=store_of(train, "train"), parallel=o.parallel)
+    evals = {name: eval_files(part.paths, part.labels, decoder, batch=o.eval_batch,
+                              store=store_of(part, name), parallel=o.parallel)
+             for name, part in (("val", val), ("test", test)) if part is not None}
+    counts = ", ".join(f"{len(p):,} {k}" for k, p in (("train", train), ("val", val),
+                                                      ("test", test)) if p is not None)
+    return Data(train=batches, val=evals.get("val"), test=evals.get("test"),
+                input_shape=decoder.shape, num_classes=classes, kind="folder",
+                source=str(folder.root), class_names=folder.class_names,
+                fingerprint=fingerprint, _explain=decode_errors(on_error),
+                description=f"image folder {folder.root} ({counts} images, "
+                            f"{len(folder.class_names)} classes, decoded to "
+                            f"{'x'.join(map(str, decoder.shape))}"
+                            + (f", cached in {o.cache}" if o.cache else "") + ")")
+
+
+__all__ = ["SPLIT_NAMES", "check_not_empty", "decode_errors", "image_decoder", "list_folder",
+           "open_folder", "split_folders"]

@@ -1,0 +1,52 @@
+"""Image folders opened for training (mirrorfit.data.folders): a folder of splits without
+train/ says so (it used to be "only one class folder (test)", or test/ and val/ trained as two
+classes), and a layout that cannot be trained or scored is one DataError line, never a
+traceback. Tiny folders, this process."""
+
+import numpy as np
+import pytest
+
+from data_fixtures import mnist, png, write_png_folder
+from mirrorfit.data.sources import load_data
+from mirrorfit.errors import DataError
+
+
+def _image():
+    return png(np.zeros((28, 28), np.uint8))
+
+
+@pytest.mark.parametrize("case, needles", [
+    ("test alone", ["has test/ but no train/ subfolder", "`mirrorfit evaluate` scores test/ "
+                    "alone"]),
+    ("val and test", ["has test/, val/ but no train/ subfolder"]),
+    ("val alone", ["has val/ but no train/ subfolder; training reads train/"]),
+    ("loose images", ["no class subfolders in", "(its images must be in one subfolder per "
+                      "class)"]),
+    ("loose images in train", ["no class subfolders in", "/train (its images must be"]),
+    ("empty test", ["/test holds no class subfolders of images; add them (named as in "
+                    "train/) or remove it"]),
+    ("empty validation", ["/validation holds no class subfolders of images"]),
+    ("test is a file", ["/test is a file, not a folder"]),
+])
+def test_folder_layouts_that_cannot_train_are_one_line(tmp_path, case, needles):
+    x, y = mnist(20)
+    if case in ("test alone", "val and test", "val alone"):
+        for split in {"test alone": ["test"], "val and test": ["val", "test"],
+                      "val alone": ["val"]}[case]:
+            write_png_folder(tmp_path / split, x, y)
+    elif case.startswith("loose images"):
+        top = tmp_path / "train" if case.endswith("train") else tmp_path
+        top.mkdir(exist_ok=True)
+        (top / "1.png").write_bytes(_image())  # was an AttributeError traceback
+    else:
+        write_png_folder(tmp_path / "train", x, y)
+        if case == "test is a file":
+            (tmp_path / "test").write_text("")
+        else:
+            (tmp_path / case.split()[1]).mkdir()
+    with pytest.raises(DataError) as e:
+        load_data(str(tmp_path), global_batch=2)
+    message = str(e.value)
+    assert "\n" not in message
+    for needle in needles:
+        assert needle in message, message
