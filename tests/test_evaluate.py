@@ -218,3 +218,29 @@ def test_a_function_source_is_scored_without_reading_its_train_split(exported, u
     code, out, errors = _main(capsys, "--saved-model", exported["arrays"], "--data",
                               "evaluate_fixture:load")
     assert code == 0 and not errors and "on 12 examples" in out, errors
+
+
+def test_saved_models_that_are_not_mirrorfit_exports_are_one_line(tmp_path, exported,
+                                                                  user_source, capsys):
+    """A version folder named 1 (not 0001) is found; a damaged saved_model.pb, or a SavedModel
+    without mirrorfit's signature, is one line (they were a wrong path and tracebacks)."""
+    import shutil
+
+    import tensorflow as tf
+
+    user_source.load = lambda: (mnist(20), None, mnist(10, split="test"))
+    shutil.copytree(exported["arrays"], tmp_path / "short" / "1")
+    (tmp_path / "junk" / "0001").mkdir(parents=True)
+    (tmp_path / "junk" / "0001" / "saved_model.pb").write_bytes(b"not a protobuf")
+    module = tf.Module()
+    module.f = tf.function(lambda x: {"y": x * 2}, input_signature=[tf.TensorSpec([None])])
+    tf.saved_model.save(module, str(tmp_path / "foreign" / "0001"),
+                        signatures={"other": module.f})
+    code, out, errors = _main(capsys, "--saved-model", tmp_path / "short", "--data",
+                              "evaluate_fixture:load")
+    assert code == 0 and f"{tmp_path / 'short' / '1'}: test accuracy" in out, errors
+    for name, needle in (("junk", "0001 is not a readable SavedModel ("),
+                         ("foreign", "has no serving_default signature taking 'images'")):
+        code, _, errors = _main(capsys, "--saved-model", tmp_path / name, "--data",
+                                "evaluate_fixture:load")
+        assert code == 2 and len(errors) == 1 and needle in errors[0], errors

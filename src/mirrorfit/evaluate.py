@@ -52,14 +52,26 @@ def _saved_model_predict(path: Path):
     import numpy as np
     import tensorflow as tf
 
+    from mirrorfit.data.decode import _first_line
     from mirrorfit.export import INPUT_NAME, OUTPUT_NAME, versions
+    from mirrorfit.version_names import parse_version
 
-    if versions(path):  # a base path: take the newest version, as TF Serving would
-        path = path / f"{versions(path)[-1]:04d}"
+    found = versions(path)
+    if found:  # a base path: take the newest version, as TF Serving would (1 or 0001)
+        path = min(p for p in path.iterdir() if p.is_dir() and parse_version(p.name) == found[-1])
     if not (path / "saved_model.pb").is_file():
         raise ConfigError(f"no SavedModel at {path}; pass models/NAME or models/NAME/0001")
-    fn = tf.saved_model.load(str(path)).signatures["serving_default"]
-    spec = fn.structured_input_signature[1][INPUT_NAME]
+    try:
+        loaded = tf.saved_model.load(str(path))
+    except Exception as e:  # a damaged or foreign file: TF raises many kinds
+        raise ConfigError(f"{path} is not a readable SavedModel ({type(e).__name__}: "
+                          f"{_first_line(e)}); export it again with mirrorfit export") from None
+    fn = loaded.signatures.get("serving_default")
+    spec = None if fn is None else fn.structured_input_signature[1].get(INPUT_NAME)
+    if spec is None or OUTPUT_NAME not in fn.structured_outputs:
+        raise ConfigError(f"the SavedModel at {path} has no serving_default signature taking "
+                          f"'{INPUT_NAME}' and giving '{OUTPUT_NAME}' (mirrorfit export's); "
+                          "export it with mirrorfit export")
     raw = spec.dtype == tf.uint8  # exported with --export-preprocessing: it scales itself
 
     def predict(x):
