@@ -17,20 +17,21 @@ from rich.console import Console
 from mirrorfit import _io
 from mirrorfit.checkpoint import Checkpointer
 from mirrorfit.config import TrainConfig, to_dict
-from mirrorfit.data.sources import Data, load_data
 from mirrorfit.distribute.cluster import cluster_for
 from mirrorfit.distribute.devices import configure_devices
-from mirrorfit.distribute.strategy import (WORKER_SHARE, Distribution, build_distribution,
-                                           unreachable)
+from mirrorfit.distribute.strategy import Distribution, build_distribution, unreachable
 from mirrorfit.engine.progress import EpochProgress
 from mirrorfit.engine.trainer import Trainer
-from mirrorfit.errors import ClusterError, ConfigError, DataError
+from mirrorfit.errors import ClusterError, ConfigError
 from mirrorfit.export import check_export_dir, check_keras_path, export_saved_model, save_keras
 from mirrorfit.models import model_factory
 from mirrorfit.observe import CpuGpuSampler, ScalarWriter, out_of_memory_hint
 from mirrorfit.preemption import PreemptionGuard
 from mirrorfit.profiling import profile_steps
 from mirrorfit.schedules import LinearWarmup, learning_rate
+# data_errors: also imported from here by evaluate.py and bench/point.py
+from mirrorfit.train_data import (check_model_fits, data_errors, data_flags, input_source,
+                                  load_run_data)
 
 _OPTIMIZERS = {"sgd": keras.optimizers.SGD, "adam": keras.optimizers.Adam,
                "adamw": keras.optimizers.AdamW, "rmsprop": keras.optimizers.RMSprop}
@@ -117,7 +118,7 @@ def _train(config: TrainConfig, console: Console, guard: PreemptionGuard,
     guard.reclaim()  # the strategy may have installed TF's own SIGTERM handler
     guard.watch(None, agree=dist.agree)
     per_replica, global_batch = config.batch_sizes(dist.replicas)
-    data = _load_data(config, global_batch, dist)
+    data = load_run_data(config, global_batch, dist)
     # The model is built for the data: its input shape and classes (mlp/cnn take MNIST's when
     # the data is MNIST, as before).
     factory = model_factory(config.model, input_shape=data.input_shape,
@@ -149,14 +150,14 @@ def _train(config: TrainConfig, console: Console, guard: PreemptionGuard,
         hooks_extra, callbacks = [board.step_hook], callbacks + [board.epoch_callback]
     else:
         hooks_extra = []
-    _check_model_fits(trainer.model, data, config)
+    check_model_fits(trainer.model, data, config)
     batches = data.train
     hooks, checkpointer = list(hooks_extra), None
     if config.checkpoint_dir:
         checkpointer = Checkpointer(config.checkpoint_dir, trainer=trainer,
                                     model_spec=config.model, every=config.checkpoint_every,
                                     keep=config.keep_checkpoints, data=batches.order,
-                                    flags=_data_flags(config, dist, data),
+                                    flags=data_flags(config, dist, data),
                                     settings=_settings(config),
                                     on_notice=lambda msg: console.print(f"[yellow]{msg}[/]"),
                                     writer=dist.is_chief)
@@ -233,8 +234,8 @@ def _finish(config: TrainConfig, console: Console, history, *, trainer, data, ba
         with data_errors(data):
             report = profile_steps(trainer, batches,
                                    steady_step_s=_steady_step_s(history, global_batch),
-                                   usage=usage.summary(), input_source=_input_source(data,
-                                                                                     config))
+                                   usage=usage.summary(),
+                                   input_source=input_source(data, config))
         summary["profile"] = report.as_dict()
         console.print(report.describe())
     guard.check()
@@ -258,101 +259,6 @@ def _finish(config: TrainConfig, console: Console, history, *, trainer, data, ba
         _io.write_json_atomic(config.metrics_out, summary)
     return summary
 
-
-def _load_data(config: TrainConfig, global_batch: int, dist: Distribution) -> Data:
-    """``--data`` for this run. Each worker reads its own share (WORKER_SHARE), else one
-    process reads whole global batches (workers=1 for the order)."""
-    workers = dist.workers if dist.input_split == WORKER_SHARE else 1
-    return load_data(config.data, global_batch=global_batch, seed=config.seed, workers=workers,
-                     eval_batch=config.eval_batch_size or global_batch,
-                     data_dir=config.data_dir, train_examples=config.train_examples,
-                     validation_split=config.validation_split, image_size=config.image_size,
-                     image_feature=config.image_feature, label_feature=config.label_feature,
-                     cache=config.cache, input_shape=config.input_shape,
-                     num_classes=config.num_classes, model=config.model)
-
-
-@contextlib.contextmanager
-def data_errors(data: Data):
-    """A tf.data error about the source's files (an image that does not decode, or has another
-    size; a file gone) as one line naming the file, not a traceback."""
-    try:
-        yield
-    except (tf.errors.InvalidArgumentError, tf.errors.DataLossError) as e:
-        found = data.explain(e)
-        if found is None:
-            raise
-        raise found from None
-    except tf.errors.NotFoundError as e:
-        if data.kind not in ("folder", "tfrecord"):
-            raise
-        first = (str(getattr(e, "message", e)).strip().splitlines() or [""])[0][:300]
-        raise DataError(f"--data {data.source}: a file went missing while training "
-                        f"({first}); restore it, or rerun to list the files again") from None
-
-
-def _check_model_fits(model: keras.Model, data: Data, config: TrainConfig) -> None:
-    """Refuse, in one line, a model whose input does not take the data's examples or whose
-    outputs are fewer than the data's classes (a label past the last output is no error to
-    Keras: the loss would be silently wrong or NaN)."""
-    want = tuple(model.inputs[0].shape[1:])
-    have = tuple(data.input_shape)
-    if len(want) != len(have) or any(w is not None and w != h for w, h in zip(want, have)):
-        shown = "x".join("?" if w is None else str(w) for w in want)
-        hint = ("pass --image-size H,W to resize the images" if data.kind in ("folder",
-                                                                             "tfrecord")
-                else "pass --input-shape to build the model for the data" if
-                config.input_shape is None and data.kind == "synthetic"
-                else "give data of that shape")
-        raise DataError(f"--data {data.source} gives examples of shape "
-                        f"{'x'.join(map(str, have))} but --model {config.model} takes "
-                        f"{shown}; {hint}, or use a model built for "
-                        f"{'x'.join(map(str, have))}")
-    outputs = model.outputs[0].shape[-1]
-    if outputs is not None and outputs < data.num_classes:
-        raise DataError(f"--data {data.source} has labels 0-{data.num_classes - 1} "
-                        f"({data.num_classes} classes) but --model {config.model} has "
-                        f"{outputs} outputs; pass --num-classes {data.num_classes} (a model "
-                        "function takes it as num_classes) or a model with enough outputs")
-
-
-def _input_source(data: Data, config: TrainConfig) -> str:
-    """How the profiled input is read, for the report and its advice."""
-    if data.kind == "synthetic":
-        return "synthetic, one batch repeated"
-    if data.kind == "folder":
-        how = "image files"
-    elif data.kind == "tfrecord":
-        how = "TFRecord files"
-    elif data.kind == "module" and config.cache is None:
-        how = "a dataset function"
-    else:
-        return "memory"
-    return f"{how}, {'decoded once (--cache)' if config.cache else 'decoded every step'}"
-
-
-def _data_flags(config: TrainConfig, dist: Distribution, data: Data) -> dict[str, dict[str, Any]]:
-    """The flags behind each field of the data order (DataOrder), so that a checkpoint can name
-    the one that changed when it refuses a resume."""
-    fingerprint = {"--data": config.data, "--image-size": _csv(config.image_size),
-                   "--validation-split": config.validation_split}
-    if data.kind == "tfrecord":  # streamed TFRecords: the order depends on these too
-        fingerprint.update({"--cache": config.cache,
-                            "workers": dist.workers if dist.input_split == WORKER_SHARE else 1})
-    return {"seed": {"--seed": config.seed},
-            "examples": {"--train-examples": config.train_examples,
-                         "--data-dir": config.data_dir, "--data": config.data,
-                         "--validation-split": config.validation_split},
-            "global_batch": {"--replicas": dist.replicas, "--batch-size": config.batch_size,
-                             "--accum-steps": config.accum_steps,
-                             "--global-batch-size": config.global_batch_size},
-            # the files' names, sizes and times (however --data found them): a change with the
-            # same flags is still named, as --data (checkpoint_meta.check_data)
-            "fingerprint": fingerprint}
-
-
-def _csv(values) -> str | None:
-    return None if values is None else ",".join(map(str, values))
 
 
 def _settings(config: TrainConfig) -> dict[str, Any]:
