@@ -54,6 +54,23 @@ def test_test_beside_train_takes_train_class_indices(tmp_path):
     assert test.num_classes == 10 and np.array_equal(_labels(test), np.sort(y[keep]))
 
 
+def test_an_npz_is_read_for_x_test_and_y_test_only(tmp_path):
+    """A file of the test split alone is scored; so is one whose x_train could not be read
+    (here it declares more bytes than it holds: read_npz refuses the whole file)."""
+    x, y = mnist(12, split="test")
+    np.savez(tmp_path / "test_only.npz", x_test=x, y_test=y)
+    test = load_test(str(tmp_path / "test_only.npz"), batch=5)
+    assert test.num_classes == int(y.max()) + 1 and np.array_equal(_labels(test), y)
+    np.savez(tmp_path / "both.npz", x_train=np.zeros((1000, 28, 28), np.uint8),
+             y_train=np.zeros(1000, np.int64), x_test=x, y_test=y)
+    data = (tmp_path / "both.npz").read_bytes()
+    at = data.index(b"(1000, 28, 28)")  # the header of x_train: same length, 9x the rows
+    (tmp_path / "both.npz").write_bytes(data[:at] + b"(9000, 28, 28)" + data[at + 14:])
+    with pytest.raises(DataError, match="x_train declares shape"):
+        load_data(str(tmp_path / "both.npz"), global_batch=2)
+    assert len(_labels(load_test(str(tmp_path / "both.npz"), batch=5))) == 12
+
+
 _CALLS = {"train": 0, "test": 0}
 
 
@@ -133,6 +150,8 @@ def _two_classes(root):
     ("function negative label", ["test label -3 (example 2) is negative"]),
     ("function bad test", ["its test split is str"]),
     ("npz without test", ["the file has no x_test/y_test"]),
+    ("npz without y_test", ["has x_test or y_test but not both"]),
+    ("npz one-hot y_test", ["y_test has shape (3, 2)", "not one-hot"]),
 ])
 def test_bad_test_splits_are_one_named_data_error(tmp_path, user_module, case, needles):
     root = tmp_path / "data"
@@ -151,9 +170,12 @@ def test_bad_test_splits_are_one_named_data_error(tmp_path, user_module, case, n
     elif case == "loose images in test":
         (root / "test").mkdir(parents=True)
         (root / "test" / "1.png").write_bytes(png(np.zeros((28, 28), np.uint8)))
-    elif case == "npz without test":
+    elif case.startswith("npz"):
         root = tmp_path / "d.npz"
-        np.savez(root, x_train=np.zeros((3, 4), np.uint8), y_train=np.arange(3))
+        one_hot = np.eye(3, 2, dtype=int)
+        tests = {"npz without test": {}, "npz without y_test": {"x_test": np.zeros((3, 4))},
+                 "npz one-hot y_test": {"x_test": np.zeros((3, 4)), "y_test": one_hot}}
+        np.savez(root, x_train=np.zeros((3, 4), np.uint8), y_train=np.arange(3), **tests[case])
     else:
         x, y = mnist(5)
         y[2] = -3
