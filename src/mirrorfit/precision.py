@@ -4,17 +4,21 @@
 variables); ``"fp16"`` under ``mixed_float16`` with a dynamic loss scale. Keras's dtype policy is a
 process-wide setting, so it is set only while the model is built and restored after: nothing
 global leaks out of :meth:`Precision.building`.
+
+Keras is imported where it is used, not here: the CLI's flag checks (``mirrorfit bench``'s
+report reads :data:`COMPUTE_DTYPES`) must run before TensorFlow loads, which takes seconds.
 """
 
 from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Iterator
-
-import keras
+from typing import TYPE_CHECKING, Iterator
 
 from mirrorfit.errors import ConfigError
+
+if TYPE_CHECKING:
+    import keras
 
 POLICIES = {"fp32": "float32", "bf16": "mixed_bfloat16", "fp16": "mixed_float16"}
 # Dtype of the matmuls each precision computes in (for the peak FLOP/s it is measured against).
@@ -60,6 +64,8 @@ class Precision:
         ``remat``: Keras's ``RematScope("full")``, recomputing activations in the backward pass
         instead of keeping them (less memory, more compute).
         """
+        import keras
+
         previous = keras.config.dtype_policy()
         keras.config.set_dtype_policy(self.policy)
         try:
@@ -70,6 +76,8 @@ class Precision:
 
     def wrap_optimizer(self, optimizer: keras.optimizers.Optimizer) -> keras.optimizers.Optimizer:
         """The optimizer to train with: fp16 wraps it in a dynamic ``LossScaleOptimizer``."""
+        import keras
+
         if not self.loss_scaling or isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
             return optimizer
         return keras.optimizers.LossScaleOptimizer(

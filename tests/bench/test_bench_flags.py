@@ -1,14 +1,20 @@
 """`mirrorfit bench --data/--model/--input-shape/--num-classes` and the file-source flags
 (`--image-size`, `--image-feature`, `--label-feature`, `--cache`, `--validation-split`): bad
 values are one line and exit code 2 before any process starts (in this process: the check is
-plain Python); good ones reach every point."""
+plain Python, and TensorFlow is not loaded for it); good ones reach every point."""
+
+import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
 import mirrorfit.bench
+from conftest import ROOT, _env
 from data_fixtures import mnist, write_png_folder
 from mirrorfit.cli import main
+from mirrorfit.config import MAX_IMAGE_SIDE
 
 
 @pytest.mark.parametrize("args, needle", [
@@ -60,6 +66,8 @@ def test_file_source_flags_reach_every_point(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("args, needle", [
     (["--data", "{tmp}/imgs", "--image-size", "28"], "--image-size 28: expected 2 positive"),
+    (["--data", "{tmp}/imgs", "--image-size", f"{MAX_IMAGE_SIDE + 1},32"],
+     f"--image-size {MAX_IMAGE_SIDE + 1},32: at most {MAX_IMAGE_SIDE} pixels a side"),
     (["--data", "{tmp}/d.npz", "--cache", "memory"], "is already in memory: drop --cache"),
     (["--data", "{tmp}/imgs", "--data-dir", "{tmp}"], "--data-dir says where MNIST is"),
 ])
@@ -72,4 +80,52 @@ def test_bad_file_source_flags_are_one_line_exit_2(tmp_path, capsys, args, needl
     err = capsys.readouterr().err
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert code == 2 and len(lines) == 1 and needle in lines[0], err
+    assert not (tmp_path / "out").exists()
+
+
+# Runs the CLI on each argv in a fresh interpreter; what each printed and which of TensorFlow
+# and Keras were loaded by then (sys.modules only grows: the first case to load one shows it).
+_FRESH = """
+import contextlib, io, json, sys
+from mirrorfit.cli import main
+results = []
+for argv in json.loads(sys.argv[1]):
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(argv)
+        except SystemExit as e:  # argparse: --help, malformed values
+            code = e.code
+    results.append({"argv": argv, "code": code, "out": out.getvalue(), "err": err.getvalue(),
+                    "loaded": sorted({"tensorflow", "keras"} & set(sys.modules))})
+print(json.dumps(results))
+"""
+
+
+def test_flag_checks_and_help_come_before_tensorflow_loads(tmp_path):
+    """Loading TensorFlow takes seconds: a bad flag must cost none of them. In a fresh
+    interpreter, since this one has TensorFlow loaded already."""
+    (tmp_path / "imgs").mkdir()
+    out = ["--out", str(tmp_path / "out")]
+    bad = [
+        (["--precision", "fp64"], "unknown precision 'fp64' in --precision"),
+        (["--textbook-precision", "fp8"], "unknown precision 'fp8' in --textbook-precision"),
+        (["--replicas", "0"], "--replicas needs positive integers"),
+        (["--tolerance", "nan"], "--tolerance must be a finite accuracy difference"),
+        (["--model", "resnet50"], "unknown model 'resnet50'"),
+        (["--epochs", "1"], "bench needs --epochs 2 or more"),
+        (["--data", str(tmp_path / "imgs"), "--image-size", "1048576,1048576"],
+         f"--image-size 1048576,1048576: at most {MAX_IMAGE_SIDE} pixels a side"),
+    ]
+    argvs = [["bench", "--help"]] + [["bench", *args, *out] for args, _ in bad]
+    proc = subprocess.run([sys.executable, "-c", _FRESH, json.dumps(argvs)], capture_output=True,
+                          text=True, timeout=120, env=_env(), cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    help_run, *runs = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert help_run["code"] == 0 and "usage: mirrorfit bench" in help_run["out"]
+    assert help_run["loaded"] == [], help_run
+    for (args, needle), run in zip(bad, runs):
+        lines = [ln for ln in run["err"].splitlines() if ln.strip()]
+        assert run["code"] == 2 and len(lines) == 1 and needle in lines[0], run
+        assert run["loaded"] == [], f"{args}: {run['loaded']} loaded before the flag check"
     assert not (tmp_path / "out").exists()
