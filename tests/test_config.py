@@ -5,7 +5,7 @@ import tomllib
 
 import pytest
 
-from mirrorfit.config import TrainConfig, load_config
+from mirrorfit.config import MAX_IMAGE_SIDE, TrainConfig, load_config
 from mirrorfit.errors import ConfigError
 
 
@@ -153,6 +153,24 @@ def test_data_settings_from_toml_and_flags(tmp_path):
         load_config(f, label_feature="y")
     with pytest.raises(ConfigError, match="--image-size resizes images read from files"):
         load_config(data="synthetic", image_size="28,28")
+
+
+def test_image_size_is_bounded_per_side(tmp_path):
+    """Every image is resized to --image-size: a side past MAX_IMAGE_SIDE is refused with the
+    value and the limit, from a flag or TOML, before anything is decoded."""
+    (tmp_path / "imgs").mkdir()
+    folder = str(tmp_path / "imgs")
+    assert load_config(data=folder, image_size=f"{MAX_IMAGE_SIDE},32").image_size == \
+        (MAX_IMAGE_SIDE, 32)
+    for size in (f"{MAX_IMAGE_SIDE + 1},32", "32,1048576"):
+        with pytest.raises(ConfigError) as info:
+            load_config(data=folder, image_size=size)
+        assert str(info.value) == (f"--image-size {size}: at most {MAX_IMAGE_SIDE} pixels a "
+                                   "side; e.g. --image-size 224,224")
+    f = tmp_path / "run.toml"
+    f.write_text(f'data = "{folder}"\nimage-size = [100000, 100000]\n')
+    with pytest.raises(ConfigError, match=f"--image-size 100000,100000: at most {MAX_IMAGE_SIDE}"):
+        load_config(f)
 
 
 @pytest.mark.parametrize("overrides, flag", [

@@ -28,6 +28,9 @@ OPTIMIZERS = ("sgd", "adam", "adamw", "rmsprop")
 DATASETS = ("mnist",)
 PRECISIONS = ("fp32", "bf16", "fp16")
 LR_SCALINGS = ("none", "linear")
+# Pixels a side --image-size may ask for: every image is resized to it, so one 2**20-pixel side
+# (what parse_ints allows) makes each decoded example terabytes and the model's input as large.
+MAX_IMAGE_SIDE = 8192
 # The keys of models.REFERENCE_MODELS; keras.applications names are model_names.APPLICATIONS
 MODELS = REFERENCE
 
@@ -171,6 +174,10 @@ class TrainConfig:
         if self.image_size is not None:
             object.__setattr__(self, "image_size", parse_ints(
                 "--image-size", self.image_size, count=2, example="224,224"))
+            if max(self.image_size) > MAX_IMAGE_SIDE:
+                raise ConfigError(f"--image-size {self.image_size[0]},{self.image_size[1]}: at "
+                                  f"most {MAX_IMAGE_SIDE} pixels a side; e.g. --image-size "
+                                  "224,224")
             if kind not in FILE_KINDS:
                 raise ConfigError(f"--image-size resizes images read from files (an image "
                                   f"folder or TFRecords), not --data {self.data}: drop it")
