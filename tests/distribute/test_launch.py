@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from mirrorfit.distribute import launch
-from mirrorfit.distribute._output import MAX_LINE, stream_lines
+from mirrorfit.distribute._output import _READ_BYTES, MAX_LINE, stream_lines
 from mirrorfit.distribute.cluster import Cluster
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -171,9 +171,36 @@ def test_carriage_returns_never_garble_lines():
 
 
 def test_overlong_lines_come_in_pieces_and_bad_utf8_is_replaced():
-    out = _stream(b"y" * (MAX_LINE + 10), b"\xff ok\n")
-    assert out.startswith("[w] " + "y" * 16)  # not held back until a line end
-    assert out.replace("[w] ", "").replace("\n", "") == "y" * (MAX_LINE + 10) + "\ufffd ok"
+    """A task writing megabytes without a line end is printed in pieces of at most MAX_LINE
+    bytes plus one read, as it comes: not held in memory until a line end that may never come."""
+    long = 3 * MAX_LINE + 10
+    r, w = os.pipe()
+    first_piece = threading.Event()
+    shown_before_line_end: list[bool] = []
+
+    def feed():  # from a thread: a write past the pipe's buffer blocks until it is read
+        os.write(w, b"y" * long)
+        # A generous wait, which only a regression spends: with pieces it returns at once.
+        shown_before_line_end.append(first_piece.wait(5))
+        os.write(w, b"\xff ok\n")
+        os.close(w)
+
+    lines: list[str] = []
+
+    def write(line: str) -> None:
+        lines.append(line)
+        first_piece.set()
+
+    feeder = threading.Thread(target=feed, daemon=True)
+    feeder.start()
+    stream_lines(os.fdopen(r, "rb", buffering=0), "[w] ", write)
+    feeder.join(10)
+    assert shown_before_line_end == [True]
+    assert len(lines) >= 2 and all(ln.startswith("[w] ") and ln.endswith("\n") for ln in lines)
+    # a piece is the buffer once it passed MAX_LINE, or what was left (at most MAX_LINE) and
+    # the read that brought the line end: never more than one read past MAX_LINE
+    assert max(len(ln) - len("[w] \n") for ln in lines) <= MAX_LINE + _READ_BYTES < long
+    assert "".join(ln[len("[w] "):-1] for ln in lines) == "y" * long + "\ufffd ok"
 
 
 def test_group_restarts_on_fresh_ports_after_a_worker_dies(task, capsys):
