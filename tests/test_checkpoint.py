@@ -76,13 +76,26 @@ Checkpointer.step_hook = step_hook
 """
 
 
+AT_STEPS = """
+real_hook = Checkpointer.step_hook
+def step_hook(self, trainer):
+    real_hook(self, trainer)
+    fire_once(f"step {trainer.step}")
+Checkpointer.step_hook = step_hook
+"""
+
+
 def test_sigterm_then_resume_gives_the_uninterrupted_weights(tmp_path):
-    a = [*RUN, "--checkpoint-dir", str(tmp_path / "a"), "--save-keras", str(tmp_path / "a.keras")]
+    a = [*RUN, "--checkpoint-dir", str(tmp_path / "a"), "--save-keras", str(tmp_path / "a.keras"),
+         "--metrics-out", str(tmp_path / "a.json")]
     b = [*RUN, "--checkpoint-dir", str(tmp_path / "b"), "--save-keras", str(tmp_path / "b.keras"),
          "--export-dir", str(tmp_path / "models" / "m")]
-    # SIGTERM in epoch 2, at step 22 of 48: not on a --checkpoint-every boundary.
-    ref, stopped, resumed = _drive([a, b, b], AT_STEP.format(step=22, sig="signal.SIGTERM",
-                                                               times=1), armed={1: "step"})
+    c = [*RUN, "--checkpoint-dir", str(tmp_path / "c"), "--save-keras", str(tmp_path / "c.keras"),
+         "--metrics-out", str(tmp_path / "c.json")]
+    # SIGTERM in epoch 2, at step 22 of 48: not on a --checkpoint-every boundary. And at step
+    # 16, epoch 1's last: saved before epoch 1's end (its line, history entry, save) ran.
+    ref, stopped, resumed, stopped_at_end, resumed_at_end = _drive(
+        [a, b, b, c, c], AT_STEPS, armed={1: "step 22", 3: "step 16"})
     assert ref["code"] == 0, ref["err"][-3000:]
     assert stopped["code"] == 75, stopped["err"][-3000:]  # the documented preemption exit code
     assert "preempted by SIGTERM" in stopped["err"] and "rerun the same command" in stopped["err"]
@@ -92,6 +105,19 @@ def test_sigterm_then_resume_gives_the_uninterrupted_weights(tmp_path):
     assert sorted(os.listdir(tmp_path / "models" / "m")) == ["0001"]
     for wa, wb in zip(_weights(tmp_path / "a.keras"), _weights(tmp_path / "b.keras")):
         np.testing.assert_allclose(wa, wb, rtol=1e-5, atol=1e-6)
+
+    assert stopped_at_end["code"] == 75, stopped_at_end["err"][-3000:]
+    assert "ckpt-000000016" in stopped_at_end["err"] and "epoch 1/3" not in stopped_at_end["err"]
+    assert resumed_at_end["code"] == 0, resumed_at_end["err"][-3000:]
+    lines = [ln for ln in resumed_at_end["err"].splitlines() if ln.startswith("epoch ")]
+    assert [ln.split(":")[0] for ln in lines] == ["epoch 1/3", "epoch 2/3", "epoch 3/3"], lines
+    want, got = (json.loads((tmp_path / f"{n}.json").read_text())["history"] for n in "ac")
+    assert len(got) == 3  # epoch 1's entry: the metrics it trained with, not zeros
+    for w, g in zip(want, got):
+        for key in ("loss", "accuracy", "val_loss", "val_accuracy", "learning_rate"):
+            assert g[key] == pytest.approx(w[key], rel=1e-5, abs=1e-6), key
+    for wa, wc in zip(_weights(tmp_path / "a.keras"), _weights(tmp_path / "c.keras")):
+        np.testing.assert_allclose(wa, wc, rtol=1e-5, atol=1e-6)
 
 
 # A signal while the last epoch validates, or while its checkpoint is written.

@@ -6,6 +6,7 @@ import json
 import os
 
 import keras
+import numpy as np
 import pytest
 
 from test_checkpoint import _drive, _trainer
@@ -111,6 +112,7 @@ def test_other_training_data_with_the_same_count_is_refused(tmp_path, batches):
     ({"step": "8"}, "step is '8', not a count >= 0"),
     ({"identity": {"model": "tiny"}}, "identity needs model and optimizer names"),
     ({"settings": {"--lr": [1]}}, "settings is not an object of plain values"),
+    ({"epoch_logs": {"loss": "0.5"}}, "epoch_logs is not an object of numbers"),
 ])
 def test_hand_edited_metadata_is_one_line_naming_the_file(tmp_path, edit, problem):
     from mirrorfit.checkpoint import CheckpointError, Checkpointer, load_model
@@ -169,19 +171,24 @@ def test_only_this_hosts_dead_writers_checkpoint_temps_are_cleaned(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(kept)
 
 
-def test_a_resume_at_an_epoch_boundary_reports_no_untrained_epoch(tmp_path, batches):
+@pytest.mark.parametrize("written_by", ["format 4", "format 3"])
+def test_a_resume_after_an_epochs_end_does_not_report_it_again(tmp_path, batches, written_by):
     """A step hook's checkpoint at an epoch's last step is also that epoch's (the epoch-end save
-    finds it): resuming from it must not report the finished epoch again, with zero metrics."""
+    finds it and records the end): resuming from it must not report the finished epoch again.
+    A format 3 checkpoint kept the step hook's position: it counts as ended, as it always did."""
     from mirrorfit.checkpoint import Checkpointer
-    from test_checkpoint import _trainer
 
     first = _trainer()
     steps = batches.steps_per_epoch  # 8
     ckpt = Checkpointer(tmp_path, trainer=first, model_spec="tiny", data=batches.order,
                         every=steps)
     first.fit(batches, epochs=1, hooks=[ckpt.step_hook], callbacks=[ckpt.epoch_callback])
-    meta = json.loads((tmp_path / f"ckpt-{steps:09d}" / "meta.json").read_text())
-    assert (meta["epoch"], meta["step_in_epoch"]) == (0, steps)  # the hook's, not the epoch's
+    file = tmp_path / f"ckpt-{steps:09d}" / "meta.json"
+    meta = json.loads(file.read_text())
+    assert (meta["epoch"], meta["step_in_epoch"], meta["epoch_logs"]) == (1, 0, None)
+    if written_by == "format 3":
+        del meta["epoch_logs"]
+        file.write_text(json.dumps({**meta, "epoch": 0, "step_in_epoch": steps, "format": 3}))
 
     for epochs, reported in ((2, [2]), (1, [])):
         resumed = _trainer()
@@ -192,3 +199,72 @@ def test_a_resume_at_an_epoch_boundary_reports_no_untrained_epoch(tmp_path, batc
         assert seen == reported and len(history.epochs) == len(reported)
         assert all(logs["loss"] > 0 for logs in history.epochs)
         assert (resumed.epoch, resumed.step_in_epoch) == (epochs, 0)
+
+
+class _Stop(Exception):
+    pass
+
+
+def _stop_at_epoch_1(epoch, logs):
+    if epoch == 1:  # e.g. a failing callback, or the preemption guard's
+        raise _Stop
+
+
+def test_a_run_stopped_before_an_epochs_end_runs_that_end_once_on_resume(tmp_path, batches):
+    """The step hook saved at epoch 1's last step, then the run stopped before epoch 1's end
+    (validation, callbacks, its save) completed. The resumed run runs that end once, with the
+    training metrics epoch 1 had, and ends with the weights of a run never stopped."""
+    import shutil
+
+    from mirrorfit.checkpoint import Checkpointer
+
+    steps = batches.steps_per_epoch  # 8
+    val = (batches.x[:96], batches.y[:96])
+
+    def run(trainer, epochs, callbacks=(), hooks=()):
+        seen = []
+        history = trainer.fit(batches, epochs=epochs, validation=val, hooks=hooks,
+                              callbacks=[lambda e, logs: seen.append((e, dict(logs))),
+                                         *callbacks])
+        return seen, history
+
+    ref = _trainer()
+    want, _ = run(ref, 2)
+
+    stopped = _trainer()
+    ckpt = Checkpointer(tmp_path / "c", trainer=stopped, model_spec="tiny", data=batches.order,
+                        every=steps)
+    with pytest.raises(_Stop):
+        run(stopped, 2, [_stop_at_epoch_1, ckpt.epoch_callback], [ckpt.step_hook])
+    meta = json.loads((tmp_path / "c" / f"ckpt-{steps:09d}" / "meta.json").read_text())
+    assert (meta["epoch"], meta["step_in_epoch"]) == (0, steps)  # epoch 1's end is still to run
+    assert meta["epoch_logs"]["loss"] == pytest.approx(want[0][1]["loss"], rel=1e-6)
+    shutil.copytree(tmp_path / "c", tmp_path / "no_logs")
+
+    resumed = _trainer()
+    ckpt = Checkpointer(tmp_path / "c", trainer=resumed, model_spec="tiny", data=batches.order,
+                        every=steps)
+    restored = ckpt.restore_latest()
+    assert (restored.epoch, restored.step_in_epoch, restored.ended) == (0, steps, False)
+    seen, history = run(resumed, 2, [ckpt.epoch_callback], [ckpt.step_hook])
+    assert [e for e, _ in seen] == [1, 2] and len(history.epochs) == 2
+    assert history.steps == steps  # epoch 1's end ran without a step
+    for (_, got), (_, expected) in zip(seen, want):
+        for key in ("loss", "accuracy", "val_loss", "val_accuracy", "learning_rate"):
+            assert got[key] == pytest.approx(expected[key], rel=1e-6), key
+    for a, b in zip(resumed.model.get_weights(), ref.model.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    # Epoch 1's end is recorded now: a resume from that step would not run it again.
+    meta = json.loads((tmp_path / "c" / f"ckpt-{steps:09d}" / "meta.json").read_text())
+    assert (meta["epoch"], meta["step_in_epoch"], meta["epoch_logs"]) == (1, 0, None)
+
+    # A checkpoint that did not keep the metrics: its epoch's end reports NaN, not zeros.
+    file = tmp_path / "no_logs" / f"ckpt-{steps:09d}" / "meta.json"
+    file.write_text(json.dumps({**json.loads(file.read_text()), "epoch_logs": None}))
+    last = _trainer()
+    Checkpointer(tmp_path / "no_logs", trainer=last, model_spec="tiny",
+                 data=batches.order).restore_latest()
+    (epoch, logs), = run(last, 1)[0]  # only epoch 1's end is left: no input is set up
+    assert epoch == 1 and np.isnan(logs["loss"]) and np.isnan(logs["accuracy"])
+    assert logs["val_loss"] == pytest.approx(want[0][1]["val_loss"], rel=1e-6)
+    assert (last.epoch, last.step_in_epoch) == (1, 0)

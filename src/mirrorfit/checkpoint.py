@@ -3,12 +3,15 @@
 Layout: ``DIR/ckpt-000000123/`` holds ``state.*`` (a ``tf.train.Checkpoint`` of the model,
 including RNG seed state, and the optimizer with its slots and iteration count) and
 ``meta.json`` (position: epoch, step in epoch, global step; and what the run was: model,
-optimizer, weight shapes). Each checkpoint is written into a hidden temp folder and renamed into
-place, so a kill -9 mid-write leaves only a temp folder, and the last complete checkpoint is
-still the latest; the files TensorFlow writes are fsynced before the rename. If the newest
-checkpoint cannot be read (a power loss, a bad disk), restore moves it aside and falls back to
-the previous complete one, saying so. TF checkpoints do not depend on the strategy: a 2-replica
-run resumes on 1 or 4.
+optimizer, weight shapes). A checkpoint saved at an epoch's last step before that epoch's end
+(validation, callbacks) completed, by a step hook or on preemption, says so and keeps the
+epoch's training logs: a resumed run runs that end once, with them; the epoch-end save at that
+step rewrites its position to the next epoch's start. Each checkpoint is written into a hidden
+temp folder and renamed into place, so a kill -9 mid-write leaves only a temp folder, and the
+last complete checkpoint is still the latest; the files TensorFlow writes are fsynced before
+the rename. If the newest checkpoint cannot be read (a power loss, a bad disk), restore moves it
+aside and falls back to the previous complete one, saying so. TF checkpoints do not depend on
+the strategy: a 2-replica run resumes on 1 or 4.
 
 The input position is (epoch, step in epoch) in units of the global batch, also stored in
 examples; the data order depends on the seed, the number of examples and the global batch
@@ -56,6 +59,9 @@ class Restored:
     epoch: int  # epochs completed
     step_in_epoch: int
     step: int
+    # At an epoch's last step: whether that epoch's end counts as done (a checkpoint of format
+    # < 4, which cannot tell) or is still to run (the resumed run runs it).
+    ended: bool = False
 
 
 def identity(trainer, model_spec: str) -> dict[str, Any]:
@@ -147,10 +153,12 @@ class Checkpointer:
                 continue
             self._set_aside(unreadable, path)
             position = Position(epoch=meta["epoch"], step_in_epoch=meta["step_in_epoch"],
-                                step=meta["step"])
+                                step=meta["step"], epoch_logs=meta.get("epoch_logs"),
+                                ended="epoch_logs" not in meta)
             self.trainer.position = position
             self._last_saved_step = position.step
-            return Restored(path, position.epoch, position.step_in_epoch, position.step)
+            return Restored(path, position.epoch, position.step_in_epoch, position.step,
+                            position.ended)
         if unreadable:
             raise _unreadable(*unreadable[0])
         return None
@@ -188,6 +196,7 @@ class Checkpointer:
             return self.directory / f"ckpt-{t.step:09d}"
         final = self.directory / f"ckpt-{t.step:09d}"
         if final.exists():
+            self._update_position(final)
             return final
         self.directory.mkdir(parents=True, exist_ok=True)
         previous = self.checkpoints()
@@ -198,11 +207,7 @@ class Checkpointer:
             with _io.disk_full_hint(f"checkpoint {final}", keep):
                 tmp.mkdir()
                 self._state.write(str(tmp / "state"))
-                meta = {"epoch": t.epoch, "step_in_epoch": t.step_in_epoch, "step": t.step,
-                        "examples_in_epoch": t.step_in_epoch * t.global_batch,
-                        "data": self.data, "flags": self.flags, "settings": self.settings,
-                        "identity": self.identity, "time": time.time(), "format": FORMAT}
-                (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
+                (tmp / "meta.json").write_text(json.dumps(self._meta(), indent=1))
                 _io.fsync_tree(tmp)  # TF's files too: it does not fsync them itself
                 os.rename(tmp, final)  # the commit point: until then the previous one is latest
         finally:
@@ -212,6 +217,36 @@ class Checkpointer:
         for old in self.checkpoints()[:-self.keep]:
             shutil.rmtree(old, ignore_errors=True)
         return final
+
+    def _meta(self) -> dict[str, Any]:
+        t = self.trainer
+        meta = {"epoch": t.epoch, "step_in_epoch": t.step_in_epoch, "step": t.step,
+                "examples_in_epoch": t.step_in_epoch * t.global_batch,
+                "data": self.data, "flags": self.flags, "settings": self.settings,
+                "identity": self.identity, "time": time.time(), "format": FORMAT}
+        # At an epoch's last step before its end: that epoch's training logs, else None. The
+        # key's presence says that such a position's epoch has not ended (else it would be the
+        # next epoch's step 0); a restored format < 4 position keeps its meaning: no key.
+        if not t.position.ended:
+            logs = t.position.epoch_logs
+            meta["epoch_logs"] = None if logs is None else dict(logs)
+        return meta
+
+    def _update_position(self, path: Path) -> None:
+        """Saving at the step of an existing checkpoint: the state is the same (no step ran
+        since), the position may not be: the epoch-end save after a step hook's save at the
+        epoch's last step. Its meta.json is rewritten (atomically), so that a resume does not
+        run that epoch's end again."""
+        try:
+            old = json.loads((path / "meta.json").read_text())
+        except (OSError, ValueError):
+            return  # unreadable: left as it is, for restore to judge
+        meta = self._meta()
+        if not isinstance(old, dict) or all(old.get(k) == meta[k]
+                                            for k in ("epoch", "step_in_epoch", "step")):
+            return
+        # A full disk is one line naming the file; the old meta.json stays whole.
+        _io.write_bytes_atomic(path / "meta.json", json.dumps(meta, indent=1).encode())
 
     def discard(self) -> Path | None:
         """Move existing checkpoints aside (``--fresh``); nothing is deleted. Returns where.

@@ -19,7 +19,10 @@ from typing import Any, Mapping
 
 from mirrorfit.errors import MirrorfitError
 
-FORMAT = 3  # 2: adds "data", "flags", "examples_in_epoch"; 3: "settings", data "fingerprint"
+# 2: adds "data", "flags", "examples_in_epoch"; 3: "settings", data "fingerprint"; 4:
+# "epoch_logs" (see checkpoint.Checkpointer.save), and an epoch-end save at the step of a step
+# hook's checkpoint rewrites its position to the next epoch's start.
+FORMAT = 4
 # What each DataOrder field is called in a message.
 LABELS = {"seed": "seed", "examples": "training examples", "global_batch": "global batch",
           "fingerprint": "training data"}
@@ -82,6 +85,10 @@ def _schema_problem(meta: Any) -> str | None:
             isinstance(v, dict) and all(isinstance(x, _SCALAR) for x in v.values())
             for v in flags.values()):
         return "flags is not an object of flag -> value objects"
+    logs = meta.get("epoch_logs")  # absent before format 4
+    if logs is not None and not (isinstance(logs, dict) and all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in logs.values())):
+        return "epoch_logs is not an object of numbers"
     return None
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field, replace
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 import keras
 import numpy as np
@@ -39,15 +39,26 @@ TrainData = tf.data.Dataset | ShuffledBatches
 class Position:
     """Where training is, in optimizer steps (units of the global batch)."""
 
-    epoch: int = 0  # epochs completed
+    epoch: int = 0  # epochs completed (their steps, validation and callbacks)
     step_in_epoch: int = 0  # steps completed in the current epoch
     step: int = 0  # optimizer steps completed in all
+    # At an epoch's last step, before that epoch's end (validation, callbacks) ran: its training
+    # logs. A checkpoint saved there keeps them, so that a run resumed from it ends that epoch
+    # with the metrics it trained with.
+    epoch_logs: Mapping[str, float] | None = field(default=None, hash=False)
+    # At an epoch's last step: that epoch's end counts as done. Only a checkpoint of format < 4
+    # says so: its epoch-end save kept the step hook's position, so it cannot tell.
+    ended: bool = False
 
     def advanced(self, steps: int) -> "Position":
-        return replace(self, step_in_epoch=self.step_in_epoch + steps, step=self.step + steps)
+        return replace(self, step_in_epoch=self.step_in_epoch + steps, step=self.step + steps,
+                       epoch_logs=None, ended=False)
+
+    def at_epoch_end(self, logs: Mapping[str, float]) -> "Position":
+        return replace(self, epoch_logs=dict(logs))
 
     def epoch_done(self, epoch: int) -> "Position":
-        return replace(self, epoch=epoch, step_in_epoch=0)
+        return replace(self, epoch=epoch, step_in_epoch=0, epoch_logs=None, ended=False)
 
 
 @dataclass
@@ -143,7 +154,8 @@ class Trainer:
         ``train`` is :func:`~mirrorfit.data.pipeline.train_batches` (seeded epochs) or a
         ``tf.data.Dataset`` of one epoch of global batches (repeated each epoch). Starts from
         ``position``: a trainer restored from a checkpoint continues mid-epoch with the batches
-        it had not seen yet.
+        it had not seen yet; one restored at an epoch's last step, saved before that epoch's end
+        (validation, callbacks) completed, runs that end first.
         """
         history = History()
         if self.epoch >= epochs:  # e.g. restored from the last checkpoint of a finished run
@@ -153,25 +165,29 @@ class Trainer:
         if self.step_in_epoch > steps:  # e.g. restored from a checkpoint of other data
             raise ConfigError(f"the trainer is at step {self.step_in_epoch} of an epoch of only "
                               f"{steps} steps; was it restored from a run with other data?")
-        if steps and self.step_in_epoch == steps:
-            # Restored from a checkpoint a step hook wrote at an epoch's last step (the epoch-end
-            # save then finds it and keeps it): that epoch was trained and reported by the run
-            # that wrote it. "Finishing" it here would report metrics of no step (zeros).
+        if steps and self.step_in_epoch == steps and self.position.ended:
+            # Restored from a format < 4 checkpoint at an epoch's last step: as before, that
+            # epoch counts as reported (it cannot tell). Otherwise a position at an epoch's last
+            # step means a hook or callback stopped the run before the epoch's end: the loop
+            # below runs that end (validation, callbacks), and no step.
             self.position = self.position.epoch_done(self.epoch + 1)
             if self.epoch >= epochs:
                 return history
         first, skip = self.epoch, self.step_in_epoch
-        if self.distribution.input_split == COORDINATOR:
+        if steps and self.epoch + 1 == epochs and skip == steps:
+            iterator = None  # only the last epoch's end is left: no input to set up
+        elif self.distribution.input_split == COORDINATOR:
             iterator = self.runner.worker_iterator(_sampled(train))
-        elif isinstance(train, tf.data.Dataset):
-            def make(worker, workers):
-                return _share(train.repeat().skip(skip), worker, workers)
         else:
-            def make(worker, workers):
-                return train.dataset(start_epoch=first, epochs=epochs, skip=skip,
-                                     worker=worker, workers=workers)
-        # One iterator for the whole run: one per epoch costs a set-up and a teardown each time.
-        if self.distribution.input_split != COORDINATOR:
+            if isinstance(train, tf.data.Dataset):
+                def make(worker, workers):
+                    return _share(train.repeat().skip(skip), worker, workers)
+            else:
+                def make(worker, workers):
+                    return train.dataset(start_epoch=first, epochs=epochs, skip=skip,
+                                         worker=worker, workers=workers)
+            # One iterator for the whole run: one per epoch costs a set-up and a teardown each
+            # time.
             iterator = self.runner.train_iterator(make)
         start = time.perf_counter()
         with progress:
@@ -194,6 +210,7 @@ class Trainer:
                    hooks) -> dict[str, float]:
         self.runner.reset_train_metrics()
         progress.start_epoch(epoch, epochs, steps)
+        resumed_at_end = bool(steps) and self.step_in_epoch == steps
         epoch_examples, epoch_time, last_draw = 0, 0.0, 0.0
         while self.step_in_epoch < steps:
             n = min(self.steps_per_execution, steps - self.step_in_epoch)
@@ -213,15 +230,29 @@ class Trainer:
             if self._in_lockstep or now - last_draw > 0.1 or self.step_in_epoch == steps:
                 last_draw = now
                 logs = self.train_logs()
+                if self.step_in_epoch == steps:  # before the hooks: a checkpoint saves them
+                    self.position = self.position.at_epoch_end(
+                        self._end_logs(logs, epoch_examples, epoch_time))
                 if epoch_time:
                     logs["examples/s"] = epoch_examples / epoch_time
                 progress.update(self.step_in_epoch, logs)
             for hook in hooks:
                 hook(self)
-        logs = self.train_logs()
-        logs["learning_rate"] = self.learning_rate()
-        logs["examples_per_sec"] = epoch_examples / epoch_time if epoch_time else 0.0
+        if self.position.epoch_logs is not None:  # the last step's, or a checkpoint's
+            logs = dict(self.position.epoch_logs)
+        else:  # no step: an empty epoch, or a resume from a checkpoint without them
+            logs = self._end_logs(self.train_logs(), epoch_examples, epoch_time)
+            if resumed_at_end:  # not the zeros of no step: NaN, never a measured value
+                logs.update({k: math.nan for k in self.runner.train_logs()})
+        if resumed_at_end:
+            progress.update(steps, logs)
         return logs
+
+    def _end_logs(self, logs: Mapping[str, float], examples: int,
+                  seconds: float) -> dict[str, float]:
+        """An epoch's logs: its training metrics, the learning rate and examples/s."""
+        return {**logs, "learning_rate": self.learning_rate(),
+                "examples_per_sec": examples / seconds if seconds else 0.0}
 
     def evaluate(self, data: tuple[np.ndarray, np.ndarray] | tf.data.Dataset,
                  batch_size: int | None = None) -> dict[str, float]:
