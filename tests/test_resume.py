@@ -268,3 +268,28 @@ def test_a_run_stopped_before_an_epochs_end_runs_that_end_once_on_resume(tmp_pat
     assert epoch == 1 and np.isnan(logs["loss"]) and np.isnan(logs["accuracy"])
     assert logs["val_loss"] == pytest.approx(want[0][1]["val_loss"], rel=1e-6)
     assert (last.epoch, last.step_in_epoch) == (1, 0)
+
+
+@pytest.mark.parametrize("step_in_epoch,ended,says", [
+    (8, False, "1 epoch(s) done, epoch 2's 8 steps trained, running its end (validation, "
+               "callbacks) first (global step 16)"),
+    (8, True, "2 epoch(s) done, continuing epoch 3 at step 0 (global step 16)"),  # format < 4
+    (3, False, "1 epoch(s) done, continuing epoch 2 at step 3 (global step 11)"),
+])
+def test_the_resume_line_says_whether_an_epochs_end_is_still_to_run(tmp_path, step_in_epoch,
+                                                                     ended, says):
+    """At an epoch's last step before its end, the resumed run first runs that end and prints
+    that epoch's line: the resume line must not call the epoch done."""
+    from types import SimpleNamespace
+
+    from mirrorfit import train
+    from mirrorfit.checkpoint import Restored
+
+    restored = Restored(tmp_path / "ckpt", epoch=1, step_in_epoch=step_in_epoch,
+                        step=8 + step_in_epoch, ended=ended)
+    checkpointer = SimpleNamespace(clean_partial=lambda: None, restore_latest=lambda: restored)
+    dist = SimpleNamespace(agree=lambda flag: flag, all_equal=lambda value: True, task="chief")
+    printed = []
+    train._restore(checkpointer, SimpleNamespace(fresh=False),
+                   SimpleNamespace(print=printed.append), dist, steps_per_epoch=8)
+    assert printed == [f"resuming from {tmp_path / 'ckpt'}: {says}"]

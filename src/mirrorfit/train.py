@@ -27,7 +27,6 @@ from mirrorfit.models import model_factory
 from mirrorfit.observe import CpuGpuSampler, ScalarWriter, out_of_memory_hint
 from mirrorfit.preemption import PreemptionGuard
 from mirrorfit.schedules import LinearWarmup, learning_rate
-# data_errors: also imported from here by evaluate.py and bench/point.py
 from mirrorfit.train_data import check_model_fits, data_errors, data_flags, load_run_data
 from mirrorfit.train_finish import finish
 
@@ -204,11 +203,20 @@ def _restore(checkpointer: Checkpointer, config: TrainConfig, console: Console,
         raise ConfigError(f"{dist.task} restored step {step}, another worker a different one; "
                           "give every worker the same --checkpoint-dir, on storage they all "
                           "see")
-    if restored:  # saved at an epoch's last step: that epoch is done (as Trainer.fit counts)
-        done, at = ((restored.epoch + 1, 0) if restored.step_in_epoch == steps_per_epoch
-                    else (restored.epoch, restored.step_in_epoch))
-        console.print(f"resuming from {restored.path}: {done} epoch(s) done, continuing epoch "
-                      f"{done + 1} at step {at} (global step {restored.step})")
+    if not restored:
+        return
+    done, at = restored.epoch, restored.step_in_epoch
+    if at == steps_per_epoch and not restored.ended:
+        # Saved at an epoch's last step before that epoch's end: Trainer.fit runs that end
+        # (validation, callbacks) first, and prints that epoch's line.
+        console.print(f"resuming from {restored.path}: {done} epoch(s) done, epoch {done + 1}'s "
+                      f"{at} steps trained, running its end (validation, callbacks) first "
+                      f"(global step {restored.step})")
+        return
+    if at == steps_per_epoch:  # a format < 4 checkpoint: that epoch counts as done, as ever
+        done, at = done + 1, 0
+    console.print(f"resuming from {restored.path}: {done} epoch(s) done, continuing epoch "
+                  f"{done + 1} at step {at} (global step {restored.step})")
 
 
 def _describe_lr(lr) -> str:
