@@ -99,7 +99,7 @@ def evaluate_artifact(*, checkpoint_dir: str | None = None, saved_model: str | N
     import numpy as np
 
     from mirrorfit.data.heldout import load_test
-    from mirrorfit.train import data_errors
+    from mirrorfit.train_data import data_errors
 
     if checkpoint_dir:
         from mirrorfit.checkpoint import load_model

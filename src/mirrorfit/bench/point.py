@@ -204,7 +204,7 @@ def _explained(source):
     one-line DataError `mirrorfit train` gives, for the report's error column."""
     if source is None:
         return contextlib.nullcontext()
-    from mirrorfit.train import data_errors
+    from mirrorfit.train_data import data_errors
 
     return data_errors(source)
 
