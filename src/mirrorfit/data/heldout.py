@@ -71,44 +71,10 @@ def load_test(spec: str, *, batch: int, data_dir: str | None = None,
 
 def _npz_test(spec: str) -> tuple[np.ndarray, np.ndarray] | None:
     """x_test and y_test of an npz, or None; nothing else is read, so a training split too
-    large for memory (or absent: a file of the test split alone) is no obstacle. Their headers
-    are checked before NumPy allocates anything, as read_npz checks every split's."""
-    import zipfile
+    large for memory (or absent: a file of the test split alone) is no obstacle."""
+    from mirrorfit.data.npz import read_npz
 
-    import psutil
-
-    from mirrorfit.data.npz import member_bytes
-
-    keys = ("x_test", "y_test")
-    try:
-        with zipfile.ZipFile(spec) as z:
-            members = {Path(n).stem: z.getinfo(n) for n in z.namelist() if n.endswith(".npy")}
-            have = [k in members for k in keys]
-            if not any(have):
-                return None
-            if not all(have):
-                raise DataError(f"--data {spec} has x_test or y_test but not both")
-            total = sum(member_bytes(spec, z, k, members[k]) for k in keys)
-    except (zipfile.BadZipFile, OSError, ValueError, EOFError) as e:
-        raise DataError(f"--data {spec} is not a readable npz file ({type(e).__name__}: "
-                        f"{str(e)[:200]}); save it with numpy.savez") from None
-    available = psutil.virtual_memory().available
-    if total > available:
-        raise DataError(f"--data {spec}: x_test and y_test take {total / 2**30:.1f} GiB, more "
-                        f"than the {available / 2**30:.1f} GiB of memory available")
-    with np.load(spec, allow_pickle=False) as f:
-        x, y = f["x_test"], f["y_test"]
-    if len(x) != len(y) or not len(x):
-        raise DataError(f"--data {spec}: x_test has {len(x)} examples, y_test {len(y)} labels; "
-                        "each example needs exactly one label")
-    if y.ndim != 1 or not np.issubdtype(y.dtype, np.integer):
-        raise DataError(f"--data {spec}: y_test has shape {y.shape} and dtype {y.dtype}; give "
-                        "integer class indices of shape (N,) (not one-hot)")
-    if x.ndim < 2 or not (np.issubdtype(x.dtype, np.integer)
-                          or np.issubdtype(x.dtype, np.floating)):
-        raise DataError(f"--data {spec}: x_test has shape {x.shape} and dtype {x.dtype}; give "
-                        "one array of numbers per example, (N, ...) in all")
-    return x, y
+    return read_npz(spec, splits=("test",)).get("test")
 
 
 def _arrays(spec: str, kind: str, x: np.ndarray, y: np.ndarray, batch: int, source: str,

@@ -11,23 +11,23 @@ import numpy as np
 from mirrorfit.errors import DataError
 
 
-def read_npz(path: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """The (x, y) pairs of an npz file; each member's header is read first, so a shape the
-    file does not hold the bytes for, Python objects, or more than the memory available is
-    refused before NumPy allocates anything."""
+def read_npz(path: str, splits: tuple[str, ...] = ("train", "val", "test")
+             ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """The (x, y) pairs of an npz file's ``splits`` ("train", "val", "test"): only those are
+    read, and "train" is required when asked for. Each member's header is read first, so a
+    shape the file does not hold the bytes for, Python objects, or more than the memory
+    available is refused before NumPy allocates anything."""
     import psutil
 
+    keys = [f"{xy}_{split}" for split in splits for xy in "xy"]
     try:
         with zipfile.ZipFile(path) as z:
             members = {Path(n).stem: z.getinfo(n) for n in z.namelist() if n.endswith(".npy")}
-            total = 0
-            for key in ("x_train", "y_train", "x_val", "y_val", "x_test", "y_test"):
-                if key in members:
-                    total += member_bytes(path, z, key, members[key])
+            total = sum(member_bytes(path, z, k, members[k]) for k in keys if k in members)
     except (zipfile.BadZipFile, OSError, ValueError, EOFError) as e:
         raise DataError(f"--data {path} is not a readable npz file ({type(e).__name__}: "
                         f"{str(e)[:200]}); save it with numpy.savez") from None
-    if "x_train" not in members or "y_train" not in members:
+    if "train" in splits and ("x_train" not in members or "y_train" not in members):
         raise DataError(f"--data {path} has {', '.join(sorted(members)) or 'no arrays'}; it "
                         "needs x_train and y_train (and optionally x_val/y_val, x_test/y_test)")
     available = psutil.virtual_memory().available
@@ -37,7 +37,7 @@ def read_npz(path: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
                         "image files or TFRecords, which are streamed")
     out = {}
     with np.load(path, allow_pickle=False) as f:
-        for split in ("train", "val", "test"):
+        for split in splits:
             have = [k in members for k in (f"x_{split}", f"y_{split}")]
             if have == [True, False] or have == [False, True]:
                 raise DataError(f"--data {path} has x_{split} or y_{split} but not both")
