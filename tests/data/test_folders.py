@@ -50,3 +50,26 @@ def test_folder_layouts_that_cannot_train_are_one_line(tmp_path, case, needles):
     assert "\n" not in message
     for needle in needles:
         assert needle in message, message
+
+
+@pytest.mark.parametrize("case, needles", [
+    ("loose images", ["--data {root}: no class subfolders in {root} (its images must be in one "
+                      "subfolder per class)"]),
+    ("dangling link", ["--data {root}: cannot read {root}/1/ghost.png (", "fix or remove it"]),
+])
+def test_listing_says_loose_images_and_dangling_links_in_one_line(tmp_path, case, needles):
+    """files.py itself (not only its callers): loose images were an AttributeError
+    (os.DirEntry has no .suffix), a dangling link a FileNotFoundError."""
+    import os
+
+    from mirrorfit.data.files import list_image_folder
+
+    if case == "loose images":
+        (tmp_path / "1.png").write_bytes(_image())
+    else:
+        write_png_folder(tmp_path, mnist(4)[0], np.array([0, 1, 0, 1]))
+        os.symlink(tmp_path / "nowhere.png", tmp_path / "1" / "ghost.png")
+    with pytest.raises(DataError) as e:
+        list_image_folder(tmp_path, str(tmp_path))
+    for needle in needles:
+        assert needle.replace("{root}", str(tmp_path)) in str(e.value), str(e.value)

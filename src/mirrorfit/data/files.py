@@ -52,7 +52,7 @@ def list_image_folder(root: str | Path, flag: str) -> ImageFolder:
     """List ``root``; DataError (naming ``flag``'s value and the fix) for an empty folder, a
     class folder without images, fewer than two classes, or val/test classes train lacks."""
     root = Path(root)
-    subfolders = _subfolders(root)
+    subfolders = _subfolders(root, flag)
     names = {p.name for p in subfolders}
     if "train" in names and names <= set(_SPLITS):
         tops = {_SPLITS[p.name]: p for p in subfolders}
@@ -60,9 +60,10 @@ def list_image_folder(root: str | Path, flag: str) -> ImageFolder:
             raise DataError(f"--data {flag}: has both val/ and validation/; keep one")
     else:
         tops = {"train": root}
-    classes = tuple(p.name for p in _subfolders(tops["train"]))
+    classes = tuple(p.name for p in _subfolders(tops["train"], flag))
     if not classes:
-        loose = any(p.suffix.lower() in IMAGE_SUFFIXES for p in _entries(tops["train"]))
+        loose = any(os.path.splitext(e.name)[1].lower() in IMAGE_SUFFIXES
+                    for e in _entries(tops["train"], flag))
         raise DataError(f"--data {flag}: no class subfolders in {tops['train']}"
                         + (" (its images must be in one subfolder per class)" if loose else "")
                         + "; an image folder has one subfolder of PNG/JPEG images per class "
@@ -75,7 +76,7 @@ def list_image_folder(root: str | Path, flag: str) -> ImageFolder:
     digest.update("\0".join(classes).encode())
     splits = {}
     for split, top in sorted(tops.items()):
-        present = {p.name for p in _subfolders(top)}
+        present = {p.name for p in _subfolders(top, flag)}
         extra = sorted(present - set(classes))
         if extra:
             raise DataError(f"--data {flag}: {top} has class folder(s) {', '.join(extra)} that "
@@ -84,7 +85,7 @@ def list_image_folder(root: str | Path, flag: str) -> ImageFolder:
         for label, name in enumerate(classes):
             if name not in present:
                 continue  # a val/test split may lack a class; train has them all
-            found = _images(top / name, digest, root)
+            found = _images(top / name, digest, root, flag)
             if not found:
                 raise DataError(f"--data {flag}: class folder {top / name} holds no PNG or "
                                 "JPEG image; add images or remove the folder")
@@ -95,19 +96,21 @@ def list_image_folder(root: str | Path, flag: str) -> ImageFolder:
                        fingerprint=digest.hexdigest())
 
 
-def _entries(folder: Path) -> list[os.DirEntry]:
+def _entries(folder: Path, flag: str) -> list[os.DirEntry]:
     try:
         with os.scandir(folder) as it:
             return sorted((e for e in it if not e.name.startswith(".")), key=lambda e: e.name)
     except OSError as e:
-        raise DataError(f"cannot read folder {folder} ({e.strerror}); check --data") from None
+        raise DataError(f"--data {flag}: cannot read {folder} ({e.strerror}); check the path "
+                        "and its permissions") from None
 
 
-def _subfolders(folder: Path) -> list[Path]:
-    return [Path(e.path) for e in _entries(folder) if e.is_dir()]
+def _subfolders(folder: Path, flag: str) -> list[Path]:
+    # is_dir() is False for a dangling link (no OSError): it is no class folder
+    return [Path(e.path) for e in _entries(folder, flag) if e.is_dir()]
 
 
-def _images(folder: Path, digest, root: Path) -> list[str]:
+def _images(folder: Path, digest, root: Path, flag: str) -> list[str]:
     """PNG/JPEG files under ``folder`` (subfolders too, hidden ones left out), sorted by path;
     each file's name relative to ``root`` (the same folder given another way is the same
     data), size and mtime go into ``digest``."""
@@ -116,11 +119,15 @@ def _images(folder: Path, digest, root: Path) -> list[str]:
     while stack:
         here = stack.pop()
         subs = []
-        for entry in _entries(here):
+        for entry in _entries(here, flag):
             if entry.is_dir():
                 subs.append(Path(entry.path))
             elif os.path.splitext(entry.name)[1].lower() in IMAGE_SUFFIXES:
-                st = entry.stat()
+                try:
+                    st = entry.stat()
+                except OSError as e:  # a dangling link, no permission
+                    raise DataError(f"--data {flag}: cannot read {entry.path} ({e.strerror}); "
+                                    "fix or remove it") from None
                 found.append(entry.path)
                 rel = os.path.relpath(entry.path, root)
                 digest.update(f"{rel}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())

@@ -18,8 +18,7 @@ import numpy as np
 import tensorflow as tf
 
 from mirrorfit.data import decode as decoding
-from mirrorfit.data.files import (IMAGE_SUFFIXES, ImageFolder, files_fingerprint,
-                                  list_image_folder)
+from mirrorfit.data.files import ImageFolder, files_fingerprint, list_image_folder
 from mirrorfit.data.images import (IndexedBatches, eval_files, fill_store, store_key,
                                    undecodable_files)
 from mirrorfit.data.opened import Data
@@ -49,34 +48,10 @@ def split_folders(root: Path, flag: str) -> set[str]:
 
 
 def list_folder(root: Path, flag: str) -> ImageFolder:
-    """:func:`~mirrorfit.data.files.list_image_folder`, with an entry that cannot be read (a
-    dangling link, no permission) as one line naming it."""
-    top = root / "train" if "train" in split_folders(root, flag) else root
-    _check_class_folders(top, root, flag)
-    try:
-        return list_image_folder(root, flag)
-    except OSError as e:
-        raise DataError(f"--data {flag}: cannot read {e.filename or root} ({e.strerror}); fix "
-                        "or remove it") from None
-
-
-def _check_class_folders(top: Path, root: Path, flag: str) -> None:
-    """Images with no class folder above them: said here, as files.py says it (its own check
-    of loose images raises AttributeError, on os.DirEntry.suffix)."""
-    try:
-        with os.scandir(top) as it:
-            entries = [e for e in it if not e.name.startswith(".")]
-    except OSError as e:
-        raise DataError(f"--data {flag}: cannot read {top} ({e.strerror}); check the path and "
-                        "its permissions") from None
-    if any(e.is_dir() for e in entries):
-        return
-    loose = any(os.path.splitext(e.name)[1].lower() in IMAGE_SUFFIXES for e in entries)
-    raise DataError(f"--data {flag}: no class subfolders in {top}"
-                    + (" (its images must be in one subfolder per class)" if loose else "")
-                    + "; an image folder has one subfolder of PNG/JPEG images per class "
-                    "(keras.utils.image_dataset_from_directory's layout); for TFRecord "
-                    f"files give a pattern such as '{root}/*.tfrecord'")
+    """:func:`~mirrorfit.data.files.list_image_folder` (which says loose images, a dangling
+    link or a folder it cannot read in one line), after :func:`split_folders`'s check."""
+    split_folders(root, flag)
+    return list_image_folder(root, flag)
 
 
 def check_not_empty(folder: ImageFolder, split: str, flag: str) -> None:
