@@ -26,6 +26,9 @@ def _one_line_error(proc, *needles):
     (["--data", "{tmp}", "--image-size", "28"], ["--image-size 28: expected 2 positive"]),
     (["--data", "{tmp}", "--image-size", "0,28"], ["--image-size 0,28"]),
     (["--data", "synthetic", "--input-shape", "a,b"], ["--input-shape a,b"]),
+    (["--data", "synthetic", "--input-shape", "1048576,1048576,3"],
+     ["--input-shape 1048576,1048576,3: 3,298,534,883,328 elements per example, at most "
+      "67,108,864"]),
     (["--data", "synthetic", "--num-classes", "1"], ["--num-classes must be an integer >= 2"]),
     (["--data", "{tmp}", "--validation-split", "1.5"], ["--validation-split must be a fraction"]),
     (["--validation-split", "0.1"], ["--data mnist has its own validation split"]),

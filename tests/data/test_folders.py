@@ -73,3 +73,11 @@ def test_listing_says_loose_images_and_dangling_links_in_one_line(tmp_path, case
         list_image_folder(tmp_path, str(tmp_path))
     for needle in needles:
         assert needle.replace("{root}", str(tmp_path)) in str(e.value), str(e.value)
+
+
+def test_a_folder_with_glob_characters_in_its_name_trains(tmp_path):
+    """It was taken for a TFRecord pattern and refused: "the pattern matches no file"."""
+    x, y = mnist(20)
+    write_png_folder(tmp_path / "imgs[1]", x, y)
+    data = load_data(str(tmp_path / "imgs[1]"), global_batch=2)
+    assert data.num_classes == len(set(y.tolist())) and data.input_shape == (28, 28, 1)

@@ -23,6 +23,9 @@ KINDS = ("mnist", "synthetic", "npz", "module", "tfrecord", "folder")
 FILE_KINDS = ("folder", "tfrecord")  # read from files as training runs (streamed)
 TFRECORD_SUFFIXES = (".tfrecord", ".tfrecords", ".tfrec")
 _MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*")
+# Elements in one example --input-shape may ask for (224x224x3 is 150,528; 8192x8192 is 2**26):
+# each of its 2**20 a side passes, but 2**20 x 2**20 x 3 synthetic examples would not fit.
+MAX_INPUT_ELEMENTS = 1 << 26
 _FORMS = ("mnist, synthetic, FILE.npz, an image FOLDER (one subfolder per class), "
           "'train-*.tfrecord' or package.module:function")
 
@@ -39,7 +42,8 @@ def source_kind(spec: str) -> str:
     if _MODULE.fullmatch(spec) and not os.path.exists(spec):
         return "module"
     lower = spec.lower()
-    if any(c in spec for c in "*?["):
+    # A path that exists is that path, even with glob characters in its name (e.g. "imgs[1]")
+    if any(c in spec for c in "*?[") and not os.path.exists(spec):
         if not tfrecord_files(spec):
             raise ConfigError(f"--data {spec}: the pattern matches no file; check the path "
                               "(quote the pattern so that the shell leaves it to mirrorfit)")
@@ -58,15 +62,19 @@ def source_kind(spec: str) -> str:
 
 def tfrecord_files(pattern: str) -> list[str]:
     """Files matching ``pattern`` (a path or a glob, ``**`` for subfolders), sorted: the
-    canonical order every epoch's shuffle starts from. Folders are left out."""
+    canonical order every epoch's shuffle starts from. Folders are left out. A file that
+    exists is itself, glob characters in its name or not."""
+    if os.path.isfile(pattern):
+        return [pattern]
     return sorted(p for p in glob.glob(pattern, recursive=True) if os.path.isfile(p))
 
 
 def parse_ints(flag: str, value, *, count: int | None = None, lengths: tuple[int, ...] = (),
-               example: str) -> tuple[int, ...]:
+               example: str, max_elements: int | None = None) -> tuple[int, ...]:
     """``"28,28"`` or ``[28, 28]`` (TOML) as a tuple of positive integers; ConfigError naming
     ``flag``, the value and ``example`` otherwise. ``count``: exactly that many numbers;
-    ``lengths``: one of those counts."""
+    ``lengths``: one of those counts, for the shape of one example (``--input-shape``), whose
+    product is at most ``max_elements`` (default :data:`MAX_INPUT_ELEMENTS`)."""
     parts = value.split(",") if isinstance(value, str) else value
     try:
         if isinstance(parts, (str, bytes)) or not hasattr(parts, "__iter__"):
@@ -82,6 +90,14 @@ def parse_ints(flag: str, value, *, count: int | None = None, lengths: tuple[int
         raise ConfigError(f"{flag} {shown}: expected "
                           + (f"{count} " if count else "")
                           + f"positive integers separated by commas; e.g. {flag} {example}")
+    limit = max_elements if max_elements is not None else MAX_INPUT_ELEMENTS if lengths else None
+    elements = 1
+    for n in numbers:
+        elements *= n
+    if limit is not None and elements > limit:
+        raise ConfigError(f"{flag} {','.join(map(str, numbers))}: {elements:,} elements per "
+                          f"example, at most {limit:,}; give a smaller shape, e.g. {flag} "
+                          f"{example}")
     return numbers
 
 
@@ -124,4 +140,5 @@ def check_cache(value: str) -> None:
                           "folder); give another folder or --cache memory")
 
 
-__all__ = ["KINDS", "FILE_KINDS", "source_kind", "tfrecord_files", "parse_ints", "check_cache"]
+__all__ = ["KINDS", "FILE_KINDS", "MAX_INPUT_ELEMENTS", "source_kind", "tfrecord_files",
+           "parse_ints", "check_cache"]
