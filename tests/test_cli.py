@@ -59,6 +59,20 @@ def test_bad_input_is_one_clear_line(tmp_path, cpu_only, args, needles):
     assert not out.exists()
 
 
+def test_an_error_naming_a_value_with_a_newline_stays_one_line(tmp_path, cpu_only):
+    """A folder named "bad<newline>name\x1b" (loose images, no class folders): the line names
+    it with the control characters escaped, as repr() writes them."""
+    folder = tmp_path / "bad\nname\x1b"
+    folder.mkdir()
+    (folder / "1.png").write_bytes(b"x")
+    proc = run_cli("train", "--epochs", "1", "--no-progress", "--data", str(folder))
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = [ln for ln in proc.stderr.splitlines() if "mirrorfit: error: " in ln]
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert f"--data {tmp_path}/bad\\nname\\x1b: no class subfolders" in lines[0], lines[0]
+    assert not any(ln.startswith("name") for ln in proc.stderr.splitlines())
+
+
 def test_malformed_data_file(tmp_path):
     (tmp_path / "mnist.npz").write_bytes(b"garbage")
     proc = run_cli("train", "--data-dir", str(tmp_path), "--metrics-out", str(tmp_path / "m.json"))

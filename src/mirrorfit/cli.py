@@ -11,6 +11,7 @@ import argparse
 import math
 import os
 import sys
+import unicodedata
 from typing import Sequence
 
 # _parser: the name tests and tools import the whole parser by (test_docker, test_deploy)
@@ -139,6 +140,13 @@ def _cmd_devices(args: argparse.Namespace) -> int:
     return 0
 
 
+def _one_line(text: str) -> str:
+    """``text`` with control characters and line separators escaped as repr() writes them
+    (a newline as \\n): a value the user gave (a folder name) must not split the error line."""
+    return "".join(repr(c)[1:-1] if unicodedata.category(c) in ("Cc", "Zl", "Zp") else c
+                   for c in text)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``mirrorfit`` console script; returns the exit code."""
     args = _parser().parse_args(argv)
@@ -157,7 +165,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"mirrorfit: preempted by {e}", file=sys.stderr)
         return EXIT_PREEMPTED
     except MirrorfitError as e:
-        print(f"mirrorfit: error: {e}", file=sys.stderr)
+        print(f"mirrorfit: error: {_one_line(str(e))}", file=sys.stderr)
         return getattr(e, "exit_code", EXIT_USAGE)
     except KeyboardInterrupt:
         print("mirrorfit: interrupted", file=sys.stderr)
