@@ -4,7 +4,6 @@ allocates anything."""
 from __future__ import annotations
 
 import zipfile
-from pathlib import Path
 
 import numpy as np
 
@@ -22,14 +21,15 @@ def read_npz(path: str, splits: tuple[str, ...] = ("train", "val", "test")
     keys = [f"{xy}_{split}" for split in splits for xy in "xy"]
     try:
         with zipfile.ZipFile(path) as z:
-            members = {Path(n).stem: z.getinfo(n) for n in z.namelist() if n.endswith(".npy")}
+            # Keyed as np.load keys them: the name without ".npy" ("a/x_test" is not x_test).
+            members = {n[:-4]: z.getinfo(n) for n in z.namelist() if n.endswith(".npy")}
             total = sum(member_bytes(path, z, k, members[k]) for k in keys if k in members)
     except (zipfile.BadZipFile, OSError, ValueError, EOFError) as e:
         raise DataError(f"--data {path} is not a readable npz file ({type(e).__name__}: "
                         f"{str(e)[:200]}); save it with numpy.savez") from None
     if "train" in splits and ("x_train" not in members or "y_train" not in members):
-        raise DataError(f"--data {path} has {', '.join(sorted(members)) or 'no arrays'}; it "
-                        "needs x_train and y_train (and optionally x_val/y_val, x_test/y_test)")
+        raise DataError(f"--data {path} has {_names(members)}; it needs x_train and y_train "
+                        "(and optionally x_val/y_val, x_test/y_test)")
     available = psutil.virtual_memory().available
     if total > available:
         raise DataError(f"--data {path}: its arrays take {total / 2**30:.1f} GiB, more than the "
@@ -55,6 +55,13 @@ def read_npz(path: str, splits: tuple[str, ...] = ("train", "val", "test")
             raise DataError(f"--data {path}: x_{split} has shape {x.shape} and dtype {x.dtype}; "
                             "give one array of numbers per example, (N, ...) in all")
     return out
+
+
+def _names(members) -> str:
+    """A few of the file's array names, for a message (a file may hold thousands)."""
+    names = sorted(members)
+    shown = ", ".join(repr(n[:40]) for n in names[:6])
+    return (shown + f" and {len(names) - 6} more" if len(names) > 6 else shown) or "no arrays"
 
 
 def member_bytes(path: str, z: zipfile.ZipFile, key: str, info: zipfile.ZipInfo) -> int:
