@@ -5,7 +5,7 @@ import tomllib
 
 import pytest
 
-from mirrorfit.config import MAX_IMAGE_SIDE, TrainConfig, load_config
+from mirrorfit.config import MAX_CLASSES, MAX_IMAGE_SIDE, TrainConfig, load_config
 from mirrorfit.errors import ConfigError
 
 
@@ -182,3 +182,22 @@ def test_image_size_is_bounded_per_side(tmp_path):
 def test_cluster_flags_that_would_be_ignored_or_harmful_are_refused(overrides, flag):
     with pytest.raises(ConfigError, match=flag):
         load_config(**overrides)
+
+
+def test_image_size_is_bounded_by_the_values_of_one_example(tmp_path):
+    """A side within MAX_IMAGE_SIDE can still make an example too large: H x W x 3 is capped
+    at --input-shape's limit (8192,8192 was 201M values, 805 MB per float32 example)."""
+    folder = tmp_path / "imgs"
+    (folder / "a").mkdir(parents=True)
+    (folder / "b").mkdir()
+    assert load_config(data=str(folder), image_size="4096,4096").image_size == (4096, 4096)
+    with pytest.raises(ConfigError) as info:
+        load_config(data=str(folder), image_size="8192,8192")
+    assert str(info.value) == ("--image-size 8192,8192: 201,326,592 values per example at 3 "
+                               "channels, more than 67,108,864; e.g. --image-size 224,224")
+
+
+def test_num_classes_is_bounded():
+    assert load_config(num_classes=MAX_CLASSES).num_classes == MAX_CLASSES
+    with pytest.raises(ConfigError, match=r"--num-classes 99999999999: at most 1,000,000; "):
+        load_config(num_classes=99999999999)

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from mirrorfit.data.spec import FILE_KINDS, check_cache, parse_ints, source_kind
+from mirrorfit.data.spec import (FILE_KINDS, MAX_INPUT_ELEMENTS, check_cache, parse_ints,
+                                 source_kind)
 from mirrorfit.distribute.cluster import DEFAULT_COLLECTIVE_TIMEOUT_S
 from mirrorfit.errors import ConfigError
 from mirrorfit.model_names import REFERENCE, check_model_name
@@ -31,6 +32,9 @@ LR_SCALINGS = ("none", "linear")
 # Pixels a side --image-size may ask for: every image is resized to it, so one 2**20-pixel side
 # (what parse_ints allows) makes each decoded example terabytes and the model's input as large.
 MAX_IMAGE_SIDE = 8192
+# Classes --num-classes may ask for: the model's last layer and every one-hot/probability row
+# are that wide (ImageNet-21k has 21,841; 10**11 was an out-of-memory traceback).
+MAX_CLASSES = 1_000_000
 # The keys of models.REFERENCE_MODELS; keras.applications names are model_names.APPLICATIONS
 MODELS = REFERENCE
 
@@ -178,6 +182,11 @@ class TrainConfig:
                 raise ConfigError(f"--image-size {self.image_size[0]},{self.image_size[1]}: at "
                                   f"most {MAX_IMAGE_SIDE} pixels a side; e.g. --image-size "
                                   "224,224")
+            values = self.image_size[0] * self.image_size[1] * 3  # decoded to 3 channels at most
+            if values > MAX_INPUT_ELEMENTS:
+                raise ConfigError(f"--image-size {self.image_size[0]},{self.image_size[1]}: "
+                                  f"{values:,} values per example at 3 channels, more than "
+                                  f"{MAX_INPUT_ELEMENTS:,}; e.g. --image-size 224,224")
             if kind not in FILE_KINDS:
                 raise ConfigError(f"--image-size resizes images read from files (an image "
                                   f"folder or TFRecords), not --data {self.data}: drop it")
@@ -213,6 +222,9 @@ class TrainConfig:
                 or self.num_classes < 2):
             raise ConfigError(f"--num-classes must be an integer >= 2, got "
                               f"{self.num_classes!r}; e.g. --num-classes 10")
+        if self.num_classes is not None and self.num_classes > MAX_CLASSES:
+            raise ConfigError(f"--num-classes {self.num_classes}: at most {MAX_CLASSES:,}; "
+                              "e.g. --num-classes 10")
 
     def batch_sizes(self, replicas: int) -> tuple[int, int]:
         """(per-replica micro-batch, effective global batch) in examples for ``replicas``.

@@ -25,6 +25,8 @@ from mirrorfit.config import MAX_IMAGE_SIDE
     (["--model", "InceptionV3", "--data", "synthetic", "--input-shape", "224,224"],
      "height,width,channels"),
     (["--data", "synthetic", "--num-classes", "0"], "--num-classes must be 2 or more"),
+    (["--data", "synthetic", "--num-classes", "99999999999"],
+     "--num-classes 99999999999: at most 1,000,000"),
     (["--data", "cifar10"], "--data cifar10: no such file or folder; use mnist, synthetic"),
     (["--image-size", "32,32"], "--image-size resizes images read from files"),
     (["--cache", "memory"], "--data mnist is already in memory: drop --cache"),

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
 from mirrorfit.bench.point import Point
-from mirrorfit.config import TrainConfig, load_config
+from mirrorfit.config import MAX_CLASSES, TrainConfig, load_config
 from mirrorfit.data.spec import source_kind
 from mirrorfit.errors import MirrorfitError
 from mirrorfit.model_names import (IMAGENET_CLASSES, check_input_shape, check_model_name,
@@ -95,6 +95,9 @@ class Grid:
                 raise MirrorfitError(f"{flag} must be 1 or more, got {value}; e.g. {flag} 64")
         if self.num_classes is not None and self.num_classes < 2:
             raise MirrorfitError(f"--num-classes must be 2 or more, got {self.num_classes}")
+        if self.num_classes is not None and self.num_classes > MAX_CLASSES:
+            raise MirrorfitError(f"--num-classes {self.num_classes}: at most {MAX_CLASSES:,}; "
+                                 "e.g. --num-classes 10")
         if self.input_shape is not None and (
                 not self.input_shape or min(self.input_shape) < 1):
             raise MirrorfitError(f"--input-shape must be positive sizes, e.g. 224,224,3; got "
