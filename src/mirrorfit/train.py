@@ -105,7 +105,8 @@ def _train(config: TrainConfig, console: Console, guard: PreemptionGuard,
                               visible_devices=config.visible_devices,
                               memory_growth=config.memory_growth,
                               memory_limit_mb=config.gpu_memory_limit,
-                              threads=config.threads_per_worker)
+                              threads=config.threads_per_worker,
+                              keep_freed_memory=True)  # a training process: see _host_memory
     dist = build_distribution(setup, kind=config.strategy,
                               cross_device_ops=config.cross_device_ops, cluster=cluster,
                               communication=config.communication,

@@ -10,6 +10,7 @@ import sys
 import textwrap
 
 import pytest
+from conftest import MNIST_DIR
 
 pytestmark = pytest.mark.skipif(
     not (hasattr(os, "confstr") and "CS_GNU_LIBC_VERSION" in os.confstr_names
@@ -58,22 +59,57 @@ def test_the_default_would_fault_them_in_again():
     assert faults > 1000
 
 
-def test_a_users_malloc_tunables_are_left_alone():
-    applied, faults = _probe("keep", GLIBC_TUNABLES="glibc.malloc.trim_threshold=131072")
+@pytest.mark.parametrize("env", [
+    {"GLIBC_TUNABLES": "glibc.malloc.trim_threshold=131072"},
+    {"GLIBC_TUNABLES": "glibc.malloc.arena_max=2:glibc.malloc.mmap_threshold=1048576"},
+    {"MALLOC_MMAP_THRESHOLD_": "1048576"},
+    {"MALLOC_TRIM_THRESHOLD_": "131072"},
+])
+def test_a_users_own_thresholds_are_left_alone(env):
+    applied, _ = _probe("keep", **env)
     assert applied == "False"
 
 
-def test_configure_devices_keeps_freed_memory_unless_asked_not_to():
+def test_other_malloc_tunables_do_not_turn_it_off():
+    applied, faults = _probe("keep", GLIBC_TUNABLES="glibc.malloc.arena_max=2")
+    assert applied == "True" and faults < 200
+
+
+def test_configure_devices_keeps_freed_memory_only_when_asked():
+    # Off for a library caller (a notebook's memory is not ours to keep); train and bench ask.
     code = textwrap.dedent("""
         import sys
         from unittest import mock
         from mirrorfit.distribute import _host_memory, devices
         with mock.patch.object(_host_memory, "keep_freed_memory") as keep:
-            devices.configure_devices(keep_freed_memory=sys.argv[1] == "on")
+            kwargs = {} if sys.argv[1] == "default" else {"keep_freed_memory": True}
+            devices.configure_devices(**kwargs)
+            try:  # a refused request changes nothing
+                devices.configure_devices(replicas=2, devices=("/cpu:9",), **kwargs)
+            except Exception as e:
+                print(type(e).__name__)
         print(keep.call_count)
     """)
-    for mode, calls in (("on", "1"), ("off", "0")):
+    for mode, calls in (("default", "0"), ("asked", "1")):
         out = subprocess.run([sys.executable, "-c", code, mode], capture_output=True, text=True,
                              env={**os.environ, "CUDA_VISIBLE_DEVICES": ""}, timeout=120,
                              check=True).stdout.split()
-        assert out[-1] == calls
+        assert out[-2:] == ["ConfigError", calls]
+
+
+def test_mirrorfit_train_keeps_freed_memory():
+    # A training run asks for it (its every step needs the memory again): after a tiny run, the
+    # probe's buffers are reused in this process without page faults.
+    code = PROBE.replace(
+        'applied = keep_freed_memory() if sys.argv[1] == "keep" else None',
+        "from mirrorfit.config import load_config\n"
+        "from mirrorfit.train import run_training\n"
+        "run_training(load_config(model='mlp', epochs=1, train_examples=256, "
+        "global_batch_size=64, progress=False))\n"
+        "applied = 'ran'")
+    assert "run_training" in code
+    out = subprocess.run([sys.executable, "-c", code, "train"], capture_output=True, text=True,
+                         env={**os.environ, "CUDA_VISIBLE_DEVICES": "", "TF_CPP_MIN_LOG_LEVEL": "3",
+                              "MIRRORFIT_DATA": str(MNIST_DIR)}, timeout=300,
+                         check=True).stdout.split()
+    assert out[-2] == "ran" and int(out[-1]) < 200, out[-2:]

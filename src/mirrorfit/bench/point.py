@@ -79,7 +79,8 @@ def run_point(point: Point) -> dict:
 
     import mirrorfit
 
-    setup = mirrorfit.configure_devices(replicas=point.replicas)
+    # Both sides (the textbook recipe and mirrorfit) train with the same host allocator.
+    setup = mirrorfit.configure_devices(replicas=point.replicas, keep_freed_memory=True)
     strategy = mirrorfit.build_strategy(setup)
     keras.utils.set_random_seed(point.seed)
     train, test, steps = _data(point)

@@ -47,7 +47,7 @@ def configure_devices(*, replicas: int | None = None, devices: tuple[str, ...] =
                       memory_growth: bool = True,
                       memory_limit_mb: int | None = None,
                       threads: int | None = None,
-                      keep_freed_memory: bool = True) -> DeviceSetup:
+                      keep_freed_memory: bool = False) -> DeviceSetup:
     """Make the requested devices visible and return the ones to replicate over.
 
     GPUs: ``visible_devices`` ("0,2") selects them like CUDA_VISIBLE_DEVICES, memory growth is
@@ -55,12 +55,11 @@ def configure_devices(*, replicas: int | None = None, devices: tuple[str, ...] =
     ``replicas`` takes the first N. Without GPUs, ``replicas=N`` splits the CPU
     into N logical devices. ``threads`` sizes TensorFlow's intra- and inter-op thread pools
     (None: TF's default, every core): N worker processes on one host each take cores / N, or
-    they fight over the same cores. ``keep_freed_memory`` keeps buffers a step frees in the
-    process instead of faulting them in again next step (glibc malloc thresholds; see
-    :mod:`mirrorfit.distribute._host_memory`).
+    they fight over the same cores. ``keep_freed_memory`` keeps the buffers a step frees in
+    the process instead of faulting them in again next step (process-wide glibc malloc
+    thresholds; resident memory stays near its peak; see
+    :mod:`mirrorfit.distribute._host_memory`): ``mirrorfit train`` and ``bench`` ask for it.
     """
-    if keep_freed_memory:
-        _host_memory.keep_freed_memory()
     if threads:
         try:
             tf.config.threading.set_intra_op_parallelism_threads(threads)
@@ -101,6 +100,8 @@ def configure_devices(*, replicas: int | None = None, devices: tuple[str, ...] =
     if n > len(chosen):
         raise ConfigError(f"asked for {n} replicas but only {len(chosen)} {kind} device(s) are "
                           f"available ({', '.join(chosen)}); use --replicas {len(chosen)} or fewer")
+    if keep_freed_memory:  # only once the request is known to be good
+        _host_memory.keep_freed_memory()
     return DeviceSetup(kind=kind, devices=tuple(chosen[:n]), physical=physical,
                        shared_cores=kind == "CPU")
 
