@@ -422,3 +422,74 @@ def test_export_rebuilds_a_checkpoint_at_the_shape_and_classes_it_was_trained_wi
     assert proc.returncode == 0, proc.stderr[-3000:]
     meta = json.loads(sorted(ckpt.glob("ckpt-*"))[-1].joinpath("meta.json").read_text())
     assert (meta["identity"]["input_shape"], meta["identity"]["num_classes"]) == ([32, 32, 3], 5)
+
+
+def test_hand_edited_epoch_logs_and_a_newer_format_are_one_line_naming_the_file(tmp_path,
+                                                                                 batches):
+    """epoch_logs reach the epoch line, --metrics-out and TensorBoard: a checkpoint is a file a
+    user can send, so they are checked when read, not where they crash or leak."""
+    import math
+    import shutil
+
+    from mirrorfit.checkpoint import CheckpointError, Checkpointer, load_model
+    from mirrorfit.checkpoint_meta import encode_epoch_logs
+
+    first = _trainer()
+    ckpt = Checkpointer(tmp_path, trainer=first, model_spec="tiny", data=batches.order)
+    first.fit(batches, epochs=1, callbacks=[ckpt.epoch_callback])
+    file = tmp_path / "ckpt-000000008" / "meta.json"
+    meta = json.loads(file.read_text())
+    good = {**{k: 0.5 for k in first.train_logs()}, "learning_rate": 1e-3,
+            "examples_per_sec": 900.0}
+
+    def restore(epoch_logs, raw=None):
+        text = json.dumps({**meta, "epoch": 0, "step_in_epoch": 8, "epoch_logs": epoch_logs})
+        file.write_text(text if raw is None else text.replace('"epoch_logs": null', raw))
+        return Checkpointer(tmp_path, trainer=_trainer(), model_spec="tiny",
+                            data=batches.order).restore_latest()
+
+    cases = [
+        ({}, "epoch_logs lacks loss, learning_rate, examples_per_sec"),
+        ({k: v for k, v in good.items() if k != "examples_per_sec"},
+         "epoch_logs lacks examples_per_sec"),
+        ({**good, "learning_rate": 1e41}, "epoch_logs learning_rate is 1e+41, not a finite"),
+        ({**good, "loss": 1e308}, "epoch_logs loss is 1e+308, not a finite"),
+        ({**good, "\x1b[2Jx": 1.0}, r"epoch_logs has '\x1b[2Jx', not a metric name"),
+        ({**good, **{f"m{i}": 1.0 for i in range(40)}}, "more than 32"),
+        ({**good, "loss": "0.5"}, "epoch_logs is not an object of numbers"),
+        ({k: v for k, v in good.items() if k != "accuracy"}, "epoch_logs lacks accuracy"),
+        ({**good, "top5": 1.0}, "epoch_logs has top5 this run does not write"),
+    ]
+    raw = [(f'"epoch_logs": {{"loss": {bad}, "learning_rate": 0.001, "examples_per_sec": 9}}',
+            f"epoch_logs loss is {text}") for bad, text in
+           (("NaN", "nan"), ("Infinity", "inf"), ("-1e999", "-inf"))]
+    for logs, problem in [*cases, *[(None, (r, p)) for r, p in raw]]:
+        if isinstance(problem, tuple):
+            (rawtext, problem), logs = problem, None
+        else:
+            rawtext = None
+        with pytest.raises(CheckpointError) as e:
+            restore(logs, rawtext)
+        message = str(e.value)
+        assert problem in message and "ckpt-000000008" in message, message
+        assert "--fresh" in message and "\n" not in message and "\x1b" not in message
+
+    # The trainer's own non-finite value (a diverged loss) is stored as null: valid JSON,
+    # accepted, restored as NaN (not a measured value).
+    assert encode_epoch_logs({**good, "loss": math.nan})["loss"] is None
+    restored = restore({**good, "loss": None})
+    assert restored.step == 8 and not restored.ended
+    resumed = Checkpointer(tmp_path, trainer=_trainer(), model_spec="tiny", data=batches.order)
+    resumed.restore_latest()
+    assert math.isnan(resumed.trainer.position.epoch_logs["loss"])
+
+    # A newer mirrorfit's checkpoint is refused as such, not read, nor fallen back past.
+    newer = tmp_path / "ckpt-000000016"
+    shutil.copytree(file.parent, newer)
+    (newer / "meta.json").write_text(json.dumps({**meta, "step": 16, "format": 99}))
+    with pytest.raises(CheckpointError, match="written by a newer mirrorfit") as e:
+        Checkpointer(tmp_path, trainer=_trainer(), model_spec="tiny").restore_latest()
+    assert "ckpt-000000016" in str(e.value) and "--fresh" in str(e.value)
+    assert newer.is_dir()  # not set aside as corrupt
+    with pytest.raises(CheckpointError, match="written by a newer mirrorfit"):
+        load_model(tmp_path, on_notice=pytest.fail)  # export, evaluate: nor there

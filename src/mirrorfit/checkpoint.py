@@ -39,8 +39,10 @@ from typing import Any, Callable, Mapping
 import tensorflow as tf
 
 from mirrorfit import _io
-from mirrorfit.checkpoint_meta import (FORMAT, CheckpointError, check_data, check_identity,
-                                       check_settings, read_meta)
+from mirrorfit.checkpoint_meta import (EPOCH_END_KEYS, FORMAT, CheckpointError,
+                                       NewerFormatError, check_data, check_epoch_logs,
+                                       check_identity, check_settings, decode_epoch_logs,
+                                       encode_epoch_logs, read_meta)
 from mirrorfit.data.pipeline import DataOrder
 from mirrorfit.engine.trainer import Position
 # Re-exported: callers take the preemption pieces from here, beside the checkpoints they save.
@@ -135,12 +137,15 @@ class Checkpointer:
         for path in reversed(self.checkpoints()):
             try:
                 meta = read_meta(path)
+            except NewerFormatError:
+                raise  # not damage: an older checkpoint is no better
             except CheckpointError as e:
                 unreadable.append((path, e.reason))
                 continue
             check_settings(path, meta, self.settings)
             check_identity(path, meta, self.identity)
             check_data(path, meta, self.data, self.flags)
+            check_epoch_logs(path, meta, {*self.trainer.train_logs(), *EPOCH_END_KEYS})
             try:
                 self._state.read(str(path / "state")).assert_existing_objects_matched()
             except AssertionError as e:  # the files were read: their structure differs
@@ -153,7 +158,8 @@ class Checkpointer:
                 continue
             self._set_aside(unreadable, path)
             position = Position(epoch=meta["epoch"], step_in_epoch=meta["step_in_epoch"],
-                                step=meta["step"], epoch_logs=meta.get("epoch_logs"),
+                                step=meta["step"],
+                                epoch_logs=decode_epoch_logs(meta.get("epoch_logs")),
                                 ended="epoch_logs" not in meta)
             self.trainer.position = position
             self._last_saved_step = position.step
@@ -228,8 +234,7 @@ class Checkpointer:
         # key's presence says that such a position's epoch has not ended (else it would be the
         # next epoch's step 0); a restored format < 4 position keeps its meaning: no key.
         if not t.position.ended:
-            logs = t.position.epoch_logs
-            meta["epoch_logs"] = None if logs is None else dict(logs)
+            meta["epoch_logs"] = encode_epoch_logs(t.position.epoch_logs)
         return meta
 
     def _update_position(self, path: Path) -> None:
@@ -330,6 +335,8 @@ def load_model(directory: str | Path, *, model: str | None = None,
     for path in reversed(found):
         try:
             meta = read_meta(path)
+        except NewerFormatError:
+            raise  # not damage: an older checkpoint is not the one asked for
         except CheckpointError as e:
             unreadable.append((path, e.reason))
             continue

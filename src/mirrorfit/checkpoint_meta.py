@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -27,6 +28,15 @@ FORMAT = 4
 LABELS = {"seed": "seed", "examples": "training examples", "global_batch": "global batch",
           "fingerprint": "training data"}
 _SCALAR = (int, float, str, bool, type(None))
+# epoch_logs: printed, written to --metrics-out and TensorBoard, so bounded and plain: metric
+# names (no terminal escapes), at most _MAX_LOGS of them, values a float32 can hold (the
+# metrics are float32; TensorBoard refuses more). A value that was not finite (a diverged
+# run) is stored as null and restored as NaN: bare NaN is not JSON.
+_LOG_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_./-]{0,63}")
+_MAX_LOGS = 32
+_LOG_BOUND = 3.4028234663852886e38  # float32's largest
+# What the epoch end reads whatever the run's metrics (trainer._end_logs, train._epoch_line).
+EPOCH_END_KEYS = ("loss", "learning_rate", "examples_per_sec")
 
 
 class CheckpointError(MirrorfitError):
@@ -37,15 +47,26 @@ class CheckpointError(MirrorfitError):
         self.reason = reason or message  # what is wrong, without the advice
 
 
+class NewerFormatError(CheckpointError):
+    """A checkpoint written by a newer mirrorfit (its meta format is unknown here)."""
+
+
 def read_meta(path: Path) -> dict:
     """The metadata of checkpoint folder ``path``, its whole schema checked (a hand edit must
     not become a traceback later); CheckpointError naming the file if it is unusable."""
-    file = path / "meta.json"
+    file, meta = path / "meta.json", None
     try:
         meta = json.loads(file.read_text())
         problem = _schema_problem(meta)
     except (OSError, ValueError) as e:  # UnicodeDecodeError and JSONDecodeError too
         problem = type(e).__name__
+    if isinstance(meta, dict) and _count(meta.get("format")) and meta["format"] > FORMAT:
+        # Before the schema, which a newer format may change. Not corrupt: falling back to an
+        # older checkpoint, or reading it as ours, would be wrong; restore does not fall back.
+        raise NewerFormatError(
+            f"checkpoint {file} was written by a newer mirrorfit (meta format "
+            f"{meta['format']}, this one reads up to {FORMAT}): upgrade mirrorfit to resume "
+            "from it, or pass --fresh to start over", reason=f"meta.json: format {meta['format']}")
     if problem:
         raise CheckpointError(f"checkpoint {file} is corrupt or missing ({problem}); pass "
                               "--fresh to start over", reason=f"meta.json: {problem}")
@@ -56,6 +77,8 @@ def _schema_problem(meta: Any) -> str | None:
     """What is wrong with ``meta``'s structure, or None."""
     if not isinstance(meta, dict):
         return f"not an object but {type(meta).__name__}"
+    if "format" in meta and not (_count(meta["format"]) and meta["format"] >= 1):
+        return f"format is {meta['format']!r}, not a format number"
     for key in ("epoch", "step_in_epoch", "step"):
         if not _count(meta.get(key)):
             return f"{key} is {meta.get(key)!r}, not a count >= 0"
@@ -85,11 +108,59 @@ def _schema_problem(meta: Any) -> str | None:
             isinstance(v, dict) and all(isinstance(x, _SCALAR) for x in v.values())
             for v in flags.values()):
         return "flags is not an object of flag -> value objects"
-    logs = meta.get("epoch_logs")  # absent before format 4
-    if logs is not None and not (isinstance(logs, dict) and all(
-            isinstance(v, (int, float)) and not isinstance(v, bool) for v in logs.values())):
+    return _epoch_logs_problem(meta.get("epoch_logs"))  # absent before format 4
+
+
+def _epoch_logs_problem(logs: Any) -> str | None:
+    if logs is None:
+        return None
+    if not (isinstance(logs, dict) and all(
+            v is None or isinstance(v, (int, float)) and not isinstance(v, bool)
+            for v in logs.values())):
         return "epoch_logs is not an object of numbers"
+    if len(logs) > _MAX_LOGS:
+        return f"epoch_logs has {len(logs)} entries, more than {_MAX_LOGS}"
+    bad = [k for k in logs if not _LOG_KEY.fullmatch(k)]
+    if bad:  # repr: a name with escape sequences must not reach the terminal
+        return f"epoch_logs has {bad[0][:80]!r}, not a metric name"
+    missing = [k for k in EPOCH_END_KEYS if k not in logs]
+    if missing:
+        return f"epoch_logs lacks {', '.join(missing)}"
+    for k, v in logs.items():
+        # json.loads reads NaN, Infinity and 1e999 (inf): none is a value the trainer writes.
+        if v is not None and not (math.isfinite(v) and abs(v) <= _LOG_BOUND):
+            return f"epoch_logs {k} is {v!r}, not a finite float32 (null if not a number)"
     return None
+
+
+def encode_epoch_logs(logs: Mapping[str, float] | None) -> dict[str, float | None] | None:
+    """``logs`` as meta.json stores them: a value that is not a finite float32 (a diverged
+    run's loss) as null, so that the file stays JSON and passes the check above."""
+    if logs is None:
+        return None
+    return {k: float(v) if math.isfinite(v) and abs(v) <= _LOG_BOUND else None
+            for k, v in logs.items()}
+
+
+def decode_epoch_logs(logs: Mapping[str, float | None] | None) -> dict[str, float] | None:
+    """Checked epoch_logs as the trainer uses them: null is NaN, "not a measured value"."""
+    if logs is None:
+        return None
+    return {k: math.nan if v is None else float(v) for k, v in logs.items()}
+
+
+def check_epoch_logs(path: Path, meta: dict, ours: set[str]) -> None:
+    """Refuse a checkpoint whose epoch_logs are not the metrics this run writes at an epoch's
+    end (``ours``): a hand edit, or another run's metrics; its end would print or record
+    other or missing values."""
+    logs = meta.get("epoch_logs")
+    if logs is None or set(logs) == ours:
+        return
+    lacks, extra = sorted(ours - set(logs)), sorted(set(logs) - ours)
+    why = "; ".join(filter(None, (lacks and "lacks " + ", ".join(lacks), extra and "has "
+                                  + ", ".join(extra) + " this run does not write")))
+    raise CheckpointError(f"checkpoint {path / 'meta.json'}: epoch_logs {why}; resume with the "
+                          "metrics it was written with, or pass --fresh to start over")
 
 
 def _count(value: Any) -> bool:
