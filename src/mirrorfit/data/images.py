@@ -29,7 +29,7 @@ import tensorflow as tf
 
 from mirrorfit import _io
 from mirrorfit.data.decode import ImageDecoder, find_undecodable
-from mirrorfit.data.pipeline import DataOrder, finish, index_rows
+from mirrorfit.data.pipeline import DataOrder, finish, index_rows, shuffle
 from mirrorfit.errors import DataError
 
 FILL_BATCH = 256  # images decoded per write while filling a cache
@@ -99,10 +99,10 @@ class IndexedBatches:
         seed = tf.cast(context.input_pipeline_id, tf.int64) + self.seed * 1000
         if not len(self.paths):
             ds = tf.data.Dataset.from_tensor_slices((np.asarray(self.store), self.labels))
-            ds = ds.shuffle(len(self.labels), seed=seed, reshuffle_each_iteration=True).repeat()
+            ds = shuffle(ds, len(self.labels), seed=seed, reshuffle_each_iteration=True).repeat()
             return finish(ds.batch(self.global_batch, drop_remainder=True))
         ds = tf.data.Dataset.from_tensor_slices((self.paths.astype(str), self.labels))
-        ds = ds.shuffle(len(self.labels), seed=seed, reshuffle_each_iteration=True).repeat()
+        ds = shuffle(ds, len(self.labels), seed=seed, reshuffle_each_iteration=True).repeat()
         ds = ds.map(lambda p, y: (self.decoder(tf.io.read_file(p), p), y),
                     num_parallel_calls=tf.data.AUTOTUNE)
         return finish(ds.batch(self.global_batch, drop_remainder=True))

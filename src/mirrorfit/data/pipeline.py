@@ -96,7 +96,7 @@ class ShuffledBatches:
         worker samples all examples; an epoch is a count of steps, not a visit of each."""
         seed = tf.cast(context.input_pipeline_id, tf.int64) + self.seed * 1000
         ds = tf.data.Dataset.from_tensor_slices((self.x, self.y))
-        ds = ds.shuffle(len(self.x), seed=seed, reshuffle_each_iteration=True).repeat()
+        ds = shuffle(ds, len(self.x), seed=seed, reshuffle_each_iteration=True).repeat()
         return finish(ds.batch(self.global_batch, drop_remainder=True))
 
 
@@ -161,6 +161,30 @@ def worker_slice(t: tf.Tensor, worker: int, workers: int) -> tf.Tensor:
     row goes to exactly one worker, also in a partial last batch."""
     n = tf.shape(t, out_type=tf.int64)[0]
     return t[worker * n // workers:(worker + 1) * n // workers]
+
+
+def shuffle(ds: tf.data.Dataset, buffer: int, *, seed, **options) -> tf.data.Dataset:
+    """``ds.shuffle(buffer, seed=seed, **options)``, also for a ``seed`` that is a tensor (an
+    epoch or a worker index) while a dataset function is traced.
+
+    TF compares the (global, operation) seed pair with (0, 0) in Python. With a global seed
+    of 0 (``--seed 0``, set by ``keras.utils.set_random_seed``) and a tensor seed in a graph
+    that comparison needs the tensor's value: a traceback ("Using a symbolic tf.Tensor as a
+    Python bool"). Tracing the shuffle with a graph-level seed of 1 instead sidesteps it; only
+    that case changes (it had no working order before).
+    """
+    graph = tf.compat.v1.get_default_graph()
+    if tf.executing_eagerly() or not tf.is_tensor(seed) or graph.seed is None \
+            or graph.seed % _MAX_INT32:
+        return ds.shuffle(buffer, seed=seed, **options)
+    global_seed, graph.seed = graph.seed, 1
+    try:
+        return ds.shuffle(buffer, seed=seed, **options)
+    finally:
+        graph.seed = global_seed
+
+
+_MAX_INT32 = 2**31 - 1  # TF folds seeds into [0, 2**31 - 1)
 
 
 def _to_float(x: tf.Tensor, y: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:

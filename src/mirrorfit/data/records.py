@@ -36,7 +36,7 @@ import numpy as np
 import tensorflow as tf
 
 from mirrorfit.data.decode import ImageDecoder, find_undecodable
-from mirrorfit.data.pipeline import DataOrder, epoch_order, finish
+from mirrorfit.data.pipeline import DataOrder, epoch_order, finish, shuffle
 from mirrorfit.errors import DataError
 
 CYCLE = 4  # files read at once per worker (interleaved)
@@ -221,7 +221,7 @@ class RecordBatches:
             rows.set_shape([None, 3])
             seed = (self.seed * 1_000_003 + epoch) * 1009 + worker
             ds = self._records(tf.data.Dataset.from_tensor_slices(rows))
-            return ds.shuffle(buffer, seed=seed, reshuffle_each_iteration=False)
+            return shuffle(ds, buffer, seed=seed, reshuffle_each_iteration=False)
 
         ds = tf.data.Dataset.range(start_epoch, epochs).flat_map(epoch_records)
         ds = ds.skip(skip * share)  # before decoding: a resume reads but does not decode them
@@ -238,8 +238,8 @@ class RecordBatches:
         n = len(self.index.files)
         rows = np.stack([np.arange(n), np.zeros(n, np.int64), self.counts], 1).astype(np.int64)
         rows = tf.data.Dataset.from_tensor_slices(rows[self.counts > 0])
-        rows = rows.shuffle(n, seed=seed, reshuffle_each_iteration=True).repeat()
-        ds = self._records(rows).shuffle(SHUFFLE_BUFFER, seed=seed)
+        rows = shuffle(rows, n, seed=seed, reshuffle_each_iteration=True).repeat()
+        ds = shuffle(self._records(rows), SHUFFLE_BUFFER, seed=seed)
         ds = ds.map(parse_fn(self.image_feature, self.label_feature, self.decoder),
                     num_parallel_calls=tf.data.AUTOTUNE)
         return finish(ds.batch(self.global_batch, drop_remainder=True))
