@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import math
 import os
 import re
 import shutil
@@ -44,8 +45,21 @@ def write_bytes_atomic(path: str | Path, data: bytes) -> None:
 
 
 def write_json_atomic(path: str | Path, data: Any) -> None:
-    """Write ``data`` as indented JSON, atomically."""
-    write_bytes_atomic(path, (json.dumps(data, indent=2, sort_keys=True) + "\n").encode())
+    """Write ``data`` as indented JSON, atomically. NaN and infinities (a diverged loss, a
+    metric of no step) are written as null: Python's bare ``NaN`` is not JSON, and strict
+    readers (jq, JavaScript, Go) refuse the whole file."""
+    text = json.dumps(_finite(data), indent=2, sort_keys=True, allow_nan=False)
+    write_bytes_atomic(path, (text + "\n").encode())
+
+
+def _finite(data: Any) -> Any:
+    if isinstance(data, float):
+        return data if math.isfinite(data) else None
+    if isinstance(data, dict):
+        return {k: _finite(v) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [_finite(v) for v in data]
+    return data
 
 
 def fsync_dir(path: str | Path) -> None:
