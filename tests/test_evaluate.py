@@ -244,3 +244,59 @@ def test_saved_models_that_are_not_mirrorfit_exports_are_one_line(tmp_path, expo
         code, _, errors = _main(capsys, "--saved-model", tmp_path / name, "--data",
                                 "evaluate_fixture:load")
         assert code == 2 and len(errors) == 1 and needle in errors[0], errors
+
+
+def _save_signature(folder, spec, fn):
+    """A SavedModel whose serving_default takes 'images' as ``spec`` and gives
+    'probabilities' as ``fn`` computes them (seconds: no Keras)."""
+    import tensorflow as tf
+
+    module = tf.Module()
+    module.f = tf.function(lambda images: {"probabilities": fn(images)},
+                           input_signature=[tf.TensorSpec(spec[0], spec[1], name="images")])
+    tf.saved_model.save(module, str(folder / "1"), signatures={"serving_default": module.f})
+    return folder
+
+
+def test_saved_models_of_odd_shapes_or_dtypes_are_one_line(tmp_path, user_source, capsys):
+    """Right names, wrong signature: an output of rank 1, an output of one row whatever the
+    batch, an input of unknown rank or of int32 were an IndexError, a ValueError or a
+    TensorFlow error; each is one line naming the problem."""
+    import tensorflow as tf
+
+    user_source.load = lambda: (mnist(20), None, mnist(10, split="test"))
+    flat = lambda x: tf.reshape(tf.cast(x, tf.float32), [tf.shape(x)[0], -1])[:, :10]  # noqa: E731
+    cases = {
+        "a": (([None, 28, 28], tf.float32), lambda x: tf.reduce_mean(flat(x), 1),
+              "cannot be evaluated: its output 'probabilities' has shape (None,), not "
+              "[batch, classes]"),
+        "b": (([None, 28, 28], tf.float32), lambda x: tf.zeros([1, 10]) + tf.reduce_mean(x),
+              "gave probabilities of shape (1, 10) for a batch of 10 examples, not (10, 10)"),
+        "c": ((None, tf.float32), lambda x: tf.zeros([1, 10]) + tf.reduce_mean(x),
+              "cannot be evaluated: its input 'images' has unknown rank"),
+        "d": (([None, 28, 28], tf.int32), flat,
+              "cannot be evaluated: its input 'images' is int32, not float32 (or uint8)"),
+        "e": (([5, 28, 28], tf.float32), flat,
+              "its input 'images' takes batches of exactly 5, not any size"),
+    }
+    for name, (spec, fn, needle) in cases.items():
+        _save_signature(tmp_path / name, spec, fn)
+        code, _, errors = _main(capsys, "--saved-model", tmp_path / name, "--data",
+                                "evaluate_fixture:load")
+        assert code == 2 and len(errors) == 1 and needle in errors[0], (name, errors)
+        assert "export it with mirrorfit export" in errors[0]
+
+
+def test_a_folder_of_other_channels_is_refused_naming_the_channels(tmp_path, capsys):
+    """Grayscale images for an RGB model: --image-size (which resizes) cannot fix that, so
+    the line names the channels instead of suggesting it."""
+    import tensorflow as tf
+
+    model = _save_signature(tmp_path / "rgb", ([None, 28, 28, 3], tf.float32),
+                            lambda x: tf.nn.softmax(tf.reshape(x, [tf.shape(x)[0], -1])[:, :10]))
+    write_png_folder(tmp_path / "imgs" / "test", *mnist(10, split="test"))
+    code, _, errors = _main(capsys, "--saved-model", model, "--data", tmp_path / "imgs")
+    assert code == 2 and len(errors) == 1, errors
+    assert "gives examples of shape 28x28x1 but the model of" in errors[0]
+    assert "its images decode to 1 channels, the model takes 3" in errors[0]
+    assert "--image-size" not in errors[0]

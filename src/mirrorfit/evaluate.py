@@ -72,14 +72,38 @@ def _saved_model_predict(path: Path):
         raise ConfigError(f"the SavedModel at {path} has no serving_default signature taking "
                           f"'{INPUT_NAME}' and giving '{OUTPUT_NAME}' (mirrorfit export's); "
                           "export it with mirrorfit export")
+    out = fn.structured_outputs[OUTPUT_NAME]
+    # Evaluate feeds a batch of float32 pixels in [0, 1] (uint8 when the model scales them
+    # itself) and reads one row of probabilities per example: other signatures would fail
+    # mid-run as an IndexError or a TensorFlow error.
+    shape, name = spec.shape, f"its input '{INPUT_NAME}'"
+    if shape.rank is None or shape.rank == 0:
+        problem = f"{name} has {'unknown rank' if shape.rank is None else 'no batch axis'}"
+    elif spec.dtype not in (tf.float32, tf.uint8):
+        problem = f"{name} is {spec.dtype.name}, not float32 (or uint8)"
+    elif shape[0] is not None:
+        problem = f"{name} takes batches of exactly {shape[0]}, not any size"
+    elif out.shape.rank is not None and out.shape.rank != 2:
+        problem = f"its output '{OUTPUT_NAME}' has shape {out.shape}, not [batch, classes]"
+    else:
+        problem = None
+    if problem:
+        raise ConfigError(f"the SavedModel at {path} cannot be evaluated: {problem}; export it "
+                          "with mirrorfit export")
     raw = spec.dtype == tf.uint8  # exported with --export-preprocessing: it scales itself
 
     def predict(x):
         # The pipeline scaled uint8 pixels to k/255 in float32; x * 255 rounds back to k.
         x = tf.cast(tf.round(x * np.float32(255)), tf.uint8) if raw else x
-        return fn(**{INPUT_NAME: x})[OUTPUT_NAME].numpy()
+        try:
+            return fn(**{INPUT_NAME: x})[OUTPUT_NAME].numpy()
+        except tf.errors.OpError as e:  # a fixed batch size, say: the model's own limit
+            raise ConfigError(f"the SavedModel at {path} failed on a batch of shape "
+                              f"{list(x.shape)} ({_first_line(e)}); export it with mirrorfit "
+                              "export") from None
 
-    return path, predict, tuple(spec.shape[1:]), fn.structured_outputs[OUTPUT_NAME].shape[-1]
+    outputs = out.shape[-1] if out.shape.rank else None
+    return path, predict, tuple(spec.shape[1:]), outputs
 
 
 def evaluate_artifact(*, checkpoint_dir: str | None = None, saved_model: str | None = None,
@@ -127,6 +151,7 @@ def evaluate_artifact(*, checkpoint_dir: str | None = None, saved_model: str | N
             y = y.numpy().astype(np.int64)
             _check_labels(y, outputs, seen, data)  # before the model runs on the batch
             probs = predict(x)
+            _check_probs(probs, len(y), outputs, source)
             if outputs is None:  # a SavedModel of unknown width: known from its output
                 _check_labels(y, probs.shape[-1], seen, data)
             picked.append(probs[np.arange(len(y)), y])
@@ -138,6 +163,16 @@ def evaluate_artifact(*, checkpoint_dir: str | None = None, saved_model: str | N
     loss = float(np.mean(-np.log(np.clip(picked, 1e-7, 1.0))))
     return {"source": source, "data": opened.description, "examples": int(len(correct)),
             "test_accuracy": float(np.mean(correct)), "test_loss": loss}
+
+
+def _check_probs(probs, batch: int, outputs: int | None, source: str) -> None:
+    """ConfigError unless the model at ``source`` gave one row of ``outputs`` probabilities per
+    example (a SavedModel's signature may declare [batch, classes] and return another shape)."""
+    if probs.ndim != 2 or probs.shape[0] != batch or outputs not in (None, probs.shape[1]):
+        want = f"({batch}, {'classes' if outputs is None else outputs})"
+        raise ConfigError(f"the model of {source} gave probabilities of shape {probs.shape} for "
+                          f"a batch of {batch} examples, not {want}; export it with mirrorfit "
+                          "export")
 
 
 def _check_labels(y, outputs: int | None, before: int, data: str) -> None:
@@ -186,8 +221,16 @@ def _check_fits(opened, takes: tuple, outputs: int | None, source: str, data: st
     have = tuple(opened.input_shape)
     if len(takes) != len(have) or any(t is not None and t != h for t, h in zip(takes, have)):
         shown = "x".join("?" if t is None else str(t) for t in takes)
-        hint = ("pass --image-size H,W as in training" if opened.kind in ("folder", "tfrecord")
-                else "evaluate on data of the shape it was trained on")
+        if (opened.kind in ("folder", "tfrecord") and len(takes) == len(have) == 3
+                and all(t in (None, h) for t, h in zip(takes[:2], have[:2]))
+                and takes[2] is not None):
+            # Only the channels differ: --image-size resizes, it cannot change them.
+            hint = (f"its images decode to {have[2]} channels, the model takes {takes[2]}; "
+                    "evaluate on images of that many channels (1: grayscale, 3: RGB)")
+        elif opened.kind in ("folder", "tfrecord"):
+            hint = "pass --image-size H,W as in training"
+        else:
+            hint = "evaluate on data of the shape it was trained on"
         raise DataError(f"--data {data} gives examples of shape {'x'.join(map(str, have))} but "
                         f"the model of {source} takes {shown}; {hint}")
     if outputs is None or opened.num_classes is None or opened.num_classes <= outputs:
