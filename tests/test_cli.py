@@ -92,6 +92,20 @@ def test_metrics_out_folder_must_exist(tmp_path):
     _one_line_error(proc, "does not exist; create it first")
 
 
+@pytest.mark.parametrize("where, needle", [
+    ("nope/m.json", "--metrics-out {tmp}/nope/m.json: folder {tmp}/nope does not exist; "
+                    "create it first"),
+    ("", "--metrics-out {tmp} is a folder; pass a file path such as {tmp}/metrics.json"),
+])
+def test_evaluate_checks_metrics_out_before_scoring(tmp_path, where, needle):
+    """A --metrics-out evaluate cannot write was found only after the whole test split was
+    scored (FileNotFoundError, IsADirectoryError): it is refused first, as train refuses it
+    (the checkpoint does not exist: the line is about --metrics-out, so nothing was loaded)."""
+    out = str(tmp_path / where) if where else str(tmp_path)
+    proc = run_cli("evaluate", "--checkpoint-dir", str(tmp_path / "ckpt"), "--metrics-out", out)
+    _one_line_error(proc, needle.replace("{tmp}", str(tmp_path)))
+
+
 def test_readme_first_command_needs_no_local_path():
     """The set-up line works on any machine: the data is found or downloaded (tests/data)."""
     setup = [line.strip() for line in (ROOT / "README.md").read_text().splitlines()
