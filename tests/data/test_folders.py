@@ -81,3 +81,52 @@ def test_a_folder_with_glob_characters_in_its_name_trains(tmp_path):
     write_png_folder(tmp_path / "imgs[1]", x, y)
     data = load_data(str(tmp_path / "imgs[1]"), global_batch=2)
     assert data.num_classes == len(set(y.tolist())) and data.input_shape == (28, 28, 1)
+
+
+def _two_class_folder(root):
+    for c in ("0", "1"):
+        (root / c).mkdir(parents=True)
+        (root / c / "x.png").write_bytes(_image())
+
+
+def test_a_link_loop_in_a_class_folder_is_walked_once(tmp_path):
+    """Two `ln -s . a` links were an OSError (ELOOP) traceback after 2**40 paths' worth of
+    descent; a linked folder seen before (same device and inode) is now skipped."""
+    import os
+
+    from mirrorfit.data.files import list_image_folder
+
+    _two_class_folder(tmp_path / "test")
+    os.symlink(".", tmp_path / "test" / "0" / "a")
+    os.symlink(".", tmp_path / "test" / "0" / "b")
+    os.symlink("../1", tmp_path / "test" / "0" / "c")  # another class's folder: walked too
+    folder = list_image_folder(tmp_path / "test", "f6")
+    paths = sorted(folder.splits["train"].paths)
+    assert paths == sorted([str(tmp_path / "test" / "0" / "x.png"),
+                            str(tmp_path / "test" / "0" / "c" / "x.png"),
+                            str(tmp_path / "test" / "1" / "x.png")])
+
+
+@pytest.mark.parametrize("case", ["fifo", "link to /dev/zero", "link to itself"])
+def test_an_image_name_that_is_no_regular_file_is_refused_in_one_line(tmp_path, case):
+    """A FIFO named x.png hung training and evaluate for ever; a link to /dev/zero read
+    without end. Like a dangling link, it is refused naming the entry."""
+    import os
+
+    from mirrorfit.data.files import list_image_folder
+
+    _two_class_folder(tmp_path)
+    bad = tmp_path / "1" / "y.png"
+    if case == "fifo":
+        os.mkfifo(bad)
+    elif case == "link to /dev/zero":
+        os.symlink("/dev/zero", bad)
+    else:
+        os.symlink("y.png", bad)  # ELOOP: neither a folder nor a file
+    with pytest.raises(DataError) as e:
+        list_image_folder(tmp_path, "flagval")
+    message = str(e.value)
+    assert "\n" not in message and str(bad) in message, message
+    assert message.startswith("--data flagval: ")
+    assert ("cannot read" if case == "link to itself" else "not a regular file") in message
+    assert "remove it" in message

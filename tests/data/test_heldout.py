@@ -107,6 +107,56 @@ def test_a_function_source_is_read_for_its_test_split_only(user_module):
     assert len(_labels(test)) == 12 and _CALLS == {"train": 0, "test": 1}
 
 
+def test_a_function_returning_a_test_split_alone_is_scored(user_module):
+    """{"test": (x, y)} was refused for evaluate ("a dict with 'train'"); training still
+    needs train."""
+    x, y = mnist(7)
+    user_module.load = lambda: {"test": (x, y)}
+    test = load_test("heldout_fixture:load", batch=3)
+    assert np.array_equal(_labels(test), y)
+    user_module.load = lambda: {"test": _counting("test", 5)}
+    assert len(_labels(load_test("heldout_fixture:load", batch=3))) == 5
+    with pytest.raises(DataError) as e:
+        load_data("heldout_fixture:load", global_batch=2)
+    assert "returned a dict with keys ['test']" in _one_line(e)
+    assert "a dict with 'train'," in str(e.value)
+
+
+def test_an_endless_test_dataset_of_unknown_length_stops_with_one_line(user_module,
+                                                                        monkeypatch):
+    """A from_generator dataset that never ends was read for ever by evaluate, its results
+    growing; past MAX_UNKNOWN_TEST examples (here 20) it is one DataError line."""
+    import itertools
+
+    import tensorflow as tf
+
+    from mirrorfit.data import heldout
+    from mirrorfit.evaluate import _batches
+
+    assert heldout.MAX_UNKNOWN_TEST >= 1_000_000  # real test sets fit
+    monkeypatch.setattr(heldout, "MAX_UNKNOWN_TEST", 20)
+    x, y = mnist(1)
+
+    def endless():
+        return tf.data.Dataset.from_generator(
+            lambda: itertools.repeat((x[0], y[0])),
+            output_signature=(tf.TensorSpec((28, 28), tf.uint8), tf.TensorSpec((), tf.int64)))
+
+    user_module.load = lambda: {"test": endless()}
+    test = load_test("heldout_fixture:load", batch=8)
+    seen = []
+    with pytest.raises(DataError) as e:
+        for _, labels in _batches(test, "heldout_fixture:load"):
+            seen.append(len(labels))
+    assert sum(seen) <= 20
+    message = _one_line(e)
+    assert "reading its test split failed" in message
+    assert "had not ended after 20 examples" in message, message
+    # One that ends within the bound is read whole.
+    user_module.load = lambda: {"test": _counting("test", 20)}
+    assert len(_labels(load_test("heldout_fixture:load", batch=8))) == 20
+
+
 def _la_png(image):
     """A grayscale + alpha PNG (colour type 4: two channels)."""
     h, w = image.shape
@@ -149,6 +199,9 @@ def _two_classes(root):
     ("function without test", ["the function returns no test split"]),
     ("function negative label", ["test label -3 (example 2) is negative"]),
     ("function bad test", ["its test split is str"]),
+    ("function infinite test", ["its test split is infinite"]),
+    ("empty class folder in test alone", ["/test/b holds no PNG or JPEG image; add images",
+                                          "renumbers the classes after it"]),
     ("npz without test", ["the file has no x_test/y_test"]),
     ("npz without y_test", ["has x_test or y_test but not both"]),
     ("npz one-hot y_test", ["y_test has shape (3, 2)", "not one-hot"]),
@@ -167,6 +220,9 @@ def test_bad_test_splits_are_one_named_data_error(tmp_path, user_module, case, n
         _two_classes(root / "train")
         _two_classes(root / "test")
         os.symlink(tmp_path / "nowhere.png", root / "test" / "b" / "ghost.png")
+    elif case == "empty class folder in test alone":
+        _two_classes(root / "test")
+        (root / "test" / "b" / "1.png").unlink()
     elif case == "loose images in test":
         (root / "test").mkdir(parents=True)
         (root / "test" / "1.png").write_bytes(png(np.zeros((28, 28), np.uint8)))
@@ -182,13 +238,17 @@ def test_bad_test_splits_are_one_named_data_error(tmp_path, user_module, case, n
         user_module.load = {"function without test": lambda: (x, y),
                             "function negative label": lambda: ((x, y), None, (x, y)),
                             "function bad test": lambda: {"train": "ignored",
-                                                          "test": "no data"}}[case]
+                                                          "test": "no data"},
+                            "function infinite test": lambda: {
+                                "test": _counting("test", 3).repeat()}}[case]
         root = "heldout_fixture:load"
     with pytest.raises(DataError) as e:
         load_test(str(root), batch=4)
     message = _one_line(e)
     for needle in needles:
         assert needle in message, message
+    # Removing a class folder shifts every later label: never advised.
+    assert "remove the folder" not in message
     if case == "dangling link":
         with pytest.raises(DataError) as e:  # training lists the same files
             load_data(str(root), global_batch=1)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
@@ -87,8 +88,11 @@ def list_image_folder(root: str | Path, flag: str) -> ImageFolder:
                 continue  # a val/test split may lack a class; train has them all
             found = _images(top / name, digest, root, flag)
             if not found:
+                # Not "remove it": label i is the i-th class folder, so removing one
+                # silently renumbers the classes after it.
                 raise DataError(f"--data {flag}: class folder {top / name} holds no PNG or "
-                                "JPEG image; add images or remove the folder")
+                                "JPEG image; add images (removing the folder renumbers the "
+                                "classes after it)")
             paths += found
             labels += [label] * len(found)
         splits[split] = FileSplit(np.array(paths, dtype=object), np.array(labels, np.int32))
@@ -106,21 +110,40 @@ def _entries(folder: Path, flag: str) -> list[os.DirEntry]:
 
 
 def _subfolders(folder: Path, flag: str) -> list[Path]:
-    # is_dir() is False for a dangling link (no OSError): it is no class folder
-    return [Path(e.path) for e in _entries(folder, flag) if e.is_dir()]
+    return [Path(e.path) for e in _entries(folder, flag) if _is_dir(e)]
+
+
+def _is_dir(entry: os.DirEntry) -> bool:
+    # False for a dangling link (no OSError) and for a link loop (ELOOP): neither is a folder
+    try:
+        return entry.is_dir()
+    except OSError:
+        return False
 
 
 def _images(folder: Path, digest, root: Path, flag: str) -> list[str]:
     """PNG/JPEG files under ``folder`` (subfolders too, hidden ones left out), sorted by path;
     each file's name relative to ``root`` (the same folder given another way is the same
-    data), size and mtime go into ``digest``."""
+    data), size and mtime go into ``digest``. A linked folder is followed once: a folder
+    already seen (by device and inode) is skipped, so a link loop (``ln -s . a``) ends. An
+    image name that is not a regular file (a FIFO, a device such as /dev/zero, a folder link)
+    is refused: reading it would block or never end."""
     found = []
     stack = [folder]
+    seen: set[tuple[int, int]] = set()
     while stack:
         here = stack.pop()
+        try:
+            st = os.stat(here)
+        except OSError as e:
+            raise DataError(f"--data {flag}: cannot read {here} ({e.strerror}); check the path "
+                            "and its permissions") from None
+        if (st.st_dev, st.st_ino) in seen:
+            continue
+        seen.add((st.st_dev, st.st_ino))
         subs = []
         for entry in _entries(here, flag):
-            if entry.is_dir():
+            if _is_dir(entry):
                 subs.append(Path(entry.path))
             elif os.path.splitext(entry.name)[1].lower() in IMAGE_SUFFIXES:
                 try:
@@ -128,6 +151,10 @@ def _images(folder: Path, digest, root: Path, flag: str) -> list[str]:
                 except OSError as e:  # a dangling link, no permission
                     raise DataError(f"--data {flag}: cannot read {entry.path} ({e.strerror}); "
                                     "fix or remove it") from None
+                if not stat.S_ISREG(st.st_mode):
+                    raise DataError(f"--data {flag}: {entry.path} is not a regular file (a "
+                                    "FIFO, device or other special file); replace it with the "
+                                    "image file or remove it")
                 found.append(entry.path)
                 rel = os.path.relpath(entry.path, root)
                 digest.update(f"{rel}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())

@@ -8,7 +8,9 @@ read, the training split as little as the source allows.
   ``test/`` alone (``val/`` may be there too) is scored on its own: its class folders are the
   classes, so it needs one for every class the model was trained on, named as in training;
 * ``package.module:function``: the function is called, and only its test split checked and
-  read: a dataset's labels are checked batch by batch while it is scored, in one pass.
+  read: a dataset's labels are checked batch by batch while it is scored, in one pass. An
+  infinite dataset is refused up front; one of unknown length (``from_generator``) that has
+  not ended after ``MAX_UNKNOWN_TEST`` examples is stopped with one line, not read for ever.
 
 A source without a test split, or with a test split that has no examples, is one DataError
 line naming the fix.
@@ -41,6 +43,10 @@ NO_TEST = {
     "module": "the function returns no test split; return one (x_test, y_test or a dataset), "
               "or pass a FILE.npz with x_test/y_test",
 }
+
+# An unknown-length test dataset past this many examples is taken for an endless one: scoring
+# keeps every example's result, so reading on would grow memory without end.
+MAX_UNKNOWN_TEST = 10_000_000
 
 
 def load_test(spec: str, *, batch: int, data_dir: str | None = None,
@@ -103,9 +109,27 @@ def _function(spec: str, batch: int) -> TestSplit | None:
     if not isinstance(part, tf.data.Dataset):
         return _arrays(spec, "module", *part, batch, spec, f"{spec} (arrays)")
     shape = tuple(part.element_spec[0].shape)
-    return TestSplit(test=finish(part.batch(batch)), input_shape=shape, num_classes=None,
+    return TestSplit(test=finish(_bounded(part).batch(batch)), input_shape=shape, num_classes=None,
                      kind="module", source=spec,
                      description=f"{spec} (a dataset of test examples of shape {shape})")
+
+
+def _bounded(ds: tf.data.Dataset) -> tf.data.Dataset:
+    """``ds``, failing with one line at its ``MAX_UNKNOWN_TEST + 1``-th example when its length
+    is unknown (evaluate names the source and says that reading its test split failed)."""
+    if int(ds.cardinality()) != tf.data.UNKNOWN_CARDINALITY:
+        return ds  # a known length ends; an infinite one was refused when checked
+    limit = MAX_UNKNOWN_TEST
+    message = (f"it had not ended after {limit:,} examples (an endless generator?); return a "
+               "dataset that ends, or give its length with "
+               "tf.data.experimental.assert_cardinality")
+
+    def check(i, example):
+        with tf.control_dependencies([tf.debugging.assert_less(i, tf.constant(limit, tf.int64),
+                                                               message=message)]):
+            return tf.nest.map_structure(tf.identity, example)
+
+    return ds.enumerate().map(check)
 
 
 def _folder(spec: str, batch: int, image_size: tuple[int, int] | None,
@@ -142,4 +166,4 @@ def _folder(spec: str, batch: int, image_size: tuple[int, int] | None,
                      alone=alone)
 
 
-__all__ = ["NO_TEST", "load_test"]
+__all__ = ["MAX_UNKNOWN_TEST", "NO_TEST", "load_test"]

@@ -42,7 +42,8 @@ def call_user_function(spec: str, *, check: tuple[str, ...] = ("train", "val", "
                        ) -> dict[str, Any]:
     """Import and call ``spec``; its splits as ``{"train": ..., "val": ..., "test": ...}``
     (absent ones left out), those named in ``check`` checked to be arrays ``(x, y)`` or a
-    dataset of examples (evaluate checks only the test split: it reads no other)."""
+    dataset of examples (evaluate checks only the test split: it reads no other, so a dict
+    of ``"test"`` alone is accepted there; training's dict needs ``"train"``)."""
     module_name, _, attr = spec.partition(":")
     try:
         module = importlib.import_module(module_name)
@@ -57,19 +58,21 @@ def call_user_function(spec: str, *, check: tuple[str, ...] = ("train", "val", "
     except Exception as e:
         raise DataError(f"--data {spec}: the function raised {type(e).__name__}: "
                         f"{_short(e)}") from None
-    splits = _splits(spec, result)
+    splits = _splits(spec, result, need_train="train" in check)
     for name, split in splits.items():
         if name in check:
             _check_split(spec, name, split)
     return splits
 
 
-def _splits(spec: str, result: Any) -> dict[str, Any]:
-    expected = ("expected train, (train, val), (train, val, test) or a dict with 'train', "
-                "each (x, y) NumPy arrays or a tf.data.Dataset of (x, y) examples")
+def _splits(spec: str, result: Any, need_train: bool = True) -> dict[str, Any]:
+    expected = ("expected train, (train, val), (train, val, test) or a dict with 'train'"
+                + ("" if need_train else " or 'test'")
+                + ", each (x, y) NumPy arrays or a tf.data.Dataset of (x, y) examples")
     if isinstance(result, dict):
         unknown = set(result) - {"train", "val", "validation", "test"}
-        if "train" not in result or unknown or ("val" in result and "validation" in result):
+        missing = "train" not in result and (need_train or "test" not in result)
+        if missing or unknown or ("val" in result and "validation" in result):
             raise DataError(f"--data {spec} returned a dict with keys {sorted(result)}; "
                             f"{expected}")
         named = {"val" if k == "validation" else k: v for k, v in result.items()}
