@@ -92,6 +92,14 @@ def test_metrics_out_folder_must_exist(tmp_path):
     _one_line_error(proc, "does not exist; create it first")
 
 
+@pytest.mark.parametrize("flag, path", [("--metrics-out", ""), ("--save-keras", "m.keras")])
+def test_train_refuses_an_output_file_that_is_a_folder_before_training(tmp_path, flag, path):
+    # It passed (its parent exists) and failed at the end: IsADirectoryError after training.
+    (tmp_path / path).mkdir(exist_ok=True)
+    proc = run_cli("train", "--epochs", "1", "--train-examples", "64", flag, str(tmp_path / path))
+    _one_line_error(proc, f"{flag} {tmp_path / path} is a folder; pass a file path")
+
+
 @pytest.mark.parametrize("where, needle", [
     ("nope/m.json", "--metrics-out {tmp}/nope/m.json: folder {tmp}/nope does not exist; "
                     "create it first"),

@@ -17,7 +17,7 @@ import zlib
 from pathlib import Path
 from typing import Any, Iterator
 
-from mirrorfit.errors import StorageError
+from mirrorfit.errors import ConfigError, StorageError
 
 _NO_SPACE = os.strerror(errno.ENOSPC)  # TensorFlow maps ENOSPC to ResourceExhaustedError
 # A temp name's tag: this host, the writer's process id, and a random part. Only names of
@@ -60,6 +60,21 @@ def _finite(data: Any) -> Any:
     if isinstance(data, (list, tuple)):
         return [_finite(v) for v in data]
     return data
+
+
+def check_output_file(flag: str, path: str | Path | None) -> None:
+    """ConfigError, one line, for a file a run writes at its end (``--metrics-out``,
+    ``--save-keras``) that could not be written there: checked before any work, so a bad path
+    costs nothing and writes nothing."""
+    if not path:
+        return
+    if Path(path).is_dir():
+        raise ConfigError(f"{flag} {path} is a folder; pass a file path such as "
+                          f"{Path(path) / 'metrics.json'}" if flag == "--metrics-out" else
+                          f"{flag} {path} is a folder; pass a file path")
+    if not Path(path).parent.resolve().is_dir():
+        raise ConfigError(f"{flag} {path}: folder {Path(path).parent} does not exist; "
+                          "create it first")
 
 
 def fsync_dir(path: str | Path) -> None:

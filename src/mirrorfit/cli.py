@@ -12,12 +12,11 @@ import math
 import os
 import sys
 import unicodedata
-from pathlib import Path
 from typing import Sequence
 
 # _parser: the name tests and tools import the whole parser by (test_docker, test_deploy)
 from mirrorfit.cli_flags import build_parser as _parser
-from mirrorfit.errors import EXIT_USAGE, ConfigError, MirrorfitError
+from mirrorfit.errors import EXIT_USAGE, MirrorfitError
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
@@ -112,7 +111,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     flags = dict(checkpoint_dir=args.checkpoint_dir, saved_model=args.saved_model,
                  data=args.data, data_dir=args.data_dir, image_size=args.image_size)
     check_evaluate_flags(**flags)  # before TensorFlow loads (seconds): a bad flag fails at once
-    _check_metrics_out(args.metrics_out)  # not after a whole test split is scored
+    _io.check_output_file("--metrics-out", args.metrics_out)  # not after scoring it all
     from mirrorfit.evaluate import evaluate_artifact
 
     result = evaluate_artifact(**flags, model=args.model)
@@ -122,19 +121,6 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     if args.metrics_out:
         _io.write_json_atomic(args.metrics_out, result)
     return 0
-
-
-def _check_metrics_out(path: str | None) -> None:
-    """ConfigError, one line, for a --metrics-out that cannot be written as a file (as
-    `mirrorfit train` checks its own: a folder that does not exist), or that is a folder."""
-    if not path:
-        return
-    if Path(path).is_dir():
-        raise ConfigError(f"--metrics-out {path} is a folder; pass a file path such as "
-                          f"{Path(path) / 'metrics.json'}")
-    if not Path(path).parent.resolve().is_dir():
-        raise ConfigError(f"--metrics-out {path}: folder {Path(path).parent} does not exist; "
-                          "create it first")
 
 
 def _cmd_launch(args: argparse.Namespace) -> int:

@@ -7,13 +7,13 @@ side of the run is in train_data.py, everything after the training loop in train
 from __future__ import annotations
 
 import contextlib
-from pathlib import Path
 from typing import Any
 
 import keras
 import tensorflow as tf
 from rich.console import Console
 
+from mirrorfit import _io
 from mirrorfit.checkpoint import Checkpointer
 from mirrorfit.config import TrainConfig
 from mirrorfit.distribute.cluster import cluster_for
@@ -43,9 +43,7 @@ def build_optimizer(name: str, lr) -> keras.optimizers.Optimizer:
 def _check_outputs(config: TrainConfig) -> None:
     # Fail before any work, so bad input writes nothing.
     for flag, path in (("--metrics-out", config.metrics_out), ("--save-keras", config.save_keras)):
-        if path and not Path(path).parent.resolve().is_dir():
-            raise ConfigError(f"{flag} {path}: folder {Path(path).parent} does not exist; "
-                              "create it first")
+        _io.check_output_file(flag, path)
     if config.save_keras:
         check_keras_path(config.save_keras)
     if config.export_dir:
