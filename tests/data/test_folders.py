@@ -130,3 +130,13 @@ def test_an_image_name_that_is_no_regular_file_is_refused_in_one_line(tmp_path, 
     assert message.startswith("--data flagval: ")
     assert ("cannot read" if case == "link to itself" else "not a regular file") in message
     assert "remove it" in message
+
+
+def test_a_link_to_itself_beside_the_class_folders_is_no_class(tmp_path):
+    """`ln -s x x` at the top refused the whole folder as unreadable (ELOOP from is_dir)."""
+    import os
+
+    _two_class_folder(tmp_path)
+    os.symlink("x", tmp_path / "x")
+    data = load_data(str(tmp_path), global_batch=2)
+    assert data.num_classes == 2

@@ -18,7 +18,7 @@ import numpy as np
 import tensorflow as tf
 
 from mirrorfit.data import decode as decoding
-from mirrorfit.data.files import ImageFolder, files_fingerprint, list_image_folder
+from mirrorfit.data.files import ImageFolder, _is_dir, files_fingerprint, list_image_folder
 from mirrorfit.data.images import (IndexedBatches, eval_files, fill_store, store_key,
                                    undecodable_files)
 from mirrorfit.data.opened import Data
@@ -34,7 +34,7 @@ def split_folders(root: Path, flag: str) -> set[str]:
     try:
         with os.scandir(root) as it:
             entries = [e for e in it if not e.name.startswith(".")]
-        folders = {e.name for e in entries if e.is_dir()}
+        folders = {e.name for e in entries if _is_dir(e)}  # a link loop is no folder
     except OSError as e:
         raise DataError(f"--data {flag}: cannot read {root} ({e.strerror}); check the path "
                         "and its permissions") from None
