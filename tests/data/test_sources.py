@@ -250,3 +250,23 @@ def test_parameter_server_streams_are_pure_tensorflow(files, tmp_path):
             streams.append([y.numpy() for _, y in ds.take(N // BATCH + 2)])  # past one pass
         assert all(len(y) == BATCH for y in streams[0]), name
         assert not all(np.array_equal(a, b) for a, b in zip(*streams)), name
+
+
+def test_seed_0_reads_every_kind_of_source(files):
+    """--seed 0 sets TF's global seed to 0; the epoch-seeded shuffles of TFRecords and of a
+    function's dataset were then a traceback (symbolic tensor as a Python bool)."""
+    from conftest import run_isolated
+
+    out = run_isolated(f"""
+        import json, keras
+        from mirrorfit.data.sources import load_data
+        keras.utils.set_random_seed(0)
+        counts = {{}}
+        for name, spec, extra in (("tfrecord", {files['tfr']!r}, {{}}),
+                                  ("module dataset", "data_fixtures:dataset_source",
+                                   {{"cache": "memory"}})):
+            data = load_data(spec, global_batch={BATCH}, seed=0, **extra)
+            counts[name] = sum(int(x.shape[0]) for x, _ in data.train.dataset(epochs=2))
+        print(json.dumps(counts))
+    """)
+    assert set(out) == {"tfrecord", "module dataset"} and min(out.values()) > 0

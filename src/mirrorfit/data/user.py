@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from mirrorfit.data.pipeline import DataOrder, finish, worker_slice
+from mirrorfit.data.pipeline import DataOrder, finish, shuffle, worker_slice
 from mirrorfit.errors import DataError
 
 SHUFFLE_BUFFER = 10_000  # examples
@@ -171,8 +171,8 @@ class DatasetBatches:
         base, buffer = self._base, max(1, min(self.examples, SHUFFLE_BUFFER))
 
         def epoch(e):
-            ds = base.shuffle(buffer, seed=self.seed * 1_000_003 + e,
-                              reshuffle_each_iteration=False)
+            ds = shuffle(base, buffer, seed=self.seed * 1_000_003 + e,
+                         reshuffle_each_iteration=False)
             return ds.batch(self.global_batch, drop_remainder=True)
 
         ds = tf.data.Dataset.range(start_epoch, epochs).flat_map(epoch).skip(skip)
@@ -185,7 +185,7 @@ class DatasetBatches:
         """For parameter-server workers: endless global batches, seeded per worker."""
         seed = tf.cast(context.input_pipeline_id, tf.int64) + self.seed * 1000
         buffer = max(1, min(self.examples, SHUFFLE_BUFFER))
-        ds = self.examples_ds.shuffle(buffer, seed=seed).repeat()
+        ds = shuffle(self.examples_ds, buffer, seed=seed).repeat()
         return finish(ds.batch(self.global_batch, drop_remainder=True))
 
 
