@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from mirrorfit.distribute import launch
+from mirrorfit.distribute._cpu_binding import available_cpus, describe, plan_cpus
 from mirrorfit.distribute._output import _READ_BYTES, MAX_LINE, stream_lines
 from mirrorfit.distribute.cluster import Cluster
 
@@ -76,6 +77,8 @@ TASK = textwrap.dedent("""
             wait_for("worker1.back")
         else:
             time.sleep(30)
+    elif mode == "cpus":
+        print("CPUS", sorted(os.sched_getaffinity(0)))
     elif mode == "sigterm":
         (d / f"{name}.pid").write_text(str(os.getpid()))
         if name == "worker0":
@@ -127,6 +130,46 @@ def test_plan_cluster_layouts():
     assert ps[0].tf_config()["cluster"] == {"chief": ["127.0.0.1:1"], "ps": ["127.0.0.1:4"],
                                             "worker": ["127.0.0.1:2", "127.0.0.1:3"]}
     assert len(set(launch.free_ports(5))) == 5
+
+
+def test_cpu_plans_are_even_disjoint_runs_or_none():
+    assert plan_cpus([0, 1], 2) == [(0,), (1,)]
+    assert plan_cpus(range(5), 2) == [(0, 1, 2), (3, 4)]
+    assert plan_cpus([6, 0, 4, 2], 2) == [(0, 2), (4, 6)]  # the CPUs allowed, not 0..n-1
+    assert plan_cpus([0, 1, 2, 3], 3) == [(0, 1), (2,), (3,)]
+    assert plan_cpus([0], 2) is None  # fewer CPUs than workers: two would share one
+    assert (describe((3,)), describe((0, 1, 2, 3)), describe((0, 2, 4))) == \
+        ("cpu 3", "cpus 0-3", "cpus 0,2,4")
+
+
+def _task_cpus(out: str) -> dict[str, list[int]]:
+    found = re.findall(r"\[(\w+(?: \d+)?)\] CPUS (\[.*\])", out)
+    return {name: json.loads(cpus) for name, cpus in found}
+
+
+@pytest.mark.skipif(len(available_cpus() or ()) < 2, reason="needs 2 CPUs to bind 2 workers")
+def test_each_worker_runs_on_cpus_of_its_own(task, capsys):
+    mine = available_cpus()
+    code, out, err = run(["--workers", "2", "--", *task("cpus")], capsys)
+    assert code == 0, err
+    cpus = _task_cpus(out)
+    assert sorted(cpus["worker 0"] + cpus["worker 1"]) == mine  # disjoint, all of them
+    assert cpus["worker 0"] == mine[:len(mine) - len(mine) // 2]
+    assert "worker 0 127.0.0.1:" in err and f"({describe(cpus['worker 1'])})" in err
+    assert available_cpus() == mine  # the launcher itself is not bound
+
+
+@pytest.mark.skipif(available_cpus() is None, reason="no CPU affinity on this OS")
+@pytest.mark.parametrize("argv", [["--workers", "2", "--bind-cpus", "none"],
+                                  ["--workers", str(len(available_cpus() or ()) + 1)],
+                                  ["--workers", "1", "--ps", "1"]])
+def test_workers_are_not_bound_when_asked_short_of_cpus_or_with_ps(argv, task, capsys):
+    code, out, err = run([*argv, "--", *task("cpus")], capsys)
+    assert code == 0, err
+    cpus = _task_cpus(out)  # with --ps, some workers may be stopped before they print
+    assert ("chief" in cpus if "--ps" in argv else len(cpus) == int(argv[1]))
+    assert all(c == available_cpus() for c in cpus.values())
+    assert "(cpu" not in err
 
 
 def test_output_is_prefixed_per_task_and_stream(task, capsys):

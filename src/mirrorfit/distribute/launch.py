@@ -14,6 +14,9 @@ Failure: when a task dies before the chief has finished, the launcher stops the 
 resumes where it stopped only from a checkpoint, so pass ``--checkpoint-dir`` to the command. In
 parameter-server mode a dead *worker* is restarted alone at the same address (the coordinator
 retries its steps). Exit code 2 (a usage error) is never retried: every retry would fail alike.
+
+CPUs: without ``--ps``, each worker is bound to its own share of this host's CPUs
+(``--bind-cpus auto``, see :mod:`._cpu_binding`) when there are at least as many as workers.
 POSIX only (process groups).
 """
 
@@ -32,6 +35,7 @@ import threading
 import time
 from typing import IO, Sequence
 
+from mirrorfit.distribute._cpu_binding import available_cpus, describe, plan_cpus, started_on
 from mirrorfit.distribute._output import line_writer, start_streaming
 from mirrorfit.distribute.cluster import Cluster
 from mirrorfit.errors import EXIT_USAGE, ConfigError, MirrorfitError
@@ -72,6 +76,9 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     add("--grace-s", type=float, default=DEFAULT_GRACE_S, metavar="S",
         help="seconds between SIGTERM and SIGKILL when stopping tasks (default "
              f"{DEFAULT_GRACE_S:g})")
+    add("--bind-cpus", choices=("auto", "none"), default="auto",
+        help="auto (default): without --ps, bind each worker to its own share of this host's "
+             "CPUs, if there are at least as many; none: let the OS move them")
     add("task_command", nargs=argparse.REMAINDER, metavar="-- COMMAND ...",
         help="the command every task runs, after --")
 
@@ -94,7 +101,8 @@ def run_launch(args: argparse.Namespace) -> int:
     Raises :class:`ConfigError` (one line, before any task starts) for a bad flag.
     """
     launcher = Launcher(check_launch_args(args), workers=args.workers, ps=args.ps,
-                        max_restarts=args.max_restarts, grace_s=args.grace_s)
+                        max_restarts=args.max_restarts, grace_s=args.grace_s,
+                        bind_cpus=args.bind_cpus == "auto")
     return launcher.run()
 
 
@@ -181,6 +189,7 @@ class _Task:
     def __init__(self, cluster: Cluster) -> None:
         self.cluster = cluster
         self.name = cluster.task_name()
+        self.cpus: tuple[int, ...] | None = None  # bound to these, if any
         self.proc: subprocess.Popen | None = None
         self.readers: list[threading.Thread] = []
         self.handled = False  # its exit has been acted on
@@ -210,12 +219,15 @@ class _Task:
 class Launcher:
     """Starts, watches, restarts and stops the tasks of one job; :meth:`run` returns the exit
     code. ``out``/``err`` (default: ``sys.stdout``/``sys.stderr``) receive the tasks' prefixed
-    stdout/stderr; the launcher's own lines go to ``err``, starting ``mirrorfit launch:``."""
+    stdout/stderr; the launcher's own lines go to ``err``, starting ``mirrorfit launch:``.
+    ``bind_cpus``: without ``ps``, each worker runs on its own share of this host's CPUs."""
 
     def __init__(self, command: Sequence[str], workers: int, ps: int = 0,
                  max_restarts: int = DEFAULT_MAX_RESTARTS, grace_s: float = DEFAULT_GRACE_S,
-                 out: IO[str] | None = None, err: IO[str] | None = None) -> None:
+                 out: IO[str] | None = None, err: IO[str] | None = None,
+                 bind_cpus: bool = True) -> None:
         self.command, self.workers, self.ps = list(command), workers, ps
+        self.bind_cpus = bind_cpus
         self.max_restarts, self.grace_s = max_restarts, grace_s
         self.out, self.err = out or sys.stdout, err or sys.stderr
         self.restarts = 0
@@ -249,8 +261,11 @@ class Launcher:
                                                            + (1 if self.ps else 0)))]
         first = tasks[0].cluster
         chief_note = "chief" if self.ps else "worker 0 (chief)"
+        cpus = available_cpus() if self.bind_cpus and not self.ps and self.workers > 1 else None
+        for task, share in zip(tasks, (cpus and plan_cpus(cpus, len(tasks))) or ()):
+            task.cpus = share
         places = ", ".join(f"{t.name} {first.address(t.cluster.task_type, t.cluster.task_index)}"
-                           for t in tasks)
+                           + (f" ({describe(t.cpus)})" if t.cpus else "") for t in tasks)
         self._say(f"starting {len(tasks)} task(s): {places}; {chief_note} decides the exit code")
         for task in tasks:
             self._start(task)
@@ -326,9 +341,10 @@ class Launcher:
                    MIRRORFIT_LAUNCH="1", MIRRORFIT_LAUNCH_RESTART=str(self.restarts))
         env.setdefault("PYTHONUNBUFFERED", "1")  # else a killed task's last lines are lost
         try:
-            task.proc = subprocess.Popen(self.command, env=env, stdin=subprocess.DEVNULL,
-                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                         start_new_session=True, bufsize=0)
+            with started_on(task.cpus):
+                task.proc = subprocess.Popen(self.command, env=env, stdin=subprocess.DEVNULL,
+                                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                             start_new_session=True, bufsize=0)
         except OSError as e:
             raise ConfigError(f"cannot start {self.command[0]!r} ({e.strerror}); check the "
                               "command after --") from None
