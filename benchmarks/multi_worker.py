@@ -5,21 +5,31 @@ Each side is the real product command: ``mirrorfit launch --workers N -- mirrorf
 T`` (one process, one device). Sides alternate and repeat (the machine is shared and noisy);
 we print medians, the spread, the ratio of medians and each pair's ratio (the two runs of
 one repeat, back to back). Throughput is mirrorfit's steady
-examples/s (the first compiled execution excluded), from ``--metrics-out``.
+examples/s (the first compiled execution excluded), from ``--metrics-out``. The launched
+workers are bound to CPUs of their own (``mirrorfit launch``'s default, ``--bind-cpus auto``).
+
+``--apart`` adds a third side, N independent processes each on 1/N of the batch at once: the
+most N processes give on this machine with no all-reduce, to tell what communication and
+lockstep cost from what the machine does (two busy cores are not twice one).
 
     python benchmarks/multi_worker.py --data-dir ../shared/data [--repeats 3] [--models cnn,mlp]
+        [--apart]
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
+import math
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from mirrorfit.distribute._cpu_binding import available_cpus, plan_cpus, started_on
 
 # model -> (global batch, training examples, epochs, steps per execution): seconds per run
 # here, enough steps that the first execution's tracing is a small part of the wall time.
@@ -28,23 +38,54 @@ from pathlib import Path
 WORKLOADS = {"cnn": (64, 6400, 2, 25), "mlp": (64, 32000, 2, 50)}
 
 
-def _run(model: str, workers: int, threads: int, data_dir: str, out: Path) -> dict:
+def _train_argv(model: str, threads: int, out: Path, share: int = 1) -> list[str]:
+    """``mirrorfit train`` on the workload, or on 1/``share`` of its batch and examples."""
     batch, examples, epochs, spe = WORKLOADS[model]
-    train = ["mirrorfit", "train", "--model", model, "--global-batch-size", str(batch),
-             "--train-examples", str(examples), "--epochs", str(epochs),
-             "--steps-per-execution", str(spe), "--threads-per-worker", str(threads),
-             "--no-progress", "--metrics-out", str(out)]
+    return ["mirrorfit", "train", "--model", model, "--global-batch-size", str(batch // share),
+            "--train-examples", str(examples // share), "--epochs", str(epochs),
+            "--steps-per-execution", str(spe), "--threads-per-worker", str(threads),
+            "--no-progress", "--metrics-out", str(out)]
+
+
+def _env(data_dir: str) -> dict:
+    return dict(os.environ, MIRRORFIT_DATA=data_dir, TF_CPP_MIN_LOG_LEVEL="3",
+                CUDA_VISIBLE_DEVICES="")
+
+
+def _run(model: str, workers: int, threads: int, data_dir: str, out: Path) -> dict:
+    """One side: ``mirrorfit launch --workers N -- mirrorfit train ...`` or, for one worker,
+    ``mirrorfit train ...``; its summary (``--metrics-out``)."""
+    train = _train_argv(model, threads, out)
     if workers > 1:
         cmd = [sys.executable, "-m", "mirrorfit", "launch", "--workers", str(workers), "--",
                *train, "--strategy", "multi-worker"]
     else:
         cmd = [sys.executable, "-m", "mirrorfit", *train[1:]]
-    env = dict(os.environ, MIRRORFIT_DATA=data_dir, TF_CPP_MIN_LOG_LEVEL="3",
-               CUDA_VISIBLE_DEVICES="")
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(cmd, env=_env(data_dir), capture_output=True, text=True, timeout=900)
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
     return json.loads(out.read_text())
+
+
+def _run_apart(model: str, workers: int, threads: int, data_dir: str, out: Path) -> dict:
+    """The bound without communication: ``workers`` independent ``mirrorfit train`` processes
+    at once, each on 1/N of the batch and examples (the same steps) and, like launched workers,
+    on CPUs of its own. Their examples/s summed; no test accuracy (each saw 1/N of the data)."""
+    plan = plan_cpus(available_cpus() or [], workers) or [None] * workers
+    procs, outs = [], []
+    for i, cpus in enumerate(plan):
+        outs.append(out.with_suffix(f".{i}.json"))
+        cmd = [sys.executable, "-m", "mirrorfit", *_train_argv(model, threads, outs[-1],
+                                                                share=workers)[1:]]
+        with started_on(cpus):
+            procs.append(subprocess.Popen(cmd, env=_env(data_dir), stdout=subprocess.DEVNULL,
+                                          stderr=subprocess.PIPE, text=True))
+    for proc in procs:
+        _, err = proc.communicate(timeout=900)
+        if proc.returncode != 0:
+            raise SystemExit(f"{' '.join(proc.args)} failed:\n{err[-3000:]}")
+    rates = [json.loads(o.read_text())["train_examples_per_sec"] for o in outs]
+    return {"train_examples_per_sec": sum(rates), "test_accuracy": math.nan}
 
 
 def main() -> None:
@@ -54,20 +95,26 @@ def main() -> None:
     p.add_argument("--models", default="cnn,mlp")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--threads-per-worker", type=int, default=1)
+    p.add_argument("--apart", action="store_true",
+                   help="also run N independent processes on 1/N of the batch each: what N "
+                        "processes give here with no communication at all")
     a = p.parse_args()
     data_dir = os.path.abspath(a.data_dir)
+    n, t = a.workers, a.threads_per_worker
     with tempfile.TemporaryDirectory() as tmp:
         for model in a.models.split(","):
-            sides = {f"{a.workers} workers x {a.threads_per_worker} thread": a.workers,
-                     f"1 worker x {a.threads_per_worker} thread": 1}
+            sides = {f"{n} workers x {t} thread": functools.partial(_run, workers=n),
+                     f"1 worker x {t} thread": functools.partial(_run, workers=1)}
+            if a.apart:
+                sides[f"{n} apart, no all-reduce"] = functools.partial(_run_apart, workers=n)
             rates: dict[str, list[float]] = {name: [] for name in sides}
             accuracy: dict[str, list[float]] = {name: [] for name in sides}
             for r in range(a.repeats):
-                # Alternate which side goes first, so drift on the shared machine is fair.
+                # Alternate the order, so drift on the shared machine is fair.
                 order = list(sides) if r % 2 == 0 else list(reversed(sides))
-                for name in order:
-                    out = Path(tmp) / f"{model}-{sides[name]}-{r}.json"
-                    summary = _run(model, sides[name], a.threads_per_worker, data_dir, out)
+                for i, name in enumerate(order):
+                    out = Path(tmp) / f"{model}-{r}-{i}.json"
+                    summary = sides[name](model, threads=t, data_dir=data_dir, out=out)
                     rates[name].append(summary["train_examples_per_sec"])
                     accuracy[name].append(summary["test_accuracy"])
                     print(f"  {model} {name}: {summary['train_examples_per_sec']:,.0f} "
@@ -76,14 +123,20 @@ def main() -> None:
             batch = WORKLOADS[model][0]
             print(f"{model}, global batch {batch}, {a.repeats} repeats (median, min-max):")
             for name, values in rates.items():
-                print(f"  {name:22} {statistics.median(values):9,.0f} examples/s "
+                print(f"  {name:24} {statistics.median(values):9,.0f} examples/s "
                       f"({min(values):,.0f}-{max(values):,.0f}), test accuracy "
                       f"{statistics.median(accuracy[name]):.4f}")
-            many, one = (statistics.median(rates[n]) for n in sides)
-            pairs = [m / o for m, o in zip(*rates.values())]
-            print(f"  ratio {a.workers} workers / 1 worker: {many / one:.2f}x (ratio of medians);"
+            many, one = (rates[name] for name in list(sides)[:2])
+            pairs = [m / o for m, o in zip(many, one)]
+            print(f"  ratio {n} workers / 1 worker: "
+                  f"{statistics.median(many) / statistics.median(one):.2f}x (ratio of medians);"
                   f" per pair {', '.join(f'{r:.2f}' for r in pairs)}, median "
                   f"{statistics.median(pairs):.2f}x", flush=True)
+            if a.apart:
+                apart = rates[list(sides)[2]]
+                print(f"  {n} workers / {n} apart (what the all-reduce and lockstep cost): "
+                      f"{statistics.median(many) / statistics.median(apart):.2f}x; 1 worker: "
+                      f"{statistics.median(apart) / statistics.median(one):.2f}x", flush=True)
 
 
 if __name__ == "__main__":
