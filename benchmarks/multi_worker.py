@@ -29,7 +29,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from mirrorfit.distribute._cpu_binding import available_cpus, plan_cpus, started_on
+from mirrorfit.distribute._cpu_binding import available_cores, plan_cpus, started_on
 
 # model -> (global batch, training examples, epochs, steps per execution): seconds per run
 # here, enough steps that the first execution's tracing is a small part of the wall time.
@@ -71,19 +71,25 @@ def _run_apart(model: str, workers: int, threads: int, data_dir: str, out: Path)
     """The bound without communication: ``workers`` independent ``mirrorfit train`` processes
     at once, each on 1/N of the batch and examples (the same steps) and, like launched workers,
     on CPUs of its own. Their examples/s summed; no test accuracy (each saw 1/N of the data)."""
-    plan = plan_cpus(available_cpus() or [], workers) or [None] * workers
+    plan = plan_cpus(available_cores() or [], workers) or [None] * workers
     procs, outs = [], []
-    for i, cpus in enumerate(plan):
-        outs.append(out.with_suffix(f".{i}.json"))
-        cmd = [sys.executable, "-m", "mirrorfit", *_train_argv(model, threads, outs[-1],
-                                                                share=workers)[1:]]
-        with started_on(cpus):
-            procs.append(subprocess.Popen(cmd, env=_env(data_dir), stdout=subprocess.DEVNULL,
-                                          stderr=subprocess.PIPE, text=True))
-    for proc in procs:
-        _, err = proc.communicate(timeout=900)
-        if proc.returncode != 0:
-            raise SystemExit(f"{' '.join(proc.args)} failed:\n{err[-3000:]}")
+    try:
+        for i, cpus in enumerate(plan):
+            outs.append(out.with_suffix(f".{i}.json"))
+            cmd = [sys.executable, "-m", "mirrorfit",
+                   *_train_argv(model, threads, outs[-1], share=workers)[1:]]
+            with started_on(cpus):
+                procs.append(subprocess.Popen(cmd, env=_env(data_dir), text=True,
+                                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
+        for proc in procs:
+            _, err = proc.communicate(timeout=900)
+            if proc.returncode != 0:
+                raise SystemExit(f"{' '.join(proc.args)} failed:\n{err[-3000:]}")
+    finally:  # a failure must not leave the others training on the shared machine
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
     rates = [json.loads(o.read_text())["train_examples_per_sec"] for o in outs]
     return {"train_examples_per_sec": sum(rates), "test_accuracy": math.nan}
 
@@ -99,6 +105,13 @@ def main() -> None:
                    help="also run N independent processes on 1/N of the batch each: what N "
                         "processes give here with no communication at all")
     a = p.parse_args()
+    for model in a.models.split(","):
+        if model not in WORKLOADS:
+            p.error(f"--models: unknown model {model!r}; choose from {', '.join(WORKLOADS)}")
+        batch, examples = WORKLOADS[model][:2]
+        if a.workers < 2 or batch % a.workers or examples % a.workers:
+            p.error(f"--workers {a.workers}: the {model} workload's batch ({batch}) and examples "
+                    f"({examples}) must split evenly over 2 or more workers; e.g. --workers 2")
     data_dir = os.path.abspath(a.data_dir)
     n, t = a.workers, a.threads_per_worker
     with tempfile.TemporaryDirectory() as tmp:

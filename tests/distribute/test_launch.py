@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from mirrorfit.distribute import launch
-from mirrorfit.distribute._cpu_binding import available_cpus, describe, plan_cpus
+from mirrorfit.distribute._cpu_binding import (available_cores, describe, parse_cpu_list,
+                                               plan_cpus, started_on)
 from mirrorfit.distribute._output import _READ_BYTES, MAX_LINE, stream_lines
 from mirrorfit.distribute.cluster import Cluster
 
@@ -132,44 +133,62 @@ def test_plan_cluster_layouts():
     assert len(set(launch.free_ports(5))) == 5
 
 
-def test_cpu_plans_are_even_disjoint_runs_or_none():
-    assert plan_cpus([0, 1], 2) == [(0,), (1,)]
-    assert plan_cpus(range(5), 2) == [(0, 1, 2), (3, 4)]
-    assert plan_cpus([6, 0, 4, 2], 2) == [(0, 2), (4, 6)]  # the CPUs allowed, not 0..n-1
-    assert plan_cpus([0, 1, 2, 3], 3) == [(0, 1), (2,), (3,)]
-    assert plan_cpus([0], 2) is None  # fewer CPUs than workers: two would share one
+def test_cpu_plans_split_whole_cores_evenly_or_not_at_all():
+    assert plan_cpus([(0,), (1,)], 2) == [(0,), (1,)]
+    assert plan_cpus([(c,) for c in range(5)], 2) == [(0, 1, 2), (3, 4)]
+    # hyperthread siblings (0 and 8, ...) stay on one worker: 2 workers, 4 cores each
+    cores = [(c, c + 8) for c in range(8)]
+    assert plan_cpus(cores, 2) == [(0, 1, 2, 3, 8, 9, 10, 11), (4, 5, 6, 7, 12, 13, 14, 15)]
+    assert plan_cpus([(2,), (4,), (6,)], 3) == [(2,), (4,), (6,)]  # the CPUs allowed
+    assert plan_cpus([(0, 1)], 2) is None  # one core, two workers: not bound
+    assert parse_cpu_list("0-3,8\n") == {0, 1, 2, 3, 8} and parse_cpu_list("5") == {5}
     assert (describe((3,)), describe((0, 1, 2, 3)), describe((0, 2, 4))) == \
         ("cpu 3", "cpus 0-3", "cpus 0,2,4")
 
 
-def _task_cpus(out: str) -> dict[str, list[int]]:
-    found = re.findall(r"\[(\w+(?: \d+)?)\] CPUS (\[.*\])", out)
+def _task_cpus(text: str) -> dict[str, list[int]]:
+    found = re.findall(r"\[(\w+(?: \d+)?)\] CPUS (\[.*\])", text)
     return {name: json.loads(cpus) for name, cpus in found}
 
 
-@pytest.mark.skipif(len(available_cpus() or ()) < 2, reason="needs 2 CPUs to bind 2 workers")
-def test_each_worker_runs_on_cpus_of_its_own(task, capsys):
-    mine = available_cpus()
+def _mine() -> list[int]:
+    return sorted(os.sched_getaffinity(0))
+
+
+@pytest.mark.skipif(len(available_cores() or ()) < 2, reason="needs 2 cores to bind 2 workers")
+def test_each_worker_runs_on_cores_of_its_own(task, capsys):
+    mine, cores = _mine(), available_cores()
     code, out, err = run(["--workers", "2", "--", *task("cpus")], capsys)
     assert code == 0, err
     cpus = _task_cpus(out)
     assert sorted(cpus["worker 0"] + cpus["worker 1"]) == mine  # disjoint, all of them
-    assert cpus["worker 0"] == mine[:len(mine) - len(mine) // 2]
+    half = len(cores) - len(cores) // 2
+    assert cpus["worker 0"] == sorted(c for core in cores[:half] for c in core)
     assert "worker 0 127.0.0.1:" in err and f"({describe(cpus['worker 1'])})" in err
-    assert available_cpus() == mine  # the launcher itself is not bound
+    assert _mine() == mine  # the launcher itself is not left bound
 
 
-@pytest.mark.skipif(available_cpus() is None, reason="no CPU affinity on this OS")
+@pytest.mark.skipif(available_cores() is None, reason="no CPU affinity on this OS")
 @pytest.mark.parametrize("argv", [["--workers", "2", "--bind-cpus", "none"],
-                                  ["--workers", str(len(available_cpus() or ()) + 1)],
                                   ["--workers", "1", "--ps", "1"]])
-def test_workers_are_not_bound_when_asked_short_of_cpus_or_with_ps(argv, task, capsys):
+def test_workers_are_not_bound_when_asked_or_with_ps(argv, task, capsys):
     code, out, err = run([*argv, "--", *task("cpus")], capsys)
     assert code == 0, err
     cpus = _task_cpus(out)  # with --ps, some workers may be stopped before they print
-    assert ("chief" in cpus if "--ps" in argv else len(cpus) == int(argv[1]))
-    assert all(c == available_cpus() for c in cpus.values())
-    assert "(cpu" not in err
+    assert ("chief" in cpus if "--ps" in argv else len(cpus) == 2)
+    assert all(c == _mine() for c in cpus.values()) and "(cpu" not in err
+
+
+@pytest.mark.skipif(available_cores() is None, reason="no CPU affinity on this OS")
+def test_a_launcher_on_one_core_does_not_bind_and_says_why(task):
+    last = _mine()[-1]  # a mask that need not start at CPU 0
+    with started_on([last]):
+        proc = subprocess.run([sys.executable, "-m", "mirrorfit.distribute.launch", "--workers",
+                               "2", "--", *task("cpus")], capture_output=True, text=True,
+                              timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert _task_cpus(proc.stdout) == {"worker 0": [last], "worker 1": [last]}
+    assert "not binding workers to CPUs: 2 workers, 1 core(s)" in proc.stderr
 
 
 def test_output_is_prefixed_per_task_and_stream(task, capsys):

@@ -1,10 +1,11 @@
-"""Give each worker that ``mirrorfit launch`` starts on this host CPUs of its own.
+"""Give each worker that ``mirrorfit launch`` starts on this host cores of its own.
 
 Unbound, two workers on two cores share both: the scheduler moves their compute threads from
-core to core and at times stacks them on one, and at every step's all-reduce the other worker
-waits. Bound, each computes on its own cores, as ``mpirun --bind-to core`` does. TensorFlow sizes
-its default thread pools from the CPUs a process may run on, so a bound worker started without
-``--threads-per-worker`` no longer oversubscribes the host either. Linux only (``sched_*``).
+core to core and at times stacks them on one, while at every step's all-reduce the other worker
+waits. Bound, each computes on its own physical cores (hyperthread siblings stay together, as
+with ``mpirun --bind-to core``). TensorFlow sizes its default thread pools from the CPUs a
+process may run on, so a bound worker started without ``--threads-per-worker`` no longer
+oversubscribes the host either. Linux only (``sched_*`` and sysfs topology).
 """
 
 from __future__ import annotations
@@ -13,48 +14,72 @@ import contextlib
 import os
 from typing import Iterator, Sequence
 
+_SIBLINGS = "/sys/devices/system/cpu/cpu{}/topology/thread_siblings_list"
 
-def available_cpus() -> list[int] | None:
-    """The CPUs this process may run on, sorted; None where the OS cannot bind (not Linux)."""
+
+def available_cores() -> list[tuple[int, ...]] | None:
+    """The CPUs this process may run on, grouped by physical core (hyperthread siblings
+    together), in CPU order; None where the OS cannot bind (not Linux)."""
     if not (hasattr(os, "sched_getaffinity") and hasattr(os, "sched_setaffinity")):
         return None
-    return sorted(os.sched_getaffinity(0))
+    allowed = os.sched_getaffinity(0)
+    cores: dict[tuple[int, ...], None] = {}
+    for cpu in sorted(allowed):
+        try:
+            with open(_SIBLINGS.format(cpu)) as f:
+                siblings = parse_cpu_list(f.read()) & allowed
+        except (OSError, ValueError):  # no sysfs topology: each CPU counts as a core
+            siblings = {cpu}
+        cores[tuple(sorted(siblings or {cpu}))] = None
+    return list(cores)
 
 
-def plan_cpus(cpus: Sequence[int], tasks: int) -> list[tuple[int, ...]] | None:
-    """``tasks`` disjoint runs of consecutive ``cpus``, as even as possible (the first ones get
-    one more when they do not divide); None when there are fewer CPUs than tasks (binding
-    would stack tasks on a CPU while others stay free)."""
-    cpus = sorted(cpus)
-    if tasks < 1 or len(cpus) < tasks:
+def parse_cpu_list(text: str) -> set[int]:
+    """``"0-3,8"`` (the kernel's CPU list format) -> {0, 1, 2, 3, 8}."""
+    cpus: set[int] = set()
+    for part in text.strip().split(","):
+        first, _, last = part.partition("-")
+        cpus.update(range(int(first), int(last or first) + 1))
+    return cpus
+
+
+def plan_cpus(cores: Sequence[Sequence[int]], tasks: int) -> list[tuple[int, ...]] | None:
+    """``tasks`` disjoint runs of consecutive ``cores`` (each core with all its CPUs), as even
+    as possible (the first ones get one more core when they do not divide); None when there
+    are fewer cores than tasks (two tasks would share a core while others stay free)."""
+    if tasks < 1 or len(cores) < tasks:
         return None
-    size, extra = divmod(len(cpus), tasks)
+    size, extra = divmod(len(cores), tasks)
     plan, start = [], 0
     for i in range(tasks):
         end = start + size + (1 if i < extra else 0)
-        plan.append(tuple(cpus[start:end]))
+        plan.append(tuple(sorted(cpu for core in cores[start:end] for cpu in core)))
         start = end
     return plan
 
 
 @contextlib.contextmanager
-def started_on(cpus: Sequence[int] | None) -> Iterator[None]:
+def started_on(cpus: Sequence[int] | None) -> Iterator[bool]:
     """Within the block, processes this thread starts inherit the affinity ``cpus`` (None: as
-    they would anyway). Only the calling thread is bound, and only until the block ends: a
-    child inherits its parent thread's mask at fork, with no window where it runs unbound."""
+    they would anyway); yields whether they do. Only the calling thread is bound, and only
+    until the block ends: a child inherits its parent thread's mask at fork, with no window
+    where it runs unbound."""
     if not cpus:
-        yield
+        yield False
         return
     previous = os.sched_getaffinity(0)
     try:
         os.sched_setaffinity(0, cpus)
     except OSError:  # the CPUs were taken away since the plan (cgroup cpuset): start unbound
-        yield
+        yield False
         return
     try:
-        yield
+        yield True
     finally:
-        os.sched_setaffinity(0, previous)
+        # The child exists by now: a cpuset that shrank under us must not turn into a
+        # failed start (and an orphaned task); the launcher then stays on the child's CPUs.
+        with contextlib.suppress(OSError):
+            os.sched_setaffinity(0, previous)
 
 
 def describe(cpus: Sequence[int]) -> str:

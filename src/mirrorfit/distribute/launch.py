@@ -15,8 +15,8 @@ resumes where it stopped only from a checkpoint, so pass ``--checkpoint-dir`` to
 parameter-server mode a dead *worker* is restarted alone at the same address (the coordinator
 retries its steps). Exit code 2 (a usage error) is never retried: every retry would fail alike.
 
-CPUs: without ``--ps``, each worker is bound to its own share of this host's CPUs
-(``--bind-cpus auto``, see :mod:`._cpu_binding`) when there are at least as many as workers.
+CPUs: without ``--ps``, each worker is bound to its own share of the cores the launcher may run
+on (``--bind-cpus auto``, see :mod:`._cpu_binding`) when there are at least as many as workers.
 POSIX only (process groups).
 """
 
@@ -35,7 +35,7 @@ import threading
 import time
 from typing import IO, Sequence
 
-from mirrorfit.distribute._cpu_binding import available_cpus, describe, plan_cpus, started_on
+from mirrorfit.distribute._cpu_binding import available_cores, describe, plan_cpus, started_on
 from mirrorfit.distribute._output import line_writer, start_streaming
 from mirrorfit.distribute.cluster import Cluster
 from mirrorfit.errors import EXIT_USAGE, ConfigError, MirrorfitError
@@ -77,8 +77,9 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
         help="seconds between SIGTERM and SIGKILL when stopping tasks (default "
              f"{DEFAULT_GRACE_S:g})")
     add("--bind-cpus", choices=("auto", "none"), default="auto",
-        help="auto (default): without --ps, bind each worker to its own share of this host's "
-             "CPUs, if there are at least as many; none: let the OS move them")
+        help="auto (default): without --ps, bind each worker to its own share of the cores "
+             "this launcher may run on (hyperthreads of a core together), if there are at "
+             "least as many cores as workers; none: let the OS place them")
     add("task_command", nargs=argparse.REMAINDER, metavar="-- COMMAND ...",
         help="the command every task runs, after --")
 
@@ -261,9 +262,13 @@ class Launcher:
                                                            + (1 if self.ps else 0)))]
         first = tasks[0].cluster
         chief_note = "chief" if self.ps else "worker 0 (chief)"
-        cpus = available_cpus() if self.bind_cpus and not self.ps and self.workers > 1 else None
-        for task, share in zip(tasks, (cpus and plan_cpus(cpus, len(tasks))) or ()):
-            task.cpus = share
+        if self.bind_cpus and not self.ps and self.workers > 1:
+            cores = available_cores()
+            for task, share in zip(tasks, (cores and plan_cpus(cores, len(tasks))) or ()):
+                task.cpus = share
+            if cores is not None and tasks[0].cpus is None:
+                self._say(f"not binding workers to CPUs: {len(tasks)} workers, "
+                          f"{len(cores)} core(s) this launcher may use")
         places = ", ".join(f"{t.name} {first.address(t.cluster.task_type, t.cluster.task_index)}"
                            + (f" ({describe(t.cpus)})" if t.cpus else "") for t in tasks)
         self._say(f"starting {len(tasks)} task(s): {places}; {chief_note} decides the exit code")
@@ -341,7 +346,7 @@ class Launcher:
                    MIRRORFIT_LAUNCH="1", MIRRORFIT_LAUNCH_RESTART=str(self.restarts))
         env.setdefault("PYTHONUNBUFFERED", "1")  # else a killed task's last lines are lost
         try:
-            with started_on(task.cpus):
+            with started_on(task.cpus) as bound:
                 task.proc = subprocess.Popen(self.command, env=env, stdin=subprocess.DEVNULL,
                                              stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                              start_new_session=True, bufsize=0)
@@ -349,6 +354,7 @@ class Launcher:
             raise ConfigError(f"cannot start {self.command[0]!r} ({e.strerror}); check the "
                               "command after --") from None
         task._swept = False
+        task.cpus = task.cpus if bound else None
         self._started.append(task)
         prefix = f"[{task.name}] "
         task.readers = [start_streaming(pipe, prefix, line_writer(stream, self._lock),
