@@ -180,6 +180,23 @@ def test_workers_are_not_bound_when_asked_or_with_ps(argv, task, capsys):
 
 
 @pytest.mark.skipif(available_cores() is None, reason="no CPU affinity on this OS")
+def test_the_launchers_own_cpus_come_back_even_when_a_start_fails(capsys, tmp_path):
+    mine = _mine()
+    with pytest.raises(OSError):
+        with started_on([mine[-1]]) as bound:
+            assert bound and _mine() == [mine[-1]]
+            subprocess.Popen(["/no/such/program"])
+    assert _mine() == mine
+    # through the launcher: an executable whose interpreter is missing cannot start (one
+    # line, exit 2) and leaves nothing bound
+    script = tmp_path / "bad.sh"
+    script.write_text("#!/no/such/interpreter\n")
+    script.chmod(0o755)
+    code, _, err = run(["--workers", "2", "--", str(script)], capsys)
+    assert code == 2 and "cannot start" in err and _mine() == mine
+
+
+@pytest.mark.skipif(available_cores() is None, reason="no CPU affinity on this OS")
 def test_a_launcher_on_one_core_does_not_bind_and_says_why(task):
     last = _mine()[-1]  # a mask that need not start at CPU 0
     with started_on([last]):
