@@ -221,7 +221,7 @@ class Launcher:
     """Starts, watches, restarts and stops the tasks of one job; :meth:`run` returns the exit
     code. ``out``/``err`` (default: ``sys.stdout``/``sys.stderr``) receive the tasks' prefixed
     stdout/stderr; the launcher's own lines go to ``err``, starting ``mirrorfit launch:``.
-    ``bind_cpus``: without ``ps``, each worker runs on its own share of this host's CPUs."""
+    ``bind_cpus``: without ``ps``, each worker runs on its own share of the launcher's cores."""
 
     def __init__(self, command: Sequence[str], workers: int, ps: int = 0,
                  max_restarts: int = DEFAULT_MAX_RESTARTS, grace_s: float = DEFAULT_GRACE_S,
