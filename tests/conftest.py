@@ -34,9 +34,16 @@ def run_isolated(code: str, timeout: float = 300) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def run_cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    """Run ``mirrorfit ARGS`` as a user would (new process, real console script entry)."""
-    return subprocess.run([sys.executable, "-m", "mirrorfit.cli", *args], capture_output=True,
+def run_cli(*args: str, timeout: float = 600,
+            without_tensorflow: bool = False) -> subprocess.CompletedProcess:
+    """Run ``mirrorfit ARGS`` as a user would (new process, real console script entry).
+
+    ``without_tensorflow``: in a process where importing TensorFlow fails, so that an error
+    that still comes back as mirrorfit's one line was found before TensorFlow loads."""
+    entry = (["-c", "import sys; sys.modules['tensorflow'] = None; from mirrorfit.cli import "
+              "main; sys.exit(main(sys.argv[1:]))"] if without_tensorflow else
+             ["-m", "mirrorfit.cli"])
+    return subprocess.run([sys.executable, *entry, *args], capture_output=True,
                           text=True, timeout=timeout, env=_env(), cwd=ROOT)
 
 

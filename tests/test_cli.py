@@ -38,8 +38,6 @@ def _one_line_error(proc, *needles):
     (["--epochs", "0"], ["epochs must be a positive integer"]),
     (["--epochs", "ten"], ["invalid int value: 'ten'"]),
     (["--data-dir", "/nonexistent"], ["no mnist.npz at --data-dir /nonexistent"]),
-    (["--save-keras", "model.h5"], ["must end in .keras"]),
-    (["--export-dir", "pyproject.toml"], ["is a file; give a folder"]),
     (["--precision", "fp8"], ["unknown precision 'fp8'", "fp32, bf16, fp16"]),
     (["--accum-steps", "0"], ["--accum-steps must be a positive integer"]),
     (["--replicas", "2", "--accum-steps", "4", "--global-batch-size", "100"],
@@ -87,17 +85,24 @@ def test_unknown_config_key(tmp_path):
                     "'learning_rate'")
 
 
-def test_metrics_out_folder_must_exist(tmp_path):
-    proc = run_cli("train", "--metrics-out", str(tmp_path / "nope" / "m.json"))
-    _one_line_error(proc, "does not exist; create it first")
-
-
-@pytest.mark.parametrize("flag, path", [("--metrics-out", ""), ("--save-keras", "m.keras")])
-def test_train_refuses_an_output_file_that_is_a_folder_before_training(tmp_path, flag, path):
+@pytest.mark.parametrize("flag, path, needle", [
+    ("--metrics-out", "nope/m.json", "--metrics-out {p}: folder {tmp}/nope does not exist; "
+                                     "create it first"),
     # It passed (its parent exists) and failed at the end: IsADirectoryError after training.
-    (tmp_path / path).mkdir(exist_ok=True)
-    proc = run_cli("train", "--epochs", "1", "--train-examples", "64", flag, str(tmp_path / path))
-    _one_line_error(proc, f"{flag} {tmp_path / path} is a folder; pass a file path")
+    ("--metrics-out", "", "--metrics-out {p} is a folder; pass a file path"),
+    ("--save-keras", "m.keras", "--save-keras {p} is a folder; pass a file path"),
+    ("--save-keras", "model.h5", "--save-keras {p}: the file name must end in .keras"),
+    ("--export-dir", "f.txt", "--export-dir {p} is a file; give a folder like models/mnist"),
+])
+def test_output_paths_are_refused_before_tensorflow_loads(tmp_path, flag, path, needle):
+    # Importing TensorFlow fails in this process: the line comes from the checks before it.
+    (tmp_path / "m.keras").mkdir()
+    (tmp_path / "f.txt").write_text("x")
+    target = tmp_path / path
+    proc = run_cli("train", "--epochs", "1", "--train-examples", "64", flag, str(target),
+                   without_tensorflow=True)
+    _one_line_error(proc, needle.format(p=target, tmp=tmp_path))
+    assert "ModuleNotFoundError" not in proc.stderr and "ImportError" not in proc.stderr
 
 
 @pytest.mark.parametrize("where, needle", [

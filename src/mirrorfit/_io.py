@@ -77,6 +77,22 @@ def check_output_file(flag: str, path: str | Path | None) -> None:
                           "create it first")
 
 
+def check_export_dir(base: str | Path) -> Path:
+    """``base`` as a Path; ConfigError if it exists but is not a folder."""
+    base = Path(base)
+    if base.exists() and not base.is_dir():
+        raise ConfigError(f"--export-dir {base} is a file; give a folder like models/mnist")
+    return base
+
+
+def check_keras_path(path: str | Path) -> Path:
+    """``path`` as a Path; ConfigError unless it ends in .keras (Keras requires it)."""
+    path = Path(path)
+    if path.suffix != ".keras":
+        raise ConfigError(f"--save-keras {path}: the file name must end in .keras")
+    return path
+
+
 def fsync_dir(path: str | Path) -> None:
     """Make a rename or a new entry in folder ``path`` survive a power loss."""
     fd = os.open(path, os.O_RDONLY)

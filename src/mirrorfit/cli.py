@@ -20,13 +20,16 @@ from mirrorfit.errors import EXIT_USAGE, MirrorfitError
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from mirrorfit.config import load_config
+    from mirrorfit.config import check_outputs, load_config
 
     overrides = {k: v for k, v in vars(args).items() if k not in ("command", "config")}
     config = load_config(args.config, **overrides)  # before the training stack loads
     from mirrorfit.distribute.cluster import cluster_for
 
-    cluster_for(config.strategy)  # TF_CONFIG / SLURM are checked before TensorFlow loads too
+    # TF_CONFIG / SLURM and the output paths are checked before TensorFlow loads too
+    cluster = cluster_for(config.strategy)
+    if cluster is None or cluster.is_chief:
+        check_outputs(config)
     from mirrorfit.preemption import PreemptionGuard
 
     with PreemptionGuard() as guard:  # a signal while TensorFlow loads is honoured too

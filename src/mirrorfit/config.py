@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
+from mirrorfit import _io
 from mirrorfit.data.spec import (FILE_KINDS, MAX_INPUT_ELEMENTS, check_cache, parse_ints,
                                  source_kind)
 from mirrorfit.distribute.cluster import DEFAULT_COLLECTIVE_TIMEOUT_S
@@ -358,6 +359,18 @@ def _key(key: str, where: str) -> str:
         hint = f"; did you mean {close[0]!r}?" if close else f"; valid keys: {', '.join(_FIELDS)}"
         raise ConfigError(f"unknown config {where} {key!r}{hint}")
     return name
+
+
+def check_outputs(config: TrainConfig) -> None:
+    """ConfigError, one line, when a file or folder the run writes (``--metrics-out``,
+    ``--save-keras``, ``--export-dir``) cannot be written there. Plain file checks, no
+    TensorFlow: the CLI runs them before it loads, so a bad path costs nothing."""
+    for flag, path in (("--metrics-out", config.metrics_out), ("--save-keras", config.save_keras)):
+        _io.check_output_file(flag, path)
+    if config.save_keras:
+        _io.check_keras_path(config.save_keras)
+    if config.export_dir:
+        _io.check_export_dir(config.export_dir)
 
 
 def to_dict(config: TrainConfig) -> dict[str, Any]:

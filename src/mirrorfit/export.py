@@ -18,28 +18,13 @@ import keras
 import tensorflow as tf
 
 from mirrorfit import _io
-from mirrorfit.errors import ConfigError, StorageError
+from mirrorfit._io import check_export_dir, check_keras_path
+from mirrorfit.errors import StorageError
 from mirrorfit.version_names import MAX_VERSION, parse_version, version_number
 
 INPUT_NAME = "images"
 OUTPUT_NAME = "probabilities"
 _MAX_RACES = 1000
-
-
-def check_export_dir(base: str | Path) -> Path:
-    """``base`` as a Path; ConfigError if it exists but is not a folder."""
-    base = Path(base)
-    if base.exists() and not base.is_dir():
-        raise ConfigError(f"--export-dir {base} is a file; give a folder like models/mnist")
-    return base
-
-
-def check_keras_path(path: str | Path) -> Path:
-    """``path`` as a Path; ConfigError unless it ends in .keras (Keras requires it)."""
-    path = Path(path)
-    if path.suffix != ".keras":
-        raise ConfigError(f"--save-keras {path}: the file name must end in .keras")
-    return path
 
 
 def versions(base: str | Path) -> list[int]:

@@ -13,16 +13,14 @@ import keras
 import tensorflow as tf
 from rich.console import Console
 
-from mirrorfit import _io
 from mirrorfit.checkpoint import Checkpointer
-from mirrorfit.config import TrainConfig
+from mirrorfit.config import TrainConfig, check_outputs
 from mirrorfit.distribute.cluster import cluster_for
 from mirrorfit.distribute.devices import configure_devices
 from mirrorfit.distribute.strategy import Distribution, build_distribution, unreachable
 from mirrorfit.engine.progress import EpochProgress
 from mirrorfit.engine.trainer import Trainer
 from mirrorfit.errors import ClusterError, ConfigError
-from mirrorfit.export import check_export_dir, check_keras_path
 from mirrorfit.models import model_factory
 from mirrorfit.observe import CpuGpuSampler, ScalarWriter, out_of_memory_hint
 from mirrorfit.preemption import PreemptionGuard
@@ -40,16 +38,6 @@ def build_optimizer(name: str, lr) -> keras.optimizers.Optimizer:
     return _OPTIMIZERS[name.lower()](learning_rate=lr)
 
 
-def _check_outputs(config: TrainConfig) -> None:
-    # Fail before any work, so bad input writes nothing.
-    for flag, path in (("--metrics-out", config.metrics_out), ("--save-keras", config.save_keras)):
-        _io.check_output_file(flag, path)
-    if config.save_keras:
-        check_keras_path(config.save_keras)
-    if config.export_dir:
-        check_export_dir(config.export_dir)
-
-
 def run_training(config: TrainConfig, *, console: Console | None = None,
                  guard: PreemptionGuard | None = None) -> dict[str, Any]:
     """Train as ``config`` says; print setup, progress and summary; return the summary dict.
@@ -63,8 +51,8 @@ def run_training(config: TrainConfig, *, console: Console | None = None,
     console = console or Console(stderr=True, soft_wrap=True)
     # The cluster (TF_CONFIG, SLURM) is plain text: read and checked before TensorFlow starts.
     cluster = cluster_for(config.strategy)
-    if cluster is None or cluster.is_chief:
-        _check_outputs(config)
+    if cluster is None or cluster.is_chief:  # fail before any work: bad input writes nothing
+        check_outputs(config)
     # SIGTERM/SIGINT from here on: stop at the next safe point (after saving a checkpoint, with
     # --checkpoint-dir) and raise Preempted; honoured up to the export's commit.
     if guard is None:
