@@ -133,14 +133,14 @@ def _cmd_launch(args: argparse.Namespace) -> int:
 
 
 def _cmd_devices(args: argparse.Namespace) -> int:
-    from mirrorfit.distribute.devices import list_devices
+    from mirrorfit.distribute.devices import list_devices, usable_cpus
 
     devices = list_devices()
     for d in devices:
         print(f"{d['type']:4} {d['name']} {d.get('model', '')}".rstrip())
     if not any(d["type"] == "GPU" for d in devices):
         print(f"no GPU: `--replicas N` splits the CPU into N logical devices that share the "
-              f"same {os.cpu_count()} cores")
+              f"same {usable_cpus()} CPU(s) this process may run on")
     return 0
 
 

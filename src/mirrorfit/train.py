@@ -16,7 +16,7 @@ from rich.console import Console
 from mirrorfit.checkpoint import Checkpointer
 from mirrorfit.config import TrainConfig, check_outputs
 from mirrorfit.distribute.cluster import cluster_for
-from mirrorfit.distribute.devices import configure_devices
+from mirrorfit.distribute.devices import configure_devices, threads_note
 from mirrorfit.distribute.strategy import Distribution, build_distribution, unreachable
 from mirrorfit.engine.progress import EpochProgress
 from mirrorfit.engine.trainer import Trainer
@@ -93,6 +93,9 @@ def _train(config: TrainConfig, console: Console, guard: PreemptionGuard,
                               memory_limit_mb=config.gpu_memory_limit,
                               threads=config.threads_per_worker,
                               keep_freed_memory=True)  # a training process: see _host_memory
+    note = threads_note(config.threads_per_worker)
+    if note:  # every worker says it: bound workers' shares of the cores may differ
+        console.print(f"[yellow]{note}[/]")
     dist = build_distribution(setup, kind=config.strategy,
                               cross_device_ops=config.cross_device_ops, cluster=cluster,
                               communication=config.communication,

@@ -18,7 +18,7 @@ import pytest
 
 from mirrorfit.distribute import launch
 from mirrorfit.distribute._cpu_binding import (available_cores, describe, parse_cpu_list,
-                                               plan_cpus, started_on)
+                                               plan_cpus, started_on, threads_note, usable_cpus)
 from mirrorfit.distribute._output import _READ_BYTES, MAX_LINE, stream_lines
 from mirrorfit.distribute.cluster import Cluster
 
@@ -194,6 +194,18 @@ def test_the_launchers_own_cpus_come_back_even_when_a_start_fails(capsys, tmp_pa
     script.chmod(0o755)
     code, _, err = run(["--workers", "2", "--", str(script)], capsys)
     assert code == 2 and "cannot start" in err and _mine() == mine
+
+
+@pytest.mark.skipif(available_cores() is None, reason="no CPU affinity on this OS")
+def test_a_bound_process_counts_its_own_cpus_and_names_threads_beyond_them():
+    mine = _mine()
+    assert usable_cpus() == len(mine)  # not os.cpu_count(): a cpuset or taskset narrows it
+    assert threads_note(None) is None and threads_note(len(mine)) is None
+    with started_on([mine[-1]]):  # as a launched worker with one core of its own
+        assert usable_cpus() == 1 and threads_note(1) is None
+        note = threads_note(3)
+    assert note == ("--threads-per-worker 3 is more than the 1 CPU(s) this process may run "
+                    "on: its threads will take turns on them; --threads-per-worker 1 fits")
 
 
 @pytest.mark.skipif(available_cores() is None, reason="no CPU affinity on this OS")

@@ -7,7 +7,6 @@ opened once here to check it) -> flops (model FLOPs and the measured matmul peak
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from rich.console import Console
@@ -27,6 +26,7 @@ def run_bench(grid: Grid, *, out_dir: str | Path, tolerance: float = 0.005,
 
     from mirrorfit.bench.flops import train_flops_per_example
     from mirrorfit.bench.source import check_model_fits, open_source
+    from mirrorfit.distribute.devices import usable_cpus
     from mirrorfit.models import model_factory
 
     console = console or Console(stderr=True)
@@ -37,7 +37,7 @@ def run_bench(grid: Grid, *, out_dir: str | Path, tolerance: float = 0.005,
     check_model_fits(model, source, grid.model)
     flops = train_flops_per_example(model)
     gpus = tf.config.list_physical_devices("GPU")
-    devices = f"{len(gpus)} GPU(s)" if gpus else f"logical CPU devices on {os.cpu_count()} cores"
+    devices = f"{len(gpus)} GPU(s)" if gpus else f"logical CPU devices on {usable_cpus()} CPU(s)"
     data = source.label
     if source.description != data:
         console.print(f"data: {escape(source.description)}")  # paths may hold [brackets]

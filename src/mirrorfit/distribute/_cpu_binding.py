@@ -34,6 +34,26 @@ def available_cores() -> list[tuple[int, ...]] | None:
     return list(cores)
 
 
+def usable_cpus() -> int:
+    """How many CPUs this process may run on: its affinity mask, which a launcher's binding,
+    ``taskset`` or a container's cpuset narrows (``os.cpu_count()`` counts the whole host);
+    ``os.cpu_count()`` where the OS cannot tell."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def threads_note(threads: int | None) -> str | None:
+    """A warning when ``--threads-per-worker`` asks for more TensorFlow threads than the CPUs
+    this process may run on (a bound worker's share): they would take turns on them, each
+    step as slow as the most delayed thread; None when they fit or TF sizes its pools."""
+    cpus = usable_cpus()
+    if not threads or threads <= cpus:
+        return None
+    return (f"--threads-per-worker {threads} is more than the {cpus} CPU(s) this process may "
+            f"run on: its threads will take turns on them; --threads-per-worker {cpus} fits")
+
+
 def parse_cpu_list(text: str) -> set[int]:
     """``"0-3,8"`` (the kernel's CPU list format) -> {0, 1, 2, 3, 8}."""
     cpus: set[int] = set()

@@ -7,12 +7,13 @@ in subprocesses.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import tensorflow as tf
 
 from mirrorfit.distribute import _host_memory
+# threads_note is re-exported: train.py's public way to it.
+from mirrorfit.distribute._cpu_binding import threads_note, usable_cpus  # noqa: F401
 from mirrorfit.errors import ConfigError
 
 
@@ -37,7 +38,7 @@ class DeviceSetup:
         """One line for the start of a run."""
         line = f"{self.replicas} replica(s) on {', '.join(self.devices)}"
         if self.shared_cores and self.replicas > 1:
-            line += (f" (logical CPU devices sharing the same {os.cpu_count()} cores: "
+            line += (f" (logical CPU devices sharing the same {usable_cpus()} CPU(s): "
                      "useful for testing and measuring distribution overhead, not for speed-up)")
         return line
 
