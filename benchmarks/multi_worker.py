@@ -61,9 +61,22 @@ def _run(model: str, workers: int, threads: int, data_dir: str, out: Path) -> di
                *train, "--strategy", "multi-worker"]
     else:
         cmd = [sys.executable, "-m", "mirrorfit", *train[1:]]
-    proc = subprocess.run(cmd, env=_env(data_dir), capture_output=True, text=True, timeout=900)
+    proc = subprocess.Popen(cmd, env=_env(data_dir), text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    try:
+        _, err = proc.communicate(timeout=900)
+    except subprocess.TimeoutExpired:
+        # SIGTERM, not SIGKILL: the launcher forwards it to its workers and waits for them;
+        # killed outright, it would leave them training on the shared machine.
+        proc.terminate()
+        try:
+            proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+        raise SystemExit(f"{' '.join(cmd)} took over 900 s; stopped") from None
     if proc.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
+        raise SystemExit(f"{' '.join(cmd)} failed:\n{err[-3000:]}")
     return json.loads(out.read_text())
 
 
