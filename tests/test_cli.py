@@ -105,6 +105,31 @@ def test_output_paths_are_refused_before_tensorflow_loads(tmp_path, flag, path, 
     assert "ModuleNotFoundError" not in proc.stderr and "ImportError" not in proc.stderr
 
 
+def test_only_the_chief_checks_the_outputs_and_the_library_checks_them_too(tmp_path):
+    """A worker that is not the chief writes none of them, so does not refuse them: it goes
+    on to load TensorFlow (unimportable here). ``run_training`` checks them for Python
+    callers, who do not go through the CLI."""
+    bad = ["--metrics-out", str(tmp_path / "nope" / "m.json")]
+    tf_config = json.dumps({"cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"]},
+                            "task": {"type": "worker", "index": 1}})
+    env = dict(os.environ, TF_CONFIG=tf_config)
+    code = ("import sys; sys.modules['tensorflow'] = None; from mirrorfit.cli import main; "
+            "sys.exit(main(sys.argv[1:]))")
+    proc = subprocess.run([sys.executable, "-c", code, "train", "--strategy", "multi-worker",
+                           *bad], capture_output=True, text=True, timeout=60, env=env, cwd=ROOT)
+    assert proc.returncode != 0 and "does not exist" not in proc.stderr
+    assert "tensorflow" in proc.stderr  # it got past the checks, to TensorFlow's import
+    check = ("import sys; from mirrorfit.config import load_config; from mirrorfit.errors "
+             "import ConfigError; from mirrorfit.train import run_training\n"
+             "try:\n    run_training(load_config(metrics_out=sys.argv[1], epochs=1, "
+             "train_examples=64))\n"
+             "except ConfigError as e:\n    print('refused:', e)")
+    proc = subprocess.run([sys.executable, "-c", check, bad[1]], capture_output=True, text=True,
+                          timeout=120, env=dict(os.environ, CUDA_VISIBLE_DEVICES=""), cwd=ROOT)
+    assert "refused: --metrics-out" in proc.stdout and "does not exist" in proc.stdout, \
+        proc.stderr[-2000:]
+
+
 @pytest.mark.parametrize("where, needle", [
     ("nope/m.json", "--metrics-out {tmp}/nope/m.json: folder {tmp}/nope does not exist; "
                     "create it first"),

@@ -1,11 +1,14 @@
 """config: one frozen dataclass; TOML < flags; every bad value is a one-line ConfigError."""
 
 import dataclasses
+import re
 import tomllib
+from pathlib import Path
 
 import pytest
 
-from mirrorfit.config import MAX_CLASSES, MAX_IMAGE_SIDE, TrainConfig, load_config
+from mirrorfit.config import (MAX_CLASSES, MAX_IMAGE_SIDE, TrainConfig, check_outputs,
+                              load_config)
 from mirrorfit.errors import ConfigError
 
 
@@ -201,3 +204,41 @@ def test_num_classes_is_bounded():
     assert load_config(num_classes=MAX_CLASSES).num_classes == MAX_CLASSES
     with pytest.raises(ConfigError, match=r"--num-classes 99999999999: at most 1,000,000; "):
         load_config(num_classes=99999999999)
+
+
+# -- check_outputs: where a run writes, checked before anything loads -------------------------
+def _outputs(tmp_path):
+    (tmp_path / "f.txt").write_text("x")
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    return tmp_path
+
+
+@pytest.mark.parametrize("overrides, match", [
+    ({"checkpoint_dir": "{t}/f.txt"}, "--checkpoint-dir {t}/f.txt is a file; give a folder"),
+    ({"logdir": "{t}/f.txt/runs"}, "--logdir {t}/f.txt/runs: {t}/f.txt is a file, not a folder"),
+    ({"export_dir": "{t}/dangling"}, "--export-dir {t}/dangling is a link to nothing"),
+    ({"metrics_out": "{t}/f.txt/m.json"}, "--metrics-out {t}/f.txt/m.json: {t}/f.txt is a file, "
+                                          "not a folder"),
+    ({"metrics_out": "{t}/a\0b/m.json"}, "contains a NUL character"),
+    ({"save_keras": "{t}/m.keras", "metrics_out": "{t}/m.keras"},
+     "--metrics-out and --save-keras are both {t}/m.keras"),
+    ({"checkpoint_dir": "/proc/mirrorfit-ckpt"}, "cannot write in /proc"),
+    ({"metrics_out": "/proc/m.json"}, "--metrics-out /proc/m.json: cannot write in /proc"),
+])
+def test_outputs_that_cannot_be_written_are_refused_by_flag(tmp_path, overrides, match):
+    t = _outputs(tmp_path)
+    if "/proc" in str(overrides) and not Path("/proc/self").is_dir():
+        pytest.skip("needs Linux's /proc (a folder no one may create files in)")
+    config = load_config(**{k: v.format(t=t) for k, v in overrides.items()})
+    with pytest.raises(ConfigError, match=re.escape(match.format(t=t))):
+        check_outputs(config)
+    assert sorted(p.name for p in t.iterdir()) == ["dangling", "f.txt"]  # nothing made
+
+
+def test_outputs_that_can_be_written_pass_and_leave_nothing(tmp_path):
+    check_outputs(load_config(metrics_out=str(tmp_path / "m.json"),
+                              save_keras=str(tmp_path / "m.keras"),
+                              export_dir=str(tmp_path / "models" / "mnist"),
+                              checkpoint_dir=str(tmp_path / "ckpt"),
+                              logdir=str(tmp_path / "runs" / "a")))
+    assert list(tmp_path.iterdir()) == []  # the write probes are gone, no folder made yet

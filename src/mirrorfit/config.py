@@ -363,14 +363,20 @@ def _key(key: str, where: str) -> str:
 
 def check_outputs(config: TrainConfig) -> None:
     """ConfigError, one line, when a file or folder the run writes (``--metrics-out``,
-    ``--save-keras``, ``--export-dir``) cannot be written there. Plain file checks, no
-    TensorFlow: the CLI runs them before it loads, so a bad path costs nothing."""
+    ``--save-keras``, ``--export-dir``, ``--checkpoint-dir``, ``--logdir``) cannot be written
+    there, or two of its files are one. Plain file checks, no TensorFlow: the CLI runs them
+    before it loads, so a bad path costs nothing; a multi-worker run checks on the chief."""
     for flag, path in (("--metrics-out", config.metrics_out), ("--save-keras", config.save_keras)):
         _io.check_output_file(flag, path)
     if config.save_keras:
         _io.check_keras_path(config.save_keras)
-    if config.export_dir:
-        _io.check_export_dir(config.export_dir)
+        if config.metrics_out and \
+                Path(config.metrics_out).resolve() == Path(config.save_keras).resolve():
+            raise ConfigError(f"--metrics-out and --save-keras are both {config.save_keras}: "
+                              "the summary would overwrite the model; give two files")
+    _io.check_output_folder("--export-dir", config.export_dir, example="models/mnist")
+    _io.check_output_folder("--checkpoint-dir", config.checkpoint_dir, example="ckpt")
+    _io.check_output_folder("--logdir", config.logdir, example="runs/mnist")
 
 
 def to_dict(config: TrainConfig) -> dict[str, Any]:
