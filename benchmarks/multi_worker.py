@@ -65,16 +65,19 @@ def _run(model: str, workers: int, threads: int, data_dir: str, out: Path) -> di
                             stderr=subprocess.PIPE)
     try:
         _, err = proc.communicate(timeout=900)
-    except subprocess.TimeoutExpired:
+    except BaseException as e:  # a timeout, or Ctrl-C while the side runs
         # SIGTERM, not SIGKILL: the launcher forwards it to its workers and waits for them;
         # killed outright, it would leave them training on the shared machine.
         proc.terminate()
         try:
-            proc.communicate(timeout=60)
+            _, err = proc.communicate(timeout=60)
         except subprocess.TimeoutExpired:
             proc.kill()
-            proc.communicate()
-        raise SystemExit(f"{' '.join(cmd)} took over 900 s; stopped") from None
+            _, err = proc.communicate()
+        if isinstance(e, subprocess.TimeoutExpired):
+            raise SystemExit(f"{' '.join(cmd)} took over 900 s; stopped:\n{err[-3000:]}"
+                             ) from None
+        raise
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed:\n{err[-3000:]}")
     return json.loads(out.read_text())
