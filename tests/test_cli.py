@@ -105,6 +105,13 @@ def test_output_paths_are_refused_before_tensorflow_loads(tmp_path, flag, path, 
     assert "ModuleNotFoundError" not in proc.stderr and "ImportError" not in proc.stderr
 
 
+def test_export_refuses_its_folder_before_tensorflow_loads(tmp_path):
+    (tmp_path / "f.txt").write_text("x")
+    proc = run_cli("export", "--checkpoint-dir", str(tmp_path / "ckpt"), "--export-dir",
+                   str(tmp_path / "f.txt"), without_tensorflow=True)
+    _one_line_error(proc, f"--export-dir {tmp_path / 'f.txt'} is a file; give a folder")
+
+
 def test_only_the_chief_checks_the_outputs_and_the_library_checks_them_too(tmp_path):
     """A worker that is not the chief writes none of them, so does not refuse them: it goes
     on to load TensorFlow (unimportable here). ``run_training`` checks them for Python
@@ -271,19 +278,20 @@ def test_accumulation_warmup_logdir_and_profile(tmp_path, mnist_dir):
 
 @pytest.mark.slow
 def test_bench_writes_table_csv_json_and_png(tmp_path, cpu_only, mnist_dir):
-    # One precision: each grid point is a process of its own (more cost time, not coverage;
-    # tests/bench/test_grid.py expands grids).
-    proc = run_cli("bench", "--data-dir", str(mnist_dir), "--replicas", "1,2", "--precision",
-                   "fp32", "--train-examples", "1280", "--epochs", "2", "--repeats", "1",
+    # Two replicas only: each grid point is a process of its own (more cost time, not
+    # coverage; one replica runs in tests/bench/test_bench_sources.py, grids expand in
+    # tests/bench/test_grid.py).
+    proc = run_cli("bench", "--data-dir", str(mnist_dir), "--replicas", "2", "--precision",
+                   "fp32,bf16", "--train-examples", "1280", "--epochs", "2", "--repeats", "1",
                    "--out", str(tmp_path), "--recommend")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    for label in ("x1 fp32 spe50", "x2 fp32 spe50", "textbook fit x1", "textbook fit x2"):
+    for label in ("x2 fp32 spe50", "x2 bf16 spe50", "textbook fit x2"):
         assert label in proc.stdout
     assert "recommended:" in proc.stdout and "matmul peak measured" in proc.stderr
     data = json.loads((tmp_path / "bench.json").read_text())
-    assert len(data["rows"]) == 4 and data["train_flops_per_example"] > 0
+    assert len(data["rows"]) == 3 and data["train_flops_per_example"] > 0
     assert all(r["examples_per_sec"] > 0 and 0 < r["mfu"] < 2 for r in data["rows"])
-    assert (tmp_path / "bench.csv").read_text().count("\n") == 5
+    assert (tmp_path / "bench.csv").read_text().count("\n") == 4
     assert (tmp_path / "bench.png").read_bytes()[:4] == b"\x89PNG"
 
 

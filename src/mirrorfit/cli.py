@@ -96,11 +96,14 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from mirrorfit.checkpoint import load_model
-    from mirrorfit.export import export_saved_model
+    from mirrorfit import _io
 
     if not args.export_dir:
         raise MirrorfitError("mirrorfit export needs --export-dir models/NAME")
+    _io.check_export_dir(args.export_dir)  # before TensorFlow loads and the model with it
+    from mirrorfit.checkpoint import load_model
+    from mirrorfit.export import export_saved_model
+
     model, meta = load_model(args.checkpoint_dir, model=args.model)
     path = export_saved_model(model, args.export_dir, preprocessing=bool(args.export_preprocessing))
     print(f"exported step {meta['step']} of {args.checkpoint_dir} as {path}")
