@@ -216,7 +216,8 @@ def _outputs(tmp_path):
 @pytest.mark.parametrize("overrides, match", [
     ({"checkpoint_dir": "{t}/f.txt"}, "--checkpoint-dir {t}/f.txt is a file; give a folder"),
     ({"logdir": "{t}/f.txt/runs"}, "--logdir {t}/f.txt/runs: {t}/f.txt is a file, not a folder"),
-    ({"export_dir": "{t}/dangling"}, "--export-dir {t}/dangling is a link to nothing"),
+    ({"export_dir": "{t}/dangling"},
+     "--export-dir {t}/dangling: {t}/dangling is a link to nothing"),
     ({"metrics_out": "{t}/f.txt/m.json"}, "--metrics-out {t}/f.txt/m.json: {t}/f.txt is a file, "
                                           "not a folder"),
     ({"metrics_out": "{t}/a\0b/m.json"}, "contains a NUL character"),

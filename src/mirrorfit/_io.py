@@ -17,7 +17,7 @@ import zlib
 from pathlib import Path
 from typing import Any, Iterator
 
-from mirrorfit.errors import ConfigError, StorageError
+from mirrorfit.errors import StorageError
 
 _NO_SPACE = os.strerror(errno.ENOSPC)  # TensorFlow maps ENOSPC to ResourceExhaustedError
 # A temp name's tag: this host, the writer's process id, and a random part. Only names of
@@ -60,81 +60,6 @@ def _finite(data: Any) -> Any:
     if isinstance(data, (list, tuple)):
         return [_finite(v) for v in data]
     return data
-
-
-def check_output_file(flag: str, path: str | Path | None) -> None:
-    """ConfigError, one line, for a file a run writes at its end (``--metrics-out``,
-    ``--save-keras``) that could not be written there: checked before any work, so a bad path
-    costs nothing and writes nothing."""
-    if not path:
-        return
-    _check_name(flag, path)
-    if Path(path).is_dir():
-        raise ConfigError(f"{flag} {path} is a folder; pass a file path such as "
-                          f"{Path(path) / 'metrics.json'}" if flag == "--metrics-out" else
-                          f"{flag} {path} is a folder; pass a file path")
-    parent = Path(path).parent
-    if parent.exists() and not parent.is_dir():
-        raise ConfigError(f"{flag} {path}: {parent} is a file, not a folder; pass a path in "
-                          "a folder")
-    if not parent.resolve().is_dir():
-        raise ConfigError(f"{flag} {path}: folder {parent} does not exist; create it first")
-    _check_writable(flag, path, parent)
-
-
-def check_output_folder(flag: str, path: str | Path | None, example: str = "runs/NAME") -> None:
-    """ConfigError, one line, for a folder a run creates or writes into (``--checkpoint-dir``,
-    ``--export-dir``, ``--logdir``) that could not be: a file, a link to nothing, a path under
-    a file, or a place this process may not write. Nothing is created."""
-    if not path:
-        return
-    _check_name(flag, path)
-    path = Path(path)
-    if path.is_symlink() and not path.exists():
-        raise ConfigError(f"{flag} {path} is a link to nothing ({os.readlink(path)}); remove "
-                          f"it or give a folder like {example}")
-    if path.exists() and not path.is_dir():
-        raise ConfigError(f"{flag} {path} is a file; give a folder like {example}")
-    existing = path
-    while not existing.exists():  # the folder is made with its parents: the first that is
-        existing = existing.parent
-    if not existing.is_dir():
-        raise ConfigError(f"{flag} {path}: {existing} is a file, not a folder; give a folder "
-                          f"like {example}")
-    _check_writable(flag, path, existing)
-
-
-def _check_name(flag: str, path: str | Path) -> None:
-    if "\0" in str(path):  # the OS cannot take it: ValueError deep in pathlib or open()
-        raise ConfigError(f"{flag} {str(path)!r} contains a NUL character; give a path "
-                          "without it")
-
-
-def _check_writable(flag: str, path: str | Path, folder: Path) -> None:
-    # A file created and removed at once: the only test that holds for root, read-only
-    # mounts and ACLs alike (os.access says yes to root on a read-only sysfs).
-    try:
-        fd, probe = tempfile.mkstemp(prefix=".mirrorfit-probe-", dir=folder)
-        os.close(fd)
-        os.unlink(probe)
-    except OSError as e:
-        raise ConfigError(f"{flag} {path}: cannot write in {folder} ({e.strerror or e}); "
-                          "choose a place this user may write to") from None
-
-
-def check_export_dir(base: str | Path) -> Path:
-    """``base`` as a Path; ConfigError if it cannot be the export folder (see
-    :func:`check_output_folder`)."""
-    check_output_folder("--export-dir", base, example="models/mnist")
-    return Path(base)
-
-
-def check_keras_path(path: str | Path) -> Path:
-    """``path`` as a Path; ConfigError unless it ends in .keras (Keras requires it)."""
-    path = Path(path)
-    if path.suffix != ".keras":
-        raise ConfigError(f"--save-keras {path}: the file name must end in .keras")
-    return path
 
 
 def fsync_dir(path: str | Path) -> None:

@@ -96,11 +96,11 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from mirrorfit import _io
+    from mirrorfit.output_paths import check_export_dir
 
     if not args.export_dir:
         raise MirrorfitError("mirrorfit export needs --export-dir models/NAME")
-    _io.check_export_dir(args.export_dir)  # before TensorFlow loads and the model with it
+    check_export_dir(args.export_dir)  # before TensorFlow loads and the model with it
     from mirrorfit.checkpoint import load_model
     from mirrorfit.export import export_saved_model
 
@@ -113,11 +113,12 @@ def _cmd_export(args: argparse.Namespace) -> int:
 def _cmd_evaluate(args: argparse.Namespace) -> int:
     from mirrorfit import _io
     from mirrorfit.evaluate import check_evaluate_flags
+    from mirrorfit.output_paths import check_output_file
 
     flags = dict(checkpoint_dir=args.checkpoint_dir, saved_model=args.saved_model,
                  data=args.data, data_dir=args.data_dir, image_size=args.image_size)
     check_evaluate_flags(**flags)  # before TensorFlow loads (seconds): a bad flag fails at once
-    _io.check_output_file("--metrics-out", args.metrics_out)  # not after scoring it all
+    check_output_file("--metrics-out", args.metrics_out)  # not after scoring it all
     from mirrorfit.evaluate import evaluate_artifact
 
     result = evaluate_artifact(**flags, model=args.model)

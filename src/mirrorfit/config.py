@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from mirrorfit import _io
+from mirrorfit import output_paths
 from mirrorfit.data.spec import (FILE_KINDS, MAX_INPUT_ELEMENTS, check_cache, parse_ints,
                                  source_kind)
 from mirrorfit.distribute.cluster import DEFAULT_COLLECTIVE_TIMEOUT_S
@@ -367,16 +367,16 @@ def check_outputs(config: TrainConfig) -> None:
     there, or two of its files are one. Plain file checks, no TensorFlow: the CLI runs them
     before it loads, so a bad path costs nothing; a multi-worker run checks on the chief."""
     for flag, path in (("--metrics-out", config.metrics_out), ("--save-keras", config.save_keras)):
-        _io.check_output_file(flag, path)
+        output_paths.check_output_file(flag, path)
     if config.save_keras:
-        _io.check_keras_path(config.save_keras)
+        output_paths.check_keras_path(config.save_keras)
         if config.metrics_out and \
                 Path(config.metrics_out).resolve() == Path(config.save_keras).resolve():
             raise ConfigError(f"--metrics-out and --save-keras are both {config.save_keras}: "
                               "the summary would overwrite the model; give two files")
-    _io.check_output_folder("--export-dir", config.export_dir, example="models/mnist")
-    _io.check_output_folder("--checkpoint-dir", config.checkpoint_dir, example="ckpt")
-    _io.check_output_folder("--logdir", config.logdir, example="runs/mnist")
+    output_paths.check_output_folder("--export-dir", config.export_dir, example="models/mnist")
+    output_paths.check_output_folder("--checkpoint-dir", config.checkpoint_dir, example="ckpt")
+    output_paths.check_output_folder("--logdir", config.logdir, example="runs/mnist")
 
 
 def to_dict(config: TrainConfig) -> dict[str, Any]:

@@ -18,8 +18,8 @@ import keras
 import tensorflow as tf
 
 from mirrorfit import _io
-from mirrorfit._io import check_export_dir, check_keras_path
 from mirrorfit.errors import StorageError
+from mirrorfit.output_paths import check_export_dir, check_keras_path
 from mirrorfit.version_names import MAX_VERSION, parse_version, version_number
 
 INPUT_NAME = "images"

@@ -1,0 +1,141 @@
+"""Where a run writes (``--metrics-out``, ``--save-keras``, ``--export-dir``,
+``--checkpoint-dir``, ``--logdir``), checked before any work: plain file-system checks, no
+TensorFlow, so the CLI runs them before it loads and a bad path costs nothing.
+
+Each check fails with one :class:`~mirrorfit.errors.ConfigError` line naming the flag, the
+value and the fix: a folder where a file goes or the reverse, a path under a file, a link to
+nothing or a loop of links on the way, a name too long, a place this user may not write.
+Nothing is created: writing is tested with an unnamed temporary file (``O_TMPFILE``), which
+leaves no entry behind even when the process dies.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+import tempfile
+from pathlib import Path
+
+from mirrorfit.errors import ConfigError
+
+_NAME_MAX = 255  # bytes per path component on Linux, macOS and Windows file systems
+_PATH_MAX = 4096
+
+
+def check_output_file(flag: str, path: str | Path | None) -> None:
+    """ConfigError, one line, for a file a run writes at its end (``--metrics-out``,
+    ``--save-keras``) that could not be written there. The file is replaced atomically, so an
+    existing one must be a regular file: not a folder, nor a device such as /dev/null."""
+    if not path:
+        return
+    target = _checked_name(flag, path)
+    found = _nearest(flag, target, target)
+    if found == target:
+        mode = _stat(flag, target, target).st_mode
+        if stat.S_ISDIR(mode):
+            raise ConfigError(f"{flag} {path} is a folder; pass a file path such as "
+                              f"{target / 'metrics.json'}" if flag == "--metrics-out" else
+                              f"{flag} {path} is a folder; pass a file path")
+        if not stat.S_ISREG(mode):
+            raise ConfigError(f"{flag} {path} is not a regular file (a device, pipe or "
+                              "socket) and would be replaced; pass a file path")
+        found = target.parent
+    elif found != target.parent:
+        _need_folder(flag, path, found, "pass a path in a folder")
+        raise ConfigError(f"{flag} {path}: folder {target.parent} does not exist; create it "
+                          "first")
+    _need_folder(flag, path, found, "pass a path in a folder")
+    _check_writable(flag, path, found)
+
+
+def check_output_folder(flag: str, path: str | Path | None, example: str = "runs/NAME") -> None:
+    """ConfigError, one line, for a folder a run creates (with its parents) or writes into
+    (``--checkpoint-dir``, ``--export-dir``, ``--logdir``) that could not be."""
+    if not path:
+        return
+    target = _checked_name(flag, path)
+    found = _nearest(flag, target, target)
+    if found == target and not stat.S_ISDIR(_stat(flag, target, target).st_mode):
+        raise ConfigError(f"{flag} {path} is a file; give a folder like {example}")
+    _need_folder(flag, path, found, f"give a folder like {example}")
+    _check_writable(flag, path, found)
+
+
+def check_export_dir(base: str | Path) -> Path:
+    """``base`` as a Path; ConfigError if it cannot be the export folder."""
+    check_output_folder("--export-dir", base, example="models/mnist")
+    return Path(base)
+
+
+def check_keras_path(path: str | Path) -> Path:
+    """``path`` as a Path; ConfigError unless it ends in .keras (Keras requires it)."""
+    path = Path(path)
+    if path.suffix != ".keras":
+        raise ConfigError(f"--save-keras {path}: the file name must end in .keras")
+    return path
+
+
+def _checked_name(flag: str, path: str | Path) -> Path:
+    text = str(path)
+    if "\0" in text:  # the OS cannot take it: ValueError deep in pathlib or open()
+        raise ConfigError(f"{flag} {text!r} contains a NUL character; give a path without it")
+    target = Path(text)
+    long = [p for p in target.parts if len(os.fsencode(p)) > _NAME_MAX]
+    if long or len(os.fsencode(str(target.absolute()))) >= _PATH_MAX:
+        what = f"the name {long[0][:40]}... is over {_NAME_MAX} bytes" if long else \
+            f"the path is over {_PATH_MAX} bytes"
+        raise ConfigError(f"{flag} {text[:200]}: {what}; give a shorter path")
+    return target
+
+
+def _nearest(flag: str, path: Path, target: Path) -> Path:
+    """``target`` or its nearest ancestor that exists (links followed); ConfigError for a link
+    to nothing or a loop of links on the way, or an ancestor this user may not look into."""
+    current = target
+    while True:
+        try:
+            os.stat(current)
+            return current
+        except (FileNotFoundError, NotADirectoryError):
+            if current.is_symlink():  # lstat: the link is there, what it points to is not
+                raise ConfigError(f"{flag} {path}: {current} is a link to nothing "
+                                  f"({os.readlink(current)}); remove it or point it at "
+                                  "something that exists") from None
+            if current.parent == current:
+                return current
+            current = current.parent
+        except OSError as e:
+            raise _unreachable(flag, path, current, e) from None
+
+
+def _stat(flag: str, path: str | Path, at: Path) -> os.stat_result:
+    try:
+        return os.stat(at)
+    except OSError as e:
+        raise _unreachable(flag, path, at, e) from None
+
+
+def _need_folder(flag: str, path: str | Path, found: Path, fix: str) -> None:
+    if not stat.S_ISDIR(_stat(flag, path, found).st_mode):
+        raise ConfigError(f"{flag} {path}: {found} is a file, not a folder; {fix}")
+
+
+def _unreachable(flag: str, path: str | Path, at: Path, e: OSError) -> ConfigError:
+    if e.errno == errno.ELOOP:
+        return ConfigError(f"{flag} {path}: a loop of symbolic links on the way to {at}; "
+                           "point them at a folder")
+    return ConfigError(f"{flag} {path}: cannot reach {at} ({e.strerror or e}); choose a place "
+                       "this user may write to")
+
+
+def _check_writable(flag: str, path: str | Path, folder: Path) -> None:
+    # Creating a file is the only test that holds for root, read-only mounts and ACLs alike
+    # (os.access says yes to root on a read-only sysfs). TemporaryFile uses O_TMPFILE on
+    # Linux: a file with no name, so nothing is left in the folder, whatever happens.
+    try:
+        with tempfile.TemporaryFile(prefix=".mirrorfit-probe-", dir=folder):
+            pass
+    except OSError as e:
+        raise ConfigError(f"{flag} {path}: cannot write in {folder} ({e.strerror or e}); "
+                          "choose a place this user may write to") from None

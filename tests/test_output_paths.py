@@ -1,0 +1,100 @@
+"""output_paths: where a run writes, checked before any work. Legitimate places pass and leave
+nothing behind; every bad one is one ConfigError line naming the flag, the value and the fix
+(never an OSError or RuntimeError from deep in pathlib)."""
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from mirrorfit.errors import ConfigError
+from mirrorfit.output_paths import check_output_file, check_output_folder
+
+
+@pytest.fixture
+def place(tmp_path, monkeypatch):
+    """A folder with a file, a link to nothing, a loop of links, a link to a real folder and a
+    checkpoint folder from an earlier run; the tests work in it (relative paths)."""
+    (tmp_path / "f.txt").write_text("x")
+    (tmp_path / "ckpt" / "ckpt-000010").mkdir(parents=True)
+    (tmp_path / "runs" / "a").mkdir(parents=True)
+    (tmp_path / "runs" / "a" / "events.out.tfevents.1").write_text("")
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere" / "x")
+    (tmp_path / "loop").symlink_to("loop")
+    (tmp_path / "cklink").symlink_to(tmp_path / "ckpt")
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def _entries(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+
+
+@pytest.mark.parametrize("path", ["ckpt", "./ckpt/", "cklink", ".", "new/deep/er", "runs/a",
+                                  "runs/b"])
+def test_folders_a_run_may_use_pass_and_nothing_is_made(place, path):
+    before = _entries(place)
+    check_output_folder("--checkpoint-dir", path)
+    assert _entries(place) == before  # no folder made, no probe file left
+
+
+@pytest.mark.parametrize("path", ["m.json", "runs/m.json", "f.txt", "cklink/m.json"])
+def test_files_a_run_may_write_pass(place, path):
+    before = _entries(place)
+    check_output_file("--metrics-out", path)
+    assert _entries(place) == before
+
+
+@pytest.mark.parametrize("check, path, words", [
+    ("folder", "f.txt", "--logdir f.txt is a file; give a folder like runs/NAME"),
+    ("folder", "f.txt/sub/deeper", "--logdir f.txt/sub/deeper: f.txt is a file, not a folder"),
+    ("folder", "dangling", "--logdir dangling: dangling is a link to nothing"),
+    ("folder", "dangling/sub", "--logdir dangling/sub: dangling is a link to nothing"),
+    ("folder", "loop", "--logdir loop: a loop of symbolic links on the way to loop"),
+    ("folder", "loop/sub", "--logdir loop/sub: a loop of symbolic links on the way to loop/sub"),
+    ("folder", "x/" + "a" * 300 + "/y", "is over 255 bytes; give a shorter path"),
+    ("folder", "/".join(["abcdefgh"] * 600), "the path is over 4096 bytes"),
+    ("folder", "a\0b", "contains a NUL character"),
+    ("file", "ckpt", "--logdir ckpt is a folder; pass a file path"),
+    ("file", "f.txt/m.json", "--logdir f.txt/m.json: f.txt is a file, not a folder"),
+    ("file", "f.txt/x/m.json", "--logdir f.txt/x/m.json: f.txt is a file, not a folder"),
+    ("file", "nope/m.json", "--logdir nope/m.json: folder nope does not exist; create it first"),
+    ("file", "dangling/m.json", "dangling is a link to nothing"),
+    ("file", "loop/m.json", "a loop of symbolic links on the way to loop/m.json"),
+    ("file", "a" * 300 + ".json", "is over 255 bytes"),
+])
+def test_bad_places_are_one_line_naming_the_flag_and_the_fix(place, check, path, words):
+    before = _entries(place)
+    fn = check_output_folder if check == "folder" else check_output_file
+    with pytest.raises(ConfigError, match=re.escape(words)):
+        fn("--logdir", path)
+    assert _entries(place) == before
+
+
+@pytest.mark.skipif(not Path("/dev/null").exists(), reason="needs /dev/null")
+def test_a_device_is_not_replaced_by_a_file():
+    # Written atomically (temp file + rename), /dev/null would become a JSON file as root.
+    with pytest.raises(ConfigError, match="--metrics-out /dev/null is not a regular file"):
+        check_output_file("--metrics-out", "/dev/null")
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc")
+def test_a_place_no_one_may_create_files_in_is_refused():
+    with pytest.raises(ConfigError, match=re.escape("--export-dir /proc/m: cannot write in "
+                                                    "/proc")):
+        check_output_folder("--export-dir", "/proc/m")
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root may enter any folder")
+def test_a_folder_this_user_may_not_enter_is_one_line(tmp_path):
+    locked = tmp_path / "locked"
+    (locked / "inner").mkdir(parents=True)
+    locked.chmod(0)
+    try:
+        with pytest.raises(ConfigError, match="cannot reach .*locked/inner.*Permission denied"):
+            check_output_folder("--logdir", locked / "inner" / "runs")
+        with pytest.raises(ConfigError, match="Permission denied"):
+            check_output_file("--metrics-out", locked / "inner" / "m.json")
+    finally:
+        locked.chmod(0o700)
