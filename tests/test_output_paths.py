@@ -23,6 +23,8 @@ def place(tmp_path, monkeypatch):
     (tmp_path / "dangling").symlink_to(tmp_path / "nowhere" / "x")
     (tmp_path / "loop").symlink_to("loop")
     (tmp_path / "cklink").symlink_to(tmp_path / "ckpt")
+    (tmp_path / "mlink").symlink_to("f.txt")
+    (tmp_path / "with space").mkdir()
     monkeypatch.chdir(tmp_path)
     return tmp_path
 
@@ -39,7 +41,8 @@ def test_folders_a_run_may_use_pass_and_nothing_is_made(place, path):
     assert _entries(place) == before  # no folder made, no probe file left
 
 
-@pytest.mark.parametrize("path", ["m.json", "runs/m.json", "f.txt", "cklink/m.json"])
+@pytest.mark.parametrize("path", ["m.json", "runs/m.json", "f.txt", "cklink/m.json",
+                                  "~backup.json", "with space/../m é.json"])
 def test_files_a_run_may_write_pass(place, path):
     before = _entries(place)
     check_output_file("--metrics-out", path)
@@ -63,6 +66,11 @@ def test_files_a_run_may_write_pass(place, path):
     ("file", "dangling/m.json", "dangling is a link to nothing"),
     ("file", "loop/m.json", "a loop of symbolic links on the way to loop/m.json"),
     ("file", "a" * 300 + ".json", "is over 255 bytes"),
+    # the write goes through a longer temporary name first: it must fit too
+    ("file", "k" * 240 + ".keras", "the file name is over 191 bytes"),
+    ("file", "mlink", "--logdir mlink is a symbolic link (f.txt); the file is replaced, not "
+                      "written through"),
+    ("folder", "~/runs", "--logdir ~/runs: ~ is not expanded here; write the full path"),
 ])
 def test_bad_places_are_one_line_naming_the_flag_and_the_fix(place, check, path, words):
     before = _entries(place)
@@ -86,12 +94,26 @@ def test_a_place_no_one_may_create_files_in_is_refused():
         check_output_folder("--export-dir", "/proc/m")
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root may enter any folder")
+def test_a_removed_current_folder_is_one_line(tmp_path, monkeypatch):
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    monkeypatch.chdir(gone)
+    gone.rmdir()
+    with pytest.raises(ConfigError, match="the current folder no longer exists"):
+        check_output_folder("--logdir", "runs")
+    check_output_file("--metrics-out", tmp_path / "m.json")  # an absolute path still works
+
+
 def test_a_folder_this_user_may_not_enter_is_one_line(tmp_path):
     locked = tmp_path / "locked"
     (locked / "inner").mkdir(parents=True)
     locked.chmod(0)
     try:
+        try:
+            os.listdir(locked)
+            pytest.skip("this user enters any folder (root with CAP_DAC_OVERRIDE)")
+        except PermissionError:
+            pass
         with pytest.raises(ConfigError, match="cannot reach .*locked/inner.*Permission denied"):
             check_output_folder("--logdir", locked / "inner" / "runs")
         with pytest.raises(ConfigError, match="Permission denied"):

@@ -19,8 +19,12 @@ from pathlib import Path
 
 from mirrorfit.errors import ConfigError
 
-_NAME_MAX = 255  # bytes per path component on Linux, macOS and Windows file systems
+_NAME_MAX = 255  # bytes per path component (Linux; other systems count differently)
 _PATH_MAX = 4096
+# A file is written beside itself under a longer temporary name, then renamed: Keras's
+# ".{stem}.tmp-{host}-{pid}-{32 hex}.keras" adds up to ~61 bytes, JSON's ".{name}.XXXXXXXX.tmp"
+# 14. A name that leaves no room for them would fail at the end of the run.
+_TEMP_NAME_ROOM = 64
 
 
 def check_output_file(flag: str, path: str | Path | None) -> None:
@@ -30,8 +34,17 @@ def check_output_file(flag: str, path: str | Path | None) -> None:
     if not path:
         return
     target = _checked_name(flag, path)
+    if len(os.fsencode(target.name)) > _NAME_MAX - _TEMP_NAME_ROOM:
+        raise ConfigError(f"{flag} {str(path)[:200]}: the file name is over "
+                          f"{_NAME_MAX - _TEMP_NAME_ROOM} bytes (it is written under a longer "
+                          "temporary name first); give a shorter name")
     found = _nearest(flag, target, target)
     if found == target:
+        if target.is_symlink():  # safe: the stat above reached it
+            # The file is replaced (temp file + rename), not written through: the link would
+            # become a plain file and its target (a log, /dev/stdout) would get nothing.
+            raise ConfigError(f"{flag} {path} is a symbolic link ({os.readlink(target)}); the "
+                              "file is replaced, not written through: pass the file's own path")
         mode = _stat(flag, target, target).st_mode
         if stat.S_ISDIR(mode):
             raise ConfigError(f"{flag} {path} is a folder; pass a file path such as "
@@ -81,8 +94,23 @@ def _checked_name(flag: str, path: str | Path) -> Path:
     if "\0" in text:  # the OS cannot take it: ValueError deep in pathlib or open()
         raise ConfigError(f"{flag} {text!r} contains a NUL character; give a path without it")
     target = Path(text)
-    long = [p for p in target.parts if len(os.fsencode(p)) > _NAME_MAX]
-    if long or len(os.fsencode(str(target.absolute()))) >= _PATH_MAX:
+    head = target.parts[0] if target.parts else ""
+    if head.startswith("~") and os.path.expanduser(head) != head and not os.path.lexists(head):
+        # Only a shell expands ~ (not a config file, nor a quoted flag): a folder named "~"
+        # would be made here.
+        raise ConfigError(f"{flag} {text}: ~ is not expanded here; write the full path, such "
+                          f"as {os.path.expanduser(text)}")
+    try:
+        encoded = [os.fsencode(p) for p in target.parts]
+        cwd = "" if target.is_absolute() else os.getcwd()
+    except UnicodeEncodeError:
+        raise ConfigError(f"{flag} {text!r} cannot be encoded as a file name; give a path "
+                          "without it") from None
+    except FileNotFoundError:
+        raise ConfigError(f"{flag} {text}: the current folder no longer exists (it was "
+                          "removed); cd to an existing folder or give an absolute path") from None
+    long = [p for p, b in zip(target.parts, encoded) if len(b) > _NAME_MAX]
+    if long or len(os.fsencode(cwd)) + 1 + sum(len(b) + 1 for b in encoded) > _PATH_MAX:
         what = f"the name {long[0][:40]}... is over {_NAME_MAX} bytes" if long else \
             f"the path is over {_PATH_MAX} bytes"
         raise ConfigError(f"{flag} {text[:200]}: {what}; give a shorter path")
