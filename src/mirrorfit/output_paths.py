@@ -38,7 +38,7 @@ def check_output_file(flag: str, path: str | Path | None) -> None:
         raise ConfigError(f"{flag} {str(path)[:200]}: the file name is over "
                           f"{_NAME_MAX - _TEMP_NAME_ROOM} bytes (it is written under a longer "
                           "temporary name first); give a shorter name")
-    found = _nearest(flag, target, target)
+    found = _nearest(flag, target)
     if found == target:
         if target.is_symlink():  # safe: the stat above reached it
             # The file is replaced (temp file + rename), not written through: the link would
@@ -68,7 +68,7 @@ def check_output_folder(flag: str, path: str | Path | None, example: str = "runs
     if not path:
         return
     target = _checked_name(flag, path)
-    found = _nearest(flag, target, target)
+    found = _nearest(flag, target)
     if found == target and not stat.S_ISDIR(_stat(flag, target, target).st_mode):
         raise ConfigError(f"{flag} {path} is a file; give a folder like {example}")
     _need_folder(flag, path, found, f"give a folder like {example}")
@@ -117,7 +117,7 @@ def _checked_name(flag: str, path: str | Path) -> Path:
     return target
 
 
-def _nearest(flag: str, path: Path, target: Path) -> Path:
+def _nearest(flag: str, target: Path) -> Path:
     """``target`` or its nearest ancestor that exists (links followed); ConfigError for a link
     to nothing or a loop of links on the way, or an ancestor this user may not look into."""
     current = target
@@ -127,14 +127,14 @@ def _nearest(flag: str, path: Path, target: Path) -> Path:
             return current
         except (FileNotFoundError, NotADirectoryError):
             if current.is_symlink():  # lstat: the link is there, what it points to is not
-                raise ConfigError(f"{flag} {path}: {current} is a link to nothing "
+                raise ConfigError(f"{flag} {target}: {current} is a link to nothing "
                                   f"({os.readlink(current)}); remove it or point it at "
                                   "something that exists") from None
             if current.parent == current:
                 return current
             current = current.parent
         except OSError as e:
-            raise _unreachable(flag, path, current, e) from None
+            raise _unreachable(flag, target, current, e) from None
 
 
 def _stat(flag: str, path: str | Path, at: Path) -> os.stat_result:
