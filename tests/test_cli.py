@@ -37,7 +37,6 @@ def _one_line_error(proc, *needles):
     (["--cross-device-ops", "nccl", "--replicas", "2"], ["nccl needs GPUs"]),
     (["--epochs", "0"], ["epochs must be a positive integer"]),
     (["--epochs", "ten"], ["invalid int value: 'ten'"]),
-    (["--data-dir", "/nonexistent"], ["no mnist.npz at --data-dir /nonexistent"]),
     (["--precision", "fp8"], ["unknown precision 'fp8'", "fp32, bf16, fp16"]),
     (["--accum-steps", "0"], ["--accum-steps must be a positive integer"]),
     (["--replicas", "2", "--accum-steps", "4", "--global-batch-size", "100"],
@@ -103,6 +102,18 @@ def test_output_paths_are_refused_before_tensorflow_loads(tmp_path, flag, path, 
                    without_tensorflow=True)
     _one_line_error(proc, needle.format(p=target, tmp=tmp_path))
     assert "ModuleNotFoundError" not in proc.stderr and "ImportError" not in proc.stderr
+
+
+@pytest.mark.parametrize("name, needle", [
+    ("nowhere", "no mnist.npz at --data-dir {p}; point it at the folder holding mnist.npz"),
+    ("f.txt", "no mnist.npz at --data-dir {p}; point it at the folder holding mnist.npz"),
+    ("x" * 300, "no mnist.npz at --data-dir {p}, file name too long; point it at"),
+])
+def test_a_wrong_data_dir_is_refused_before_tensorflow_loads(tmp_path, name, needle):
+    (tmp_path / "f.txt").write_text("x")
+    proc = run_cli("train", "--epochs", "1", "--data-dir", str(tmp_path / name),
+                   without_tensorflow=True)
+    _one_line_error(proc, needle.format(p=tmp_path / name))
 
 
 def test_export_refuses_its_folder_before_tensorflow_loads(tmp_path):

@@ -117,6 +117,17 @@ def test_wrong_data_dir_is_an_error_not_a_fallback(tmp_path):
         locate_mnist(str(tmp_path), download=False)
 
 
+def test_a_path_that_cannot_be_looked_at_is_named_with_why(tmp_path, monkeypatch):
+    long = tmp_path / ("x" * 300)  # longer than a file name may be
+    with pytest.raises(DataError, match=r"--data-dir .*x{300}, file name too long; point it"):
+        locate_mnist(str(long), download=False)
+    monkeypatch.setenv("MIRRORFIT_DATA", str(long))
+    monkeypatch.setenv("KERAS_HOME", str(tmp_path))
+    with pytest.raises(DataError, match=r"tried \$MIRRORFIT_DATA \(.*mnist.npz: file name too "
+                                        r"long\), Keras cache \(.*: no such file\)"):
+        locate_mnist(download=False)
+
+
 def test_corrupt_file(tmp_path):
     (tmp_path / "mnist.npz").write_bytes(b"not a zip at all")
     with pytest.raises(DataError, match="is not a valid MNIST npz file"):

@@ -64,9 +64,10 @@ def locate_mnist(data_dir: str | None = None, *, download: bool = True) -> Path:
     the only place looked at. Without it: $MIRRORFIT_DATA, the Keras cache, a download."""
     if data_dir:  # an explicit path that is wrong is an error, not a hint
         file = _npz(Path(data_dir))
-        if not file.is_file():
-            raise DataError(f"no {FILENAME} at --data-dir {data_dir}; point it at the folder "
-                            f"holding {FILENAME} or at the file itself")
+        found, why = _is_file(file)
+        if not found:
+            raise DataError(f"no {FILENAME} at --data-dir {data_dir}{why}; point it at the "
+                            f"folder holding {FILENAME} or at the file itself")
         return file
     tried = []
     env = os.environ.get("MIRRORFIT_DATA")
@@ -76,9 +77,10 @@ def locate_mnist(data_dir: str | None = None, *, download: bool = True) -> Path:
             tried.append(f"{origin} (unset)")
             continue
         file = _npz(folder)
-        if file.is_file():
+        found, why = _is_file(file)
+        if found:
             return file
-        tried.append(f"{origin} ({file}: no such file)")
+        tried.append(f"{origin} ({file}: {why[2:] or 'no such file'})")
     if download:
         try:
             return _download(keras_cache() / FILENAME)
@@ -92,6 +94,15 @@ def locate_mnist(data_dir: str | None = None, *, download: bool = True) -> Path:
 
 def _npz(path: Path) -> Path:
     return path if path.suffix == ".npz" else path / FILENAME
+
+
+def _is_file(path: Path) -> tuple[bool, str]:
+    """Whether ``path`` is a file, and if the look itself failed, why (", " + reason): a name
+    too long or a folder this user cannot enter is an answer, not a traceback."""
+    try:
+        return path.is_file(), ""
+    except OSError as e:
+        return False, f", {(e.strerror or str(e)).lower()}"
 
 
 def _download(dest: Path) -> Path:
