@@ -116,6 +116,12 @@ def test_a_wrong_data_dir_is_refused_before_tensorflow_loads(tmp_path, name, nee
     _one_line_error(proc, needle.format(p=tmp_path / name))
 
 
+@pytest.mark.parametrize("command", [["bench"], ["evaluate", "--checkpoint-dir", "ckpt"]])
+def test_bench_and_evaluate_refuse_a_wrong_data_dir_before_tensorflow_loads(tmp_path, command):
+    proc = run_cli(*command, "--data-dir", str(tmp_path / "nowhere"), without_tensorflow=True)
+    _one_line_error(proc, f"no mnist.npz at --data-dir {tmp_path / 'nowhere'}; point it at")
+
+
 def test_export_refuses_its_folder_before_tensorflow_loads(tmp_path):
     (tmp_path / "f.txt").write_text("x")
     proc = run_cli("export", "--checkpoint-dir", str(tmp_path / "ckpt"), "--export-dir",
