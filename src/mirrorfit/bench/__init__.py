@@ -29,7 +29,8 @@ def run_bench(grid: Grid, *, out_dir: str | Path, tolerance: float = 0.005,
     from mirrorfit.distribute.devices import usable_cpus
     from mirrorfit.models import model_factory
 
-    console = console or Console(stderr=True)
+    # soft_wrap: a message is one line in a log (a long path wrapped at 80 columns split it)
+    console = console or Console(stderr=True, soft_wrap=True)
     points = grid.points()  # checks the grid before anything is built
     source = open_source(grid, points[0])  # a source that cannot be read fails here, once
     shape, classes = source.input_shape, source.num_classes
