@@ -122,6 +122,22 @@ def test_bench_and_evaluate_refuse_a_wrong_data_dir_before_tensorflow_loads(tmp_
     _one_line_error(proc, f"no mnist.npz at --data-dir {tmp_path / 'nowhere'}; point it at")
 
 
+@pytest.mark.parametrize("args, needle", [
+    (["export", "--checkpoint-dir", "{tmp}/none", "--export-dir", "{tmp}/m"],
+     "no checkpoint in {tmp}/none; train with --checkpoint-dir {tmp}/none first"),
+    (["evaluate", "--checkpoint-dir", "{tmp}/f.txt"], "no checkpoint in {tmp}/f.txt; train"),
+    (["evaluate", "--checkpoint-dir", "{tmp}/" + "c" * 300],
+     "cannot read --checkpoint-dir {tmp}/" + "c" * 300 + ": file name too long"),
+    (["evaluate", "--saved-model", "{tmp}/none"],
+     "no SavedModel at {tmp}/none; pass models/NAME or models/NAME/0001"),
+])
+def test_a_missing_model_is_refused_before_tensorflow_loads(tmp_path, args, needle):
+    (tmp_path / "f.txt").write_text("x")
+    proc = run_cli(*(a.format(tmp=tmp_path) for a in args), without_tensorflow=True)
+    _one_line_error(proc, needle.format(tmp=tmp_path))
+    assert not (tmp_path / "m").exists()
+
+
 def test_export_refuses_its_folder_before_tensorflow_loads(tmp_path):
     (tmp_path / "f.txt").write_text("x")
     proc = run_cli("export", "--checkpoint-dir", str(tmp_path / "ckpt"), "--export-dir",

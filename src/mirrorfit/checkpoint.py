@@ -27,7 +27,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import re
 import shutil
 import sys
 import tempfile
@@ -42,13 +41,13 @@ from mirrorfit import _io
 from mirrorfit.checkpoint_meta import (EPOCH_END_KEYS, FORMAT, CheckpointError,
                                        NewerFormatError, check_data, check_epoch_logs,
                                        check_identity, check_settings, decode_epoch_logs,
-                                       encode_epoch_logs, read_meta)
+                                       encode_epoch_logs, list_checkpoints, read_meta,
+                                       require_checkpoints)
 from mirrorfit.data.pipeline import DataOrder
 from mirrorfit.engine.trainer import Position
 # Re-exported: callers take the preemption pieces from here, beside the checkpoints they save.
 from mirrorfit.preemption import EXIT_PREEMPTED, Preempted, PreemptionGuard  # noqa: F401
 
-_NAME = re.compile(r"ckpt-([0-9]+)")  # fullmatch, ASCII: \d and $ take "٣" and a newline
 __all__ = ["CheckpointError", "Checkpointer", "Restored", "identity", "list_checkpoints",
            "load_model", "read_meta"]
 
@@ -308,14 +307,6 @@ def _unreadable(path: Path, why: str) -> "CheckpointError":
                            reason=why)
 
 
-def list_checkpoints(directory: Path) -> list[Path]:
-    """Complete checkpoint folders in ``directory``, oldest first (temp folders excluded)."""
-    if not directory.is_dir():
-        return []
-    found = [p for p in directory.iterdir() if _NAME.fullmatch(p.name) and p.is_dir()]
-    return sorted(found, key=lambda p: int(_NAME.fullmatch(p.name).group(1)))
-
-
 def load_model(directory: str | Path, *, model: str | None = None,
                on_notice: Callable[[str], None] = lambda m: print(m, file=sys.stderr)):
     """The model of the newest readable checkpoint in ``directory``, rebuilt outside any
@@ -327,10 +318,7 @@ def load_model(directory: str | Path, *, model: str | None = None,
     """
 
     directory = Path(directory)
-    found = list_checkpoints(directory)
-    if not found:
-        raise CheckpointError(f"no checkpoint in {directory}; train with --checkpoint-dir "
-                              f"{directory} first")
+    found = require_checkpoints(directory)
     unreadable: list[tuple[Path, str]] = []
     for path in reversed(found):
         try:

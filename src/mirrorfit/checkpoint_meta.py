@@ -24,6 +24,7 @@ from mirrorfit.errors import MirrorfitError
 # "epoch_logs" (see checkpoint.Checkpointer.save), and an epoch-end save at the step of a step
 # hook's checkpoint rewrites its position to the next epoch's start.
 FORMAT = 4
+_NAME = re.compile(r"ckpt-([0-9]+)")  # fullmatch, ASCII: \d and $ take "٣" and a newline
 # What each DataOrder field is called in a message.
 LABELS = {"seed": "seed", "examples": "training examples", "global_batch": "global batch",
           "fingerprint": "training data"}
@@ -224,3 +225,26 @@ def check_data(path: Path, meta: dict, ours: Mapping[str, Any],
 
 def as_flag(flag: str, value: Any) -> str:
     return f"without {flag}" if value is None else f"{flag} {value}"
+
+
+def list_checkpoints(directory: Path) -> list[Path]:
+    """Complete checkpoint folders in ``directory``, oldest first (temp folders excluded)."""
+    if not directory.is_dir():
+        return []
+    found = [p for p in directory.iterdir() if _NAME.fullmatch(p.name) and p.is_dir()]
+    return sorted(found, key=lambda p: int(_NAME.fullmatch(p.name).group(1)))
+
+
+def require_checkpoints(directory: str | Path) -> list[Path]:
+    """:func:`list_checkpoints`, or CheckpointError, one line, when there is none (or the folder
+    cannot be read). Plain Python: ``export`` and ``evaluate`` call it before TensorFlow loads."""
+    directory = Path(directory)
+    try:
+        found = list_checkpoints(directory)
+    except OSError as e:  # a name too long, a folder this user may not read
+        raise CheckpointError(f"cannot read --checkpoint-dir {directory}: "
+                              f"{(e.strerror or str(e)).lower()}") from None
+    if not found:
+        raise CheckpointError(f"no checkpoint in {directory}; train with --checkpoint-dir "
+                              f"{directory} first")
+    return found

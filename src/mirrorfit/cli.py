@@ -96,11 +96,13 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
+    from mirrorfit.checkpoint_meta import require_checkpoints
     from mirrorfit.output_paths import check_export_dir
 
     if not args.export_dir:
         raise MirrorfitError("mirrorfit export needs --export-dir models/NAME")
     check_export_dir(args.export_dir)  # before TensorFlow loads and the model with it
+    require_checkpoints(args.checkpoint_dir)
     from mirrorfit.checkpoint import load_model
     from mirrorfit.export import export_saved_model
 

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from mirrorfit.checkpoint_meta import require_checkpoints
 from mirrorfit.config import load_config
 from mirrorfit.data.spec import source_kind
 from mirrorfit.errors import ConfigError, DataError
@@ -39,11 +40,23 @@ def check_evaluate_flags(*, checkpoint_dir: str | None = None, saved_model: str 
     if bool(checkpoint_dir) == bool(saved_model):
         raise ConfigError("pass exactly one of --checkpoint-dir or --saved-model")
     config = load_config(data=data, data_dir=data_dir, image_size=image_size)
+    if checkpoint_dir:
+        require_checkpoints(checkpoint_dir)
+    elif not _is_dir(saved_model):
+        raise ConfigError(f"no SavedModel at {saved_model}; pass models/NAME or "
+                          "models/NAME/0001")
     kind = source_kind(data)
     if kind in ("synthetic", "tfrecord"):  # never a test split: known without opening it
         raise ConfigError(f"--data {data} has no test split to evaluate on: {_NO_TEST[kind]} "
                           "(or use --data mnist)")
     return config
+
+
+def _is_dir(path: str) -> bool:
+    try:
+        return Path(path).is_dir()
+    except OSError:  # a name too long: no SavedModel there either
+        return False
 
 
 def _saved_model_predict(path: Path):
