@@ -94,6 +94,27 @@ def test_a_place_no_one_may_create_files_in_is_refused():
         check_output_folder("--export-dir", "/proc/m")
 
 
+def test_a_folder_this_user_may_write_but_not_read_is_refused(tmp_path):
+    """Written files are renamed in and the folder fsynced, which opens it for reading: a
+    write-only folder passed the write test and failed after training."""
+    box = tmp_path / "box"
+    box.mkdir()
+    box.chmod(0o333)
+    try:
+        try:
+            os.close(os.open(box, os.O_RDONLY))
+            pytest.skip("this user reads any folder (root with CAP_DAC_READ_SEARCH)")
+        except PermissionError:
+            pass
+        with pytest.raises(ConfigError, match=re.escape(f"--metrics-out {box}/m.json: cannot "
+                                                        f"read {box} (Permission denied)")):
+            check_output_file("--metrics-out", box / "m.json")
+        with pytest.raises(ConfigError, match="which writing there safely needs"):
+            check_output_folder("--logdir", box)
+    finally:
+        box.chmod(0o700)
+
+
 def test_a_removed_current_folder_is_one_line(tmp_path, monkeypatch):
     gone = tmp_path / "gone"
     gone.mkdir()

@@ -167,3 +167,9 @@ def _check_writable(flag: str, path: str | Path, folder: Path) -> None:
     except OSError as e:
         raise ConfigError(f"{flag} {path}: cannot write in {folder} ({e.strerror or e}); "
                           "choose a place this user may write to") from None
+    try:  # what is renamed into the folder is made durable by fsyncing it, which reads it
+        os.close(os.open(folder, os.O_RDONLY))
+    except OSError as e:
+        raise ConfigError(f"{flag} {path}: cannot read {folder} ({e.strerror or e}), which "
+                          "writing there safely needs (fsync); choose a place this user may "
+                          "read and write") from None
