@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from mirrorfit.errors import ConfigError
+from mirrorfit import output_paths
 from mirrorfit.output_paths import check_output_file, check_output_folder
 
 
@@ -113,6 +114,29 @@ def test_a_folder_this_user_may_write_but_not_read_is_refused(tmp_path):
             check_output_folder("--logdir", box)
     finally:
         box.chmod(0o700)
+
+
+def test_another_user_s_file_in_a_sticky_folder_is_refused(tmp_path):
+    """/tmp is sticky: only a file's or the folder's owner may rename over the file, so
+    another user's metrics.json there cannot be replaced (it passed, and failed at the end)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to give a file to another user")
+    sticky = tmp_path / "sticky"
+    sticky.mkdir()
+    sticky.chmod(0o1777)
+    os.chown(sticky, 65534, 65534)  # like /tmp: owned by someone else than this user
+    theirs = sticky / "m.json"
+    theirs.write_text("{}")
+    os.chown(theirs, 65534, 65534)
+    mine = sticky / "mine.json"
+    mine.write_text("{}")  # this user's own file there is fine
+    check_output_file("--metrics-out", mine)
+    if output_paths._has_fowner():
+        check_output_file("--metrics-out", theirs)  # root with CAP_FOWNER replaces any file
+        pytest.skip("this user replaces any file (root with CAP_FOWNER)")
+    with pytest.raises(ConfigError, match=re.escape(f"--metrics-out {theirs} belongs to "
+                                                    "another user (uid 65534)")):
+        check_output_file("--metrics-out", theirs)
 
 
 def test_a_removed_current_folder_is_one_line(tmp_path, monkeypatch):

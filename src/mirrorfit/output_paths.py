@@ -53,6 +53,7 @@ def check_output_file(flag: str, path: str | Path | None) -> None:
         if not stat.S_ISREG(mode):
             raise ConfigError(f"{flag} {path} is not a regular file (a device, pipe or "
                               "socket) and would be replaced; pass a file path")
+        _check_replaceable(flag, path, target)
         found = target.parent
     elif found != target.parent:
         _need_folder(flag, path, found, "pass a path in a folder")
@@ -155,6 +156,29 @@ def _unreachable(flag: str, path: str | Path, at: Path, e: OSError) -> ConfigErr
                            "point them at a folder")
     return ConfigError(f"{flag} {path}: cannot reach {at} ({e.strerror or e}); choose a place "
                        "this user may write to")
+
+
+def _check_replaceable(flag: str, path: str | Path, target: Path) -> None:
+    """In a sticky folder (/tmp), only the file's or the folder's owner may rename over a
+    file: another user's file there passed the write test and failed after training."""
+    folder, file = os.stat(target.parent), os.stat(target)
+    me = os.geteuid()
+    if folder.st_mode & stat.S_ISVTX and me not in (file.st_uid, folder.st_uid) \
+            and not _has_fowner():
+        raise ConfigError(f"{flag} {path} belongs to another user (uid {file.st_uid}) in a "
+                          f"folder where only its owner may replace it ({target.parent} is "
+                          "sticky, like /tmp); pass another file name")
+
+
+def _has_fowner() -> bool:
+    """Whether this process has CAP_FOWNER (root usually does): it may replace any file.
+    Read from /proc; where that cannot be read, assume it has, and let the write say."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            caps = next(line for line in f if line.startswith("CapEff:"))
+        return bool(int(caps.split()[1], 16) & (1 << 3))  # CAP_FOWNER is capability 3
+    except (OSError, ValueError, StopIteration, IndexError):
+        return True
 
 
 def _check_writable(flag: str, path: str | Path, folder: Path) -> None:
