@@ -4,6 +4,9 @@ nothing behind; every bad one is one ConfigError line naming the flag, the value
 
 import os
 import re
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -102,16 +105,11 @@ def test_a_folder_this_user_may_write_but_not_read_is_refused(tmp_path):
     box.mkdir()
     box.chmod(0o333)
     try:
-        try:
-            os.close(os.open(box, os.O_RDONLY))
-            pytest.skip("this user reads any folder (root with CAP_DAC_READ_SEARCH)")
-        except PermissionError:
-            pass
-        with pytest.raises(ConfigError, match=re.escape(f"--metrics-out {box}/m.json: cannot "
-                                                        f"read {box} (Permission denied)")):
-            check_output_file("--metrics-out", box / "m.json")
-        with pytest.raises(ConfigError, match="which writing there safely needs"):
-            check_output_folder("--logdir", box)
+        assert _refusal("check_output_file", "--metrics-out", box / "m.json") == (
+            f"--metrics-out {box}/m.json: cannot read {box} (Permission denied), which writing "
+            "there safely needs (fsync); choose a place this user may read and write")
+        assert "which writing there safely needs" in _refusal("check_output_folder", "--logdir",
+                                                              box)
     finally:
         box.chmod(0o700)
 
@@ -125,18 +123,16 @@ def test_another_user_s_file_in_a_sticky_folder_is_refused(tmp_path):
     sticky.mkdir()
     sticky.chmod(0o1777)
     os.chown(sticky, 65534, 65534)  # like /tmp: owned by someone else than this user
-    theirs = sticky / "m.json"
+    theirs, mine = sticky / "m.json", sticky / "mine.json"
     theirs.write_text("{}")
     os.chown(theirs, 65534, 65534)
-    mine = sticky / "mine.json"
-    mine.write_text("{}")  # this user's own file there is fine
-    check_output_file("--metrics-out", mine)
-    if output_paths._has_fowner():
-        check_output_file("--metrics-out", theirs)  # root with CAP_FOWNER replaces any file
-        pytest.skip("this user replaces any file (root with CAP_FOWNER)")
-    with pytest.raises(ConfigError, match=re.escape(f"--metrics-out {theirs} belongs to "
-                                                    "another user (uid 65534)")):
-        check_output_file("--metrics-out", theirs)
+    mine.write_text("{}")
+    assert _refusal("check_output_file", "--metrics-out", mine) is None  # one's own file
+    assert _refusal("check_output_file", "--metrics-out", theirs) == (
+        f"--metrics-out {theirs} belongs to another user (uid 65534) in a folder where only its "
+        f"owner may replace it ({sticky} is sticky, like /tmp); pass another file name")
+    if _cap_eff() & (1 << 3):
+        check_output_file("--metrics-out", theirs)  # root, with CAP_FOWNER, may replace it
 
 
 def test_a_removed_current_folder_is_one_line(tmp_path, monkeypatch):
@@ -154,14 +150,45 @@ def test_a_folder_this_user_may_not_enter_is_one_line(tmp_path):
     (locked / "inner").mkdir(parents=True)
     locked.chmod(0)
     try:
-        try:
-            os.listdir(locked)
-            pytest.skip("this user enters any folder (root with CAP_DAC_OVERRIDE)")
-        except PermissionError:
-            pass
-        with pytest.raises(ConfigError, match="cannot reach .*locked/inner.*Permission denied"):
-            check_output_folder("--logdir", locked / "inner" / "runs")
-        with pytest.raises(ConfigError, match="Permission denied"):
-            check_output_file("--metrics-out", locked / "inner" / "m.json")
+        assert re.search("cannot reach .*locked/inner.*Permission denied", _refusal(
+            "check_output_folder", "--logdir", locked / "inner" / "runs"))
+        assert "Permission denied" in _refusal("check_output_file", "--metrics-out",
+                                               locked / "inner" / "m.json")
     finally:
         locked.chmod(0o700)
+
+
+# Root's powers over permissions: CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH, CAP_FOWNER.
+_POWERS = (1 << 1) | (1 << 2) | (1 << 3)
+_SETPRIV = ["setpriv", "--inh-caps=-all", "--bounding-set=-dac_override,-dac_read_search,-fowner"]
+_CHECK = ("import sys\nfrom mirrorfit import output_paths\nfrom mirrorfit.errors import "
+          "ConfigError\ntry:\n    getattr(output_paths, sys.argv[1])(sys.argv[2], sys.argv[3])\n"
+          "except ConfigError as e:\n    print(e)")
+
+
+def _refusal(check: str, flag: str, path: Path) -> str | None:
+    """output_paths.``check``(flag, path)'s ConfigError message (None: accepted), for a user
+    whom permissions apply to. Where this process may pass them (root), it runs in a process
+    of its own with those powers dropped (setpriv), so the test runs under CI's root too."""
+    if not _cap_eff() & _POWERS:
+        try:
+            getattr(output_paths, check)(flag, path)
+            return None
+        except ConfigError as e:
+            return str(e)
+    if not shutil.which("setpriv"):
+        pytest.skip("this user passes permissions and setpriv is not here to drop that")
+    proc = subprocess.run([*_SETPRIV, sys.executable, "-c", _CHECK, check, flag, str(path)],
+                          capture_output=True, text=True, timeout=120)
+    if proc.stderr.startswith("setpriv:"):
+        pytest.skip(f"setpriv cannot drop root's powers here: {proc.stderr.strip()}")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout.strip() or None
+
+
+def _cap_eff() -> int:
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            return int(next(ln for ln in f if ln.startswith("CapEff:")).split()[1], 16)
+    except (OSError, StopIteration):  # not Linux: no capabilities; root passes them all
+        return _POWERS if os.geteuid() == 0 else 0
