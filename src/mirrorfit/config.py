@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from mirrorfit import output_paths
-from mirrorfit.data.mnist import locate_mnist
 from mirrorfit.data.spec import (FILE_KINDS, MAX_INPUT_ELEMENTS, check_cache, parse_ints,
                                  source_kind)
 from mirrorfit.distribute.cluster import DEFAULT_COLLECTIVE_TIMEOUT_S
@@ -177,7 +176,9 @@ class TrainConfig:
         if self.data_dir is not None and kind != "mnist":
             raise ConfigError(f"--data-dir says where MNIST is; it does not apply to --data "
                               f"{self.data}: drop --data-dir")
-        if self.data_dir is not None:  # like --data paths: a wrong one fails before TF loads
+        if self.data_dir:  # like --data paths: a wrong one fails before TensorFlow loads
+            from mirrorfit.data.mnist import locate_mnist  # (numpy: only when it is needed)
+
             locate_mnist(self.data_dir, download=False)
         if self.image_size is not None:
             object.__setattr__(self, "image_size", parse_ints(

@@ -119,13 +119,35 @@ def test_wrong_data_dir_is_an_error_not_a_fallback(tmp_path):
 
 def test_a_path_that_cannot_be_looked_at_is_named_with_why(tmp_path, monkeypatch):
     long = tmp_path / ("x" * 300)  # longer than a file name may be
-    with pytest.raises(DataError, match=r"--data-dir .*x{300}, file name too long; point it"):
+    with pytest.raises(DataError, match=r"--data-dir .*x{300}: cannot read .*x{300} \(file "
+                                        r"name too long\); point it"):
         locate_mnist(str(long), download=False)
     monkeypatch.setenv("MIRRORFIT_DATA", str(long))
     monkeypatch.setenv("KERAS_HOME", str(tmp_path))
-    with pytest.raises(DataError, match=r"tried \$MIRRORFIT_DATA \(.*mnist.npz: file name too "
+    with pytest.raises(DataError, match=r"tried \$MIRRORFIT_DATA \(.*x{300}: file name too "
                                         r"long\), Keras cache \(.*: no such file\)"):
         locate_mnist(download=False)
+
+
+def test_data_dir_is_a_folder_holding_mnist_npz_or_the_file_whatever_its_name(tmp_path,
+                                                                              mnist_dir):
+    real = mnist_dir / "mnist.npz"
+    (tmp_path / "x.npz").mkdir()  # a folder, though named like a file
+    (tmp_path / "x.npz" / "mnist.npz").symlink_to(real)
+    assert locate_mnist(str(tmp_path / "x.npz"), download=False) == tmp_path / "x.npz/mnist.npz"
+    (tmp_path / "MNIST.NPZ.bak").symlink_to(real)
+    assert locate_mnist(str(tmp_path / "MNIST.NPZ.bak"), download=False).name == "MNIST.NPZ.bak"
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "mnist.npz").mkdir()
+    with pytest.raises(DataError, match=r"cannot read .*empty/mnist.npz \(a folder, not a "
+                                        r"file\)"):
+        locate_mnist(str(tmp_path / "empty"), download=False)
+    os.mkfifo(tmp_path / "fifo")  # reading it would wait forever
+    with pytest.raises(DataError, match=r"cannot read .*fifo \(not a regular file\)"):
+        locate_mnist(str(tmp_path / "fifo"), download=False)
+    with pytest.raises(DataError, match=r"no mnist.npz at --data-dir ~/data \(~ is not "
+                                        r"expanded here: write the full path\)"):
+        locate_mnist("~/data", download=False)
 
 
 def test_corrupt_file(tmp_path):

@@ -61,7 +61,7 @@ def run_bench(grid: Grid, *, out_dir: str | Path, tolerance: float = 0.005,
             console.print(f"  {point.label:28} "
                           + (f"{rate:10,.0f} examples/s"
                              + (f"  acc {acc:.4f}" if acc is not None else "")
-                             if rate else f"FAILED: {result.get('error')}"))
+                             if rate else f"FAILED: {escape(str(result.get('error')))}"))
 
         peak, runs = run_grid(grid, on_run=on_run)
     rows = build_rows(runs, peak=peak, train_flops=flops, shared_cores=not gpus)

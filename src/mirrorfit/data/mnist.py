@@ -11,6 +11,7 @@ import hashlib
 import http.client
 import lzma
 import os
+import stat
 import urllib.request
 import zipfile
 import zlib
@@ -63,11 +64,15 @@ def locate_mnist(data_dir: str | None = None, *, download: bool = True) -> Path:
     """Path of mnist.npz. A given ``data_dir`` may be the file itself or its folder; it is
     the only place looked at. Without it: $MIRRORFIT_DATA, the Keras cache, a download."""
     if data_dir:  # an explicit path that is wrong is an error, not a hint
-        file = _npz(Path(data_dir))
-        found, why = _is_file(file)
-        if not found:
-            raise DataError(f"no {FILENAME} at --data-dir {data_dir}{why}; point it at the "
+        file, why = _find(Path(data_dir))
+        hint = (" (~ is not expanded here: write the full path)"
+                if data_dir.startswith("~") else "")
+        if why == "no such file":
+            raise DataError(f"no {FILENAME} at --data-dir {data_dir}{hint}; point it at the "
                             f"folder holding {FILENAME} or at the file itself")
+        if why:
+            raise DataError(f"--data-dir {data_dir}: cannot read {file} ({why}); point it at "
+                            f"the folder holding {FILENAME} or at the file itself")
         return file
     tried = []
     env = os.environ.get("MIRRORFIT_DATA")
@@ -76,11 +81,10 @@ def locate_mnist(data_dir: str | None = None, *, download: bool = True) -> Path:
         if folder is None:
             tried.append(f"{origin} (unset)")
             continue
-        file = _npz(folder)
-        found, why = _is_file(file)
-        if found:
+        file, why = _find(folder)
+        if not why:
             return file
-        tried.append(f"{origin} ({file}: {why[2:] or 'no such file'})")
+        tried.append(f"{origin} ({file}: {why})")
     if download:
         try:
             return _download(keras_cache() / FILENAME)
@@ -92,17 +96,27 @@ def locate_mnist(data_dir: str | None = None, *, download: bool = True) -> Path:
                     f"MIRRORFIT_DATA to a folder with {FILENAME} (keras.datasets.mnist's file)")
 
 
-def _npz(path: Path) -> Path:
-    return path if path.suffix == ".npz" else path / FILENAME
-
-
-def _is_file(path: Path) -> tuple[bool, str]:
-    """Whether ``path`` is a file, and if the look itself failed, why (", " + reason): a name
-    too long or a folder this user cannot enter is an answer, not a traceback."""
+def _find(path: Path) -> tuple[Path, str]:
+    """(the file ``path`` names, "" if it can be read, else why not). A folder means the
+    mnist.npz in it; anything else is the file itself, whatever its name. A look that fails
+    (a loop of links, a folder this user cannot enter, a name too long) says why."""
+    file = path
     try:
-        return path.is_file(), ""
-    except OSError as e:
-        return False, f", {(e.strerror or str(e)).lower()}"
+        mode = os.stat(path).st_mode
+        if stat.S_ISDIR(mode):
+            file = path / FILENAME
+            mode = os.stat(file).st_mode
+    except FileNotFoundError:
+        if file == path and path.suffix != ".npz":
+            file = path / FILENAME
+        return file, "no such file"
+    except (OSError, ValueError) as e:  # ValueError: a NUL byte in the path
+        return file, (getattr(e, "strerror", None) or str(e)).lower()
+    if stat.S_ISDIR(mode):
+        return file, "a folder, not a file"
+    if not stat.S_ISREG(mode):  # a FIFO would block the read forever
+        return file, "not a regular file"
+    return file, ""
 
 
 def _download(dest: Path) -> Path:
