@@ -47,6 +47,30 @@ def run_cli(*args: str, timeout: float = 600,
                           text=True, timeout=timeout, env=_env(), cwd=ROOT)
 
 
+# Root's powers over permissions: CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH, CAP_FOWNER.
+_POWERS = (1 << 1) | (1 << 2) | (1 << 3)
+
+
+def permissions_apply() -> list[str]:
+    """The argv prefix under which permissions apply to this user: [] where they already do,
+    else setpriv dropping root's powers over them (so permission tests run under CI's root
+    too); pytest.skip where neither is possible."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            caps = int(next(ln for ln in f if ln.startswith("CapEff:")).split()[1], 16)
+    except (OSError, StopIteration):  # not Linux: no capabilities; root passes them all
+        caps = _POWERS if os.geteuid() == 0 else 0
+    if not caps & _POWERS:
+        return []
+    prefix = ["setpriv", "--inh-caps=-all",
+              "--bounding-set=-dac_override,-dac_read_search,-fowner"]
+    probe = subprocess.run([*prefix, "true"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        pytest.skip(f"this user passes permissions and setpriv cannot drop that here: "
+                    f"{(probe.stderr or 'no setpriv').strip()}")
+    return prefix
+
+
 @pytest.fixture(scope="session")
 def mnist_dir() -> Path:
     if not (MNIST_DIR / "mnist.npz").is_file():

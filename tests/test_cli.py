@@ -125,14 +125,33 @@ def test_bench_and_evaluate_refuse_a_wrong_data_dir_before_tensorflow_loads(tmp_
 @pytest.mark.parametrize("args, needle", [
     (["export", "--checkpoint-dir", "{tmp}/none", "--export-dir", "{tmp}/m"],
      "no checkpoint in {tmp}/none; train with --checkpoint-dir {tmp}/none first"),
-    (["evaluate", "--checkpoint-dir", "{tmp}/f.txt"], "no checkpoint in {tmp}/f.txt; train"),
+    (["evaluate", "--checkpoint-dir", "{tmp}/empty"], "no checkpoint in {tmp}/empty; train"),
+    (["evaluate", "--checkpoint-dir", "{tmp}/f.txt"], "--checkpoint-dir {tmp}/f.txt is a file; "
+                                                      "give the folder that training wrote"),
     (["evaluate", "--checkpoint-dir", "{tmp}/" + "c" * 300],
      "cannot read --checkpoint-dir {tmp}/" + "c" * 300 + ": file name too long"),
+    (["export", "--checkpoint-dir", "", "--export-dir", "{tmp}/m"],
+     "mirrorfit export needs --checkpoint-dir DIR, the folder training wrote its checkpoints "
+     "to; it is empty"),
+    (["evaluate", "--checkpoint-dir", "{tmp}/link"], "--checkpoint-dir {tmp}/link is a link to "
+                                                     "nothing ({tmp}/none)"),
+    (["evaluate", "--checkpoint-dir", "{tmp}/loop"], "cannot read --checkpoint-dir {tmp}/loop: "
+                                                     "too many levels of symbolic links"),
     (["evaluate", "--saved-model", "{tmp}/none"],
-     "no SavedModel at {tmp}/none; pass models/NAME or models/NAME/0001"),
+     "no SavedModel at {tmp}/none (not there); pass models/NAME or models/NAME/0001"),
+    (["evaluate", "--saved-model", "{tmp}/link"],
+     "no SavedModel at {tmp}/link (a link to nothing: {tmp}/none); pass models/NAME"),
+    (["evaluate", "--saved-model", "{tmp}/f.txt"], "no SavedModel at {tmp}/f.txt (a file)"),
+    (["evaluate", "--saved-model", "{tmp}/empty"],
+     "no SavedModel at {tmp}/empty (no saved_model.pb and no version folder); pass"),
+    (["evaluate", "--saved-model", "{tmp}/loop"],
+     "--saved-model {tmp}/loop: cannot read it (too many levels of symbolic links)"),
 ])
 def test_a_missing_model_is_refused_before_tensorflow_loads(tmp_path, args, needle):
     (tmp_path / "f.txt").write_text("x")
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "none")
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
     proc = run_cli(*(a.format(tmp=tmp_path) for a in args), without_tensorflow=True)
     _one_line_error(proc, needle.format(tmp=tmp_path))
     assert not (tmp_path / "m").exists()

@@ -4,7 +4,6 @@ nothing behind; every bad one is one ConfigError line naming the flag, the value
 
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -12,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from mirrorfit.errors import ConfigError
-from mirrorfit import output_paths
 from mirrorfit.output_paths import check_output_file, check_output_folder
+
+from conftest import permissions_apply
 
 
 @pytest.fixture
@@ -108,8 +108,11 @@ def test_a_folder_this_user_may_write_but_not_read_is_refused(tmp_path):
         assert _refusal("check_output_file", "--metrics-out", box / "m.json") == (
             f"--metrics-out {box}/m.json: cannot read {box} (Permission denied), which writing "
             "there safely needs (fsync); choose a place this user may read and write")
-        assert "which writing there safely needs" in _refusal("check_output_folder", "--logdir",
-                                                              box)
+        assert "which writing there safely needs" in _refusal("check_output_folder",
+                                                              "--checkpoint-dir", box)
+        # A folder the run creates in it is its own; nothing reads or fsyncs the parent
+        assert _refusal("check_output_folder", "--checkpoint-dir", box / "ckpt") is None
+        assert _refusal("check_output_folder", "--logdir", box) is None  # TensorBoard writes
     finally:
         box.chmod(0o700)
 
@@ -158,9 +161,6 @@ def test_a_folder_this_user_may_not_enter_is_one_line(tmp_path):
         locked.chmod(0o700)
 
 
-# Root's powers over permissions: CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH, CAP_FOWNER.
-_POWERS = (1 << 1) | (1 << 2) | (1 << 3)
-_SETPRIV = ["setpriv", "--inh-caps=-all", "--bounding-set=-dac_override,-dac_read_search,-fowner"]
 _CHECK = ("import sys\nfrom mirrorfit import output_paths\nfrom mirrorfit.errors import "
           "ConfigError\ntry:\n    getattr(output_paths, sys.argv[1])(sys.argv[2], sys.argv[3])\n"
           "except ConfigError as e:\n    print(e)")
@@ -168,20 +168,9 @@ _CHECK = ("import sys\nfrom mirrorfit import output_paths\nfrom mirrorfit.errors
 
 def _refusal(check: str, flag: str, path: Path) -> str | None:
     """output_paths.``check``(flag, path)'s ConfigError message (None: accepted), for a user
-    whom permissions apply to. Where this process may pass them (root), it runs in a process
-    of its own with those powers dropped (setpriv), so the test runs under CI's root too."""
-    if not _cap_eff() & _POWERS:
-        try:
-            getattr(output_paths, check)(flag, path)
-            return None
-        except ConfigError as e:
-            return str(e)
-    if not shutil.which("setpriv"):
-        pytest.skip("this user passes permissions and setpriv is not here to drop that")
-    proc = subprocess.run([*_SETPRIV, sys.executable, "-c", _CHECK, check, flag, str(path)],
-                          capture_output=True, text=True, timeout=120)
-    if proc.stderr.startswith("setpriv:"):
-        pytest.skip(f"setpriv cannot drop root's powers here: {proc.stderr.strip()}")
+    whom permissions apply to: in a process of its own, without root's powers over them."""
+    proc = subprocess.run([*permissions_apply(), sys.executable, "-c", _CHECK, check, flag,
+                           str(path)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return proc.stdout.strip() or None
 
@@ -190,5 +179,5 @@ def _cap_eff() -> int:
     try:
         with open("/proc/self/status", encoding="ascii") as f:
             return int(next(ln for ln in f if ln.startswith("CapEff:")).split()[1], 16)
-    except (OSError, StopIteration):  # not Linux: no capabilities; root passes them all
-        return _POWERS if os.geteuid() == 0 else 0
+    except (OSError, StopIteration):
+        return 0

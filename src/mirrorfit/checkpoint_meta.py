@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
+import stat
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -240,10 +242,18 @@ def require_checkpoints(directory: str | Path) -> list[Path]:
     cannot be read). Plain Python: ``export`` and ``evaluate`` call it before TensorFlow loads."""
     directory = Path(directory)
     try:
+        if not stat.S_ISDIR(os.stat(directory).st_mode):
+            raise CheckpointError(f"--checkpoint-dir {directory} is a file; give the folder "
+                                  "that training wrote its checkpoints to")
         found = list_checkpoints(directory)
-    except OSError as e:  # a name too long, a folder this user may not read
+    except FileNotFoundError:
+        found = []
+        if os.path.islink(directory):
+            raise CheckpointError(f"--checkpoint-dir {directory} is a link to nothing "
+                                  f"({os.readlink(directory)})") from None
+    except (OSError, ValueError) as e:  # a loop of links, a folder this user may not read
         raise CheckpointError(f"cannot read --checkpoint-dir {directory}: "
-                              f"{(e.strerror or str(e)).lower()}") from None
+                              f"{(getattr(e, 'strerror', None) or str(e)).lower()}") from None
     if not found:
         raise CheckpointError(f"no checkpoint in {directory}; train with --checkpoint-dir "
                               f"{directory} first")

@@ -101,6 +101,9 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
     if not args.export_dir:
         raise MirrorfitError("mirrorfit export needs --export-dir models/NAME")
+    if not args.checkpoint_dir:  # "" would be the current folder
+        raise MirrorfitError("mirrorfit export needs --checkpoint-dir DIR, the folder training "
+                             "wrote its checkpoints to; it is empty")
     check_export_dir(args.export_dir)  # before TensorFlow loads and the model with it
     require_checkpoints(args.checkpoint_dir)
     from mirrorfit.checkpoint import load_model

@@ -11,6 +11,8 @@ what its training run reported.
 
 from __future__ import annotations
 
+import os
+import stat
 import sys
 from pathlib import Path
 from typing import Any
@@ -19,6 +21,7 @@ from mirrorfit.checkpoint_meta import require_checkpoints
 from mirrorfit.config import load_config
 from mirrorfit.data.spec import source_kind
 from mirrorfit.errors import ConfigError, DataError
+from mirrorfit.version_names import parse_version
 
 # Why a kind of source has no test split (mirrorfit.data.heldout.NO_TEST says it for every
 # kind, but importing it loads TensorFlow, and these two are refused before it loads).
@@ -42,9 +45,8 @@ def check_evaluate_flags(*, checkpoint_dir: str | None = None, saved_model: str 
     config = load_config(data=data, data_dir=data_dir, image_size=image_size)
     if checkpoint_dir:
         require_checkpoints(checkpoint_dir)
-    elif not _is_dir(saved_model):
-        raise ConfigError(f"no SavedModel at {saved_model}; pass models/NAME or "
-                          "models/NAME/0001")
+    else:
+        _check_saved_model(saved_model)
     kind = source_kind(data)
     if kind in ("synthetic", "tfrecord"):  # never a test split: known without opening it
         raise ConfigError(f"--data {data} has no test split to evaluate on: {_NO_TEST[kind]} "
@@ -52,11 +54,25 @@ def check_evaluate_flags(*, checkpoint_dir: str | None = None, saved_model: str 
     return config
 
 
-def _is_dir(path: str) -> bool:
+def _check_saved_model(path: str) -> None:
+    """ConfigError, one line, unless ``path`` is a folder this user can read holding
+    saved_model.pb or version folders (0001, ...): plain Python, before TensorFlow loads."""
+    fix = "pass models/NAME or models/NAME/0001"
     try:
-        return Path(path).is_dir()
-    except OSError:  # a name too long: no SavedModel there either
-        return False
+        if not stat.S_ISDIR(os.stat(path).st_mode):
+            raise ConfigError(f"no SavedModel at {path} (a file); {fix}")
+        names = os.listdir(path)
+    except FileNotFoundError:
+        what = f"a link to nothing: {os.readlink(path)}" if os.path.islink(path) else "not there"
+        raise ConfigError(f"no SavedModel at {path} ({what}); {fix}") from None
+    except (OSError, ValueError) as e:  # a loop of links, a folder this user may not read
+        raise ConfigError(f"--saved-model {path}: cannot read it "
+                          f"({(getattr(e, 'strerror', None) or str(e)).lower()}); {fix}") from None
+    if "saved_model.pb" not in names and not any(parse_version(n) is not None and
+                                                 os.path.isdir(os.path.join(path, n))
+                                                 for n in names):
+        raise ConfigError(f"no SavedModel at {path} (no saved_model.pb and no version "
+                          f"folder); {fix}")
 
 
 def _saved_model_predict(path: Path):
@@ -67,7 +83,6 @@ def _saved_model_predict(path: Path):
 
     from mirrorfit.data.decode import _first_line
     from mirrorfit.export import INPUT_NAME, OUTPUT_NAME, versions
-    from mirrorfit.version_names import parse_version
 
     found = versions(path)
     if found:  # a base path: take the newest version, as TF Serving would (1 or 0001)

@@ -60,7 +60,7 @@ def check_output_file(flag: str, path: str | Path | None) -> None:
         raise ConfigError(f"{flag} {path}: folder {target.parent} does not exist; create it "
                           "first")
     _need_folder(flag, path, found, "pass a path in a folder")
-    _check_writable(flag, path, found)
+    _check_writable(flag, path, found, read=True)  # the file is renamed in, the folder fsynced
 
 
 def check_output_folder(flag: str, path: str | Path | None, example: str = "runs/NAME") -> None:
@@ -73,7 +73,9 @@ def check_output_folder(flag: str, path: str | Path | None, example: str = "runs
     if found == target and not stat.S_ISDIR(_stat(flag, target, target).st_mode):
         raise ConfigError(f"{flag} {path} is a file; give a folder like {example}")
     _need_folder(flag, path, found, f"give a folder like {example}")
-    _check_writable(flag, path, found)
+    # Checkpoints and exports are renamed into the folder itself and it is fsynced (read);
+    # a folder the run creates is its own, and TensorBoard only writes.
+    _check_writable(flag, path, found, read=found == target and flag != "--logdir")
 
 
 def check_export_dir(base: str | Path) -> Path:
@@ -181,7 +183,7 @@ def _has_fowner() -> bool:
         return True
 
 
-def _check_writable(flag: str, path: str | Path, folder: Path) -> None:
+def _check_writable(flag: str, path: str | Path, folder: Path, *, read: bool) -> None:
     # Creating a file is the only test that holds for root, read-only mounts and ACLs alike
     # (os.access says yes to root on a read-only sysfs). TemporaryFile uses O_TMPFILE on
     # Linux: a file with no name, so nothing is left in the folder, whatever happens.
@@ -191,6 +193,8 @@ def _check_writable(flag: str, path: str | Path, folder: Path) -> None:
     except OSError as e:
         raise ConfigError(f"{flag} {path}: cannot write in {folder} ({e.strerror or e}); "
                           "choose a place this user may write to") from None
+    if not read:
+        return
     try:  # what is renamed into the folder is made durable by fsyncing it, which reads it
         os.close(os.open(folder, os.O_RDONLY))
     except OSError as e:

@@ -14,7 +14,7 @@ import zipfile
 import numpy as np
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, permissions_apply
 from mirrorfit.data import mnist
 from mirrorfit.data.mnist import load_mnist, locate_mnist
 from mirrorfit.errors import DataError
@@ -148,6 +148,38 @@ def test_data_dir_is_a_folder_holding_mnist_npz_or_the_file_whatever_its_name(tm
     with pytest.raises(DataError, match=r"no mnist.npz at --data-dir ~/data \(~ is not "
                                         r"expanded here: write the full path\)"):
         locate_mnist("~/data", download=False)
+
+
+def test_a_file_this_user_may_not_read_is_named_and_the_search_goes_on(tmp_path):
+    (tmp_path / "locked").mkdir()
+    (tmp_path / "locked" / "mnist.npz").write_bytes(b"PK")
+    (tmp_path / "locked" / "mnist.npz").chmod(0)
+    (tmp_path / "keras").mkdir()
+    (tmp_path / "keras" / "datasets").write_text("a file where a folder goes")
+    code = ("import sys\nfrom mirrorfit.data.mnist import locate_mnist\n"
+            "for d in (sys.argv[1], None):\n    try:\n        locate_mnist(d, download=False)\n"
+            "    except Exception as e:\n        print(e)")
+    env = dict(os.environ, MIRRORFIT_DATA=str(tmp_path / "locked"),
+               KERAS_HOME=str(tmp_path / "keras"))
+    proc = subprocess.run([*permissions_apply(), sys.executable, "-c", code,
+                           str(tmp_path / "locked")], capture_output=True, text=True, env=env,
+                          timeout=120)
+    explicit, search = proc.stdout.splitlines()
+    assert explicit == (f"--data-dir {tmp_path}/locked: cannot read {tmp_path}/locked/mnist.npz "
+                        "(permission denied); point it at the folder holding mnist.npz or at "
+                        "the file itself"), proc.stderr
+    assert (f"tried $MIRRORFIT_DATA ({tmp_path}/locked/mnist.npz: permission denied), Keras "
+            f"cache ({tmp_path}/keras/datasets: not a folder)") in search
+
+
+def test_a_link_to_nothing_and_an_empty_variable_are_named(tmp_path, monkeypatch):
+    (tmp_path / "gone").symlink_to(tmp_path / "nothing")
+    with pytest.raises(DataError, match=r"cannot read .*gone/mnist.npz \(a link to nothing\)"):
+        locate_mnist(str(tmp_path / "gone"), download=False)
+    monkeypatch.setenv("MIRRORFIT_DATA", "")
+    monkeypatch.setenv("KERAS_HOME", str(tmp_path))
+    with pytest.raises(DataError, match=r"tried \$MIRRORFIT_DATA \(empty\)"):
+        locate_mnist(download=False)
 
 
 def test_corrupt_file(tmp_path):

@@ -84,7 +84,7 @@ def run_bench(grid: Grid, *, out_dir: str | Path, tolerance: float = 0.005,
     if show_recommendation:
         print(advice, flush=True)
     paths = write_outputs(rows, Path(out_dir), meta)
-    console.print("wrote " + ", ".join(str(p) for p in paths.values()))
+    console.print("wrote " + ", ".join(escape(str(p)) for p in paths.values()))
     return {**meta, "rows": rows, "recommendation": advice, "paths": paths}
 
 

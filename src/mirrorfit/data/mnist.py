@@ -79,9 +79,9 @@ def locate_mnist(data_dir: str | None = None, *, download: bool = True) -> Path:
     for origin, folder in (("$MIRRORFIT_DATA", Path(env) if env else None),
                            ("Keras cache", keras_cache())):
         if folder is None:
-            tried.append(f"{origin} (unset)")
+            tried.append(f"{origin} ({'unset' if env is None else 'empty'})")
             continue
-        file, why = _find(folder)
+        file, why = _find(folder, folder_only=origin == "Keras cache")
         if not why:
             return file
         tried.append(f"{origin} ({file}: {why})")
@@ -96,27 +96,40 @@ def locate_mnist(data_dir: str | None = None, *, download: bool = True) -> Path:
                     f"MIRRORFIT_DATA to a folder with {FILENAME} (keras.datasets.mnist's file)")
 
 
-def _find(path: Path) -> tuple[Path, str]:
+def _find(path: Path, *, folder_only: bool = False) -> tuple[Path, str]:
     """(the file ``path`` names, "" if it can be read, else why not). A folder means the
-    mnist.npz in it; anything else is the file itself, whatever its name. A look that fails
-    (a loop of links, a folder this user cannot enter, a name too long) says why."""
+    mnist.npz in it; anything else is the file itself, whatever its name (``folder_only``: it
+    must be a folder). A look that fails (a loop of links, a folder this user cannot enter, a
+    name too long, a file this user may not read) says why."""
     file = path
     try:
         mode = os.stat(path).st_mode
         if stat.S_ISDIR(mode):
             file = path / FILENAME
             mode = os.stat(file).st_mode
+        elif folder_only:
+            return path, "not a folder"
     except FileNotFoundError:
         if file == path and path.suffix != ".npz":
             file = path / FILENAME
+        if os.path.islink(path) or os.path.islink(file):
+            return file, "a link to nothing"
         return file, "no such file"
     except (OSError, ValueError) as e:  # ValueError: a NUL byte in the path
-        return file, (getattr(e, "strerror", None) or str(e)).lower()
+        return file, _why(e)
     if stat.S_ISDIR(mode):
         return file, "a folder, not a file"
     if not stat.S_ISREG(mode):  # a FIFO would block the read forever
         return file, "not a regular file"
+    try:
+        os.close(os.open(file, os.O_RDONLY))
+    except OSError as e:
+        return file, _why(e)
     return file, ""
+
+
+def _why(e: Exception) -> str:
+    return (getattr(e, "strerror", None) or str(e)).lower()
 
 
 def _download(dest: Path) -> Path:
