@@ -20,11 +20,16 @@ from mirrorfit.config import load_config
 from mirrorfit.distribute.cluster import resolve_cluster
 from mirrorfit.distribute.launch import check_launch_args
 
+from conftest import MNIST_DIR
+
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
 SECTION = "## More than one machine"
 # Values for the shell variables the scripts use (a command with any other fails the test).
 SHELL_VARS = {"SLURM_CPUS_PER_TASK": "8", "SLURM_NTASKS": "2"}
+# The cluster's shared MNIST folders: `mirrorfit train` checks that --data-dir holds mnist.npz
+# before TensorFlow loads, so here they stand for this machine's copy (any other path fails).
+CLUSTER_DATA = ("/shared/mirrorfit/data", "/shared/data")
 
 
 def readme_section() -> str:
@@ -75,6 +80,8 @@ def check_command(argv: list[str]) -> None:
         check_command(inner[3:])
         return
     assert args.command == "train"
+    if args.data_dir in CLUSTER_DATA:
+        args.data_dir = str(MNIST_DIR)
     overrides = {k: v for k, v in vars(args).items() if k not in ("command", "config")}
     load_config(args.config, **overrides)  # what _cmd_train does first
 

@@ -43,14 +43,14 @@ def check_evaluate_flags(*, checkpoint_dir: str | None = None, saved_model: str 
     if bool(checkpoint_dir) == bool(saved_model):
         raise ConfigError("pass exactly one of --checkpoint-dir or --saved-model")
     config = load_config(data=data, data_dir=data_dir, image_size=image_size)
-    if checkpoint_dir:
-        require_checkpoints(checkpoint_dir)
-    else:
-        _check_saved_model(saved_model)
     kind = source_kind(data)
     if kind in ("synthetic", "tfrecord"):  # never a test split: known without opening it
         raise ConfigError(f"--data {data} has no test split to evaluate on: {_NO_TEST[kind]} "
                           "(or use --data mnist)")
+    if checkpoint_dir:  # the flags' values first, then what they point at
+        require_checkpoints(checkpoint_dir)
+    else:
+        _check_saved_model(saved_model)
     return config
 
 

@@ -60,9 +60,10 @@ def keras_cache() -> Path:
     return Path(os.environ.get("KERAS_HOME") or Path.home() / ".keras") / "datasets"
 
 
-def locate_mnist(data_dir: str | None = None, *, download: bool = True) -> Path:
+def locate_mnist(data_dir: str | os.PathLike | None = None, *, download: bool = True) -> Path:
     """Path of mnist.npz. A given ``data_dir`` may be the file itself or its folder; it is
     the only place looked at. Without it: $MIRRORFIT_DATA, the Keras cache, a download."""
+    data_dir = os.fspath(data_dir) if data_dir is not None else None
     if data_dir:  # an explicit path that is wrong is an error, not a hint
         file, why = _find(Path(data_dir))
         hint = (" (~ is not expanded here: write the full path)"
@@ -157,7 +158,7 @@ def _reason(error: Exception) -> str:
     return f"{type(error).__name__}: {reason}"
 
 
-def load_mnist(data_dir: str | None = None, *, train_examples: int | None = None,
+def load_mnist(data_dir: str | os.PathLike | None = None, *, train_examples: int | None = None,
                download: bool = True) -> Splits:
     """Load and split MNIST: validation = first 5,000 training images, train = the rest
     (the first ``train_examples`` of them, if given). Raises DataError if malformed."""
