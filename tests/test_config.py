@@ -1,6 +1,7 @@
 """config: one frozen dataclass; TOML < flags; every bad value is a one-line ConfigError."""
 
 import dataclasses
+import json
 import re
 import tomllib
 from pathlib import Path
@@ -8,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from mirrorfit.config import (MAX_CLASSES, MAX_IMAGE_SIDE, TrainConfig, check_outputs,
-                              load_config)
+                              load_config, to_dict)
 from mirrorfit.errors import ConfigError
 
 
@@ -137,6 +138,21 @@ def test_requires_python_admits_no_python_without_tomllib():
     spec = SpecifierSet(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
                         ["requires-python"])
     assert "3.10.14" not in spec and "3.11.0" in spec
+
+
+def test_paths_from_the_python_api_are_kept_as_text(tmp_path, mnist_dir):
+    """A Path for a path setting is accepted (TrainConfig or load_config) and kept as a str:
+    the config goes into the JSON summary at the end of a run, where a Path failed after
+    training. Anything else for --data-dir is a ConfigError, not a TypeError."""
+    c = TrainConfig(data_dir=Path(mnist_dir), metrics_out=tmp_path / "m.json",
+                    checkpoint_dir=tmp_path / "ckpt")
+    assert (c.data_dir, c.metrics_out, c.checkpoint_dir) == (
+        str(mnist_dir), str(tmp_path / "m.json"), str(tmp_path / "ckpt"))
+    assert load_config(data_dir=Path(mnist_dir)).data_dir == str(mnist_dir)
+    json.dumps(to_dict(c))
+    for bad in (5, ["a"], str(mnist_dir).encode()):
+        with pytest.raises(ConfigError, match="--data-dir must be a path, got"):
+            TrainConfig(data_dir=bad)
 
 
 def test_data_settings_from_toml_and_flags(tmp_path):

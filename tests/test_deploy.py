@@ -7,6 +7,7 @@ TensorFlow), under a second."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import sys
@@ -80,7 +81,7 @@ def check_command(argv: list[str]) -> None:
         check_command(inner[3:])
         return
     assert args.command == "train"
-    if args.data_dir in CLUSTER_DATA:
+    if args.data_dir and os.path.normpath(args.data_dir) in CLUSTER_DATA:
         args.data_dir = str(MNIST_DIR)
     overrides = {k: v for k, v in vars(args).items() if k not in ("command", "config")}
     load_config(args.config, **overrides)  # what _cmd_train does first

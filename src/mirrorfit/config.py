@@ -11,7 +11,7 @@ import difflib
 import math
 import tomllib
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any, Mapping
 
 from mirrorfit import output_paths
@@ -97,6 +97,9 @@ class TrainConfig:
     save_keras: str | None = None
 
     def __post_init__(self) -> None:
+        for name in _OPTIONAL_STR:  # a Path from the Python API is kept as text (JSON summary)
+            if isinstance(getattr(self, name), PurePath):
+                object.__setattr__(self, name, str(getattr(self, name)))
         _check_choice("strategy", self.strategy, STRATEGIES)
         _check_choice("cross_device_ops", self.cross_device_ops, CROSS_DEVICE_OPS)
         _check_choice("communication", self.communication, COMMUNICATIONS)
@@ -176,6 +179,9 @@ class TrainConfig:
         if self.data_dir is not None and kind != "mnist":
             raise ConfigError(f"--data-dir says where MNIST is; it does not apply to --data "
                               f"{self.data}: drop --data-dir")
+        if self.data_dir is not None and not isinstance(self.data_dir, str):
+            raise ConfigError(f"--data-dir must be a path, got {self.data_dir!r}; e.g. "
+                              "--data-dir data (the folder holding mnist.npz)")
         if self.data_dir:  # like --data paths: a wrong one fails before TensorFlow loads
             from mirrorfit.data.mnist import locate_mnist  # (numpy: only when it is needed)
 
@@ -303,6 +309,8 @@ def _coerce(name: str, value: Any) -> Any:
         return tuple(value)
     if name in ("lr", "warmup_epochs", "collective_timeout") and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
+    if name in _OPTIONAL_STR and isinstance(value, PurePath):  # the Python API may pass a Path
+        value = str(value)
     want = type(default) if default is not None else None
     if want is None:  # optional fields: int or str
         ok = isinstance(value, str) if name in _OPTIONAL_STR else (

@@ -135,6 +135,8 @@ def test_data_dir_is_a_folder_holding_mnist_npz_or_the_file_whatever_its_name(tm
     (tmp_path / "x.npz").mkdir()  # a folder, though named like a file
     (tmp_path / "x.npz" / "mnist.npz").symlink_to(real)
     assert locate_mnist(str(tmp_path / "x.npz"), download=False) == tmp_path / "x.npz/mnist.npz"
+    for given in (tmp_path / "x.npz", os.fsencode(tmp_path / "x.npz")):  # a Path, bytes
+        assert locate_mnist(given, download=False) == tmp_path / "x.npz/mnist.npz"
     (tmp_path / "MNIST.NPZ.bak").symlink_to(real)
     assert locate_mnist(str(tmp_path / "MNIST.NPZ.bak"), download=False).name == "MNIST.NPZ.bak"
     (tmp_path / "empty").mkdir()

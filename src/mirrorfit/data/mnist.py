@@ -60,10 +60,11 @@ def keras_cache() -> Path:
     return Path(os.environ.get("KERAS_HOME") or Path.home() / ".keras") / "datasets"
 
 
-def locate_mnist(data_dir: str | os.PathLike | None = None, *, download: bool = True) -> Path:
+def locate_mnist(data_dir: str | bytes | os.PathLike | None = None, *,
+                 download: bool = True) -> Path:
     """Path of mnist.npz. A given ``data_dir`` may be the file itself or its folder; it is
     the only place looked at. Without it: $MIRRORFIT_DATA, the Keras cache, a download."""
-    data_dir = os.fspath(data_dir) if data_dir is not None else None
+    data_dir = os.fsdecode(data_dir) if data_dir is not None else None  # a Path, bytes: text
     if data_dir:  # an explicit path that is wrong is an error, not a hint
         file, why = _find(Path(data_dir))
         hint = (" (~ is not expanded here: write the full path)"
