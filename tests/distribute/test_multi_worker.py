@@ -151,15 +151,23 @@ it = iter(dist.distribute(lambda w, W: batches.dataset(epochs=2, worker=w, worke
                           per_replica=batch // dist.replicas))
 seen = [[int(v) for v in dist.strategy.experimental_local_results(next(it)[1])[0]]
         for _ in range(2 * batches.steps_per_epoch)]
+from tensorflow.python.eager import context
+server = context.context()._collective_ops_server_def  # what this worker's server was given
 print(json.dumps({"worker": dist.worker_index, "seen": seen,
-                  "expected": [batches.epoch_batches(e).tolist() for e in (0, 1)]}))
+                  "expected": [batches.epoch_batches(e).tolist() for e in (0, 1)],
+                  "recv_buf_max_chunk":
+                      server.default_session_config.experimental.recv_buf_max_chunk}))
 """
 
 
-def test_every_example_once_per_epoch_across_workers_in_the_one_process_order(tmp_path):
-    script = tmp_path / "order.py"
+@pytest.fixture(scope="module")
+def two_workers_reading(tmp_path_factory):
+    """Two launched workers of a multi-worker distribution, each reading its share of two
+    epochs: what each saw and the settings its collective server was started with."""
+    tmp = tmp_path_factory.mktemp("order")
+    script = tmp / "order.py"
     script.write_text(ORDER)
-    proc = _launch("--workers", "2", "--", sys.executable, str(script), tmp=tmp_path)
+    proc = _launch("--workers", "2", "--", sys.executable, str(script), tmp=tmp)
     log, _ = proc.communicate(timeout=200)
     assert proc.returncode == 0, log[-4000:]
     results = {}
@@ -169,6 +177,12 @@ def test_every_example_once_per_epoch_across_workers_in_the_one_process_order(tm
             data = json.loads(text)
             results[data["worker"]] = data
     assert sorted(results) == [0, 1]
+    return results
+
+
+def test_every_example_once_per_epoch_across_workers_in_the_one_process_order(
+        two_workers_reading):
+    results = two_workers_reading
     expected = results[0]["expected"]  # per epoch, per step: the global batch's indices
     for epoch in range(2):
         rows = expected[epoch]
@@ -181,6 +195,11 @@ def test_every_example_once_per_epoch_across_workers_in_the_one_process_order(tm
             seen_epoch += first + second
         assert len(seen_epoch) == len(set(seen_epoch)) == 192  # once each, 8 dropped
     assert expected[0] != expected[1]  # reshuffled each epoch
+
+
+def test_workers_send_each_all_reduce_buffer_whole(two_workers_reading):
+    # TF's default cuts every buffer a worker sends into 4 KiB protobuf strings (-1: whole).
+    assert [two_workers_reading[w]["recv_buf_max_chunk"] for w in (0, 1)] == [-1, -1]
 
 
 def test_a_worker_that_never_starts_is_named_within_the_timeout():

@@ -254,6 +254,7 @@ def _multi_worker(setup: DeviceSetup, cluster, communication: str,
     options = tf.distribute.experimental.CommunicationOptions(
         implementation=implementation[communication], timeout_seconds=timeout_s)
     from tensorflow.python.distribute import collective_all_reduce_strategy as cars
+    _send_buffers_whole()
     # The strategy's start-up barrier has a deadline setting (TF's default: none)...
     cars.CollectiveAllReduceExtended._check_health_initial_timeout = int(max(1, timeout_s))
     # ...but before it, TF's coordination service waits for every task to register, in C++,
@@ -276,6 +277,26 @@ def _multi_worker(setup: DeviceSetup, cluster, communication: str,
                         workers=cluster.num_workers, worker_index=cluster.worker_rank,
                         is_chief=cluster.is_chief, input_split=WORKER_SHARE,
                         task=cluster.task_name(), cluster=cluster)
+
+
+def _send_buffers_whole() -> None:
+    """Have this process's collective server send each all-reduce buffer as one piece.
+
+    TF's gRPC ``RecvBuf`` cuts every buffer it sends into 4 KiB protobuf strings unless
+    ``recv_buf_max_chunk`` says otherwise; -1 sends it whole, as TF's own DTensor multi-client
+    set-up does. The strategy takes its server's config from the eager context, so it is set
+    there, before the strategy starts the server. Measured here (2 workers, one core each, the
+    CNN's 2.5 MB of gradients): all-reduce 5.9-7.0 ms -> 4.8-5.0 ms per step. Transport only:
+    the values and their order are unchanged."""
+    from tensorflow.core.protobuf import config_pb2
+    from tensorflow.python.eager import context
+
+    ctx = context.context()
+    config = config_pb2.ConfigProto()
+    if ctx._config is not None:  # noqa: SLF001 (no public setter for this field)
+        config.CopyFrom(ctx._config)  # noqa: SLF001
+    config.experimental.recv_buf_max_chunk = -1
+    ctx._config = config  # noqa: SLF001
 
 
 def unreachable(cluster, *, timeout_s: float = 2.0) -> list[str]:
