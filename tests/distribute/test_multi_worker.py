@@ -152,11 +152,15 @@ it = iter(dist.distribute(lambda w, W: batches.dataset(epochs=2, worker=w, worke
 seen = [[int(v) for v in dist.strategy.experimental_local_results(next(it)[1])[0]]
         for _ in range(2 * batches.steps_per_epoch)]
 from tensorflow.python.eager import context
-server = context.context()._collective_ops_server_def  # what this worker's server was given
+# What this worker's collective server was started with (a private TF record: if it moves,
+# only the test that reads it fails), and what the context keeps for later servers.
+server = getattr(context.context(), "_collective_ops_server_def", None)
 print(json.dumps({"worker": dist.worker_index, "seen": seen,
                   "expected": [batches.epoch_batches(e).tolist() for e in (0, 1)],
-                  "recv_buf_max_chunk":
-                      server.default_session_config.experimental.recv_buf_max_chunk}))
+                  "recv_buf_max_chunk": server and
+                      server.default_session_config.experimental.recv_buf_max_chunk,
+                  "context_recv_buf_max_chunk":
+                      context.context().config.experimental.recv_buf_max_chunk}))
 """
 
 
@@ -199,7 +203,11 @@ def test_every_example_once_per_epoch_across_workers_in_the_one_process_order(
 
 def test_workers_send_each_all_reduce_buffer_whole(two_workers_reading):
     # TF's default cuts every buffer a worker sends into 4 KiB protobuf strings (-1: whole).
+    # This reads the config each worker's server was created with (these workers start one
+    # server each; a process that had one already would keep its first server's setting).
     assert [two_workers_reading[w]["recv_buf_max_chunk"] for w in (0, 1)] == [-1, -1]
+    # Only that server: the process's context is left as it was, for any later server.
+    assert [two_workers_reading[w]["context_recv_buf_max_chunk"] for w in (0, 1)] == [0, 0]
 
 
 def test_a_worker_that_never_starts_is_named_within_the_timeout():

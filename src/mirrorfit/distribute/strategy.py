@@ -18,6 +18,7 @@ Input splits:
 
 from __future__ import annotations
 
+import contextlib
 import socket
 from dataclasses import dataclass
 from functools import cached_property
@@ -254,7 +255,6 @@ def _multi_worker(setup: DeviceSetup, cluster, communication: str,
     options = tf.distribute.experimental.CommunicationOptions(
         implementation=implementation[communication], timeout_seconds=timeout_s)
     from tensorflow.python.distribute import collective_all_reduce_strategy as cars
-    _send_buffers_whole()
     # The strategy's start-up barrier has a deadline setting (TF's default: none)...
     cars.CollectiveAllReduceExtended._check_health_initial_timeout = int(max(1, timeout_s))
     # ...but before it, TF's coordination service waits for every task to register, in C++,
@@ -263,8 +263,9 @@ def _multi_worker(setup: DeviceSetup, cluster, communication: str,
     with deadline(timeout_s, f"did not join within {timeout_s:g} s; check that every task "
                   "started (its log), or raise --collective-timeout", peers(cluster)):
         try:
-            strategy = tf.distribute.MultiWorkerMirroredStrategy(
-                cluster_resolver=resolver, communication_options=options)
+            with _buffers_sent_whole():
+                strategy = tf.distribute.MultiWorkerMirroredStrategy(
+                    cluster_resolver=resolver, communication_options=options)
         except (RuntimeError, tf.errors.OpError) as e:  # the barrier timed out
             first = (str(getattr(e, "message", e)).strip().splitlines() or [""])[0][:160]
             raise ClusterError(f"{_missing(cluster) or 'a worker'} did not join within "
@@ -279,24 +280,33 @@ def _multi_worker(setup: DeviceSetup, cluster, communication: str,
                         task=cluster.task_name(), cluster=cluster)
 
 
-def _send_buffers_whole() -> None:
-    """Have this process's collective server send each all-reduce buffer as one piece.
+@contextlib.contextmanager
+def _buffers_sent_whole():
+    """While the strategy starts this process's collective server: have that server send each
+    all-reduce buffer as one piece.
 
-    TF's gRPC ``RecvBuf`` cuts every buffer it sends into 4 KiB protobuf strings unless
-    ``recv_buf_max_chunk`` says otherwise; -1 sends it whole, as TF's own DTensor multi-client
-    set-up does. The strategy takes its server's config from the eager context, so it is set
-    there, before the strategy starts the server. Measured here (2 workers, one core each, the
-    CNN's 2.5 MB of gradients): all-reduce 5.9-7.0 ms -> 4.8-5.0 ms per step. Transport only:
-    the values and their order are unchanged."""
+    TF's gRPC ``RecvBuf`` cuts every buffer it sends into 4 KiB protobuf strings unless the
+    server's ``recv_buf_max_chunk`` says otherwise; -1 sends it whole, as TF's DTensor
+    multi-client set-up asks of its own server. MultiWorkerMirroredStrategy copies its server's
+    config from the eager context when it starts the server, and has no option for this field,
+    so the context carries it for that moment only (restored after: later servers in this
+    process, e.g. a Python caller's, are not affected). Measured here (2 workers, one core
+    each, the CNN's 2.5 MB of gradients, TF's profiler): the all-reduce took 4.8-5.0 ms per step
+    against 5.9-7.0 ms. Transport only: the values and their order are unchanged."""
     from tensorflow.core.protobuf import config_pb2
     from tensorflow.python.eager import context
 
     ctx = context.context()
+    before = ctx._config  # noqa: SLF001 (no public setter for this field)
     config = config_pb2.ConfigProto()
-    if ctx._config is not None:  # noqa: SLF001 (no public setter for this field)
-        config.CopyFrom(ctx._config)  # noqa: SLF001
+    if before is not None:
+        config.CopyFrom(before)
     config.experimental.recv_buf_max_chunk = -1
     ctx._config = config  # noqa: SLF001
+    try:
+        yield
+    finally:
+        ctx._config = before  # noqa: SLF001
 
 
 def unreachable(cluster, *, timeout_s: float = 2.0) -> list[str]:
