@@ -309,11 +309,9 @@ def _coerce(name: str, value: Any) -> Any:
         return tuple(value)
     if name in ("lr", "warmup_epochs", "collective_timeout") and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
-    if name in _OPTIONAL_STR and isinstance(value, PurePath):  # the Python API may pass a Path
-        value = str(value)
     want = type(default) if default is not None else None
-    if want is None:  # optional fields: int or str
-        ok = isinstance(value, str) if name in _OPTIONAL_STR else (
+    if want is None:  # optional fields: int or str (or a Path, kept as text by TrainConfig)
+        ok = isinstance(value, (str, PurePath)) if name in _OPTIONAL_STR else (
             isinstance(value, int) and not isinstance(value, bool))
     else:
         ok = isinstance(value, want) and not (want is int and isinstance(value, bool))
