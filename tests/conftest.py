@@ -15,6 +15,10 @@ from pathlib import Path
 
 import pytest
 
+# On a GPU host, TensorFlow would reserve all of a GPU's memory in the first process that touches
+# it; the suite runs two test processes (pytest-xdist) and their subprocesses side by side.
+os.environ.setdefault("TF_FORCE_GPU_ALLOW_GROWTH", "true")
+
 ROOT = Path(__file__).resolve().parents[1]
 MNIST_DIR = Path(os.environ.get("MIRRORFIT_DATA", ROOT.parent / "shared" / "data"))
 
