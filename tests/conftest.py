@@ -17,6 +17,7 @@ import pytest
 
 # On a GPU host, TensorFlow would reserve all of a GPU's memory in the first process that touches
 # it; the suite runs two test processes (pytest-xdist) and their subprocesses side by side.
+# (It also overrides --no-memory-growth in the suite's runs: no test checks that setting on a GPU.)
 os.environ.setdefault("TF_FORCE_GPU_ALLOW_GROWTH", "true")
 
 ROOT = Path(__file__).resolve().parents[1]
