@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 
@@ -21,11 +22,38 @@ import pytest
 os.environ.setdefault("TF_FORCE_GPU_ALLOW_GROWTH", "true")
 
 ROOT = Path(__file__).resolve().parents[1]
-MNIST_DIR = Path(os.environ.get("MIRRORFIT_DATA", ROOT.parent / "shared" / "data"))
+
+
+def _find_mnist() -> tuple[Path | None, str]:
+    """(the folder holding mnist.npz, "") found by the program's own rules, or (None, why not):
+    ``$MIRRORFIT_DATA``, then ``../shared/data`` beside the clone (CI's folder) where it exists,
+    then the Keras cache, then the download (mirrorfit.data.mnist.locate_mnist). So the README's
+    test command passes on a fresh machine once its first command has put MNIST in the cache."""
+    from mirrorfit.data.mnist import locate_mnist
+    from mirrorfit.errors import DataError
+
+    shared = ROOT.parent / "shared" / "data"
+    if not os.environ.get("MIRRORFIT_DATA") and (shared / "mnist.npz").is_file():
+        return shared, ""
+    try:
+        file = locate_mnist(download=True)
+    except DataError as e:
+        return None, str(e)
+    if file.name == "mnist.npz":
+        return file.parent, ""
+    # $MIRRORFIT_DATA may name the file itself, under any name: the tests want its folder
+    folder = Path(tempfile.mkdtemp(prefix="mirrorfit-tests-mnist-"))
+    (folder / "mnist.npz").symlink_to(file.resolve())
+    return folder, ""
+
+
+MNIST_DIR, _MNIST_MISSING = _find_mnist()
+if MNIST_DIR is not None:  # this process and every subprocess find the same file
+    os.environ["MIRRORFIT_DATA"] = str(MNIST_DIR)
 
 
 def _env() -> dict[str, str]:
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", MIRRORFIT_DATA=str(MNIST_DIR),
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3",
                PYTHONPATH=os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]))
     return env
 
@@ -78,6 +106,6 @@ def permissions_apply() -> list[str]:
 
 @pytest.fixture(scope="session")
 def mnist_dir() -> Path:
-    if not (MNIST_DIR / "mnist.npz").is_file():
-        pytest.fail(f"real MNIST not found at {MNIST_DIR}/mnist.npz (set MIRRORFIT_DATA)")
+    if MNIST_DIR is None:
+        pytest.fail(f"real MNIST not found: {_MNIST_MISSING}")
     return MNIST_DIR

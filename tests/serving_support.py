@@ -69,7 +69,7 @@ def export_mlp(base: Path, seed: int) -> Path:
     """A (briefly trained, so each seed predicts differently) MLP as the next version."""
     import keras
     import mirrorfit
-    from mirrorfit.export import export_saved_model
+    from mirrorfit.artifacts.export import export_saved_model
 
     keras.utils.set_random_seed(seed)
     model = mirrorfit.models.mlp()

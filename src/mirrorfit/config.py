@@ -14,12 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path, PurePath
 from typing import Any, Mapping
 
-from mirrorfit import output_paths
+from mirrorfit.artifacts import output_paths
 from mirrorfit.data.spec import (FILE_KINDS, MAX_INPUT_ELEMENTS, check_cache, parse_ints,
                                  source_kind)
 from mirrorfit.distribute.cluster import DEFAULT_COLLECTIVE_TIMEOUT_S
 from mirrorfit.errors import ConfigError
-from mirrorfit.model_names import REFERENCE, check_model_name
+from mirrorfit.models.names import REFERENCE, check_model_name
 
 STRATEGIES = ("auto", "single", "mirrored", "central-storage", "multi-worker",
               "parameter-server")
@@ -36,7 +36,7 @@ MAX_IMAGE_SIDE = 8192
 # Classes --num-classes may ask for: the model's last layer and every one-hot/probability row
 # are that wide (ImageNet-21k has 21,841; 10**11 was an out-of-memory traceback).
 MAX_CLASSES = 1_000_000
-# The keys of models.REFERENCE_MODELS; keras.applications names are model_names.APPLICATIONS
+# The keys of models.build.REFERENCE_MODELS; keras.applications names are models.names.APPLICATIONS
 MODELS = REFERENCE
 
 

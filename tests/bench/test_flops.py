@@ -34,7 +34,7 @@ def test_resnet50_flops_match_the_published_figure():
     # v1.5 variant (stride in the 3x3), not this network.
     import keras
 
-    from mirrorfit.models import model_factory
+    from mirrorfit.models.build import model_factory
 
     model = model_factory("ResNet50", input_shape=(224, 224, 3), num_classes=1000)()
     flops = forward_flops_per_example(model)

@@ -112,7 +112,7 @@ def test_image_folder_on_two_replicas_sees_every_example_once_per_epoch(tmp_path
         import mirrorfit
         from mirrorfit.config import load_config
         from mirrorfit.data.sources import load_data
-        from mirrorfit.distribute.strategy import build_distribution
+        from mirrorfit.engine.tensorflow.strategy import build_distribution
         setup = mirrorfit.configure_devices(replicas=2)
         dist = build_distribution(setup, kind="mirrored")
         seen = {{}}
@@ -133,7 +133,7 @@ def test_image_folder_on_two_replicas_sees_every_example_once_per_epoch(tmp_path
                                                     digest_size=8).hexdigest()
                                     for a in part.numpy()]
                 seen[f"{{name}} {{epoch}}"] = [steps, sorted(digests)]
-        from mirrorfit.train import run_training
+        from mirrorfit.job.train import run_training
         config = load_config(data={str(tmp_path / 'png')!r}, replicas=2, epochs=1,
                              global_batch_size=20, progress=False, validation_split=0.1,
                              optimizer="adam", lr=0.003,

@@ -131,7 +131,7 @@ def test_an_endless_test_dataset_of_unknown_length_stops_with_one_line(user_modu
     import tensorflow as tf
 
     from mirrorfit.data import heldout
-    from mirrorfit.evaluate import _batches
+    from mirrorfit.artifacts.evaluate import _batches
 
     assert heldout.MAX_UNKNOWN_TEST >= 1_000_000  # real test sets fit
     monkeypatch.setattr(heldout, "MAX_UNKNOWN_TEST", 20)

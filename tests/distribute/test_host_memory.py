@@ -80,7 +80,8 @@ def test_configure_devices_keeps_freed_memory_only_when_asked():
     code = textwrap.dedent("""
         import sys
         from unittest import mock
-        from mirrorfit.distribute import _host_memory, devices
+        from mirrorfit.distribute import _host_memory
+        from mirrorfit.engine.tensorflow import devices
         with mock.patch.object(_host_memory, "keep_freed_memory") as keep:
             kwargs = {} if sys.argv[1] == "default" else {"keep_freed_memory": True}
             devices.configure_devices(**kwargs)
@@ -103,7 +104,7 @@ def test_mirrorfit_train_keeps_freed_memory():
     code = PROBE.replace(
         'applied = keep_freed_memory() if sys.argv[1] == "keep" else None',
         "from mirrorfit.config import load_config\n"
-        "from mirrorfit.train import run_training\n"
+        "from mirrorfit.job.train import run_training\n"
         "run_training(load_config(model='mlp', epochs=1, train_examples=256, "
         "global_batch_size=64, progress=False))\n"
         "applied = 'ran'")

@@ -413,7 +413,7 @@ def test_mirrorfit_runs_from_the_launchers_own_environment():
 
 
 def test_registered_as_mirrorfit_launch(task, capsys):
-    """Through the real CLI (the lead registers add_launch_parser / run_launch in cli.py)."""
+    """Through the real CLI (the lead registers add_launch_parser / run_launch in mirrorfit.cli)."""
     from mirrorfit import cli
 
     code = cli.main(["launch", "--workers", "1", "--", *task("output")])

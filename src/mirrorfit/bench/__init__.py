@@ -26,8 +26,8 @@ def run_bench(grid: Grid, *, out_dir: str | Path, tolerance: float = 0.005,
 
     from mirrorfit.bench.flops import train_flops_per_example
     from mirrorfit.bench.source import check_model_fits, open_source
-    from mirrorfit.distribute.devices import usable_cpus
-    from mirrorfit.models import model_factory
+    from mirrorfit.engine.tensorflow.devices import usable_cpus
+    from mirrorfit.models.build import model_factory
 
     # soft_wrap: a message is one line in a log (a long path wrapped at 80 columns split it)
     console = console or Console(stderr=True, soft_wrap=True)

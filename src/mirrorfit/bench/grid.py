@@ -18,7 +18,7 @@ from mirrorfit.bench.point import Point
 from mirrorfit.config import MAX_CLASSES, TrainConfig, load_config
 from mirrorfit.data.spec import source_kind
 from mirrorfit.errors import MirrorfitError
-from mirrorfit.model_names import (IMAGENET_CLASSES, check_input_shape, check_model_name,
+from mirrorfit.models.names import (IMAGENET_CLASSES, check_input_shape, check_model_name,
                                    default_input_shape, is_application)
 
 # Per model on MNIST: (global batch, training images, epochs). The chapter's batch for the

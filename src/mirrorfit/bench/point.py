@@ -99,7 +99,7 @@ def _measure(point: Point, strategy, train: "_Train", test, steps: int) -> dict:
     ends: list[float] = []
     stamp = lambda *_: ends.append(time.perf_counter())  # noqa: E731 (both sides' epoch ends)
     if point.kind == "textbook":
-        from mirrorfit.precision import Precision
+        from mirrorfit.models.precision import Precision
         precision = Precision(point.precision)  # Keras's own mixed precision, as users do it
         with strategy.scope():
             with precision.building():
@@ -205,7 +205,7 @@ def _explained(source):
     one-line DataError `mirrorfit train` gives, for the report's error column."""
     if source is None:
         return contextlib.nullcontext()
-    from mirrorfit.train_data import data_errors
+    from mirrorfit.job.data import data_errors
 
     return data_errors(source)
 

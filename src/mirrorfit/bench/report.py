@@ -11,7 +11,7 @@ from pathlib import Path
 
 from mirrorfit import _io
 from mirrorfit.bench.point import Point
-from mirrorfit.precision import COMPUTE_DTYPES
+from mirrorfit.models.precision import COMPUTE_DTYPES
 
 # A point whose runs spread (max - min) by more than this fraction of the median is flagged.
 WIDE_SPREAD = 0.10

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from mirrorfit.bench.grid import DATA, Grid
 from mirrorfit.bench.point import Point, load_source
 from mirrorfit.errors import DataError, MirrorfitError
-from mirrorfit.model_names import check_input_shape, is_application, min_size
+from mirrorfit.models.names import check_input_shape, is_application, min_size
 
 
 @dataclass(frozen=True)

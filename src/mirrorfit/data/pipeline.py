@@ -2,7 +2,7 @@
 
 The training order depends only on (seed, epoch) and the global batch, never on the replica
 count: each global batch is cut into one contiguous piece per replica
-(:meth:`mirrorfit.distribute.strategy.Distribution.distribute`). That
+(:meth:`mirrorfit.engine.tensorflow.strategy.Distribution.distribute`). That
 is what makes 1-vs-N-replica runs comparable and a resume exact.
 
 All epochs of a run come from one dataset, so the run needs one distributed iterator: creating

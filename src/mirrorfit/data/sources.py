@@ -299,7 +299,7 @@ def _tfrecord(o: _Options) -> Data:
 
 def _synthetic(o: _Options) -> Data:
     from mirrorfit.data.synthetic import synthetic_batches
-    from mirrorfit.model_names import IMAGENET_CLASSES, default_input_shape, is_application
+    from mirrorfit.models.names import IMAGENET_CLASSES, default_input_shape, is_application
 
     application = is_application(o.model)
     shape = tuple(o.input_shape) if o.input_shape is not None else (

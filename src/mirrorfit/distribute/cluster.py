@@ -25,9 +25,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 from dataclasses import dataclass
 from typing import Mapping
 
+from mirrorfit.distribute.slurm import from_slurm
 from mirrorfit.errors import ConfigError
 
 # Seconds to wait for the other tasks (start-up, each collective): a step of a ResNet on a slow
@@ -151,6 +153,27 @@ class Cluster:
                              f"({', '.join(f'{len(v)} {k}' for k, v in jobs.items())})")
         return jobs[task_type][index]
 
+    def peers(self) -> list[tuple[str, str]]:
+        """(name, "host:port") of every other task."""
+        me = self.address(self.task_type, self.task_index)
+        return [(name, address) for name, address in self._named() if address != me]
+
+    def unreachable(self, *, timeout_s: float = 2.0) -> list[str]:
+        """The other tasks whose port does not accept a connection now (to name, after a
+        collective failed, the one that stopped answering): ``"worker 1 (host:port)"``."""
+        gone = []
+        for name, address in self.peers():
+            host, _, port = address.rpartition(":")
+            try:
+                socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+            except OSError:
+                gone.append(f"{name} ({address})")
+        return gone
+
+    def _named(self) -> list[tuple[str, str]]:
+        return [("chief" if job == "chief" else f"{job} {i}", address)
+                for job, addresses in self._jobs().items() for i, address in enumerate(addresses)]
+
     def tf_config(self) -> dict:
         """The ``TF_CONFIG`` dict for this task (``json.dumps`` it into the environment)."""
         return {"cluster": {job: list(tasks) for job, tasks in self._jobs().items()},
@@ -185,8 +208,11 @@ def resolve_cluster(environ: Mapping[str, str] | None = None) -> Cluster | None:
     text = env.get("TF_CONFIG", "")
     if text.strip():  # an empty TF_CONFIG (a template left blank) means "not set", as unset
         return _from_tf_config(text)
-    from mirrorfit.distribute.slurm import from_slurm  # it builds a Cluster: imported late
-    return from_slurm(env)
+    found = from_slurm(env)
+    if found is None:
+        return None
+    workers, rank = found
+    return Cluster(workers=workers, task_type="worker", task_index=rank, source="SLURM")
 
 
 def _from_tf_config(text: str) -> Cluster:

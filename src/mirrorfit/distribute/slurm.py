@@ -10,7 +10,6 @@ from __future__ import annotations
 import re
 from typing import Mapping
 
-from mirrorfit.distribute.cluster import Cluster
 from mirrorfit.errors import ConfigError
 
 SLURM_PORT_BASE = 8888  # as SlurmClusterResolver: task k on a node listens on 8888 + k
@@ -21,7 +20,10 @@ MAX_SLURM_TASKS = 65_536
 MAX_HOST_NAME = 255  # characters, as DNS allows
 
 
-def from_slurm(env: Mapping[str, str]) -> Cluster | None:
+def from_slurm(env: Mapping[str, str]) -> tuple[tuple[str, ...], int] | None:
+    """(every task's "host:port", this task's rank) of the ``srun`` step this process runs in,
+    or None outside one (or for a step of one task); ConfigError for an inconsistent one.
+    :func:`mirrorfit.distribute.cluster.resolve_cluster` makes the Cluster."""
     # The step variables are set by srun for each task it starts (what SlurmClusterResolver
     # reads). The job-level SLURM_NTASKS alone is also set in the batch script itself, where
     # one process runs: treating that as task 0 of N would wait forever for the others.
@@ -67,8 +69,7 @@ def from_slurm(env: Mapping[str, str]) -> Cluster | None:
         raise ConfigError(f"SLURM: task {rank} runs on {node} as local task {localid} but the "
                           f"block layout puts it on {host} as {local}; use srun's default "
                           "--distribution=block")
-    return Cluster(workers=tuple(f"{h}:{base + k}" for h, k in addresses), task_type="worker",
-                   task_index=rank, source="SLURM")
+    return tuple(f"{h}:{base + k}" for h, k in addresses), rank
 
 
 def expand_hostlist(hostlist: str, name: str = "SLURM_STEP_NODELIST",

@@ -30,7 +30,7 @@ from typing import Callable
 from mirrorfit.serving.errors import ServingError, invalid, not_found
 from mirrorfit.serving.loader import LoadedVersion
 from mirrorfit.serving.model_config import ModelConfig
-from mirrorfit.version_names import parse_version
+from mirrorfit.artifacts.version_names import parse_version
 
 log = logging.getLogger("mirrorfit.serving")
 

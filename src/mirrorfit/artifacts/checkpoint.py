@@ -1,0 +1,359 @@
+"""Step-exact checkpoints that survive preemption and crashes.
+
+Layout: ``DIR/ckpt-000000123/`` holds ``state.*`` (a ``tf.train.Checkpoint`` of the model,
+including RNG seed state, and the optimizer with its slots and iteration count) and
+``meta.json`` (position: epoch, step in epoch, global step; and what the run was: model,
+optimizer, weight shapes). A checkpoint saved at an epoch's last step before that epoch's end
+(validation, callbacks) completed, by a step hook or on preemption, says so and keeps the
+epoch's training logs: a resumed run runs that end once, with them; the epoch-end save at that
+step rewrites its position to the next epoch's start. Each checkpoint is written into a hidden
+temp folder and renamed into place, so a kill -9 mid-write leaves only a temp folder, and the
+last complete checkpoint is still the latest; the files TensorFlow writes are fsynced before
+the rename. If the newest checkpoint cannot be read (a power loss, a bad disk), restore moves it
+aside and falls back to the previous complete one, saying so. TF checkpoints do not depend on
+the strategy: a 2-replica run resumes on 1 or 4.
+
+The input position is (epoch, step in epoch) in units of the global batch, also stored in
+examples; the data order depends on the seed, the number of examples and the global batch
+(:class:`~mirrorfit.data.pipeline.DataOrder`). A run that changes any of them is refused, naming
+the flag that changed, instead of repeating or skipping examples. So is one that changes the
+model, optimizer, learning-rate schedule or precision (``settings``): resuming it would not
+continue the same run. Those checks read only ``meta.json``
+(:mod:`mirrorfit.artifacts.checkpoint_meta`), before any state.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import tensorflow as tf
+
+from mirrorfit import _io
+from mirrorfit.artifacts.checkpoint_meta import (EPOCH_END_KEYS, FORMAT, CheckpointError,
+                                       NewerFormatError, check_data, check_epoch_logs,
+                                       check_identity, check_settings, decode_epoch_logs,
+                                       encode_epoch_logs, list_checkpoints, read_meta,
+                                       require_checkpoints)
+from mirrorfit.data.pipeline import DataOrder
+from mirrorfit.engine.controller import Position
+# Re-exported: callers take the preemption pieces from here, beside the checkpoints they save.
+from mirrorfit.job.preemption import EXIT_PREEMPTED, Preempted, PreemptionGuard  # noqa: F401
+
+__all__ = ["CheckpointError", "Checkpointer", "Restored", "identity", "list_checkpoints",
+           "load_model", "read_meta"]
+
+
+@dataclass(frozen=True)
+class Restored:
+    """Where a restored run continues from."""
+
+    path: Path
+    epoch: int  # epochs completed
+    step_in_epoch: int
+    step: int
+    # At an epoch's last step: whether that epoch's end counts as done (a checkpoint of format
+    # < 4, which cannot tell) or is still to run (the resumed run runs it).
+    ended: bool = False
+
+
+def identity(trainer, model_spec: str) -> dict[str, Any]:
+    """What must match for a checkpoint to be restorable into ``trainer``; the input shape and
+    classes let ``export``/``evaluate`` rebuild the model the data shaped (not the default)."""
+    model = trainer.model
+    try:
+        input_shape = [int(d) for d in model.inputs[0].shape[1:]]
+        num_classes = int(model.outputs[0].shape[-1])
+    except (AttributeError, IndexError, TypeError, ValueError):  # subclassed, unknown dims
+        input_shape, num_classes = None, None
+    return {"model": model_spec, "optimizer": type(trainer.optimizer).__name__,
+            "weights": [list(map(int, w.shape)) for w in model.weights],
+            "input_shape": input_shape, "num_classes": num_classes}
+
+
+class Checkpointer:
+    """Save and restore a :class:`~mirrorfit.engine.controller.Trainer` in ``directory``.
+
+    ``every`` is in optimizer steps (checked after each compiled execution; 0: epoch ends
+    only); ``keep`` is how many recent checkpoints stay on disk. ``data`` is the training data's
+    :class:`~mirrorfit.data.pipeline.DataOrder` (e.g. ``train_batches(...).order``): restoring
+    a checkpoint written with another one is refused. ``flags`` maps each DataOrder field to
+    the settings that produced it (e.g. ``{"seed": {"--seed": 42}}``), recorded so that a
+    refusal can name the one that changed. ``settings`` maps the flags that fix the saved
+    state's meaning or structure to their values (e.g. ``{"--lr": 0.01, "--precision":
+    "fp32"}``; None: does not apply): a checkpoint written with other values is refused, naming
+    them. ``on_notice`` gets one line when restore falls back past a corrupt checkpoint.
+    ``writer``: whether this process keeps what it saves (the chief of a multi-worker run;
+    the other workers read ``directory``, on storage every worker sees, and write nothing).
+    """
+
+    def __init__(self, directory: str | Path, *, trainer, model_spec: str, every: int = 0,
+                 keep: int = 3, data: DataOrder | None = None,
+                 flags: Mapping[str, Mapping[str, Any]] | None = None,
+                 settings: Mapping[str, Any] | None = None,
+                 on_notice: Callable[[str], None] = print, writer: bool = True) -> None:
+        self.directory = Path(directory)
+        self.trainer = trainer
+        self.every, self.keep = every, keep
+        self.identity = identity(trainer, model_spec)
+        if data is not None and data.global_batch != trainer.global_batch:
+            raise ValueError(f"the data's global batch {data.global_batch} is not the "
+                             f"trainer's {trainer.global_batch}")
+        # Without the data's order, the global batch (the step's unit) is still known.
+        self.data = dataclasses.asdict(data) if data else {"global_batch": trainer.global_batch}
+        self.flags = {k: dict(v) for k, v in (flags or {}).items()}
+        self.settings = dict(settings or {})
+        self._on_notice = on_notice
+        self.writer = writer
+        # Keras's seed-generator state (Dropout's RNG) is a model variable that the model's
+        # own checkpoint dependencies miss: list every model variable explicitly too.
+        self._state = tf.train.Checkpoint(model=trainer.model, optimizer=trainer.optimizer,
+                                          variables=[v.value for v in trainer.model.variables])
+        self._last_saved_step = -1
+
+    # -- reading ---------------------------------------------------------------------------
+    def checkpoints(self) -> list[Path]:
+        """Complete checkpoints, oldest first."""
+        return list_checkpoints(self.directory)
+
+    def restore_latest(self) -> Restored | None:
+        """Restore the newest readable checkpoint into the trainer; None if there is none.
+
+        A checkpoint that cannot be read is moved aside (``corrupt-ckpt-...``) when an older
+        one restores, with one line through ``on_notice``; if none can be read, CheckpointError
+        names the newest. One written by another run (settings, model, optimizer, data order)
+        is refused, before its state is read.
+        """
+        unreadable: list[tuple[Path, str]] = []  # (checkpoint, why), newest first
+        for path in reversed(self.checkpoints()):
+            try:
+                meta = read_meta(path)
+            except NewerFormatError:
+                raise  # not damage: an older checkpoint is no better
+            except CheckpointError as e:
+                unreadable.append((path, e.reason))
+                continue
+            check_settings(path, meta, self.settings)
+            check_identity(path, meta, self.identity)
+            check_data(path, meta, self.data, self.flags)
+            check_epoch_logs(path, meta, {*self.trainer.train_logs(), *EPOCH_END_KEYS})
+            try:
+                self._state.read(str(path / "state")).assert_existing_objects_matched()
+            except AssertionError as e:  # the files were read: their structure differs
+                raise CheckpointError(
+                    f"checkpoint {path} was written with other settings ({_why(e)}); resume "
+                    "with the settings it was written with, or pass --fresh to start over"
+                ) from None
+            except Exception as e:  # TF raises OpError, ValueError, IndexError... on bad files
+                unreadable.append((path, _why(e)))
+                continue
+            self._set_aside(unreadable, path)
+            position = Position(epoch=meta["epoch"], step_in_epoch=meta["step_in_epoch"],
+                                step=meta["step"],
+                                epoch_logs=decode_epoch_logs(meta.get("epoch_logs")),
+                                ended="epoch_logs" not in meta)
+            self.trainer.position = position
+            self._last_saved_step = position.step
+            return Restored(path, position.epoch, position.step_in_epoch, position.step,
+                            position.ended)
+        if unreadable:
+            raise _unreadable(*unreadable[0])
+        return None
+
+    def _set_aside(self, unreadable: list[tuple[Path, str]], good: Path) -> None:
+        # Out of the way, so this run's own save at that step is not mistaken for done; kept
+        # (not deleted) for whoever wants to look at it. Only the writer moves it.
+        if not self.writer:
+            return
+        for path, why in unreadable:
+            aside = _unused(self.directory, f"corrupt-{path.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+            os.rename(path, aside)
+            self._on_notice(f"checkpoint {path.name} cannot be read ({why}); moved it to "
+                            f"{aside.name} and resuming from the previous one, {good.name}")
+        if unreadable:
+            _io.fsync_dir(self.directory)
+
+    # -- writing ---------------------------------------------------------------------------
+    def save(self) -> Path:
+        """Write a checkpoint of the trainer's current position atomically and durably; prune
+        old ones. StorageError (nothing changed) if the disk is full.
+
+        On a worker that is not the chief, the state is written to a private temporary folder
+        and removed: TF's multi-worker saving may run collectives, so every worker saves, but
+        only the chief's copy is kept (``writer=False``)."""
+        t = self.trainer
+        if not self.writer:
+            scratch = Path(tempfile.gettempdir()) / f"mirrorfit-worker-ckpt.tmp-{_io.temp_tag()}"
+            try:
+                scratch.mkdir()
+                self._state.write(str(scratch / "state"))
+            finally:
+                shutil.rmtree(scratch, ignore_errors=True)
+            self._last_saved_step = t.step
+            return self.directory / f"ckpt-{t.step:09d}"
+        final = self.directory / f"ckpt-{t.step:09d}"
+        if final.exists():
+            self._update_position(final)
+            return final
+        self.directory.mkdir(parents=True, exist_ok=True)
+        previous = self.checkpoints()
+        keep = (f"the previous checkpoint {previous[-1]} is kept" if previous
+                else "no checkpoint was written")
+        tmp = self.directory / f".{final.name}.tmp-{_io.temp_tag()}"
+        try:
+            with _io.disk_full_hint(f"checkpoint {final}", keep):
+                tmp.mkdir()
+                self._state.write(str(tmp / "state"))
+                (tmp / "meta.json").write_text(json.dumps(self._meta(), indent=1))
+                _io.fsync_tree(tmp)  # TF's files too: it does not fsync them itself
+                os.rename(tmp, final)  # the commit point: until then the previous one is latest
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)  # a failed write leaves nothing behind
+        _io.fsync_dir(self.directory)
+        self._last_saved_step = t.step
+        for old in self.checkpoints()[:-self.keep]:
+            shutil.rmtree(old, ignore_errors=True)
+        return final
+
+    def _meta(self) -> dict[str, Any]:
+        t = self.trainer
+        meta = {"epoch": t.epoch, "step_in_epoch": t.step_in_epoch, "step": t.step,
+                "examples_in_epoch": t.step_in_epoch * t.global_batch,
+                "data": self.data, "flags": self.flags, "settings": self.settings,
+                "identity": self.identity, "time": time.time(), "format": FORMAT}
+        # At an epoch's last step before its end: that epoch's training logs, else None. The
+        # key's presence says that such a position's epoch has not ended (else it would be the
+        # next epoch's step 0); a restored format < 4 position keeps its meaning: no key.
+        if not t.position.ended:
+            meta["epoch_logs"] = encode_epoch_logs(t.position.epoch_logs)
+        return meta
+
+    def _update_position(self, path: Path) -> None:
+        """Saving at the step of an existing checkpoint: the state is the same (no step ran
+        since), the position may not be: the epoch-end save after a step hook's save at the
+        epoch's last step. Its meta.json is rewritten (atomically), so that a resume does not
+        run that epoch's end again."""
+        try:
+            old = json.loads((path / "meta.json").read_text())
+        except (OSError, ValueError):
+            return  # unreadable: left as it is, for restore to judge
+        meta = self._meta()
+        if not isinstance(old, dict) or all(old.get(k) == meta[k]
+                                            for k in ("epoch", "step_in_epoch", "step")):
+            return
+        # A full disk is one line naming the file; the old meta.json stays whole.
+        _io.write_bytes_atomic(path / "meta.json", json.dumps(meta, indent=1).encode())
+
+    def discard(self) -> Path | None:
+        """Move existing checkpoints aside (``--fresh``); nothing is deleted. Returns where.
+        Only the writer (the chief) moves anything."""
+        found = self.checkpoints()
+        if not found or not self.writer:
+            return None
+        for n in range(1, 1000):  # --fresh twice in one second: a new name, not an error
+            aside = self.directory / (f"discarded-{time.strftime('%Y%m%d-%H%M%S')}"
+                                      + (f"-{n}" if n > 1 else ""))
+            try:
+                aside.mkdir()
+                break
+            except FileExistsError:
+                continue
+        for p in found:
+            os.rename(p, aside / p.name)
+        _io.fsync_dir(self.directory)
+        return aside
+
+    def clean_partial(self) -> list[Path]:
+        """Remove temp folders left by a write that was killed (not those of a live writer)."""
+        if not self.writer:  # its own scratch copies, left by a worker killed mid-save
+            return _io.remove_stale_temps(tempfile.gettempdir(), r"mirrorfit-worker-ckpt\.tmp-")
+        return _io.remove_stale_temps(self.directory, r"\.ckpt-[0-9]+\.tmp-")
+
+    # -- trainer hooks ---------------------------------------------------------------------
+    def step_hook(self, trainer) -> None:
+        """Save every ``every`` steps (called after each compiled execution)."""
+        if self.every and trainer.step // self.every > max(self._last_saved_step, 0) // self.every:
+            self.save()
+
+    def epoch_callback(self, epoch: int, logs: dict) -> None:
+        self.save()
+
+
+def _why(error: Exception) -> str:
+    first = str(error).strip().splitlines()[0][:200] if str(error).strip() else ""
+    return f"{type(error).__name__}: {first}" if first else type(error).__name__
+
+
+def _unused(folder: Path, name: str) -> Path:
+    """``folder / name``, or ``name-2``, ``name-3``... if taken (two set-asides in a second)."""
+    path, n = folder / name, 1
+    while os.path.lexists(path):
+        n += 1
+        path = folder / f"{name}-{n}"
+    return path
+
+
+def _unreadable(path: Path, why: str) -> "CheckpointError":
+    return CheckpointError(f"checkpoint {path} cannot be read ({why}); pass --fresh to start "
+                           "over or delete that folder to fall back to an older one",
+                           reason=why)
+
+
+def load_model(directory: str | Path, *, model: str | None = None,
+               on_notice: Callable[[str], None] = lambda m: print(m, file=sys.stderr)):
+    """The model of the newest readable checkpoint in ``directory``, rebuilt outside any
+    strategy (an unreadable newer one is skipped, with one line through ``on_notice``).
+
+    A user model (``package.module:function``) is imported only when ``model`` names it too:
+    a checkpoint folder is data, and must not choose which code runs. Returns (model, meta).
+    Only the model's variables are read (not the optimizer's).
+    """
+
+    directory = Path(directory)
+    found = require_checkpoints(directory)
+    unreadable: list[tuple[Path, str]] = []
+    for path in reversed(found):
+        try:
+            meta = read_meta(path)
+        except NewerFormatError:
+            raise  # not damage: an older checkpoint is not the one asked for
+        except CheckpointError as e:
+            unreadable.append((path, e.reason))
+            continue
+        net = _build_checked(path, meta["identity"], model)
+        try:
+            tf.train.Checkpoint(model=net).read(str(path / "state")).expect_partial() \
+                .assert_existing_objects_matched()
+        except Exception as e:  # TF raises OpError, ValueError, IndexError... on bad files
+            unreadable.append((path, _why(e)))
+            continue
+        for bad, why in unreadable:
+            on_notice(f"checkpoint {bad.name} cannot be read ({why}); using the previous one, "
+                      f"{path.name}")
+        return net, meta
+    raise _unreadable(*unreadable[0])
+
+
+def _build_checked(path: Path, ident: dict, asked: str | None):
+    """Build the checkpoint's model (its spec, input shape and classes): a built-in or a
+    keras.applications name freely, a user model only if the caller asked for that very one."""
+    from mirrorfit.models.build import model_factory
+
+    spec = ident["model"]
+    if asked is not None and asked != spec:
+        raise CheckpointError(f"checkpoint {path} holds --model {spec}, not --model {asked}; "
+                              f"pass --model {spec}")
+    if ":" in spec and asked is None:
+        raise CheckpointError(f"checkpoint {path} holds the user model {spec}, whose code "
+                              f"would be imported and run; pass --model {spec} to allow it")
+    shape, classes = ident.get("input_shape"), ident.get("num_classes")
+    return model_factory(spec, input_shape=tuple(shape) if shape else None,
+                         num_classes=classes)()

@@ -1,0 +1,128 @@
+"""Versioned, atomic SavedModel export for TF Serving (``models/NAME/0001``, ``0002``, ...).
+
+A version is written into a hidden folder beside the versions and renamed into place, so a
+server polling ``models/NAME`` (TF Serving counts only children whose names parse as integers)
+never sees half a version. The signature ``serving_default`` takes ``images`` and returns
+``probabilities`` (float32, one row per image).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Callable
+
+import keras
+import tensorflow as tf
+
+from mirrorfit import _io
+from mirrorfit.errors import StorageError
+from mirrorfit.artifacts.output_paths import check_export_dir, check_keras_path
+from mirrorfit.artifacts.version_names import MAX_VERSION, parse_version, version_number
+
+INPUT_NAME = "images"
+OUTPUT_NAME = "probabilities"
+_MAX_RACES = 1000
+
+
+def versions(base: str | Path) -> list[int]:
+    """Version numbers under ``base`` as TF Serving sees them (folders named by ASCII digits
+    that fit in int64: :func:`~mirrorfit.artifacts.version_names.parse_version`), sorted."""
+    found = (parse_version(p.name) for p in _numbered(base) if p.is_dir())
+    return sorted(v for v in found if v is not None)
+
+
+def _numbered(base: str | Path) -> list[Path]:
+    """Children of ``base`` named by ASCII digits, folders or not, of any size (a file named
+    ``0002`` takes that number too: a version cannot be renamed onto it)."""
+    base = Path(base)
+    if not base.is_dir():
+        return []
+    return [p for p in base.iterdir() if version_number(p.name) is not None]
+
+
+def _next_version(base: Path) -> int:
+    """One past the largest number under ``base``; StorageError if TF Serving could not read
+    it (past int64: the server would ignore the version and serve the older one)."""
+    top = max(_numbered(base), key=lambda p: version_number(p.name), default=None)
+    version = version_number(top.name) + 1 if top is not None else 1
+    if version > MAX_VERSION:
+        raise StorageError(f"the next export version after {top} would be {version}, past the "
+                           f"largest TF Serving reads ({MAX_VERSION}); move {top.name} out of "
+                           f"{base} or export to another folder")
+    return version
+
+
+def export_saved_model(model: keras.Model, base: str | Path, *, preprocessing: bool = False,
+                       before_commit: Callable[[], None] | None = None) -> Path:
+    """Write ``model`` as the next numeric version under ``base``; return its path.
+
+    With ``preprocessing`` the signature takes raw uint8 pixels and scales them inside the
+    model, so clients can send images as they are; otherwise float32 in [0, 1].
+    ``before_commit`` runs just before the version is renamed into place; if it raises (a
+    signal arrived), nothing is added. StorageError if the disk is full.
+    """
+    base = check_export_dir(base)
+    base.mkdir(parents=True, exist_ok=True)
+    shape = (None, *model.input_shape[1:])
+    dtype = tf.uint8 if preprocessing else tf.float32
+
+    def serve(images):
+        x = tf.cast(images, tf.float32) / 255.0 if preprocessing else images
+        return {OUTPUT_NAME: tf.cast(model(x, training=False), tf.float32)}
+
+    archive = keras.export.ExportArchive()
+    archive.track(model)
+    archive.add_endpoint("serving_default", serve,
+                         input_signature=[tf.TensorSpec(shape, dtype, name=INPUT_NAME)])
+    _next_version(base)  # refuse before the write if no number is left
+    _io.remove_stale_temps(base, re.escape(".tmp-"))
+    tmp = base / f".tmp-{_io.temp_tag()}"  # not mkdtemp: its 0700 hides the version from a
+    tmp.mkdir()  # server running as another user
+    try:
+        with _io.disk_full_hint(f"the export under {base}", "no version was added"):
+            archive.write_out(str(tmp), verbose=False)
+            _io.fsync_tree(tmp)  # TF does not fsync: a power loss could leave half a version
+        return _commit(tmp, base, before_commit)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # nothing left behind if it did not commit
+
+
+def _commit(tmp: Path, base: Path, before_commit: Callable[[], None] | None) -> Path:
+    if before_commit:
+        before_commit()
+    for _ in range(_MAX_RACES):
+        version = _next_version(base)
+        final = base / f"{version:04d}"
+        try:
+            os.rename(tmp, final)  # the commit point
+        except OSError as e:
+            if os.path.lexists(final):  # another exporter took this number first: next one
+                continue
+            raise StorageError(f"cannot create export version {final}: {e.strerror}") from None
+        _io.fsync_dir(base)
+        return final
+    raise StorageError(f"gave up finding a free version number under {base} after "
+                       f"{_MAX_RACES} tries (other exporters keep taking them)")
+
+
+def save_keras(model: keras.Model, path: str | Path, *,
+               before_commit: Callable[[], None] | None = None) -> Path:
+    """Save a ``.keras`` file atomically and durably (temp file beside it, fsync, rename)."""
+    path = check_keras_path(path)
+    # Escaped: a stem like "model[1]" or "m.*" must only match its own temps.
+    _io.remove_stale_temps(path.parent, re.escape(f".{path.stem}.tmp-"), re.escape(".keras"))
+    tmp = path.with_name(f".{path.stem}.tmp-{_io.temp_tag()}.keras")
+    try:
+        with _io.disk_full_hint(path, f"{path} is unchanged"):
+            model.save(tmp)
+            _io.fsync_tree(tmp)
+        if before_commit:
+            before_commit()
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    _io.fsync_dir(path.parent)
+    return path

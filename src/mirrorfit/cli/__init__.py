@@ -1,0 +1,190 @@
+"""The command-line surface: parse flags -> config -> call. Nothing else lives here.
+
+The flags themselves (one parser per command) are in flags.py; this module runs the
+command they name. argparse (standard library) gives exit code 2 and a usage line for malformed
+flags; our own MirrorfitError gets the same exit code with one clear line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import unicodedata
+from typing import Sequence
+
+# _parser: the name tests and tools import the whole parser by (test_docker, test_deploy)
+from mirrorfit.cli.flags import build_parser as _parser
+from mirrorfit.errors import EXIT_USAGE, MirrorfitError
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from mirrorfit.config import check_outputs, load_config
+
+    overrides = {k: v for k, v in vars(args).items() if k not in ("command", "config")}
+    config = load_config(args.config, **overrides)  # before the training stack loads
+    from mirrorfit.distribute.cluster import cluster_for
+
+    # TF_CONFIG / SLURM and the output paths are checked before TensorFlow loads too
+    cluster = cluster_for(config.strategy)
+    if cluster is None or cluster.is_chief:
+        check_outputs(config)
+    from mirrorfit.job.preemption import PreemptionGuard
+
+    with PreemptionGuard() as guard:  # a signal while TensorFlow loads is honoured too
+        from mirrorfit.job.train import run_training
+
+        run_training(config, guard=guard)
+    return 0
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    if not math.isfinite(args.tolerance) or args.tolerance < 0:
+        raise MirrorfitError(f"--tolerance must be a finite accuracy difference >= 0, got "
+                             f"{args.tolerance}; e.g. --tolerance 0.005")
+    from mirrorfit.bench import Grid, run_bench
+    from mirrorfit.config import PRECISIONS
+
+    for flag, names in (("--precision", args.precision),
+                        ("--textbook-precision", args.textbook_precision)):
+        for name in names:
+            if name not in PRECISIONS:
+                raise MirrorfitError(f"unknown precision {name!r} in {flag}; choose from "
+                                     f"{', '.join(PRECISIONS)}")
+    for flag, values in (("--replicas", args.replicas), ("--accum-steps", args.accum_steps),
+                         ("--steps-per-execution", args.steps_per_execution),
+                         ("--repeats", (args.repeats,))):
+        if not values or min(values) < 1:
+            raise MirrorfitError(f"{flag} needs positive integers, got {values}")
+    grid = Grid(model=args.model, replicas=args.replicas, precisions=args.precision,
+                xla=args.xla, accum_steps=args.accum_steps,
+                steps_per_execution=args.steps_per_execution,
+                global_batch=args.global_batch_size, train_examples=args.train_examples,
+                epochs=args.epochs, repeats=args.repeats, textbook=args.textbook,
+                textbook_precisions=args.textbook_precision, data_dir=args.data_dir,
+                data=args.data, input_shape=args.input_shape, num_classes=args.num_classes,
+                image_size=args.image_size, image_feature=args.image_feature,
+                label_feature=args.label_feature, cache=args.cache,
+                validation_split=args.validation_split)
+    # model, data, shape, batch and epoch problems are reported before anything runs
+    grid.points()
+    run_bench(grid, out_dir=args.out, tolerance=args.tolerance,
+              show_recommendation=args.recommend)
+    return 0
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from mirrorfit.serving.settings import ServeConfig, check_config
+
+    values = {k: v for k, v in vars(args).items()
+              if k != "command" and not k.startswith("_ignored")}
+    for flag in ("port", "rest_api_port"):
+        if not 0 <= values[flag] < 65536:
+            raise MirrorfitError(f"--{flag}={values[flag]}: a port is 0-65535")
+    if values["port"] == values["rest_api_port"]:
+        raise MirrorfitError(f"--port and --rest_api_port are both {values['port']}; give them "
+                             "different ports")
+    if values["model_base_path"] and not os.path.isdir(values["model_base_path"]):
+        raise MirrorfitError(f"--model_base_path {values['model_base_path']} is not a folder; "
+                             "point it at models/NAME holding 0001, 0002, ...")
+    config = ServeConfig(**values)
+    check_config(config)  # before TensorFlow loads (seconds): a bad flag fails at once
+    from mirrorfit.serving.server import serve
+
+    return serve(config)
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    from mirrorfit.artifacts.checkpoint_meta import require_checkpoints
+    from mirrorfit.artifacts.output_paths import check_export_dir
+
+    if not args.export_dir:
+        raise MirrorfitError("mirrorfit export needs --export-dir models/NAME")
+    if not args.checkpoint_dir:  # "" would be the current folder
+        raise MirrorfitError("mirrorfit export needs --checkpoint-dir DIR, the folder training "
+                             "wrote its checkpoints to; it is empty")
+    check_export_dir(args.export_dir)  # before TensorFlow loads and the model with it
+    require_checkpoints(args.checkpoint_dir)
+    from mirrorfit.artifacts.checkpoint import load_model
+    from mirrorfit.artifacts.export import export_saved_model
+
+    model, meta = load_model(args.checkpoint_dir, model=args.model)
+    path = export_saved_model(model, args.export_dir, preprocessing=bool(args.export_preprocessing))
+    print(f"exported step {meta['step']} of {args.checkpoint_dir} as {path}")
+    return 0
+
+
+def _cmd_evaluate(args: argparse.Namespace) -> int:
+    from mirrorfit import _io
+    from mirrorfit.artifacts.evaluate import check_evaluate_flags
+    from mirrorfit.artifacts.output_paths import check_output_file
+
+    flags = dict(checkpoint_dir=args.checkpoint_dir, saved_model=args.saved_model,
+                 data=args.data, data_dir=args.data_dir, image_size=args.image_size)
+    check_evaluate_flags(**flags)  # before TensorFlow loads (seconds): a bad flag fails at once
+    check_output_file("--metrics-out", args.metrics_out)  # not after scoring it all
+    from mirrorfit.artifacts.evaluate import evaluate_artifact
+
+    result = evaluate_artifact(**flags, model=args.model)
+    on = "" if args.data == "mnist" else f" of --data {args.data}"
+    print(f"{result['source']}: test accuracy {result['test_accuracy']:.4f}, "
+          f"loss {result['test_loss']:.4f} on {result['examples']} examples{on}")
+    if args.metrics_out:
+        _io.write_json_atomic(args.metrics_out, result)
+    return 0
+
+
+def _cmd_launch(args: argparse.Namespace) -> int:
+    from mirrorfit.distribute.launch import run_launch
+
+    return run_launch(args)
+
+
+def _cmd_devices(args: argparse.Namespace) -> int:
+    from mirrorfit.engine.tensorflow.devices import list_devices, usable_cpus
+
+    devices = list_devices()
+    for d in devices:
+        print(f"{d['type']:4} {d['name']} {d.get('model', '')}".rstrip())
+    if not any(d["type"] == "GPU" for d in devices):
+        print(f"no GPU: `--replicas N` splits the CPU into N logical devices that share the "
+              f"same {usable_cpus()} CPU(s) this process may run on")
+    return 0
+
+
+def _one_line(text: str) -> str:
+    """``text`` with control characters and line separators escaped as repr() writes them
+    (a newline as \\n): a value the user gave (a folder name) must not split the error line."""
+    return "".join(repr(c)[1:-1] if unicodedata.category(c) in ("Cc", "Zl", "Zp") else c
+                   for c in text)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``mirrorfit`` console script; returns the exit code."""
+    args = _parser().parse_args(argv)
+    # Keep TF's C++ INFO/WARNING lines (banners, tf.data's notes on TF's own multi-device
+    # iterator) out of the way. TF reads this once, when it loads, so nothing imported above
+    # may import TensorFlow (the package's names load lazily for this reason).
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    from mirrorfit.job.preemption import EXIT_PREEMPTED, Preempted
+
+    commands = {"train": _cmd_train, "devices": _cmd_devices, "export": _cmd_export,
+                "evaluate": _cmd_evaluate, "bench": _cmd_bench, "serve": _cmd_serve,
+                "launch": _cmd_launch}
+    try:
+        return commands[args.command](args)
+    except Preempted as e:
+        print(f"mirrorfit: preempted by {e}", file=sys.stderr)
+        return EXIT_PREEMPTED
+    except MirrorfitError as e:
+        print(f"mirrorfit: error: {_one_line(str(e))}", file=sys.stderr)
+        return getattr(e, "exit_code", EXIT_USAGE)
+    except KeyboardInterrupt:
+        print("mirrorfit: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+

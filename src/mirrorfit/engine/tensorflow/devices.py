@@ -1,0 +1,148 @@
+"""Discover and configure the local devices replicas run on.
+
+Must run before TensorFlow initialises its runtime (the first op, strategy or model): logical
+device splits and memory settings cannot change afterwards. That is why multi-replica tests run
+in subprocesses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import tensorflow as tf
+
+from mirrorfit.distribute import _host_memory
+# threads_note is re-exported: job.train's way to it.
+from mirrorfit.distribute._cpu_binding import threads_note, usable_cpus  # noqa: F401
+from mirrorfit.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class DeviceSetup:
+    """The devices one replica each runs on.
+
+    ``shared_cores`` is True when they are logical splits of one CPU: they then share the same
+    physical cores, so more replicas measure distribution overhead, not extra compute.
+    """
+
+    kind: str  # "GPU" or "CPU"
+    devices: tuple[str, ...]
+    physical: tuple[str, ...]
+    shared_cores: bool
+
+    @property
+    def replicas(self) -> int:
+        return len(self.devices)
+
+    def describe(self) -> str:
+        """One line for the start of a run."""
+        line = f"{self.replicas} replica(s) on {', '.join(self.devices)}"
+        if self.shared_cores and self.replicas > 1:
+            line += (f" (logical CPU devices sharing the same {usable_cpus()} CPU(s): "
+                     "useful for testing and measuring distribution overhead, not for speed-up)")
+        return line
+
+
+def configure_devices(*, replicas: int | None = None, devices: tuple[str, ...] = (),
+                      visible_devices: str | None = None,
+                      memory_growth: bool = True,
+                      memory_limit_mb: int | None = None,
+                      threads: int | None = None,
+                      keep_freed_memory: bool = False) -> DeviceSetup:
+    """Make the requested devices visible and return the ones to replicate over.
+
+    GPUs: ``visible_devices`` ("0,2") selects them like CUDA_VISIBLE_DEVICES, memory growth is
+    on by default, ``memory_limit_mb`` caps each GPU (MB; replaces memory growth),
+    ``replicas`` takes the first N. Without GPUs, ``replicas=N`` splits the CPU
+    into N logical devices. ``threads`` sizes TensorFlow's intra- and inter-op thread pools
+    (None: TF's default, every core): N worker processes on one host each take cores / N, or
+    they fight over the same cores. ``keep_freed_memory`` keeps the buffers a step frees in
+    the process instead of faulting them in again next step (process-wide glibc malloc
+    thresholds; resident memory stays near its peak; see
+    :mod:`mirrorfit.distribute._host_memory`): ``mirrorfit train`` and ``bench`` ask for it.
+    """
+    if threads:
+        try:
+            tf.config.threading.set_intra_op_parallelism_threads(threads)
+            tf.config.threading.set_inter_op_parallelism_threads(threads)
+        except RuntimeError as e:
+            raise ConfigError(f"thread pools can only be sized before TensorFlow starts ({e})"
+                              ) from None
+    gpus = tf.config.list_physical_devices("GPU")
+    if visible_devices is not None:
+        gpus = _select_gpus(gpus, visible_devices)
+    try:
+        if gpus:
+            for gpu in gpus:
+                if memory_limit_mb:  # a fixed cap and memory growth are exclusive in TF
+                    tf.config.set_logical_device_configuration(
+                        gpu, [tf.config.LogicalDeviceConfiguration(memory_limit=memory_limit_mb)])
+                else:
+                    tf.config.experimental.set_memory_growth(gpu, memory_growth)
+            kind, available = "GPU", [f"/gpu:{i}" for i in range(len(gpus))]
+            physical = tuple(g.name for g in gpus)
+        else:
+            cpu = tf.config.list_physical_devices("CPU")[0]
+            n = replicas or (len(devices) if devices else 1)
+            _split_cpu(cpu, n)
+            kind, available = "CPU", [f"/cpu:{i}" for i in range(n)]
+            physical = (cpu.name,)
+    except RuntimeError as e:  # TF already initialised with another layout
+        raise ConfigError(
+            "devices can only be configured before TensorFlow starts; in your own script call "
+            f"configure_devices() first, or run it in a fresh process ({e})") from None
+
+    chosen = list(devices) if devices else available
+    unknown = [d for d in chosen if _norm(d) not in {_norm(a) for a in available}]
+    if unknown:
+        raise ConfigError(f"unknown device(s) {', '.join(unknown)}; available: "
+                          f"{', '.join(available)} (see `mirrorfit devices`)")
+    n = replicas or len(chosen)
+    if n > len(chosen):
+        raise ConfigError(f"asked for {n} replicas but only {len(chosen)} {kind} device(s) are "
+                          f"available ({', '.join(chosen)}); use --replicas {len(chosen)} or fewer")
+    if keep_freed_memory:  # only once the request is known to be good
+        _host_memory.keep_freed_memory()
+    return DeviceSetup(kind=kind, devices=tuple(chosen[:n]), physical=physical,
+                       shared_cores=kind == "CPU")
+
+
+def _split_cpu(cpu: tf.config.PhysicalDevice, n: int) -> None:
+    current = tf.config.get_logical_device_configuration(cpu)
+    if n <= (len(current) if current else 1):
+        return  # enough logical devices already: use the first n
+    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * n)
+
+
+def _select_gpus(gpus: list, spec: str) -> list:
+    try:
+        wanted = [int(i) for i in spec.split(",") if i.strip()]
+    except ValueError:
+        raise ConfigError(f"--visible-devices {spec!r} must be comma-separated GPU indices "
+                          "like 0,1") from None
+    bad = [i for i in wanted if not 0 <= i < len(gpus)]
+    if bad:
+        raise ConfigError(f"--visible-devices {spec!r}: no GPU {bad[0]}; this host has "
+                          f"{len(gpus)} GPU(s)")
+    selected = [gpus[i] for i in wanted]
+    try:
+        tf.config.set_visible_devices(selected, "GPU")
+    except RuntimeError as e:
+        raise ConfigError(f"cannot change visible GPUs after TensorFlow started ({e})") from None
+    return selected
+
+
+def _norm(name: str) -> str:
+    return name.lower().replace("/device:", "/").replace("/job:localhost/replica:0/task:0", "")
+
+
+def list_devices() -> list[dict[str, str]]:
+    """What this host offers: physical devices with type and name (for ``mirrorfit devices``)."""
+    out = []
+    for dev in tf.config.list_physical_devices():
+        info = {"type": dev.device_type, "name": dev.name}
+        if dev.device_type == "GPU":
+            details = tf.config.experimental.get_device_details(dev)
+            info["model"] = details.get("device_name", "")
+        out.append(info)
+    return out

@@ -1,0 +1,58 @@
+"""Compile the per-replica step into multi-step ``tf.function``s, once.
+
+``train_steps(iterator, n)`` runs ``n`` steps in one call; ``n`` is a tensor, so changing it
+(the last, shorter execution of an epoch) does not retrace. One call per S steps is what makes
+small models fast under a strategy: the per-call overhead of Python and the runtime, not the
+math, dominates the chapter's MLP.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import tensorflow as tf
+
+
+@dataclass(frozen=True)
+class CompiledLoops:
+    """The compiled functions a controller drives. Build with :func:`compile_loops`."""
+
+    train_steps: Callable[[object, tf.Tensor], None]
+    evaluate_batches: Callable[[object], None]
+
+    def run_train(self, iterator, num_steps: int) -> None:
+        """Run ``num_steps`` optimizer steps from the distributed ``iterator``."""
+        self.train_steps(iterator, tf.constant(num_steps, tf.int64))
+
+    def evaluate(self, dist_dataset) -> None:
+        """Run the eval step on every batch of the distributed dataset, each example once."""
+        # The iterator is made here, eagerly, as TF asks: made inside the tf.function, TF's
+        # multi-device iterator reads the dataset's options in graph mode, which warns
+        # (UserWarning: "...the options value is in general no longer known...").
+        self.evaluate_batches(iter(dist_dataset))
+
+    def tracing_count(self) -> int:
+        """How often the train function was traced (should stay 1)."""
+        return self.train_steps.experimental_get_tracing_count()
+
+
+def compile_loops(strategy: tf.distribute.Strategy, train_fn: Callable, eval_fn: Callable,
+                  split: Callable = lambda batch: batch) -> CompiledLoops:
+    """Wrap per-replica ``train_fn(x, y)`` and ``eval_fn(x, y)`` in ``strategy.run`` loops.
+    ``split`` turns what the iterator yields into ``strategy.run``'s arguments
+    (:meth:`mirrorfit.engine.tensorflow.strategy.Distribution.split`)."""
+
+    @tf.function
+    def train_steps(iterator, num_steps):
+        for _ in tf.range(num_steps):
+            strategy.run(train_fn, args=split(next(iterator)))
+
+    @tf.function
+    def evaluate_batches(iterator):
+        # Iterating inside the function (get_next_as_optional) handles a partial last batch:
+        # some replicas may get fewer (or zero) examples, none is counted twice.
+        for batch in iterator:
+            strategy.run(eval_fn, args=split(batch))
+
+    return CompiledLoops(train_steps=train_steps, evaluate_batches=evaluate_batches)

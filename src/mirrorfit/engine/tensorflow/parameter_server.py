@@ -1,0 +1,275 @@
+"""Parameter-server training: the ``ClusterCoordinator``-driven counterpart of ``loop.py``.
+
+With ``tf.distribute.experimental.ParameterServerStrategy`` the variables (weights, optimizer
+slots, metrics) live on the ps tasks; the chief (this process) traces the engine's steps and
+``ClusterCoordinator.schedule``s them as closures on whichever worker is free; workers and ps
+tasks only serve (:func:`serve`). Each worker applies its own updates as soon as it has them
+(asynchronous training, no all-reduce): one optimizer step = one worker batch.
+
+What holds, and what does not (compare MultiWorkerMirroredStrategy):
+
+* Steps are counted on the chief: ``run_train(it, n)`` runs exactly ``n`` optimizer steps in
+  all workers together, and is finished when it returns. A worker that fails is retried by
+  the coordinator: the closure it was running goes back in the queue and runs again on a
+  worker that is up, so a failure mid-closure can apply up to that closure's steps twice
+  (at least ``n`` steps then); a worker restarted at the same address rejoins (measured:
+  benchmarks/ps_mnist.py --kill-worker-at-step). TF's coordinator treats a failed *ps* as
+  not recoverable: the chief gets an ``UnavailableError`` and must restart from its last
+  checkpoint (saved by the chief, which reads every variable from the ps).
+* Examples are *sampled* per worker: each worker reads its own pipeline (``dataset_fn`` runs
+  once per worker, and again on a worker that comes back), so "every example exactly once
+  per epoch" does not hold; an epoch is ``examples // batch`` steps counted on the chief.
+* Evaluation is exact: it runs inline on the chief over the plain dataset, after the workers
+  are idle, every example once.
+
+Keras 3.15 on TF 2.21 needs two things here (standalone reproductions in ``benchmarks/repro/``):
+
+* ``keras.Variable.assign_add`` is ``assign(self + value)``: read on the ps, add on the worker,
+  write back. Two workers doing it at once lose increments of every metric and of
+  ``optimizer.iterations`` (``ps_keras3_lost_updates.py``: ~40% lost with 2 workers). While
+  tracing the scheduled function this module makes it one atomic ``tf.Variable.assign_add``
+  on the ps (:func:`atomic_keras_increments`). Weights and slots are updated through
+  ``tf.Variable`` ops by Keras's TF optimizer already.
+* A ``variable_partitioner`` makes ``ShardedVariable``s that neither ``GradientTape`` (through
+  ``keras.Variable.handle``) nor the Keras optimizer (``strategy.extended.update``) accept
+  (``ps_keras3_partitioner.py``). Refused here; variables are placed whole, round-robin over
+  the ps tasks, which spreads them as well for models whose largest variable fits on one ps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Callable, NoReturn
+
+import keras
+import tensorflow as tf
+from keras.src.backend.common.stateless_scope import in_stateless_scope
+
+from mirrorfit.distribute._deadline import deadline
+from mirrorfit.engine.tensorflow.distribution import COORDINATOR, Distribution
+from mirrorfit.errors import ConfigError
+
+
+def serve(cluster_resolver: tf.distribute.cluster_resolver.ClusterResolver | None = None
+          ) -> NoReturn:
+    """Run this process as a ``worker`` or ``ps`` task until it is killed (never returns).
+
+    The task comes from ``cluster_resolver`` (default: ``TF_CONFIG``). Workers and ps tasks run
+    no Python of their own: the chief sends them functions, variables and datasets. A worker
+    restarted at the same address rejoins; the coordinator re-creates its datasets.
+    """
+    resolver = cluster_resolver or tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    if resolver.task_type not in ("worker", "ps"):
+        raise ValueError(f"serve() is for worker and ps tasks, not {resolver.task_type!r}; "
+                         "the chief builds the strategy and drives training")
+    server = tf.distribute.Server(resolver.cluster_spec(), job_name=resolver.task_type,
+                                  task_index=resolver.task_id,
+                                  protocol=resolver.rpc_layer or "grpc", start=True)
+    server.join()
+    raise RuntimeError("tf.distribute.Server.join() returned")  # it does not, but to be sure
+
+
+@contextlib.contextmanager
+def atomic_keras_increments():
+    """Within this block, ``keras.Variable.assign_add/assign_sub`` are one ``tf.Variable`` op.
+
+    Use it around *tracing* (the Python body of a ``tf.function`` runs only then): the ops
+    recorded are atomic on the ps, and nothing changes once the block exits. Same results
+    as Keras's own code for one writer; no increments lost for several.
+    """
+    cls = keras.Variable
+    saved = {name: cls.__dict__.get(name) for name in ("assign_add", "assign_sub")}
+    for name in saved:
+        setattr(cls, name, _atomic(name, getattr(cls, name)))
+    try:
+        yield
+    finally:
+        for name, method in saved.items():
+            if method is None:
+                delattr(cls, name)
+            else:
+                setattr(cls, name, method)
+
+
+def _atomic(op: str, keras_method: Callable) -> Callable:
+    def method(self, value):
+        variable = getattr(self, "_value", None)  # the tf.Variable (on a ps) under the Keras one
+        if in_stateless_scope() or not isinstance(variable, tf.Variable):
+            return keras_method(self, value)
+        return getattr(variable, op)(tf.cast(value, variable.dtype))
+
+    return method
+
+
+@dataclass(frozen=True)
+class CoordinatedLoops:
+    """The compiled functions a controller drives. Build with :func:`coordinated_loops`."""
+
+    strategy: tf.distribute.Strategy
+    coordinator: tf.distribute.coordinator.ClusterCoordinator
+    train_steps: Callable  # (per-worker iterator, n: int64 tensor) -> None; scheduled
+    evaluate_batches: Callable  # (iterator) -> None; runs on the chief
+    num_workers: int
+
+    def per_worker_dataset(self, dataset_fn: Callable[[tf.distribute.InputContext],
+                                                      tf.data.Dataset]):
+        """An iterator over a dataset built on each worker by ``dataset_fn(input_context)``.
+
+        ``dataset_fn`` must return a dataset of per-step batches (examples per optimizer step),
+        repeated without end: the chief decides how many steps run. It runs on the workers,
+        so it must not use ``tf.numpy_function``/``tf.py_function`` (that Python lives on the
+        chief); data it closes over (NumPy arrays) is sent to each worker inside the graph.
+        ``input_context.num_input_pipelines`` is the number of workers and
+        ``input_context.input_pipeline_id`` this worker's index (an int64 *tensor*: it is
+        known only on the worker), for ``dataset.shard`` or per-worker seeds.
+        """
+        num_workers, replicas = self.num_workers, self.strategy.num_replicas_in_sync
+
+        def worker_dataset_fn(_):  # PSS passes one pipeline, id 0: give the real ones
+            index = tf.distribute.coordinator.experimental_get_current_worker_index()
+            return dataset_fn(tf.distribute.InputContext(
+                num_input_pipelines=num_workers, input_pipeline_id=index,
+                num_replicas_in_sync=replicas))
+
+        @tf.function
+        def per_worker_dataset():
+            return self.strategy.distribute_datasets_from_function(worker_dataset_fn)
+
+        return iter(self.coordinator.create_per_worker_dataset(per_worker_dataset))
+
+    def run_train(self, iterator, num_steps: int) -> None:
+        """Run ``num_steps`` optimizer steps (all workers together); return when they are done.
+
+        The steps are split into one closure per worker (sizes differing by at most one; the
+        count is a tensor, so no retracing) and the call waits for them (``coordinator.join``):
+        when it returns, weights, metrics and the chief's step count agree, so hooks may save
+        a checkpoint or read metrics. Larger ``num_steps`` amortise that wait (workers idle
+        until the slowest closure ends) and the per-closure RPC: use tens of steps per worker.
+        """
+        closures = max(1, min(self.num_workers, num_steps))
+        base, extra = divmod(num_steps, closures)
+        for i in range(closures):
+            n = base + (1 if i < extra else 0)
+            self.coordinator.schedule(self.train_steps,
+                                      args=(iterator, tf.constant(n, tf.int64)))
+        self.coordinator.join()
+
+    def evaluate(self, dataset: tf.data.Dataset) -> None:
+        """Run the eval step on every batch of ``dataset`` (a plain ``tf.data.Dataset`` of
+        batches, not a distributed one), on the chief, each example exactly once.
+
+        Waits for scheduled training first, so the weights read are those after it. Only the
+        chief computes (it reads the weights from the ps each batch: use large batches);
+        scheduling shards to workers would spread the work, but a closure retried after a
+        worker failure could then count its examples twice.
+        """
+        self.coordinator.join()
+        # Made eagerly, on the chief: iterating inside the function handles a partial last batch.
+        self.evaluate_batches(iter(dataset))
+
+    def join(self) -> None:
+        """Wait until every scheduled closure has finished (raises a closure's error)."""
+        self.coordinator.join()
+
+    def tracing_count(self) -> int:
+        """How often the scheduled train function was traced (should stay 1)."""
+        return self.train_steps.experimental_get_tracing_count()
+
+
+def coordinated_loops(strategy: tf.distribute.Strategy,
+                      coordinator: tf.distribute.coordinator.ClusterCoordinator,
+                      train_fn: Callable, eval_fn: Callable) -> CoordinatedLoops:
+    """Wrap per-replica ``train_fn(x, y)`` and ``eval_fn(x, y)`` (e.g. a ``ReplicaStep``'s) for
+    ``ParameterServerStrategy``: training scheduled on the workers, evaluation on the chief.
+
+    ``train_fn`` is one optimizer step on one worker's batch: under this strategy a "global
+    batch" is what one worker reads per step (``ReplicaStep(global_batch=that,
+    num_replicas=strategy.num_replicas_in_sync)``, 1 on CPU workers).
+    """
+    if getattr(strategy.extended, "_variable_partitioner", None) is not None:
+        raise ValueError("ParameterServerStrategy with a variable_partitioner cannot train Keras 3 "
+                         "models on TF 2.21 (ShardedVariable has no .handle for GradientTape, and "
+                         "the Keras optimizer cannot update it; benchmarks/repro/"
+                         "ps_keras3_partitioner.py); build the strategy without one")
+    # PSS exposes no public worker count (strategy.cluster_resolver is None for it).
+    num_workers = strategy.extended._num_workers
+
+    @tf.function
+    def train_steps(iterator, num_steps):
+        # Traced once on the chief, at the first schedule; the patch covers that trace only.
+        with atomic_keras_increments():
+            for _ in tf.range(num_steps):
+                strategy.run(train_fn, args=next(iterator))
+
+    @tf.function
+    def evaluate_batches(iterator):
+        # Not strategy.run: that is for scheduled functions (PSS warns when the chief calls it).
+        # One replica on the chief, the metrics' only writer while workers are idle.
+        for x, y in iterator:
+            eval_fn(x, y)
+
+    return CoordinatedLoops(strategy=strategy, coordinator=coordinator, train_steps=train_steps,
+                            evaluate_batches=evaluate_batches, num_workers=num_workers)
+
+
+def build_parameter_server(setup, cluster, *, timeout_s: float):
+    """The chief's :class:`~mirrorfit.engine.tensorflow.strategy.Distribution` for ``cluster`` (with
+    ps tasks): ParameterServerStrategy and its ClusterCoordinator. Under it one optimizer step
+    is one worker's batch, so ``replicas`` is the replicas of one worker (1 on CPUs) and the
+    global batch is per worker."""
+    if not cluster.is_chief:
+        raise ConfigError(f"{cluster.task_name()} serves; only the chief builds the strategy")
+    # Connecting to the workers and ps waits for them inside TF's C++, for ever: a watchdog
+    # process names the ones missing after the timeout.
+    with deadline(timeout_s, f"did not come up within {timeout_s:g} s; check that every task "
+                  "started (its log), or raise --collective-timeout", cluster.peers()):
+        strategy = tf.distribute.experimental.ParameterServerStrategy(cluster.tf_resolver())
+        coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+    return Distribution(strategy=strategy, kind="parameter-server",
+                        replicas=strategy.num_replicas_in_sync,
+                        local_replicas=strategy.num_replicas_in_sync,
+                        workers=cluster.num_workers, is_chief=True, input_split=COORDINATOR,
+                        task=cluster.task_name(), coordinator=coordinator, cluster=cluster)
+
+
+def serve_task(cluster, *, console=None) -> NoReturn:
+    """What a ``worker`` or ``ps`` task of ``mirrorfit train --strategy parameter-server`` does:
+    serve the chief until it is stopped.
+
+    A SIGTERM/SIGINT does not end it at once: the chief, signalled at the same moment (by
+    ``mirrorfit launch`` or a node drain), still needs the ps to save its checkpoint. So a
+    signalled task serves on until the chief's port is closed, then exits 0; a second signal
+    ends it at once.
+    """
+    import os
+    import signal
+    import socket
+    import time
+
+    signals: list[int] = []
+
+    def on_signal(signum, frame) -> None:
+        if signals:
+            os._exit(128 + signum)
+        signals.append(signum)
+
+    resolver = cluster.tf_resolver()
+    tf.distribute.Server(resolver.cluster_spec(), job_name=cluster.task_type,
+                         task_index=cluster.task_index, protocol="grpc", start=True)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, on_signal)
+    if console is not None:
+        console.print(f"{cluster.describe()}: serving the chief's steps until stopped")
+    host, _, port = cluster.address("chief", 0).rpartition(":")
+    while True:  # the server runs on TF's threads; this thread only waits, so signals land
+        time.sleep(0.5)
+        if signals:
+            try:
+                socket.create_connection((host.strip("[]"), int(port)), timeout=1).close()
+            except OSError:  # the chief is gone: nothing left to serve
+                os._exit(0)
+
+
+__all__ = ["CoordinatedLoops", "build_parameter_server", "coordinated_loops", "serve",
+           "serve_task", "atomic_keras_increments"]

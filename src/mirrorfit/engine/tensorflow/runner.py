@@ -1,0 +1,240 @@
+"""The runner: everything built under the strategy, and the calls that run on the devices.
+
+Like Orbit's runner it owns the model, the optimizer, the per-replica step and the compiled
+loops (with the XLA check and its fallback); the controller (:mod:`mirrorfit.engine.controller`)
+decides when to call it. The loops come from :mod:`mirrorfit.engine.tensorflow.loop`, or, under parameter
+servers, from :mod:`mirrorfit.engine.tensorflow.parameter_server`, behind the same calls.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Callable, Sequence
+
+import keras
+import tensorflow as tf
+
+from mirrorfit.engine.tensorflow.distribution import COORDINATOR, Distribution
+from mirrorfit.engine.tensorflow.loop import compile_loops
+from mirrorfit.engine.tensorflow.step import ReplicaStep
+from mirrorfit.errors import ConfigError
+from mirrorfit.models.precision import Precision, as_precision
+
+
+def as_distribution(strategy: tf.distribute.Strategy | Distribution) -> Distribution:
+    """A :class:`Distribution` for a plain one-process strategy (the Python API takes both)."""
+    if isinstance(strategy, Distribution):
+        return strategy
+    n = strategy.num_replicas_in_sync
+    return Distribution(strategy=strategy, kind=type(strategy).__name__, replicas=n,
+                        local_replicas=n)
+
+
+class Runner:
+    """Model, optimizer, step and compiled loops for one :class:`Distribution`.
+
+    ``model``: a zero-argument function returning a Keras model (built here under the scope,
+    with ``precision`` and ``remat``), or a model already built under ``strategy.scope()``.
+    ``optimizer``: a configured Keras optimizer (copied into the scope if made outside it).
+    ``global_batch``: examples per optimizer step over all replicas and micro-batches.
+    """
+
+    def __init__(self, *, distribution: Distribution, model, optimizer, loss, global_batch: int,
+                 metrics: Sequence[str | keras.metrics.Metric] = ("accuracy",),
+                 accum_steps: int = 1, precision: Precision | str = "fp32",
+                 jit_compile: bool = False, remat: bool = False,
+                 on_notice: Callable[[str], None] = print) -> None:
+        replicas = distribution.replicas
+        if global_batch % (replicas * accum_steps):
+            raise ConfigError(f"global batch {global_batch} is not divisible by {replicas} "
+                              f"replicas x {accum_steps} accumulation steps")
+        self.distribution = distribution
+        self.strategy = strategy = distribution.strategy
+        self.global_batch, self.accum_steps = global_batch, accum_steps
+        self.precision = as_precision(precision)
+        self._on_notice = on_notice
+        with strategy.scope():
+            with self.precision.building(remat=remat):
+                self.model = _build_model(model, strategy, self.precision)
+            self.optimizer = self.precision.wrap_optimizer(_bind_optimizer(optimizer, strategy))
+            self.optimizer.build(self.model.trainable_variables)
+            self.step = ReplicaStep(
+                model=self.model, optimizer=self.optimizer, loss=loss,
+                train_metrics=[_metric(m) for m in metrics],
+                eval_metrics=[_metric(m) for m in metrics], global_batch=global_batch,
+                num_replicas=replicas, accum_steps=accum_steps, jit_compile=jit_compile)
+        self._loops = self._compile()
+        self._xla_checked = not jit_compile
+
+    def _compile(self):
+        if self.distribution.input_split == COORDINATOR:
+            from mirrorfit.engine.tensorflow.parameter_server import coordinated_loops
+            return coordinated_loops(self.strategy, self.distribution.coordinator,
+                                     self.step.train, self.step.evaluate)
+        return compile_loops(self.strategy, self.step.train, self.step.evaluate,
+                             split=self.distribution.split)
+
+    @property
+    def replicas(self) -> int:
+        return self.distribution.replicas
+
+    @property
+    def per_replica_batch(self) -> int:
+        """Examples per replica per optimizer step (all its micro-batches)."""
+        return self.global_batch // self.replicas
+
+    @property
+    def micro_batch(self) -> int:
+        """Examples per replica per micro-batch (forward/backward pass)."""
+        return self.per_replica_batch // self.accum_steps
+
+    @property
+    def jit_compile(self) -> bool:
+        return self.step.jit_compile
+
+    # -- input -------------------------------------------------------------------------------
+    def train_iterator(self, make: Callable[[int, int], tf.data.Dataset]):
+        """The distributed iterator over ``make(worker, workers)`` (this worker's share of each
+        global batch; see :meth:`Distribution.distribute`). Checks XLA first, on its spec."""
+        if not self._xla_checked:
+            self._check_xla(make(0, 1).element_spec)
+        return iter(self.distribution.distribute(make, per_replica=self.per_replica_batch))
+
+    def worker_iterator(self, dataset_fn: Callable[[tf.distribute.InputContext],
+                                                   tf.data.Dataset]):
+        """Under parameter servers: an iterator over ``dataset_fn(context)`` built on each
+        worker (repeated batches of one step each; see
+        :meth:`~mirrorfit.engine.tensorflow.parameter_server.CoordinatedLoops.per_worker_dataset`)."""
+        if not self._xla_checked:
+            self._check_xla(dataset_fn(tf.distribute.InputContext()).element_spec)
+        return self._loops.per_worker_dataset(dataset_fn)
+
+    # -- what runs on the devices ------------------------------------------------------------
+    def run(self, iterator, num_steps: int) -> None:
+        """``num_steps`` optimizer steps from ``iterator``, in one compiled call."""
+        self._loops.run_train(iterator, num_steps)
+
+    def evaluate(self, make: Callable[[int, int], tf.data.Dataset],
+                 per_replica: int) -> dict[str, float]:
+        """Loss, metrics and the example count over ``make(worker, workers)`` (every example
+        once over all workers)."""
+        metrics = [self.step.eval_loss_tracker, *self.step.eval_metrics]
+        for metric in metrics:
+            metric.reset_state()
+        if self.distribution.input_split == COORDINATOR:
+            self._loops.evaluate(make(0, 1))
+        else:
+            self._loops.evaluate(self.distribution.distribute(make, per_replica=per_replica))
+        results = _read(metrics)
+        # SyncOnRead: reading in cross-replica context sums the replicas' (and workers') counts.
+        results["examples"] = int(self.step.eval_loss_tracker.count.value.read_value())
+        return results
+
+    def reset_train_metrics(self) -> None:
+        for metric in self._train_metrics():
+            metric.reset_state()
+
+    def train_logs(self) -> dict[str, float]:
+        return _read(self._train_metrics())
+
+    def _train_metrics(self) -> list[keras.metrics.Metric]:
+        return [self.step.loss_tracker, *self.step.train_metrics]
+
+    def loss_scale(self) -> float | None:
+        """fp16's current dynamic loss scale; None without loss scaling."""
+        if not self.step.loss_scaling:
+            return None
+        return float(self.optimizer.dynamic_scale.numpy())
+
+    def applied_steps(self) -> int:
+        """Optimizer updates applied (steps skipped for non-finite gradients excluded)."""
+        return int(self.optimizer.iterations.numpy())
+
+    def learning_rate(self) -> float:
+        """The learning rate the next step uses (schedules evaluated at the current step)."""
+        return float(keras.ops.convert_to_numpy(self.optimizer.learning_rate))
+
+    def tracing_count(self) -> int:
+        return self._loops.tracing_count()
+
+    def _check_xla(self, element_spec) -> None:
+        """Compile one replica's forward/backward with XLA now; fall back, loudly, if it fails."""
+        self._xla_checked = True
+        problem = xla_problem(self.step, element_spec, self.micro_batch)
+        if problem is None:
+            return
+        self._on_notice(f"XLA cannot compile this model ({problem}); training without --xla")
+        with self.strategy.scope():
+            step = self.step
+            self.step = ReplicaStep(
+                model=self.model, optimizer=self.optimizer, loss=step.loss,
+                train_metrics=step.train_metrics, eval_metrics=step.eval_metrics,
+                global_batch=self.global_batch, num_replicas=self.replicas,
+                accum_steps=self.accum_steps, jit_compile=False)
+        self._loops = self._compile()
+
+
+def xla_problem(step: ReplicaStep, element_spec, micro_batch: int) -> str | None:
+    """None if XLA compiles ``step``'s forward/backward for this input, else the first line of
+    XLA's complaint. Compiles to HLO only: nothing runs, no state changes."""
+    x_spec, y_spec = element_spec
+    x = tf.zeros([micro_batch, *x_spec.shape[1:]], x_spec.dtype)
+    y = tf.zeros([micro_batch, *y_spec.shape[1:]], y_spec.dtype)
+    try:
+        step.gradients.experimental_get_compiler_ir(x, y)(stage="hlo")
+    except (tf.errors.OpError, ValueError, TypeError) as e:
+        text = str(getattr(e, "message", e))
+        ops = sorted(set(re.findall(r"(\w+) \(No registered '\w+' OpKernel for XLA", text)))
+        if ops:
+            return f"unsupported operation(s): {', '.join(ops)}"
+        lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+        return lines[0][:300] if lines else type(e).__name__
+    return None
+
+
+def _read(metrics) -> dict[str, float]:
+    return {m.name: float(m.result()) for m in metrics}
+
+
+def _build_model(model, strategy: tf.distribute.Strategy, precision: Precision) -> keras.Model:
+    if isinstance(model, keras.Model):
+        if model.dtype_policy.name != precision.policy:
+            raise ConfigError(f"the model was built with dtype policy "
+                              f"{model.dtype_policy.name!r} but precision {precision.name!r} "
+                              f"needs {precision.policy!r}; pass a function that builds it")
+        variables = model.variables
+        if variables and not strategy.extended.variable_created_in_scope(variables[0].value):
+            raise ConfigError("the model's variables were not created under this strategy; "
+                              "pass a function that builds the model, or build it inside "
+                              "strategy.scope()")
+        return model
+    if callable(model):
+        return model()
+    raise ConfigError(f"model must be a keras.Model or a function returning one, got {model!r}")
+
+
+def _bind_optimizer(optimizer, strategy: tf.distribute.Strategy):
+    # Keras's TF optimizer captures the strategy current at construction: one made outside
+    # the scope would not all-reduce. Rebuild it inside from its config (keeps schedules).
+    if not isinstance(optimizer, keras.optimizers.Optimizer):
+        raise ConfigError(f"optimizer must be a keras.optimizers.Optimizer, got {optimizer!r}")
+    if getattr(optimizer, "_distribution_strategy", None) is strategy:
+        return optimizer
+    if optimizer.built:
+        raise ConfigError("the optimizer was already used with another strategy; pass a fresh "
+                          "one (or its config)")
+    return optimizer.__class__.from_config(optimizer.get_config())
+
+
+def _metric(spec: str | keras.metrics.Metric) -> keras.metrics.Metric:
+    if isinstance(spec, keras.metrics.Metric):
+        return spec.__class__.from_config(spec.get_config())  # fresh state, made in scope
+    if spec == "accuracy":  # integer labels, as for MNIST
+        return keras.metrics.SparseCategoricalAccuracy(name="accuracy")
+    try:
+        return keras.metrics.get(spec)
+    except ValueError:
+        raise ConfigError(f"unknown metric {spec!r}; pass a keras.metrics.Metric") from None
+
+
+__all__ = ["Runner", "as_distribution", "xla_problem"]

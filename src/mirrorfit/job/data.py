@@ -1,0 +1,115 @@
+"""The training run's data: open --data for this process, check the model takes its examples,
+turn tf.data's errors about its files into one line, and name what it is made of (the flags
+behind its order, for checkpoints; how it is read, for the profile).
+
+job.train calls these; evaluate and bench use :func:`data_errors` too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from mirrorfit.config import TrainConfig
+from mirrorfit.data.sources import Data, load_data
+from mirrorfit.engine.tensorflow.distribution import WORKER_SHARE, Distribution
+from mirrorfit.errors import DataError
+
+
+def load_run_data(config: TrainConfig, global_batch: int, dist: Distribution) -> Data:
+    """``--data`` for this run. Each worker reads its own share (WORKER_SHARE), else one
+    process reads whole global batches (workers=1 for the order)."""
+    workers = dist.workers if dist.input_split == WORKER_SHARE else 1
+    return load_data(config.data, global_batch=global_batch, seed=config.seed, workers=workers,
+                     eval_batch=config.eval_batch_size or global_batch,
+                     data_dir=config.data_dir, train_examples=config.train_examples,
+                     validation_split=config.validation_split, image_size=config.image_size,
+                     image_feature=config.image_feature, label_feature=config.label_feature,
+                     cache=config.cache, input_shape=config.input_shape,
+                     num_classes=config.num_classes, model=config.model)
+
+
+@contextlib.contextmanager
+def data_errors(data: Data):
+    """A tf.data error about the source's files (an image that does not decode, or has another
+    size; a file gone) as one line naming the file, not a traceback."""
+    try:
+        yield
+    except (tf.errors.InvalidArgumentError, tf.errors.DataLossError) as e:
+        found = data.explain(e)
+        if found is None:
+            raise
+        raise found from None
+    except tf.errors.NotFoundError as e:
+        if data.kind not in ("folder", "tfrecord"):
+            raise
+        first = (str(getattr(e, "message", e)).strip().splitlines() or [""])[0][:300]
+        raise DataError(f"--data {data.source}: a file went missing while training "
+                        f"({first}); restore it, or rerun to list the files again") from None
+
+
+def check_model_fits(model: keras.Model, data: Data, config: TrainConfig) -> None:
+    """Refuse, in one line, a model whose input does not take the data's examples or whose
+    outputs are fewer than the data's classes (a label past the last output is no error to
+    Keras: the loss would be silently wrong or NaN)."""
+    want = tuple(model.inputs[0].shape[1:])
+    have = tuple(data.input_shape)
+    if len(want) != len(have) or any(w is not None and w != h for w, h in zip(want, have)):
+        shown = "x".join("?" if w is None else str(w) for w in want)
+        hint = ("pass --image-size H,W to resize the images" if data.kind in ("folder",
+                                                                             "tfrecord")
+                else "pass --input-shape to build the model for the data" if
+                config.input_shape is None and data.kind == "synthetic"
+                else "give data of that shape")
+        raise DataError(f"--data {data.source} gives examples of shape "
+                        f"{'x'.join(map(str, have))} but --model {config.model} takes "
+                        f"{shown}; {hint}, or use a model built for "
+                        f"{'x'.join(map(str, have))}")
+    outputs = model.outputs[0].shape[-1]
+    if outputs is not None and outputs < data.num_classes:
+        raise DataError(f"--data {data.source} has labels 0-{data.num_classes - 1} "
+                        f"({data.num_classes} classes) but --model {config.model} has "
+                        f"{outputs} outputs; pass --num-classes {data.num_classes} (a model "
+                        "function takes it as num_classes) or a model with enough outputs")
+
+
+def input_source(data: Data, config: TrainConfig) -> str:
+    """How the profiled input is read, for the report and its advice."""
+    if data.kind == "synthetic":
+        return "synthetic, one batch repeated"
+    if data.kind == "folder":
+        how = "image files"
+    elif data.kind == "tfrecord":
+        how = "TFRecord files"
+    elif data.kind == "module" and config.cache is None:
+        how = "a dataset function"
+    else:
+        return "memory"
+    return f"{how}, {'decoded once (--cache)' if config.cache else 'decoded every step'}"
+
+
+def data_flags(config: TrainConfig, dist: Distribution, data: Data) -> dict[str, dict[str, Any]]:
+    """The flags behind each field of the data order (DataOrder), so that a checkpoint can name
+    the one that changed when it refuses a resume."""
+    fingerprint = {"--data": config.data, "--image-size": _csv(config.image_size),
+                   "--validation-split": config.validation_split}
+    if data.kind == "tfrecord":  # streamed TFRecords: the order depends on these too
+        fingerprint.update({"--cache": config.cache,
+                            "workers": dist.workers if dist.input_split == WORKER_SHARE else 1})
+    return {"seed": {"--seed": config.seed},
+            "examples": {"--train-examples": config.train_examples,
+                         "--data-dir": config.data_dir, "--data": config.data,
+                         "--validation-split": config.validation_split},
+            "global_batch": {"--replicas": dist.replicas, "--batch-size": config.batch_size,
+                             "--accum-steps": config.accum_steps,
+                             "--global-batch-size": config.global_batch_size},
+            # the files' names, sizes and times (however --data found them): a change with the
+            # same flags is still named, as --data (checkpoint_meta.check_data)
+            "fingerprint": fingerprint}
+
+
+def _csv(values) -> str | None:
+    return None if values is None else ",".join(map(str, values))

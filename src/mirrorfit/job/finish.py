@@ -1,0 +1,105 @@
+"""The end of a training run, after the loop: test evaluation, the summary (returned, printed
+as the "done" line, written to --metrics-out), the --profile report and the exports."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from rich.console import Console
+
+from mirrorfit import _io
+from mirrorfit.config import TrainConfig, to_dict
+from mirrorfit.engine.tensorflow.distribution import Distribution
+from mirrorfit.artifacts.export import export_saved_model, save_keras
+from mirrorfit.job.observe import out_of_memory_hint
+from mirrorfit.job.preemption import PreemptionGuard
+from mirrorfit.job.profiling import profile_steps
+from mirrorfit.job.data import data_errors, input_source
+
+
+def finish(config: TrainConfig, console: Console, history, *, trainer, data, batches, setup,
+           dist: Distribution, factory, usage, guard: PreemptionGuard) -> dict[str, Any]:
+    """Test evaluation, summary, profile and exports: everything after the training loop.
+    ``guard`` stops it before the exports commit if a signal arrives. Every worker evaluates
+    (the evaluation's collectives need them all); only the chief writes."""
+    per_replica, global_batch = config.batch_sizes(dist.replicas)
+    eval_batch = config.eval_batch_size or global_batch
+    t0 = time.perf_counter()
+    none = {"loss": None, "accuracy": None, "examples": 0}
+    with out_of_memory_hint(per_replica), data_errors(data):
+        test = none if data.test is None else trainer.evaluate(data.test, batch_size=eval_batch)
+        if history.epochs:
+            last = history.epochs[-1]
+            val = {"loss": last.get("val_loss"), "accuracy": last.get("val_accuracy")}
+        else:  # resumed a finished run: nothing trained, but still report where it stands
+            console.print(f"nothing to train: {trainer.epoch} of {config.epochs} epochs "
+                          "already done")
+            last = {}
+            val = none if data.val is None else trainer.evaluate(data.val, batch_size=eval_batch)
+    summary = {
+        "model": config.model, "precision": config.precision, "xla": trainer.jit_compile,
+        "accum_steps": config.accum_steps, "replicas": dist.replicas,
+        "devices": list(setup.devices), "workers": dist.workers,
+        "strategy": type(dist.strategy).__name__, "per_replica_batch_size": per_replica,
+        "global_batch_size": global_batch, "epochs": config.epochs, "steps": history.steps,
+        "train_examples": data.train_examples, "wall_time_s": history.wall_time_s,
+        "train_examples_per_sec": history.train_examples_per_sec,
+        "final_train_loss": last.get("loss"), "final_train_accuracy": last.get("accuracy"),
+        "val_loss": val["loss"], "val_accuracy": val["accuracy"],
+        "test_loss": test["loss"], "test_accuracy": test["accuracy"],
+        "test_examples": test["examples"],  # counted on the devices: every example once
+        "test_eval_time_s": time.perf_counter() - t0, "history": history.epochs,
+        "learning_rate": trainer.learning_rate(), "loss_scale": trainer.loss_scale(),
+        "skipped_steps": trainer.skipped_steps(),
+        "optimizer_updates": trainer.runner.applied_steps(),  # updates the weights received
+        "data": {"source": data.source, "kind": data.kind, "description": data.description,
+                 "input_shape": list(data.input_shape), "num_classes": data.num_classes,
+                 "class_names": list(data.class_names) if data.class_names else None},
+        "config": to_dict(config),
+    }
+    rate = history.train_examples_per_sec
+    console.print(f"done: {history.steps} steps in {history.wall_time_s:.1f} s, "
+                  + (f"{rate:,.0f} examples/s steady, " if rate else "")
+                  + ", ".join(f"{name} accuracy {summary[f'{name}_accuracy']:.4f}"
+                              for name in ("val", "test")
+                              if summary[f"{name}_accuracy"] is not None)
+                  + ("" if data.val is not None or data.test is not None
+                     else "no validation or test data"))
+    if trainer.loss_scale() is not None:
+        console.print(f"fp16 loss scale {trainer.loss_scale():g}, "
+                      f"{trainer.skipped_steps()} step(s) skipped for non-finite gradients")
+    if config.profile:
+        with data_errors(data):
+            report = profile_steps(trainer, batches,
+                                   steady_step_s=_steady_step_s(history, global_batch),
+                                   usage=usage.summary(),
+                                   input_source=input_source(data, config))
+        summary["profile"] = report.as_dict()
+        console.print(report.describe())
+    guard.check()
+    if not dist.is_chief:
+        return summary
+    if config.export_dir or config.save_keras:
+        plain = factory()  # a copy outside the strategy: exports load with no strategy
+        plain.set_weights(trainer.model.get_weights())
+        # The .keras file first: the SavedModel version is what servers pick up, so it commits
+        # last, and a signal before it leaves no export.
+        if config.save_keras:
+            summary["keras_file"] = str(save_keras(plain, config.save_keras,
+                                                   before_commit=guard.check_local))
+        if config.export_dir:
+            path = export_saved_model(plain, config.export_dir,
+                                      preprocessing=config.export_preprocessing,
+                                      before_commit=guard.check_local)
+            summary["export_path"] = str(path)
+            console.print(f"exported SavedModel version {path}")
+    if config.metrics_out:
+        _io.write_json_atomic(config.metrics_out, summary)
+    return summary
+
+
+def _steady_step_s(history, global_batch: int) -> float:
+    """Seconds per optimizer step in steady state (0 when there was none)."""
+    rate = history.train_examples_per_sec
+    return global_batch / rate if rate else 0.0

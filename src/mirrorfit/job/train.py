@@ -1,0 +1,225 @@
+"""The training job: config -> devices -> strategy -> data -> trainer -> summary.
+
+``run_training(config)`` is what ``mirrorfit train`` calls; scripts can call it too. The data
+side of the run is in job/data.py, everything after the training loop in job/finish.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import keras
+import tensorflow as tf
+from rich.console import Console
+
+from mirrorfit.artifacts.checkpoint import Checkpointer
+from mirrorfit.config import TrainConfig, check_outputs
+from mirrorfit.distribute.cluster import cluster_for
+from mirrorfit.engine.tensorflow.devices import configure_devices, threads_note
+from mirrorfit.engine.tensorflow.distribution import Distribution
+from mirrorfit.engine.tensorflow.strategy import build_distribution
+from mirrorfit.engine.progress import EpochProgress
+from mirrorfit.engine.controller import Trainer
+from mirrorfit.errors import ClusterError, ConfigError
+from mirrorfit.models.build import model_factory
+from mirrorfit.job.observe import CpuGpuSampler, ScalarWriter, out_of_memory_hint
+from mirrorfit.job.preemption import PreemptionGuard
+from mirrorfit.models.schedules import LinearWarmup, learning_rate
+from mirrorfit.job.data import check_model_fits, data_errors, data_flags, load_run_data
+from mirrorfit.job.finish import finish
+
+_OPTIMIZERS = {"sgd": keras.optimizers.SGD, "adam": keras.optimizers.Adam,
+               "adamw": keras.optimizers.AdamW, "rmsprop": keras.optimizers.RMSprop}
+
+
+def build_optimizer(name: str, lr) -> keras.optimizers.Optimizer:
+    """A Keras optimizer by name (sgd, adam, adamw, rmsprop) with learning rate ``lr`` (a float
+    or a Keras schedule)."""
+    return _OPTIMIZERS[name.lower()](learning_rate=lr)
+
+
+def run_training(config: TrainConfig, *, console: Console | None = None,
+                 guard: PreemptionGuard | None = None) -> dict[str, Any]:
+    """Train as ``config`` says; print setup, progress and summary; return the summary dict.
+
+    The summary's throughput ``train_examples_per_sec`` is steady state (examples/s, the first
+    compiled execution excluded); ``wall_time_s`` is seconds for the whole fit. ``guard``: an
+    entered :class:`PreemptionGuard` (the CLI enters one before TensorFlow loads); else one is
+    entered here.
+    """
+    # soft_wrap: in a pipe or a log file rich would break lines at 80 columns.
+    console = console or Console(stderr=True, soft_wrap=True)
+    # The cluster (TF_CONFIG, SLURM) is plain text: read and checked before TensorFlow starts.
+    cluster = cluster_for(config.strategy)
+    if cluster is None or cluster.is_chief:  # fail before any work: bad input writes nothing
+        check_outputs(config)
+    # SIGTERM/SIGINT from here on: stop at the next safe point (after saving a checkpoint, with
+    # --checkpoint-dir) and raise Preempted; honoured up to the export's commit.
+    if guard is None:
+        guard = PreemptionGuard()
+        with guard:
+            return _run(config, console, guard, cluster)
+    return _run(config, console, guard, cluster)
+
+
+def _run(config: TrainConfig, console: Console, guard: PreemptionGuard,
+         cluster) -> dict[str, Any]:
+    try:
+        return _train(config, console, guard, cluster)
+    except (tf.errors.UnavailableError, tf.errors.DeadlineExceededError,
+            tf.errors.CancelledError, tf.errors.AbortedError) as e:
+        if cluster is None:
+            raise
+        # A collective failed: another task died or stopped answering. Name it, in one line.
+        gone = cluster.unreachable()
+        who = (f"{', '.join(gone)} stopped answering" if gone
+               else "a collective with the other workers failed")
+        first = (str(getattr(e, "message", e)).strip().splitlines() or [""])[0][:200]
+        raise ClusterError(f"{cluster.task_name()}: {who} ({type(e).__name__}: {first}); "
+                           "restart the group to resume from the last checkpoint "
+                           "(`mirrorfit launch --max-restarts N` does)") from None
+
+
+def _train(config: TrainConfig, console: Console, guard: PreemptionGuard,
+           cluster) -> dict[str, Any]:
+    factory = model_factory(config.model)
+    if cluster is not None and config.strategy == "parameter-server" \
+            and cluster.task_type in ("worker", "ps"):
+        from mirrorfit.engine.tensorflow.parameter_server import serve_task
+        return serve_task(cluster, console=console)  # runs what the chief schedules
+    setup = configure_devices(replicas=config.replicas, devices=config.devices,
+                              visible_devices=config.visible_devices,
+                              memory_growth=config.memory_growth,
+                              memory_limit_mb=config.gpu_memory_limit,
+                              threads=config.threads_per_worker,
+                              keep_freed_memory=True)  # a training process: see _host_memory
+    note = threads_note(config.threads_per_worker)
+    if note:  # every worker says it: bound workers' shares of the cores may differ
+        console.print(f"[yellow]{note}[/]")
+    dist = build_distribution(setup, kind=config.strategy,
+                              cross_device_ops=config.cross_device_ops, cluster=cluster,
+                              communication=config.communication,
+                              collective_timeout_s=config.collective_timeout)
+    if not dist.is_chief:  # only the chief talks; the others say only what goes wrong
+        console = Console(stderr=True, soft_wrap=True, quiet=True)
+    guard.reclaim()  # the strategy may have installed TF's own SIGTERM handler
+    guard.watch(None, agree=dist.agree)
+    per_replica, global_batch = config.batch_sizes(dist.replicas)
+    data = load_run_data(config, global_batch, dist)
+    # The model is built for the data: its input shape and classes (mlp/cnn take MNIST's when
+    # the data is MNIST, as before).
+    factory = model_factory(config.model, input_shape=data.input_shape,
+                            num_classes=data.num_classes)
+    keras.utils.set_random_seed(config.seed)
+    console.print(f"[bold]mirrorfit[/] {config.model} on {data.description}")
+    console.print(f"devices: {setup.describe()}")
+    accum = f" x {config.accum_steps} accumulation steps" if config.accum_steps > 1 else ""
+    console.print(f"strategy: {dist.describe()}, batch: {per_replica} per replica x "
+                  f"{dist.replicas} replicas{accum} = {global_batch} global (effective), "
+                  f"{config.steps_per_execution} steps per execution")
+    steps_per_epoch = data.train.steps_per_epoch
+    lr = learning_rate(config.lr, global_batch=global_batch, base_batch=config.base_batch,
+                       scaling=config.lr_scaling,
+                       warmup_steps=round(config.warmup_epochs * steps_per_epoch))
+    console.print(f"precision: {config.precision}, XLA: {'on' if config.xla else 'off'}, "
+                  f"learning rate: {_describe_lr(lr)}"
+                  + (", rematerialisation on" if config.remat else ""))
+    trainer = Trainer(strategy=dist, model=factory,
+                      optimizer=build_optimizer(config.optimizer, lr),
+                      loss=keras.losses.SparseCategoricalCrossentropy(),
+                      global_batch=global_batch, steps_per_execution=config.steps_per_execution,
+                      accum_steps=config.accum_steps, precision=config.precision,
+                      jit_compile=config.xla, remat=config.remat,
+                      on_notice=lambda msg: console.print(f"[yellow]{msg}[/]"))
+    callbacks = [lambda e, logs: console.print(_epoch_line(e, config.epochs, logs))]
+    if config.logdir:  # every worker reads the metrics (collectives); the chief writes
+        board = ScalarWriter(config.logdir if dist.is_chief else None)
+        hooks_extra, callbacks = [board.step_hook], callbacks + [board.epoch_callback]
+    else:
+        hooks_extra = []
+    check_model_fits(trainer.model, data, config)
+    batches = data.train
+    hooks, checkpointer = list(hooks_extra), None
+    if config.checkpoint_dir:
+        checkpointer = Checkpointer(config.checkpoint_dir, trainer=trainer,
+                                    model_spec=config.model, every=config.checkpoint_every,
+                                    keep=config.keep_checkpoints, data=batches.order,
+                                    flags=data_flags(config, dist, data),
+                                    settings=_settings(config),
+                                    on_notice=lambda msg: console.print(f"[yellow]{msg}[/]"),
+                                    writer=dist.is_chief)
+        _restore(checkpointer, config, console, dist, batches.steps_per_epoch)
+        hooks.append(checkpointer.step_hook)
+        callbacks.append(checkpointer.epoch_callback)
+    guard.watch(trainer, checkpointer, agree=dist.agree)
+    hooks.append(guard.hook)
+    callbacks.append(guard.epoch_callback)
+    usage = CpuGpuSampler() if config.profile else contextlib.nullcontext()
+    guard.check()  # a signal while setting up: stop before the first step
+    with usage, out_of_memory_hint(per_replica), data_errors(data):
+        history = trainer.fit(
+            batches, epochs=config.epochs, validation=data.val, hooks=hooks,
+            progress=EpochProgress(console=console, enabled=config.progress),
+            callbacks=callbacks)
+    guard.check()  # a signal during the last validation or checkpoint
+    return finish(config, console, history, trainer=trainer, data=data, batches=batches,
+                  setup=setup, dist=dist, factory=factory, usage=usage, guard=guard)
+
+
+def _settings(config: TrainConfig) -> dict[str, Any]:
+    """The flags that fix what the checkpointed state means: another model, optimizer,
+    learning-rate schedule or precision would not continue the same run (and Keras would keep
+    the old rate: the learning rate is an optimizer variable), so a resume with any of them
+    changed is refused by name. Free to change: --epochs, --steps-per-execution, --xla,
+    --remat, --checkpoint-every and the outputs."""
+    linear = config.lr_scaling == "linear"
+    return {"--model": config.model, "--optimizer": config.optimizer.lower(), "--lr": config.lr,
+            "--lr-scaling": config.lr_scaling,
+            "--base-batch": config.base_batch if linear else None,
+            "--warmup-epochs": config.warmup_epochs, "--precision": config.precision}
+
+
+def _restore(checkpointer: Checkpointer, config: TrainConfig, console: Console,
+             dist: Distribution, steps_per_epoch: int) -> None:
+    checkpointer.clean_partial()  # the chief's; the other workers only read
+    if config.fresh:
+        aside = checkpointer.discard()
+        if aside:
+            console.print(f"--fresh: moved the existing checkpoints to {aside}")
+    dist.agree(False)  # a barrier: nobody reads before the chief has cleaned up
+    restored = checkpointer.restore_latest()
+    step = restored.step if restored else 0
+    if not dist.all_equal(step):
+        raise ConfigError(f"{dist.task} restored step {step}, another worker a different one; "
+                          "give every worker the same --checkpoint-dir, on storage they all "
+                          "see")
+    if not restored:
+        return
+    done, at = restored.epoch, restored.step_in_epoch
+    if at == steps_per_epoch and not restored.ended:
+        # Saved at an epoch's last step before that epoch's end: Trainer.fit runs that end
+        # (validation, callbacks) first, and prints that epoch's line.
+        console.print(f"resuming from {restored.path}: {done} epoch(s) done, epoch {done + 1}'s "
+                      f"{at} steps trained, running its end (validation, callbacks) first "
+                      f"(global step {restored.step})")
+        return
+    if at == steps_per_epoch:  # a format < 4 checkpoint: that epoch counts as done, as ever
+        done, at = done + 1, 0
+    console.print(f"resuming from {restored.path}: {done} epoch(s) done, continuing epoch "
+                  f"{done + 1} at step {at} (global step {restored.step})")
+
+
+def _describe_lr(lr) -> str:
+    if isinstance(lr, LinearWarmup):
+        return f"{lr.initial_lr:g} -> {lr.target_lr:g} over {lr.warmup_steps} warm-up steps"
+    return f"{lr:g}"
+
+
+def _epoch_line(epoch: int, epochs: int, logs: dict[str, float]) -> str:
+    return (f"epoch {epoch}/{epochs}: loss {logs['loss']:.4f} accuracy {logs['accuracy']:.4f} "
+            + (f"val_loss {logs['val_loss']:.4f} val_accuracy {logs['val_accuracy']:.4f} "
+               if "val_loss" in logs else "")
+            + f"{logs['examples_per_sec']:,.0f} examples/s"
+            + (f" loss scale {logs['loss_scale']:g}, {logs['skipped_steps']:.0f} skipped"
+               if "loss_scale" in logs else ""))

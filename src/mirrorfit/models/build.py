@@ -1,0 +1,160 @@
+"""The models ``--model`` names: the chapter's MLP and CNN, any keras.applications
+architecture (random initial weights), and a user's ``package.module:function``.
+
+Builders return uncompiled Keras models; the caller builds them under ``strategy.scope()`` and
+the precision policy (:meth:`mirrorfit.models.precision.Precision.building`) so their variables are
+mirrored and their layers compute in the run's precision. Which names exist, and which input
+shapes they take, is :mod:`mirrorfit.models.names` (plain Python, checked before TF loads).
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from typing import Callable
+
+import keras
+
+from mirrorfit.errors import ConfigError
+from mirrorfit.models.names import (IMAGENET_CLASSES, check_input_shape, check_model_name,
+                                   default_input_shape, is_application)
+
+MNIST_SHAPE = (28, 28)
+
+
+def mlp(input_shape: tuple[int, ...] = MNIST_SHAPE, num_classes: int = 10) -> keras.Model:
+    """Flatten -> Dense(100, relu) -> Dense(10, softmax), as in chapter 19."""
+    return keras.Sequential([
+        keras.Input(input_shape),
+        keras.layers.Flatten(),
+        keras.layers.Dense(100, activation="relu"),
+        # float32 output under mixed precision too: a softmax in bf16/fp16 loses the small
+        # probabilities the loss needs.
+        keras.layers.Dense(num_classes, activation="softmax", dtype="float32"),
+    ], name="mlp")
+
+
+def cnn(input_shape: tuple[int, ...] = MNIST_SHAPE, num_classes: int = 10) -> keras.Model:
+    """The chapter's CNN: Conv(64,7) -> Pool -> Conv(128,3) x2 -> Pool -> Dense(64) -> Dropout.
+
+    ``input_shape``: (height, width) for one-channel images such as MNIST's, or (height,
+    width, channels)."""
+    input_shape = tuple(input_shape)
+    # Grey images come without a channel axis; Conv2D needs one. Images with channels get no
+    # Reshape, so the layers for MNIST (and its checkpoints) stay as they were.
+    channels = [keras.layers.Reshape(input_shape + (1,))] if len(input_shape) == 2 else []
+    return keras.Sequential([
+        keras.Input(input_shape),
+        *channels,
+        keras.layers.Conv2D(64, 7, padding="same", activation="relu"),
+        keras.layers.MaxPooling2D(2),
+        keras.layers.Conv2D(128, 3, padding="same", activation="relu"),
+        keras.layers.Conv2D(128, 3, padding="same", activation="relu"),
+        keras.layers.MaxPooling2D(2),
+        keras.layers.Flatten(),
+        keras.layers.Dense(64, activation="relu"),
+        keras.layers.Dropout(0.5),
+        keras.layers.Dense(num_classes, activation="softmax", dtype="float32"),
+    ], name="cnn")
+
+
+# names.REFERENCE (and config.MODELS) hold the same names, to check --model before Keras
+# loads (tests/test_models.py)
+REFERENCE_MODELS: dict[str, Callable[..., keras.Model]] = {"mlp": mlp, "cnn": cnn}
+
+
+def model_factory(spec: str, *, input_shape: tuple[int, ...] | None = None,
+                  num_classes: int | None = None) -> Callable[[], keras.Model]:
+    """A zero-argument function building the model named by ``spec``.
+
+    ``spec`` is ``mlp``, ``cnn``, a keras.applications name spelled as Keras spells it
+    (``ResNet50``, ``MobileNetV2``, ...) or ``package.module:function``. ``input_shape`` is
+    one example's shape without the batch axis (pixels and channels for images) and
+    ``num_classes`` the number of labels; None keeps the model's own default (MNIST's
+    (28, 28) and 10 for mlp/cnn, ImageNet's size, 3 channels and 1000 classes for an
+    application). A user function gets them as keyword arguments if its signature takes
+    ``input_shape`` / ``num_classes`` (or ``**kwargs``), else it is called with none.
+
+    Unknown names, import problems and input shapes an architecture cannot take are reported
+    here as ConfigError, before anything is built.
+    """
+    check_model_name(spec)
+    if spec in REFERENCE_MODELS:
+        build_reference = REFERENCE_MODELS[spec]
+        kwargs = _given(input_shape=input_shape, num_classes=num_classes)
+        return lambda: build_reference(**kwargs)
+    if is_application(spec):
+        return _application(spec, input_shape=input_shape, num_classes=num_classes)
+    return _user_model(spec, input_shape=input_shape, num_classes=num_classes)
+
+
+def _given(**values) -> dict:
+    return {k: (tuple(v) if k == "input_shape" else v) for k, v in values.items()
+            if v is not None}
+
+
+def _application(name: str, *, input_shape: tuple[int, ...] | None,
+                 num_classes: int | None) -> Callable[[], keras.Model]:
+    """keras.applications.<name> with random weights and its classifier on top, taking float
+    images in [0, 1] as mirrorfit's pipelines give them."""
+    shape = tuple(input_shape) if input_shape is not None else default_input_shape(name)
+    check_input_shape(name, shape)
+    classes = num_classes or IMAGENET_CLASSES
+    builder = getattr(keras.applications, name)
+    options = dict(weights=None, include_top=True, classes=classes, input_shape=shape,
+                   classifier_activation=None)
+    # Keras's built-in preprocessing (ConvNeXt, EfficientNetV2, MobileNetV3) expects pixels in
+    # [0, 255]; ours are already scaled to [0, 1]. (EfficientNetB0-B7 always rescale by 1/255:
+    # their first batch normalisation absorbs the scale.)
+    if "include_preprocessing" in inspect.signature(builder).parameters:
+        options["include_preprocessing"] = False
+
+    def build() -> keras.Model:
+        try:
+            base = builder(**options)
+        except ValueError as e:  # a constraint models.names does not know of: still one line
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise ConfigError(f"--model {name} cannot be built for --input-shape "
+                              f"{','.join(map(str, shape))} ({first})") from None
+        # Logits in the compute dtype, softmax in float32: under bf16/fp16 a low-precision
+        # softmax rounds the small probabilities the loss needs (as the reference models do).
+        probabilities = keras.layers.Activation("softmax", dtype="float32",
+                                                name="probabilities")(base.output)
+        return keras.Model(base.input, probabilities, name=base.name)
+
+    return build
+
+
+def _user_model(spec: str, *, input_shape: tuple[int, ...] | None,
+                num_classes: int | None) -> Callable[[], keras.Model]:
+    module_name, _, attr = spec.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ConfigError(f"cannot import module {module_name!r} for --model {spec!r} ({e}); "
+                          "is it on PYTHONPATH?") from None
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        raise ConfigError(f"module {module_name!r} has no function {attr!r} for --model {spec!r}")
+    kwargs = _accepted(fn, _given(input_shape=input_shape, num_classes=num_classes))
+
+    def build() -> keras.Model:
+        model = fn(**kwargs)
+        if not isinstance(model, keras.Model):
+            raise ConfigError(f"--model {spec!r} returned {type(model).__name__}, "
+                              "not a keras.Model")
+        return model
+
+    return build
+
+
+def _accepted(fn: Callable, kwargs: dict) -> dict:
+    """The keyword arguments of ``kwargs`` that ``fn`` takes (a zero-argument function, as
+    before input shapes existed, gets none)."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # builtins without a signature
+        return {}
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return kwargs
+    return {k: v for k, v in kwargs.items() if k in params}

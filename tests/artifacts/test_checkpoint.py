@@ -1,0 +1,495 @@
+"""checkpoint: step-exact resume after SIGTERM, crash-safe and durable writes, fallback past a
+corrupt newest checkpoint, clear errors for corrupt or foreign checkpoints and for changed flags,
+a full disk, and independence from the replica count. Mostly through real processes."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from conftest import ROOT, _env, run_cli, run_isolated
+
+pytestmark = pytest.mark.slow
+
+# The smallest model with Dropout (its RNG state must be checkpointed) and Adam (its slots).
+RUN = ["train", "--model", "user_models:tiny_dropout", "--train-examples", "512", "--epochs", "3",
+       "--global-batch-size", "32", "--steps-per-execution", "2", "--checkpoint-every", "8",
+       "--optimizer", "adam", "--lr", "0.003", "--no-progress"]
+
+# Runs `mirrorfit train` (cli.main, the console script's function) several times in one fresh
+# interpreter; {inject} patches methods to raise a signal at chosen moments, each named: run i
+# fires (once) the moment ARMED[i]. Prints one JSON line with each run's exit code and stderr.
+DRIVER = """
+import contextlib, io, json, os, signal, sys, traceback
+from mirrorfit import cli
+from mirrorfit.artifacts.checkpoint import Checkpointer
+from mirrorfit.engine.controller import Trainer
+fired, current = set(), [0]
+
+def fire_once(moment, sig=signal.SIGTERM, times=1):
+    if ARMED.get(current[0]) == moment and current[0] not in fired:
+        fired.add(current[0])
+        for _ in range(times):
+            os.kill(os.getpid(), sig)
+{inject}
+out = []
+for current[0], args in enumerate(RUNS):
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        try:
+            code = cli.main(args)
+        except BaseException:
+            code, _ = "exception", traceback.print_exc()
+    out.append({{"code": code, "err": err.getvalue()}})
+print(json.dumps(out))
+"""
+
+
+def _program(runs, inject, armed):
+    return (f"RUNS = {runs!r}\nARMED = {armed!r}\n"
+            + textwrap.dedent(DRIVER.format(inject=textwrap.dedent(inject))))
+
+
+def _drive(runs, inject, armed, timeout=300):
+    return run_isolated(_program(runs, inject, armed), timeout=timeout)
+
+
+def _weights(path):
+    return keras.saving.load_model(path).get_weights()
+
+
+AT_STEP = """
+real_hook = Checkpointer.step_hook
+def step_hook(self, trainer):
+    real_hook(self, trainer)
+    if trainer.step >= {step}:
+        fire_once("step", {sig}, {times})
+Checkpointer.step_hook = step_hook
+"""
+
+
+AT_STEPS = """
+real_hook = Checkpointer.step_hook
+def step_hook(self, trainer):
+    real_hook(self, trainer)
+    fire_once(f"step {trainer.step}")
+Checkpointer.step_hook = step_hook
+"""
+
+
+def test_sigterm_then_resume_gives_the_uninterrupted_weights(tmp_path):
+    a = [*RUN, "--checkpoint-dir", str(tmp_path / "a"), "--save-keras", str(tmp_path / "a.keras"),
+         "--metrics-out", str(tmp_path / "a.json")]
+    b = [*RUN, "--checkpoint-dir", str(tmp_path / "b"), "--save-keras", str(tmp_path / "b.keras"),
+         "--export-dir", str(tmp_path / "models" / "m")]
+    c = [*RUN, "--checkpoint-dir", str(tmp_path / "c"), "--save-keras", str(tmp_path / "c.keras"),
+         "--metrics-out", str(tmp_path / "c.json")]
+    # SIGTERM in epoch 2, at step 22 of 48: not on a --checkpoint-every boundary. And at step
+    # 16, epoch 1's last: saved before epoch 1's end (its line, history entry, save) ran.
+    ref, stopped, resumed, stopped_at_end, resumed_at_end = _drive(
+        [a, b, b, c, c], AT_STEPS, armed={1: "step 22", 3: "step 16"})
+    assert ref["code"] == 0, ref["err"][-3000:]
+    assert stopped["code"] == 75, stopped["err"][-3000:]  # the documented preemption exit code
+    assert "preempted by SIGTERM" in stopped["err"] and "rerun the same command" in stopped["err"]
+    assert "ckpt-000000022" in stopped["err"]
+    assert resumed["code"] == 0, resumed["err"][-3000:]
+    assert "resuming from" in resumed["err"] and "at step 6" in resumed["err"]
+    assert sorted(os.listdir(tmp_path / "models" / "m")) == ["0001"]
+    for wa, wb in zip(_weights(tmp_path / "a.keras"), _weights(tmp_path / "b.keras")):
+        np.testing.assert_allclose(wa, wb, rtol=1e-5, atol=1e-6)
+
+    assert stopped_at_end["code"] == 75, stopped_at_end["err"][-3000:]
+    assert "ckpt-000000016" in stopped_at_end["err"] and "epoch 1/3" not in stopped_at_end["err"]
+    assert resumed_at_end["code"] == 0, resumed_at_end["err"][-3000:]
+    lines = [ln for ln in resumed_at_end["err"].splitlines() if ln.startswith("epoch ")]
+    assert [ln.split(":")[0] for ln in lines] == ["epoch 1/3", "epoch 2/3", "epoch 3/3"], lines
+    want, got = (json.loads((tmp_path / f"{n}.json").read_text())["history"] for n in "ac")
+    assert len(got) == 3  # epoch 1's entry: the metrics it trained with, not zeros
+    for w, g in zip(want, got):
+        for key in ("loss", "accuracy", "val_loss", "val_accuracy", "learning_rate"):
+            assert g[key] == pytest.approx(w[key], rel=1e-5, abs=1e-6), key
+    for wa, wc in zip(_weights(tmp_path / "a.keras"), _weights(tmp_path / "c.keras")):
+        np.testing.assert_allclose(wa, wc, rtol=1e-5, atol=1e-6)
+
+
+# A signal while the last epoch validates, or while its checkpoint is written.
+LAST_VALIDATION = """
+real_evaluate = Trainer.evaluate
+def evaluate(self, data, batch_size=None):
+    if self.epoch == 2:  # epochs done: 2 of 3, so this is epoch 3's validation
+        fire_once("validation")
+    return real_evaluate(self, data, batch_size)
+Trainer.evaluate = evaluate
+"""
+LAST_CHECKPOINT = """
+real_save = Checkpointer.save
+def save(self):
+    if self.trainer.epoch == 3:
+        fire_once("checkpoint")
+    return real_save(self)
+Checkpointer.save = save
+"""
+
+
+def test_a_signal_at_the_end_of_training_is_not_dropped(tmp_path):
+    def run(name):
+        return [*RUN, "--checkpoint-every", "0", "--checkpoint-dir", str(tmp_path / name / "c"),
+                "--export-dir", str(tmp_path / name / "m"), "--save-keras",
+                str(tmp_path / name / "k.keras")]
+
+    moments = ("validation", "checkpoint")  # of the last epoch
+    for name in moments:
+        (tmp_path / name).mkdir()
+    results = _drive([run(m) for m in moments for _ in (0, 1)], LAST_VALIDATION + LAST_CHECKPOINT,
+                     armed={0: "validation", 2: "checkpoint"})
+    for name, stopped, rerun in zip(moments, results[::2], results[1::2]):
+        assert stopped["code"] == 75, (name, stopped["err"][-3000:])
+        assert "preempted by SIGTERM: saved" in stopped["err"]
+        assert "ckpt-000000048" in stopped["err"]  # the last epoch's checkpoint, complete
+        assert "exported" not in stopped["err"]
+        assert rerun["code"] == 0, rerun["err"][-3000:]  # the rerun finishes the job
+        assert "nothing to train: 3 of 3 epochs already done" in rerun["err"]
+        # One version: the stopped run added none (it would be 0001, the rerun's 0002).
+        assert sorted(os.listdir(tmp_path / name / "m")) == ["0001"]
+        assert (tmp_path / name / "k.keras").is_file()
+
+
+def test_sigterm_without_a_checkpoint_dir_says_what_was_lost(tmp_path):
+    cmd = ["train", "--model", "user_models:tiny", "--train-examples", "256", "--epochs",
+           "100000", "--export-dir", str(tmp_path / "m"), "--no-progress"]
+    proc = subprocess.Popen([sys.executable, "-m", "mirrorfit.cli", *cmd], env=_env(), cwd=ROOT,
+                            stderr=subprocess.PIPE, text=True)
+    for line in proc.stderr:  # training has started
+        if line.startswith("epoch 1/"):
+            break
+    proc.send_signal(signal.SIGTERM)
+    err = proc.stderr.read()
+    assert proc.wait(timeout=60) == 75, err[-3000:]
+    assert "nothing saved (no --checkpoint-dir)" in err and "Traceback" not in err
+    assert not (tmp_path / "m").exists()
+
+
+def test_sigterm_while_tensorflow_loads_is_honoured(tmp_path):
+    """The CLI takes the signals before it imports TensorFlow (seconds), not after."""
+    cmd = ["train", "--model", "user_models:tiny", "--train-examples", "256", "--epochs", "1",
+           "--export-dir", str(tmp_path / "m"), "--no-progress"]
+    proc = subprocess.Popen([sys.executable, "-m", "mirrorfit.cli", *cmd], env=_env(), cwd=ROOT,
+                            stderr=subprocess.PIPE, text=True)
+    time.sleep(0.5)  # arguments parsed (~0.1 s), TensorFlow still loading
+    proc.send_signal(signal.SIGTERM)
+    err = proc.stderr.read()
+    assert proc.wait(timeout=60) == 75, err[-3000:]  # not -15: killed before any handler
+    assert "preempted by SIGTERM" in err and "Traceback" not in err
+    assert not (tmp_path / "m").exists()
+
+
+def test_a_second_ctrl_c_stops_at_once(tmp_path):
+    run = ["train", "--model", "user_models:tiny", "--train-examples", "256", "--epochs", "2",
+           "--global-batch-size", "32", "--steps-per-execution", "1", "--checkpoint-dir",
+           str(tmp_path / "c"), "--no-progress"]
+    code = _program([run], AT_STEP.format(step=3, sig="signal.SIGINT", times=2), {0: "step"})
+    proc = subprocess.run([sys.executable, "-c", code], env=_env(), cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == -signal.SIGINT, proc.stderr[-3000:]  # killed, not a clean exit
+    assert "Ctrl-C again stops at once" in proc.stderr
+    assert not (tmp_path / "c").exists()  # it did not go on to save
+
+
+CRASH = """
+import json, os, signal, keras, mirrorfit
+from mirrorfit.artifacts.checkpoint import Checkpointer
+setup = mirrorfit.configure_devices(replicas=1)
+strategy = mirrorfit.build_strategy(setup)
+data = mirrorfit.load_mnist(train_examples=256, download=False)
+trainer = mirrorfit.Trainer(strategy=strategy, model=mirrorfit.models.mlp,
+                            optimizer=keras.optimizers.Adam(1e-3),
+                            loss=keras.losses.SparseCategoricalCrossentropy(), global_batch=32)
+ckpt = Checkpointer({dir!r}, trainer=trainer, model_spec="mlp")
+if {crash}:
+    ckpt.restore_latest()
+    trainer.fit(mirrorfit.train_batches(data.x_train, data.y_train, global_batch=32, seed=0),
+                epochs=trainer.epoch + 1)
+    real_rename = os.rename
+    os.rename = lambda *a: os.kill(os.getpid(), signal.SIGKILL)  # die at the commit point
+    ckpt.save()
+else:
+    restored = ckpt.restore_latest()
+    weights_ok = bool(trainer.model.get_weights()[0].any())
+    print(json.dumps({{"step": restored and restored.step, "epoch": restored and restored.epoch,
+                      "ok": weights_ok}}))
+"""
+
+
+def test_kill_9_during_a_save_leaves_the_previous_checkpoint_loadable(tmp_path):
+    d = tmp_path / "ckpt"
+    run_cli("train", "--train-examples", "256", "--epochs", "1", "--global-batch-size", "32",
+            "--optimizer", "adam", "--lr", "0.001", "--checkpoint-dir", str(d), "--no-progress")
+    assert [p.name for p in d.iterdir()] == ["ckpt-000000008"]
+    crashed = subprocess.run([sys.executable, "-c", CRASH.format(dir=str(d), crash=True)],
+                             env=_env(), cwd=ROOT, capture_output=True, text=True)
+    assert crashed.returncode == -signal.SIGKILL
+    assert any(p.name.startswith(".ckpt-000000016.tmp") for p in d.iterdir())  # half-written
+    after = run_isolated(CRASH.format(dir=str(d), crash=False))
+    assert after == {"step": 8, "epoch": 1, "ok": True}
+
+
+def test_corrupt_checkpoint_is_named_and_fresh_starts_over(tmp_path):
+    d = tmp_path / "ckpt"
+    args = ["train", "--model", "user_models:tiny", "--train-examples", "256", "--epochs", "1",
+            "--checkpoint-dir", str(d), "--no-progress"]
+    assert run_cli(*args).returncode == 0
+    (data_file,) = (d / "ckpt-000000008").glob("state.data-*")
+    data_file.write_bytes(b"\0" * 100)
+    bad = run_cli(*args, "--epochs", "2")
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+    assert "ckpt-000000008 cannot be read" in bad.stderr and "--fresh" in bad.stderr
+    fresh = run_cli(*args, "--epochs", "2", "--fresh")
+    assert fresh.returncode == 0, fresh.stderr[-2000:]
+    assert "moved the existing checkpoints" in fresh.stderr
+    assert (d / "ckpt-000000016").is_dir()
+
+
+def test_checkpoint_of_another_model_is_refused_clearly(tmp_path):
+    d = tmp_path / "ckpt"
+    assert run_cli("train", "--train-examples", "256", "--epochs", "1", "--checkpoint-dir",
+                   str(d), "--no-progress").returncode == 0
+    other = run_cli("train", "--model", "user_models:tiny", "--train-examples", "256",
+                    "--epochs", "2", "--checkpoint-dir", str(d), "--no-progress")
+    assert other.returncode == 2
+    assert ("written with --model mlp, this run has --model user_models:tiny: resume with "
+            "--model mlp, or pass --fresh") in other.stderr
+
+
+# -- resuming with changed flags (issue 10, item 8); 2 replicas resume on 1 -------------------
+def test_changed_flags_resume_exactly_or_are_refused_by_name(tmp_path):
+    base = ["train", "--model", "user_models:tiny", "--train-examples", "256", "--optimizer",
+            "adam", "--lr", "0.003", "--no-progress"]
+    c = ["--checkpoint-dir", str(tmp_path / "c")]
+    refused = {  # flags of the rerun -> what the one line must say (default --batch-size 32)
+        ("--replicas", "1"): "--replicas 2 -> 1): resume with --replicas 2 (or "
+                             "--global-batch-size 64)",
+        ("--replicas", "2", "--accum-steps", "2"): "--accum-steps 1 -> 2",
+        ("--replicas", "2", "--batch-size", "16"): "--batch-size 32 -> 16",
+        ("--replicas", "2", "--seed", "7"): "seed 42, this run has 7 (--seed 42 -> 7): resume "
+                                            "with --seed 42",
+        ("--replicas", "2", "--train-examples", "128"): "--train-examples 256 -> 128",
+    }
+    runs = [[*base, *c, "--replicas", "2", "--epochs", "1"]]  # global batch 2 x 32 = 64
+    runs += [[*base, *c, "--epochs", "2", *flags] for flags in refused]
+    # The same global batch another way: one replica, two accumulation steps of 32. Exact.
+    runs.append([*base, *c, "--epochs", "2", "--replicas", "1", "--accum-steps", "2",
+                 "--save-keras", str(tmp_path / "resumed.keras")])
+    # Once more, the global batch given directly: done already.
+    runs.append([*base, *c, "--epochs", "2", "--replicas", "1", "--global-batch-size", "64"])
+    runs.append([*base, "--checkpoint-dir", str(tmp_path / "ref"), "--epochs", "2", "--replicas",
+                 "1", "--global-batch-size", "64", "--save-keras", str(tmp_path / "ref.keras")])
+    first, *results, resumed, again, ref = _drive(runs, "", {})
+    assert first["code"] == 0, first["err"][-3000:]
+    for (flags, expected), got in zip(refused.items(), results):
+        lines = [ln for ln in got["err"].splitlines() if ln.startswith("mirrorfit: error")]
+        assert got["code"] == 2 and len(lines) == 1, (flags, got["err"][-3000:])
+        assert expected in lines[0] and "--fresh" in lines[0], (flags, lines[0])
+    assert resumed["code"] == 0, resumed["err"][-3000:]
+    assert "resuming from" in resumed["err"] and "1 epoch(s) done" in resumed["err"]
+    assert again["code"] == 0, again["err"][-3000:]
+    assert "nothing to train: 2 of 2 epochs already done" in again["err"]
+    assert ref["code"] == 0, ref["err"][-3000:]
+    for a, b in zip(_weights(tmp_path / "ref.keras"), _weights(tmp_path / "resumed.keras")):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=2e-5)  # as 1 vs 2 replicas
+
+
+# -- a full disk (issue 10, item 10) ------------------------------------------------------------
+DISK_FULL = """
+import errno, tensorflow as tf
+real_fsync, real_write = os.fsync, tf.train.Checkpoint.write
+def fsync(fd):  # ENOSPC where a small file's data reaches the disk: meta.json of checkpoint 16
+    path = os.readlink(f"/proc/self/fd/{fd}")
+    if current[0] == 1 and path.endswith("meta.json") and "000000016" in path:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    real_fsync(fd)
+def write(self, prefix, options=None):  # TensorFlow's own report of ENOSPC
+    if current[0] == 2:
+        raise tf.errors.ResourceExhaustedError(None, None, prefix + "; No space left on device")
+    return real_write(self, prefix, options)
+os.fsync, tf.train.Checkpoint.write = fsync, write
+"""
+
+
+def test_a_full_disk_says_so_and_keeps_the_previous_checkpoint(tmp_path):
+    d = tmp_path / "c"
+    run = ["train", "--model", "user_models:tiny", "--train-examples", "256",
+           "--global-batch-size", "32", "--checkpoint-dir", str(d), "--no-progress"]
+    first, meta_full, tf_full = _drive([[*run, "--epochs", "1"]] + [[*run, "--epochs", "2"]] * 2,
+                                       DISK_FULL, {})
+    assert first["code"] == 0, first["err"][-3000:]
+    for got in (meta_full, tf_full):
+        assert got["code"] == 2, got["err"][-3000:]
+        assert "Traceback" not in got["err"] and "memory" not in got["err"]
+        assert (f"disk full while writing checkpoint {d}/ckpt-000000016; the previous "
+                f"checkpoint {d}/ckpt-000000008 is kept") in got["err"]
+    assert [p.name for p in d.iterdir()] == ["ckpt-000000008"]  # and no temp folder
+
+
+def test_out_of_memory_hint_tells_a_full_disk_from_out_of_memory():
+    from mirrorfit.errors import StorageError
+    from mirrorfit.job.observe import out_of_memory_hint
+
+    with pytest.raises(StorageError, match="disk full"):
+        with out_of_memory_hint(32):
+            raise tf.errors.ResourceExhaustedError(None, None, "/x/f; No space left on device")
+    with pytest.raises(Exception, match="out of memory at a batch of 32"):
+        with out_of_memory_hint(32):
+            raise tf.errors.ResourceExhaustedError(None, None, "OOM when allocating tensor")
+
+
+# -- durability (issue 10, item 11) --------------------------------------------------------------
+def _trainer():
+    import mirrorfit
+    from user_models import tiny
+
+    keras.utils.set_random_seed(0)
+    strategy = mirrorfit.build_strategy(mirrorfit.configure_devices())
+    return mirrorfit.Trainer(strategy=strategy, model=tiny, optimizer=keras.optimizers.Adam(1e-3),
+                             loss=keras.losses.SparseCategoricalCrossentropy(), global_batch=32)
+
+
+@pytest.fixture(scope="module")
+def batches(mnist_dir):
+    import mirrorfit
+
+    data = mirrorfit.load_mnist(str(mnist_dir), train_examples=256, download=False)
+    return mirrorfit.train_batches(data.x_train, data.y_train, global_batch=32, seed=0)
+
+
+def test_checkpoints_are_fsynced_before_the_rename(tmp_path, monkeypatch):
+    from mirrorfit.artifacts.checkpoint import Checkpointer
+
+    done, real = [], os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (done.append(os.readlink(f"/proc/self/fd/{fd}")),
+                                                 real(fd)))
+    trainer = _trainer()
+    path = Checkpointer(tmp_path, trainer=trainer, model_spec="tiny").save()
+    synced = {p.split(".tmp-", 1)[1].split("/", 1)[1] for p in done if "/.ckpt-" in p
+              and "/" in p.split(".tmp-", 1)[1]}
+    files = {str(p.relative_to(path)) for p in path.rglob("*") if p.is_file()}
+    assert {"meta.json", "state.index"} <= files <= synced  # TF's files too
+    assert done[-1] == str(tmp_path)  # the folder, after the rename
+
+
+@pytest.mark.parametrize("damage", ["state.data", "state.index", "meta.json"])
+def test_restore_falls_back_past_a_corrupt_newest_checkpoint(tmp_path, batches, damage):
+    from mirrorfit.artifacts.checkpoint import Checkpointer
+
+    trainer = _trainer()
+    ckpt = Checkpointer(tmp_path, trainer=trainer, model_spec="tiny", data=batches.order)
+    trainer.fit(batches, epochs=2, callbacks=[ckpt.epoch_callback])
+    (victim,) = (tmp_path / "ckpt-000000016").glob(f"{damage}*")
+    data = victim.read_bytes()  # a power loss: the end never reached the disk, or garbage
+    victim.write_bytes(data[:len(data) // 2] if damage != "state.data" else b"\1" * len(data))
+
+    notices, trainer = [], _trainer()
+    ckpt = Checkpointer(tmp_path, trainer=trainer, model_spec="tiny", data=batches.order,
+                        on_notice=notices.append)
+    restored = ckpt.restore_latest()
+    assert restored.step == 8 and restored.epoch == 1
+    assert len(notices) == 1 and "ckpt-000000016 cannot be read" in notices[0]
+    assert "resuming from the previous one, ckpt-000000008" in notices[0]
+    aside = [p.name for p in tmp_path.iterdir() if p.name.startswith("corrupt-ckpt-000000016")]
+    assert len(aside) == 1  # kept for a look, out of the way
+    trainer.fit(batches, epochs=2, callbacks=[ckpt.epoch_callback])  # redoes epoch 2
+    assert Checkpointer(tmp_path, trainer=_trainer(), model_spec="tiny").restore_latest().step == 16
+
+
+def test_export_rebuilds_a_checkpoint_at_the_shape_and_classes_it_was_trained_with(tmp_path):
+    """A model trained on other data (here 32x32x3, 5 classes, synthetic) is exported from its
+    checkpoint at that shape, not the model's default (MNIST's 28x28, 10 classes)."""
+    from conftest import run_cli
+
+    ckpt, models = tmp_path / "ckpt", tmp_path / "models" / "small"
+    proc = run_cli("train", "--model", "cnn", "--data", "synthetic", "--input-shape", "32,32,3",
+                   "--num-classes", "5", "--epochs", "1", "--global-batch-size", "16",
+                   "--train-examples", "64", "--no-progress", "--checkpoint-dir", str(ckpt))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = run_cli("export", "--checkpoint-dir", str(ckpt), "--export-dir", str(models))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    meta = json.loads(sorted(ckpt.glob("ckpt-*"))[-1].joinpath("meta.json").read_text())
+    assert (meta["identity"]["input_shape"], meta["identity"]["num_classes"]) == ([32, 32, 3], 5)
+
+
+def test_hand_edited_epoch_logs_and_a_newer_format_are_one_line_naming_the_file(tmp_path,
+                                                                                 batches):
+    """epoch_logs reach the epoch line, --metrics-out and TensorBoard: a checkpoint is a file a
+    user can send, so they are checked when read, not where they crash or leak."""
+    import math
+    import shutil
+
+    from mirrorfit.artifacts.checkpoint import CheckpointError, Checkpointer, load_model
+    from mirrorfit.artifacts.checkpoint_meta import encode_epoch_logs
+
+    first = _trainer()
+    ckpt = Checkpointer(tmp_path, trainer=first, model_spec="tiny", data=batches.order)
+    first.fit(batches, epochs=1, callbacks=[ckpt.epoch_callback])
+    file = tmp_path / "ckpt-000000008" / "meta.json"
+    meta = json.loads(file.read_text())
+    good = {**{k: 0.5 for k in first.train_logs()}, "learning_rate": 1e-3,
+            "examples_per_sec": 900.0}
+
+    def restore(epoch_logs, raw=None):
+        text = json.dumps({**meta, "epoch": 0, "step_in_epoch": 8, "epoch_logs": epoch_logs})
+        file.write_text(text if raw is None else text.replace('"epoch_logs": null', raw))
+        return Checkpointer(tmp_path, trainer=_trainer(), model_spec="tiny",
+                            data=batches.order).restore_latest()
+
+    cases = [
+        ({}, "epoch_logs lacks loss, learning_rate, examples_per_sec"),
+        ({k: v for k, v in good.items() if k != "examples_per_sec"},
+         "epoch_logs lacks examples_per_sec"),
+        ({**good, "learning_rate": 1e41}, "epoch_logs learning_rate is 1e+41, not a finite"),
+        ({**good, "loss": 1e308}, "epoch_logs loss is 1e+308, not a finite"),
+        ({**good, "\x1b[2Jx": 1.0}, r"epoch_logs has '\x1b[2Jx', not a metric name"),
+        ({**good, **{f"m{i}": 1.0 for i in range(40)}}, "more than 32"),
+        ({**good, "loss": "0.5"}, "epoch_logs is not an object of numbers"),
+        ({k: v for k, v in good.items() if k != "accuracy"}, "epoch_logs lacks accuracy"),
+        ({**good, "top5": 1.0}, "epoch_logs has top5 this run does not write"),
+    ]
+    raw = [(f'"epoch_logs": {{"loss": {bad}, "learning_rate": 0.001, "examples_per_sec": 9}}',
+            f"epoch_logs loss is {text}") for bad, text in
+           (("NaN", "nan"), ("Infinity", "inf"), ("-1e999", "-inf"))]
+    for logs, problem in [*cases, *[(None, (r, p)) for r, p in raw]]:
+        if isinstance(problem, tuple):
+            (rawtext, problem), logs = problem, None
+        else:
+            rawtext = None
+        with pytest.raises(CheckpointError) as e:
+            restore(logs, rawtext)
+        message = str(e.value)
+        assert problem in message and "ckpt-000000008" in message, message
+        assert "--fresh" in message and "\n" not in message and "\x1b" not in message
+
+    # The trainer's own non-finite value (a diverged loss) is stored as null: valid JSON,
+    # accepted, restored as NaN (not a measured value).
+    assert encode_epoch_logs({**good, "loss": math.nan})["loss"] is None
+    restored = restore({**good, "loss": None})
+    assert restored.step == 8 and not restored.ended
+    resumed = Checkpointer(tmp_path, trainer=_trainer(), model_spec="tiny", data=batches.order)
+    resumed.restore_latest()
+    assert math.isnan(resumed.trainer.position.epoch_logs["loss"])
+
+    # A newer mirrorfit's checkpoint is refused as such, not read, nor fallen back past.
+    newer = tmp_path / "ckpt-000000016"
+    shutil.copytree(file.parent, newer)
+    (newer / "meta.json").write_text(json.dumps({**meta, "step": 16, "format": 99}))
+    with pytest.raises(CheckpointError, match="written by a newer mirrorfit") as e:
+        Checkpointer(tmp_path, trainer=_trainer(), model_spec="tiny").restore_latest()
+    assert "ckpt-000000016" in str(e.value) and "--fresh" in str(e.value)
+    assert newer.is_dir()  # not set aside as corrupt
+    with pytest.raises(CheckpointError, match="written by a newer mirrorfit"):
+        load_model(tmp_path, on_notice=pytest.fail)  # export, evaluate: nor there

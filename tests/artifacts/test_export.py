@@ -1,0 +1,228 @@
+"""export: numbered versions written atomically; exports load with no strategy and predict
+what the model predicts; `mirrorfit export` and `mirrorfit evaluate` on the CLI."""
+
+import json
+import threading
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from conftest import run_cli
+from mirrorfit.errors import ConfigError
+from mirrorfit.artifacts.export import export_saved_model, save_keras, versions
+from mirrorfit.models.build import mlp
+
+
+@pytest.fixture(scope="module")
+def model():
+    keras.utils.set_random_seed(0)
+    return mlp()
+
+
+def _pixels(n=5):
+    return np.random.default_rng(0).integers(0, 256, (n, 28, 28)).astype(np.uint8)
+
+
+@pytest.mark.parametrize("preprocessing", [False, True])
+def test_export_predicts_like_the_model(tmp_path, model, preprocessing):
+    path = export_saved_model(model, tmp_path / "m", preprocessing=preprocessing)
+    assert path.name == "0001"
+    x = _pixels()
+    expected = model(x / 255.0).numpy()
+    feed = x if preprocessing else (x / 255.0).astype(np.float32)
+    sig = tf.saved_model.load(str(path)).signatures["serving_default"]
+    assert list(sig.structured_input_signature[1]) == ["images"]
+    assert sig.structured_input_signature[1]["images"].dtype == (
+        tf.uint8 if preprocessing else tf.float32)
+    np.testing.assert_allclose(sig(images=tf.constant(feed))["probabilities"], expected,
+                               rtol=1e-5, atol=1e-6)
+    layer = keras.layers.TFSMLayer(str(path), call_endpoint="serving_default")
+    np.testing.assert_allclose(layer(tf.constant(feed))["probabilities"], expected,
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_versions_count_up_and_ignore_other_names(tmp_path, model):
+    (tmp_path / "m" / "notes").mkdir(parents=True)
+    (tmp_path / "m" / "0007").mkdir()
+    assert export_saved_model(model, tmp_path / "m").name == "0008"
+    assert versions(tmp_path / "m") == [7, 8]
+
+
+def test_a_poller_never_sees_a_partial_version(tmp_path, model):
+    base = tmp_path / "m"
+    base.mkdir()
+    seen, bad, stop = set(), [], threading.Event()
+
+    def poll():
+        while not stop.is_set():
+            for v in versions(base):
+                d = base / f"{v:04d}"
+                if not ((d / "saved_model.pb").is_file() and (d / "variables").is_dir()
+                        and any((d / "variables").glob("variables.data-*"))):
+                    bad.append(v)
+                seen.add(v)
+
+    t = threading.Thread(target=poll)
+    t.start()
+    try:
+        for _ in range(3):
+            export_saved_model(model, base)
+    finally:
+        stop.set()
+        t.join()
+    assert not bad and {1, 2} <= seen  # it watched during the writes and saw no partial one
+    assert versions(base) == [1, 2, 3]
+
+
+def test_save_keras_is_atomic_and_checked(tmp_path, model):
+    path = save_keras(model, tmp_path / "m.keras")
+    assert [p.name for p in tmp_path.iterdir()] == ["m.keras"]
+    np.testing.assert_allclose(keras.saving.load_model(path)(_pixels() / 255.0),
+                               model(_pixels() / 255.0), rtol=1e-6)
+    with pytest.raises(ConfigError, match="must end in .keras"):
+        save_keras(model, tmp_path / "m.h5")
+
+
+@pytest.mark.slow
+def test_cli_export_and_evaluate_agree_with_training(tmp_path, mnist_dir):
+    d, models = tmp_path / "ckpt", tmp_path / "models" / "mnist"
+    m = tmp_path / "m.json"
+    assert run_cli("train", "--train-examples", "4096", "--epochs", "2", "--checkpoint-dir",
+                   str(d), "--export-dir", str(models), "--export-preprocessing",
+                   "--metrics-out", str(m), "--no-progress").returncode == 0
+    trained = json.loads(m.read_text())
+    assert trained["export_path"].endswith("0001")
+    exp = run_cli("export", "--checkpoint-dir", str(d), "--export-dir", str(models))
+    assert exp.returncode == 0 and (models / "0002" / "saved_model.pb").is_file()
+    for source in (["--saved-model", str(models)], ["--saved-model", str(models / "0001")],
+                   ["--checkpoint-dir", str(d)]):
+        ev = run_cli("evaluate", *source, "--metrics-out", str(tmp_path / "e.json"))
+        assert ev.returncode == 0, ev.stderr[-2000:]
+        result = json.loads((tmp_path / "e.json").read_text())
+        assert result["examples"] == 10000
+        assert result["test_accuracy"] == pytest.approx(trained["test_accuracy"], abs=1e-4)
+    missing = run_cli("evaluate", "--checkpoint-dir", str(tmp_path / "none"))
+    assert missing.returncode == 2 and "no checkpoint in" in missing.stderr
+
+
+# -- names, full disks, crashes, power loss (issue 10) -----------------------------------------
+def _fsync_recorder(monkeypatch):
+    """Record the path of everything fsynced (and the order), still fsyncing it."""
+    import os
+
+    done, real = [], os.fsync
+
+    def fsync(fd):
+        done.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    return done
+
+
+def test_odd_names_and_a_file_named_like_a_version(tmp_path, model):
+    base = tmp_path / "m"
+    (base / "²").mkdir(parents=True)  # str.isdigit() says yes, int() says no
+    (base / "0003").mkdir()
+    (base / "0004").write_text("not a version")  # a file: a version cannot be renamed onto it
+    assert versions(base) == [3]
+    assert export_saved_model(model, base).name == "0005"
+    assert versions(base) == [3, 5]
+
+
+def test_a_full_disk_says_so_and_adds_nothing(tmp_path, model, monkeypatch):
+    from mirrorfit.errors import StorageError
+
+    base = tmp_path / "m"
+    export_saved_model(model, base)
+
+    def save(obj, path, **kwargs):  # as TensorFlow reports ENOSPC, after a partial write
+        (tmp_path / "m" / str(path).rsplit("/", 1)[-1] / "half").mkdir(parents=True)
+        raise tf.errors.ResourceExhaustedError(None, None,
+                                               f"{path}/variables; No space left on device")
+
+    monkeypatch.setattr(tf.saved_model, "save", save)
+    with pytest.raises(StorageError, match="disk full while writing the export") as e:
+        export_saved_model(model, base)
+    assert "memory" not in str(e.value)
+    assert sorted(p.name for p in base.iterdir()) == ["0001"]  # no temp folder left either
+
+
+def test_exports_and_keras_files_are_fsynced_before_the_rename(tmp_path, model, monkeypatch):
+    done = _fsync_recorder(monkeypatch)
+    path = export_saved_model(model, tmp_path / "m")
+    tmp = [p for p in done if "/.tmp-" in p][0].split("/.tmp-")[1].split("/")[0]
+    synced = {p.split(f"/.tmp-{tmp}/", 1)[1] for p in done if f"/.tmp-{tmp}/" in p}
+    files = {str(p.relative_to(path)) for p in path.rglob("*") if p.is_file()}
+    assert files and files <= synced
+    assert done[-1] == str(tmp_path / "m")  # the folder, after the rename
+
+    done.clear()
+    save_keras(model, tmp_path / "k.keras")
+    assert any(p.endswith(".keras") and "/.k.tmp-" in p for p in done)
+    assert done[-1] == str(tmp_path)
+
+
+def test_only_our_own_temps_of_crashed_writers_are_removed(tmp_path, model):
+    import os
+    import subprocess
+    import sys
+
+    from mirrorfit import _io
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True).stdout.strip()
+    host, rand = _io.temp_tag().split("-")[0], "0" * 32
+    other_host = format(int(host, 16) ^ 1, "08x")
+    base = tmp_path / "m"
+    (base / f".tmp-{host}-{dead}-{rand}" / "variables").mkdir(parents=True)  # writer gone
+    kept = [f".tmp-{host}-{os.getppid()}-{rand}",  # a live process's export in progress
+            f".tmp-{other_host}-{dead}-{rand}",  # another host's (NFS): its pid means nothing here
+            ".tmp-deploy-staging", ".tmp-99999", f".tmp-{host}-{dead}-{rand}x"]  # not ours
+    for name in kept:
+        (base / name).mkdir()
+    (tmp_path / f".k.tmp-{host}-{dead}-{rand}.keras").write_text("half")
+    # A stem with glob characters matches only its own temps, not ".m1.tmp-..." (glob "[1]").
+    (tmp_path / f".m1.tmp-{host}-{dead}-{rand}.keras").write_text("another file's")
+    export_saved_model(model, base)
+    save_keras(model, tmp_path / "k.keras")
+    save_keras(model, tmp_path / "m[1].keras")
+    assert sorted(p.name for p in base.iterdir()) == sorted([*kept, "0001"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["k.keras", "m", "m[1].keras", f".m1.tmp-{host}-{dead}-{rand}.keras"])
+
+
+def test_versions_past_int64_are_refused_and_the_server_agrees(tmp_path, model):
+    from mirrorfit.errors import StorageError
+    from mirrorfit.serving.repository import _version_folders
+
+    base = tmp_path / "m"
+    (base / "99999999999999999999").mkdir(parents=True)  # TF Serving ignores it (int64)
+    with pytest.raises(StorageError, match="past the largest TF Serving reads"):
+        export_saved_model(model, base)
+    assert [p.name for p in base.iterdir()] == ["99999999999999999999"]  # nothing written
+    (base / "99999999999999999999").rmdir()
+    (base / str(2**63 - 1)).mkdir()  # the largest version: the next one has no number
+    with pytest.raises(StorageError, match=f"after {base / str(2**63 - 1)} would be {2**63}"):
+        export_saved_model(model, base)
+    (base / "0007").mkdir()
+    for name in ("٣", "²", "7\n", str(2**63)):
+        (base / name).mkdir()
+    # One parser: what export counts as a version is what the server serves.
+    assert versions(base) == sorted(_version_folders(base)) == [7, 2**63 - 1]
+
+
+def test_a_stop_before_the_commit_adds_no_version(tmp_path, model):
+    class Stop(Exception):
+        pass
+
+    def stop():
+        raise Stop
+
+    with pytest.raises(Stop):
+        export_saved_model(model, tmp_path / "m", before_commit=stop)
+    with pytest.raises(Stop):
+        save_keras(model, tmp_path / "k.keras", before_commit=stop)
+    assert [p.name for p in tmp_path.iterdir()] == ["m"] and not list((tmp_path / "m").iterdir())

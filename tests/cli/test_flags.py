@@ -1,0 +1,69 @@
+"""cli.flags: what each command's parser turns flags into, without running the command (no
+TensorFlow): train leaves every unset flag None, bench reads comma-separated grids, serve reads
+TF Serving's boolean and compatibility flags."""
+
+import pytest
+
+from mirrorfit.cli.flags import build_parser
+from mirrorfit.config import load_config
+
+
+def _parse(*argv):
+    return vars(build_parser().parse_args(list(argv)))
+
+
+def test_train_flags_left_out_are_none_so_the_config_file_keeps_its_values(tmp_path):
+    args = _parse("train")
+    assert {k: v for k, v in args.items() if v is not None} == {"command": "train"}
+    cfg = tmp_path / "run.toml"
+    cfg.write_text("epochs = 7\nlr = 0.05\n")
+    args = _parse("train", "--config", str(cfg), "--lr", "0.2")
+    overrides = {k: v for k, v in args.items() if k not in ("command", "config")}
+    config = load_config(args["config"], **overrides)
+    assert (config.epochs, config.lr) == (7, 0.2)
+
+
+def test_bench_grids_are_comma_separated():
+    args = _parse("bench", "--replicas", "1, 2,4", "--xla", "off,on", "--precision", "fp32,bf16",
+                  "--input-shape", "32,32,3")
+    assert args["replicas"] == (1, 2, 4)
+    assert args["xla"] == (False, True)
+    assert args["precision"] == ("fp32", "bf16")
+    assert args["input_shape"] == (32, 32, 3)
+    defaults = _parse("bench")
+    assert (defaults["replicas"], defaults["xla"], defaults["accum_steps"]) == ((1, 2), (False,),
+                                                                                (1,))
+
+
+@pytest.mark.parametrize("flag,value,needle", [
+    ("--xla", "yes", "--xla 'yes': expected a comma-separated list of on/off values"),
+    ("--accum-steps", "1,x", "--accum-steps '1,x': expected a comma-separated list of int"),
+])
+def test_bad_bench_grid_value_is_one_usage_line_exit_2(capsys, flag, value, needle):
+    with pytest.raises(SystemExit) as exit_:
+        _parse("bench", flag, value)
+    assert exit_.value.code == 2
+    assert needle in capsys.readouterr().err
+
+
+def test_serve_takes_tf_serving_boolean_and_compatibility_flags(capsys):
+    args = _parse("serve", "--enable_batching", "--enable_model_warmup=false",
+                  "--rest_api_enable_cors_support=1", "--rest_api_num_threads=4")
+    assert (args["enable_batching"], args["enable_model_warmup"],
+            args["rest_api_enable_cors_support"]) == (True, False, True)
+    # accepted so tensorflow_model_server command lines run, and kept apart from ServeConfig
+    assert args["_ignored__rest_api_num_threads"] == "4"
+    assert "rest_api_num_threads" not in args
+    with pytest.raises(SystemExit) as exit_:
+        _parse("serve", "--enable_batching=maybe")
+    assert exit_.value.code == 2
+    assert "expected true or false, got 'maybe'" in capsys.readouterr().err
+
+
+def test_evaluate_takes_no_tfrecord_feature_flags(capsys):
+    """TFRecord sources have no test split, so evaluate does not offer their feature flags."""
+    assert _parse("evaluate", "--image-size", "32,32")["image_size"] == "32,32"
+    with pytest.raises(SystemExit) as exit_:
+        _parse("evaluate", "--image-feature", "img")
+    assert exit_.value.code == 2
+    assert "unrecognized arguments: --image-feature" in capsys.readouterr().err

@@ -1,0 +1,64 @@
+"""profiling: where step time goes, a one-line diagnosis, and no change to the model."""
+
+import keras
+import numpy as np
+import pytest
+
+import mirrorfit
+from mirrorfit.job.profiling import ProfileReport, profile_steps
+
+
+def _report(**fractions):
+    step = 0.010
+    parts = {"input_wait": 0.0, "compute": 0.0, "all_reduce": 0.0, "update_overhead": 0.0}
+    parts.update(fractions)
+    return ProfileReport(step_s=step, input_wait_s=parts["input_wait"] * step,
+                         compute_s=parts["compute"] * step,
+                         all_reduce_s=parts["all_reduce"] * step,
+                         update_overhead_s=parts["update_overhead"] * step,
+                         input_batch_s=0.001, cpu_percent=50.0, gpu_percent=None)
+
+
+@pytest.mark.parametrize("fractions, start, advice", [
+    ({"input_wait": 0.4, "compute": 0.6}, "input bound: 40% of step time waiting for data",
+     "more steps per execution"),
+    ({"all_reduce": 0.5, "compute": 0.5}, "communication bound: 50%", "--accum-steps"),
+    ({"update_overhead": 0.6, "compute": 0.4}, "overhead bound: 60%", "--steps-per-execution"),
+    ({"compute": 0.9, "update_overhead": 0.1}, "compute bound: 90%", "--precision bf16"),
+])
+def test_diagnosis_names_the_bound_and_what_to_try(fractions, start, advice):
+    line = _report(**fractions).diagnosis()
+    assert line.startswith(start) and advice in line
+
+
+def test_input_bound_on_files_decoded_every_step_advises_the_cache():
+    report = ProfileReport(step_s=1, input_wait_s=0.5, compute_s=0.5, all_reduce_s=0,
+                           update_overhead_s=0, input_batch_s=0.9, cpu_percent=None,
+                           gpu_percent=None, input_source="image files, decoded every step")
+    assert report.diagnosis().startswith("input bound: 50% of step time waiting for data "
+                                         "(image files, decoded every step); try --cache memory")
+    assert "input: image files, decoded every step" in report.describe()
+
+
+def test_compute_bound_advice_drops_what_is_already_on():
+    report = ProfileReport(step_s=1, input_wait_s=0, compute_s=1, all_reduce_s=0,
+                           update_overhead_s=0, input_batch_s=0, cpu_percent=None,
+                           gpu_percent=None, precision="bf16", xla=True)
+    assert "--precision" not in report.diagnosis() and "--xla" not in report.diagnosis()
+
+
+def test_profiling_measures_parts_and_leaves_the_model_as_it_was(mnist_dir):
+    data = mirrorfit.load_mnist(mnist_dir, train_examples=1280, download=False)
+    strategy = mirrorfit.build_strategy(mirrorfit.configure_devices())
+    trainer = mirrorfit.Trainer(strategy=strategy, model=mirrorfit.models.mlp,
+                                optimizer=keras.optimizers.Adam(1e-3),
+                                loss=keras.losses.SparseCategoricalCrossentropy(),
+                                global_batch=64, steps_per_execution=10, accum_steps=2)
+    batches = mirrorfit.train_batches(data.x_train, data.y_train, global_batch=64, seed=0)
+    trainer.fit(batches, epochs=1)
+    before = [v.numpy().copy() for v in trainer.model.variables + trainer.optimizer.variables]
+    report = profile_steps(trainer, batches, steady_step_s=0.0, target_s=0.05)
+    after = [v.numpy() for v in trainer.model.variables + trainer.optimizer.variables]
+    assert all(np.array_equal(a, b) for a, b in zip(before, after))
+    assert report.compute_s > 0 and report.input_batch_s > 0 and report.step_s > 0
+    assert sum(report.fractions().values()) == pytest.approx(1.0, abs=0.35)
