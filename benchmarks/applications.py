@@ -34,7 +34,7 @@ import time
 
 from mirrorfit.bench.grid import spawn
 from mirrorfit.bench.point import Point
-from mirrorfit.precision import COMPUTE_DTYPES
+from mirrorfit.models.precision import COMPUTE_DTYPES
 
 
 def _shape(text: str) -> tuple[int, ...]:
@@ -117,7 +117,7 @@ def _train_flops(model: str, input_shape: tuple[int, ...], num_classes: int) -> 
     import keras
 
     from mirrorfit.bench.flops import train_flops_per_example
-    from mirrorfit.models import model_factory
+    from mirrorfit.models.build import model_factory
 
     flops = train_flops_per_example(model_factory(model, input_shape=input_shape,
                                                   num_classes=num_classes)())

@@ -1,7 +1,7 @@
 """Parameter-server training of the MNIST MLP on this host: 1 chief + N workers + M ps.
 
 Starts the ps and worker tasks as subprocesses on free loopback ports (each runs
-``mirrorfit.engine.coordinated.serve``), runs the chief here: ``ParameterServerStrategy`` +
+``mirrorfit.engine.tensorflow.parameter_server.serve``), runs the chief here: ``ParameterServerStrategy`` +
 ``ClusterCoordinator``, the model and optimizer built under the strategy (Keras 3), the
 engine's ``ReplicaStep`` driven by ``coordinated_loops``. Reports test accuracy and examples/s
 and always stops the subprocesses.
@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SERVE = "from mirrorfit.engine.coordinated import serve; serve()"
+SERVE = "from mirrorfit.engine.tensorflow.parameter_server import serve; serve()"
 
 
 def free_ports(n: int) -> list[int]:
@@ -116,8 +116,8 @@ def train(args, cluster: LocalCluster) -> dict:
 
     import mirrorfit
     from mirrorfit.data.pipeline import eval_dataset
-    from mirrorfit.engine.coordinated import coordinated_loops
-    from mirrorfit.engine.step import ReplicaStep
+    from mirrorfit.engine.tensorflow.parameter_server import coordinated_loops
+    from mirrorfit.engine.tensorflow.step import ReplicaStep
 
     data = mirrorfit.load_mnist(args.data_dir, train_examples=args.train_examples,
                                 download=False)

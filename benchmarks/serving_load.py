@@ -46,7 +46,7 @@ def _free_port() -> int:
 def export_models(root: Path, models: list[str]) -> None:
     import keras
     import mirrorfit
-    from mirrorfit.export import export_saved_model
+    from mirrorfit.artifacts.export import export_saved_model
     for name in models:
         keras.utils.set_random_seed(0)
         export_saved_model(mirrorfit.models.model_factory(name)(), root / name)
