@@ -1,5 +1,5 @@
-"""Serving through an operator's faults (issue 27), against a real `mirrorfit serve` process: a
-client that hangs up mid-body.
+"""Serving through an operator's faults (issue 27), against a real `mirrorfit serve` process:
+clients that hang up mid-body, and oversized request heads.
 
 One server for the module polls fast (0.1 s; the config file every 0.2 s) and keeps TF
 Serving's default 60 s between load retries, so a version picked up in seconds was not waiting
@@ -130,3 +130,28 @@ def test_a_client_hanging_up_mid_body_is_counted_not_an_internal_error(faults):
     lines = _events(faults, "client disconnected")
     assert len(lines) == 1 and lines[0]["level"] == "info"  # one per minute at most
     assert _predict(faults).status_code == 200
+
+
+# ---- item 4: the request-head cap ---------------------------------------------------------------
+
+def _raw(server, head: bytes) -> tuple[int, dict]:
+    with socket.create_connection(("127.0.0.1", server.rest_port), timeout=10) as sock:
+        sock.sendall(head)  # all of it at once: one read on the server's side
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    status, _, body = data.partition(b"\r\n\r\n")
+    return int(status.split()[1]), json.loads(body)
+
+
+def test_the_whole_request_head_counts_toward_its_cap(faults):
+    head = b"GET /v1/models/mnist HTTP/1.1\r\nhost: x\r\nconnection: close\r\n"
+    status, body = _raw(faults, head + b"x-big: " + b"a" * 100_000 + b"\r\n\r\n")
+    assert status == 431 and "Request head is larger than 65536 bytes" in body["error"]
+    many = b"".join(b"x-h%04d: %s\r\n" % (i, b"a" * 12) for i in range(3500))  # 77 KB
+    assert _raw(faults, head + many + b"\r\n")[0] == 431
+    status, body = _raw(faults, b"GET /v1/models/" + b"m" * 70_000
+                        + b" HTTP/1.1\r\nhost: x\r\n\r\n")
+    assert status == 414 and "Request URI is longer than" in body["error"]
+    status, body = _raw(faults, head + b"x-big: " + b"a" * 60_000 + b"\r\n\r\n")
+    assert status == 200 and "model_version_status" in body  # under the cap: served
