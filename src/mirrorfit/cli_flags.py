@@ -152,7 +152,10 @@ def _serve_parser(sub) -> None:
     for flag, default, text in (
             ("--enable_batching", False, "merge concurrent requests into batches"),
             ("--enable_model_warmup", True, "warm new versions up before they take traffic"),
-            ("--rest_api_enable_cors_support", False, "send CORS headers")):
+            ("--rest_api_enable_cors_support", False, "send CORS headers"),
+            ("--servable_versions_always_present", False,
+             "a base path with no versions keeps the loaded ones (default: unloads them), and "
+             "start-up or a config reload fails while a model has none")):
         add(flag, type=_flag_bool, nargs="?", const=True, default=default, help=text)
     add("--batching_parameters_file", help="text-format BatchingParameters")
     add("--monitoring_config_file", help="text-format MonitoringConfig (Prometheus path)")

@@ -1,5 +1,6 @@
-"""Serving through an operator's faults (issue 27), against a real `mirrorfit serve` process:
-clients that hang up mid-body, and oversized request heads.
+"""Serving through an operator's faults (issue 27), against a real `mirrorfit serve` process: a
+base folder that vanishes or empties, a slow copy, clients that hang up mid-body, and
+oversized request heads.
 
 One server for the module polls fast (0.1 s; the config file every 0.2 s) and keeps TF
 Serving's default 60 s between load retries, so a version picked up in seconds was not waiting
@@ -95,6 +96,133 @@ def _wait_for(predicate, timeout: float = 15) -> bool:
 def _predict(server, path: str = "mnist") -> httpx.Response:
     return httpx.post(f"{server.url}/v1/models/{path}:predict",
                       json={"instances": IMAGE.tolist()}, timeout=30)
+
+
+# ---- item 1: the base folder disappears ---------------------------------------------------------
+
+def _clients(server, stop, counts, failures):
+    def rest():
+        with httpx.Client(timeout=30) as client:
+            while not stop.is_set():
+                r = client.post(f"{server.url}/v1/models/mnist:predict",
+                                json={"instances": IMAGE.tolist()})
+                counts.append(1)
+                if r.status_code != 200:
+                    failures.append(f"REST {r.status_code} {r.text[:200]}")
+
+    def grpc_client():
+        with grpc.insecure_channel(server.grpc_target) as channel:
+            stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+            request = predict_pb2.PredictRequest()
+            request.model_spec.name = "mnist"
+            request.inputs["images"].CopyFrom(tf.make_tensor_proto(IMAGE))
+            while not stop.is_set():
+                try:
+                    stub.Predict(request, timeout=30)
+                except grpc.RpcError as e:
+                    failures.append(f"GRPC {e.code()} {e.details()}")
+                counts.append(1)
+
+    return [threading.Thread(target=f) for f in (rest, rest, grpc_client, grpc_client)]
+
+
+def test_a_renamed_base_folder_keeps_serving(faults):
+    base = faults.root / "mnist"
+    stop, counts, failures = threading.Event(), [], []
+    clients = _clients(faults, stop, counts, failures)
+    for c in clients:
+        c.start()
+    try:
+        time.sleep(0.3)
+        base.rename(faults.root / "mnist.gone")  # a deploy renames it, an unmount, ...
+        time.sleep(15 * POLL_S)
+        during = _states(faults, "mnist")
+        ready = httpx.get(f"{faults.url}/readyz", timeout=10).status_code
+        (faults.root / "mnist.gone").rename(base)
+        assert _wait_for(lambda: _states(faults, "mnist") == {1: "AVAILABLE"})
+        time.sleep(3 * POLL_S)
+    finally:
+        stop.set()
+        for c in clients:
+            c.join()
+    assert failures == [] and len(counts) > 20, (len(counts), len(failures), failures[:3])
+    assert during == {1: "AVAILABLE"} and ready == 200
+    assert _events(faults, "base path readable again", model="mnist")
+    [warning] = _events(faults, "poll failed", model="mnist")  # 15 polls: one line (60 s)
+    assert warning["level"] == "warning" and warning["path"] == str(base)
+    assert warning["error"].startswith("FileNotFoundError") and warning["serving"] == [1]
+
+
+def test_an_emptied_base_folder_unloads_by_default_and_says_so(faults):
+    base = faults.root / "spare"
+    (base / "0001").rename(faults.root / "spare-0001")  # the folder stays, its versions go
+    try:
+        assert _wait_for(lambda: _states(faults, "spare") == {1: "END"})
+        [warning] = _events(faults, "no versions", model="spare")
+        assert warning["level"] == "warning" and warning["path"] == str(base)
+        assert warning["action"].startswith("unloading every version")
+    finally:
+        (faults.root / "spare-0001").rename(base / "0001")
+    assert _wait_for(lambda: _states(faults, "spare") == {1: "AVAILABLE"})
+
+
+def test_versions_always_present_keeps_an_emptied_folder_serving(model_root, tmp_path):
+    base = tmp_path / "m"
+    base.mkdir()
+    # at start-up with no versions: refused before TensorFlow loads, as TF Serving refuses
+    proc = run_cli("serve", f"--model_base_path={base}", "--servable_versions_always_present",
+                   without_tensorflow=True, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert f"model 'default' has no versions under {base}" in proc.stderr
+    copy_version(model_root / "mnist" / "0001", base, 1)
+    server = Server(["--model_name=m", f"--model_base_path={base}",
+                     "--servable_versions_always_present",
+                     f"--file_system_poll_wait_seconds={POLL_S}"], tmp_path)
+    try:
+        (base / "0001").rename(tmp_path / "0001-aside")
+        assert _wait_for(lambda: _events(server, "no versions", model="m"))
+        time.sleep(5 * POLL_S)
+        assert _predict(server, "m").status_code == 200
+        assert _states(server, "m") == {1: "AVAILABLE"}
+        assert "--servable_versions_always_present" in _events(server, "no versions")[0]["action"]
+    finally:
+        server.stop()
+
+
+# ---- item 2: a version whose copy completes after a failed load ---------------------------------
+
+def _copy(src: Path, dst: Path, names) -> None:
+    for name in names:
+        if (src / name).is_dir():
+            shutil.copytree(src / name, dst / name)
+        else:
+            shutil.copy2(src / name, dst / name)
+
+
+def test_a_version_copied_in_place_is_loaded_at_once_when_complete(faults, model_root):
+    base, src = faults.root / "mnist", model_root / "mnist" / "0002"
+    files = sorted(p.name for p in src.iterdir())
+    # As in the issue: the folders first, saved_model.pb last. No load is tried without it.
+    (base / "0002").mkdir()
+    _copy(src, base / "0002", [n for n in files if n != "saved_model.pb"])
+    time.sleep(10 * POLL_S)
+    assert not _events(faults, "load failed", model="mnist")
+    [waiting] = _events(faults, "no SavedModel", model="mnist")
+    assert waiting["versions"] == [2]
+    _copy(src, base / "0002", ["saved_model.pb"])
+    start = time.monotonic()
+    assert _wait_for(lambda: _states(faults, "mnist").get(2) == "AVAILABLE", timeout=20)
+    picked_up_s = time.monotonic() - start
+    # saved_model.pb first, the variables after: the load fails, and is retried once the folder
+    # has changed and settled, not --load_retry_interval_micros (60 s) later
+    (base / "0003").mkdir()
+    _copy(src, base / "0003", ["saved_model.pb"])
+    assert _wait_for(lambda: _events(faults, "load failed", model="mnist", version=3))
+    failed_at = time.monotonic()
+    _copy(src, base / "0003", [n for n in files if n != "saved_model.pb"])
+    assert _wait_for(lambda: _states(faults, "mnist").get(3) == "AVAILABLE", timeout=20)
+    retried_s = time.monotonic() - failed_at
+    assert picked_up_s < 10 and retried_s < 10, (picked_up_s, retried_s)
 
 
 # ---- item 3: a client that hangs up mid-body ----------------------------------------------------

@@ -20,6 +20,8 @@ class ServeConfig:
     model_base_path: str | None = None
     model_config_file: str | None = None
     file_system_poll_wait_seconds: float = 1.0
+    # TF Serving's default: a base path with no versions unloads them all (see repository.py)
+    servable_versions_always_present: bool = False
     enable_batching: bool = False
     batching_parameters_file: str | None = None
     monitoring_config_file: str | None = None
@@ -92,4 +94,18 @@ def check_config(config: ServeConfig) -> None:
         raise ConfigError("--batching_parameters_file needs --enable_batching")
 
 
-__all__ = ["MAX_SECONDS", "MAX_THREADS", "ServeConfig", "check_config"]
+def model_configs(config: ServeConfig) -> list:
+    """The models to serve (a list of ModelConfig), checked against
+    --servable_versions_always_present: before TensorFlow loads too."""
+    from mirrorfit.serving import disk, model_config
+
+    if config.model_config_file:
+        configs = model_config.read_model_config_file(config.model_config_file)
+    else:
+        configs = model_config.from_flags(config.model_name or "default", config.model_base_path)
+    if config.servable_versions_always_present:
+        disk.check_versions_present(configs)
+    return configs
+
+
+__all__ = ["MAX_SECONDS", "MAX_THREADS", "ServeConfig", "check_config", "model_configs"]
