@@ -299,3 +299,23 @@ def test_version_folders_without_a_saved_model_are_not_loaded_and_logged_once(tm
         (tmp_path / "144" / "saved_model.pbtxt").write_text("now it is one")
         repo.poll_once()
     assert loader.calls == [144] and repo.resolve("m") == "m:144"
+
+
+def test_a_base_path_that_is_a_link_is_followed_on_each_poll(tmp_path):
+    # a deploy that repoints models/m -> releases/N is seen (--model_base_path resolved the
+    # link once, at start)
+    from mirrorfit.serving.model_config import from_flags
+
+    _version(tmp_path / "r1", 1)
+    _version(tmp_path / "r2", 7)
+    link = tmp_path / "m"
+    link.symlink_to(tmp_path / "r1")
+    [config] = from_flags("m", str(link))
+    repo = ModelRepository([config], loader=_Loader(), clock=_Clock())
+    repo.poll_once()
+    assert repo.resolve("m") == "m:1"
+    tmp = tmp_path / "m.new"
+    tmp.symlink_to(tmp_path / "r2")
+    os.replace(tmp, link)
+    repo.poll_once()
+    assert repo.resolve("m") == "m:7"
