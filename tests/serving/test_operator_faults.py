@@ -1,6 +1,6 @@
 """Serving through an operator's faults (issue 27), against a real `mirrorfit serve` process: a
-base folder that vanishes or empties, a slow copy, clients that hang up mid-body, and
-oversized request heads.
+base folder that vanishes or empties, a slow copy, clients that hang up mid-body, oversized
+request heads, and a config file that changes, breaks or disappears.
 
 One server for the module polls fast (0.1 s; the config file every 0.2 s) and keeps TF
 Serving's default 60 s between load retries, so a version picked up in seconds was not waiting
@@ -283,3 +283,69 @@ def test_the_whole_request_head_counts_toward_its_cap(faults):
     assert status == 414 and "Request URI is longer than" in body["error"]
     status, body = _raw(faults, head + b"x-big: " + b"a" * 60_000 + b"\r\n\r\n")
     assert status == 200 and "model_version_status" in body  # under the cap: served
+
+
+# ---- item 5: configuration problems -------------------------------------------------------------
+
+def test_the_config_file_is_reloaded_and_a_bad_one_keeps_the_last_good(faults):
+    models = {"mnist": str(faults.root / "mnist"), "spare": str(faults.root / "spare")}
+    original = faults.config.read_text()
+    try:
+        # added, with a base path relative to the server's working directory (TF Serving's
+        # rule; the config file is in conf/)
+        _write(faults.config, _config({**models, "extra": "spare"}))
+        assert _wait_for(lambda: _states(faults, "extra") == {1: "AVAILABLE"})
+        assert _predict(faults, "extra").status_code == 200
+        assert _events(faults, "config reloaded")[-1]["added"] == ["extra"]
+        # changed: a label
+        _write(faults.config, _config({**models, "extra": "spare"},
+                                      extra="version_labels { key: 'stable' value: 1 }"))
+        assert _wait_for(lambda: _predict(faults, "extra/labels/stable").status_code == 200)
+        assert _events(faults, "config reloaded")[-1]["changed"] == ["extra"]
+        # garbage, then gone: the last good config keeps serving, each problem told once
+        _write(faults.config, "model_config_list { config { nam")
+        time.sleep(1.0)
+        faults.config.unlink()
+        time.sleep(1.0)
+        assert _predict(faults, "extra/labels/stable").status_code == 200
+        problems = _events(faults, "config not reloaded")
+        assert [p["level"] for p in problems] == ["warning", "warning"]
+        assert "not valid text format" in problems[0]["error"]
+        assert "cannot read it" in problems[1]["error"]
+        # removed
+        _write(faults.config, _config(models))
+        assert _wait_for(lambda: _predict(faults, "extra").status_code == 404)
+        assert "Servable not found for request: Latest(extra)" in _predict(faults, "extra").text
+        assert _events(faults, "config reloaded")[-1]["removed"] == ["extra"]
+    finally:
+        _write(faults.config, original)
+
+
+def test_base_paths_without_versions_are_logged_once(faults, tmp_path):
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    models = {"mnist": str(faults.root / "mnist"), "spare": str(faults.root / "spare"),
+              "etc": "/etc", "loop": str(loop), "procfs": "/proc"}
+    original = faults.config.read_text()
+    try:
+        _write(faults.config, _config(models))
+        assert _wait_for(lambda: _events(faults, "no SavedModel", model="procfs"))
+        new_process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3)"])
+        time.sleep(10 * POLL_S)
+        new_process.kill()
+        new_process.wait()
+        [etc] = _events(faults, "no versions", model="etc")
+        assert etc["level"] == "warning" and etc["path"] == "/etc"
+        [loop_warning] = _events(faults, "poll failed", model="loop")
+        assert "Too many levels of symbolic links" in loop_warning["error"]
+        # /proc: every process folder is a version name without a SavedModel: not loaded,
+        # one line for all of them, none more for a new process within the minute
+        assert _events(faults, "load failed", model="procfs") == []
+        [procfs] = _events(faults, "no SavedModel", model="procfs")
+        assert procfs["count"] > 1 and procfs["path"] == "/proc"
+        for model in ("etc", "loop", "procfs"):
+            r = httpx.get(f"{faults.url}/v1/models/{model}", timeout=10)
+            assert r.status_code == 404, r.text  # no status entries
+    finally:
+        _write(faults.config, original)
+    assert _wait_for(lambda: httpx.get(f"{faults.url}/readyz", timeout=10).status_code == 200)

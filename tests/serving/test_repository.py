@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from mirrorfit.errors import ConfigError
 from mirrorfit.serving.errors import ServingError
 from mirrorfit.serving.model_config import ModelConfig, VersionPolicy
 from mirrorfit.serving.repository import ModelRepository
@@ -273,6 +274,13 @@ def test_versions_always_present_keeps_versions_when_the_base_path_is_emptied(tm
     assert repo.resolve("m") == "m:1" and repo.ready()
     [warning] = _events(caplog, "no versions")
     assert "--servable_versions_always_present" in warning.action
+    # and a config naming a model with no versions is refused, as at start-up
+    (tmp_path / ".0001-old").rename(tmp_path / "0001")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(ConfigError, match=r"model 'e' has no versions under .*empty"):
+        repo.reconfigure([ModelConfig("m", str(tmp_path)), ModelConfig("e", str(empty))])
+    assert set(repo.configs) == {"m"}
 
 
 def test_version_folders_without_a_saved_model_are_not_loaded_and_logged_once(tmp_path, caplog):
@@ -299,6 +307,29 @@ def test_version_folders_without_a_saved_model_are_not_loaded_and_logged_once(tm
         (tmp_path / "144" / "saved_model.pbtxt").write_text("now it is one")
         repo.poll_once()
     assert loader.calls == [144] and repo.resolve("m") == "m:144"
+
+
+def test_reconfigure_adds_removes_and_changes_models(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    for v in (1, 2):
+        _version(a, v)
+    _version(b, 5)
+    unloaded = []
+    repo = ModelRepository([ModelConfig("a", str(a))], loader=_Loader(), clock=_Clock(),
+                           on_unload=lambda name, version: unloaded.append((name, version)))
+    repo.poll_once()
+    assert repo.resolve("a") == "a:2"
+    repo.reconfigure([ModelConfig("a", str(a), VersionPolicy("specific", versions=(1,)),
+                                  labels={"stable": 1}),
+                      ModelConfig("b", str(b))])
+    assert repo.resolve("a", label="stable") == "a:1" == repo.resolve("a")
+    assert repo.resolve("b") == "b:5" and repo.ready()
+    repo.reconfigure([ModelConfig("b", str(b))])
+    with pytest.raises(ServingError, match=r"Servable not found for request: Latest\(a\)"):
+        repo.resolve("a")
+    with pytest.raises(ServingError, match="Could not find any versions of model a"):
+        repo.status("a")
+    assert ("a", 1) in unloaded and repo.ready()
 
 
 def test_a_base_path_that_is_a_link_is_followed_on_each_poll(tmp_path):

@@ -231,7 +231,8 @@ class ModelRepository:
     def next_retry_in(self) -> float | None:
         """Seconds until a failed version is due for a retry (None: none left to retry
         unless its folder changes)."""
-        due = [f.next_try for f in self._failures.values() if f.retries < self._max_retries]
+        with self._sync_lock:  # a config reload may be loading in another thread
+            due = [f.next_try for f in self._failures.values() if f.retries < self._max_retries]
         return max(0.0, min(due) - self._clock()) if due else None
 
     def _path(self, config: ModelConfig, version: int) -> Path:
@@ -280,6 +281,41 @@ class ModelRepository:
         with self._lock:
             self._status = {**self._status,
                             name: {**self._status[name], status.version: status}}
+
+    # ---- a reloaded config file --------------------------------------------------------
+    def reconfigure(self, configs: list[ModelConfig]) -> None:
+        """Serve ``configs`` from now on: models added are loaded, models removed unloaded
+        (their requests then get 404), a changed policy, labels or base path applies at once.
+        With --servable_versions_always_present, a config naming a model with no versions
+        is refused (ConfigError) and nothing changes, as in TF Serving."""
+        new = {c.name: c for c in configs}
+        with self._sync_lock:
+            if self._always_present:
+                disk.check_versions_present(configs)
+            with self._lock:
+                self._live = {**{n: {} for n in new}, **self._live}
+                self._status = {**{n: {} for n in new}, **self._status}
+            old, self.configs = self.configs, new
+            for name, config in old.items():
+                if name not in new or new[name].base_path != config.base_path:
+                    self._forget_folder(name)
+                if name not in new:
+                    for version in list(self._live[name]):
+                        self._unload(name, version)
+                    with self._lock:
+                        self._live = {n: t for n, t in self._live.items() if n != name}
+                        self._status = {n: t for n, t in self._status.items() if n != name}
+            self.poll_once()
+
+    def _forget_folder(self, name: str) -> None:
+        """What was seen and logged under a model's old base path."""
+        self._folders.pop(name, None)
+        self._failures = {k: f for k, f in self._failures.items() if k[0] != name}
+        self._unreadable.discard(name)
+        self._empty.discard(name)
+        self._incomplete.pop(name, None)
+        for kind in ("poll", "incomplete"):
+            self._warnings.forget((name, kind))
 
     # ---- the poller thread -------------------------------------------------------------
     def start_polling(self, interval_s: float) -> None:

@@ -16,6 +16,7 @@ from functools import partial
 from mirrorfit.errors import ConfigError
 from mirrorfit.serving import model_config, rest_transport
 from mirrorfit.serving.batcher import Batcher
+from mirrorfit.serving.config_reload import ConfigReloader
 from mirrorfit.serving.loader import load_version
 from mirrorfit.serving.metrics import ServerMetrics
 from mirrorfit.serving.repository import ModelRepository
@@ -65,6 +66,11 @@ def build(config: ServeConfig, configs: list[model_config.ModelConfig] | None = 
     return repository, service, metrics, metrics_path
 
 
+def _reconfigure(repository: ModelRepository, metrics: ServerMetrics, configs) -> None:
+    repository.reconfigure(configs)
+    metrics.serve_models([c.name for c in configs])
+
+
 def _load(name, version, path, *, tags, warmup):
     loaded = load_version(name, version, path, tags=tags, warmup=warmup)
     _freeze_heap()
@@ -107,6 +113,12 @@ def serve(config: ServeConfig) -> int:
     if config.rest_api_port:
         _check_port_free(config.host, config.rest_api_port, "--rest_api_port")
     repository.start_polling(config.file_system_poll_wait_seconds)
+    reloader = None
+    if config.model_config_file and config.model_config_file_poll_wait_seconds > 0:
+        reloader = ConfigReloader(config.model_config_file,
+                                  config.model_config_file_poll_wait_seconds, configs,
+                                  partial(_reconfigure, repository, metrics))
+        reloader.start()
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         # uvicorn re-raises the signal it handled once it has shut down, into the handler it
@@ -116,6 +128,8 @@ def serve(config: ServeConfig) -> int:
         rest_transport.run(_serve(config, service, metrics, metrics_path, stop),
                            config.event_loop)
     finally:
+        if reloader is not None:
+            reloader.stop()
         repository.stop()
         if service.batcher:
             service.batcher.close()
