@@ -8,8 +8,10 @@ from mirrorfit.serving.model_config import (VersionPolicy, read_batching_paramet
                                             read_model_config_file, read_monitoring_config)
 
 
-def test_model_config_file_with_policies_and_labels(tmp_path):
-    cfg = tmp_path / "models.config"
+def test_model_config_file_with_policies_and_labels(tmp_path, monkeypatch):
+    (tmp_path / "conf").mkdir()
+    monkeypatch.chdir(tmp_path)
+    cfg = tmp_path / "conf" / "models.config"
     cfg.write_text("""
 model_config_list {
   config { name: 'm1' base_path: '/models/m1' model_platform: 'tensorflow'
@@ -21,7 +23,8 @@ model_config_list {
     m1, m2, m3 = read_model_config_file(str(cfg))
     assert m1.policy == VersionPolicy(kind="specific", versions=(42, 43))
     assert m1.labels == {"stable": 42, "canary": 43}
-    assert m2.base_path == str(tmp_path / "relative" / "m2")  # relative to the config file
+    # TF Serving's rule: relative to the working directory (was: to the config file's folder)
+    assert m2.base_path == str(tmp_path / "relative" / "m2")
     assert m2.policy.select([1, 2, 3]) == [2, 3]
     assert m3.policy.select([3, 1]) == [1, 3]
     assert m1.policy.select([41, 42, 44]) == [42]

@@ -148,6 +148,9 @@ def test_fuzzed_bodies_never_get_a_5xx(server):
     (["--model_base_path=.", "--port=8500", "--rest_api_port=8500"], "both 8500"),
     (["--model_base_path=.", "--enable_batching=maybe"], "expected true or false"),
     (["--model_config_file=/nonexistent.config"], "cannot read it"),
+    # issue 27 item 5: accepted and ignored before
+    (["--model_base_path=.", "--model_config_file_poll_wait_seconds=5"],
+     "--model_config_file_poll_wait_seconds needs --model_config_file"),
     (["--model_base_path=.", "--rest_api_body_timeout_in_ms=0"],
      "--rest_api_body_timeout_in_ms must be 1-86400000 (a day), got 0"),
     # -1 meant 'unlimited' to gRPC: the server started and took 84 MB messages
@@ -171,6 +174,8 @@ def test_bad_serve_command_lines(args, needle):
     ("tensorflow_inter_op_parallelism", 10 ** 6, "--tensorflow_inter_op_parallelism must be 0"),
     ("file_system_poll_wait_seconds", float("nan"), "--file_system_poll_wait_seconds must be"),
     ("file_system_poll_wait_seconds", float("inf"), "--file_system_poll_wait_seconds must be"),
+    ("model_config_file_poll_wait_seconds", float("inf"),
+     "--model_config_file_poll_wait_seconds must be"),
     ("shutdown_grace_seconds", -1.0, "--shutdown_grace_seconds must be 0-86400"),
     ("shutdown_grace_seconds", float("nan"), "--shutdown_grace_seconds must be 0-86400"),
 ])

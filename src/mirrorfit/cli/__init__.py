@@ -75,7 +75,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    from mirrorfit.serving.settings import ServeConfig, check_config
+    from mirrorfit.serving.settings import ServeConfig, check_config, model_configs
 
     values = {k: v for k, v in vars(args).items()
               if k != "command" and not k.startswith("_ignored")}
@@ -90,6 +90,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                              "point it at models/NAME holding 0001, 0002, ...")
     config = ServeConfig(**values)
     check_config(config)  # before TensorFlow loads (seconds): a bad flag fails at once
+    model_configs(config)  # and a bad config file, or a model without versions
     from mirrorfit.serving.server import serve
 
     return serve(config)

@@ -149,10 +149,16 @@ def _serve_parser(sub) -> None:
     add("--model_config_file", help="text-format ModelServerConfig for several models")
     add("--file_system_poll_wait_seconds", type=float, default=1.0,
         help="seconds between polls for new versions (1; 0: once; < 0: never)")
+    add("--model_config_file_poll_wait_seconds", type=float, default=0.0,
+        help="seconds between re-reads of --model_config_file: models added, removed, changed "
+             "(0: read once); a bad file keeps the last good config")
     for flag, default, text in (
             ("--enable_batching", False, "merge concurrent requests into batches"),
             ("--enable_model_warmup", True, "warm new versions up before they take traffic"),
-            ("--rest_api_enable_cors_support", False, "send CORS headers")):
+            ("--rest_api_enable_cors_support", False, "send CORS headers"),
+            ("--servable_versions_always_present", False,
+             "a base path with no versions keeps the loaded ones (default: unloads them), and "
+             "start-up or a config reload fails while a model has none")):
         add(flag, type=_flag_bool, nargs="?", const=True, default=default, help=text)
     add("--batching_parameters_file", help="text-format BatchingParameters")
     add("--monitoring_config_file", help="text-format MonitoringConfig (Prometheus path)")
@@ -193,7 +199,7 @@ def _serve_parser(sub) -> None:
         help="ops run at once (0: TensorFlow's default)")
     # accepted for compatibility with tensorflow_model_server command lines; no effect here
     for flag in ("--rest_api_num_threads", "--tensorflow_session_parallelism",
-                 "--model_config_file_poll_wait_seconds", "--enable_signature_method_name_check",
+                 "--enable_signature_method_name_check",
                  "--allow_version_labels_for_unavailable_models", "--xla_cpu_compilation_enabled"):
         add(flag, dest=f"_ignored{flag.replace('-', '_')}", help=argparse.SUPPRESS)
 

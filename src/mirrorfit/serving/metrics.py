@@ -52,6 +52,10 @@ class ServerMetrics:
                                  "call of a batch.", ["model_name", "API", "runtime"],
                                  buckets=LATENCY_BUCKETS_US, registry=self.registry)
 
+    def serve_models(self, model_names: Collection[str]) -> None:
+        """The models served from now on (a reloaded config file)."""
+        self.model_names = frozenset(model_names)
+
     def record(self, *, model: str, api: str, entrypoint: str, status: str, seconds: float,
                examples: int = 0) -> None:
         """One finished request: its model, API (predict, classify, ...), REST or GRPC, status

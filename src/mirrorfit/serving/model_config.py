@@ -7,6 +7,7 @@ schemas are declared here with the same field names and parsed by protobuf's tex
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -46,7 +47,13 @@ class ModelConfig:
 
 def from_flags(model_name: str, model_base_path: str) -> list[ModelConfig]:
     """``--model_name`` / ``--model_base_path``: one model, the latest version."""
-    return [ModelConfig(name=model_name, base_path=str(Path(model_base_path).resolve()))]
+    return [ModelConfig(name=model_name, base_path=_absolute(model_base_path))]
+
+
+def _absolute(path: str) -> str:
+    """A base path as TF Serving reads it: relative to the working directory. Links are not
+    resolved here: each poll follows them, so a deploy that repoints a link is seen."""
+    return os.path.abspath(path)
 
 
 def read_model_config_file(path: str) -> list[ModelConfig]:
@@ -75,10 +82,7 @@ def read_model_config_file(path: str) -> list[ModelConfig]:
         else:
             n = cfg.model_version_policy.latest.num_versions if which == "latest" else 0
             policy = VersionPolicy(kind="latest", num_versions=n or 1)
-        base = Path(cfg.base_path)
-        if not base.is_absolute():
-            base = Path(path).resolve().parent / base
-        out.append(ModelConfig(name=cfg.name, base_path=str(base), policy=policy,
+        out.append(ModelConfig(name=cfg.name, base_path=_absolute(cfg.base_path), policy=policy,
                                labels=dict(cfg.version_labels)))
     if not out:
         raise ConfigError(f"--model_config_file {path}: no models in model_config_list")

@@ -6,12 +6,21 @@ then unloads the versions the policy no longer wants. The table requests read is
 whole (copy on write), so a request holds the version it resolved until it finishes: no request
 fails during a swap.
 
-A version that fails to load is shown in the status and never served, while the newest version
-that did load keeps serving. As in TF Serving it is retried ``--max_num_load_retries`` times
-after the first attempt, ``--load_retry_interval_micros`` apart. Having given up, it is tried
-again once its folder changes (a slow, non-atomic copy that has since completed). (TF Serving
-would serve nothing at start-up when the newest version is broken; passing over it to the
-previous one is a deliberate difference.)
+What an operator does to the folders is not an outage:
+
+- A base path that cannot be listed (renamed, unmounted, an NFS error, a loop of links) leaves
+  what is loaded serving, as in TF Serving; each failed poll logs a warning (rate limited).
+- A base path that holds no version folders unloads every version (TF Serving's default), or
+  with ``--servable_versions_always_present`` keeps them, logged when it happens.
+- A version folder without a SavedModel file yet (a copy under way, or not a model at all, as
+  in ``/proc``) is not loaded and is logged once; it is loaded at the poll that finds the file.
+- A version that fails to load is shown in the status and never served, while the newest
+  version that did load keeps serving. As in TF Serving it is retried ``--max_num_load_retries``
+  times after the first attempt, ``--load_retry_interval_micros`` apart; and at once when its
+  folder has changed since the failure and stopped changing over one poll (a slow copy that
+  completed: a copy still going on is not loaded half-way). (TF Serving would serve nothing at
+  start-up when the newest version is broken; passing over it to the previous one is a
+  deliberate difference.)
 
 A version folder's name is ASCII digits that fit in int64 (``00000123`` is 123), as TF
 Serving's ``SimpleAtoi`` reads it; any other name (``²``, ``٣``, ``.tmp-0009``) is ignored.
@@ -20,17 +29,17 @@ Serving's ``SimpleAtoi`` reads it; any other name (``²``, ``٣``, ``.tmp-0009``
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
+from mirrorfit.serving import disk
 from mirrorfit.serving.errors import ServingError, invalid, not_found
 from mirrorfit.serving.loader import LoadedVersion
+from mirrorfit.serving.log_limit import LogLimiter
 from mirrorfit.serving.model_config import ModelConfig
-from mirrorfit.artifacts.version_names import parse_version
 
 log = logging.getLogger("mirrorfit.serving")
 
@@ -55,6 +64,7 @@ class _Failure:
     retries: int  # attempts after the first one, on this content
     next_try: float  # clock time
     content: int  # a hash of the folder's files (names, sizes, mtimes) when it failed
+    seen: int  # the same hash at the last poll: a change is retried once it stops changing
 
 
 Loader = Callable[[str, int, str], LoadedVersion]  # (name, version, path) -> loaded
@@ -65,6 +75,7 @@ class ModelRepository:
 
     def __init__(self, configs: list[ModelConfig], *, loader: Loader,
                  max_load_retries: int = 5, retry_interval_s: float = 60.0,
+                 versions_always_present: bool = False, warn_every_s: float = 60.0,
                  clock: Callable[[], float] = time.monotonic,
                  on_unload: Callable[[str, int], None] = lambda name, version: None) -> None:
         self.configs = {c.name: c for c in configs}
@@ -72,12 +83,19 @@ class ModelRepository:
         self._on_unload = on_unload
         self._max_retries = max_load_retries
         self._retry_interval_s = retry_interval_s
+        self._always_present = versions_always_present
         self._clock = clock
         self._folders: dict[str, dict[int, str]] = {}  # last listing: version -> folder name
         self._live: dict[str, dict[int, LoadedVersion]] = {c.name: {} for c in configs}
         self._status: dict[str, dict[int, VersionStatus]] = {c.name: {} for c in configs}
         self._failures: dict[tuple[str, int], _Failure] = {}
+        # what has been logged about each model's folder, so each fault is told once
+        self._unreadable: set[str] = set()
+        self._empty: set[str] = set()
+        self._incomplete: dict[str, set[int]] = {}
+        self._warnings = LogLimiter(warn_every_s, clock)
         self._lock = threading.Lock()  # guards writers; readers take a reference to a table
+        self._sync_lock = threading.RLock()  # one poll or reconfiguration at a time
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -111,27 +129,38 @@ class ModelRepository:
 
     def ready(self) -> bool:
         """Every configured model has at least one version serving."""
-        return all(self._live[name] for name in self.configs)
+        live = self._live
+        return all(live.get(name) for name in self.configs)
 
     # ---- polling -----------------------------------------------------------------------
     def poll_once(self, rescan: bool = True) -> None:
         """Bring every model in line with what is on disk and its policy (with ``rescan``
         False, only retry the versions seen last time). A model whose folder cannot be read
         is logged and left as it is; the others go on."""
-        for config in self.configs.values():
-            try:
-                self._sync(config, rescan)
-            except OSError as e:
-                log.error("poll failed", extra={"model": config.name, "path": config.base_path,
-                                                "error": f"{type(e).__name__}: {e}"[:500]})
+        with self._sync_lock:
+            for config in list(self.configs.values()):
+                try:
+                    self._sync(config, rescan)
+                except OSError as e:
+                    self._unreadable.add(config.name)
+                    self._warnings.log((config.name, "poll"), logging.WARNING, "poll failed",
+                                       model=config.name, path=config.base_path,
+                                       error=f"{type(e).__name__}: {e}"[:500],
+                                       serving=sorted(self._live.get(config.name, ())))
 
     def _sync(self, config: ModelConfig, rescan: bool = True) -> None:
         name = config.name
         if rescan or name not in self._folders:
-            self._folders[name] = _version_folders(Path(config.base_path))
+            self._folders[name] = disk.version_folders(Path(config.base_path))
+            if name in self._unreadable:
+                self._unreadable.discard(name)
+                self._warnings.forget((name, "poll"))
+                log.info("base path readable again", extra={"model": name,
+                                                            "path": config.base_path})
         folders = self._folders[name]
-        on_disk = sorted(folders)
-        for key in [k for k in self._failures if k[0] == name and k[1] not in folders]:
+        on_disk = sorted(v for v in folders if disk.has_saved_model(self._path(config, v)))
+        self._note_incomplete(config, set(folders) - set(on_disk))
+        for key in [k for k in self._failures if k[0] == name and k[1] not in on_disk]:
             del self._failures[key]  # gone from disk: a new copy starts afresh
         now = self._clock()
         for version in config.policy.select(on_disk):  # retry broken versions the policy wants
@@ -148,21 +177,62 @@ class ModelRepository:
             if all(v in self._live[name] for v in missing):
                 break
         unwanted = [v for v in self._live[name] if v not in wanted]
-        if any(v in self._live[name] for v in wanted) or not on_disk:
+        if any(v in self._live[name] for v in wanted):
             for version in unwanted:  # only once a wanted one serves: availability first
                 self._unload(name, version)
+        self._note_empty(config, bool(folders))
+        if not folders and not self._always_present:
+            for version in unwanted:  # TF Serving's default: no versions, nothing served
+                self._unload(name, version)
+
+    def _note_empty(self, config: ModelConfig, has_versions: bool) -> None:
+        """Log, when it starts, a base path that holds no version folders."""
+        name = config.name
+        if has_versions:
+            self._empty.discard(name)
+            return
+        if name in self._empty:
+            return
+        self._empty.add(name)
+        if not self._live[name]:
+            action = "nothing to serve"
+        elif self._always_present:
+            action = "keeping the loaded versions (--servable_versions_always_present)"
+        else:
+            action = "unloading every version (--servable_versions_always_present keeps them)"
+        log.warning("no versions", extra={"model": name, "path": config.base_path,
+                                          "looked_for": "folders named by a number",
+                                          "action": action})
+
+    def _note_incomplete(self, config: ModelConfig, incomplete: set[int]) -> None:
+        """Log version folders without a SavedModel file once each (several in one line, at
+        most one line per model and interval): a copy under way, or no model at all."""
+        logged = self._incomplete.get(config.name, set()) & incomplete
+        new = incomplete - logged
+        if new and self._warnings.log(
+                (config.name, "incomplete"), logging.WARNING, "no SavedModel",
+                model=config.name, path=config.base_path, versions=sorted(new)[:20],
+                count=len(new), looked_for=" or ".join(disk.SAVED_MODEL_FILES),
+                action="not loaded until the file is there"):
+            logged |= new
+        self._incomplete[config.name] = logged
 
     def _retry_due(self, config: ModelConfig, version: int, now: float) -> bool:
-        failure = self._failures.get((config.name, version))
-        if failure is None or now < failure.next_try:
+        key = (config.name, version)
+        failure = self._failures.get(key)
+        if failure is None:
             return False
-        return failure.retries < self._max_retries or \
-            _content(self._path(config, version)) != failure.content
+        content = disk.content(self._path(config, version))
+        self._failures[key] = replace(failure, seen=content)
+        if content != failure.content:  # changed since it failed: retry once it settles
+            return content == failure.seen
+        return now >= failure.next_try and failure.retries < self._max_retries
 
     def next_retry_in(self) -> float | None:
         """Seconds until a failed version is due for a retry (None: none left to retry
         unless its folder changes)."""
-        due = [f.next_try for f in self._failures.values() if f.retries < self._max_retries]
+        with self._sync_lock:  # a config reload may be loading in another thread
+            due = [f.next_try for f in self._failures.values() if f.retries < self._max_retries]
         return max(0.0, min(due) - self._clock()) if due else None
 
     def _path(self, config: ModelConfig, version: int) -> Path:
@@ -176,18 +246,19 @@ class ModelRepository:
         try:
             loaded = self._loader(name, version, str(path))
         except Exception as e:  # noqa: BLE001 - any broken SavedModel: record, never serve
-            key, content = (name, version), _content(path)
+            key, content = (name, version), disk.content(path)
             before = self._failures.get(key)
             retries = before.retries + 1 if before and before.content == content else 0
             self._failures[key] = _Failure(retries, self._clock() + self._retry_interval_s,
-                                           content)
+                                           content, content)
             message = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e) else ''}"
             self._set_status(name, VersionStatus(version, END, "UNKNOWN", message[:500]))
             left = max(0, self._max_retries - retries)
             log.error("load failed", extra={"model": name, "version": version,
                                             "error": message[:500], "retries_left": left,
                                             "retry_in_s": self._retry_interval_s if left
-                                            else None})
+                                            else None, "also_retried": "when its folder "
+                                            "changes"})
             return
         self._failures.pop((name, version), None)
         with self._lock:
@@ -211,6 +282,42 @@ class ModelRepository:
             self._status = {**self._status,
                             name: {**self._status[name], status.version: status}}
 
+    # ---- a reloaded config file --------------------------------------------------------
+    def reconfigure(self, configs: list[ModelConfig]) -> None:
+        """Serve ``configs`` from now on: models added are loaded, models removed unloaded
+        (their requests then get 404), a changed policy, labels or base path applies at once.
+        With --servable_versions_always_present, a config naming a model with no versions
+        is refused (ConfigError) and nothing changes, as in TF Serving."""
+        new = {c.name: c for c in configs}
+        with self._sync_lock:
+            if self._always_present:
+                disk.check_versions_present(configs)
+            with self._lock:
+                self._live = {**{n: {} for n in new}, **self._live}
+                self._status = {**{n: {} for n in new}, **self._status}
+            old, self.configs = self.configs, new
+            for name, config in old.items():
+                if name not in new or new[name].base_path != config.base_path:
+                    self._forget_folder(name)
+                if name not in new:
+                    for version in list(self._live[name]):
+                        self._unload(name, version)
+                    with self._lock:
+                        self._live = {n: t for n, t in self._live.items() if n != name}
+                        self._status = {n: t for n, t in self._status.items() if n != name}
+            self.poll_once()
+
+    def _forget_folder(self, name: str) -> None:
+        """What was seen and logged under a model's old base path."""
+        self._folders.pop(name, None)
+        self._failures = {k: f for k, f in self._failures.items() if k[0] != name}
+        self._unreadable.discard(name)
+        self._empty.discard(name)
+        self._incomplete.pop(name, None)
+        for kind in ("poll", "incomplete"):
+            self._warnings.forget((name, kind))
+
+    # ---- the poller thread -------------------------------------------------------------
     def start_polling(self, interval_s: float) -> None:
         """Poll every ``interval_s`` seconds in a background thread (TF Serving: 0 = poll
         once at start, which the caller did; negative = never), and sooner when a failed
@@ -235,33 +342,6 @@ class ModelRepository:
         self._stop.set()
         if self._thread:
             self._thread.join(timeout=5)
-
-
-def _version_folders(base: Path) -> dict[int, str]:
-    """Version -> folder name, for child folders named by an int64 (``00000123`` is 123),
-    as TF Serving reads them. Where two names give one number, the first in order wins."""
-    if not base.is_dir():
-        return {}
-    out: dict[int, str] = {}
-    for child in sorted(base.iterdir()):
-        version = parse_version(child.name)  # the exporter's parser: what it writes, we see
-        if version is not None and child.is_dir():
-            out.setdefault(version, child.name)
-    return out
-
-
-def _content(path: Path) -> int:
-    """A hash of the files under ``path`` (names, sizes, mtimes): changes as a copy goes on."""
-    entries = []
-    for root, _, files in os.walk(path):
-        for f in files:
-            try:
-                st = os.stat(os.path.join(root, f))
-            except OSError:  # removed while we looked
-                continue
-            entries.append((os.path.relpath(os.path.join(root, f), path), st.st_size,
-                            st.st_mtime_ns))
-    return hash(tuple(sorted(entries)))
 
 
 __all__ = ["ModelRepository", "VersionStatus", "START", "LOADING", "AVAILABLE", "UNLOADING",

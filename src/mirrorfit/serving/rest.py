@@ -28,13 +28,14 @@ import grpc
 
 from google.protobuf import json_format
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 from tensorflow_serving.apis import get_model_metadata_pb2
 
 from mirrorfit.serving import json_codec
 from mirrorfit.serving.errors import INTERNAL_MESSAGE, ServingError, invalid, log_internal_error
+from mirrorfit.serving.log_limit import LogLimiter
 from mirrorfit.serving.metrics import CONTENT_TYPE, ServerMetrics
 from mirrorfit.serving.rest_transport import RestLimits
 from mirrorfit.serving.service import ModelService, Spec
@@ -84,6 +85,7 @@ class RestApi:
         self.cors = cors
         self.limits = limits
         self.budget = BodyBudget(limits.max_buffered_bytes)
+        self._client_faults = LogLimiter(60.0)
         # two threads: decoding holds the GIL, more would only add memory in flight
         self._decoder = ThreadPoolExecutor(max_workers=2, thread_name_prefix="rest-decode")
 
@@ -186,6 +188,10 @@ class RestApi:
             return response
         except ServingError as e:
             self._record(unquote(name), method, e.code.name, start, examples)
+            if e.code == grpc.StatusCode.CANCELLED:  # the client's doing, not ours: counted
+                self._client_faults.log("disconnect", logging.INFO, "client disconnected",
+                                        entrypoint="REST", model=unquote(name)[:200],
+                                        error=e.message)
             response = _error(e)
             if e.http_status in (408, 413):  # the rest of the body is not worth reading
                 response.headers["connection"] = "close"
@@ -266,14 +272,18 @@ class RestApi:
 
     async def _read(self, request: Request, held: "_Held", counted: bool) -> bytes:
         chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > self.max_body_bytes:
-                raise _too_large(f"Request body is larger than the limit of "
-                                 f"{self.max_body_bytes} bytes (--max_request_bytes)")
-            if not counted:  # chunked: no length declared up front
-                held.take(len(chunk))
-            chunks.append(chunk)
+        try:
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > self.max_body_bytes:
+                    raise _too_large(f"Request body is larger than the limit of "
+                                     f"{self.max_body_bytes} bytes (--max_request_bytes)")
+                if not counted:  # chunked: no length declared up front
+                    held.take(len(chunk))
+                chunks.append(chunk)
+        except ClientDisconnect:  # it hung up: TF Serving's code for a cancelled request
+            raise ServingError(grpc.StatusCode.CANCELLED, "Client disconnected after "
+                               f"{size} bytes of the request body", http=499) from None
         return b"".join(chunks)
 
     def _record(self, model: str, api: str, status: str, start: float, examples: int = 0):

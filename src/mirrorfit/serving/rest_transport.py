@@ -31,13 +31,19 @@ class RestLimits:
 class _HeadLimits:
     """Mixed into uvicorn's H11Protocol / HttpToolsProtocol: a connection has
     ``head_timeout_s`` from opening, or from its previous response, to deliver a complete
-    request head of at most HEAD_BYTES; otherwise it is closed (408 / 431 if it sent part)."""
+    request head of at most HEAD_BYTES; otherwise it is closed (408 / 431 if it sent part).
+
+    The size is counted twice: the bytes of a head still incomplete (so a head sent slowly
+    is cut before the parser holds it all), and each parsed head whole (the parser subclasses
+    below), however it arrived: in one read, or pipelined behind another request. What the
+    parser refuses is answered in TF Serving's JSON too, not uvicorn's plain text."""
 
     head_timeout_s: float
 
     def connection_made(self, transport) -> None:
         super().connection_made(transport)
         self._head_timer = None
+        self._refusal: tuple[int, str, str] | None = None
         self._await_head()
 
     def connection_lost(self, exc) -> None:
@@ -58,6 +64,23 @@ class _HeadLimits:
         super().on_response_complete()
         if not self.transport.is_closing():
             self._await_head()
+
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn's answer to what its parser refused: ours, if a size check refused it."""
+        self._refuse(*(self._refusal or (400, "Bad Request", msg)))
+
+    def _over(self, size: int, url: bool = False) -> bool:
+        """Whether a head (or its request target alone, ``url``) counted to ``size`` bytes
+        is over the cap; if so, the answer to give is kept for send_400_response."""
+        if size <= HEAD_BYTES:
+            return False
+        if url:  # TF Serving's JSON, not the parser's plain-text 400
+            self._refusal = (414, "URI Too Long", f"Request URI is longer than {HEAD_BYTES} "
+                             "bytes")
+        else:
+            self._refusal = (431, "Request Header Fields Too Large",
+                             f"Request head is larger than {HEAD_BYTES} bytes")
+        return True
 
     def _idle(self) -> bool:
         """No request in progress: whatever arrives next is a request head."""
@@ -80,11 +103,71 @@ class _HeadLimits:
             self.transport.close()
 
     def _refuse(self, status: int, reason: str, message: str) -> None:
+        if self.transport.is_closing():
+            return
         body = json.dumps({"error": message}).encode()
         self.transport.write(
             b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\nconnection: close\r\n"
             b"content-length: %d\r\n\r\n%s" % (status, reason.encode(), len(body), body))
         self.transport.close()
+
+
+class _HeadTooLarge(Exception):
+    """Raised in a httptools callback to stop parsing a head over the cap (uvicorn then
+    answers through send_400_response)."""
+
+
+# A request line's method, spaces and version, and each header line's ": " and CRLF: counted
+# with the parsed target and headers, a head's size is within a few bytes of what was sent.
+_REQUEST_LINE_BYTES, _HEADER_LINE_BYTES = len("OPTIONS  HTTP/1.1\r\n\r\n"), len(": \r\n")
+
+
+class _HttpToolsHeadLimits(_HeadLimits):
+    """httptools: the head counted as its callbacks deliver the target and each header."""
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._parsed_head = _REQUEST_LINE_BYTES
+
+    def on_url(self, url: bytes) -> None:
+        self._parsed_head += len(url)
+        if self._over(self._parsed_head, url=True):  # before httptools.parse_url fails on it
+            raise _HeadTooLarge
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._parsed_head += len(name) + len(value) + _HEADER_LINE_BYTES
+        if self._over(self._parsed_head):
+            raise _HeadTooLarge
+        super().on_header(name, value)
+
+
+class _H11HeadLimits(_HeadLimits):
+    """h11: each parsed request counted before uvicorn starts it; h11's own cap on an
+    incomplete head (the same HEAD_BYTES) answers 431 too."""
+
+    def connection_made(self, transport) -> None:
+        import h11
+
+        super().connection_made(transport)
+        next_event = self.conn.next_event
+
+        def checked_next_event():
+            try:
+                event = next_event()
+            except h11.RemoteProtocolError as e:
+                if e.error_status_hint == 431:
+                    self._over(HEAD_BYTES + 1)
+                raise
+            if isinstance(event, h11.Request):
+                line = _REQUEST_LINE_BYTES + len(event.target)
+                head = line + sum(len(name) + len(value) + _HEADER_LINE_BYTES
+                                  for name, value in event.headers)
+                if self._over(line, url=True) or self._over(head):
+                    raise h11.RemoteProtocolError(self._refusal[2])
+            return event
+
+        self.conn.next_event = checked_next_event
 
 
 def protocol_class(http_impl: str, head_timeout_s: float) -> type:
@@ -97,9 +180,11 @@ def protocol_class(http_impl: str, head_timeout_s: float) -> type:
             http_impl = "h11"
     if http_impl == "httptools":
         from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as base
+        limits = _HttpToolsHeadLimits
     else:
         from uvicorn.protocols.http.h11_impl import H11Protocol as base
-    return type(f"Bounded{base.__name__}", (_HeadLimits, base), {"head_timeout_s": head_timeout_s})
+        limits = _H11HeadLimits
+    return type(f"Bounded{base.__name__}", (limits, base), {"head_timeout_s": head_timeout_s})
 
 
 def uvicorn_config(app, *, host: str, port: int, limits: RestLimits,

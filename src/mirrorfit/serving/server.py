@@ -16,11 +16,12 @@ from functools import partial
 from mirrorfit.errors import ConfigError
 from mirrorfit.serving import model_config, rest_transport
 from mirrorfit.serving.batcher import Batcher
+from mirrorfit.serving.config_reload import ConfigReloader
 from mirrorfit.serving.loader import load_version
 from mirrorfit.serving.metrics import ServerMetrics
 from mirrorfit.serving.repository import ModelRepository
 from mirrorfit.serving.service import ModelService
-from mirrorfit.serving.settings import MAX_THREADS, ServeConfig, check_config
+from mirrorfit.serving.settings import MAX_THREADS, ServeConfig, check_config, model_configs
 
 log = logging.getLogger("mirrorfit.serving")
 
@@ -39,13 +40,11 @@ class _JsonFormatter(logging.Formatter):
         return json.dumps(entry, default=str)
 
 
-def build(config: ServeConfig):
+def build(config: ServeConfig, configs: list[model_config.ModelConfig] | None = None):
     """The repository, service and metrics for ``config``, with every model loaded once."""
     check_config(config)
-    if config.model_config_file:
-        configs = model_config.read_model_config_file(config.model_config_file)
-    else:
-        configs = model_config.from_flags(config.model_name or "default", config.model_base_path)
+    if configs is None:
+        configs = model_configs(config)
     params = model_config.read_batching_parameters(config.batching_parameters_file,
                                                    cpus=min(os.cpu_count() or 1, MAX_THREADS),
                                                    max_threads=MAX_THREADS)
@@ -57,6 +56,7 @@ def build(config: ServeConfig):
                                 warmup=config.enable_model_warmup),
         max_load_retries=config.max_num_load_retries,
         retry_interval_s=config.load_retry_interval_micros / 1e6,
+        versions_always_present=config.servable_versions_always_present,
         on_unload=partial(_unload, batcher))
     repository.poll_once()
     service = ModelService(repository, batcher, timeout_s=config.rest_api_timeout_in_ms / 1e3,
@@ -64,6 +64,11 @@ def build(config: ServeConfig):
                            max_in_flight=config.max_unbatched_in_flight,
                            max_bytes=config.max_request_bytes)
     return repository, service, metrics, metrics_path
+
+
+def _reconfigure(repository: ModelRepository, metrics: ServerMetrics, configs) -> None:
+    repository.reconfigure(configs)
+    metrics.serve_models([c.name for c in configs])
 
 
 def _load(name, version, path, *, tags, warmup):
@@ -98,15 +103,22 @@ def serve(config: ServeConfig) -> int:
     for name in ("uvicorn.error", "asyncio"):  # their warnings as JSON lines too
         logging.getLogger(name).addHandler(handler)
         logging.getLogger(name).propagate = False
+    configs = model_configs(config)
 
     import tensorflow as tf
     # before any model loads: TF fixes its thread pools at the first op
     tf.config.threading.set_intra_op_parallelism_threads(config.tensorflow_intra_op_parallelism)
     tf.config.threading.set_inter_op_parallelism_threads(config.tensorflow_inter_op_parallelism)
-    repository, service, metrics, metrics_path = build(config)
+    repository, service, metrics, metrics_path = build(config, configs)
     if config.rest_api_port:
         _check_port_free(config.host, config.rest_api_port, "--rest_api_port")
     repository.start_polling(config.file_system_poll_wait_seconds)
+    reloader = None
+    if config.model_config_file and config.model_config_file_poll_wait_seconds > 0:
+        reloader = ConfigReloader(config.model_config_file,
+                                  config.model_config_file_poll_wait_seconds, configs,
+                                  partial(_reconfigure, repository, metrics))
+        reloader.start()
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         # uvicorn re-raises the signal it handled once it has shut down, into the handler it
@@ -116,6 +128,8 @@ def serve(config: ServeConfig) -> int:
         rest_transport.run(_serve(config, service, metrics, metrics_path, stop),
                            config.event_loop)
     finally:
+        if reloader is not None:
+            reloader.stop()
         repository.stop()
         if service.batcher:
             service.batcher.close()

@@ -20,6 +20,9 @@ class ServeConfig:
     model_base_path: str | None = None
     model_config_file: str | None = None
     file_system_poll_wait_seconds: float = 1.0
+    model_config_file_poll_wait_seconds: float = 0.0  # TF Serving's default: read it once
+    # TF Serving's default: a base path with no versions unloads them all (see repository.py)
+    servable_versions_always_present: bool = False
     enable_batching: bool = False
     batching_parameters_file: str | None = None
     monitoring_config_file: str | None = None
@@ -84,6 +87,12 @@ def check_config(config: ServeConfig) -> None:
             and config.file_system_poll_wait_seconds <= MAX_SECONDS):
         raise bad("file_system_poll_wait_seconds",
                   f"a number of seconds up to {MAX_SECONDS} (0: load once; < 0: never poll)")
+    if not (math.isfinite(config.model_config_file_poll_wait_seconds)
+            and config.model_config_file_poll_wait_seconds <= MAX_SECONDS):
+        raise bad("model_config_file_poll_wait_seconds",
+                  f"a number of seconds up to {MAX_SECONDS} (<= 0: read the file once)")
+    if config.model_config_file_poll_wait_seconds > 0 and not config.model_config_file:
+        raise ConfigError("--model_config_file_poll_wait_seconds needs --model_config_file")
     if not 0 <= config.shutdown_grace_seconds <= MAX_SECONDS:  # (NaN fails this too)
         raise bad("shutdown_grace_seconds", f"0-{MAX_SECONDS} seconds")
     if not (config.model_config_file or config.model_base_path):
@@ -92,4 +101,18 @@ def check_config(config: ServeConfig) -> None:
         raise ConfigError("--batching_parameters_file needs --enable_batching")
 
 
-__all__ = ["MAX_SECONDS", "MAX_THREADS", "ServeConfig", "check_config"]
+def model_configs(config: ServeConfig) -> list:
+    """The models to serve (a list of ModelConfig), checked against
+    --servable_versions_always_present: before TensorFlow loads too."""
+    from mirrorfit.serving import disk, model_config
+
+    if config.model_config_file:
+        configs = model_config.read_model_config_file(config.model_config_file)
+    else:
+        configs = model_config.from_flags(config.model_name or "default", config.model_base_path)
+    if config.servable_versions_always_present:
+        disk.check_versions_present(configs)
+    return configs
+
+
+__all__ = ["MAX_SECONDS", "MAX_THREADS", "ServeConfig", "check_config", "model_configs"]
