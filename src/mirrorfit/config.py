@@ -15,9 +15,9 @@ from pathlib import Path, PurePath
 from typing import Any, Mapping
 
 from mirrorfit.artifacts import output_paths
-from mirrorfit.data.spec import (FILE_KINDS, MAX_INPUT_ELEMENTS, check_cache, parse_ints,
-                                 source_kind)
+from mirrorfit.data.spec import MAX_INPUT_ELEMENTS, check_cache, kind_of, parse_ints
 from mirrorfit.distribute.cluster import DEFAULT_COLLECTIVE_TIMEOUT_S
+from mirrorfit.engine import backends
 from mirrorfit.errors import ConfigError
 from mirrorfit.models.names import REFERENCE, check_model_name
 
@@ -46,8 +46,10 @@ class TrainConfig:
     (``steps_per_execution`` <-> ``--steps-per-execution``)."""
 
     model: str = "mlp"
+    # tensorflow or jax; None: $KERAS_BACKEND, else tensorflow (mirrorfit.engine.backends)
+    backend: str | None = None
     # --data SOURCE: mnist, synthetic, FILE.npz, an image FOLDER, 'GLOB.tfrecord' or
-    # package.module:function (mirrorfit.data.spec.source_kind tells which).
+    # package.module:function (mirrorfit.data.spec.kind_of tells which).
     data: str = "mnist"
     dataset: str | None = None  # the older name of --data, kept as an alias
     data_dir: str | None = None  # where MNIST is (--data mnist only)
@@ -100,6 +102,7 @@ class TrainConfig:
         for name in _OPTIONAL_STR:  # a Path from the Python API is kept as text (JSON summary)
             if isinstance(getattr(self, name), PurePath):
                 object.__setattr__(self, name, str(getattr(self, name)))
+        object.__setattr__(self, "backend", backends.resolve(self.backend))
         _check_choice("strategy", self.strategy, STRATEGIES)
         _check_choice("cross_device_ops", self.cross_device_ops, CROSS_DEVICE_OPS)
         _check_choice("communication", self.communication, COMMUNICATIONS)
@@ -124,6 +127,14 @@ class TrainConfig:
         if self.profile and self.strategy in CLUSTER_STRATEGIES:
             raise ConfigError(f"--profile times one process's devices; it cannot run with "
                               f"--strategy {self.strategy}: profile with --strategy mirrored")
+        backends.check_settings(self.backend, strategy=self.strategy,
+                                cross_device_ops=self.cross_device_ops,
+                                communication=self.communication, profile=self.profile)
+        if self.backend == "jax" and self.export_dir:
+            raise ConfigError("--export-dir writes a TensorFlow SavedModel; with --backend jax "
+                              "save --checkpoint-dir DIR and export it where TensorFlow is "
+                              "installed: mirrorfit export --checkpoint-dir DIR --export-dir "
+                              f"{self.export_dir}")
         self._check_data()
         _check_choice("optimizer", self.optimizer.lower(), OPTIMIZERS)
         _check_choice("precision", self.precision, PRECISIONS)
@@ -175,8 +186,8 @@ class TrainConfig:
                 raise ConfigError(f"--dataset {self.dataset} and --data {self.data} disagree; "
                                   "--dataset is the older name of --data: give only --data")
             object.__setattr__(self, "data", self.dataset)
-        kind = source_kind(self.data)
-        if self.data_dir is not None and kind != "mnist":
+        kind = kind_of(self.data)
+        if self.data_dir is not None and kind.name != "mnist":
             raise ConfigError(f"--data-dir says where MNIST is; it does not apply to --data "
                               f"{self.data}: drop --data-dir")
         if self.data_dir is not None and not isinstance(self.data_dir, str):
@@ -198,7 +209,7 @@ class TrainConfig:
                 raise ConfigError(f"--image-size {self.image_size[0]},{self.image_size[1]}: "
                                   f"{values:,} values per example at 3 channels, more than "
                                   f"{MAX_INPUT_ELEMENTS:,}; e.g. --image-size 224,224")
-            if kind not in FILE_KINDS:
+            if not kind.files:
                 raise ConfigError(f"--image-size resizes images read from files (an image "
                                   f"folder or TFRecords), not --data {self.data}: drop it")
         for name, default in (("image_feature", "image/encoded"),
@@ -206,7 +217,7 @@ class TrainConfig:
             value = getattr(self, name)
             if not isinstance(value, str) or not value:
                 raise ConfigError(f"{_flag(name)} must name a feature, got {value!r}")
-            if value != default and kind != "tfrecord":
+            if value != default and not kind.features:
                 raise ConfigError(f"{_flag(name)} names a TFRecord feature; --data {self.data} "
                                   "is not TFRecord files: drop it")
         if self.validation_split is not None:
@@ -214,13 +225,11 @@ class TrainConfig:
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < 1:
                 raise ConfigError(f"--validation-split must be a fraction between 0 and 1 "
                                   f"(exclusive), got {v!r}; e.g. --validation-split 0.1")
-            if kind in ("mnist", "synthetic"):
-                raise ConfigError(f"--data {kind} has its own validation split"
-                                  + (" (the first 5,000 training images)" if kind == "mnist"
-                                     else " (none: random data teaches nothing)")
-                                  + ": drop --validation-split")
+            if kind.own_validation:
+                raise ConfigError(f"--data {kind.name} has its own validation split "
+                                  f"({kind.own_validation}): drop --validation-split")
         if self.cache is not None:
-            if kind in ("mnist", "npz", "synthetic"):
+            if kind.in_memory:
                 raise ConfigError(f"--cache keeps decoded examples of files or of a "
                                   f"package.module:function's datasets; --data {self.data} is "
                                   "already in memory: drop --cache")
@@ -284,7 +293,7 @@ def _check_float(name: str, value: Any, *, minimum: float, example: str,
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
-_OPTIONAL_STR = {"data_dir", "dataset", "cache", "visible_devices", "metrics_out",
+_OPTIONAL_STR = {"backend", "data_dir", "dataset", "cache", "visible_devices", "metrics_out",
                  "checkpoint_dir", "export_dir",
                  "save_keras", "logdir"}
 

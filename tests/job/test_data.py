@@ -9,7 +9,8 @@ import pytest
 import tensorflow as tf
 
 from mirrorfit.config import load_config
-from mirrorfit.engine.tensorflow.distribution import GLOBAL_BATCH, WORKER_SHARE, Distribution
+from mirrorfit.engine.backends import GLOBAL_BATCH, WORKER_SHARE
+from mirrorfit.engine.tensorflow.distribution import Distribution
 from mirrorfit.errors import DataError
 from mirrorfit.job.data import (check_model_fits, data_errors, data_flags, input_source,
                                   load_run_data)

@@ -1,17 +1,19 @@
 """Step-exact checkpoints that survive preemption and crashes.
 
-Layout: ``DIR/ckpt-000000123/`` holds ``state.*`` (a ``tf.train.Checkpoint`` of the model,
-including RNG seed state, and the optimizer with its slots and iteration count) and
-``meta.json`` (position: epoch, step in epoch, global step; and what the run was: model,
-optimizer, weight shapes). A checkpoint saved at an epoch's last step before that epoch's end
+Layout: ``DIR/ckpt-000000123/`` holds the engine's state files (the model, including RNG seed
+state, and the optimizer with its slots and iteration count: ``state.*``, a
+``tf.train.Checkpoint``, on TensorFlow, :mod:`mirrorfit.engine.tensorflow.state`; ``state.npz``
+on JAX, :mod:`mirrorfit.engine.jax.state`) and ``meta.json`` (position: epoch, step in epoch,
+global step; and what the run was: backend, model, optimizer, weight shapes). A checkpoint saved at an epoch's last step before that epoch's end
 (validation, callbacks) completed, by a step hook or on preemption, says so and keeps the
 epoch's training logs: a resumed run runs that end once, with them; the epoch-end save at that
 step rewrites its position to the next epoch's start. Each checkpoint is written into a hidden
 temp folder and renamed into place, so a kill -9 mid-write leaves only a temp folder, and the
 last complete checkpoint is still the latest; the files TensorFlow writes are fsynced before
 the rename. If the newest checkpoint cannot be read (a power loss, a bad disk), restore moves it
-aside and falls back to the previous complete one, saying so. TF checkpoints do not depend on
-the strategy: a 2-replica run resumes on 1 or 4.
+aside and falls back to the previous complete one, saying so. Checkpoints do not depend on the
+strategy or the devices: a 2-replica run resumes on 1 or 4; a checkpoint of one backend is
+resumed by that backend only (``mirrorfit export`` reads both).
 
 The input position is (epoch, step in epoch) in units of the global batch, also stored in
 examples; the data order depends on the seed, the number of examples and the global batch
@@ -35,11 +37,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-import tensorflow as tf
-
 from mirrorfit import _io
 from mirrorfit.artifacts.checkpoint_meta import (EPOCH_END_KEYS, FORMAT, CheckpointError,
-                                       NewerFormatError, check_data, check_epoch_logs,
+                                       NewerFormatError, check_backend, check_data,
+                                       check_epoch_logs, StructureError,
                                        check_identity, check_settings, decode_epoch_logs,
                                        encode_epoch_logs, list_checkpoints, read_meta,
                                        require_checkpoints)
@@ -113,10 +114,7 @@ class Checkpointer:
         self.settings = dict(settings or {})
         self._on_notice = on_notice
         self.writer = writer
-        # Keras's seed-generator state (Dropout's RNG) is a model variable that the model's
-        # own checkpoint dependencies miss: list every model variable explicitly too.
-        self._state = tf.train.Checkpoint(model=trainer.model, optimizer=trainer.optimizer,
-                                          variables=[v.value for v in trainer.model.variables])
+        self._state = trainer.runner.checkpoint_state()  # the engine's files
         self._last_saved_step = -1
 
     # -- reading ---------------------------------------------------------------------------
@@ -141,13 +139,14 @@ class Checkpointer:
             except CheckpointError as e:
                 unreadable.append((path, e.reason))
                 continue
+            check_backend(path, meta, self._state.backend)
             check_settings(path, meta, self.settings)
             check_identity(path, meta, self.identity)
             check_data(path, meta, self.data, self.flags)
             check_epoch_logs(path, meta, {*self.trainer.train_logs(), *EPOCH_END_KEYS})
             try:
-                self._state.read(str(path / "state")).assert_existing_objects_matched()
-            except AssertionError as e:  # the files were read: their structure differs
+                self._state.read(path)
+            except StructureError as e:  # the files were read: their structure differs
                 raise CheckpointError(
                     f"checkpoint {path} was written with other settings ({_why(e)}); resume "
                     "with the settings it was written with, or pass --fresh to start over"
@@ -194,7 +193,7 @@ class Checkpointer:
             scratch = Path(tempfile.gettempdir()) / f"mirrorfit-worker-ckpt.tmp-{_io.temp_tag()}"
             try:
                 scratch.mkdir()
-                self._state.write(str(scratch / "state"))
+                self._state.write(scratch)
             finally:
                 shutil.rmtree(scratch, ignore_errors=True)
             self._last_saved_step = t.step
@@ -211,7 +210,7 @@ class Checkpointer:
         try:
             with _io.disk_full_hint(f"checkpoint {final}", keep):
                 tmp.mkdir()
-                self._state.write(str(tmp / "state"))
+                self._state.write(tmp)
                 (tmp / "meta.json").write_text(json.dumps(self._meta(), indent=1))
                 _io.fsync_tree(tmp)  # TF's files too: it does not fsync them itself
                 os.rename(tmp, final)  # the commit point: until then the previous one is latest
@@ -228,7 +227,8 @@ class Checkpointer:
         meta = {"epoch": t.epoch, "step_in_epoch": t.step_in_epoch, "step": t.step,
                 "examples_in_epoch": t.step_in_epoch * t.global_batch,
                 "data": self.data, "flags": self.flags, "settings": self.settings,
-                "identity": self.identity, "time": time.time(), "format": FORMAT}
+                "identity": self.identity, "time": time.time(), "format": FORMAT,
+                "backend": self._state.backend}
         # At an epoch's last step before its end: that epoch's training logs, else None. The
         # key's presence says that such a position's epoch has not ended (else it would be the
         # next epoch's step 0); a restored format < 4 position keeps its meaning: no key.
@@ -330,8 +330,7 @@ def load_model(directory: str | Path, *, model: str | None = None,
             continue
         net = _build_checked(path, meta["identity"], model)
         try:
-            tf.train.Checkpoint(model=net).read(str(path / "state")).expect_partial() \
-                .assert_existing_objects_matched()
+            _read_model(path, meta, net)
         except Exception as e:  # TF raises OpError, ValueError, IndexError... on bad files
             unreadable.append((path, _why(e)))
             continue
@@ -340,6 +339,19 @@ def load_model(directory: str | Path, *, model: str | None = None,
                       f"{path.name}")
         return net, meta
     raise _unreadable(*unreadable[0])
+
+
+def _read_model(path: Path, meta: dict, model) -> None:
+    """The model's variables from checkpoint ``path``, by the reader of the engine that wrote
+    it (a JAX checkpoint reads with NumPy, so TensorFlow's ``mirrorfit export`` takes it)."""
+    if meta.get("backend", "tensorflow") == "jax":
+        from mirrorfit.engine.jax.state import read_model_arrays
+
+        read_model_arrays(path, model)
+    else:
+        from mirrorfit.engine.tensorflow.state import read_model
+
+        read_model(path, model)
 
 
 def _build_checked(path: Path, ident: dict, asked: str | None):

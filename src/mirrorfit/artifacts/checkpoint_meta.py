@@ -50,6 +50,11 @@ class CheckpointError(MirrorfitError):
         self.reason = reason or message  # what is wrong, without the advice
 
 
+class StructureError(Exception):
+    """A checkpoint's state files were read, but hold other objects than this run's (another
+    model or optimizer): the engines' state readers raise it (not damage: never set aside)."""
+
+
 class NewerFormatError(CheckpointError):
     """A checkpoint written by a newer mirrorfit (its meta format is unknown here)."""
 
@@ -168,6 +173,16 @@ def check_epoch_logs(path: Path, meta: dict, ours: set[str]) -> None:
 
 def _count(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def check_backend(path: Path, meta: dict, ours: str) -> None:
+    """Refuse a checkpoint another engine wrote (their state files differ); checkpoints without
+    the key are TensorFlow's."""
+    theirs = meta.get("backend", "tensorflow")
+    if theirs != ours:
+        raise CheckpointError(f"checkpoint {path} was written with --backend {theirs}, this run "
+                              f"has --backend {ours}: resume with --backend {theirs}, or pass "
+                              "--fresh to start over (mirrorfit export reads either)")
 
 
 def check_settings(path: Path, meta: dict, ours: Mapping[str, Any]) -> None:

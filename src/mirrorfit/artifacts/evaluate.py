@@ -19,18 +19,9 @@ from typing import Any
 
 from mirrorfit.artifacts.checkpoint_meta import require_checkpoints
 from mirrorfit.config import load_config
-from mirrorfit.data.spec import source_kind
+from mirrorfit.data.spec import KINDS, kind_of
 from mirrorfit.errors import ConfigError, DataError
 from mirrorfit.artifacts.version_names import parse_version
-
-# Why a kind of source has no test split (mirrorfit.data.heldout.NO_TEST says it for every
-# kind, but importing it loads TensorFlow, and these two are refused before it loads).
-_NO_TEST = {
-    "synthetic": "random data has no test split",
-    "tfrecord": "TFRecord sources are training examples only; write the test examples to an "
-                "image FOLDER with a test/ subfolder or a FILE.npz with x_test/y_test",
-}
-
 
 def check_evaluate_flags(*, checkpoint_dir: str | None = None, saved_model: str | None = None,
                          data: str = "mnist", data_dir: str | None = None,
@@ -43,9 +34,9 @@ def check_evaluate_flags(*, checkpoint_dir: str | None = None, saved_model: str 
     if bool(checkpoint_dir) == bool(saved_model):
         raise ConfigError("pass exactly one of --checkpoint-dir or --saved-model")
     config = load_config(data=data, data_dir=data_dir, image_size=image_size)
-    kind = source_kind(data)
-    if kind in ("synthetic", "tfrecord"):  # never a test split: known without opening it
-        raise ConfigError(f"--data {data} has no test split to evaluate on: {_NO_TEST[kind]} "
+    kind = kind_of(data)
+    if kind.no_test:  # never a test split: known without opening it
+        raise ConfigError(f"--data {data} has no test split to evaluate on: {kind.no_test} "
                           "(or use --data mnist)")
     if checkpoint_dir:  # the flags' values first, then what they point at
         require_checkpoints(checkpoint_dir)
@@ -249,13 +240,14 @@ def _check_fits(opened, takes: tuple, outputs: int | None, source: str, data: st
     have = tuple(opened.input_shape)
     if len(takes) != len(have) or any(t is not None and t != h for t, h in zip(takes, have)):
         shown = "x".join("?" if t is None else str(t) for t in takes)
-        if (opened.kind in ("folder", "tfrecord") and len(takes) == len(have) == 3
+        files = KINDS[opened.kind].files
+        if (files and len(takes) == len(have) == 3
                 and all(t in (None, h) for t, h in zip(takes[:2], have[:2]))
                 and takes[2] is not None):
             # Only the channels differ: --image-size resizes, it cannot change them.
             hint = (f"its images decode to {have[2]} channels, the model takes {takes[2]}; "
                     "evaluate on images of that many channels (1: grayscale, 3: RGB)")
-        elif opened.kind in ("folder", "tfrecord"):
+        elif files:
             hint = "pass --image-size H,W as in training"
         else:
             hint = "evaluate on data of the shape it was trained on"

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from mirrorfit.bench.grid import DATA, Grid
 from mirrorfit.bench.point import Point, load_source
+from mirrorfit.data.spec import KINDS
 from mirrorfit.errors import DataError, MirrorfitError
 from mirrorfit.models.names import check_input_shape, is_application, min_size
 
@@ -51,7 +52,7 @@ def open_source(grid: Grid, point: Point) -> BenchSource:
                 f"--data {grid.data} gives examples of shape {'x'.join(map(str, shape))}; "
                 f"--model {grid.model} takes height x width x channels images of at least "
                 f"{size}x{size} pixels"
-                + (f": pass --image-size {size},{size}" if data.kind in ("folder", "tfrecord")
+                + (f": pass --image-size {size},{size}" if KINDS[data.kind].files
                    else "") + " or use --model mlp/cnn") from None
     return BenchSource(shape, data.num_classes, grid.data, data.description,
                        has_test=data.test is not None)

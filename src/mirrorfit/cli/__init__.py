@@ -16,14 +16,17 @@ from typing import Sequence
 
 # _parser: the name tests and tools import the whole parser by (test_docker, test_deploy)
 from mirrorfit.cli.flags import build_parser as _parser
+from mirrorfit.engine import backends
 from mirrorfit.errors import EXIT_USAGE, MirrorfitError
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
     from mirrorfit.config import check_outputs, load_config
 
-    overrides = {k: v for k, v in vars(args).items() if k not in ("command", "config")}
+    overrides = {k: v for k, v in vars(args).items()
+                 if k not in ("command", "config", "verbose")}
     config = load_config(args.config, **overrides)  # before the training stack loads
+    backends.prepare(config.backend, verbose=args.verbose)
     from mirrorfit.distribute.cluster import cluster_for
 
     # TF_CONFIG / SLURM and the output paths are checked before TensorFlow loads too
@@ -33,6 +36,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from mirrorfit.job.preemption import PreemptionGuard
 
     with PreemptionGuard() as guard:  # a signal while TensorFlow loads is honoured too
+        backends.import_framework(config.backend)
         from mirrorfit.job.train import run_training
 
         run_training(config, guard=guard)
@@ -78,7 +82,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from mirrorfit.serving.settings import ServeConfig, check_config, model_configs
 
     values = {k: v for k, v in vars(args).items()
-              if k != "command" and not k.startswith("_ignored")}
+              if k not in ("command", "verbose") and not k.startswith("_ignored")}
     for flag in ("port", "rest_api_port"):
         if not 0 <= values[flag] < 65536:
             raise MirrorfitError(f"--{flag}={values[flag]}: a port is 0-65535")
@@ -107,6 +111,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
                              "wrote its checkpoints to; it is empty")
     check_export_dir(args.export_dir)  # before TensorFlow loads and the model with it
     require_checkpoints(args.checkpoint_dir)
+    backends.import_framework("tensorflow")
     from mirrorfit.artifacts.checkpoint import load_model
     from mirrorfit.artifacts.export import export_saved_model
 
@@ -125,6 +130,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
                  data=args.data, data_dir=args.data_dir, image_size=args.image_size)
     check_evaluate_flags(**flags)  # before TensorFlow loads (seconds): a bad flag fails at once
     check_output_file("--metrics-out", args.metrics_out)  # not after scoring it all
+    backends.import_framework("tensorflow")
     from mirrorfit.artifacts.evaluate import evaluate_artifact
 
     result = evaluate_artifact(**flags, model=args.model)
@@ -143,9 +149,11 @@ def _cmd_launch(args: argparse.Namespace) -> int:
 
 
 def _cmd_devices(args: argparse.Namespace) -> int:
-    from mirrorfit.engine.tensorflow.devices import list_devices, usable_cpus
+    from mirrorfit.distribute._cpu_binding import usable_cpus
 
-    devices = list_devices()
+    backend = backends.resolve(args.backend)
+    backends.prepare(backend, verbose=args.verbose)
+    devices = backends.load(backend).list_devices()
     for d in devices:
         print(f"{d['type']:4} {d['name']} {d.get('model', '')}".rstrip())
     if not any(d["type"] == "GPU" for d in devices):
@@ -164,10 +172,10 @@ def _one_line(text: str) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``mirrorfit`` console script; returns the exit code."""
     args = _parser().parse_args(argv)
-    # Keep TF's C++ INFO/WARNING lines (banners, tf.data's notes on TF's own multi-device
-    # iterator) out of the way. TF reads this once, when it loads, so nothing imported above
-    # may import TensorFlow (the package's names load lazily for this reason).
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    if args.command not in ("train", "devices", "launch"):  # those two choose a backend
+        # TensorFlow's C++ log (and Keras's backend) are set when it loads, so nothing
+        # imported above may import it (the package's names load lazily for this reason).
+        backends.prepare("tensorflow", verbose=args.verbose)
     from mirrorfit.job.preemption import EXIT_PREEMPTED, Preempted
 
     commands = {"train": _cmd_train, "devices": _cmd_devices, "export": _cmd_export,

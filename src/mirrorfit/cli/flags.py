@@ -16,6 +16,9 @@ def _train_parser(sub) -> None:
                                    "multi-step loop. Flags override --config.")
     add = p.add_argument
     add("--config", help="TOML file with any of the settings below (flags override it)")
+    add("--backend", help="tensorflow (default, else $KERAS_BACKEND) or jax: the engine that "
+        "trains (Keras 3 on that framework)")
+    _verbose(add)
     add("--model", help="mlp (default), cnn, or package.module:function returning a Keras model")
     add("--data", help="training data: mnist (default), synthetic, FILE.npz (x_train, y_train; "
         "optional x_val/y_val, x_test/y_test), an image FOLDER (one subfolder per class), "
@@ -88,6 +91,12 @@ def _train_parser(sub) -> None:
     add("--save-keras", help="also save the trained model as FILE.keras")
 
 
+def _verbose(add) -> None:
+    add("--verbose", "-v", action="store_true",
+        help="show TensorFlow's/XLA's own log (C++ INFO, WARNING and ERROR lines, gRPC's): "
+             "hidden unless this or TF_CPP_MIN_LOG_LEVEL asks for them")
+
+
 def _source_flags(add, *, records: bool = True) -> None:
     """The flags that shape a file source, for bench and evaluate (train has its own help);
     ``records``: the TFRecord features too (evaluate has no use for them: TFRecord sources
@@ -141,6 +150,7 @@ def _serve_parser(sub) -> None:
                        description="A TensorFlow-Serving-compatible model server. Takes "
                                    "tensorflow_model_server's flag names.")
     add = p.add_argument
+    _verbose(add)
     add("--port", type=int, default=8500, help="gRPC port (8500)")
     add("--rest_api_port", type=int, default=8501, help="REST port (8501; 0 turns REST off)")
     add("--host", default="127.0.0.1", help="address to bind (127.0.0.1; 0.0.0.0 for all)")
@@ -210,6 +220,7 @@ def _bench_parser(sub) -> None:
                                    "of configurations, plus the textbook recipe (Keras fit "
                                    "under MirroredStrategy); medians of alternated repeats.")
     add = p.add_argument
+    _verbose(add)
     add("--model", default="mlp", help="mlp (default), cnn, a keras.applications name "
         "(ResNet50, MobileNetV2, ...; random weights) or package.module:function")
     add("--data", default="mnist", help="mnist (default), synthetic (random batches made "
@@ -262,9 +273,12 @@ def build_parser() -> argparse.ArgumentParser:
         "Data-parallel Keras training on 1..N devices, measured."))
     sub = parser.add_subparsers(dest="command", required=True)
     _train_parser(sub)
-    sub.add_parser("devices", help="list the devices TensorFlow sees")
+    dev = sub.add_parser("devices", help="list the devices TensorFlow (or JAX) sees")
+    dev.add_argument("--backend", help="tensorflow (default, else $KERAS_BACKEND) or jax")
+    _verbose(dev.add_argument)
     exp = sub.add_parser("export", help="export the newest checkpoint as a SavedModel version")
     exp.add_argument("--checkpoint-dir", required=True)
+    _verbose(exp.add_argument)
     exp.add_argument("--model", help=_USER_MODEL_HELP)
     _export_flags(exp.add_argument)
     _bench_parser(sub)
@@ -273,6 +287,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_launch_parser(sub)
     ev = sub.add_parser("evaluate", help="test accuracy and loss of a checkpoint or export")
     ev.add_argument("--checkpoint-dir")
+    _verbose(ev.add_argument)
     ev.add_argument("--model", help=_USER_MODEL_HELP)
     ev.add_argument("--saved-model", help="models/NAME (newest version) or models/NAME/0001")
     ev.add_argument("--data", default="mnist", help="test data: mnist (default), FILE.npz "

@@ -1,12 +1,12 @@
-"""``--data FOLDER``: an image folder opened for training (:func:`open_folder`), and what
-training and ``mirrorfit evaluate`` (:mod:`mirrorfit.data.heldout`) share: the layout check
+"""``--data FOLDER``: an image folder opened for training (:func:`open_train`) and for
+``mirrorfit evaluate`` (:func:`open_test`), and what both share: the layout check
 (:func:`split_folders`), listing with file-system errors as one line (:func:`list_folder`),
 the decoder the first image sets (:func:`image_decoder`) and naming a file that fails to
 decode (:func:`decode_errors`).
 
 A folder whose subfolders are all split names (train, val or validation, test) is a split
 layout: training needs its ``train/`` (without one, it says so instead of taking ``test/`` for
-a class); evaluate needs ``test/`` only (:mod:`mirrorfit.data.heldout`).
+a class); evaluate needs ``test/`` only (:func:`open_test`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from mirrorfit.data import decode as decoding
 from mirrorfit.data.files import ImageFolder, _is_dir, files_fingerprint, list_image_folder
 from mirrorfit.data.images import (IndexedBatches, eval_files, fill_store, store_key,
                                    undecodable_files)
-from mirrorfit.data.opened import Data
+from mirrorfit.data.opened import Data, TestSplit
 from mirrorfit.errors import DataError
 
 SPLIT_NAMES = ("train", "val", "validation", "test")  # files.py's split subfolders
@@ -94,9 +94,8 @@ def decode_errors(on_error):
     return explain
 
 
-def open_folder(o) -> Data:
-    """An image folder for training; ``o``: the options of
-    :func:`mirrorfit.data.sources.load_data`."""
+def open_train(o) -> Data:
+    """An image folder for training; ``o``: :class:`mirrorfit.data.arrays.Options`."""
     root = Path(o.spec)
     layout = split_folders(root, o.spec)
     if layout and "train" not in layout:
@@ -160,5 +159,40 @@ def open_folder(o) -> Data:
                             + (f", cached in {o.cache}" if o.cache else "") + ")")
 
 
+def open_test(spec: str, *, batch: int, image_size: tuple[int, int] | None = None,
+              parallel: bool = True, **_) -> TestSplit | None:
+    """The folder's test/ subfolder, for ``mirrorfit evaluate`` (None: it has none)."""
+    root = Path(spec)
+    layout = split_folders(root, spec)
+    if "test" not in layout:
+        return None
+    if "train" in layout:  # labels index train/'s class folders, as in training
+        folder = list_folder(root, spec)
+        check_not_empty(folder, "test", spec)
+        test, first = folder.splits["test"], folder.splits["train"].paths[0]
+    else:  # test/ alone: listed as a folder of class folders
+        folder = list_folder(root / "test", spec)
+        test = folder.splits["train"]
+        first = test.paths[0]
+    alone = "train" not in layout
+    # The first training image sets the channels (and size), as it did in training.
+    decoder = image_decoder(first, str(first), image_size, spec)
+
+    def on_error(error):
+        return decoding.explain(error, spec) or undecodable_files(test.paths, decoder, spec,
+                                                                  error)
+
+    classes = len(folder.class_names)
+    return TestSplit(test=eval_files(test.paths, test.labels, decoder, batch=batch,
+                                     parallel=parallel),
+                     input_shape=decoder.shape, num_classes=classes, kind="folder",
+                     source=str(root), class_names=folder.class_names,
+                     _explain=decode_errors(on_error),
+                     description=f"image folder {root} ({len(test):,} test images, {classes} "
+                                 "classes" + (" from test/ alone" if alone else "")
+                                 + f", decoded to {'x'.join(map(str, decoder.shape))})",
+                     alone=alone)
+
+
 __all__ = ["SPLIT_NAMES", "check_not_empty", "decode_errors", "image_decoder", "list_folder",
-           "open_folder", "split_folders"]
+           "open_train", "open_test", "split_folders"]

@@ -17,10 +17,15 @@ import zipfile
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from mirrorfit.errors import DataError
+
+if TYPE_CHECKING:
+    from mirrorfit.data.arrays import Options
+    from mirrorfit.data.opened import Data, TestSplit
 
 FILENAME = "mnist.npz"
 VALIDATION_SIZE = 5000
@@ -244,3 +249,29 @@ def _check(path: Path, arrays: dict[str, np.ndarray]) -> None:
             i = int(np.argmax(bad))
             raise DataError(f"{path}: y_{split}[{i}] is {y[i]}, not a class 0-"
                             f"{NUM_CLASSES - 1} ({int(bad.sum())} such label(s))")
+
+
+def open_train(o: Options) -> Data:
+    """MNIST for training (``o.data_dir``, $MIRRORFIT_DATA, the Keras cache, a download);
+    validation is the first 5,000 training images."""
+    from mirrorfit.data.opened import Data
+    from mirrorfit.data.pipeline import ShuffledBatches
+
+    splits = load_mnist(o.data_dir, train_examples=o.train_examples)
+    o.check_shape(splits.x_train.shape[1:])
+    classes = o.classes({"train": splits.y_train, "val": splits.y_val, "test": splits.y_test})
+    train = ShuffledBatches(x=splits.x_train, y=splits.y_train, global_batch=o.global_batch,
+                            seed=o.seed)
+    return Data(train=train, val=(splits.x_val, splits.y_val),
+                test=(splits.x_test, splits.y_test), input_shape=splits.x_train.shape[1:],
+                num_classes=classes, kind="mnist", source=splits.source,
+                description=splits.source, fingerprint=train.order.fingerprint)
+
+
+def open_test(spec: str, *, batch: int, data_dir: str | None = None, **_) -> TestSplit:
+    """MNIST's test split, for ``mirrorfit evaluate``."""
+    from mirrorfit.data.arrays import test_arrays
+
+    splits = load_mnist(data_dir)
+    return test_arrays(spec, "mnist", splits.x_test, splits.y_test, batch, splits.source,
+                       splits.source)

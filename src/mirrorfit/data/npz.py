@@ -4,10 +4,16 @@ allocates anything."""
 from __future__ import annotations
 
 import zipfile
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from mirrorfit.errors import DataError
+
+if TYPE_CHECKING:
+    from mirrorfit.data.arrays import Options
+    from mirrorfit.data.opened import Data, TestSplit
 
 
 def read_npz(path: str, splits: tuple[str, ...] = ("train", "val", "test")
@@ -82,3 +88,25 @@ def member_bytes(path: str, z: zipfile.ZipFile, key: str, info: zipfile.ZipInfo)
 
 
 __all__ = ["read_npz"]
+
+
+def open_train(o: Options) -> Data:
+    """An npz file's splits for training (in-memory order)."""
+    from mirrorfit.data.arrays import from_arrays
+
+    return from_arrays(o, read_npz(o.spec), source=str(Path(o.spec).resolve()))
+
+
+def open_test(spec: str, *, batch: int, **_) -> TestSplit | None:
+    """x_test and y_test alone, for ``mirrorfit evaluate`` (None: the file has none)."""
+    from mirrorfit.data.arrays import test_arrays
+
+    pair = _test_pair(spec)
+    source = str(Path(spec).resolve())
+    return None if pair is None else test_arrays(spec, "npz", *pair, batch, source, source)
+
+
+def _test_pair(spec: str) -> tuple[np.ndarray, np.ndarray] | None:
+    """x_test and y_test of an npz, or None; nothing else is read, so a training split too
+    large for memory (or absent: a file of the test split alone) is no obstacle."""
+    return read_npz(spec, splits=("test",)).get("test")

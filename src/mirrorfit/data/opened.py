@@ -5,14 +5,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-import tensorflow as tf
 
 from mirrorfit.errors import DataError
 
+if TYPE_CHECKING:
+    import tensorflow as tf
+
 EvalData = Any  # (x, y) arrays, or a tf.data.Dataset of global batches (last one partial)
-Explain = Callable[[tf.errors.OpError], "DataError | None"]
+Explain = Callable[["tf.errors.OpError"], "DataError | None"]
 
 
 class _Explains:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 import numpy as np
-import tensorflow as tf
+from mirrorfit.data._tf import tf
 
 
 def epoch_order(num_examples: int, *, seed: int, epoch: int) -> np.ndarray:

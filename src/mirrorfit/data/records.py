@@ -284,3 +284,66 @@ def undecodable_records(index: RecordIndex, image_feature: str, decoder: ImageDe
 
 __all__ = ["RecordBatches", "RecordIndex", "scan_records", "parse_fn", "records_in_order",
            "eval_records", "undecodable_records", "CYCLE", "SHUFFLE_BUFFER"]
+
+
+def open_train(o) -> Data:
+    """TFRecord files for training, streamed (or decoded once with --cache); ``o``:
+    :class:`mirrorfit.data.arrays.Options`."""
+    from mirrorfit.data import decode as decoding
+    from mirrorfit.data.files import files_fingerprint
+    from mirrorfit.data.folders import decode_errors, image_decoder
+    from mirrorfit.data.images import IndexedBatches, fill_store, store_key
+    from mirrorfit.data.opened import Data
+    from mirrorfit.data.spec import tfrecord_files
+
+    files = tfrecord_files(o.spec) if any(c in o.spec for c in "*?[") else [o.spec]
+    features = f"{o.image_feature}|{o.label_feature}"
+    index = scan_records(files, o.image_feature, o.label_feature, o.spec,
+                         files_fingerprint(files, extra=features))
+    n_all = len(index.labels)
+    train_mask = np.ones(n_all, bool)
+    split = o.holdout(n_all, False)
+    val_mask = None
+    if split is not None:
+        train_mask[split[1]] = False
+        val_mask = ~train_mask
+    kept = np.flatnonzero(train_mask)
+    train_mask[kept[o.first(len(kept)):]] = False
+    decoder = image_decoder(index.first_image, f"{files[0]} record 0", o.image_size, o.spec)
+    o.check_shape(decoder.shape)
+    labels = {"train": index.labels[train_mask]}
+    if val_mask is not None:
+        labels["val"] = index.labels[val_mask]
+    classes = o.classes(labels)
+    parse = parse_fn(o.image_feature, o.label_feature, decoder)
+
+    def on_error(error):
+        return decoding.explain(error, o.spec) or undecodable_records(
+            index, o.image_feature, decoder, o.spec, error)
+
+    mask = None if train_mask.all() else train_mask
+    if o.cache is not None:  # decoded once, then read by index (the in-memory order)
+        image_spec = {o.image_feature: tf.io.FixedLenFeature([], tf.string)}
+        items = records_in_order(index, mask).map(
+            lambda r, name: (tf.io.parse_single_example(r, image_spec)[o.image_feature], name))
+        text = f"{index.fingerprint}|{decoder.shape}|{decoder.resize}|{o.validation_split}|cached"
+        fingerprint = files_fingerprint([], extra=text)
+        key = store_key(fingerprint, decoder, f"records|{int(train_mask.sum())}|{o.seed}")
+        store = fill_store(items, int(train_mask.sum()), decoder, o.cache, key, on_error=on_error)
+        batches = IndexedBatches(paths=np.array([], dtype=object), labels=labels["train"],
+                                 decoder=decoder, global_batch=o.global_batch, seed=o.seed,
+                                 fingerprint=fingerprint, store=store, parallel=o.parallel)
+    else:
+        batches = RecordBatches(index=index, decoder=decoder, image_feature=o.image_feature,
+                                label_feature=o.label_feature, global_batch=o.global_batch,
+                                seed=o.seed, workers=o.workers, train=mask, parallel=o.parallel)
+    val = None if val_mask is None else eval_records(index, val_mask, parse, batch=o.eval_batch,
+                                                     parallel=o.parallel)
+    counts = f"{int(train_mask.sum()):,} train" + (
+        f", {int(val_mask.sum()):,} val" if val_mask is not None else "")
+    return Data(train=batches, val=val, test=None, input_shape=decoder.shape,
+                num_classes=classes, kind="tfrecord", source=o.spec,
+                fingerprint=batches.order.fingerprint, _explain=decode_errors(on_error),
+                description=f"{len(files)} TFRecord file(s) {o.spec} ({counts} records, "
+                            f"{classes} classes, decoded to {'x'.join(map(str, decoder.shape))}"
+                            + (f", cached in {o.cache}" if o.cache else ", streamed") + ")")

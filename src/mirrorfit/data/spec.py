@@ -3,7 +3,7 @@
 The configuration checks ``--data`` and the flags that go with it (``--image-size``,
 ``--cache``, ``--validation-split``, ``--input-shape``, ``--num-classes``) with this module
 before TensorFlow loads (seconds), so a typo or a path that does not exist costs no start-up.
-The sources themselves are read by :mod:`mirrorfit.data.sources`.
+The sources themselves are opened by the module each kind names (:data:`KINDS`).
 """
 
 from __future__ import annotations
@@ -11,16 +11,58 @@ from __future__ import annotations
 import glob
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 from mirrorfit.errors import ConfigError
 
-# mnist: keras.datasets.mnist's file (--data-dir / $MIRRORFIT_DATA / Keras cache / download);
-# synthetic: random data (mirrorfit.data.synthetic); npz: x_train/y_train (+ x_val/y_val,
-# x_test/y_test); module: package.module:function; tfrecord: a glob of TFRecord files;
-# folder: one subfolder of images per class.
-KINDS = ("mnist", "synthetic", "npz", "module", "tfrecord", "folder")
-FILE_KINDS = ("folder", "tfrecord")  # read from files as training runs (streamed)
+
+@dataclass(frozen=True)
+class Kind:
+    """A kind of ``--data`` source and what holds for it: the one table every part of mirrorfit
+    asks (the configuration's flag checks, the run's hints, ``evaluate``, ``bench``). Its
+    ``module`` opens it: ``open_train(options)`` for training, ``open_test(...)`` for
+    ``mirrorfit evaluate`` (absent: no test split). A new kind is a row here and one module."""
+
+    name: str
+    module: str  # the module that opens it
+    summary: str  # what it is, for help and docs
+    files: bool = False  # images read from files as training runs: --image-size applies
+    features: bool = False  # TFRecord features: --image-feature / --label-feature apply
+    streamed: bool = False  # read in a stream whose order depends on the workers
+    in_memory: bool = False  # already in memory: --cache does not apply
+    own_validation: str | None = None  # why --validation-split does not apply
+    no_test: str | None = None  # why it never has a test split (known without opening it)
+    missing_test: str | None = None  # what to do when the opened source has no test split
+    tensorflow: bool = False  # read by TensorFlow's ops (decoding, parsing): TF must be installed
+    reads: str = "memory"  # how training reads it, for --profile's advice
+
+
+KINDS: dict[str, Kind] = {k.name: k for k in (
+    Kind("mnist", "mirrorfit.data.mnist", "keras.datasets.mnist's file (--data-dir, "
+         "$MIRRORFIT_DATA, the Keras cache, a download)", in_memory=True,
+         own_validation="the first 5,000 training images"),
+    Kind("synthetic", "mirrorfit.data.synthetic", "random examples, one batch repeated",
+         in_memory=True, own_validation="none: random data teaches nothing",
+         no_test="random data has no test split",
+         reads="synthetic, one batch repeated"),
+    Kind("npz", "mirrorfit.data.npz", "x_train/y_train (+ x_val/y_val, x_test/y_test)",
+         in_memory=True,
+         missing_test="the file has no x_test/y_test; add them, or pass a file that has them"),
+    Kind("module", "mirrorfit.data.user", "package.module:function returning arrays or "
+         "datasets", reads="a dataset function",
+         missing_test="the function returns no test split; return one (x_test, y_test or a "
+                      "dataset), or pass a FILE.npz with x_test/y_test"),
+    Kind("tfrecord", "mirrorfit.data.records", "tf.train.Example records, streamed",
+         files=True, features=True, streamed=True, tensorflow=True, reads="TFRecord files",
+         no_test="TFRecord sources are training examples only; write the test examples to an "
+                 "image FOLDER with a test/ subfolder or a FILE.npz with x_test/y_test"),
+    Kind("folder", "mirrorfit.data.folders", "one subfolder of images per class", files=True,
+         tensorflow=True, reads="image files",
+         missing_test="the folder has no test/ subfolder; give a folder holding test/ (one "
+                      "subfolder of images per class), beside train/ or alone, or a FILE.npz "
+                      "with x_test/y_test"),
+)}
 TFRECORD_SUFFIXES = (".tfrecord", ".tfrecords", ".tfrec")
 _MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*")
 # Elements in one example --input-shape may ask for (224x224x3 is 150,528; 8192x8192 is 2**26):
@@ -30,8 +72,14 @@ _FORMS = ("mnist, synthetic, FILE.npz, an image FOLDER (one subfolder per class)
           "'train-*.tfrecord' or package.module:function")
 
 
+def kind_of(spec: str) -> Kind:
+    """The :class:`Kind` of ``--data`` ``spec``; ConfigError naming it if it is none."""
+    return KINDS[source_kind(spec)]
+
+
 def source_kind(spec: str) -> str:
-    """The kind of ``--data`` ``spec`` (one of KINDS); ConfigError naming it if it is none.
+    """The name of ``--data`` ``spec``'s kind (a key of KINDS); ConfigError naming it if it is
+    none.
 
     Looks at the file system only to tell a folder from a missing path, and to check that a
     glob matches something (cheap: no file is opened)."""
@@ -140,5 +188,5 @@ def check_cache(value: str) -> None:
                           "folder); give another folder or --cache memory")
 
 
-__all__ = ["KINDS", "FILE_KINDS", "MAX_INPUT_ELEMENTS", "source_kind", "tfrecord_files",
+__all__ = ["Kind", "KINDS", "MAX_INPUT_ELEMENTS", "kind_of", "source_kind", "tfrecord_files",
            "parse_ints", "check_cache"]

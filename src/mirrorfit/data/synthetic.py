@@ -15,14 +15,20 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import tensorflow as tf
+from mirrorfit.data._tf import tf
 
 from mirrorfit.data.pipeline import DataOrder
 from mirrorfit.errors import ConfigError
 
+if TYPE_CHECKING:
+    from mirrorfit.data.arrays import Options
+    from mirrorfit.data.opened import Data
+
 DTYPES = ("float32", "bfloat16", "float16")
+SYNTHETIC_STEPS = 100  # global batches per synthetic epoch unless --train-examples says
 
 
 @dataclass(frozen=True)
@@ -90,6 +96,19 @@ class SyntheticBatches:
                                         maxval=self.num_classes, dtype=tf.int32)
         return tf.cast(x, self.dtype), y
 
+    def host_batch(self, worker: int = 0, workers: int = 1) -> tuple[np.ndarray, np.ndarray]:
+        """Worker ``worker``'s share of one global batch as NumPy arrays (the JAX engine's
+        repeated batch): x uniform in [0, 1) of ``dtype``, y int32; seeded by (seed, worker)."""
+        rng = np.random.default_rng([self.seed, worker, 1 << 20])
+        size = self.global_batch // workers
+        x = rng.random((size, *self.input_shape), dtype=np.float32)
+        y = rng.integers(0, self.num_classes, size=size, dtype=np.int32)
+        if self.dtype != "float32":
+            import ml_dtypes  # bfloat16 for NumPy; Keras and JAX bring it
+
+            x = x.astype(ml_dtypes.bfloat16 if self.dtype == "bfloat16" else np.float16)
+        return x, y
+
     def arrays(self, examples: int, *, split: int = 1) -> tuple[np.ndarray, np.ndarray]:
         """``examples`` random examples as NumPy arrays for validation or test (keep it small):
         x uint8 pixels in [0, 255] (the evaluation pipeline scales them to [0, 1], as it does
@@ -124,4 +143,24 @@ def synthetic_batches(*, input_shape: tuple[int, ...], num_classes: int, global_
                             seed=seed, dtype=dtype)
 
 
-__all__ = ["SyntheticBatches", "synthetic_batches", "DTYPES"]
+def open_train(o: Options) -> Data:
+    """Random training batches (no validation or test: nothing is learnt from them)."""
+    from mirrorfit.data.opened import Data
+    from mirrorfit.models.names import IMAGENET_CLASSES, default_input_shape, is_application
+
+    application = is_application(o.model)
+    shape = tuple(o.input_shape) if o.input_shape is not None else (
+        default_input_shape(o.model) if application else (28, 28))
+    classes = o.num_classes or (IMAGENET_CLASSES if application else 10)
+    examples = o.train_examples or SYNTHETIC_STEPS * o.global_batch
+    train = synthetic_batches(input_shape=shape, num_classes=classes,
+                              global_batch=o.global_batch,
+                              steps_per_epoch=max(1, examples // o.global_batch), seed=o.seed)
+    return Data(train=train, val=None, test=None, input_shape=shape, num_classes=classes,
+                kind="synthetic", source="synthetic", fingerprint=train.order.fingerprint,
+                description=f"synthetic data ({train.steps_per_epoch} steps per epoch of random "
+                            f"examples of shape {shape}, {classes} classes; no validation or "
+                            "test: nothing is learnt from it)")
+
+
+__all__ = ["SyntheticBatches", "synthetic_batches", "DTYPES", "open_train"]

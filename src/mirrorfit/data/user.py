@@ -203,3 +203,112 @@ def _short(error: Exception) -> str:
 
 __all__ = ["DatasetBatches", "call_user_function", "dataset_fingerprint",
            "labels_of", "SHUFFLE_BUFFER"]
+
+
+# An unknown-length test dataset past this many examples is taken for an endless one: scoring
+# keeps every example's result, so reading on would grow memory without end.
+MAX_UNKNOWN_TEST = 10_000_000
+
+
+def open_train(o) -> Data:
+    """The function's splits for training: arrays (in-memory order) or datasets; ``o``:
+    :class:`mirrorfit.data.arrays.Options`."""
+    from mirrorfit.data.arrays import from_arrays
+    from mirrorfit.data.opened import Data
+
+    splits = call_user_function(o.spec)
+    if all(isinstance(s, tuple) or isinstance(s, list) for s in splits.values()):
+        if o.cache:
+            raise DataError(f"--data {o.spec} returned NumPy arrays, already in memory; drop "
+                            "--cache")
+        return from_arrays(o, {k: tuple(v) for k, v in splits.items()}, source=o.spec,
+                       what=f"{o.spec} (arrays)")
+    train = splits["train"]
+    if not isinstance(train, tf.data.Dataset):
+        train = tf.data.Dataset.from_tensor_slices(tuple(train))
+    labels = {"train": labels_of(train)}
+    val = splits.get("val")
+    split = o.holdout(len(labels["train"]), val is not None)
+    if split is not None:
+        mask = np.zeros(len(labels["train"]), bool)
+        mask[split[1]] = True
+        keep = tf.constant(mask)
+        val = train.enumerate().filter(lambda i, _: keep[i]).map(lambda i, e: e)
+        train = train.enumerate().filter(lambda i, _: ~keep[i]).map(lambda i, e: e)
+        labels = {"train": labels["train"][~mask], "val": labels["train"][mask]}
+    n = o.first(len(labels["train"]))
+    labels["train"] = labels["train"][:n]
+    evals = {}
+    for name, part in (("val", val), ("test", splits.get("test"))):
+        if part is None:
+            continue
+        if isinstance(part, tf.data.Dataset):
+            labels.setdefault(name, labels_of(part))
+            evals[name] = finish(part.batch(o.eval_batch))
+        else:
+            labels[name] = part[1]
+            evals[name] = (part[0], part[1].astype(np.int32))
+    classes = o.classes(labels)
+    shape = tuple(train.element_spec[0].shape)
+    o.check_shape(shape)
+    fp = dataset_fingerprint(o.spec, train, n)
+    batches = DatasetBatches(examples_ds=train.take(n), examples=n, global_batch=o.global_batch,
+                             seed=o.seed, fingerprint=fp, cache=o.cache)
+    return Data(train=batches, val=evals.get("val"), test=evals.get("test"), input_shape=shape,
+                num_classes=classes, kind="module", source=o.spec, fingerprint=fp,
+                description=f"{o.spec} (a dataset of {n:,} training examples of shape {shape}, "
+                            f"{classes} classes" + (f", cached in {o.cache}" if o.cache else "")
+                            + ")")
+
+
+def open_test(spec: str, *, batch: int, **_) -> TestSplit | None:
+    """The function's test split alone, for ``mirrorfit evaluate`` (None: it returns none):
+    only it is checked and read."""
+    from mirrorfit.data.arrays import test_arrays
+    from mirrorfit.data.opened import TestSplit
+
+    part = call_user_function(spec, check=("test",)).get("test")
+    if part is None:
+        return None
+    if not isinstance(part, tf.data.Dataset):
+        return test_arrays(spec, "module", *part, batch, spec, f"{spec} (arrays)")
+    shape = tuple(part.element_spec[0].shape)
+    return TestSplit(test=finish(_bounded(part).batch(batch)), input_shape=shape, num_classes=None,
+                     kind="module", source=spec,
+                     description=f"{spec} (a dataset of test examples of shape {shape})")
+
+
+def _bounded(ds: tf.data.Dataset) -> tf.data.Dataset:
+    """``ds``, failing with one line at its ``MAX_UNKNOWN_TEST + 1``-th example when its length
+    is unknown (evaluate names the source and says that reading its test split failed)."""
+    if int(ds.cardinality()) != tf.data.UNKNOWN_CARDINALITY:
+        return ds  # a known length ends; an infinite one was refused when checked
+    limit = MAX_UNKNOWN_TEST
+    message = (f"it had not ended after {limit:,} examples (an endless generator?); return a "
+               "dataset that ends, or give its length with "
+               "tf.data.experimental.assert_cardinality")
+
+    def check(i, example):
+        with tf.control_dependencies([tf.debugging.assert_less(i, tf.constant(limit, tf.int64),
+                                                               message=message)]):
+            return tf.nest.map_structure(tf.identity, example)
+
+    return ds.enumerate().map(check)
+
+
+def _bounded(ds: tf.data.Dataset) -> tf.data.Dataset:
+    """``ds``, failing with one line at its ``MAX_UNKNOWN_TEST + 1``-th example when its length
+    is unknown (evaluate names the source and says that reading its test split failed)."""
+    if int(ds.cardinality()) != tf.data.UNKNOWN_CARDINALITY:
+        return ds  # a known length ends; an infinite one was refused when checked
+    limit = MAX_UNKNOWN_TEST
+    message = (f"it had not ended after {limit:,} examples (an endless generator?); return a "
+               "dataset that ends, or give its length with "
+               "tf.data.experimental.assert_cardinality")
+
+    def check(i, example):
+        with tf.control_dependencies([tf.debugging.assert_less(i, tf.constant(limit, tf.int64),
+                                                               message=message)]):
+            return tf.nest.map_structure(tf.identity, example)
+
+    return ds.enumerate().map(check)

@@ -1,27 +1,22 @@
-"""The controller: epochs, metrics, progress and callbacks around the runner.
+"""The controller: epochs, metrics, progress, callbacks and resuming around a runner, shared by
+every backend.
 
-Like Orbit's controller, it knows nothing of what runs on the devices: it asks the
-:class:`~mirrorfit.engine.tensorflow.runner.Runner` to "run N steps" and tracks where training is in one
-:class:`Position` value, which checkpoints save and restore. Checkpoints and preemption hook in
-through ``hooks`` and ``callbacks``.
+Like Orbit's controller, it knows nothing of what runs on the devices: it asks a runner
+(:class:`mirrorfit.engine.tensorflow.runner.Runner` or :class:`mirrorfit.engine.jax.runner.
+Runner`, picked by the distribution's ``backend``) to "run N steps" and tracks where training
+is in one :class:`Position` value, which checkpoints save and restore. Checkpoints and
+preemption hook in through ``hooks`` and ``callbacks``.
 """
 
 from __future__ import annotations
 
+import importlib
 import math
 import time
 from dataclasses import dataclass, field, replace
-from typing import Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
-import keras
-import numpy as np
-import tensorflow as tf
-
-from mirrorfit.data.pipeline import ShuffledBatches, eval_dataset, worker_slice
-from mirrorfit.engine.tensorflow.distribution import COORDINATOR, WORKER_SHARE, Distribution
 from mirrorfit.engine.progress import EpochProgress
-from mirrorfit.engine.tensorflow.runner import Runner, as_distribution, xla_problem
-from mirrorfit.engine.tensorflow.step import ReplicaStep
 from mirrorfit.errors import ConfigError
 from mirrorfit.models.precision import Precision
 
@@ -30,9 +25,9 @@ Callback = Callable[[int, dict[str, float]], None]
 # A hook is a plain callable: fn(trainer) after every compiled execution (checkpoints,
 # preemption). It may raise to stop training; the trainer's position is then exact.
 Hook = Callable[["Trainer"], None]
-# Training data: mirrorfit.train_batches(...) (seeded epochs), or a tf.data.Dataset of one
-# epoch of global batches.
-TrainData = tf.data.Dataset | ShuffledBatches
+# Training data: mirrorfit.train_batches(...) (seeded epochs), a --data source's training
+# batches, or (TensorFlow) a tf.data.Dataset of one epoch of global batches.
+TrainData = Any
 
 
 @dataclass(frozen=True)
@@ -78,41 +73,44 @@ class History:
 
 
 class Trainer:
-    """Data-parallel training of a Keras model with a tf.distribute strategy.
+    """Data-parallel training of a Keras model, on TensorFlow or on JAX.
 
-    ``strategy``: a :class:`~mirrorfit.engine.tensorflow.strategy.Distribution` (from
-    ``build_distribution``), or a plain one-process ``tf.distribute.Strategy``. ``model`` is a
-    zero-argument function returning a Keras model (built here under the strategy's scope) or a
-    model already built under ``strategy.scope()``. ``optimizer`` is a configured Keras
-    optimizer; if it was made outside the scope, a copy is made inside it from its config.
-    ``loss`` is a Keras loss or a function returning per-example losses. ``global_batch`` is the
-    examples per optimizer step over all replicas; with ``accum_steps`` K each replica runs K
-    micro-batches of ``global_batch / (replicas * K)`` examples per step and all-reduces once.
-    ``precision`` (``"fp32"``, ``"bf16"``, ``"fp16"`` or a
-    :class:`~mirrorfit.models.precision.Precision`) and ``remat`` apply to a model built here from a
-    function. ``jit_compile`` compiles each replica's forward and backward pass with XLA; a model
-    XLA cannot compile is reported through ``on_notice`` and trained without it.
+    ``strategy``: where it runs. TensorFlow: a
+    :class:`~mirrorfit.engine.tensorflow.distribution.Distribution` (from
+    ``build_distribution``) or a plain one-process ``tf.distribute.Strategy``; JAX: a
+    :class:`~mirrorfit.engine.jax.placement.Placement` (``build_distribution`` of
+    :mod:`mirrorfit.engine.jax`). ``model`` is a zero-argument function returning a Keras
+    model (built here, under the strategy's scope on TensorFlow) or a model already built
+    (under ``strategy.scope()`` on TensorFlow). ``optimizer`` is a configured Keras optimizer.
+    ``loss`` is a Keras loss or a function returning per-example losses. ``global_batch`` is
+    the examples per optimizer step over all replicas; with ``accum_steps`` K each replica runs
+    K micro-batches of ``global_batch / (replicas * K)`` examples per step and all-reduces
+    once. ``precision`` (``"fp32"``, ``"bf16"``, ``"fp16"`` or a
+    :class:`~mirrorfit.models.precision.Precision`) and ``remat`` apply to a model built here
+    from a function. ``jit_compile`` (TensorFlow) compiles each replica's forward and backward
+    pass with XLA; a model XLA cannot compile is reported through ``on_notice`` and trained
+    without it (JAX compiles the whole step always).
     """
 
-    def __init__(self, *, strategy: tf.distribute.Strategy | Distribution, model, optimizer,
-                 loss, global_batch: int,
-                 metrics: Sequence[str | keras.metrics.Metric] = ("accuracy",),
-                 steps_per_execution: int = 1, accum_steps: int = 1,
-                 precision: Precision | str = "fp32", jit_compile: bool = False,
-                 remat: bool = False, on_notice: Callable[[str], None] = print) -> None:
-        self.distribution = as_distribution(strategy)
-        self.runner = Runner(distribution=self.distribution, model=model, optimizer=optimizer,
+    def __init__(self, *, strategy, model, optimizer, loss, global_batch: int,
+                 metrics: Sequence = ("accuracy",), steps_per_execution: int = 1,
+                 accum_steps: int = 1, precision: Precision | str = "fp32",
+                 jit_compile: bool = False, remat: bool = False,
+                 on_notice: Callable[[str], None] = print) -> None:
+        backend = getattr(strategy, "backend", "tensorflow")  # a plain tf.distribute.Strategy
+        runner = importlib.import_module(f"mirrorfit.engine.{backend}.runner").Runner
+        self.runner = runner(distribution=strategy, model=model, optimizer=optimizer,
                              loss=loss, global_batch=global_batch, metrics=metrics,
                              accum_steps=accum_steps, precision=precision,
                              jit_compile=jit_compile, remat=remat, on_notice=on_notice)
+        self.distribution = self.runner.distribution
         self.steps_per_execution = steps_per_execution
         self.position = Position()  # what checkpoints save and restore
-        # Several workers must run the same collectives in the same order.
-        self._in_lockstep = self.distribution.input_split == WORKER_SHARE
 
     # -- the runner's parts, for callers that need them -------------------------------------
-    strategy = property(lambda self: self.distribution.strategy)
-    model = property(lambda self: self.runner.model)
+    backend = property(lambda self: self.runner.backend)
+    strategy = property(lambda self: getattr(self.distribution, "strategy", None))
+    model = property(lambda self: self.runner.model)  # up to date (the JAX state is synced)
     optimizer = property(lambda self: self.runner.optimizer)
     precision = property(lambda self: self.runner.precision)
     global_batch = property(lambda self: self.runner.global_batch)
@@ -120,7 +118,7 @@ class Trainer:
     replicas = property(lambda self: self.runner.replicas)
     micro_batch = property(lambda self: self.runner.micro_batch)
     jit_compile = property(lambda self: self.runner.jit_compile)
-    replica_step = property(lambda self: self.runner.step)  # what each replica runs
+    replica_step = property(lambda self: getattr(self.runner, "step", None))  # TensorFlow's
     epoch = property(lambda self: self.position.epoch)
     step_in_epoch = property(lambda self: self.position.step_in_epoch)
     step = property(lambda self: self.position.step)
@@ -137,7 +135,7 @@ class Trainer:
 
     def skipped_steps(self) -> int:
         """Optimizer steps skipped for non-finite gradients (fp16), over the trainer's life."""
-        if not self.runner.step.loss_scaling:
+        if not self.runner.loss_scaling:
             return 0
         return self.step - self.runner.applied_steps()
 
@@ -146,7 +144,7 @@ class Trainer:
         return self.runner.learning_rate()
 
     def fit(self, train: TrainData, *, epochs: int, steps_per_epoch: int | None = None,
-            validation: tuple[np.ndarray, np.ndarray] | tf.data.Dataset | None = None,
+            validation: Any = None,
             callbacks: Sequence[Callback] = (), hooks: Sequence[Hook] = (),
             progress: EpochProgress | None = None) -> History:
         """Train up to ``epochs`` epochs in all; return per-epoch logs and throughput.
@@ -161,7 +159,7 @@ class Trainer:
         if self.epoch >= epochs:  # e.g. restored from the last checkpoint of a finished run
             return history
         progress = progress or EpochProgress(enabled=False)
-        steps = steps_per_epoch or _steps_per_epoch(train)
+        steps = steps_per_epoch or self.runner.steps_per_epoch(train)
         if self.step_in_epoch > steps:  # e.g. restored from a checkpoint of other data
             raise ConfigError(f"the trainer is at step {self.step_in_epoch} of an epoch of only "
                               f"{steps} steps; was it restored from a run with other data?")
@@ -176,19 +174,10 @@ class Trainer:
         first, skip = self.epoch, self.step_in_epoch
         if steps and self.epoch + 1 == epochs and skip == steps:
             iterator = None  # only the last epoch's end is left: no input to set up
-        elif self.distribution.input_split == COORDINATOR:
-            iterator = self.runner.worker_iterator(_sampled(train))
         else:
-            if isinstance(train, tf.data.Dataset):
-                def make(worker, workers):
-                    return _share(train.repeat().skip(skip), worker, workers)
-            else:
-                def make(worker, workers):
-                    return train.dataset(start_epoch=first, epochs=epochs, skip=skip,
-                                         worker=worker, workers=workers)
-            # One iterator for the whole run: one per epoch costs a set-up and a teardown each
-            # time.
-            iterator = self.runner.train_iterator(make)
+            iterator = self.runner.train_iterator(train, start_epoch=first, epochs=epochs,
+                                                  skip=skip,
+                                                  steps_per_execution=self.steps_per_execution)
         start = time.perf_counter()
         with progress:
             for epoch in range(self.epoch + 1, epochs + 1):
@@ -203,6 +192,8 @@ class Trainer:
         history.wall_time_s = time.perf_counter() - start
         # Released here, at the same point on every worker: left to the garbage collector,
         # a multi-worker run stalled 20-30 s after its last epoch (measured: 31 s; 0 s so).
+        if hasattr(iterator, "close"):  # the JAX engine's feed thread
+            iterator.close()
         del iterator
         return history
 
@@ -227,7 +218,7 @@ class Trainer:
             now = time.perf_counter()
             # Reading metrics is a collective across workers: with several, every execution
             # (the same points on every worker), else at most every 0.1 s.
-            if self._in_lockstep or now - last_draw > 0.1 or self.step_in_epoch == steps:
+            if self.runner.lockstep or now - last_draw > 0.1 or self.step_in_epoch == steps:
                 last_draw = now
                 logs = self.train_logs()
                 if self.step_in_epoch == steps:  # before the hooks: a checkpoint saves them
@@ -254,29 +245,19 @@ class Trainer:
         return {**logs, "learning_rate": self.learning_rate(),
                 "examples_per_sec": examples / seconds if seconds else 0.0}
 
-    def evaluate(self, data: tuple[np.ndarray, np.ndarray] | tf.data.Dataset,
-                 batch_size: int | None = None) -> dict[str, float]:
+    def evaluate(self, data, batch_size: int | None = None) -> dict[str, float]:
         """Loss, metrics and the example count over every example of ``data`` exactly once
         (over all workers).
 
         ``data`` is (x, y) arrays (batched here by ``batch_size``, default the global batch)
         or a dataset of global batches.
         """
-        batch = batch_size or self.global_batch
-        if isinstance(data, tuple):
-            x, y = data
-
-            def make(worker, workers):
-                return eval_dataset(x, y, global_batch=batch, worker=worker, workers=workers)
-        else:
-            def make(worker, workers):
-                return _share(data, worker, workers)
-        return self.runner.evaluate(make, per_replica=math.ceil(batch / self.replicas))
+        return self.runner.evaluate(data, batch_size or self.global_batch)
 
     def train_logs(self) -> dict[str, float]:
         """Training metrics of the current epoch so far (and fp16 loss scale, skipped steps)."""
         logs = self.runner.train_logs()
-        if self.runner.step.loss_scaling:
+        if self.runner.loss_scaling:
             logs["loss_scale"] = self.loss_scale()
             logs["skipped_steps"] = float(self.skipped_steps())
         return logs
@@ -286,30 +267,4 @@ class Trainer:
         return self.runner.tracing_count()
 
 
-def _sampled(train: TrainData) -> Callable[[tf.distribute.InputContext], tf.data.Dataset]:
-    """Under parameter servers each worker samples its own stream (no exact epochs: steps are
-    asynchronous): a dataset of global batches is repeated as it is; arrays are reshuffled
-    each pass with the run's seed and the worker's index."""
-    if isinstance(train, tf.data.Dataset):
-        return lambda context: train.repeat()
-    return train.sampled
-
-
-def _share(ds: tf.data.Dataset, worker: int, workers: int) -> tf.data.Dataset:
-    """This worker's share of each batch of a dataset of global batches."""
-    if workers == 1:
-        return ds
-    return ds.map(lambda *batch: tuple(worker_slice(t, worker, workers) for t in batch))
-
-
-def _steps_per_epoch(train) -> int:
-    if not isinstance(train, tf.data.Dataset):
-        return train.steps_per_epoch
-    n = int(train.cardinality())
-    if n < 0:
-        raise ConfigError("the training dataset has unknown or infinite length; pass "
-                          "steps_per_epoch")
-    return n
-
-
-__all__ = ["Trainer", "History", "Position", "Callback", "Hook", "ReplicaStep", "xla_problem"]
+__all__ = ["Trainer", "History", "Position", "Callback", "Hook"]

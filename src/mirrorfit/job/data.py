@@ -2,24 +2,24 @@
 turn tf.data's errors about its files into one line, and name what it is made of (the flags
 behind its order, for checkpoints; how it is read, for the profile).
 
-job.train calls these; evaluate and bench use :func:`data_errors` too.
+job.train calls these; evaluate and bench use :func:`data_errors` too. Whichever engine runs:
+TensorFlow is only looked at when it is loaded (it reads file sources under both).
 """
 
 from __future__ import annotations
 
 import contextlib
+import sys
 from typing import Any
-
-import keras
-import tensorflow as tf
 
 from mirrorfit.config import TrainConfig
 from mirrorfit.data.sources import Data, load_data
-from mirrorfit.engine.tensorflow.distribution import WORKER_SHARE, Distribution
+from mirrorfit.data.spec import KINDS
+from mirrorfit.engine.backends import WORKER_SHARE
 from mirrorfit.errors import DataError
 
 
-def load_run_data(config: TrainConfig, global_batch: int, dist: Distribution) -> Data:
+def load_run_data(config: TrainConfig, global_batch: int, dist) -> Data:
     """``--data`` for this run. Each worker reads its own share (WORKER_SHARE), else one
     process reads whole global batches (workers=1 for the order)."""
     workers = dist.workers if dist.input_split == WORKER_SHARE else 1
@@ -38,20 +38,23 @@ def data_errors(data: Data):
     size; a file gone) as one line naming the file, not a traceback."""
     try:
         yield
-    except (tf.errors.InvalidArgumentError, tf.errors.DataLossError) as e:
-        found = data.explain(e)
-        if found is None:
+    except Exception as e:
+        tf = sys.modules.get("tensorflow")  # a tf.data error needs TensorFlow loaded
+        if tf is None or not isinstance(e, tf.errors.OpError):
             raise
-        raise found from None
-    except tf.errors.NotFoundError as e:
-        if data.kind not in ("folder", "tfrecord"):
+        if isinstance(e, (tf.errors.InvalidArgumentError, tf.errors.DataLossError)):
+            found = data.explain(e)
+            if found is None:
+                raise
+            raise found from None
+        if not isinstance(e, tf.errors.NotFoundError) or not KINDS[data.kind].files:
             raise
         first = (str(getattr(e, "message", e)).strip().splitlines() or [""])[0][:300]
         raise DataError(f"--data {data.source}: a file went missing while training "
                         f"({first}); restore it, or rerun to list the files again") from None
 
 
-def check_model_fits(model: keras.Model, data: Data, config: TrainConfig) -> None:
+def check_model_fits(model, data: Data, config: TrainConfig) -> None:
     """Refuse, in one line, a model whose input does not take the data's examples or whose
     outputs are fewer than the data's classes (a label past the last output is no error to
     Keras: the loss would be silently wrong or NaN)."""
@@ -59,8 +62,7 @@ def check_model_fits(model: keras.Model, data: Data, config: TrainConfig) -> Non
     have = tuple(data.input_shape)
     if len(want) != len(have) or any(w is not None and w != h for w, h in zip(want, have)):
         shown = "x".join("?" if w is None else str(w) for w in want)
-        hint = ("pass --image-size H,W to resize the images" if data.kind in ("folder",
-                                                                             "tfrecord")
+        hint = ("pass --image-size H,W to resize the images" if KINDS[data.kind].files
                 else "pass --input-shape to build the model for the data" if
                 config.input_shape is None and data.kind == "synthetic"
                 else "give data of that shape")
@@ -78,25 +80,18 @@ def check_model_fits(model: keras.Model, data: Data, config: TrainConfig) -> Non
 
 def input_source(data: Data, config: TrainConfig) -> str:
     """How the profiled input is read, for the report and its advice."""
-    if data.kind == "synthetic":
-        return "synthetic, one batch repeated"
-    if data.kind == "folder":
-        how = "image files"
-    elif data.kind == "tfrecord":
-        how = "TFRecord files"
-    elif data.kind == "module" and config.cache is None:
-        how = "a dataset function"
-    else:
-        return "memory"
-    return f"{how}, {'decoded once (--cache)' if config.cache else 'decoded every step'}"
+    kind = KINDS[data.kind]
+    if kind.in_memory or kind.name == "module" and config.cache is not None:
+        return kind.reads
+    return f"{kind.reads}, {'decoded once (--cache)' if config.cache else 'decoded every step'}"
 
 
-def data_flags(config: TrainConfig, dist: Distribution, data: Data) -> dict[str, dict[str, Any]]:
+def data_flags(config: TrainConfig, dist, data: Data) -> dict[str, dict[str, Any]]:
     """The flags behind each field of the data order (DataOrder), so that a checkpoint can name
     the one that changed when it refuses a resume."""
     fingerprint = {"--data": config.data, "--image-size": _csv(config.image_size),
                    "--validation-split": config.validation_split}
-    if data.kind == "tfrecord":  # streamed TFRecords: the order depends on these too
+    if KINDS[data.kind].streamed:  # streamed (TFRecords): the order depends on these too
         fingerprint.update({"--cache": config.cache,
                             "workers": dist.workers if dist.input_split == WORKER_SHARE else 1})
     return {"seed": {"--seed": config.seed},

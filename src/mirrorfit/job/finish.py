@@ -10,16 +10,13 @@ from rich.console import Console
 
 from mirrorfit import _io
 from mirrorfit.config import TrainConfig, to_dict
-from mirrorfit.engine.tensorflow.distribution import Distribution
-from mirrorfit.artifacts.export import export_saved_model, save_keras
 from mirrorfit.job.observe import out_of_memory_hint
 from mirrorfit.job.preemption import PreemptionGuard
-from mirrorfit.job.profiling import profile_steps
 from mirrorfit.job.data import data_errors, input_source
 
 
 def finish(config: TrainConfig, console: Console, history, *, trainer, data, batches, setup,
-           dist: Distribution, factory, usage, guard: PreemptionGuard) -> dict[str, Any]:
+           dist, factory, usage, guard: PreemptionGuard) -> dict[str, Any]:
     """Test evaluation, summary, profile and exports: everything after the training loop.
     ``guard`` stops it before the exports commit if a signal arrives. Every worker evaluates
     (the evaluation's collectives need them all); only the chief writes."""
@@ -41,7 +38,8 @@ def finish(config: TrainConfig, console: Console, history, *, trainer, data, bat
         "model": config.model, "precision": config.precision, "xla": trainer.jit_compile,
         "accum_steps": config.accum_steps, "replicas": dist.replicas,
         "devices": list(setup.devices), "workers": dist.workers,
-        "strategy": type(dist.strategy).__name__, "per_replica_batch_size": per_replica,
+        "backend": config.backend, "strategy": dist.strategy_name,
+        "per_replica_batch_size": per_replica,
         "global_batch_size": global_batch, "epochs": config.epochs, "steps": history.steps,
         "train_examples": data.train_examples, "wall_time_s": history.wall_time_s,
         "train_examples_per_sec": history.train_examples_per_sec,
@@ -70,6 +68,8 @@ def finish(config: TrainConfig, console: Console, history, *, trainer, data, bat
         console.print(f"fp16 loss scale {trainer.loss_scale():g}, "
                       f"{trainer.skipped_steps()} step(s) skipped for non-finite gradients")
     if config.profile:
+        from mirrorfit.job.profiling import profile_steps  # TensorFlow's
+
         with data_errors(data):
             report = profile_steps(trainer, batches,
                                    steady_step_s=_steady_step_s(history, global_batch),
@@ -81,6 +81,8 @@ def finish(config: TrainConfig, console: Console, history, *, trainer, data, bat
     if not dist.is_chief:
         return summary
     if config.export_dir or config.save_keras:
+        from mirrorfit.artifacts.export import export_saved_model, save_keras
+
         plain = factory()  # a copy outside the strategy: exports load with no strategy
         plain.set_weights(trainer.model.get_weights())
         # The .keras file first: the SavedModel version is what servers pick up, so it commits

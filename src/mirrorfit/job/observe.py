@@ -1,20 +1,21 @@
 """Watching a run: TensorBoard scalars, CPU/GPU utilisation, and a useful out-of-memory error.
 
 ``ScalarWriter`` plugs into the trainer as a hook (after every compiled execution) and an epoch
-callback; ``CpuGpuSampler`` samples utilisation in a background thread (psutil for the CPU,
-NVML through nvidia-ml-py for GPUs when a driver is present).
+callback; it writes TensorBoard's own event files with TensorBoard's writer (no TensorFlow, so
+the JAX engine writes them too). ``CpuGpuSampler`` samples utilisation in a background thread
+(psutil for the CPU, NVML through nvidia-ml-py for GPUs when a driver is present).
 """
 
 from __future__ import annotations
 
 import contextlib
 import statistics
+import sys
 import threading
 import time
 from typing import Iterator
 
 import psutil
-import tensorflow as tf
 
 from mirrorfit._io import is_disk_full
 from mirrorfit.errors import MirrorfitError, StorageError
@@ -27,29 +28,40 @@ class ScalarWriter:
     worker must) but write nothing: what the workers other than the chief do."""
 
     def __init__(self, logdir: str | None) -> None:
-        self._writer = (tf.summary.create_file_writer(logdir) if logdir
-                        else tf.summary.create_noop_writer())
+        from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+        self._writer = EventFileWriter(logdir) if logdir else None
         self._last: tuple[int, float] | None = None
+
+    def _write(self, step: int, values: dict[str, float]) -> None:
+        """One event of scalars at ``step``, as ``tf.summary.scalar`` writes them."""
+        if self._writer is None:
+            return
+        from tensorboard.compat.proto import event_pb2, summary_pb2
+        from tensorboard.plugins.scalar.summary_v2 import scalar_pb
+
+        summary = summary_pb2.Summary(value=[scalar_pb(tag, float(value)).value[0]
+                                             for tag, value in values.items()])
+        self._writer.add_event(event_pb2.Event(wall_time=time.time(), step=int(step),
+                                               summary=summary))
 
     def step_hook(self, trainer) -> None:
         now = time.perf_counter()
         logs = trainer.train_logs()
-        with self._writer.as_default(step=trainer.step):
-            for name in ("loss", "accuracy", "loss_scale"):
-                if name in logs:
-                    tf.summary.scalar(f"train/{name}", logs[name])
-            tf.summary.scalar("train/learning_rate", trainer.learning_rate())
-            if self._last is not None and trainer.step > self._last[0]:
-                # the first execution traces and compiles: no rate from it
-                rate = (trainer.step - self._last[0]) * trainer.global_batch / (now - self._last[1])
-                tf.summary.scalar("train/examples_per_sec", rate)
+        values = {f"train/{name}": logs[name] for name in ("loss", "accuracy", "loss_scale")
+                  if name in logs}
+        values["train/learning_rate"] = trainer.learning_rate()
+        if self._last is not None and trainer.step > self._last[0]:
+            # the first execution traces and compiles: no rate from it
+            rate = (trainer.step - self._last[0]) * trainer.global_batch / (now - self._last[1])
+            values["train/examples_per_sec"] = rate
+        self._write(trainer.step, values)
         self._last = (trainer.step, time.perf_counter())
 
     def epoch_callback(self, epoch: int, logs: dict[str, float]) -> None:
-        with self._writer.as_default(step=epoch):
-            for name, value in logs.items():
-                tf.summary.scalar(f"epoch/{name}", value)
-        self._writer.flush()
+        self._write(epoch, {f"epoch/{name}": value for name, value in logs.items()})
+        if self._writer is not None:
+            self._writer.flush()
 
 
 class CpuGpuSampler:
@@ -100,20 +112,30 @@ def _nvml_handles() -> list:
 
 @contextlib.contextmanager
 def out_of_memory_hint(per_replica_batch: int) -> Iterator[None]:
-    """Turn TensorFlow's out-of-memory error into one line saying what to try (TensorFlow
+    """Turn the framework's out-of-memory error into one line saying what to try (TensorFlow
     reports a full disk with the same error: that says "disk full")."""
     try:
         yield
-    except tf.errors.ResourceExhaustedError as e:
+    except Exception as e:
+        if not _out_of_memory(e):
+            raise
+        text = str(getattr(e, "message", e)).strip()
         if is_disk_full(e):
-            raise StorageError(f"disk full ({str(e.message).strip()[:200]}); free some space "
-                               "and rerun") from None
-        first = str(e.message).strip().splitlines()[0][:200]
+            raise StorageError(f"disk full ({text[:200]}); free some space and rerun") from None
+        first = (text.splitlines() or [type(e).__name__])[0][:200]
         raise MirrorfitError(
             f"out of memory at a batch of {per_replica_batch} per replica ({first}); try a "
             "smaller --batch-size with --accum-steps K to keep the effective batch, --remat, "
             "--precision bf16 or fp16, or on GPUs leave memory growth on and set "
             "--gpu-memory-limit MB") from None
+
+
+def _out_of_memory(error: Exception) -> bool:
+    """TensorFlow's ResourceExhaustedError, or XLA's RESOURCE_EXHAUSTED under JAX."""
+    tf = sys.modules.get("tensorflow")
+    if tf is not None and isinstance(error, tf.errors.ResourceExhaustedError):
+        return True
+    return type(error).__name__ == "XlaRuntimeError" and "RESOURCE_EXHAUSTED" in str(error)
 
 
 __all__ = ["ScalarWriter", "CpuGpuSampler", "out_of_memory_hint"]

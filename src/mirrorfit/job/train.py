@@ -1,4 +1,5 @@
-"""The training job: config -> devices -> strategy -> data -> trainer -> summary.
+"""The training job: config -> devices -> distribution -> data -> trainer -> summary, on the
+engine ``config.backend`` names (:mod:`mirrorfit.engine.backends`).
 
 ``run_training(config)`` is what ``mirrorfit train`` calls; scripts can call it too. The data
 side of the run is in job/data.py, everything after the training loop in job/finish.py.
@@ -7,18 +8,16 @@ side of the run is in job/data.py, everything after the training loop in job/fin
 from __future__ import annotations
 
 import contextlib
+import sys
 from typing import Any
 
-import keras
-import tensorflow as tf
 from rich.console import Console
 
 from mirrorfit.artifacts.checkpoint import Checkpointer
 from mirrorfit.config import TrainConfig, check_outputs
+from mirrorfit.distribute._cpu_binding import threads_note
 from mirrorfit.distribute.cluster import cluster_for
-from mirrorfit.engine.tensorflow.devices import configure_devices, threads_note
-from mirrorfit.engine.tensorflow.distribution import Distribution
-from mirrorfit.engine.tensorflow.strategy import build_distribution
+from mirrorfit.engine import backends
 from mirrorfit.engine.progress import EpochProgress
 from mirrorfit.engine.controller import Trainer
 from mirrorfit.errors import ClusterError, ConfigError
@@ -29,14 +28,15 @@ from mirrorfit.models.schedules import LinearWarmup, learning_rate
 from mirrorfit.job.data import check_model_fits, data_errors, data_flags, load_run_data
 from mirrorfit.job.finish import finish
 
-_OPTIMIZERS = {"sgd": keras.optimizers.SGD, "adam": keras.optimizers.Adam,
-               "adamw": keras.optimizers.AdamW, "rmsprop": keras.optimizers.RMSprop}
+_OPTIMIZERS = {"sgd": "SGD", "adam": "Adam", "adamw": "AdamW", "rmsprop": "RMSprop"}
 
 
-def build_optimizer(name: str, lr) -> keras.optimizers.Optimizer:
+def build_optimizer(name: str, lr):
     """A Keras optimizer by name (sgd, adam, adamw, rmsprop) with learning rate ``lr`` (a float
     or a Keras schedule)."""
-    return _OPTIMIZERS[name.lower()](learning_rate=lr)
+    import keras
+
+    return getattr(keras.optimizers, _OPTIMIZERS[name.lower()])(learning_rate=lr)
 
 
 def run_training(config: TrainConfig, *, console: Console | None = None,
@@ -67,9 +67,8 @@ def _run(config: TrainConfig, console: Console, guard: PreemptionGuard,
          cluster) -> dict[str, Any]:
     try:
         return _train(config, console, guard, cluster)
-    except (tf.errors.UnavailableError, tf.errors.DeadlineExceededError,
-            tf.errors.CancelledError, tf.errors.AbortedError) as e:
-        if cluster is None:
+    except Exception as e:
+        if cluster is None or not _peer_failure(e):
             raise
         # A collective failed: another task died or stopped answering. Name it, in one line.
         gone = cluster.unreachable()
@@ -81,14 +80,23 @@ def _run(config: TrainConfig, console: Console, guard: PreemptionGuard,
                            "(`mirrorfit launch --max-restarts N` does)") from None
 
 
+def _peer_failure(error: Exception) -> bool:
+    """Whether ``error`` is a collective that failed because another task went away."""
+    tf = sys.modules.get("tensorflow")
+    return tf is not None and isinstance(error, (
+        tf.errors.UnavailableError, tf.errors.DeadlineExceededError, tf.errors.CancelledError,
+        tf.errors.AbortedError))
+
+
 def _train(config: TrainConfig, console: Console, guard: PreemptionGuard,
            cluster) -> dict[str, Any]:
+    engine = backends.load(config.backend)  # the framework loads here
     factory = model_factory(config.model)
     if cluster is not None and config.strategy == "parameter-server" \
             and cluster.task_type in ("worker", "ps"):
         from mirrorfit.engine.tensorflow.parameter_server import serve_task
         return serve_task(cluster, console=console)  # runs what the chief schedules
-    setup = configure_devices(replicas=config.replicas, devices=config.devices,
+    setup = engine.configure_devices(replicas=config.replicas, devices=config.devices,
                               visible_devices=config.visible_devices,
                               memory_growth=config.memory_growth,
                               memory_limit_mb=config.gpu_memory_limit,
@@ -97,7 +105,7 @@ def _train(config: TrainConfig, console: Console, guard: PreemptionGuard,
     note = threads_note(config.threads_per_worker)
     if note:  # every worker says it: bound workers' shares of the cores may differ
         console.print(f"[yellow]{note}[/]")
-    dist = build_distribution(setup, kind=config.strategy,
+    dist = engine.build_distribution(setup, kind=config.strategy,
                               cross_device_ops=config.cross_device_ops, cluster=cluster,
                               communication=config.communication,
                               collective_timeout_s=config.collective_timeout)
@@ -111,7 +119,7 @@ def _train(config: TrainConfig, console: Console, guard: PreemptionGuard,
     # the data is MNIST, as before).
     factory = model_factory(config.model, input_shape=data.input_shape,
                             num_classes=data.num_classes)
-    keras.utils.set_random_seed(config.seed)
+    engine.seed(config.seed)
     console.print(f"[bold]mirrorfit[/] {config.model} on {data.description}")
     console.print(f"devices: {setup.describe()}")
     accum = f" x {config.accum_steps} accumulation steps" if config.accum_steps > 1 else ""
@@ -122,9 +130,12 @@ def _train(config: TrainConfig, console: Console, guard: PreemptionGuard,
     lr = learning_rate(config.lr, global_batch=global_batch, base_batch=config.base_batch,
                        scaling=config.lr_scaling,
                        warmup_steps=round(config.warmup_epochs * steps_per_epoch))
-    console.print(f"precision: {config.precision}, XLA: {'on' if config.xla else 'off'}, "
+    xla = "on (every step, JAX)" if config.backend == "jax" else "on" if config.xla else "off"
+    console.print(f"precision: {config.precision}, XLA: {xla}, "
                   f"learning rate: {_describe_lr(lr)}"
                   + (", rematerialisation on" if config.remat else ""))
+    import keras
+
     trainer = Trainer(strategy=dist, model=factory,
                       optimizer=build_optimizer(config.optimizer, lr),
                       loss=keras.losses.SparseCategoricalCrossentropy(),
@@ -177,11 +188,12 @@ def _settings(config: TrainConfig) -> dict[str, Any]:
     return {"--model": config.model, "--optimizer": config.optimizer.lower(), "--lr": config.lr,
             "--lr-scaling": config.lr_scaling,
             "--base-batch": config.base_batch if linear else None,
-            "--warmup-epochs": config.warmup_epochs, "--precision": config.precision}
+            "--warmup-epochs": config.warmup_epochs, "--precision": config.precision,
+            "--backend": config.backend}
 
 
 def _restore(checkpointer: Checkpointer, config: TrainConfig, console: Console,
-             dist: Distribution, steps_per_epoch: int) -> None:
+             dist, steps_per_epoch: int) -> None:
     checkpointer.clean_partial()  # the chief's; the other workers only read
     if config.fresh:
         aside = checkpointer.discard()

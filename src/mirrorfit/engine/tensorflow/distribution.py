@@ -23,7 +23,8 @@ from typing import Callable
 
 import tensorflow as tf
 
-GLOBAL_BATCH, WORKER_SHARE, COORDINATOR = "global-batch", "worker-share", "coordinator"
+from mirrorfit.engine.backends import COORDINATOR, GLOBAL_BATCH, WORKER_SHARE
+
 # Strategies whose replicas take a batch cut in the step (Distribution.split)
 _HOST_FED = (tf.distribute.OneDeviceStrategy, tf.distribute.MirroredStrategy,
              tf.distribute.MultiWorkerMirroredStrategy)
@@ -49,6 +50,7 @@ class Distribution:
     task: str = "local"  # "worker 1", "chief": how logs and errors name this process
     coordinator: object | None = None  # tf.distribute.coordinator.ClusterCoordinator
     cluster: object | None = None  # mirrorfit.distribute.cluster.Cluster
+    backend = "tensorflow"  # which engine runs it (mirrorfit.engine.controller picks by it)
 
     def distribute(self, make: Callable[[int, int], tf.data.Dataset], *, per_replica: int):
         """A distributed dataset from ``make(worker, workers)``, which returns this worker's
@@ -137,6 +139,11 @@ class Distribution:
             per_replica = self.strategy.run(lambda: tf.identity(value))
             return self.strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
         return total
+
+    @property
+    def strategy_name(self) -> str:
+        """The tf.distribute strategy's class name, for the summary."""
+        return type(self.strategy).__name__
 
     def describe(self) -> str:
         """One line for the start of a run."""

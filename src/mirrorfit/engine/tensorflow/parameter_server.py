@@ -47,7 +47,8 @@ import tensorflow as tf
 from keras.src.backend.common.stateless_scope import in_stateless_scope
 
 from mirrorfit.distribute._deadline import deadline
-from mirrorfit.engine.tensorflow.distribution import COORDINATOR, Distribution
+from mirrorfit.engine.backends import COORDINATOR
+from mirrorfit.engine.tensorflow.distribution import Distribution
 from mirrorfit.errors import ConfigError
 
 

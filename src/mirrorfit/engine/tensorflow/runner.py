@@ -8,13 +8,16 @@ servers, from :mod:`mirrorfit.engine.tensorflow.parameter_server`, behind the sa
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Callable, Sequence
 
 import keras
 import tensorflow as tf
 
-from mirrorfit.engine.tensorflow.distribution import COORDINATOR, Distribution
+from mirrorfit.data.pipeline import eval_dataset, worker_slice
+from mirrorfit.engine.backends import COORDINATOR, WORKER_SHARE
+from mirrorfit.engine.tensorflow.distribution import Distribution
 from mirrorfit.engine.tensorflow.loop import compile_loops
 from mirrorfit.engine.tensorflow.step import ReplicaStep
 from mirrorfit.errors import ConfigError
@@ -39,11 +42,15 @@ class Runner:
     ``global_batch``: examples per optimizer step over all replicas and micro-batches.
     """
 
-    def __init__(self, *, distribution: Distribution, model, optimizer, loss, global_batch: int,
+    backend = "tensorflow"
+
+    def __init__(self, *, distribution: Distribution | tf.distribute.Strategy, model, optimizer,
+                 loss, global_batch: int,
                  metrics: Sequence[str | keras.metrics.Metric] = ("accuracy",),
                  accum_steps: int = 1, precision: Precision | str = "fp32",
                  jit_compile: bool = False, remat: bool = False,
                  on_notice: Callable[[str], None] = print) -> None:
+        distribution = as_distribution(distribution)
         replicas = distribution.replicas
         if global_batch % (replicas * accum_steps):
             raise ConfigError(f"global batch {global_batch} is not divisible by {replicas} "
@@ -92,38 +99,83 @@ class Runner:
     def jit_compile(self) -> bool:
         return self.step.jit_compile
 
+    @property
+    def lockstep(self) -> bool:
+        """Several workers in sync: metric reads and checks are collectives, so every worker
+        makes them at the same points."""
+        return self.distribution.input_split == WORKER_SHARE
+
+    @property
+    def loss_scaling(self) -> bool:
+        return self.step.loss_scaling
+
+    def sync(self) -> None:
+        """Nothing to do: the Keras variables are the state under TensorFlow."""
+
+    def checkpoint_state(self):
+        from mirrorfit.engine.tensorflow.state import CheckpointState
+
+        return CheckpointState(self)
+
     # -- input -------------------------------------------------------------------------------
-    def train_iterator(self, make: Callable[[int, int], tf.data.Dataset]):
-        """The distributed iterator over ``make(worker, workers)`` (this worker's share of each
-        global batch; see :meth:`Distribution.distribute`). Checks XLA first, on its spec."""
+    def steps_per_epoch(self, train) -> int:
+        """Optimizer steps per epoch of ``train`` (a mirrorfit source, or a tf.data.Dataset
+        of one epoch of global batches)."""
+        if not isinstance(train, tf.data.Dataset):
+            return train.steps_per_epoch
+        n = int(train.cardinality())
+        if n < 0:
+            raise ConfigError("the training dataset has unknown or infinite length; pass "
+                              "steps_per_epoch")
+        return n
+
+    def train_iterator(self, train, *, start_epoch: int, epochs: int, skip: int,
+                       steps_per_execution: int = 1):
+        """The iterator a ``fit`` from (``start_epoch``, ``skip``) to ``epochs`` reads: the
+        distributed iterator over this worker's share of each global batch (see
+        :meth:`Distribution.distribute`), or under parameter servers the workers' own
+        streams. One iterator for the whole run: one per epoch costs a set-up and a teardown
+        each time. Checks XLA first, on the input's spec."""
+        if self.distribution.input_split == COORDINATOR:
+            dataset_fn = _sampled(train)
+            if not self._xla_checked:
+                self._check_xla(dataset_fn(tf.distribute.InputContext()).element_spec)
+            return self._loops.per_worker_dataset(dataset_fn)
+        if isinstance(train, tf.data.Dataset):
+            def make(worker, workers):
+                return _share(train.repeat().skip(skip), worker, workers)
+        else:
+            def make(worker, workers):
+                return train.dataset(start_epoch=start_epoch, epochs=epochs, skip=skip,
+                                     worker=worker, workers=workers)
         if not self._xla_checked:
             self._check_xla(make(0, 1).element_spec)
         return iter(self.distribution.distribute(make, per_replica=self.per_replica_batch))
-
-    def worker_iterator(self, dataset_fn: Callable[[tf.distribute.InputContext],
-                                                   tf.data.Dataset]):
-        """Under parameter servers: an iterator over ``dataset_fn(context)`` built on each
-        worker (repeated batches of one step each; see
-        :meth:`~mirrorfit.engine.tensorflow.parameter_server.CoordinatedLoops.per_worker_dataset`)."""
-        if not self._xla_checked:
-            self._check_xla(dataset_fn(tf.distribute.InputContext()).element_spec)
-        return self._loops.per_worker_dataset(dataset_fn)
 
     # -- what runs on the devices ------------------------------------------------------------
     def run(self, iterator, num_steps: int) -> None:
         """``num_steps`` optimizer steps from ``iterator``, in one compiled call."""
         self._loops.run_train(iterator, num_steps)
 
-    def evaluate(self, make: Callable[[int, int], tf.data.Dataset],
-                 per_replica: int) -> dict[str, float]:
-        """Loss, metrics and the example count over ``make(worker, workers)`` (every example
-        once over all workers)."""
+    def evaluate(self, data, batch: int) -> dict[str, float]:
+        """Loss, metrics and the example count over every example of ``data`` once, over all
+        workers: (x, y) arrays batched by ``batch`` (global), or a dataset of global
+        batches."""
+        if isinstance(data, tuple):
+            x, y = data
+
+            def make(worker, workers):
+                return eval_dataset(x, y, global_batch=batch, worker=worker, workers=workers)
+        else:
+            def make(worker, workers):
+                return _share(data, worker, workers)
         metrics = [self.step.eval_loss_tracker, *self.step.eval_metrics]
         for metric in metrics:
             metric.reset_state()
         if self.distribution.input_split == COORDINATOR:
             self._loops.evaluate(make(0, 1))
         else:
+            per_replica = math.ceil(batch / self.replicas)
             self._loops.evaluate(self.distribution.distribute(make, per_replica=per_replica))
         results = _read(metrics)
         # SyncOnRead: reading in cross-replica context sums the replicas' (and workers') counts.
@@ -190,6 +242,22 @@ def xla_problem(step: ReplicaStep, element_spec, micro_batch: int) -> str | None
         lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
         return lines[0][:300] if lines else type(e).__name__
     return None
+
+
+def _sampled(train) -> Callable[[tf.distribute.InputContext], tf.data.Dataset]:
+    """Under parameter servers each worker samples its own stream (no exact epochs: steps are
+    asynchronous): a dataset of global batches is repeated as it is; arrays are reshuffled
+    each pass with the run's seed and the worker's index."""
+    if isinstance(train, tf.data.Dataset):
+        return lambda context: train.repeat()
+    return train.sampled
+
+
+def _share(ds: tf.data.Dataset, worker: int, workers: int) -> tf.data.Dataset:
+    """This worker's share of each batch of a dataset of global batches."""
+    if workers == 1:
+        return ds
+    return ds.map(lambda *batch: tuple(worker_slice(t, worker, workers) for t in batch))
 
 
 def _read(metrics) -> dict[str, float]:

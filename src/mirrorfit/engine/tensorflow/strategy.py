@@ -16,7 +16,8 @@ import tensorflow as tf
 from mirrorfit.distribute._deadline import deadline
 from mirrorfit.distribute.cluster import DEFAULT_COLLECTIVE_TIMEOUT_S, cluster_for
 from mirrorfit.engine.tensorflow.devices import DeviceSetup
-from mirrorfit.engine.tensorflow.distribution import WORKER_SHARE, Distribution
+from mirrorfit.engine.backends import WORKER_SHARE
+from mirrorfit.engine.tensorflow.distribution import Distribution
 from mirrorfit.engine.tensorflow.parameter_server import build_parameter_server
 from mirrorfit.errors import ClusterError, ConfigError
 

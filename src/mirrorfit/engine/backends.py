@@ -1,0 +1,179 @@
+"""The backend seam: which engine runs a job (``tensorflow`` or ``jax``), chosen before Keras
+loads, and what each needs from the process before its framework starts.
+
+Plain Python, imported by the configuration and the CLI before any framework: a backend is a
+value (``--backend``, the TOML key ``backend``, else ``KERAS_BACKEND``, else ``tensorflow``);
+:func:`prepare` sets ``KERAS_BACKEND`` for Keras and keeps the framework's C++ start-up log off
+the user's screen; :func:`check_settings` refuses, in one line, settings the chosen engine
+does not have. Each engine is a package (``mirrorfit.engine.tensorflow``,
+``mirrorfit.engine.jax``) with the same small interface: ``configure_devices``,
+``build_distribution``, ``Runner``, ``CheckpointState``, ``list_devices``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import os
+import re
+import sys
+import tempfile
+from types import ModuleType
+
+from mirrorfit.errors import ConfigError
+
+BACKENDS = ("tensorflow", "jax")
+# How a distribution splits the input (its ``input_split``), whichever engine runs it:
+# one process reads whole global batches; each of several workers reads its contiguous share
+# of every global batch; parameter-server workers read their own streams.
+GLOBAL_BATCH, WORKER_SHARE, COORDINATOR = "global-batch", "worker-share", "coordinator"
+DEFAULT = "tensorflow"
+# Strategies and flags that exist on TensorFlow only, and why (the JAX engine refuses them).
+TF_ONLY_STRATEGIES = {
+    "central-storage": "keeps variables on one device for TensorFlow's replicas",
+    "parameter-server": "needs TensorFlow's ParameterServerStrategy",
+}
+# TensorFlow's own start-up lines, written to stderr before its logging is set up: an absl
+# line (severity I/W/E/F, date, time, thread, file:line]), absl's preamble, and the CPU-feature
+# notice's second line.
+_STARTUP_LINE = re.compile(r"(?:([IWEF])\d{4} [\d:.]+ +\d+ \S+:\d+\]"
+                           r"|WARNING: All log messages before absl::InitializeLog\(\)"
+                           r"|To enable the following instructions:)")
+
+
+def resolve(value: str | None) -> str:
+    """The backend a job runs on: ``value`` (a flag or TOML key), else ``$KERAS_BACKEND``,
+    else ``tensorflow``; ConfigError naming where an unknown one came from."""
+    where = "--backend"
+    if value is None:
+        value, where = os.environ.get("KERAS_BACKEND") or DEFAULT, "KERAS_BACKEND"
+    if value not in BACKENDS:
+        raise ConfigError(f"{where} {value!r}: mirrorfit trains on {' or '.join(BACKENDS)}; "
+                          f"e.g. --backend jax")
+    return value
+
+
+def check_settings(backend: str, *, strategy: str = "auto", cross_device_ops: str = "auto",
+                   communication: str = "auto", profile: bool = False) -> None:
+    """ConfigError, one line, for a setting ``backend``'s engine does not have."""
+    if backend != "jax":
+        return
+    if strategy in TF_ONLY_STRATEGIES:
+        raise ConfigError(f"--strategy {strategy} {TF_ONLY_STRATEGIES[strategy]}; with "
+                          "--backend jax use --strategy auto (data parallel over the devices), "
+                          "or --backend tensorflow")
+    if strategy == "multi-worker":
+        raise ConfigError("--strategy multi-worker is not available with --backend jax yet; "
+                          "train on one process (its GPUs or --replicas N), or use --backend "
+                          "tensorflow")
+    if cross_device_ops != "auto":
+        raise ConfigError(f"--cross-device-ops {cross_device_ops} chooses TensorFlow's "
+                          "collectives; under --backend jax XLA does the all-reduce: drop it")
+    if communication != "auto":
+        raise ConfigError(f"--communication {communication} chooses TensorFlow's multi-worker "
+                          "collectives: drop it with --backend jax")
+    if profile:
+        raise ConfigError("--profile breaks down TensorFlow's step; under --backend jax the "
+                          "summary reports the input wait (input_wait_share) without it: drop "
+                          "--profile, or use --backend tensorflow")
+
+
+def prepare(backend: str, *, verbose: bool = False) -> None:
+    """Before Keras and the framework load: tell Keras the backend, and choose how much of the
+    framework's C++ log reaches stderr. Unless ``verbose`` or the user set
+    ``TF_CPP_MIN_LOG_LEVEL`` themselves, none of it: not a CPU-only host's cuInit "E" line,
+    oneDNN's notice, nor gRPC's errors when a peer dies (mirrorfit says what happened in one
+    line of its own). ``verbose`` shows it all.
+
+    ConfigError if Keras was already imported with another backend (a Python caller)."""
+    keras = sys.modules.get("keras")
+    if keras is not None and getattr(keras, "backend", None) is not None:
+        loaded = keras.backend.backend()
+        if loaded != backend:
+            raise ConfigError(f"Keras was already loaded with the {loaded} backend; choose "
+                              f"--backend {loaded}, or set KERAS_BACKEND={backend} before "
+                              "importing keras")
+    os.environ["KERAS_BACKEND"] = backend
+    if "TF_CPP_MIN_LOG_LEVEL" not in os.environ:  # TF's and XLA's C++ logging (jaxlib's too)
+        os.environ["TF_CPP_MIN_LOG_LEVEL"] = "0" if verbose else "3"
+    if not verbose:
+        os.environ.setdefault("GRPC_VERBOSITY", "NONE")
+
+
+def import_framework(backend: str) -> None:
+    """Import ``backend``'s framework now, its start-up lines on stderr filtered by
+    ``TF_CPP_MIN_LOG_LEVEL`` (see :func:`_startup_lines_filtered`)."""
+    if backend != "tensorflow" or "tensorflow" in sys.modules:
+        return
+    with _startup_lines_filtered(_log_level()):
+        try:
+            import tensorflow  # noqa: F401 (loaded here, filtered, for what imports it next)
+        except ImportError:
+            pass  # said where it is needed, in the words of what needs it
+
+
+def _log_level() -> int:
+    try:
+        return int(os.environ.get("TF_CPP_MIN_LOG_LEVEL", "0"))
+    except ValueError:
+        return 0
+
+
+@contextlib.contextmanager
+def _startup_lines_filtered(level: int):
+    """Run the block with file descriptor 2 in a temporary file, then write back what the
+    log level ``level`` shows: TensorFlow writes its first lines before its logging is set up,
+    where TF_CPP_MIN_LOG_LEVEL does not reach them (absl's preamble and oneDNN's notice are
+    INFO and WARNING lines, twice: a profiler library carries a second copy of TensorFlow's
+    logging). Everything else (a Python warning, a real error) is written back as it was."""
+    if level < 1:
+        yield
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            held.seek(0)
+            text = held.read().decode("utf-8", errors="replace")
+            kept = [line for line in text.splitlines(keepends=True)
+                    if not _hidden(line, level)]
+            if kept:
+                sys.stderr.write("".join(kept))
+                sys.stderr.flush()
+
+
+def _hidden(line: str, level: int) -> bool:
+    """Whether TF_CPP_MIN_LOG_LEVEL ``level`` hides ``line`` of TensorFlow's start-up."""
+    match = _STARTUP_LINE.match(line)
+    if match is None:
+        return False
+    severity = match.group(1) or "W"  # absl's preamble and the CPU notice's 2nd line: WARNING
+    return {"I": 0, "W": 1, "E": 2, "F": 3}[severity] < level
+
+
+def load(backend: str) -> ModuleType:
+    """The engine package of ``backend`` (``mirrorfit.engine.tensorflow`` / ``.jax``); a
+    missing framework is one ConfigError line saying what to install."""
+    import_framework(backend)
+    try:
+        module = importlib.import_module(f"mirrorfit.engine.{backend}")
+        module.Runner  # noqa: B018 (the framework itself loads here, or ImportError says why)
+        return module
+    except ImportError as e:
+        if backend == "jax" and (e.name or "").split(".")[0] in ("jax", "jaxlib"):
+            raise ConfigError("--backend jax needs JAX: pip install -e '.[jax]' (or "
+                              "pip install 'jax[cpu]'; 'jax[cuda12]' on NVIDIA GPUs)") from None
+        if backend == "tensorflow" and (e.name or "").split(".")[0] == "tensorflow":
+            raise ConfigError("--backend tensorflow needs TensorFlow: pip install "
+                              "tensorflow==2.21.0, or train with --backend jax") from None
+        raise
+
+
+__all__ = ["BACKENDS", "DEFAULT", "resolve", "check_settings", "prepare", "import_framework",
+           "load"]

@@ -1,0 +1,42 @@
+"""The JAX engine (Keras 3 on JAX), in the order a run uses it: ``devices`` (GPUs, or N logical
+CPU devices) -> ``placement`` (a 1-D mesh: the batch split, the state replicated) -> ``step``
+(per replica: stateless_call, value_and_grad over K micro-batches, one all-reduce,
+stateless_apply; S steps in one jitted call) -> ``feed`` (blocks of batches on the devices
+ahead of the step) -> ``runner`` (the state between calls, written back to Keras at hooks) ->
+``state`` (checkpoint files). Imports no TensorFlow."""
+
+import importlib
+
+# The engine's interface (mirrorfit.engine.backends), loaded on first use: its modules import
+# the framework, and some callers need only a part (``mirrorfit export`` reads a JAX
+# checkpoint's arrays with NumPy, on a machine that may have no JAX).
+_EXPORTS = {"configure_devices": "devices", "list_devices": "devices", "Runner": "runner", "build_distribution": "placement"}
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'mirrorfit.engine.jax' has no attribute {name!r}")
+    module = importlib.import_module(f"mirrorfit.engine.jax.{_EXPORTS[name]}")
+    value = getattr(module, name if name != "build_distribution" else "build_placement")
+    globals()[name] = value
+    return value
+
+
+def seed(value: int) -> None:
+    """Seed Python, NumPy and Keras (weights, Dropout) as ``keras.utils.set_random_seed`` does,
+    without TensorFlow: that function seeds TensorFlow too wherever it is installed, and
+    importing it here would cost seconds and the promise that this engine never loads it."""
+    import random
+
+    import numpy as np
+    from keras.src.backend.common import global_state
+    from keras.src.random import seed_generator
+    from keras.src.utils.rng_utils import GLOBAL_RANDOM_SEED
+
+    global_state.set_global_attribute(GLOBAL_RANDOM_SEED, value)
+    global_state.set_global_attribute(seed_generator.GLOBAL_SEED_GENERATOR, None)
+    random.seed(value)
+    np.random.seed(value)
+
+
+__all__ = [*_EXPORTS, "seed"]

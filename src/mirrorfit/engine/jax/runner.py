@@ -1,0 +1,303 @@
+"""The JAX runner: the model, optimizer and metrics of one run, their state as device arrays,
+and the calls that run on the devices (:mod:`mirrorfit.engine.jax.step`).
+
+The state lives in the runner between calls, donated to each one (no copy per call); the
+Keras variables are brought up to date (``sync``) when something reads them: the model for an
+export or a checkpoint, the optimizer for the learning rate. They hold copies, so the next
+call's donation cannot delete what they hold ("Array has been deleted" is what a variable
+that shared a donated buffer would say).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Sequence
+
+import numpy as np
+
+from mirrorfit.engine.jax.feed import Feed, plan
+from mirrorfit.engine.jax.placement import AXIS, Placement
+from mirrorfit.engine.jax.step import Metrics, State, build_steps, stacked
+from mirrorfit.errors import ConfigError
+from mirrorfit.models.precision import Precision, as_precision
+
+EVAL_BLOCK = 32  # batches per evaluation call (the last call is padded, never retraced)
+
+
+class Runner:
+    """Model, optimizer, metrics, state and compiled calls for one :class:`Placement`.
+
+    The arguments are :class:`mirrorfit.engine.tensorflow.runner.Runner`'s: ``model`` a
+    zero-argument function building the Keras model (or a model), ``optimizer`` a Keras
+    optimizer, ``global_batch`` examples per optimizer step over all replicas and
+    micro-batches. ``jit_compile`` is what JAX always does (the whole step is compiled)."""
+
+    backend = "jax"
+
+    def __init__(self, *, distribution: Placement, model, optimizer, loss, global_batch: int,
+                 metrics: Sequence = ("accuracy",), accum_steps: int = 1,
+                 precision: Precision | str = "fp32", jit_compile: bool = False,
+                 remat: bool = False, on_notice: Callable[[str], None] = print) -> None:
+        import keras
+
+        replicas = distribution.replicas
+        if global_batch % (replicas * accum_steps):
+            raise ConfigError(f"global batch {global_batch} is not divisible by {replicas} "
+                              f"replicas x {accum_steps} accumulation steps")
+        self.distribution = distribution
+        self.global_batch, self.accum_steps = global_batch, accum_steps
+        self.precision = as_precision(precision)
+        with self.precision.building(remat=remat):
+            self._model = model if isinstance(model, keras.Model) else model()
+        if not isinstance(self._model, keras.Model):
+            raise ConfigError(f"model must be a keras.Model or a function returning one, got "
+                              f"{self._model!r}")
+        if not isinstance(optimizer, keras.optimizers.Optimizer):
+            raise ConfigError(f"optimizer must be a keras.optimizers.Optimizer, got "
+                              f"{optimizer!r}")
+        self._optimizer = self.precision.wrap_optimizer(optimizer)
+        self._optimizer.build(self._model.trainable_variables)
+        self.loss_scaling = isinstance(self._optimizer, keras.optimizers.LossScaleOptimizer)
+        self._train_metrics = Metrics((keras.metrics.Mean(name="loss"),
+                                       *(_metric(m) for m in metrics)))
+        self._eval_metrics = Metrics((keras.metrics.Mean(name="loss"),
+                                      *(_metric(m) for m in metrics)))
+        self._steps = build_steps(model=self._model, optimizer=self._optimizer, loss=loss,
+                                  train_metrics=self._train_metrics,
+                                  eval_metrics=self._eval_metrics, mesh=distribution.mesh,
+                                  global_batch=global_batch, accum_steps=accum_steps,
+                                  loss_scaling=self.loss_scaling)
+        self._state: State | None = None
+        self._synced = True
+        self._load_state()
+
+    # -- the state ---------------------------------------------------------------------------
+    def _shardings(self):
+        from jax.sharding import NamedSharding, PartitionSpec as P
+
+        mesh = self.distribution.mesh
+        return NamedSharding(mesh, P()), NamedSharding(mesh, P(AXIS))
+
+    def _load_state(self) -> None:
+        """The Keras variables' values as the devices' state (copies)."""
+        import jax
+
+        replicated, split = self._shardings()
+        n = self.replicas
+        values = State(
+            trainable=[np.asarray(v.value) for v in self._model.trainable_variables],
+            non_trainable=stacked([v.value for v in self._model.non_trainable_variables], n),
+            optimizer=[np.asarray(v.value) for v in self._optimizer.variables],
+            metrics=stacked([v.value for v in self._train_metrics.variables], n))
+        self._state = State(trainable=jax.device_put(values.trainable, replicated),
+                            non_trainable=jax.device_put(values.non_trainable, split),
+                            optimizer=jax.device_put(values.optimizer, replicated),
+                            metrics=jax.device_put(values.metrics, split))
+
+    def sync(self) -> None:
+        """Write the devices' state into the Keras model and optimizer (copies): per-device
+        statistics as their mean (integers: the first device's, they agree)."""
+        if self._synced:
+            return
+        s = self._state
+        for var, value in zip(self._model.trainable_variables, s.trainable):
+            var.assign(np.array(value))
+        for var, value in zip(self._model.non_trainable_variables, s.non_trainable):
+            host = np.asarray(value)
+            var.assign(host.mean(axis=0).astype(host.dtype)
+                       if np.issubdtype(host.dtype, np.floating) else host[0])
+        for var, value in zip(self._optimizer.variables, s.optimizer):
+            var.assign(np.array(value))
+        self._synced = True
+
+    def reload(self) -> None:
+        """After the Keras variables were changed from outside (a checkpoint restored into
+        them): take them as the devices' state again."""
+        self._load_state()
+        self._synced = True
+
+    @property
+    def model(self):
+        self.sync()
+        return self._model
+
+    @property
+    def optimizer(self):
+        self.sync()
+        return self._optimizer
+
+    # -- what the controller reads -----------------------------------------------------------
+    @property
+    def replicas(self) -> int:
+        return self.distribution.replicas
+
+    @property
+    def per_replica_batch(self) -> int:
+        return self.global_batch // self.replicas
+
+    @property
+    def micro_batch(self) -> int:
+        return self.per_replica_batch // self.accum_steps
+
+    @property
+    def jit_compile(self) -> bool:
+        return True  # XLA compiles every step under JAX
+
+    @property
+    def lockstep(self) -> bool:
+        return self.distribution.lockstep
+
+    def tracing_count(self) -> int:
+        return len(self._steps.traces)
+
+    def checkpoint_state(self):
+        from mirrorfit.engine.jax.state import CheckpointState
+
+        return CheckpointState(self)
+
+    # -- input ---------------------------------------------------------------------------------
+    def steps_per_epoch(self, train) -> int:
+        """Optimizer steps per epoch of ``train`` (a mirrorfit source)."""
+        if not hasattr(train, "steps_per_epoch"):
+            raise ConfigError("the JAX engine trains on mirrorfit.train_batches(...) or a "
+                              "--data source, not on a tf.data.Dataset")
+        return train.steps_per_epoch
+
+    def train_iterator(self, train, *, start_epoch: int, epochs: int, skip: int,
+                       steps_per_execution: int) -> Feed:
+        """The blocks of every call a ``fit`` from (``start_epoch``, ``skip``) to ``epochs``
+        makes, fed ahead of the steps (see :mod:`mirrorfit.engine.jax.feed`)."""
+        from jax.sharding import NamedSharding, PartitionSpec as P
+
+        calls = plan(steps_per_epoch=self.steps_per_epoch(train), start_epoch=start_epoch,
+                     epochs=epochs, skip=skip, steps_per_execution=steps_per_execution)
+        sharding = NamedSharding(self.distribution.mesh, P(None, AXIS))
+        return Feed(train, calls, block_steps=steps_per_execution, batch_sharding=sharding)
+
+    # -- what runs on the devices ----------------------------------------------------------
+    def run(self, feed: Feed, num_steps: int) -> None:
+        """``num_steps`` optimizer steps from ``feed``, in one compiled call."""
+        import jax
+
+        xs, ys = feed.next(num_steps)
+        self._state = self._steps.train(self._state, xs, ys, np.int32(num_steps))
+        self._synced = False
+        # Returns when the steps are done, as TensorFlow's call does: the controller times
+        # it, and the feed has the next block on the devices meanwhile.
+        jax.block_until_ready(self._state.optimizer)
+
+    def evaluate(self, data, batch: int) -> dict[str, float]:
+        """Loss, metrics and the example count over every example of ``data`` once: (x, y)
+        arrays batched by ``batch``, or a dataset of batches (read as NumPy)."""
+        import jax
+        from jax.sharding import NamedSharding, PartitionSpec as P
+
+        n = self.replicas
+        padded = math.ceil(batch / n) * n
+        replicated, split = self._shardings()
+        sharding = NamedSharding(self.distribution.mesh, P(None, AXIS))
+        s = self._state
+        non_trainable = jax.device_put(
+            [np.asarray(a).mean(axis=0).astype(a.dtype) if np.issubdtype(a.dtype, np.floating)
+             else np.asarray(a)[0] for a in s.non_trainable], replicated)
+        metrics = jax.device_put(stacked([np.zeros(v.shape, v.dtype)
+                                          for v in self._eval_metrics.variables], n), split)
+        examples = 0
+        for xs, ys, ws, count, real in _eval_blocks(data, batch, padded):
+            examples += real
+            metrics = self._steps.evaluate(s.trainable, non_trainable, metrics,
+                                           jax.device_put(xs, sharding),
+                                           jax.device_put(ys, sharding),
+                                           jax.device_put(ws, sharding), np.int32(count))
+        out = _results(self._eval_metrics, metrics)
+        out["examples"] = examples
+        return out
+
+    def reset_train_metrics(self) -> None:
+        _, split = self._shardings()
+        import jax
+
+        self._state = self._state._replace(metrics=jax.device_put(
+            stacked([np.zeros(v.shape, v.dtype) for v in self._train_metrics.variables],
+                    self.replicas), split))
+
+    def train_logs(self) -> dict[str, float]:
+        return _results(self._train_metrics, self._state.metrics)
+
+    def _optimizer_value(self, variable) -> np.ndarray:
+        index = [id(v) for v in self._optimizer.variables].index(id(variable))
+        return np.asarray(self._state.optimizer[index])
+
+    def loss_scale(self) -> float | None:
+        """fp16's current dynamic loss scale; None without loss scaling."""
+        if not self.loss_scaling:
+            return None
+        return float(self._optimizer_value(self._optimizer.dynamic_scale))
+
+    def applied_steps(self) -> int:
+        """Optimizer updates applied (steps skipped for non-finite gradients excluded)."""
+        return int(self._optimizer_value(self._optimizer.iterations))
+
+    def learning_rate(self) -> float:
+        """The learning rate the next step uses (schedules evaluated at the current step)."""
+        from keras.src.backend import StatelessScope
+
+        mapping = list(zip(self._optimizer.variables, self._state.optimizer))
+        with StatelessScope(state_mapping=mapping):
+            return float(np.asarray(self._optimizer.learning_rate))
+
+
+def _results(metrics: Metrics, stacked_values) -> dict[str, float]:
+    """Each metric's result from the per-device variables, summed over devices."""
+    for var, value in zip(metrics.variables, stacked_values):
+        var.assign(np.asarray(value).sum(axis=0).astype(np.asarray(value).dtype))
+    return {m.name: float(m.result()) for m in metrics.objects}
+
+
+def _eval_blocks(data, batch: int, padded: int):
+    """(xs, ys, weights, batches, examples) blocks of EVAL_BLOCK batches of ``padded``
+    examples (the real ones weighted 1): every example of ``data`` once."""
+    def batches():
+        if isinstance(data, tuple):
+            x, y = data
+            for start in range(0, len(x), batch):
+                yield x[start:start + batch], y[start:start + batch]
+        else:
+            yield from data.as_numpy_iterator()
+
+    block: list = []
+    for x, y in batches():
+        block.append((np.asarray(x), np.asarray(y)))
+        if len(block) == EVAL_BLOCK:
+            yield _pack(block, padded)
+            block = []
+    if block:
+        yield _pack(block, padded)
+
+
+def _pack(block: list, padded: int):
+    x0, y0 = block[0]
+    xs = np.zeros((EVAL_BLOCK, padded, *x0.shape[1:]), x0.dtype)
+    ys = np.zeros((EVAL_BLOCK, padded, *y0.shape[1:]), np.int32)
+    ws = np.zeros((EVAL_BLOCK, padded), np.float32)
+    real = 0
+    for i, (x, y) in enumerate(block):
+        xs[i, :len(x)], ys[i, :len(y)], ws[i, :len(y)] = x, y, 1.0
+        real += len(y)
+    return xs, ys, ws, len(block), real
+
+
+def _metric(spec):
+    import keras
+
+    if isinstance(spec, keras.metrics.Metric):
+        return spec.__class__.from_config(spec.get_config())
+    if spec == "accuracy":  # integer labels, as for MNIST
+        return keras.metrics.SparseCategoricalAccuracy(name="accuracy")
+    try:
+        return keras.metrics.get(spec)
+    except ValueError:
+        raise ConfigError(f"unknown metric {spec!r}; pass a keras.metrics.Metric") from None
+
+
+__all__ = ["Runner"]

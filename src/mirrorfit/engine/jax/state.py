@@ -1,0 +1,95 @@
+"""The JAX engine's checkpoint files: the model's and the optimizer's variables as one NumPy
+``state.npz`` (by position, with each variable's path and shape to check them against).
+
+Why not Orbax (JAX's own checkpoint library): under data parallelism every variable is whole
+on every device, so one process writes plain arrays; mirrorfit's
+:class:`~mirrorfit.artifacts.checkpoint.Checkpointer` already makes each checkpoint atomic
+(temp folder, fsync, rename), checks what it resumes and sets aside a corrupt one, and Orbax
+would bring its own folder scheme and a dependency (tensorstore) the TensorFlow side and
+``mirrorfit export`` would then need too. ``state.npz`` reads with NumPy alone, so a machine
+with TensorFlow exports a JAX checkpoint (:func:`read_model_arrays`).
+
+Plain NumPy and Keras: nothing here imports JAX.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from mirrorfit.artifacts.checkpoint_meta import StructureError
+
+FILE = "state.npz"
+
+
+def _describe(variables) -> list[list]:
+    return [[v.path, list(map(int, v.shape))] for v in variables]
+
+
+def write_arrays(folder: Path, groups: dict[str, list]) -> None:
+    """``folder/state.npz`` holding every group's variables (``{"model": [...]}``)."""
+    arrays = {}
+    layout = {}
+    for group, variables in groups.items():
+        layout[group] = _describe(variables)
+        for i, v in enumerate(variables):
+            arrays[f"{group}/{i}"] = np.asarray(v.value)
+    arrays["layout"] = np.frombuffer(json.dumps(layout).encode(), dtype=np.uint8)
+    with open(folder / FILE, "wb") as f:
+        np.savez(f, **arrays)
+
+
+def read_arrays(folder: Path, groups: dict[str, list]) -> None:
+    """Assign ``folder/state.npz``'s arrays to ``groups``' variables. StructureError when the
+    counts or shapes differ; other errors (OSError, ValueError, a bad zip) when the file is
+    damaged."""
+    with np.load(folder / FILE, allow_pickle=False) as f:
+        layout = json.loads(bytes(f["layout"]).decode())
+        for group, variables in groups.items():
+            saved = layout.get(group)
+            if saved is None:
+                raise StructureError(f"no {group} variables")
+            if len(saved) != len(variables):
+                raise StructureError(f"{len(saved)} {group} variables saved, this run has "
+                                     f"{len(variables)}")
+            for (path, shape), v in zip(saved, variables):
+                if list(shape) != list(map(int, v.shape)):
+                    raise StructureError(f"{group} variable {path} has shape {shape}, this "
+                                         f"run's {v.path} {list(v.shape)}")
+        # Checked first, assigned after: a mismatch changes nothing.
+        for group, variables in groups.items():
+            for i, v in enumerate(variables):
+                v.assign(f[f"{group}/{i}"])
+
+
+def read_model_arrays(folder: Path, model) -> None:
+    """The model's variables from a JAX checkpoint folder, into ``model`` built by any backend
+    (``mirrorfit export`` and ``evaluate``)."""
+    read_arrays(folder, {"model": list(model.variables)})
+
+
+class CheckpointState:
+    """What :class:`~mirrorfit.artifacts.checkpoint.Checkpointer` saves of a JAX run: the
+    runner's model and optimizer (synced from the devices first), read back into them and
+    then onto the devices."""
+
+    backend = "jax"
+
+    def __init__(self, runner) -> None:
+        self.runner = runner
+
+    def _groups(self) -> dict[str, list]:
+        return {"model": list(self.runner.model.variables),
+                "optimizer": list(self.runner.optimizer.variables)}
+
+    def write(self, folder: Path) -> None:
+        write_arrays(folder, self._groups())
+
+    def read(self, folder: Path) -> None:
+        read_arrays(folder, self._groups())
+        self.runner.reload()
+
+
+__all__ = ["CheckpointState", "StructureError", "read_model_arrays", "FILE"]

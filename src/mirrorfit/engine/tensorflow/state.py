@@ -1,0 +1,48 @@
+"""The TensorFlow engine's checkpoint files: a ``tf.train.Checkpoint`` of the model, the
+optimizer (slots, iterations) and every model variable (Keras's seed-generator state, Dropout's
+RNG, is a model variable the model's own checkpoint dependencies miss), as ``state.*``.
+
+TF checkpoints do not depend on the strategy: a 2-replica run resumes on 1 or 4.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import tensorflow as tf
+
+from mirrorfit.artifacts.checkpoint_meta import StructureError
+
+PREFIX = "state"
+
+
+class CheckpointState:
+    """What :class:`~mirrorfit.artifacts.checkpoint.Checkpointer` saves of a TensorFlow run."""
+
+    backend = "tensorflow"
+
+    def __init__(self, runner) -> None:
+        model, optimizer = runner.model, runner.optimizer
+        self._checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer,
+                                               variables=[v.value for v in model.variables])
+
+    def write(self, folder: Path) -> None:
+        self._checkpoint.write(str(folder / PREFIX))
+
+    def read(self, folder: Path) -> None:
+        """StructureError when the files hold other objects; TensorFlow's own error (OpError,
+        ValueError, ...) when they cannot be read."""
+        try:
+            self._checkpoint.read(str(folder / PREFIX)).assert_existing_objects_matched()
+        except AssertionError as e:
+            raise StructureError(str(e)) from None
+
+
+def read_model(folder: Path, model) -> None:
+    """The model's variables of a TensorFlow checkpoint folder, into ``model`` (``mirrorfit
+    export`` and ``evaluate``: the optimizer's are not read)."""
+    tf.train.Checkpoint(model=model).read(str(folder / PREFIX)).expect_partial() \
+        .assert_existing_objects_matched()
+
+
+__all__ = ["CheckpointState", "StructureError", "read_model", "PREFIX"]
