@@ -2,8 +2,9 @@
 under configurable feature names, streamed from disk.
 
 At start every file is read once without decoding any image (:func:`scan_records`): records
-are counted per file, and a missing feature, a label out of range or a damaged file is
-refused there, naming the file and record, before any training.
+are counted per file, and a missing feature, a label out of range or a damaged file (a bad
+checksum, or a file cut short: their sizes must add up to the file's) is refused there, naming
+the file, record and byte offset, before any training.
 
 **What holds for a streamed run** (:class:`RecordBatches`). Epoch e:
 
@@ -29,6 +30,8 @@ records within that epoch.
 from __future__ import annotations
 
 import hashlib
+import os
+import re
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -71,12 +74,14 @@ def scan_records(files: list[str], image_feature: str, label_feature: str, flag:
             label_feature: tf.io.VarLenFeature(tf.int64)}
     counts, labels, first = [], [], None
     for path in files:
-        n = 0
+        n, offset = 0, 0  # records read, and the byte offset where the next one starts
         try:
             for batch in tf.data.TFRecordDataset(path).batch(SCAN_BATCH):
+                rows = int(tf.shape(batch)[0])
+                # each record: 8-byte length, 4-byte CRC, its bytes, 4-byte CRC
+                offset += int(tf.reduce_sum(tf.strings.length(batch))) + 16 * rows
                 parsed = tf.io.parse_example(batch, spec)
                 image, label = parsed[image_feature], parsed[label_feature]
-                rows = int(tf.shape(batch)[0])
                 for feature, values in ((image_feature, image), (label_feature, label)):
                     per_row = tf.math.bincount(tf.cast(values.indices[:, 0], tf.int32),
                                                minlength=rows, maxlength=rows).numpy()
@@ -94,18 +99,54 @@ def scan_records(files: list[str], image_feature: str, label_feature: str, flag:
                                     "indices 0, 1, ... (fix the file)")
                 labels.append(values.astype(np.int32))
                 n += rows
-        except tf.errors.OpError as e:  # damaged file, a record that is not an Example, types
+        except tf.errors.DataLossError as e:  # a bad checksum, or cut inside a record
+            raise _damaged(path, str(getattr(e, "message", e)), flag) from None
+        except tf.errors.OpError as e:  # a record that is not an Example, types
             reason = str(getattr(e, "message", e)).strip().splitlines()[0][:200]
             raise DataError(f"--data {flag}: cannot read {path} near record {n} ({reason}); "
                             "is it a TFRecord file of tf.train.Example with "
                             f"--image-feature {image_feature} and --label-feature "
                             f"{label_feature}?") from None
+        # TFRecordDataset ends quietly where fewer than a header's 12 bytes are left (a file
+        # cut there): only the size tells.
+        size = os.path.getsize(path)
+        if offset != size:
+            raise _damaged(path, f"truncated record at {offset}", flag, size=size)
         counts.append(n)
     if first is None:
         raise DataError(f"--data {flag}: the {len(files)} file(s) hold no record")
     return RecordIndex(files=tuple(files), counts=np.array(counts, np.int64),
                        labels=np.concatenate(labels), first_image=first,
                        fingerprint=fingerprint)
+
+
+def _damaged(path: str, reason: str, flag: str, size: int | None = None) -> DataError:
+    """One line naming the file, the byte offset and the record of a damaged record, from
+    TensorFlow's "corrupted record at N" / "truncated record at N" (N: the record's start)."""
+    found = re.search(r"(corrupted|truncated) record at (\d+)", reason)
+    if found is None:
+        return DataError(f"--data {flag}: {path} is damaged ({reason.splitlines()[0][:200]}); "
+                         "copy it again or rewrite it")
+    record, at = _record_at(path, int(found.group(2)))
+    what = (f"truncated: {(size or os.path.getsize(path)) - at} byte(s) there are no whole "
+            "record" if found.group(1) == "truncated" or size is not None
+            else "a checksum does not match its bytes")
+    return DataError(f"--data {flag}: {path} is damaged at byte offset {at} (record {record}; "
+                     f"{what}); copy it again or rewrite it")
+
+
+def _record_at(path: str, offset: int) -> tuple[int, int]:
+    """(index, start) of the record that holds byte ``offset``, by walking the records'
+    lengths (TensorFlow names a bad checksum by the offset of the record's bytes)."""
+    index, at = 0, 0
+    with open(path, "rb") as f:
+        while True:
+            f.seek(at)
+            header = f.read(8)
+            end = at + 16 + int.from_bytes(header, "little")
+            if len(header) < 8 or end > offset:
+                return index, at
+            at, index = end, index + 1
 
 
 def _feature_error(path: str, record: int, feature: str, found: int, raw: bytes,
