@@ -106,6 +106,15 @@ def raising_source():
     raise RuntimeError("the bucket is not reachable")
 
 
+def exiting_source():
+    raise SystemExit(0)  # issue 24: `mirrorfit train` exited 0, nothing trained, no line
+
+
+def exiting_source_with_text():
+    import sys
+    sys.exit("no credentials")
+
+
 def wrong_source():
     return "not data"
 

@@ -297,3 +297,17 @@ def test_a_truncated_or_corrupt_tfrecord_is_one_line_naming_file_and_offset(tmp_
     assert "\n" not in message
     assert f"{path} is damaged at byte offset {start} (record 4" in message, message
     assert ("truncated" if damage.startswith("cut") else "checksum") in message, message
+
+
+@pytest.mark.parametrize("spec, needle", [
+    ("data_fixtures:exiting_source", "the function exited (SystemExit: 0) instead of returning "
+                                     "the data"),
+    ("data_fixtures:exiting_source_with_text", "the function exited (SystemExit: no "
+                                               "credentials)"),
+])
+def test_a_data_function_that_exits_is_a_data_error(spec, needle):
+    """SystemExit(0) from a --data function ended `mirrorfit train` with exit 0, no line and
+    nothing trained (it is no Exception, so it went past the function's error handling)."""
+    with pytest.raises(DataError) as e:
+        load_data(spec, global_batch=2)
+    assert needle in str(e.value) and "\n" not in str(e.value), str(e.value)
