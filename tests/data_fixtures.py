@@ -115,6 +115,30 @@ def exiting_source_with_text():
     sys.exit("no credentials")
 
 
+def hanging_source():
+    """Never returns (issue 24: SIGTERM was ignored, twice; SIGINT ended it after 642 s)."""
+    import time
+    Path(os.environ["MIRRORFIT_TEST_MARK"]).write_text("in the function")
+    while True:
+        time.sleep(3600)
+
+
+def blocking_dataset_source():
+    """A dataset whose first example never comes: counting it at start waits inside
+    TensorFlow's C++ (the main thread runs no Python, so no signal handler)."""
+    import time
+
+    import tensorflow as tf
+
+    def examples():
+        Path(os.environ["MIRRORFIT_TEST_MARK"]).write_text("in the generator")
+        time.sleep(3600)
+        yield np.zeros((2,), np.float32), np.int64(0)
+
+    return tf.data.Dataset.from_generator(examples, output_signature=(
+        tf.TensorSpec((2,), tf.float32), tf.TensorSpec((), tf.int64)))
+
+
 def wrong_source():
     return "not data"
 

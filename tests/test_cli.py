@@ -360,3 +360,40 @@ def test_bench_bad_input_is_one_clear_line(tmp_path, args, needle):
     proc = run_cli("bench", "--out", str(tmp_path / "out"), *args)
     _one_line_error(proc, needle)
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("spec, words", [
+    ("data_fixtures:hanging_source", "in the function"),
+    ("data_fixtures:blocking_dataset_source", "in the generator"),
+])
+def test_sigterm_inside_a_data_function_that_never_returns_ends_the_run(tmp_path, spec, words):
+    """A --data function that never returns ignored SIGTERM (twice): the signal only set a
+    flag that nothing checked until training began. Before training nothing is to be saved:
+    the run ends at once with the preemption line and 75, also where the main thread waits
+    inside TensorFlow's C++ (counting a dataset whose generator never yields)."""
+    import signal
+    import time
+
+    from conftest import _env
+
+    mark = tmp_path / "mark"
+    proc = subprocess.Popen([sys.executable, "-m", "mirrorfit.cli", "train", "--data", spec,
+                             "--epochs", "1", "--no-progress"], cwd=ROOT, text=True,
+                            env=dict(_env(), MIRRORFIT_TEST_MARK=str(mark)),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 120
+        while not mark.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert mark.read_text() == words
+        time.sleep(0.5)
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+        took = time.monotonic() - sent
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 75, err[-2000:]
+    assert "mirrorfit: preempted by SIGTERM before training started" in err, err[-2000:]
+    assert "Traceback" not in err and took < 10, (took, err[-2000:])

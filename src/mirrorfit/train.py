@@ -86,6 +86,7 @@ def _train(config: TrainConfig, console: Console, guard: PreemptionGuard,
     if cluster is not None and config.strategy == "parameter-server" \
             and cluster.task_type in ("worker", "ps"):
         from mirrorfit.engine.coordinated import serve_task
+        guard.hand_over()  # serve_task handles its signals (it serves until the chief ends)
         return serve_task(cluster, console=console)  # runs what the chief schedules
     setup = configure_devices(replicas=config.replicas, devices=config.devices,
                               visible_devices=config.visible_devices,
