@@ -148,7 +148,7 @@ def _train(config: TrainConfig, console: Console, guard: PreemptionGuard,
                                     flags=data_flags(config, dist, data),
                                     settings=_settings(config),
                                     on_notice=lambda msg: console.print(f"[yellow]{msg}[/]"),
-                                    writer=dist.is_chief)
+                                    writer=dist.is_chief, class_names=data.class_names)
         _restore(checkpointer, config, console, dist, batches.steps_per_epoch)
         hooks.append(checkpointer.step_hook)
         callbacks.append(checkpointer.epoch_callback)

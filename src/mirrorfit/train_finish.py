@@ -97,6 +97,7 @@ def finish(config: TrainConfig, console: Console, history, *, trainer, data, bat
         if config.export_dir:
             path = export_saved_model(plain, config.export_dir,
                                       preprocessing=config.export_preprocessing,
+                                      class_names=data.class_names,
                                       before_commit=guard.check_local)
             summary["export_path"] = str(path)
             console.print(f"exported SavedModel version {path}")
