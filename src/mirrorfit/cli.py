@@ -30,6 +30,10 @@ def _cmd_train(args: argparse.Namespace) -> int:
     cluster = cluster_for(config.strategy)
     if cluster is None or cluster.is_chief:
         check_outputs(config)
+    if cluster is not None:  # this task's own port taken: one line now, not a wait and a peer
+        from mirrorfit.distribute._listen import prepare  # blamed (the strategy checks again)
+
+        prepare(cluster)
     from mirrorfit.preemption import PreemptionGuard
 
     with PreemptionGuard() as guard:  # a signal while TensorFlow loads is honoured too

@@ -263,7 +263,7 @@ def _multi_worker(setup: DeviceSetup, cluster, communication: str,
     with deadline(timeout_s, f"did not join within {timeout_s:g} s; check that every task "
                   "started (its log), or raise --collective-timeout", peers(cluster)):
         try:
-            with _buffers_sent_whole():
+            with _buffers_sent_whole(), listening(cluster):
                 strategy = tf.distribute.MultiWorkerMirroredStrategy(
                     cluster_resolver=resolver, communication_options=options)
         except (RuntimeError, tf.errors.OpError) as e:  # the barrier timed out
@@ -307,6 +307,26 @@ def _buffers_sent_whole():
         yield
     finally:
         ctx._config = before  # noqa: SLF001
+
+
+@contextlib.contextmanager
+def listening(cluster):
+    """While the block starts this task's TensorFlow server: it listens on the task's own
+    address from the cluster spec (TF alone listens on every interface), and a port another
+    process holds is one line at once (TF waited, then blamed a peer). Where it must listen on
+    every interface, one line says so."""
+    import sys
+
+    from mirrorfit.distribute import _listen
+
+    ip, note = _listen.prepare(cluster)
+    port = int(cluster.address(cluster.task_type, cluster.task_index).rpartition(":")[2])
+    with _listen.own_address(ip, port) as rewritten:
+        yield
+    if not rewritten:
+        why = note or "this platform's TensorFlow libraries cannot be redirected"
+        print(f"mirrorfit: {cluster.task_name()}: TensorFlow's server listens on every interface "
+              f"({why}); keep the job on a private network", file=sys.stderr)
 
 
 def unreachable(cluster, *, timeout_s: float = 2.0) -> list[str]:
