@@ -397,3 +397,23 @@ def test_sigterm_inside_a_data_function_that_never_returns_ends_the_run(tmp_path
     assert proc.returncode == 75, err[-2000:]
     assert "mirrorfit: preempted by SIGTERM before training started" in err, err[-2000:]
     assert "Traceback" not in err and took < 10, (took, err[-2000:])
+
+
+def test_a_guard_that_was_left_never_ends_the_process_later():
+    """Scripts and test drivers call cli.main several times in one process: the watchdog of a
+    run that stopped at a signal before training must not end the process after it."""
+    from conftest import run_isolated
+
+    out = run_isolated("""
+        import json, os, signal, time
+        from mirrorfit.preemption import SETUP_GRACE_S, Preempted, PreemptionGuard
+        try:
+            with PreemptionGuard():
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(1)
+        except Preempted as e:
+            stopped = str(e)
+        time.sleep(SETUP_GRACE_S + 1)
+        print(json.dumps({"stopped": stopped}))
+    """, timeout=60)
+    assert out == {"stopped": "SIGTERM before training started; rerun the same command"}

@@ -152,6 +152,7 @@ class _Watchdog:
 
     def __init__(self, guard: PreemptionGuard) -> None:
         self.guard = guard
+        self.closed = False  # the guard was left (its run ended): never end the process then
         self._read, self._write = os.pipe()
         os.set_blocking(self._write, False)  # the C handler must never block on a full pipe
         try:
@@ -172,13 +173,14 @@ class _Watchdog:
             if not {signal.SIGTERM, signal.SIGINT} & set(data) or not self.guard.setting_up:
                 continue
             time.sleep(SETUP_GRACE_S)
-            if self.guard.setting_up:  # still here: stuck where the handler cannot run
+            if self.guard.setting_up and not self.closed:  # stuck where no handler runs
                 name = self.guard.signal_name or signal.Signals(data[0]).name
                 os.write(2, f"mirrorfit: preempted by {name} before training started; rerun "
                             "the same command\n".encode())
                 os._exit(EXIT_PREEMPTED)
 
     def close(self) -> None:
+        self.closed = True
         if self._previous_fd is not None:
             signal.set_wakeup_fd(self._previous_fd)
         os.close(self._write)  # the thread's read returns b"": it ends
