@@ -71,8 +71,7 @@ def listen_host(cluster) -> tuple[str | None, str | None]:
         return None, f"{me}: {host} does not resolve here"
     if ipaddress.ip_address(ip).is_unspecified:
         return None, f"{me} asks for every interface"
-    others = [_resolve(_split(a)[0]) for a in _addresses(cluster) if a != me]
-    if _is_loopback(ip) and any(o is not None and not _is_loopback(o) for o in others):
+    if _is_loopback(ip) and any(not _is_loopback(o) for o in _peer_ips(cluster, me)):
         # e.g. Debian's /etc/hosts maps the host's own name to 127.0.1.1: the other hosts
         # could not reach a server on it
         return None, f"{me}: {host} is {ip} here, a loopback address, but other tasks are on " \
@@ -86,8 +85,13 @@ def listen_host(cluster) -> tuple[str | None, str | None]:
     return ip, None
 
 
-def _addresses(cluster) -> list[str]:
-    return [*([cluster.chief] if cluster.chief else []), *cluster.workers, *cluster.ps]
+def _peer_ips(cluster, me: str):
+    """The other tasks' IPs, resolved one by one as asked (a name may take DNS seconds)."""
+    for address in (*([cluster.chief] if cluster.chief else []), *cluster.workers, *cluster.ps):
+        if address != me:
+            ip = _resolve(_split(address)[0])
+            if ip is not None:
+                yield ip
 
 
 def check_port(cluster, ip: str | None) -> None:
