@@ -139,6 +139,14 @@ def blocking_dataset_source():
         tf.TensorSpec((2,), tf.float32), tf.TensorSpec((), tf.int64)))
 
 
+def signal_taking_source():
+    """Takes SIGTERM for itself, as some data libraries do, and returns small arrays."""
+    import signal
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    x, y = mnist(256)
+    return x, y
+
+
 def wrong_source():
     return "not data"
 

@@ -417,3 +417,32 @@ def test_a_guard_that_was_left_never_ends_the_process_later():
         print(json.dumps({"stopped": stopped}))
     """, timeout=60)
     assert out == {"stopped": "SIGTERM before training started; rerun the same command"}
+
+
+def test_sigterm_is_honoured_after_a_data_function_took_it():
+    """A --data function (or a library it uses) that set its own SIGTERM handler kept it for
+    the whole run: the signal was ignored and training went on to the end. The run takes
+    SIGTERM back after user code ran: it saves nothing here (no --checkpoint-dir) and exits
+    75."""
+    import signal
+    import time
+
+    from conftest import _env
+
+    proc = subprocess.Popen([sys.executable, "-m", "mirrorfit.cli", "train", "--data",
+                             "data_fixtures:signal_taking_source", "--epochs", "100000",
+                             "--model", "user_models:tiny", "--no-progress"], cwd=ROOT,
+                            env=_env(), text=True, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
+    try:
+        for line in proc.stderr:  # training has started
+            if line.startswith("epoch 1/"):
+                break
+        proc.send_signal(signal.SIGTERM)
+        t0 = time.monotonic()
+        err = proc.communicate(timeout=60)[1]
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 75, err[-2000:]
+    assert "nothing saved (no --checkpoint-dir)" in err and time.monotonic() - t0 < 30

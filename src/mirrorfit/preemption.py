@@ -90,9 +90,10 @@ class PreemptionGuard:
         self._handed_over = True
 
     def reclaim(self) -> None:
-        """Take SIGTERM/SIGINT back after TensorFlow took them: MultiWorkerMirroredStrategy
-        installs TF's own C++ SIGTERM handler (its preemption notifier), which silently
-        replaced this guard's, so a preempted worker trained on to the end."""
+        """Take SIGTERM/SIGINT back after TensorFlow or user code took them:
+        MultiWorkerMirroredStrategy installs TF's own C++ SIGTERM handler (its preemption
+        notifier), and a ``--data`` function may set its own (or SIG_IGN); either silently
+        replaced this guard's, so a preempted run trained on to the end."""
         if self.signal_name is None:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 signal.signal(sig, self._on_signal)

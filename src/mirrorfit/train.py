@@ -152,6 +152,7 @@ def _train(config: TrainConfig, console: Console, guard: PreemptionGuard,
         _restore(checkpointer, config, console, dist, batches.steps_per_epoch)
         hooks.append(checkpointer.step_hook)
         callbacks.append(checkpointer.epoch_callback)
+    guard.reclaim()  # user code (a --data or --model function, a library) may have taken them
     guard.watch(trainer, checkpointer, agree=dist.agree)
     hooks.append(guard.hook)
     callbacks.append(guard.epoch_callback)
