@@ -106,6 +106,47 @@ def raising_source():
     raise RuntimeError("the bucket is not reachable")
 
 
+def exiting_source():
+    raise SystemExit(0)  # issue 24: `mirrorfit train` exited 0, nothing trained, no line
+
+
+def exiting_source_with_text():
+    import sys
+    sys.exit("no credentials")
+
+
+def hanging_source():
+    """Never returns (issue 24: SIGTERM was ignored, twice; SIGINT ended it after 642 s)."""
+    import time
+    Path(os.environ["MIRRORFIT_TEST_MARK"]).write_text("in the function")
+    while True:
+        time.sleep(3600)
+
+
+def blocking_dataset_source():
+    """A dataset whose first example never comes: counting it at start waits inside
+    TensorFlow's C++ (the main thread runs no Python, so no signal handler)."""
+    import time
+
+    import tensorflow as tf
+
+    def examples():
+        Path(os.environ["MIRRORFIT_TEST_MARK"]).write_text("in the generator")
+        time.sleep(3600)
+        yield np.zeros((2,), np.float32), np.int64(0)
+
+    return tf.data.Dataset.from_generator(examples, output_signature=(
+        tf.TensorSpec((2,), tf.float32), tf.TensorSpec((), tf.int64)))
+
+
+def signal_taking_source():
+    """Takes SIGTERM for itself, as some data libraries do, and returns small arrays."""
+    import signal
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    x, y = mnist(256)
+    return x, y
+
+
 def wrong_source():
     return "not data"
 

@@ -15,6 +15,14 @@ def tiny_dropout():
                              keras.layers.Dense(10, activation="softmax")], name="tiny_dropout")
 
 
+def exiting():
+    raise SystemExit(0)
+
+
+def raising():
+    raise ValueError("no such layer size")
+
+
 def not_a_model():
     return 42
 

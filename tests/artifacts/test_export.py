@@ -226,3 +226,63 @@ def test_a_stop_before_the_commit_adds_no_version(tmp_path, model):
     with pytest.raises(Stop):
         save_keras(model, tmp_path / "k.keras", before_commit=stop)
     assert [p.name for p in tmp_path.iterdir()] == ["m"] and not list((tmp_path / "m").iterdir())
+
+
+def test_class_names_go_into_the_export_and_serve_answers_with_them(tmp_path):
+    """A model trained on an image folder (cat, dög, zebra) exported nothing of its class
+    names (no asset, no metadata; --metrics-out alone had them). Now: an asset
+    (assets/class_names.txt, one per line, label i on line i), a classify signature that
+    returns them as TF Serving's classify does, a `classes` signature for predict, and
+    /metadata lists them; `mirrorfit export` from the checkpoint keeps them too."""
+    import httpx
+
+    from data_fixtures import mnist, png
+    from mirrorfit import cli
+    from serving_support import Server
+
+    names = ["cat", "dög", "zebra"]
+    x, _ = mnist(12)
+    for i in range(12):
+        folder = tmp_path / "photos" / names[i % 3]
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"{i}.png").write_bytes(png(x[i]))
+    proc = run_cli("train", "--data", str(tmp_path / "photos"), "--epochs", "1", "--batch-size",
+                   "4", "--no-progress", "--export-dir", str(tmp_path / "models" / "pets"),
+                   "--checkpoint-dir", str(tmp_path / "ckpt"), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    path = tmp_path / "models" / "pets" / "0001"
+    assert (path / "assets" / "class_names.txt").read_text("utf-8") == "cat\ndög\nzebra\n"
+    from tensorflow.core.protobuf import saved_model_pb2
+    graph = saved_model_pb2.SavedModel.FromString((path / "saved_model.pb").read_bytes())
+    sigs = graph.meta_graphs[0].signature_def
+    assert sigs["classify"].method_name == "tensorflow/serving/classify"
+    assert any(a.filename == "class_names.txt" for a in graph.meta_graphs[0].asset_file_def)
+
+    assert cli.main(["export", "--checkpoint-dir", str(tmp_path / "ckpt"), "--export-dir",
+                     str(tmp_path / "models" / "pets")]) == 0
+    again = tmp_path / "models" / "pets" / "0002"
+    assert (again / "assets" / "class_names.txt").read_text("utf-8") == "cat\ndög\nzebra\n"
+
+    image = (x[0, :, :, None] / 255.0).astype(np.float32)  # 28x28x1, as the model takes it
+    server = Server([f"--model_base_path={tmp_path / 'models' / 'pets'}", "--model_name=pets"],
+                    tmp_path)
+    try:
+        meta = httpx.get(f"{server.url}/v1/models/pets/metadata", timeout=30).json()
+        assert meta["metadata"]["class_names"] == names, meta
+        r = httpx.post(f"{server.url}/v1/models/pets:classify", timeout=30,
+                       json={"signature_name": "classify",
+                             "examples": [{"images": image.reshape(-1).tolist()}]})
+        assert r.status_code == 200, r.text
+        (result,) = r.json()["results"]
+        assert [label for label, _ in result] == names
+        probabilities = httpx.post(f"{server.url}/v1/models/pets:predict", timeout=30,
+                                   json={"instances": [image.tolist()]}).json()["predictions"]
+        np.testing.assert_allclose([s for _, s in result], probabilities[0], rtol=1e-5)
+        r = httpx.post(f"{server.url}/v1/models/pets:predict", timeout=30,
+                       json={"signature_name": "classes", "instances": [image.tolist()]})
+        assert r.status_code == 200, r.text
+        (row,) = r.json()["predictions"]
+        assert row["label"] == names[int(np.argmax(probabilities[0]))]
+        assert row["classes"] == names
+    finally:
+        server.stop()

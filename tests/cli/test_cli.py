@@ -360,3 +360,91 @@ def test_bench_bad_input_is_one_clear_line(tmp_path, args, needle):
     proc = run_cli("bench", "--out", str(tmp_path / "out"), *args)
     _one_line_error(proc, needle)
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("spec, words", [
+    ("data_fixtures:hanging_source", "in the function"),
+    ("data_fixtures:blocking_dataset_source", "in the generator"),
+])
+def test_sigterm_inside_a_data_function_that_never_returns_ends_the_run(tmp_path, spec, words):
+    """A --data function that never returns ignored SIGTERM (twice): the signal only set a
+    flag that nothing checked until training began. Before training nothing is to be saved:
+    the run ends at once with the preemption line and 75, also where the main thread waits
+    inside TensorFlow's C++ (counting a dataset whose generator never yields)."""
+    import signal
+    import time
+
+    from conftest import _env
+
+    mark = tmp_path / "mark"
+    proc = subprocess.Popen([sys.executable, "-m", "mirrorfit.cli", "train", "--data", spec,
+                             "--epochs", "1", "--no-progress"], cwd=ROOT, text=True,
+                            env=dict(_env(), MIRRORFIT_TEST_MARK=str(mark)),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 120
+        while not mark.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert mark.read_text() == words
+        time.sleep(0.5)
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+        took = time.monotonic() - sent
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 75, err[-2000:]
+    assert "mirrorfit: preempted by SIGTERM before training started" in err, err[-2000:]
+    assert "Traceback" not in err and took < 10, (took, err[-2000:])
+
+
+def test_a_guard_that_was_left_never_ends_the_process_later():
+    """Scripts and test drivers call cli.main several times in one process: the watchdog of a
+    run that stopped at a signal before training must not end the process after it."""
+    from conftest import run_isolated
+
+    out = run_isolated("""
+        import json, os, signal, time
+        from mirrorfit import preemption
+        from mirrorfit.job.preemption import Preempted, PreemptionGuard
+        preemption.SETUP_GRACE_S = 0.5  # the watchdog's wait, short for the test
+        try:
+            with PreemptionGuard():
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(1)
+        except Preempted as e:
+            stopped = str(e)
+        time.sleep(1.5)
+        print(json.dumps({"stopped": stopped}))
+    """, timeout=60)
+    assert out == {"stopped": "SIGTERM before training started; rerun the same command"}
+
+
+def test_sigterm_is_honoured_after_a_data_function_took_it():
+    """A --data function (or a library it uses) that set its own SIGTERM handler kept it for
+    the whole run: the signal was ignored and training went on to the end. The run takes
+    SIGTERM back after user code ran: it saves nothing here (no --checkpoint-dir) and exits
+    75."""
+    import signal
+    import time
+
+    from conftest import _env
+
+    proc = subprocess.Popen([sys.executable, "-m", "mirrorfit.cli", "train", "--data",
+                             "data_fixtures:signal_taking_source", "--epochs", "100000",
+                             "--model", "user_models:tiny", "--no-progress"], cwd=ROOT,
+                            env=_env(), text=True, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
+    try:
+        for line in proc.stderr:  # training has started
+            if line.startswith("epoch 1/"):
+                break
+        proc.send_signal(signal.SIGTERM)
+        t0 = time.monotonic()
+        err = proc.communicate(timeout=60)[1]
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 75, err[-2000:]
+    assert "nothing saved (no --checkpoint-dir)" in err and time.monotonic() - t0 < 30

@@ -89,22 +89,61 @@ def _two_class_folder(root):
         (root / c / "x.png").write_bytes(_image())
 
 
-def test_a_link_loop_in_a_class_folder_is_walked_once(tmp_path):
-    """Two `ln -s . a` links were an OSError (ELOOP) traceback after 2**40 paths' worth of
-    descent; a linked folder seen before (same device and inode) is now skipped."""
+@pytest.mark.parametrize("link, target, reaches", [
+    ("a/up", "..", "{root}"),  # issue 24: b's images were listed again under a/up/b, label 0
+    ("a/again", ".", "{root}/a"),  # a loop: was skipped without a word
+    ("a/b", "../b", "{root}/b"),  # another class's folder: its images got a's label
+    ("a/top", "../..", "{parent}"),  # above the data: walked the whole parent
+])
+def test_a_folder_reached_twice_is_refused_in_one_line(tmp_path, link, target, reaches):
+    """A folder walk must never visit a folder twice: a link back up or across would list
+    images again under another class (wrong labels, exit 0). Refused, naming the link."""
     import os
 
     from mirrorfit.data.files import list_image_folder
 
-    _two_class_folder(tmp_path / "test")
-    os.symlink(".", tmp_path / "test" / "0" / "a")
-    os.symlink(".", tmp_path / "test" / "0" / "b")
-    os.symlink("../1", tmp_path / "test" / "0" / "c")  # another class's folder: walked too
-    folder = list_image_folder(tmp_path / "test", "f6")
-    paths = sorted(folder.splits["train"].paths)
-    assert paths == sorted([str(tmp_path / "test" / "0" / "x.png"),
-                            str(tmp_path / "test" / "0" / "c" / "x.png"),
-                            str(tmp_path / "test" / "1" / "x.png")])
+    root = tmp_path / "photos"
+    for c in ("a", "b"):
+        (root / c).mkdir(parents=True)
+        (root / c / "x.png").write_bytes(_image())
+    os.symlink(target, root / link)
+    with pytest.raises(DataError) as e:
+        list_image_folder(root, "photos")
+    message = str(e.value)
+    assert "\n" not in message and message.startswith("--data photos: "), message
+    where = reaches.format(root=root, parent=tmp_path)
+    assert f"{root / link} leads to {where}, a folder this listing already reads" in message
+    assert "remove the link" in message
+
+
+def test_two_class_folders_that_are_one_folder_are_refused(tmp_path):
+    """`ln -s a c` beside the class folders made class c a copy of class a, labelled 2."""
+    import os
+
+    from mirrorfit.data.files import list_image_folder
+
+    _two_class_folder(tmp_path)
+    os.symlink("0", tmp_path / "2")
+    with pytest.raises(DataError) as e:
+        list_image_folder(tmp_path, "f")
+    assert f"{tmp_path / '2'} is the same folder as {tmp_path / '0'}" in str(e.value)
+
+
+def test_a_linked_folder_outside_the_data_is_read_once(tmp_path):
+    """A link to a folder elsewhere is followed (its images are the class's), once."""
+    import os
+
+    from mirrorfit.data.files import list_image_folder
+
+    _two_class_folder(tmp_path / "data")
+    (tmp_path / "more").mkdir()
+    (tmp_path / "more" / "y.png").write_bytes(_image())
+    os.symlink(tmp_path / "more", tmp_path / "data" / "0" / "more")
+    folder = list_image_folder(tmp_path / "data", "f6")
+    assert sorted(folder.splits["train"].paths) == sorted([
+        str(tmp_path / "data" / "0" / "more" / "y.png"), str(tmp_path / "data" / "0" / "x.png"),
+        str(tmp_path / "data" / "1" / "x.png")])
+    assert folder.splits["train"].labels.tolist() == [0, 0, 1]
 
 
 @pytest.mark.parametrize("case", ["fifo", "link to /dev/zero", "link to itself"])

@@ -270,3 +270,71 @@ def test_seed_0_reads_every_kind_of_source(files):
         print(json.dumps(counts))
     """)
     assert set(out) == {"tfrecord", "module dataset"} and min(out.values()) > 0
+
+
+@pytest.mark.parametrize("damage", ["cut mid-record", "cut mid-header", "flipped byte",
+                                    "length past the end"])
+def test_a_truncated_or_corrupt_tfrecord_is_one_line_naming_file_and_offset(tmp_path, damage):
+    """A file cut mid-record was scanned up to the cut and trained on, exit 0, although the
+    scan is documented to read and check every record. Each record is a 12-byte header, its
+    bytes and a 4-byte CRC: the 5th one (index 4) is damaged."""
+    x, y = mnist(8)
+    path = write_tfrecords(tmp_path, x, y, 1)[0]
+    raw = path.read_bytes()
+    starts, at = [], 0
+    while at < len(raw):
+        starts.append(at)
+        at += 16 + int.from_bytes(raw[at:at + 8], "little")
+    start = starts[4]
+    if damage == "cut mid-record":
+        path.write_bytes(raw[:start + 40])
+    elif damage == "cut mid-header":
+        path.write_bytes(raw[:start + 5])
+    elif damage == "flipped byte":
+        path.write_bytes(raw[:start + 30] + bytes([raw[start + 30] ^ 0xFF]) + raw[start + 31:])
+    else:  # a header that claims 1 TiB, with a valid checksum: TensorFlow's reader crashed
+        length = (1 << 40).to_bytes(8, "little")  # (SIGSEGV) allocating it
+        path.write_bytes(raw[:start] + length + _masked_crc32c(length) + b"x" * 100)
+    with pytest.raises(DataError) as e:
+        load_data(str(tmp_path / "*.tfrecord"), global_batch=2)
+    message = str(e.value)
+    assert "\n" not in message
+    assert f"{path} is damaged at byte offset {start} (record 4" in message, message
+    assert ("checksum" if damage == "flipped byte" else "truncated") in message, message
+    if damage == "length past the end":
+        assert "its header gives 1099511627776 bytes, 100 are left" in message, message
+
+
+def _masked_crc32c(data: bytes) -> bytes:
+    """The TFRecord format's masked CRC-32C of ``data`` (bitwise; for a few bytes)."""
+    crc = 0xFFFFFFFF
+    for byte in data:
+        crc ^= byte
+        for _ in range(8):
+            crc = (crc >> 1) ^ (0x82F63B78 & -(crc & 1))
+    crc ^= 0xFFFFFFFF
+    return ((((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF).to_bytes(4, "little")
+
+
+def test_a_gzip_compressed_tfrecord_file_is_named_as_such(tmp_path):
+    import gzip
+
+    x, y = mnist(4)
+    path = write_tfrecords(tmp_path, x, y, 1)[0]
+    path.write_bytes(gzip.compress(path.read_bytes()))
+    with pytest.raises(DataError, match="is GZIP-compressed; mirrorfit reads uncompressed"):
+        load_data(str(tmp_path / "*.tfrecord"), global_batch=2)
+
+
+@pytest.mark.parametrize("spec, needle", [
+    ("data_fixtures:exiting_source", "the function exited (SystemExit: 0) instead of returning "
+                                     "the data"),
+    ("data_fixtures:exiting_source_with_text", "the function exited (SystemExit: no "
+                                               "credentials)"),
+])
+def test_a_data_function_that_exits_is_a_data_error(spec, needle):
+    """SystemExit(0) from a --data function ended `mirrorfit train` with exit 0, no line and
+    nothing trained (it is no Exception, so it went past the function's error handling)."""
+    with pytest.raises(DataError) as e:
+        load_data(spec, global_batch=2)
+    assert needle in str(e.value) and "\n" not in str(e.value), str(e.value)

@@ -308,3 +308,21 @@ def test_non_ascii_digits_in_an_index_are_one_line_not_a_traceback():
     with pytest.raises(ConfigError):
         resolve_cluster({"TF_CONFIG": _json.dumps({"cluster": {"worker": ["a:1", "b:2"]},
                                                    "task": {"type": "worker", "index": "²"}})})
+
+
+@pytest.mark.parametrize("workers, index, ip, note", [
+    (("127.0.0.1:2222", "127.0.0.1:2223"), 0, "127.0.0.1", None),
+    (("localhost:2222", "localhost:2223"), 1, "127.0.0.1", None),
+    # Not this host's address (NAT, a container's published port): every interface, said so
+    (("192.0.2.7:2222", "192.0.2.8:2222"), 0, None, "192.0.2.7 is not an address of this host"),
+    # A name for loopback while the other task is elsewhere (Debian's 127.0.1.1): the other
+    # host could not reach a server on it
+    (("127.0.1.1:2222", "192.0.2.8:2222"), 0, None, "a loopback address, but other tasks"),
+    (("0.0.0.0:2222", "127.0.0.1:2223"), 0, None, "asks for every interface"),
+])
+def test_a_task_listens_on_its_own_address_when_it_can(workers, index, ip, note):
+    from mirrorfit.distribute._listen import listen_host
+
+    got_ip, got_note = listen_host(Cluster(workers=workers, task_index=index))
+    assert got_ip == ip
+    assert (got_note is None) if note is None else (note in got_note), got_note

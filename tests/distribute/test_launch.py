@@ -421,3 +421,57 @@ def test_registered_as_mirrorfit_launch(task, capsys):
     assert code == 0 and "[worker 0] to stderr from worker0" in err
     assert cli.main(["launch", "--workers", "0", "--", "true"]) == 2
     assert "--workers must be >= 1" in capsys.readouterr().err
+
+
+def test_far_more_tasks_than_cpus_is_refused_unless_oversubscribed(monkeypatch, capsys):
+    """`--workers 256` on 2 cores started 256 TensorFlow processes (load 93 for 7 minutes).
+    Up to 2 tasks per CPU (at least 4) start, so 2 workers, or 2 workers + ps + chief, run on
+    2 CPUs; more needs --oversubscribe."""
+    monkeypatch.setattr(launch, "usable_cpus", lambda: 2)
+    code, _, err = run(["--workers", "5", "--", "true"], capsys)
+    assert code == 2 and err.count("\n") == 1, err
+    assert "--workers 5 --ps 0 makes 5 tasks for the 2 CPU(s) this launcher may use" in err
+    assert "--oversubscribe" in err
+    code, _, err = run(["--workers", "2", "--ps", "1", "--", "true"], capsys)  # 4 tasks
+    assert code == 0, err
+    code, _, err = run(["--workers", "5", "--oversubscribe", "--", "true"], capsys)
+    assert code == 0, err
+
+
+def test_sigterm_ends_a_large_launch_within_the_grace_period(tmp_path):
+    """SIGTERM took 444 s to end a launch of 256 tasks: after the SIGKILLs, each task's output
+    got 2 s to drain, one after the other (and 0.5 s more each on the way out). Here 12 tasks
+    ignore SIGTERM and leave a process in a session of their own holding their output open
+    (out of reach of the group kill): still over in grace + a few seconds."""
+    script = tmp_path / "hold.py"
+    script.write_text(textwrap.dedent("""
+        import os, signal, subprocess, sys, time
+        from pathlib import Path
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        child = subprocess.Popen(["sleep", "60"], start_new_session=True)  # keeps the pipes
+        Path(sys.argv[1], f"{os.getpid()}.held").write_text(str(child.pid))
+        time.sleep(60)
+    """))
+    proc = subprocess.Popen([sys.executable, "-m", "mirrorfit.distribute.launch", "--workers",
+                             "12", "--oversubscribe", "--bind-cpus", "none", "--grace-s", "1",
+                             "--", sys.executable, str(script), str(tmp_path)], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while len(list(tmp_path.glob("*.held"))) < 12:
+            assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
+            time.sleep(0.05)
+        start = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+        took = time.monotonic() - start
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for held in tmp_path.glob("*.held"):
+            try:
+                os.kill(int(held.read_text()), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    assert "SIGTERM: forwarding it to 12 running task(s)" in err, err
+    assert took < 1 + 4, (took, err[-2000:])

@@ -177,3 +177,17 @@ def test_application_trains_under_mirrorfit_on_two_replicas():
     """)
     assert out["replicas"] == 2 and out["steps"] == 1
     assert math.isfinite(out["loss"]) and out["loss"] > 0
+
+
+@pytest.mark.parametrize("spec, needle", [
+    ("user_models:exiting", "--model 'user_models:exiting': the function exited (SystemExit: "
+                            "0) instead of returning a keras.Model"),
+    ("user_models:raising", "--model 'user_models:raising': the function raised ValueError: "
+                            "no such layer size"),
+])
+def test_a_model_function_that_exits_or_raises_is_one_line(spec, needle):
+    """SystemExit from a --model function ended the run with its code and no line; another
+    exception was a traceback."""
+    with pytest.raises(ConfigError) as e:
+        model_factory(spec)()
+    assert needle in str(e.value), str(e.value)

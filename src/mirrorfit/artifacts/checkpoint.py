@@ -35,7 +35,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from mirrorfit import _io
 from mirrorfit.artifacts.checkpoint_meta import (EPOCH_END_KEYS, FORMAT, CheckpointError,
@@ -100,7 +100,8 @@ class Checkpointer:
                  keep: int = 3, data: DataOrder | None = None,
                  flags: Mapping[str, Mapping[str, Any]] | None = None,
                  settings: Mapping[str, Any] | None = None,
-                 on_notice: Callable[[str], None] = print, writer: bool = True) -> None:
+                 on_notice: Callable[[str], None] = print, writer: bool = True,
+                 class_names: Sequence[str] | None = None) -> None:
         self.directory = Path(directory)
         self.trainer = trainer
         self.every, self.keep = every, keep
@@ -112,6 +113,8 @@ class Checkpointer:
         self.data = dataclasses.asdict(data) if data else {"global_batch": trainer.global_batch}
         self.flags = {k: dict(v) for k, v in (flags or {}).items()}
         self.settings = dict(settings or {})
+        # Label i's name, for `mirrorfit export` to put into the SavedModel (None: unnamed).
+        self.class_names = list(class_names) if class_names else None
         self._on_notice = on_notice
         self.writer = writer
         self._state = trainer.runner.checkpoint_state()  # the engine's files
@@ -228,7 +231,7 @@ class Checkpointer:
                 "examples_in_epoch": t.step_in_epoch * t.global_batch,
                 "data": self.data, "flags": self.flags, "settings": self.settings,
                 "identity": self.identity, "time": time.time(), "format": FORMAT,
-                "backend": self._state.backend}
+                "backend": self._state.backend, "class_names": self.class_names}
         # At an epoch's last step before its end: that epoch's training logs, else None. The
         # key's presence says that such a position's epoch has not ended (else it would be the
         # next epoch's step 0); a restored format < 4 position keeps its meaning: no key.

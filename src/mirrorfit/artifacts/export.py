@@ -4,6 +4,14 @@ A version is written into a hidden folder beside the versions and renamed into p
 server polling ``models/NAME`` (TF Serving counts only children whose names parse as integers)
 never sees half a version. The signature ``serving_default`` takes ``images`` and returns
 ``probabilities`` (float32, one row per image).
+
+A model trained on named classes (an image folder's) also carries them: the asset
+``assets/class_names.txt`` (UTF-8, label i on line i), a ``classify`` signature (TF Serving's
+classify method: serialized tf.Examples with the pixels under ``images`` as a float list, as
+``serving_default`` takes them, -> ``classes`` names and ``scores``), and a ``classes``
+signature for predict (``images`` -> ``label``, the top class's name, ``classes`` and
+``scores``). The names come from the asset through a lookup table, as TF Serving's own
+vocabularies do.
 """
 
 from __future__ import annotations
@@ -11,10 +19,12 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import tempfile
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from mirrorfit import _io
@@ -24,6 +34,8 @@ from mirrorfit.artifacts.version_names import MAX_VERSION, parse_version, versio
 
 INPUT_NAME = "images"
 OUTPUT_NAME = "probabilities"
+CLASS_NAMES_FILE = "class_names.txt"  # in the version's assets/
+CLASSIFY_METHOD = "tensorflow/serving/classify"
 _MAX_RACES = 1000
 
 
@@ -56,11 +68,14 @@ def _next_version(base: Path) -> int:
 
 
 def export_saved_model(model: keras.Model, base: str | Path, *, preprocessing: bool = False,
+                       class_names: Sequence[str] | None = None,
                        before_commit: Callable[[], None] | None = None) -> Path:
     """Write ``model`` as the next numeric version under ``base``; return its path.
 
     With ``preprocessing`` the signature takes raw uint8 pixels and scales them inside the
     model, so clients can send images as they are; otherwise float32 in [0, 1].
+    ``class_names`` (label i's name at i): written as an asset, with the ``classify`` and
+    ``classes`` signatures that answer with them (see the module's docstring).
     ``before_commit`` runs just before the version is renamed into place; if it raises (a
     signal arrived), nothing is added. StorageError if the disk is full.
     """
@@ -69,9 +84,12 @@ def export_saved_model(model: keras.Model, base: str | Path, *, preprocessing: b
     shape = (None, *model.input_shape[1:])
     dtype = tf.uint8 if preprocessing else tf.float32
 
-    def serve(images):
+    def probabilities(images):
         x = tf.cast(images, tf.float32) / 255.0 if preprocessing else images
-        return {OUTPUT_NAME: tf.cast(model(x, training=False), tf.float32)}
+        return tf.cast(model(x, training=False), tf.float32)
+
+    def serve(images):
+        return {OUTPUT_NAME: probabilities(images)}
 
     archive = keras.export.ExportArchive()
     archive.track(model)
@@ -81,13 +99,72 @@ def export_saved_model(model: keras.Model, base: str | Path, *, preprocessing: b
     _io.remove_stale_temps(base, re.escape(".tmp-"))
     tmp = base / f".tmp-{_io.temp_tag()}"  # not mkdtemp: its 0700 hides the version from a
     tmp.mkdir()  # server running as another user
+    names_dir = tempfile.mkdtemp() if class_names else None
     try:
+        if class_names:
+            _add_class_names(archive, probabilities, shape, dtype, list(class_names),
+                             int(model.output_shape[-1]), Path(names_dir))
         with _io.disk_full_hint(f"the export under {base}", "no version was added"):
             archive.write_out(str(tmp), verbose=False)
+            if class_names:
+                _mark_classify(tmp)
             _io.fsync_tree(tmp)  # TF does not fsync: a power loss could leave half a version
         return _commit(tmp, base, before_commit)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)  # nothing left behind if it did not commit
+        if names_dir:
+            shutil.rmtree(names_dir, ignore_errors=True)
+
+
+def _add_class_names(archive, probabilities, shape, dtype, names: list[str], count: int,
+                     folder: Path) -> None:
+    """The asset and the ``classify`` and ``classes`` endpoints. Line breaks inside a name
+    (a folder may be named so) are written as ``\\n``: one name per line. ``count``: the
+    model's outputs (``--num-classes`` may give more than there are names: those are "")."""
+    path = folder / CLASS_NAMES_FILE
+    path.write_text("".join(n.replace("\r", "\\r").replace("\n", "\\n") + "\n"
+                            for n in names), encoding="utf-8")
+    table = tf.lookup.StaticHashTable(tf.lookup.TextFileInitializer(
+        str(path), tf.int64, tf.lookup.TextFileIndex.LINE_NUMBER, tf.string,
+        tf.lookup.TextFileIndex.WHOLE_LINE), default_value="")
+    archive.track(table)  # its file becomes the SavedModel's asset
+    pixels = int(np.prod(shape[1:]))
+
+    def named(scores):
+        classes = table.lookup(tf.range(count, dtype=tf.int64))
+        rows = tf.shape(scores)[0]
+        return tf.tile(classes[None], [rows, 1]), tf.gather(classes, tf.argmax(scores, 1))
+
+    def classify(inputs):
+        # TF Serving's classify: tf.Examples in, every class's name and score out.
+        parsed = tf.io.parse_example(inputs, {INPUT_NAME: tf.io.FixedLenFeature([pixels],
+                                                                                 tf.float32)})
+        images = tf.cast(tf.reshape(parsed[INPUT_NAME], (-1, *shape[1:])), dtype)
+        scores = probabilities(images)
+        return {"classes": named(scores)[0], "scores": scores}
+
+    def classes(images):
+        scores = probabilities(images)
+        every, top = named(scores)
+        return {"label": top, "classes": every, "scores": scores}
+
+    archive.add_endpoint("classify", classify,
+                         input_signature=[tf.TensorSpec((None,), tf.string, name="inputs")])
+    archive.add_endpoint("classes", classes,
+                         input_signature=[tf.TensorSpec(shape, dtype, name=INPUT_NAME)])
+
+
+def _mark_classify(folder: Path) -> None:
+    """Give the ``classify`` signature TF Serving's classify method name (an endpoint is
+    written as a predict one): TF Serving's classify API asks for it."""
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    pb = folder / "saved_model.pb"
+    proto = saved_model_pb2.SavedModel.FromString(pb.read_bytes())
+    for graph in proto.meta_graphs:
+        if "classify" in graph.signature_def:
+            graph.signature_def["classify"].method_name = CLASSIFY_METHOD
+    pb.write_bytes(proto.SerializeToString())
 
 
 def _commit(tmp: Path, base: Path, before_commit: Callable[[], None] | None) -> Path:

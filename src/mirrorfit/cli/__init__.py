@@ -33,6 +33,10 @@ def _cmd_train(args: argparse.Namespace) -> int:
     cluster = cluster_for(config.strategy)
     if cluster is None or cluster.is_chief:
         check_outputs(config)
+    if cluster is not None:  # this task's own port taken: one line now, not a wait and a peer
+        from mirrorfit.distribute._listen import prepare  # blamed (the strategy checks again)
+
+        prepare(cluster)
     from mirrorfit.job.preemption import PreemptionGuard
 
     with PreemptionGuard() as guard:  # a signal while TensorFlow loads is honoured too
@@ -116,7 +120,13 @@ def _cmd_export(args: argparse.Namespace) -> int:
     from mirrorfit.artifacts.export import export_saved_model
 
     model, meta = load_model(args.checkpoint_dir, model=args.model)
-    path = export_saved_model(model, args.export_dir, preprocessing=bool(args.export_preprocessing))
+    names = meta.get("class_names")  # absent in checkpoints of older versions
+    if names is not None and not (isinstance(names, list) and names
+                                  and all(isinstance(n, str) for n in names)):
+        raise MirrorfitError(f"{args.checkpoint_dir}: meta.json's class_names is "
+                             f"{str(names)[:60]}, not a list of names; restore the file")
+    path = export_saved_model(model, args.export_dir, preprocessing=bool(args.export_preprocessing),
+                              class_names=names)
     print(f"exported step {meta['step']} of {args.checkpoint_dir} as {path}")
     return 0
 

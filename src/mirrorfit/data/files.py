@@ -75,6 +75,7 @@ def list_image_folder(root: str | Path, flag: str) -> ImageFolder:
                         "needs at least 2 classes, one subfolder each")
     digest = hashlib.blake2b(digest_size=8)
     digest.update("\0".join(classes).encode())
+    walked = _owned_folders(root, tops, flag)
     splits = {}
     for split, top in sorted(tops.items()):
         present = {p.name for p in _subfolders(top, flag)}
@@ -86,7 +87,7 @@ def list_image_folder(root: str | Path, flag: str) -> ImageFolder:
         for label, name in enumerate(classes):
             if name not in present:
                 continue  # a val/test split may lack a class; train has them all
-            found = _images(top / name, digest, root, flag)
+            found = _images(top / name, digest, root, flag, walked)
             if not found:
                 # Not "remove it": label i is the i-th class folder, so removing one
                 # silently renumbers the classes after it.
@@ -98,6 +99,37 @@ def list_image_folder(root: str | Path, flag: str) -> ImageFolder:
         splits[split] = FileSplit(np.array(paths, dtype=object), np.array(labels, np.int32))
     return ImageFolder(root=root, class_names=classes, splits=splits,
                        fingerprint=digest.hexdigest())
+
+
+def _key(path: Path, flag: str) -> tuple[int, int]:
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        raise DataError(f"--data {flag}: cannot read {path} ({e.strerror}); check the path "
+                        "and its permissions") from None
+    return st.st_dev, st.st_ino
+
+
+def _owned_folders(root: Path, tops: dict[str, Path], flag: str) -> dict[tuple[int, int], Path]:
+    """The folders a listing reads as such, by (device, inode): root's parents, root, the
+    split folders and every class folder. A walk below a class folder that reaches one of
+    them again (a link up or across) would list images twice, under another label."""
+    owned: dict[tuple[int, int], Path] = {}
+    for parent in reversed(Path(os.path.abspath(root)).parents):
+        try:
+            owned[_key(parent, flag)] = parent
+        except DataError:  # a parent we may not stat: nothing below it can be a loop to it
+            pass
+    owned[_key(root, flag)] = root
+    for top in tops.values():
+        for folder in [top, *_subfolders(top, flag)]:
+            key = _key(folder, flag)
+            if key in owned and owned[key] != folder and folder != root:
+                raise DataError(f"--data {flag}: {folder} is the same folder as {owned[key]} "
+                                "(a link); its images would be listed twice, under two "
+                                "labels: remove the link")
+            owned[key] = folder
+    return owned
 
 
 def _entries(folder: Path, flag: str) -> list[os.DirEntry]:
@@ -121,30 +153,32 @@ def _is_dir(entry: os.DirEntry) -> bool:
         return False
 
 
-def _images(folder: Path, digest, root: Path, flag: str) -> list[str]:
+def _images(folder: Path, digest, root: Path, flag: str,
+            walked: dict[tuple[int, int], Path]) -> list[str]:
     """PNG/JPEG files under ``folder`` (subfolders too, hidden ones left out), sorted by path;
     each file's name relative to ``root`` (the same folder given another way is the same
-    data), size and mtime go into ``digest``. A linked folder is followed once: a folder
-    already seen (by device and inode) is skipped, so a link loop (``ln -s . a``) ends. An
-    image name that is not a regular file (a FIFO, a device such as /dev/zero, a folder link)
-    is refused: reading it would block or never end."""
+    data), size and mtime go into ``digest``. Every folder is read once: a subfolder that is
+    one ``walked`` already holds (by device and inode: the data's own folders and parents,
+    or one this walk read) is refused naming the link, as a loop (``ln -s . a``) or a link
+    up (``ln -s .. up``) would list images again under this class's label. A linked folder
+    outside the data is read, once. An image name that is not a regular file (a FIFO, a
+    device such as /dev/zero, a folder link) is refused: reading it would block or never
+    end."""
     found = []
     stack = [folder]
-    seen: set[tuple[int, int]] = set()
     while stack:
         here = stack.pop()
-        try:
-            st = os.stat(here)
-        except OSError as e:
-            raise DataError(f"--data {flag}: cannot read {here} ({e.strerror}); check the path "
-                            "and its permissions") from None
-        if (st.st_dev, st.st_ino) in seen:
-            continue
-        seen.add((st.st_dev, st.st_ino))
         subs = []
         for entry in _entries(here, flag):
             if _is_dir(entry):
-                subs.append(Path(entry.path))
+                sub = Path(entry.path)
+                key = _key(sub, flag)
+                if key in walked:
+                    raise DataError(f"--data {flag}: {sub} leads to {walked[key]}, a folder "
+                                    "this listing already reads; its images would be listed "
+                                    "twice, under another label: remove the link")
+                walked[key] = sub
+                subs.append(sub)
             elif os.path.splitext(entry.name)[1].lower() in IMAGE_SUFFIXES:
                 try:
                     st = entry.stat()

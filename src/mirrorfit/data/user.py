@@ -47,6 +47,9 @@ def call_user_function(spec: str, *, check: tuple[str, ...] = ("train", "val", "
     module_name, _, attr = spec.partition(":")
     try:
         module = importlib.import_module(module_name)
+    except SystemExit as e:  # no Exception: it would end the run with its code, no line
+        raise DataError(f"--data {spec}: importing {module_name} exited (SystemExit: "
+                        f"{e.code}); a data module must not call sys.exit") from None
     except Exception as e:  # ImportError, or the module's own code failing
         raise DataError(f"--data {spec}: cannot import {module_name} ({type(e).__name__}: "
                         f"{_short(e)}); is it on PYTHONPATH?") from None
@@ -55,6 +58,9 @@ def call_user_function(spec: str, *, check: tuple[str, ...] = ("train", "val", "
         raise DataError(f"--data {spec}: module {module_name} has no function {attr}")
     try:
         result = fn()
+    except SystemExit as e:  # exit 0 with nothing trained, else
+        raise DataError(f"--data {spec}: the function exited (SystemExit: {e.code}) instead of "
+                        "returning the data") from None
     except Exception as e:
         raise DataError(f"--data {spec}: the function raised {type(e).__name__}: "
                         f"{_short(e)}") from None

@@ -1,1 +1,1 @@
-"""Where training runs: local devices, the tf.distribute strategy, the cluster of processes and hosts, and the local launcher."""
+"""Where training runs across processes and hosts, in plain Python: the cluster of tasks (TF_CONFIG, SLURM), the local launcher, where each task listens, and the host-side settings of a training process."""

@@ -35,7 +35,8 @@ import threading
 import time
 from typing import IO, Sequence
 
-from mirrorfit.distribute._cpu_binding import available_cores, describe, plan_cpus, started_on
+from mirrorfit.distribute._cpu_binding import (available_cores, describe, plan_cpus, started_on,
+                                               usable_cpus)
 from mirrorfit.distribute._output import line_writer, start_streaming
 from mirrorfit.distribute.cluster import Cluster
 from mirrorfit.errors import EXIT_USAGE, ConfigError, MirrorfitError
@@ -76,6 +77,9 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     add("--grace-s", type=float, default=DEFAULT_GRACE_S, metavar="S",
         help="seconds between SIGTERM and SIGKILL when stopping tasks (default "
              f"{DEFAULT_GRACE_S:g})")
+    add("--oversubscribe", action="store_true",
+        help=f"start more than {TASKS_PER_CPU} tasks per CPU this launcher may use (at least "
+             f"{MIN_TASK_BOUND} are always allowed); without it such a job is refused")
     add("--bind-cpus", choices=("auto", "none"), default="auto",
         help="auto (default): without --ps, bind each worker to its own share of the cores "
              "this launcher may run on (hyperthreads of a core together), if there are at "
@@ -108,6 +112,13 @@ def run_launch(args: argparse.Namespace) -> int:
 
 
 MAX_TASKS = 256  # TensorFlow processes on one host; planning 4,000 took 66 s before any start
+# Tasks per CPU without --oversubscribe. A ps task and the coordinator mostly wait on RPCs and a
+# worker waits on its all-reduces part of each step, so 2 per CPU still trains (2 workers, or
+# 2 workers + ps + chief, on 2 CPUs); far beyond, every TensorFlow process gets a sliver of a
+# core (256 on 2 CPUs: load 93 for 7 minutes). At least MIN_TASK_BOUND: the smallest
+# parameter-server job (2 workers, a ps, the chief) runs on one CPU too.
+TASKS_PER_CPU = 2
+MIN_TASK_BOUND = 4
 
 
 def check_launch_args(args: argparse.Namespace) -> list[str]:
@@ -125,6 +136,14 @@ def check_launch_args(args: argparse.Namespace) -> list[str]:
         raise ConfigError(f"--workers {args.workers} --ps {args.ps}: at most {MAX_TASKS} tasks "
                           "on one host (each is a TensorFlow process); use a cluster scheduler "
                           "(SLURM, Kubernetes) for more")
+    tasks, cpus = args.workers + args.ps + (1 if args.ps else 0), usable_cpus()
+    bound = max(MIN_TASK_BOUND, TASKS_PER_CPU * cpus)
+    if tasks > bound and not getattr(args, "oversubscribe", False):
+        raise ConfigError(f"--workers {args.workers} --ps {args.ps} makes {tasks} tasks for the "
+                          f"{cpus} CPU(s) this launcher may use, more than {bound} "
+                          f"({TASKS_PER_CPU} per CPU): each TensorFlow process would get a "
+                          "sliver of a core; start fewer, or pass --oversubscribe to start them "
+                          "anyway")
     if os.environ.get("MIRRORFIT_LAUNCH") == "1":
         raise ConfigError("mirrorfit launch is running inside a task of another mirrorfit "
                           "launch; nested launchers would make several clusters with a chief "
@@ -252,7 +271,7 @@ class Launcher:
                 if task.proc is not None and task.proc.poll() is None:
                     task.signal(signal.SIGKILL)
                     task.proc.wait()
-                task.join_output(0.5)
+            _join_all(self._started, 0.5)
 
     # -- one generation of the group ------------------------------------------------------
     def _run_group(self) -> tuple[bool, int]:
@@ -273,6 +292,8 @@ class Launcher:
                            + (f" ({describe(t.cpus)})" if t.cpus else "") for t in tasks)
         self._say(f"starting {len(tasks)} task(s): {places}; {chief_note} decides the exit code")
         for task in tasks:
+            if self._signals and task is not tasks[0]:
+                break  # signalled while starting them: start no more (the chief is started)
             self._start(task)
         chief = tasks[0]
         while True:
@@ -376,9 +397,10 @@ class Launcher:
         for t in live:
             if t.poll() is None:
                 t.signal(signal.SIGKILL)
-                t.proc.wait()
             t.handled = True
-            t.join_output()
+        for t in live:
+            t.proc.wait()
+        _join_all(live, 2.0)
 
     # -- output ---------------------------------------------------------------------------
     def _say(self, text: str) -> None:
@@ -396,6 +418,15 @@ class Launcher:
         for sig in (signal.SIGINT, signal.SIGTERM):
             previous[sig] = signal.signal(sig, lambda signum, frame: self._signals.append(signum))
         return previous
+
+
+def _join_all(tasks: list[_Task], timeout_s: float) -> None:
+    """The tasks' last output, all within ``timeout_s`` together: one wait each (2 s each,
+    one after the other) made a SIGTERM to a launch of 256 tasks take 444 s where something
+    outside a task's group held its output open."""
+    deadline = time.monotonic() + timeout_s
+    for t in tasks:
+        t.join_output(max(0.0, deadline - time.monotonic()))
 
 
 def _describe(rc: int) -> str:

@@ -65,11 +65,17 @@ class History:
     wall_time_s: float = 0.0
     steady_examples: int = 0
     steady_time_s: float = 0.0
+    examples: int = 0  # every execution's, the first one's too
+    time_s: float = 0.0
 
     @property
     def train_examples_per_sec(self) -> float:
-        """Examples/s over all executions but the first (which traces and compiles)."""
-        return self.steady_examples / self.steady_time_s if self.steady_time_s else 0.0
+        """Examples/s over all executions but the first (which traces and compiles); over all
+        of them when there was only one (a resume with few steps left): what the run did,
+        never 0 for a run that trained."""
+        if self.steady_time_s:
+            return self.steady_examples / self.steady_time_s
+        return self.examples / self.time_s if self.time_s else 0.0
 
 
 class Trainer:
@@ -203,6 +209,7 @@ class Trainer:
         progress.start_epoch(epoch, epochs, steps)
         resumed_at_end = bool(steps) and self.step_in_epoch == steps
         epoch_examples, epoch_time, last_draw = 0, 0.0, 0.0
+        all_examples, all_time = 0, 0.0  # the run's first execution's too
         while self.step_in_epoch < steps:
             n = min(self.steps_per_execution, steps - self.step_in_epoch)
             t0 = time.perf_counter()
@@ -215,15 +222,21 @@ class Trainer:
                 epoch_examples += n * self.global_batch
                 epoch_time += elapsed
             history.steps += n
+            all_examples += n * self.global_batch
+            all_time += elapsed
+            history.examples += n * self.global_batch
+            history.time_s += elapsed
             now = time.perf_counter()
             # Reading metrics is a collective across workers: with several, every execution
             # (the same points on every worker), else at most every 0.1 s.
             if self.runner.lockstep or now - last_draw > 0.1 or self.step_in_epoch == steps:
                 last_draw = now
                 logs = self.train_logs()
+                # Steady executions' rate; the compiling one's where the epoch had no other
+                # (a resume with few steps left): what the run did, not 0.
+                rate = (epoch_examples, epoch_time) if epoch_time else (all_examples, all_time)
                 if self.step_in_epoch == steps:  # before the hooks: a checkpoint saves them
-                    self.position = self.position.at_epoch_end(
-                        self._end_logs(logs, epoch_examples, epoch_time))
+                    self.position = self.position.at_epoch_end(self._end_logs(logs, *rate))
                 if epoch_time:
                     logs["examples/s"] = epoch_examples / epoch_time
                 progress.update(self.step_in_epoch, logs)
@@ -232,7 +245,8 @@ class Trainer:
         if self.position.epoch_logs is not None:  # the last step's, or a checkpoint's
             logs = dict(self.position.epoch_logs)
         else:  # no step: an empty epoch, or a resume from a checkpoint without them
-            logs = self._end_logs(self.train_logs(), epoch_examples, epoch_time)
+            logs = self._end_logs(self.train_logs(), *((epoch_examples, epoch_time)
+                                                       if epoch_time else (all_examples, all_time)))
             if resumed_at_end:  # not the zeros of no step: NaN, never a measured value
                 logs.update({k: math.nan for k in self.runner.train_logs()})
         if resumed_at_end:

@@ -40,7 +40,9 @@ def finish(config: TrainConfig, console: Console, history, *, trainer, data, bat
         "devices": list(setup.devices), "workers": dist.workers,
         "backend": config.backend, "strategy": dist.strategy_name,
         "per_replica_batch_size": per_replica,
-        "global_batch_size": global_batch, "epochs": config.epochs, "steps": history.steps,
+        "global_batch_size": global_batch, "epochs": config.epochs,
+        "steps": trainer.step,  # the whole run's, a resumed one's too
+        "steps_this_run": history.steps,  # this process's
         "train_examples": data.train_examples, "wall_time_s": history.wall_time_s,
         "train_examples_per_sec": history.train_examples_per_sec,
         "final_train_loss": last.get("loss"), "final_train_accuracy": last.get("accuracy"),
@@ -57,7 +59,11 @@ def finish(config: TrainConfig, console: Console, history, *, trainer, data, bat
         "config": to_dict(config),
     }
     rate = history.train_examples_per_sec
-    console.print(f"done: {history.steps} steps in {history.wall_time_s:.1f} s, "
+    resumed = trainer.step - history.steps
+    console.print(f"done: {trainer.step} steps "
+                  + (f"({history.steps} in this run, resumed at step {resumed}) " if resumed
+                     else "")
+                  + f"in {history.wall_time_s:.1f} s, "
                   + (f"{rate:,.0f} examples/s steady, " if rate else "")
                   + ", ".join(f"{name} accuracy {summary[f'{name}_accuracy']:.4f}"
                               for name in ("val", "test")
@@ -93,6 +99,7 @@ def finish(config: TrainConfig, console: Console, history, *, trainer, data, bat
         if config.export_dir:
             path = export_saved_model(plain, config.export_dir,
                                       preprocessing=config.export_preprocessing,
+                                      class_names=data.class_names,
                                       before_commit=guard.check_local)
             summary["export_path"] = str(path)
             console.print(f"exported SavedModel version {path}")

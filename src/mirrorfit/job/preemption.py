@@ -1,24 +1,38 @@
 """SIGTERM / SIGINT during training: finish the steps in flight, save, exit 75 ("try again").
 
-A signal only sets a flag; the trainer's hooks and epoch callbacks, and the run's own checks
-before test evaluation and before each export commits, act on it. So a signal during the last
-epoch's validation or checkpoint is not dropped: the run stops before it exports. A second
-Ctrl-C stops at once (the default handler is back after the first signal).
+Once training is set up, a signal only sets a flag; the trainer's hooks and epoch callbacks,
+and the run's own checks before test evaluation and before each export commits, act on it. So
+a signal during the last epoch's validation or checkpoint is not dropped: the run stops before
+it exports. A second Ctrl-C stops at once (the default handler is back after the first signal).
+
+Before that (loading TensorFlow and the data, calling a user's ``--data`` or ``--model``
+function, building the model) there is nothing to save, and the flag might never be looked
+at (a function that never returns), so the signal stops the run where it is: the handler
+raises :class:`Preempted`. Where the main thread waits inside C++ (no Python runs there, so no
+handler), a watchdog thread ends the process with the same line and code after
+``SETUP_GRACE_S``.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
 EXIT_PREEMPTED = 75  # sysexits EX_TEMPFAIL: "try again"; rerun the same command to resume
+# Seconds a signal before training may take to end the run through Python before the watchdog
+# ends the process: enough for the handler's exception to unwind, short next to a launcher's
+# --grace-s (10 s).
+SETUP_GRACE_S = 4.0
 
 
-class Preempted(Exception):
+class Preempted(BaseException):
     """Raised by :class:`PreemptionGuard` after a signal, once the trainer's position is exact
-    (and saved, with a checkpointer)."""
+    (and saved, with a checkpointer), or at once before training is set up. A BaseException,
+    as KeyboardInterrupt: a user function's ``except Exception`` must not swallow it."""
 
     def __init__(self, signal_name: str, path: Path | None, epoch: int | None,
                  step: int | None) -> None:
@@ -49,20 +63,37 @@ class PreemptionGuard:
         self.watch(trainer, checkpointer)
         self.signal_name: str | None = None
         self._previous: dict[int, Any] = {}
+        self._handed_over = False
+        self._watchdog = None
 
     def __enter__(self) -> "PreemptionGuard":
         for sig in (signal.SIGTERM, signal.SIGINT):
             self._previous[sig] = signal.signal(sig, self._on_signal)
+        self._watchdog = _Watchdog(self) if threading.current_thread() is \
+            threading.main_thread() else None
         return self
 
     def __exit__(self, *exc) -> None:
+        if self._watchdog is not None:
+            self._watchdog.close()
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
 
+    @property
+    def setting_up(self) -> bool:
+        """No trainer is watched yet: nothing to save, so a signal stops the run at once."""
+        return self.trainer is None and not self._handed_over
+
+    def hand_over(self) -> None:
+        """Signals are another part's from now on (a parameter-server task that only serves
+        installs its own handlers): no stop at once, no watchdog."""
+        self._handed_over = True
+
     def reclaim(self) -> None:
-        """Take SIGTERM/SIGINT back after TensorFlow took them: MultiWorkerMirroredStrategy
-        installs TF's own C++ SIGTERM handler (its preemption notifier), which silently
-        replaced this guard's, so a preempted worker trained on to the end."""
+        """Take SIGTERM/SIGINT back after TensorFlow or user code took them:
+        MultiWorkerMirroredStrategy installs TF's own C++ SIGTERM handler (its preemption
+        notifier), and a ``--data`` function may set its own (or SIG_IGN); either silently
+        replaced this guard's, so a preempted run trained on to the end."""
         if self.signal_name is None:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 signal.signal(sig, self._on_signal)
@@ -75,6 +106,8 @@ class PreemptionGuard:
             os.write(2, f"mirrorfit: {self.signal_name}: finishing the steps in flight{then}; "
                         "Ctrl-C again stops at once\n".encode())
         signal.signal(signal.SIGINT, signal.SIG_DFL)  # a second Ctrl-C ends the process now
+        if self.setting_up:  # the flag may never be read (a --data function that never returns)
+            raise Preempted(self.signal_name, None, None, None)
 
     def watch(self, trainer, checkpointer=None, *, agree=None) -> None:
         """Guard ``trainer`` (saved through ``checkpointer``, if any) from now on. ``agree``
@@ -109,3 +142,46 @@ class PreemptionGuard:
 
     def epoch_callback(self, epoch: int, logs: dict) -> None:
         self.check()
+
+
+class _Watchdog:
+    """Ends the process (exit 75, the preemption line) ``SETUP_GRACE_S`` after a signal that
+    arrived before training was set up, if it is still running: the main thread may be waiting
+    inside C++ (a dataset whose generator never yields), where no Python signal handler runs.
+    Python's C-level handler writes the signal number to a pipe (``signal.set_wakeup_fd``) at
+    once, whatever the main thread does; this thread reads it."""
+
+    def __init__(self, guard: PreemptionGuard) -> None:
+        self.guard = guard
+        self.closed = False  # the guard was left (its run ended): never end the process then
+        self._read, self._write = os.pipe()
+        os.set_blocking(self._write, False)  # the C handler must never block on a full pipe
+        try:
+            self._previous_fd = signal.set_wakeup_fd(self._write, warn_on_full_buffer=False)
+        except ValueError:  # not the main thread of the main interpreter
+            self._previous_fd = None
+        threading.Thread(target=self._run, name="mirrorfit-preemption", daemon=True).start()
+
+    def _run(self) -> None:
+        while True:
+            try:
+                data = os.read(self._read, 64)
+            except OSError:
+                return
+            if not data:  # closed
+                os.close(self._read)
+                return
+            if not {signal.SIGTERM, signal.SIGINT} & set(data) or not self.guard.setting_up:
+                continue
+            time.sleep(SETUP_GRACE_S)
+            if self.guard.setting_up and not self.closed:  # stuck where no handler runs
+                name = self.guard.signal_name or signal.Signals(data[0]).name
+                os.write(2, f"mirrorfit: preempted by {name} before training started; rerun "
+                            "the same command\n".encode())
+                os._exit(EXIT_PREEMPTED)
+
+    def close(self) -> None:
+        self.closed = True
+        if self._previous_fd is not None:
+            signal.set_wakeup_fd(self._previous_fd)
+        os.close(self._write)  # the thread's read returns b"": it ends

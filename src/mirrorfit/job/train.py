@@ -95,6 +95,7 @@ def _train(config: TrainConfig, console: Console, guard: PreemptionGuard,
     if cluster is not None and config.strategy == "parameter-server" \
             and cluster.task_type in ("worker", "ps"):
         from mirrorfit.engine.tensorflow.parameter_server import serve_task
+        guard.hand_over()  # serve_task handles its signals (it serves until the chief ends)
         return serve_task(cluster, console=console)  # runs what the chief schedules
     setup = engine.configure_devices(replicas=config.replicas, devices=config.devices,
                               visible_devices=config.visible_devices,
@@ -159,10 +160,11 @@ def _train(config: TrainConfig, console: Console, guard: PreemptionGuard,
                                     flags=data_flags(config, dist, data),
                                     settings=_settings(config),
                                     on_notice=lambda msg: console.print(f"[yellow]{msg}[/]"),
-                                    writer=dist.is_chief)
+                                    writer=dist.is_chief, class_names=data.class_names)
         _restore(checkpointer, config, console, dist, batches.steps_per_epoch)
         hooks.append(checkpointer.step_hook)
         callbacks.append(checkpointer.epoch_callback)
+    guard.reclaim()  # user code (a --data or --model function, a library) may have taken them
     guard.watch(trainer, checkpointer, agree=dist.agree)
     hooks.append(guard.hook)
     callbacks.append(guard.epoch_callback)

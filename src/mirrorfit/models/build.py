@@ -130,22 +130,35 @@ def _user_model(spec: str, *, input_shape: tuple[int, ...] | None,
     module_name, _, attr = spec.partition(":")
     try:
         module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise ConfigError(f"cannot import module {module_name!r} for --model {spec!r} ({e}); "
-                          "is it on PYTHONPATH?") from None
+    except (Exception, SystemExit) as e:  # ImportError, or the module's own code failing
+        raise ConfigError(f"cannot import module {module_name!r} for --model {spec!r} "
+                          f"({type(e).__name__}: {_first_line(e)}); is it on PYTHONPATH?"
+                          ) from None
     fn = getattr(module, attr, None)
     if not callable(fn):
         raise ConfigError(f"module {module_name!r} has no function {attr!r} for --model {spec!r}")
     kwargs = _accepted(fn, _given(input_shape=input_shape, num_classes=num_classes))
 
     def build() -> keras.Model:
-        model = fn(**kwargs)
+        try:
+            model = fn(**kwargs)
+        except SystemExit as e:  # no Exception: it would end the run with its code, no line
+            raise ConfigError(f"--model {spec!r}: the function exited (SystemExit: {e.code}) "
+                              "instead of returning a keras.Model") from None
+        except Exception as e:
+            raise ConfigError(f"--model {spec!r}: the function raised {type(e).__name__}: "
+                              f"{_first_line(e)}") from None
         if not isinstance(model, keras.Model):
             raise ConfigError(f"--model {spec!r} returned {type(model).__name__}, "
                               "not a keras.Model")
         return model
 
     return build
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return text[0][:200] if text else "no message"
 
 
 def _accepted(fn: Callable, kwargs: dict) -> dict:

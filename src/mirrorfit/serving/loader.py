@@ -80,6 +80,7 @@ class LoadedVersion:
     signatures: dict[str, Signature]
     signature_defs: dict[str, meta_graph_pb2.SignatureDef]  # as stored, incl. the init op
     _keepalive: object = None  # the loaded object owns the variables the functions use
+    class_names: tuple[str, ...] | None = None  # mirrorfit's export asset, if it has one
 
 
 def load_version(name: str, version: int, path: str, *, tags: str = "serve",
@@ -99,10 +100,22 @@ def load_version(name: str, version: int, path: str, *, tags: str = "serve",
                    for a, s in fn.structured_outputs.items()}
         signatures[sig_name] = Signature(sig_name, inputs, outputs,
                                          sdef.method_name if sdef else "", fn)
-    version_ = LoadedVersion(name, version, path, signatures, defs, loaded)
+    version_ = LoadedVersion(name, version, path, signatures, defs, loaded,
+                             class_names=_class_names(Path(path)))
     if warmup:
         _warm_up(version_)
     return version_
+
+
+def _class_names(path: Path) -> tuple[str, ...] | None:
+    """The class names ``mirrorfit train``/``export`` wrote as an asset (label i on line i),
+    for /metadata; None without one. At most 1 MiB of them is read."""
+    try:
+        with open(path / "assets" / "class_names.txt", "rb") as f:
+            raw = f.read(1 << 20)
+    except OSError:
+        return None
+    return tuple(raw.decode("utf-8", "replace").splitlines())
 
 
 def _signature_defs(path: Path, tags: str) -> dict[str, meta_graph_pb2.SignatureDef]:

@@ -166,10 +166,13 @@ class RestApi:
         defs = get_model_metadata_pb2.SignatureDefMap()
         for key, sdef in servable.signature_defs.items():
             defs.signature_def[key].CopyFrom(sdef)
-        return {"model_spec": {"name": servable.name, "signature_name": "",
+        body = {"model_spec": {"name": servable.name, "signature_name": "",
                                "version": str(servable.version)},
                 "metadata": {"signature_def": json_format.MessageToDict(
                     defs, preserving_proto_field_name=True)}}
+        if servable.class_names is not None:  # mirrorfit's export: label i's name at i
+            body["metadata"]["class_names"] = list(servable.class_names)
+        return body
 
     async def _post(self, request: Request, name, version, label, method) -> Response:
         method = method.lower()

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import ROOT, _env, run_cli
+from conftest import ROOT, _env, run_cli, run_isolated
 
 pytestmark = pytest.mark.slow
 
@@ -265,3 +265,86 @@ def test_sigterm_stops_every_worker_at_the_same_step_with_a_checkpoint(tmp_path)
              if "preempted by SIGTERM: saved" in line]
     assert len(stops) == 2 and stops[0] == stops[1], log[-3000:]  # the same step on both
     assert (Path(stops[0]) / "meta.json").is_file()
+
+
+def _two_worker_config(index: int) -> tuple[list[str], str]:
+    ports = []
+    for _ in range(2):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            ports.append(s.getsockname()[1])
+    workers = [f"127.0.0.1:{p}" for p in ports]
+    return workers, json.dumps({"cluster": {"worker": workers},
+                                "task": {"type": "worker", "index": index}})
+
+
+def test_a_task_whose_own_port_is_taken_says_so_at_once():
+    """Worker 0's port held by another process: TF waited, then said "a worker did not join
+    within 300 s (UnknownError: Could not start gRPC server)" (69), or blamed worker 1. Now
+    one line naming this task's port, exit 2, at once (checked before TensorFlow loads)."""
+    workers, config = _two_worker_config(0)
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", int(workers[0].rpartition(":")[2])))
+    holder.listen()
+    try:
+        t0 = time.monotonic()
+        proc = subprocess.run(
+            [sys.executable, "-m", "mirrorfit", "train", "--strategy", "multi-worker",
+             "--collective-timeout", "20", "--epochs", "1", "--no-progress"],
+            env=dict(_env(), TF_CONFIG=config), cwd=ROOT, capture_output=True, text=True,
+            timeout=120)
+        elapsed = time.monotonic() - t0
+    finally:
+        holder.close()
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("mirrorfit:")]
+    assert len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert (f"worker 0: this task's port {workers[0].rpartition(':')[2]} ({workers[0]} in "
+            "TF_CONFIG) is in use by another process on this host") in errors[0]
+    assert elapsed < 10  # the interpreter and mirrorfit's flags: no TensorFlow, no wait
+
+
+def _listening(port: int) -> list[str]:
+    """The local addresses of the sockets listening on ``port`` (/proc/net/tcp and tcp6)."""
+    import ipaddress
+
+    found = []
+    for name in ("tcp", "tcp6"):
+        for line in Path(f"/proc/net/{name}").read_text().splitlines()[1:]:
+            local, state = line.split()[1], line.split()[3]
+            host, _, hexport = local.partition(":")
+            if state == "0A" and int(hexport, 16) == port:
+                raw = bytes.fromhex(host)
+                # the kernel writes each 32-bit word in host (little-endian) order
+                raw = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+                ip = ipaddress.ip_address(raw)
+                found.append(str(getattr(ip, "ipv4_mapped", None) or ip))  # ::ffff:a.b.c.d
+    return found
+
+
+def test_training_servers_listen_on_their_own_address_only():
+    """TF binds 0.0.0.0:PORT (`ss` showed *:port): a launched job on a laptop accepted
+    TensorFlow's unauthenticated gRPC from the network. A multi-worker task (one worker: its
+    strategy starts its server) and a parameter-server task's server listen on 127.0.0.1, the
+    address the cluster spec gives them."""
+    import inspect
+    import textwrap
+
+    workers, _ = _two_worker_config(0)
+    listing = textwrap.indent(inspect.getsource(_listening), " " * 8)
+    out = run_isolated(f"""
+        import json
+        from pathlib import Path
+{listing}
+        from mirrorfit.distribute.cluster import Cluster
+        from mirrorfit.distribute.devices import configure_devices
+        from mirrorfit.engine.tensorflow.strategy import build_distribution
+        from mirrorfit.engine.tensorflow.parameter_server import start_server
+        one = Cluster(workers=({workers[0]!r},))
+        build_distribution(configure_devices(replicas=1), kind="multi-worker", cluster=one)
+        ps = Cluster(workers=("127.0.0.1:1",), ps=({workers[1]!r},), chief="127.0.0.1:2",
+                     task_type="ps")
+        start_server(ps)
+        print(json.dumps([_listening(int(a.rpartition(":")[2])) for a in {workers!r}]))
+    """, timeout=180)
+    assert out == [["127.0.0.1"], ["127.0.0.1"]], out  # was [["::"], ...]: every interface

@@ -47,6 +47,7 @@ import tensorflow as tf
 from keras.src.backend.common.stateless_scope import in_stateless_scope
 
 from mirrorfit.distribute._deadline import deadline
+from mirrorfit.distribute._listen import listening
 from mirrorfit.engine.backends import COORDINATOR
 from mirrorfit.engine.tensorflow.distribution import Distribution
 from mirrorfit.errors import ConfigError
@@ -225,13 +226,24 @@ def build_parameter_server(setup, cluster, *, timeout_s: float):
     # process names the ones missing after the timeout.
     with deadline(timeout_s, f"did not come up within {timeout_s:g} s; check that every task "
                   "started (its log), or raise --collective-timeout", cluster.peers()):
-        strategy = tf.distribute.experimental.ParameterServerStrategy(cluster.tf_resolver())
+        with listening(cluster):  # the chief's own server starts in the strategy
+            strategy = tf.distribute.experimental.ParameterServerStrategy(cluster.tf_resolver())
         coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
     return Distribution(strategy=strategy, kind="parameter-server",
                         replicas=strategy.num_replicas_in_sync,
                         local_replicas=strategy.num_replicas_in_sync,
                         workers=cluster.num_workers, is_chief=True, input_split=COORDINATOR,
                         task=cluster.task_name(), coordinator=coordinator, cluster=cluster)
+
+
+def start_server(cluster) -> tf.distribute.Server:
+    """This ``worker`` or ``ps`` task's server, started, on its own address (see
+    :func:`~mirrorfit.distribute._listen.listening`)."""
+
+    resolver = cluster.tf_resolver()
+    with listening(cluster):
+        return tf.distribute.Server(resolver.cluster_spec(), job_name=cluster.task_type,
+                                    task_index=cluster.task_index, protocol="grpc", start=True)
 
 
 def serve_task(cluster, *, console=None) -> NoReturn:
@@ -255,9 +267,7 @@ def serve_task(cluster, *, console=None) -> NoReturn:
             os._exit(128 + signum)
         signals.append(signum)
 
-    resolver = cluster.tf_resolver()
-    tf.distribute.Server(resolver.cluster_spec(), job_name=cluster.task_type,
-                         task_index=cluster.task_index, protocol="grpc", start=True)
+    start_server(cluster)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, on_signal)
     if console is not None:

@@ -14,6 +14,7 @@ from typing import Callable
 import tensorflow as tf
 
 from mirrorfit.distribute._deadline import deadline
+from mirrorfit.distribute._listen import listening
 from mirrorfit.distribute.cluster import DEFAULT_COLLECTIVE_TIMEOUT_S, cluster_for
 from mirrorfit.engine.tensorflow.devices import DeviceSetup
 from mirrorfit.engine.backends import WORKER_SHARE
@@ -128,7 +129,7 @@ def _multi_worker(setup: DeviceSetup, cluster, communication: str,
     with deadline(timeout_s, f"did not join within {timeout_s:g} s; check that every task "
                   "started (its log), or raise --collective-timeout", cluster.peers()):
         try:
-            with _buffers_sent_whole():
+            with _buffers_sent_whole(), listening(cluster):
                 strategy = tf.distribute.MultiWorkerMirroredStrategy(
                     cluster_resolver=resolver, communication_options=options)
         except (RuntimeError, tf.errors.OpError) as e:  # the barrier timed out
