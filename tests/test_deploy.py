@@ -17,7 +17,6 @@ import pytest
 import yaml  # PyYAML: in the [test] extra
 
 from mirrorfit import cli
-from mirrorfit.config import load_config
 from mirrorfit.distribute.cluster import resolve_cluster
 from mirrorfit.distribute.launch import check_launch_args
 
@@ -83,8 +82,7 @@ def check_command(argv: list[str]) -> None:
     assert args.command == "train"
     if args.data_dir and os.path.normpath(args.data_dir) in CLUSTER_DATA:
         args.data_dir = str(MNIST_DIR)
-    overrides = {k: v for k, v in vars(args).items() if k not in ("command", "config")}
-    load_config(args.config, **overrides)  # what _cmd_train does first
+    cli.train_config(args)  # what _cmd_train does first
 
 
 def yaml_docs(name: str) -> list[dict]:

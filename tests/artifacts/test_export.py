@@ -11,7 +11,8 @@ import tensorflow as tf
 
 from conftest import run_cli
 from mirrorfit.errors import ConfigError
-from mirrorfit.artifacts.export import export_saved_model, save_keras, versions
+from mirrorfit.artifacts.export import export_saved_model, versions
+from mirrorfit.artifacts.keras_file import save_keras
 from mirrorfit.models.build import mlp
 
 
@@ -196,7 +197,7 @@ def test_only_our_own_temps_of_crashed_writers_are_removed(tmp_path, model):
 
 def test_versions_past_int64_are_refused_and_the_server_agrees(tmp_path, model):
     from mirrorfit.errors import StorageError
-    from mirrorfit.serving.repository import _version_folders
+    from mirrorfit.serving.disk import version_folders
 
     base = tmp_path / "m"
     (base / "99999999999999999999").mkdir(parents=True)  # TF Serving ignores it (int64)
@@ -211,7 +212,7 @@ def test_versions_past_int64_are_refused_and_the_server_agrees(tmp_path, model):
     for name in ("٣", "²", "7\n", str(2**63)):
         (base / name).mkdir()
     # One parser: what export counts as a version is what the server serves.
-    assert versions(base) == sorted(_version_folders(base)) == [7, 2**63 - 1]
+    assert versions(base) == sorted(version_folders(base)) == [7, 2**63 - 1]
 
 
 def test_a_stop_before_the_commit_adds_no_version(tmp_path, model):

@@ -406,7 +406,7 @@ def test_a_guard_that_was_left_never_ends_the_process_later():
 
     out = run_isolated("""
         import json, os, signal, time
-        from mirrorfit import preemption
+        from mirrorfit.job import preemption
         from mirrorfit.job.preemption import Preempted, PreemptionGuard
         preemption.SETUP_GRACE_S = 0.5  # the watchdog's wait, short for the test
         try:

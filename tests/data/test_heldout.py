@@ -130,11 +130,11 @@ def test_an_endless_test_dataset_of_unknown_length_stops_with_one_line(user_modu
 
     import tensorflow as tf
 
-    from mirrorfit.data import heldout
     from mirrorfit.artifacts.evaluate import _batches
+    from mirrorfit.data import user
 
-    assert heldout.MAX_UNKNOWN_TEST >= 1_000_000  # real test sets fit
-    monkeypatch.setattr(heldout, "MAX_UNKNOWN_TEST", 20)
+    assert user.MAX_UNKNOWN_TEST >= 1_000_000  # real test sets fit
+    monkeypatch.setattr(user, "MAX_UNKNOWN_TEST", 20)
     x, y = mnist(1)
 
     def endless():

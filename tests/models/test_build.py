@@ -141,7 +141,8 @@ def test_cnn_takes_images_with_channels():
 
 
 def test_application_exports_as_saved_model_and_keras_file(tmp_path):
-    from mirrorfit.artifacts.export import export_saved_model, save_keras
+    from mirrorfit.artifacts.export import export_saved_model
+    from mirrorfit.artifacts.keras_file import save_keras
     import tensorflow as tf
 
     # MobileNet (v1): the quickest application to export (~6 s here; MobileNetV2 ~9 s)

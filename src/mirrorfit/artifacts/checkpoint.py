@@ -151,7 +151,7 @@ class Checkpointer:
                 self._state.read(path)
             except StructureError as e:  # the files were read: their structure differs
                 raise CheckpointError(
-                    f"checkpoint {path} was written with other settings ({_why(e)}); resume "
+                    f"checkpoint {path} was written with other settings ({e}); resume "
                     "with the settings it was written with, or pass --fresh to start over"
                 ) from None
             except Exception as e:  # TF raises OpError, ValueError, IndexError... on bad files

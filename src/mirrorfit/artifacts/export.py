@@ -183,23 +183,3 @@ def _commit(tmp: Path, base: Path, before_commit: Callable[[], None] | None) -> 
         return final
     raise StorageError(f"gave up finding a free version number under {base} after "
                        f"{_MAX_RACES} tries (other exporters keep taking them)")
-
-
-def save_keras(model: keras.Model, path: str | Path, *,
-               before_commit: Callable[[], None] | None = None) -> Path:
-    """Save a ``.keras`` file atomically and durably (temp file beside it, fsync, rename)."""
-    path = check_keras_path(path)
-    # Escaped: a stem like "model[1]" or "m.*" must only match its own temps.
-    _io.remove_stale_temps(path.parent, re.escape(f".{path.stem}.tmp-"), re.escape(".keras"))
-    tmp = path.with_name(f".{path.stem}.tmp-{_io.temp_tag()}.keras")
-    try:
-        with _io.disk_full_hint(path, f"{path} is unchanged"):
-            model.save(tmp)
-            _io.fsync_tree(tmp)
-        if before_commit:
-            before_commit()
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    _io.fsync_dir(path.parent)
-    return path

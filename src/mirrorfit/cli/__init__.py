@@ -20,12 +20,19 @@ from mirrorfit.engine import backends
 from mirrorfit.errors import EXIT_USAGE, MirrorfitError
 
 
-def _cmd_train(args: argparse.Namespace) -> int:
-    from mirrorfit.config import check_outputs, load_config
+def train_config(args: argparse.Namespace):
+    """The TrainConfig of `mirrorfit train`'s flags (and --config's file), checked."""
+    from mirrorfit.config import load_config
 
     overrides = {k: v for k, v in vars(args).items()
                  if k not in ("command", "config", "verbose")}
-    config = load_config(args.config, **overrides)  # before the training stack loads
+    return load_config(args.config, **overrides)
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from mirrorfit.config import check_outputs
+
+    config = train_config(args)  # before the training stack loads
     backends.prepare(config.backend, verbose=args.verbose)
     from mirrorfit.distribute.cluster import cluster_for
 

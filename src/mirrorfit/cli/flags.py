@@ -92,7 +92,7 @@ def _train_parser(sub) -> None:
 
 
 def _verbose(add) -> None:
-    add("--verbose", "-v", action="store_true",
+    add("--verbose", "-v", action="store_const", const=True,
         help="show TensorFlow's/XLA's own log (C++ INFO, WARNING and ERROR lines, gRPC's): "
              "hidden unless this or TF_CPP_MIN_LOG_LEVEL asks for them")
 

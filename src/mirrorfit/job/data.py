@@ -81,8 +81,10 @@ def check_model_fits(model, data: Data, config: TrainConfig) -> None:
 def input_source(data: Data, config: TrainConfig) -> str:
     """How the profiled input is read, for the report and its advice."""
     kind = KINDS[data.kind]
-    if kind.in_memory or kind.name == "module" and config.cache is not None:
-        return kind.reads
+    if kind.in_memory:
+        return kind.reads  # memory; synthetic: one batch repeated
+    if kind.name == "module" and config.cache is not None:
+        return "memory"  # tf.data's cache() of the function's dataset
     return f"{kind.reads}, {'decoded once (--cache)' if config.cache else 'decoded every step'}"
 
 

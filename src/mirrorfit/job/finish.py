@@ -87,7 +87,7 @@ def finish(config: TrainConfig, console: Console, history, *, trainer, data, bat
     if not dist.is_chief:
         return summary
     if config.export_dir or config.save_keras:
-        from mirrorfit.artifacts.export import export_saved_model, save_keras
+        from mirrorfit.artifacts.keras_file import save_keras
 
         plain = factory()  # a copy outside the strategy: exports load with no strategy
         plain.set_weights(trainer.model.get_weights())
@@ -96,7 +96,9 @@ def finish(config: TrainConfig, console: Console, history, *, trainer, data, bat
         if config.save_keras:
             summary["keras_file"] = str(save_keras(plain, config.save_keras,
                                                    before_commit=guard.check_local))
-        if config.export_dir:
+        if config.export_dir:  # a TensorFlow SavedModel: the TensorFlow engine's runs
+            from mirrorfit.artifacts.export import export_saved_model
+
             path = export_saved_model(plain, config.export_dir,
                                       preprocessing=config.export_preprocessing,
                                       class_names=data.class_names,

@@ -337,7 +337,7 @@ def test_training_servers_listen_on_their_own_address_only():
         from pathlib import Path
 {listing}
         from mirrorfit.distribute.cluster import Cluster
-        from mirrorfit.distribute.devices import configure_devices
+        from mirrorfit.engine.tensorflow.devices import configure_devices
         from mirrorfit.engine.tensorflow.strategy import build_distribution
         from mirrorfit.engine.tensorflow.parameter_server import start_server
         one = Cluster(workers=({workers[0]!r},))

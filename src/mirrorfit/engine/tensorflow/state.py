@@ -34,8 +34,10 @@ class CheckpointState:
         ValueError, ...) when they cannot be read."""
         try:
             self._checkpoint.read(str(folder / PREFIX)).assert_existing_objects_matched()
-        except AssertionError as e:
-            raise StructureError(str(e)) from None
+        except AssertionError as e:  # said as TensorFlow said it, first line
+            first = (str(e).strip().splitlines() or [""])[0][:200]
+            raise StructureError(f"AssertionError: {first}" if first else "AssertionError"
+                                 ) from None
 
 
 def read_model(folder: Path, model) -> None:

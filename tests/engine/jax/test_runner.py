@@ -1,0 +1,150 @@
+"""engine.jax.runner (through `mirrorfit train --backend jax`): it trains without TensorFlow,
+resumes after SIGTERM to the predictions of an uninterrupted run, reads the examples in the
+order the TensorFlow engine reads them, and counts every evaluation example once.
+"""
+
+import json
+import textwrap
+
+import numpy as np
+import pytest
+
+from conftest import run_cli, run_isolated
+
+pytestmark = pytest.mark.slow
+
+JAX_ONLY = 'import os, sys\nsys.modules["tensorflow"] = None\nos.environ["KERAS_BACKEND"] = "jax"\n'
+
+
+def test_train_on_jax_imports_no_tensorflow(tmp_path):
+    out = tmp_path / "m.json"
+    proc = run_cli("train", "--backend", "jax", "--epochs", "2", "--train-examples", "2048",
+                   "--no-progress", "--metrics-out", str(out), without_tensorflow=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads(out.read_text())
+    assert summary["backend"] == "jax" and summary["steps"] == 2 * (2048 // 32)
+    assert summary["test_accuracy"] > 0.5 and summary["test_examples"] == 10000  # it learnt
+    assert "XLA: on" in proc.stderr
+
+
+# Runs `mirrorfit train` several times in one interpreter (test_checkpoint's driver), on JAX
+# with TensorFlow blocked; run i gets SIGTERM at the step hook ARMED[i] names.
+DRIVER = JAX_ONLY + """
+import contextlib, io, json, signal, traceback
+from mirrorfit import cli
+from mirrorfit.artifacts.checkpoint import Checkpointer
+fired = set()
+real_hook = Checkpointer.step_hook
+def step_hook(self, trainer):
+    real_hook(self, trainer)
+    if ARMED.get(current) == trainer.step and current not in fired:
+        fired.add(current)
+        os.kill(os.getpid(), signal.SIGTERM)
+Checkpointer.step_hook = step_hook
+out = []
+for current, args in enumerate(RUNS):
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        try:
+            code = cli.main(args)
+        except BaseException:
+            code, _ = "exception", traceback.print_exc()
+    out.append({"code": code, "err": err.getvalue()})
+print(json.dumps(out))
+"""
+# Dropout (its RNG state must be checkpointed) and Adam (its slots)
+RUN = ["train", "--backend", "jax", "--model", "user_models:tiny_dropout", "--train-examples",
+       "512", "--epochs", "3", "--global-batch-size", "32", "--steps-per-execution", "2",
+       "--checkpoint-every", "8", "--optimizer", "adam", "--lr", "0.003", "--no-progress"]
+PREDICT = JAX_ONLY + """
+import json, numpy as np, keras, mirrorfit
+x = mirrorfit.load_mnist(download=False).x_test[:1000] / 255.0
+a, b = (keras.saving.load_model(p).predict(x, verbose=0) for p in {paths!r})
+print(json.dumps({{"max_diff": float(np.abs(a - b).max()), "spread": float(a.std())}}))
+"""
+
+
+def test_sigterm_mid_epoch_then_resume_predicts_as_an_uninterrupted_run(tmp_path):
+    a = [*RUN, "--checkpoint-dir", str(tmp_path / "a"), "--save-keras", str(tmp_path / "a.keras")]
+    b = [*RUN, "--checkpoint-dir", str(tmp_path / "b"), "--save-keras", str(tmp_path / "b.keras")]
+    program = f"RUNS = {[a, b, b]!r}\nARMED = {{1: 22}}\n" + DRIVER
+    ref, stopped, resumed = run_isolated(program)
+    assert ref["code"] == 0, ref["err"][-3000:]
+    assert stopped["code"] == 75, stopped["err"][-3000:]  # epoch 2, step 22 of 48: mid-epoch
+    assert "ckpt-000000022" in stopped["err"]
+    assert resumed["code"] == 0, resumed["err"][-3000:]
+    assert "at step 6" in resumed["err"]
+    meta = json.loads((tmp_path / "b" / "ckpt-000000048" / "meta.json").read_text())
+    assert meta["backend"] == "jax"
+    out = run_isolated(PREDICT.format(paths=[str(tmp_path / "a.keras"),
+                                            str(tmp_path / "b.keras")]))
+    assert out["spread"] > 0.01 and out["max_diff"] < 1e-6
+
+
+def test_a_tensorflow_checkpoint_is_not_resumed_on_jax(tmp_path):
+    common = ["train", "--model", "user_models:tiny", "--train-examples", "256", "--epochs", "1",
+              "--no-progress", "--checkpoint-dir", str(tmp_path / "c")]
+    assert run_cli(*common).returncode == 0
+    proc = run_cli(*common[:-2], "--epochs", "2", "--checkpoint-dir", str(tmp_path / "c"),
+                   "--backend", "jax", without_tensorflow=True)
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("mirrorfit: error")]
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-2000:]
+    assert "written with --backend tensorflow, this run has --backend jax" in lines[0]
+
+
+ORDER = """
+import os, sys, json
+import numpy as np
+import mirrorfit
+from mirrorfit.engine.jax.feed import Feed, plan
+data = mirrorfit.load_mnist(train_examples=640, download=False)
+batches = mirrorfit.train_batches(data.x_train, data.y_train, global_batch=32, seed=5)
+import tensorflow as tf
+tf_order = [(x, y) for x, y in batches.dataset(start_epoch=1, epochs=2, skip=3).as_numpy_iterator()]
+import jax
+from jax.sharding import NamedSharding, Mesh, PartitionSpec as P
+mesh = Mesh(np.array(jax.devices()[:1]), ("data",))
+calls = plan(steps_per_epoch=batches.steps_per_epoch, start_epoch=1, epochs=2, skip=3,
+             steps_per_execution=4)
+feed = Feed(batches, calls, block_steps=4, batch_sharding=NamedSharding(mesh, P(None, "data")))
+jax_order = []
+for _, _, n in calls:
+    xs, ys = feed.next(n)
+    jax_order += [(np.asarray(xs)[i] / 255.0, np.asarray(ys)[i]) for i in range(n)]
+feed.close()
+print(json.dumps({"n": [len(tf_order), len(jax_order)],
+                  "x": max(float(np.abs(a[0] - b[0]).max()) for a, b in zip(tf_order, jax_order)),
+                  "y": all(bool((a[1] == b[1]).all()) for a, b in zip(tf_order, jax_order))}))
+"""
+
+
+def test_the_feed_reads_the_examples_the_tensorflow_pipeline_reads_in_its_order():
+    out = run_isolated(ORDER)
+    assert out["n"] == [17, 17]  # epoch 1 of 20 steps, less the 3 already trained
+    assert out["x"] < 1e-6 and out["y"]
+
+
+EVAL = JAX_ONLY + """
+import json, numpy as np, keras, mirrorfit
+from mirrorfit.engine import jax as engine
+placement = engine.build_distribution(engine.configure_devices(replicas=2))
+data = mirrorfit.load_mnist(train_examples=512, download=False)
+trainer = mirrorfit.Trainer(strategy=placement, model=mirrorfit.models.mlp,
+                            optimizer=keras.optimizers.SGD(0.1),
+                            loss=keras.losses.SparseCategoricalCrossentropy(), global_batch=64)
+trainer.fit(mirrorfit.train_batches(data.x_train, data.y_train, global_batch=64, seed=0),
+            epochs=1)
+x, y = data.x_test[:1001], data.y_test[:1001]
+result = trainer.evaluate((x, y), batch_size=63)
+probs = np.asarray(trainer.model.predict(x / 255.0, verbose=0))
+print(json.dumps({"result": result, "acc": float(np.mean(np.argmax(probs, 1) == y)),
+                  "loss": float(np.mean(-np.log(probs[np.arange(len(y)), y])))}))
+"""
+
+
+def test_evaluation_counts_each_example_once_over_two_devices():
+    out = run_isolated(EVAL)
+    # 15 batches of 63 (each padded to 64 for 2 devices) and one of 56
+    assert out["result"]["examples"] == 1001
+    assert out["result"]["accuracy"] == pytest.approx(out["acc"], abs=1e-6)
+    assert out["result"]["loss"] == pytest.approx(out["loss"], rel=1e-4)

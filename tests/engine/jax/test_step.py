@@ -1,0 +1,122 @@
+"""engine.jax.step (through the runner): the JAX engine's compiled step is the update one device
+makes on the whole global batch, whatever the replicas and micro-batches, with one all-reduce per
+optimizer step and no retracing.
+
+Each replica count runs in a fresh interpreter (XLA's host device count is read when JAX starts)
+with TensorFlow blocked: the JAX engine must not import it.
+"""
+
+import numpy as np
+import pytest
+
+from conftest import run_isolated
+
+TRAIN = """
+import os, sys, json
+sys.modules["tensorflow"] = None  # the JAX engine never imports it
+os.environ["KERAS_BACKEND"] = "jax"
+import numpy as np
+from mirrorfit.engine import jax as engine
+placement = engine.build_distribution(engine.configure_devices(replicas={replicas}))
+import keras, mirrorfit
+data = mirrorfit.load_mnist(train_examples=2048, download=False)
+results = {{}}
+for name, optimizer, accum, spe in {runs!r}:
+    engine.seed(7)
+    opt = {{"sgd": keras.optimizers.SGD(0.05), "adam": keras.optimizers.Adam(1e-3)}}[optimizer]
+    trainer = mirrorfit.Trainer(strategy=placement, model=mirrorfit.models.mlp, optimizer=opt,
+                                loss=keras.losses.SparseCategoricalCrossentropy(),
+                                global_batch=128, steps_per_execution=spe, accum_steps=accum)
+    init = [w.copy() for w in trainer.model.get_weights()]
+    history = trainer.fit(mirrorfit.train_batches(data.x_train, data.y_train, global_batch=128,
+                                                  seed=3), epochs=2)
+    np.savez(f"{out}/{{name}}.npz", *trainer.model.get_weights())
+    changed = max(float(np.abs(a - b).max()) for a, b in zip(init, trainer.model.get_weights()))
+    results[name] = {{"steps": history.steps, "traced": trainer.tracing_count(),
+                      "changed": changed, "loss": history.epochs[-1]["loss"],
+                      "tensorflow": "tensorflow" in sys.modules and sys.modules["tensorflow"] is not None}}
+print(json.dumps(results))
+"""
+# name: (replicas, optimizer, accumulation steps, steps per execution)
+RUNS = {"one_sgd": (1, "sgd", 1, 8), "one_adam": (1, "adam", 1, 8),
+        "two_sgd": (2, "sgd", 1, 8), "two_adam": (2, "adam", 1, 8),
+        "one_accum4": (1, "sgd", 4, 8), "two_accum4": (2, "sgd", 4, 8),
+        "spe5": (2, "sgd", 1, 5), "spe1": (2, "sgd", 1, 1)}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    out = tmp_path_factory.mktemp("weights")
+    results = {}
+    for replicas in (1, 2):
+        mine = [(name, opt, accum, spe) for name, (r, opt, accum, spe) in RUNS.items()
+                if r == replicas]
+        results.update(run_isolated(TRAIN.format(replicas=replicas, runs=mine, out=out)))
+    for name, info in results.items():
+        with np.load(out / f"{name}.npz") as f:
+            info["weights"] = [f[k] for k in sorted(f.files, key=lambda k: int(k.split("_")[1]))]
+    return results
+
+
+def _same(a, b, rtol, atol):
+    assert len(a) == len(b)
+    for wa, wb in zip(a, b):
+        np.testing.assert_allclose(wa, wb, rtol=rtol, atol=atol)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_two_devices_give_the_weights_of_one(runs, optimizer):
+    one, two = runs[f"one_{optimizer}"], runs[f"two_{optimizer}"]
+    assert one["steps"] == two["steps"] == 2 * (2048 // 128)
+    assert one["changed"] > 1e-3  # it did train
+    _same(one["weights"], two["weights"], rtol=1e-4, atol=2e-6)
+    assert not one["tensorflow"] and not two["tensorflow"]
+
+
+@pytest.mark.slow
+def test_accumulation_over_four_micro_batches_is_one_batch_four_times_larger(runs):
+    # the same global batch of 128: four micro-batches of 32 (on 1 device) or of 16 (each of 2
+    # devices) sum to the gradient of the whole batch, all-reduced once
+    _same(runs["one_sgd"]["weights"], runs["one_accum4"]["weights"], rtol=1e-4, atol=2e-6)
+    _same(runs["one_sgd"]["weights"], runs["two_accum4"]["weights"], rtol=1e-4, atol=2e-6)
+
+
+@pytest.mark.slow
+def test_steps_per_execution_does_not_change_the_result_nor_retrace(runs):
+    five, one = runs["spe5"], runs["spe1"]  # 16 steps an epoch: 5+5+5+1, a shorter last call
+    _same(five["weights"], one["weights"], rtol=1e-6, atol=1e-7)
+    assert five["traced"] == 1 and one["traced"] == 1
+
+
+ALL_REDUCES = """
+import os, sys, json, re
+sys.modules["tensorflow"] = None
+os.environ["KERAS_BACKEND"] = "jax"
+import numpy as np
+from mirrorfit.engine import jax as engine
+placement = engine.build_distribution(engine.configure_devices(replicas=2))
+import jax, keras, mirrorfit
+from jax.sharding import NamedSharding, PartitionSpec as P
+out = {}
+for accum in (1, 4):
+    trainer = mirrorfit.Trainer(strategy=placement, model=mirrorfit.models.cnn,
+                                optimizer=keras.optimizers.Adam(1e-3),
+                                loss=keras.losses.SparseCategoricalCrossentropy(),
+                                global_batch=32, accum_steps=accum)
+    runner = trainer.runner
+    split = NamedSharding(placement.mesh, P(None, "data"))
+    xs = jax.device_put(np.zeros((3, 32, 28, 28), np.uint8), split)
+    ys = jax.device_put(np.zeros((3, 32), np.int32), split)
+    text = runner._steps.train.lower(runner._state, xs, ys, np.int32(3)).compile().as_text()
+    out[accum] = len(re.findall(r" all-reduce(?:-start)?\\(", text))
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.slow
+def test_one_all_reduce_per_optimizer_step_whatever_the_micro_batches():
+    counts = run_isolated(ALL_REDUCES)
+    # the compiled loop holds one all-reduce (of all gradients at once) per step: K=4
+    # micro-batches add none
+    assert counts == {"1": 1, "4": 1}

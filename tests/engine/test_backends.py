@@ -1,0 +1,85 @@
+"""engine.backends: the backend is a value chosen before Keras loads; settings only one engine
+has are refused in one line before any framework loads; the first screen of a run shows none
+of TensorFlow's C++ start-up lines unless asked."""
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT, _env, run_cli
+from mirrorfit.engine import backends
+from mirrorfit.errors import ConfigError
+
+# An absl log line (severity, date, time, thread, file:line]) or absl's preamble
+ABSL_LINE = re.compile(r"^([IWEF]\d{4} [\d:.]+ +\d+ \S+:\d+\]|WARNING: All log messages before "
+                       r"absl)", re.MULTILINE)
+
+
+def test_the_backend_comes_from_the_flag_else_keras_backend_else_tensorflow(monkeypatch):
+    monkeypatch.delenv("KERAS_BACKEND", raising=False)
+    assert backends.resolve(None) == "tensorflow"
+    monkeypatch.setenv("KERAS_BACKEND", "jax")
+    assert backends.resolve(None) == "jax"
+    assert backends.resolve("tensorflow") == "tensorflow"
+    monkeypatch.setenv("KERAS_BACKEND", "torch")
+    with pytest.raises(ConfigError, match="KERAS_BACKEND 'torch': mirrorfit trains on "
+                                          "tensorflow or jax"):
+        backends.resolve(None)
+    with pytest.raises(ConfigError, match="--backend 'mxnet'"):
+        backends.resolve("mxnet")
+
+
+def test_the_toml_key_sets_the_backend(tmp_path, monkeypatch):
+    from mirrorfit.config import load_config
+
+    monkeypatch.delenv("KERAS_BACKEND", raising=False)
+    (tmp_path / "run.toml").write_text('backend = "jax"\n')
+    assert load_config(tmp_path / "run.toml").backend == "jax"
+    assert load_config(tmp_path / "run.toml", backend="tensorflow").backend == "tensorflow"
+
+
+@pytest.mark.parametrize("flags,says", [
+    (("--strategy", "parameter-server"), "--strategy parameter-server needs TensorFlow's "
+                                         "ParameterServerStrategy"),
+    (("--strategy", "central-storage"), "--strategy central-storage keeps variables on one "
+                                        "device"),
+    (("--cross-device-ops", "reduce-to-one"), "--cross-device-ops reduce-to-one chooses "
+                                              "TensorFlow's collectives"),
+    (("--profile",), "--profile breaks down TensorFlow's step"),
+    (("--export-dir", "models/m"), "export it where TensorFlow is installed: mirrorfit export"),
+])
+def test_tensorflow_only_settings_are_refused_on_jax_before_anything_loads(flags, says):
+    proc = run_cli("train", "--backend", "jax", *flags, without_tensorflow=True)
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert lines[0].startswith("mirrorfit: error: ") and says in lines[0], lines[0]
+
+
+def test_startup_lines_are_dropped_by_the_log_level():
+    # what TensorFlow 2.21 printed here before its logging was set up
+    preamble = "WARNING: All log messages before absl::InitializeLog() is called are written"
+    info = "I0000 00:00:1796136414.784719    2667 port.cc:153] oneDNN custom operations are on."
+    error = ("E0000 00:00:1796136418.752657    2667 cuda_platform.cc:52] failed call to cuInit: "
+             "INTERNAL")
+    for line, shown_up_to in ((preamble, 1), (info, 0), (error, 2), ("a Python warning", 3)):
+        assert [backends._hidden(line, level) for level in range(4)] == \
+            [level > shown_up_to for level in range(4)], line
+
+
+@pytest.mark.slow
+def test_the_first_screen_of_a_run_has_no_tensorflow_cpp_lines(tmp_path):
+    env = {k: v for k, v in _env().items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    args = ["train", "--epochs", "1", "--train-examples", "640", "--no-progress"]
+    quiet = subprocess.run([sys.executable, "-m", "mirrorfit.cli", *args], capture_output=True,
+                           text=True, env=env, cwd=ROOT, timeout=300)
+    assert quiet.returncode == 0, quiet.stderr[-2000:]
+    assert quiet.stderr.splitlines()[0].startswith("mirrorfit mlp on "), quiet.stderr[:2000]
+    assert not ABSL_LINE.search(quiet.stderr), quiet.stderr[:2000]
+    verbose = subprocess.run([sys.executable, "-m", "mirrorfit.cli", *args, "--verbose"],
+                             capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+    assert verbose.returncode == 0, verbose.stderr[-2000:]
+    if os.uname().machine == "x86_64":  # oneDNN's notice, at least, on every x86 host
+        assert ABSL_LINE.search(verbose.stderr), verbose.stderr[:2000]
