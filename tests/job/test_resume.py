@@ -282,14 +282,13 @@ def test_the_resume_line_says_whether_an_epochs_end_is_still_to_run(tmp_path, st
     that epoch's line: the resume line must not call the epoch done."""
     from types import SimpleNamespace
 
-    from mirrorfit.job import train
     from mirrorfit.artifacts.checkpoint import Restored
+    from mirrorfit.engine.controller import resume
 
     restored = Restored(tmp_path / "ckpt", epoch=1, step_in_epoch=step_in_epoch,
                         step=8 + step_in_epoch, ended=ended)
     checkpointer = SimpleNamespace(clean_partial=lambda: None, restore_latest=lambda: restored)
     dist = SimpleNamespace(agree=lambda flag: flag, all_equal=lambda value: True, task="chief")
     printed = []
-    train._restore(checkpointer, SimpleNamespace(fresh=False),
-                   SimpleNamespace(print=printed.append), dist, steps_per_epoch=8)
+    resume(checkpointer, dist, steps_per_epoch=8, fresh=False, say=printed.append)
     assert printed == [f"resuming from {tmp_path / 'ckpt'}: {says}"]

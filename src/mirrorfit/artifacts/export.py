@@ -29,7 +29,7 @@ import tensorflow as tf
 
 from mirrorfit import _io
 from mirrorfit.errors import StorageError
-from mirrorfit.artifacts.output_paths import check_export_dir, check_keras_path
+from mirrorfit.artifacts.output_paths import check_export_dir
 from mirrorfit.artifacts.version_names import MAX_VERSION, parse_version, version_number
 
 INPUT_NAME = "images"

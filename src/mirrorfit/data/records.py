@@ -34,6 +34,7 @@ import os
 import re
 from dataclasses import dataclass
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 import numpy as np
 import tensorflow as tf
@@ -41,6 +42,9 @@ import tensorflow as tf
 from mirrorfit.data.decode import ImageDecoder, find_undecodable
 from mirrorfit.data.pipeline import DataOrder, epoch_order, finish, shuffle
 from mirrorfit.errors import DataError
+
+if TYPE_CHECKING:
+    from mirrorfit.data.opened import Data
 
 CYCLE = 4  # files read at once per worker (interleaved)
 SHUFFLE_BUFFER = 4096  # records shuffled per worker (encoded: ~1 KB each for MNIST PNGs)

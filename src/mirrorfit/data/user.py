@@ -27,13 +27,16 @@ import importlib
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import tensorflow as tf
 
 from mirrorfit.data.pipeline import DataOrder, finish, shuffle, worker_slice
 from mirrorfit.errors import DataError
+
+if TYPE_CHECKING:
+    from mirrorfit.data.opened import Data, TestSplit
 
 SHUFFLE_BUFFER = 10_000  # examples
 

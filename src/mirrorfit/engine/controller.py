@@ -67,6 +67,8 @@ class History:
     steady_time_s: float = 0.0
     examples: int = 0  # every execution's, the first one's too
     time_s: float = 0.0
+    first_execution_s: float = 0.0  # seconds: tracing, compiling and the first S steps
+    validation_s: float = 0.0  # seconds in the epochs' validation
 
     @property
     def train_examples_per_sec(self) -> float:
@@ -149,19 +151,33 @@ class Trainer:
         """The learning rate the next step uses (schedules evaluated at the current step)."""
         return self.runner.learning_rate()
 
+    def resume(self, checkpointer, *, steps_per_epoch: int, fresh: bool = False,
+               say: Callable[[str], None] = print):
+        """Restore the newest checkpoint of ``checkpointer`` (a
+        :class:`~mirrorfit.artifacts.checkpoint.Checkpointer` of this trainer), or with
+        ``fresh`` set the existing ones aside and start over; ``say`` gets one line saying
+        from where (``steps_per_epoch``: of the training data). Every worker calls it (its
+        barrier and check are collectives). Returns the checkpoint's ``Restored``, or None."""
+        return resume(checkpointer, self.distribution, steps_per_epoch, fresh=fresh, say=say)
+
     def fit(self, train: TrainData, *, epochs: int, steps_per_epoch: int | None = None,
             validation: Any = None,
             callbacks: Sequence[Callback] = (), hooks: Sequence[Hook] = (),
-            progress: EpochProgress | None = None) -> History:
+            progress: EpochProgress | None = None, checkpointer=None) -> History:
         """Train up to ``epochs`` epochs in all; return per-epoch logs and throughput.
 
         ``train`` is :func:`~mirrorfit.data.pipeline.train_batches` (seeded epochs) or a
-        ``tf.data.Dataset`` of one epoch of global batches (repeated each epoch). Starts from
+        ``tf.data.Dataset`` of one epoch of global batches (repeated each epoch). A
+        ``checkpointer`` saves every ``checkpointer.every`` steps and at each epoch's end
+        (before ``callbacks``). Starts from
         ``position``: a trainer restored from a checkpoint continues mid-epoch with the batches
         it had not seen yet; one restored at an epoch's last step, saved before that epoch's end
         (validation, callbacks) completed, runs that end first.
         """
         history = History()
+        if checkpointer is not None:
+            hooks = [*hooks, checkpointer.step_hook]
+            callbacks = [checkpointer.epoch_callback, *callbacks]
         if self.epoch >= epochs:  # e.g. restored from the last checkpoint of a finished run
             return history
         progress = progress or EpochProgress(enabled=False)
@@ -189,8 +205,10 @@ class Trainer:
             for epoch in range(self.epoch + 1, epochs + 1):
                 logs = self._run_epoch(iterator, epoch, epochs, steps, progress, history, hooks)
                 if validation is not None:
+                    t0 = time.perf_counter()
                     logs.update({f"val_{k}": v for k, v in self.evaluate(validation).items()
                                  if k != "examples"})
+                    history.validation_s += time.perf_counter() - t0
                 self.position = self.position.epoch_done(epoch)
                 history.epochs.append(logs)
                 for callback in callbacks:
@@ -216,6 +234,8 @@ class Trainer:
             self.runner.run(iterator, n)
             elapsed = time.perf_counter() - t0
             self.position = self.position.advanced(n)
+            if not history.steps:
+                history.first_execution_s = elapsed
             if history.steps:  # the very first execution traces and compiles: not steady
                 history.steady_examples += n * self.global_batch
                 history.steady_time_s += elapsed
@@ -281,4 +301,39 @@ class Trainer:
         return self.runner.tracing_count()
 
 
-__all__ = ["Trainer", "History", "Position", "Callback", "Hook"]
+def resume(checkpointer, distribution, steps_per_epoch: int, *, fresh: bool = False,
+           say: Callable[[str], None] = print):
+    """:meth:`Trainer.resume`'s work: clean what a killed save left, set checkpoints aside
+    with ``fresh``, restore the newest one on every worker (each must restore the same step),
+    and say from where."""
+    checkpointer.clean_partial()  # the chief's; the other workers only read
+    if fresh:
+        aside = checkpointer.discard()
+        if aside:
+            say(f"--fresh: moved the existing checkpoints to {aside}")
+    distribution.agree(False)  # a barrier: nobody reads before the chief has cleaned up
+    restored = checkpointer.restore_latest()
+    step = restored.step if restored else 0
+    if not distribution.all_equal(step):
+        raise ConfigError(f"{distribution.task} restored step {step}, another worker a "
+                          "different one; give every worker the same --checkpoint-dir, on "
+                          "storage they all see")
+    if not restored:
+        return None
+    steps = steps_per_epoch
+    done, at = restored.epoch, restored.step_in_epoch
+    if at == steps and not restored.ended:
+        # Saved at an epoch's last step before that epoch's end: fit runs that end
+        # (validation, callbacks) first, and prints that epoch's line.
+        say(f"resuming from {restored.path}: {done} epoch(s) done, epoch {done + 1}'s {at} "
+            f"steps trained, running its end (validation, callbacks) first (global step "
+            f"{restored.step})")
+        return restored
+    if at == steps:  # a format < 4 checkpoint: that epoch counts as done, as ever
+        done, at = done + 1, 0
+    say(f"resuming from {restored.path}: {done} epoch(s) done, continuing epoch {done + 1} at "
+        f"step {at} (global step {restored.step})")
+    return restored
+
+
+__all__ = ["Trainer", "History", "Position", "Callback", "Hook", "resume"]

@@ -16,7 +16,7 @@ from mirrorfit.job.data import data_errors, input_source
 
 
 def finish(config: TrainConfig, console: Console, history, *, trainer, data, batches, setup,
-           dist, factory, usage, guard: PreemptionGuard) -> dict[str, Any]:
+           dist, factory, usage, guard: PreemptionGuard, clock=None) -> dict[str, Any]:
     """Test evaluation, summary, profile and exports: everything after the training loop.
     ``guard`` stops it before the exports commit if a signal arrives. Every worker evaluates
     (the evaluation's collectives need them all); only the chief writes."""
@@ -105,6 +105,9 @@ def finish(config: TrainConfig, console: Console, history, *, trainer, data, bat
                                       before_commit=guard.check_local)
             summary["export_path"] = str(path)
             console.print(f"exported SavedModel version {path}")
+    if clock is not None:  # where the whole run's time went (seconds, phase by phase)
+        clock.lap("test_and_outputs")
+        summary["timings_s"] = clock.timings
     if config.metrics_out:
         _io.write_json_atomic(config.metrics_out, summary)
     return summary

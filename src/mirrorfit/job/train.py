@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import time
 from typing import Any
 
 from rich.console import Console
@@ -20,7 +21,7 @@ from mirrorfit.distribute.cluster import cluster_for
 from mirrorfit.engine import backends
 from mirrorfit.engine.progress import EpochProgress
 from mirrorfit.engine.controller import Trainer
-from mirrorfit.errors import ClusterError, ConfigError
+from mirrorfit.errors import ClusterError
 from mirrorfit.models.build import model_factory
 from mirrorfit.job.observe import CpuGpuSampler, ScalarWriter, out_of_memory_hint
 from mirrorfit.job.preemption import PreemptionGuard
@@ -40,13 +41,15 @@ def build_optimizer(name: str, lr):
 
 
 def run_training(config: TrainConfig, *, console: Console | None = None,
-                 guard: PreemptionGuard | None = None) -> dict[str, Any]:
+                 guard: PreemptionGuard | None = None,
+                 timings: dict[str, float] | None = None) -> dict[str, Any]:
     """Train as ``config`` says; print setup, progress and summary; return the summary dict.
 
     The summary's throughput ``train_examples_per_sec`` is steady state (examples/s, the first
     compiled execution excluded); ``wall_time_s`` is seconds for the whole fit. ``guard``: an
     entered :class:`PreemptionGuard` (the CLI enters one before TensorFlow loads); else one is
-    entered here.
+    entered here. ``timings``: seconds of what came before (the CLI's start-up and the
+    framework's import); the summary's ``timings_s`` adds the run's phases to them.
     """
     # soft_wrap: in a pipe or a log file rich would break lines at 80 columns.
     console = console or Console(stderr=True, soft_wrap=True)
@@ -59,14 +62,27 @@ def run_training(config: TrainConfig, *, console: Console | None = None,
     if guard is None:
         guard = PreemptionGuard()
         with guard:
-            return _run(config, console, guard, cluster)
-    return _run(config, console, guard, cluster)
+            return _run(config, console, guard, cluster, _Clock(timings))
+    return _run(config, console, guard, cluster, _Clock(timings))
+
+
+class _Clock:
+    """Seconds per phase of the run (``lap(name)``: since the last lap), for the summary."""
+
+    def __init__(self, before: dict[str, float] | None) -> None:
+        self.timings = dict(before or {})
+        self._last = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.timings[name] = round(now - self._last, 3)
+        self._last = now
 
 
 def _run(config: TrainConfig, console: Console, guard: PreemptionGuard,
-         cluster) -> dict[str, Any]:
+         cluster, clock: _Clock) -> dict[str, Any]:
     try:
-        return _train(config, console, guard, cluster)
+        return _train(config, console, guard, cluster, clock)
     except Exception as e:
         if cluster is None or not _peer_failure(e):
             raise
@@ -89,8 +105,9 @@ def _peer_failure(error: Exception) -> bool:
 
 
 def _train(config: TrainConfig, console: Console, guard: PreemptionGuard,
-           cluster) -> dict[str, Any]:
+           cluster, clock: _Clock) -> dict[str, Any]:
     engine = backends.load(config.backend)  # the framework loads here
+    clock.lap("engine")
     factory = model_factory(config.model)
     if cluster is not None and config.strategy == "parameter-server" \
             and cluster.task_type in ("worker", "ps"):
@@ -98,24 +115,26 @@ def _train(config: TrainConfig, console: Console, guard: PreemptionGuard,
         guard.hand_over()  # serve_task handles its signals (it serves until the chief ends)
         return serve_task(cluster, console=console)  # runs what the chief schedules
     setup = engine.configure_devices(replicas=config.replicas, devices=config.devices,
-                              visible_devices=config.visible_devices,
-                              memory_growth=config.memory_growth,
-                              memory_limit_mb=config.gpu_memory_limit,
-                              threads=config.threads_per_worker,
-                              keep_freed_memory=True)  # a training process: see _host_memory
+                                     visible_devices=config.visible_devices,
+                                     memory_growth=config.memory_growth,
+                                     memory_limit_mb=config.gpu_memory_limit,
+                                     threads=config.threads_per_worker,
+                                     keep_freed_memory=True)  # a training process: _host_memory
     note = threads_note(config.threads_per_worker)
     if note:  # every worker says it: bound workers' shares of the cores may differ
         console.print(f"[yellow]{note}[/]")
     dist = engine.build_distribution(setup, kind=config.strategy,
-                              cross_device_ops=config.cross_device_ops, cluster=cluster,
-                              communication=config.communication,
-                              collective_timeout_s=config.collective_timeout)
+                                     cross_device_ops=config.cross_device_ops, cluster=cluster,
+                                     communication=config.communication,
+                                     collective_timeout_s=config.collective_timeout)
     if not dist.is_chief:  # only the chief talks; the others say only what goes wrong
         console = Console(stderr=True, soft_wrap=True, quiet=True)
     guard.reclaim()  # the strategy may have installed TF's own SIGTERM handler
     guard.watch(None, agree=dist.agree)
+    clock.lap("devices")
     per_replica, global_batch = config.batch_sizes(dist.replicas)
     data = load_run_data(config, global_batch, dist)
+    clock.lap("data")
     # The model is built for the data: its input shape and classes (mlp/cnn take MNIST's when
     # the data is MNIST, as before).
     factory = model_factory(config.model, input_shape=data.input_shape,
@@ -161,23 +180,28 @@ def _train(config: TrainConfig, console: Console, guard: PreemptionGuard,
                                     settings=_settings(config),
                                     on_notice=lambda msg: console.print(f"[yellow]{msg}[/]"),
                                     writer=dist.is_chief, class_names=data.class_names)
-        _restore(checkpointer, config, console, dist, batches.steps_per_epoch)
-        hooks.append(checkpointer.step_hook)
-        callbacks.append(checkpointer.epoch_callback)
+        trainer.resume(checkpointer, steps_per_epoch=batches.steps_per_epoch,
+                       fresh=config.fresh, say=console.print)
     guard.reclaim()  # user code (a --data or --model function, a library) may have taken them
     guard.watch(trainer, checkpointer, agree=dist.agree)
     hooks.append(guard.hook)
     callbacks.append(guard.epoch_callback)
     usage = CpuGpuSampler() if config.profile else contextlib.nullcontext()
     guard.check()  # a signal while setting up: stop before the first step
+    clock.lap("model")
     with usage, out_of_memory_hint(per_replica), data_errors(data):
         history = trainer.fit(
             batches, epochs=config.epochs, validation=data.val, hooks=hooks,
             progress=EpochProgress(console=console, enabled=config.progress),
-            callbacks=callbacks)
+            callbacks=callbacks, checkpointer=checkpointer)
     guard.check()  # a signal during the last validation or checkpoint
+    clock.lap("fit")
+    clock.timings.update(first_execution=round(history.first_execution_s, 3),
+                         steady_steps=round(history.steady_time_s, 3),
+                         validation=round(history.validation_s, 3))
     return finish(config, console, history, trainer=trainer, data=data, batches=batches,
-                  setup=setup, dist=dist, factory=factory, usage=usage, guard=guard)
+                  setup=setup, dist=dist, factory=factory, usage=usage, guard=guard,
+                  clock=clock)
 
 
 def _settings(config: TrainConfig) -> dict[str, Any]:
@@ -192,36 +216,6 @@ def _settings(config: TrainConfig) -> dict[str, Any]:
             "--base-batch": config.base_batch if linear else None,
             "--warmup-epochs": config.warmup_epochs, "--precision": config.precision,
             "--backend": config.backend}
-
-
-def _restore(checkpointer: Checkpointer, config: TrainConfig, console: Console,
-             dist, steps_per_epoch: int) -> None:
-    checkpointer.clean_partial()  # the chief's; the other workers only read
-    if config.fresh:
-        aside = checkpointer.discard()
-        if aside:
-            console.print(f"--fresh: moved the existing checkpoints to {aside}")
-    dist.agree(False)  # a barrier: nobody reads before the chief has cleaned up
-    restored = checkpointer.restore_latest()
-    step = restored.step if restored else 0
-    if not dist.all_equal(step):
-        raise ConfigError(f"{dist.task} restored step {step}, another worker a different one; "
-                          "give every worker the same --checkpoint-dir, on storage they all "
-                          "see")
-    if not restored:
-        return
-    done, at = restored.epoch, restored.step_in_epoch
-    if at == steps_per_epoch and not restored.ended:
-        # Saved at an epoch's last step before that epoch's end: Trainer.fit runs that end
-        # (validation, callbacks) first, and prints that epoch's line.
-        console.print(f"resuming from {restored.path}: {done} epoch(s) done, epoch {done + 1}'s "
-                      f"{at} steps trained, running its end (validation, callbacks) first "
-                      f"(global step {restored.step})")
-        return
-    if at == steps_per_epoch:  # a format < 4 checkpoint: that epoch counts as done, as ever
-        done, at = done + 1, 0
-    console.print(f"resuming from {restored.path}: {done} epoch(s) done, continuing epoch "
-                  f"{done + 1} at step {at} (global step {restored.step})")
 
 
 def _describe_lr(lr) -> str:

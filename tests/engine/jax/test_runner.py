@@ -4,9 +4,7 @@ order the TensorFlow engine reads them, and counts every evaluation example once
 """
 
 import json
-import textwrap
 
-import numpy as np
 import pytest
 
 from conftest import run_cli, run_isolated
