@@ -228,6 +228,34 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
+# Commands whose process ends once main() returns, and whose every output is written (and
+# fsynced) by then: they exit without the interpreter's teardown, which took ~1.3 s of the
+# default job here (TensorFlow's threads and objects). Not `serve` nor `launch`, and not a task
+# of a cluster, whose peers may still be talking to it.
+_FAST_EXIT = ("train", "evaluate", "export", "devices")
+
+
+def run() -> None:
+    """The ``mirrorfit`` console script and ``python -m mirrorfit``: :func:`main`, then exit
+    (at once, after flushing, for a command of ``_FAST_EXIT`` outside a cluster)."""
+    argv = sys.argv[1:]
+    code = main(argv)
+    if argv and argv[0] in _FAST_EXIT and not _in_cluster():
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
+def _in_cluster() -> bool:
+    from mirrorfit.distribute.cluster import resolve_cluster
+
+    try:
+        return resolve_cluster() is not None
+    except MirrorfitError:
+        return True  # a malformed cluster: the careful way out
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()
 

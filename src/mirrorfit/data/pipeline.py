@@ -84,9 +84,11 @@ class ShuffledBatches:
                         start_epoch=start_epoch, epochs=epochs, skip=skip, worker=worker,
                         workers=workers)
         x, y = tf.constant(self.x), tf.constant(self.y)
-        ds = ds.map(lambda i: (tf.gather(x, i), tf.gather(y, i)),
+        # Gathered and scaled in one map: two parallel maps cost the MLP ~5% of its steps here
+        # (each hands every batch to another thread).
+        ds = ds.map(lambda i: _to_float(tf.gather(x, i), tf.gather(y, i)),
                     num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-        return finish(ds)
+        return finish(ds, scaled=True)
 
     def sampled(self, context: tf.distribute.InputContext) -> tf.data.Dataset:
         """For parameter-server workers: this worker's endless stream of global batches,
@@ -195,10 +197,12 @@ def _to_float(x: tf.Tensor, y: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
     return tf.cast(x, tf.float32), y
 
 
-def finish(ds: tf.data.Dataset) -> tf.data.Dataset:
+def finish(ds: tf.data.Dataset, *, scaled: bool = False) -> tf.data.Dataset:
     """Batches as the devices take them: uint8 pixels scaled to [0, 1] (other dtypes cast to
-    float32), no automatic sharding (each worker's share is chosen by the source), prefetched."""
-    ds = ds.map(_to_float, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    float32; ``scaled``: already done), no automatic sharding (each worker's share is chosen
+    by the source), prefetched."""
+    if not scaled:
+        ds = ds.map(_to_float, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
     return ds.with_options(options).prefetch(tf.data.AUTOTUNE)

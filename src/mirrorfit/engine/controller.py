@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 import math
+import threading
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Sequence
@@ -163,21 +164,16 @@ class Trainer:
     def fit(self, train: TrainData, *, epochs: int, steps_per_epoch: int | None = None,
             validation: Any = None,
             callbacks: Sequence[Callback] = (), hooks: Sequence[Hook] = (),
-            progress: EpochProgress | None = None, checkpointer=None) -> History:
+            progress: EpochProgress | None = None) -> History:
         """Train up to ``epochs`` epochs in all; return per-epoch logs and throughput.
 
         ``train`` is :func:`~mirrorfit.data.pipeline.train_batches` (seeded epochs) or a
-        ``tf.data.Dataset`` of one epoch of global batches (repeated each epoch). A
-        ``checkpointer`` saves every ``checkpointer.every`` steps and at each epoch's end
-        (before ``callbacks``). Starts from
+        ``tf.data.Dataset`` of one epoch of global batches (repeated each epoch). Starts from
         ``position``: a trainer restored from a checkpoint continues mid-epoch with the batches
         it had not seen yet; one restored at an epoch's last step, saved before that epoch's end
         (validation, callbacks) completed, runs that end first.
         """
         history = History()
-        if checkpointer is not None:
-            hooks = [*hooks, checkpointer.step_hook]
-            callbacks = [checkpointer.epoch_callback, *callbacks]
         if self.epoch >= epochs:  # e.g. restored from the last checkpoint of a finished run
             return history
         progress = progress or EpochProgress(enabled=False)
@@ -214,11 +210,17 @@ class Trainer:
                 for callback in callbacks:
                     callback(epoch, logs)
         history.wall_time_s = time.perf_counter() - start
-        # Released here, at the same point on every worker: left to the garbage collector,
-        # a multi-worker run stalled 20-30 s after its last epoch (measured: 31 s; 0 s so).
         if hasattr(iterator, "close"):  # the JAX engine's feed thread
             iterator.close()
-        del iterator
+        if self.runner.lockstep:
+            # Released here, at the same point on every worker: left to the garbage collector,
+            # a multi-worker run stalled 20-30 s after its last epoch (measured: 31 s; 0 s so).
+            del iterator
+        else:
+            # Released on a thread of its own: deleting TensorFlow's iterator took 2-3 s in
+            # one run of two here (the default job's), and nothing waits for it.
+            threading.Thread(target=_release, args=([iterator],), daemon=True).start()
+            del iterator
         return history
 
     def _run_epoch(self, iterator, epoch, epochs, steps, progress, history,
@@ -248,8 +250,10 @@ class Trainer:
             history.time_s += elapsed
             now = time.perf_counter()
             # Reading metrics is a collective across workers: with several, every execution
-            # (the same points on every worker), else at most every 0.1 s.
-            if self.runner.lockstep or now - last_draw > 0.1 or self.step_in_epoch == steps:
+            # (the same points on every worker), else at most every 0.1 s for a bar drawn, and
+            # at the epoch's end (each read costs the JAX engine a few small computations).
+            if self.runner.lockstep or self.step_in_epoch == steps or (
+                    progress.shown and now - last_draw > 0.1):
                 last_draw = now
                 logs = self.train_logs()
                 # Steady executions' rate; the compiling one's where the epoch had no other
@@ -299,6 +303,10 @@ class Trainer:
     def tracing_count(self) -> int:
         """How often the multi-step train function was traced (1 once running)."""
         return self.runner.tracing_count()
+
+
+def _release(held: list) -> None:
+    held.clear()  # the last reference: the object is deleted on this thread
 
 
 def resume(checkpointer, distribution, steps_per_epoch: int, *, fresh: bool = False,

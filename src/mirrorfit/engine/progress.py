@@ -33,6 +33,11 @@ class EpochProgress:
     def __exit__(self, *exc) -> None:
         self._progress.stop()
 
+    @property
+    def shown(self) -> bool:
+        """Whether a bar is drawn (not with --no-progress, nor where no terminal shows it)."""
+        return not self._progress.disable
+
     def start_epoch(self, epoch: int, epochs: int, steps: int) -> None:
         self._task = self._progress.add_task("", total=steps, epoch=f"{epoch}/{epochs}",
                                              stats="")

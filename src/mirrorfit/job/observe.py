@@ -63,6 +63,11 @@ class ScalarWriter:
         if self._writer is not None:
             self._writer.flush()
 
+    def close(self) -> None:
+        """Write what is queued and close the file (its writer thread ends)."""
+        if self._writer is not None:
+            self._writer.close()
+
 
 class CpuGpuSampler:
     """Context manager sampling CPU (psutil) and GPU (NVML) utilisation every ``interval_s``.

@@ -164,8 +164,8 @@ def _train(config: TrainConfig, console: Console, guard: PreemptionGuard,
                       jit_compile=config.xla, remat=config.remat,
                       on_notice=lambda msg: console.print(f"[yellow]{msg}[/]"))
     callbacks = [lambda e, logs: console.print(_epoch_line(e, config.epochs, logs))]
-    if config.logdir:  # every worker reads the metrics (collectives); the chief writes
-        board = ScalarWriter(config.logdir if dist.is_chief else None)
+    board = ScalarWriter(config.logdir if dist.is_chief else None) if config.logdir else None
+    if board is not None:  # every worker reads the metrics (collectives); the chief writes
         hooks_extra, callbacks = [board.step_hook], callbacks + [board.epoch_callback]
     else:
         hooks_extra = []
@@ -182,6 +182,8 @@ def _train(config: TrainConfig, console: Console, guard: PreemptionGuard,
                                     writer=dist.is_chief, class_names=data.class_names)
         trainer.resume(checkpointer, steps_per_epoch=batches.steps_per_epoch,
                        fresh=config.fresh, say=console.print)
+        hooks.append(checkpointer.step_hook)  # before the guard's: a signal saves this step
+        callbacks.append(checkpointer.epoch_callback)
     guard.reclaim()  # user code (a --data or --model function, a library) may have taken them
     guard.watch(trainer, checkpointer, agree=dist.agree)
     hooks.append(guard.hook)
@@ -189,11 +191,15 @@ def _train(config: TrainConfig, console: Console, guard: PreemptionGuard,
     usage = CpuGpuSampler() if config.profile else contextlib.nullcontext()
     guard.check()  # a signal while setting up: stop before the first step
     clock.lap("model")
-    with usage, out_of_memory_hint(per_replica), data_errors(data):
-        history = trainer.fit(
-            batches, epochs=config.epochs, validation=data.val, hooks=hooks,
-            progress=EpochProgress(console=console, enabled=config.progress),
-            callbacks=callbacks, checkpointer=checkpointer)
+    try:
+        with usage, out_of_memory_hint(per_replica), data_errors(data):
+            history = trainer.fit(
+                batches, epochs=config.epochs, validation=data.val, hooks=hooks,
+                progress=EpochProgress(console=console, enabled=config.progress),
+                callbacks=callbacks)
+    finally:  # its last steps' scalars are written, also when a signal stops the run
+        if board is not None:
+            board.close()
     guard.check()  # a signal during the last validation or checkpoint
     clock.lap("fit")
     clock.timings.update(first_execution=round(history.first_execution_s, 3),

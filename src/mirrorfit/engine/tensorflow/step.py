@@ -82,11 +82,13 @@ class ReplicaStep:
         k = self.accum_steps
         xs = tf.reshape(x, tf.concat([[k, -1], tf.shape(x)[1:]], 0))
         ys = tf.reshape(y, tf.concat([[k, -1], tf.shape(y)[1:]], 0))
-        total = [tf.zeros_like(v) for v in self.model.trainable_variables]
-        for i in tf.range(k):
+        def micro_batch(i, total):
             grads, per_example, pred = self.gradients(xs[i], ys[i])
-            total = [t + g for t, g in zip(total, grads)]
             self._update_metrics(ys[i], per_example, pred)
+            return i + 1, [t + g for t, g in zip(total, grads)]
+
+        total = [tf.zeros_like(v) for v in self.model.trainable_variables]
+        _, total = tf.while_loop(lambda i, _: i < k, micro_batch, (tf.constant(0), total))
         return total
 
     def _update_metrics(self, y, per_example, pred) -> None:
