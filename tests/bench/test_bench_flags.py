@@ -131,3 +131,24 @@ def test_flag_checks_and_help_come_before_tensorflow_loads(tmp_path):
         assert run["code"] == 2 and len(lines) == 1 and needle in lines[0], run
         assert run["loaded"] == [], f"{args}: {run['loaded']} loaded before the flag check"
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+def test_bench_runs_jax_rows_without_tensorflow(tmp_path):
+    """`bench --backend jax` on MNIST: the JAX engine and Keras's own fit on JAX, each point in
+    its own process, the matmul peak and FLOPs measured by XLA, nothing of TensorFlow."""
+    import json
+
+    from conftest import run_cli
+
+    proc = run_cli("bench", "--backend", "jax", "--replicas", "1", "--precision", "fp32",
+                   "--repeats", "1", "--epochs", "2", "--train-examples", "1280",
+                   "--out", str(tmp_path / "out"), without_tensorflow=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = {r["label"]: r for r in json.loads((tmp_path / "out" / "bench.json").read_text())
+            ["rows"]}
+    assert set(rows) == {"jax x1 fp32 spe50", "jax keras fit x1"}
+    mine = rows["jax x1 fp32 spe50"]
+    assert mine["backend"] == "jax" and mine["examples_per_sec"] > 0
+    assert 0 < mine["mfu"] < 1 and mine["test_accuracy"] > 0.3
+    assert mine["vs_textbook"] > 0

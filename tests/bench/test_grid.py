@@ -132,3 +132,44 @@ def test_file_source_flags_are_checked_as_train_checks_them(sources, changes, ma
     with pytest.raises(MirrorfitError) as info:
         Grid(**values).points()
     assert match.replace("{tmp}", str(sources)) in str(info.value)
+
+
+def test_a_grid_over_both_backends_has_each_ones_rows_and_keras_fit_yardsticks():
+    points = Grid(backends=("tensorflow", "jax"), replicas=(1, 2), precisions=("fp32",),
+                  xla=(False, True), steps_per_execution=(25,)).points()
+    mine = [p.label for p in points if p.kind == "mirrorfit"]
+    # JAX compiles every step: no separate "xla" rows for it
+    assert mine == ["x1 fp32 spe25", "x1 fp32 xla spe25", "x2 fp32 spe25",
+                    "x2 fp32 xla spe25", "jax x1 fp32 spe25", "jax x2 fp32 spe25"]
+    yardsticks = [(p.label, p.steps_per_execution) for p in points if p.kind == "textbook"]
+    assert yardsticks == [("textbook fit x1", 50), ("textbook fit x2", 50),
+                          ("jax keras fit x1", 25), ("jax keras fit x2", 25)]
+
+
+def test_run_grid_measures_each_backends_peak():
+    seen = []
+
+    def runner(point):
+        seen.append((point.kind, point.backend))
+        return ({"float32": 1.0} if point.kind == "peak"
+                else {"examples_per_sec": 1.0, "test_accuracy": 0.9})
+
+    grid = Grid(backends=("tensorflow", "jax"), replicas=(1,), precisions=("fp32",),
+                repeats=1, textbook=False)
+    peak, _ = run_grid(grid, runner=runner)
+    assert set(peak) == {"tensorflow", "jax"}
+    assert seen[:2] == [("peak", "tensorflow"), ("peak", "jax")]
+
+
+@pytest.mark.parametrize("grid,message", [
+    (Grid(backends=("torch",)), "unknown backend 'torch' in --backend"),
+    (Grid(backends=("jax",), data="x.npz"), "bench's JAX rows read MNIST or synthetic data"),
+    (Grid(precisions=("fp8",)), "unknown precision 'fp8' in --precision"),
+    (Grid(replicas=(0,)), "--replicas needs positive integers"),
+])
+def test_bad_backends_and_values_are_refused_before_running(grid, message, tmp_path,
+                                                            monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "x.npz").write_bytes(b"")
+    with pytest.raises(MirrorfitError, match=message):
+        grid.points()

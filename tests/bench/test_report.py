@@ -10,7 +10,7 @@ import pytest
 from mirrorfit.bench.point import Point
 from mirrorfit.bench.report import build_rows, recommend, table_text, write_outputs
 
-PEAK = {"float32": 100e9, "bfloat16": 200e9, "float16": 50e9}
+PEAK = {"tensorflow": {"float32": 100e9, "bfloat16": 200e9, "float16": 50e9}}
 
 
 def _runs(*rates, acc=0.9):

@@ -18,16 +18,29 @@ from mirrorfit.bench.point import Point
 from mirrorfit.bench.report import Row, build_rows, recommend, table_text, write_outputs
 
 
+def check_tolerance(tolerance: float) -> None:
+    """MirrorfitError, one line, unless ``tolerance`` is an accuracy difference >= 0."""
+    import math
+
+    from mirrorfit.errors import MirrorfitError
+
+    if not math.isfinite(tolerance) or tolerance < 0:
+        raise MirrorfitError(f"--tolerance must be a finite accuracy difference >= 0, got "
+                             f"{tolerance}; e.g. --tolerance 0.005")
+
+
 def run_bench(grid: Grid, *, out_dir: str | Path, tolerance: float = 0.005,
               show_recommendation: bool = False, console: Console | None = None) -> dict:
     """Run ``grid``, print the table, write bench.csv/json/png to ``out_dir``; return the meta
     and rows."""
-    import tensorflow as tf
-
-    from mirrorfit.bench.flops import train_flops_per_example
     from mirrorfit.bench.source import check_model_fits, open_source
-    from mirrorfit.engine.tensorflow.devices import usable_cpus
+    from mirrorfit.distribute._cpu_binding import usable_cpus
+    from mirrorfit.engine import backends
     from mirrorfit.models.build import model_factory
+
+    # This process counts the model's FLOPs and opens the data with the grid's first backend
+    # (the CLI prepared it); each point runs in its own process on its own.
+    engine = backends.load(grid.backends[0])
 
     # soft_wrap: a message is one line in a log (a long path wrapped at 80 columns split it)
     console = console or Console(stderr=True, soft_wrap=True)
@@ -36,8 +49,12 @@ def run_bench(grid: Grid, *, out_dir: str | Path, tolerance: float = 0.005,
     shape, classes = source.input_shape, source.num_classes
     model = model_factory(grid.model, input_shape=shape, num_classes=classes)()
     check_model_fits(model, source, grid.model)
+    if grid.backends[0] == "jax":  # XLA's cost analysis: no TensorFlow needed
+        from mirrorfit.bench.jax_point import train_flops_per_example
+    else:  # TensorFlow's op statistics
+        from mirrorfit.bench.flops import train_flops_per_example
     flops = train_flops_per_example(model)
-    gpus = tf.config.list_physical_devices("GPU")
+    gpus = [d for d in engine.list_devices() if d["type"] == "GPU"]
     devices = f"{len(gpus)} GPU(s)" if gpus else f"logical CPU devices on {usable_cpus()} CPU(s)"
     data = source.label
     if source.description != data:
@@ -69,8 +86,9 @@ def run_bench(grid: Grid, *, out_dir: str | Path, tolerance: float = 0.005,
             "input_shape": list(shape),
             "num_classes": classes, "devices": devices, "repeats": grid.repeats,
             "train_flops_per_example": flops, "peak_flops": peak}
-    console.print("matmul peak measured in this run: "
-                  + ", ".join(f"{k} {v / 1e9:,.0f} GFLOP/s" for k, v in peak.items()))
+    for backend, measured in peak.items():
+        console.print(f"matmul peak measured in this run ({backend}): "
+                      + ", ".join(f"{k} {v / 1e9:,.0f} GFLOP/s" for k, v in measured.items()))
     if not gpus:
         console.print("logical CPU devices share the same cores: the ideal speedup is 1.0, so "
                       "efficiency = speedup")
@@ -88,4 +106,4 @@ def run_bench(grid: Grid, *, out_dir: str | Path, tolerance: float = 0.005,
     return {**meta, "rows": rows, "recommendation": advice, "paths": paths}
 
 
-__all__ = ["Grid", "Point", "Row", "run_bench"]
+__all__ = ["Grid", "Point", "Row", "check_tolerance", "run_bench"]

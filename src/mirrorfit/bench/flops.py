@@ -10,15 +10,13 @@ from __future__ import annotations
 
 import time
 
-import keras
-import tensorflow as tf
-
 TRAIN_FLOPS_PER_FORWARD = 3
 
 
-def forward_flops_per_example(model: keras.Model) -> int:
+def forward_flops_per_example(model) -> int:
     """Floating-point operations of one example's forward pass (multiply and add counted as 2),
     as TensorFlow's op statistics count them (matmuls, convolutions, bias adds, activations)."""
+    import tensorflow as tf
     from tensorflow.python.profiler import model_analyzer, option_builder
 
     spec = tf.TensorSpec([1, *model.inputs[0].shape[1:]], model.inputs[0].dtype)
@@ -35,7 +33,7 @@ def forward_flops_per_example(model: keras.Model) -> int:
     return int(stats.total_float_ops)
 
 
-def train_flops_per_example(model: keras.Model) -> int:
+def train_flops_per_example(model) -> int:
     """Training FLOPs per example: forward x 3."""
     return TRAIN_FLOPS_PER_FORWARD * forward_flops_per_example(model)
 
@@ -43,6 +41,8 @@ def train_flops_per_example(model: keras.Model) -> int:
 def matmul_peak_flops(dtype: str = "float32", n: int = 2048, seconds: float = 1.0) -> float:
     """Best measured FLOP/s of an ``n`` x ``n`` matmul in ``dtype`` on the default device,
     over repeated timed runs of about ``seconds`` in all."""
+    import tensorflow as tf
+
     a = tf.random.uniform([n, n], dtype=tf.float32)
     a, b = tf.cast(a, dtype), tf.cast(tf.transpose(a), dtype)
 

@@ -15,8 +15,9 @@ from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
 from mirrorfit.bench.point import Point
-from mirrorfit.config import MAX_CLASSES, TrainConfig, load_config
+from mirrorfit.config import MAX_CLASSES, PRECISIONS, TrainConfig, load_config
 from mirrorfit.data.spec import source_kind
+from mirrorfit.engine.backends import BACKENDS
 from mirrorfit.errors import MirrorfitError
 from mirrorfit.models.names import (IMAGENET_CLASSES, check_input_shape, check_model_name,
                                    default_input_shape, is_application)
@@ -38,6 +39,7 @@ class Grid:
     """The configurations to compare (the cross product) and how to run them."""
 
     model: str = "mlp"
+    backends: Sequence[str] = ("tensorflow",)  # engines: tensorflow, jax
     replicas: Sequence[int] = (1, 2)
     precisions: Sequence[str] = ("fp32", "bf16", "fp16")
     xla: Sequence[bool] = (False,)
@@ -85,6 +87,26 @@ class Grid:
         """MirrorfitError, one line, for a data source, model or shape that cannot run:
         plain Python, before any process starts."""
         kind = self.kind
+        for flag, names in (("--precision", self.precisions),
+                            ("--textbook-precision", self.textbook_precisions)):
+            for name in names:
+                if name not in PRECISIONS:
+                    raise MirrorfitError(f"unknown precision {name!r} in {flag}; choose from "
+                                         f"{', '.join(PRECISIONS)}")
+        for flag, values in (("--replicas", self.replicas), ("--accum-steps", self.accum_steps),
+                             ("--steps-per-execution", self.steps_per_execution),
+                             ("--repeats", (self.repeats,))):
+            if not values or min(values) < 1:
+                raise MirrorfitError(f"{flag} needs positive integers, got {tuple(values)}")
+        for backend in self.backends:
+            if backend not in BACKENDS:
+                raise MirrorfitError(f"unknown backend {backend!r} in --backend; choose from "
+                                     f"{', '.join(BACKENDS)}")
+        if not self.backends:
+            raise MirrorfitError("--backend needs at least one of tensorflow, jax")
+        if "jax" in self.backends and kind not in DATA:
+            raise MirrorfitError(f"--data {self.data}: bench's JAX rows read MNIST or synthetic "
+                                 "data; use --backend tensorflow for other sources")
         if self.data == "mnist" and (self.input_shape or self.num_classes):
             raise MirrorfitError("--input-shape and --num-classes set the synthetic data; MNIST "
                                  "is 28x28 with 10 classes (use --data synthetic)")
@@ -152,18 +174,24 @@ class Grid:
         if base.epochs < 2:
             raise MirrorfitError("bench needs --epochs 2 or more: epoch 1 compiles and is not "
                                  "timed")
-        out = [replace(base, replicas=r, precision=p, xla=x, accum_steps=k,
-                       steps_per_execution=s)
-               for r, p, x, k, s in itertools.product(self.replicas, self.precisions, self.xla,
-                                                      self.accum_steps, self.steps_per_execution)]
+        out = [replace(base, backend=b, replicas=r, precision=p, xla=x and b == "tensorflow",
+                       accum_steps=k, steps_per_execution=s)
+               for b, r, p, x, k, s in itertools.product(
+                   self.backends, self.replicas, self.precisions,
+                   # JAX compiles every step: one row, not an "xla" twin
+                   self.xla, self.accum_steps, self.steps_per_execution)]
+        out = list(dict.fromkeys(out))
         for p in out:
             if p.global_batch % (p.replicas * p.accum_steps):
                 raise MirrorfitError(
                     f"global batch {p.global_batch} is not divisible by {p.replicas} replicas x "
                     f"{p.accum_steps} accumulation steps; pick --global-batch-size accordingly")
-        if self.textbook:
-            out += [replace(base, kind="textbook", replicas=r, precision=p)
-                    for p in self.textbook_precisions for r in self.replicas]
+        if self.textbook:  # Keras's own fit on each backend: the yardstick rows
+            spe = self.steps_per_execution[0]
+            out += [replace(base, kind="textbook", backend=b, replicas=r, precision=p,
+                            steps_per_execution=spe if b == "jax" else base.steps_per_execution)
+                    for b in self.backends for p in self.textbook_precisions
+                    for r in self.replicas]
         return out
 
 
@@ -185,14 +213,17 @@ def run_grid(grid: Grid, *, on_run: Callable[[Point, dict], None] = lambda p, r:
              runner: Callable[[Point], dict] = spawn) -> tuple[dict, list[tuple[Point, list]]]:
     """Measure the matmul peak, then every point ``grid.repeats`` times, alternating the order.
 
-    Returns (peak FLOP/s by dtype, [(point, [run results])]). ``on_run`` sees each result as it
-    comes, the peak's included (for progress).
+    Returns (peak FLOP/s by backend and dtype, [(point, [run results])]). ``on_run`` sees each
+    result as it comes, the peaks' included (for progress).
     """
-    peak_point = Point(kind="peak")
-    peak = runner(peak_point)
-    on_run(peak_point, peak)
-    if "error" in peak:
-        raise MirrorfitError(f"measuring the matmul peak failed: {peak['error']}")
+    peak = {}
+    for backend in grid.backends:  # each backend's matmul peak: its MFU's denominator
+        peak_point = Point(kind="peak", backend=backend)
+        peak[backend] = runner(peak_point)
+        on_run(peak_point, peak[backend])
+        if "error" in peak[backend]:
+            raise MirrorfitError(f"measuring the matmul peak ({backend}) failed: "
+                                 f"{peak[backend]['error']}")
     points = grid.points()
     runs: dict[Point, list[dict]] = {p: [] for p in points}
     for rep in range(grid.repeats):

@@ -24,8 +24,9 @@ class Point:
     """One configuration. ``global_batch`` is the effective batch per optimizer step (with
     accumulation each replica runs ``accum_steps`` micro-batches of global/(replicas x accum))."""
 
-    kind: str  # "mirrorfit", "textbook" or "peak"
+    kind: str  # "mirrorfit", "textbook" (Keras's own fit) or "peak"
     model: str = "mlp"
+    backend: str = "tensorflow"  # or "jax" (mirrorfit.bench.jax_point runs it)
     replicas: int = 1
     precision: str = "fp32"
     xla: bool = False
@@ -53,10 +54,12 @@ class Point:
 
     @property
     def label(self) -> str:
+        jax = "jax " if self.backend == "jax" else ""
         if self.kind == "textbook":
             suffix = "" if self.precision == "fp32" else f" {self.precision}"
-            return f"textbook fit x{self.replicas}{suffix}"
-        parts = [f"x{self.replicas}", self.precision]
+            name = "keras fit" if jax else "textbook fit"  # JAX: fit under DataParallel
+            return f"{jax}{name} x{self.replicas}{suffix}"
+        parts = [f"{jax}x{self.replicas}", self.precision]
         if self.xla:
             parts.append("xla")
         if self.accum_steps > 1:
@@ -72,6 +75,10 @@ def run_point(point: Point) -> dict:
     """Run ``point`` in this (fresh) process; return its measurements (examples/s; test
     accuracy, None on synthetic data, which has nothing to learn, and on a source without a
     test split)."""
+    if point.backend == "jax":  # before Keras loads: its backend is chosen once
+        from mirrorfit.bench.jax_point import run_jax_point
+
+        return run_jax_point(point)
     if point.kind == "peak":
         from mirrorfit.bench.flops import matmul_peak_flops
         return {dtype: matmul_peak_flops(dtype) for dtype in ("float32", "bfloat16", "float16")}

@@ -41,6 +41,7 @@ class Row:
     test_accuracy: float | None
     vs_textbook: float | None
     note: str = ""
+    backend: str = "tensorflow"
 
 
 def build_rows(runs: list[tuple[Point, list[dict]]], *, peak: dict[str, float],
@@ -55,7 +56,7 @@ def build_rows(runs: list[tuple[Point, list[dict]]], *, peak: dict[str, float],
         one = _find(stats, point, replicas=1)
         book = None if point.kind == "textbook" else next(
             (stats[p] for p in stats if p.kind == "textbook" and p.replicas == point.replicas
-             and p.precision == "fp32"), None)
+             and p.precision == "fp32" and p.backend == point.backend), None)
         rate = s["median"]
         speedup = _ratio(s, one, notes, "vs 1 replica") if point.replicas > 1 else (
             1.0 if rate else None)
@@ -72,7 +73,8 @@ def build_rows(runs: list[tuple[Point, list[dict]]], *, peak: dict[str, float],
             max_examples_per_sec=s["max"], spread=s["spread"],
             step_time_ms=1e3 * point.global_batch / rate if rate else None,
             speedup_vs_1=speedup, scaling_efficiency=speedup / ideal if speedup else None,
-            mfu=train_flops * rate / peak[dtype] if rate else None,
+            mfu=train_flops * rate / peak[point.backend][dtype] if rate else None,
+            backend=point.backend,
             test_accuracy=s["accuracy"],
             vs_textbook=_ratio(s, book, notes, "vs the textbook") if book else None,
             note="; ".join(notes)))
@@ -180,15 +182,16 @@ def _plot(rows: list[Row], meta: dict) -> bytes:
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.5))
     series: dict[str, list[Row]] = {}
+    backends = len({r.backend for r in rows}) > 1
     for r in rows:
         name = (f"textbook fit{'' if r.precision == 'fp32' else ' ' + r.precision}"
                 if r.kind == "textbook" else None) or " ".join(
             [r.precision] + (["xla"] * r.xla) + ([f"accum{r.accum_steps}"] * (r.accum_steps > 1))
             + ([f"spe{r.steps_per_execution}"] * (len({x.steps_per_execution for x in rows}) > 1)))
-        series.setdefault(name, []).append(r)
+        series.setdefault(f"{r.backend} {name}" if backends else name, []).append(r)
     for name, group in series.items():
         group = sorted((r for r in group if r.examples_per_sec), key=lambda r: r.replicas)
-        style = dict(linestyle="--") if name.startswith("textbook") else {}
+        style = dict(linestyle="--") if "textbook" in name else {}
         xs = [r.replicas for r in group]
         left.plot(xs, [r.examples_per_sec for r in group], marker="o", label=name, **style)
         right.plot(xs, [r.scaling_efficiency for r in group], marker="o", label=name, **style)

@@ -58,24 +58,11 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    if not math.isfinite(args.tolerance) or args.tolerance < 0:
-        raise MirrorfitError(f"--tolerance must be a finite accuracy difference >= 0, got "
-                             f"{args.tolerance}; e.g. --tolerance 0.005")
-    from mirrorfit.bench import Grid, run_bench
-    from mirrorfit.config import PRECISIONS
+    from mirrorfit.bench import Grid, check_tolerance, run_bench
 
-    for flag, names in (("--precision", args.precision),
-                        ("--textbook-precision", args.textbook_precision)):
-        for name in names:
-            if name not in PRECISIONS:
-                raise MirrorfitError(f"unknown precision {name!r} in {flag}; choose from "
-                                     f"{', '.join(PRECISIONS)}")
-    for flag, values in (("--replicas", args.replicas), ("--accum-steps", args.accum_steps),
-                         ("--steps-per-execution", args.steps_per_execution),
-                         ("--repeats", (args.repeats,))):
-        if not values or min(values) < 1:
-            raise MirrorfitError(f"{flag} needs positive integers, got {values}")
-    grid = Grid(model=args.model, replicas=args.replicas, precisions=args.precision,
+    check_tolerance(args.tolerance)
+    grid = Grid(model=args.model, backends=args.backend, replicas=args.replicas,
+                precisions=args.precision,
                 xla=args.xla, accum_steps=args.accum_steps,
                 steps_per_execution=args.steps_per_execution,
                 global_batch=args.global_batch_size, train_examples=args.train_examples,
@@ -87,6 +74,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
                 validation_split=args.validation_split)
     # model, data, shape, batch and epoch problems are reported before anything runs
     grid.points()
+    backends.prepare(grid.backends[0], verbose=args.verbose)  # what this process loads
     run_bench(grid, out_dir=args.out, tolerance=args.tolerance,
               show_recommendation=args.recommend)
     return 0
@@ -206,7 +194,7 @@ def _one_line(text: str) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``mirrorfit`` console script; returns the exit code."""
     args = _parser().parse_args(argv)
-    if args.command not in ("train", "devices", "launch"):  # those two choose a backend
+    if args.command not in ("train", "devices", "bench", "launch"):  # those choose a backend
         # TensorFlow's C++ log (and Keras's backend) are set when it loads, so nothing
         # imported above may import it (the package's names load lazily for this reason).
         backends.prepare("tensorflow", verbose=args.verbose)

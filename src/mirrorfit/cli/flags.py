@@ -239,6 +239,9 @@ def _bench_parser(sub) -> None:
         "of the training examples (drawn with the seed); they are not trained on")
     add("--cache", help="as `mirrorfit train`: image folders, TFRecords, dataset functions "
         "decoded once, in memory or in this folder (filled once, before the points run)")
+    add("--backend", type=_csv(str, "--backend"), default=("tensorflow",),
+        help="engines to compare: tensorflow (default), jax, or tensorflow,jax (each with "
+             "Keras's own fit on it as the yardstick rows)")
     add("--replicas", type=_csv(int, "--replicas"), default=(1, 2), help="e.g. 1,2 (default)")
     add("--precision", type=_csv(str, "--precision"), default=("fp32", "bf16", "fp16"),
         help="e.g. fp32,bf16,fp16 (default)")
