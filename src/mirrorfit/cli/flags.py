@@ -185,7 +185,7 @@ def _serve_parser(sub) -> None:
              "accepted (64 MiB)")
     add("--max_rows_per_request", type=int, default=1000,
         help="most rows (examples) in one request (1000)")
-    # bounds on what clients can hold (README, serving flags)
+    # bounds on what clients can hold (docs/serving.md, its flags)
     add("--max_unbatched_in_flight", type=int, default=64,
         help="unbatched model calls running or waiting; more get 503 / UNAVAILABLE (64)")
     add("--rest_api_max_connections", type=int, default=500,

@@ -58,6 +58,8 @@ def finish(config: TrainConfig, console: Console, history, *, trainer, data, bat
                  "class_names": list(data.class_names) if data.class_names else None},
         "config": to_dict(config),
     }
+    if hasattr(trainer.runner, "input_wait_s") and history.time_s:  # the JAX engine's feed
+        summary["input_wait_share"] = trainer.runner.input_wait_s / history.time_s
     rate = history.train_examples_per_sec
     resumed = trainer.step - history.steps
     console.print(f"done: {trainer.step} steps "

@@ -18,7 +18,7 @@ EVENT_LOOPS = ("auto", "asyncio", "uvloop")
 
 @dataclass(frozen=True)
 class RestLimits:
-    """The REST port's bounds; see the serving flags in README.md for why these defaults."""
+    """The REST port's bounds; see the serving flags in docs/serving.md for why these defaults."""
 
     max_connections: int = 500
     keepalive_timeout_s: float = 5.0

@@ -69,6 +69,7 @@ class Runner:
                                   loss_scaling=self.loss_scaling)
         self._state: State | None = None
         self._synced = True
+        self._feeds: list[Feed] = []  # each fit's: their input waits add up
         self._load_state()
 
     # -- the state ---------------------------------------------------------------------------
@@ -172,7 +173,14 @@ class Runner:
         calls = plan(steps_per_epoch=self.steps_per_epoch(train), start_epoch=start_epoch,
                      epochs=epochs, skip=skip, steps_per_execution=steps_per_execution)
         sharding = NamedSharding(self.distribution.mesh, P(None, AXIS))
-        return Feed(train, calls, block_steps=steps_per_execution, batch_sharding=sharding)
+        feed = Feed(train, calls, block_steps=steps_per_execution, batch_sharding=sharding)
+        self._feeds.append(feed)
+        return feed
+
+    @property
+    def input_wait_s(self) -> float:
+        """Seconds the training thread waited for input blocks, over every fit so far."""
+        return sum(feed.wait_s for feed in self._feeds)
 
     # -- what runs on the devices ----------------------------------------------------------
     def run(self, feed: Feed, num_steps: int) -> None:
