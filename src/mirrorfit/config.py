@@ -254,15 +254,8 @@ class TrainConfig:
         k = self.accum_steps
         if self.global_batch_size is None:
             return self.batch_size, self.batch_size * replicas * k
-        if self.global_batch_size % (replicas * k):
-            n = replicas * k
-            raise ConfigError(
-                f"global batch size {self.global_batch_size} is not divisible by {replicas} "
-                f"replicas x {k} accumulation steps; use a multiple of {n} (e.g. "
-                f"{max(n, self.global_batch_size // n * n)}) "
-                "or --batch-size for the per-replica batch"
-            )
-        return self.global_batch_size // (replicas * k), self.global_batch_size
+        return (backends.split_batch(self.global_batch_size, replicas, k),
+                self.global_batch_size)
 
 
 def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:

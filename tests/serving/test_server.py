@@ -179,11 +179,11 @@ def test_bad_serve_command_lines(args, needle):
     ("shutdown_grace_seconds", -1.0, "--shutdown_grace_seconds must be 0-86400"),
     ("shutdown_grace_seconds", float("nan"), "--shutdown_grace_seconds must be 0-86400"),
 ])
-def test_every_numeric_setting_is_range_checked(field, value, needle):
+def test_every_numeric_setting_is_range_checked(field, value, needle, tmp_path):
     from mirrorfit.errors import ConfigError
     from mirrorfit.serving.settings import ServeConfig, check_config
 
-    model = {"model_base_path": "models/m"}
+    model = {"model_base_path": str(tmp_path)}  # a folder: the path is checked too
     check_config(ServeConfig(**model))  # the defaults pass
     with pytest.raises(ConfigError, match=re.escape(needle)):
         check_config(ServeConfig(**model, **{field: value}))

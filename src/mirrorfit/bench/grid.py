@@ -17,7 +17,7 @@ from typing import Callable, Sequence
 from mirrorfit.bench.point import Point
 from mirrorfit.config import MAX_CLASSES, PRECISIONS, TrainConfig, load_config
 from mirrorfit.data.spec import source_kind
-from mirrorfit.engine.backends import BACKENDS
+from mirrorfit.engine.backends import BACKENDS, split_batch
 from mirrorfit.errors import MirrorfitError
 from mirrorfit.models.names import (IMAGENET_CLASSES, check_input_shape, check_model_name,
                                    default_input_shape, is_application)
@@ -182,10 +182,7 @@ class Grid:
                    self.xla, self.accum_steps, self.steps_per_execution)]
         out = list(dict.fromkeys(out))
         for p in out:
-            if p.global_batch % (p.replicas * p.accum_steps):
-                raise MirrorfitError(
-                    f"global batch {p.global_batch} is not divisible by {p.replicas} replicas x "
-                    f"{p.accum_steps} accumulation steps; pick --global-batch-size accordingly")
+            split_batch(p.global_batch, p.replicas, p.accum_steps)
         if self.textbook:  # Keras's own fit on each backend: the yardstick rows
             spe = self.steps_per_execution[0]
             out += [replace(base, kind="textbook", backend=b, replicas=r, precision=p,

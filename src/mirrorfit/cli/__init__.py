@@ -8,7 +8,6 @@ flags; our own MirrorfitError gets the same exit code with one clear line.
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 import time
@@ -31,20 +30,11 @@ def train_config(args: argparse.Namespace):
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from mirrorfit.config import check_outputs
+    from mirrorfit.job.checks import check_run
 
     config = train_config(args)  # before the training stack loads
     backends.prepare(config.backend, verbose=args.verbose)
-    from mirrorfit.distribute.cluster import cluster_for
-
-    # TF_CONFIG / SLURM and the output paths are checked before TensorFlow loads too
-    cluster = cluster_for(config.strategy)
-    if cluster is None or cluster.is_chief:
-        check_outputs(config)
-    if cluster is not None:  # this task's own port taken: one line now, not a wait and a peer
-        from mirrorfit.distribute._listen import prepare  # blamed (the strategy checks again)
-
-        prepare(cluster)
+    cluster = check_run(config)  # TF_CONFIG / SLURM, the outputs, the port: before it loads too
     from mirrorfit.job.preemption import PreemptionGuard
 
     with PreemptionGuard() as guard:  # a signal while TensorFlow loads is honoured too
@@ -52,7 +42,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         backends.import_framework(config.backend)
         from mirrorfit.job.train import run_training
 
-        run_training(config, guard=guard, timings={
+        run_training(config, guard=guard, cluster=cluster, timings={
             "startup": startup, "framework": round(time.perf_counter() - t0, 3)})
     return 0
 
@@ -81,21 +71,11 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    from mirrorfit.serving.settings import ServeConfig, check_config, model_configs
+    from mirrorfit.serving.settings import ServeConfig, model_configs
 
     values = {k: v for k, v in vars(args).items()
               if k not in ("command", "verbose") and not k.startswith("_ignored")}
-    for flag in ("port", "rest_api_port"):
-        if not 0 <= values[flag] < 65536:
-            raise MirrorfitError(f"--{flag}={values[flag]}: a port is 0-65535")
-    if values["port"] == values["rest_api_port"]:
-        raise MirrorfitError(f"--port and --rest_api_port are both {values['port']}; give them "
-                             "different ports")
-    if values["model_base_path"] and not os.path.isdir(values["model_base_path"]):
-        raise MirrorfitError(f"--model_base_path {values['model_base_path']} is not a folder; "
-                             "point it at models/NAME holding 0001, 0002, ...")
-    config = ServeConfig(**values)
-    check_config(config)  # before TensorFlow loads (seconds): a bad flag fails at once
+    config = ServeConfig(**values)  # checked: before TensorFlow loads, a bad flag fails at once
     model_configs(config)  # and a bad config file, or a model without versions
     from mirrorfit.serving.server import serve
 

@@ -8,6 +8,9 @@ must not wait for TensorFlow to load.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+
+from mirrorfit.serving.settings import ServeConfig
 
 
 def _train_parser(sub) -> None:
@@ -150,68 +153,71 @@ def _serve_parser(sub) -> None:
                        description="A TensorFlow-Serving-compatible model server. Takes "
                                    "tensorflow_model_server's flag names.")
     add = p.add_argument
+    # The defaults are ServeConfig's (set below): written once, there.
     _verbose(add)
-    add("--port", type=int, default=8500, help="gRPC port (8500)")
-    add("--rest_api_port", type=int, default=8501, help="REST port (8501; 0 turns REST off)")
-    add("--host", default="127.0.0.1", help="address to bind (127.0.0.1; 0.0.0.0 for all)")
-    add("--model_name", default="default", help="name of the model (default)")
+    add("--port", type=int, help="gRPC port (8500)")
+    add("--rest_api_port", type=int, help="REST port (8501; 0 turns REST off)")
+    add("--host", help="address to bind (127.0.0.1; 0.0.0.0 for all)")
+    add("--model_name", help="name of the model (default)")
     add("--model_base_path", help="folder of numeric version folders (0001, 0002, ...)")
     add("--model_config_file", help="text-format ModelServerConfig for several models")
-    add("--file_system_poll_wait_seconds", type=float, default=1.0,
+    add("--file_system_poll_wait_seconds", type=float,
         help="seconds between polls for new versions (1; 0: once; < 0: never)")
-    add("--model_config_file_poll_wait_seconds", type=float, default=0.0,
+    add("--model_config_file_poll_wait_seconds", type=float,
         help="seconds between re-reads of --model_config_file: models added, removed, changed "
              "(0: read once); a bad file keeps the last good config")
-    for flag, default, text in (
-            ("--enable_batching", False, "merge concurrent requests into batches"),
-            ("--enable_model_warmup", True, "warm new versions up before they take traffic"),
-            ("--rest_api_enable_cors_support", False, "send CORS headers"),
-            ("--servable_versions_always_present", False,
+    for flag, text in (
+            ("--enable_batching", "merge concurrent requests into batches"),
+            ("--enable_model_warmup", "warm new versions up before they take traffic"),
+            ("--rest_api_enable_cors_support", "send CORS headers"),
+            ("--servable_versions_always_present",
              "a base path with no versions keeps the loaded ones (default: unloads them), and "
              "start-up or a config reload fails while a model has none")):
-        add(flag, type=_flag_bool, nargs="?", const=True, default=default, help=text)
+        add(flag, type=_flag_bool, nargs="?", const=True, help=text)
     add("--batching_parameters_file", help="text-format BatchingParameters")
     add("--monitoring_config_file", help="text-format MonitoringConfig (Prometheus path)")
-    add("--rest_api_timeout_in_ms", type=int, default=30000)
-    add("--max_num_load_retries", type=int, default=5,
+    add("--rest_api_timeout_in_ms", type=int)
+    add("--max_num_load_retries", type=int,
         help="retries of a failed version load after the first attempt (5)")
-    add("--load_retry_interval_micros", type=int, default=60_000_000,
+    add("--load_retry_interval_micros", type=int,
         help="microseconds between load retries (60 s)")
-    add("--saved_model_tags", default="serve")
-    add("--grpc_max_threads", type=int, default=64,
+    add("--saved_model_tags")
+    add("--grpc_max_threads", type=int,
         help="gRPC requests in progress at once; more get RESOURCE_EXHAUSTED (64)")
-    add("--max_request_bytes", type=int, default=64 * 1024 * 1024,
+    add("--max_request_bytes", type=int,
         help="largest REST body (larger gets 413) or gRPC message (RESOURCE_EXHAUSTED) "
              "accepted (64 MiB)")
-    add("--max_rows_per_request", type=int, default=1000,
+    add("--max_rows_per_request", type=int,
         help="most rows (examples) in one request (1000)")
     # bounds on what clients can hold (docs/serving.md, its flags)
-    add("--max_unbatched_in_flight", type=int, default=64,
+    add("--max_unbatched_in_flight", type=int,
         help="unbatched model calls running or waiting; more get 503 / UNAVAILABLE (64)")
-    add("--rest_api_max_connections", type=int, default=500,
+    add("--rest_api_max_connections", type=int,
         help="open REST connections; a request beyond them gets 503 (500)")
-    add("--rest_api_keepalive_timeout_in_ms", type=int, default=5000,
+    add("--rest_api_keepalive_timeout_in_ms", type=int,
         help="idle keep-alive REST connections are closed after this (5000)")
-    add("--rest_api_header_timeout_in_ms", type=int, default=10000,
+    add("--rest_api_header_timeout_in_ms", type=int,
         help="time to send a request's headers, from connecting or the last response (10000)")
-    add("--rest_api_body_timeout_in_ms", type=int, default=60000,
+    add("--rest_api_body_timeout_in_ms", type=int,
         help="time to send a request's body; slower gets 408 (60000)")
-    add("--rest_api_max_buffered_bytes", type=int, default=256 * 1024 * 1024,
+    add("--rest_api_max_buffered_bytes", type=int,
         help="request-body bytes held by all REST requests at once; more gets 503 (256 MiB)")
-    add("--rest_api_http_impl", default="auto", choices=["auto", "h11", "httptools"],
+    add("--rest_api_http_impl", choices=["auto", "h11", "httptools"],
         help="HTTP parser (auto: httptools when installed)")
-    add("--event_loop", default="auto", choices=["auto", "asyncio", "uvloop"],
+    add("--event_loop", choices=["auto", "asyncio", "uvloop"],
         help="event loop of REST and gRPC (auto: uvloop when installed)")
-    add("--log_level", default="info", choices=["debug", "info", "warning", "error"])
-    add("--tensorflow_intra_op_parallelism", type=int, default=0,
+    add("--log_level", choices=["debug", "info", "warning", "error"])
+    add("--tensorflow_intra_op_parallelism", type=int,
         help="threads per op (0: TensorFlow's default)")
-    add("--tensorflow_inter_op_parallelism", type=int, default=0,
+    add("--tensorflow_inter_op_parallelism", type=int,
         help="ops run at once (0: TensorFlow's default)")
     # accepted for compatibility with tensorflow_model_server command lines; no effect here
     for flag in ("--rest_api_num_threads", "--tensorflow_session_parallelism",
                  "--enable_signature_method_name_check",
                  "--allow_version_labels_for_unavailable_models", "--xla_cpu_compilation_enabled"):
         add(flag, dest=f"_ignored{flag.replace('-', '_')}", help=argparse.SUPPRESS)
+    p.set_defaults(**{f.name: f.default for f in dataclasses.fields(ServeConfig)
+                      if f.name != "shutdown_grace_seconds"})
 
 
 def _bench_parser(sub) -> None:

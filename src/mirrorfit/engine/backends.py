@@ -53,6 +53,19 @@ def resolve(value: str | None) -> str:
     return value
 
 
+def split_batch(global_batch: int, replicas: int, accum_steps: int = 1) -> int:
+    """Examples per replica per micro-batch for ``global_batch`` examples per optimizer step over
+    ``replicas`` replicas and ``accum_steps`` micro-batches; ConfigError naming a multiple that
+    works when it does not divide (every engine, the configuration and bench ask here)."""
+    n = replicas * accum_steps
+    if global_batch % n:
+        raise ConfigError(
+            f"global batch size {global_batch} is not divisible by {replicas} replicas x "
+            f"{accum_steps} accumulation steps; use a multiple of {n} (e.g. "
+            f"{max(n, global_batch // n * n)})")
+    return global_batch // n
+
+
 def check_settings(backend: str, *, strategy: str = "auto", cross_device_ops: str = "auto",
                    communication: str = "auto", profile: bool = False) -> None:
     """ConfigError, one line, for a setting ``backend``'s engine does not have."""
@@ -175,5 +188,5 @@ def load(backend: str) -> ModuleType:
         raise
 
 
-__all__ = ["BACKENDS", "DEFAULT", "resolve", "check_settings", "prepare", "import_framework",
-           "load"]
+__all__ = ["BACKENDS", "DEFAULT", "resolve", "split_batch", "check_settings", "prepare",
+           "import_framework", "load"]

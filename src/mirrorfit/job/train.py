@@ -15,9 +15,9 @@ from typing import Any
 from rich.console import Console
 
 from mirrorfit.artifacts.checkpoint import Checkpointer
-from mirrorfit.config import TrainConfig, check_outputs
+from mirrorfit.config import TrainConfig
 from mirrorfit.distribute._cpu_binding import threads_note
-from mirrorfit.distribute.cluster import cluster_for
+from mirrorfit.job.checks import check_run
 from mirrorfit.engine import backends
 from mirrorfit.engine.progress import EpochProgress
 from mirrorfit.engine.controller import Trainer
@@ -40,23 +40,26 @@ def build_optimizer(name: str, lr):
     return getattr(keras.optimizers, _OPTIMIZERS[name.lower()])(learning_rate=lr)
 
 
+_UNCHECKED = object()  # run_training's cluster: not given, so checked here
+
+
 def run_training(config: TrainConfig, *, console: Console | None = None,
-                 guard: PreemptionGuard | None = None,
+                 guard: PreemptionGuard | None = None, cluster=_UNCHECKED,
                  timings: dict[str, float] | None = None) -> dict[str, Any]:
     """Train as ``config`` says; print setup, progress and summary; return the summary dict.
 
     The summary's throughput ``train_examples_per_sec`` is steady state (examples/s, the first
     compiled execution excluded); ``wall_time_s`` is seconds for the whole fit. ``guard``: an
     entered :class:`PreemptionGuard` (the CLI enters one before TensorFlow loads); else one is
-    entered here. ``timings``: seconds of what came before (the CLI's start-up and the
-    framework's import); the summary's ``timings_s`` adds the run's phases to them.
+    entered here. ``cluster``: what :func:`mirrorfit.job.checks.check_run` returned (the CLI
+    checks before the framework loads); else it is checked here. ``timings``: seconds of what
+    came before (the CLI's start-up and the framework's import); the summary's ``timings_s``
+    adds the run's phases to them.
     """
     # soft_wrap: in a pipe or a log file rich would break lines at 80 columns.
     console = console or Console(stderr=True, soft_wrap=True)
-    # The cluster (TF_CONFIG, SLURM) is plain text: read and checked before TensorFlow starts.
-    cluster = cluster_for(config.strategy)
-    if cluster is None or cluster.is_chief:  # fail before any work: bad input writes nothing
-        check_outputs(config)
+    if cluster is _UNCHECKED:  # a Python caller: the CLI checked before the framework loaded
+        cluster = check_run(config)
     # SIGTERM/SIGINT from here on: stop at the next safe point (after saving a checkpoint, with
     # --checkpoint-dir) and raise Preempted; honoured up to the export's commit.
     if guard is None:

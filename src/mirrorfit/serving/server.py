@@ -21,7 +21,7 @@ from mirrorfit.serving.loader import load_version
 from mirrorfit.serving.metrics import ServerMetrics
 from mirrorfit.serving.repository import ModelRepository
 from mirrorfit.serving.service import ModelService
-from mirrorfit.serving.settings import MAX_THREADS, ServeConfig, check_config, model_configs
+from mirrorfit.serving.settings import MAX_THREADS, ServeConfig, model_configs
 
 log = logging.getLogger("mirrorfit.serving")
 
@@ -42,7 +42,6 @@ class _JsonFormatter(logging.Formatter):
 
 def build(config: ServeConfig, configs: list[model_config.ModelConfig] | None = None):
     """The repository, service and metrics for ``config``, with every model loaded once."""
-    check_config(config)
     if configs is None:
         configs = model_configs(config)
     params = model_config.read_batching_parameters(config.batching_parameters_file,
@@ -94,7 +93,6 @@ def _freeze_heap() -> None:
 
 def serve(config: ServeConfig) -> int:
     """Run the server until SIGTERM/SIGINT; returns the exit code."""
-    check_config(config)
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(_JsonFormatter())
     log.addHandler(handler)

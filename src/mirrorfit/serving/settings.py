@@ -4,6 +4,7 @@ flag is refused at once, before the seconds it takes to load it."""
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 
 from mirrorfit.errors import ConfigError
@@ -16,7 +17,7 @@ class ServeConfig:
     port: int = 8500
     rest_api_port: int = 8501
     host: str = "127.0.0.1"
-    model_name: str | None = None
+    model_name: str = "default"  # TF Serving's
     model_base_path: str | None = None
     model_config_file: str | None = None
     file_system_poll_wait_seconds: float = 1.0
@@ -50,6 +51,9 @@ class ServeConfig:
     tensorflow_inter_op_parallelism: int = 0
     log_level: str = "info"
 
+    def __post_init__(self) -> None:
+        check_config(self)  # a ServeConfig is a checked one: one place checks serve's settings
+
 
 # Threads a flag may ask for: far beyond any host's cores, and each is started up front.
 MAX_THREADS = 1024
@@ -66,6 +70,16 @@ def check_config(config: ServeConfig) -> None:
     naming the flag. A negative byte limit, for one, would mean 'unlimited' to gRPC."""
     def bad(flag: str, want: str):
         return ConfigError(f"--{flag} must be {want}, got {getattr(config, flag)}")
+
+    for flag in ("port", "rest_api_port"):
+        if not 0 <= getattr(config, flag) < 65536:
+            raise ConfigError(f"--{flag}={getattr(config, flag)}: a port is 0-65535")
+    if config.port == config.rest_api_port:
+        raise ConfigError(f"--port and --rest_api_port are both {config.port}; give them "
+                          "different ports")
+    if config.model_base_path and not os.path.isdir(config.model_base_path):
+        raise ConfigError(f"--model_base_path {config.model_base_path} is not a folder; point it "
+                          "at models/NAME holding 0001, 0002, ...")
 
     for flag in _POSITIVE:
         if getattr(config, flag) < 1:

@@ -18,6 +18,7 @@ import numpy as np
 from mirrorfit.engine.jax.feed import Feed, plan
 from mirrorfit.engine.jax.placement import AXIS, Placement
 from mirrorfit.engine.jax.step import Metrics, State, build_steps, stacked
+from mirrorfit.engine.backends import split_batch
 from mirrorfit.errors import ConfigError
 from mirrorfit.models.precision import Precision, as_precision
 
@@ -41,9 +42,7 @@ class Runner:
         import keras
 
         replicas = distribution.replicas
-        if global_batch % (replicas * accum_steps):
-            raise ConfigError(f"global batch {global_batch} is not divisible by {replicas} "
-                              f"replicas x {accum_steps} accumulation steps")
+        split_batch(global_batch, replicas, accum_steps)  # ConfigError unless it divides
         self.distribution = distribution
         self.global_batch, self.accum_steps = global_batch, accum_steps
         self.precision = as_precision(precision)

@@ -20,6 +20,7 @@ from mirrorfit.engine.backends import COORDINATOR, WORKER_SHARE
 from mirrorfit.engine.tensorflow.distribution import Distribution
 from mirrorfit.engine.tensorflow.loop import compile_loops
 from mirrorfit.engine.tensorflow.step import ReplicaStep
+from mirrorfit.engine.backends import split_batch
 from mirrorfit.errors import ConfigError
 from mirrorfit.models.precision import Precision, as_precision
 
@@ -52,9 +53,7 @@ class Runner:
                  on_notice: Callable[[str], None] = print) -> None:
         distribution = as_distribution(distribution)
         replicas = distribution.replicas
-        if global_batch % (replicas * accum_steps):
-            raise ConfigError(f"global batch {global_batch} is not divisible by {replicas} "
-                              f"replicas x {accum_steps} accumulation steps")
+        split_batch(global_batch, replicas, accum_steps)  # ConfigError unless it divides
         self.distribution = distribution
         self.strategy = strategy = distribution.strategy
         self.global_batch, self.accum_steps = global_batch, accum_steps
