@@ -303,21 +303,3 @@ def _bounded(ds: tf.data.Dataset) -> tf.data.Dataset:
             return tf.nest.map_structure(tf.identity, example)
 
     return ds.enumerate().map(check)
-
-
-def _bounded(ds: tf.data.Dataset) -> tf.data.Dataset:
-    """``ds``, failing with one line at its ``MAX_UNKNOWN_TEST + 1``-th example when its length
-    is unknown (evaluate names the source and says that reading its test split failed)."""
-    if int(ds.cardinality()) != tf.data.UNKNOWN_CARDINALITY:
-        return ds  # a known length ends; an infinite one was refused when checked
-    limit = MAX_UNKNOWN_TEST
-    message = (f"it had not ended after {limit:,} examples (an endless generator?); return a "
-               "dataset that ends, or give its length with "
-               "tf.data.experimental.assert_cardinality")
-
-    def check(i, example):
-        with tf.control_dependencies([tf.debugging.assert_less(i, tf.constant(limit, tf.int64),
-                                                               message=message)]):
-            return tf.nest.map_structure(tf.identity, example)
-
-    return ds.enumerate().map(check)
