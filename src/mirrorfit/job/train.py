@@ -97,11 +97,16 @@ def _run(config: TrainConfig, console: Console, guard: PreemptionGuard,
 
 
 def _peer_failure(error: Exception) -> bool:
-    """Whether ``error`` is a collective that failed because another task went away."""
+    """Whether ``error`` is a collective that failed because another task went away (on
+    TensorFlow's runtime, or on JAX's: gloo's all-reduce fails at once when a peer's
+    connections close)."""
     tf = sys.modules.get("tensorflow")
-    return tf is not None and isinstance(error, (
-        tf.errors.UnavailableError, tf.errors.DeadlineExceededError, tf.errors.CancelledError,
-        tf.errors.AbortedError))
+    if tf is not None and isinstance(error, (
+            tf.errors.UnavailableError, tf.errors.DeadlineExceededError,
+            tf.errors.CancelledError, tf.errors.AbortedError)):
+        return True
+    jax_processes = sys.modules.get("mirrorfit.engine.jax.processes")
+    return jax_processes is not None and jax_processes.peer_failure(error)
 
 
 def _train(config: TrainConfig, console: Console, guard: PreemptionGuard,
@@ -114,12 +119,16 @@ def _train(config: TrainConfig, console: Console, guard: PreemptionGuard,
         from mirrorfit.engine.tensorflow.parameter_server import serve_task
         guard.hand_over()  # serve_task handles its signals (it serves until the chief ends)
         return serve_task(cluster, console=console)  # runs what the chief schedules
+    # JAX: a multi-worker task joins its job (jax.distributed) before JAX starts its devices.
+    joining = ({"cluster": cluster, "collective_timeout_s": config.collective_timeout}
+               if cluster is not None and config.backend == "jax" else {})
     setup = engine.configure_devices(replicas=config.replicas, devices=config.devices,
                                      visible_devices=config.visible_devices,
                                      memory_growth=config.memory_growth,
                                      memory_limit_mb=config.gpu_memory_limit,
                                      threads=config.threads_per_worker,
-                                     keep_freed_memory=True)  # a training process: _host_memory
+                                     keep_freed_memory=True,  # a training process: _host_memory
+                                     **joining)
     note = threads_note(config.threads_per_worker)
     if note:  # every worker says it: bound workers' shares of the cores may differ
         console.print(f"[yellow]{note}[/]")
