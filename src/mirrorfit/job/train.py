@@ -87,7 +87,12 @@ def _run(config: TrainConfig, console: Console, guard: PreemptionGuard,
         if cluster is None or not _peer_failure(e):
             raise
         # A collective failed: another task died or stopped answering. Name it, in one line.
-        gone = cluster.unreachable()
+        jax_processes = sys.modules.get("mirrorfit.engine.jax.processes")
+        if jax_processes is not None and jax_processes.joined() is not None:
+            jax_processes.claim_report()  # this line, not the SIGABRT handler's
+            gone = jax_processes.gone(cluster)  # a dead task's port closes ~50 ms after it
+        else:
+            gone = cluster.unreachable()
         who = (f"{', '.join(gone)} stopped answering" if gone
                else "a collective with the other workers failed")
         first = (str(getattr(e, "message", e)).strip().splitlines() or [""])[0][:200]

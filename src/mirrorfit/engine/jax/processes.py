@@ -23,6 +23,9 @@ Failure, which JAX alone turns into a hang or a fatal C++ abort:
   the devices that has waited longer than ``--collective-timeout`` in the same way. JAX's own
   heartbeat timeout, which would abort the process with a multi-line fatal log, is set beyond
   it.
+* The chief's process dying: JAX's client in every other task loses the coordination service
+  and aborts the process within milliseconds (SIGABRT, no Python hook); a SIGABRT handler
+  turns that into the same one line and exit 69 (:func:`_name_a_lost_chief`).
 * Naming who went needs each task's port to answer while the task lives, as TensorFlow's
   server does: the chief's port is the coordination service; every other task keeps a
   listening socket on its own port (it accepts and closes connections, and carries nothing).
@@ -34,7 +37,9 @@ only through ``jax.distributed``, its coordination service and XLA's collectives
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
+import signal
 import socket
 import sys
 import threading
@@ -115,6 +120,8 @@ def join(cluster, *, timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S) -> None:
             initialization_timeout=int(timeout_s) + _JAX_MARGIN_S,
             heartbeat_timeout_seconds=int(timeout_s) + _JAX_MARGIN_S)
     _joined = _Joined(cluster, timeout_s, watchdog, beacon)
+    if not cluster.is_chief:
+        _name_a_lost_chief(cluster)
 
 
 def _host(ip: str) -> str:
@@ -149,6 +156,82 @@ def _gloo_on(ip: str | None) -> None:
         xla_bridge.register_backend_factory("cpu", cpu_client, priority=0, fail_quietly=False)
     except (ImportError, AttributeError, TypeError):  # pragma: no cover (another JAX)
         pass
+
+
+# Seconds a dead task's port may still accept connections (measured: ~50 ms after kill -9).
+_SETTLE_S = 2.0
+_report = threading.Lock()
+
+
+def claim_report() -> bool:
+    """Whether the caller is the first in this process to say why it ends (a failed
+    collective, the watchdog, the SIGABRT handler): one line, from one of them."""
+    return _report.acquire(blocking=False)
+
+
+def gone(cluster) -> list[str]:
+    """The tasks whose port refuses connections, waiting up to ``_SETTLE_S`` for a dead one's
+    port to close (it outlives the process by tens of ms)."""
+    deadline = time.monotonic() + _SETTLE_S
+    while True:
+        found = cluster.unreachable(timeout_s=1.0)
+        if found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.1)
+
+
+_ABORT_HANDLER = ctypes.CFUNCTYPE(None, ctypes.c_int)
+_kept: list = []  # the handler, alive for the process's life
+
+
+def _name_a_lost_chief(cluster) -> None:
+    """A task that is not the chief: when the chief's process dies, JAX's client here loses
+    the coordination service and aborts the process at once (measured: 50 ms after a kill -9
+    of the chief, SIGABRT, its fatal log hidden at TF_CPP_MIN_LOG_LEVEL=3; its
+    ``missed_heartbeat_callback``, which would let a program act instead, fails with
+    std::bad_cast in jaxlib 0.10.2 and 0.11.2). A SIGABRT handler says so in mirrorfit's one
+    line and exits 69 when the chief's port refuses connections; any other abort goes on as
+    it would have (the handler returns, and abort() ends the process)."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+    except OSError:  # pragma: no cover
+        return
+    address = _chief_address(cluster)
+    name = "chief" if cluster.chief is not None else "worker 0"
+    host, _, port = address.rpartition(":")
+    line = (f"mirrorfit: error: {cluster.task_name()}: {name} ({address}) stopped answering "
+            "(JAX's coordination service, which it runs, is gone); restart the group to "
+            "resume from the last checkpoint (`mirrorfit launch --max-restarts N` does)\n"
+            ).encode()
+
+    def on_abort(signum: int) -> None:
+        try:
+            # A killed process's port closes some 50 ms after it died (measured: its memory
+            # is released first): a refusal within a second or two is the chief gone.
+            deadline = time.monotonic() + _SETTLE_S
+            while True:
+                try:
+                    socket.create_connection((host.strip("[]"), int(port)), timeout=1).close()
+                except OSError:
+                    break
+                if time.monotonic() > deadline:
+                    return  # the chief answers: not this case; abort() goes on
+                time.sleep(0.05)
+            if claim_report():
+                os.write(2, line)
+            else:  # the main thread is saying it (a failed all-reduce): let it finish
+                time.sleep(_SETTLE_S * 5)
+            os._exit(EXIT_PEER_FAILED)
+        except BaseException:  # pragma: no cover (a handler must not raise)
+            pass
+
+    handler = _ABORT_HANDLER(on_abort)
+    _kept.append(handler)
+    libc.signal.restype = ctypes.c_void_p
+    libc.signal.argtypes = (ctypes.c_int, ctypes.c_void_p)
+    libc.signal(signal.SIGABRT, ctypes.cast(handler, ctypes.c_void_p))
 
 
 class _Beacon:
@@ -201,10 +284,12 @@ class _Watchdog:
             since = self._since
             if since is None or time.monotonic() - since < self.timeout_s:
                 continue
-            gone = self.cluster.unreachable()
-            who = ", ".join(gone) or "another worker"
-            os.write(2, f"mirrorfit: error: {self.cluster.task_name()}: {who} "
-                        f"{self._text}\n".encode())
+            who = ", ".join(gone(self.cluster)) or "another worker"
+            if claim_report():
+                os.write(2, f"mirrorfit: error: {self.cluster.task_name()}: {who} "
+                            f"{self._text}\n".encode())
+            else:  # another part of this process is saying why it ends
+                time.sleep(_SETTLE_S * 5)
             os._exit(EXIT_PEER_FAILED)
 
 
@@ -254,15 +339,20 @@ _GONE_STATUS = ("UNAVAILABLE", "DEADLINE_EXCEEDED", "ABORTED", "CANCELLED")
 
 def peer_failure(error: BaseException) -> bool:
     """Whether ``error`` is a JAX collective or runtime call that failed because another task
-    of a joined job went away."""
+    of a joined job went away: a JaxRuntimeError from the call, or the ValueError that reading
+    its result raises (measured: ``np.asarray`` of a failed all-reduce's output raised
+    "ValueError: UNKNOWN: Gloo all-reduce failed: ... Connection reset by peer")."""
     if _joined is None:
         return False
     jax = sys.modules.get("jax")
-    if jax is None or not isinstance(error, jax.errors.JaxRuntimeError):
+    if jax is None:
         return False
     text = str(error)
-    return any(s in text for s in _GONE) or text.startswith(_GONE_STATUS)
+    if isinstance(error, jax.errors.JaxRuntimeError):
+        return any(s in text for s in _GONE) or text.startswith(_GONE_STATUS)
+    return isinstance(error, ValueError) and text.startswith(("UNKNOWN: ", *_GONE_STATUS)) \
+        and any(s in text for s in _GONE)
 
 
-__all__ = ["join", "joined", "waiting", "peer_failure", "gloo_lines_dropped",
-           "EXIT_PEER_FAILED"]
+__all__ = ["join", "joined", "waiting", "peer_failure", "gloo_lines_dropped", "claim_report",
+           "gone", "EXIT_PEER_FAILED"]
