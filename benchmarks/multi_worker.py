@@ -1,8 +1,13 @@
-"""N worker processes vs one, at the same global batch: what multi-worker training buys here.
+"""N worker processes vs one, at the same global batch: what multi-worker training buys here,
+on TensorFlow and on JAX (``--backends``), and PyTorch DDP beside them (``--torch-python``).
 
 Each side is the real product command: ``mirrorfit launch --workers N -- mirrorfit train
---strategy multi-worker --threads-per-worker T`` against ``mirrorfit train --threads-per-worker
-T`` (one process, one device). Sides alternate and repeat (the machine is shared and noisy);
+--strategy multi-worker --threads-per-worker T [--backend jax]`` against ``mirrorfit train
+--threads-per-worker T`` (one process, one device). With ``--torch-python PY`` (an interpreter
+with PyTorch: no dependency of mirrorfit), the CNN also runs in PyTorch, N ranks of
+DistributedDataParallel on gloo against one process (``benchmarks/ddp_cnn.py``: the same
+examples, batch, order, steps and threads; its ranks bound to cores as the launcher binds
+workers). Sides alternate and repeat (the machine is shared and noisy);
 we print medians, the spread, the ratio of medians and each pair's ratio (the two runs of
 one repeat, back to back). Throughput is mirrorfit's steady
 examples/s (the first compiled execution excluded), from ``--metrics-out``. The launched
@@ -13,7 +18,7 @@ most N processes give on this machine with no all-reduce, to tell what communica
 lockstep cost from what the machine does (two busy cores are not twice one).
 
     python benchmarks/multi_worker.py --data-dir ../shared/data [--repeats 3] [--models cnn,mlp]
-        [--apart]
+        [--backends tensorflow,jax] [--torch-python PY] [--apart]
 """
 
 from __future__ import annotations
@@ -38,10 +43,12 @@ from mirrorfit.distribute._cpu_binding import available_cores, plan_cpus, starte
 WORKLOADS = {"cnn": (64, 6400, 2, 25), "mlp": (64, 32000, 2, 50)}
 
 
-def _train_argv(model: str, threads: int, out: Path, share: int = 1) -> list[str]:
+def _train_argv(model: str, threads: int, out: Path, share: int = 1,
+                backend: str = "tensorflow") -> list[str]:
     """``mirrorfit train`` on the workload, or on 1/``share`` of its batch and examples."""
     batch, examples, epochs, spe = WORKLOADS[model]
-    return ["mirrorfit", "train", "--model", model, "--global-batch-size", str(batch // share),
+    return ["mirrorfit", "train", "--backend", backend, "--model", model,
+            "--global-batch-size", str(batch // share),
             "--train-examples", str(examples // share), "--epochs", str(epochs),
             "--steps-per-execution", str(spe), "--threads-per-worker", str(threads),
             "--no-progress", "--metrics-out", str(out)]
@@ -52,10 +59,11 @@ def _env(data_dir: str) -> dict:
                 CUDA_VISIBLE_DEVICES="")
 
 
-def _run(model: str, workers: int, threads: int, data_dir: str, out: Path) -> dict:
+def _run(model: str, workers: int, threads: int, data_dir: str, out: Path,
+         backend: str = "tensorflow") -> dict:
     """One side: ``mirrorfit launch --workers N -- mirrorfit train ...`` or, for one worker,
     ``mirrorfit train ...``; its summary (``--metrics-out``)."""
-    train = _train_argv(model, threads, out)
+    train = _train_argv(model, threads, out, backend=backend)
     if workers > 1:
         cmd = [sys.executable, "-m", "mirrorfit", "launch", "--workers", str(workers), "--",
                *train, "--strategy", "multi-worker"]
@@ -83,7 +91,48 @@ def _run(model: str, workers: int, threads: int, data_dir: str, out: Path) -> di
     return json.loads(out.read_text())
 
 
-def _run_apart(model: str, workers: int, threads: int, data_dir: str, out: Path) -> dict:
+def _run_torch(model: str, workers: int, threads: int, data_dir: str, out: Path,
+               python: str) -> dict:
+    """PyTorch: ``workers`` ranks of ``benchmarks/ddp_cnn.py`` (DDP on gloo; each on cores of
+    its own, as launched workers are, when there are more than one), or one process."""
+    batch, examples, epochs, spe = WORKLOADS[model]
+    plan = (plan_cpus(available_cores() or [], workers) if workers > 1 else None) \
+        or [None] * workers
+    port = _free_port()
+    script = Path(__file__).with_name("ddp_cnn.py")
+    procs = []
+    try:
+        for rank, cpus in enumerate(plan):
+            cmd = [python, str(script), "--data-dir", data_dir, "--out", str(out),
+                   "--global-batch-size", str(batch), "--train-examples", str(examples),
+                   "--epochs", str(epochs), "--skip", str(spe), "--threads", str(threads)]
+            env = dict(_env(data_dir), RANK=str(rank), WORLD_SIZE=str(workers),
+                       MASTER_PORT=str(port))
+            with started_on(cpus):
+                procs.append(subprocess.Popen(cmd, env=env, text=True,
+                                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
+        for proc in procs:
+            _, err = proc.communicate(timeout=900)
+            if proc.returncode != 0:
+                raise SystemExit(f"{' '.join(proc.args)} failed:\n{err[-3000:]}")
+    finally:  # a failure must not leave the others training on the shared machine
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return json.loads(out.read_text())
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _run_apart(model: str, workers: int, threads: int, data_dir: str, out: Path,
+               backend: str = "tensorflow") -> dict:
     """The bound without communication: ``workers`` independent ``mirrorfit train`` processes
     at once, each on 1/N of the batch and examples (the same steps) and, like launched workers,
     on CPUs of its own. Their examples/s summed; no test accuracy (each saw 1/N of the data)."""
@@ -93,7 +142,7 @@ def _run_apart(model: str, workers: int, threads: int, data_dir: str, out: Path)
         for i, cpus in enumerate(plan):
             outs.append(out.with_suffix(f".{i}.json"))
             cmd = [sys.executable, "-m", "mirrorfit",
-                   *_train_argv(model, threads, outs[-1], share=workers)[1:]]
+                   *_train_argv(model, threads, outs[-1], share=workers, backend=backend)[1:]]
             with started_on(cpus):
                 procs.append(subprocess.Popen(cmd, env=_env(data_dir), text=True,
                                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
@@ -117,10 +166,17 @@ def main() -> None:
     p.add_argument("--models", default="cnn,mlp")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--threads-per-worker", type=int, default=1)
+    p.add_argument("--backends", default="tensorflow,jax",
+                   help="mirrorfit's engines to measure, in one run (default: both)")
+    p.add_argument("--torch-python", metavar="PY",
+                   help="an interpreter with PyTorch: the CNN in PyTorch DDP (gloo) too")
     p.add_argument("--apart", action="store_true",
                    help="also run N independent processes on 1/N of the batch each: what N "
                         "processes give here with no communication at all")
     a = p.parse_args()
+    backends = a.backends.split(",")
+    if not set(backends) <= {"tensorflow", "jax"} or not backends:
+        p.error(f"--backends {a.backends!r}: choose from tensorflow, jax")
     for model in a.models.split(","):
         if model not in WORKLOADS:
             p.error(f"--models: unknown model {model!r}; choose from {', '.join(WORKLOADS)}")
@@ -132,10 +188,22 @@ def main() -> None:
     n, t = a.workers, a.threads_per_worker
     with tempfile.TemporaryDirectory() as tmp:
         for model in a.models.split(","):
-            sides = {f"{n} workers x {t} thread": functools.partial(_run, workers=n),
-                     f"1 worker x {t} thread": functools.partial(_run, workers=1)}
-            if a.apart:
-                sides[f"{n} apart, no all-reduce"] = functools.partial(_run_apart, workers=n)
+            sides, pairs_of = {}, []  # pairs_of: (N workers' side, 1 worker's, apart's)
+            for backend in backends:
+                tag = {"tensorflow": "tf", "jax": "jax"}[backend]
+                many, one = f"{tag}: {n} workers x {t} thread", f"{tag}: 1 worker x {t} thread"
+                sides[many] = functools.partial(_run, workers=n, backend=backend)
+                sides[one] = functools.partial(_run, workers=1, backend=backend)
+                apart = None
+                if a.apart:
+                    apart = f"{tag}: {n} apart, no all-reduce"
+                    sides[apart] = functools.partial(_run_apart, workers=n, backend=backend)
+                pairs_of.append((many, one, apart))
+            if a.torch_python and model == "cnn":
+                many, one = f"torch DDP: {n} workers x {t} thread", f"torch: 1 worker x {t} thread"
+                sides[many] = functools.partial(_run_torch, workers=n, python=a.torch_python)
+                sides[one] = functools.partial(_run_torch, workers=1, python=a.torch_python)
+                pairs_of.append((many, one, None))
             rates: dict[str, list[float]] = {name: [] for name in sides}
             accuracy: dict[str, list[float]] = {name: [] for name in sides}
             for r in range(a.repeats):
@@ -152,20 +220,28 @@ def main() -> None:
             batch = WORKLOADS[model][0]
             print(f"{model}, global batch {batch}, {a.repeats} repeats (median, min-max):")
             for name, values in rates.items():
-                print(f"  {name:24} {statistics.median(values):9,.0f} examples/s "
+                print(f"  {name:34} {statistics.median(values):9,.0f} examples/s "
                       f"({min(values):,.0f}-{max(values):,.0f}), test accuracy "
                       f"{statistics.median(accuracy[name]):.4f}")
-            many, one = (rates[name] for name in list(sides)[:2])
-            pairs = [m / o for m, o in zip(many, one)]
-            print(f"  ratio {n} workers / 1 worker: "
-                  f"{statistics.median(many) / statistics.median(one):.2f}x (ratio of medians);"
-                  f" per pair {', '.join(f'{r:.2f}' for r in pairs)}, median "
-                  f"{statistics.median(pairs):.2f}x", flush=True)
-            if a.apart:
-                apart = rates[list(sides)[2]]
-                print(f"  {n} workers / {n} apart (what the all-reduce and lockstep cost): "
-                      f"{statistics.median(many) / statistics.median(apart):.2f}x; 1 worker: "
-                      f"{statistics.median(apart) / statistics.median(one):.2f}x", flush=True)
+            for many_name, one_name, apart_name in pairs_of:
+                many, one = rates[many_name], rates[one_name]
+                pairs = [m / o for m, o in zip(many, one)]
+                print(f"  {many_name.split(':')[0]}: ratio {n} workers / 1 worker: "
+                      f"{statistics.median(many) / statistics.median(one):.2f}x (ratio of "
+                      f"medians); per pair {', '.join(f'{r:.2f}' for r in pairs)}, median "
+                      f"{statistics.median(pairs):.2f}x", flush=True)
+                if apart_name:
+                    apart = rates[apart_name]
+                    print(f"    {n} workers / {n} apart (what the all-reduce and lockstep "
+                          f"cost): {statistics.median(many) / statistics.median(apart):.2f}x; "
+                          f"1 worker: {statistics.median(apart) / statistics.median(one):.2f}x",
+                          flush=True)
+            if len(pairs_of) > 1:  # the engines side by side, N workers each
+                first = pairs_of[0][0]
+                print("  " + "; ".join(
+                    f"{m.split(':')[0]} {n} workers / {first.split(':')[0]} {n} workers: "
+                    f"{statistics.median(rates[m]) / statistics.median(rates[first]):.2f}x"
+                    for m, _, _ in pairs_of[1:]), flush=True)
 
 
 if __name__ == "__main__":

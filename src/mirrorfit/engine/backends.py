@@ -73,12 +73,8 @@ def check_settings(backend: str, *, strategy: str = "auto", cross_device_ops: st
         return
     if strategy in TF_ONLY_STRATEGIES:
         raise ConfigError(f"--strategy {strategy} {TF_ONLY_STRATEGIES[strategy]}; with "
-                          "--backend jax use --strategy auto (data parallel over the devices), "
-                          "or --backend tensorflow")
-    if strategy == "multi-worker":
-        raise ConfigError("--strategy multi-worker is not available with --backend jax yet; "
-                          "train on one process (its GPUs or --replicas N), or use --backend "
-                          "tensorflow")
+                          "--backend jax use --strategy auto (data parallel over the devices) "
+                          "or multi-worker (over processes), or --backend tensorflow")
     if cross_device_ops != "auto":
         raise ConfigError(f"--cross-device-ops {cross_device_ops} chooses TensorFlow's "
                           "collectives; under --backend jax XLA does the all-reduce: drop it")

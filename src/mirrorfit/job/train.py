@@ -90,7 +90,12 @@ def _run(config: TrainConfig, console: Console, guard: PreemptionGuard,
         if cluster is None or not _peer_failure(e):
             raise
         # A collective failed: another task died or stopped answering. Name it, in one line.
-        gone = cluster.unreachable()
+        jax_processes = sys.modules.get("mirrorfit.engine.jax.processes")
+        if jax_processes is not None and jax_processes.joined() is not None:
+            jax_processes.claim_report()  # this line, not the SIGABRT handler's
+            gone = jax_processes.gone(cluster)  # a dead task's port closes ~50 ms after it
+        else:
+            gone = cluster.unreachable()
         who = (f"{', '.join(gone)} stopped answering" if gone
                else "a collective with the other workers failed")
         first = (str(getattr(e, "message", e)).strip().splitlines() or [""])[0][:200]
@@ -100,11 +105,16 @@ def _run(config: TrainConfig, console: Console, guard: PreemptionGuard,
 
 
 def _peer_failure(error: Exception) -> bool:
-    """Whether ``error`` is a collective that failed because another task went away."""
+    """Whether ``error`` is a collective that failed because another task went away (on
+    TensorFlow's runtime, or on JAX's: gloo's all-reduce fails at once when a peer's
+    connections close)."""
     tf = sys.modules.get("tensorflow")
-    return tf is not None and isinstance(error, (
-        tf.errors.UnavailableError, tf.errors.DeadlineExceededError, tf.errors.CancelledError,
-        tf.errors.AbortedError))
+    if tf is not None and isinstance(error, (
+            tf.errors.UnavailableError, tf.errors.DeadlineExceededError,
+            tf.errors.CancelledError, tf.errors.AbortedError)):
+        return True
+    jax_processes = sys.modules.get("mirrorfit.engine.jax.processes")
+    return jax_processes is not None and jax_processes.peer_failure(error)
 
 
 def _train(config: TrainConfig, console: Console, guard: PreemptionGuard,
@@ -117,12 +127,16 @@ def _train(config: TrainConfig, console: Console, guard: PreemptionGuard,
         from mirrorfit.engine.tensorflow.parameter_server import serve_task
         guard.hand_over()  # serve_task handles its signals (it serves until the chief ends)
         return serve_task(cluster, console=console)  # runs what the chief schedules
+    # JAX: a multi-worker task joins its job (jax.distributed) before JAX starts its devices.
+    joining = ({"cluster": cluster, "collective_timeout_s": config.collective_timeout}
+               if cluster is not None and config.backend == "jax" else {})
     setup = engine.configure_devices(replicas=config.replicas, devices=config.devices,
                                      visible_devices=config.visible_devices,
                                      memory_growth=config.memory_growth,
                                      memory_limit_mb=config.gpu_memory_limit,
                                      threads=config.threads_per_worker,
-                                     keep_freed_memory=True)  # a training process: _host_memory
+                                     keep_freed_memory=True,  # a training process: _host_memory
+                                     **joining)
     note = threads_note(config.threads_per_worker)
     if note:  # every worker says it: bound workers' shares of the cores may differ
         console.print(f"[yellow]{note}[/]")

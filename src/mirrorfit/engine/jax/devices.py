@@ -43,18 +43,29 @@ class DeviceSetup:
 def configure_devices(*, replicas: int | None = None, devices: tuple[str, ...] = (),
                       visible_devices: str | None = None, memory_growth: bool = True,
                       memory_limit_mb: int | None = None, threads: int | None = None,
-                      keep_freed_memory: bool = False) -> DeviceSetup:
+                      keep_freed_memory: bool = False, cluster=None,
+                      collective_timeout_s: float | None = None) -> DeviceSetup:
     """The devices to replicate over, as :func:`mirrorfit.engine.tensorflow.devices.
     configure_devices` chooses them: GPUs (``visible_devices`` "0,2" picks them by index,
     ``replicas`` takes the first N), else ``replicas`` logical CPU devices. ``memory_growth``
     (the default) lets JAX take GPU memory as it needs it instead of 75% up front;
     ``memory_limit_mb`` caps what it takes (MB per GPU). ``threads``: 1 runs XLA's CPU
-    computations on one thread (N workers on N cores); JAX has no setting for other counts."""
+    computations on one thread (N workers on N cores); JAX has no setting for other counts.
+
+    ``cluster`` (a :class:`~mirrorfit.distribute.cluster.Cluster`, for ``--strategy
+    multi-worker``): join its job first (:func:`mirrorfit.engine.jax.processes.join`, waiting
+    up to ``collective_timeout_s`` for the others); the devices returned are this process's,
+    the mesh (``build_distribution``) spans every process's."""
     if threads not in (None, 1):
         raise ConfigError(f"--threads-per-worker {threads}: the JAX engine can run a worker's CPU "
                           "work on one thread (1) or on all of its cores (leave it out)")
     _before_backends(replicas or (len(devices) if devices else 1), memory_growth,
                      memory_limit_mb, threads)
+    if cluster is not None:
+        from mirrorfit.engine.jax import processes
+
+        processes.join(cluster, **({} if collective_timeout_s is None
+                                   else {"timeout_s": collective_timeout_s}))
     import jax
 
     gpus = _gpus(jax)

@@ -18,6 +18,12 @@ Sources, as :mod:`mirrorfit.data` opens them:
 * synthetic data: one batch, made once, put on the devices once and repeated;
 * anything else (image folders, TFRecords, datasets): its tf.data pipeline, read as NumPy
   (TensorFlow must be installed for those, and decodes them as it does for the TF engine).
+
+Over several processes (``--strategy multi-worker``) each process builds only worker w's
+contiguous share of every global batch (the sources' ``worker``/``workers`` arguments, as on
+TensorFlow) and puts it on its own devices as its piece of the global block
+(``jax.make_array_from_process_local_data``): Keras's own multi-process input sharding takes
+tf.data only.
 """
 
 from __future__ import annotations
@@ -45,20 +51,25 @@ def plan(*, steps_per_epoch: int, start_epoch: int, epochs: int, skip: int,
 
 class Feed:
     """The blocks of ``calls`` (see :func:`plan`) from ``source``, ``depth`` ahead of the
-    training thread, as device arrays sharded by ``batch_sharding`` (batch axis 1)."""
+    training thread, as device arrays sharded by ``batch_sharding`` (batch axis 1). With
+    ``workers`` > 1, this process reads worker ``worker``'s share of each global batch and
+    ``placement`` (a :class:`~mirrorfit.engine.jax.placement.Placement`) makes it this
+    process's piece of the global block."""
 
     def __init__(self, source, calls: list[tuple[int, int, int]], *, block_steps: int,
-                 batch_sharding, depth: int = 2) -> None:
+                 batch_sharding, depth: int = 2, worker: int = 0, workers: int = 1,
+                 placement=None) -> None:
         self._calls = list(calls)
         self._sharding = batch_sharding
+        self._workers, self._placement = workers, placement
         self._queue: queue.Queue = queue.Queue(maxsize=depth)
         self._stop = threading.Event()
         self.wait_s = 0.0  # seconds the training thread waited for input
         self._ahead = None  # (steps, device block) of the next call, already copying
         planned = list(calls)  # the thread's copy: next() pops from self._calls
-        blocks = _host_blocks(source, planned, block_steps)
+        blocks = _host_blocks(source, planned, block_steps, worker, workers)
         if blocks is None:  # synthetic: one batch, on the devices once
-            x, y = source.host_batch()
+            x, y = source.host_batch(worker, workers)
             self._fixed = self._put(x[None], y[None])
             self._thread = None
         else:
@@ -70,7 +81,11 @@ class Feed:
     def _put(self, xs: np.ndarray, ys: np.ndarray):
         import jax
 
-        return jax.device_put(xs, self._sharding), jax.device_put(ys, self._sharding)
+        if self._placement is None:
+            return jax.device_put(xs, self._sharding), jax.device_put(ys, self._sharding)
+        w = self._workers
+        return tuple(self._placement.from_local(a, (a.shape[0], a.shape[1] * w, *a.shape[2:]),
+                                                self._sharding) for a in (xs, ys))
 
     def _fill(self, blocks: Iterator, calls: list) -> None:
         try:
@@ -111,20 +126,22 @@ class Feed:
             self._thread.join(timeout=5)
 
 
-def _host_blocks(source, calls, block_steps: int) -> Iterator | None:
-    """NumPy blocks (xs, ys) for ``calls``, or None for a source of one repeated batch."""
+def _host_blocks(source, calls, block_steps: int, worker: int = 0,
+                 workers: int = 1) -> Iterator | None:
+    """NumPy blocks (xs, ys) for ``calls`` (worker ``worker``'s share of each global batch), or
+    None for a source of one repeated batch."""
     if hasattr(source, "host_batch"):
         return None
     if hasattr(source, "epoch_batches") and hasattr(source, "x"):
-        return _array_blocks(source, calls, block_steps)
-    return _dataset_blocks(source, calls, block_steps)
+        return _array_blocks(source, calls, block_steps, worker, workers)
+    return _dataset_blocks(source, calls, block_steps, worker, workers)
 
 
-def _array_blocks(source, calls, block_steps: int) -> Iterator:
+def _array_blocks(source, calls, block_steps: int, worker: int, workers: int) -> Iterator:
     rows_of, rows = None, None
     for epoch, at, n in calls:
         if rows_of != epoch:
-            rows_of, rows = epoch, source.epoch_batches(epoch)
+            rows_of, rows = epoch, source.epoch_batches(epoch, worker, workers)
         index = rows[at:at + n]
         xs = np.zeros((block_steps, *index.shape[1:], *source.x.shape[1:]), source.x.dtype)
         ys = np.zeros((block_steps, *index.shape[1:], *source.y.shape[1:]), np.int32)
@@ -133,13 +150,14 @@ def _array_blocks(source, calls, block_steps: int) -> Iterator:
         yield xs, ys
 
 
-def _dataset_blocks(source, calls, block_steps: int) -> Iterator:
+def _dataset_blocks(source, calls, block_steps: int, worker: int, workers: int) -> Iterator:
     if not calls:
         return
     first_epoch, skip, _ = calls[0]
     last_epoch = calls[-1][0] + 1
-    batches = source.dataset(start_epoch=first_epoch, epochs=last_epoch,
-                             skip=skip).as_numpy_iterator()
+    shares = {"worker": worker, "workers": workers} if workers > 1 else {}
+    batches = source.dataset(start_epoch=first_epoch, epochs=last_epoch, skip=skip,
+                             **shares).as_numpy_iterator()
     for _, _, n in calls:
         taken = [next(batches) for _ in range(n)]
         x0, y0 = taken[0]

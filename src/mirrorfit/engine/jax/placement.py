@@ -1,6 +1,14 @@
-"""Where a JAX run computes: a 1-D mesh of this process's devices (axis ``"data"``), the batch
-split along it and the state replicated, as one frozen :class:`Placement` (the JAX engine's
-counterpart of :class:`mirrorfit.engine.tensorflow.distribution.Distribution`).
+"""Where a JAX run computes: a 1-D mesh of devices (axis ``"data"``), the batch split along it
+and the state replicated, as one frozen :class:`Placement` (the JAX engine's counterpart of
+:class:`mirrorfit.engine.tensorflow.distribution.Distribution`).
+
+One process: the mesh of its devices. ``--strategy multi-worker``: the mesh of every process's
+devices, process by process (worker w's devices hold the w-th contiguous share of every global
+batch, as replica w would on one process); the processes joined first
+(:mod:`mirrorfit.engine.jax.processes`). Then arrays that span the mesh are made and read with
+what JAX has for several processes: each process puts only its own devices' pieces, and a
+read of per-device values (metrics, statistics) is a small compiled reduction, a collective
+that every worker runs at the same point (``lockstep``).
 
 ``--strategy`` names that only TensorFlow has (central storage, parameter servers) and the
 TensorFlow collectives' flags are refused here in one line; ``auto``, ``single`` and
@@ -10,8 +18,13 @@ TensorFlow collectives' flags are refused here in one line; ``auto``, ``single``
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
+from typing import Sequence
 
-from mirrorfit.engine.backends import GLOBAL_BATCH, check_settings
+import numpy as np
+
+from mirrorfit.engine.backends import GLOBAL_BATCH, WORKER_SHARE, check_settings
+from mirrorfit.engine.jax import processes
 from mirrorfit.engine.jax.devices import DeviceSetup
 from mirrorfit.errors import ConfigError
 
@@ -34,38 +47,193 @@ class Placement:
     task: str = "local"
     cluster: object | None = None
     backend = "jax"  # which engine runs it (mirrorfit.engine.controller picks the runner by it)
-    lockstep = False  # several processes: metric reads and checks are collectives
-    input_split = GLOBAL_BATCH  # what each process reads (mirrorfit.job.data)
+
+    @property
+    def lockstep(self) -> bool:
+        """Several processes: metric reads and checks are collectives, run by every worker at
+        the same points."""
+        return self.workers > 1
+
+    @property
+    def input_split(self) -> str:
+        """What each process reads (mirrorfit.job.data): its share of every global batch."""
+        return WORKER_SHARE if self.workers > 1 else GLOBAL_BATCH
 
     def agree(self, flag: bool) -> bool:
         """True on every process if ``flag`` is True on any; one process: ``flag``."""
-        return flag
+        if self.workers == 1:
+            return flag
+        return self._max_min(1 if flag else 0)[0] > 0
 
     def all_equal(self, value: int) -> bool:
         """Whether every process holds the same ``value``; one process: True."""
-        return True
+        if self.workers == 1:
+            return True
+        high, low = self._max_min(int(value))
+        return high == low
+
+    def _max_min(self, value: int) -> tuple[int, int]:
+        """(max, min) of ``value`` over the processes: one small all-reduce."""
+        local = np.full((self.local_replicas,), value, np.int32)
+        with processes.waiting():
+            out = np.asarray(self._reduce_int(self.from_local(local, (self.replicas,))))
+        return int(out[0]), int(out[1])
+
+    @cached_property
+    def _reduce_int(self):
+        import jax
+        import jax.numpy as jnp
+
+        return jax.jit(lambda v: jnp.stack([jnp.max(v), jnp.min(v)]),
+                       out_shardings=self.sharding())
+
+    # -- arrays over the mesh ------------------------------------------------------------------
+    def sharding(self, *spec):
+        """The NamedSharding of ``spec`` over the mesh (none: replicated)."""
+        from jax.sharding import NamedSharding, PartitionSpec as P
+
+        return NamedSharding(self.mesh, P(*spec))
+
+    def put(self, values: Sequence, sharding) -> list:
+        """Host arrays, the same on every process, as arrays of ``sharding``: each process puts
+        its own devices' pieces (``jax.device_put`` checks across processes that the values
+        agree, a hidden collective every time)."""
+        import jax
+
+        if self.workers == 1:
+            return jax.device_put(list(values), sharding)
+        return [_from_host(np.asarray(v), sharding) for v in values]
+
+    def from_local(self, local: np.ndarray, global_shape: tuple[int, ...], sharding=None):
+        """An array of ``global_shape`` split along the mesh axis (axis 0 of ``global_shape``,
+        or as ``sharding`` says) from this process's piece ``local``."""
+        import jax
+
+        sharding = sharding or self.sharding(AXIS)
+        if self.workers == 1:
+            return jax.device_put(local, sharding)
+        return jax.make_array_from_process_local_data(sharding, local, global_shape)
+
+    def summed(self, stacked: Sequence) -> list[np.ndarray]:
+        """Per-device values (stacked along a first axis of the mesh's size) summed over the
+        devices, on the host (several processes: a collective)."""
+        if self.workers == 1:
+            return [np.asarray(a).sum(axis=0).astype(np.asarray(a).dtype) for a in stacked]
+        with processes.waiting():
+            return [np.asarray(a) for a in self._sum(list(stacked))]
+
+    @cached_property
+    def _sum(self):
+        import jax
+        import jax.numpy as jnp
+
+        def total(xs):
+            # One reduction of one buffer per dtype: across processes each array of a list
+            # would be an all-reduce of its own (~4 ms each for workers bound to a core).
+            out = [None] * len(xs)
+            by_dtype: dict = {}
+            for i, x in enumerate(xs):
+                by_dtype.setdefault(jnp.dtype(x.dtype), []).append(i)
+            for indices in by_dtype.values():
+                flat = jnp.concatenate([xs[i].reshape(xs[i].shape[0], -1) for i in indices],
+                                       axis=1).sum(axis=0)
+                at = 0
+                for i in indices:
+                    size = xs[i][0].size
+                    out[i] = flat[at:at + size].reshape(xs[i].shape[1:]).astype(xs[i].dtype)
+                    at += size
+            return out
+
+        return jax.jit(total, out_shardings=self.sharding())
+
+    def averaged(self, stacked: Sequence) -> list:
+        """Per-device statistics as one value each: floats' mean over the devices, integers'
+        first device's (they agree). One process: host arrays; several: arrays replicated on
+        every device (a collective)."""
+        if self.workers == 1:
+            return [np.asarray(a).mean(axis=0).astype(a.dtype)
+                    if np.issubdtype(a.dtype, np.floating) else np.asarray(a)[0]
+                    for a in stacked]
+        with processes.waiting():
+            return self._average(list(stacked))
+
+    @cached_property
+    def _average(self):
+        import jax
+        import jax.numpy as jnp
+
+        return jax.jit(lambda xs: [x.mean(axis=0).astype(x.dtype)
+                                   if jnp.issubdtype(x.dtype, jnp.floating) else x[0]
+                                   for x in xs], out_shardings=self.sharding())
 
     strategy_name = "DataParallel (JAX mesh)"  # for the summary
 
     def describe(self) -> str:
         """One line for the start of a run."""
-        return f"data parallel over a mesh of {self.replicas} device(s) (JAX)"
+        if self.workers == 1:
+            return f"data parallel over a mesh of {self.replicas} device(s) (JAX)"
+        return (f"data parallel over a mesh of {self.replicas} device(s) in {self.workers} "
+                f"processes (JAX, jax.distributed), {self.task} of {self.workers} worker(s)"
+                + (" (chief)" if self.is_chief else ""))
+
+
+def _from_host(value: np.ndarray, sharding):
+    import jax
+
+    return jax.make_array_from_callback(value.shape, sharding, lambda index: value[index])
 
 
 def build_placement(setup: DeviceSetup, *, kind: str = "auto", cross_device_ops: str = "auto",
                     communication: str = "auto", cluster=None, **_) -> Placement:
-    """The mesh over ``setup``'s devices for strategy ``kind``; ConfigError, one line, for a
-    strategy or collective setting that only the TensorFlow engine has."""
+    """The mesh over ``setup``'s devices for strategy ``kind`` (``multi-worker``: over every
+    process's, ``cluster``'s job joined by ``configure_devices(cluster=...)``); ConfigError,
+    one line, for a strategy or collective setting that only the TensorFlow engine has."""
     check_settings("jax", strategy=kind, cross_device_ops=cross_device_ops,
                    communication=communication)
-    if cluster is not None:
-        check_settings("jax", strategy="multi-worker")
     if kind == "single" and setup.replicas != 1:
         raise ConfigError(f"--strategy single runs on one device but {setup.replicas} replicas "
                           "were asked for; use --replicas 1 or --strategy mirrored")
     import numpy as np
     from jax.sharding import Mesh
 
+    if kind == "multi-worker" or cluster is not None:
+        return _over_processes(setup, cluster)
     mesh = Mesh(np.array(setup.jax_devices), (AXIS,))
     return Placement(mesh=mesh, kind="data-parallel", replicas=setup.replicas,
                      local_replicas=setup.replicas)
+
+
+def _over_processes(setup: DeviceSetup, cluster) -> Placement:
+    """The mesh of every process's devices: process p's at the same local positions as this
+    process's (every task runs the same command), process by process."""
+    import jax
+    import numpy as np
+    from jax.sharding import Mesh
+
+    from mirrorfit.distribute.cluster import cluster_for
+
+    cluster = cluster or cluster_for("multi-worker")
+    if processes.joined() != cluster:
+        raise ConfigError("--strategy multi-worker --backend jax: join the cluster before JAX "
+                          "starts: configure_devices(cluster=...) (mirrorfit train does)")
+    if setup.kind == "CPU" and setup.replicas > 1:
+        raise ConfigError(f"--strategy multi-worker runs one replica per worker on CPUs, but "
+                          f"--replicas {setup.replicas} was asked for; drop --replicas, or "
+                          "start more workers (mirrorfit launch --workers N)")
+    platform = setup.jax_devices[0].platform
+    local = list(jax.local_devices(backend=platform))
+    positions = [local.index(d) for d in setup.jax_devices]
+    by_process: dict[int, list] = {}
+    for d in jax.devices(platform):
+        by_process.setdefault(d.process_index, []).append(d)
+    if len(by_process) != cluster.num_workers:
+        raise ConfigError(f"--strategy multi-worker: JAX sees {len(by_process)} process(es), the "
+                          f"cluster has {cluster.num_workers} workers")
+    devices = [by_process[p][i] for p in sorted(by_process) for i in positions]
+    placement = Placement(mesh=Mesh(np.array(devices), (AXIS,)), kind="multi-worker",
+                          replicas=len(devices), local_replicas=setup.replicas,
+                          workers=cluster.num_workers, worker_index=cluster.worker_rank,
+                          is_chief=cluster.is_chief, task=cluster.task_name(), cluster=cluster)
+    with processes.gloo_lines_dropped():  # the first collective: gloo connects the processes
+        placement.all_equal(setup.replicas)
+    return placement

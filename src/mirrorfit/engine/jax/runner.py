@@ -6,6 +6,13 @@ Keras variables are brought up to date (``sync``) when something reads them: the
 export or a checkpoint, the optimizer for the learning rate. They hold copies, so the next
 call's donation cannot delete what they hold ("Array has been deleted" is what a variable
 that shared a donated buffer would say).
+
+Over several processes (``--strategy multi-worker``) every array spans all processes' devices:
+the state is put piece by piece, each process its own devices' (:meth:`Placement.put`), and
+what is read of per-device values (metrics, statistics such as batch norm's) is a small
+compiled reduction over the mesh, a collective. The controller reads metrics at the same points
+on every worker (``lockstep``); the statistics are reduced after every call of steps, so that
+``sync`` (which only the chief may reach, for an export) reads nothing from the others.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from mirrorfit.engine.jax import processes
 from mirrorfit.engine.jax.feed import Feed, plan
 from mirrorfit.engine.jax.placement import AXIS, Placement
 from mirrorfit.engine.jax.step import Metrics, State, build_steps, stacked
@@ -69,6 +77,7 @@ class Runner:
         self._state: State | None = None
         self._synced = True
         self._feeds: list[Feed] = []  # each fit's: their input waits add up
+        self._averaged: list = []  # several processes: the statistics, reduced (replicated)
         self._load_state()
 
     # -- the state ---------------------------------------------------------------------------
@@ -80,8 +89,6 @@ class Runner:
 
     def _load_state(self) -> None:
         """The Keras variables' values as the devices' state (copies)."""
-        import jax
-
         replicated, split = self._shardings()
         n = self.replicas
         values = State(
@@ -89,10 +96,25 @@ class Runner:
             non_trainable=stacked([v.value for v in self._model.non_trainable_variables], n),
             optimizer=[np.asarray(v.value) for v in self._optimizer.variables],
             metrics=stacked([v.value for v in self._train_metrics.variables], n))
-        self._state = State(trainable=jax.device_put(values.trainable, replicated),
-                            non_trainable=jax.device_put(values.non_trainable, split),
-                            optimizer=jax.device_put(values.optimizer, replicated),
-                            metrics=jax.device_put(values.metrics, split))
+        put = self.distribution.put
+        self._state = State(trainable=put(values.trainable, replicated),
+                            non_trainable=put(values.non_trainable, split),
+                            optimizer=put(values.optimizer, replicated),
+                            metrics=put(values.metrics, split))
+        self._reduce_statistics()
+
+    def _reduce_statistics(self) -> None:
+        """Several processes: the per-device statistics reduced now, at a point every worker
+        reaches (a collective), for ``sync`` and evaluation to read later."""
+        if self.distribution.workers > 1 and self._state.non_trainable:
+            self._averaged = self.distribution.averaged(self._state.non_trainable)
+
+    def _statistics(self) -> list:
+        """The non-trainable variables' values: per-device statistics as their mean (integers:
+        the first device's, they agree)."""
+        if self.distribution.workers > 1:
+            return self._averaged
+        return self.distribution.averaged(self._state.non_trainable)
 
     def sync(self) -> None:
         """Write the devices' state into the Keras model and optimizer (copies): per-device
@@ -102,10 +124,8 @@ class Runner:
         s = self._state
         for var, value in zip(self._model.trainable_variables, s.trainable):
             var.assign(np.array(value))
-        for var, value in zip(self._model.non_trainable_variables, s.non_trainable):
-            host = np.asarray(value)
-            var.assign(host.mean(axis=0).astype(host.dtype)
-                       if np.issubdtype(host.dtype, np.floating) else host[0])
+        for var, value in zip(self._model.non_trainable_variables, self._statistics()):
+            var.assign(np.array(value))
         for var, value in zip(self._optimizer.variables, s.optimizer):
             var.assign(np.array(value))
         self._synced = True
@@ -172,7 +192,10 @@ class Runner:
         calls = plan(steps_per_epoch=self.steps_per_epoch(train), start_epoch=start_epoch,
                      epochs=epochs, skip=skip, steps_per_execution=steps_per_execution)
         sharding = NamedSharding(self.distribution.mesh, P(None, AXIS))
-        feed = Feed(train, calls, block_steps=steps_per_execution, batch_sharding=sharding)
+        d = self.distribution
+        feed = Feed(train, calls, block_steps=steps_per_execution, batch_sharding=sharding,
+                    worker=d.worker_index, workers=d.workers,
+                    placement=d if d.workers > 1 else None)
         self._feeds.append(feed)
         return feed
 
@@ -187,11 +210,13 @@ class Runner:
         import jax
 
         xs, ys = feed.next(num_steps)
-        self._state = self._steps.train(self._state, xs, ys, np.int32(num_steps))
-        self._synced = False
-        # Returns when the steps are done, as TensorFlow's call does: the controller times
-        # it, and the feed has the next block on the devices meanwhile.
-        jax.block_until_ready(self._state.optimizer)
+        with processes.waiting():  # several processes: a peer gone is one line, not a hang
+            self._state = self._steps.train(self._state, xs, ys, np.int32(num_steps))
+            self._synced = False
+            self._reduce_statistics()
+            # Returns when the steps are done, as TensorFlow's call does: the controller times
+            # it, and the feed has the next block on the devices meanwhile.
+            jax.block_until_ready(self._state.optimizer)
 
     def evaluate(self, data, batch: int) -> dict[str, float]:
         """Loss, metrics and the example count over every example of ``data`` once: (x, y)
@@ -199,37 +224,36 @@ class Runner:
         import jax
         from jax.sharding import NamedSharding, PartitionSpec as P
 
+        d = self.distribution
         n = self.replicas
         padded = math.ceil(batch / n) * n
         replicated, split = self._shardings()
-        sharding = NamedSharding(self.distribution.mesh, P(None, AXIS))
+        sharding = NamedSharding(d.mesh, P(None, AXIS))
         s = self._state
-        non_trainable = jax.device_put(
-            [np.asarray(a).mean(axis=0).astype(a.dtype) if np.issubdtype(a.dtype, np.floating)
-             else np.asarray(a)[0] for a in s.non_trainable], replicated)
-        metrics = jax.device_put(stacked([np.zeros(v.shape, v.dtype)
-                                          for v in self._eval_metrics.variables], n), split)
+        statistics = self._statistics()
+        # Several processes: already on the devices (reduced there); one: host values.
+        non_trainable = statistics if d.workers > 1 else jax.device_put(statistics, replicated)
+        metrics = d.put(stacked([np.zeros(v.shape, v.dtype)
+                                 for v in self._eval_metrics.variables], n), split)
         examples = 0
-        for xs, ys, ws, count, real in _eval_blocks(data, batch, padded):
-            examples += real
-            metrics = self._steps.evaluate(s.trainable, non_trainable, metrics,
-                                           jax.device_put(xs, sharding),
-                                           jax.device_put(ys, sharding),
-                                           jax.device_put(ws, sharding), np.int32(count))
-        out = _results(self._eval_metrics, metrics)
+        with processes.waiting():
+            # Every process packs the same blocks and puts its own devices' part of each.
+            for xs, ys, ws, count, real in _eval_blocks(data, batch, padded):
+                examples += real
+                metrics = self._steps.evaluate(s.trainable, non_trainable, metrics,
+                                               *d.put([xs, ys, ws], sharding), np.int32(count))
+            out = _results(self._eval_metrics, metrics, d)
         out["examples"] = examples
         return out
 
     def reset_train_metrics(self) -> None:
         _, split = self._shardings()
-        import jax
-
-        self._state = self._state._replace(metrics=jax.device_put(
+        self._state = self._state._replace(metrics=self.distribution.put(
             stacked([np.zeros(v.shape, v.dtype) for v in self._train_metrics.variables],
                     self.replicas), split))
 
     def train_logs(self) -> dict[str, float]:
-        return _results(self._train_metrics, self._state.metrics)
+        return _results(self._train_metrics, self._state.metrics, self.distribution)
 
     def _optimizer_value(self, variable) -> np.ndarray:
         index = [id(v) for v in self._optimizer.variables].index(id(variable))
@@ -254,10 +278,11 @@ class Runner:
             return float(np.asarray(self._optimizer.learning_rate))
 
 
-def _results(metrics: Metrics, stacked_values) -> dict[str, float]:
-    """Each metric's result from the per-device variables, summed over devices."""
-    for var, value in zip(metrics.variables, stacked_values):
-        var.assign(np.asarray(value).sum(axis=0).astype(np.asarray(value).dtype))
+def _results(metrics: Metrics, stacked_values, placement: Placement) -> dict[str, float]:
+    """Each metric's result from the per-device variables, summed over devices (over all
+    processes: a collective)."""
+    for var, value in zip(metrics.variables, placement.summed(stacked_values)):
+        var.assign(value)
     return {m.name: float(m.result()) for m in metrics.objects}
 
 

@@ -16,17 +16,21 @@ would count each gradient N times. The parameters are made device-varying first
 
 :func:`build_steps` returns the compiled calls: ``train(state, xs, ys, n)`` runs ``n`` steps
 over the batches ``xs[i % L]`` (``L`` batches given, ``n`` a traced count: no retracing when an
-epoch's last call is shorter), the state donated; ``evaluate(...)`` runs the eval step over a
+epoch's last call is shorter), the state donated; on a CPU, a model with convolutions runs them
+as ``n`` calls of one step each (XLA's CPU compiler leaves a convolution's gradient inside a
+loop to plain loops, 30x slower for the CNN: see :class:`_Train`); ``evaluate(...)`` runs the eval step over a
 block of batches with a mask for padding (every example counted once).
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Callable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from mirrorfit.engine.jax.placement import AXIS
@@ -97,6 +101,7 @@ def build_steps(*, model, optimizer, loss, train_metrics: Metrics, eval_metrics:
     optimizer step over all replicas and micro-batches (the loss's divisor)."""
     replicas = mesh.size
     traces: list[int] = []
+    across_processes = len({d.process_index for d in mesh.devices.flat}) > 1
 
     def per_example_loss(y, y_pred):
         values = loss.call(y, y_pred.astype(jnp.float32)) if hasattr(loss, "call") \
@@ -120,7 +125,9 @@ def build_steps(*, model, optimizer, loss, train_metrics: Metrics, eval_metrics:
 
     grad = jax.value_and_grad(forward, has_aux=True)
 
-    def train_per_device(state: State, xs, ys, num_steps):
+    def train_per_device(state: State, xs, ys, num_steps, *, one_by_one: bool = False):
+        """``num_steps`` steps in a loop; ``one_by_one``: the one step ``num_steps`` (its
+        index in the block), its micro-batches unrolled: no loop at all."""
         trainable, optimizer_vars = state.trainable, state.optimizer
         non_trainable = [a[0] for a in state.non_trainable]
         metrics = [a[0] for a in state.metrics]
@@ -142,28 +149,48 @@ def build_steps(*, model, optimizer, loss, train_metrics: Metrics, eval_metrics:
             zeros = [jnp.zeros_like(t) for t in local]
             if accum_steps == 1:
                 grads, non_trainable, metrics = micro(0, (zeros, non_trainable, metrics))
+            elif one_by_one:
+                acc = (zeros, non_trainable, metrics)
+                for j in range(accum_steps):
+                    acc = micro(j, acc)
+                grads, non_trainable, metrics = acc
             else:
                 grads, non_trainable, metrics = jax.lax.fori_loop(
                     0, accum_steps, micro, (zeros, non_trainable, metrics))
             # The step's one all-reduce: one psum of all the gradients (XLA emits one
-            # all-reduce of a tuple). Not of one flattened buffer: on XLA's CPU client that
-            # made each step ~300x slower here (2.7 s for the MLP's 50 steps, against 8 ms).
-            grads = jax.lax.psum(grads, AXIS)
+            # all-reduce of a tuple). Not of one flattened buffer on one process: on XLA's
+            # CPU client that made each step ~300x slower here (2.7 s for the MLP's 50 steps,
+            # against 8 ms). Across processes the tuple's arrays go to gloo one by one, ~4 ms
+            # each for workers bound to a core (measured: 33 ms a step for the CNN's 8, 4.3 ms
+            # for the same numbers in one buffer): there, one buffer.
+            grads = _psum_flat(grads) if across_processes else jax.lax.psum(grads, AXIS)
             trainable, optimizer_vars = optimizer.stateless_apply(optimizer_vars, grads,
                                                                   trainable)
             return trainable, non_trainable, optimizer_vars, metrics
 
-        trainable, non_trainable, optimizer_vars, metrics = jax.lax.fori_loop(
-            0, num_steps, one_step, (trainable, non_trainable, optimizer_vars, metrics))
+        carry = (trainable, non_trainable, optimizer_vars, metrics)
+        if one_by_one:
+            carry = one_step(num_steps, carry)
+        else:
+            carry = jax.lax.fori_loop(0, num_steps, one_step, carry)
+        trainable, non_trainable, optimizer_vars, metrics = carry
         return State(trainable, [a[None] for a in non_trainable], optimizer_vars,
                      [a[None] for a in metrics])
 
+    def over_mesh(per_device):
+        specs = State(P(), P(AXIS), P(), P(AXIS))
+        return jax.shard_map(per_device, mesh=mesh,
+                             in_specs=(specs, P(None, AXIS), P(None, AXIS), P()),
+                             out_specs=specs)
+
     def train(state, xs, ys, num_steps):
         traces.append(1)  # runs while tracing only
-        specs = State(P(), P(AXIS), P(), P(AXIS))
-        return jax.shard_map(train_per_device, mesh=mesh,
-                             in_specs=(specs, P(None, AXIS), P(None, AXIS), P()),
-                             out_specs=specs)(state, xs, ys, num_steps)
+        return over_mesh(train_per_device)(state, xs, ys, num_steps)
+
+    def train_one(state, xs, ys, at):
+        traces.append(1)
+        return over_mesh(functools.partial(train_per_device, one_by_one=True))(
+            state, xs, ys, at)
 
     def eval_per_device(trainable, non_trainable, metrics, xs, ys, weights, num_batches):
         metrics = [a[0] for a in metrics]
@@ -183,8 +210,85 @@ def build_steps(*, model, optimizer, loss, train_metrics: Metrics, eval_metrics:
             in_specs=(P(), P(), P(AXIS), P(None, AXIS), P(None, AXIS), P(None, AXIS), P()),
             out_specs=P(AXIS))(trainable, non_trainable, metrics, xs, ys, weights, num_batches)
 
-    return Steps(train=jax.jit(train, donate_argnums=(0,)),
+    one_by_one = None
+    if mesh.devices.flat[0].platform == "cpu":
+        def convolves(state, xs) -> bool:
+            x = jax.ShapeDtypeStruct((max(1, xs.shape[1] // replicas), *xs.shape[2:]),
+                                     jnp.float32)
+            shapes = [[jax.ShapeDtypeStruct(a.shape[skip:], a.dtype) for a in group]
+                      for group, skip in ((state.trainable, 0), (state.non_trainable, 1))]
+            return _has_convolution(jax.make_jaxpr(
+                lambda t, n, x: model.stateless_call(t, n, x, training=True)[0])(*shapes, x))
+        one_by_one = convolves
+    return Steps(train=_Train(jax.jit(train, donate_argnums=(0,)),
+                              jax.jit(train_one, donate_argnums=(0,)), one_by_one),
                  evaluate=jax.jit(evaluate, donate_argnums=(2,)), traces=traces)
+
+
+class _Train:
+    """``train(state, xs, ys, n)``: ``n`` steps in one compiled call (a loop on the devices),
+    or, for a model with convolutions on XLA's CPU client, ``n`` calls of one step each.
+
+    Why: XLA's CPU compiler rewrites convolutions into the layout its fast kernels take only in
+    a program's entry computation (its ConvCanonicalization pass), not inside a loop's body;
+    there the gradient of a convolution's weights runs as plain loops. Measured here (JAX
+    0.10.2, one thread): that gradient for a 3x3 conv of 64 -> 128 channels over 64 images of
+    14x14 took 14.7 ms on its own and 1,538 ms inside ``fori_loop`` (the CNN's step 0.5 s ->
+    16 s). One step per call keeps every convolution in the entry computation; its
+    micro-batches are unrolled for the same reason. ``one_by_one(state, xs)`` decides, at the
+    first call, from the model's forward pass (None: always the loop)."""
+
+    def __init__(self, looped, single, one_by_one) -> None:
+        self._looped, self._single, self._one_by_one = looped, single, one_by_one
+        self._chosen: bool | None = None if one_by_one is not None else False
+
+    def _choose(self, state, xs) -> bool:
+        if self._chosen is None:
+            self._chosen = bool(self._one_by_one(state, xs))
+        return self._chosen
+
+    def __call__(self, state, xs, ys, num_steps):
+        if not self._choose(state, xs):
+            return self._looped(state, xs, ys, num_steps)
+        for i in range(int(num_steps)):
+            state = self._single(state, xs, ys, np.int32(i))
+        return state
+
+    def lower(self, state, xs, ys, num_steps):
+        """What one call compiles: the loop, or the one step."""
+        if not self._choose(state, xs):
+            return self._looped.lower(state, xs, ys, num_steps)
+        return self._single.lower(state, xs, ys, np.int32(0))
+
+
+def _psum_flat(values: list) -> list:
+    """``jax.lax.psum(values, AXIS)`` as one all-reduce per dtype (one in all, for float32
+    gradients): the arrays raveled into one buffer, summed, cut back."""
+    out: list = [None] * len(values)
+    by_dtype: dict = {}
+    for i, v in enumerate(values):
+        by_dtype.setdefault(jnp.dtype(v.dtype), []).append(i)
+    for indices in by_dtype.values():
+        flat = jax.lax.psum(jnp.concatenate([values[i].ravel() for i in indices]), AXIS)
+        at = 0
+        for i in indices:
+            size = values[i].size
+            out[i] = flat[at:at + size].reshape(values[i].shape)
+            at += size
+    return out
+
+
+def _has_convolution(closed) -> bool:
+    """Whether a (closed) jaxpr, or one nested in it, holds a convolution."""
+    jaxpr = getattr(closed, "jaxpr", closed)
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name.startswith("conv_general_dilated"):
+            return True
+        for value in eqn.params.values():
+            for sub in value if isinstance(value, (list, tuple)) else (value,):
+                if hasattr(getattr(sub, "jaxpr", sub), "eqns") and _has_convolution(sub):
+                    return True
+    return False
 
 
 def stacked(values: Sequence, replicas: int) -> list:

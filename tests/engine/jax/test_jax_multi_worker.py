@@ -1,0 +1,308 @@
+"""--strategy multi-worker --backend jax with real processes on loopback (jax.distributed, its
+coordination service, gloo's CPU collectives): 2 worker processes x 1 device train exactly as 1
+process x 2 devices (SGD; Adam with accumulation, bf16 and a shorter last call), count every
+evaluation example once, listen on the task's own address only, survive a killed worker under
+`mirrorfit launch --max-restarts 1` with the weights of an uninterrupted run, name a worker
+that never joins, and stop every worker at one step on a SIGTERM to one of them.
+
+TensorFlow is blocked in every JAX process here (``sys.modules["tensorflow"] = None``).
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import ROOT, _env, run_cli
+
+pytestmark = pytest.mark.slow
+
+JAX_ONLY = 'import os, sys\nsys.modules["tensorflow"] = None\nos.environ["KERAS_BACKEND"] = "jax"\n'
+
+# One process of either side: under a cluster (TF_CONFIG from `mirrorfit launch`) one device
+# of a 2-process mesh, else 2 devices of one process. Each run trains the MLP, evaluates 1,001
+# test examples in batches of 63 and saves its weights; the process also reports what it
+# listens on and what agree/all_equal say.
+DRIVER = JAX_ONLY + """
+import json, sys
+from pathlib import Path
+import numpy as np
+from mirrorfit.distribute.cluster import resolve_cluster
+from mirrorfit.engine import jax as engine
+
+def listening():
+    # the local addresses of this process's listening TCP sockets
+    import ipaddress
+    mine = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            mine.add(target[8:-1])
+    found = []
+    for name in ("tcp", "tcp6"):
+        for line in Path(f"/proc/net/{name}").read_text().splitlines()[1:]:
+            parts = line.split()
+            if parts[3] == "0A" and parts[9] in mine:
+                raw = bytes.fromhex(parts[1].split(":")[0])
+                raw = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+                ip = ipaddress.ip_address(raw)
+                found.append(str(getattr(ip, "ipv4_mapped", None) or ip))
+    return sorted(set(found))
+
+out = Path(sys.argv[1])
+cluster = resolve_cluster()
+setup = engine.configure_devices(replicas=None if cluster else 2, cluster=cluster,
+                                 collective_timeout_s=60)
+placement = engine.build_distribution(setup, kind="multi-worker" if cluster else "auto",
+                                      cluster=cluster)
+import keras, mirrorfit
+data = mirrorfit.load_mnist(train_examples=1024, download=False)
+report = {"worker": placement.worker_index, "workers": placement.workers,
+          "replicas": placement.replicas, "runs": {}}
+# name: (optimizer, accumulation steps, steps per execution, precision)
+RUNS = {"sgd": ("sgd", 1, 4, "fp32"), "adam": ("adam", 2, 5, "bf16")}
+for name, (opt, accum, spe, precision) in RUNS.items():
+    engine.seed(7)
+    optimizer = {"sgd": keras.optimizers.SGD(0.05), "adam": keras.optimizers.Adam(1e-3)}[opt]
+    trainer = mirrorfit.Trainer(strategy=placement, model=mirrorfit.models.mlp,
+                                optimizer=optimizer,
+                                loss=keras.losses.SparseCategoricalCrossentropy(),
+                                global_batch=64, steps_per_execution=spe, accum_steps=accum,
+                                precision=precision)
+    history = trainer.fit(mirrorfit.train_batches(data.x_train, data.y_train, global_batch=64,
+                                                  seed=3), epochs=2)
+    result = trainer.evaluate((data.x_test[:1001], data.y_test[:1001]), batch_size=63)
+    np.savez(out / f"{name}-{placement.worker_index}-{placement.workers}.npz",
+             *trainer.model.get_weights())
+    report["runs"][name] = {"steps": history.steps, "traced": trainer.tracing_count(),
+                            "loss": history.epochs[-1]["loss"], "eval": result}
+report.update(listening=listening(), agree=placement.agree(placement.worker_index == 1),
+              all_equal_rank=placement.all_equal(placement.worker_index),
+              all_equal_same=placement.all_equal(5),
+              tensorflow=sys.modules.get("tensorflow") is not None)
+print(json.dumps(report))
+"""
+
+
+def _launch(*args: str, tmp: Path) -> subprocess.Popen:
+    env = dict(_env(), TMPDIR=str(tmp))
+    return subprocess.Popen([sys.executable, "-m", "mirrorfit", "launch", *args], env=env,
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _reports(log: str) -> dict[int, dict]:
+    """The JSON line each launched task printed, by worker."""
+    found = {}
+    for line in log.splitlines():
+        _, _, text = line.partition("] ")
+        if text.startswith("{"):
+            data = json.loads(text)
+            found[data["worker"]] = data
+    return found
+
+
+def _weights(path: Path) -> list[np.ndarray]:
+    with np.load(path) as f:
+        return [f[k] for k in sorted(f.files, key=lambda k: int(k.split("_")[1]))]
+
+
+@pytest.fixture(scope="module")
+def both_sides(tmp_path_factory):
+    """The driver on 2 launched worker processes and on 1 process with 2 devices."""
+    out = tmp_path_factory.mktemp("sides")
+    script = out / "driver.py"
+    script.write_text(DRIVER)
+    proc = _launch("--workers", "2", "--", sys.executable, str(script), str(out), tmp=out)
+    one = subprocess.run([sys.executable, str(script), str(out)], env=_env(), cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+    log, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, log[-4000:]
+    assert one.returncode == 0, one.stderr[-4000:]
+    reports = _reports(log)
+    assert sorted(reports) == [0, 1], log[-3000:]
+    return {"one": json.loads(one.stdout.strip().splitlines()[-1]), "workers": reports,
+            "out": out, "log": log}
+
+
+@pytest.mark.parametrize("run", ["sgd", "adam"])
+def test_two_worker_processes_train_as_one_process_with_two_devices(both_sides, run):
+    out, one = both_sides["out"], both_sides["one"]
+    reference = _weights(out / f"{run}-0-1.npz")
+    for worker in (0, 1):
+        mine = _weights(out / f"{run}-{worker}-2.npz")
+        # 2 devices: the all-reduce adds the same two numbers, across processes or not
+        assert max(float(np.abs(a - b).max()) for a, b in zip(mine, reference)) == 0.0
+        got = both_sides["workers"][worker]["runs"][run]
+        assert got["steps"] == one["runs"][run]["steps"] == 2 * (1024 // 64)
+        assert got["traced"] == 1 and got["loss"] == one["runs"][run]["loss"]
+        # 16 batches of 63 (padded to 64 over the 2 devices) and one of 55: each example once
+        assert got["eval"]["examples"] == 1001
+        assert got["eval"] == one["runs"][run]["eval"]
+    assert one["runs"][run]["eval"]["accuracy"] > 0.5  # it learnt
+
+
+def test_processes_listen_on_their_own_address_and_agree_through_collectives(both_sides):
+    workers = both_sides["workers"]
+    for worker, report in workers.items():
+        assert (report["workers"], report["replicas"]) == (2, 2)
+        # the chief's coordination service, worker 1's port, gloo's listeners: loopback only
+        # (JAX's default binds its service on [::], every interface)
+        assert report["listening"] == ["127.0.0.1"], report["listening"]
+        assert report["agree"] is True  # worker 1 said so; worker 0 hears it
+        assert report["all_equal_rank"] is False and report["all_equal_same"] is True
+        assert report["tensorflow"] is False
+    assert "[Gloo]" not in both_sides["log"]  # gloo's connect line, on stdout: dropped
+
+
+# `mirrorfit train`, in which the task worker 1 of the first group (MIRRORFIT_LAUNCH_RESTART 0)
+# kills itself with SIGKILL at the step hook of step KILL_AT (after the checkpoint hook): a
+# kill -9 at a known step, not a race with a poll.
+KILLER = """
+import json, os, signal, sys
+from mirrorfit.artifacts.checkpoint import Checkpointer
+first = os.environ.get("MIRRORFIT_LAUNCH_RESTART") == "0"
+me = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+real = Checkpointer.step_hook
+def step_hook(self, trainer):
+    real(self, trainer)
+    if first and me == {victim} and trainer.step >= {at}:
+        os.kill(os.getpid(), signal.{signal})
+Checkpointer.step_hook = step_hook
+from mirrorfit.cli import run
+sys.argv = ["mirrorfit", *sys.argv[1:]]
+run()
+"""
+TRAIN = ["--backend", "jax", "--model", "mlp", "--train-examples", "1024", "--batch-size", "32",
+         "--no-progress", "--steps-per-execution", "4", "--eval-batch-size", "300",
+         "--optimizer", "adam", "--lr", "0.001", "--epochs", "3"]
+
+
+def _keras_weights(path: Path) -> list[np.ndarray]:
+    import io
+    import zipfile
+
+    import h5py
+
+    with zipfile.ZipFile(path) as z, h5py.File(io.BytesIO(z.read("model.weights.h5"))) as f:
+        out = []
+        f.visititems(lambda name, obj: out.append((name, obj[()]))
+                     if isinstance(obj, h5py.Dataset) else None)
+    return [w for _, w in sorted(out, key=lambda item: item[0])]
+
+
+def test_a_killed_worker_restarts_and_resumes_to_the_uninterrupted_weights(tmp_path):
+    proc = run_cli("train", "--replicas", "2", *TRAIN, "--save-keras",
+                   str(tmp_path / "ref.keras"), without_tensorflow=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    script = tmp_path / "killer.py"
+    script.write_text(JAX_ONLY + KILLER.format(victim=1, at=20, signal="SIGKILL"))
+    out = tmp_path / "out"
+    out.mkdir()
+    launch = _launch("--workers", "2", "--max-restarts", "1", "--", sys.executable, str(script),
+                     "train", "--strategy", "multi-worker", "--threads-per-worker", "1", *TRAIN,
+                     "--checkpoint-dir", str(out / "ckpt"), "--checkpoint-every", "8",
+                     "--save-keras", str(out / "mw.keras"), "--collective-timeout", "60",
+                     tmp=tmp_path)
+    log, _ = launch.communicate(timeout=300)
+    assert launch.returncode == 0, log[-4000:]
+    # The survivor: gloo's all-reduce failed at once; one line names the worker, exit 69.
+    errors = [ln for ln in log.splitlines() if "mirrorfit: error" in ln]
+    assert len(errors) == 1 and errors[0].startswith("[worker 0] mirrorfit: error: worker 0: "
+                                                     "worker 1 (127.0.0.1:"), log[-3000:]
+    assert "stopped answering" in errors[0]
+    assert "worker 1 exited with SIGKILL" in log and "restart 1 of 1" in log
+    assert "Traceback" not in log and "Terminating process" not in log
+    assert "resuming from" in log and "(global step 16)" in log
+    diff = max(float(np.abs(a - b).max()) for a, b in
+               zip(_keras_weights(out / "mw.keras"), _keras_weights(tmp_path / "ref.keras"),
+                   strict=True))
+    assert diff == 0.0
+
+
+def _ports(n: int) -> list[str]:
+    found = []
+    for _ in range(n):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            found.append(f"127.0.0.1:{s.getsockname()[1]}")
+    return found
+
+
+def _task(workers: list[str], index: int, *args: str, script: Path | None = None,
+          out: Path | None = None, **env_extra: str) -> subprocess.Popen:
+    env = dict(_env(), TF_CONFIG=json.dumps({"cluster": {"worker": workers},
+                                             "task": {"type": "worker", "index": index}}),
+               **env_extra)
+    head = [str(script), "train"] if script else ["-m", "mirrorfit", "train"]
+    return subprocess.Popen([sys.executable, *head, "--backend", "jax", "--strategy",
+                             "multi-worker", *args], env=env, cwd=out or ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_a_worker_that_never_joins_is_named_within_the_timeout():
+    # Worker 0 alone (worker 1 never starts) and, in another job, worker 1 alone (no chief):
+    # JAX would wait, then abort with a fatal C++ log; each names the missing task, exit 69.
+    jobs = [(_ports(2), 0), (_ports(2), 1)]
+    t0 = time.monotonic()
+    procs = [_task(workers, index, "--collective-timeout", "3", "--epochs", "1",
+                   "--no-progress") for workers, index in jobs]
+    results = [p.communicate(timeout=120) for p in procs]
+    elapsed = time.monotonic() - t0
+    for (workers, index), proc, (_, err) in zip(jobs, procs, results):
+        lines = [ln for ln in err.splitlines() if ln.strip()]
+        assert proc.returncode == 69 and len(lines) == 1, err[-3000:]
+        other = 1 - index
+        assert lines[0] == (f"mirrorfit: error: worker {index}: worker {other} "
+                            f"({workers[other]}) did not join within 3 s; check that every "
+                            "task started (its log), or raise --collective-timeout")
+    assert elapsed < 40  # Python, JAX's import, then 3 s: not JAX's wait
+
+
+def test_sigterm_to_one_worker_stops_both_at_the_same_step_with_a_checkpoint(tmp_path):
+    script = tmp_path / "sigterm_at.py"  # not signal.py: it would shadow the module
+    script.write_text(JAX_ONLY + KILLER.format(victim=1, at=12, signal="SIGTERM"))
+    workers = _ports(2)
+    args = ("--threads-per-worker", "1", "--model", "mlp", "--train-examples", "2048",
+            "--epochs", "2", "--no-progress", "--steps-per-execution", "4",
+            "--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-every", "8")
+    # no launcher: the two tasks by hand, the script's "first group" (restart 0)
+    procs = [_task(workers, i, *args, script=script, out=tmp_path, MIRRORFIT_LAUNCH_RESTART="0")
+             for i in (0, 1)]
+    errs = [p.communicate(timeout=300)[1] for p in procs]
+    assert [p.returncode for p in procs] == [75, 75], errs[0][-2000:] + errs[1][-2000:]
+    stops = [ln for err in errs for ln in err.splitlines() if "preempted by" in ln]
+    assert stops[0].startswith("mirrorfit: preempted by another worker's signal: saved ")
+    assert stops[1].startswith("mirrorfit: preempted by SIGTERM: saved ")
+    assert all("ckpt-000000012 at global step 12" in ln for ln in stops), stops
+    assert json.loads((tmp_path / "ckpt" / "ckpt-000000012" / "meta.json").read_text())[
+        "step"] == 12
+
+
+def test_a_killed_chief_is_named_by_the_other_worker_in_one_line(tmp_path):
+    """The chief runs JAX's coordination service: when it dies, JAX's client in the other
+    worker aborts the process at once (SIGABRT, its fatal log), racing gloo's failed
+    all-reduce. Either way: one line naming the chief, exit 69."""
+    script = tmp_path / "kill_at.py"
+    script.write_text(JAX_ONLY + KILLER.format(victim=0, at=12, signal="SIGKILL"))
+    workers = _ports(2)
+    args = ("--threads-per-worker", "1", "--model", "mlp", "--train-examples", "2048",
+            "--epochs", "2", "--no-progress", "--steps-per-execution", "4",
+            "--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-every", "8")
+    procs = [_task(workers, i, *args, script=script, out=tmp_path, MIRRORFIT_LAUNCH_RESTART="0")
+             for i in (0, 1)]
+    errs = [p.communicate(timeout=300)[1] for p in procs]
+    assert [p.returncode for p in procs] == [-9, 69], errs[1][-3000:]
+    lines = [ln for ln in errs[1].splitlines() if ln.strip()]
+    assert len(lines) == 1, errs[1][-3000:]
+    assert lines[0].startswith(f"mirrorfit: error: worker 1: worker 0 ({workers[0]}) stopped "
+                               "answering ("), lines[0]
