@@ -111,16 +111,24 @@ def _run_torch(model: str, workers: int, threads: int, data_dir: str, out: Path,
             with started_on(cpus):
                 procs.append(subprocess.Popen(cmd, env=env, text=True,
                                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
-        for proc in procs:
-            _, err = proc.communicate(timeout=900)
-            if proc.returncode != 0:
-                raise SystemExit(f"{' '.join(proc.args)} failed:\n{err[-3000:]}")
+        _wait_all(procs)
     finally:  # a failure must not leave the others training on the shared machine
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+        _kill_all(procs)
     return json.loads(out.read_text())
+
+
+def _wait_all(procs: list) -> None:
+    for proc in procs:
+        _, err = proc.communicate(timeout=900)
+        if proc.returncode != 0:
+            raise SystemExit(f"{' '.join(proc.args)} failed:\n{err[-3000:]}")
+
+
+def _kill_all(procs: list) -> None:
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 def _free_port() -> int:
@@ -146,15 +154,9 @@ def _run_apart(model: str, workers: int, threads: int, data_dir: str, out: Path,
             with started_on(cpus):
                 procs.append(subprocess.Popen(cmd, env=_env(data_dir), text=True,
                                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
-        for proc in procs:
-            _, err = proc.communicate(timeout=900)
-            if proc.returncode != 0:
-                raise SystemExit(f"{' '.join(proc.args)} failed:\n{err[-3000:]}")
+        _wait_all(procs)
     finally:  # a failure must not leave the others training on the shared machine
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+        _kill_all(procs)
     rates = [json.loads(o.read_text())["train_examples_per_sec"] for o in outs]
     return {"train_examples_per_sec": sum(rates), "test_accuracy": math.nan}
 

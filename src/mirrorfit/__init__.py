@@ -24,7 +24,7 @@ _EXPORTS = {
     "eval_dataset": "mirrorfit.data", "load_mnist": "mirrorfit.data",
     "train_batches": "mirrorfit.data", "load_data": "mirrorfit.data.sources",
     "Data": "mirrorfit.data.sources",
-    "DeviceSetup": "mirrorfit.engine.tensorflow.devices",
+    "DeviceSetup": "mirrorfit.engine.device_setup",
     "configure_devices": "mirrorfit.engine.tensorflow.devices",
     "list_devices": "mirrorfit.engine.tensorflow.devices",
     "Cluster": "mirrorfit.distribute.cluster", "resolve_cluster": "mirrorfit.distribute.cluster",

@@ -92,7 +92,7 @@ def _keras_fit(point, setup, x, y, test, steps) -> dict:
 
     if point.replicas > 1:
         keras.distribution.set_distribution(
-            keras.distribution.DataParallel(devices=list(setup.jax_devices)))
+            keras.distribution.DataParallel(devices=list(setup.handles)))
     synthetic = test is None and not hasattr(x, "shape")
     if synthetic:
         xb, yb = x.host_batch()

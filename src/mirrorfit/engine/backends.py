@@ -17,9 +17,9 @@ import importlib
 import os
 import re
 import sys
-import tempfile
 from types import ModuleType
 
+from mirrorfit.engine._fd_filter import filtered
 from mirrorfit.errors import ConfigError
 
 BACKENDS = ("tensorflow", "jax")
@@ -64,6 +64,25 @@ def split_batch(global_batch: int, replicas: int, accum_steps: int = 1) -> int:
             f"{accum_steps} accumulation steps; use a multiple of {n} (e.g. "
             f"{max(n, global_batch // n * n)})")
     return global_batch // n
+
+
+class BatchShape:
+    """How a runner's global batch splits (both engines' runners: ``global_batch``,
+    ``accum_steps`` and ``distribution.replicas`` set), in examples."""
+
+    @property
+    def replicas(self) -> int:
+        return self.distribution.replicas
+
+    @property
+    def per_replica_batch(self) -> int:
+        """Examples per replica per optimizer step (all its micro-batches)."""
+        return self.global_batch // self.replicas
+
+    @property
+    def micro_batch(self) -> int:
+        """Examples per replica per micro-batch (forward/backward pass)."""
+        return self.per_replica_batch // self.accum_steps
 
 
 def check_settings(backend: str, *, strategy: str = "auto", cross_device_ops: str = "auto",
@@ -138,23 +157,8 @@ def _startup_lines_filtered(level: int):
     if level < 1:
         yield
         return
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with tempfile.TemporaryFile() as held:
-        os.dup2(held.fileno(), 2)
-        try:
-            yield
-        finally:
-            sys.stderr.flush()
-            os.dup2(saved, 2)
-            os.close(saved)
-            held.seek(0)
-            text = held.read().decode("utf-8", errors="replace")
-            kept = [line for line in text.splitlines(keepends=True)
-                    if not _hidden(line, level)]
-            if kept:
-                sys.stderr.write("".join(kept))
-                sys.stderr.flush()
+    with filtered(2, lambda line: _hidden(line, level)):
+        yield
 
 
 def _hidden(line: str, level: int) -> bool:

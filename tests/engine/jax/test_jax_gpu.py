@@ -49,7 +49,7 @@ data = mirrorfit.load_mnist(train_examples=1024, download=False)
 out = {}
 for where in ("gpu", "cpu"):
     setup = DeviceSetup(kind=where.upper(), devices=(f"/{where}:0",), physical=(where,),
-                        shared_cores=False, jax_devices=tuple(jax.devices(where)[:1]))
+                        shared_cores=False, engine="JAX", handles=tuple(jax.devices(where)[:1]))
     engine.seed(3)
     trainer = mirrorfit.Trainer(strategy=engine.build_distribution(setup),
                                 model=mirrorfit.models.mlp, optimizer=keras.optimizers.SGD(0.05),

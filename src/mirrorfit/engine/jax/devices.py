@@ -9,35 +9,12 @@ after that a different count is one ConfigError line, as on TensorFlow.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
 
 from mirrorfit.distribute import _host_memory
-from mirrorfit.distribute._cpu_binding import usable_cpus
+from mirrorfit.engine.device_setup import DeviceSetup, choose, visible_indices
 from mirrorfit.errors import ConfigError
 
-
-@dataclass(frozen=True)
-class DeviceSetup:
-    """The devices one replica each runs on (``jax_devices``: the jax.Device objects, in the
-    order of ``devices``). ``shared_cores``: logical splits of one CPU, which share its cores."""
-
-    kind: str  # "GPU" or "CPU"
-    devices: tuple[str, ...]
-    physical: tuple[str, ...]
-    shared_cores: bool
-    jax_devices: tuple = field(default=(), compare=False, repr=False)
-
-    @property
-    def replicas(self) -> int:
-        return len(self.devices)
-
-    def describe(self) -> str:
-        """One line for the start of a run."""
-        line = f"{self.replicas} replica(s) on {', '.join(self.devices)} (JAX)"
-        if self.shared_cores and self.replicas > 1:
-            line += (f" (logical CPU devices sharing the same {usable_cpus()} CPU(s): "
-                     "useful for testing and measuring distribution overhead, not for speed-up)")
-        return line
+__all__ = ["DeviceSetup", "configure_devices", "list_devices"]
 
 
 def configure_devices(*, replicas: int | None = None, devices: tuple[str, ...] = (),
@@ -79,20 +56,12 @@ def configure_devices(*, replicas: int | None = None, devices: tuple[str, ...] =
         kind, found = "CPU", jax.local_devices(backend="cpu")
         physical = ("cpu",)
     names = [f"/{kind.lower()}:{i}" for i in range(len(found))]
-    chosen = list(devices) if devices else names
-    unknown = [d for d in chosen if _norm(d) not in {_norm(a) for a in names}]
-    if unknown:
-        raise ConfigError(f"unknown device(s) {', '.join(unknown)}; available: "
-                          f"{', '.join(names)} (see `mirrorfit devices --backend jax`)")
-    n = replicas or len(chosen)
-    if n > len(chosen):
-        raise ConfigError(f"asked for {n} replicas but only {len(chosen)} {kind} device(s) are "
-                          f"available ({', '.join(chosen)}); use --replicas {len(chosen)} or fewer")
-    picked = [found[names.index(_norm_name(d, names))] for d in chosen[:n]]
+    chosen = choose(names, devices, replicas, kind, "mirrorfit devices --backend jax")
     if keep_freed_memory:
         _host_memory.keep_freed_memory()
-    return DeviceSetup(kind=kind, devices=tuple(_norm_name(d, names) for d in chosen[:n]),
-                       physical=physical, shared_cores=kind == "CPU", jax_devices=tuple(picked))
+    return DeviceSetup(kind=kind, devices=tuple(chosen), physical=physical,
+                       shared_cores=kind == "CPU", engine="JAX",
+                       handles=tuple(found[names.index(d)] for d in chosen))
 
 
 def _before_backends(cpu_devices: int, memory_growth: bool, memory_limit_mb: int | None,
@@ -139,24 +108,7 @@ def _gpu_memory_mb() -> int | None:
 
 
 def _select(gpus: list, spec: str) -> list:
-    try:
-        wanted = [int(i) for i in spec.split(",") if i.strip()]
-    except ValueError:
-        raise ConfigError(f"--visible-devices {spec!r} must be comma-separated GPU indices "
-                          "like 0,1") from None
-    bad = [i for i in wanted if not 0 <= i < len(gpus)]
-    if bad:
-        raise ConfigError(f"--visible-devices {spec!r}: no GPU {bad[0]}; this host has "
-                          f"{len(gpus)} GPU(s)")
-    return [gpus[i] for i in wanted]
-
-
-def _norm(name: str) -> str:
-    return name.lower().replace("/device:", "/").replace("/job:localhost/replica:0/task:0", "")
-
-
-def _norm_name(name: str, names: list[str]) -> str:
-    return next(a for a in names if _norm(a) == _norm(name))
+    return [gpus[i] for i in visible_indices(spec, len(gpus))]
 
 
 def list_devices() -> list[dict[str, str]]:

@@ -198,7 +198,7 @@ def build_placement(setup: DeviceSetup, *, kind: str = "auto", cross_device_ops:
 
     if kind == "multi-worker" or cluster is not None:
         return _over_processes(setup, cluster)
-    mesh = Mesh(np.array(setup.jax_devices), (AXIS,))
+    mesh = Mesh(np.array(setup.handles), (AXIS,))
     return Placement(mesh=mesh, kind="data-parallel", replicas=setup.replicas,
                      local_replicas=setup.replicas)
 
@@ -220,9 +220,9 @@ def _over_processes(setup: DeviceSetup, cluster) -> Placement:
         raise ConfigError(f"--strategy multi-worker runs one replica per worker on CPUs, but "
                           f"--replicas {setup.replicas} was asked for; drop --replicas, or "
                           "start more workers (mirrorfit launch --workers N)")
-    platform = setup.jax_devices[0].platform
+    platform = setup.handles[0].platform
     local = list(jax.local_devices(backend=platform))
-    positions = [local.index(d) for d in setup.jax_devices]
+    positions = [local.index(d) for d in setup.handles]
     by_process: dict[int, list] = {}
     for d in jax.devices(platform):
         by_process.setdefault(d.process_index, []).append(d)

@@ -310,24 +310,10 @@ def gloo_lines_dropped() -> Iterator[None]:
     """Run the block with file descriptor 1 in a temporary file, then write back all but
     gloo's "[Gloo] Rank 0 is connected to 1 peer ranks..." lines: gloo prints one, to stdout,
     when a process first meets the others in a collective (the block)."""
-    import tempfile
+    from mirrorfit.engine._fd_filter import filtered
 
-    sys.stdout.flush()
-    saved = os.dup(1)
-    with tempfile.TemporaryFile() as held:
-        os.dup2(held.fileno(), 1)
-        try:
-            yield
-        finally:
-            sys.stdout.flush()
-            os.dup2(saved, 1)
-            os.close(saved)
-            held.seek(0)
-            text = held.read().decode("utf-8", errors="replace")
-            kept = [ln for ln in text.splitlines(keepends=True) if not ln.startswith("[Gloo]")]
-            if kept:
-                sys.stdout.write("".join(kept))
-                sys.stdout.flush()
+    with filtered(1, lambda line: line.startswith("[Gloo]")):
+        yield
 
 
 # What gloo and JAX's runtime say when a peer's connection went away mid-collective (measured:

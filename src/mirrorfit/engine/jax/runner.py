@@ -26,14 +26,14 @@ from mirrorfit.engine.jax import processes
 from mirrorfit.engine.jax.feed import Feed, plan
 from mirrorfit.engine.jax.placement import AXIS, Placement
 from mirrorfit.engine.jax.step import Metrics, State, build_steps, stacked
-from mirrorfit.engine.backends import split_batch
+from mirrorfit.engine.backends import BatchShape, split_batch
 from mirrorfit.errors import ConfigError
 from mirrorfit.models.precision import Precision, as_precision
 
 EVAL_BLOCK = 32  # batches per evaluation call (the last call is padded, never retraced)
 
 
-class Runner:
+class Runner(BatchShape):
     """Model, optimizer, metrics, state and compiled calls for one :class:`Placement`.
 
     The arguments are :class:`mirrorfit.engine.tensorflow.runner.Runner`'s: ``model`` a
@@ -147,18 +147,6 @@ class Runner:
         return self._optimizer
 
     # -- what the controller reads -----------------------------------------------------------
-    @property
-    def replicas(self) -> int:
-        return self.distribution.replicas
-
-    @property
-    def per_replica_batch(self) -> int:
-        return self.global_batch // self.replicas
-
-    @property
-    def micro_batch(self) -> int:
-        return self.per_replica_batch // self.accum_steps
-
     @property
     def jit_compile(self) -> bool:
         return True  # XLA compiles every step under JAX

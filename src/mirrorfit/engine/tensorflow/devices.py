@@ -7,40 +7,15 @@ in subprocesses.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import tensorflow as tf
 
 from mirrorfit.distribute import _host_memory
 # threads_note is re-exported: job.train's way to it.
-from mirrorfit.distribute._cpu_binding import threads_note, usable_cpus  # noqa: F401
+from mirrorfit.distribute._cpu_binding import threads_note  # noqa: F401
+from mirrorfit.engine.device_setup import DeviceSetup, choose, visible_indices
 from mirrorfit.errors import ConfigError
 
-
-@dataclass(frozen=True)
-class DeviceSetup:
-    """The devices one replica each runs on.
-
-    ``shared_cores`` is True when they are logical splits of one CPU: they then share the same
-    physical cores, so more replicas measure distribution overhead, not extra compute.
-    """
-
-    kind: str  # "GPU" or "CPU"
-    devices: tuple[str, ...]
-    physical: tuple[str, ...]
-    shared_cores: bool
-
-    @property
-    def replicas(self) -> int:
-        return len(self.devices)
-
-    def describe(self) -> str:
-        """One line for the start of a run."""
-        line = f"{self.replicas} replica(s) on {', '.join(self.devices)}"
-        if self.shared_cores and self.replicas > 1:
-            line += (f" (logical CPU devices sharing the same {usable_cpus()} CPU(s): "
-                     "useful for testing and measuring distribution overhead, not for speed-up)")
-        return line
+__all__ = ["DeviceSetup", "configure_devices", "list_devices"]
 
 
 def configure_devices(*, replicas: int | None = None, devices: tuple[str, ...] = (),
@@ -92,18 +67,10 @@ def configure_devices(*, replicas: int | None = None, devices: tuple[str, ...] =
             "devices can only be configured before TensorFlow starts; in your own script call "
             f"configure_devices() first, or run it in a fresh process ({e})") from None
 
-    chosen = list(devices) if devices else available
-    unknown = [d for d in chosen if _norm(d) not in {_norm(a) for a in available}]
-    if unknown:
-        raise ConfigError(f"unknown device(s) {', '.join(unknown)}; available: "
-                          f"{', '.join(available)} (see `mirrorfit devices`)")
-    n = replicas or len(chosen)
-    if n > len(chosen):
-        raise ConfigError(f"asked for {n} replicas but only {len(chosen)} {kind} device(s) are "
-                          f"available ({', '.join(chosen)}); use --replicas {len(chosen)} or fewer")
+    chosen = choose(available, devices, replicas, kind, "mirrorfit devices")
     if keep_freed_memory:  # only once the request is known to be good
         _host_memory.keep_freed_memory()
-    return DeviceSetup(kind=kind, devices=tuple(chosen[:n]), physical=physical,
+    return DeviceSetup(kind=kind, devices=tuple(chosen), physical=physical,
                        shared_cores=kind == "CPU")
 
 
@@ -115,25 +82,12 @@ def _split_cpu(cpu: tf.config.PhysicalDevice, n: int) -> None:
 
 
 def _select_gpus(gpus: list, spec: str) -> list:
-    try:
-        wanted = [int(i) for i in spec.split(",") if i.strip()]
-    except ValueError:
-        raise ConfigError(f"--visible-devices {spec!r} must be comma-separated GPU indices "
-                          "like 0,1") from None
-    bad = [i for i in wanted if not 0 <= i < len(gpus)]
-    if bad:
-        raise ConfigError(f"--visible-devices {spec!r}: no GPU {bad[0]}; this host has "
-                          f"{len(gpus)} GPU(s)")
-    selected = [gpus[i] for i in wanted]
+    selected = [gpus[i] for i in visible_indices(spec, len(gpus))]
     try:
         tf.config.set_visible_devices(selected, "GPU")
     except RuntimeError as e:
         raise ConfigError(f"cannot change visible GPUs after TensorFlow started ({e})") from None
     return selected
-
-
-def _norm(name: str) -> str:
-    return name.lower().replace("/device:", "/").replace("/job:localhost/replica:0/task:0", "")
 
 
 def list_devices() -> list[dict[str, str]]:

@@ -20,7 +20,7 @@ from mirrorfit.engine.backends import COORDINATOR, WORKER_SHARE
 from mirrorfit.engine.tensorflow.distribution import Distribution
 from mirrorfit.engine.tensorflow.loop import compile_loops
 from mirrorfit.engine.tensorflow.step import ReplicaStep
-from mirrorfit.engine.backends import split_batch
+from mirrorfit.engine.backends import BatchShape, split_batch
 from mirrorfit.errors import ConfigError
 from mirrorfit.models.precision import Precision, as_precision
 
@@ -34,7 +34,7 @@ def as_distribution(strategy: tf.distribute.Strategy | Distribution) -> Distribu
                         local_replicas=n)
 
 
-class Runner:
+class Runner(BatchShape):
     """Model, optimizer, step and compiled loops for one :class:`Distribution`.
 
     ``model``: a zero-argument function returning a Keras model (built here under the scope,
@@ -79,20 +79,6 @@ class Runner:
                                      self.step.train, self.step.evaluate)
         return compile_loops(self.strategy, self.step.train, self.step.evaluate,
                              split=self.distribution.split)
-
-    @property
-    def replicas(self) -> int:
-        return self.distribution.replicas
-
-    @property
-    def per_replica_batch(self) -> int:
-        """Examples per replica per optimizer step (all its micro-batches)."""
-        return self.global_batch // self.replicas
-
-    @property
-    def micro_batch(self) -> int:
-        """Examples per replica per micro-batch (forward/backward pass)."""
-        return self.per_replica_batch // self.accum_steps
 
     @property
     def jit_compile(self) -> bool:
