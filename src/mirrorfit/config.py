@@ -111,6 +111,11 @@ class TrainConfig:
         if self.collective_timeout > 86400:
             raise ConfigError(f"--collective-timeout {self.collective_timeout:g} s is more than "
                               "a day; a hung worker would go unnoticed that long (e.g. 300)")
+        # The engine's own refusals first: the checks below advise TensorFlow's settings
+        # (--strategy mirrored, --communication), which a JAX run would then refuse too.
+        backends.check_settings(self.backend, strategy=self.strategy,
+                                cross_device_ops=self.cross_device_ops,
+                                communication=self.communication, profile=self.profile)
         if self.communication != "auto" and self.strategy != "multi-worker":
             raise ConfigError(f"--communication {self.communication} sets multi-worker's "
                               f"all-reduce; --strategy {self.strategy} does not use it: drop it "
@@ -127,9 +132,6 @@ class TrainConfig:
         if self.profile and self.strategy in CLUSTER_STRATEGIES:
             raise ConfigError(f"--profile times one process's devices; it cannot run with "
                               f"--strategy {self.strategy}: profile with --strategy mirrored")
-        backends.check_settings(self.backend, strategy=self.strategy,
-                                cross_device_ops=self.cross_device_ops,
-                                communication=self.communication, profile=self.profile)
         if self.backend == "jax" and self.export_dir:
             raise ConfigError("--export-dir writes a TensorFlow SavedModel; with --backend jax "
                               "save --checkpoint-dir DIR and export it where TensorFlow is "

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import mirrorfit
+from conftest import run_cli
 from data_fixtures import (folder_order, mnist, png, write_png_folder, write_tfrecords)
 from mirrorfit.data.files import holdout
 from mirrorfit.data.sources import load_data
@@ -338,3 +339,17 @@ def test_a_data_function_that_exits_is_a_data_error(spec, needle):
     with pytest.raises(DataError) as e:
         load_data(spec, global_batch=2)
     assert needle in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+def test_on_jax_without_tensorflow_arrays_train_and_files_say_they_need_it(files, monkeypatch):
+    """A function's arrays are read with NumPy alone (user.py imported TensorFlow, so a
+    JAX-only machine got a traceback); an image folder needs tf.data: one line, not a
+    traceback."""
+    monkeypatch.setenv("DATA_FIXTURE_N", "256")
+    args = ("train", "--backend", "jax", "--epochs", "1", "--no-progress")
+    arrays = run_cli(*args, "--data", "data_fixtures:arrays_source", without_tensorflow=True)
+    assert arrays.returncode == 0, arrays.stderr[-3000:]
+    folder = run_cli(*args, "--data", files["png"], without_tensorflow=True)
+    lines = [ln for ln in folder.stderr.splitlines() if ln.strip()]
+    assert folder.returncode == 2 and len(lines) == 1, folder.stderr[-3000:]
+    assert "tf.data, which needs TensorFlow: pip install" in lines[0], lines[0]

@@ -50,6 +50,11 @@ def test_the_toml_key_sets_the_backend(tmp_path, monkeypatch):
                                               "TensorFlow's collectives"),
     (("--profile",), "--profile breaks down TensorFlow's step"),
     (("--export-dir", "models/m"), "export it where TensorFlow is installed: mirrorfit export"),
+    # not the TensorFlow advice (--strategy mirrored, --communication) JAX refuses next
+    (("--communication", "ring"), "--communication ring chooses TensorFlow's multi-worker"),
+    (("--profile", "--strategy", "multi-worker"), "--profile breaks down TensorFlow's step"),
+    (("--cross-device-ops", "nccl", "--strategy", "multi-worker"), "--cross-device-ops nccl "
+                                                                   "chooses TensorFlow's"),
 ])
 def test_tensorflow_only_settings_are_refused_on_jax_before_anything_loads(flags, says):
     proc = run_cli("train", "--backend", "jax", *flags, without_tensorflow=True)

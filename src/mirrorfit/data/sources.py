@@ -37,7 +37,15 @@ def load_data(spec: str = "mnist", *, global_batch: int, seed: int = 42, workers
                 image_size=image_size, image_feature=image_feature,
                 label_feature=label_feature, cache=cache, input_shape=input_shape,
                 num_classes=num_classes, model=model, parallel=parallel)
-    data = importlib.import_module(kind.module).open_train(o)
+    try:
+        module = importlib.import_module(kind.module)
+    except ImportError as e:  # on a JAX-only machine: what needs TensorFlow, in one line
+        if (e.name or "").split(".")[0] != "tensorflow":
+            raise
+        raise DataError(f"--data {spec}: {kind.name} sources are decoded by tf.data, which "
+                        "needs TensorFlow: pip install tensorflow==2.21.0, or give the data "
+                        "as a .npz file or a package.module:function returning arrays") from None
+    data = module.open_train(o)
     if data.train.steps_per_epoch < 1:
         raise DataError(f"--data {spec}: the global batch {global_batch} is larger than the "
                         f"{data.train_examples} training examples; lower --batch-size or "

@@ -30,8 +30,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import tensorflow as tf
 
+# Lazily: a function's arrays are read with NumPy alone (the JAX engine, without TensorFlow).
+from mirrorfit.data._tf import is_dataset, tf
 from mirrorfit.data.pipeline import DataOrder, finish, shuffle, worker_slice
 from mirrorfit.errors import DataError
 
@@ -95,14 +96,14 @@ def _splits(spec: str, result: Any, need_train: bool = True) -> dict[str, Any]:
 
 
 def _is_split(value: Any) -> bool:
-    return isinstance(value, tf.data.Dataset) or (
+    return is_dataset(value) or (
         isinstance(value, (tuple, list)) and len(value) == 2
         and all(isinstance(a, np.ndarray) for a in value))
 
 
 def _check_split(spec: str, name: str, split: Any) -> None:
     where = f"--data {spec}: its {name} split"
-    if isinstance(split, tf.data.Dataset):
+    if is_dataset(split):
         element = split.element_spec
         if not (isinstance(element, tuple) and len(element) == 2
                 and all(isinstance(s, tf.TensorSpec) for s in element)):
@@ -233,7 +234,7 @@ def open_train(o) -> Data:
         return from_arrays(o, {k: tuple(v) for k, v in splits.items()}, source=o.spec,
                        what=f"{o.spec} (arrays)")
     train = splits["train"]
-    if not isinstance(train, tf.data.Dataset):
+    if not is_dataset(train):
         train = tf.data.Dataset.from_tensor_slices(tuple(train))
     labels = {"train": labels_of(train)}
     val = splits.get("val")
@@ -251,7 +252,7 @@ def open_train(o) -> Data:
     for name, part in (("val", val), ("test", splits.get("test"))):
         if part is None:
             continue
-        if isinstance(part, tf.data.Dataset):
+        if is_dataset(part):
             labels.setdefault(name, labels_of(part))
             evals[name] = finish(part.batch(o.eval_batch))
         else:
@@ -279,7 +280,7 @@ def open_test(spec: str, *, batch: int, **_) -> TestSplit | None:
     part = call_user_function(spec, check=("test",)).get("test")
     if part is None:
         return None
-    if not isinstance(part, tf.data.Dataset):
+    if not is_dataset(part):
         return test_arrays(spec, "module", *part, batch, spec, f"{spec} (arrays)")
     shape = tuple(part.element_spec[0].shape)
     return TestSplit(test=finish(_bounded(part).batch(batch)), input_shape=shape, num_classes=None,

@@ -25,6 +25,16 @@ def test_train_on_jax_imports_no_tensorflow(tmp_path):
     assert "XLA: on" in proc.stderr
 
 
+def test_steps_per_execution_beyond_the_epoch_pads_no_more_than_the_epoch(tmp_path):
+    # A block of S=10**9 batches of MNIST would be 22 TiB of padding: one epoch is 8 steps.
+    out = tmp_path / "m.json"
+    proc = run_cli("train", "--backend", "jax", "--epochs", "1", "--train-examples", "256",
+                   "--steps-per-execution", "1000000000", "--no-progress", "--metrics-out",
+                   str(out), without_tensorflow=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(out.read_text())["steps"] == 8
+
+
 # Runs `mirrorfit train` several times in one interpreter (test_checkpoint's driver), on JAX
 # with TensorFlow blocked; run i gets SIGTERM at the step hook ARMED[i] names.
 DRIVER = JAX_ONLY + """

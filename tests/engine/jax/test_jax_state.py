@@ -70,3 +70,51 @@ def test_a_damaged_jax_state_is_set_aside_and_the_previous_one_resumes(tmp_path)
     assert "ckpt-000000016 cannot be read" in proc.stderr and "resuming from" in proc.stderr
     assert any(p.name.startswith("corrupt-ckpt-000000016") for p in (tmp_path / "c").iterdir())
     assert json.loads((tmp_path / "m.json").read_text())["steps"] == 24
+
+
+class _Variable:
+    """What read_arrays touches of a Keras variable: path, shape, dtype, assign."""
+
+    def __init__(self, path, value):
+        self.path, self.value = path, np.asarray(value)
+        self.shape, self.dtype = self.value.shape, str(self.value.dtype)
+
+    def assign(self, value):
+        self.value = np.asarray(value, self.dtype)
+
+
+def _state(tmp_path, **arrays):
+    from mirrorfit.engine.jax.state import write_arrays
+
+    write_arrays(tmp_path, {"model": [_Variable("w", np.ones((2, 3), np.float32)),
+                                      _Variable("seed", np.array([7, 0], np.uint32))]})
+    with np.load(tmp_path / "state.npz") as f:
+        saved = {k: f[k] for k in f.files}
+    with open(tmp_path / "state.npz", "wb") as f:
+        np.savez(f, **{**saved, **arrays})
+
+
+@pytest.mark.parametrize("key, bad", [
+    ("model/0", np.full((2, 3), 5, np.int32)), ("model/0", np.ones((2, 3), np.float64)),
+    ("model/0", np.ones((3,), np.float32)), ("model/1", np.array([1.5, 0], np.float32))],
+    ids=["int32-weights", "float64-weights", "other-shape-than-its-layout", "float-seed"])
+def test_arrays_not_of_the_variables_dtype_or_shape_are_damage_and_change_nothing(
+        tmp_path, key, bad):
+    from mirrorfit.engine.jax.state import read_arrays
+
+    _state(tmp_path, **{key: bad})
+    variables = [_Variable("w", np.zeros((2, 3), np.float32)),
+                 _Variable("seed", np.zeros(2, np.int64))]
+    with pytest.raises(ValueError, match="state.npz's model/"):
+        read_arrays(tmp_path, {"model": variables})
+    assert not variables[0].value.any() and not variables[1].value.any()  # nothing assigned
+
+
+def test_a_safe_cast_is_read_as_exporting_a_jax_seed_state_on_tensorflow_needs(tmp_path):
+    from mirrorfit.engine.jax.state import read_arrays
+
+    _state(tmp_path)
+    variables = [_Variable("w", np.zeros((2, 3), np.float32)),
+                 _Variable("seed", np.zeros(2, np.int64))]  # TensorFlow's seed dtype
+    read_arrays(tmp_path, {"model": variables})
+    assert variables[0].value.sum() == 6 and variables[1].value.tolist() == [7, 0]

@@ -181,7 +181,10 @@ class Runner(BatchShape):
                      epochs=epochs, skip=skip, steps_per_execution=steps_per_execution)
         sharding = NamedSharding(self.distribution.mesh, P(None, AXIS))
         d = self.distribution
-        feed = Feed(train, calls, block_steps=steps_per_execution, batch_sharding=sharding,
+        # Blocks as long as the longest call, not S: --steps-per-execution beyond an epoch's
+        # steps would otherwise allocate (and copy to the devices) S batches of padding.
+        block = max((n for _, _, n in calls), default=1)
+        feed = Feed(train, calls, block_steps=block, batch_sharding=sharding,
                     worker=d.worker_index, workers=d.workers,
                     placement=d if d.workers > 1 else None)
         self._feeds.append(feed)

@@ -58,10 +58,22 @@ def read_arrays(folder: Path, groups: dict[str, list]) -> None:
                 if list(shape) != list(map(int, v.shape)):
                     raise StructureError(f"{group} variable {path} has shape {shape}, this "
                                          f"run's {v.path} {list(v.shape)}")
-        # Checked first, assigned after: a mismatch changes nothing.
-        for group, variables in groups.items():
-            for i, v in enumerate(variables):
-                v.assign(f[f"{group}/{i}"])
+        values = {group: [f[f"{group}/{i}"] for i in range(len(variables))]
+                  for group, variables in groups.items()}
+    # The arrays themselves against the variables too: the layout is only what the file says
+    # of them. Another dtype is a file this engine did not write (Keras's assign would cast
+    # int32 into float weights, or 5.5 into the step count, silently); a safe cast is kept
+    # (the seed state, uint32 on JAX, is int64 on TensorFlow's side of `mirrorfit export`).
+    for group, variables in groups.items():
+        for i, (value, v) in enumerate(zip(values[group], variables)):
+            if list(value.shape) != list(map(int, v.shape)) \
+                    or not np.can_cast(value.dtype, np.dtype(v.dtype), "safe"):
+                raise ValueError(f"{FILE}'s {group}/{i} is {value.dtype} {list(value.shape)}, "
+                                 f"not {v.path}'s {v.dtype} {list(v.shape)}")
+    # Checked first, assigned after: a mismatch changes nothing.
+    for group, variables in groups.items():
+        for value, v in zip(values[group], variables):
+            v.assign(value)
 
 
 def read_model_arrays(folder: Path, model) -> None:
