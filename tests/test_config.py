@@ -203,6 +203,15 @@ def test_cluster_flags_that_would_be_ignored_or_harmful_are_refused(overrides, f
         load_config(**overrides)
 
 
+def test_replicas_beyond_what_one_process_drives_are_refused_before_any_device():
+    """100,000 replicas hung both engines' device set-up for minutes: refused at once."""
+    assert load_config(replicas=1024, global_batch_size=1024).replicas == 1024
+    with pytest.raises(ConfigError) as info:
+        load_config(replicas=100_000)
+    assert str(info.value).startswith("--replicas 100000 is more devices than one process "
+                                      "drives; use at most 1024")
+
+
 def test_image_size_is_bounded_by_the_values_of_one_example(tmp_path):
     """A side within MAX_IMAGE_SIDE can still make an example too large: H x W x 3 is capped
     at --input-shape's limit (8192,8192 was 201M values, 805 MB per float32 example)."""

@@ -35,6 +35,7 @@ LR_SCALINGS = ("none", "linear")
 MAX_IMAGE_SIDE = 8192
 # Classes --num-classes may ask for: the model's last layer and every one-hot/probability row
 # are that wide (ImageNet-21k has 21,841; 10**11 was an out-of-memory traceback).
+MAX_REPLICAS = 1024  # devices one process replicates over
 MAX_CLASSES = 1_000_000
 # The keys of models.build.REFERENCE_MODELS; keras.applications names are models.names.APPLICATIONS
 MODELS = REFERENCE
@@ -159,6 +160,12 @@ class TrainConfig:
             raise ConfigError(f"--threads-per-worker {self.threads_per_worker} is more threads "
                               "than any host runs well; use at most 1024 (typically the "
                               "cores of the host divided by its workers)")
+        if self.replicas is not None and self.replicas > MAX_REPLICAS:
+            # Each logical device costs threads and memory before any check of the data can
+            # run: 100,000 of them hung both engines' start-up for minutes.
+            raise ConfigError(f"--replicas {self.replicas} is more devices than one process "
+                              f"drives; use at most {MAX_REPLICAS} (a host's GPUs, or a few "
+                              "logical CPU devices)")
         if self.warmup_epochs > self.epochs:  # e.g. 1e300: the rate would stay ~0 all run
             raise ConfigError(f"--warmup-epochs {self.warmup_epochs:g} is more than --epochs "
                               f"{self.epochs}; the warm-up must end within the run (e.g. "
