@@ -11,7 +11,10 @@ workers). Sides alternate and repeat (the machine is shared and noisy);
 we print medians, the spread, the ratio of medians and each pair's ratio (the two runs of
 one repeat, back to back). Throughput is mirrorfit's steady
 examples/s (the first compiled execution excluded), from ``--metrics-out``. The launched
-workers are bound to CPUs of their own (``mirrorfit launch``'s default, ``--bind-cpus auto``).
+workers are bound to CPUs of their own (``mirrorfit launch``'s default, ``--bind-cpus auto``),
+and the one-worker side to the CPUs the first of them gets: a process told to use one thread
+is not always held to one core (JAX's XLA runs work on other threads; input threads), and the
+comparison is of N workers against what one of them has (``--unbound-one``: as before).
 
 ``--apart`` adds a third side, N independent processes each on 1/N of the batch at once: the
 most N processes give on this machine with no all-reduce, to tell what communication and
@@ -59,18 +62,29 @@ def _env(data_dir: str) -> dict:
                 CUDA_VISIBLE_DEVICES="")
 
 
+def _one_core(share_of: int) -> tuple[int, ...] | None:
+    """The CPUs the first of ``share_of`` launched workers is bound to (``mirrorfit launch``'s
+    plan): where the one-worker side runs, so that it has what one worker has. Unbound, a
+    JAX process set to one thread still ran XLA's work on a second core (268 against 193
+    examples/s on the CNN here), and its input thread there."""
+    plan = plan_cpus(available_cores() or [], share_of)
+    return plan[0] if plan else None
+
+
 def _run(model: str, workers: int, threads: int, data_dir: str, out: Path,
-         backend: str = "tensorflow") -> dict:
+         backend: str = "tensorflow", share_of: int = 0) -> dict:
     """One side: ``mirrorfit launch --workers N -- mirrorfit train ...`` or, for one worker,
-    ``mirrorfit train ...``; its summary (``--metrics-out``)."""
+    ``mirrorfit train ...`` (bound to one worker's cores of ``share_of`` when given); its
+    summary (``--metrics-out``)."""
     train = _train_argv(model, threads, out, backend=backend)
     if workers > 1:
         cmd = [sys.executable, "-m", "mirrorfit", "launch", "--workers", str(workers), "--",
                *train, "--strategy", "multi-worker"]
     else:
         cmd = [sys.executable, "-m", "mirrorfit", *train[1:]]
-    proc = subprocess.Popen(cmd, env=_env(data_dir), text=True, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE)
+    with started_on(_one_core(share_of) if workers == 1 and share_of else None):
+        proc = subprocess.Popen(cmd, env=_env(data_dir), text=True, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE)
     try:
         _, err = proc.communicate(timeout=900)
     except BaseException as e:  # a timeout, or Ctrl-C while the side runs
@@ -92,12 +106,12 @@ def _run(model: str, workers: int, threads: int, data_dir: str, out: Path,
 
 
 def _run_torch(model: str, workers: int, threads: int, data_dir: str, out: Path,
-               python: str) -> dict:
+               python: str, share_of: int = 0) -> dict:
     """PyTorch: ``workers`` ranks of ``benchmarks/ddp_cnn.py`` (DDP on gloo; each on cores of
     its own, as launched workers are, when there are more than one), or one process."""
     batch, examples, epochs, spe = WORKLOADS[model]
-    plan = (plan_cpus(available_cores() or [], workers) if workers > 1 else None) \
-        or [None] * workers
+    plan = (plan_cpus(available_cores() or [], workers) if workers > 1
+            else [_one_core(share_of)] if share_of else None) or [None] * workers
     port = _free_port()
     script = Path(__file__).with_name("ddp_cnn.py")
     procs = []
@@ -175,6 +189,9 @@ def main() -> None:
     p.add_argument("--apart", action="store_true",
                    help="also run N independent processes on 1/N of the batch each: what N "
                         "processes give here with no communication at all")
+    p.add_argument("--unbound-one", action="store_true",
+                   help="run the one-worker side unbound (as runs before 2026-12-01 did), not "
+                        "on one launched worker's cores")
     a = p.parse_args()
     backends = a.backends.split(",")
     if not set(backends) <= {"tensorflow", "jax"} or not backends:
@@ -195,7 +212,8 @@ def main() -> None:
                 tag = {"tensorflow": "tf", "jax": "jax"}[backend]
                 many, one = f"{tag}: {n} workers x {t} thread", f"{tag}: 1 worker x {t} thread"
                 sides[many] = functools.partial(_run, workers=n, backend=backend)
-                sides[one] = functools.partial(_run, workers=1, backend=backend)
+                sides[one] = functools.partial(_run, workers=1, backend=backend,
+                                               share_of=0 if a.unbound_one else n)
                 apart = None
                 if a.apart:
                     apart = f"{tag}: {n} apart, no all-reduce"
@@ -204,7 +222,8 @@ def main() -> None:
             if a.torch_python and model == "cnn":
                 many, one = f"torch DDP: {n} workers x {t} thread", f"torch: 1 worker x {t} thread"
                 sides[many] = functools.partial(_run_torch, workers=n, python=a.torch_python)
-                sides[one] = functools.partial(_run_torch, workers=1, python=a.torch_python)
+                sides[one] = functools.partial(_run_torch, workers=1, python=a.torch_python,
+                                               share_of=0 if a.unbound_one else n)
                 pairs_of.append((many, one, None))
             rates: dict[str, list[float]] = {name: [] for name in sides}
             accuracy: dict[str, list[float]] = {name: [] for name in sides}
