@@ -173,3 +173,19 @@ def test_bad_backends_and_values_are_refused_before_running(grid, message, tmp_p
     (tmp_path / "x.npz").write_bytes(b"")
     with pytest.raises(MirrorfitError, match=message):
         grid.points()
+
+
+def test_a_point_that_aborts_is_reported_by_its_fatal_line_not_its_stack():
+    """XLA's fatal abort is one `F` line and a stack of addresses: the report showed only the
+    last address (`@ 0x7f4def8a71f5 (unknown)`)."""
+    from mirrorfit.bench.grid import failure_line
+
+    stderr = ("mirrorfit cnn on mnist.npz\n"
+              "F1201 19:43:48.874255    5311 rendezvous.cc:161] [id=0] Termination timeout for "
+              "`all reduce` of 40 seconds exceeded.\n*** Check failure stack trace: ***\n"
+              "    @     0x7fa095440634  absl::LogMessage::SendToLog()\n"
+              "    @     0x7fa0aa0a71f5  (unknown)\n")
+    assert failure_line(stderr, -6) == ("[id=0] Termination timeout for `all reduce` of 40 "
+                                        "seconds exceeded.")
+    assert failure_line("a\nmirrorfit: error: bad\n", 2) == "mirrorfit: error: bad"
+    assert failure_line("", 137) == "exit code 137"

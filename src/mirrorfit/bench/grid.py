@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 import subprocess
 import sys
 from dataclasses import dataclass, replace
@@ -192,6 +193,16 @@ class Grid:
         return out
 
 
+def failure_line(stderr: str, returncode: int) -> str:
+    """What a failed point's report says: the native runtime's fatal line (``F1201 ...``, which
+    a stack trace of addresses follows) where there is one, else the last line on stderr."""
+    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
+    fatal = [ln for ln in lines if re.match(r"F\d{4} ", ln)]
+    if fatal:
+        return fatal[0].split("] ", 1)[-1]
+    return lines[-1] if lines else f"exit code {returncode}"
+
+
 def spawn(point: Point, timeout_s: float = 1800) -> dict:
     """Run one point in a fresh interpreter; its measurements, or an ``error``."""
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
@@ -201,8 +212,7 @@ def spawn(point: Point, timeout_s: float = 1800) -> dict:
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {timeout_s:.0f} s"}
     if proc.returncode:
-        tail = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()][-1:]
-        return {"error": tail[0] if tail else f"exit code {proc.returncode}"}
+        return {"error": failure_line(proc.stderr, proc.returncode)}
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
