@@ -29,7 +29,12 @@ def test_sources_that_cannot_be_read_fail_before_any_process_starts(tmp_path):
     negative[3] = -1
     np.savez(tmp_path / "negative.npz", x_train=x, y_train=negative)
     imgs, small = str(tmp_path / "imgs"), str(tmp_path / "small.npz")
+    (tmp_path / "damaged").mkdir()
+    (tmp_path / "damaged" / "mnist.npz").write_bytes(b"PK\x03\x04 not a zip")
     cases = {
+        "no mnist": (["--data-dir", str(tmp_path / "nowhere")], "no mnist.npz at --data-dir"),
+        "damaged mnist": (["--data-dir", str(tmp_path / "damaged")],
+                          "is not a valid MNIST npz file"),
         "batch": (["--data", small], "the global batch 64 is larger than the 40 training"),
         "examples": (["--data", small, "--train-examples", "500"],
                      "--train-examples 500 is more than the 40 training examples"),

@@ -192,6 +192,19 @@ def load_mnist(data_dir: str | os.PathLike | None = None, *, train_examples: int
                   y_test=arrays["y_test"].astype(np.int32), source=str(path))
 
 
+def check_mnist(data_dir: str | os.PathLike | None = None) -> Path:
+    """Where mnist.npz is (as :func:`load_mnist` looks, without downloading), its arrays'
+    headers read but not the arrays: DataError, one line, for a missing or damaged file."""
+    path = locate_mnist(data_dir, download=False)
+    try:
+        _check_headers(path)
+    except _READ_ERRORS as e:
+        raise DataError(f"{path} is not a valid MNIST npz file ({type(e).__name__}: {e}); "
+                        "expected keras.datasets.mnist's layout (x_train, y_train, x_test, "
+                        "y_test)") from None
+    return path
+
+
 def _check_headers(path: Path) -> None:
     """Read each array's header (a few bytes) and refuse, before NumPy allocates anything, a
     shape that is not MNIST's layout, that the member does not hold the bytes for (a 1 KB file
