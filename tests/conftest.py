@@ -67,6 +67,33 @@ def run_isolated(code: str, timeout: float = 300) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def runs_by_replicas(script: str, table: dict, out: Path) -> dict:
+    """Each run of ``table`` (name: (replicas, *settings)), those of one replica count in one
+    new process (the devices are set before the backend starts): ``script`` formatted with
+    ``replicas``, ``runs`` (a list of (name, *settings)) and ``out``, printing a JSON object of
+    each run's summary and saving its weights to ``out/NAME.npz`` as w_0, w_1, ... Returns
+    the summaries, each with "weights" (the arrays, in the model's order)."""
+    import numpy as np
+
+    results: dict = {}
+    for replicas in sorted({row[0] for row in table.values()}):
+        mine = [(name, *rest) for name, (count, *rest) in table.items() if count == replicas]
+        results.update(run_isolated(script.format(replicas=replicas, runs=mine, out=out)))
+    for name, info in results.items():
+        with np.load(out / f"{name}.npz") as f:
+            info["weights"] = [f[k] for k in sorted(f.files, key=lambda k: int(k.split("_")[1]))]
+    return results
+
+
+def assert_same_weights(a: list, b: list, *, rtol: float, atol: float) -> None:
+    """Two models' weights, array by array, equal within the tolerances."""
+    import numpy as np
+
+    assert len(a) == len(b)
+    for wa, wb in zip(a, b):
+        np.testing.assert_allclose(wa, wb, rtol=rtol, atol=atol)
+
+
 def run_cli(*args: str, timeout: float = 600,
             without_tensorflow: bool = False) -> subprocess.CompletedProcess:
     """Run ``mirrorfit ARGS`` as a user would (new process, real console script entry).

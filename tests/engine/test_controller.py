@@ -7,7 +7,7 @@ TensorFlow starts), one per replica count, and saves the trained weights for com
 import numpy as np
 import pytest
 
-from conftest import run_isolated
+from conftest import assert_same_weights, run_isolated, runs_by_replicas
 
 # The runs of one replica count share one interpreter (TensorFlow's start-up is most of a
 # run's time); each builds its strategy, model and optimizer afresh from the same seed, so a run
@@ -43,22 +43,7 @@ RUNS = {"one_sgd": (1, "auto", "sgd", 8), "one_adam": (1, "auto", "adam", 8),
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """Every run of RUNS: its JSON summary plus "weights"."""
-    out = tmp_path_factory.mktemp("weights")
-    results = {}
-    for replicas in (1, 2):
-        mine = [(name, kind, opt, spe) for name, (r, kind, opt, spe) in RUNS.items()
-                if r == replicas]
-        results.update(run_isolated(TRAIN.format(replicas=replicas, runs=mine, out=out)))
-    for name, info in results.items():
-        with np.load(out / f"{name}.npz") as f:
-            info["weights"] = [f[k] for k in sorted(f.files, key=lambda k: int(k.split("_")[1]))]
-    return results
-
-
-def _assert_same_weights(a, b, rtol, atol):
-    assert len(a) == len(b)
-    for wa, wb in zip(a, b):
-        np.testing.assert_allclose(wa, wb, rtol=rtol, atol=atol)
+    return runs_by_replicas(TRAIN, RUNS, tmp_path_factory.mktemp("weights"))
 
 
 @pytest.mark.slow
@@ -67,19 +52,19 @@ def test_two_replicas_give_the_same_weights_as_one(runs, optimizer):
     one, two = runs[f"one_{optimizer}"], runs[f"two_{optimizer}"]
     assert one["steps"] == two["steps"] == 2 * (2048 // 64)
     assert one["changed"] > 1e-3  # it did train
-    _assert_same_weights(one["weights"], two["weights"], rtol=1e-4, atol=2e-5)
+    assert_same_weights(one["weights"], two["weights"], rtol=1e-4, atol=2e-5)
 
 
 @pytest.mark.slow
 def test_central_storage_matches_one_replica(runs):
-    _assert_same_weights(runs["one_sgd"]["weights"], runs["central_storage"]["weights"],
-                         rtol=1e-4, atol=2e-5)
+    assert_same_weights(runs["one_sgd"]["weights"], runs["central_storage"]["weights"],
+                        rtol=1e-4, atol=2e-5)
 
 
 @pytest.mark.slow
 def test_steps_per_execution_does_not_change_the_result(runs):
     ten, one = runs["spe10"], runs["spe1"]  # 32 steps: 10+10+10+2, a shorter last call
-    _assert_same_weights(ten["weights"], one["weights"], rtol=1e-6, atol=1e-7)
+    assert_same_weights(ten["weights"], one["weights"], rtol=1e-6, atol=1e-7)
     assert ten["traced"] == 1 and one["traced"] == 1  # step counts are tensors: no retracing
 
 
@@ -134,6 +119,7 @@ def test_a_position_past_the_end_of_an_epoch_is_refused_clearly():
     # epoch (an OutOfRangeError traceback); the checkpoint now refuses such a resume, and the
     # trainer says so itself for a Python-API caller.
     import keras
+
     import mirrorfit
 
     x = np.zeros((128, 28, 28), np.uint8)

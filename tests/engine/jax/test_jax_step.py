@@ -6,10 +6,9 @@ Each replica count runs in a fresh interpreter (XLA's host device count is read 
 with TensorFlow blocked: the JAX engine must not import it.
 """
 
-import numpy as np
 import pytest
 
-from conftest import run_isolated
+from conftest import assert_same_weights, run_isolated, runs_by_replicas
 
 TRAIN = """
 import os, sys, json
@@ -46,22 +45,7 @@ RUNS = {"one_sgd": (1, "sgd", 1, 8), "one_adam": (1, "adam", 1, 8),
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    out = tmp_path_factory.mktemp("weights")
-    results = {}
-    for replicas in (1, 2):
-        mine = [(name, opt, accum, spe) for name, (r, opt, accum, spe) in RUNS.items()
-                if r == replicas]
-        results.update(run_isolated(TRAIN.format(replicas=replicas, runs=mine, out=out)))
-    for name, info in results.items():
-        with np.load(out / f"{name}.npz") as f:
-            info["weights"] = [f[k] for k in sorted(f.files, key=lambda k: int(k.split("_")[1]))]
-    return results
-
-
-def _same(a, b, rtol, atol):
-    assert len(a) == len(b)
-    for wa, wb in zip(a, b):
-        np.testing.assert_allclose(wa, wb, rtol=rtol, atol=atol)
+    return runs_by_replicas(TRAIN, RUNS, tmp_path_factory.mktemp("weights"))
 
 
 @pytest.mark.slow
@@ -70,7 +54,7 @@ def test_two_devices_give_the_weights_of_one(runs, optimizer):
     one, two = runs[f"one_{optimizer}"], runs[f"two_{optimizer}"]
     assert one["steps"] == two["steps"] == 2 * (2048 // 128)
     assert one["changed"] > 1e-3  # it did train
-    _same(one["weights"], two["weights"], rtol=1e-4, atol=2e-6)
+    assert_same_weights(one["weights"], two["weights"], rtol=1e-4, atol=2e-6)
     assert not one["tensorflow"] and not two["tensorflow"]
 
 
@@ -78,14 +62,15 @@ def test_two_devices_give_the_weights_of_one(runs, optimizer):
 def test_accumulation_over_four_micro_batches_is_one_batch_four_times_larger(runs):
     # the same global batch of 128: four micro-batches of 32 (on 1 device) or of 16 (each of 2
     # devices) sum to the gradient of the whole batch, all-reduced once
-    _same(runs["one_sgd"]["weights"], runs["one_accum4"]["weights"], rtol=1e-4, atol=2e-6)
-    _same(runs["one_sgd"]["weights"], runs["two_accum4"]["weights"], rtol=1e-4, atol=2e-6)
+    for accumulated in ("one_accum4", "two_accum4"):
+        assert_same_weights(runs["one_sgd"]["weights"], runs[accumulated]["weights"],
+                            rtol=1e-4, atol=2e-6)
 
 
 @pytest.mark.slow
 def test_steps_per_execution_does_not_change_the_result_nor_retrace(runs):
     five, one = runs["spe5"], runs["spe1"]  # 16 steps an epoch: 5+5+5+1, a shorter last call
-    _same(five["weights"], one["weights"], rtol=1e-6, atol=1e-7)
+    assert_same_weights(five["weights"], one["weights"], rtol=1e-6, atol=1e-7)
     assert five["traced"] == 1 and one["traced"] == 1
 
 
