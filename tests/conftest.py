@@ -71,8 +71,9 @@ def runs_by_replicas(script: str, table: dict, out: Path) -> dict:
     """Each run of ``table`` (name: (replicas, *settings)), those of one replica count in one
     new process (the devices are set before the backend starts): ``script`` formatted with
     ``replicas``, ``runs`` (a list of (name, *settings)) and ``out``, printing a JSON object of
-    each run's summary and saving its weights to ``out/NAME.npz`` as w_0, w_1, ... Returns
-    the summaries, each with "weights" (the arrays, in the model's order)."""
+    each run's summary and saving its weights to ``out/NAME.npz`` (``np.savez(path,
+    *weights)``: arr_0, arr_1, ...). Returns the summaries, each with "weights" (the arrays,
+    in the model's order)."""
     import numpy as np
 
     results: dict = {}
@@ -86,12 +87,14 @@ def runs_by_replicas(script: str, table: dict, out: Path) -> dict:
 
 
 def assert_same_weights(a: list, b: list, *, rtol: float, atol: float) -> None:
-    """Two models' weights, array by array, equal within the tolerances."""
+    """Two models' weights, array by array, equal within the tolerances (and some weights:
+    two empty lists are not a pass)."""
     import numpy as np
 
-    assert len(a) == len(b)
+    assert len(a) == len(b) > 0, (len(a), len(b))
     for wa, wb in zip(a, b):
-        np.testing.assert_allclose(wa, wb, rtol=rtol, atol=atol)
+        # strict: a scalar is not "close" to a whole array; NaN is never close to NaN
+        np.testing.assert_allclose(wa, wb, rtol=rtol, atol=atol, equal_nan=False, strict=True)
 
 
 def run_cli(*args: str, timeout: float = 600,
