@@ -31,10 +31,17 @@ def test_sources_that_cannot_be_read_fail_before_any_process_starts(tmp_path):
     imgs, small = str(tmp_path / "imgs"), str(tmp_path / "small.npz")
     (tmp_path / "damaged").mkdir()
     (tmp_path / "damaged" / "mnist.npz").write_bytes(b"PK\x03\x04 not a zip")
+    (tmp_path / "empty").mkdir()
+    # MNIST cases first: refused before any framework loads (checked below)
     cases = {
-        "no mnist": (["--data-dir", str(tmp_path / "nowhere")], "no mnist.npz at --data-dir"),
+        "no mnist": (["--env"], "MNIST not found; tried $MIRRORFIT_DATA"),
         "damaged mnist": (["--data-dir", str(tmp_path / "damaged")],
                           "is not a valid MNIST npz file"),
+        "mnist batch": (["--train-examples", "50"], "--data mnist: the global batch 64 is "
+                        "larger than the 50 training examples; lower --global-batch-size or "
+                        "raise --train-examples"),
+        "mnist examples": (["--train-examples", "60000"],
+                           "--train-examples 60000 is more than the 55000 training images"),
         "batch": (["--data", small], "the global batch 64 is larger than the 40 training"),
         "examples": (["--data", small, "--train-examples", "500"],
                      "--train-examples 500 is more than the 40 training examples"),
@@ -51,7 +58,7 @@ def test_sources_that_cannot_be_read_fail_before_any_process_starts(tmp_path):
                   "--input-shape 32,32,1 is not the shape of --data"),
     }
     out = run_isolated(f"""
-        import contextlib, io, json, subprocess
+        import contextlib, io, json, os, subprocess, sys
         from mirrorfit.cli import main
 
         real_run = subprocess.run
@@ -64,15 +71,26 @@ def test_sources_that_cannot_be_read_fail_before_any_process_starts(tmp_path):
         subprocess.run = spawned
         results = {{}}
         for name, (args, _) in {cases!r}.items():
+            if args == ["--env"]:  # no --data-dir: nothing where the program looks for MNIST
+                args = []
+                saved = dict(os.environ)
+                os.environ.update(MIRRORFIT_DATA={str(tmp_path / "empty")!r},
+                                  KERAS_HOME={str(tmp_path / "empty")!r})
             err = io.StringIO()
             with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
                 rc = main(["bench", "--out", {str(tmp_path / "out")!r}, "--replicas", "1",
                            "--precision", "fp32", *args])
-            results[name] = [rc, err.getvalue()]
+            if name == "no mnist":
+                os.environ.clear()
+                os.environ.update(saved)
+            results[name] = [rc, err.getvalue(), "tensorflow" in sys.modules]
         print(json.dumps(results))
     """, timeout=300)
     for name, (_, needle) in cases.items():
-        _one_line(*out[name], needle)
+        rc, err, tensorflow_loaded = out[name]
+        _one_line(rc, err, needle)
+        if "mnist" in name:
+            assert not tensorflow_loaded, name
     assert not (tmp_path / "out").exists()
 
 

@@ -190,6 +190,17 @@ def test_corrupt_file(tmp_path):
         load_mnist(str(tmp_path), download=False)
 
 
+def test_an_encrypted_member_is_a_damaged_file_not_a_traceback(tmp_path):
+    _fake_mnist(tmp_path / "mnist.npz")
+    raw = bytearray((tmp_path / "mnist.npz").read_bytes())
+    at = raw.find(b"PK\x01\x02")  # the first member's central directory entry
+    raw[at + 8] |= 1  # its "encrypted" flag: zipfile asks for a password (RuntimeError)
+    (tmp_path / "mnist.npz").write_bytes(bytes(raw))
+    with pytest.raises(DataError, match=r"is not a valid MNIST npz file \(RuntimeError: .*"
+                                        r"password required.*replace it with that file"):
+        load_mnist(str(tmp_path), download=False)
+
+
 def test_wrong_layout(tmp_path):
     np.savez(tmp_path / "mnist.npz", x_train=np.zeros((10, 32, 32), np.uint8),
              y_train=np.zeros(10), x_test=np.zeros((2, 28, 28)), y_test=np.zeros(2))

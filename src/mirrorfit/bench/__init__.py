@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import Progress
 
-from mirrorfit.bench.grid import Grid, run_grid
+from mirrorfit.bench.grid import DATA, Grid, run_grid
 from mirrorfit.bench.point import Point
 from mirrorfit.bench.report import Row, build_rows, recommend, table_text, write_outputs
 
@@ -36,16 +36,19 @@ def run_bench(grid: Grid, *, out_dir: str | Path, tolerance: float = 0.005,
     from mirrorfit.bench.source import check_model_fits, open_source
     from mirrorfit.distribute._cpu_binding import usable_cpus
     from mirrorfit.engine import backends
-    from mirrorfit.models.build import model_factory
 
+    points = grid.points()  # checks the grid before anything is built
+    # A source that cannot be read fails here, once. MNIST and synthetic data need no
+    # framework: checked before one loads (TensorFlow's import alone takes seconds).
+    source = open_source(grid, points[0]) if grid.data in DATA else None
     # This process counts the model's FLOPs and opens the data with the grid's first backend
     # (the CLI prepared it); each point runs in its own process on its own.
     engine = backends.load(grid.backends[0])
+    from mirrorfit.models.build import model_factory
 
     # soft_wrap: a message is one line in a log (a long path wrapped at 80 columns split it)
     console = console or Console(stderr=True, soft_wrap=True)
-    points = grid.points()  # checks the grid before anything is built
-    source = open_source(grid, points[0])  # a source that cannot be read fails here, once
+    source = source or open_source(grid, points[0])
     shape, classes = source.input_shape, source.num_classes
     model = model_factory(grid.model, input_shape=shape, num_classes=classes)()
     check_model_fits(model, source, grid.model)

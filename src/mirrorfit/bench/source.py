@@ -1,7 +1,8 @@
 """What a bench grid trains on, opened once in the bench's own process before any point runs.
 
 MNIST and synthetic data are known without opening them (28x28 and 10 classes; the flags' or
-the model's shape); MNIST's file is only looked for and its arrays' headers read. Any other ``--data`` is opened here with the very arguments every point's
+the model's shape); MNIST's file is loaded once and checked as `mirrorfit train` checks it,
+before any framework loads (NumPy only: 0.3 s). Any other ``--data`` is opened here with the very arguments every point's
 process will use, so that a source that cannot be read (a damaged file, labels out of range,
 too few examples for the global batch) or a model that cannot take its examples is one line and
 exit code 2 before the matmul peak or any point starts, as `mirrorfit train` refuses it.
@@ -13,7 +14,6 @@ from dataclasses import dataclass
 
 from mirrorfit.bench.grid import DATA, Grid
 from mirrorfit.bench.point import Point, load_source
-from mirrorfit.data.mnist import check_mnist
 from mirrorfit.data.spec import KINDS
 from mirrorfit.errors import DataError, MirrorfitError
 from mirrorfit.models.names import check_input_shape, is_application, min_size
@@ -38,8 +38,8 @@ def open_source(grid: Grid, point: Point) -> BenchSource:
     reads it. MirrorfitError, one line, for a source that cannot be read or a keras.applications
     model too large for its examples."""
     if grid.data in DATA:
-        if grid.data == "mnist":  # found and its headers sound, or one line now, not per point
-            check_mnist(point.data_dir)
+        if grid.data == "mnist":
+            _check_mnist(point)
         shape, classes = grid.shape_and_classes()
         label = ("MNIST" if grid.data == "mnist"
                  else f"synthetic {'x'.join(map(str, shape))}, {classes} classes")
@@ -59,6 +59,20 @@ def open_source(grid: Grid, point: Point) -> BenchSource:
                    else "") + " or use --model mlp/cnn") from None
     return BenchSource(shape, data.num_classes, grid.data, data.description,
                        has_test=data.test is not None)
+
+
+def _check_mnist(point: Point) -> None:
+    """MNIST found, sound, and holding at least one global batch of ``point``'s training
+    examples; else DataError, one line (each point would fail on its own, after the matmul
+    peak, or divide by zero steps)."""
+    from mirrorfit.data.mnist import load_mnist
+
+    examples = len(load_mnist(point.data_dir, train_examples=point.train_examples,
+                              download=False).x_train)
+    if examples < point.global_batch:
+        raise DataError(f"--data mnist: the global batch {point.global_batch} is larger than "
+                        f"the {examples} training examples; lower --global-batch-size"
+                        + (" or raise --train-examples" if point.train_examples else ""))
 
 
 def check_model_fits(model, source: BenchSource, spec: str) -> None:

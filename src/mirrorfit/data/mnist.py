@@ -39,9 +39,10 @@ DOWNLOAD_TIMEOUT_S = 20
 _KEYS = {"x_train": (60000, 28, 28), "y_train": (60000,), "x_test": (10000, 28, 28),
          "y_test": (10000,)}
 # What reading a damaged or foreign npz raises: zip structure, a member's compression
-# (zlib.error, lzma), NumPy's header or pickle refusal (ValueError), a truncated file.
+# (zlib.error, lzma), NumPy's header or pickle refusal (ValueError), a truncated file, an
+# encrypted member (zipfile's RuntimeError: "password required for extraction").
 _READ_ERRORS = (KeyError, ValueError, OSError, EOFError, zipfile.BadZipFile, zlib.error,
-                lzma.LZMAError, NotImplementedError)
+                lzma.LZMAError, NotImplementedError, RuntimeError)
 # The most the four arrays may take in memory (MNIST: 55 MB): a member's header can declare any
 # shape, and NumPy allocates it before reading a byte.
 MAX_BYTES = 4 << 30
@@ -178,7 +179,8 @@ def load_mnist(data_dir: str | os.PathLike | None = None, *, train_examples: int
     except _READ_ERRORS as e:
         raise DataError(f"{path} is not a valid MNIST npz file ({type(e).__name__}: {e}); "
                         "expected keras.datasets.mnist's layout (x_train, y_train, x_test, "
-                        "y_test)") from None
+                        "y_test): replace it with that file, or point --data-dir at "
+                        "another") from None
     _check(path, arrays)
     x, y = arrays["x_train"], arrays["y_train"].astype(np.int32)
     x_train, y_train = x[VALIDATION_SIZE:], y[VALIDATION_SIZE:]
@@ -190,19 +192,6 @@ def load_mnist(data_dir: str | os.PathLike | None = None, *, train_examples: int
     return Splits(x_train=x_train, y_train=y_train, x_val=x[:VALIDATION_SIZE],
                   y_val=y[:VALIDATION_SIZE], x_test=arrays["x_test"],
                   y_test=arrays["y_test"].astype(np.int32), source=str(path))
-
-
-def check_mnist(data_dir: str | os.PathLike | None = None) -> Path:
-    """Where mnist.npz is (as :func:`load_mnist` looks, without downloading), its arrays'
-    headers read but not the arrays: DataError, one line, for a missing or damaged file."""
-    path = locate_mnist(data_dir, download=False)
-    try:
-        _check_headers(path)
-    except _READ_ERRORS as e:
-        raise DataError(f"{path} is not a valid MNIST npz file ({type(e).__name__}: {e}); "
-                        "expected keras.datasets.mnist's layout (x_train, y_train, x_test, "
-                        "y_test)") from None
-    return path
 
 
 def _check_headers(path: Path) -> None:
