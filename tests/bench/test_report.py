@@ -58,6 +58,14 @@ def test_overlapping_ranges_are_flagged():
     assert "overlaps vs 1 replica" in rows[1].note
 
 
+def test_a_point_that_timed_no_steps_is_a_row_not_a_division_by_zero():
+    grid = [(Point(kind="mirrorfit", replicas=1), _runs(100, 110)),
+            (Point(kind="mirrorfit", replicas=2), _runs(0, 0))]
+    rows = build_rows(grid, peak=PEAK, train_flops=1, shared_cores=True)
+    assert rows[1].examples_per_sec == 0 and rows[1].spread is None
+    assert rows[1].speedup_vs_1 is None and rows[1].mfu is None
+
+
 def test_recommend_takes_the_fastest_within_tolerance():
     rows = build_rows(_grid(), peak=PEAK, train_flops=1, shared_cores=True)
     assert recommend(rows, 0.01).startswith("recommended: x1 bf16 spe50")

@@ -91,7 +91,8 @@ def _stats(results: list[dict]) -> dict:
     median = statistics.median(rates)
     accuracies = [r["test_accuracy"] for r in ok if r.get("test_accuracy") is not None]
     return {"runs": len(rates), "median": median, "min": min(rates), "max": max(rates),
-            "spread": (max(rates) - min(rates)) / median,
+            # no steps timed (a point's data shorter than its batch) measure 0: no spread
+            "spread": (max(rates) - min(rates)) / median if median > 0 else None,
             # None on synthetic data: random labels, nothing to learn or test
             "accuracy": statistics.median(accuracies) if accuracies else None,
             "error": f"{len(errors)} run(s) failed: {errors[0]}" if errors else ""}
