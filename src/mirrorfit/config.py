@@ -202,6 +202,10 @@ class TrainConfig:
         if self.data_dir is not None and not isinstance(self.data_dir, str):
             raise ConfigError(f"--data-dir must be a path, got {self.data_dir!r}; e.g. "
                               "--data-dir data (the folder holding mnist.npz)")
+        if self.data_dir is not None and not self.data_dir:  # "" would mean "look anywhere"
+            raise ConfigError("--data-dir is empty; give the folder holding mnist.npz (or the "
+                              "file), or leave --data-dir out to look in $MIRRORFIT_DATA and "
+                              "the Keras cache")
         if self.data_dir:  # like --data paths: a wrong one fails before TensorFlow loads
             from mirrorfit.data.mnist import locate_mnist  # (numpy: only when it is needed)
 

@@ -108,10 +108,12 @@ def test_output_paths_are_refused_before_tensorflow_loads(tmp_path, flag, path, 
     ("nowhere", "no mnist.npz at --data-dir {p}; point it at the folder holding mnist.npz"),
     ("loop", "--data-dir {p}: cannot read {p} (too many levels of symbolic links); point"),
     ("x" * 300, "--data-dir {p}: cannot read {p} (file name too long); point it at"),
+    ("", "--data-dir is empty; give the folder holding mnist.npz (or the file), or leave "
+         "--data-dir out"),
 ])
 def test_a_wrong_data_dir_is_refused_before_tensorflow_loads(tmp_path, name, needle):
     (tmp_path / "loop").symlink_to(tmp_path / "loop")
-    proc = run_cli("train", "--epochs", "1", "--data-dir", str(tmp_path / name),
+    proc = run_cli("train", "--epochs", "1", "--data-dir", str(tmp_path / name) if name else "",
                    without_tensorflow=True)
     _one_line_error(proc, needle.format(p=tmp_path / name))
 

@@ -168,8 +168,8 @@ def test_a_file_this_user_may_not_read_is_named_and_the_search_goes_on(tmp_path)
                           timeout=120)
     explicit, search = proc.stdout.splitlines()
     assert explicit == (f"--data-dir {tmp_path}/locked: cannot read {tmp_path}/locked/mnist.npz "
-                        "(permission denied); point it at the folder holding mnist.npz or at "
-                        "the file itself"), proc.stderr
+                        "(permission denied); make it readable by this user, or point "
+                        "--data-dir at a copy that is"), proc.stderr
     assert (f"tried $MIRRORFIT_DATA ({tmp_path}/locked/mnist.npz: permission denied), Keras "
             f"cache ({tmp_path}/keras/datasets: not a folder)") in search
 

@@ -78,6 +78,9 @@ def locate_mnist(data_dir: str | bytes | os.PathLike | None = None, *,
         if why == "no such file":
             raise DataError(f"no {FILENAME} at --data-dir {data_dir}{hint}; point it at the "
                             f"folder holding {FILENAME} or at the file itself")
+        if why == "permission denied":  # the path is right: its permissions are not
+            raise DataError(f"--data-dir {data_dir}: cannot read {file} ({why}); make it "
+                            "readable by this user, or point --data-dir at a copy that is")
         if why:
             raise DataError(f"--data-dir {data_dir}: cannot read {file} ({why}); point it at "
                             f"the folder holding {FILENAME} or at the file itself")
