@@ -38,8 +38,8 @@ def test_sources_that_cannot_be_read_fail_before_any_process_starts(tmp_path):
         "damaged mnist": (["--data-dir", str(tmp_path / "damaged")],
                           "is not a valid MNIST npz file"),
         "mnist batch": (["--train-examples", "50"], "--data mnist: the global batch 64 is "
-                        "larger than the 50 training examples; lower --global-batch-size or "
-                        "raise --train-examples"),
+                        "larger than the 50 training examples; lower --batch-size or "
+                        "--global-batch-size"),
         "mnist examples": (["--train-examples", "60000"],
                            "--train-examples 60000 is more than the 55000 training images"),
         "batch": (["--data", small], "the global batch 64 is larger than the 40 training"),

@@ -1,8 +1,8 @@
 """What a bench grid trains on, opened once in the bench's own process before any point runs.
 
-MNIST and synthetic data are known without opening them (28x28 and 10 classes; the flags' or
-the model's shape); MNIST's file is loaded once and checked as `mirrorfit train` checks it,
-before any framework loads (NumPy only: 0.3 s). Any other ``--data`` is opened here with the very arguments every point's
+MNIST and synthetic data need no framework: their shape is known (28x28 and 10 classes; the
+flags' or the model's), and MNIST's file is loaded once (NumPy: 0.3 s) and checked as `mirrorfit
+train` checks it. Any other ``--data`` is opened here with the very arguments every point's
 process will use, so that a source that cannot be read (a damaged file, labels out of range,
 too few examples for the global batch) or a model that cannot take its examples is one line and
 exit code 2 before the matmul peak or any point starts, as `mirrorfit train` refuses it.
@@ -66,13 +66,11 @@ def _check_mnist(point: Point) -> None:
     examples; else DataError, one line (each point would fail on its own, after the matmul
     peak, or divide by zero steps)."""
     from mirrorfit.data.mnist import load_mnist
+    from mirrorfit.data.sources import check_one_batch
 
-    examples = len(load_mnist(point.data_dir, train_examples=point.train_examples,
-                              download=False).x_train)
-    if examples < point.global_batch:
-        raise DataError(f"--data mnist: the global batch {point.global_batch} is larger than "
-                        f"the {examples} training examples; lower --global-batch-size"
-                        + (" or raise --train-examples" if point.train_examples else ""))
+    check_one_batch("mnist", point.global_batch,
+                    len(load_mnist(point.data_dir, train_examples=point.train_examples,
+                                   download=False).x_train))
 
 
 def check_model_fits(model, source: BenchSource, spec: str) -> None:

@@ -46,11 +46,17 @@ def load_data(spec: str = "mnist", *, global_batch: int, seed: int = 42, workers
                         "needs TensorFlow: pip install tensorflow==2.21.0, or give the data "
                         "as a .npz file or a package.module:function returning arrays") from None
     data = module.open_train(o)
-    if data.train.steps_per_epoch < 1:
-        raise DataError(f"--data {spec}: the global batch {global_batch} is larger than the "
-                        f"{data.train_examples} training examples; lower --batch-size or "
-                        "--global-batch-size")
+    check_one_batch(spec, global_batch, data.train_examples)
     return data
 
 
-__all__ = ["Data", "load_data"]
+def check_one_batch(spec: str, global_batch: int, train_examples: int) -> None:
+    """DataError, one line, unless ``train_examples`` hold one ``global_batch`` at least
+    (else an epoch has no step)."""
+    if train_examples < global_batch:
+        raise DataError(f"--data {spec}: the global batch {global_batch} is larger than the "
+                        f"{train_examples} training examples; lower --batch-size or "
+                        "--global-batch-size")
+
+
+__all__ = ["Data", "check_one_batch", "load_data"]
