@@ -177,13 +177,29 @@ def test_sigterm_without_a_checkpoint_dir_says_what_was_lost(tmp_path):
     assert not (tmp_path / "m").exists()
 
 
+def _wait_for_handler(pid: int, signum: int, timeout_s: float = 60) -> None:
+    """Until process ``pid`` catches ``signum`` (Linux's /proc/PID/status SigCgt mask): a fixed
+    sleep raced the interpreter's start-up on a loaded machine (the signal came first: -15)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with open(f"/proc/{pid}/status") as f:
+            caught = next(int(ln.split()[1], 16) for ln in f if ln.startswith("SigCgt:"))
+        if caught >> (signum - 1) & 1:
+            return
+        time.sleep(0.005)
+    raise AssertionError(f"process {pid} installed no handler for signal {signum} in "
+                         f"{timeout_s:g} s")
+
+
 def test_sigterm_while_tensorflow_loads_is_honoured(tmp_path):
     """The CLI takes the signals before it imports TensorFlow (seconds), not after."""
     cmd = ["train", "--model", "user_models:tiny", "--train-examples", "256", "--epochs", "1",
            "--export-dir", str(tmp_path / "m"), "--no-progress"]
     proc = subprocess.Popen([sys.executable, "-m", "mirrorfit.cli", *cmd], env=_env(), cwd=ROOT,
                             stderr=subprocess.PIPE, text=True)
-    time.sleep(0.5)  # arguments parsed (~0.1 s), TensorFlow still loading
+    _wait_for_handler(proc.pid, signal.SIGTERM)  # installed before TensorFlow loads (seconds)
+    with open(f"/proc/{proc.pid}/maps") as f:
+        assert "libtensorflow" not in f.read()  # TensorFlow's libraries not loaded yet
     proc.send_signal(signal.SIGTERM)
     err = proc.stderr.read()
     assert proc.wait(timeout=60) == 75, err[-3000:]  # not -15: killed before any handler
