@@ -250,16 +250,14 @@ class _Train:
     def __call__(self, state, xs, ys, num_steps):
         if not self._choose(state, xs):
             return self._looped(state, xs, ys, num_steps)
-        import jax
-
         for i in range(int(num_steps)):
             state = self._single(state, xs, ys, np.int32(i))
-            # One call on the devices at a time: XLA's CPU client runs each device's part of
-            # a call on one pool of threads (as many as cores), and queued calls could take
-            # them all with one device's parts, blocked in the all-reduce for a part of the
-            # other device that never got a thread: a fatal "Termination timeout for all
-            # reduce ... only 1 of them arrived" after 40 s (2 of 3 runs of the CNN on 2
-            # logical devices of 2 cores, with JAX's asynchronous dispatch).
+            # One call on the devices at a time. With calls queued by JAX's asynchronous
+            # dispatch, the CNN on 2 logical devices of 2 cores aborted in 2 of 3 runs with
+            # XLA's "Termination timeout for all reduce ... only 1 of them arrived" (one
+            # device's part never got one of the CPU client's threads); waiting here, 0 of
+            # 20 runs did. The mechanism is not fully known: Keras's fit still aborts with
+            # synchronous dispatch (docs/benchmarks.md).
             jax.block_until_ready(state)
         return state
 
