@@ -42,12 +42,6 @@ def test_unknown_precision_names_the_choices():
         Precision("fp8")
 
 
-def test_remat_builds_layers_that_recompute_activations():
-    with Precision("fp32").building(remat=True):
-        model = mirrorfit.models.mlp()
-    assert model.layers[-2]._remat_mode is not None
-
-
 def test_bf16_cnn_runs_every_heavy_kernel_in_bfloat16():
     """What mixed_bfloat16 really does to the CNN's step: no convolution, pooling or hidden
     matmul falls back to float32 (forward or backward); only the float32 output layer does."""

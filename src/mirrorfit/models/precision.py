@@ -58,19 +58,15 @@ class Precision:
         return self.name == "fp16"
 
     @contextlib.contextmanager
-    def building(self, *, remat: bool = False) -> Iterator[None]:
-        """Build layers inside this block to get this precision (and rematerialisation).
-
-        ``remat``: Keras's ``RematScope("full")``, recomputing activations in the backward pass
-        instead of keeping them (less memory, more compute).
-        """
+    def building(self) -> Iterator[None]:
+        """Build layers inside this block to get this precision (rematerialisation is applied
+        to the built model: :func:`mirrorfit.models.remat.rematerialize`)."""
         import keras
 
         previous = keras.config.dtype_policy()
         keras.config.set_dtype_policy(self.policy)
         try:
-            with keras.RematScope(mode="full") if remat else contextlib.nullcontext():
-                yield
+            yield
         finally:
             keras.config.set_dtype_policy(previous)
 

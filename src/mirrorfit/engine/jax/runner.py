@@ -29,6 +29,7 @@ from mirrorfit.engine.jax.step import Metrics, State, build_steps, stacked
 from mirrorfit.engine.backends import BatchShape, split_batch
 from mirrorfit.errors import ConfigError
 from mirrorfit.models.precision import Precision, as_precision
+from mirrorfit.models.remat import rematerialize
 
 EVAL_BLOCK = 32  # batches per evaluation call (the last call is padded, never retraced)
 
@@ -54,11 +55,13 @@ class Runner(BatchShape):
         self.distribution = distribution
         self.global_batch, self.accum_steps = global_batch, accum_steps
         self.precision = as_precision(precision)
-        with self.precision.building(remat=remat):
+        with self.precision.building():
             self._model = model if isinstance(model, keras.Model) else model()
         if not isinstance(self._model, keras.Model):
             raise ConfigError(f"model must be a keras.Model or a function returning one, got "
                               f"{self._model!r}")
+        if remat:
+            rematerialize(self._model, on_notice)
         if not isinstance(optimizer, keras.optimizers.Optimizer):
             raise ConfigError(f"optimizer must be a keras.optimizers.Optimizer, got "
                               f"{optimizer!r}")

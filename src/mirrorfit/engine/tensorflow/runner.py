@@ -23,6 +23,7 @@ from mirrorfit.engine.tensorflow.step import ReplicaStep
 from mirrorfit.engine.backends import BatchShape, split_batch
 from mirrorfit.errors import ConfigError
 from mirrorfit.models.precision import Precision, as_precision
+from mirrorfit.models.remat import rematerialize
 
 
 def as_distribution(strategy: tf.distribute.Strategy | Distribution) -> Distribution:
@@ -60,8 +61,10 @@ class Runner(BatchShape):
         self.precision = as_precision(precision)
         self._on_notice = on_notice
         with strategy.scope():
-            with self.precision.building(remat=remat):
+            with self.precision.building():
                 self.model = _build_model(model, strategy, self.precision)
+            if remat:
+                rematerialize(self.model, on_notice)
             self.optimizer = self.precision.wrap_optimizer(_bind_optimizer(optimizer, strategy))
             self.optimizer.build(self.model.trainable_variables)
             self.step = ReplicaStep(

@@ -1,0 +1,61 @@
+"""Rematerialisation (``--remat``): each layer that qualifies keeps only its inputs for the
+backward pass and recomputes what it made inside (the matmul or convolution before its bias
+and activation), trading one more forward pass for activation memory.
+
+Why not Keras's own ``keras.RematScope``: it hands the layer's keyword arguments to the
+backend's remat, and (Keras 3.15) that breaks training on both engines. On TensorFlow,
+``tf.recompute_grad`` refuses keyword arguments inside a ``tf.function`` ("supports keywords
+arguments only when eager execution is enabled"): every model failed. On JAX,
+``jax.checkpoint`` turns ``training=True`` into a traced value, and any layer that branches on
+it (Dropout, BatchNormalization) failed to trace. Here the keyword arguments stay Python
+values, closed over, and only the positional inputs (arrays) go through the backend's remat
+(``keras.remat``: ``jax.checkpoint`` or ``tf.recompute_grad``).
+
+A layer qualifies when it has trainable weights and no other state: a layer that writes state
+while it runs (BatchNormalization's moving statistics, Dropout's random-seed state) would write
+it again when recomputed, and under JAX that write would leave the recomputation's trace.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Callable
+
+
+def rematerialize(model, on_notice: Callable[[str], None] | None = None) -> list[str]:
+    """Make the qualifying layers of ``model`` (a built ``keras.Model``; nested models are
+    walked) recompute their activations in the backward pass. Returns their names, in order;
+    when none qualifies, says so through ``on_notice``."""
+    import keras
+
+    names = []
+    for layer in model._flatten_layers(include_self=False, recursive=True):
+        if not _qualifies(layer) or getattr(layer.call, "_mirrorfit_remat", False):
+            continue
+        layer.call = _recomputed(layer.call, keras.remat)
+        names.append(layer.name)
+    if not names and on_notice is not None:
+        on_notice("--remat: no layer of this model can recompute its activations (each needs "
+                  "trainable weights and no other state), so it trains as without --remat")
+    return names
+
+
+def _qualifies(layer) -> bool:
+    has_sublayers = any(True for _ in layer._flatten_layers(include_self=False,
+                                                            recursive=False))
+    return (not has_sublayers and bool(layer.trainable_weights)
+            and not layer.non_trainable_variables)
+
+
+def _recomputed(call, remat):
+    """``call`` with its positional arguments through ``remat`` and its keyword arguments
+    (``training``, ``mask``: Python values) closed over."""
+    @functools.wraps(call)
+    def recomputed(*args, **kwargs):
+        return remat(functools.partial(call, **kwargs))(*args)
+
+    recomputed._mirrorfit_remat = True  # applied once, however often it is asked
+    return recomputed
+
+
+__all__ = ["rematerialize"]
