@@ -31,7 +31,10 @@ from mirrorfit.errors import ConfigError
 from mirrorfit.models.precision import Precision, as_precision
 from mirrorfit.models.remat import rematerialize
 
-EVAL_BLOCK = 32  # batches per evaluation call (the last call is padded, never retraced)
+EVAL_BLOCK = 32  # batches per evaluation call at most (the last call is padded, never retraced)
+# ... and at most this many bytes of inputs per call (at least one batch): a block is allocated
+# whole, on the host and the devices, however few examples there are to evaluate.
+EVAL_BLOCK_BYTES = 64 << 20
 
 
 class Runner(BatchShape):
@@ -281,8 +284,9 @@ def _results(metrics: Metrics, stacked_values, placement: Placement) -> dict[str
 
 
 def _eval_blocks(data, batch: int, padded: int):
-    """(xs, ys, weights, batches, examples) blocks of EVAL_BLOCK batches of ``padded``
-    examples (the real ones weighted 1): every example of ``data`` once."""
+    """(xs, ys, weights, batches, examples) blocks of batches of ``padded`` examples (the real
+    ones weighted 1): every example of ``data`` once. A block holds :func:`_block_length`
+    batches, the same for every block of a run's evaluations (one compiled shape)."""
     def batches():
         if isinstance(data, tuple):
             x, y = data
@@ -292,20 +296,29 @@ def _eval_blocks(data, batch: int, padded: int):
             yield from data.as_numpy_iterator()
 
     block: list = []
+    length = None
     for x, y in batches():
         block.append((np.asarray(x), np.asarray(y)))
-        if len(block) == EVAL_BLOCK:
-            yield _pack(block, padded)
+        length = length or _block_length(block[0][0], padded)
+        if len(block) == length:
+            yield _pack(block, padded, length)
             block = []
     if block:
-        yield _pack(block, padded)
+        yield _pack(block, padded, length)
 
 
-def _pack(block: list, padded: int):
+def _block_length(x: np.ndarray, padded: int) -> int:
+    """Batches per evaluation block: EVAL_BLOCK, fewer where that many batches of ``padded``
+    examples like ``x``'s would pass EVAL_BLOCK_BYTES; at least one."""
+    per_batch = padded * max(1, x[0].nbytes if len(x) else x.itemsize)
+    return max(1, min(EVAL_BLOCK, EVAL_BLOCK_BYTES // per_batch))
+
+
+def _pack(block: list, padded: int, length: int):
     x0, y0 = block[0]
-    xs = np.zeros((EVAL_BLOCK, padded, *x0.shape[1:]), x0.dtype)
-    ys = np.zeros((EVAL_BLOCK, padded, *y0.shape[1:]), np.int32)
-    ws = np.zeros((EVAL_BLOCK, padded), np.float32)
+    xs = np.zeros((length, padded, *x0.shape[1:]), x0.dtype)
+    ys = np.zeros((length, padded, *y0.shape[1:]), np.int32)
+    ws = np.zeros((length, padded), np.float32)
     real = 0
     for i, (x, y) in enumerate(block):
         xs[i, :len(x)], ys[i, :len(y)], ws[i, :len(y)] = x, y, 1.0
