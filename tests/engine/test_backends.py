@@ -88,3 +88,40 @@ def test_the_first_screen_of_a_run_has_no_tensorflow_cpp_lines(tmp_path):
     assert verbose.returncode == 0, verbose.stderr[-2000:]
     if os.uname().machine == "x86_64":  # oneDNN's notice, at least, on every x86 host
         assert ABSL_LINE.search(verbose.stderr), verbose.stderr[:2000]
+
+
+@pytest.mark.slow
+def test_commands_that_need_tensorflow_say_so_in_one_line_on_a_jax_only_machine(tmp_path):
+    """export, evaluate and serve gave a ModuleNotFoundError traceback where only JAX is
+    installed (the install docs/jax.md describes); train and devices said it in one line."""
+    ckpt = tmp_path / "ckpt"
+    trained = run_cli("train", "--backend", "jax", "--epochs", "1", "--train-examples", "256",
+                      "--no-progress", "--checkpoint-dir", str(ckpt), without_tensorflow=True)
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    (tmp_path / "served" / "1").mkdir(parents=True)
+    for args, who in (
+            (("export", "--checkpoint-dir", str(ckpt), "--export-dir", str(tmp_path / "m")),
+             "mirrorfit export"),
+            (("evaluate", "--checkpoint-dir", str(ckpt)), "mirrorfit evaluate"),
+            (("serve", "--model_base_path", str(tmp_path / "served"), "--model_name", "m",
+              "--port", "0"), "mirrorfit serve")):  # refused before anything listens
+        proc = run_cli(*args, without_tensorflow=True, timeout=120)
+        lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+        assert proc.returncode == 2 and len(lines) == 1, (args[0], proc.stderr[-3000:])
+        assert lines[0].startswith(f"mirrorfit: error: {who}") and \
+            "needs TensorFlow: pip install tensorflow==2.21.0" in lines[0], lines[0]
+    assert not (tmp_path / "m").exists()
+
+
+@pytest.mark.slow
+def test_a_jax_run_that_loads_tensorflow_keeps_its_cpp_lines_quiet(tmp_path):
+    """TensorBoard's writer (--logdir) loads TensorFlow where it is installed, on the JAX
+    engine too: its start-up lines reached the screen there, filtered only on TensorFlow's."""
+    env = {k: v for k, v in _env().items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    proc = subprocess.run([sys.executable, "-m", "mirrorfit.cli", "train", "--backend", "jax",
+                           "--epochs", "1", "--train-examples", "256", "--no-progress",
+                           "--logdir", str(tmp_path / "tb")],
+                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert any((tmp_path / "tb").iterdir())
+    assert not ABSL_LINE.search(proc.stderr), proc.stderr[:2000]

@@ -77,6 +77,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
               if k not in ("command", "verbose") and not k.startswith("_ignored")}
     config = ServeConfig(**values)  # checked: before TensorFlow loads, a bad flag fails at once
     model_configs(config)  # and a bad config file, or a model without versions
+    backends.import_tensorflow("mirrorfit serve (it loads TensorFlow SavedModels)")
     from mirrorfit.serving.server import serve
 
     return serve(config)
@@ -93,7 +94,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
                              "wrote its checkpoints to; it is empty")
     check_export_dir(args.export_dir)  # before TensorFlow loads and the model with it
     require_checkpoints(args.checkpoint_dir)
-    backends.import_framework("tensorflow")
+    backends.import_tensorflow("mirrorfit export (it writes a TensorFlow SavedModel)")
     from mirrorfit.artifacts.checkpoint import load_model
     from mirrorfit.artifacts.export import export_saved_model
 
@@ -118,7 +119,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
                  data=args.data, data_dir=args.data_dir, image_size=args.image_size)
     check_evaluate_flags(**flags)  # before TensorFlow loads (seconds): a bad flag fails at once
     check_output_file("--metrics-out", args.metrics_out)  # not after scoring it all
-    backends.import_framework("tensorflow")
+    backends.import_tensorflow("mirrorfit evaluate")
     from mirrorfit.artifacts.evaluate import evaluate_artifact
 
     result = evaluate_artifact(**flags, model=args.model)

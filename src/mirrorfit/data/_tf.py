@@ -10,7 +10,11 @@ import importlib
 
 class _TensorFlow:
     def __getattr__(self, name: str):
-        return getattr(importlib.import_module("tensorflow"), name)
+        from mirrorfit.engine.backends import tensorflow_start_filtered
+
+        with tensorflow_start_filtered():  # its start-up lines, as the TF engine's
+            module = importlib.import_module("tensorflow")
+        return getattr(module, name)
 
 
 tf = _TensorFlow()

@@ -17,6 +17,7 @@ import importlib
 from mirrorfit.data.arrays import Options
 from mirrorfit.data.opened import Data
 from mirrorfit.data.spec import kind_of
+from mirrorfit.engine.backends import tensorflow_start_filtered
 from mirrorfit.errors import DataError
 
 
@@ -38,7 +39,8 @@ def load_data(spec: str = "mnist", *, global_batch: int, seed: int = 42, workers
                 label_feature=label_feature, cache=cache, input_shape=input_shape,
                 num_classes=num_classes, model=model, parallel=parallel)
     try:
-        module = importlib.import_module(kind.module)
+        with tensorflow_start_filtered():  # image folders and TFRecords load TensorFlow
+            module = importlib.import_module(kind.module)
     except ImportError as e:  # on a JAX-only machine: what needs TensorFlow, in one line
         if (e.name or "").split(".")[0] != "tensorflow":
             raise

@@ -131,13 +131,36 @@ def prepare(backend: str, *, verbose: bool = False) -> None:
 def import_framework(backend: str) -> None:
     """Import ``backend``'s framework now, its start-up lines on stderr filtered by
     ``TF_CPP_MIN_LOG_LEVEL`` (see :func:`_startup_lines_filtered`)."""
-    if backend != "tensorflow" or "tensorflow" in sys.modules:
+    if backend == "tensorflow":
+        import_tensorflow()
+
+
+def import_tensorflow(needed_by: str | None = None) -> None:
+    """Import TensorFlow now, whatever the backend (a JAX run reading image folders or
+    writing TensorBoard scalars loads it too), its start-up lines filtered as
+    :func:`import_framework` filters them. Not installed: ConfigError saying ``needed_by``
+    needs it and what to install; with ``needed_by`` None, nothing (said where it is needed,
+    in the words of what needs it)."""
+    if sys.modules.get("tensorflow") is not None:
         return
-    with _startup_lines_filtered(_log_level()):
+    with tensorflow_start_filtered():
         try:
             import tensorflow  # noqa: F401 (loaded here, filtered, for what imports it next)
-        except ImportError:
-            pass  # said where it is needed, in the words of what needs it
+        except ImportError as e:
+            if needed_by is None:
+                return
+            if (e.name or "").split(".")[0] != "tensorflow":
+                raise  # installed but broken: its own error says why
+            raise ConfigError(f"{needed_by} needs TensorFlow: pip install "
+                              "tensorflow==2.21.0") from None
+
+
+def tensorflow_start_filtered():
+    """A block in which TensorFlow may load (imported by something else: a data module,
+    TensorBoard's writer), its start-up lines filtered by ``TF_CPP_MIN_LOG_LEVEL``."""
+    if "tensorflow" in sys.modules:
+        return contextlib.nullcontext()
+    return _startup_lines_filtered(_log_level())
 
 
 def _log_level() -> int:
@@ -189,4 +212,4 @@ def load(backend: str) -> ModuleType:
 
 
 __all__ = ["BACKENDS", "DEFAULT", "resolve", "split_batch", "check_settings", "prepare",
-           "import_framework", "load"]
+           "import_framework", "import_tensorflow", "tensorflow_start_filtered", "load"]

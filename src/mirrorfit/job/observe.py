@@ -28,9 +28,14 @@ class ScalarWriter:
     worker must) but write nothing: what the workers other than the chief do."""
 
     def __init__(self, logdir: str | None) -> None:
-        from tensorboard.summary.writer.event_file_writer import EventFileWriter
+        from mirrorfit.engine.backends import tensorflow_start_filtered
 
-        self._writer = EventFileWriter(logdir) if logdir else None
+        # TensorBoard's writer loads TensorFlow where it is installed (for its file system),
+        # on the JAX engine too: its start-up lines filtered as the TF engine's are.
+        with tensorflow_start_filtered():
+            from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+            self._writer = EventFileWriter(logdir) if logdir else None
         self._last: tuple[int, float] | None = None
 
     def _write(self, step: int, values: dict[str, float]) -> None:
