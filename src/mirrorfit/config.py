@@ -15,7 +15,8 @@ from pathlib import Path, PurePath
 from typing import Any, Mapping
 
 from mirrorfit.artifacts import output_paths
-from mirrorfit.data.spec import MAX_INPUT_ELEMENTS, check_cache, kind_of, parse_ints
+from mirrorfit.data.spec import (MAX_CLASSES, MAX_INPUT_ELEMENTS, check_cache, kind_of,
+                                 parse_ints)
 from mirrorfit.distribute.cluster import DEFAULT_COLLECTIVE_TIMEOUT_S
 from mirrorfit.engine import backends
 from mirrorfit.errors import ConfigError
@@ -33,10 +34,7 @@ LR_SCALINGS = ("none", "linear")
 # Pixels a side --image-size may ask for: every image is resized to it, so one 2**20-pixel side
 # (what parse_ints allows) makes each decoded example terabytes and the model's input as large.
 MAX_IMAGE_SIDE = 8192
-# Classes --num-classes may ask for: the model's last layer and every one-hot/probability row
-# are that wide (ImageNet-21k has 21,841; 10**11 was an out-of-memory traceback).
 MAX_REPLICAS = 1024  # devices one process replicates over
-MAX_CLASSES = 1_000_000
 # The keys of models.build.REFERENCE_MODELS; keras.applications names are models.names.APPLICATIONS
 MODELS = REFERENCE
 

@@ -13,7 +13,7 @@ import numpy as np
 
 from mirrorfit.data.opened import Data, TestSplit
 from mirrorfit.data.pipeline import ShuffledBatches, eval_dataset
-from mirrorfit.data.spec import KINDS
+from mirrorfit.data.spec import KINDS, MAX_CLASSES
 from mirrorfit.errors import DataError
 
 
@@ -66,6 +66,11 @@ class Options:
                                 f"is out of range for --num-classes {self.num_classes} (labels "
                                 f"0-{self.num_classes - 1}); raise --num-classes or fix the "
                                 "labels")
+            if self.num_classes is None and y[high] >= MAX_CLASSES:
+                raise DataError(f"--data {self.spec}: {split} label {y[high]} (example {high}) "
+                                f"would make {int(y[high]) + 1:,} classes, more than "
+                                f"{MAX_CLASSES:,}; labels are class indices 0, 1, ...: fix "
+                                "the labels")
             top = max(top, int(y[high]))
         if self.num_classes is not None:
             return self.num_classes
@@ -106,7 +111,7 @@ def from_arrays(o: Options, arrays: dict[str, tuple[np.ndarray, np.ndarray]], *,
         val = (x[val_idx], y[val_idx])
         x, y = x[train_idx], y[train_idx]
     n = o.first(len(x))
-    x, y = x[:n], y[:n].astype(np.int32)
+    x, y = x[:n], y[:n]  # the labels as given until their range is checked (no wrap-around)
     for name, pair in (("val", val), ("test", arrays.get("test"))):
         if pair is not None and pair[0].shape[1:] != x.shape[1:]:
             raise DataError(f"--data {o.spec}: x_{name} examples have shape "
@@ -116,6 +121,7 @@ def from_arrays(o: Options, arrays: dict[str, tuple[np.ndarray, np.ndarray]], *,
     present = {"train": y, **{k: v[1] for k, v in (("val", val), ("test", arrays.get("test")))
                               if v is not None}}
     classes = o.classes(present)
+    y = y.astype(np.int32)
     val = None if val is None else (val[0], val[1].astype(np.int32))
     test = arrays.get("test")
     test = None if test is None else (test[0], test[1].astype(np.int32))
@@ -146,4 +152,22 @@ def test_arrays(spec: str, kind: str, x: np.ndarray, y: np.ndarray, batch: int, 
                                  f"0-{classes - 1}")
 
 
-__all__ = ["Options", "from_arrays", "test_arrays"]
+def check_pair(x: np.ndarray, y: np.ndarray, x_name: str, y_name: str, fix: str) -> None:
+    """DataError, one line, unless ``x`` holds N examples of numbers (of one non-empty shape)
+    and ``y`` N integer class indices, shape (N,). ``x_name``/``y_name`` name them in the
+    message (``--data f.npz: x_train``); ``fix`` ends the message about the labels."""
+    if x.ndim == 0 or y.ndim == 0:
+        raise DataError(f"{x_name if x.ndim == 0 else y_name} is a single value (shape ()); "
+                        "give one entry per example, (N, ...)")
+    if len(x) != len(y) or not len(x):
+        raise DataError(f"{x_name} has {len(x)} examples, {y_name} {len(y)} labels; each "
+                        "example needs exactly one label (and there must be some)")
+    # kind, not issubdtype: NumPy counts timedelta64 as an integer, and bool is no class index
+    if y.ndim != 1 or y.dtype.kind not in "iu":
+        raise DataError(f"{y_name} has shape {y.shape} and dtype {y.dtype}; {fix}")
+    if x.ndim < 2 or x.dtype.kind not in "iuf" or 0 in x.shape[1:]:
+        raise DataError(f"{x_name} has shape {x.shape} and dtype {x.dtype}; give one "
+                        "non-empty array of numbers per example, (N, ...) in all")
+
+
+__all__ = ["Options", "from_arrays", "test_arrays", "check_pair"]

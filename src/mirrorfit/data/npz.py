@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from mirrorfit.data.arrays import check_pair
 from mirrorfit.errors import DataError
 
 if TYPE_CHECKING:
@@ -50,16 +51,8 @@ def read_npz(path: str, splits: tuple[str, ...] = ("train", "val", "test")
             if all(have):
                 out[split] = (f[f"x_{split}"], f[f"y_{split}"])
     for split, (x, y) in out.items():
-        if len(x) != len(y) or not len(x):
-            raise DataError(f"--data {path}: x_{split} has {len(x)} examples, y_{split} "
-                            f"{len(y)} labels; each example needs exactly one label")
-        if y.ndim != 1 or not np.issubdtype(y.dtype, np.integer):
-            raise DataError(f"--data {path}: y_{split} has shape {y.shape} and dtype {y.dtype}; "
-                            "give integer class indices of shape (N,) (not one-hot)")
-        if x.ndim < 2 or not (np.issubdtype(x.dtype, np.integer)
-                              or np.issubdtype(x.dtype, np.floating)):
-            raise DataError(f"--data {path}: x_{split} has shape {x.shape} and dtype {x.dtype}; "
-                            "give one array of numbers per example, (N, ...) in all")
+        check_pair(x, y, f"--data {path}: x_{split}", f"y_{split}",
+                   "give integer class indices of shape (N,) (not one-hot)")
     return out
 
 

@@ -68,6 +68,10 @@ _MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*")
 # Elements in one example --input-shape may ask for (224x224x3 is 150,528; 8192x8192 is 2**26):
 # each of its 2**20 a side passes, but 2**20 x 2**20 x 3 synthetic examples would not fit.
 MAX_INPUT_ELEMENTS = 1 << 26
+# Classes --num-classes, or the largest label + 1, may ask for: the model's last layer and every
+# one-hot/probability row are that wide (ImageNet-21k has 21,841; 10**11 was an out-of-memory
+# traceback).
+MAX_CLASSES = 1_000_000
 _FORMS = ("mnist, synthetic, FILE.npz, an image FOLDER (one subfolder per class), "
           "'train-*.tfrecord' or package.module:function")
 

@@ -33,6 +33,7 @@ import numpy as np
 
 # Lazily: a function's arrays are read with NumPy alone (the JAX engine, without TensorFlow).
 from mirrorfit.data._tf import is_dataset, tf
+from mirrorfit.data.arrays import check_pair
 from mirrorfit.data.pipeline import DataOrder, finish, shuffle, worker_slice
 from mirrorfit.errors import DataError
 
@@ -123,14 +124,8 @@ def _check_split(spec: str, name: str, split: Any) -> None:
         raise DataError(f"{where} is {type(split).__name__}; give (x, y) NumPy arrays or a "
                         "tf.data.Dataset of (x, y) examples")
     x, y = split
-    if len(x) != len(y) or len(x) == 0:
-        raise DataError(f"{where} has {len(x)} examples in x and {len(y)} labels in y; each "
-                        "example needs exactly one label (and there must be some)")
-    if y.ndim != 1 or not np.issubdtype(y.dtype, np.integer):
-        raise DataError(f"{where} has labels of shape {y.shape} and dtype {y.dtype}; give "
-                        "integer class indices, shape (N,) (not one-hot)")
-    if not (np.issubdtype(x.dtype, np.integer) or np.issubdtype(x.dtype, np.floating)):
-        raise DataError(f"{where} has x of dtype {x.dtype}; give numbers")
+    check_pair(x, y, f"{where}'s x", "its labels",
+               "give integer class indices, shape (N,) (not one-hot)")
 
 
 def labels_of(ds: tf.data.Dataset) -> np.ndarray:
