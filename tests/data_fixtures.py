@@ -102,6 +102,22 @@ def dataset_source():
             tf.data.Dataset.from_tensor_slices((tx, ty)))
 
 
+def shrinking_dataset_source():
+    """A dataset that yields all its examples when counted, then a third of them."""
+    import tensorflow as tf
+
+    x, y = mnist(_n())
+    passes = [0]
+
+    def examples():
+        passes[0] += 1
+        n = len(x) if passes[0] == 1 else len(x) // 3
+        yield from zip(x[:n], y[:n])
+
+    return tf.data.Dataset.from_generator(examples, output_signature=(
+        tf.TensorSpec(x.shape[1:], tf.uint8), tf.TensorSpec((), tf.int64)))
+
+
 def raising_source():
     raise RuntimeError("the bucket is not reachable")
 

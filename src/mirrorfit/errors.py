@@ -22,6 +22,12 @@ class DataError(MirrorfitError):
     """The data set is missing or malformed."""
 
 
+class DataEndedError(DataError):
+    """The training data ran out before the epoch's planned steps: a source that yields
+    fewer examples than it held when counted (said in the source's words by
+    ``job.data.data_errors``)."""
+
+
 class StorageError(MirrorfitError):
     """A write that cannot complete (the disk is full); what was there before is kept."""
 

@@ -16,7 +16,7 @@ from mirrorfit.config import TrainConfig
 from mirrorfit.data.sources import Data, load_data
 from mirrorfit.data.spec import KINDS
 from mirrorfit.engine.backends import WORKER_SHARE
-from mirrorfit.errors import DataError
+from mirrorfit.errors import DataEndedError, DataError
 
 
 def load_run_data(config: TrainConfig, global_batch: int, dist) -> Data:
@@ -40,6 +40,12 @@ def data_errors(data: Data):
         yield
     except Exception as e:
         tf = sys.modules.get("tensorflow")  # a tf.data error needs TensorFlow loaded
+        ended = tf is not None and isinstance(e, tf.errors.OutOfRangeError)
+        if ended or isinstance(e, DataEndedError):  # counted N examples, then gave fewer
+            raise DataError(f"--data {data.source}: the data ended before the epoch did: it "
+                            f"yielded fewer examples than the {data.train_examples:,} counted "
+                            "when it was opened; it must give the same examples on every "
+                            "pass") from None
         if tf is None or not isinstance(e, tf.errors.OpError):
             raise
         if isinstance(e, (tf.errors.InvalidArgumentError, tf.errors.DataLossError)):

@@ -35,6 +35,8 @@ from typing import Iterator
 
 import numpy as np
 
+from mirrorfit.errors import DataEndedError
+
 
 def plan(*, steps_per_epoch: int, start_epoch: int, epochs: int, skip: int,
          steps_per_execution: int) -> list[tuple[int, int, int]]:
@@ -159,7 +161,10 @@ def _dataset_blocks(source, calls, block_steps: int, worker: int, workers: int) 
     batches = source.dataset(start_epoch=first_epoch, epochs=last_epoch, skip=skip,
                              **shares).as_numpy_iterator()
     for _, _, n in calls:
-        taken = [next(batches) for _ in range(n)]
+        try:
+            taken = [next(batches) for _ in range(n)]
+        except StopIteration:
+            raise DataEndedError("the training data ended before the planned steps") from None
         x0, y0 = taken[0]
         xs = np.zeros((block_steps, *x0.shape), x0.dtype)
         ys = np.zeros((block_steps, *y0.shape), np.int32)
