@@ -509,3 +509,39 @@ def test_hand_edited_epoch_logs_and_a_newer_format_are_one_line_naming_the_file(
     assert newer.is_dir()  # not set aside as corrupt
     with pytest.raises(CheckpointError, match="written by a newer mirrorfit"):
         load_model(tmp_path, on_notice=pytest.fail)  # export, evaluate: nor there
+
+
+@pytest.mark.parametrize("special", ["state.index as a FIFO", "meta.json -> /dev/zero",
+                                     "meta.json of 2 MiB"])
+def test_a_checkpoint_file_that_is_no_plain_file_is_set_aside_not_read(tmp_path, batches,
+                                                                       special):
+    """Opening a FIFO waits for a writer forever (a JAX state.npz as a FIFO hung the resume)
+    and /dev/zero never ends: such a checkpoint is unreadable before anything in it opens."""
+    import os
+    import signal
+
+    from mirrorfit.artifacts.checkpoint import Checkpointer
+
+    trainer = _trainer()
+    ckpt = Checkpointer(tmp_path, trainer=trainer, model_spec="tiny", data=batches.order)
+    trainer.fit(batches, epochs=2, callbacks=[ckpt.epoch_callback])
+    newest = tmp_path / "ckpt-000000016"
+    name = special.split()[0]
+    (newest / name).unlink()
+    if "FIFO" in special:
+        os.mkfifo(newest / name)
+    elif "/dev/zero" in special:
+        (newest / name).symlink_to("/dev/zero")
+    else:
+        (newest / name).write_text('{"pad": "' + "x" * (2 << 20) + '"}')
+    notices = []
+    ckpt = Checkpointer(tmp_path, trainer=_trainer(), model_spec="tiny", data=batches.order,
+                        on_notice=notices.append)
+    signal.alarm(60)  # a hang fails the test instead of the suite
+    try:
+        restored = ckpt.restore_latest()
+    finally:
+        signal.alarm(0)
+    assert restored.step == 8
+    assert len(notices) == 1 and "ckpt-000000016 cannot be read" in notices[0], notices
+    assert ("is not a plain file" if "MiB" not in special else "over 1 MiB") in notices[0]

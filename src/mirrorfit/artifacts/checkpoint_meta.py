@@ -64,6 +64,13 @@ def read_meta(path: Path) -> dict:
     not become a traceback later); CheckpointError naming the file if it is unusable."""
     file, meta = path / "meta.json", None
     try:
+        special = _special_file(path)  # before anything in it is opened
+    except OSError as e:
+        special = f"{type(e).__name__} listing it"
+    if special:
+        raise CheckpointError(f"checkpoint {path} is unusable ({special}); remove it, or pass "
+                              "--fresh to start over", reason=special)
+    try:
         meta = json.loads(file.read_text())
         problem = _schema_problem(meta)
     except (OSError, ValueError) as e:  # UnicodeDecodeError and JSONDecodeError too
@@ -79,6 +86,25 @@ def read_meta(path: Path) -> dict:
         raise CheckpointError(f"checkpoint {file} is corrupt or missing ({problem}); pass "
                               "--fresh to start over", reason=f"meta.json: {problem}")
     return meta
+
+
+MAX_META_BYTES = 1 << 20  # meta.json is a few KB; a hand-made one may not take the memory
+
+
+def _special_file(path: Path) -> str | None:
+    """What makes checkpoint folder ``path`` unreadable without blocking or reading without
+    bound: an entry (links followed) that is no plain file or folder (opening a FIFO waits for
+    a writer forever; /dev/zero never ends), or a meta.json over MAX_META_BYTES."""
+    for entry in path.iterdir():
+        try:
+            mode = entry.stat().st_mode
+        except OSError:
+            continue  # a dangling link: what reads it says so
+        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+            return f"{entry.name} is not a plain file"
+        if entry.name == "meta.json" and entry.stat().st_size > MAX_META_BYTES:
+            return f"meta.json is over {MAX_META_BYTES >> 20} MiB"
+    return None
 
 
 def _schema_problem(meta: Any) -> str | None:
