@@ -282,6 +282,12 @@ def test_checkpoint_of_another_model_is_refused_clearly(tmp_path):
     assert other.returncode == 2
     assert ("written with --model mlp, this run has --model user_models:tiny: resume with "
             "--model mlp, or pass --fresh") in other.stderr
+    wider = run_cli("train", "--num-classes", "12", "--train-examples", "256", "--epochs", "2",
+                    "--checkpoint-dir", str(d), "--no-progress")
+    assert wider.returncode == 2  # said "weight shapes differ", naming no flag
+    assert ("trained with num classes 10, this run's model has 12 (from --num-classes or the "
+            "data): resume with --num-classes 10 and the data it was trained on, or pass "
+            "--fresh") in wider.stderr, wider.stderr[-2000:]
 
 
 # -- resuming with changed flags (issue 10, item 8); 2 replicas resume on 1 -------------------

@@ -292,3 +292,18 @@ def test_the_resume_line_says_whether_an_epochs_end_is_still_to_run(tmp_path, st
     printed = []
     resume(checkpointer, dist, steps_per_epoch=8, fresh=False, say=printed.append)
     assert printed == [f"resuming from {tmp_path / 'ckpt'}: {says}"]
+
+
+def test_a_hand_edited_data_value_of_another_type_is_shown_as_such(tmp_path, batches):
+    """data.global_batch "32" in meta.json (a string) was refused with "trained with global
+    batch 32, this run has 32": both sides look the same."""
+    from mirrorfit.artifacts.checkpoint import CheckpointError, Checkpointer
+
+    path = Checkpointer(tmp_path, trainer=_trainer(), model_spec="tiny",
+                        data=batches.order).save()
+    meta = json.loads((path / "meta.json").read_text())
+    meta["data"]["global_batch"] = str(meta["data"]["global_batch"])
+    (path / "meta.json").write_text(json.dumps(meta))
+    ckpt = Checkpointer(tmp_path, trainer=_trainer(), model_spec="tiny", data=batches.order)
+    with pytest.raises(CheckpointError, match="trained with global batch '32', this run has 32"):
+        ckpt.restore_latest()

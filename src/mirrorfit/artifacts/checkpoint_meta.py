@@ -228,6 +228,15 @@ def check_identity(path: Path, meta: dict, ours: Mapping[str, Any]) -> None:
     """Refuse a checkpoint of another model, optimizer or weight shapes (for callers that do
     not pass the flags: the Python API)."""
     theirs = meta["identity"]
+    for key, flag in (("num_classes", "--num-classes"), ("input_shape", "--input-shape")):
+        old, mine = theirs.get(key), ours.get(key)
+        if old is not None and mine is not None and old != mine:  # named before the weights
+            shown = ",".join(map(str, old)) if key == "input_shape" else old
+            raise CheckpointError(
+                f"checkpoint {path} was trained with {key.replace('_', ' ')} {shown}, this "
+                f"run's model has {','.join(map(str, mine)) if key == 'input_shape' else mine}"
+                f" (from {flag} or the data): resume with {flag} {shown} and the data it was "
+                "trained on, or pass --fresh to start over")
     for key in ("model", "optimizer", "weights"):
         if theirs.get(key) != ours[key]:
             what = "weight shapes" if key == "weights" else key
@@ -260,6 +269,8 @@ def check_data(path: Path, meta: dict, ours: Mapping[str, Any],
         fix = " ".join(as_flag(f, their_flags[f]) for f in changed) or "the original settings"
         if key == "global_batch" and changed and "--global-batch-size" not in changed:
             fix += f" (or --global-batch-size {old})"  # e.g. on a host with fewer GPUs
+        if type(old) is not type(mine):  # a hand edit ("64" for 64): show which is which
+            old, mine = repr(old), repr(mine)
         raise CheckpointError(
             f"checkpoint {path} was trained with {LABELS.get(key, key)} {old}, this run has "
             f"{mine}" + (f" ({why})" if why else "") + f": resume with {fix}, or pass --fresh "
