@@ -96,8 +96,10 @@ def _state(tmp_path, **arrays):
 
 @pytest.mark.parametrize("key, bad", [
     ("model/0", np.full((2, 3), 5, np.int32)), ("model/0", np.ones((2, 3), np.float64)),
-    ("model/0", np.ones((3,), np.float32)), ("model/1", np.array([1.5, 0], np.float32))],
-    ids=["int32-weights", "float64-weights", "other-shape-than-its-layout", "float-seed"])
+    ("model/0", np.ones((3,), np.float32)), ("model/1", np.array([1.5, 0], np.float32)),
+    ("model/0", np.full((2, 3), 5, np.int8)), ("model/0", np.ones((2, 3), np.float16))],
+    ids=["int32-weights", "float64-weights", "other-shape-than-its-layout", "float-seed",
+         "int8-weights (a safe cast)", "float16-weights (a safe cast)"])
 def test_arrays_not_of_the_variables_dtype_or_shape_are_damage_and_change_nothing(
         tmp_path, key, bad):
     from mirrorfit.engine.jax.state import read_arrays

@@ -62,12 +62,15 @@ def read_arrays(folder: Path, groups: dict[str, list]) -> None:
                   for group, variables in groups.items()}
     # The arrays themselves against the variables too: the layout is only what the file says
     # of them. Another dtype is a file this engine did not write (Keras's assign would cast
-    # int32 into float weights, or 5.5 into the step count, silently); a safe cast is kept
-    # (the seed state, uint32 on JAX, is int64 on TensorFlow's side of `mirrorfit export`).
+    # int32 or int8 into float weights, or 5.5 into the step count, silently); a safe cast
+    # between integers is kept (the seed state, uint32 on JAX, is int64 on TensorFlow's side
+    # of `mirrorfit export`).
     for group, variables in groups.items():
         for i, (value, v) in enumerate(zip(values[group], variables)):
-            if list(value.shape) != list(map(int, v.shape)) \
-                    or not np.can_cast(value.dtype, np.dtype(v.dtype), "safe"):
+            want = np.dtype(v.dtype)
+            same = value.dtype == want or (value.dtype.kind in "iu" and want.kind in "iu"
+                                           and np.can_cast(value.dtype, want, "safe"))
+            if list(value.shape) != list(map(int, v.shape)) or not same:
                 raise ValueError(f"{FILE}'s {group}/{i} is {value.dtype} {list(value.shape)}, "
                                  f"not {v.path}'s {v.dtype} {list(v.shape)}")
     # Checked first, assigned after: a mismatch changes nothing.
