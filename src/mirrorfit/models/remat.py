@@ -11,9 +11,12 @@ it (Dropout, BatchNormalization) failed to trace. Here the keyword arguments sta
 values, closed over, and only the positional inputs (arrays) go through the backend's remat
 (``keras.remat``: ``jax.checkpoint`` or ``tf.recompute_grad``).
 
-A layer qualifies when it has trainable weights and no other state: a layer that writes state
-while it runs (BatchNormalization's moving statistics, Dropout's random-seed state) would write
-it again when recomputed, and under JAX that write would leave the recomputation's trace.
+A layer qualifies when it is one of Keras's own layers with trainable weights and no other
+state: a layer that writes state while it runs (BatchNormalization's moving statistics,
+Dropout's random-seed state) would write it again when recomputed, and under JAX that write
+would leave the recomputation's trace. A layer of the user's own may do the same in ways a
+look from outside cannot see (``self.add_loss`` inside ``call``: under JAX a leaked tracer,
+on TensorFlow a loss whose gradient was silently lost), so those run as written.
 """
 
 from __future__ import annotations
@@ -43,16 +46,28 @@ def rematerialize(model, on_notice: Callable[[str], None] | None = None) -> list
 def _qualifies(layer) -> bool:
     has_sublayers = any(True for _ in layer._flatten_layers(include_self=False,
                                                             recursive=False))
-    return (not has_sublayers and bool(layer.trainable_weights)
-            and not layer.non_trainable_variables)
+    return (type(layer).__module__.startswith("keras.") and not has_sublayers
+            and bool(layer.trainable_weights) and not layer.non_trainable_variables)
 
 
 def _recomputed(call, remat):
     """``call`` with its positional arguments through ``remat`` and its keyword arguments
-    (``training``, ``mask``: Python values) closed over."""
+    (``training``, ``mask``: Python values) closed over. The recomputation runs in the
+    autocast scope of the call (mixed precision: weights read as bf16/fp16); TensorFlow's
+    backward pass would otherwise recompute it in float32."""
+    from keras.src.backend import get_autocast_scope
+
     @functools.wraps(call)
     def recomputed(*args, **kwargs):
-        return remat(functools.partial(call, **kwargs))(*args)
+        scope = get_autocast_scope()
+
+        def run(*inputs):
+            if scope is None:
+                return call(*inputs, **kwargs)
+            with type(scope)(scope.dtype):
+                return call(*inputs, **kwargs)
+
+        return remat(run)(*args)
 
     recomputed._mirrorfit_remat = True  # applied once, however often it is asked
     return recomputed
