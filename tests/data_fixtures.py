@@ -118,6 +118,20 @@ def shrinking_dataset_source():
         tf.TensorSpec(x.shape[1:], tf.uint8), tf.TensorSpec((), tf.int64)))
 
 
+def scalar_examples_source():
+    """Examples that are single numbers: x of shape (N,)."""
+    x = np.random.default_rng(0).random(64).astype(np.float32)
+    return {"train": (x, (x > 0.5).astype(np.int64))}
+
+
+def empty_examples_dataset_source():
+    """A dataset whose examples hold no values: shape (0,)."""
+    import tensorflow as tf
+
+    return {"train": tf.data.Dataset.from_tensor_slices(
+        (np.zeros((64, 0), np.float32), np.arange(64) % 3))}
+
+
 def raising_source():
     raise RuntimeError("the bucket is not reachable")
 

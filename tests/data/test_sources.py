@@ -371,3 +371,14 @@ def test_a_dataset_that_yields_less_than_it_counted_is_one_line(backend, monkeyp
         "before the epoch did: it yielded fewer examples than the 512 counted when it was "
         "opened; it must give the same examples on every pass"), proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+
+
+def test_a_functions_single_number_examples_are_data_and_empty_ones_are_refused():
+    """x of shape (N,) from a function trained before the array checks were shared with .npz
+    files (which need (N, ...)): kept. A dataset of (0,)-shaped examples was a
+    ZeroDivisionError on JAX and a oneDNN abort on TensorFlow."""
+    data = load_data("data_fixtures:scalar_examples_source", global_batch=8)
+    assert data.input_shape == () and data.train_examples == 64
+    with pytest.raises(mirrorfit.DataError, match=r"yields x of shape \(0,\) and dtype float32; "
+                                                  "every example needs one fixed, non-empty"):
+        load_data("data_fixtures:empty_examples_dataset_source", global_batch=8)

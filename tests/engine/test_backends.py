@@ -120,8 +120,9 @@ def test_a_jax_run_that_loads_tensorflow_keeps_its_cpp_lines_quiet(tmp_path):
     env = {k: v for k, v in _env().items() if k != "TF_CPP_MIN_LOG_LEVEL"}
     proc = subprocess.run([sys.executable, "-m", "mirrorfit.cli", "train", "--backend", "jax",
                            "--epochs", "1", "--train-examples", "256", "--no-progress",
-                           "--logdir", str(tmp_path / "tb")],
+                           "--logdir", str(tmp_path / "tb"),
+                           "--save-keras", str(tmp_path / "m.keras")],  # Keras's saving too
                           capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert any((tmp_path / "tb").iterdir())
+    assert any((tmp_path / "tb").iterdir()) and (tmp_path / "m.keras").is_file()
     assert not ABSL_LINE.search(proc.stderr), proc.stderr[:2000]

@@ -10,6 +10,7 @@ from typing import Callable
 
 from mirrorfit import _io
 from mirrorfit.artifacts.output_paths import check_keras_path
+from mirrorfit.engine.backends import tensorflow_start_filtered
 
 
 def save_keras(model, path: str | Path, *,
@@ -20,7 +21,8 @@ def save_keras(model, path: str | Path, *,
     _io.remove_stale_temps(path.parent, re.escape(f".{path.stem}.tmp-"), re.escape(".keras"))
     tmp = path.with_name(f".{path.stem}.tmp-{_io.temp_tag()}.keras")
     try:
-        with _io.disk_full_hint(path, f"{path} is unchanged"):
+        # Keras's saving loads TensorFlow where it is installed, on the JAX engine too
+        with _io.disk_full_hint(path, f"{path} is unchanged"), tensorflow_start_filtered():
             model.save(tmp)
             _io.fsync_tree(tmp)
         if before_commit:

@@ -152,10 +152,12 @@ def test_arrays(spec: str, kind: str, x: np.ndarray, y: np.ndarray, batch: int, 
                                  f"0-{classes - 1}")
 
 
-def check_pair(x: np.ndarray, y: np.ndarray, x_name: str, y_name: str, fix: str) -> None:
-    """DataError, one line, unless ``x`` holds N examples of numbers (of one non-empty shape)
-    and ``y`` N integer class indices, shape (N,). ``x_name``/``y_name`` name them in the
-    message (``--data f.npz: x_train``); ``fix`` ends the message about the labels."""
+def check_pair(x: np.ndarray, y: np.ndarray, x_name: str, y_name: str, fix: str, *,
+               scalar_examples: bool = False) -> None:
+    """DataError, one line, unless ``x`` holds N examples of numbers (of one non-empty shape;
+    ``scalar_examples``: single numbers, x of shape (N,), too) and ``y`` N integer class
+    indices, shape (N,). ``x_name``/``y_name`` name them in the message (``--data f.npz:
+    x_train``); ``fix`` ends the message about the labels."""
     if x.ndim == 0 or y.ndim == 0:
         raise DataError(f"{x_name if x.ndim == 0 else y_name} is a single value (shape ()); "
                         "give one entry per example, (N, ...)")
@@ -165,7 +167,7 @@ def check_pair(x: np.ndarray, y: np.ndarray, x_name: str, y_name: str, fix: str)
     # kind, not issubdtype: NumPy counts timedelta64 as an integer, and bool is no class index
     if y.ndim != 1 or y.dtype.kind not in "iu":
         raise DataError(f"{y_name} has shape {y.shape} and dtype {y.dtype}; {fix}")
-    if x.ndim < 2 or x.dtype.kind not in "iuf" or 0 in x.shape[1:]:
+    if x.ndim < (1 if scalar_examples else 2) or x.dtype.kind not in "iuf" or 0 in x.shape[1:]:
         raise DataError(f"{x_name} has shape {x.shape} and dtype {x.dtype}; give one "
                         "non-empty array of numbers per example, (N, ...) in all")
 

@@ -35,6 +35,7 @@ import numpy as np
 from mirrorfit.data._tf import is_dataset, tf
 from mirrorfit.data.arrays import check_pair
 from mirrorfit.data.pipeline import DataOrder, finish, shuffle, worker_slice
+from mirrorfit.engine.backends import tensorflow_start_filtered
 from mirrorfit.errors import DataError
 
 if TYPE_CHECKING:
@@ -51,7 +52,8 @@ def call_user_function(spec: str, *, check: tuple[str, ...] = ("train", "val", "
     of ``"test"`` alone is accepted there; training's dict needs ``"train"``)."""
     module_name, _, attr = spec.partition(":")
     try:
-        module = importlib.import_module(module_name)
+        with tensorflow_start_filtered():  # a data module may import TensorFlow
+            module = importlib.import_module(module_name)
     except SystemExit as e:  # no Exception: it would end the run with its code, no line
         raise DataError(f"--data {spec}: importing {module_name} exited (SystemExit: "
                         f"{e.code}); a data module must not call sys.exit") from None
@@ -114,9 +116,10 @@ def _check_split(spec: str, name: str, split: Any) -> None:
         if y.shape.rank != 0 or not y.dtype.is_integer:
             raise DataError(f"{where} yields labels of shape {y.shape} and dtype {y.dtype.name}; "
                             "give single examples (not batches) with integer class labels")
-        if not (x.dtype.is_integer or x.dtype.is_floating) or not x.shape.is_fully_defined():
+        if not (x.dtype.is_integer or x.dtype.is_floating) or not x.shape.is_fully_defined() \
+                or x.shape.num_elements() == 0:
             raise DataError(f"{where} yields x of shape {x.shape} and dtype {x.dtype.name}; "
-                            "every example needs one fixed shape of numbers")
+                            "every example needs one fixed, non-empty shape of numbers")
         if split.cardinality() == tf.data.INFINITE_CARDINALITY:
             raise DataError(f"{where} is infinite (repeated?); return one pass over the data")
         return
@@ -125,7 +128,7 @@ def _check_split(spec: str, name: str, split: Any) -> None:
                         "tf.data.Dataset of (x, y) examples")
     x, y = split
     check_pair(x, y, f"{where}'s x", "its labels",
-               "give integer class indices, shape (N,) (not one-hot)")
+               "give integer class indices, shape (N,) (not one-hot)", scalar_examples=True)
 
 
 def labels_of(ds: tf.data.Dataset) -> np.ndarray:

@@ -15,6 +15,7 @@ from typing import Callable
 
 import keras
 
+from mirrorfit.engine.backends import tensorflow_start_filtered
 from mirrorfit.errors import ConfigError
 from mirrorfit.models.names import (IMAGENET_CLASSES, check_input_shape, check_model_name,
                                    default_input_shape, is_application)
@@ -129,7 +130,8 @@ def _user_model(spec: str, *, input_shape: tuple[int, ...] | None,
                 num_classes: int | None) -> Callable[[], keras.Model]:
     module_name, _, attr = spec.partition(":")
     try:
-        module = importlib.import_module(module_name)
+        with tensorflow_start_filtered():  # a model module may import TensorFlow
+            module = importlib.import_module(module_name)
     except (Exception, SystemExit) as e:  # ImportError, or the module's own code failing
         raise ConfigError(f"cannot import module {module_name!r} for --model {spec!r} "
                           f"({type(e).__name__}: {_first_line(e)}); is it on PYTHONPATH?"

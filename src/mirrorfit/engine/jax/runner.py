@@ -223,7 +223,7 @@ class Runner(BatchShape):
 
         d = self.distribution
         n = self.replicas
-        padded = math.ceil(batch / n) * n
+        batch, padded = _eval_batch(data, batch, n)
         replicated, split = self._shardings()
         sharding = NamedSharding(d.mesh, P(None, AXIS))
         s = self._state
@@ -281,6 +281,15 @@ def _results(metrics: Metrics, stacked_values, placement: Placement) -> dict[str
     for var, value in zip(metrics.variables, placement.summed(stacked_values)):
         var.assign(value)
     return {m.name: float(m.result()) for m in metrics.objects}
+
+
+def _eval_batch(data, batch: int, replicas: int) -> tuple[int, int]:
+    """(examples per batch, that padded to a multiple of ``replicas``): ``batch``, or all of
+    ``data``'s examples where (x, y) arrays hold fewer (--eval-batch-size 1000000 on 10,000
+    examples allocated a block of a million)."""
+    if isinstance(data, tuple):
+        batch = max(1, min(batch, len(data[0])))
+    return batch, math.ceil(batch / replicas) * replicas
 
 
 def _eval_blocks(data, batch: int, padded: int):
