@@ -120,3 +120,21 @@ def test_a_safe_cast_is_read_as_exporting_a_jax_seed_state_on_tensorflow_needs(t
                  _Variable("seed", np.zeros(2, np.int64))]  # TensorFlow's seed dtype
     read_arrays(tmp_path, {"model": variables})
     assert variables[0].value.sum() == 6 and variables[1].value.tolist() == [7, 0]
+
+
+def test_bfloat16_weights_are_read_back_as_written(tmp_path):
+    """NumPy writes ml_dtypes' bfloat16 as raw 2-byte records (|V2); a model with a bf16 layer
+    saved a checkpoint that neither resume nor export would read."""
+    import ml_dtypes
+
+    from mirrorfit.engine.jax.state import read_arrays, write_arrays
+
+    weights = (np.arange(6).reshape(2, 3) / 4).astype(ml_dtypes.bfloat16)
+    write_arrays(tmp_path, {"model": [_Variable("w", weights)]})
+    target = _Variable("w", np.zeros((2, 3), ml_dtypes.bfloat16))
+    read_arrays(tmp_path, {"model": [target]})
+    assert target.value.dtype == ml_dtypes.bfloat16
+    assert target.value.astype(np.float32).tolist() == weights.astype(np.float32).tolist()
+    half = _Variable("w", np.zeros((2, 3), np.float16))  # the same 2 bytes, another type
+    with pytest.raises(ValueError, match="state.npz's model/0 is"):
+        read_arrays(tmp_path, {"model": [half]})

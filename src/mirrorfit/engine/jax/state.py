@@ -68,6 +68,9 @@ def read_arrays(folder: Path, groups: dict[str, list]) -> None:
     for group, variables in groups.items():
         for i, (value, v) in enumerate(zip(values[group], variables)):
             want = np.dtype(v.dtype)
+            if value.dtype.kind == "V" == want.kind and value.itemsize == want.itemsize:
+                # NumPy saves ml_dtypes' bfloat16 (a bf16 layer's weights) as raw bytes (|V2)
+                value = values[group][i] = value.view(want)
             same = value.dtype == want or (value.dtype.kind in "iu" and want.kind in "iu"
                                            and np.can_cast(value.dtype, want, "safe"))
             if list(value.shape) != list(map(int, v.shape)) or not same:
