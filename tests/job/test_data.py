@@ -102,3 +102,25 @@ def test_input_source_says_how_the_profiled_input_is_read(data, tmp_path):
     assert input_source(kind("module"), plain) == "a dataset function, decoded every step"
     assert input_source(kind("module"), cached) == "memory"
     assert input_source(kind("npz"), plain) == "memory"
+
+
+class _Subclassed(keras.Model):
+    def __init__(self):
+        super().__init__()
+        self.dense = keras.layers.Dense(3)
+
+    def call(self, x):
+        return self.dense(keras.ops.reshape(x, (keras.ops.shape(x)[0], -1)))
+
+
+@pytest.mark.parametrize("model", [
+    lambda: _Subclassed(),
+    lambda: keras.Sequential([keras.layers.Flatten(), keras.layers.Dense(3)])],
+    ids=["subclassed", "sequential-without-input"])
+def test_a_model_whose_input_is_not_known_yet_is_one_line(data, model):
+    """Both were an AttributeError traceback (no .inputs): such a model has no variables
+    before its first call, so the optimizer's state cannot be built from them either."""
+    config = load_config(data="synthetic", input_shape="4,4,1")
+    with pytest.raises(DataError, match="returns a model whose input is not known before it "
+                                        r"is called .*start it with keras.Input\(shape\)"):
+        check_model_fits(model(), data, config)

@@ -64,7 +64,16 @@ def check_model_fits(model, data: Data, config: TrainConfig) -> None:
     """Refuse, in one line, a model whose input does not take the data's examples or whose
     outputs are fewer than the data's classes (a label past the last output is no error to
     Keras: the loss would be silently wrong or NaN)."""
-    want = tuple(model.inputs[0].shape[1:])
+    try:
+        want = tuple(model.inputs[0].shape[1:])
+        model.outputs[0].shape  # noqa: B018 (read below; absent alike)
+    except (AttributeError, IndexError, TypeError, ValueError):
+        # A subclassed model, or a Sequential without keras.Input: no variables yet, and
+        # none for the optimizer to build its state from.
+        raise DataError(f"--model {config.model} returns a model whose input is not known "
+                        "before it is called (a subclassed model, or a Sequential without "
+                        "keras.Input); start it with keras.Input(shape), e.g. "
+                        "keras.Sequential([keras.Input(input_shape), ...])") from None
     have = tuple(data.input_shape)
     if len(want) != len(have) or any(w is not None and w != h for w, h in zip(want, have)):
         shown = "x".join("?" if w is None else str(w) for w in want)
