@@ -127,3 +127,42 @@ def test_steps_one_call_each_wait_for_the_previous_call(monkeypatch):
     assert train(0, None, None, 3) == 3
     assert events == [("call", 0), ("wait", 1), ("call", 1), ("wait", 2), ("call", 2),
                       ("wait", 3)]
+
+
+RNN = """
+import os, sys, json
+sys.modules["tensorflow"] = None
+os.environ["KERAS_BACKEND"] = "jax"
+import numpy as np
+from mirrorfit.engine import jax as engine
+placement = engine.build_distribution(engine.configure_devices(replicas={replicas}))
+import keras, mirrorfit
+data = mirrorfit.load_mnist(train_examples=256, download=False)
+out = {{}}
+for name, in {runs!r}:
+    engine.seed(3)
+    def lstm():
+        inputs = keras.Input((28, 28))
+        return keras.Model(inputs, keras.layers.Dense(10, activation="softmax")(
+            keras.layers.LSTM(16)(inputs)))
+    trainer = mirrorfit.Trainer(strategy=placement, model=lstm,
+                                optimizer=keras.optimizers.SGD(0.1),
+                                loss=keras.losses.SparseCategoricalCrossentropy(),
+                                global_batch=32, steps_per_execution=4)
+    init = [w.copy() for w in trainer.model.get_weights()]
+    trainer.fit(mirrorfit.train_batches(data.x_train, data.y_train, global_batch=32, seed=1),
+                epochs=1)
+    np.savez(f"{out}/{{name}}.npz", *trainer.model.get_weights())
+    out[name] = {{"changed": max(float(np.abs(a - b).max())
+                                 for a, b in zip(init, trainer.model.get_weights()))}}
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.slow
+def test_an_lstm_trains_on_two_devices_to_the_weights_of_one(tmp_path):
+    """An LSTM's zero initial state is the same on every device and its scan's carry is not:
+    under shard_map's replication check the step failed to trace (any RNN, any replicas)."""
+    runs = runs_by_replicas(RNN, {"one": (1,), "two": (2,)}, tmp_path)
+    assert runs["one"]["changed"] > 1e-4
+    assert_same_weights(runs["one"]["weights"], runs["two"]["weights"], rtol=1e-4, atol=2e-6)
