@@ -38,8 +38,9 @@ def rematerialize(model, on_notice: Callable[[str], None] | None = None) -> list
         layer.call = _recomputed(layer.call, keras.remat)
         names.append(layer.name)
     if not names and on_notice is not None:
-        on_notice("--remat: no layer of this model can recompute its activations (each needs "
-                  "trainable weights and no other state), so it trains as without --remat")
+        on_notice("--remat: no layer of this model can recompute its activations (those that "
+                  "can are Keras's own layers with trainable weights and no other state), so "
+                  "it trains as without --remat")
     return names
 
 
