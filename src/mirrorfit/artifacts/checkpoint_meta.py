@@ -97,12 +97,12 @@ def _special_file(path: Path) -> str | None:
     a writer forever; /dev/zero never ends), or a meta.json over MAX_META_BYTES."""
     for entry in path.iterdir():
         try:
-            mode = entry.stat().st_mode
+            info = entry.stat()
         except OSError:
             continue  # a dangling link: what reads it says so
-        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        if not (stat.S_ISREG(info.st_mode) or stat.S_ISDIR(info.st_mode)):
             return f"{entry.name} is not a plain file"
-        if entry.name == "meta.json" and entry.stat().st_size > MAX_META_BYTES:
+        if entry.name == "meta.json" and info.st_size > MAX_META_BYTES:
             return f"meta.json is over {MAX_META_BYTES >> 20} MiB"
     return None
 
@@ -231,12 +231,11 @@ def check_identity(path: Path, meta: dict, ours: Mapping[str, Any]) -> None:
     for key, flag in (("num_classes", "--num-classes"), ("input_shape", "--input-shape")):
         old, mine = theirs.get(key), ours.get(key)
         if old is not None and mine is not None and old != mine:  # named before the weights
-            shown = ",".join(map(str, old)) if key == "input_shape" else old
+            old, mine = (",".join(map(str, v)) if isinstance(v, list) else v for v in (old, mine))
             raise CheckpointError(
-                f"checkpoint {path} was trained with {key.replace('_', ' ')} {shown}, this "
-                f"run's model has {','.join(map(str, mine)) if key == 'input_shape' else mine}"
-                f" (from {flag} or the data): resume with {flag} {shown} and the data it was "
-                "trained on, or pass --fresh to start over")
+                f"checkpoint {path} was trained with {key.replace('_', ' ')} {old}, this run's "
+                f"model has {mine} (from {flag} or the data): resume with {flag} {old} and the "
+                "data it was trained on, or pass --fresh to start over")
     for key in ("model", "optimizer", "weights"):
         if theirs.get(key) != ours[key]:
             what = "weight shapes" if key == "weights" else key

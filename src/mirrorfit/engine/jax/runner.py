@@ -319,7 +319,7 @@ def _eval_blocks(data, batch: int, padded: int):
 def _block_length(x: np.ndarray, padded: int) -> int:
     """Batches per evaluation block: EVAL_BLOCK, fewer where that many batches of ``padded``
     examples like ``x``'s would pass EVAL_BLOCK_BYTES; at least one."""
-    per_batch = padded * max(1, x[0].nbytes if len(x) else x.itemsize)
+    per_batch = padded * max(1, x[0].nbytes)  # a batch holds one example at least
     return max(1, min(EVAL_BLOCK, EVAL_BLOCK_BYTES // per_batch))
 
 
