@@ -38,6 +38,8 @@ _EXPORTS = {
     "LinearWarmup": "mirrorfit.models.schedules", "learning_rate": "mirrorfit.models.schedules",
     "build_strategy": "mirrorfit.engine.tensorflow.strategy",
     "build_optimizer": "mirrorfit.job.train", "run_training": "mirrorfit.job.train",
+    "setup": "mirrorfit.fitting", "fit": "mirrorfit.fitting", "evaluate": "mirrorfit.fitting",
+    "Setup": "mirrorfit.fitting",
 }
 
 __all__ = list(_EXPORTS)

@@ -1,0 +1,209 @@
+"""The JAX engine for ``mirrorfit.fit``: a compiled Keras model trained as it was compiled.
+
+Per replica (``shard_map`` over the mesh's ``"data"`` axis): Keras's own
+``compute_loss_and_updates`` (the model's ``compute_loss``: its compiled losses per output,
+``loss_weights``, sample weights, ``add_loss`` and regularisers) on the replica's share of the
+global batch, divided by replicas x micro-batches; the K micro-batches' gradients summed
+locally, then one ``psum`` per optimizer step and the model's own optimizer's
+``stateless_apply``. Metrics are updated per replica (:mod:`mirrorfit.fitting.metrics`) and merged
+when read. A ``train_step`` override cannot run per replica here (it applies the optimizer
+itself, before any all-reduce): :func:`check_model` says so in one line.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from mirrorfit.engine.jax.placement import AXIS
+from mirrorfit.engine.jax.step import _has_convolution, _Train, stacked
+from mirrorfit.errors import ConfigError
+from mirrorfit.fitting import metrics as fit_metrics
+
+
+class State(NamedTuple):
+    trainable: list  # replicated
+    non_trainable: list  # per device (stacked on a first axis)
+    optimizer: list  # replicated
+    metrics: list  # per device
+
+
+def check_model(model) -> None:
+    """ValueError for what this engine cannot run per replica."""
+    for name, instead in (("train_step", "override compute_loss(x, y, y_pred, sample_weight) "
+                           "instead, which mirrorfit runs on every replica"),
+                          ("test_step", "override compute_loss or compute_metrics instead")):
+        if fit_metrics.overrides(model, name):
+            raise ConfigError(f"{type(model).__name__} overrides {name}, which the JAX engine "
+                              f"cannot run per replica; {instead}, or use backend "
+                              "'tensorflow'")
+
+
+class Runner:
+    """Model state on the mesh of ``placement`` and the compiled calls over it."""
+
+    def __init__(self, model, placement, *, accum_steps: int = 1) -> None:
+        check_model(model)
+        self.model, self.placement = model, placement
+        self.mesh, self.replicas = placement.mesh, placement.replicas
+        self.accum_steps = accum_steps
+        self._replicated = NamedSharding(self.mesh, P())
+        self._split = NamedSharding(self.mesh, P(AXIS))
+        self._batches = NamedSharding(self.mesh, P(None, AXIS))
+        self._train = self._evaluate = None
+        self._synced = True
+
+    # -- state -------------------------------------------------------------------------------
+    def load(self) -> None:
+        """The Keras variables' values as the devices' state (after a build or a callback)."""
+        m, n, put = self.model, self.replicas, self.placement.put
+        m.reset_metrics()  # the merge adds each replica's change to the reset state
+        self._initial_metrics = [np.asarray(v.value) for v in m.metrics_variables]
+        self.state = State(
+            trainable=put([np.asarray(v.value) for v in m.trainable_variables], self._replicated),
+            non_trainable=put(stacked([v.value for v in m.non_trainable_variables], n),
+                              self._split),
+            optimizer=put([np.asarray(v.value) for v in m.optimizer.variables], self._replicated),
+            metrics=put(stacked(self._initial_metrics, n), self._split))
+        self._synced = True
+
+    def sync(self) -> None:
+        """The devices' state into the Keras variables (a callback reads or saves them)."""
+        if self._synced:
+            return
+        s, m = self.state, self.model
+        for var, value in zip(m.trainable_variables, s.trainable):
+            var.assign(np.asarray(value))
+        for var, value in zip(m.non_trainable_variables,
+                              self.placement.averaged(s.non_trainable)):
+            var.assign(np.asarray(value))
+        for var, value in zip(m.optimizer.variables, s.optimizer):
+            var.assign(np.asarray(value))
+        self._synced = True
+
+    def reset_metrics(self) -> None:
+        self.state = self.state._replace(metrics=self.placement.put(
+            stacked(self._initial_metrics, self.replicas), self._split))
+
+    def logs(self) -> dict[str, float]:
+        """The metrics so far, merged over replicas (Keras's ``get_metrics_result``)."""
+        values = fit_metrics.merged(self._initial_metrics,
+                                    [np.asarray(v) for v in self.state.metrics])
+        for var, value in zip(self.model.metrics_variables, values):
+            var.assign(value)
+        return fit_metrics.results(self.model)
+
+    # -- the compiled calls ------------------------------------------------------------------
+    def put(self, block: dict):
+        """A block of padded global batches (leaves ``[L, B, ...]``) on the devices."""
+        return jax.device_put(block, self._batches)
+
+    def train(self, block, steps: int) -> None:
+        """``steps`` optimizer steps over the first ``steps`` batches of ``block``."""
+        if self._train is None:
+            self._train = self._build_train(block)
+        self.state = self._train(self.state, block, None, np.int32(steps))
+        self._synced = False
+
+    def evaluate(self, block, batches: int) -> None:
+        """Update the metrics with the first ``batches`` batches of ``block``."""
+        if self._evaluate is None:
+            self._evaluate = jax.jit(self._over_mesh(self._eval_per_device, train=False),
+                                     donate_argnums=(0,))
+        metrics = self._evaluate(self.state.metrics, self.state.trainable,
+                                 self.state.non_trainable, block, np.int32(batches))
+        self.state = self.state._replace(metrics=metrics)
+
+    def _loss(self, trainable, non_trainable, metrics, optimizer, batch, training: bool):
+        model = self.model
+        loss, (unscaled, y_pred, non_trainable, metrics) = model.compute_loss_and_updates(
+            trainable, non_trainable, metrics, batch["x"], batch.get("y"),
+            fit_metrics.loss_weights(batch), training=training,
+            optimizer_variables=optimizer if training else None)
+        return loss / (self.replicas * self.accum_steps), (unscaled, y_pred, non_trainable,
+                                                           metrics)
+
+    def _update_metrics(self, metrics, batch, y_pred, unscaled):
+        from keras.src.backend import StatelessScope
+
+        refs = self.model.metrics_variables
+        with StatelessScope(state_mapping=list(zip(refs, metrics))) as scope:
+            fit_metrics.update(self.model, batch, y_pred, unscaled)
+        return [scope.get_current_value(r) if scope.get_current_value(r) is not None else v
+                for r, v in zip(refs, metrics)]
+
+    def _step(self, state: State, batch: dict) -> State:
+        """One optimizer step on this device's share of one global batch."""
+        k = self.accum_steps
+        trainable, non_trainable, optimizer, metrics = state
+        micro = jax.tree.map(lambda a: a.reshape((k, -1) + a.shape[1:]), batch)
+        grad = jax.value_and_grad(self._loss, has_aux=True)
+        total = [jnp.zeros_like(t) for t in trainable]
+        for j in range(k):  # unrolled: K is small, and XLA's CPU convolutions stay fast
+            part = jax.tree.map(lambda a: a[j], micro)
+            (_, (unscaled, y_pred, non_trainable, metrics)), g = grad(
+                trainable, non_trainable, metrics, optimizer, part, True)
+            metrics = self._update_metrics(metrics, part, y_pred, unscaled)
+            total = [t + d for t, d in zip(total, g)]
+        total = jax.lax.psum(total, AXIS)  # the step's one all-reduce
+        trainable, optimizer = self.model.optimizer.stateless_apply(optimizer, total, trainable)
+        return State(trainable, non_trainable, optimizer, metrics)
+
+    def _train_per_device(self, state: State, block, _unused, steps, *, one: bool = False):
+        state = State(state.trainable, [a[0] for a in state.non_trainable], state.optimizer,
+                      [a[0] for a in state.metrics])
+
+        def body(i, state):
+            return self._step(state, jax.tree.map(lambda a: a[i], block))
+
+        state = body(steps, state) if one else jax.lax.fori_loop(0, steps, body, state)
+        return State(state.trainable, [a[None] for a in state.non_trainable], state.optimizer,
+                     [a[None] for a in state.metrics])
+
+    def _eval_per_device(self, metrics, trainable, non_trainable, block, batches):
+        non_trainable = [a[0] for a in non_trainable]
+
+        def body(i, metrics):
+            batch = jax.tree.map(lambda a: a[i], block)
+            _, (unscaled, y_pred, _, metrics) = self._loss(trainable, non_trainable, metrics,
+                                                           None, batch, False)
+            return self._update_metrics(metrics, batch, y_pred, unscaled)
+
+        metrics = jax.lax.fori_loop(0, batches, body, [a[0] for a in metrics])
+        return [a[None] for a in metrics]
+
+    def _over_mesh(self, per_device, *, train: bool = True):
+        if train:
+            specs = State(P(), P(AXIS), P(), P(AXIS))
+            in_specs, out_specs = (specs, P(None, AXIS), P(), P()), specs
+        else:
+            in_specs, out_specs = (P(AXIS), P(), P(AXIS), P(None, AXIS), P()), P(AXIS)
+        # check_vma off, as in engine/jax/step.py: an RNN's constant initial state against its
+        # per-device carry; gradients stay per device until the one psum.
+        return jax.shard_map(per_device, mesh=self.mesh, in_specs=in_specs,
+                             out_specs=out_specs, check_vma=False)
+
+    def _build_train(self, block):
+        import functools
+
+        looped = jax.jit(self._over_mesh(self._train_per_device), donate_argnums=(0,))
+        single = jax.jit(self._over_mesh(functools.partial(self._train_per_device, one=True)),
+                         donate_argnums=(0,))
+        chooser = None
+        if self.mesh.devices.flat[0].platform == "cpu":
+            chooser = self._convolves
+        return _Train(looped, single, chooser)
+
+    def _convolves(self, state, block) -> bool:
+        """Whether the model's forward pass holds a convolution (see step._Train)."""
+        model = self.model
+        x = jax.tree.map(lambda a: jax.ShapeDtypeStruct(
+            (max(1, a.shape[1] // self.replicas), *a.shape[2:]), a.dtype), block["x"])
+        t = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in state.trainable]
+        n = [jax.ShapeDtypeStruct(a.shape[1:], a.dtype) for a in state.non_trainable]
+        return _has_convolution(jax.make_jaxpr(
+            lambda t, n, x: model.stateless_call(t, n, x, training=True)[0])(t, n, x))

@@ -1,0 +1,138 @@
+"""The TensorFlow engine for ``mirrorfit.fit``: a compiled Keras model trained as it was
+compiled, under the strategy its variables were made in (``mirrorfit.setup``'s).
+
+Per replica, inside ``strategy.run`` in one ``tf.function`` of S steps: the forward pass, the
+model's ``compute_loss`` (its compiled losses, ``loss_weights``, sample weights, regularisers;
+Keras divides it by the replicas itself) over K micro-batches, and the model's own optimizer,
+whose ``apply_gradients`` all-reduces the gradients once per step. A model's own
+``train_step``/``test_step`` runs per replica instead, given ``(x, y, sample_weight)`` with the
+padding of a partial batch weighted 0. The variables are the state: nothing to sync.
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+from keras.src.losses.loss import unscale_loss_for_distribution
+
+from mirrorfit.engine.tensorflow.step import _agree_on_overflow
+from mirrorfit.errors import ConfigError
+from mirrorfit.fitting import metrics as fit_metrics
+
+
+def check_model(model, strategy) -> None:
+    """ValueError for a model whose variables were not made under the strategy."""
+    if strategy.num_replicas_in_sync == 1:
+        return
+    made_outside = [v.path for v in model.variables
+                    if not strategy.extended.variable_created_in_scope(v.value)]
+    if made_outside:
+        raise ConfigError(f"the model's variables ({made_outside[0]}, ...) were made before "
+                          "mirrorfit.setup(); call mirrorfit.setup(...) first, then build and "
+                          "compile the model")
+
+
+class Runner:
+    """The compiled train and eval calls for ``model`` under ``strategy``."""
+
+    def __init__(self, model, strategy, *, accum_steps: int = 1) -> None:
+        self.model, self.strategy, self.accum_steps = model, strategy, accum_steps
+        self.replicas = strategy.num_replicas_in_sync
+        self._own_train = fit_metrics.overrides(model, "train_step")
+        self._own_test = fit_metrics.overrides(model, "test_step")
+        self._train = tf.function(self._train_block, autograph=False, reduce_retracing=True)
+        self._evaluate = tf.function(self._eval_block, autograph=False, reduce_retracing=True)
+
+    def load(self) -> None:
+        check_model(self.model, self.strategy)
+
+    def sync(self) -> None:
+        """Nothing: the Keras variables are the state."""
+
+    def reset_metrics(self) -> None:
+        self.model.reset_metrics()
+
+    def logs(self) -> dict[str, float]:
+        return fit_metrics.results(self.model)
+
+    def put(self, block: dict):
+        """Each replica's contiguous share of every batch of the block (leaves ``[S, B, ...]``)."""
+        share = tf.nest.flatten(block)[0].shape[1] // self.replicas
+
+        def piece(context):
+            r = context.replica_id_in_sync_group
+            return tf.nest.map_structure(lambda a: tf.constant(a[:, r * share:(r + 1) * share]),
+                                         block)
+
+        return self.strategy.experimental_distribute_values_from_function(piece)
+
+    def train(self, block, steps: int) -> None:
+        self._train(block, tf.constant(steps, tf.int32))
+
+    def evaluate(self, block, batches: int) -> None:
+        self._evaluate(block, tf.constant(batches, tf.int32))
+
+    def _train_block(self, block, steps):
+        def body(i):
+            self.strategy.run(self._replica_train, args=(block, i))
+            return (i + 1,)
+
+        tf.while_loop(lambda i: i < steps, body, (tf.constant(0, tf.int32),))
+
+    def _eval_block(self, block, batches):
+        def body(i):
+            self.strategy.run(self._replica_eval, args=(block, i))
+            return (i + 1,)
+
+        tf.while_loop(lambda i: i < batches, body, (tf.constant(0, tf.int32),))
+
+    def _replica_train(self, block, i):
+        model = self.model
+        batch = tf.nest.map_structure(lambda a: a[i], block)
+        if self._own_train:
+            model.train_step((batch["x"], batch.get("y"), fit_metrics.loss_weights(batch)))
+            return
+        k, weights = self.accum_steps, model.trainable_weights
+        total = None
+        for j in range(k):  # K is small: unrolled
+            part = tf.nest.map_structure(
+                lambda a: tf.reshape(a, [k, -1] + a.shape[1:].as_list())[j], batch)
+            with tf.GradientTape() as tape:
+                y_pred = self._call(part["x"], True)
+                loss = model._compute_loss(x=part["x"], y=part.get("y"), y_pred=y_pred,
+                                           sample_weight=fit_metrics.loss_weights(part),
+                                           training=True)
+                scaled = model.optimizer.scale_loss(loss / k)
+            grads = tape.gradient(scaled, weights)
+            grads = [tf.zeros_like(w) if g is None else g for g, w in zip(grads, weights)]
+            total = grads if total is None else [t + g for t, g in zip(total, grads)]
+            fit_metrics.update(model, part, y_pred, unscale_loss_for_distribution(loss))
+        if isinstance(model.optimizer, _loss_scale_optimizer()):
+            total = _agree_on_overflow(total)
+        model.optimizer.apply_gradients(zip(total, weights))
+
+    def _replica_eval(self, block, i):
+        model = self.model
+        batch = tf.nest.map_structure(lambda a: a[i], block)
+        if self._own_test:
+            model.test_step((batch["x"], batch.get("y"), fit_metrics.loss_weights(batch)))
+            return
+        y_pred = self._call(batch["x"], False)
+        loss = model._compute_loss(x=batch["x"], y=batch.get("y"), y_pred=y_pred,
+                                   sample_weight=fit_metrics.loss_weights(batch), training=False)
+        fit_metrics.update(model, batch, y_pred, unscale_loss_for_distribution(loss))
+
+    def _call(self, x, training: bool):
+        if self.model._call_has_training_arg:
+            return self.model(x, training=training)
+        return self.model(x)
+
+
+def _loss_scale_optimizer():
+    import keras
+
+    return keras.optimizers.LossScaleOptimizer
+
+
+def scope(strategy):
+    """The strategy's scope (the model is built under it)."""
+    return strategy.scope()

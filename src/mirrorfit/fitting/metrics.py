@@ -1,0 +1,89 @@
+"""The compiled model's loss and metrics on one replica's share of a padded global batch, in
+Keras ops (both engines call these inside their compiled step).
+
+Keras's own ``train_step`` is followed, with two differences that padding needs: the loss's
+sample weights are multiplied by ``scale`` (global batch / real examples), so the replicas'
+losses add up to the loss of the real examples, and every metric, weighted or not, sees padding
+with weight 0. Metric states are merged across replicas by adding each replica's change to the
+initial state: what ``tf.distribute`` does with Keras metrics (``aggregation="sum"``), so AUC,
+precision and recall are merged, not averaged.
+"""
+
+from __future__ import annotations
+
+import keras
+from keras import ops, tree
+
+
+def loss_weights(batch: dict):
+    """The sample weights the loss takes: ``w x scale`` (0 for padding)."""
+    scale = batch["scale"]
+    return tree.map_structure(lambda w: w * _like(scale, w), batch["w"])
+
+
+def metric_weights(batch: dict):
+    """The sample weights the weighted metrics take: ``w x mask``."""
+    mask = batch["mask"]
+    return tree.map_structure(lambda w: w * _like(mask, w), batch["w"])
+
+
+def _like(column, w):
+    """``column`` (one value per row) shaped to multiply ``w`` (rows first)."""
+    return ops.reshape(column, (-1,) + (1,) * (len(w.shape) - 1))
+
+
+def overrides(model, name: str) -> bool:
+    """Whether the model's class defines its own ``name`` (``train_step``, ``compute_loss``,
+    ...) instead of Keras's."""
+    return getattr(type(model), name) is not getattr(keras.Model, name)
+
+
+def update(model, batch: dict, y_pred, replica_loss) -> None:
+    """Update the model's loss tracker and compiled metrics (stateful Keras objects: on JAX
+    call it inside a ``StatelessScope``). ``batch``: this replica's share; ``replica_loss``:
+    its loss, unscaled (the global batch's loss is the mean over replicas)."""
+    # rows / scale = this replica's share of the real examples (n / replicas): summed over
+    # the replicas, the tracker counts each real example once.
+    rows = batch["mask"].shape[0]
+    share = ops.cast(rows, "float32") / ops.cast(batch["scale"][0], "float32")
+    model._loss_tracker.update_state(replica_loss, sample_weight=share)
+    y = batch.get("y")
+    if overrides(model, "compute_metrics"):
+        model.compute_metrics(batch["x"], y, y_pred, sample_weight=metric_weights(batch))
+        return
+    compiled = model._compile_metrics
+    if compiled is None or y is None:
+        return
+    if not compiled.built:
+        compiled.build(y, y_pred)
+    y_true, y_pred = compiled._flatten_y(y), compiled._flatten_y(y_pred)
+    mask = batch["mask"]
+    for metric, y_t, y_p in zip(compiled._flat_metrics, y_true, y_pred):
+        if metric:
+            metric.update_state(y_t, y_p, sample_weight=mask)
+    weights = compiled._flatten_y(metric_weights(batch))
+    if len(weights) < len(y_true):
+        weights = [weights[0]] * len(y_true)
+    for metric, y_t, y_p, w in zip(compiled._flat_weighted_metrics, y_true, y_pred, weights):
+        if metric:
+            metric.update_state(y_t, y_p, sample_weight=w)
+
+
+def merged(initial: list, per_replica: list) -> list:
+    """Metric variable values merged over replicas: ``initial + sum(replica - initial)``.
+    ``per_replica``: one array per variable, replicas on the first axis (NumPy)."""
+    import numpy as np
+
+    out = []
+    for init, values in zip(initial, per_replica):
+        values = np.asarray(values)
+        delta = (values - init[None]).sum(axis=0) if values.shape[0] else 0
+        out.append((init + delta).astype(values.dtype))
+    return out
+
+
+def results(model) -> dict[str, float]:
+    """The model's metric results as floats (Keras's ``get_metrics_result``)."""
+    import numpy as np
+
+    return {k: float(np.asarray(v)) for k, v in model.get_metrics_result().items()}

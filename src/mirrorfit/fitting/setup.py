@@ -1,0 +1,89 @@
+"""``mirrorfit.setup``: the engine, devices and precision of a Keras script, chosen once before
+its model is built.
+
+TensorFlow's variables are mirrored only when created under a strategy, so on TensorFlow
+``setup`` makes the strategy the process's default (``tf.distribute.experimental_set_strategy``)
+and the model the script builds next is mirrored. JAX keeps the variables on the host; the mesh
+is used by :func:`mirrorfit.fit` only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from mirrorfit.engine import backends
+from mirrorfit.errors import ConfigError
+from mirrorfit.models.precision import POLICIES
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What :func:`setup` chose: ``backend``, the device setup, the engine's placement
+    (a ``tf.distribute.Strategy`` or a JAX ``Placement``) and the precision's name."""
+
+    backend: str
+    devices: object  # DeviceSetup
+    placement: object = field(repr=False)
+    precision: str = "fp32"
+
+    @property
+    def replicas(self) -> int:
+        return self.devices.replicas
+
+
+_current: list[Setup] = []  # the last setup() of this process (what fit uses by default)
+
+
+def setup(*, backend: str | None = None, replicas: int | None = None,
+          devices: tuple[str, ...] = (), precision: str = "fp32",
+          verbose: bool = False) -> Setup:
+    """Choose the engine (``backend``: ``"tensorflow"`` or ``"jax"``; default
+    ``$KERAS_BACKEND``, else TensorFlow), the devices (all GPUs, ``devices`` by name, the first
+    ``replicas``; without GPUs ``replicas`` logical CPU devices) and the precision
+    (``"fp32"``, ``"bf16"``, ``"fp16"``: Keras's dtype policy for the models built after).
+    Call it once, before ``import keras`` builds anything; returns the :class:`Setup`."""
+    if _current:
+        raise ConfigError("mirrorfit.setup() was already called in this process; devices can "
+                          "be chosen only once, before the framework starts")
+    if precision not in POLICIES:
+        raise ConfigError(f"precision={precision!r}: choose one of {', '.join(POLICIES)}")
+    if replicas is not None and (not isinstance(replicas, int) or replicas < 1):
+        raise ConfigError(f"replicas={replicas!r}: give a whole number of at least 1")
+    backend = backends.resolve(backend)
+    backends.prepare(backend, verbose=verbose)
+    if backend == "tensorflow":
+        made = _tensorflow(replicas, tuple(devices))
+    else:
+        made = _jax(replicas, tuple(devices))
+    import keras
+
+    keras.config.set_dtype_policy(POLICIES[precision])
+    _current.append(Setup(backend=backend, devices=made[0], placement=made[1],
+                          precision=precision))
+    return _current[-1]
+
+
+def _tensorflow(replicas, devices):
+    backends.import_tensorflow()
+    import tensorflow as tf
+
+    from mirrorfit.engine.tensorflow.devices import configure_devices
+    from mirrorfit.engine.tensorflow.strategy import build_strategy
+
+    chosen = configure_devices(replicas=replicas, devices=devices)
+    strategy = build_strategy(chosen)
+    tf.distribute.experimental_set_strategy(strategy)
+    return chosen, strategy
+
+
+def _jax(replicas, devices):
+    from mirrorfit.engine.jax.devices import configure_devices
+    from mirrorfit.engine.jax.placement import build_placement
+
+    chosen = configure_devices(replicas=replicas, devices=devices)
+    return chosen, build_placement(chosen)
+
+
+def current() -> Setup | None:
+    """The last :func:`setup` of this process, or None."""
+    return _current[-1] if _current else None
