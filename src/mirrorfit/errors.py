@@ -14,7 +14,7 @@ class MirrorfitError(Exception):
     exit_code = EXIT_USAGE
 
 
-class ConfigError(MirrorfitError):
+class ConfigError(MirrorfitError, ValueError):
     """A bad setting: unknown key, wrong type, or a value out of range."""
 
 

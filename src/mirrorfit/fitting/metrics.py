@@ -69,6 +69,21 @@ def update(model, batch: dict, y_pred, replica_loss) -> None:
             metric.update_state(y_t, y_p, sample_weight=w)
 
 
+def output_loss_indices(model) -> list[int]:
+    """Where, in ``model.metrics_variables``, the compiled loss's per-output loss means are
+    (``value_loss``, ``flag_loss``: a model of several outputs)."""
+    compiled = getattr(model, "_compile_loss", None)
+    owned = {id(v) for m in (getattr(compiled, "metrics", None) or []) for v in m.variables}
+    return [i for i, v in enumerate(model.metrics_variables) if id(v) in owned]
+
+
+def reweighted(before, after, scale):
+    """A per-output loss mean's state after Keras's update, with that update's weight (the
+    replica's rows) turned into its real examples (rows / scale): the padding of a partial
+    batch is not counted."""
+    return before + (after - before) / ops.cast(scale[0], after.dtype)
+
+
 def merged(initial: list, per_replica: list) -> list:
     """Metric variable values merged over replicas: ``initial + sum(replica - initial)``.
     ``per_replica``: one array per variable, replicas on the first axis (NumPy)."""

@@ -55,6 +55,7 @@ class Runner:
         self._split = NamedSharding(self.mesh, P(AXIS))
         self._batches = NamedSharding(self.mesh, P(None, AXIS))
         self._train = self._evaluate = None
+        self._output_losses = fit_metrics.output_loss_indices(model)
         self._synced = True
 
     # -- state -------------------------------------------------------------------------------
@@ -120,10 +121,14 @@ class Runner:
 
     def _loss(self, trainable, non_trainable, metrics, optimizer, batch, training: bool):
         model = self.model
+        before = metrics
         loss, (unscaled, y_pred, non_trainable, metrics) = model.compute_loss_and_updates(
             trainable, non_trainable, metrics, batch["x"], batch.get("y"),
             fit_metrics.loss_weights(batch), training=training,
             optimizer_variables=optimizer if training else None)
+        metrics = list(metrics)
+        for i in self._output_losses:
+            metrics[i] = fit_metrics.reweighted(before[i], metrics[i], batch["scale"])
         return loss / (self.replicas * self.accum_steps), (unscaled, y_pred, non_trainable,
                                                            metrics)
 
@@ -205,5 +210,6 @@ class Runner:
             (max(1, a.shape[1] // self.replicas), *a.shape[2:]), a.dtype), block["x"])
         t = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in state.trainable]
         n = [jax.ShapeDtypeStruct(a.shape[1:], a.dtype) for a in state.non_trainable]
+        kwargs = {"training": True} if model._call_has_training_arg else {}
         return _has_convolution(jax.make_jaxpr(
-            lambda t, n, x: model.stateless_call(t, n, x, training=True)[0])(t, n, x))
+            lambda t, n, x: model.stateless_call(t, n, x, **kwargs)[0])(t, n, x))

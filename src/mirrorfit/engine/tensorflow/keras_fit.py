@@ -39,6 +39,10 @@ class Runner:
         self.replicas = strategy.num_replicas_in_sync
         self._own_train = fit_metrics.overrides(model, "train_step")
         self._own_test = fit_metrics.overrides(model, "test_step")
+        self._output_losses = fit_metrics.output_loss_indices(model)
+        # Keras's own losses divide by the replicas under a strategy; a compute_loss override
+        # (Keras's documented examples) returns its examples' loss undivided.
+        self._own_loss = fit_metrics.overrides(model, "compute_loss")
         self._train = tf.function(self._train_block, autograph=False, reduce_retracing=True)
         self._evaluate = tf.function(self._eval_block, autograph=False, reduce_retracing=True)
 
@@ -98,9 +102,7 @@ class Runner:
                 lambda a: tf.reshape(a, [k, -1] + a.shape[1:].as_list())[j], batch)
             with tf.GradientTape() as tape:
                 y_pred = self._call(part["x"], True)
-                loss = model._compute_loss(x=part["x"], y=part.get("y"), y_pred=y_pred,
-                                           sample_weight=fit_metrics.loss_weights(part),
-                                           training=True)
+                loss = self._compute_loss(part, y_pred, True)
                 scaled = model.optimizer.scale_loss(loss / k)
             grads = tape.gradient(scaled, weights)
             grads = [tf.zeros_like(w) if g is None else g for g, w in zip(grads, weights)]
@@ -117,9 +119,23 @@ class Runner:
             model.test_step((batch["x"], batch.get("y"), fit_metrics.loss_weights(batch)))
             return
         y_pred = self._call(batch["x"], False)
-        loss = model._compute_loss(x=batch["x"], y=batch.get("y"), y_pred=y_pred,
-                                   sample_weight=fit_metrics.loss_weights(batch), training=False)
+        loss = self._compute_loss(batch, y_pred, False)
         fit_metrics.update(model, batch, y_pred, unscale_loss_for_distribution(loss))
+
+    def _compute_loss(self, batch, y_pred, training: bool):
+        """The model's compute_loss on this replica's share (Keras divides by the replicas),
+        its per-output loss means counting real examples only."""
+        model = self.model
+        tracked = [model.metrics_variables[i] for i in self._output_losses]
+        before = [tf.identity(v.value) for v in tracked]
+        loss = model._compute_loss(x=batch["x"], y=batch.get("y"), y_pred=y_pred,
+                                   sample_weight=fit_metrics.loss_weights(batch),
+                                   training=training)
+        for var, old in zip(tracked, before):
+            var.assign(fit_metrics.reweighted(old, var.value, batch["scale"]))
+        if self._own_loss:  # the loss of this replica's examples, as on one device
+            loss = loss / self.replicas
+        return loss
 
     def _call(self, x, training: bool):
         if self.model._call_has_training_arg:

@@ -1,0 +1,135 @@
+"""Keras callbacks under ``mirrorfit.fit`` on 2 replicas. Run as ``python callbacks.py BACKEND
+DIR`` in a fresh process; writes DIR/result.json and DIR/ weights and model files."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+import mirrorfit
+
+BACKEND, DIR = sys.argv[1], Path(sys.argv[2])
+mirrorfit.setup(backend=BACKEND, replicas=2)
+import keras  # noqa: E402
+
+rng = np.random.default_rng(0)
+x = rng.normal(size=(200, 8)).astype("float32")
+y = (x @ rng.normal(size=(8, 1))).astype("float32")
+
+
+def build():
+    keras.utils.set_random_seed(3)
+    m = keras.Sequential([keras.Input((8,)), keras.layers.Dense(8, activation="relu"),
+                          keras.layers.Dense(1)])
+    m.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse", metrics=["mae"])
+    return m
+
+
+class Scripted(keras.callbacks.Callback):
+    """Replaces val_loss with a scripted sequence and records the weights at each epoch end."""
+
+    def __init__(self, values):
+        super().__init__()
+        self.values, self.weights = values, []
+
+    def on_epoch_end(self, epoch, logs=None):
+        logs["val_loss"] = self.values[epoch]
+        self.weights.append([w.copy() for w in self.model.get_weights()])
+
+
+class Rates(keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.seen, self.batches, self.weights = [], [], []
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.seen.append(float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate)))
+        self.weights.append([w.copy() for w in self.model.get_weights()])
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.batches.append(batch)
+
+
+out: dict = {}
+
+# EarlyStopping with restore_best_weights and ModelCheckpoint(save_best_only) on the same
+# scripted val_loss: best at epoch 1 (0-based), stop after 2 epochs without improvement.
+model = build()
+script = Scripted([3.0, 1.0, 2.0, 4.0, 5.0, 6.0])
+history = mirrorfit.fit(model, x, y, batch_size=32, epochs=6, verbose=0, shuffle=False,
+                        validation_data=(x, y), steps_per_execution=4, callbacks=[
+                            script,
+                            keras.callbacks.EarlyStopping(patience=2, restore_best_weights=True),
+                            keras.callbacks.ModelCheckpoint(str(DIR / "best.keras"),
+                                                            save_best_only=True),
+                            keras.callbacks.ModelCheckpoint(str(DIR / "e{epoch}.weights.h5"),
+                                                            save_weights_only=True),
+                            keras.callbacks.CSVLogger(str(DIR / "log.csv"))])
+out["epochs_run"] = len(history.history["loss"])
+out["history_keys"] = sorted(history.history)
+out["restored_is_best"] = all(np.array_equal(a, b) for a, b in
+                              zip(model.get_weights(), script.weights[1]))
+out["restored_differs_from_last"] = not all(np.array_equal(a, b) for a, b in
+                                            zip(model.get_weights(), script.weights[-1]))
+best = keras.models.load_model(DIR / "best.keras")
+out["checkpoint_is_best"] = all(np.allclose(a, b, rtol=0, atol=0) for a, b in
+                                zip(best.get_weights(), script.weights[1]))
+third = build()
+third.load_weights(DIR / "e3.weights.h5")
+out["weights_file_is_epoch_3"] = all(np.array_equal(a, b) for a, b in
+                                     zip(third.get_weights(), script.weights[2]))
+out["csv_rows"] = len((DIR / "log.csv").read_text().strip().splitlines()) - 1
+
+# LearningRateScheduler: a rate of 0 from the second epoch on stops the weights; the rate
+# the step used is the one the callback set (ReduceLROnPlateau changes it at an epoch's end).
+model = build()
+initial = model.get_weights()
+rates = Rates()
+mirrorfit.fit(model, x, y, batch_size=32, epochs=4, verbose=0, shuffle=False,
+              steps_per_execution=3, callbacks=[
+                  keras.callbacks.LearningRateScheduler(lambda e, lr: 0.05 if e == 0 else 0.0),
+                  rates])
+out["rates_seen"] = rates.seen
+out["frozen_after_rate_0"] = all(np.array_equal(a, b) for a, b in
+                                 zip(rates.weights[1], rates.weights[3]))
+out["moved_in_epoch_0"] = not all(np.array_equal(a, b) for a, b in
+                                  zip(initial, rates.weights[0]))
+out["batch_ends"] = rates.batches[:4]
+
+model = build()
+rates = Rates()
+mirrorfit.fit(model, x, y, batch_size=32, epochs=3, verbose=0, shuffle=False, callbacks=[
+    keras.callbacks.ReduceLROnPlateau(monitor="loss", factor=0.0, patience=0, min_delta=1e9,
+                                      min_lr=0.0), rates])
+out["plateau_rates"] = rates.seen
+# No improvement is ever enough (min_delta): the rate drops to 0 at the end of epoch 1.
+out["plateau_frozen"] = all(np.array_equal(a, b) for a, b in
+                            zip(rates.weights[1], rates.weights[2]))
+
+# A callback's own exception surfaces as itself; BackupAndRestore is refused before training.
+class Broken(keras.callbacks.Callback):
+    def on_epoch_end(self, epoch, logs=None):
+        raise KeyError("mine")
+
+
+try:
+    mirrorfit.fit(build(), x, y, epochs=1, verbose=0, callbacks=[Broken()])
+except KeyError as e:
+    out["own_exception"] = str(e)
+try:
+    mirrorfit.fit(build(), x, y, epochs=1, verbose=0,
+                  callbacks=[keras.callbacks.BackupAndRestore(str(DIR / "bk"))])
+except ValueError as e:
+    out["backup_refused"] = str(e)
+
+# TerminateOnNaN stops the run (NaN targets: a NaN input can vanish in a ReLU on oneDNN).
+model = build()
+yn = y.copy()
+yn[40:] = np.nan
+history = mirrorfit.fit(model, x, yn, batch_size=32, epochs=3, verbose=0, shuffle=False,
+                        steps_per_execution=1, callbacks=[keras.callbacks.TerminateOnNaN()])
+out["nan_epochs"] = len(history.history.get("loss", []))
+(DIR / "result.json").write_text(json.dumps(out))
