@@ -14,8 +14,13 @@ class MirrorfitError(Exception):
     exit_code = EXIT_USAGE
 
 
-class ConfigError(MirrorfitError, ValueError):
+class ConfigError(MirrorfitError):
     """A bad setting: unknown key, wrong type, or a value out of range."""
+
+
+class FitError(ConfigError, ValueError):
+    """What ``mirrorfit.fit``/``evaluate``/``setup`` cannot train, in one line: a ValueError, as
+    Python callers of a Keras-like API expect."""
 
 
 class DataError(MirrorfitError):

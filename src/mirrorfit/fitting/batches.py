@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mirrorfit.errors import ConfigError
+from mirrorfit.errors import FitError
 
 KEYS = ("x", "y", "w", "mask", "scale")
 
@@ -33,10 +33,10 @@ def adapter(x, y=None, *, sample_weight=None, class_weight=None, batch_size=None
 def check_batch_size(batch_size: int, replicas: int, accum_steps: int = 1) -> None:
     """ValueError unless the global batch splits evenly into replicas x micro-batches."""
     if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
-        raise ConfigError(f"batch_size={batch_size!r}: give the global batch, a whole number "
+        raise FitError(f"batch_size={batch_size!r}: give the global batch, a whole number "
                           "of at least 1")
     if batch_size % (replicas * accum_steps):
-        raise ConfigError(
+        raise FitError(
             f"batch_size={batch_size} does not split over {replicas} replica(s) x "
             f"{accum_steps} micro-batch(es); use a multiple of {replicas * accum_steps}, e.g. "
             f"{replicas * accum_steps * max(1, round(batch_size / (replicas * accum_steps)))}")
@@ -53,12 +53,12 @@ def padded(data, batch_size: int, *, where: str = "training data") -> dict | Non
     if n == 0:
         return None
     if n > batch_size:
-        raise ConfigError(f"a batch of the {where} holds {n} examples, more than batch_size="
+        raise FitError(f"a batch of the {where} holds {n} examples, more than batch_size="
                           f"{batch_size}; batch it to at most {batch_size} (or pass that "
                           "batch_size)")
     for a in tree.flatten((x, y, w)):
         if a is not None and np.asarray(a).dtype == object:
-            raise ConfigError(f"the {where} holds an array of Python objects (dtype object); "
+            raise FitError(f"the {where} holds an array of Python objects (dtype object); "
                               "give numeric arrays")
     floatx = keras.config.floatx()
     if w is None:
@@ -80,14 +80,14 @@ def _unpacked(data):
 
 
 def rows(data, *, where: str = "training data") -> int:
-    """The examples in one batch of ``(x, y, sample_weight)``; ConfigError when its arrays
+    """The examples in one batch of ``(x, y, sample_weight)``; FitError when its arrays
     disagree."""
     from keras import tree
 
     leaves = [a for a in tree.flatten(_unpacked(data)) if a is not None]
     sizes = {np.shape(a)[0] if np.ndim(a) else None for a in leaves}
     if len(sizes) != 1 or None in sizes:
-        raise ConfigError(f"a batch of the {where} has arrays of different lengths "
+        raise FitError(f"a batch of the {where} has arrays of different lengths "
                           f"({sorted(map(str, sizes))}); every input, target and weight needs "
                           "one row per example")
     return sizes.pop()

@@ -17,7 +17,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from mirrorfit.errors import ConfigError
+from mirrorfit.errors import FitError
 from mirrorfit.fitting import batches as fit_batches
 from mirrorfit.fitting.blocks import blocks, prefetched
 from mirrorfit.fitting.setup import current
@@ -85,7 +85,7 @@ def fit(model, x=None, y=None, batch_size=None, epochs=1, verbose="auto", callba
                 if model.stop_training:
                     break
             if step == 0:
-                raise ConfigError("the training data gave no batch this epoch; give at least "
+                raise FitError("the training data gave no batch this epoch; give at least "
                                   "one example (or fewer steps_per_epoch than it holds)")
             logs = run.runner.logs()
             if val is not None and (epoch + 1) % validation_freq == 0:
@@ -135,7 +135,7 @@ def _evaluate(run, source, batch_size, steps, callbacks, *, epochs=None) -> dict
         step += block.steps
         callbacks.on_test_batch_end(step - 1, {})
     if step == 0:
-        raise ConfigError("the validation data gave no batch; give at least one example")
+        raise FitError("the validation data gave no batch; give at least one example")
     logs = runner.logs()
     callbacks.on_test_end(logs)
     return logs
@@ -148,9 +148,9 @@ class _Run:
         import keras
 
         if not isinstance(model, keras.Model):
-            raise ConfigError(f"mirrorfit.fit takes a keras.Model, not {type(model).__name__}")
+            raise FitError(f"mirrorfit.fit takes a keras.Model, not {type(model).__name__}")
         if not getattr(model, "compiled", False) or model.optimizer is None:
-            raise ConfigError("the model is not compiled; call model.compile(optimizer=..., "
+            raise FitError("the model is not compiled; call model.compile(optimizer=..., "
                               "loss=..., metrics=[...]) first")
         _check_int("accum_steps", accum_steps, 1)
         if steps_per_execution is None:
@@ -161,7 +161,7 @@ class _Run:
         self.accum_steps = accum_steps
         self.backend = keras.backend.backend()
         if self.backend not in _ENGINES:
-            raise ConfigError(f"mirrorfit.fit runs on the tensorflow and jax backends; Keras "
+            raise FitError(f"mirrorfit.fit runs on the tensorflow and jax backends; Keras "
                               f"runs on {self.backend} (set KERAS_BACKEND or mirrorfit.setup)")
         self.engine = importlib.import_module(_ENGINES[self.backend])
         self.runner = None
@@ -199,59 +199,55 @@ class _Run:
 
 class _Epochs:
     """One epoch of padded batches at a time from a Keras data adapter; ``first``: the first
-    batch (for building), kept for the first epoch. A source whose length is unknown (a
-    generator) with ``steps`` set is read on across epochs, as Keras does."""
+    batch (for building), kept for the first epoch."""
 
     def __init__(self, source, batch_size, steps, drop_remainder, run, *,
                  where: str = "training data") -> None:
         self.source, self.steps_given, self.drop = source, steps, drop_remainder
         self.where = where
         self.steps = steps or source.num_batches
-        self._stream = None
         iterator = self._iterator()
         try:
             first = next(iterator)
         except StopIteration:
-            raise ConfigError(f"the {where} is empty; give at least one example") from None
+            raise FitError(f"the {where} is empty; give at least one example") from None
         self._pending, self._carry = [first], iterator
         self.size = batch_size or source.batch_size or fit_batches.rows(first, where=where)
         fit_batches.check_batch_size(self.size, run.replicas, run.accum_steps)
         self.first = fit_batches.padded(first, self.size, where=where)
 
     def _iterator(self):
-        if self.steps_given and self.source.num_batches is None:
-            if self._stream is None:  # an endless or unsized source: read on across epochs
-                self._stream = iter(self.source.get_numpy_iterator())
-            return self._stream
         return iter(self.source.get_numpy_iterator())
 
     def epoch(self):
-        """The padded batches of the next epoch."""
-        if self._pending:
-            raw, iterator = self._pending, self._carry
-            self._pending, self._carry = [], None
-        else:
-            raw, iterator = [], self._iterator()
+        """The padded batches of the next epoch: ``steps`` of them when given, read on from
+        where the last epoch stopped (Keras's way; a source that runs out starts over the next
+        epoch), else one pass."""
         self.source.on_epoch_begin()
+        if not self._pending and (self._carry is None or not self.steps_given):
+            self._carry = self._iterator()
 
         def generate():
             count = 0
-            for data in _chain(raw, iterator):
-                if self.steps_given and count >= self.steps_given:
-                    return
-                batch = fit_batches.padded(data, self.size, where=self.where)
-                count += 1
-                if batch is None or (self.drop and float(batch["scale"][0]) != 1.0):
-                    continue
-                yield batch
-            self.source.on_epoch_end()
+            try:
+                while not self.steps_given or count < self.steps_given:
+                    if self._pending:
+                        data = self._pending.pop()
+                    else:
+                        try:
+                            data = next(self._carry)
+                        except StopIteration:
+                            self._carry = None
+                            return
+                    count += 1
+                    batch = fit_batches.padded(data, self.size, where=self.where)
+                    if batch is None or (self.drop and float(batch["scale"][0]) != 1.0):
+                        continue
+                    yield batch
+            finally:
+                self.source.on_epoch_end()
 
         return generate()
-
-
-def _chain(first: list, rest):
-    yield from first
-    yield from rest
 
 
 def _check_callbacks(callbacks) -> list:
@@ -260,11 +256,11 @@ def _check_callbacks(callbacks) -> list:
     callbacks = list(callbacks or [])
     for cb in callbacks:
         if isinstance(cb, keras.callbacks.BackupAndRestore):
-            raise ConfigError("BackupAndRestore cannot work under mirrorfit.fit (its state is "
+            raise FitError("BackupAndRestore cannot work under mirrorfit.fit (its state is "
                               "on the devices); mirrorfit's own checkpoints do its job: "
                               "mirrorfit train --checkpoint-dir DIR")
         if not isinstance(cb, keras.callbacks.Callback):
-            raise ConfigError(f"callbacks holds {cb!r}, not a keras.callbacks.Callback")
+            raise FitError(f"callbacks holds {cb!r}, not a keras.callbacks.Callback")
     return callbacks
 
 
@@ -282,4 +278,4 @@ def _verbosity(verbose) -> Any:
 
 def _check_int(name: str, value, minimum: int) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise ConfigError(f"{name}={value!r}: give a whole number of at least {minimum}")
+        raise FitError(f"{name}={value!r}: give a whole number of at least {minimum}")

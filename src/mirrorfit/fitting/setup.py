@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from mirrorfit.engine import backends
-from mirrorfit.errors import ConfigError
+from mirrorfit.errors import FitError
 from mirrorfit.models.precision import POLICIES
 
 
@@ -43,12 +43,12 @@ def setup(*, backend: str | None = None, replicas: int | None = None,
     (``"fp32"``, ``"bf16"``, ``"fp16"``: Keras's dtype policy for the models built after).
     Call it once, before ``import keras`` builds anything; returns the :class:`Setup`."""
     if _current:
-        raise ConfigError("mirrorfit.setup() was already called in this process; devices can "
+        raise FitError("mirrorfit.setup() was already called in this process; devices can "
                           "be chosen only once, before the framework starts")
     if precision not in POLICIES:
-        raise ConfigError(f"precision={precision!r}: choose one of {', '.join(POLICIES)}")
+        raise FitError(f"precision={precision!r}: choose one of {', '.join(POLICIES)}")
     if replicas is not None and (not isinstance(replicas, int) or replicas < 1):
-        raise ConfigError(f"replicas={replicas!r}: give a whole number of at least 1")
+        raise FitError(f"replicas={replicas!r}: give a whole number of at least 1")
     backend = backends.resolve(backend)
     backends.prepare(backend, verbose=verbose)
     if backend == "tensorflow":

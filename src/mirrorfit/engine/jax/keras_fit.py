@@ -21,7 +21,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from mirrorfit.engine.jax.placement import AXIS
 from mirrorfit.engine.jax.step import _has_convolution, _Train, stacked
-from mirrorfit.errors import ConfigError
+from mirrorfit.errors import FitError
 from mirrorfit.fitting import metrics as fit_metrics
 
 
@@ -38,7 +38,7 @@ def check_model(model) -> None:
                            "instead, which mirrorfit runs on every replica"),
                           ("test_step", "override compute_loss or compute_metrics instead")):
         if fit_metrics.overrides(model, name):
-            raise ConfigError(f"{type(model).__name__} overrides {name}, which the JAX engine "
+            raise FitError(f"{type(model).__name__} overrides {name}, which the JAX engine "
                               f"cannot run per replica; {instead}, or use backend "
                               "'tensorflow'")
 

@@ -15,7 +15,7 @@ import tensorflow as tf
 from keras.src.losses.loss import unscale_loss_for_distribution
 
 from mirrorfit.engine.tensorflow.step import _agree_on_overflow
-from mirrorfit.errors import ConfigError
+from mirrorfit.errors import FitError
 from mirrorfit.fitting import metrics as fit_metrics
 
 
@@ -26,7 +26,7 @@ def check_model(model, strategy) -> None:
     made_outside = [v.path for v in model.variables
                     if not strategy.extended.variable_created_in_scope(v.value)]
     if made_outside:
-        raise ConfigError(f"the model's variables ({made_outside[0]}, ...) were made before "
+        raise FitError(f"the model's variables ({made_outside[0]}, ...) were made before "
                           "mirrorfit.setup(); call mirrorfit.setup(...) first, then build and "
                           "compile the model")
 
