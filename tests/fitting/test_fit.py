@@ -94,3 +94,31 @@ def test_keras_callbacks(backend, tmp_path):
     assert r["own_exception"] == "'mine'"
     assert "BackupAndRestore" in r["backup_refused"] and "--checkpoint-dir" in r["backup_refused"]
     assert r["nan_epochs"] == 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["jax", "tensorflow"])
+def test_keras_usage(backend, tmp_path):
+    out = tmp_path / "usage.json"
+    proc = _run([str(HERE / "usage.py"), backend, str(out)])
+    output, _ = proc.communicate(timeout=400)
+    assert proc.returncode == 0, output[-3000:]
+    r = json.loads(out.read_text())
+    assert r["generator_epochs"] == 3 and r["generator_loss_grows"]  # read on, not restarted
+    assert r["pydataset_epoch_ends"] == 3 and r["pydataset_val"]
+    if backend == "tensorflow":
+        assert r["own_step_same"] and r["own_step_partial"]
+    else:
+        assert "train_step" in r["own_step_refused"] and "compute_loss" in r["own_step_refused"]
+    assert r["batch_rate_moved_first"] and r["batch_rate_frozen_after"]
+    assert r["final_rate"] == 0.0
+    for evaluated in r["evaluate"]:  # batch 16, 32, 64 after a fit that validated at 64
+        np.testing.assert_allclose(evaluated, r["evaluate_keras"], rtol=1e-5)
+    e = r["errors"]
+    assert "not compiled" in e["uncompiled"]
+    assert "batch_size=33" in e["odd_batch"] and "multiple of 2" in e["odd_batch"]
+    assert "steps_per_epoch" in e["zero_steps"]
+    assert "not a keras.callbacks.Callback" in e["not_callback"]
+    assert "epochs=1.5" in e["float_epochs"]
+    assert "dtype object" in e["strings"]
+    assert r["numpy_ints_and_one_callback"] == 2

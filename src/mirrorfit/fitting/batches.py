@@ -20,26 +20,22 @@ from mirrorfit.errors import FitError
 KEYS = ("x", "y", "w", "mask", "scale")
 
 
-def adapter(x, y=None, *, sample_weight=None, class_weight=None, batch_size=None,
-            steps_per_epoch=None, shuffle=False):
-    """Keras's data adapter for what ``fit`` was given (its own checks and messages)."""
-    from keras.src.trainers.data_adapters import get_data_adapter
+def check_batch_size(batch_size, replicas: int, accum_steps: int = 1) -> int:
+    """The global batch as an int; FitError unless it splits evenly into replicas x
+    micro-batches."""
+    import numbers
 
-    return get_data_adapter(x=x, y=y, sample_weight=sample_weight, batch_size=batch_size,
-                            steps_per_epoch=steps_per_epoch, shuffle=shuffle,
-                            class_weight=class_weight)
-
-
-def check_batch_size(batch_size: int, replicas: int, accum_steps: int = 1) -> None:
-    """ValueError unless the global batch splits evenly into replicas x micro-batches."""
-    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+    if (not isinstance(batch_size, numbers.Integral) or isinstance(batch_size, bool)
+            or batch_size < 1):
         raise FitError(f"batch_size={batch_size!r}: give the global batch, a whole number "
-                          "of at least 1")
-    if batch_size % (replicas * accum_steps):
+                       "of at least 1")
+    batch_size, parts = int(batch_size), replicas * accum_steps
+    if batch_size % parts:
         raise FitError(
             f"batch_size={batch_size} does not split over {replicas} replica(s) x "
-            f"{accum_steps} micro-batch(es); use a multiple of {replicas * accum_steps}, e.g. "
-            f"{replicas * accum_steps * max(1, round(batch_size / (replicas * accum_steps)))}")
+            f"{accum_steps} micro-batch(es); use a multiple of {parts}, e.g. "
+            f"{parts * max(1, round(batch_size / parts))}")
+    return batch_size
 
 
 def padded(data, batch_size: int, *, where: str = "training data") -> dict | None:
@@ -49,17 +45,9 @@ def padded(data, batch_size: int, *, where: str = "training data") -> dict | Non
     from keras import tree
 
     x, y, w = _unpacked(data)
-    n = rows(data, where=where)
+    n = _checked_rows(data, batch_size, where)
     if n == 0:
         return None
-    if n > batch_size:
-        raise FitError(f"a batch of the {where} holds {n} examples, more than batch_size="
-                          f"{batch_size}; batch it to at most {batch_size} (or pass that "
-                          "batch_size)")
-    for a in tree.flatten((x, y, w)):
-        if a is not None and np.asarray(a).dtype == object:
-            raise FitError(f"the {where} holds an array of Python objects (dtype object); "
-                              "give numeric arrays")
     floatx = keras.config.floatx()
     if w is None:
         w = _ones_like_targets(y, n, floatx)
@@ -112,9 +100,42 @@ def _pad(a, rows: int) -> np.ndarray:
     return np.concatenate([a, np.zeros((rows - a.shape[0], *a.shape[1:]), a.dtype)])
 
 
-def real_examples(batch: dict) -> int:
-    """How many rows of a padded batch are real."""
+def as_given(data, batch_size: int, *, where: str = "training data") -> dict | None:
+    """One batch as the source gave it, for a model's own ``train_step``/``test_step``
+    (``{"data": ...}``, not padded); None for a batch of 0 examples."""
+    if _checked_rows(data, batch_size, where) == 0:
+        return None
+    return {"data": tuple(data) if isinstance(data, list) else data}
+
+
+def rows_of(batch: dict) -> int:
+    """The real examples in a batch of :func:`padded` or :func:`as_given`."""
+    if "data" in batch:
+        return rows(batch["data"])
     return int(round(batch["mask"].shape[0] / float(batch["scale"][0])))
+
+
+def _checked_rows(data, batch_size: int, where: str) -> int:
+    """The batch's examples; FitError for more than the global batch or object arrays."""
+    from keras import tree
+
+    n = rows(data, where=where)
+    if n > batch_size:
+        raise FitError(f"a batch of the {where} holds {n} examples, more than batch_size="
+                       f"{batch_size}; batch it to at most {batch_size} (or pass that "
+                       "batch_size)")
+    for a in tree.flatten(_unpacked(data)):
+        if a is not None and np.asarray(a).dtype == object:
+            raise FitError(f"the {where} holds an array of Python objects (dtype object, "
+                           "e.g. strings); give numeric arrays (tokenise text first)")
+    return n
+
+
+def nbytes(batch: dict) -> int:
+    """Bytes of one batch (what a block of them costs in host memory)."""
+    from keras import tree
+
+    return sum(np.asarray(a).nbytes for a in tree.flatten(batch))
 
 
 def signature(batch: dict) -> tuple:

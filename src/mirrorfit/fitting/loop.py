@@ -2,24 +2,25 @@
 compiled model, data-parallel over the devices of ``mirrorfit.setup``, on the engine Keras runs
 on.
 
-The controller here is Keras's own loop, written over an engine runner that runs S steps a
-call (:mod:`mirrorfit.engine.jax.keras_fit`, :mod:`mirrorfit.engine.tensorflow.keras_fit`):
-callbacks through Keras's ``CallbackList`` at the same points as Keras's ``fit`` (batch hooks
-at execution boundaries), ``model.stop_training`` honoured, the device state written into the
-model before every epoch's end and read back after its callbacks (a learning rate a callback
-set reaches the next step), validation every ``validation_freq`` epochs, and Keras's
-``History`` returned. Every example of every epoch trains, the last partial batch padded
-(:mod:`mirrorfit.fitting.batches`) unless ``drop_remainder``.
+The loop is Keras's own, written over an engine runner that runs S steps a call
+(:mod:`mirrorfit.engine.jax.keras_fit`, :mod:`mirrorfit.engine.tensorflow.keras_fit`):
+callbacks through Keras's ``CallbackList`` at the points Keras's ``fit`` calls them (batch
+hooks at call boundaries), ``model.stop_training`` honoured, the device state written into the
+model before every callback that may read it and read back after (a learning rate a callback
+sets reaches the next step), validation every ``validation_freq`` epochs, Keras's ``History``
+returned.
 """
 
 from __future__ import annotations
 
 import importlib
+import operator
+import warnings
 from typing import Any
 
 from mirrorfit.errors import FitError
-from mirrorfit.fitting import batches as fit_batches
 from mirrorfit.fitting.blocks import blocks, prefetched
+from mirrorfit.fitting.epochs import Epochs
 from mirrorfit.fitting.setup import current
 
 _ENGINES = {"tensorflow": "mirrorfit.engine.tensorflow.keras_fit",
@@ -39,65 +40,61 @@ def fit(model, x=None, y=None, batch_size=None, epochs=1, verbose="auto", callba
     per step) and ``drop_remainder`` (skip each epoch's last partial batch instead of training
     it). Returns Keras's ``History``; the model's variables hold the trained state."""
     run = _Run(model, steps_per_execution, accum_steps)
-    callbacks = _check_callbacks(callbacks)
-    _check_int("epochs", epochs, 0)
-    _check_int("initial_epoch", initial_epoch, 0)
-    _check_int("validation_freq", validation_freq, 1)
+    callbacks = _checked_callbacks(callbacks)
+    epochs = _checked_int("epochs", epochs, 0)
+    initial_epoch = _checked_int("initial_epoch", initial_epoch, 0)
+    validation_freq = _checked_int("validation_freq", validation_freq, 1)
     if validation_split and validation_data is None:
         from keras.src.trainers.data_adapters.array_slicing import train_validation_split
 
         (x, y, sample_weight), validation_data = train_validation_split(
             (x, y, sample_weight), validation_split=validation_split)
-    source = fit_batches.adapter(x, y, sample_weight=sample_weight, class_weight=class_weight,
-                                 batch_size=batch_size, steps_per_epoch=steps_per_epoch,
-                                 shuffle=shuffle)
-    epoch_batches = _Epochs(source, batch_size, steps_per_epoch, drop_remainder, run)
-    run.build(epoch_batches.first)
+    train = run.epochs(_adapter(x, y, sample_weight, class_weight, batch_size, steps_per_epoch,
+                                shuffle), batch_size, steps_per_epoch, "train",
+                       drop_remainder=drop_remainder)
+    run.build(train.first)
     val = None
     if validation_data is not None:
         from keras.src.trainers.data_adapters.data_adapter_utils import (
             unpack_x_y_sample_weight)
 
         vx, vy, vw = unpack_x_y_sample_weight(validation_data)
-        val = fit_batches.adapter(vx, vy, sample_weight=vw,
-                                  batch_size=validation_batch_size or batch_size,
-                                  steps_per_epoch=validation_steps)
+        size = validation_batch_size or batch_size
+        val = run.epochs(_adapter(vx, vy, vw, None, size, validation_steps, False), size,
+                         validation_steps, "test", where="validation data")
     import keras
 
     callbacks = keras.callbacks.CallbackList(
         callbacks, add_history=True, add_progbar=verbose != 0,
-        verbose=_verbosity(verbose), epochs=epochs, steps=epoch_batches.steps, model=model)
-    batch_logs = _wants_batch_logs(callbacks)
+        verbose=_verbosity(verbose), epochs=epochs, steps=train.steps, model=model)
+    hooks = _BatchHooks(callbacks, run.runner)
     model.stop_training = False
     callbacks.on_train_begin()
     logs: dict[str, float] = {}
-    try:
+    with run.synced_after():
         for epoch in range(initial_epoch, epochs):
             model.reset_metrics()
             callbacks.on_epoch_begin(epoch)
             run.runner.load()  # what a callback changed (a learning rate) reaches the step
             step = 0
-            for block in prefetched(blocks(epoch_batches.epoch(), run.steps_per_execution)):
-                callbacks.on_train_batch_begin(step)
+            for block in prefetched(blocks(train.epoch(), run.steps_per_execution)):
+                hooks.call(callbacks.on_train_batch_begin, step)
                 run.runner.train(run.runner.put(block.data), block.steps)
                 step += block.steps
-                callbacks.on_train_batch_end(step - 1, run.runner.logs() if batch_logs else {})
+                hooks.call(callbacks.on_train_batch_end, step - 1, logs=hooks.logs("train"))
                 if model.stop_training:
                     break
             if step == 0:
                 raise FitError("the training data gave no batch this epoch; give at least "
-                                  "one example (or fewer steps_per_epoch than it holds)")
+                               "one example (or fewer steps_per_epoch than it holds)")
             logs = run.runner.logs()
             if val is not None and (epoch + 1) % validation_freq == 0:
-                val_logs = _evaluate(run, val, validation_batch_size or epoch_batches.size,
-                                     validation_steps, callbacks)
+                val_logs = _evaluate(run, val, callbacks, hooks)
                 logs.update({f"val_{k}": v for k, v in val_logs.items()})
             run.runner.sync()
             callbacks.on_epoch_end(epoch, logs)
             if model.stop_training:
                 break
-    finally:
-        run.runner.sync()
     callbacks.on_train_end(logs)
     return model.history
 
@@ -109,40 +106,57 @@ def evaluate(model, x=None, y=None, batch_size=None, verbose="auto", sample_weig
     import keras
 
     run = _Run(model, steps_per_execution, 1)
-    source = fit_batches.adapter(x, y, sample_weight=sample_weight, batch_size=batch_size,
-                                 steps_per_epoch=steps)
-    epochs = _Epochs(source, batch_size, steps, False, run, where="evaluation data")
-    run.build(epochs.first)
+    data = run.epochs(_adapter(x, y, sample_weight, None, batch_size, steps, False),
+                      batch_size, steps, "test", where="evaluation data")
+    run.build(data.first)
     callbacks = keras.callbacks.CallbackList(
-        _check_callbacks(callbacks), add_progbar=verbose != 0, verbose=_verbosity(verbose),
-        epochs=1, steps=epochs.steps, model=model)
-    logs = _evaluate(run, source, epochs.size, steps, callbacks, epochs=epochs)
+        _checked_callbacks(callbacks), add_progbar=verbose != 0, verbose=_verbosity(verbose),
+        epochs=1, steps=data.steps, model=model)
+    logs = _evaluate(run, data, callbacks, _BatchHooks(callbacks, run.runner))
     if return_dict:
         return logs
-    values = [logs[k] for k in logs]
+    values = list(logs.values())
     return values[0] if len(values) == 1 else values
 
 
-def _evaluate(run, source, batch_size, steps, callbacks, *, epochs=None) -> dict[str, float]:
-    epochs = epochs or _Epochs(source, batch_size, steps, False, run, where="validation data")
+def _evaluate(run, data: Epochs, callbacks, hooks) -> dict[str, float]:
     runner = run.runner
     runner.reset_metrics()
     callbacks.on_test_begin()
     step = 0
-    for block in prefetched(blocks(epochs.epoch(), run.steps_per_execution)):
-        callbacks.on_test_batch_begin(step)
+    for block in prefetched(blocks(data.epoch(), run.steps_per_execution)):
+        hooks.call(callbacks.on_test_batch_begin, step)
         runner.evaluate(runner.put(block.data), block.steps)
         step += block.steps
-        callbacks.on_test_batch_end(step - 1, {})
+        hooks.call(callbacks.on_test_batch_end, step - 1, logs=hooks.logs("test"))
     if step == 0:
-        raise FitError("the validation data gave no batch; give at least one example")
+        raise FitError(f"the {data.where} gave no batch; give at least one example")
     logs = runner.logs()
     callbacks.on_test_end(logs)
     return logs
 
 
+def _adapter(x, y, sample_weight, class_weight, batch_size, steps, shuffle):
+    """Keras's data adapter for what ``fit`` was given (its own checks and messages)."""
+    import numpy as np
+    from keras import tree
+    from keras.src.trainers.data_adapters import get_data_adapter
+
+    for name, part in (("x", x), ("y", y), ("sample_weight", sample_weight)):
+        if any(isinstance(a, np.ndarray) and a.dtype == object for a in tree.flatten(part)):
+            raise FitError(f"{name} holds an array of Python objects (dtype object, e.g. "
+                           "strings); give numeric arrays (tokenise text first, or pass a "
+                           "tf.data.Dataset of strings to a model that takes them)")
+    if steps is not None:
+        steps = _checked_int("steps_per_epoch / validation_steps / steps", steps, 1)
+    if batch_size is not None:
+        batch_size = _checked_int("batch_size", batch_size, 1)
+    return get_data_adapter(x=x, y=y, sample_weight=sample_weight, batch_size=batch_size,
+                            steps_per_epoch=steps, shuffle=shuffle, class_weight=class_weight)
+
+
 class _Run:
-    """The model, its engine's runner and the settings of one fit or evaluate."""
+    """The model, its engine and runner, and the settings of one fit or evaluate."""
 
     def __init__(self, model, steps_per_execution, accum_steps) -> None:
         import keras
@@ -151,28 +165,27 @@ class _Run:
             raise FitError(f"mirrorfit.fit takes a keras.Model, not {type(model).__name__}")
         if not getattr(model, "compiled", False) or model.optimizer is None:
             raise FitError("the model is not compiled; call model.compile(optimizer=..., "
-                              "loss=..., metrics=[...]) first")
-        _check_int("accum_steps", accum_steps, 1)
+                           "loss=..., metrics=[...]) first")
+        self.accum_steps = _checked_int("accum_steps", accum_steps, 1)
         if steps_per_execution is None:
             steps_per_execution = (model.steps_per_execution if model.steps_per_execution > 1
                                    else DEFAULT_STEPS_PER_EXECUTION)
-        _check_int("steps_per_execution", steps_per_execution, 1)
-        self.model, self.steps_per_execution = model, steps_per_execution
-        self.accum_steps = accum_steps
+        self.steps_per_execution = _checked_int("steps_per_execution", steps_per_execution, 1)
+        self.model = model
         self.backend = keras.backend.backend()
         if self.backend not in _ENGINES:
             raise FitError(f"mirrorfit.fit runs on the tensorflow and jax backends; Keras "
-                              f"runs on {self.backend} (set KERAS_BACKEND or mirrorfit.setup)")
+                           f"runs on {self.backend} (set KERAS_BACKEND or mirrorfit.setup)")
         self.engine = importlib.import_module(_ENGINES[self.backend])
+        self.placement = self._placement()
+        self.engine.check_model(model, self.placement)
         self.runner = None
 
-    @property
-    def replicas(self) -> int:
-        if self.backend == "tensorflow":
-            return self.model.distribute_strategy.num_replicas_in_sync
-        return self._placement().replicas
-
     def _placement(self):
+        """The TensorFlow strategy the model was built under, or the JAX mesh of
+        ``mirrorfit.setup`` (without one: every local device)."""
+        if self.backend == "tensorflow":
+            return self.model.distribute_strategy
         chosen = current()
         if chosen is not None and chosen.backend == "jax":
             return chosen.placement
@@ -181,101 +194,125 @@ class _Run:
 
         return build_placement(configure_devices())
 
+    def epochs(self, source, batch_size, steps, step: str, **kwargs) -> Epochs:
+        """The epochs of ``source`` as the runner takes them (``step``: ``train`` or
+        ``test``: padded, unless the model's own ``train_step``/``test_step`` runs)."""
+        return Epochs(source, batch_size, steps, replicas=self.engine.replicas(self.placement),
+                      accum_steps=self.accum_steps if step == "train" else 1,
+                      pad=self.engine.pads(self.model, step), **kwargs)
+
     def build(self, first: dict) -> None:
         """Build the model, its compiled loss and metrics and its optimizer from the first
         batch (as Keras's fit does), then the runner."""
-        data = (first["x"], first.get("y"), first["w"])
-        if self.backend == "tensorflow":
-            strategy = self.model.distribute_strategy
-            with strategy.scope():
-                self.model._symbolic_build(data_batch=data)
-            self.runner = self.engine.Runner(self.model, strategy, accum_steps=self.accum_steps)
+        model = self.model
+        data = first["data"] if "data" in first else (first["x"], first.get("y"), first["w"])
+        with self.engine.scope(self.placement):
+            model._symbolic_build(data_batch=data)
+        # One runner per model and compile: its compiled calls are kept for the next fit or
+        # evaluate (Keras keeps its train_function the same way); a new compile() makes anew.
+        key = (id(self.placement), self.accum_steps, id(model.optimizer),
+               id(model._compile_loss), id(model._compile_metrics))
+        cached = model.__dict__.get("_mirrorfit_runner")
+        if cached is not None and cached[0] == key:
+            self.runner = cached[1]
         else:
-            self.model._symbolic_build(data_batch=data)
-            self.runner = self.engine.Runner(self.model, self._placement(),
-                                             accum_steps=self.accum_steps)
+            self.runner = self.engine.Runner(model, self.placement, accum_steps=self.accum_steps)
+            # Past Keras's attribute tracking: the runner is not part of the model's state.
+            object.__setattr__(model, "_mirrorfit_runner", (key, self.runner))
+            from mirrorfit.fitting.metrics import masked_outputs
+
+            if masked_outputs(model):
+                warnings.warn("the model's outputs are masked (mask_zero, Masking): its loss "
+                              "is averaged over each replica's unmasked steps, then over the "
+                              "replicas, as under Keras's own strategies, not over the whole "
+                              "global batch's unmasked steps", stacklevel=3)
         self.runner.load()
 
+    def synced_after(self):
+        """Around the epochs: the device state into the model at the end (and the optimizer's
+        final values, e.g. its EMA weights), without hiding an error the epochs raised."""
+        import contextlib
 
-class _Epochs:
-    """One epoch of padded batches at a time from a Keras data adapter; ``first``: the first
-    batch (for building), kept for the first epoch."""
+        run = self
 
-    def __init__(self, source, batch_size, steps, drop_remainder, run, *,
-                 where: str = "training data") -> None:
-        self.source, self.steps_given, self.drop = source, steps, drop_remainder
-        self.where = where
-        self.steps = steps or source.num_batches
-        iterator = self._iterator()
-        try:
-            first = next(iterator)
-        except StopIteration:
-            raise FitError(f"the {where} is empty; give at least one example") from None
-        self._pending, self._carry = [first], iterator
-        self.size = batch_size or source.batch_size or fit_batches.rows(first, where=where)
-        fit_batches.check_batch_size(self.size, run.replicas, run.accum_steps)
-        self.first = fit_batches.padded(first, self.size, where=where)
-
-    def _iterator(self):
-        return iter(self.source.get_numpy_iterator())
-
-    def epoch(self):
-        """The padded batches of the next epoch: ``steps`` of them when given, read on from
-        where the last epoch stopped (Keras's way; a source that runs out starts over the next
-        epoch), else one pass."""
-        self.source.on_epoch_begin()
-        if not self._pending and (self._carry is None or not self.steps_given):
-            self._carry = self._iterator()
-
-        def generate():
-            count = 0
+        @contextlib.contextmanager
+        def around():
             try:
-                while not self.steps_given or count < self.steps_given:
-                    if self._pending:
-                        data = self._pending.pop()
-                    else:
-                        try:
-                            data = next(self._carry)
-                        except StopIteration:
-                            self._carry = None
-                            return
-                    count += 1
-                    batch = fit_batches.padded(data, self.size, where=self.where)
-                    if batch is None or (self.drop and float(batch["scale"][0]) != 1.0):
-                        continue
-                    yield batch
-            finally:
-                self.source.on_epoch_end()
+                yield
+            except BaseException:
+                try:
+                    run.runner.sync()
+                except Exception:  # noqa: BLE001 - the epochs' own error is the one to see
+                    pass
+                raise
+            run.runner.sync()
+            run.model.optimizer.finalize_variable_values(run.model.trainable_weights)
 
-        return generate()
+        return around()
 
 
-def _check_callbacks(callbacks) -> list:
+class _BatchHooks:
+    """Batch callbacks at call boundaries. Where a callback of the user's has batch hooks, the
+    device state is written into the model before them and read back after (a callback may
+    read the weights, save the model or set the learning rate); logs are read only where a
+    callback reads them (each read is a transfer from the devices)."""
+
+    def __init__(self, callbacks, runner) -> None:
+        import keras
+        from keras.src import utils
+
+        def has(cb, names):
+            return any(not utils.is_default(getattr(cb, n)) for n in names)
+
+        keras_own = (keras.callbacks.ProgbarLogger, keras.callbacks.History)
+        train = ("on_train_batch_begin", "on_train_batch_end", "on_batch_begin",
+                 "on_batch_end")
+        test = ("on_test_batch_begin", "on_test_batch_end")
+        self._sync = any(has(cb, train + test) for cb in callbacks.callbacks
+                         if not isinstance(cb, keras_own))
+        self._reads = {"train": any(has(cb, train[1::2]) for cb in callbacks.callbacks),
+                       "test": any(has(cb, test[1:]) for cb in callbacks.callbacks)}
+        self.runner = runner
+
+    def logs(self, step: str) -> dict[str, float]:
+        return self.runner.logs() if self._reads[step] else {}
+
+    def call(self, hook, *args, **kwargs) -> None:
+        if self._sync:
+            self.runner.sync()
+        hook(*args, **kwargs)
+        if self._sync:
+            self.runner.reload()
+
+
+def _checked_callbacks(callbacks) -> list:
     import keras
+    from keras import tree
 
-    callbacks = list(callbacks or [])
+    callbacks = tree.flatten(callbacks) if callbacks is not None else []
     for cb in callbacks:
         if isinstance(cb, keras.callbacks.BackupAndRestore):
             raise FitError("BackupAndRestore cannot work under mirrorfit.fit (its state is "
-                              "on the devices); mirrorfit's own checkpoints do its job: "
-                              "mirrorfit train --checkpoint-dir DIR")
+                           "on the devices); mirrorfit's own checkpoints do its job: "
+                           "mirrorfit train --checkpoint-dir DIR")
         if not isinstance(cb, keras.callbacks.Callback):
             raise FitError(f"callbacks holds {cb!r}, not a keras.callbacks.Callback")
     return callbacks
-
-
-def _wants_batch_logs(callbacks) -> bool:
-    """Whether any callback reads the logs at batch ends (reading them costs a transfer)."""
-    from keras.src import utils
-
-    return any(not utils.is_default(cb.on_train_batch_end) or not utils.is_default(
-        cb.on_batch_end) for cb in callbacks.callbacks)
 
 
 def _verbosity(verbose) -> Any:
     return 1 if verbose == "auto" else verbose
 
 
-def _check_int(name: str, value, minimum: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+def _checked_int(name: str, value, minimum: int) -> int:
+    """``value`` as an int (NumPy integers too); FitError for anything else or below
+    ``minimum``."""
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        value = operator.index(value)
+    except TypeError:
+        raise FitError(f"{name}={value!r}: give a whole number of at least {minimum}") from None
+    if value < minimum:
         raise FitError(f"{name}={value!r}: give a whole number of at least {minimum}")
+    return value

@@ -15,8 +15,12 @@ import keras
 from keras import ops, tree
 
 
-def loss_weights(batch: dict):
-    """The sample weights the loss takes: ``w x scale`` (0 for padding)."""
+def loss_weights(batch: dict, *, masked: bool = False):
+    """The sample weights the loss takes: ``w x scale`` (0 for padding). ``masked``: the
+    model's outputs carry a Keras mask, whose loss already averages over the unmasked steps of
+    each replica's share (padding's steps included in the mask): ``w x mask``."""
+    if masked:
+        return metric_weights(batch)
     scale = batch["scale"]
     return tree.map_structure(lambda w: w * _like(scale, w), batch["w"])
 
@@ -30,6 +34,18 @@ def metric_weights(batch: dict):
 def _like(column, w):
     """``column`` (one value per row) shaped to multiply ``w`` (rows first)."""
     return ops.reshape(column, (-1,) + (1,) * (len(w.shape) - 1))
+
+
+def masked_outputs(model) -> bool:
+    """Whether the model's outputs carry a Keras mask (``mask_zero``, ``Masking``): known for
+    functional and Sequential models."""
+    from keras.src import backend
+
+    try:
+        outputs = model.outputs
+    except (AttributeError, ValueError):  # a subclassed model: not known
+        return False
+    return any(backend.get_keras_mask(t) is not None for t in tree.flatten(outputs or []))
 
 
 def overrides(model, name: str) -> bool:
@@ -59,8 +75,8 @@ def update(model, batch: dict, y_pred, replica_loss) -> None:
     y_true, y_pred = compiled._flatten_y(y), compiled._flatten_y(y_pred)
     mask = batch["mask"]
     for metric, y_t, y_p in zip(compiled._flat_metrics, y_true, y_pred):
-        if metric:
-            metric.update_state(y_t, y_p, sample_weight=mask)
+        if metric:  # the mask shaped as the targets (it broadcasts against a Keras mask)
+            metric.update_state(y_t, y_p, sample_weight=_like(mask, y_t))
     weights = compiled._flatten_y(metric_weights(batch))
     if len(weights) < len(y_true):
         weights = [weights[0]] * len(y_true)

@@ -32,8 +32,8 @@ class State(NamedTuple):
     metrics: list  # per device
 
 
-def check_model(model) -> None:
-    """ValueError for what this engine cannot run per replica."""
+def check_model(model, placement=None) -> None:
+    """FitError (a ValueError) for what this engine cannot run per replica."""
     for name, instead in (("train_step", "override compute_loss(x, y, y_pred, sample_weight) "
                            "instead, which mirrorfit runs on every replica"),
                           ("test_step", "override compute_loss or compute_metrics instead")):
@@ -43,34 +43,58 @@ def check_model(model) -> None:
                               "'tensorflow'")
 
 
+def replicas(placement) -> int:
+    return placement.replicas
+
+
+def pads(model, step: str) -> bool:
+    """Batches are always padded here (a model's own train_step is refused)."""
+    return True
+
+
+def scope(placement):
+    """Nothing to enter: JAX keeps the Keras variables on the host."""
+    import contextlib
+
+    return contextlib.nullcontext()
+
+
 class Runner:
     """Model state on the mesh of ``placement`` and the compiled calls over it."""
 
     def __init__(self, model, placement, *, accum_steps: int = 1) -> None:
-        check_model(model)
         self.model, self.placement = model, placement
         self.mesh, self.replicas = placement.mesh, placement.replicas
         self.accum_steps = accum_steps
         self._replicated = NamedSharding(self.mesh, P())
         self._split = NamedSharding(self.mesh, P(AXIS))
         self._batches = NamedSharding(self.mesh, P(None, AXIS))
-        self._train = self._evaluate = None
+        self._train = self._evaluate = self._statistics = None
         self._output_losses = fit_metrics.output_loss_indices(model)
+        self._masked = fit_metrics.masked_outputs(model)
         self._synced = True
 
     # -- state -------------------------------------------------------------------------------
     def load(self) -> None:
-        """The Keras variables' values as the devices' state (after a build or a callback)."""
-        m, n, put = self.model, self.replicas, self.placement.put
+        """The Keras variables' values as the devices' state, metrics reset (at an epoch's
+        start, after its callbacks)."""
+        m = self.model
         m.reset_metrics()  # the merge adds each replica's change to the reset state
         self._initial_metrics = [np.asarray(v.value) for v in m.metrics_variables]
-        self.state = State(
+        self.state = State([], [], [], self.placement.put(
+            stacked(self._initial_metrics, self.replicas), self._split))
+        self.reload()
+
+    def reload(self) -> None:
+        """The model's and optimizer's variables as the devices' state again (a callback may
+        have changed them); the metrics so far are kept."""
+        m, put = self.model, self.placement.put
+        self.state = self.state._replace(
             trainable=put([np.asarray(v.value) for v in m.trainable_variables], self._replicated),
-            non_trainable=put(stacked([v.value for v in m.non_trainable_variables], n),
-                              self._split),
-            optimizer=put([np.asarray(v.value) for v in m.optimizer.variables], self._replicated),
-            metrics=put(stacked(self._initial_metrics, n), self._split))
-        self._synced = True
+            non_trainable=put(stacked([v.value for v in m.non_trainable_variables],
+                                      self.replicas), self._split),
+            optimizer=put([np.asarray(v.value) for v in m.optimizer.variables], self._replicated))
+        self._synced, self._statistics = True, None
 
     def sync(self) -> None:
         """The devices' state into the Keras variables (a callback reads or saves them)."""
@@ -108,15 +132,21 @@ class Runner:
         if self._train is None:
             self._train = self._build_train(block)
         self.state = self._train(self.state, block, None, np.int32(steps))
-        self._synced = False
+        self._synced, self._statistics = False, None
 
     def evaluate(self, block, batches: int) -> None:
         """Update the metrics with the first ``batches`` batches of ``block``."""
         if self._evaluate is None:
             self._evaluate = jax.jit(self._over_mesh(self._eval_per_device, train=False),
                                      donate_argnums=(0,))
-        metrics = self._evaluate(self.state.metrics, self.state.trainable,
-                                 self.state.non_trainable, block, np.int32(batches))
+        if self._statistics is None:
+            # Every replica evaluates with the same statistics (batch norm's moving means):
+            # their mean over the devices, what the model holds after sync, as on one device.
+            self._statistics = self.placement.put(
+                stacked(self.placement.averaged(self.state.non_trainable), self.replicas),
+                self._split)
+        metrics = self._evaluate(self.state.metrics, self.state.trainable, self._statistics,
+                                 block, np.int32(batches))
         self.state = self.state._replace(metrics=metrics)
 
     def _loss(self, trainable, non_trainable, metrics, optimizer, batch, training: bool):
@@ -124,7 +154,7 @@ class Runner:
         before = metrics
         loss, (unscaled, y_pred, non_trainable, metrics) = model.compute_loss_and_updates(
             trainable, non_trainable, metrics, batch["x"], batch.get("y"),
-            fit_metrics.loss_weights(batch), training=training,
+            fit_metrics.loss_weights(batch, masked=self._masked), training=training,
             optimizer_variables=optimizer if training else None)
         metrics = list(metrics)
         for i in self._output_losses:

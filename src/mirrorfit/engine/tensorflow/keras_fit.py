@@ -5,8 +5,9 @@ Per replica, inside ``strategy.run`` in one ``tf.function`` of S steps: the forw
 model's ``compute_loss`` (its compiled losses, ``loss_weights``, sample weights, regularisers;
 Keras divides it by the replicas itself) over K micro-batches, and the model's own optimizer,
 whose ``apply_gradients`` all-reduces the gradients once per step. A model's own
-``train_step``/``test_step`` runs per replica instead, given ``(x, y, sample_weight)`` with the
-padding of a partial batch weighted 0. The variables are the state: nothing to sync.
+``train_step``/``test_step`` runs per replica instead, given each batch as the data gave it (not
+padded: a partial batch is split unevenly over the replicas, as Keras's own ``fit`` does under
+a strategy). The variables are the state: nothing to sync.
 """
 
 from __future__ import annotations
@@ -19,8 +20,23 @@ from mirrorfit.errors import FitError
 from mirrorfit.fitting import metrics as fit_metrics
 
 
+def replicas(strategy) -> int:
+    return strategy.num_replicas_in_sync
+
+
+def pads(model, step: str) -> bool:
+    """Whether ``step`` (``train``/``test``) batches are padded: not for a model's own
+    ``train_step``/``test_step``, which gets the batch as the data gave it."""
+    return not fit_metrics.overrides(model, f"{step}_step")
+
+
+def scope(strategy):
+    """The strategy's scope: the model is built under it."""
+    return strategy.scope()
+
+
 def check_model(model, strategy) -> None:
-    """ValueError for a model whose variables were not made under the strategy."""
+    """FitError (a ValueError) for a model whose variables were not made under the strategy."""
     if strategy.num_replicas_in_sync == 1:
         return
     made_outside = [v.path for v in model.variables
@@ -40,14 +56,22 @@ class Runner:
         self._own_train = fit_metrics.overrides(model, "train_step")
         self._own_test = fit_metrics.overrides(model, "test_step")
         self._output_losses = fit_metrics.output_loss_indices(model)
+        self._masked = fit_metrics.masked_outputs(model)
         # Keras's own losses divide by the replicas under a strategy; a compute_loss override
         # (Keras's documented examples) returns its examples' loss undivided.
         self._own_loss = fit_metrics.overrides(model, "compute_loss")
-        self._train = tf.function(self._train_block, autograph=False, reduce_retracing=True)
-        self._evaluate = tf.function(self._eval_block, autograph=False, reduce_retracing=True)
+        # A model's own step may need AutoGraph (Python control flow on tensors), as under
+        # Keras's fit; mirrorfit's own is written without it.
+        self._train = tf.function(self._looped(self._replica_train),
+                                  autograph=self._own_train)
+        self._evaluate = tf.function(self._looped(self._replica_eval),
+                                     autograph=self._own_test)
 
     def load(self) -> None:
         check_model(self.model, self.strategy)
+
+    def reload(self) -> None:
+        """Nothing: the Keras variables are the state."""
 
     def sync(self) -> None:
         """Nothing: the Keras variables are the state."""
@@ -59,13 +83,16 @@ class Runner:
         return fit_metrics.results(self.model)
 
     def put(self, block: dict):
-        """Each replica's contiguous share of every batch of the block (leaves ``[S, B, ...]``)."""
-        share = tf.nest.flatten(block)[0].shape[1] // self.replicas
+        """Each replica's contiguous share of every batch of the block (leaves ``[S, B, ...]``;
+        a batch of B not divisible by the replicas, only given to a model's own step, is split
+        as evenly as it goes)."""
+        rows = tf.nest.flatten(block)[0].shape[1]
+        bounds = [r * rows // self.replicas for r in range(self.replicas + 1)]
 
         def piece(context):
             r = context.replica_id_in_sync_group
-            return tf.nest.map_structure(lambda a: tf.constant(a[:, r * share:(r + 1) * share]),
-                                         block)
+            lo, hi = bounds[r], bounds[r + 1]
+            return tf.nest.map_structure(lambda a: tf.constant(a[:, lo:hi]), block)
 
         return self.strategy.experimental_distribute_values_from_function(piece)
 
@@ -75,25 +102,22 @@ class Runner:
     def evaluate(self, block, batches: int) -> None:
         self._evaluate(block, tf.constant(batches, tf.int32))
 
-    def _train_block(self, block, steps):
-        def body(i):
-            self.strategy.run(self._replica_train, args=(block, i))
-            return (i + 1,)
+    def _looped(self, replica_fn):
+        """``run(block, n)``: ``replica_fn(block, i)`` on every replica for i < n."""
+        def run(block, n):
+            def body(i):
+                self.strategy.run(replica_fn, args=(block, i))
+                return (i + 1,)
 
-        tf.while_loop(lambda i: i < steps, body, (tf.constant(0, tf.int32),))
+            tf.while_loop(lambda i: i < n, body, (tf.constant(0, tf.int32),))
 
-    def _eval_block(self, block, batches):
-        def body(i):
-            self.strategy.run(self._replica_eval, args=(block, i))
-            return (i + 1,)
-
-        tf.while_loop(lambda i: i < batches, body, (tf.constant(0, tf.int32),))
+        return run
 
     def _replica_train(self, block, i):
         model = self.model
         batch = tf.nest.map_structure(lambda a: a[i], block)
         if self._own_train:
-            model.train_step((batch["x"], batch.get("y"), fit_metrics.loss_weights(batch)))
+            model.train_step(batch["data"])
             return
         k, weights = self.accum_steps, model.trainable_weights
         total = None
@@ -116,7 +140,7 @@ class Runner:
         model = self.model
         batch = tf.nest.map_structure(lambda a: a[i], block)
         if self._own_test:
-            model.test_step((batch["x"], batch.get("y"), fit_metrics.loss_weights(batch)))
+            model.test_step(batch["data"])
             return
         y_pred = self._call(batch["x"], False)
         loss = self._compute_loss(batch, y_pred, False)
@@ -129,7 +153,8 @@ class Runner:
         tracked = [model.metrics_variables[i] for i in self._output_losses]
         before = [tf.identity(v.value) for v in tracked]
         loss = model._compute_loss(x=batch["x"], y=batch.get("y"), y_pred=y_pred,
-                                   sample_weight=fit_metrics.loss_weights(batch),
+                                   sample_weight=fit_metrics.loss_weights(
+                                       batch, masked=self._masked),
                                    training=training)
         for var, old in zip(tracked, before):
             var.assign(fit_metrics.reweighted(old, var.value, batch["scale"]))
@@ -148,7 +173,3 @@ def _loss_scale_optimizer():
 
     return keras.optimizers.LossScaleOptimizer
 
-
-def scope(strategy):
-    """The strategy's scope (the model is built under it)."""
-    return strategy.scope()

@@ -1,0 +1,69 @@
+"""The epochs ``mirrorfit.fit`` reads: one Keras data adapter, read as Keras's ``EpochIterator``
+reads it, its batches padded to the global batch (:mod:`mirrorfit.fitting.batches`)."""
+
+from __future__ import annotations
+
+from mirrorfit.errors import FitError
+from mirrorfit.fitting import batches as fit_batches
+
+
+class Epochs:
+    """One epoch of batches at a time from ``source`` (a Keras data adapter).
+
+    ``steps`` (Keras's ``steps_per_epoch``): that many batches an epoch, read on from where
+    the last epoch stopped (a source that runs out ends its epoch and starts over in the next),
+    else one pass. ``pad``: batches padded to the global batch (else as the source gives them,
+    for a model's own ``train_step``). ``first``: the first batch, kept for the first epoch
+    (the model is built from it); ``size``: the global batch."""
+
+    def __init__(self, source, batch_size, steps, *, replicas: int, accum_steps: int = 1,
+                 drop_remainder: bool = False, pad: bool = True,
+                 where: str = "training data") -> None:
+        self.source, self.steps_given, self.drop = source, steps, drop_remainder
+        self.pad, self.where = pad, where
+        self.steps = steps or source.num_batches
+        iterator = self._iterator()
+        try:
+            first = next(iterator)
+        except StopIteration:
+            raise FitError(f"the {where} is empty; give at least one example") from None
+        self._pending, self._carry = [first], iterator
+        self.size = fit_batches.check_batch_size(
+            batch_size or source.batch_size or fit_batches.rows(first, where=where), replicas,
+            accum_steps)
+        self.first = self._made(first)
+
+    def _iterator(self):
+        return iter(self.source.get_numpy_iterator())
+
+    def _made(self, data) -> dict | None:
+        if self.pad:
+            return fit_batches.padded(data, self.size, where=self.where)
+        return fit_batches.as_given(data, self.size, where=self.where)
+
+    def epoch(self):
+        """The batches of the next epoch (a generator)."""
+        self.source.on_epoch_begin()
+        if not self._pending and (self._carry is None or not self.steps_given):
+            self._carry = self._iterator()
+        return self._generate()
+
+    def _generate(self):
+        count = 0
+        try:
+            while not self.steps_given or count < self.steps_given:
+                if self._pending:
+                    data = self._pending.pop()
+                else:
+                    try:
+                        data = next(self._carry)
+                    except StopIteration:
+                        self._carry = None
+                        return
+                batch = self._made(data)
+                if batch is None or (self.drop and fit_batches.rows_of(batch) < self.size):
+                    continue
+                count += 1
+                yield batch
+        finally:
+            self.source.on_epoch_end()

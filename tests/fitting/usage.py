@@ -1,0 +1,164 @@
+"""How a Keras user calls mirrorfit.fit beyond the kinds of model: generators and PyDataset
+read as Keras reads them, a model's own train_step (TensorFlow) or its refusal (JAX), batch
+callbacks that change the learning rate, evaluate at other batch sizes, and bad arguments.
+Run as ``python usage.py BACKEND OUT.json`` in a fresh process (2 logical CPU devices)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import numpy as np
+
+import mirrorfit
+
+BACKEND, OUT = sys.argv[1], sys.argv[2]
+mirrorfit.setup(backend=BACKEND, replicas=2)
+import keras  # noqa: E402
+
+rng = np.random.default_rng(0)
+x = rng.normal(size=(192, 4)).astype("float32")
+y = (x @ rng.normal(size=(4, 1))).astype("float32")
+out: dict = {}
+
+
+def mlp(cls=keras.Sequential, lr=0.05):
+    keras.utils.set_random_seed(5)
+    if cls is keras.Sequential:
+        m = keras.Sequential([keras.Input((4,)), keras.layers.Dense(4, activation="tanh"),
+                              keras.layers.Dense(1)])
+    else:
+        inputs = keras.Input((4,))
+        m = cls(inputs, keras.layers.Dense(1)(keras.layers.Dense(4, activation="tanh")(inputs)))
+    m.compile(optimizer=keras.optimizers.SGD(lr), loss="mse", metrics=["mae"])
+    return m
+
+
+def same(a, b, atol=1e-6):
+    return all(np.allclose(p, q, rtol=0, atol=atol) for p, q in zip(a, b))
+
+
+# An endless generator with steps_per_epoch: each epoch reads on (its targets count the batches).
+def endless():
+    i = 0
+    while True:
+        i += 1
+        yield x[:32], np.full((32, 1), i, "float32")
+
+
+seen = []
+
+
+class Targets(keras.callbacks.Callback):
+    def on_epoch_end(self, epoch, logs=None):
+        seen.append(logs["loss"])
+
+
+model = mlp()
+mirrorfit.fit(model, endless(), steps_per_epoch=3, epochs=3, verbose=0, steps_per_execution=2,
+              callbacks=[Targets()])
+out["generator_epochs"] = len(seen)
+out["generator_loss_grows"] = seen[0] < seen[1] < seen[2]  # targets 1-3, 4-6, 7-9
+
+
+class Counted(keras.utils.PyDataset):
+    def __init__(self):
+        super().__init__()
+        self.ends = 0
+
+    def __len__(self):
+        return 3
+
+    def __getitem__(self, i):
+        return x[i * 64:(i + 1) * 64], y[i * 64:(i + 1) * 64]
+
+    def on_epoch_end(self):
+        self.ends += 1
+
+
+data = Counted()
+history = mirrorfit.fit(mlp(), data, epochs=3, verbose=0, validation_data=Counted())
+out["pydataset_epoch_ends"] = data.ends
+out["pydataset_val"] = "val_loss" in history.history
+
+
+# A model's own train_step in keras-io's form; on full batches it is the same update.
+class OwnStep(keras.Model):
+    def train_step(self, data):
+        import tensorflow as tf
+
+        x, y = data
+        with tf.GradientTape() as tape:
+            y_pred = self(x, training=True)
+            loss = self.compute_loss(y=y, y_pred=y_pred)
+        grads = tape.gradient(loss, self.trainable_variables)
+        self.optimizer.apply_gradients(zip(grads, self.trainable_variables))
+        for m in self.metrics:
+            m.update_state(loss) if m.name == "loss" else m.update_state(y, y_pred)
+        return {m.name: m.result() for m in self.metrics}
+
+
+if BACKEND == "tensorflow":
+    own, plain = mlp(OwnStep), mlp(keras.Model)
+    plain.set_weights(own.get_weights())
+    mirrorfit.fit(own, x, y, batch_size=32, epochs=2, verbose=0, shuffle=False)
+    mirrorfit.fit(plain, x, y, batch_size=32, epochs=2, verbose=0, shuffle=False)
+    out["own_step_same"] = same(own.get_weights(), plain.get_weights())
+    partial = mlp(OwnStep)
+    history = mirrorfit.fit(partial, x[:100], y[:100], batch_size=32, epochs=1, verbose=0)
+    out["own_step_partial"] = bool(np.isfinite(history.history["loss"][0]))
+else:
+    try:
+        mirrorfit.fit(mlp(OwnStep), x, y, verbose=0)
+    except ValueError as e:
+        out["own_step_refused"] = str(e)
+
+
+# A batch callback that sets the rate to 0 after the first call: later calls leave the weights.
+class StopLearning(keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.weights = []
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.weights.append(self.model.get_weights())
+        self.model.optimizer.learning_rate = 0.0
+
+
+model, stop = mlp(), StopLearning()
+initial = model.get_weights()
+mirrorfit.fit(model, x, y, batch_size=32, epochs=2, verbose=0, steps_per_execution=2,
+              callbacks=[stop])
+out["batch_rate_moved_first"] = not same(initial, stop.weights[0], atol=0)
+out["batch_rate_frozen_after"] = same(stop.weights[0], model.get_weights(), atol=0)
+out["final_rate"] = float(keras.ops.convert_to_numpy(model.optimizer.learning_rate))
+
+# evaluate at other batch sizes after a fit that validated at one.
+model = mlp()
+mirrorfit.fit(model, x, y, batch_size=64, epochs=1, verbose=0, validation_split=0.25)
+out["evaluate"] = [mirrorfit.evaluate(model, x, y, batch_size=b, verbose=0) for b in (16, 32, 64)]
+out["evaluate_keras"] = model.evaluate(x, y, verbose=0)
+
+# Bad arguments: one line each, a ValueError.
+errors = {}
+for name, call in {
+    "uncompiled": lambda: mirrorfit.fit(keras.Sequential([keras.Input((4,)),
+                                                          keras.layers.Dense(1)]), x, y),
+    "odd_batch": lambda: mirrorfit.fit(mlp(), x, y, batch_size=33, verbose=0),
+    "zero_steps": lambda: mirrorfit.fit(mlp(), x, y, steps_per_epoch=0, verbose=0),
+    "not_callback": lambda: mirrorfit.fit(mlp(), x, y, verbose=0, callbacks=[print]),
+    "float_epochs": lambda: mirrorfit.fit(mlp(), x, y, epochs=1.5, verbose=0),
+    "strings": lambda: mirrorfit.fit(mlp(), np.array([["a"] * 4] * 8, dtype=object),
+                                     y[:8], verbose=0),
+}.items():
+    try:
+        call()
+        errors[name] = None
+    except ValueError as e:
+        errors[name] = str(e)
+out["errors"] = errors
+h = mirrorfit.fit(mlp(), x, y, epochs=np.int64(2), batch_size=np.int32(32), verbose=0,
+                  callbacks=keras.callbacks.History())
+out["numpy_ints_and_one_callback"] = len(h.history["loss"])
+with open(OUT, "w") as f:
+    json.dump(out, f)
