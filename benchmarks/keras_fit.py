@@ -67,13 +67,19 @@ def run_side(side: str, backend: str, epochs: int) -> float:
     if side == "train":
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "m.json"
-            subprocess.run([sys.executable, "-m", "mirrorfit.cli", "train", "--backend", backend,
-                            "--epochs", str(epochs), "--metrics-out", str(out)],
-                           check=True, capture_output=True, text=True)
+            _run([sys.executable, "-m", "mirrorfit.cli", "train", "--backend", backend,
+                  "--epochs", str(epochs), "--metrics-out", str(out)], side)
             return json.loads(out.read_text())["train_examples_per_sec"]
-    proc = subprocess.run([sys.executable, "-c", SIDE, side, backend, str(epochs)],
-                          check=True, capture_output=True, text=True)
+    proc = _run([sys.executable, "-c", SIDE, side, backend, str(epochs)], side)
     return json.loads(proc.stdout.strip().splitlines()[-1])["examples_per_sec"]
+
+
+def _run(cmd: list[str], side: str) -> subprocess.CompletedProcess:
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode:
+        raise SystemExit(f"side {side} failed (exit {proc.returncode}): "
+                         f"{proc.stderr.strip().splitlines()[-1:]}")
+    return proc
 
 
 def main() -> None:

@@ -56,3 +56,31 @@ def test_the_input_thread_error_reaches_the_consumer():
     assert next(items) == 1
     with pytest.raises(KeyError, match="mine"):
         next(items)
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+@pytest.mark.parametrize("drop", [False, True])
+def test_array_blocks_are_the_blocks_of_keras_batches(shuffle, drop):
+    from keras.src.trainers.data_adapters.array_data_adapter import ArrayDataAdapter
+
+    from mirrorfit.fitting.arrays import array_blocks, arrays_of
+
+    rng = np.random.default_rng(1)
+    x = {"a": rng.normal(size=(23, 3)).astype("float32"), "b": np.arange(23)}
+    y = rng.integers(0, 4, size=(23, 2))
+    source = ArrayDataAdapter(x, y, batch_size=4, shuffle=shuffle)
+    np.random.seed(7)
+    expected = [padded(b, 4) for b in source.get_numpy_iterator()]
+    if drop:
+        expected = expected[:-1]
+    expected = list(fit_blocks.blocks(expected, 3))
+    np.random.seed(7)
+    got = list(array_blocks(source, arrays_of(source), 4, 3, drop_remainder=drop))
+    assert [b.steps for b in got] == [b.steps for b in expected]
+    for g, e in zip(got, expected):
+        for key in e.data:
+            flat_g = g.data[key] if not isinstance(e.data[key], dict) else g.data[key]["a"]
+            flat_e = e.data[key] if not isinstance(e.data[key], dict) else e.data[key]["a"]
+            n = g.steps
+            np.testing.assert_array_equal(flat_g[:n], flat_e[:n], err_msg=key)
+        np.testing.assert_array_equal(g.data["x"]["b"][:g.steps], e.data["x"]["b"][:e.steps])

@@ -50,7 +50,7 @@ def padded(data, batch_size: int, *, where: str = "training data") -> dict | Non
         return None
     floatx = keras.config.floatx()
     if w is None:
-        w = _ones_like_targets(y, n, floatx)
+        w = ones_like_targets(y, n, floatx)
     w = tree.map_structure(lambda a: np.asarray(a, floatx), w)
     out = {"x": tree.map_structure(lambda a: _pad(a, batch_size), x),
            "w": tree.map_structure(lambda a: _pad(a, batch_size), w),
@@ -81,7 +81,7 @@ def rows(data, *, where: str = "training data") -> int:
     return sizes.pop()
 
 
-def _ones_like_targets(y, n: int, dtype):
+def ones_like_targets(y, n: int, dtype):
     """Weights of 1, one per target: shaped ``(n, 1, ...)`` to the target's rank, so that they
     broadcast against a per-example loss and a per-token one alike (a ``(n,)`` weight
     against an ``(n, T)`` loss is Keras's own broadcasting error)."""

@@ -19,7 +19,7 @@ import warnings
 from typing import Any
 
 from mirrorfit.errors import FitError
-from mirrorfit.fitting.blocks import blocks, prefetched
+from mirrorfit.fitting.blocks import prefetched
 from mirrorfit.fitting.epochs import Epochs
 from mirrorfit.fitting.setup import current
 
@@ -77,7 +77,7 @@ def fit(model, x=None, y=None, batch_size=None, epochs=1, verbose="auto", callba
             callbacks.on_epoch_begin(epoch)
             run.runner.load()  # what a callback changed (a learning rate) reaches the step
             step = 0
-            for block in prefetched(blocks(train.epoch(), run.steps_per_execution)):
+            for block in prefetched(train.blocks(run.steps_per_execution)):
                 hooks.call(callbacks.on_train_batch_begin, step)
                 run.runner.train(run.runner.put(block.data), block.steps)
                 step += block.steps
@@ -124,7 +124,7 @@ def _evaluate(run, data: Epochs, callbacks, hooks) -> dict[str, float]:
     runner.reset_metrics()
     callbacks.on_test_begin()
     step = 0
-    for block in prefetched(blocks(data.epoch(), run.steps_per_execution)):
+    for block in prefetched(data.blocks(run.steps_per_execution)):
         hooks.call(callbacks.on_test_batch_begin, step)
         runner.evaluate(runner.put(block.data), block.steps)
         step += block.steps
