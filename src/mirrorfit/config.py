@@ -96,6 +96,9 @@ class TrainConfig:
     export_dir: str | None = None  # models/NAME: the next numeric version is written there
     export_preprocessing: bool = False
     save_keras: str | None = None
+    loss: str | None = None  # a Keras loss name, for an uncompiled --model function
+    metrics: str | None = None  # comma-separated Keras metric names, with --loss
+    callbacks: str | None = None  # package.module:function returning Keras callbacks
 
     def __post_init__(self) -> None:
         for name in _OPTIONAL_STR:  # a Path from the Python API is kept as text (JSON summary)
@@ -171,6 +174,18 @@ class TrainConfig:
         # What needs no devices is checked here, before TensorFlow loads (seconds): the model
         # name, and the batch and strategy against an explicit --replicas.
         check_model_name(self.model)  # plain Python: no TensorFlow to load
+        user_model = ":" in self.model
+        for name in ("loss", "metrics", "callbacks"):
+            if getattr(self, name) is not None and not user_model:
+                raise ConfigError(f"{_flag(name)} applies to a --model package.module:function "
+                                  f"(trained as compiled, through mirrorfit.fit); --model "
+                                  f"{self.model} trains its own loss and metrics")
+        if self.metrics is not None and self.loss is None:
+            raise ConfigError("--metrics goes with --loss (an uncompiled --model function); "
+                              "a compiled model's metrics are its compile()'s")
+        if self.callbacks is not None and ":" not in self.callbacks:
+            raise ConfigError(f"--callbacks {self.callbacks!r}: give package.module:function "
+                              "returning a list of keras.callbacks.Callback")
         if self.replicas is not None:
             self.batch_sizes(self.replicas)
             if self.strategy == "single" and self.replicas != 1:
@@ -299,7 +314,7 @@ def _check_float(name: str, value: Any, *, minimum: float, example: str,
 _FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
 _OPTIONAL_STR = {"backend", "data_dir", "dataset", "cache", "visible_devices", "metrics_out",
                  "checkpoint_dir", "export_dir",
-                 "save_keras", "logdir"}
+                 "save_keras", "logdir", "loss", "metrics", "callbacks"}
 
 
 def _coerce(name: str, value: Any) -> Any:

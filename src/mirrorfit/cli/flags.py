@@ -61,6 +61,11 @@ def _train_parser(sub) -> None:
     add("--global-batch-size", type=int, help="examples per step over all replicas (instead)")
     add("--epochs", type=int, help="epochs (default 10)")
     add("--optimizer", help="sgd (default), adam, adamw, rmsprop")
+    add("--loss", help="a Keras loss (mse, binary_crossentropy, ...) for an uncompiled --model "
+        "function; a compiled model trains its compile()'s")
+    add("--metrics", help="comma-separated Keras metrics, with --loss")
+    add("--callbacks", help="package.module:function returning a list of Keras callbacks "
+        "(a --model function's run)")
     add("--lr", type=float, help="learning rate (default 0.01)")
     add("--steps-per-execution", type=int, help="steps per compiled call (default 50)")
     add("--accum-steps", type=int, help="micro-batches per replica per optimizer step; the "

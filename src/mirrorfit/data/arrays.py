@@ -14,7 +14,7 @@ import numpy as np
 from mirrorfit.data.opened import Data, TestSplit
 from mirrorfit.data.pipeline import ShuffledBatches, eval_dataset
 from mirrorfit.data.spec import KINDS, MAX_CLASSES
-from mirrorfit.errors import DataError
+from mirrorfit.errors import DataError, FitError
 
 
 @dataclass(frozen=True)
@@ -173,3 +173,13 @@ def check_pair(x: np.ndarray, y: np.ndarray, x_name: str, y_name: str, fix: str,
 
 
 __all__ = ["Options", "from_arrays", "test_arrays", "check_pair"]
+
+
+def check_class_labels(y, where: str) -> None:
+    """FitError (a ValueError) for targets that are not integer class indices, given to the
+    ``Trainer`` API (its loss takes class indices and would cast them): the fix is
+    ``mirrorfit.fit``."""
+    if y is not None and not np.issubdtype(np.asarray(y).dtype, np.integer):
+        raise FitError(f"{where} has {np.asarray(y).dtype} targets; mirrorfit.Trainer takes "
+                       "integer class indices (its loss would cast them): for float targets, "
+                       "one-hot labels or a compiled model, use mirrorfit.fit(model, x, y)")

@@ -84,6 +84,12 @@ def _jax(replicas, devices):
     return chosen, build_placement(chosen)
 
 
+def use(chosen: Setup) -> None:
+    """Make ``chosen`` (devices the caller set up itself: ``mirrorfit train``) the one
+    :func:`mirrorfit.fit` uses."""
+    _current.append(chosen)
+
+
 def current() -> Setup | None:
     """The last :func:`setup` of this process, or None."""
     return _current[-1] if _current else None

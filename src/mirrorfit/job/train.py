@@ -21,7 +21,7 @@ from mirrorfit.job.checks import check_run
 from mirrorfit.engine import backends
 from mirrorfit.engine.progress import EpochProgress
 from mirrorfit.engine.controller import Trainer
-from mirrorfit.errors import ClusterError
+from mirrorfit.errors import ClusterError, ConfigError
 from mirrorfit.models.build import model_factory
 from mirrorfit.job.observe import CpuGpuSampler, ScalarWriter, out_of_memory_hint
 from mirrorfit.job.preemption import PreemptionGuard
@@ -149,6 +149,13 @@ def _train(config: TrainConfig, console: Console, guard: PreemptionGuard,
     guard.reclaim()  # the strategy may have installed TF's own SIGTERM handler
     guard.watch(None, agree=dist.agree)
     clock.lap("devices")
+    compiled = _compiled_user_model(config, engine, setup, dist)
+    if compiled is not None:  # the Keras user's way: trained as compiled (job/keras_job.py)
+        from mirrorfit.job import keras_job
+
+        console.print(f"[bold]mirrorfit[/] {config.model} (trained through mirrorfit.fit)")
+        console.print(f"devices: {setup.describe()}")
+        return keras_job.run(config, console, compiled[0], compiled=compiled[1], clock=clock)
     per_replica, global_batch = config.batch_sizes(dist.replicas)
     data = load_run_data(config, global_batch, dist)
     clock.lap("data")
@@ -225,6 +232,43 @@ def _train(config: TrainConfig, console: Console, guard: PreemptionGuard,
     return finish(config, console, history, trainer=trainer, data=data, batches=batches,
                   setup=setup, dist=dist, factory=factory, usage=usage, guard=guard,
                   clock=clock)
+
+
+def _compiled_user_model(config: TrainConfig, engine, setup, dist):
+    """A ``--model package.module:function`` that returns a compiled model (or is given
+    ``--loss``), built here under the strategy: ``(model, compiled)``; None for the default
+    loop (a built-in model, or a function that needs the data's shape to build)."""
+    from mirrorfit.job import keras_job
+    from mirrorfit.models.build import needs_data_shape
+    from mirrorfit.models.precision import as_precision
+
+    if ":" not in config.model or needs_data_shape(config.model, config.input_shape,
+                                                    config.num_classes):
+        if config.loss is not None:
+            raise ConfigError(f"--loss: --model {config.model} needs the data's shape to "
+                              "build; give --input-shape (and --num-classes), or give the "
+                              "function defaults")
+        return None
+    engine.seed(config.seed)
+    factory = model_factory(config.model, input_shape=config.input_shape,
+                            num_classes=config.num_classes)
+    strategy = getattr(dist, "strategy", None)
+    scope = strategy.scope() if strategy is not None else contextlib.nullcontext()
+    with scope, as_precision(config.precision).building():
+        model = factory()
+    if not keras_job.wanted(config, model):
+        return None
+    keras_job.check(config)
+    compiled = bool(getattr(model, "compiled", False))
+    if config.backend == "jax":
+        from mirrorfit.fitting.setup import Setup, use
+
+        use(Setup(backend="jax", devices=setup, placement=dist, precision=config.precision))
+    if not compiled:
+        with scope:
+            keras_job.compile_uncompiled(config, model,
+                                         build_optimizer(config.optimizer, config.lr))
+    return model, compiled
 
 
 def _settings(config: TrainConfig) -> dict[str, Any]:

@@ -158,6 +158,21 @@ def _user_model(spec: str, *, input_shape: tuple[int, ...] | None,
     return build
 
 
+def needs_data_shape(spec: str, input_shape, num_classes) -> bool:
+    """Whether a ``--model package.module:function`` has a required ``input_shape`` or
+    ``num_classes`` parameter the flags do not give (mirrorfit passes the data's then)."""
+    module_name, _, attr = spec.partition(":")
+    try:
+        with tensorflow_start_filtered():
+            fn = getattr(importlib.import_module(module_name), attr, None)
+        params = inspect.signature(fn).parameters
+    except Exception:  # noqa: BLE001 - the usual path reports import problems in one line
+        return True
+    given = _given(input_shape=input_shape, num_classes=num_classes)
+    return any(p.default is inspect.Parameter.empty and name in ("input_shape", "num_classes")
+               and name not in given for name, p in params.items())
+
+
 def _first_line(error: BaseException) -> str:
     text = str(error).strip().splitlines()
     return text[0][:200] if text else "no message"

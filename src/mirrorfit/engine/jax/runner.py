@@ -27,6 +27,7 @@ from mirrorfit.engine.jax.feed import Feed, plan
 from mirrorfit.engine.jax.placement import AXIS, Placement
 from mirrorfit.engine.jax.step import Metrics, State, build_steps, stacked
 from mirrorfit.engine.backends import BatchShape, split_batch
+from mirrorfit.data.arrays import check_class_labels
 from mirrorfit.errors import ConfigError
 from mirrorfit.models.precision import Precision, as_precision
 from mirrorfit.models.remat import rematerialize
@@ -183,6 +184,7 @@ class Runner(BatchShape):
         makes, fed ahead of the steps (see :mod:`mirrorfit.engine.jax.feed`)."""
         from jax.sharding import NamedSharding, PartitionSpec as P
 
+        check_class_labels(getattr(train, "y", None), "the training data")
         calls = plan(steps_per_epoch=self.steps_per_epoch(train), start_epoch=start_epoch,
                      epochs=epochs, skip=skip, steps_per_execution=steps_per_execution)
         sharding = NamedSharding(self.distribution.mesh, P(None, AXIS))
@@ -223,6 +225,8 @@ class Runner(BatchShape):
 
         d = self.distribution
         n = self.replicas
+        if isinstance(data, tuple):
+            check_class_labels(data[1], "the evaluation data")
         batch, padded = _eval_batch(data, batch, n)
         replicated, split = self._shardings()
         sharding = NamedSharding(d.mesh, P(None, AXIS))

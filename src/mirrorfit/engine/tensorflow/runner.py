@@ -15,6 +15,7 @@ from typing import Callable, Sequence
 import keras
 import tensorflow as tf
 
+from mirrorfit.data.arrays import check_class_labels
 from mirrorfit.data.pipeline import eval_dataset, worker_slice
 from mirrorfit.engine.backends import COORDINATOR, WORKER_SHARE
 from mirrorfit.engine.tensorflow.distribution import Distribution
@@ -124,6 +125,7 @@ class Runner(BatchShape):
         :meth:`Distribution.distribute`), or under parameter servers the workers' own
         streams. One iterator for the whole run: one per epoch costs a set-up and a teardown
         each time. Checks XLA first, on the input's spec."""
+        check_class_labels(getattr(train, "y", None), "the training data")
         if self.distribution.input_split == COORDINATOR:
             dataset_fn = _sampled(train)
             if not self._xla_checked:

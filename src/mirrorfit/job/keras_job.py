@@ -1,0 +1,220 @@
+"""``mirrorfit train --model package.module:function`` with a compiled Keras model (or an
+uncompiled one with ``--loss``): trained as it was compiled, through ``mirrorfit.fit``.
+
+The data reach the model as the user gave them: MNIST's uint8 pixels and integer labels,
+a ``.npz``'s arrays (``x_train``, ``y_train``, optional ``sample_weight_train``, ``x_val``/
+``y_val``, ``x_test``/``y_test``; ``x_train/NAME`` members make a dict of inputs, likewise
+for targets), or a ``--data package.module:function``'s splits as Keras's ``fit`` takes them.
+Flags that only the built-in loop has are refused in one line each.
+"""
+
+from __future__ import annotations
+
+import importlib
+import time
+from typing import Any
+
+import numpy as np
+
+from mirrorfit.config import TrainConfig
+from mirrorfit.errors import ConfigError
+
+# Settings of mirrorfit's own loop that this path has no counterpart for yet, and the way
+# round for each.
+_NOT_YET = {"checkpoint_dir": "Keras's ModelCheckpoint in --callbacks",
+            "export_dir": "--save-keras, then export that model",
+            "logdir": "Keras's TensorBoard callback in --callbacks",
+            "profile": "the default loop (an uncompiled model)",
+            "xla": "the JAX backend (which compiles every step)",
+            "remat": "the default loop (an uncompiled model)",
+            "train_examples": "a --data function returning fewer examples",
+            "warmup_epochs": "a learning-rate schedule in the model's compile()",
+            "cache": "a --data function returning a cached tf.data.Dataset"}
+_CLUSTER = ("multi-worker", "parameter-server")
+
+
+def wanted(config: TrainConfig, model) -> bool:
+    """Whether a built ``--model`` goes this way: compiled, or ``--loss`` given."""
+    return bool(getattr(model, "compiled", False)) or config.loss is not None
+
+
+def check(config: TrainConfig) -> None:
+    """One line for a flag this path cannot honour (before anything trains)."""
+    defaults = TrainConfig.__dataclass_fields__
+    for name, instead in _NOT_YET.items():
+        if getattr(config, name) != defaults[name].default:
+            flag = "--" + name.replace("_", "-")
+            raise ConfigError(f"{flag} is not yet supported with a compiled --model (trained "
+                              f"through mirrorfit.fit); use {instead}")
+    if config.strategy in _CLUSTER:
+        raise ConfigError(f"--strategy {config.strategy} is not yet supported with a compiled "
+                          "--model; train on one host's devices (--replicas N)")
+
+
+def compile_uncompiled(config: TrainConfig, model, optimizer) -> None:
+    """``--loss`` and ``--metrics`` with ``--optimizer``/``--lr`` for a model not compiled."""
+    metrics = [m for m in (config.metrics or "").split(",") if m]
+    try:
+        model.compile(optimizer=optimizer, loss=config.loss, metrics=metrics)
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"--loss {config.loss} / --metrics {config.metrics}: Keras refused "
+                          f"them ({str(e).strip().splitlines()[0][:200]})") from None
+
+
+def describe(config: TrainConfig, model, compiled: bool) -> str:
+    """What trains, for the start screen: ``loss: mse (the model's compile), ...``."""
+    import keras
+
+    opt = model.optimizer
+    lr = opt.learning_rate
+    rate = f"{float(keras.ops.convert_to_numpy(lr)):g}" if not callable(lr) else "a schedule"
+    loss = model.loss
+    names = (", ".join(f"{k}: {_name(v)}" for k, v in loss.items()) if isinstance(loss, dict)
+             else ", ".join(map(_name, loss)) if isinstance(loss, (list, tuple)) else _name(loss))
+    metrics = [_name(m) for m in (model._compile_metrics._user_metrics or [])] \
+        if getattr(model, "_compile_metrics", None) is not None else []
+    where = "the model's compile" if compiled else "--loss"
+    line = (f"loss: {names} ({where}), optimizer: {type(opt).__name__} {rate}, "
+            f"metrics: {', '.join(map(str, _flat(metrics))) or 'none'}")
+    if compiled and (config.loss or config.metrics):
+        line += "; the compile wins over --loss/--metrics"
+    return line
+
+
+def _name(thing) -> str:
+    return thing if isinstance(thing, str) else getattr(thing, "name", None) or \
+        getattr(thing, "__name__", type(thing).__name__)
+
+
+def _flat(values):
+    from keras import tree
+
+    return [_name(v) for v in tree.flatten(values)]
+
+
+def user_callbacks(spec: str | None) -> list:
+    """``--callbacks package.module:function``: the list it returns."""
+    if not spec:
+        return []
+    module_name, _, attr = spec.partition(":")
+    try:
+        fn = getattr(importlib.import_module(module_name), attr)
+    except (Exception, SystemExit) as e:
+        raise ConfigError(f"--callbacks {spec}: cannot import it ({type(e).__name__}: "
+                          f"{str(e)[:200]})") from None
+    try:
+        callbacks = fn()
+    except Exception as e:
+        raise ConfigError(f"--callbacks {spec}: the function raised {type(e).__name__}: "
+                          f"{str(e)[:200]}") from None
+    if not isinstance(callbacks, (list, tuple)):
+        raise ConfigError(f"--callbacks {spec} returned {type(callbacks).__name__}; return a "
+                          "list of keras.callbacks.Callback")
+    return list(callbacks)
+
+
+def splits(config: TrainConfig) -> dict[str, Any]:
+    """``{"train": (x, y[, w]), "val": ..., "test": ...}`` as the data hold them."""
+    data = config.data or "mnist"
+    if data == "mnist":
+        from mirrorfit.data.mnist import VALIDATION_SIZE, locate_mnist
+
+        with np.load(locate_mnist(config.data_dir)) as f:
+            x, y = f["x_train"], f["y_train"]
+            return {"train": (x[VALIDATION_SIZE:], y[VALIDATION_SIZE:]),
+                    "val": (x[:VALIDATION_SIZE], y[:VALIDATION_SIZE]),
+                    "test": (f["x_test"], f["y_test"])}
+    if data.endswith(".npz"):
+        return _npz_splits(data)
+    if ":" in data:
+        from mirrorfit.data.user import call_user_function
+
+        return call_user_function(data, check=())
+    raise ConfigError(f"--data {data} is not yet supported with a compiled --model; give "
+                      "mnist, FILE.npz or package.module:function")
+
+
+def _npz_splits(path: str) -> dict[str, Any]:
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            arrays = {k: f[k] for k in f.files}
+    except (OSError, ValueError, EOFError) as e:
+        raise ConfigError(f"--data {path} is not a readable npz file ({type(e).__name__}: "
+                          f"{str(e)[:200]}); save it with numpy.savez") from None
+    out = {}
+    for split in ("train", "val", "test"):
+        parts = [_member(arrays, f"{kind}_{split}") for kind in ("x", "y", "sample_weight")]
+        if parts[0] is None:
+            continue
+        out[split] = tuple(p for p in parts if p is not None)
+    if "train" not in out:
+        raise ConfigError(f"--data {path} has no x_train (or x_train/NAME members)")
+    return out
+
+
+def _member(arrays: dict, key: str):
+    if key in arrays:
+        return arrays[key]
+    named = {k[len(key) + 1:]: v for k, v in arrays.items() if k.startswith(key + "/")}
+    return named or None
+
+
+def run(config: TrainConfig, console, model, *, compiled: bool, clock) -> dict[str, Any]:
+    """Train ``model`` as compiled on ``config``'s data; print and return the summary."""
+    import mirrorfit
+    from mirrorfit.fitting.loop import fit
+
+    data = splits(config)
+    train, val, test = data["train"], data.get("val"), data.get("test")
+    console.print(describe(config, model, compiled))
+    clock.lap("data")
+    callbacks = user_callbacks(config.callbacks)
+    kwargs = {}
+    if isinstance(train, tuple):
+        kwargs.update(x=train[0], y=train[1] if len(train) > 1 else None,
+                      sample_weight=train[2] if len(train) > 2 else None)
+    else:
+        kwargs["x"] = train
+    if val is None and config.validation_split:
+        kwargs["validation_split"] = config.validation_split
+    _, global_batch = config.batch_sizes(_replicas(model))
+    start = time.perf_counter()
+    history = fit(model, batch_size=global_batch, epochs=config.epochs,
+                  verbose=1 if config.progress else 0, callbacks=callbacks,
+                  validation_data=val, steps_per_execution=config.steps_per_execution,
+                  accum_steps=config.accum_steps, **kwargs)
+    wall = time.perf_counter() - start
+    clock.lap("fit")
+    summary = {"model": config.model, "backend": config.backend, "global_batch_size":
+               global_batch, "epochs": len(history.history.get("loss", [])),
+               "wall_time_s": wall, "history": history.history}
+    if test is not None:
+        tx = test if not isinstance(test, tuple) else test[0]
+        rest = {} if not isinstance(test, tuple) else {
+            "y": test[1] if len(test) > 1 else None,
+            "sample_weight": test[2] if len(test) > 2 else None}
+        summary["test"] = mirrorfit.evaluate(model, tx, batch_size=global_batch, verbose=0,
+                                             return_dict=True, **rest)
+    last = {k: v[-1] for k, v in history.history.items()}
+    console.print("done: " + ", ".join(f"{k} {v:.4g}" for k, v in last.items())
+                  + ("; test " + ", ".join(f"{k} {v:.4g}" for k, v in summary["test"].items())
+                     if "test" in summary else ""))
+    if config.save_keras:
+        model.save(config.save_keras)
+        console.print(f"saved {config.save_keras}")
+    summary["timings_s"] = clock.timings
+    if config.metrics_out:
+        from mirrorfit._io import write_json_atomic
+
+        write_json_atomic(config.metrics_out, summary)
+    return summary
+
+
+def _replicas(model) -> int:
+    import keras
+
+    if keras.backend.backend() == "tensorflow":
+        return model.distribute_strategy.num_replicas_in_sync
+    from mirrorfit.fitting.setup import current
+
+    return current().replicas

@@ -1,0 +1,72 @@
+"""mirrorfit train with a compiled --model function: trained as compiled, through
+mirrorfit.fit (job/keras_job.py), on the data as given."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import run_cli
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.parametrize("backend", ["jax", "tensorflow"])
+def test_a_compiled_regression_trains_as_compiled(backend, tmp_path):
+    out = tmp_path / "m.json"
+    proc = run_cli("train", "--backend", backend, "--replicas", "2", "--model",
+                   "keras_models:regression", "--data", "keras_models:regression_data",
+                   "--epochs", "3", "--global-batch-size", "64", "--no-progress",
+                   "--metrics-out", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "loss: mse (the model's compile), optimizer: Adam 0.01, metrics: mae" in proc.stderr
+    history = json.loads(out.read_text())["history"]
+    assert set(history) == {"loss", "mae", "val_loss", "val_mae"}
+    assert history["loss"][-1] < history["loss"][0] / 2  # float targets, kept float
+
+
+def test_the_chapters_cnn_on_uint8_learns(mnist_dir, tmp_path):
+    out = tmp_path / "m.json"
+    proc = run_cli("train", "--backend", "jax", "--model", "keras_models:chapter_cnn",
+                   "--epochs", "1", "--no-progress", "--metrics-out", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads(out.read_text())
+    assert summary["test"]["accuracy"] > 0.9  # the built-in loop's /255 had left it at 0.116
+
+
+def test_loss_and_callbacks_for_an_uncompiled_model(tmp_path):
+    out = tmp_path / "m.json"
+    proc = run_cli("train", "--backend", "jax", "--model", "keras_models:uncompiled",
+                   "--data", "keras_models:regression_data", "--loss", "mse", "--metrics",
+                   "mae", "--optimizer", "adam", "--lr", "0.05", "--epochs", "3",
+                   "--callbacks", "keras_models:stop_after_one", "--no-progress",
+                   "--metrics-out", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "loss: mse (--loss), optimizer: Adam 0.05, metrics: mae" in proc.stderr
+    assert len(json.loads(out.read_text())["history"]["loss"]) == 1  # the callback stopped it
+
+
+@pytest.mark.parametrize("args, needle", [
+    (("--checkpoint-dir", "{tmp}/ck"), "--checkpoint-dir is not yet supported with a compiled"),
+    (("--logdir", "{tmp}/tb"), "--logdir is not yet supported with a compiled --model; use "
+     "Keras's TensorBoard callback"),
+])
+def test_what_this_path_cannot_do_is_one_line(args, needle, tmp_path):
+    args = [a.format(tmp=tmp_path) for a in args]
+    proc = run_cli("train", "--backend", "jax", "--model", "keras_models:regression",
+                   "--data", "keras_models:regression_data", *args)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert needle in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("args, needle", [
+    (("--loss", "mse"), "--loss applies to a --model package.module:function"),
+    (("--model", "keras_models:uncompiled", "--metrics", "mae"), "--metrics goes with --loss"),
+    (("--model", "keras_models:regression", "--callbacks", "nocolon"),
+     "--callbacks 'nocolon': give package.module:function"),
+])
+def test_bad_keras_flags_are_refused_before_tensorflow_loads(args, needle):
+    proc = run_cli("train", *args, without_tensorflow=True)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert needle in proc.stderr

@@ -1,0 +1,42 @@
+"""Keras models and data as a user's --model / --data / --callbacks functions give them (the
+CLI's compiled-model path, tests/job/test_keras_job.py)."""
+
+import keras
+import numpy as np
+
+
+def regression():
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"),
+                              keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.Adam(1e-2), loss="mse", metrics=["mae"])
+    return model
+
+
+def uncompiled():
+    return keras.Sequential([keras.Input((8,)), keras.layers.Dense(1)])
+
+
+def chapter_cnn():
+    """Hands-On ML's way: uint8 pixels in, Rescaling(1/255) first."""
+    model = keras.Sequential([
+        keras.Input((28, 28)), keras.layers.Rescaling(1 / 255), keras.layers.Reshape((28, 28, 1)),
+        keras.layers.Conv2D(8, 3, activation="relu"), keras.layers.MaxPooling2D(),
+        keras.layers.Flatten(), keras.layers.Dense(10, activation="softmax")])
+    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    return model
+
+
+def regression_data():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(500, 8)).astype("float32")
+    y = (x @ rng.normal(size=(8, 1))).astype("float32")
+    return (x[:400], y[:400]), (x[400:], y[400:])
+
+
+class StopAfterOne(keras.callbacks.Callback):
+    def on_epoch_end(self, epoch, logs=None):
+        self.model.stop_training = True
+
+
+def stop_after_one():
+    return [StopAfterOne()]
