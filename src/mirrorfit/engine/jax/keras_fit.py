@@ -34,6 +34,10 @@ class State(NamedTuple):
 
 def check_model(model, placement=None) -> None:
     """FitError (a ValueError) for what this engine cannot run per replica."""
+    if placement is not None and placement.workers > 1:
+        raise FitError("mirrorfit.fit runs over one process's devices for now; for several "
+                       "worker processes use mirrorfit train's built-in loop (docs/"
+                       "multi-worker-jax.md)")
     for name, instead in (("train_step", "override compute_loss(x, y, y_pred, sample_weight) "
                            "instead, which mirrorfit runs on every replica"),
                           ("test_step", "override compute_loss or compute_metrics instead")):

@@ -36,7 +36,13 @@ def scope(strategy):
 
 
 def check_model(model, strategy) -> None:
-    """FitError (a ValueError) for a model whose variables were not made under the strategy."""
+    """FitError (a ValueError) for a model whose variables were not made under the strategy,
+    or a strategy over several processes (not yet)."""
+    if isinstance(strategy, (tf.distribute.MultiWorkerMirroredStrategy,
+                             tf.distribute.experimental.ParameterServerStrategy)):
+        raise FitError(f"mirrorfit.fit runs over one process's devices for now, not under "
+                       f"{type(strategy).__name__}; for several workers use mirrorfit train's "
+                       "built-in loop (docs/multi-worker.md)")
     if strategy.num_replicas_in_sync == 1:
         return
     made_outside = [v.path for v in model.variables
