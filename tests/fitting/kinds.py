@@ -14,7 +14,12 @@ import numpy as np
 import mirrorfit
 
 BACKEND, MODE, OUT = sys.argv[1:4]
-mirrorfit.setup(backend=BACKEND, replicas=2 if MODE == "mirrorfit" else 1)
+if MODE == "mirrorfit":
+    mirrorfit.setup(backend=BACKEND, replicas=2)
+else:  # Keras alone, as a user runs it on one device
+    import os
+
+    os.environ["KERAS_BACKEND"] = BACKEND
 import keras  # noqa: E402
 from keras import layers, ops  # noqa: E402
 
