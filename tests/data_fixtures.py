@@ -184,3 +184,17 @@ def wrong_source():
 def one_hot_source():
     x, y = mnist(100)
     return x, np.eye(10)[y]
+
+
+def tensorflow_importing_source():
+    """A source whose body imports TensorFlow (under --backend jax its start-up lines must not
+    reach the screen)."""
+    import tensorflow as tf  # noqa: F401
+
+    return mnist(256)
+
+
+def overflowing_source():
+    """MNIST x 300: under fp16 every step's gradients overflow (the loss stays finite)."""
+    x, y = mnist(640)
+    return x.astype(np.float32) * 300.0, y

@@ -12,6 +12,13 @@ def regression():
     return model
 
 
+def diverging():
+    """The regression at a learning rate that overflows within a few steps."""
+    model = regression()
+    model.compile(optimizer=keras.optimizers.SGD(1e30), loss="mse")
+    return model
+
+
 def uncompiled():
     return keras.Sequential([keras.Input((8,)), keras.layers.Dense(1)])
 

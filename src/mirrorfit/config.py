@@ -95,6 +95,7 @@ class TrainConfig:
     fresh: bool = False  # move existing checkpoints aside instead of resuming
     export_dir: str | None = None  # models/NAME: the next numeric version is written there
     export_preprocessing: bool = False
+    allow_nan: bool = False  # train on through a non-finite loss; save and export NaN weights
     save_keras: str | None = None
     loss: str | None = None  # a Keras loss name, for an uncompiled --model function
     metrics: str | None = None  # comma-separated Keras metric names, with --loss

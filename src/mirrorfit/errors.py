@@ -6,6 +6,7 @@ with ``EXIT_USAGE``; it never lets a TensorFlow traceback reach the user for suc
 """
 
 EXIT_USAGE = 2
+EXIT_DIVERGED = 65  # DivergedError: the numbers went non-finite; a rerun would repeat it
 
 
 class MirrorfitError(Exception):
@@ -35,6 +36,14 @@ class DataEndedError(DataError):
 
 class StorageError(MirrorfitError):
     """A write that cannot complete (the disk is full); what was there before is kept."""
+
+
+class DivergedError(MirrorfitError):
+    """The run's numbers are no longer finite (a NaN or infinite loss or weight), or no update
+    was ever applied: exit 65 (sysexits' EX_DATAERR), and rerunning the same command repeats
+    it, so a launcher does not restart it."""
+
+    exit_code = EXIT_DIVERGED
 
 
 class ClusterError(MirrorfitError):

@@ -317,11 +317,12 @@ def test_exhausted_restarts_return_the_failing_code(task, capsys):
     assert time.monotonic() - start < 10  # the sleeping chief was stopped, not waited for
 
 
-def test_usage_errors_are_not_retried(task, capsys):
+@pytest.mark.parametrize("rc,why", [(2, "a usage error"), (65, "a diverged run")])
+def test_usage_errors_and_diverged_runs_are_not_retried(task, capsys, rc, why):
     code, out, err = run(["--workers", "2", "--max-restarts", "3", "--",
-                          *task("always-fail", "2")], capsys)
-    assert code == 2 and err.count("starting 2 task(s)") == 1
-    assert "worker 1 exited with code 2 (a usage error, which a restart would repeat)" in err
+                          *task("always-fail", str(rc))], capsys)
+    assert code == rc and err.count("starting 2 task(s)") == 1
+    assert f"worker 1 exited with code {rc} ({why}, which a restart would repeat)" in err
 
 
 def test_parameter_server_layout_and_the_chiefs_exit_code(task, capsys):

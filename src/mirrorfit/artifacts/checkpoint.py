@@ -44,8 +44,10 @@ from mirrorfit.artifacts.checkpoint_meta import (EPOCH_END_KEYS, FORMAT, Checkpo
                                        check_identity, check_settings, decode_epoch_logs,
                                        encode_epoch_logs, list_checkpoints, read_meta,
                                        require_checkpoints)
+from mirrorfit.artifacts.finite import first_non_finite
 from mirrorfit.data.pipeline import DataOrder
 from mirrorfit.engine.controller import Position
+from mirrorfit.errors import DivergedError
 # Re-exported: callers take the preemption pieces from here, beside the checkpoints they save.
 from mirrorfit.job.preemption import EXIT_PREEMPTED, Preempted, PreemptionGuard  # noqa: F401
 
@@ -94,6 +96,8 @@ class Checkpointer:
     them. ``on_notice`` gets one line when restore falls back past a corrupt checkpoint.
     ``writer``: whether this process keeps what it saves (the chief of a multi-worker run;
     the other workers read ``directory``, on storage every worker sees, and write nothing).
+    ``allow_nan``: save weights that are NaN or infinite; without it such a save raises
+    DivergedError and the previous (finite) checkpoint stays the newest.
     """
 
     def __init__(self, directory: str | Path, *, trainer, model_spec: str, every: int = 0,
@@ -101,8 +105,9 @@ class Checkpointer:
                  flags: Mapping[str, Mapping[str, Any]] | None = None,
                  settings: Mapping[str, Any] | None = None,
                  on_notice: Callable[[str], None] = print, writer: bool = True,
-                 class_names: Sequence[str] | None = None) -> None:
+                 class_names: Sequence[str] | None = None, allow_nan: bool = False) -> None:
         self.directory = Path(directory)
+        self.allow_nan = allow_nan
         self.trainer = trainer
         self.every, self.keep = every, keep
         self.identity = identity(trainer, model_spec)
@@ -192,6 +197,7 @@ class Checkpointer:
         and removed: TF's multi-worker saving may run collectives, so every worker saves, but
         only the chief's copy is kept (``writer=False``)."""
         t = self.trainer
+        self._check_finite()
         if not self.writer:
             scratch = Path(tempfile.gettempdir()) / f"mirrorfit-worker-ckpt.tmp-{_io.temp_tag()}"
             try:
@@ -224,6 +230,18 @@ class Checkpointer:
         for old in self.checkpoints()[:-self.keep]:
             shutil.rmtree(old, ignore_errors=True)
         return final
+
+    def _check_finite(self) -> None:
+        if self.allow_nan:
+            return
+        bad = first_non_finite(self.trainer.model.weights)
+        if bad is not None:
+            found = self.checkpoints() if self.writer else []
+            kept = (f"the last finite checkpoint, {found[-1]}, stays the newest" if found
+                    else "no checkpoint was written")
+            raise DivergedError(f"global step {self.trainer.step}: the weights are not finite "
+                                f"({bad}); not saved, {kept}; try a lower --lr, or "
+                                "--allow-nan to save them anyway")
 
     def _meta(self) -> dict[str, Any]:
         t = self.trainer

@@ -97,8 +97,11 @@ def _cmd_export(args: argparse.Namespace) -> int:
     backends.import_tensorflow("mirrorfit export (it writes a TensorFlow SavedModel)")
     from mirrorfit.artifacts.checkpoint import load_model
     from mirrorfit.artifacts.export import export_saved_model
+    from mirrorfit.artifacts.finite import refuse_non_finite
 
     model, meta = load_model(args.checkpoint_dir, model=args.model)
+    refuse_non_finite(model, f"step {meta['step']} of {args.checkpoint_dir}",
+                      allow=bool(args.allow_nan))
     names = meta.get("class_names")  # absent in checkpoints of older versions
     if names is not None and not (isinstance(names, list) and names
                                   and all(isinstance(n, str) for n in names)):

@@ -123,6 +123,9 @@ def _export_flags(add) -> None:
     add("--export-dir", help="write a SavedModel into the next version folder of models/NAME")
     add("--export-preprocessing", action="store_const", const=True,
         help="exported signature takes raw uint8 pixels and scales them itself")
+    add("--allow-nan", action="store_const", const=True,
+        help="train on through a NaN or infinite loss, as Keras's fit does, and save and "
+             "export non-finite weights (default: stop the run, exit 65, and refuse them)")
 
 
 def _csv(kind, name: str):

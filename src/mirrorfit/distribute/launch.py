@@ -39,7 +39,7 @@ from mirrorfit.distribute._cpu_binding import (available_cores, describe, plan_c
                                                usable_cpus)
 from mirrorfit.distribute._output import line_writer, start_streaming
 from mirrorfit.distribute.cluster import Cluster
-from mirrorfit.errors import EXIT_USAGE, ConfigError, MirrorfitError
+from mirrorfit.errors import EXIT_DIVERGED, EXIT_USAGE, ConfigError, MirrorfitError
 
 DEFAULT_GRACE_S = 10.0  # seconds a task gets between SIGTERM and SIGKILL
 DEFAULT_MAX_RESTARTS = 0
@@ -319,8 +319,9 @@ class Launcher:
     def _on_failure(self, task: _Task, rc: int, tasks: list[_Task]) -> tuple[bool, int] | None:
         what = f"{task.name} exited with {_describe(rc)}"
         everyone = f"all {len(tasks)} task(s)"
-        if rc == EXIT_USAGE:
-            self._say(f"{what} (a usage error, which a restart would repeat); stopping {everyone}")
+        if rc in (EXIT_USAGE, EXIT_DIVERGED):
+            why = "a usage error" if rc == EXIT_USAGE else "a diverged run"
+            self._say(f"{what} ({why}, which a restart would repeat); stopping {everyone}")
             self._stop(tasks)
             return False, rc
         if self.restarts >= self.max_restarts:

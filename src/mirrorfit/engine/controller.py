@@ -300,6 +300,11 @@ class Trainer:
             logs["skipped_steps"] = float(self.skipped_steps())
         return logs
 
+    def train_loss(self) -> float:
+        """The current epoch's mean training loss so far: the loss alone, cheaper than
+        :meth:`train_logs` (several workers: a collective, read at the same points)."""
+        return self.runner.train_loss()
+
     def tracing_count(self) -> int:
         """How often the multi-step train function was traced (1 once running)."""
         return self.runner.tracing_count()

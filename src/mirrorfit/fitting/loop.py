@@ -264,7 +264,9 @@ class _BatchHooks:
         def has(cb, names):
             return any(not utils.is_default(getattr(cb, n)) for n in names)
 
-        keras_own = (keras.callbacks.ProgbarLogger, keras.callbacks.History)
+        # Keras's own that read only the logs (TerminateOnNaN too): no sync for them.
+        keras_own = (keras.callbacks.ProgbarLogger, keras.callbacks.History,
+                     keras.callbacks.TerminateOnNaN)
         train = ("on_train_batch_begin", "on_train_batch_end", "on_batch_begin",
                  "on_batch_end")
         test = ("on_test_batch_begin", "on_test_batch_end")

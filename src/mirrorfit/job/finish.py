@@ -10,6 +10,7 @@ from rich.console import Console
 
 from mirrorfit import _io
 from mirrorfit.config import TrainConfig, to_dict
+from mirrorfit.job.divergence import check_updates
 from mirrorfit.job.observe import out_of_memory_hint
 from mirrorfit.job.preemption import PreemptionGuard
 from mirrorfit.job.data import data_errors, input_source
@@ -75,6 +76,7 @@ def finish(config: TrainConfig, console: Console, history, *, trainer, data, bat
     if trainer.loss_scale() is not None:
         console.print(f"fp16 loss scale {trainer.loss_scale():g}, "
                       f"{trainer.skipped_steps()} step(s) skipped for non-finite gradients")
+    check_updates(trainer)  # fp16: every update skipped is a run that trained nothing
     if config.profile:
         from mirrorfit.job.profiling import profile_steps  # TensorFlow's
 
@@ -89,7 +91,11 @@ def finish(config: TrainConfig, console: Console, history, *, trainer, data, bat
     if not dist.is_chief:
         return summary
     if config.export_dir or config.save_keras:
+        from mirrorfit.artifacts.finite import refuse_non_finite
         from mirrorfit.artifacts.keras_file import save_keras
+
+        refuse_non_finite(trainer.model, f"global step {trainer.step}",
+                          allow=config.allow_nan)
 
         plain = factory()  # a copy outside the strategy: exports load with no strategy
         plain.set_weights(trainer.model.get_weights())

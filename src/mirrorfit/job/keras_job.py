@@ -169,6 +169,8 @@ def run(config: TrainConfig, console, model, *, compiled: bool, clock) -> dict[s
     console.print(describe(config, model, compiled))
     clock.lap("data")
     callbacks = user_callbacks(config.callbacks)
+    if not config.allow_nan:
+        callbacks = [stop_on_nan(), *callbacks]
     kwargs = {}
     if isinstance(train, tuple):
         kwargs.update(x=train[0], y=train[1] if len(train) > 1 else None,
@@ -200,6 +202,9 @@ def run(config: TrainConfig, console, model, *, compiled: bool, clock) -> dict[s
                   + ("; test " + ", ".join(f"{k} {v:.4g}" for k, v in summary["test"].items())
                      if "test" in summary else ""))
     if config.save_keras:
+        from mirrorfit.artifacts.finite import refuse_non_finite
+
+        refuse_non_finite(model, "the trained model", allow=config.allow_nan)
         model.save(config.save_keras)
         console.print(f"saved {config.save_keras}")
     summary["timings_s"] = clock.timings
@@ -208,6 +213,31 @@ def run(config: TrainConfig, console, model, *, compiled: bool, clock) -> dict[s
 
         write_json_atomic(config.metrics_out, summary)
     return summary
+
+
+def stop_on_nan():
+    """Keras's TerminateOnNaN, but the run ends with mirrorfit's DivergedError (exit 65) after
+    the call of steps whose loss is NaN or infinite, not with ``done`` and exit 0."""
+    import math
+
+    import keras
+
+    from mirrorfit.errors import DivergedError
+
+    class StopOnNaN(keras.callbacks.TerminateOnNaN):
+        epoch = 0
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self.epoch = epoch
+
+        def on_batch_end(self, batch, logs=None):
+            loss = (logs or {}).get("loss")
+            if loss is not None and not math.isfinite(loss):
+                raise DivergedError(f"the training loss is {loss} at batch {batch + 1} of "
+                                    f"epoch {self.epoch + 1}; stopped; try a lower learning "
+                                    "rate, or --allow-nan to train on as Keras does")
+
+    return StopOnNaN()
 
 
 def _replicas(model) -> int:

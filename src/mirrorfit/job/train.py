@@ -26,6 +26,7 @@ from mirrorfit.models.build import model_factory
 from mirrorfit.job.observe import CpuGpuSampler, ScalarWriter, out_of_memory_hint
 from mirrorfit.job.preemption import PreemptionGuard
 from mirrorfit.models.schedules import LinearWarmup, learning_rate
+from mirrorfit.job.divergence import DivergenceGuard
 from mirrorfit.job.data import check_model_fits, data_errors, data_flags, load_run_data
 from mirrorfit.job.finish import finish
 
@@ -195,7 +196,7 @@ def _train(config: TrainConfig, console: Console, guard: PreemptionGuard,
         hooks_extra = []
     check_model_fits(trainer.model, data, config)
     batches = data.train
-    hooks, checkpointer = list(hooks_extra), None
+    hooks, checkpointer = [], None
     if config.checkpoint_dir:
         checkpointer = Checkpointer(config.checkpoint_dir, trainer=trainer,
                                     model_spec=config.model, every=config.checkpoint_every,
@@ -203,9 +204,14 @@ def _train(config: TrainConfig, console: Console, guard: PreemptionGuard,
                                     flags=data_flags(config, dist, data),
                                     settings=_settings(config),
                                     on_notice=lambda msg: console.print(f"[yellow]{msg}[/]"),
-                                    writer=dist.is_chief, class_names=data.class_names)
+                                    writer=dist.is_chief, class_names=data.class_names,
+                                    allow_nan=config.allow_nan)
         trainer.resume(checkpointer, steps_per_epoch=batches.steps_per_epoch,
                        fresh=config.fresh, say=console.print)
+    if not config.allow_nan:  # first: a NaN step is neither checkpointed nor written out
+        hooks.append(DivergenceGuard(checkpoints=checkpointer).hook)
+    hooks.extend(hooks_extra)
+    if checkpointer is not None:
         hooks.append(checkpointer.step_hook)  # before the guard's: a signal saves this step
         callbacks.append(checkpointer.epoch_callback)
     guard.reclaim()  # user code (a --data or --model function, a library) may have taken them

@@ -256,6 +256,13 @@ class Runner(BatchShape):
     def train_logs(self) -> dict[str, float]:
         return _results(self._train_metrics, self._state.metrics, self.distribution)
 
+    def train_loss(self) -> float:
+        """The current epoch's mean training loss so far (the loss metric alone: what a check
+        after every call reads; several processes: a collective)."""
+        n = len(self._train_metrics.objects[0].variables)  # the loss Mean's total and count
+        total, count = self.distribution.summed(self._state.metrics[:n])
+        return float(total) / float(count) if float(count) else 0.0
+
     def _optimizer_value(self, variable) -> np.ndarray:
         index = [id(v) for v in self._optimizer.variables].index(id(variable))
         return np.asarray(self._state.optimizer[index])

@@ -179,6 +179,10 @@ class Runner(BatchShape):
     def train_logs(self) -> dict[str, float]:
         return _read(self._train_metrics())
 
+    def train_loss(self) -> float:
+        """The current epoch's mean training loss so far (the loss metric alone)."""
+        return float(self.step.loss_tracker.result())
+
     def _train_metrics(self) -> list[keras.metrics.Metric]:
         return [self.step.loss_tracker, *self.step.train_metrics]
 

@@ -1,0 +1,109 @@
+"""A run whose numbers stop being finite ends, exit 65, instead of training NaNs to `done` and
+exporting them (job/divergence.py; checkpoints and exports refuse NaN weights): on both
+engines, through the built-in loop and through mirrorfit.fit's compiled-model path."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import run_cli
+
+from mirrorfit.errors import DivergedError
+from mirrorfit.job.divergence import DivergenceGuard
+
+pytestmark = pytest.mark.slow
+SMALL = ("--train-examples", "2000", "--epochs", "2", "--no-progress")
+
+
+def _state(folder: Path) -> list[np.ndarray]:
+    """The float arrays of a checkpoint (either engine's files), as NumPy."""
+    if (folder / "state.npz").exists():  # JAX
+        with np.load(folder / "state.npz") as f:
+            return [f[k] for k in f.files if k != "layout"]
+    import tensorflow as tf
+
+    reader = tf.train.load_checkpoint(str(next(folder.glob("*.index"))).removesuffix(".index"))
+    return [reader.get_tensor(k) for k, dtype in reader.get_variable_to_dtype_map().items()
+            if dtype.is_floating]
+
+
+@pytest.mark.parametrize("backend", ["jax", "tensorflow"])
+def test_a_diverging_run_stops_keeping_its_last_finite_checkpoint(backend, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    proc = run_cli("train", "--backend", backend, "--lr", "1e30", *SMALL, "--checkpoint-dir",
+                   str(ckpt), "--checkpoint-every", "1", "--steps-per-execution", "1",
+                   "--metrics-out", str(tmp_path / "m.json"))
+    assert proc.returncode == 65, proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("mirrorfit: error: the training loss is nan after global step 2 "
+                           "(last finite: "), last
+    assert f"at step 1); stopped; the last finite checkpoint is {ckpt}/ckpt-000000001; " \
+           "try a lower --lr" in last
+    assert "done:" not in proc.stderr and not (tmp_path / "m.json").exists()
+    assert [p.name for p in ckpt.glob("ckpt-*")] == ["ckpt-000000001"]
+    assert all(np.isfinite(a).all() for a in _state(ckpt / "ckpt-000000001"))
+
+
+def test_nan_weights_are_trained_on_request_but_not_exported_by_default(tmp_path):
+    ckpt, models = tmp_path / "ckpt", tmp_path / "models" / "m"
+    trained = run_cli("train", "--backend", "jax", "--lr", "1e30", *SMALL, "--allow-nan",
+                      "--checkpoint-dir", str(ckpt))
+    assert trained.returncode == 0, trained.stderr[-3000:]  # Keras's behaviour, asked for
+    assert "loss nan" in trained.stderr
+    refused = run_cli("export", "--checkpoint-dir", str(ckpt), "--export-dir", str(models))
+    assert refused.returncode == 65, refused.stderr[-3000:]
+    assert refused.stderr.strip() == (
+        f"mirrorfit: error: step 124 of {ckpt}: the weights are not finite (mlp/dense/kernel: "
+        f"{refused.stderr.split('mlp/dense/kernel: ')[1].split(' of ')[0]} of 78400 values); "
+        "a model of NaNs is not exported (pass --allow-nan to export it anyway)")
+    assert not models.exists()
+    forced = run_cli("export", "--checkpoint-dir", str(ckpt), "--export-dir", str(models),
+                     "--allow-nan")
+    assert forced.returncode == 0, forced.stderr[-3000:]
+    assert (models / "0001" / "saved_model.pb").is_file()
+
+
+@pytest.mark.parametrize("backend", ["jax", "tensorflow"])
+def test_an_fp16_run_whose_every_update_was_skipped_fails(backend):
+    proc = run_cli("train", "--backend", backend, "--data", "data_fixtures:overflowing_source",
+                   "--precision", "fp16", "--epochs", "1", "--steps-per-execution", "5",
+                   "--no-progress", "--allow-nan")
+    assert proc.returncode == 65, proc.stderr[-3000:]
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "mirrorfit: error: every one of the 20 optimizer steps was skipped for non-finite fp16 "
+        "gradients: the weights never changed; scale the inputs down, try --precision bf16 or "
+        "fp32, or a lower --lr")
+
+
+def test_a_compiled_model_that_diverges_stops_too(tmp_path):
+    proc = run_cli("train", "--backend", "jax", "--model", "keras_models:diverging",
+                   "--data", "keras_models:regression_data", "--epochs", "3",
+                   "--steps-per-execution", "2", "--no-progress",
+                   "--save-keras", str(tmp_path / "m.keras"))
+    assert proc.returncode == 65, proc.stderr[-3000:]
+    assert proc.stderr.strip().splitlines()[-1].startswith(
+        "mirrorfit: error: the training loss is ")
+    assert "at batch 2 of epoch 1; stopped" in proc.stderr
+    assert not (tmp_path / "m.keras").exists()
+
+
+class _Trainer:
+    def __init__(self, losses):
+        self.losses, self.step = list(losses), 0
+
+    def train_loss(self):
+        self.step += 10
+        return self.losses.pop(0)
+
+
+def test_the_guard_names_the_step_and_the_last_finite_loss():
+    guard, trainer = DivergenceGuard(), _Trainer([2.5, 1.25, float("inf")])
+    guard.hook(trainer)
+    guard.hook(trainer)
+    with pytest.raises(DivergedError, match=r"^the training loss is inf after global step 30 "
+                                            r"\(last finite: 1.25 at step 20\); stopped; try"):
+        guard.hook(trainer)
+    with pytest.raises(DivergedError, match="not finite at the first check"):
+        DivergenceGuard().hook(_Trainer([float("nan")]))
