@@ -26,6 +26,7 @@ from mirrorfit.models.build import model_factory
 from mirrorfit.job.observe import CpuGpuSampler, ScalarWriter, out_of_memory_hint
 from mirrorfit.job.preemption import PreemptionGuard
 from mirrorfit.models.schedules import LinearWarmup, learning_rate
+from mirrorfit.job.agreement import check_agreement, must_match
 from mirrorfit.job.divergence import DivergenceGuard
 from mirrorfit.job.data import check_model_fits, data_errors, data_flags, load_run_data
 from mirrorfit.job.finish import finish
@@ -149,6 +150,7 @@ def _train(config: TrainConfig, console: Console, guard: PreemptionGuard,
         console = Console(stderr=True, soft_wrap=True, quiet=True)
     guard.reclaim()  # the strategy may have installed TF's own SIGTERM handler
     guard.watch(None, agree=dist.agree)
+    check_agreement(must_match(config, dist.local_replicas), dist)  # a collective
     clock.lap("devices")
     compiled = _compiled_user_model(config, engine, setup, dist)
     if compiled is not None:  # the Keras user's way: trained as compiled (job/keras_job.py)

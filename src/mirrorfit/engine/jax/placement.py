@@ -72,6 +72,27 @@ class Placement:
         high, low = self._max_min(int(value))
         return high == low
 
+    def gather(self, values: Sequence[int]) -> np.ndarray:
+        """Every process's ``values`` (small non-negative ints, the same count on each), one
+        row per worker in worker order: a collective; one process: its own row."""
+        local = np.asarray(values, np.int32)[None]
+        if self.workers == 1:
+            return local
+        # Each row says whose it is: a worker's devices may be more or fewer than another's.
+        own = np.concatenate([[self.worker_index], local[0]]).astype(np.int32)
+        block = np.repeat(own[None], self.local_replicas, axis=0)
+        with processes.waiting():
+            rows = np.asarray(self._replicated(self.from_local(
+                block, (self.replicas, block.shape[1]))))
+        first = {int(r[0]): r[1:] for r in rows[::-1]}
+        return np.stack([first[w] for w in sorted(first)])
+
+    @cached_property
+    def _replicated(self):
+        import jax
+
+        return jax.jit(lambda v: v, out_shardings=self.sharding())
+
     def _max_min(self, value: int) -> tuple[int, int]:
         """(max, min) of ``value`` over the processes: one small all-reduce."""
         local = np.full((self.local_replicas,), value, np.int32)

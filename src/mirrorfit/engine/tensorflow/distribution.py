@@ -19,8 +19,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Callable
+from typing import Callable, Sequence
 
+import numpy as np
 import tensorflow as tf
 
 from mirrorfit.engine.backends import COORDINATOR, GLOBAL_BATCH, WORKER_SHARE
@@ -129,6 +130,20 @@ class Distribution:
         total, squares = self._sum(tf.constant([v, v * v], tf.float64)).numpy()
         n = self.replicas  # every replica of a worker contributes its worker's value
         return squares / n - (total / n) ** 2 < 0.1
+
+    def gather(self, values: Sequence[int]) -> np.ndarray:
+        """Every worker's ``values`` (small non-negative ints, below 2**24, the same count on
+        each), one row per worker in worker order: one all-reduce of a vector, each worker
+        filling its own row; one process (or parameter servers): its own row."""
+        mine = np.asarray(values, np.float64)
+        if self.workers == 1 or self.input_split != WORKER_SHARE:
+            return mine[None].astype(np.int64)
+        # Every replica adds its worker's row, with a 1 in front: the first column then counts
+        # each worker's replicas, which divide its row back to its values.
+        table = np.zeros((self.workers, len(mine) + 1), np.float64)
+        table[self.worker_index] = [1.0, *mine]
+        total = self._sum(tf.constant(table.ravel())).numpy().reshape(table.shape)
+        return np.rint(total[:, 1:] / np.maximum(total[:, :1], 1)).astype(np.int64)
 
     @cached_property
     def _sum(self) -> Callable[[tf.Tensor], tf.Tensor]:

@@ -1,0 +1,115 @@
+"""Workers of one job agree on the settings that must match (job/agreement.py): a difference
+is one line on every worker naming the flag and each worker's value, exit 2, before the first
+step; with real processes under hand-made TF_CONFIGs and under `mirrorfit launch`."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import socket
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from conftest import ROOT, _env
+
+from mirrorfit.config import TrainConfig
+from mirrorfit.errors import ConfigError
+from mirrorfit.job import agreement
+from mirrorfit.job.agreement import PER_WORKER, check_agreement, must_match
+
+RUN = ("--threads-per-worker", "1", "--train-examples", "1024", "--epochs", "1",
+       "--no-progress")
+
+
+def test_every_setting_but_the_per_worker_ones_must_match():
+    settings = must_match(TrainConfig(), local_replicas=1)
+    fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    assert {"--seed", "--lr", "--epochs", "--steps-per-execution", "--train-examples",
+            "--allow-nan", "--model", "--data"} <= set(settings)
+    compared = {k[2:].replace("-", "_") for k in settings}
+    assert compared == (fields - PER_WORKER) | {"replicas"}
+    assert not {"--data-dir", "--metrics-out", "--threads-per-worker"} & set(settings)
+    assert settings["--replicas"] == "1 per worker"
+
+
+class _Workers:
+    """Two workers' settings behind a distribution's ``gather`` (one row per worker): this
+    process's values come in, and the other worker's are found the same way."""
+
+    def __init__(self, mine: dict, theirs: dict):
+        self.sides, self.workers, self.task, self.calls = [mine, theirs], 2, "worker 0", 0
+
+    def gather(self, values):
+        self.calls += 1
+        names = sorted(self.sides[0])
+        hashes = [agreement._hash(self.sides[0][n]) for n in names]
+        if list(values) == hashes:  # the fingerprint
+            return np.array([[agreement._hash(s[n]) for n in names] for s in self.sides])
+        flag = next(n for n in names if list(agreement._encode(self.sides[0][n])) == list(values))
+        return np.array([list(agreement._encode(s[flag])) for s in self.sides])
+
+
+def test_the_first_differing_flag_is_named_with_both_values_and_the_rest_listed():
+    a = must_match(TrainConfig(seed=1, lr=0.5), 1)
+    b = must_match(TrainConfig(seed=2), 1)
+    workers = _Workers(a, b)
+    with pytest.raises(ConfigError) as e:
+        check_agreement(a, workers)
+    assert str(e.value) == ("worker 0: the workers disagree on --lr (worker 0: --lr 0.5, "
+                            "worker 1: --lr 0.01) (they differ in --seed too); give every "
+                            "worker the same --lr, or they train different models")
+    same = _Workers(a, dict(a))
+    check_agreement(a, same)  # no error, one gather
+    assert same.calls == 1
+
+
+def _ports(n: int) -> list[str]:
+    found = []
+    for _ in range(n):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            found.append(f"127.0.0.1:{s.getsockname()[1]}")
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["jax", "tensorflow"])
+def test_workers_with_different_seeds_both_exit_2_naming_the_seed(backend):
+    workers = _ports(2)
+    procs = []
+    for index in (0, 1):
+        env = dict(_env(), TF_CONFIG=json.dumps({"cluster": {"worker": workers},
+                                                 "task": {"type": "worker", "index": index}}))
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "mirrorfit", "train", "--backend", backend, "--strategy",
+             "multi-worker", *RUN, "--seed", str(index + 1)], env=env, cwd=ROOT,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    errs = [p.communicate(timeout=300)[1] for p in procs]
+    for index, (proc, err) in enumerate(zip(procs, errs)):
+        assert proc.returncode == 2, err[-3000:]
+        assert err.strip().splitlines()[-1] == (
+            f"mirrorfit: error: worker {index}: the workers disagree on --seed (worker 0: "
+            "--seed 1, worker 1: --seed 2); give every worker the same --seed, or they train "
+            "different models")
+
+
+# Each launched task takes its --seed from its own TF_CONFIG: 1 on worker 0, 2 on worker 1.
+SEED_FROM_TASK = ("import json, os, sys; from mirrorfit.cli import run; task = json.loads("
+                  "os.environ['TF_CONFIG'])['task']['index']; sys.argv[1:] = sys.argv[1:] + "
+                  "['--seed', str(task + 1)]; run()")
+
+
+@pytest.mark.slow
+def test_under_launch_the_group_stops_on_the_usage_error(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "mirrorfit", "launch", "--workers", "2", "--max-restarts", "2",
+         "--", sys.executable, "-c", SEED_FROM_TASK, "train", "--backend", "tensorflow",
+         "--strategy", "multi-worker", *RUN], env=_env(), cwd=ROOT, capture_output=True,
+        text=True, timeout=300)
+    assert proc.returncode == 2, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = proc.stdout + proc.stderr
+    assert "the workers disagree on --seed (worker 0: --seed 1, worker 1: --seed 2)" in out
+    assert "(a usage error, which a restart would repeat)" in out
+    assert "restart 1" not in out
