@@ -130,3 +130,60 @@ def test_a_position_past_the_end_of_an_epoch_is_refused_clearly():
     trainer.position = mirrorfit.Position(step_in_epoch=6)  # of an epoch of 4 steps
     with pytest.raises(mirrorfit.ConfigError, match="at step 6 of an epoch of only 4 steps"):
         trainer.fit(mirrorfit.train_batches(x, y, global_batch=32, seed=0), epochs=1)
+
+
+# What the Trainer API (and mirrorfit.fit's sparse labels) refuse, on either engine: each case
+# one ValueError naming both sizes; before, JAX cut or zeroed them and both engines halved the
+# gradients of batches smaller than the trainer's global batch.
+REFUSALS = """
+import json, os
+os.environ["KERAS_BACKEND"] = "{backend}"
+import numpy as np, keras, mirrorfit
+from mirrorfit.engine import {backend} as engine
+dist = engine.build_distribution(engine.configure_devices(replicas=2))
+data = mirrorfit.load_mnist(train_examples=640, download=False)
+x, y = data.x_train, data.y_train
+
+def trainer(classes=10):
+    return mirrorfit.Trainer(strategy=dist, optimizer=keras.optimizers.SGD(0.05),
+                             model=lambda: mirrorfit.models.mlp(num_classes=classes),
+                             loss=keras.losses.SparseCategoricalCrossentropy(), global_batch=64)
+
+def batches(labels=y, batch=64):
+    return mirrorfit.train_batches(x, labels, global_batch=batch, seed=1)
+
+t, t3 = trainer(), trainer(classes=3)
+cases = {{
+    "evaluate": lambda: t.evaluate((x[:100], y[:99])),
+    "validation": lambda: t.fit(batches(), epochs=1, validation=(x[:100], y[:99])),
+    "eval_labels": lambda: t.evaluate((x[:100], np.full(100, 99))),
+    "train_labels": lambda: t3.fit(batches(), epochs=1),
+    "batch": lambda: t.fit(batches(batch=32), epochs=1),
+    "lengths": lambda: batches(labels=y[:600]),
+}}
+out = {{}}
+for name, case in cases.items():
+    try:
+        case()
+        out[name] = "accepted"
+    except ValueError as e:
+        out[name] = str(e)
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("backend", ["jax", "tensorflow"])
+def test_data_that_would_train_something_else_is_a_value_error(backend):
+    out = run_isolated(REFUSALS.format(backend=backend))
+    sizes = "x has 100 examples and y has 99; give as many labels as inputs"
+    assert out["evaluate"] == f"evaluate: {sizes}"
+    assert out["validation"] == f"the validation data: {sizes}"
+    assert out["eval_labels"].startswith("the evaluation data has label 99, but the model has "
+                                         "10 outputs (labels 0..9)")
+    assert out["train_labels"].startswith("the training data has label 9, but the model has 3 "
+                                          "outputs")
+    assert out["batch"] == ("the training data has batches of 32 examples, the trainer a "
+                            "global batch of 64; its loss is scaled by the global batch, so "
+                            "give both the same size")
+    assert out["lengths"] == "train_batches: x has 640 examples and y has 600; give as many " \
+                             "labels as inputs"

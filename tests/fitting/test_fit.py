@@ -127,4 +127,8 @@ def test_keras_usage(backend, tmp_path):
     assert "not a keras.callbacks.Callback" in e["not_callback"]
     assert "epochs=1.5" in e["float_epochs"]
     assert "dtype object" in e["strings"]
+    assert e["label_range"] == ("the training data has label 6, but the model has 3 outputs "
+                                "(labels 0..2); give a model with as many outputs as classes, "
+                                "or labels that index them")
+    assert e["val_label_range"].startswith("the validation data has label -1, but the model")
     assert r["numpy_ints_and_one_callback"] == 2

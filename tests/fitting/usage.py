@@ -139,7 +139,14 @@ mirrorfit.fit(model, x, y, batch_size=64, epochs=1, verbose=0, validation_split=
 out["evaluate"] = [mirrorfit.evaluate(model, x, y, batch_size=b, verbose=0) for b in (16, 32, 64)]
 out["evaluate_keras"] = model.evaluate(x, y, verbose=0)
 
+def classifier():
+    m = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, activation="softmax")])
+    m.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
+    return m
+
+
 # Bad arguments: one line each, a ValueError.
+labels = np.arange(len(x)) % 3
 errors = {}
 for name, call in {
     "uncompiled": lambda: mirrorfit.fit(keras.Sequential([keras.Input((4,)),
@@ -150,6 +157,11 @@ for name, call in {
     "float_epochs": lambda: mirrorfit.fit(mlp(), x, y, epochs=1.5, verbose=0),
     "strings": lambda: mirrorfit.fit(mlp(), np.array([["a"] * 4] * 8, dtype=object),
                                      y[:8], verbose=0),
+    # Keras's own loss takes label 7 of 3 classes as a loss of 0 on JAX
+    "label_range": lambda: mirrorfit.fit(classifier(), x, labels + 4 * (labels == 2),
+                                         batch_size=32, verbose=0),
+    "val_label_range": lambda: mirrorfit.fit(classifier(), x, labels, batch_size=32,
+                                             verbose=0, validation_data=(x, labels - 1)),
 }.items():
     try:
         call()

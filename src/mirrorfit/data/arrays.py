@@ -175,11 +175,32 @@ def check_pair(x: np.ndarray, y: np.ndarray, x_name: str, y_name: str, fix: str,
 __all__ = ["Options", "from_arrays", "test_arrays", "check_pair"]
 
 
-def check_class_labels(y, where: str) -> None:
+def output_classes(model) -> int | None:
+    """The size of a model's (single) output's last axis, or None where it is not known."""
+    try:
+        shape = model.output_shape
+    except (AttributeError, ValueError, RuntimeError):  # a subclassed model not yet called
+        return None
+    if isinstance(shape, (list, dict)) or not shape or shape[-1] is None:
+        return None
+    return int(shape[-1])
+
+
+def check_class_labels(y, where: str, classes: int | None = None) -> None:
     """FitError (a ValueError) for targets that are not integer class indices, given to the
     ``Trainer`` API (its loss takes class indices and would cast them): the fix is
-    ``mirrorfit.fit``."""
-    if y is not None and not np.issubdtype(np.asarray(y).dtype, np.integer):
-        raise FitError(f"{where} has {np.asarray(y).dtype} targets; mirrorfit.Trainer takes "
+    ``mirrorfit.fit``. With ``classes`` (the model's outputs), also for a label outside
+    ``[0, classes)``: one-hot of it is all zeros, a loss of 0 on JAX (one output, a sigmoid's:
+    not checked)."""
+    if y is None:
+        return
+    y = np.asarray(y)
+    if not np.issubdtype(y.dtype, np.integer):
+        raise FitError(f"{where} has {y.dtype} targets; mirrorfit.Trainer takes "
                        "integer class indices (its loss would cast them): for float targets, "
                        "one-hot labels or a compiled model, use mirrorfit.fit(model, x, y)")
+    if classes and classes > 1 and y.size and (y.min() < 0 or y.max() >= classes):
+        bad = int(y.min()) if y.min() < 0 else int(y.max())
+        raise FitError(f"{where} has label {bad}, but the model has {classes} outputs (labels "
+                       f"0..{classes - 1}); give a model with as many outputs as classes, or "
+                       "labels that index them")

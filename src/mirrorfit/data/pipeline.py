@@ -13,11 +13,14 @@ MLP epoch.
 from __future__ import annotations
 
 import hashlib
+import numbers
 from dataclasses import dataclass
 from functools import cached_property
 
 import numpy as np
+
 from mirrorfit.data._tf import tf
+from mirrorfit.errors import FitError
 
 
 def epoch_order(num_examples: int, *, seed: int, epoch: int) -> np.ndarray:
@@ -46,6 +49,15 @@ def fingerprint(x: np.ndarray, y: np.ndarray) -> str:
     return h.hexdigest()
 
 
+def check_lengths(x, y, where: str) -> None:
+    """FitError (a ValueError) unless ``x`` and ``y`` hold as many examples (a shorter one
+    would be cut, or fail in a reading thread)."""
+    nx, ny = len(x), len(y)
+    if nx != ny:
+        raise FitError(f"{where}: x has {nx} examples and y has {ny}; give as many labels as "
+                       "inputs")
+
+
 @dataclass(frozen=True, eq=False)
 class ShuffledBatches:
     """Training data: each epoch a seeded permutation of (x, y), cut into full global batches
@@ -55,6 +67,13 @@ class ShuffledBatches:
     y: np.ndarray
     global_batch: int
     seed: int
+
+    def __post_init__(self) -> None:
+        check_lengths(self.x, self.y, "train_batches")
+        batch = self.global_batch
+        if isinstance(batch, bool) or not isinstance(batch, numbers.Integral) or batch < 1:
+            raise FitError(f"train_batches: global_batch {self.global_batch!r} must be a "
+                           "positive integer")
 
     @property
     def steps_per_epoch(self) -> int:

@@ -18,7 +18,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Sequence
 
 from mirrorfit.engine.progress import EpochProgress
-from mirrorfit.errors import ConfigError
+from mirrorfit.data.pipeline import check_lengths
+from mirrorfit.errors import ConfigError, FitError
 from mirrorfit.models.precision import Precision
 
 # A callback is a plain callable: fn(epoch, logs) after each epoch (epoch counts from 1).
@@ -174,6 +175,7 @@ class Trainer:
         (validation, callbacks) completed, runs that end first.
         """
         history = History()
+        self._check_data(train, validation)
         if self.epoch >= epochs:  # e.g. restored from the last checkpoint of a finished run
             return history
         progress = progress or EpochProgress(enabled=False)
@@ -222,6 +224,20 @@ class Trainer:
             threading.Thread(target=_release, args=([iterator],), daemon=True).start()
             del iterator
         return history
+
+    def _check_data(self, train, validation) -> None:
+        """FitError (a ValueError) for data that would train or validate something else than
+        asked: batches of another size than the trainer's global batch (the loss is scaled by
+        it), or validation arrays of unequal lengths."""
+        batch = getattr(train, "global_batch", None)
+        if batch is None and hasattr(train, "element_spec"):  # a tf.data.Dataset
+            batch = _static_batch(train.element_spec)
+        if batch is not None and batch != self.global_batch:
+            raise FitError(f"the training data has batches of {batch} examples, the trainer a "
+                           f"global batch of {self.global_batch}; its loss is scaled by the "
+                           "global batch, so give both the same size")
+        if isinstance(validation, tuple):
+            check_lengths(*validation, "the validation data")
 
     def _run_epoch(self, iterator, epoch, epochs, steps, progress, history,
                    hooks) -> dict[str, float]:
@@ -290,6 +306,8 @@ class Trainer:
         ``data`` is (x, y) arrays (batched here by ``batch_size``, default the global batch)
         or a dataset of global batches.
         """
+        if isinstance(data, tuple):
+            check_lengths(*data, "evaluate")
         return self.runner.evaluate(data, batch_size or self.global_batch)
 
     def train_logs(self) -> dict[str, float]:
@@ -308,6 +326,14 @@ class Trainer:
     def tracing_count(self) -> int:
         """How often the multi-step train function was traced (1 once running)."""
         return self.runner.tracing_count()
+
+
+def _static_batch(spec) -> int | None:
+    """The batch size a dataset's element spec fixes (its first tensor's first dimension), or
+    None where it is not static (a partial last batch may follow)."""
+    first = spec[0] if isinstance(spec, tuple) else spec
+    shape = getattr(first, "shape", None)
+    return shape[0] if shape is not None and shape.rank else None
 
 
 def _release(held: list) -> None:

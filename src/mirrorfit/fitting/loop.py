@@ -53,12 +53,16 @@ def fit(model, x=None, y=None, batch_size=None, epochs=1, verbose="auto", callba
                                 shuffle), batch_size, steps_per_epoch, "train",
                        drop_remainder=drop_remainder)
     run.build(train.first)
+    from mirrorfit.fitting.metrics import check_sparse_labels  # Keras: loaded by now
+
+    check_sparse_labels(model, y, "the training data")
     val = None
     if validation_data is not None:
         from keras.src.trainers.data_adapters.data_adapter_utils import (
             unpack_x_y_sample_weight)
 
         vx, vy, vw = unpack_x_y_sample_weight(validation_data)
+        check_sparse_labels(model, vy, "the validation data")
         size = validation_batch_size or batch_size
         val = run.epochs(_adapter(vx, vy, vw, None, size, validation_steps, False), size,
                          validation_steps, "test", where="validation data")

@@ -118,3 +118,20 @@ def results(model) -> dict[str, float]:
     import numpy as np
 
     return {k: float(np.asarray(v)) for k, v in model.get_metrics_result().items()}
+
+
+def check_sparse_labels(model, y, where: str) -> None:
+    """FitError for integer labels a compiled sparse categorical loss cannot index (its model
+    has one output of N classes, ``y`` a NumPy array holding a label outside 0..N-1): Keras's
+    loss on JAX takes such a label's one-hot as all zeros, a loss of 0, without a word."""
+    import numpy as np
+
+    from mirrorfit.data.arrays import check_class_labels, output_classes
+
+    loss = getattr(model, "loss", None)
+    name = loss if isinstance(loss, str) else getattr(loss, "name", None) or getattr(
+        loss, "__name__", None)
+    if name not in ("sparse_categorical_crossentropy", "SparseCategoricalCrossentropy") \
+            or not isinstance(y, np.ndarray) or y.dtype.kind not in "iu":
+        return
+    check_class_labels(y, where, output_classes(model))

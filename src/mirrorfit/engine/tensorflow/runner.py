@@ -15,7 +15,7 @@ from typing import Callable, Sequence
 import keras
 import tensorflow as tf
 
-from mirrorfit.data.arrays import check_class_labels
+from mirrorfit.data.arrays import check_class_labels, output_classes
 from mirrorfit.data.pipeline import eval_dataset, worker_slice
 from mirrorfit.engine.backends import COORDINATOR, WORKER_SHARE
 from mirrorfit.engine.tensorflow.distribution import Distribution
@@ -125,7 +125,8 @@ class Runner(BatchShape):
         :meth:`Distribution.distribute`), or under parameter servers the workers' own
         streams. One iterator for the whole run: one per epoch costs a set-up and a teardown
         each time. Checks XLA first, on the input's spec."""
-        check_class_labels(getattr(train, "y", None), "the training data")
+        check_class_labels(getattr(train, "y", None), "the training data",
+                           output_classes(self.model))
         if self.distribution.input_split == COORDINATOR:
             dataset_fn = _sampled(train)
             if not self._xla_checked:
@@ -153,6 +154,7 @@ class Runner(BatchShape):
         batches."""
         if isinstance(data, tuple):
             x, y = data
+            check_class_labels(y, "the evaluation data", output_classes(self.model))
 
             def make(worker, workers):
                 return eval_dataset(x, y, global_batch=batch, worker=worker, workers=workers)
