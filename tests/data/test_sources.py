@@ -175,7 +175,7 @@ def _class_folders(root, classes=("a", "b")):
     ("npz without y_train", ["it needs x_train and y_train"]),
     ("module raises", ["the function raised RuntimeError: the bucket is not reachable"]),
     ("module returns a string", ["returned str; expected train"]),
-    ("module one-hot labels", ["labels has shape (100, 10)", "not one-hot"]),
+    ("module one-hot labels", ["its train split's y has shape (100, 10)", "not one-hot"]),
     ("input shape", ["--input-shape 32,32,1 is not the shape", "--image-size H,W"]),
     ("batch too large", ["global batch 4096 is larger than the 2 training examples"]),
 ])

@@ -126,3 +126,80 @@ def test_a_jax_run_that_loads_tensorflow_keeps_its_cpp_lines_quiet(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert any((tmp_path / "tb").iterdir()) and (tmp_path / "m.keras").is_file()
     assert not ABSL_LINE.search(proc.stderr), proc.stderr[:2000]
+
+
+@pytest.mark.slow
+def test_a_data_function_that_imports_tensorflow_keeps_its_cpp_lines_quiet():
+    env = {k: v for k, v in _env().items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    proc = subprocess.run([sys.executable, "-m", "mirrorfit.cli", "train", "--backend", "jax",
+                           "--data", "data_fixtures:tensorflow_importing_source", "--epochs",
+                           "1", "--no-progress"], capture_output=True, text=True, env=env,
+                          cwd=ROOT, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert not ABSL_LINE.search(proc.stderr), proc.stderr[:2000]
+
+
+@pytest.mark.parametrize("flags", [(), ("--backend", "tensorflow")])
+def test_without_tensorflow_train_says_what_to_install_in_one_line(flags, monkeypatch):
+    """A JAX-only install (docs/jax.md): `mirrorfit train` was a ModuleNotFoundError traceback
+    through Keras. The default stays TensorFlow whatever is installed: the same command must
+    not resume a TensorFlow run's checkpoints on JAX on a machine that lacks TensorFlow."""
+    monkeypatch.delenv("KERAS_BACKEND", raising=False)
+    proc = run_cli("train", *flags, "--epochs", "1", without_tensorflow=True)
+    assert proc.returncode == 2 and proc.stderr.strip() == (
+        "mirrorfit: error: --backend tensorflow (the default, unless $KERAS_BACKEND says jax) "
+        "needs TensorFlow: pip install tensorflow==2.21.0, or train with --backend jax"), \
+        proc.stderr[-3000:]
+
+
+BROKEN_TENSORFLOW = ('raise ImportError("Traceback (most recent call last):\\n  File x\\n'
+                     'ImportError: libtensorflow_framework.so.2: cannot open shared object '
+                     'file\\n\\n\\nFailed to load the native TensorFlow runtime.\\nSee '
+                     'https://www.tensorflow.org/install/errors")\n')
+
+
+def test_a_broken_tensorflow_is_one_line_in_every_command(tmp_path):
+    (tmp_path / "tensorflow").mkdir()
+    (tmp_path / "tensorflow" / "__init__.py").write_text(BROKEN_TENSORFLOW)
+    env = dict(_env(), PYTHONPATH=os.pathsep.join([str(tmp_path), _env()["PYTHONPATH"]]))
+    (tmp_path / "ckpt" / "ckpt-000000001").mkdir(parents=True)
+    said = ("mirrorfit: error: TensorFlow is installed but does not load (ImportError: "
+            "libtensorflow_framework.so.2: cannot open shared object file; Failed to load the "
+            "native TensorFlow runtime.); reinstall it (pip install --force-reinstall "
+            "tensorflow==2.21.0)")
+    for args, jax_too in ((("train", "--backend", "tensorflow"), True), (("devices",), True),
+                          (("export", "--checkpoint-dir", str(tmp_path / "ckpt"),
+                            "--export-dir", str(tmp_path / "m")), False),
+                          (("evaluate", "--checkpoint-dir", str(tmp_path / "ckpt")), False)):
+        proc = subprocess.run([sys.executable, "-m", "mirrorfit.cli", *args],
+                              capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+        want = said + (", or train with --backend jax" if jax_too else "")
+        assert proc.returncode == 2 and proc.stderr.strip() == want, (args, proc.stderr[-3000:])
+
+
+@pytest.mark.parametrize("platforms,said", [
+    ("cuda", "JAX_PLATFORMS='cuda': JAX cannot start it on this host"),
+    ("bogus", "JAX_PLATFORMS='bogus': JAX cannot start it on this host (Unable to initialize "
+              "backend 'bogus'"),
+])
+def test_jax_platforms_this_host_lacks_are_one_line(platforms, said):
+    from mirrorfit.engine.jax.devices import _gpus  # noqa: F401 (importable without JAX's start)
+
+    if platforms == "cuda" and _has_cuda():
+        pytest.skip("this host has CUDA: JAX_PLATFORMS=cuda starts")
+    for args in (("train", "--backend", "jax", "--epochs", "1"), ("devices", "--backend", "jax")):
+        proc = subprocess.run([sys.executable, "-m", "mirrorfit.cli", *args],
+                              capture_output=True, text=True, timeout=120, cwd=ROOT,
+                              env=dict(_env(), JAX_PLATFORMS=platforms))
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2 and len(lines) == 1, (args, proc.stderr[-3000:])
+        assert lines[0].startswith(f"mirrorfit: error: {said}") and \
+            lines[0].endswith("unset JAX_PLATFORMS to use the devices there are, or set it to "
+                              "cpu" + ("; for NVIDIA GPUs install jax[cuda12]"
+                                       if platforms == "cuda" else "")), lines[0]
+
+
+def _has_cuda() -> bool:
+    proc = subprocess.run([sys.executable, "-c", "import jax; jax.devices('cuda')"],
+                          capture_output=True, timeout=120, env=dict(_env(), JAX_PLATFORMS="cuda"))
+    return proc.returncode == 0

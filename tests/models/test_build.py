@@ -2,6 +2,7 @@
 package.module:function."""
 
 import math
+import re
 import subprocess
 import sys
 
@@ -192,3 +193,30 @@ def test_a_model_function_that_exits_or_raises_is_one_line(spec, needle):
     with pytest.raises(ConfigError) as e:
         model_factory(spec)()
     assert needle in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("shape,said", [
+    ((2, 2, 3), "takes images of at least 4x4 pixels (it pools twice by 2); these are 2x2"),
+    ((3, 3), "these are 3x3: give --image-size 4,4 or larger"),
+    ((784,), "takes images, (height, width) or (height, width, channels)"),
+])
+def test_the_cnn_names_the_smallest_input_it_takes(shape, said):
+    from mirrorfit.models.build import cnn
+
+    with pytest.raises(ValueError, match=re.escape(said)):
+        cnn(shape)
+    assert cnn((4, 4, 3)).output_shape == (None, 10)
+
+
+@pytest.mark.parametrize("backend", ["jax", "tensorflow"])
+def test_too_small_for_the_cnn_is_one_line_on_the_command_line(backend):
+    from conftest import run_cli
+
+    proc = run_cli("train", "--backend", backend, "--model", "cnn", "--data", "synthetic",
+                   "--input-shape", "2,2,3", "--epochs", "1", "--no-progress",
+                   without_tensorflow=backend == "jax")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "mirrorfit: error: --model cnn takes images of at least 4x4 pixels (it pools twice by "
+        "2); these are 2x2: give --image-size 4,4 or larger (--input-shape for synthetic "
+        "data), or use --model mlp"), proc.stderr[-3000:]

@@ -64,7 +64,8 @@ def call_user_function(spec: str, *, check: tuple[str, ...] = ("train", "val", "
     if not callable(fn):
         raise DataError(f"--data {spec}: module {module_name} has no function {attr}")
     try:
-        result = fn()
+        with tensorflow_start_filtered():  # its body may import TensorFlow too
+            result = fn()
     except SystemExit as e:  # exit 0 with nothing trained, else
         raise DataError(f"--data {spec}: the function exited (SystemExit: {e.code}) instead of "
                         "returning the data") from None
@@ -127,7 +128,7 @@ def _check_split(spec: str, name: str, split: Any) -> None:
         raise DataError(f"{where} is {type(split).__name__}; give (x, y) NumPy arrays or a "
                         "tf.data.Dataset of (x, y) examples")
     x, y = split
-    check_pair(x, y, f"{where}'s x", "its labels",
+    check_pair(x, y, f"{where}'s x", f"{where}'s y",
                "give integer class indices, shape (N,) (not one-hot)", scalar_examples=True)
 
 

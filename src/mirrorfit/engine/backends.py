@@ -43,7 +43,9 @@ _STARTUP_LINE = re.compile(r"(?:([IWEF])\d{4} [\d:.]+ +\d+ \S+:\d+\]"
 
 def resolve(value: str | None) -> str:
     """The backend a job runs on: ``value`` (a flag or TOML key), else ``$KERAS_BACKEND``,
-    else ``tensorflow``; ConfigError naming where an unknown one came from."""
+    else ``tensorflow``, whatever is installed (the same command must not resume a TensorFlow
+    run on JAX because a machine lacks TensorFlow); ConfigError naming where an unknown one
+    came from."""
     where = "--backend"
     if value is None:
         value, where = os.environ.get("KERAS_BACKEND") or DEFAULT, "KERAS_BACKEND"
@@ -51,6 +53,16 @@ def resolve(value: str | None) -> str:
         raise ConfigError(f"{where} {value!r}: mirrorfit trains on {' or '.join(BACKENDS)}; "
                           f"e.g. --backend jax")
     return value
+
+
+def installed(framework: str) -> bool:
+    """Whether ``framework`` (a top-level package) is installed, without importing it."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(framework) is not None
+    except (ImportError, ValueError, AttributeError):  # a broken or blocked package
+        return False
 
 
 def split_batch(global_batch: int, replicas: int, accum_steps: int = 1) -> int:
@@ -132,7 +144,7 @@ def import_framework(backend: str) -> None:
     """Import ``backend``'s framework now, its start-up lines on stderr filtered by
     ``TF_CPP_MIN_LOG_LEVEL`` (see :func:`_startup_lines_filtered`)."""
     if backend == "tensorflow":
-        import_tensorflow()
+        import_tensorflow("--backend tensorflow (the default, unless $KERAS_BACKEND says jax)")
 
 
 def import_tensorflow(needed_by: str | None = None) -> None:
@@ -147,12 +159,25 @@ def import_tensorflow(needed_by: str | None = None) -> None:
         try:
             import tensorflow  # noqa: F401 (loaded here, filtered, for what imports it next)
         except ImportError as e:
+            if (e.name or "").split(".")[0] != "tensorflow" or installed("tensorflow"):
+                raise ConfigError(_broken(e, needed_by)) from None  # installed, not loading
             if needed_by is None:
                 return
-            if (e.name or "").split(".")[0] != "tensorflow":
-                raise  # installed but broken: its own error says why
+            jax = ", or train with --backend jax" if needed_by.startswith("--") else ""
             raise ConfigError(f"{needed_by} needs TensorFlow: pip install "
-                              "tensorflow==2.21.0") from None
+                              f"tensorflow==2.21.0{jax}") from None
+
+
+def _broken(error: ImportError, needed_by: str | None) -> str:
+    """One line for a TensorFlow that is installed but does not import: its cause (the last
+    ``...Error:`` line of the message TensorFlow wraps) and its own summary line."""
+    lines = [ln.strip() for ln in str(error).splitlines() if ln.strip()]
+    causes = [ln for ln in lines if re.match(r"\w+(Error|Exception): ", ln)]
+    summary = [ln for ln in lines if ln.startswith("Failed to load")]
+    said = "; ".join((causes[-1:] or lines[:1]) + summary)[:240] or type(error).__name__
+    jax = ", or train with --backend jax" if (needed_by or "").startswith("--") else ""
+    return (f"TensorFlow is installed but does not load ({said}); reinstall it (pip install "
+            f"--force-reinstall tensorflow==2.21.0){jax}")
 
 
 def tensorflow_start_filtered():
@@ -211,5 +236,6 @@ def load(backend: str) -> ModuleType:
         raise
 
 
-__all__ = ["BACKENDS", "DEFAULT", "resolve", "split_batch", "check_settings", "prepare",
-           "import_framework", "import_tensorflow", "tensorflow_start_filtered", "load"]
+__all__ = ["BACKENDS", "DEFAULT", "resolve", "installed", "split_batch",
+           "check_settings", "prepare", "import_framework", "import_tensorflow",
+           "tensorflow_start_filtered", "load"]

@@ -16,7 +16,7 @@ from typing import Callable
 import keras
 
 from mirrorfit.engine.backends import tensorflow_start_filtered
-from mirrorfit.errors import ConfigError
+from mirrorfit.errors import ConfigError, FitError
 from mirrorfit.models.names import (IMAGENET_CLASSES, check_input_shape, check_model_name,
                                    default_input_shape, is_application)
 
@@ -41,6 +41,7 @@ def cnn(input_shape: tuple[int, ...] = MNIST_SHAPE, num_classes: int = 10) -> ke
     ``input_shape``: (height, width) for one-channel images such as MNIST's, or (height,
     width, channels)."""
     input_shape = tuple(input_shape)
+    _check_cnn_input(input_shape)
     # Grey images come without a channel axis; Conv2D needs one. Images with channels get no
     # Reshape, so the layers for MNIST (and its checkpoints) stay as they were.
     channels = [keras.layers.Reshape(input_shape + (1,))] if len(input_shape) == 2 else []
@@ -57,6 +58,22 @@ def cnn(input_shape: tuple[int, ...] = MNIST_SHAPE, num_classes: int = 10) -> ke
         keras.layers.Dropout(0.5),
         keras.layers.Dense(num_classes, activation="softmax", dtype="float32"),
     ], name="cnn")
+
+
+CNN_SMALLEST = 4  # pixels a side: two 2x2 poolings leave one pixel of a 4x4 image
+
+
+def _check_cnn_input(shape: tuple[int, ...]) -> None:
+    """FitError (a ValueError, one line) for examples the CNN cannot take: not images, or
+    smaller than 4x4 pixels (Keras's "output size would be zero or negative" otherwise)."""
+    if len(shape) not in (2, 3):
+        raise FitError(f"--model cnn takes images, (height, width) or (height, width, "
+                       f"channels); these examples have shape {shape}: use --model mlp")
+    if min(shape[:2]) < CNN_SMALLEST:
+        raise FitError(f"--model cnn takes images of at least {CNN_SMALLEST}x{CNN_SMALLEST} "
+                       f"pixels (it pools twice by 2); these are {shape[0]}x{shape[1]}: give "
+                       f"--image-size {CNN_SMALLEST},{CNN_SMALLEST} or larger (--input-shape "
+                       "for synthetic data), or use --model mlp")
 
 
 # names.REFERENCE (and config.MODELS) hold the same names, to check --model before Keras

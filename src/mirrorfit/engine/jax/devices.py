@@ -45,6 +45,7 @@ def configure_devices(*, replicas: int | None = None, devices: tuple[str, ...] =
                                    else {"timeout_s": collective_timeout_s}))
     import jax
 
+    _start(jax)
     gpus = _gpus(jax)
     if visible_devices is not None:
         gpus = _select(gpus, visible_devices)
@@ -90,6 +91,22 @@ def _before_backends(cpu_devices: int, memory_growth: bool, memory_limit_mb: int
                           ) from None
 
 
+def _start(jax) -> None:
+    """Start JAX's backends; the platforms ``JAX_PLATFORMS`` names that this host cannot run
+    (cuda without a GPU, a typo) are one ConfigError line instead of JAX's AssertionError."""
+    try:
+        jax.devices()
+    except (RuntimeError, AssertionError) as e:
+        asked = os.environ.get("JAX_PLATFORMS", "")
+        said = (str(e).strip().splitlines() or [""])[0][:200]
+        raise ConfigError(f"JAX_PLATFORMS={asked!r}: JAX cannot start "
+                          f"{'it' if asked else 'a backend'} on this host"
+                          + (f" ({said})" if said else "")
+                          + "; unset JAX_PLATFORMS to use the devices there are, or set it "
+                            "to cpu" + ("; for NVIDIA GPUs install jax[cuda12]"
+                                        if "cuda" in asked else "")) from None
+
+
 def _gpus(jax) -> list:
     try:
         return list(jax.local_devices(backend="gpu"))
@@ -115,6 +132,7 @@ def list_devices() -> list[dict[str, str]]:
     """What JAX sees on this host (for ``mirrorfit devices --backend jax``)."""
     import jax
 
+    _start(jax)
     out = [{"type": "CPU", "name": "/cpu:0"}]
     for i, d in enumerate(_gpus(jax)):
         out.append({"type": "GPU", "name": f"/gpu:{i}", "model": getattr(d, "device_kind", "")})
