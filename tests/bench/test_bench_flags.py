@@ -133,6 +133,17 @@ def test_flag_checks_and_help_come_before_tensorflow_loads(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def test_bench_rows_of_tensorflow_without_it_are_one_line_before_anything_runs(tmp_path):
+    from conftest import run_cli
+
+    proc = run_cli("bench", "--backend", "jax,tensorflow", "--out", str(tmp_path / "out"),
+                   without_tensorflow=True, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.strip() == (
+        "mirrorfit: error: bench --backend tensorflow needs TensorFlow, which is not "
+        "installed: pip install tensorflow==2.21.0, or bench --backend jax alone"), proc.stderr
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.slow
 def test_bench_runs_jax_rows_without_tensorflow(tmp_path):
     """`bench --backend jax` on MNIST: the JAX engine and Keras's own fit on JAX, each point in

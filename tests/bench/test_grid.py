@@ -75,6 +75,10 @@ def test_synthetic_points_carry_the_shape_and_classes():
     (Grid(model="resnet50", data="synthetic"), "did you mean 'ResNet50'"),
     (Grid(train_examples=-5), "--train-examples must be 1 or more, got -5"),
     (Grid(global_batch=-8), "--global-batch-size must be 1 or more, got -8"),
+    # 0 is a value given, not "the default" (it ran the workload's epochs without a word)
+    (Grid(epochs=0), "bench needs --epochs 2 or more"),
+    (Grid(train_examples=0), "--train-examples must be 1 or more, got 0"),
+    (Grid(global_batch=0), "--global-batch-size must be 1 or more, got 0"),
 ])
 def test_bad_data_models_and_shapes_are_refused_before_running(grid, match):
     with pytest.raises(MirrorfitError, match=match):

@@ -35,6 +35,11 @@ SYNTHETIC_WORKLOAD = (32, 160, 2)
 DATA = ("mnist", "synthetic")
 
 
+def _given(value, default):
+    """A flag's value where it was given (0 too), else the workload's default."""
+    return default if value is None else value
+
+
 @dataclass(frozen=True)
 class Grid:
     """The configurations to compare (the cross product) and how to run them."""
@@ -156,9 +161,10 @@ class Grid:
                                   else WORKLOADS.get(self.model, (64, None, 2)))
         if files:  # the MNIST subsets are MNIST's; other data is used whole by default
             n_train = None
-        base = Point(kind="mirrorfit", model=self.model, global_batch=self.global_batch or batch,
-                     train_examples=self.train_examples or n_train,
-                     epochs=self.epochs or epochs, data_dir=self.data_dir, data=self.data)
+        base = Point(kind="mirrorfit", model=self.model, global_batch=_given(self.global_batch,
+                                                                            batch),
+                     train_examples=_given(self.train_examples, n_train),
+                     epochs=_given(self.epochs, epochs), data_dir=self.data_dir, data=self.data)
         if synthetic:
             shape, classes = self.shape_and_classes()
             base = replace(base, input_shape=shape, num_classes=classes)

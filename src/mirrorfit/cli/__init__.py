@@ -64,6 +64,10 @@ def _cmd_bench(args: argparse.Namespace) -> int:
                 validation_split=args.validation_split)
     # model, data, shape, batch and epoch problems are reported before anything runs
     grid.points()
+    if "tensorflow" in grid.backends and not backends.installed("tensorflow"):
+        raise MirrorfitError("bench --backend tensorflow needs TensorFlow, which is not "
+                             "installed: pip install tensorflow==2.21.0, or bench --backend "
+                             "jax alone")
     backends.prepare(grid.backends[0], verbose=args.verbose)  # what this process loads
     run_bench(grid, out_dir=args.out, tolerance=args.tolerance,
               show_recommendation=args.recommend)
