@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import socket
 import subprocess
 import sys
 
@@ -15,6 +14,7 @@ import pytest
 from conftest import ROOT, _env
 
 from mirrorfit.config import TrainConfig
+from mirrorfit.distribute.launch import free_ports
 from mirrorfit.errors import ConfigError
 from mirrorfit.job import agreement
 from mirrorfit.job.agreement import PER_WORKER, check_agreement, must_match
@@ -66,12 +66,7 @@ def test_the_first_differing_flag_is_named_with_both_values_and_the_rest_listed(
 
 
 def _ports(n: int) -> list[str]:
-    found = []
-    for _ in range(n):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            found.append(f"127.0.0.1:{s.getsockname()[1]}")
-    return found
+    return [f"127.0.0.1:{port}" for port in free_ports(n)]
 
 
 @pytest.mark.slow
