@@ -123,8 +123,9 @@ def main() -> None:
     for side, results in runs.items():
         walls = sorted(x["wall_s"] for x in results)
         phases = sorted({k for x in results for k in x["timings_s"]})
-        breakdown = ", ".join(f"{k} {statistics.median(x['timings_s'].get(k, 0) for x in results):.2f}"
-                              for k in phases)
+        breakdown = ", ".join(
+            f"{k} {statistics.median(x['timings_s'].get(k, 0) for x in results):.2f}"
+            for k in phases)
         print(f"  {side:18} {medians[side]:6.2f} s [{walls[0]:.2f}-{walls[-1]:.2f}]"
               f"  accuracy {statistics.median(x['test_accuracy'] for x in results):.4f}"
               + (f"\n  {'':18} {breakdown}" if breakdown else ""))

@@ -1,10 +1,10 @@
 """Parameter-server training of the MNIST MLP on this host: 1 chief + N workers + M ps.
 
 Starts the ps and worker tasks as subprocesses on free loopback ports (each runs
-``mirrorfit.engine.tensorflow.parameter_server.serve``), runs the chief here: ``ParameterServerStrategy`` +
-``ClusterCoordinator``, the model and optimizer built under the strategy (Keras 3), the
-engine's ``ReplicaStep`` driven by ``coordinated_loops``. Reports test accuracy and examples/s
-and always stops the subprocesses.
+``mirrorfit.engine.tensorflow.parameter_server.serve``), runs the chief here:
+``ParameterServerStrategy`` + ``ClusterCoordinator``, the model and optimizer built under the
+strategy (Keras 3), the engine's ``ReplicaStep`` driven by ``coordinated_loops``. Reports test
+accuracy and examples/s and always stops the subprocesses.
 
     python benchmarks/ps_mnist.py --epochs 3                 # 2 workers, 1 ps, Adam 1e-3
     python benchmarks/ps_mnist.py --kill-worker-at-step 300  # worker 1 killed mid-run, back 2 s on

@@ -212,7 +212,8 @@ def _child(argv: list[str]) -> None:
     wall = time.perf_counter() - t0
     lat.sort()
     print(json.dumps({"requests_per_sec": len(lat) / wall,
-                      "p50_ms": 1e3 * lat[len(lat) // 2], "p99_ms": 1e3 * lat[int(len(lat) * .99)]}))
+                      "p50_ms": 1e3 * lat[len(lat) // 2],
+                      "p99_ms": 1e3 * lat[int(len(lat) * .99)]}))
 
 
 def h2load(api: str, target: str, model: str, clients: int, seconds: float,
@@ -246,7 +247,8 @@ def _not_ok(url: str) -> int:
     import httpx
     page = httpx.get(f"{url}/monitoring/prometheus/metrics", timeout=10).text
     return sum(int(float(line.rsplit(" ", 1)[1])) for line in page.splitlines()
-               if line.startswith(":tensorflow:serving:request_count") and 'status="OK"' not in line)
+               if line.startswith(":tensorflow:serving:request_count")
+               and 'status="OK"' not in line)
 
 
 def _run_child(*args: str) -> dict:
@@ -266,8 +268,8 @@ def _start_server(root: Path | None, model: str, batching: Path | None,
     args = [sys.executable, "-m", "mirrorfit.cli", "serve", f"--port={port}",
             f"--rest_api_port={rest}", f"--model_name={model}",
             f"--model_base_path={root / model}", "--file_system_poll_wait_seconds=-1",
-            f"--monitoring_config_file={root / 'monitoring.config'}", *extra] if root else [sys.executable, __file__, "--child", "echo", str(port),
-                                  str(rest)]
+            f"--monitoring_config_file={root / 'monitoring.config'}", *extra] if root else [
+                sys.executable, __file__, "--child", "echo", str(port), str(rest)]
     if batching:
         args += ["--enable_batching", f"--batching_parameters_file={batching}"]
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -310,7 +312,8 @@ def main() -> None:
                  "nghttp2-client); or use --load-generator python")
     models = a.models.split(",")
     root = Path(tempfile.mkdtemp(prefix="mirrorfit-load-"))
-    subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, {str(ROOT / 'benchmarks')!r}); "
+    subprocess.run([sys.executable, "-c",
+                    f"import sys; sys.path.insert(0, {str(ROOT / 'benchmarks')!r}); "
                     f"import serving_load; from pathlib import Path; "
                     f"serving_load.export_models(Path({str(root)!r}), {models!r})"],
                    check=True, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),

@@ -89,7 +89,8 @@ def model_root(tmp_path_factory) -> Path:
 model_config_list {{
   config {{ name: 'mnist' base_path: '{root / "mnist"}' model_platform: 'tensorflow'
            model_version_policy {{ all {{}} }}
-           version_labels {{ key: 'stable' value: 1 }} version_labels {{ key: 'canary' value: 2 }} }}
+           version_labels {{ key: 'stable' value: 1 }}
+           version_labels {{ key: 'canary' value: 2 }} }}
   config {{ name: 'multi' base_path: '{root / "multi"}' }}
 }}
 """)

@@ -1,8 +1,8 @@
 """The cluster docs against the code: every `mirrorfit train` / `mirrorfit launch` command line
 in docs/multi-worker.md (the README's "More than one machine" links there) and in deploy/ parses
-with the real CLI parser and passes the config checks `mirrorfit train` runs; every TF_CONFIG there resolves; the SLURM,
-Kubernetes Job and TFJob layouts resolve to the clusters they claim. Pure Python (no
-TensorFlow), under a second."""
+with the real CLI parser and passes the config checks `mirrorfit train` runs; every TF_CONFIG
+there resolves; the SLURM, Kubernetes Job and TFJob layouts resolve to the clusters they claim.
+Pure Python (no TensorFlow), under a second."""
 
 from __future__ import annotations
 
@@ -203,7 +203,7 @@ def test_tfjobs(name, strategy):
     assert (job["apiVersion"], job["kind"]) == ("kubeflow.org/v1", "TFJob")
     replicas = job["spec"]["tfReplicaSpecs"]
     assert set(replicas) <= {"Chief", "Worker", "PS"}
-    for kind, container in containers(job):
+    for _kind, container in containers(job):
         assert container["name"] == "tensorflow"  # where the operator puts TF_CONFIG
         argv = container_argv(container)
         check_command(argv)

@@ -336,7 +336,8 @@ def _coerce(name: str, value: Any) -> Any:
         if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
             raise ConfigError(f"devices must be a list of device names, got {value!r}")
         return tuple(value)
-    if name in ("lr", "warmup_epochs", "collective_timeout") and isinstance(value, int) and not isinstance(value, bool):
+    if name in ("lr", "warmup_epochs", "collective_timeout") and isinstance(value, int) \
+            and not isinstance(value, bool):
         return float(value)
     want = type(default) if default is not None else None
     if want is None:  # optional fields: int or str (or a Path, kept as text by TrainConfig)

@@ -195,7 +195,8 @@ def test_a_resume_after_an_epochs_end_does_not_report_it_again(tmp_path, batches
         Checkpointer(tmp_path, trainer=resumed, model_spec="tiny",
                      data=batches.order).restore_latest()
         seen = []
-        history = resumed.fit(batches, epochs=epochs, callbacks=[lambda e, logs: seen.append(e)])
+        history = resumed.fit(batches, epochs=epochs,
+                              callbacks=[lambda e, logs, seen=seen: seen.append(e)])
         assert seen == reported and len(history.epochs) == len(reported)
         assert all(logs["loss"] > 0 for logs in history.epochs)
         assert (resumed.epoch, resumed.step_in_epoch) == (epochs, 0)

@@ -40,10 +40,10 @@ def test_resnet50_flops_match_the_published_figure():
     flops = forward_flops_per_example(model)
     assert flops == pytest.approx(2 * 3.8e9, rel=0.03)
     macs = sum(
-        (l.output.shape[1] * l.output.shape[2] * l.output.shape[3] * l.kernel.shape[0]
-         * l.kernel.shape[1] * l.kernel.shape[2]) if isinstance(l, keras.layers.Conv2D)
-        else l.kernel.shape[0] * l.kernel.shape[1]
-        for l in model.layers if isinstance(l, (keras.layers.Conv2D, keras.layers.Dense)))
+        (c.output.shape[1] * c.output.shape[2] * c.output.shape[3] * c.kernel.shape[0]
+         * c.kernel.shape[1] * c.kernel.shape[2]) if isinstance(c, keras.layers.Conv2D)
+        else c.kernel.shape[0] * c.kernel.shape[1]
+        for c in model.layers if isinstance(c, (keras.layers.Conv2D, keras.layers.Dense)))
     # convolutions and the classifier are nearly all of it (bias adds and the residual adds
     # are the rest); batch normalisation is not counted (folded into the convolutions at
     # inference, and TF's op statistics have no FLOPs for it)

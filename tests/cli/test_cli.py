@@ -19,8 +19,8 @@ def cpu_only(monkeypatch):
 
 def _one_line_error(proc, *needles):
     assert proc.returncode == 2, proc.stderr[-2000:]
-    lines = [l for l in proc.stderr.splitlines() if l.startswith("mirrorfit: error:")
-             or l.startswith("usage:") or "error:" in l]
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("mirrorfit: error:")
+             or ln.startswith("usage:") or "error:" in ln]
     assert lines, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
     for needle in needles:

@@ -19,16 +19,16 @@ from mirrorfit.models.precision import Precision
 
 def test_mlp_layers_as_in_the_chapter():
     m = model_factory("mlp")()
-    assert [type(l).__name__ for l in m.layers] == ["Flatten", "Dense", "Dense"]
+    assert [type(layer).__name__ for layer in m.layers] == ["Flatten", "Dense", "Dense"]
     assert m.layers[1].units == 100 and m.count_params() == 784 * 100 + 100 + 100 * 10 + 10
 
 
 def test_cnn_layers_as_in_the_chapter():
     m = model_factory("cnn")()
-    convs = [l for l in m.layers if isinstance(l, keras.layers.Conv2D)]
+    convs = [layer for layer in m.layers if isinstance(layer, keras.layers.Conv2D)]
     assert [(c.filters, c.kernel_size) for c in convs] == [(64, (7, 7)), (128, (3, 3)),
                                                            (128, (3, 3))]
-    assert any(isinstance(l, keras.layers.Dropout) and l.rate == 0.5 for l in m.layers)
+    assert any(isinstance(layer, keras.layers.Dropout) and layer.rate == 0.5 for layer in m.layers)
     out = m(np.zeros((2, 28, 28), np.float32))
     np.testing.assert_allclose(np.sum(out, axis=1), 1.0, rtol=1e-5)
 
@@ -77,7 +77,7 @@ def test_application_built_for_the_data_shape_and_classes_in_float32_out():
     np.testing.assert_allclose(np.sum(out, axis=1), 1.0, rtol=1e-5)
     with Precision("bf16").building():  # as the runner builds it
         mixed = model_factory("MobileNetV2", input_shape=(32, 32, 3), num_classes=7)()
-    convs = [l for l in mixed.layers if isinstance(l, keras.layers.Conv2D)]
+    convs = [layer for layer in mixed.layers if isinstance(layer, keras.layers.Conv2D)]
     assert convs[0].compute_dtype == "bfloat16"
     assert mixed.output.dtype == "float32"  # softmax in float32: the loss sees fine probs
 
@@ -138,7 +138,7 @@ def test_user_function_gets_shape_and_classes_when_it_takes_them():
 def test_cnn_takes_images_with_channels():
     m = model_factory("cnn", input_shape=(32, 32, 3), num_classes=5)()
     assert m.output_shape == (None, 5)
-    assert not any(isinstance(l, keras.layers.Reshape) for l in m.layers)
+    assert not any(isinstance(layer, keras.layers.Reshape) for layer in m.layers)
 
 
 def test_application_exports_as_saved_model_and_keras_file(tmp_path):

@@ -4,16 +4,17 @@ Layout: ``DIR/ckpt-000000123/`` holds the engine's state files (the model, inclu
 state, and the optimizer with its slots and iteration count: ``state.*``, a
 ``tf.train.Checkpoint``, on TensorFlow, :mod:`mirrorfit.engine.tensorflow.state`; ``state.npz``
 on JAX, :mod:`mirrorfit.engine.jax.state`) and ``meta.json`` (position: epoch, step in epoch,
-global step; and what the run was: backend, model, optimizer, weight shapes). A checkpoint saved at an epoch's last step before that epoch's end
-(validation, callbacks) completed, by a step hook or on preemption, says so and keeps the
-epoch's training logs: a resumed run runs that end once, with them; the epoch-end save at that
-step rewrites its position to the next epoch's start. Each checkpoint is written into a hidden
-temp folder and renamed into place, so a kill -9 mid-write leaves only a temp folder, and the
-last complete checkpoint is still the latest; the files TensorFlow writes are fsynced before
-the rename. If the newest checkpoint cannot be read (a power loss, a bad disk), restore moves it
-aside and falls back to the previous complete one, saying so. Checkpoints do not depend on the
-strategy or the devices: a 2-replica run resumes on 1 or 4; a checkpoint of one backend is
-resumed by that backend only (``mirrorfit export`` reads both).
+global step; and what the run was: backend, model, optimizer, weight shapes). A checkpoint saved
+at an epoch's last step before that epoch's end (validation, callbacks) completed, by a step
+hook or on preemption, says so and keeps the epoch's training logs: a resumed run runs that end
+once, with them; the epoch-end save at that step rewrites its position to the next epoch's
+start. Each checkpoint is written into a hidden temp folder and renamed into place, so a kill -9
+mid-write leaves only a temp folder, and the last complete checkpoint is still the latest; the
+files TensorFlow writes are fsynced before the rename. If the newest checkpoint cannot be read
+(a power loss, a bad disk), restore moves it aside and falls back to the previous complete one,
+saying so. Checkpoints do not depend on the strategy or the devices: a 2-replica run resumes on
+1 or 4; a checkpoint of one backend is resumed by that backend only (``mirrorfit export`` reads
+both).
 
 The input position is (epoch, step in epoch) in units of the global batch, also stored in
 examples; the data order depends on the seed, the number of examples and the global batch

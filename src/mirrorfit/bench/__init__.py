@@ -63,8 +63,8 @@ def run_bench(grid: Grid, *, out_dir: str | Path, tolerance: float = 0.005,
     if source.description != data:
         console.print(f"data: {escape(source.description)}")  # paths may hold [brackets]
     if not source.has_test and grid.data != "synthetic":
-        console.print(f"--data {escape(grid.data)} has no test split: no test accuracy (shown as -), "
-                      "and --recommend compares speed only")
+        console.print(f"--data {escape(grid.data)} has no test split: no test accuracy (shown "
+                      "as -), and --recommend compares speed only")
     console.print(f"[bold]mirrorfit bench[/] {escape(grid.model)} on {escape(data)}: "
                   f"{len(points)} points x "
                   f"{grid.repeats} repeats, each its own process; {flops / 1e6:,.2f} MFLOP per "

@@ -79,8 +79,9 @@ class ProfileReport:
             usage.append(f"GPU {self.gpu_percent:.0f}%")
         return (f"profile, per step of {self.step_s * 1e3:.2f} ms: input wait "
                 f"{f['input_wait']:.0%} (input: {self.input_source}; the pipeline alone makes "
-                f"a global batch in {self.input_batch_s * 1e3:.2f} ms), compute {f['compute']:.0%}, all-reduce "
-                f"{f['all_reduce']:.0%}, update+overhead {f['update_overhead']:.0%}"
+                f"a global batch in {self.input_batch_s * 1e3:.2f} ms), compute "
+                f"{f['compute']:.0%}, all-reduce {f['all_reduce']:.0%}, update+overhead "
+                f"{f['update_overhead']:.0%}"
                 + (f"; utilisation {', '.join(usage)}" if usage else "")
                 + f"\n{self.diagnosis()}")
 

@@ -153,7 +153,7 @@ def test_two_worker_processes_train_as_one_process_with_two_devices(both_sides, 
 
 def test_processes_listen_on_their_own_address_and_agree_through_collectives(both_sides):
     workers = both_sides["workers"]
-    for worker, report in workers.items():
+    for report in workers.values():
         assert (report["workers"], report["replicas"]) == (2, 2)
         # the chief's coordination service, worker 1's port, gloo's listeners: loopback only
         # (JAX's default binds its service on [::], every interface)

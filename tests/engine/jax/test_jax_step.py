@@ -33,7 +33,7 @@ for name, optimizer, accum, spe in {runs!r}:
     changed = max(float(np.abs(a - b).max()) for a, b in zip(init, trainer.model.get_weights()))
     results[name] = {{"steps": history.steps, "traced": trainer.tracing_count(),
                       "changed": changed, "loss": history.epochs[-1]["loss"],
-                      "tensorflow": "tensorflow" in sys.modules and sys.modules["tensorflow"] is not None}}
+                      "tensorflow": sys.modules.get("tensorflow") is not None}}
 print(json.dumps(results))
 """
 # name: (replicas, optimizer, accumulation steps, steps per execution)

@@ -38,7 +38,8 @@ def test_parameter_server_training_of_the_mlp_reaches_95_percent_and_only_the_ch
     # (benchmarks/repro/ps_keras3_lost_updates.py); the coordinated loops make them atomic.
     assert summary["optimizer_updates"] == summary["steps"]
     assert sorted(p.name for p in (out / "models/mlp").iterdir()) == ["0001"]
-    assert sorted(p.name for p in (out / "ckpt").glob("ckpt-*"))[-1] == f"ckpt-{summary['steps']:09d}"
+    newest = sorted(p.name for p in (out / "ckpt").glob("ckpt-*"))[-1]
+    assert newest == f"ckpt-{summary['steps']:09d}"
     log = proc.stdout + proc.stderr
     assert "[chief] done:" in log and "[worker 0] done:" not in log
     for task in ("worker 0", "worker 1", "ps 0"):

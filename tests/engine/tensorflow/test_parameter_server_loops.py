@@ -1,4 +1,5 @@
-"""engine.tensorflow.parameter_server (loops): parameter-server training with real processes on loopback.
+"""engine.tensorflow.parameter_server (loops): parameter-server training with real processes on
+loopback.
 
 (The product path, `mirrorfit launch --ps 1 -- mirrorfit train --strategy parameter-server`,
 reaching 95% on MNIST, is in tests/distribute/test_parameter_server.py.)

@@ -139,5 +139,6 @@ def test_a_model_xla_cannot_compile_gets_a_message_and_trains_without(tmp_path):
                                   xla=True, out=tmp_path / "u"))
     assert out["xla"] is False and out["steps"] == 1024 // 64
     assert len(out["notices"]) == 1
-    assert out["notices"][0].startswith("XLA cannot compile this model (unsupported operation(s): PyFunc)")
+    assert out["notices"][0].startswith(
+        "XLA cannot compile this model (unsupported operation(s): PyFunc)")
     assert "training without --xla" in out["notices"][0]

@@ -183,7 +183,7 @@ class Runner:
         grad = jax.value_and_grad(self._loss, has_aux=True)
         total = [jnp.zeros_like(t) for t in trainable]
         for j in range(k):  # unrolled: K is small, and XLA's CPU convolutions stay fast
-            part = jax.tree.map(lambda a: a[j], micro)
+            part = jax.tree.map(lambda a, j=j: a[j], micro)
             (_, (unscaled, y_pred, non_trainable, metrics)), g = grad(
                 trainable, non_trainable, metrics, optimizer, part, True)
             metrics = self._update_metrics(metrics, part, y_pred, unscaled)

@@ -23,8 +23,8 @@ all-reduce per step (tests/engine/jax/test_jax_step.py), on JAX 0.10 and 0.11.
 over the batches ``xs[i % L]`` (``L`` batches given, ``n`` a traced count: no retracing when an
 epoch's last call is shorter), the state donated; on a CPU, a model with convolutions runs them
 as ``n`` calls of one step each (XLA's CPU compiler leaves a convolution's gradient inside a
-loop to plain loops, 30x slower for the CNN: see :class:`_Train`); ``evaluate(...)`` runs the eval step over a
-block of batches with a mask for padding (every example counted once).
+loop to plain loops, 30x slower for the CNN: see :class:`_Train`); ``evaluate(...)`` runs the
+eval step over a block of batches with a mask for padding (every example counted once).
 """
 
 from __future__ import annotations

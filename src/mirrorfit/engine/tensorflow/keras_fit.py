@@ -129,7 +129,7 @@ class Runner:
         total = None
         for j in range(k):  # K is small: unrolled
             part = tf.nest.map_structure(
-                lambda a: tf.reshape(a, [k, -1] + a.shape[1:].as_list())[j], batch)
+                lambda a, j=j: tf.reshape(a, [k, -1] + a.shape[1:].as_list())[j], batch)
             with tf.GradientTape() as tape:
                 y_pred = self._call(part["x"], True)
                 loss = self._compute_loss(part, y_pred, True)

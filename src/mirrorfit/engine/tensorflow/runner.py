@@ -2,8 +2,9 @@
 
 Like Orbit's runner it owns the model, the optimizer, the per-replica step and the compiled
 loops (with the XLA check and its fallback); the controller (:mod:`mirrorfit.engine.controller`)
-decides when to call it. The loops come from :mod:`mirrorfit.engine.tensorflow.loop`, or, under parameter
-servers, from :mod:`mirrorfit.engine.tensorflow.parameter_server`, behind the same calls.
+decides when to call it. The loops come from :mod:`mirrorfit.engine.tensorflow.loop`, or,
+under parameter servers, from :mod:`mirrorfit.engine.tensorflow.parameter_server`, behind the
+same calls.
 """
 
 from __future__ import annotations

@@ -134,8 +134,8 @@ def _multi_worker(setup: DeviceSetup, cluster, communication: str,
                     cluster_resolver=resolver, communication_options=options)
         except (RuntimeError, tf.errors.OpError) as e:  # the barrier timed out
             first = (str(getattr(e, "message", e)).strip().splitlines() or [""])[0][:160]
-            raise ClusterError(f"{', '.join(cluster.unreachable()) or 'a worker'} did not join within "
-                               f"{timeout_s:g} s ({type(e).__name__}: {first}); check that "
+            raise ClusterError(f"{', '.join(cluster.unreachable()) or 'a worker'} did not join "
+                               f"within {timeout_s:g} s ({type(e).__name__}: {first}); check that "
                                "every task started (its log), or raise --collective-timeout"
                                ) from None
     local = strategy.extended._num_devices_per_worker  # noqa: SLF001 (no public accessor)
