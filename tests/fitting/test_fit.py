@@ -131,4 +131,8 @@ def test_keras_usage(backend, tmp_path):
                                 "(labels 0..2); give a model with as many outputs as classes, "
                                 "or labels that index them")
     assert e["val_label_range"].startswith("the validation data has label -1, but the model")
+    assert e["named_loss"].startswith("the training data has label 5, but the model has 3")
+    assert e["head_label_range"].startswith("the training data's output digit has label 3, "
+                                            "but the model has 3 outputs")
+    assert e["ignored_class"] is None
     assert r["numpy_ints_and_one_callback"] == 2

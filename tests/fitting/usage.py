@@ -139,9 +139,19 @@ mirrorfit.fit(model, x, y, batch_size=64, epochs=1, verbose=0, validation_split=
 out["evaluate"] = [mirrorfit.evaluate(model, x, y, batch_size=b, verbose=0) for b in (16, 32, 64)]
 out["evaluate_keras"] = model.evaluate(x, y, verbose=0)
 
-def classifier():
+def classifier(loss="sparse_categorical_crossentropy"):
     m = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, activation="softmax")])
-    m.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
+    m.compile(optimizer="sgd", loss=loss)
+    return m
+
+
+def two_heads():
+    inputs = keras.Input((4,))
+    hidden = keras.layers.Dense(4)(inputs)
+    m = keras.Model(inputs, {"digit": keras.layers.Dense(3, activation="softmax",
+                                                         name="digit")(hidden),
+                             "value": keras.layers.Dense(1, name="value")(hidden)})
+    m.compile(optimizer="sgd", loss={"digit": "sparse_categorical_crossentropy", "value": "mse"})
     return m
 
 
@@ -162,6 +172,13 @@ for name, call in {
                                          batch_size=32, verbose=0),
     "val_label_range": lambda: mirrorfit.fit(classifier(), x, labels, batch_size=32,
                                              verbose=0, validation_data=(x, labels - 1)),
+    "named_loss": lambda: mirrorfit.fit(classifier(keras.losses.SparseCategoricalCrossentropy(
+        name="xent")), x, labels + 3, batch_size=32, verbose=0),
+    "head_label_range": lambda: mirrorfit.fit(two_heads(), x, {"digit": labels + 1,
+                                                              "value": y}, verbose=0),
+    # a label Keras's loss skips is no error
+    "ignored_class": lambda: mirrorfit.fit(classifier(keras.losses.SparseCategoricalCrossentropy(
+        ignore_class=-1)), x, np.where(labels == 2, -1, labels), batch_size=32, verbose=0),
 }.items():
     try:
         call()

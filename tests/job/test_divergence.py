@@ -85,7 +85,7 @@ def test_a_compiled_model_that_diverges_stops_too(tmp_path):
     assert proc.returncode == 65, proc.stderr[-3000:]
     assert proc.stderr.strip().splitlines()[-1].startswith(
         "mirrorfit: error: the training loss is ")
-    assert "at batch 2 of epoch 1; stopped" in proc.stderr
+    assert "after batch 2 of epoch 1 (" in proc.stderr and "; stopped; try a lower" in proc.stderr
     assert not (tmp_path / "m.keras").exists()
 
 

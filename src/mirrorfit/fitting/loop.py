@@ -223,13 +223,14 @@ class _Run:
             self.runner = self.engine.Runner(model, self.placement, accum_steps=self.accum_steps)
             # Past Keras's attribute tracking: the runner is not part of the model's state.
             object.__setattr__(model, "_mirrorfit_runner", (key, self.runner))
-            from mirrorfit.fitting.metrics import masked_outputs
+            from mirrorfit.fitting.metrics import ignores_a_class, masked_outputs
 
-            if masked_outputs(model):
-                warnings.warn("the model's outputs are masked (mask_zero, Masking): its loss "
-                              "is averaged over each replica's unmasked steps, then over the "
-                              "replicas, as under Keras's own strategies, not over the whole "
-                              "global batch's unmasked steps", stacklevel=3)
+            if masked_outputs(model) or ignores_a_class(model):
+                warnings.warn("the model's outputs are masked (mask_zero, Masking, a loss's "
+                              "ignore_class): its loss is averaged over each replica's counted "
+                              "steps, then over the replicas, as under Keras's own strategies, "
+                              "not over the whole global batch's (a partial last batch is off "
+                              "by up to a few percent)", stacklevel=3)
         self.runner.load()
 
     def synced_after(self):

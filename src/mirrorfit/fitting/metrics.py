@@ -12,6 +12,7 @@ precision and recall are merged, not averaged.
 from __future__ import annotations
 
 import keras
+import numpy as np
 from keras import ops, tree
 
 
@@ -121,17 +122,67 @@ def results(model) -> dict[str, float]:
 
 
 def check_sparse_labels(model, y, where: str) -> None:
-    """FitError for integer labels a compiled sparse categorical loss cannot index (its model
-    has one output of N classes, ``y`` a NumPy array holding a label outside 0..N-1): Keras's
-    loss on JAX takes such a label's one-hot as all zeros, a loss of 0, without a word."""
-    import numpy as np
+    """FitError for integer labels a compiled sparse categorical loss cannot index: an output
+    of N classes whose NumPy labels hold one outside 0..N-1 (its ``ignore_class`` excepted).
+    Keras's loss on JAX takes such a label's one-hot as all zeros, a loss of 0, without a word.
+    Each output of a dict or list of losses is checked against its own labels."""
+    from mirrorfit.data.arrays import check_class_labels
 
-    from mirrorfit.data.arrays import check_class_labels, output_classes
+    for name, loss, labels, classes in _per_output(model, y):
+        if not _is_sparse_categorical(loss) or not isinstance(labels, np.ndarray) \
+                or labels.dtype.kind not in "iu":
+            continue
+        ignored = getattr(loss, "ignore_class", None)
+        if ignored is not None:
+            labels = labels[labels != ignored]
+        check_class_labels(labels, f"{where}'s {name}" if name else where, classes)
+
+
+def ignores_a_class(model) -> bool:
+    """Whether a compiled loss skips a label (``ignore_class``): like a masked output, its loss
+    averages over each replica's counted labels."""
+    return any(getattr(loss, "ignore_class", None) is not None
+               for _, loss, _, _ in _per_output(model, None))
+
+
+def _per_output(model, y):
+    """(name, loss, labels, classes) for each output of a compiled model: one for a single loss
+    (no name), one per key of a dict of losses (labels from a dict ``y``), one per entry of a
+    list (``output i``)."""
+    from mirrorfit.data.arrays import output_classes
 
     loss = getattr(model, "loss", None)
-    name = loss if isinstance(loss, str) else getattr(loss, "name", None) or getattr(
-        loss, "__name__", None)
-    if name not in ("sparse_categorical_crossentropy", "SparseCategoricalCrossentropy") \
-            or not isinstance(y, np.ndarray) or y.dtype.kind not in "iu":
-        return
-    check_class_labels(y, where, output_classes(model))
+    if isinstance(loss, dict):
+        shapes = _output_shapes(model)
+        return [(f"output {name}", fn, y.get(name) if isinstance(y, dict) else None,
+                 _classes(shapes.get(name) if isinstance(shapes, dict) else None))
+                for name, fn in loss.items()]
+    if isinstance(loss, (list, tuple)):
+        shapes = _output_shapes(model)
+        ys = y if isinstance(y, (list, tuple)) else [None] * len(loss)
+        shapes = shapes if isinstance(shapes, (list, tuple)) else [None] * len(loss)
+        return [(f"output {i}", fn, labels, _classes(shape))
+                for i, (fn, labels, shape) in enumerate(zip(loss, ys, shapes))]
+    return [(None, loss, y, output_classes(model))]
+
+
+def _output_shapes(model):
+    try:
+        shapes = model.output_shape
+    except (AttributeError, ValueError, RuntimeError):
+        return None
+    if isinstance(shapes, (list, tuple)) and shapes and isinstance(shapes[0], (list, tuple)):
+        names = getattr(model, "output_names", None)
+        return dict(zip(names, shapes)) if names and isinstance(model.loss, dict) else shapes
+    return shapes
+
+
+def _classes(shape) -> int | None:
+    return int(shape[-1]) if shape and shape[-1] is not None else None
+
+
+def _is_sparse_categorical(loss) -> bool:
+    if isinstance(loss, keras.losses.SparseCategoricalCrossentropy):
+        return True
+    name = loss if isinstance(loss, str) else getattr(loss, "__name__", None)
+    return name in ("sparse_categorical_crossentropy", "SparseCategoricalCrossentropy")

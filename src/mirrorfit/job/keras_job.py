@@ -170,7 +170,7 @@ def run(config: TrainConfig, console, model, *, compiled: bool, clock) -> dict[s
     clock.lap("data")
     callbacks = user_callbacks(config.callbacks)
     if not config.allow_nan:
-        callbacks = [stop_on_nan(), *callbacks]
+        callbacks = [stop_on_nan(config.progress), *callbacks]
     kwargs = {}
     if isinstance(train, tuple):
         kwargs.update(x=train[0], y=train[1] if len(train) > 1 else None,
@@ -215,27 +215,41 @@ def run(config: TrainConfig, console, model, *, compiled: bool, clock) -> dict[s
     return summary
 
 
-def stop_on_nan():
+def stop_on_nan(progress: bool):
     """Keras's TerminateOnNaN, but the run ends with mirrorfit's DivergedError (exit 65) after
-    the call of steps whose loss is NaN or infinite, not with ``done`` and exit 0."""
+    the call of steps whose loss is NaN or infinite, not with ``done`` and exit 0. The check
+    runs at call boundaries (``--steps-per-execution`` batches): the line names the boundary
+    and the last finite loss. ``progress``: Keras's bar is on the screen (its line is ended
+    first, so that the error gets a line of its own)."""
     import math
+    import sys
 
     import keras
 
     from mirrorfit.errors import DivergedError
 
     class StopOnNaN(keras.callbacks.TerminateOnNaN):
-        epoch = 0
+        epoch, last = 0, None
 
         def on_epoch_begin(self, epoch, logs=None):
             self.epoch = epoch
 
         def on_batch_end(self, batch, logs=None):
             loss = (logs or {}).get("loss")
-            if loss is not None and not math.isfinite(loss):
-                raise DivergedError(f"the training loss is {loss} at batch {batch + 1} of "
-                                    f"epoch {self.epoch + 1}; stopped; try a lower learning "
-                                    "rate, or --allow-nan to train on as Keras does")
+            if loss is None:
+                return
+            where = f"batch {batch + 1} of epoch {self.epoch + 1}"
+            if math.isfinite(loss):
+                self.last = (loss, where)
+                return
+            if progress:
+                sys.stdout.write("\n")
+                sys.stdout.flush()
+            last = (f"last finite: {self.last[0]:.6g} after {self.last[1]}" if self.last
+                    else "not finite at the first check")
+            raise DivergedError(f"the training loss is {loss} after {where} ({last}); "
+                                "stopped; try a lower learning rate, or --allow-nan to train "
+                                "on as Keras does")
 
     return StopOnNaN()
 
