@@ -85,3 +85,52 @@ def test_the_cycle_check_finds_a_cycle():
 def test_only_the_entry_points_sit_at_the_top():
     top = sorted(p.name for p in (SRC / "mirrorfit").glob("*.py"))
     assert top == ["__init__.py", "__main__.py", "_io.py", "config.py", "errors.py"]
+
+
+# Where a framework may be imported, and why: its engine's folder, and the modules whose job
+# needs it whichever engine trains. A new import elsewhere fails here: reach the engine through
+# engine/contract.py, or add the module with its reason.
+FRAMEWORK_HOMES = {
+    "tensorflow": {
+        "mirrorfit.engine.tensorflow": "the TensorFlow engine",
+        "mirrorfit.engine.backends": "imports it with its C++ start-up lines filtered",
+        "mirrorfit.serving": "TF Serving's protocol and SavedModels",
+        "mirrorfit.artifacts.export": "writes a SavedModel",
+        "mirrorfit.artifacts.evaluate": "scores a SavedModel",
+        "mirrorfit.data": "the tf.data readers: image folders, TFRecords, user datasets",
+        "mirrorfit.job.profiling": "--profile breaks down TensorFlow's step",
+        "mirrorfit.bench.flops": "TensorFlow's profiler counts a model's FLOPs",
+        "mirrorfit.distribute.cluster": "TensorFlow's own TF_CONFIG resolver, cross-checked",
+        "mirrorfit.fitting.setup": "mirrorfit.setup makes a MirroredStrategy the default",
+    },
+    "jax": {
+        "mirrorfit.engine.jax": "the JAX engine",
+        "mirrorfit.bench.jax_point": "a bench point of the JAX engine, in its own process",
+        "mirrorfit.bench.flops": "XLA's cost analysis counts a model's FLOPs",
+    },
+}
+
+
+def _framework_imports() -> dict[str, set[str]]:
+    """module -> the frameworks (tensorflow, jax) it imports anywhere in its body."""
+    found: dict[str, set[str]] = {}
+    for name, path in _modules().items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module] if isinstance(node, ast.ImportFrom) and node.module
+                     and node.level == 0 else [])
+            if isinstance(node, ast.ImportFrom) and node.module == "mirrorfit.data._tf":
+                names = ["tensorflow"]  # the data modules' lazy TensorFlow
+            for imported in names:
+                top = imported.split(".")[0]
+                if top in FRAMEWORK_HOMES:
+                    found.setdefault(name, set()).add(top)
+    return found
+
+
+def test_frameworks_are_imported_only_where_they_must_be():
+    stray = {module: sorted(frameworks) for module, frameworks in _framework_imports().items()
+             for framework in frameworks
+             if not any(module == home or module.startswith(home + ".")
+                        for home in FRAMEWORK_HOMES[framework])}
+    assert not stray, stray

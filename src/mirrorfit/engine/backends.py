@@ -23,6 +23,8 @@ from mirrorfit.engine._fd_filter import filtered
 from mirrorfit.errors import ConfigError
 
 BACKENDS = ("tensorflow", "jax")
+# Each engine's package (what engine/contract.py types); a new engine is a folder and a line.
+ENGINES = {"tensorflow": "mirrorfit.engine.tensorflow", "jax": "mirrorfit.engine.jax"}
 # How a distribution splits the input (its ``input_split``), whichever engine runs it:
 # one process reads whole global batches; each of several workers reads its contiguous share
 # of every global batch; parameter-server workers read their own streams.
@@ -223,7 +225,7 @@ def load(backend: str) -> ModuleType:
     missing framework is one ConfigError line saying what to install."""
     import_framework(backend)
     try:
-        module = importlib.import_module(f"mirrorfit.engine.{backend}")
+        module = importlib.import_module(ENGINES[backend])
         module.Runner  # noqa: B018 (the framework itself loads here, or ImportError says why)
         return module
     except ImportError as e:
@@ -236,6 +238,6 @@ def load(backend: str) -> ModuleType:
         raise
 
 
-__all__ = ["BACKENDS", "DEFAULT", "resolve", "installed", "split_batch",
+__all__ = ["BACKENDS", "ENGINES", "DEFAULT", "resolve", "installed", "split_batch",
            "check_settings", "prepare", "import_framework", "import_tensorflow",
            "tensorflow_start_filtered", "load"]

@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Sequence
 
+from mirrorfit.engine.backends import ENGINES
 from mirrorfit.engine.progress import EpochProgress
 from mirrorfit.data.pipeline import check_lengths
 from mirrorfit.errors import ConfigError, FitError
@@ -108,7 +109,7 @@ class Trainer:
                  jit_compile: bool = False, remat: bool = False,
                  on_notice: Callable[[str], None] = print) -> None:
         backend = getattr(strategy, "backend", "tensorflow")  # a plain tf.distribute.Strategy
-        runner = importlib.import_module(f"mirrorfit.engine.{backend}.runner").Runner
+        runner = importlib.import_module(ENGINES[backend]).Runner
         self.runner = runner(distribution=strategy, model=model, optimizer=optimizer,
                              loss=loss, global_batch=global_batch, metrics=metrics,
                              accum_steps=accum_steps, precision=precision,

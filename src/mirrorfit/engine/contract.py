@@ -1,0 +1,134 @@
+"""The seam between the shared code and an engine, written down.
+
+An engine is a package under ``mirrorfit/engine/`` (``tensorflow``, ``jax``) named in
+:data:`mirrorfit.engine.backends.ENGINES`. The shared code (the controller, the training job,
+checkpoints) reaches it through what is typed here: the package's functions
+(:class:`Engine`), the distribution ``build_distribution`` returns (:class:`Distribution`)
+and the :class:`Runner` that holds a run's model, optimizer, metrics and compiled calls. A
+third engine is a new folder with these names and one entry in that table;
+``tests/engine/test_contract.py`` holds both engines to them.
+
+Plain typing: nothing here imports a framework.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping, Protocol, Sequence
+
+
+class Distribution(Protocol):
+    """Where a run's replicas are: devices and processes, and the collectives between them."""
+
+    backend: str
+    replicas: int  # over every process
+    local_replicas: int  # this process's
+    workers: int
+    worker_index: int
+    is_chief: bool  # the process that writes outputs
+    task: str  # this process in words, e.g. "worker 1"
+    strategy_name: str  # for the summary
+
+    @property
+    def input_split(self) -> str:
+        """What each process reads: ``backends.GLOBAL_BATCH``, ``WORKER_SHARE`` or
+        ``COORDINATOR``."""
+
+    def agree(self, flag: bool) -> bool:
+        """True on every process if ``flag`` is True on any (a collective)."""
+
+    def all_equal(self, value: int) -> bool:
+        """Whether every process holds the same ``value`` (a collective)."""
+
+    def gather(self, values: Sequence[int]) -> Any:
+        """Every process's small non-negative ints, one row per worker (a collective)."""
+
+    def describe(self) -> str:
+        """One line for the start of a run."""
+
+
+class TrainIterator(Protocol):
+    """What :meth:`Runner.train_iterator` returns: the input of every call of one fit, read by
+    :meth:`Runner.run` only."""
+
+
+class Runner(Protocol):
+    """A run's model, optimizer, metrics and compiled calls on one :class:`Distribution`.
+
+    Built as ``Runner(distribution=, model=, optimizer=, loss=, global_batch=, metrics=,
+    accum_steps=, precision=, jit_compile=, remat=, on_notice=)``; ``global_batch`` is examples
+    per optimizer step over every replica and micro-batch."""
+
+    backend: str
+    distribution: Distribution
+    global_batch: int
+    accum_steps: int
+    loss_scaling: bool  # fp16: a LossScaleOptimizer
+
+    # what the controller reads
+    model: Any  # the Keras model, its variables up to date
+    optimizer: Any
+    replicas: int
+    micro_batch: int  # examples per replica per micro-batch
+    jit_compile: bool
+    lockstep: bool  # several processes: metric reads and checks are collectives, in step
+
+    def steps_per_epoch(self, train) -> int:
+        """Optimizer steps per epoch of ``train``."""
+
+    def train_iterator(self, train, *, start_epoch: int, epochs: int, skip: int,
+                       steps_per_execution: int) -> TrainIterator:
+        """The input of every call from (``start_epoch``, ``skip`` steps in) to ``epochs``."""
+
+    def run(self, iterator: TrainIterator, num_steps: int) -> None:
+        """``num_steps`` optimizer steps in one compiled call; returns when they are done."""
+
+    def evaluate(self, data, batch: int) -> dict[str, float]:
+        """Loss, metrics and ``examples`` over every example of ``data`` once."""
+
+    def reset_train_metrics(self) -> None: ...
+
+    def train_logs(self) -> dict[str, float]:
+        """The current epoch's training metrics (several processes: a collective)."""
+
+    def train_loss(self) -> float:
+        """The current epoch's mean training loss alone (several processes: a collective)."""
+
+    def loss_scale(self) -> float | None: ...
+
+    def applied_steps(self) -> int:
+        """Optimizer updates applied (fp16's skipped steps excluded)."""
+
+    def learning_rate(self) -> float: ...
+
+    def tracing_count(self) -> int: ...
+
+    def checkpoint_state(self) -> CheckpointState: ...
+
+
+class CheckpointState(Protocol):
+    """An engine's checkpoint files for one runner (``Runner.checkpoint_state()``)."""
+
+    def write(self, folder) -> None:
+        """Write the model's and the optimizer's variables into ``folder``."""
+
+    def read(self, folder) -> None:
+        """Restore them from ``folder`` (an error names what does not match)."""
+
+
+class Engine(Protocol):
+    """The engine package itself (``mirrorfit.engine.<name>``)."""
+
+    Runner: Callable[..., Runner]
+
+    def configure_devices(self, **settings) -> Any:
+        """The devices to replicate over (a :class:`~mirrorfit.engine.device_setup.
+        DeviceSetup`), set before the framework starts them."""
+
+    def build_distribution(self, setup, **settings) -> Distribution: ...
+
+    def list_devices(self) -> list[Mapping[str, str]]: ...
+
+    def seed(self, value: int) -> None: ...
+
+
+__all__ = ["Distribution", "TrainIterator", "Runner", "CheckpointState", "Engine"]

@@ -1,0 +1,58 @@
+"""Both engines provide what engine/contract.py types: every method and attribute of its
+Protocols, on each engine's package, distribution, runner and checkpoint files (a third engine
+is held to the same list)."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import inspect
+
+import pytest
+
+from mirrorfit.engine import backends, contract
+
+# Per engine: (its distribution class, its runner class, its checkpoint files' class).
+CLASSES = {
+    "tensorflow": ("mirrorfit.engine.tensorflow.distribution:Distribution",
+                   "mirrorfit.engine.tensorflow.runner:Runner",
+                   "mirrorfit.engine.tensorflow.state:CheckpointState"),
+    "jax": ("mirrorfit.engine.jax.placement:Placement", "mirrorfit.engine.jax.runner:Runner",
+            "mirrorfit.engine.jax.state:CheckpointState"),
+}
+
+
+def _load(spec: str):
+    module, _, name = spec.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def _members(protocol) -> set[str]:
+    """The names a Protocol asks for: its annotations, methods and properties."""
+    own = {n for n in vars(protocol) if not n.startswith("_")}
+    return own | set(getattr(protocol, "__annotations__", {}))
+
+
+def _provides(cls, name: str) -> bool:
+    """A class attribute, method or property, a dataclass field, or set in its __init__."""
+    if hasattr(cls, name):
+        return True
+    if dataclasses.is_dataclass(cls) and name in {f.name for f in dataclasses.fields(cls)}:
+        return True
+    return f"self.{name} =" in inspect.getsource(cls) or f"self.{name}," in inspect.getsource(cls)
+
+
+def test_the_table_names_every_engine():
+    assert set(backends.ENGINES) == set(backends.BACKENDS) == set(CLASSES)
+
+
+@pytest.mark.parametrize("backend", sorted(CLASSES))
+def test_each_engine_provides_the_contract(backend):
+    package = importlib.import_module(backends.ENGINES[backend])
+    for name in _members(contract.Engine):
+        assert hasattr(package, name), f"{backend}: the package has no {name}"
+    for protocol, spec in zip((contract.Distribution, contract.Runner, contract.CheckpointState),
+                              CLASSES[backend]):
+        cls = _load(spec)
+        missing = sorted(n for n in _members(protocol) if not _provides(cls, n))
+        assert not missing, f"{spec} lacks {missing} of {protocol.__name__}"
