@@ -101,7 +101,6 @@ FRAMEWORK_HOMES = {
         "mirrorfit.job.profiling": "--profile breaks down TensorFlow's step",
         "mirrorfit.bench.flops": "TensorFlow's profiler counts a model's FLOPs",
         "mirrorfit.distribute.cluster": "TensorFlow's own TF_CONFIG resolver, cross-checked",
-        "mirrorfit.fitting.setup": "mirrorfit.setup makes a MirroredStrategy the default",
     },
     "jax": {
         "mirrorfit.engine.jax": "the JAX engine",

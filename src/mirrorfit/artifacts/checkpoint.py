@@ -28,6 +28,7 @@ continue the same run. Those checks read only ``meta.json``
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
 import os
 import shutil
@@ -47,6 +48,7 @@ from mirrorfit.artifacts.checkpoint_meta import (EPOCH_END_KEYS, FORMAT, Checkpo
                                        require_checkpoints)
 from mirrorfit.artifacts.finite import first_non_finite
 from mirrorfit.data.pipeline import DataOrder
+from mirrorfit.engine.backends import ENGINES
 from mirrorfit.engine.controller import Position
 from mirrorfit.errors import DivergedError
 # Re-exported: callers take the preemption pieces from here, beside the checkpoints they save.
@@ -366,14 +368,11 @@ def load_model(directory: str | Path, *, model: str | None = None,
 def _read_model(path: Path, meta: dict, model) -> None:
     """The model's variables from checkpoint ``path``, by the reader of the engine that wrote
     it (a JAX checkpoint reads with NumPy, so TensorFlow's ``mirrorfit export`` takes it)."""
-    if meta.get("backend", "tensorflow") == "jax":
-        from mirrorfit.engine.jax.state import read_model_arrays
-
-        read_model_arrays(path, model)
-    else:
-        from mirrorfit.engine.tensorflow.state import read_model
-
-        read_model(path, model)
+    backend = meta.get("backend", "tensorflow")  # format < 3 checkpoints: TensorFlow's
+    if backend not in ENGINES:
+        raise ValueError(f"meta.json names backend {str(backend)[:40]!r}, not one of "
+                         f"{', '.join(ENGINES)}")
+    importlib.import_module(f"{ENGINES[backend]}.state").read_model(path, model)
 
 
 def _build_checked(path: Path, ident: dict, asked: str | None):

@@ -119,10 +119,15 @@ class Engine(Protocol):
     """The engine package itself (``mirrorfit.engine.<name>``)."""
 
     Runner: Callable[..., Runner]
+    COMPILES_EVERY_STEP: bool  # the whole step is always compiled (JAX), not only with --xla
 
     def configure_devices(self, **settings) -> Any:
         """The devices to replicate over (a :class:`~mirrorfit.engine.device_setup.
-        DeviceSetup`), set before the framework starts them."""
+        DeviceSetup`), set before the framework starts them; with ``cluster`` (a multi-worker
+        task), joined to it where the engine joins with its devices."""
+
+    def keras_setup(self, replicas: int | None, devices: tuple[str, ...]) -> tuple[Any, Any]:
+        """``mirrorfit.setup``'s (DeviceSetup, placement) for a Keras script."""
 
     def build_distribution(self, setup, **settings) -> Distribution: ...
 

@@ -18,13 +18,14 @@ import operator
 import warnings
 from typing import Any
 
+from mirrorfit.engine.backends import ENGINES
 from mirrorfit.errors import FitError
 from mirrorfit.fitting.blocks import prefetched
 from mirrorfit.fitting.epochs import Epochs
 from mirrorfit.fitting.setup import current
 
-_ENGINES = {"tensorflow": "mirrorfit.engine.tensorflow.keras_fit",
-            "jax": "mirrorfit.engine.jax.keras_fit"}
+# Each engine's Keras-fit module: engine/<name>/keras_fit.py.
+_ENGINES = {name: f"{package}.keras_fit" for name, package in ENGINES.items()}
 DEFAULT_STEPS_PER_EXECUTION = 50  # mirrorfit train's
 
 
@@ -178,25 +179,20 @@ class _Run:
         self.model = model
         self.backend = keras.backend.backend()
         if self.backend not in _ENGINES:
-            raise FitError(f"mirrorfit.fit runs on the tensorflow and jax backends; Keras "
-                           f"runs on {self.backend} (set KERAS_BACKEND or mirrorfit.setup)")
+            raise FitError(f"mirrorfit.fit runs on the {' and '.join(_ENGINES)} backends; "
+                           f"Keras runs on {self.backend} (set KERAS_BACKEND or "
+                           "mirrorfit.setup)")
         self.engine = importlib.import_module(_ENGINES[self.backend])
         self.placement = self._placement()
         self.engine.check_model(model, self.placement)
         self.runner = None
 
     def _placement(self):
-        """The TensorFlow strategy the model was built under, or the JAX mesh of
-        ``mirrorfit.setup`` (without one: every local device)."""
-        if self.backend == "tensorflow":
-            return self.model.distribute_strategy
+        """Where the engine runs the model: what ``mirrorfit.setup`` chose for this backend
+        (None: the engine's own default)."""
         chosen = current()
-        if chosen is not None and chosen.backend == "jax":
-            return chosen.placement
-        from mirrorfit.engine.jax.devices import configure_devices
-        from mirrorfit.engine.jax.placement import build_placement
-
-        return build_placement(configure_devices())
+        return self.engine.placement(self.model, chosen if chosen is not None
+                                     and chosen.backend == self.backend else None)
 
     def epochs(self, source, batch_size, steps, step: str, **kwargs) -> Epochs:
         """The epochs of ``source`` as the runner takes them (``step``: ``train`` or

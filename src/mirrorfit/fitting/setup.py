@@ -9,6 +9,7 @@ is used by :func:`mirrorfit.fit` only.
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass, field
 
 from mirrorfit.engine import backends
@@ -51,37 +52,14 @@ def setup(*, backend: str | None = None, replicas: int | None = None,
         raise FitError(f"replicas={replicas!r}: give a whole number of at least 1")
     backend = backends.resolve(backend)
     backends.prepare(backend, verbose=verbose)
-    if backend == "tensorflow":
-        made = _tensorflow(replicas, tuple(devices))
-    else:
-        made = _jax(replicas, tuple(devices))
+    made = importlib.import_module(backends.ENGINES[backend]).keras_setup(replicas,
+                                                                          tuple(devices))
     import keras
 
     keras.config.set_dtype_policy(POLICIES[precision])
     _current.append(Setup(backend=backend, devices=made[0], placement=made[1],
                           precision=precision))
     return _current[-1]
-
-
-def _tensorflow(replicas, devices):
-    backends.import_tensorflow()
-    import tensorflow as tf
-
-    from mirrorfit.engine.tensorflow.devices import configure_devices
-    from mirrorfit.engine.tensorflow.strategy import build_strategy
-
-    chosen = configure_devices(replicas=replicas, devices=devices)
-    strategy = build_strategy(chosen)
-    tf.distribute.experimental_set_strategy(strategy)
-    return chosen, strategy
-
-
-def _jax(replicas, devices):
-    from mirrorfit.engine.jax.devices import configure_devices
-    from mirrorfit.engine.jax.placement import build_placement
-
-    chosen = configure_devices(replicas=replicas, devices=devices)
-    return chosen, build_placement(chosen)
 
 
 def use(chosen: Setup) -> None:

@@ -255,10 +255,6 @@ def stop_on_nan(progress: bool):
 
 
 def _replicas(model) -> int:
-    import keras
-
-    if keras.backend.backend() == "tensorflow":
-        return model.distribute_strategy.num_replicas_in_sync
     from mirrorfit.fitting.setup import current
 
     return current().replicas

@@ -129,9 +129,10 @@ def _train(config: TrainConfig, console: Console, guard: PreemptionGuard,
         from mirrorfit.engine.tensorflow.parameter_server import serve_task
         guard.hand_over()  # serve_task handles its signals (it serves until the chief ends)
         return serve_task(cluster, console=console)  # runs what the chief schedules
-    # JAX: a multi-worker task joins its job (jax.distributed) before JAX starts its devices.
+    # A multi-worker task joins its job here where the engine does it with its devices (JAX's
+    # jax.distributed, before JAX starts them); TensorFlow's strategy joins it below.
     joining = ({"cluster": cluster, "collective_timeout_s": config.collective_timeout}
-               if cluster is not None and config.backend == "jax" else {})
+               if cluster is not None else {})
     setup = engine.configure_devices(replicas=config.replicas, devices=config.devices,
                                      visible_devices=config.visible_devices,
                                      memory_growth=config.memory_growth,
@@ -177,7 +178,8 @@ def _train(config: TrainConfig, console: Console, guard: PreemptionGuard,
     lr = learning_rate(config.lr, global_batch=global_batch, base_batch=config.base_batch,
                        scaling=config.lr_scaling,
                        warmup_steps=round(config.warmup_epochs * steps_per_epoch))
-    xla = "on (every step, JAX)" if config.backend == "jax" else "on" if config.xla else "off"
+    xla = ("on (every step, JAX)" if engine.COMPILES_EVERY_STEP else "on" if config.xla
+           else "off")
     console.print(f"precision: {config.precision}, XLA: {xla}, "
                   f"learning rate: {_describe_lr(lr)}"
                   + (", rematerialisation on" if config.remat else ""))
@@ -268,10 +270,11 @@ def _compiled_user_model(config: TrainConfig, engine, setup, dist):
         return None
     keras_job.check(config)
     compiled = bool(getattr(model, "compiled", False))
-    if config.backend == "jax":
-        from mirrorfit.fitting.setup import Setup, use
+    from mirrorfit.fitting.setup import Setup, use
 
-        use(Setup(backend="jax", devices=setup, placement=dist, precision=config.precision))
+    # what mirrorfit.fit runs on: TensorFlow's strategy (the model was built under it), JAX's mesh
+    use(Setup(backend=config.backend, devices=setup, placement=strategy or dist,
+              precision=config.precision))
     if not compiled:
         with scope:
             keras_job.compile_uncompiled(config, model,

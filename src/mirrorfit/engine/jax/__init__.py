@@ -40,4 +40,15 @@ def seed(value: int) -> None:
     np.random.seed(value)
 
 
-__all__ = [*_EXPORTS, "seed"]
+def keras_setup(replicas: int | None, devices: tuple[str, ...]):
+    """``mirrorfit.setup``'s devices and mesh for a Keras script: (DeviceSetup, Placement)."""
+    from mirrorfit.engine.jax.devices import configure_devices
+    from mirrorfit.engine.jax.placement import build_placement
+
+    chosen = configure_devices(replicas=replicas, devices=devices)
+    return chosen, build_placement(chosen)
+
+
+COMPILES_EVERY_STEP = True  # XLA compiles the whole step always (--xla is what it does)
+
+__all__ = [*_EXPORTS, "seed", "keras_setup", "COMPILES_EVERY_STEP"]

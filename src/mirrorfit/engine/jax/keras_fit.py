@@ -47,6 +47,16 @@ def check_model(model, placement=None) -> None:
                               "'tensorflow'")
 
 
+def placement(model, chosen=None):
+    """The mesh of ``mirrorfit.setup`` (``chosen``), else one over every local device."""
+    if chosen is not None:
+        return chosen.placement
+    from mirrorfit.engine.jax.devices import configure_devices
+    from mirrorfit.engine.jax.placement import build_placement
+
+    return build_placement(configure_devices())
+
+
 def replicas(placement) -> int:
     return placement.replicas
 

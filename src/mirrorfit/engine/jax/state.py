@@ -88,6 +88,9 @@ def read_model_arrays(folder: Path, model) -> None:
     read_arrays(folder, {"model": list(model.variables)})
 
 
+read_model = read_model_arrays  # the name every engine's state module gives it
+
+
 class CheckpointState:
     """What :class:`~mirrorfit.artifacts.checkpoint.Checkpointer` saves of a JAX run: the
     runner's model and optimizer (synced from the devices first), read back into them and
@@ -110,4 +113,4 @@ class CheckpointState:
         self.runner.reload()
 
 
-__all__ = ["CheckpointState", "StructureError", "read_model_arrays", "FILE"]
+__all__ = ["CheckpointState", "StructureError", "read_model_arrays", "read_model", "FILE"]

@@ -28,4 +28,24 @@ def seed(value: int) -> None:
     keras.utils.set_random_seed(value)
 
 
-__all__ = [*_EXPORTS, "seed"]
+def keras_setup(replicas: int | None, devices: tuple[str, ...]):
+    """``mirrorfit.setup``'s devices and strategy for a Keras script: (DeviceSetup, strategy).
+    The strategy becomes the process's default, so the model the script builds next is
+    mirrored (TensorFlow's variables are mirrored only when created under one)."""
+    from mirrorfit.engine import backends
+
+    backends.import_tensorflow("mirrorfit.setup(backend='tensorflow')")
+    import tensorflow as tf
+
+    from mirrorfit.engine.tensorflow.devices import configure_devices
+    from mirrorfit.engine.tensorflow.strategy import build_strategy
+
+    chosen = configure_devices(replicas=replicas, devices=devices)
+    strategy = build_strategy(chosen)
+    tf.distribute.experimental_set_strategy(strategy)
+    return chosen, strategy
+
+
+COMPILES_EVERY_STEP = False  # --xla compiles each replica's step; without it, tf.function
+
+__all__ = [*_EXPORTS, "seed", "keras_setup", "COMPILES_EVERY_STEP"]

@@ -23,8 +23,11 @@ def configure_devices(*, replicas: int | None = None, devices: tuple[str, ...] =
                       memory_growth: bool = True,
                       memory_limit_mb: int | None = None,
                       threads: int | None = None,
-                      keep_freed_memory: bool = False) -> DeviceSetup:
-    """Make the requested devices visible and return the ones to replicate over.
+                      keep_freed_memory: bool = False, cluster=None,
+                      collective_timeout_s: float | None = None) -> DeviceSetup:
+    """Make the requested devices visible and return the ones to replicate over. (``cluster``
+    and ``collective_timeout_s``: the engine contract's; TensorFlow's strategy joins the
+    cluster in ``build_distribution``.)
 
     GPUs: ``visible_devices`` ("0,2") selects them like CUDA_VISIBLE_DEVICES, memory growth is
     on by default, ``memory_limit_mb`` caps each GPU (MB; replaces memory growth),

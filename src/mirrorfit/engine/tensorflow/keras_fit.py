@@ -20,6 +20,11 @@ from mirrorfit.errors import FitError
 from mirrorfit.fitting import metrics as fit_metrics
 
 
+def placement(model, chosen=None):
+    """The strategy the model was built under (``mirrorfit.setup``'s, made the default)."""
+    return model.distribute_strategy
+
+
 def replicas(strategy) -> int:
     return strategy.num_replicas_in_sync
 
