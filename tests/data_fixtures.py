@@ -198,3 +198,11 @@ def overflowing_source():
     """MNIST x 300: under fp16 every step's gradients overflow (the loss stays finite)."""
     x, y = mnist(640)
     return x.astype(np.float32) * 300.0, y
+
+
+def one_nan_source():
+    """640 MNIST images, one pixel of one of them NaN."""
+    x, y = mnist(640)
+    x = x.astype(np.float32)
+    x[3, 10, 10] = np.nan
+    return x, y

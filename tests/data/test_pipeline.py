@@ -107,3 +107,10 @@ def test_a_tensor_seeded_shuffle_traces_under_a_global_seed_of_0():
     first, again = out["at_0"]
     assert first == again and sorted(first[:8]) == list(range(8)) != first[:8]
     assert out["at_42"] == out["plain_at_42"]
+
+
+def test_a_numpy_global_batch_is_kept_as_an_int():
+    """np.int64(32) passed, then a checkpoint's meta.json could not hold it (not JSON)."""
+    x, y = np.zeros((64, 2), np.float32), np.zeros(64, np.int64)
+    batches = train_batches(x, y, global_batch=np.int64(32), seed=1)
+    assert type(batches.global_batch) is int and type(batches.order.global_batch) is int

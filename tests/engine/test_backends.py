@@ -158,6 +158,23 @@ BROKEN_TENSORFLOW = ('raise ImportError("Traceback (most recent call last):\\n  
                      'https://www.tensorflow.org/install/errors")\n')
 
 
+# protobuf newer than TensorFlow's generated code: a TypeError, not an ImportError
+PROTOBUF_MISMATCH = ('raise TypeError("Descriptors cannot be created directly.\\nIf this call '
+                     'came from a _pb2.py file, your generated code is out of date")\n')
+
+
+def test_tensorflow_failing_with_another_error_is_one_line_too(tmp_path):
+    (tmp_path / "tensorflow").mkdir()
+    (tmp_path / "tensorflow" / "__init__.py").write_text(PROTOBUF_MISMATCH)
+    env = dict(_env(), PYTHONPATH=os.pathsep.join([str(tmp_path), _env()["PYTHONPATH"]]))
+    proc = subprocess.run([sys.executable, "-m", "mirrorfit.cli", "devices"],
+                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.strip() == (
+        "mirrorfit: error: TensorFlow is installed but does not load (TypeError: Descriptors "
+        "cannot be created directly.); reinstall it (pip install --force-reinstall "
+        "tensorflow==2.21.0), or train with --backend jax"), proc.stderr[-3000:]
+
+
 def test_a_broken_tensorflow_is_one_line_in_every_command(tmp_path):
     (tmp_path / "tensorflow").mkdir()
     (tmp_path / "tensorflow" / "__init__.py").write_text(BROKEN_TENSORFLOW)

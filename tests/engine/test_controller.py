@@ -152,8 +152,23 @@ def trainer(classes=10):
 def batches(labels=y, batch=64):
     return mirrorfit.train_batches(x, labels, global_batch=batch, seed=1)
 
+def legit(loss, labels, classes=4):
+    # labels a sparse categorical loss skips, or that index nothing (MSE, hinge): trained
+    t = mirrorfit.Trainer(strategy=dist, optimizer=keras.optimizers.SGD(0.01),
+                          model=lambda: mirrorfit.models.mlp(num_classes=classes), loss=loss,
+                          global_batch=64)
+    t.fit(mirrorfit.train_batches(x, labels, global_batch=64, seed=1), epochs=1)
+    t.evaluate((x[:100], labels[:100]))
+
 t, t3 = trainer(), trainer(classes=3)
 cases = {{
+    "ignore_255": lambda: legit(keras.losses.SparseCategoricalCrossentropy(ignore_class=255),
+                                np.where(y % 4 == 3, 255, y % 4).astype(np.uint8)),
+    "mse_ints": lambda: legit(lambda a, b: keras.ops.mean(
+        (keras.ops.cast(a, "float32")[:, None] - b) ** 2, axis=-1), y, classes=2),
+    "hinge": lambda: legit(lambda a, b: keras.ops.mean(keras.ops.maximum(
+        0.0, 1.0 - keras.ops.cast(a, "float32")[:, None] * b), axis=-1),
+        np.where(y % 2, 1, -1), classes=2),
     "evaluate": lambda: t.evaluate((x[:100], y[:99])),
     "validation": lambda: t.fit(batches(), epochs=1, validation=(x[:100], y[:99])),
     "eval_labels": lambda: t.evaluate((x[:100], np.full(100, 99))),
@@ -187,3 +202,4 @@ def test_data_that_would_train_something_else_is_a_value_error(backend):
                             "give both the same size")
     assert out["lengths"] == "train_batches: x has 640 examples and y has 600; give as many " \
                              "labels as inputs"
+    assert out["ignore_255"] == out["mse_ints"] == out["hinge"] == "accepted"

@@ -24,36 +24,61 @@ RUN = ("--threads-per-worker", "1", "--train-examples", "1024", "--epochs", "1",
 
 
 def test_every_setting_but_the_per_worker_ones_must_match():
-    settings = must_match(TrainConfig(), local_replicas=1)
+    settings = must_match(TrainConfig(), replicas=2, local_replicas=1)
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
     assert {"--seed", "--lr", "--epochs", "--steps-per-execution", "--train-examples",
-            "--allow-nan", "--model", "--data"} <= set(settings)
+            "--allow-nan", "--model", "--optimizer"} <= set(settings)
     compared = {k[2:].replace("-", "_") for k in settings}
-    assert compared == (fields - PER_WORKER) | {"replicas"}
-    assert not {"--data-dir", "--metrics-out", "--threads-per-worker"} & set(settings)
+    resolved = {"replicas", "global_batch_size", "eval_batch_size"}
+    assert compared == (fields - PER_WORKER) | resolved
+    assert not {"--data-dir", "--metrics-out", "--threads-per-worker", "--checkpoint-dir",
+                "--data", "--batch-size"} & set(settings)
     assert settings["--replicas"] == "1 per worker"
 
 
+def test_settings_are_compared_as_they_resolve():
+    """The same run spelled two ways is the same run: the batch by replica or in all, the
+    evaluation batch left to its default, the optimizer's name in any case."""
+    one = must_match(TrainConfig(batch_size=32, optimizer="Adam"), 2, 1)
+    other = must_match(TrainConfig(global_batch_size=64, eval_batch_size=64, optimizer="adam"),
+                       2, 1)
+    assert one == other
+    assert must_match(TrainConfig(seed=2914), 2, 1) != must_match(TrainConfig(seed=7535), 2, 1)
+    # 24 bits of hash let these two seeds pass as equal; 63 do not
+    assert agreement._hash("2914") != agreement._hash("7535")
+
+
+def test_a_long_value_is_cut_on_a_character_and_marked():
+    text = agreement._decode(agreement._encode("/data/" + "é" * 40))
+    assert text.endswith("…") and "\ufffd" not in text and len(text.encode()) <= 60
+
+
 class _Workers:
-    """Two workers' settings behind a distribution's ``gather`` (one row per worker): this
-    process's values come in, and the other worker's are found the same way."""
+    """Two workers' settings behind a distribution's ``gather`` (one row per worker): for each
+    call, what each side of check_agreement sends at that point."""
 
     def __init__(self, mine: dict, theirs: dict):
         self.sides, self.workers, self.task, self.calls = [mine, theirs], 2, "worker 0", 0
 
+    def _sent(self, side: dict, call: int) -> list[int]:
+        names = sorted(side)
+        if call == 1:
+            return [len(names), *agreement._hash("\n".join(names))]
+        if call == 2:
+            return [p for n in names for p in agreement._hash(side[n])]
+        flag = next(n for n in names if side[n] != self.sides[1 - self.sides.index(side)][n])
+        return list(agreement._encode(side[flag]))
+
     def gather(self, values):
         self.calls += 1
-        names = sorted(self.sides[0])
-        hashes = [agreement._hash(self.sides[0][n]) for n in names]
-        if list(values) == hashes:  # the fingerprint
-            return np.array([[agreement._hash(s[n]) for n in names] for s in self.sides])
-        flag = next(n for n in names if list(agreement._encode(self.sides[0][n])) == list(values))
-        return np.array([list(agreement._encode(s[flag])) for s in self.sides])
+        rows = [self._sent(side, self.calls) for side in self.sides]
+        assert list(values) == rows[0]  # what this worker sent
+        return np.array(rows)
 
 
 def test_the_first_differing_flag_is_named_with_both_values_and_the_rest_listed():
-    a = must_match(TrainConfig(seed=1, lr=0.5), 1)
-    b = must_match(TrainConfig(seed=2), 1)
+    a = must_match(TrainConfig(seed=1, lr=0.5), 2, 1)
+    b = must_match(TrainConfig(seed=2), 2, 1)
     workers = _Workers(a, b)
     with pytest.raises(ConfigError) as e:
         check_agreement(a, workers)
@@ -61,8 +86,12 @@ def test_the_first_differing_flag_is_named_with_both_values_and_the_rest_listed(
                             "worker 1: --lr 0.01) (they differ in --seed too); give every "
                             "worker the same --lr, or they train different models")
     same = _Workers(a, dict(a))
-    check_agreement(a, same)  # no error, one gather
-    assert same.calls == 1
+    check_agreement(a, same)  # no error: the list of settings, then their hashes
+    assert same.calls == 2
+    newer = _Workers(a, {**a, "--new-flag": "1"})
+    with pytest.raises(ConfigError, match=r"^worker 0: the workers run different versions of "
+                                          r"mirrorfit \(\d+, \d+ settings\); install the same"):
+        check_agreement(a, newer)
 
 
 def _ports(n: int) -> list[str]:

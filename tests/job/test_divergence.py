@@ -39,7 +39,7 @@ def test_a_diverging_run_stops_keeping_its_last_finite_checkpoint(backend, tmp_p
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("mirrorfit: error: the training loss is nan after global step 2 "
                            "(last finite: "), last
-    assert f"at step 1); stopped; the last finite checkpoint is {ckpt}/ckpt-000000001; " \
+    assert f"at step 1); stopped; the newest checkpoint is {ckpt}/ckpt-000000001; " \
            "try a lower --lr" in last
     assert "done:" not in proc.stderr and not (tmp_path / "m.json").exists()
     assert [p.name for p in ckpt.glob("ckpt-*")] == ["ckpt-000000001"]
@@ -63,6 +63,19 @@ def test_nan_weights_are_trained_on_request_but_not_exported_by_default(tmp_path
                      "--allow-nan")
     assert forced.returncode == 0, forced.stderr[-3000:]
     assert (models / "0001" / "saved_model.pb").is_file()
+
+
+@pytest.mark.parametrize("backend", ["jax", "tensorflow"])
+def test_nan_weights_under_a_finite_loss_stop_at_the_epoch_end(backend):
+    """One NaN pixel: on TensorFlow the loss averaged stayed finite (1.38) while the weights
+    went NaN, and the run ended `done`, exit 0."""
+    proc = run_cli("train", "--backend", backend, "--data", "data_fixtures:one_nan_source",
+                   "--epochs", "2", "--steps-per-execution", "1", "--no-progress")
+    assert proc.returncode == 65, proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert ("weights are not finite (mlp/dense/kernel: " in last
+            or "the training loss is nan" in last), last
+    assert "done:" not in proc.stderr
 
 
 @pytest.mark.parametrize("backend", ["jax", "tensorflow"])
@@ -99,11 +112,13 @@ class _Trainer:
 
 
 def test_the_guard_names_the_step_and_the_last_finite_loss():
-    guard, trainer = DivergenceGuard(), _Trainer([2.5, 1.25, float("inf")])
+    trainer = _Trainer([2.5, 1.25, float("inf")])
+    guard = DivergenceGuard(trainer)
     guard.hook(trainer)
     guard.hook(trainer)
     with pytest.raises(DivergedError, match=r"^the training loss is inf after global step 30 "
                                             r"\(last finite: 1.25 at step 20\); stopped; try"):
         guard.hook(trainer)
     with pytest.raises(DivergedError, match="not finite at the first check"):
-        DivergenceGuard().hook(_Trainer([float("nan")]))
+        first = _Trainer([float("nan")])
+        DivergenceGuard(first).hook(first)

@@ -35,9 +35,10 @@ def test_the_chapters_cnn_on_uint8_learns(mnist_dir, tmp_path):
     assert summary["test"]["accuracy"] > 0.9  # the built-in loop's /255 had left it at 0.116
 
 
-def test_loss_and_callbacks_for_an_uncompiled_model(tmp_path):
+@pytest.mark.parametrize("backend", ["jax", "tensorflow"])  # TF entered one scope twice
+def test_loss_and_callbacks_for_an_uncompiled_model(backend, tmp_path):
     out = tmp_path / "m.json"
-    proc = run_cli("train", "--backend", "jax", "--model", "keras_models:uncompiled",
+    proc = run_cli("train", "--backend", backend, "--model", "keras_models:uncompiled",
                    "--data", "keras_models:regression_data", "--loss", "mse", "--metrics",
                    "mae", "--optimizer", "adam", "--lr", "0.05", "--epochs", "3",
                    "--callbacks", "keras_models:stop_after_one", "--no-progress",

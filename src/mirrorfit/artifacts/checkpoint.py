@@ -240,7 +240,7 @@ class Checkpointer:
         bad = first_non_finite(self.trainer.model.weights)
         if bad is not None:
             found = self.checkpoints() if self.writer else []
-            kept = (f"the last finite checkpoint, {found[-1]}, stays the newest" if found
+            kept = (f"the previous checkpoint, {found[-1]}, stays the newest" if found
                     else "no checkpoint was written")
             raise DivergedError(f"global step {self.trainer.step}: the weights are not finite "
                                 f"({bad}); not saved, {kept}; try a lower --lr, or "

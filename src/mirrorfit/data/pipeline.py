@@ -74,6 +74,7 @@ class ShuffledBatches:
         if isinstance(batch, bool) or not isinstance(batch, numbers.Integral) or batch < 1:
             raise FitError(f"train_batches: global_batch {self.global_batch!r} must be a "
                            "positive integer")
+        object.__setattr__(self, "global_batch", int(batch))  # NumPy's ints: not JSON
 
     @property
     def steps_per_epoch(self) -> int:

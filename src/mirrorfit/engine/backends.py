@@ -168,15 +168,18 @@ def import_tensorflow(needed_by: str | None = None) -> None:
             jax = ", or train with --backend jax" if needed_by.startswith("--") else ""
             raise ConfigError(f"{needed_by} needs TensorFlow: pip install "
                               f"tensorflow==2.21.0{jax}") from None
+        except Exception as e:  # e.g. protobuf's "Descriptors cannot be created directly"
+            raise ConfigError(_broken(e, needed_by)) from None
 
 
-def _broken(error: ImportError, needed_by: str | None) -> str:
+def _broken(error: Exception, needed_by: str | None) -> str:
     """One line for a TensorFlow that is installed but does not import: its cause (the last
     ``...Error:`` line of the message TensorFlow wraps) and its own summary line."""
     lines = [ln.strip() for ln in str(error).splitlines() if ln.strip()]
     causes = [ln for ln in lines if re.match(r"\w+(Error|Exception): ", ln)]
     summary = [ln for ln in lines if ln.startswith("Failed to load")]
-    said = "; ".join((causes[-1:] or lines[:1]) + summary)[:240] or type(error).__name__
+    said = "; ".join((causes[-1:] or [f"{type(error).__name__}: {lines[0]}" if lines else
+                                       type(error).__name__]) + summary)[:240]
     jax = ", or train with --backend jax" if (needed_by or "").startswith("--") else ""
     return (f"TensorFlow is installed but does not load ({said}); reinstall it (pip install "
             f"--force-reinstall tensorflow==2.21.0){jax}")

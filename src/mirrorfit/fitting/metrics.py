@@ -126,16 +126,14 @@ def check_sparse_labels(model, y, where: str) -> None:
     of N classes whose NumPy labels hold one outside 0..N-1 (its ``ignore_class`` excepted).
     Keras's loss on JAX takes such a label's one-hot as all zeros, a loss of 0, without a word.
     Each output of a dict or list of losses is checked against its own labels."""
-    from mirrorfit.data.arrays import check_class_labels
+    from mirrorfit.data.arrays import check_class_labels, is_sparse_categorical
 
     for name, loss, labels, classes in _per_output(model, y):
-        if not _is_sparse_categorical(loss) or not isinstance(labels, np.ndarray) \
+        if not is_sparse_categorical(loss) or not isinstance(labels, np.ndarray) \
                 or labels.dtype.kind not in "iu":
             continue
-        ignored = getattr(loss, "ignore_class", None)
-        if ignored is not None:
-            labels = labels[labels != ignored]
-        check_class_labels(labels, f"{where}'s {name}" if name else where, classes)
+        check_class_labels(labels, f"{where}'s {name}" if name else where, classes,
+                           getattr(loss, "ignore_class", None))
 
 
 def ignores_a_class(model) -> bool:
@@ -179,10 +177,3 @@ def _output_shapes(model):
 
 def _classes(shape) -> int | None:
     return int(shape[-1]) if shape and shape[-1] is not None else None
-
-
-def _is_sparse_categorical(loss) -> bool:
-    if isinstance(loss, keras.losses.SparseCategoricalCrossentropy):
-        return True
-    name = loss if isinstance(loss, str) else getattr(loss, "__name__", None)
-    return name in ("sparse_categorical_crossentropy", "SparseCategoricalCrossentropy")

@@ -18,12 +18,24 @@ _TRY = ("try a lower --lr (or --warmup-epochs), --precision fp32 or bf16 if it i
 class DivergenceGuard:
     """A controller hook (after every compiled execution, before the checkpoint's): raises
     DivergedError once the epoch's mean training loss is NaN or infinite, naming the step, the
-    last finite loss and ``checkpoints`` (a description of the last finite checkpoint, or
-    None)."""
+    last finite loss and the newest checkpoint of ``checkpoints`` (a Checkpointer, or None).
+    Its ``epoch_callback`` checks the weights too: a NaN can reach them while the loss that
+    was averaged stays finite (a NaN input on TensorFlow)."""
 
-    def __init__(self, *, checkpoints=None) -> None:
+    def __init__(self, trainer, *, checkpoints=None) -> None:
+        self._trainer = trainer
         self._checkpoints = checkpoints  # a Checkpointer, or None
         self.last: tuple[int, float] | None = None  # (global step, loss) last seen finite
+
+    def epoch_callback(self, epoch: int, logs: dict) -> None:
+        from mirrorfit.artifacts.finite import first_non_finite
+
+        bad = first_non_finite(self._trainer.model.weights)
+        if bad is not None:
+            raise DivergedError(f"after epoch {epoch} (global step {self._trainer.step}) the "
+                                f"weights are not finite ({bad}) though the loss is "
+                                f"{logs.get('loss', float('nan')):.6g}; stopped{self._kept()}; "
+                                "look for NaN or infinite values in the data; " + _TRY)
 
     def hook(self, trainer) -> None:
         loss = trainer.train_loss()
@@ -44,9 +56,10 @@ class DivergenceGuard:
 
 
 def kept_checkpoint(checkpointer) -> str:
-    """``"; the last finite checkpoint is DIR/ckpt-N"`` where the checkpointer has one."""
+    """``"; the newest checkpoint is DIR/ckpt-N"`` where the checkpointer has one (this run
+    writes finite ones only; one of an earlier --allow-nan run may not be)."""
     found = checkpointer.checkpoints() if checkpointer is not None else []
-    return f"; the last finite checkpoint is {found[-1]}" if found else ""
+    return f"; the newest checkpoint is {found[-1]}" if found else ""
 
 
 def check_updates(trainer) -> None:

@@ -26,7 +26,7 @@ from mirrorfit.models.build import model_factory
 from mirrorfit.job.observe import CpuGpuSampler, ScalarWriter, out_of_memory_hint
 from mirrorfit.job.preemption import PreemptionGuard
 from mirrorfit.models.schedules import LinearWarmup, learning_rate
-from mirrorfit.job.agreement import check_agreement, must_match
+from mirrorfit.job.agreement import check_agreement, data_summary, must_match
 from mirrorfit.job.divergence import DivergenceGuard
 from mirrorfit.job.data import check_model_fits, data_errors, data_flags, load_run_data
 from mirrorfit.job.finish import finish
@@ -151,7 +151,7 @@ def _train(config: TrainConfig, console: Console, guard: PreemptionGuard,
         console = Console(stderr=True, soft_wrap=True, quiet=True)
     guard.reclaim()  # the strategy may have installed TF's own SIGTERM handler
     guard.watch(None, agree=dist.agree)
-    check_agreement(must_match(config, dist.local_replicas), dist)  # a collective
+    check_agreement(must_match(config, dist.replicas, dist.local_replicas), dist)  # collective
     clock.lap("devices")
     compiled = _compiled_user_model(config, engine, setup, dist)
     if compiled is not None:  # the Keras user's way: trained as compiled (job/keras_job.py)
@@ -162,6 +162,7 @@ def _train(config: TrainConfig, console: Console, guard: PreemptionGuard,
         return keras_job.run(config, console, compiled[0], compiled=compiled[1], clock=clock)
     per_replica, global_batch = config.batch_sizes(dist.replicas)
     data = load_run_data(config, global_batch, dist)
+    check_agreement(data_summary(data), dist)
     clock.lap("data")
     # The model is built for the data: its input shape and classes (mlp/cnn take MNIST's when
     # the data is MNIST, as before).
@@ -213,7 +214,9 @@ def _train(config: TrainConfig, console: Console, guard: PreemptionGuard,
         trainer.resume(checkpointer, steps_per_epoch=batches.steps_per_epoch,
                        fresh=config.fresh, say=console.print)
     if not config.allow_nan:  # first: a NaN step is neither checkpointed nor written out
-        hooks.append(DivergenceGuard(checkpoints=checkpointer).hook)
+        diverged = DivergenceGuard(trainer, checkpoints=checkpointer)
+        hooks.append(diverged.hook)
+        callbacks.insert(1, diverged.epoch_callback)  # after the epoch's line, before saving
     hooks.extend(hooks_extra)
     if checkpointer is not None:
         hooks.append(checkpointer.step_hook)  # before the guard's: a signal saves this step
@@ -263,8 +266,11 @@ def _compiled_user_model(config: TrainConfig, engine, setup, dist):
     factory = model_factory(config.model, input_shape=config.input_shape,
                             num_classes=config.num_classes)
     strategy = getattr(dist, "strategy", None)
-    scope = strategy.scope() if strategy is not None else contextlib.nullcontext()
-    with scope, as_precision(config.precision).building():
+
+    def scope():  # a fresh context each time: a strategy's scope() is entered once
+        return strategy.scope() if strategy is not None else contextlib.nullcontext()
+
+    with scope(), as_precision(config.precision).building():
         model = factory()
     if not keras_job.wanted(config, model):
         return None
@@ -276,7 +282,7 @@ def _compiled_user_model(config: TrainConfig, engine, setup, dist):
     use(Setup(backend=config.backend, devices=setup, placement=strategy or dist,
               precision=config.precision))
     if not compiled:
-        with scope:
+        with scope():
             keras_job.compile_uncompiled(config, model,
                                          build_optimizer(config.optimizer, config.lr))
     return model, compiled

@@ -27,7 +27,7 @@ from mirrorfit.engine.jax.feed import Feed, plan
 from mirrorfit.engine.jax.placement import AXIS, Placement
 from mirrorfit.engine.jax.step import Metrics, State, build_steps, stacked
 from mirrorfit.engine.backends import BatchShape, split_batch
-from mirrorfit.data.arrays import check_class_labels, output_classes
+from mirrorfit.data.arrays import check_class_labels, label_classes
 from mirrorfit.errors import ConfigError
 from mirrorfit.models.precision import Precision, as_precision
 from mirrorfit.models.remat import rematerialize
@@ -76,6 +76,7 @@ class Runner(BatchShape):
                                        *(_metric(m) for m in metrics)))
         self._eval_metrics = Metrics((keras.metrics.Mean(name="loss"),
                                       *(_metric(m) for m in metrics)))
+        self._labels = label_classes(self._model, loss)  # what labels must index
         self._steps = build_steps(model=self._model, optimizer=self._optimizer, loss=loss,
                                   train_metrics=self._train_metrics,
                                   eval_metrics=self._eval_metrics, mesh=distribution.mesh,
@@ -184,8 +185,7 @@ class Runner(BatchShape):
         makes, fed ahead of the steps (see :mod:`mirrorfit.engine.jax.feed`)."""
         from jax.sharding import NamedSharding, PartitionSpec as P
 
-        check_class_labels(getattr(train, "y", None), "the training data",
-                           output_classes(self._model))
+        check_class_labels(getattr(train, "y", None), "the training data", *self._labels)
         calls = plan(steps_per_epoch=self.steps_per_epoch(train), start_epoch=start_epoch,
                      epochs=epochs, skip=skip, steps_per_execution=steps_per_execution)
         sharding = NamedSharding(self.distribution.mesh, P(None, AXIS))
@@ -227,7 +227,7 @@ class Runner(BatchShape):
         d = self.distribution
         n = self.replicas
         if isinstance(data, tuple):
-            check_class_labels(data[1], "the evaluation data", output_classes(self._model))
+            check_class_labels(data[1], "the evaluation data", *self._labels)
         batch, padded = _eval_batch(data, batch, n)
         replicated, split = self._shardings()
         sharding = NamedSharding(d.mesh, P(None, AXIS))

@@ -16,7 +16,7 @@ from typing import Callable, Sequence
 import keras
 import tensorflow as tf
 
-from mirrorfit.data.arrays import check_class_labels, output_classes
+from mirrorfit.data.arrays import check_class_labels, label_classes
 from mirrorfit.data.pipeline import eval_dataset, worker_slice
 from mirrorfit.engine.backends import COORDINATOR, WORKER_SHARE
 from mirrorfit.engine.tensorflow.distribution import Distribution
@@ -74,6 +74,7 @@ class Runner(BatchShape):
                 train_metrics=[_metric(m) for m in metrics],
                 eval_metrics=[_metric(m) for m in metrics], global_batch=global_batch,
                 num_replicas=replicas, accum_steps=accum_steps, jit_compile=jit_compile)
+        self._labels = label_classes(self.model, loss)  # what labels must index
         self._loops = self._compile()
         self._xla_checked = not jit_compile
 
@@ -126,8 +127,7 @@ class Runner(BatchShape):
         :meth:`Distribution.distribute`), or under parameter servers the workers' own
         streams. One iterator for the whole run: one per epoch costs a set-up and a teardown
         each time. Checks XLA first, on the input's spec."""
-        check_class_labels(getattr(train, "y", None), "the training data",
-                           output_classes(self.model))
+        check_class_labels(getattr(train, "y", None), "the training data", *self._labels)
         if self.distribution.input_split == COORDINATOR:
             dataset_fn = _sampled(train)
             if not self._xla_checked:
@@ -155,7 +155,7 @@ class Runner(BatchShape):
         batches."""
         if isinstance(data, tuple):
             x, y = data
-            check_class_labels(y, "the evaluation data", output_classes(self.model))
+            check_class_labels(y, "the evaluation data", *self._labels)
 
             def make(worker, workers):
                 return eval_dataset(x, y, global_batch=batch, worker=worker, workers=workers)
