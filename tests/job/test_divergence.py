@@ -65,17 +65,22 @@ def test_nan_weights_are_trained_on_request_but_not_exported_by_default(tmp_path
     assert (models / "0001" / "saved_model.pb").is_file()
 
 
-@pytest.mark.parametrize("backend", ["jax", "tensorflow"])
-def test_nan_weights_under_a_finite_loss_stop_at_the_epoch_end(backend):
+@pytest.mark.parametrize("backend,saved", [("jax", False), ("tensorflow", False),
+                                           ("tensorflow", True)])
+def test_nan_weights_under_a_finite_loss_stop_at_the_epoch_end(backend, saved, tmp_path):
     """One NaN pixel: on TensorFlow the loss averaged stayed finite (1.38) while the weights
-    went NaN, and the run ended `done`, exit 0."""
+    went NaN, and the run ended `done`, exit 0. With --checkpoint-dir its epoch-end save is
+    the check."""
+    ckpt = ("--checkpoint-dir", str(tmp_path / "ck")) if saved else ()
     proc = run_cli("train", "--backend", backend, "--data", "data_fixtures:one_nan_source",
-                   "--epochs", "2", "--steps-per-execution", "1", "--no-progress")
+                   "--epochs", "2", "--steps-per-execution", "1", "--no-progress", *ckpt)
     assert proc.returncode == 65, proc.stderr[-3000:]
     last = proc.stderr.strip().splitlines()[-1]
     assert ("weights are not finite (mlp/dense/kernel: " in last
             or "the training loss is nan" in last), last
     assert "done:" not in proc.stderr
+    if saved:
+        assert not list((tmp_path / "ck").glob("ckpt-*"))
 
 
 @pytest.mark.parametrize("backend", ["jax", "tensorflow"])

@@ -216,7 +216,8 @@ def _train(config: TrainConfig, console: Console, guard: PreemptionGuard,
     if not config.allow_nan:  # first: a NaN step is neither checkpointed nor written out
         diverged = DivergenceGuard(trainer, checkpoints=checkpointer)
         hooks.append(diverged.hook)
-        callbacks.insert(1, diverged.epoch_callback)  # after the epoch's line, before saving
+        if checkpointer is None:  # else its epoch-end save checks the weights, as often
+            callbacks.insert(1, diverged.epoch_callback)  # after the epoch's line
     hooks.extend(hooks_extra)
     if checkpointer is not None:
         hooks.append(checkpointer.step_hook)  # before the guard's: a signal saves this step
