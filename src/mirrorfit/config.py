@@ -82,6 +82,7 @@ class TrainConfig:
     warmup_epochs: float = 0.0
     gpu_memory_limit: int | None = None  # MB per GPU
     remat: bool = False
+    shard: str = "none"  # JAX: none, optimizer (ZeRO-1) or all (FSDP): what is split over devices
     logdir: str | None = None  # TensorBoard scalars
     profile: bool = False
     seed: int = 42
@@ -118,7 +119,8 @@ class TrainConfig:
         # (--strategy mirrored, --communication), which a JAX run would then refuse too.
         backends.check_settings(self.backend, strategy=self.strategy,
                                 cross_device_ops=self.cross_device_ops,
-                                communication=self.communication, profile=self.profile)
+                                communication=self.communication, profile=self.profile,
+                                shard=self.shard)
         if self.communication != "auto" and self.strategy != "multi-worker":
             raise ConfigError(f"--communication {self.communication} sets multi-worker's "
                               f"all-reduce; --strategy {self.strategy} does not use it: drop it "

@@ -80,6 +80,8 @@ def _train_parser(sub) -> None:
     add("--gpu-memory-limit", type=int, help="cap each GPU at MB (instead of memory growth)")
     add("--remat", action="store_const", const=True,
         help="recompute activations in the backward pass (less memory, more compute)")
+    add("--shard", help="JAX: none (default; every device holds the whole state), optimizer "
+        "(ZeRO-1: the optimizer state split over the devices) or all (FSDP: the weights too)")
     add("--logdir", help="write TensorBoard scalars here")
     add("--profile", action="store_const", const=True,
         help="after training, report where step time goes and a one-line diagnosis")

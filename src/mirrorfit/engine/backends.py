@@ -30,6 +30,8 @@ ENGINES = {"tensorflow": "mirrorfit.engine.tensorflow", "jax": "mirrorfit.engine
 # of every global batch; parameter-server workers read their own streams.
 GLOBAL_BATCH, WORKER_SHARE, COORDINATOR = "global-batch", "worker-share", "coordinator"
 DEFAULT = "tensorflow"
+# What of the training state --shard splits over the devices (the JAX engine's sharding module)
+SHARD_MODES = ("none", "optimizer", "all")
 # Strategies and flags that exist on TensorFlow only, and why (the JAX engine refuses them).
 TF_ONLY_STRATEGIES = {
     "central-storage": "keeps variables on one device for TensorFlow's replicas",
@@ -100,9 +102,17 @@ class BatchShape:
 
 
 def check_settings(backend: str, *, strategy: str = "auto", cross_device_ops: str = "auto",
-                   communication: str = "auto", profile: bool = False) -> None:
+                   communication: str = "auto", profile: bool = False,
+                   shard: str = "none") -> None:
     """ConfigError, one line, for a setting ``backend``'s engine does not have."""
+    if shard not in SHARD_MODES:
+        raise ConfigError(f"--shard {shard!r}: choose none (every device holds the whole "
+                          "state), optimizer (ZeRO-1: the optimizer state split over the "
+                          "devices) or all (FSDP: the weights too)")
     if backend != "jax":
+        if shard != "none":
+            raise ConfigError(f"--shard {shard} splits the training state over the devices "
+                              "on the JAX engine only; add --backend jax, or drop --shard")
         return
     if strategy in TF_ONLY_STRATEGIES:
         raise ConfigError(f"--strategy {strategy} {TF_ONLY_STRATEGIES[strategy]}; with "
@@ -242,5 +252,5 @@ def load(backend: str) -> ModuleType:
 
 
 __all__ = ["BACKENDS", "ENGINES", "DEFAULT", "resolve", "installed", "split_batch",
-           "check_settings", "prepare", "import_framework", "import_tensorflow",
+           "check_settings", "SHARD_MODES", "prepare", "import_framework", "import_tensorflow",
            "tensorflow_start_filtered", "load"]

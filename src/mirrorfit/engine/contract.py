@@ -102,6 +102,19 @@ class Runner(Protocol):
 
     def tracing_count(self) -> int: ...
 
+    def sync(self) -> None:
+        """The devices' state into the Keras variables (several processes: every worker at
+        the same point)."""
+
+    def state_bytes_per_device(self) -> int:
+        """Bytes of weights, statistics and optimizer state the fullest device holds."""
+
+    def peak_device_bytes(self) -> int | None:
+        """The devices' peak memory in use so far, where the platform reports it."""
+
+    def describe_sharding(self) -> str:
+        """One line: what of the state is split over the devices."""
+
     def checkpoint_state(self) -> CheckpointState: ...
 
 
@@ -126,7 +139,8 @@ class Engine(Protocol):
         DeviceSetup`), set before the framework starts them; with ``cluster`` (a multi-worker
         task), joined to it where the engine joins with its devices."""
 
-    def keras_setup(self, replicas: int | None, devices: tuple[str, ...]) -> tuple[Any, Any]:
+    def keras_setup(self, replicas: int | None, devices: tuple[str, ...],
+                    shard: str = "none") -> tuple[Any, Any]:
         """``mirrorfit.setup``'s (DeviceSetup, placement) for a Keras script."""
 
     def build_distribution(self, setup, **settings) -> Distribution: ...

@@ -36,12 +36,14 @@ _current: list[Setup] = []  # the last setup() of this process (what fit uses by
 
 
 def setup(*, backend: str | None = None, replicas: int | None = None,
-          devices: tuple[str, ...] = (), precision: str = "fp32",
+          devices: tuple[str, ...] = (), precision: str = "fp32", shard: str = "none",
           verbose: bool = False) -> Setup:
     """Choose the engine (``backend``: ``"tensorflow"`` or ``"jax"``; default
     ``$KERAS_BACKEND``, else TensorFlow), the devices (all GPUs, ``devices`` by name, the first
     ``replicas``; without GPUs ``replicas`` logical CPU devices) and the precision
     (``"fp32"``, ``"bf16"``, ``"fp16"``: Keras's dtype policy for the models built after).
+    ``shard`` (JAX): ``"none"``, ``"optimizer"`` (ZeRO-1) or ``"all"`` (FSDP), what of the
+    training state is split over the devices.
     Call it once, before ``import keras`` builds anything; returns the :class:`Setup`."""
     if _current:
         raise FitError("mirrorfit.setup() was already called in this process; devices can "
@@ -51,9 +53,16 @@ def setup(*, backend: str | None = None, replicas: int | None = None,
     if replicas is not None and (not isinstance(replicas, int) or replicas < 1):
         raise FitError(f"replicas={replicas!r}: give a whole number of at least 1")
     backend = backends.resolve(backend)
+    if shard not in backends.SHARD_MODES:
+        raise FitError(f"shard={shard!r}: choose 'none' (every device holds the whole state), "
+                       "'optimizer' (ZeRO-1: the optimizer state split over the devices) or "
+                       "'all' (FSDP: the weights too)")
+    if shard != "none" and backend != "jax":
+        raise FitError(f"shard={shard!r} splits the training state on the JAX engine only; "
+                       "use backend='jax', or shard='none'")
     backends.prepare(backend, verbose=verbose)
-    made = importlib.import_module(backends.ENGINES[backend]).keras_setup(replicas,
-                                                                          tuple(devices))
+    made = importlib.import_module(backends.ENGINES[backend]).keras_setup(
+        replicas, tuple(devices), shard=shard)
     import keras
 
     keras.config.set_dtype_policy(POLICIES[precision])

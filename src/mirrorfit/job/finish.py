@@ -54,6 +54,9 @@ def finish(config: TrainConfig, console: Console, history, *, trainer, data, bat
         "learning_rate": trainer.learning_rate(), "loss_scale": trainer.loss_scale(),
         "skipped_steps": trainer.skipped_steps(),
         "optimizer_updates": trainer.runner.applied_steps(),  # updates the weights received
+        "shard": config.shard,
+        "state_bytes_per_device": trainer.runner.state_bytes_per_device(),
+        "peak_device_bytes": trainer.runner.peak_device_bytes(),  # GPUs; None elsewhere
         "data": {"source": data.source, "kind": data.kind, "description": data.description,
                  "input_shape": list(data.input_shape), "num_classes": data.num_classes,
                  "class_names": list(data.class_names) if data.class_names else None},
@@ -88,6 +91,7 @@ def finish(config: TrainConfig, console: Console, history, *, trainer, data, bat
         summary["profile"] = report.as_dict()
         console.print(report.describe())
     guard.check()
+    trainer.runner.sync()  # on every worker: a state split over processes is gathered
     if not dist.is_chief:
         return summary
     if config.export_dir or config.save_keras:

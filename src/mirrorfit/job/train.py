@@ -146,7 +146,8 @@ def _train(config: TrainConfig, console: Console, guard: PreemptionGuard,
     dist = engine.build_distribution(setup, kind=config.strategy,
                                      cross_device_ops=config.cross_device_ops, cluster=cluster,
                                      communication=config.communication,
-                                     collective_timeout_s=config.collective_timeout)
+                                     collective_timeout_s=config.collective_timeout,
+                                     shard=config.shard)
     if not dist.is_chief:  # only the chief talks; the others say only what goes wrong
         console = Console(stderr=True, soft_wrap=True, quiet=True)
     guard.reclaim()  # the strategy may have installed TF's own SIGTERM handler
@@ -200,6 +201,8 @@ def _train(config: TrainConfig, console: Console, guard: PreemptionGuard,
     else:
         hooks_extra = []
     check_model_fits(trainer.model, data, config)
+    console.print(f"state: {trainer.runner.describe_sharding()}; "
+                  f"{_megabytes(trainer.runner.state_bytes_per_device())} per device")
     batches = data.train
     hooks, checkpointer = [], None
     if config.checkpoint_dir:
@@ -301,6 +304,10 @@ def _settings(config: TrainConfig) -> dict[str, Any]:
             "--base-batch": config.base_batch if linear else None,
             "--warmup-epochs": config.warmup_epochs, "--precision": config.precision,
             "--backend": config.backend}
+
+
+def _megabytes(n: int) -> str:
+    return f"{n / 2**20:,.1f} MiB"
 
 
 def _describe_lr(lr) -> str:

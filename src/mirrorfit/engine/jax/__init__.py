@@ -40,13 +40,13 @@ def seed(value: int) -> None:
     np.random.seed(value)
 
 
-def keras_setup(replicas: int | None, devices: tuple[str, ...]):
+def keras_setup(replicas: int | None, devices: tuple[str, ...], shard: str = "none"):
     """``mirrorfit.setup``'s devices and mesh for a Keras script: (DeviceSetup, Placement)."""
     from mirrorfit.engine.jax.devices import configure_devices
     from mirrorfit.engine.jax.placement import build_placement
 
     chosen = configure_devices(replicas=replicas, devices=devices)
-    return chosen, build_placement(chosen)
+    return chosen, build_placement(chosen, shard=shard)
 
 
 COMPILES_EVERY_STEP = True  # XLA compiles the whole step always (--xla is what it does)

@@ -20,6 +20,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from mirrorfit.engine.jax.placement import AXIS
+from mirrorfit.engine.jax.sharding import build_layout
 from mirrorfit.engine.jax.step import _has_convolution, _Train, stacked
 from mirrorfit.errors import FitError
 from mirrorfit.fitting import metrics as fit_metrics
@@ -87,6 +88,19 @@ class Runner:
         self._output_losses = fit_metrics.output_loss_indices(model)
         self._masked = fit_metrics.masked_outputs(model)
         self._synced = True
+        optimizer = model.optimizer
+        if not optimizer.built:
+            optimizer.build(model.trainable_variables)
+        self.layout = build_layout(placement.shard, model, optimizer, self.replicas)
+        from keras.optimizers import LossScaleOptimizer
+
+        self._scaling = isinstance(optimizer, LossScaleOptimizer)
+        layout = self.layout
+        self._shardings = {  # per variable: where the state of each group lives
+            "trainable": [self._replicated] * len(model.trainable_variables) if layout is None
+            else [NamedSharding(self.mesh, s) for s in layout.trainable_specs()],
+            "optimizer": [self._replicated] * len(optimizer.variables) if layout is None
+            else [NamedSharding(self.mesh, s) for s in layout.optimizer_specs()]}
 
     # -- state -------------------------------------------------------------------------------
     def load(self) -> None:
@@ -104,10 +118,12 @@ class Runner:
         have changed them); the metrics so far are kept."""
         m, put = self.model, self.placement.put
         self.state = self.state._replace(
-            trainable=put([np.asarray(v.value) for v in m.trainable_variables], self._replicated),
+            trainable=put([np.asarray(v.value) for v in m.trainable_variables],
+                          self._shardings["trainable"]),
             non_trainable=put(stacked([v.value for v in m.non_trainable_variables],
                                       self.replicas), self._split),
-            optimizer=put([np.asarray(v.value) for v in m.optimizer.variables], self._replicated))
+            optimizer=put([np.asarray(v.value) for v in m.optimizer.variables],
+                          self._shardings["optimizer"]))
         self._synced, self._statistics = True, None
 
     def sync(self) -> None:
@@ -164,12 +180,13 @@ class Runner:
         self.state = self.state._replace(metrics=metrics)
 
     def _loss(self, trainable, non_trainable, metrics, optimizer, batch, training: bool):
-        model = self.model
+        model, layout = self.model, self.layout
         before = metrics
         loss, (unscaled, y_pred, non_trainable, metrics) = model.compute_loss_and_updates(
             trainable, non_trainable, metrics, batch["x"], batch.get("y"),
             fit_metrics.loss_weights(batch, masked=self._masked), training=training,
-            optimizer_variables=optimizer if training else None)
+            optimizer_variables=None if not training else optimizer if layout is None
+            else layout.whole_stand_ins(optimizer))  # fp16's loss scale, replicated
         metrics = list(metrics)
         for i in self._output_losses:
             metrics[i] = fit_metrics.reweighted(before[i], metrics[i], batch["scale"])
@@ -187,8 +204,10 @@ class Runner:
 
     def _step(self, state: State, batch: dict) -> State:
         """One optimizer step on this device's share of one global batch."""
-        k = self.accum_steps
-        trainable, non_trainable, optimizer, metrics = state
+        k, layout = self.accum_steps, self.layout
+        stored, non_trainable, optimizer, metrics = state
+        kept_sharded = layout is not None and layout.mode == "all"
+        trainable = layout.gathered(stored) if kept_sharded else stored
         micro = jax.tree.map(lambda a: a.reshape((k, -1) + a.shape[1:]), batch)
         grad = jax.value_and_grad(self._loss, has_aux=True)
         total = [jnp.zeros_like(t) for t in trainable]
@@ -198,9 +217,19 @@ class Runner:
                 trainable, non_trainable, metrics, optimizer, part, True)
             metrics = self._update_metrics(metrics, part, y_pred, unscaled)
             total = [t + d for t, d in zip(total, g)]
-        total = jax.lax.psum(total, AXIS)  # the step's one all-reduce
-        trainable, optimizer = self.model.optimizer.stateless_apply(optimizer, total, trainable)
-        return State(trainable, non_trainable, optimizer, metrics)
+        if layout is None:
+            total = jax.lax.psum(total, AXIS)  # the step's one all-reduce
+            trainable, optimizer = self.model.optimizer.stateless_apply(optimizer, total,
+                                                                        trainable)
+            return State(trainable, non_trainable, optimizer, metrics)
+        # sharded (engine/jax/sharding.py): each device updates its slices
+        total = layout.reduced(total, lambda values: jax.lax.psum(values, AXIS))
+        if self._scaling:
+            total = layout.all_finite(total)
+        mine = stored if kept_sharded else layout.local(trainable)
+        mine, optimizer = layout.local_optimizer.stateless_apply(optimizer, total, mine)
+        return State(mine if kept_sharded else layout.gathered(mine), non_trainable,
+                     optimizer, metrics)
 
     def _train_per_device(self, state: State, block, _unused, steps, *, one: bool = False):
         state = State(state.trainable, [a[0] for a in state.non_trainable], state.optimizer,
@@ -228,6 +257,9 @@ class Runner:
     def _over_mesh(self, per_device, *, train: bool = True):
         if train:
             specs = State(P(), P(AXIS), P(), P(AXIS))
+            if self.layout is not None:
+                specs = State(self.layout.trainable_specs(), P(AXIS),
+                              self.layout.optimizer_specs(), P(AXIS))
             in_specs, out_specs = (specs, P(None, AXIS), P(), P()), specs
         else:
             in_specs, out_specs = (P(AXIS), P(), P(AXIS), P(None, AXIS), P()), P(AXIS)

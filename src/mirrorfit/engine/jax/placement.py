@@ -46,6 +46,7 @@ class Placement:
     is_chief: bool = True
     task: str = "local"
     cluster: object | None = None
+    shard: str = "none"  # what of the state is split over the mesh (engine.jax.sharding)
     backend = "jax"  # which engine runs it (mirrorfit.engine.controller picks the runner by it)
 
     @property
@@ -116,14 +117,21 @@ class Placement:
         return NamedSharding(self.mesh, P(*spec))
 
     def put(self, values: Sequence, sharding) -> list:
-        """Host arrays, the same on every process, as arrays of ``sharding``: each process puts
-        its own devices' pieces (``jax.device_put`` checks across processes that the values
-        agree, a hidden collective every time)."""
+        """Host arrays, the same on every process, as arrays of ``sharding`` (one, or one per
+        value): each process puts its own devices' pieces (``jax.device_put`` checks across
+        processes that the values agree, a hidden collective every time)."""
         import jax
 
+        shardings = sharding if isinstance(sharding, (list, tuple)) else [sharding] * len(values)
         if self.workers == 1:
-            return jax.device_put(list(values), sharding)
-        return [_from_host(np.asarray(v), sharding) for v in values]
+            return jax.device_put(list(values), list(shardings))
+        return [_from_host(np.asarray(v), s) for v, s in zip(values, shardings)]
+
+    def replicated(self, values: Sequence) -> list:
+        """Arrays of any sharding as arrays whole on every device (several processes: a
+        collective every worker runs)."""
+        with processes.waiting():
+            return self._replicated(list(values))
 
     def from_local(self, local: np.ndarray, global_shape: tuple[int, ...], sharding=None):
         """An array of ``global_shape`` split along the mesh axis (axis 0 of ``global_shape``,
@@ -205,12 +213,20 @@ def _from_host(value: np.ndarray, sharding):
 
 
 def build_placement(setup: DeviceSetup, *, kind: str = "auto", cross_device_ops: str = "auto",
-                    communication: str = "auto", cluster=None, **_) -> Placement:
+                    communication: str = "auto", cluster=None, shard: str = "none",
+                    **_) -> Placement:
     """The mesh over ``setup``'s devices for strategy ``kind`` (``multi-worker``: over every
     process's, ``cluster``'s job joined by ``configure_devices(cluster=...)``); ConfigError,
-    one line, for a strategy or collective setting that only the TensorFlow engine has."""
+    one line, for a strategy or collective setting that only the TensorFlow engine has.
+    ``shard``: ``none``, ``optimizer`` or ``all`` (:mod:`mirrorfit.engine.jax.sharding`)."""
+    from dataclasses import replace
+
     check_settings("jax", strategy=kind, cross_device_ops=cross_device_ops,
-                   communication=communication)
+                   communication=communication, shard=shard)
+    return replace(_build(setup, kind, cluster), shard=shard)
+
+
+def _build(setup: DeviceSetup, kind: str, cluster) -> Placement:
     if kind == "single" and setup.replicas != 1:
         raise ConfigError(f"--strategy single runs on one device but {setup.replicas} replicas "
                           "were asked for; use --replicas 1 or --strategy mirrored")

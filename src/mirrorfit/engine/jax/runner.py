@@ -25,6 +25,7 @@ import numpy as np
 from mirrorfit.engine.jax import processes
 from mirrorfit.engine.jax.feed import Feed, plan
 from mirrorfit.engine.jax.placement import AXIS, Placement
+from mirrorfit.engine.jax.sharding import build_layout, peak_device_bytes, state_bytes_per_device
 from mirrorfit.engine.jax.step import Metrics, State, build_steps, stacked
 from mirrorfit.engine.backends import BatchShape, split_batch
 from mirrorfit.data.arrays import check_class_labels, label_classes
@@ -77,11 +78,12 @@ class Runner(BatchShape):
         self._eval_metrics = Metrics((keras.metrics.Mean(name="loss"),
                                       *(_metric(m) for m in metrics)))
         self._labels = label_classes(self._model, loss)  # what labels must index
+        self.layout = build_layout(distribution.shard, self._model, self._optimizer, replicas)
         self._steps = build_steps(model=self._model, optimizer=self._optimizer, loss=loss,
                                   train_metrics=self._train_metrics,
                                   eval_metrics=self._eval_metrics, mesh=distribution.mesh,
                                   global_batch=global_batch, accum_steps=accum_steps,
-                                  loss_scaling=self.loss_scaling)
+                                  loss_scaling=self.loss_scaling, layout=self.layout)
         self._state: State | None = None
         self._synced = True
         self._feeds: list[Feed] = []  # each fit's: their input waits add up
@@ -104,11 +106,14 @@ class Runner(BatchShape):
             non_trainable=stacked([v.value for v in self._model.non_trainable_variables], n),
             optimizer=[np.asarray(v.value) for v in self._optimizer.variables],
             metrics=stacked([v.value for v in self._train_metrics.variables], n))
-        put = self.distribution.put
-        self._state = State(trainable=put(values.trainable, replicated),
-                            non_trainable=put(values.non_trainable, split),
-                            optimizer=put(values.optimizer, replicated),
-                            metrics=put(values.metrics, split))
+        put, layout = self.distribution.put, self.layout
+        self._state = State(
+            trainable=put(values.trainable, replicated if layout is None else
+                          [self.distribution.sharding(*s) for s in layout.trainable_specs()]),
+            non_trainable=put(values.non_trainable, split),
+            optimizer=put(values.optimizer, replicated if layout is None else
+                          [self.distribution.sharding(*s) for s in layout.optimizer_specs()]),
+            metrics=put(values.metrics, split))
         self._reduce_statistics()
 
     def _reduce_statistics(self) -> None:
@@ -129,12 +134,17 @@ class Runner(BatchShape):
         statistics as their mean (integers: the first device's, they agree)."""
         if self._synced:
             return
-        s = self._state
-        for var, value in zip(self._model.trainable_variables, s.trainable):
+        trainable, optimizer = self._state.trainable, self._state.optimizer
+        if self.layout is not None and self.distribution.workers > 1:
+            # split over processes: gathered whole first, a collective (every worker syncs at
+            # the same points: checkpoints, the end of fit)
+            trainable = self.distribution.replicated(trainable)
+            optimizer = self.distribution.replicated(optimizer)
+        for var, value in zip(self._model.trainable_variables, trainable):
             var.assign(np.array(value))
         for var, value in zip(self._model.non_trainable_variables, self._statistics()):
             var.assign(np.array(value))
-        for var, value in zip(self._optimizer.variables, s.optimizer):
+        for var, value in zip(self._optimizer.variables, optimizer):
             var.assign(np.array(value))
         self._synced = True
 
@@ -162,6 +172,23 @@ class Runner(BatchShape):
     @property
     def lockstep(self) -> bool:
         return self.distribution.lockstep
+
+    def state_bytes_per_device(self) -> int:
+        """Bytes of weights, statistics and optimizer state the fullest device holds."""
+        s = self._state
+        return state_bytes_per_device([*s.trainable, *s.non_trainable, *s.optimizer])
+
+    def peak_device_bytes(self) -> int | None:
+        """The devices' peak memory in use so far, where the platform reports it (GPUs)."""
+        return peak_device_bytes(self.distribution.mesh.local_devices)
+
+    def describe_sharding(self) -> str:
+        """One line: what of the state is split over the devices."""
+        if self.layout is None:
+            return ("replicated (--shard none)" if self.distribution.shard == "none" else
+                    f"replicated: no parameter of --shard {self.distribution.shard} is "
+                    "large enough to split")
+        return self.layout.describe()
 
     def tracing_count(self) -> int:
         return len(self._steps.traces)

@@ -28,12 +28,13 @@ def seed(value: int) -> None:
     keras.utils.set_random_seed(value)
 
 
-def keras_setup(replicas: int | None, devices: tuple[str, ...]):
+def keras_setup(replicas: int | None, devices: tuple[str, ...], shard: str = "none"):
     """``mirrorfit.setup``'s devices and strategy for a Keras script: (DeviceSetup, strategy).
     The strategy becomes the process's default, so the model the script builds next is
     mirrored (TensorFlow's variables are mirrored only when created under one)."""
     from mirrorfit.engine import backends
 
+    backends.check_settings("tensorflow", shard=shard)
     backends.import_tensorflow("mirrorfit.setup(backend='tensorflow')")
     import tensorflow as tf
 

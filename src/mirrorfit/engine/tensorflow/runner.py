@@ -206,6 +206,26 @@ class Runner(BatchShape):
     def tracing_count(self) -> int:
         return self._loops.tracing_count()
 
+    def state_bytes_per_device(self) -> int:
+        """Bytes of weights, statistics and optimizer state a device holds: all of them (the
+        state is whole on every replica)."""
+        return sum(math.prod(v.shape) * tf.as_dtype(v.dtype).size
+                   for v in [*self.model.variables, *self.optimizer.variables])
+
+    def peak_device_bytes(self) -> int | None:
+        """The GPUs' largest peak memory in use so far; None on CPUs."""
+        peaks = []
+        for device in tf.config.list_logical_devices("GPU"):  # "/device:GPU:0"
+            try:
+                peaks.append(tf.config.experimental.get_memory_info(
+                    device.name.split("device:")[-1])["peak"])
+            except (ValueError, tf.errors.OpError):  # a GPU that keeps no statistics
+                pass
+        return max(peaks) if peaks else None
+
+    def describe_sharding(self) -> str:
+        return "replicated (the TensorFlow engine keeps the whole state on every device)"
+
     def _check_xla(self, element_spec) -> None:
         """Compile one replica's forward/backward with XLA now; fall back, loudly, if it fails."""
         self._xla_checked = True

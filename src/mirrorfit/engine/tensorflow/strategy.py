@@ -17,7 +17,7 @@ from mirrorfit.distribute._deadline import deadline
 from mirrorfit.distribute._listen import listening
 from mirrorfit.distribute.cluster import DEFAULT_COLLECTIVE_TIMEOUT_S, cluster_for
 from mirrorfit.engine.tensorflow.devices import DeviceSetup
-from mirrorfit.engine.backends import WORKER_SHARE
+from mirrorfit.engine.backends import WORKER_SHARE, check_settings
 from mirrorfit.engine.tensorflow.distribution import Distribution
 from mirrorfit.engine.tensorflow.parameter_server import build_parameter_server
 from mirrorfit.errors import ClusterError, ConfigError
@@ -80,14 +80,16 @@ def build_strategy(setup: DeviceSetup, *, kind: str = "auto",
 
 def build_distribution(setup: DeviceSetup, *, kind: str = "auto", cross_device_ops: str = "auto",
                        cluster=None, communication: str = "auto",
-                       collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S) -> Distribution:
+                       collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S,
+                       shard: str = "none") -> Distribution:
     """The strategy for ``setup`` (this process's devices) and, for ``multi-worker`` and
     ``parameter-server``, ``cluster`` (a :class:`~mirrorfit.distribute.cluster.Cluster`).
 
     ``collective_timeout_s`` (seconds) bounds the wait for the other workers at start-up and for
     every collective after: a worker that never comes up, or stops answering, is named in one
-    line instead of a hang.
+    line instead of a hang. ``shard`` must be ``"none"``: the state is whole on every device.
     """
+    check_settings("tensorflow", shard=shard)
     if kind not in CLUSTER_KINDS:
         strategy = build_strategy(setup, kind=kind, cross_device_ops=cross_device_ops)
         name = kind if kind != "auto" else ("single" if setup.replicas == 1 else "mirrored")

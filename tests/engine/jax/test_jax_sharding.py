@@ -1,0 +1,169 @@
+"""engine.jax.sharding (--shard): a state split over the devices trains to the weights of the
+replicated one (2 and 4 logical devices, SGD and Adam over 2 micro-batches, mirrorfit's loop
+and mirrorfit.fit, 2 worker processes), holds about 1/N of what it splits, and its step
+reduce-scatters and all-gathers instead of all-reducing the gradients. The driver is
+``sharding_driver.py``, one fresh interpreter per device count."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import ROOT, _env, run_cli
+
+HERE = Path(__file__).parent
+
+
+def _load(path: Path) -> list[np.ndarray]:
+    with np.load(path) as f:
+        return [f[k] for k in sorted(f.files, key=lambda k: int(k.split("_")[1]))]
+
+
+def _same(a: list, b: list) -> None:
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-7)
+
+
+@pytest.fixture(scope="module")
+def driven(tmp_path_factory):
+    out = {}
+    for replicas in (2, 4):
+        folder = tmp_path_factory.mktemp(f"shard{replicas}")
+        proc = subprocess.run([sys.executable, str(HERE / "sharding_driver.py"), str(replicas),
+                               str(folder)], capture_output=True, text=True, timeout=600,
+                              env=_env(), cwd=ROOT)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        out[replicas] = (json.loads(proc.stdout.strip().splitlines()[-1]), folder)
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("replicas", [2, 4])
+@pytest.mark.parametrize("mode", ["optimizer", "all"])
+def test_a_split_state_trains_to_the_weights_of_the_replicated_one(driven, replicas, mode):
+    report, folder = driven[replicas]
+    assert not report["tensorflow"]
+    for run in ("loop-{}-sgd", "loop-{}-adam", "fit-{}"):
+        whole = _load(folder / (run.format("none") + ".npz"))
+        _same(_load(folder / (run.format(mode) + ".npz")), whole)
+    initial = _load(folder / "loop-none-sgd.npz")  # it trained: the two optimizers differ
+    assert max(float(np.abs(a - b).max()) for a, b in
+               zip(initial, _load(folder / "loop-none-adam.npz"))) > 1e-3
+
+
+@pytest.mark.slow
+def test_each_device_holds_its_share_of_what_is_split(driven):
+    for report, _ in driven.values():
+        runs = report["runs"]
+        assert runs["loop-optimizer-sgd"] == runs["loop-none-sgd"]  # SGD keeps no state
+        assert runs["loop-optimizer-adam"] < runs["loop-none-adam"]
+        assert runs["loop-all-adam"] < runs["loop-optimizer-adam"]
+    wide = driven[4][0]["wide"]
+    weights, state = wide["none"]["weights"], wide["none"]["optimizer"]
+    assert wide["none"]["bytes"] >= weights + state
+    slack = 0.01 * (weights + state)  # the biases and step counter stay whole
+    assert wide["optimizer"]["bytes"] <= weights + state / 4 + slack
+    assert wide["all"]["bytes"] <= (weights + state) / 4 + slack
+
+
+def _elements(shape: str) -> list[int]:
+    return [math.prod(int(d) for d in dims.split(",") if d)
+            for dims in re.findall(r"\[([\d,]*)\]", shape)]
+
+
+@pytest.mark.slow
+def test_the_split_step_reduce_scatters_and_gathers_and_all_reduces_no_gradient(driven):
+    wide = driven[4][0]["wide"]
+    # replicated: one all-reduce of every gradient, the 512 x 512 kernels among them
+    assert len(wide["none"]["all_reduce_shapes"]) == 1
+    assert max(_elements(wide["none"]["all_reduce_shapes"][0])) == 512 * 512
+    assert wide["none"]["reduce_scatters"] == wide["none"]["all_gathers"] == 0
+    for mode in ("optimizer", "all"):
+        # the 9 kernels: one reduce-scatter and one all-gather each per step; only the biases
+        # (512 or 16 values) are all-reduced
+        assert wide[mode]["reduce_scatters"] == 9 and wide[mode]["all_gathers"] == 9
+        sizes = [n for shape in wide[mode]["all_reduce_shapes"] for n in _elements(shape)]
+        assert sizes and max(sizes) <= 512, wide[mode]["all_reduce_shapes"]
+
+
+TRAIN = ["--backend", "jax", "--train-examples", "2048", "--optimizer", "adam", "--lr", "0.001",
+         "--no-progress", "--steps-per-execution", "4", "--global-batch-size", "64"]
+
+
+def _keras_weights(path: Path) -> list[np.ndarray]:
+    import io
+    import zipfile
+
+    import h5py
+
+    with zipfile.ZipFile(path) as z, h5py.File(io.BytesIO(z.read("model.weights.h5"))) as f:
+        out = []
+        f.visititems(lambda name, obj: out.append((name, obj[()]))
+                     if isinstance(obj, h5py.Dataset) else None)
+    return [w for _, w in sorted(out, key=lambda item: item[0])]
+
+
+@pytest.mark.slow
+def test_a_checkpoint_of_four_split_devices_resumes_on_two_to_the_uninterrupted_run(tmp_path):
+    first = run_cli("train", *TRAIN, "--replicas", "4", "--shard", "all", "--epochs", "1",
+                    "--checkpoint-dir", str(tmp_path / "ck"), without_tensorflow=True)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "the weights and the optimizer state (FSDP) split over 4 devices" in first.stderr
+    resumed = run_cli("train", *TRAIN, "--replicas", "2", "--shard", "optimizer", "--epochs",
+                      "2", "--checkpoint-dir", str(tmp_path / "ck"), "--save-keras",
+                      str(tmp_path / "resumed.keras"), "--metrics-out",
+                      str(tmp_path / "resumed.json"), without_tensorflow=True)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resuming from" in resumed.stderr
+    whole = run_cli("train", *TRAIN, "--replicas", "2", "--epochs", "2", "--save-keras",
+                    str(tmp_path / "whole.keras"), "--metrics-out", str(tmp_path / "whole.json"),
+                    without_tensorflow=True)
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    for a, b in zip(_keras_weights(tmp_path / "resumed.keras"),
+                    _keras_weights(tmp_path / "whole.keras"), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    split, replicated = (json.loads((tmp_path / f"{n}.json").read_text())
+                         for n in ("resumed", "whole"))
+    assert split["shard"] == "optimizer" and replicated["shard"] == "none"
+    assert split["state_bytes_per_device"] < replicated["state_bytes_per_device"]
+    assert split["peak_device_bytes"] is None  # CPUs report none
+
+
+@pytest.mark.slow
+def test_two_worker_processes_split_the_state_and_train_as_one_process(tmp_path):
+    args = [*TRAIN, "--accum-steps", "2", "--epochs", "2"]
+    launch = subprocess.run(
+        [sys.executable, "-m", "mirrorfit", "launch", "--workers", "2", "--", sys.executable,
+         "-c", "import sys; sys.modules['tensorflow'] = None; from mirrorfit.cli import main; "
+         "sys.exit(main(sys.argv[1:]))", "train", "--strategy", "multi-worker",
+         "--threads-per-worker", "1", "--shard", "all", *args, "--save-keras",
+         str(tmp_path / "mw.keras"), "--checkpoint-dir", str(tmp_path / "ck")],
+        capture_output=True, text=True, timeout=300, env=dict(_env(), TMPDIR=str(tmp_path)),
+        cwd=ROOT)
+    assert launch.returncode == 0, (launch.stdout + launch.stderr)[-4000:]
+    assert "split over 2 devices" in launch.stdout + launch.stderr
+    one = run_cli("train", *args, "--replicas", "2", "--save-keras", str(tmp_path / "one.keras"),
+                  without_tensorflow=True)
+    assert one.returncode == 0, one.stderr[-3000:]
+    for a, b in zip(_keras_weights(tmp_path / "mw.keras"), _keras_weights(tmp_path / "one.keras"),
+                    strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_shard_is_refused_in_one_line_where_it_cannot_apply():
+    on_tf = run_cli("train", "--shard", "all", without_tensorflow=True)
+    assert on_tf.returncode == 2
+    assert on_tf.stderr.strip() == ("mirrorfit: error: --shard all splits the training state "
+                                    "over the devices on the JAX engine only; add --backend "
+                                    "jax, or drop --shard")
+    bogus = run_cli("train", "--backend", "jax", "--shard", "zero3", without_tensorflow=True)
+    assert bogus.returncode == 2 and "--shard 'zero3': choose none" in bogus.stderr
+    assert len(bogus.stderr.strip().splitlines()) == 1
