@@ -58,6 +58,21 @@ def _env() -> dict[str, str]:
     return env
 
 
+def keras_file_weights(path: Path) -> list:
+    """The weight arrays of a ``.keras`` file (a zip holding an .h5 of them), sorted by their
+    path in the file."""
+    import io
+    import zipfile
+
+    import h5py
+
+    with zipfile.ZipFile(path) as z, h5py.File(io.BytesIO(z.read("model.weights.h5"))) as f:
+        out = []
+        f.visititems(lambda name, obj: out.append((name, obj[()]))
+                     if isinstance(obj, h5py.Dataset) else None)
+    return [w for _, w in sorted(out, key=lambda item: item[0])]
+
+
 def run_isolated(code: str, timeout: float = 300) -> dict:
     """Run ``code`` in a new Python process; return the JSON object on its last stdout line."""
     proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,

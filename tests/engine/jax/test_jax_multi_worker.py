@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import ROOT, _env, run_cli
+from conftest import ROOT, _env, run_cli, keras_file_weights
 
 pytestmark = pytest.mark.slow
 
@@ -187,19 +187,6 @@ TRAIN = ["--backend", "jax", "--model", "mlp", "--train-examples", "1024", "--ba
          "--optimizer", "adam", "--lr", "0.001", "--epochs", "3"]
 
 
-def _keras_weights(path: Path) -> list[np.ndarray]:
-    import io
-    import zipfile
-
-    import h5py
-
-    with zipfile.ZipFile(path) as z, h5py.File(io.BytesIO(z.read("model.weights.h5"))) as f:
-        out = []
-        f.visititems(lambda name, obj: out.append((name, obj[()]))
-                     if isinstance(obj, h5py.Dataset) else None)
-    return [w for _, w in sorted(out, key=lambda item: item[0])]
-
-
 def test_a_killed_worker_restarts_and_resumes_to_the_uninterrupted_weights(tmp_path):
     proc = run_cli("train", "--replicas", "2", *TRAIN, "--save-keras",
                    str(tmp_path / "ref.keras"), without_tensorflow=True)
@@ -224,7 +211,7 @@ def test_a_killed_worker_restarts_and_resumes_to_the_uninterrupted_weights(tmp_p
     assert "Traceback" not in log and "Terminating process" not in log
     assert "resuming from" in log and "(global step 16)" in log
     diff = max(float(np.abs(a - b).max()) for a, b in
-               zip(_keras_weights(out / "mw.keras"), _keras_weights(tmp_path / "ref.keras"),
+               zip(keras_file_weights(out / "mw.keras"), keras_file_weights(tmp_path / "ref.keras"),
                    strict=True))
     assert diff == 0.0
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import ROOT, _env, run_cli
+from conftest import ROOT, _env, run_cli, keras_file_weights
 
 HERE = Path(__file__).parent
 
@@ -98,19 +98,6 @@ TRAIN = ["--backend", "jax", "--train-examples", "2048", "--optimizer", "adam", 
          "--no-progress", "--steps-per-execution", "4", "--global-batch-size", "64"]
 
 
-def _keras_weights(path: Path) -> list[np.ndarray]:
-    import io
-    import zipfile
-
-    import h5py
-
-    with zipfile.ZipFile(path) as z, h5py.File(io.BytesIO(z.read("model.weights.h5"))) as f:
-        out = []
-        f.visititems(lambda name, obj: out.append((name, obj[()]))
-                     if isinstance(obj, h5py.Dataset) else None)
-    return [w for _, w in sorted(out, key=lambda item: item[0])]
-
-
 @pytest.mark.slow
 def test_a_checkpoint_of_four_split_devices_resumes_on_two_to_the_uninterrupted_run(tmp_path):
     first = run_cli("train", *TRAIN, "--replicas", "4", "--shard", "all", "--epochs", "1",
@@ -127,8 +114,8 @@ def test_a_checkpoint_of_four_split_devices_resumes_on_two_to_the_uninterrupted_
                     str(tmp_path / "whole.keras"), "--metrics-out", str(tmp_path / "whole.json"),
                     without_tensorflow=True)
     assert whole.returncode == 0, whole.stderr[-3000:]
-    for a, b in zip(_keras_weights(tmp_path / "resumed.keras"),
-                    _keras_weights(tmp_path / "whole.keras"), strict=True):
+    for a, b in zip(keras_file_weights(tmp_path / "resumed.keras"),
+                    keras_file_weights(tmp_path / "whole.keras"), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
     split, replicated = (json.loads((tmp_path / f"{n}.json").read_text())
                          for n in ("resumed", "whole"))
@@ -153,8 +140,8 @@ def test_two_worker_processes_split_the_state_and_train_as_one_process(tmp_path)
     one = run_cli("train", *args, "--replicas", "2", "--save-keras", str(tmp_path / "one.keras"),
                   without_tensorflow=True)
     assert one.returncode == 0, one.stderr[-3000:]
-    for a, b in zip(_keras_weights(tmp_path / "mw.keras"), _keras_weights(tmp_path / "one.keras"),
-                    strict=True):
+    for a, b in zip(keras_file_weights(tmp_path / "mw.keras"),
+                    keras_file_weights(tmp_path / "one.keras"), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import ROOT, _env, run_cli, run_isolated
+from conftest import ROOT, _env, run_cli, run_isolated, keras_file_weights
 
 pytestmark = pytest.mark.slow
 
@@ -36,19 +36,9 @@ def _launch(*args: str, tmp: Path, timeout: float = 400) -> subprocess.Popen:
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-def _weights(path: Path) -> list[np.ndarray]:
-    import zipfile, io  # noqa: E401 (a .keras file is a zip with an .h5 of the weights)
-    import h5py
-
-    with zipfile.ZipFile(path) as z, h5py.File(io.BytesIO(z.read("model.weights.h5"))) as f:
-        out = []
-        f.visititems(lambda name, obj: out.append((name, obj[()]))
-                     if isinstance(obj, h5py.Dataset) else None)
-    return [w for _, w in sorted(out, key=lambda item: item[0])]
-
-
 def _max_diff(a: Path, b: Path) -> float:
-    return max(float(np.abs(x - y).max()) for x, y in zip(_weights(a), _weights(b), strict=True))
+    return max(float(np.abs(x - y).max())
+               for x, y in zip(keras_file_weights(a), keras_file_weights(b), strict=True))
 
 
 @pytest.fixture(scope="module")
