@@ -154,3 +154,73 @@ def test_shard_is_refused_in_one_line_where_it_cannot_apply():
     bogus = run_cli("train", "--backend", "jax", "--shard", "zero3", without_tensorflow=True)
     assert bogus.returncode == 2 and "--shard 'zero3': choose none" in bogus.stderr
     assert len(bogus.stderr.strip().splitlines()) == 1
+
+
+def test_the_rule_splits_large_parameters_along_their_first_dividing_axis():
+    from mirrorfit.engine.jax.sharding import shard_axis
+
+    assert shard_axis((784, 100), 4) == 0
+    assert shard_axis((784, 99), 3) == 1  # 784 is not a multiple of 3
+    assert shard_axis((100,), 4) is None  # under 1,024 values
+    assert shard_axis((785, 101), 4) is None  # no axis divides
+    assert shard_axis((64, 64), 4, constrained=True) is None
+    assert shard_axis((64, 64), 1) is None
+
+
+def _built(optimizer):
+    import keras
+
+    model = keras.Sequential([keras.Input((784,)), keras.layers.Dense(64, name="hidden"),
+                              keras.layers.Dense(10)])
+    optimizer.build(model.trainable_variables)
+    return model, optimizer
+
+
+def test_optimizers_that_read_whole_tensors_are_refused_in_one_line():
+    import keras
+
+    from mirrorfit.engine.jax.sharding import build_layout
+    from mirrorfit.errors import ConfigError
+
+    class MyAdam(keras.optimizers.Adam):
+        pass
+
+    for optimizer, named in ((keras.optimizers.Adafactor(), "Adafactor"),
+                             (keras.optimizers.Adam(clipnorm=1.0), "clipnorm"),
+                             (keras.optimizers.Adam(global_clipnorm=1.0), "global_clipnorm"),
+                             (MyAdam(), "MyAdam")):
+        with pytest.raises(ConfigError, match=named) as e:
+            build_layout("all", *_built(optimizer), 4)
+        assert "\n" not in str(e.value)
+    assert build_layout("all", *_built(keras.optimizers.Adam(clipvalue=1.0)), 4) is not None
+
+
+def test_the_copy_for_the_slices_keeps_weight_decay_exclusions_and_rate_functions():
+    import keras
+
+    from mirrorfit.engine.jax.sharding import build_layout
+
+    optimizer = keras.optimizers.AdamW(1e-3, weight_decay=0.5)
+    optimizer.exclude_from_weight_decay(var_names=["bias"])
+    layout = build_layout("optimizer", *_built(optimizer), 4)
+    local = layout.local_optimizer
+    decayed = {v.name: local._use_weight_decay(v) for v in local._trainable_variables}
+    assert decayed == {"kernel": True, "bias": False}
+    by_list = keras.optimizers.AdamW(1e-3, weight_decay=0.5)
+    model = keras.Sequential([keras.Input((784,)), keras.layers.Dense(64), keras.layers.Dense(10)])
+    by_list.exclude_from_weight_decay(var_list=[model.layers[0].kernel])
+    by_list.build(model.trainable_variables)
+    local = build_layout("all", model, by_list, 4).local_optimizer
+    assert [local._use_weight_decay(v) for v in local._trainable_variables] == [
+        False, True, True, True]
+    # a learning rate given as a function (not serialisable) is shared, not rebuilt
+    rate = build_layout("all", *_built(keras.optimizers.SGD(lambda: 0.05)), 4)
+    assert rate.local_optimizer._learning_rate() == 0.05
+
+
+def test_a_run_with_nothing_to_split_says_why():
+    from mirrorfit.engine.jax.sharding import describe_unsplit
+
+    assert describe_unsplit("none", 4) == "replicated (--shard none)"
+    assert "one device has nothing to split" in describe_unsplit("all", 1)
+    assert "no parameter splits over 3 devices" in describe_unsplit("optimizer", 3)

@@ -25,7 +25,8 @@ import numpy as np
 from mirrorfit.engine.jax import processes
 from mirrorfit.engine.jax.feed import Feed, plan
 from mirrorfit.engine.jax.placement import AXIS, Placement
-from mirrorfit.engine.jax.sharding import build_layout, peak_device_bytes, state_bytes_per_device
+from mirrorfit.engine.jax.sharding import (build_layout, describe_unsplit, peak_device_bytes,
+                                            state_bytes_per_device)
 from mirrorfit.engine.jax.step import Metrics, State, build_steps, stacked
 from mirrorfit.engine.backends import BatchShape, split_batch
 from mirrorfit.data.arrays import check_class_labels, label_classes
@@ -185,9 +186,7 @@ class Runner(BatchShape):
     def describe_sharding(self) -> str:
         """One line: what of the state is split over the devices."""
         if self.layout is None:
-            return ("replicated (--shard none)" if self.distribution.shard == "none" else
-                    f"replicated: no parameter of --shard {self.distribution.shard} is "
-                    "large enough to split")
+            return describe_unsplit(self.distribution.shard, self.replicas)
         return self.layout.describe()
 
     def tracing_count(self) -> int:

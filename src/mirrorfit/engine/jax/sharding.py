@@ -50,8 +50,9 @@ def check_optimizer(optimizer) -> None:
     inner = getattr(optimizer, "inner_optimizer", optimizer)  # fp16's LossScaleOptimizer
     name = type(inner).__name__
     if name not in ELEMENTWISE or type(inner).__module__.split(".")[0] != "keras":
-        raise ConfigError(f"--shard cannot split the state of optimizer {name}: it updates "
-                          f"whole tensors; use one of {', '.join(ELEMENTWISE)}, or --shard none")
+        raise ConfigError(f"--shard cannot split the state of optimizer {name}: it takes Keras's "
+                          f"own optimizers that update each value alone ({', '.join(ELEMENTWISE)})"
+                          "; use one of them, or --shard none")
     for clip in ("clipnorm", "global_clipnorm"):
         if getattr(inner, clip, None) is not None:
             raise ConfigError(f"--shard: the optimizer's {clip} reads the norm of whole "
@@ -90,7 +91,8 @@ class Layout:
         what = {"optimizer": "the optimizer state (ZeRO-1)",
                 "all": "the weights and the optimizer state (FSDP)"}[self.mode]
         return (f"{what} split over {self.replicas} devices: {n} of {len(self.trainable)} "
-                f"parameters (those of {MIN_ELEMENTS}+ values with an axis that divides)")
+                f"parameters (those of {MIN_ELEMENTS}+ values, with an axis that divides, "
+                "without a constraint)")
 
     # -- inside the step (per device, in a shard_map over AXIS) ---------------------------------
     def gathered(self, values: list) -> list:
@@ -155,7 +157,19 @@ def build_layout(mode: str, model, optimizer, replicas: int) -> Layout | None:
                  for v in variables)
     if all(a is None for a in axes):
         return None
-    local = type(optimizer).from_config(optimizer.get_config())
+    try:  # the copy the slices are updated with: the same class and settings
+        config = optimizer.get_config()
+        rate = getattr(optimizer, "_learning_rate", None)
+        if "learning_rate" in config and callable(rate):  # a schedule or function: itself
+            config["learning_rate"] = rate
+        local = type(optimizer).from_config(config)
+    except Exception as e:  # noqa: BLE001 - a learning rate Keras cannot save and load
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0].split(". ")[0][:200]
+        raise ConfigError(f"--shard copies the optimizer for each device's slices through its "
+                          f"config, and {type(optimizer).__name__}'s failed ({first}); give the "
+                          "learning-rate schedule a get_config and register it with "
+                          "keras.saving.register_keras_serializable, or use --shard none"
+                          ) from None
     placeholders = []
     for v, a in zip(variables, axes):
         shape = list(v.shape)
@@ -165,6 +179,11 @@ def build_layout(mode: str, model, optimizer, replicas: int) -> Layout | None:
         p.constraint = v.constraint
         p.overwrite_with_gradient = v.overwrite_with_gradient
         placeholders.append(p)
+    # What the config does not hold: the variables excluded from weight decay (by list or by
+    # name), decided on the run's optimizer and given to the copy as its stand-ins.
+    whole = getattr(optimizer, "inner_optimizer", optimizer)
+    getattr(local, "inner_optimizer", local).exclude_from_weight_decay(
+        var_list=[p for v, p in zip(variables, placeholders) if not whole._use_weight_decay(v)])
     local.build(placeholders)
     if len(local.variables) != len(optimizer.variables):
         raise ConfigError(f"--shard: optimizer {type(optimizer).__name__} made "
@@ -186,6 +205,17 @@ def _split_axis(whole, part, replicas: int) -> int | None:
         raise ConfigError(f"--shard: an optimizer variable of shape {list(whole)} became "
                           f"{list(part)} for a slice; use --shard none")
     return differ[0]
+
+
+def describe_unsplit(mode: str, replicas: int) -> str:
+    """Why a run's state is whole on every device, in a few words."""
+    if mode == "none":
+        return "replicated (--shard none)"
+    if replicas == 1:
+        return f"replicated: --shard {mode} on one device has nothing to split"
+    return (f"replicated: under --shard {mode} no parameter splits over {replicas} devices "
+            f"(each has under {MIN_ELEMENTS} values, no axis {replicas} divides, or a "
+            "constraint)")
 
 
 def state_bytes_per_device(arrays: Sequence) -> int:
@@ -211,5 +241,5 @@ def peak_device_bytes(devices) -> int | None:
 
 
 __all__ = ["SHARD_MODES", "MIN_ELEMENTS", "ELEMENTWISE", "Layout", "build_layout",
-           "check_mode", "shard_axis", "check_optimizer", "state_bytes_per_device",
-           "peak_device_bytes"]
+           "check_mode", "describe_unsplit", "shard_axis", "check_optimizer",
+           "state_bytes_per_device", "peak_device_bytes"]
