@@ -224,19 +224,14 @@ def spawn(point: Point, timeout_s: float = 1800) -> dict:
 
 def run_grid(grid: Grid, *, on_run: Callable[[Point, dict], None] = lambda p, r: None,
              runner: Callable[[Point], dict] = spawn) -> tuple[dict, list[tuple[Point, list]]]:
-    """Measure the matmul peak, then every point ``grid.repeats`` times, alternating the order.
+    """Measure the matmul peak, then every point ``grid.repeats`` times, alternating the order,
+    then the peak again.
 
-    Returns (peak FLOP/s by backend and dtype, [(point, [run results])]). ``on_run`` sees each
-    result as it comes, the peaks' included (for progress).
+    Returns (peak FLOP/s by backend and dtype, the best of the two measurements; [(point, [run
+    results])]). ``on_run`` sees each result as it comes, the peaks' included (for progress).
     """
-    peak = {}
-    for backend in grid.backends:  # each backend's matmul peak: its MFU's denominator
-        peak_point = Point(kind="peak", backend=backend)
-        peak[backend] = runner(peak_point)
-        on_run(peak_point, peak[backend])
-        if "error" in peak[backend]:
-            raise MirrorfitError(f"measuring the matmul peak ({backend}) failed: "
-                                 f"{peak[backend]['error']}")
+    # Twice, the best kept: a peak measured while the machine is busy would put MFU above 1.
+    peak = _measure_peaks(grid, runner, on_run)
     points = grid.points()
     runs: dict[Point, list[dict]] = {p: [] for p in points}
     for rep in range(grid.repeats):
@@ -244,7 +239,23 @@ def run_grid(grid: Grid, *, on_run: Callable[[Point, dict], None] = lambda p, r:
             result = runner(point)
             runs[point].append(result)
             on_run(point, result)
+    again = _measure_peaks(grid, runner, on_run)
+    peak = {b: {d: max(v, again[b].get(d, 0.0)) for d, v in peak[b].items()} for b in peak}
     return peak, [(p, runs[p]) for p in points]
+
+
+def _measure_peaks(grid: Grid, runner: Callable[[Point], dict],
+                   on_run: Callable[[Point, dict], None]) -> dict:
+    """Each backend's matmul peak (FLOP/s by dtype): its MFU's denominator."""
+    peak = {}
+    for backend in grid.backends:
+        peak_point = Point(kind="peak", backend=backend)
+        peak[backend] = runner(peak_point)
+        on_run(peak_point, peak[backend])
+        if "error" in peak[backend]:
+            raise MirrorfitError(f"measuring the matmul peak ({backend}) failed: "
+                                 f"{peak[backend]['error']}")
+    return peak
 
 
 __all__ = ["Grid", "WORKLOADS", "SYNTHETIC_WORKLOAD", "DATA", "run_grid", "spawn"]
