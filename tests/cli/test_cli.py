@@ -289,18 +289,23 @@ def test_config_file_and_flags(tmp_path, mnist_dir):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("precision", ["bf16", "fp16"])
-def test_mixed_precision_trains_the_mlp_to_95_percent(tmp_path, mnist_dir, precision):
-    # Adam reaches it in 2 epochs (about 0.965 here) where the chapter's SGD needs 10; the
-    # point is that training in bf16/fp16 converges, not which optimizer gets there.
+@pytest.mark.parametrize("precision, examples, reached", [("bf16", [], 0.95),
+                                                         ("fp16", ["--train-examples", "12800"],
+                                                          0.92)])
+def test_mixed_precision_trains_the_mlp(tmp_path, mnist_dir, precision, examples, reached):
+    # Adam reaches 0.95 in 2 epochs (about 0.965 here) where the chapter's SGD needs 10; the
+    # point is that training in bf16/fp16 converges, not which optimizer gets there. fp16 on
+    # a fifth of MNIST: TensorFlow's CPU fp16 kernels ran 35x slower than fp32 on the 2026-12-03
+    # host (266 against 9,196 examples/s), 7.4 minutes for the whole set; on these 12,800
+    # examples fp32 and fp16 both reached test accuracy 0.936 there.
     out = tmp_path / "metrics.json"
     proc = run_cli("train", "--data-dir", str(mnist_dir), "--precision", precision,
                    "--optimizer", "adam", "--lr", "0.001", "--epochs", "2", "--no-progress",
-                   "--metrics-out", str(out))
+                   *examples, "--metrics-out", str(out))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"precision: {precision}" in proc.stderr
     m = json.loads(out.read_text())
-    assert m["precision"] == precision and m["test_accuracy"] >= 0.95
+    assert m["precision"] == precision and m["test_accuracy"] >= reached
     if precision == "fp16":  # the scale and the skipped steps are reported
         assert m["loss_scale"] > 0 and m["skipped_steps"] >= 0
         assert "loss scale" in proc.stderr and "skipped" in proc.stderr
