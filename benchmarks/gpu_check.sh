@@ -3,7 +3,7 @@
 # in one call of under 8 minutes: the tests that need a GPU, the MLP and the CNN trained on
 # MNIST to their usual accuracy, and ResNet50 in bf16 on synthetic data at a batch that fills
 # the chip beside Keras's own JAX fit (examples/s, MFU against the bf16 matmul peak measured in
-# the same run), and the share of step time spent waiting for input.
+# the same run), the share of step time spent waiting for input, and --shard on 2+ GPUs.
 #
 # What the machine lacks travels with the tree, in folders git ignores (.gitignore):
 #   .whl/       wheels for Python 3.12 (keras 3.15.1 and what it and mirrorfit need beyond the
@@ -61,6 +61,16 @@ timeout 300 python3 -m mirrorfit bench --backend jax --model ResNet50 --data syn
     --input-shape 224,224,3 --num-classes 1000 --precision bf16 --replicas 1 \
     --global-batch-size 512 --train-examples 10240 --epochs 2 --repeats 1 \
     --out "$OUT/resnet50" 2>&1 | tail -12
+
+echo "== --shard: examples/s and state per device, none/optimizer/all/Keras ModelParallel"
+GPUS=$(python3 -c "import jax; print(jax.device_count())")
+if [ "$GPUS" -ge 2 ]; then
+    timeout 150 python3 benchmarks/sharding.py --replicas "$GPUS" --width 4096 \
+        --examples 8192 --batch 512 --repeats 3 --models mlp 2>&1 | tail -8 \
+        | tee "$OUT/sharding.txt"
+else  # one device: --shard has nothing to split (the state is the same bytes)
+    echo "one device: --shard has nothing to split; skipped" | tee "$OUT/sharding.txt"
+fi
 
 python3 - "$OUT" <<'EOF' | tee "$OUT/summary.txt"
 import json, sys
