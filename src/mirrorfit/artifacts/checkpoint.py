@@ -3,7 +3,8 @@
 Layout: ``DIR/ckpt-000000123/`` holds the engine's state files (the model, including RNG seed
 state, and the optimizer with its slots and iteration count: ``state.*``, a
 ``tf.train.Checkpoint``, on TensorFlow, :mod:`mirrorfit.engine.tensorflow.state`; ``state.npz``
-on JAX, :mod:`mirrorfit.engine.jax.state`) and ``meta.json`` (position: epoch, step in epoch,
+on JAX, or a sharded run's Orbax ``state/`` written in the background,
+:mod:`mirrorfit.engine.jax.state`) and ``meta.json`` (position: epoch, step in epoch,
 global step; and what the run was: backend, model, optimizer, weight shapes). A checkpoint saved
 at an epoch's last step before that epoch's end (validation, callbacks) completed, by a step
 hook or on preemption, says so and keeps the epoch's training logs: a resumed run runs that end
@@ -34,6 +35,7 @@ import os
 import shutil
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,11 +48,10 @@ from mirrorfit.artifacts.checkpoint_meta import (EPOCH_END_KEYS, FORMAT, Checkpo
                                        check_identity, check_settings, decode_epoch_logs,
                                        encode_epoch_logs, list_checkpoints, read_meta,
                                        require_checkpoints)
-from mirrorfit.artifacts.finite import first_non_finite
 from mirrorfit.data.pipeline import DataOrder
 from mirrorfit.engine.backends import ENGINES
 from mirrorfit.engine.controller import Position
-from mirrorfit.errors import DivergedError
+from mirrorfit.errors import DivergedError, MirrorfitError
 # Re-exported: callers take the preemption pieces from here, beside the checkpoints they save.
 from mirrorfit.job.preemption import EXIT_PREEMPTED, Preempted, PreemptionGuard  # noqa: F401
 
@@ -127,6 +128,7 @@ class Checkpointer:
         self.writer = writer
         self._state = trainer.runner.checkpoint_state()  # the engine's files
         self._last_saved_step = -1
+        self._pending: _Commit | None = None  # a save still being written in the background
 
     # -- reading ---------------------------------------------------------------------------
     def checkpoints(self) -> list[Path]:
@@ -196,48 +198,91 @@ class Checkpointer:
         """Write a checkpoint of the trainer's current position atomically and durably; prune
         old ones. StorageError (nothing changed) if the disk is full.
 
+        An engine that writes in the background (a sharded JAX run, Orbax) returns once the
+        state is off the devices; the checkpoint is committed (renamed into place) when its
+        files are complete, and :meth:`wait` (called by the next save) raises what failed.
+
         On a worker that is not the chief, the state is written to a private temporary folder
         and removed: TF's multi-worker saving may run collectives, so every worker saves, but
-        only the chief's copy is kept (``writer=False``)."""
+        only the chief's copy is kept (``writer=False``). A ``collective`` engine state has
+        every process write its own part into the chief's temp folder."""
+        self.wait()
         t = self.trainer
         self._check_finite()
-        if not self.writer:
+        collective = getattr(self._state, "collective", False)
+        if not self.writer and not collective:
             scratch = Path(tempfile.gettempdir()) / f"mirrorfit-worker-ckpt.tmp-{_io.temp_tag()}"
             try:
                 scratch.mkdir()
-                self._state.write(scratch)
+                _finished(self._state.write(scratch))
             finally:
                 shutil.rmtree(scratch, ignore_errors=True)
             self._last_saved_step = t.step
             return self.directory / f"ckpt-{t.step:09d}"
         final = self.directory / f"ckpt-{t.step:09d}"
-        if final.exists():
-            self._update_position(final)
+        # Several processes decide alike, from what each knows: not from the folder, which
+        # the chief may be renaming into place this moment.
+        if t.step == self._last_saved_step if collective else final.exists():
+            if self.writer and final.exists():
+                self._update_position(final)
             return final
-        self.directory.mkdir(parents=True, exist_ok=True)
         previous = self.checkpoints()
         keep = (f"the previous checkpoint {previous[-1]} is kept" if previous
                 else "no checkpoint was written")
-        tmp = self.directory / f".{final.name}.tmp-{_io.temp_tag()}"
+        # One name every process knows (a step is saved once per run) or this writer's own.
+        tmp = self.directory / (f".{final.name}.tmp-shared" if collective
+                                else f".{final.name}.tmp-{_io.temp_tag()}")
+        meta = self._meta()
         try:
             with _io.disk_full_hint(f"checkpoint {final}", keep):
-                tmp.mkdir()
-                self._state.write(tmp)
-                (tmp / "meta.json").write_text(json.dumps(self._meta(), indent=1))
-                _io.fsync_tree(tmp)  # TF's files too: it does not fsync them itself
-                os.rename(tmp, final)  # the commit point: until then the previous one is latest
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)  # a failed write leaves nothing behind
-        _io.fsync_dir(self.directory)
+                if self.writer:
+                    self.directory.mkdir(parents=True, exist_ok=True)
+                    shutil.rmtree(tmp, ignore_errors=True)  # a crashed run's, at this step
+                    tmp.mkdir()
+                pending = self._state.write(tmp)
+        except BaseException:
+            if self.writer:
+                shutil.rmtree(tmp, ignore_errors=True)  # a failed write leaves nothing behind
+            raise
+        commit = _Commit(self, tmp, final, meta, pending, keep)
+        if pending is None:
+            commit.run()
+            commit.result()
+        else:
+            commit.start()
+            self._pending = commit
         self._last_saved_step = t.step
+        return final
+
+    def wait(self) -> None:
+        """Block until a checkpoint still being written in the background is committed;
+        raise what failed (StorageError for a full disk, CheckpointError otherwise)."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.join()
+            pending.result()
+
+    def _commit(self, tmp: Path, final: Path, meta: dict, pending) -> None:
+        """After the state files are complete: meta.json, fsync, the rename that commits it
+        (until then the previous checkpoint is the latest), then pruning. The chief only."""
+        try:
+            _finished(pending)
+            if not self.writer:
+                return
+            (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
+            _io.fsync_tree(tmp)  # TF's and Orbax's files too
+            os.rename(tmp, final)
+        finally:
+            if self.writer:
+                shutil.rmtree(tmp, ignore_errors=True)
+        _io.fsync_dir(self.directory)
         for old in self.checkpoints()[:-self.keep]:
             shutil.rmtree(old, ignore_errors=True)
-        return final
 
     def _check_finite(self) -> None:
         if self.allow_nan:
             return
-        bad = first_non_finite(self.trainer.model.weights)
+        bad = self._state.first_non_finite()
         if bad is not None:
             found = self.checkpoints() if self.writer else []
             kept = (f"the previous checkpoint, {found[-1]}, stays the newest" if found
@@ -299,7 +344,12 @@ class Checkpointer:
         """Remove temp folders left by a write that was killed (not those of a live writer)."""
         if not self.writer:  # its own scratch copies, left by a worker killed mid-save
             return _io.remove_stale_temps(tempfile.gettempdir(), r"mirrorfit-worker-ckpt\.tmp-")
-        return _io.remove_stale_temps(self.directory, r"\.ckpt-[0-9]+\.tmp-")
+        removed = _io.remove_stale_temps(self.directory, r"\.ckpt-[0-9]+\.tmp-")
+        # Several processes' shared temp folders: none is being written before a run resumes.
+        for stale in self.directory.glob(".ckpt-*.tmp-shared"):
+            shutil.rmtree(stale, ignore_errors=True)
+            removed.append(stale)
+        return removed
 
     # -- trainer hooks ---------------------------------------------------------------------
     def step_hook(self, trainer) -> None:
@@ -309,6 +359,41 @@ class Checkpointer:
 
     def epoch_callback(self, epoch: int, logs: dict) -> None:
         self.save()
+
+
+class _Commit(threading.Thread):
+    """:meth:`Checkpointer._commit` of one save, in this thread (:meth:`run`) or a background
+    one; :meth:`result` raises what failed, as one line."""
+
+    def __init__(self, checkpointer: Checkpointer, tmp: Path, final: Path, meta: dict,
+                 pending, keep: str) -> None:
+        super().__init__(name=f"mirrorfit-commit-{final.name}", daemon=False)
+        self._args = (checkpointer, tmp, final, meta, pending)
+        self._keep = keep
+        self._error: BaseException | None = None
+
+    def run(self) -> None:
+        checkpointer, tmp, final, meta, pending = self._args
+        try:
+            with _io.disk_full_hint(f"checkpoint {final}", self._keep):
+                checkpointer._commit(tmp, final, meta, pending)
+        except BaseException as e:  # noqa: BLE001 - raised by result(), in the caller's thread
+            self._error = e
+
+    def result(self) -> None:
+        error, self._error = self._error, None
+        if error is None:
+            return
+        if isinstance(error, (MirrorfitError, KeyboardInterrupt, SystemExit)):
+            raise error
+        raise CheckpointError(f"saving checkpoint {self._args[2]} failed ({_why(error)}); "
+                              f"{self._keep}") from error
+
+
+def _finished(pending) -> None:
+    """Wait for an engine's background write, if it returned one."""
+    if pending is not None:
+        pending.wait()
 
 
 def _why(error: Exception) -> str:

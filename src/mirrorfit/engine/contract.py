@@ -121,8 +121,17 @@ class Runner(Protocol):
 class CheckpointState(Protocol):
     """An engine's checkpoint files for one runner (``Runner.checkpoint_state()``)."""
 
-    def write(self, folder) -> None:
-        """Write the model's and the optimizer's variables into ``folder``."""
+    backend: str
+    # Every process writes its own part into the same folder (a sharded JAX run on several
+    # processes); else only the chief's folder is kept.
+    collective: bool
+
+    def first_non_finite(self) -> str | None:
+        """The first weight holding a NaN or an infinity, with how many; None: all finite."""
+
+    def write(self, folder) -> Any:
+        """Write the model's and the optimizer's variables into ``folder``: None once
+        written, or a handle whose ``wait()`` returns when a background write completes."""
 
     def read(self, folder) -> None:
         """Restore them from ``folder`` (an error names what does not match)."""

@@ -134,7 +134,10 @@ class PreemptionGuard:
         t = self.trainer
         if t is None:
             raise Preempted(name, None, None, None)
-        path = self.checkpointer.save() if self.checkpointer else None
+        path = None
+        if self.checkpointer:
+            path = self.checkpointer.save()
+            self.checkpointer.wait()  # committed before the process ends
         raise Preempted(name, path, t.epoch, t.step)
 
     def hook(self, trainer) -> None:

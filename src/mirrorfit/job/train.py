@@ -241,6 +241,8 @@ def _train(config: TrainConfig, console: Console, guard: PreemptionGuard,
     finally:  # its last steps' scalars are written, also when a signal stops the run
         if board is not None:
             board.close()
+    if checkpointer is not None:
+        checkpointer.wait()  # the last save, committed (it may write in the background)
     guard.check()  # a signal during the last validation or checkpoint
     clock.lap("fit")
     clock.timings.update(first_execution=round(history.first_execution_s, 3),

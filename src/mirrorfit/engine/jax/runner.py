@@ -25,8 +25,8 @@ import numpy as np
 from mirrorfit.engine.jax import processes
 from mirrorfit.engine.jax.feed import Feed, plan
 from mirrorfit.engine.jax.placement import AXIS, Placement
-from mirrorfit.engine.jax.sharding import (build_layout, describe_unsplit, peak_device_bytes,
-                                            state_bytes_per_device)
+from mirrorfit.engine.jax.sharding import (build_layout, describe_unsplit, non_finite_counts,
+                                            peak_device_bytes, state_bytes_per_device)
 from mirrorfit.engine.jax.step import Metrics, State, build_steps, stacked
 from mirrorfit.engine.backends import BatchShape, split_batch
 from mirrorfit.data.arrays import check_class_labels, label_classes
@@ -98,23 +98,36 @@ class Runner(BatchShape):
         mesh = self.distribution.mesh
         return NamedSharding(mesh, P()), NamedSharding(mesh, P(AXIS))
 
-    def _load_state(self) -> None:
-        """The Keras variables' values as the devices' state (copies)."""
-        replicated, split = self._shardings()
+    def _state_shardings(self) -> tuple[list, list]:
+        """(the trainable weights' shardings, the optimizer variables'): replicated, or as
+        the layout splits them."""
+        replicated, _ = self._shardings()
+        layout, d = self.layout, self.distribution
+        if layout is None:
+            return ([replicated] * len(self._model.trainable_variables),
+                    [replicated] * len(self._optimizer.variables))
+        return ([d.sharding(*s) for s in layout.trainable_specs()],
+                [d.sharding(*s) for s in layout.optimizer_specs()])
+
+    def _load_state(self, trainable=None, optimizer=None) -> None:
+        """The Keras variables' values as the devices' state (copies); ``trainable`` and
+        ``optimizer``, device arrays already laid out, in place of theirs."""
+        _, split = self._shardings()
         n = self.replicas
-        values = State(
-            trainable=[np.asarray(v.value) for v in self._model.trainable_variables],
-            non_trainable=stacked([v.value for v in self._model.non_trainable_variables], n),
-            optimizer=[np.asarray(v.value) for v in self._optimizer.variables],
-            metrics=stacked([v.value for v in self._train_metrics.variables], n))
-        put, layout = self.distribution.put, self.layout
+        put = self.distribution.put
+        trainable_sharding, optimizer_sharding = self._state_shardings()
+        if trainable is None:
+            trainable = put([np.asarray(v.value) for v in self._model.trainable_variables],
+                            trainable_sharding)
+        if optimizer is None:
+            optimizer = put([np.asarray(v.value) for v in self._optimizer.variables],
+                            optimizer_sharding)
         self._state = State(
-            trainable=put(values.trainable, replicated if layout is None else
-                          [self.distribution.sharding(*s) for s in layout.trainable_specs()]),
-            non_trainable=put(values.non_trainable, split),
-            optimizer=put(values.optimizer, replicated if layout is None else
-                          [self.distribution.sharding(*s) for s in layout.optimizer_specs()]),
-            metrics=put(values.metrics, split))
+            trainable=list(trainable),
+            non_trainable=put(stacked([v.value for v in self._model.non_trainable_variables],
+                                      n), split),
+            optimizer=list(optimizer),
+            metrics=put(stacked([v.value for v in self._train_metrics.variables], n), split))
         self._reduce_statistics()
 
     def _reduce_statistics(self) -> None:
@@ -154,6 +167,62 @@ class Runner(BatchShape):
         them): take them as the devices' state again."""
         self._load_state()
         self._synced = True
+
+    # -- checkpoints of the arrays as the devices hold them (sharded runs: Orbax) ------------
+    def checkpoint_arrays(self) -> dict[str, list]:
+        """The state to checkpoint: trainable weights and optimizer variables as laid out on
+        the devices, statistics as one value each."""
+        s = self._state
+        return {"trainable": list(s.trainable),
+                "non_trainable": [a if hasattr(a, "sharding") else np.asarray(a)
+                                  for a in self._statistics()],
+                "optimizer": list(s.optimizer)}
+
+    def checkpoint_targets(self) -> dict[str, list]:
+        """What :meth:`checkpoint_arrays` restores into: shapes, dtypes and this run's
+        shardings (another device count than the saving run's: re-sharded)."""
+        import jax
+
+        replicated, _ = self._shardings()
+        s = self._state
+
+        def like(arrays, shardings):
+            return [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh)
+                    for a, sh in zip(arrays, shardings)]
+
+        trainable, optimizer = self._state_shardings()
+        statistics = [np.asarray(v.value) for v in self._model.non_trainable_variables]
+        return {"trainable": like(s.trainable, trainable),
+                "non_trainable": like(statistics, [replicated] * len(statistics)),
+                "optimizer": like(s.optimizer, optimizer)}
+
+    def checkpoint_names(self) -> dict[str, list[str]]:
+        """Each checkpointed array's variable path, for messages."""
+        return {"trainable": [v.path for v in self._model.trainable_variables],
+                "non_trainable": [v.path for v in self._model.non_trainable_variables],
+                "optimizer": [v.path for v in self._optimizer.variables]}
+
+    def adopt(self, arrays: dict[str, list]) -> None:
+        """Take restored :meth:`checkpoint_arrays` (laid out as :meth:`checkpoint_targets`)
+        as the state; the Keras variables follow at the next ``sync``."""
+        for var, value in zip(self._model.non_trainable_variables, arrays["non_trainable"]):
+            var.assign(np.asarray(value.addressable_data(0) if hasattr(value, "sharding")
+                                  else value))
+        self._load_state(trainable=arrays["trainable"], optimizer=arrays["optimizer"])
+        self._synced = False
+
+    def first_non_finite(self) -> str | None:
+        """The first weight (trainable or statistic) holding a NaN or an infinity, with how
+        many of its values, counted where it lives (several processes: a collective)."""
+        from mirrorfit.artifacts.finite import first_non_finite
+
+        counts = non_finite_counts(self._state.trainable)
+        for var, bad in zip(self._model.trainable_variables, counts):
+            if bad:
+                return f"{var.path}: {bad} of {int(np.prod(var.shape))} values"
+        return first_non_finite([_Value(v.path, np.asarray(
+            a.addressable_data(0) if hasattr(a, "sharding") else a))
+            for v, a in zip(self._model.non_trainable_variables, self._statistics())])
 
     @property
     def model(self):
@@ -311,6 +380,13 @@ class Runner(BatchShape):
         mapping = list(zip(self._optimizer.variables, self._state.optimizer))
         with StatelessScope(state_mapping=mapping):
             return float(np.asarray(self._optimizer.learning_rate))
+
+
+class _Value:
+    """A variable's path and host value, as :func:`first_non_finite` reads variables."""
+
+    def __init__(self, path: str, value: np.ndarray) -> None:
+        self.path, self.value = path, value
 
 
 def _results(metrics: Metrics, stacked_values, placement: Placement) -> dict[str, float]:

@@ -16,6 +16,7 @@ value from its own gradient alone (:data:`ELEMENTWISE`), with no norm clipping.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Sequence
@@ -227,6 +228,28 @@ def state_bytes_per_device(arrays: Sequence) -> int:
     return max(held.values(), default=0)
 
 
+def non_finite_counts(arrays: Sequence) -> list[int]:
+    """How many values of each of ``arrays`` (JAX arrays of any sharding) are NaN or infinite,
+    counted on the devices (split over processes: a collective every process runs)."""
+    import numpy as np
+
+    counts = _non_finite_counter()(list(arrays))
+    return [int(np.asarray(c.addressable_data(0))) for c in counts]
+
+
+@functools.cache
+def _non_finite_counter():
+    import jax
+    import jax.numpy as jnp
+
+    def count(a):
+        if not jnp.issubdtype(a.dtype, jnp.floating):
+            return jnp.zeros((), jnp.int32)
+        return jnp.sum(~jnp.isfinite(a), dtype=jnp.int32)
+
+    return jax.jit(lambda xs: [count(a) for a in xs])
+
+
 def peak_device_bytes(devices) -> int | None:
     """The largest peak memory in use any of ``devices`` reports (GPUs), else None."""
     peaks = []
@@ -242,4 +265,4 @@ def peak_device_bytes(devices) -> int | None:
 
 __all__ = ["SHARD_MODES", "MIN_ELEMENTS", "ELEMENTWISE", "Layout", "build_layout",
            "check_mode", "describe_unsplit", "shard_axis", "check_optimizer",
-           "state_bytes_per_device", "peak_device_bytes"]
+           "state_bytes_per_device", "peak_device_bytes", "non_finite_counts"]

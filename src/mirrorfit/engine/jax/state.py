@@ -1,15 +1,12 @@
-"""The JAX engine's checkpoint files: the model's and the optimizer's variables as one NumPy
-``state.npz`` (by position, with each variable's path and shape to check them against).
+"""The JAX engine's checkpoint files: under ``--shard none`` the model's and the optimizer's
+variables as one NumPy ``state.npz`` (by position, with each variable's path and shape to check
+them against); under ``--shard optimizer|all`` an Orbax checkpoint each process writes its own
+pieces of, in the background (:mod:`mirrorfit.engine.jax.orbax_state`). Either is read back
+into any run of the engine, sharded or not.
 
-Why not Orbax (JAX's own checkpoint library): under data parallelism every variable is whole
-on every device, so one process writes plain arrays; mirrorfit's
-:class:`~mirrorfit.artifacts.checkpoint.Checkpointer` already makes each checkpoint atomic
-(temp folder, fsync, rename), checks what it resumes and sets aside a corrupt one, and Orbax
-would bring its own folder scheme and a dependency (tensorstore) the TensorFlow side and
-``mirrorfit export`` would then need too. ``state.npz`` reads with NumPy alone, so a machine
-with TensorFlow exports a JAX checkpoint (:func:`read_model_arrays`).
-
-Plain NumPy and Keras: nothing here imports JAX.
+Why npz for unsharded runs: every variable is whole on every device, so one process writes
+plain arrays, and ``state.npz`` reads with NumPy alone, so a machine with TensorFlow and no JAX
+exports it (:func:`read_model_arrays`). This module imports no JAX.
 """
 
 from __future__ import annotations
@@ -85,30 +82,69 @@ def read_arrays(folder: Path, groups: dict[str, list]) -> None:
 def read_model_arrays(folder: Path, model) -> None:
     """The model's variables from a JAX checkpoint folder, into ``model`` built by any backend
     (``mirrorfit export`` and ``evaluate``)."""
+    if not (folder / FILE).exists() and (folder / "state").is_dir():
+        return _orbax().read_model(folder, model)
     read_arrays(folder, {"model": list(model.variables)})
 
 
 read_model = read_model_arrays  # the name every engine's state module gives it
 
 
+def _orbax():
+    """The Orbax reader and writer (sharded checkpoints), or one line naming the install."""
+    from mirrorfit.errors import ConfigError
+
+    try:
+        from mirrorfit.engine.jax import orbax_state
+        import orbax.checkpoint  # noqa: F401
+    except ImportError as e:
+        raise ConfigError(f"this is a sharded JAX checkpoint (Orbax), and {e.name} is not "
+                          "installed: pip install 'mirrorfit[jax]'") from None
+    return orbax_state
+
+
 class CheckpointState:
     """What :class:`~mirrorfit.artifacts.checkpoint.Checkpointer` saves of a JAX run: the
-    runner's model and optimizer (synced from the devices first), read back into them and
-    then onto the devices."""
+    runner's model and optimizer, read back into them and then onto the devices. Sharded
+    runs write Orbax in the background (:meth:`write` returns a handle to wait on); on several
+    processes every process writes into the same folder (``collective``)."""
 
     backend = "jax"
 
     def __init__(self, runner) -> None:
         self.runner = runner
+        self.sharded = runner.layout is not None
+        self.collective = self.sharded and runner.distribution.workers > 1
+        self._writer = _orbax().async_checkpointer() if self.sharded else None
 
     def _groups(self) -> dict[str, list]:
         return {"model": list(self.runner.model.variables),
                 "optimizer": list(self.runner.optimizer.variables)}
 
-    def write(self, folder: Path) -> None:
-        write_arrays(folder, self._groups())
+    def first_non_finite(self) -> str | None:
+        """The first weight holding a NaN or an infinity, with how many (None: all finite);
+        sharded: counted on the devices (several processes: a collective)."""
+        if self.sharded:
+            return self.runner.first_non_finite()
+        from mirrorfit.artifacts.finite import first_non_finite
+
+        return first_non_finite(self.runner.model.weights)
+
+    def write(self, folder: Path):
+        """Write the state into ``folder``: None once written, or (sharded) an
+        :class:`~mirrorfit.engine.jax.orbax_state.Background` still writing."""
+        if not self.sharded:
+            return write_arrays(folder, self._groups())
+        return _orbax().write(folder, self.runner.checkpoint_arrays(), self._writer)
 
     def read(self, folder: Path) -> None:
+        if not (folder / FILE).exists() and (folder / "state").is_dir():
+            orbax = _orbax()
+            targets = self.runner.checkpoint_targets()
+            orbax.check_against(orbax.saved_shapes(folder), targets,
+                                self.runner.checkpoint_names())
+            self.runner.adopt(orbax.read(folder, targets))
+            return
         read_arrays(folder, self._groups())
         self.runner.reload()
 

@@ -21,10 +21,18 @@ class CheckpointState:
 
     backend = "tensorflow"
 
+    collective = False  # the chief's folder alone is kept (see Checkpointer.save)
+
     def __init__(self, runner) -> None:
         model, optimizer = runner.model, runner.optimizer
+        self._model = model
         self._checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer,
                                                variables=[v.value for v in model.variables])
+
+    def first_non_finite(self) -> str | None:
+        from mirrorfit.artifacts.finite import first_non_finite
+
+        return first_non_finite(self._model.weights)
 
     def write(self, folder: Path) -> None:
         self._checkpoint.write(str(folder / PREFIX))

@@ -1,0 +1,154 @@
+"""Sharded JAX checkpoints through Orbax: ``state/``, one Orbax PyTree of the trainable
+weights, the statistics and the optimizer variables as the devices hold them. Each process
+writes its own devices' pieces, in the background; a restore reads the pieces the resuming
+run's devices hold (another device or worker count: re-sharded on read).
+
+The commit point stays :class:`~mirrorfit.artifacts.checkpoint.Checkpointer`'s rename of the
+checkpoint's temp folder (Orbax's own temp-and-rename of ``state/`` happens inside it), so a
+crash mid-save leaves the previous checkpoint the newest. Why Orbax for sharded runs only, and
+the blocked time per save: docs/jax.md, docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from mirrorfit.artifacts.checkpoint_meta import StructureError
+
+ITEM = "state"  # the Orbax folder inside a checkpoint
+GROUPS = ("trainable", "non_trainable", "optimizer")
+
+
+class Background:
+    """A save whose files are still being written; :meth:`wait` returns once every process's
+    are complete on disk, and raises what failed."""
+
+    def __init__(self, checkpointer) -> None:
+        self._checkpointer = checkpointer
+
+    def wait(self) -> None:
+        self._checkpointer.wait_until_finished()
+
+
+def async_checkpointer():
+    import orbax.checkpoint as ocp
+
+    return ocp.AsyncCheckpointer(ocp.StandardCheckpointHandler())
+
+
+def write(folder: Path, tree: dict[str, list], checkpointer) -> Background:
+    """Start writing ``tree`` (GROUPS -> device or host arrays) into ``folder/state``. Returns
+    once the arrays are copied off the devices (the next step may overwrite them)."""
+    import orbax.checkpoint as ocp
+
+    checkpointer.save(folder / ITEM, args=ocp.args.StandardSave(tree))
+    return Background(checkpointer)
+
+
+def saved_shapes(folder: Path) -> dict[str, list[tuple[tuple[int, ...], np.dtype]]]:
+    """Each group's (shape, dtype) per array, from the checkpoint's own metadata (no array is
+    read). ValueError or OSError when the folder is not an Orbax checkpoint."""
+    import orbax.checkpoint as ocp
+
+    with _quiet():  # raised inside: a failed read's stragglers are held back too
+        meta = ocp.StandardCheckpointer().metadata(folder / ITEM).item_metadata
+        if meta is None:
+            raise ValueError(f"{ITEM}/ has no readable metadata: a damaged or partial Orbax "
+                             "checkpoint")
+    tree = meta.tree
+    if not isinstance(tree, dict) or set(tree) != set(GROUPS):
+        raise ValueError(f"{ITEM}/ holds {sorted(tree) if isinstance(tree, dict) else tree!r}"
+                         f", not the groups {', '.join(GROUPS)}")
+    return {g: [(tuple(int(d) for d in m.shape), np.dtype(m.dtype)) for m in tree[g]]
+            for g in GROUPS}
+
+
+def check_against(saved: dict, wanted: dict[str, list], names: dict[str, list[str]]) -> None:
+    """StructureError when a group's count or an array's shape differs from ``wanted``
+    (GROUPS -> arrays or ShapeDtypeStructs); ValueError when a dtype does (a file this engine
+    did not write: Orbax would cast it silently). Nothing is read or assigned before."""
+    for group in GROUPS:
+        have, want = saved[group], wanted[group]
+        if len(have) != len(want):
+            raise StructureError(f"{len(have)} {group} variables saved, this run has "
+                                 f"{len(want)}")
+        for i, ((shape, dtype), w, name) in enumerate(zip(have, want, names[group])):
+            if list(shape) != list(w.shape):
+                raise StructureError(f"{group} variable {i} has shape {list(shape)}, this "
+                                     f"run's {name} {list(w.shape)}")
+            if dtype != np.dtype(w.dtype):
+                raise ValueError(f"{ITEM}/{group}/{i} is {dtype}, not {name}'s {w.dtype}")
+
+
+def read(folder: Path, targets: dict[str, list]) -> dict[str, list]:
+    """The arrays of ``folder/state`` laid out as ``targets`` say (ShapeDtypeStructs with
+    shardings): each process reads its own devices' pieces."""
+    import orbax.checkpoint as ocp
+
+    with _quiet():
+        return ocp.StandardCheckpointer().restore(folder / ITEM, targets)
+
+
+# What Orbax's reader threads print (not raise) when a damaged file ends a read early: asyncio
+# tracebacks of a closed event loop, which say nothing the error raised does not.
+_NOISE = ("Traceback (most recent call last):", "asyncio/base_events.py", "self._check_closed()",
+          "raise RuntimeError('Event loop is closed')", "RuntimeError: Event loop is closed")
+
+
+_STRAGGLERS_S = 2.0
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """Orbax's reads with that noise, and its warnings (absl's logger), held back: the
+    error raised says what is wrong, once."""
+    from mirrorfit.engine._fd_filter import filtered
+
+    absl = logging.getLogger("absl")
+    level = absl.level
+    absl.setLevel(logging.ERROR)
+    try:
+        with filtered(2, lambda line: any(n in line for n in _NOISE)):
+            try:
+                yield
+            except Exception:
+                # The reads still in flight when the first failed print as they end: give
+                # them time to, inside the filter (a damaged checkpoint's path only).
+                time.sleep(_STRAGGLERS_S)
+                raise
+    finally:
+        absl.setLevel(level)
+
+
+def read_model(folder: Path, model) -> None:
+    """The model's variables of a sharded JAX checkpoint, into ``model`` built by any backend
+    (``mirrorfit export`` and ``evaluate``): read whole onto the host (the optimizer's are not
+    read)."""
+    import jax
+
+    host = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])
+    variables = {"trainable": list(model.trainable_variables),
+                 "non_trainable": list(model.non_trainable_variables)}
+    saved = saved_shapes(folder)
+    wanted = {g: [jax.ShapeDtypeStruct(tuple(map(int, v.shape)), np.dtype(v.dtype))
+                  for v in vs] for g, vs in variables.items()}
+    wanted["optimizer"] = [jax.ShapeDtypeStruct(s, d) for s, d in saved["optimizer"]]
+    names = {g: [v.path for v in vs] for g, vs in variables.items()}
+    names["optimizer"] = [f"optimizer/{i}" for i in range(len(saved["optimizer"]))]
+    check_against(saved, wanted, names)
+    targets = {g: [jax.ShapeDtypeStruct(w.shape, w.dtype, sharding=host) for w in ws]
+               for g, ws in wanted.items()}
+    values = read(folder, targets)
+    for group, vs in variables.items():  # checked first, assigned after
+        for v, value in zip(vs, values[group]):
+            v.assign(np.asarray(value))
+
+
+__all__ = ["ITEM", "GROUPS", "Background", "async_checkpointer", "write", "read", "read_model",
+           "saved_shapes", "check_against"]

@@ -1,0 +1,171 @@
+"""engine.jax.orbax_state and the Checkpointer's background saves: a sharded run's checkpoints
+are Orbax's, written while training goes on; a SIGTERM during one resumes (on 4 devices or 2)
+to the uninterrupted run; a damaged one is set aside; `mirrorfit export` reads one; a failed
+background write is one line and leaves the previous checkpoint the newest."""
+
+import json
+import signal
+import subprocess
+import sys
+import time
+import types
+
+import numpy as np
+import pytest
+
+from conftest import ROOT, _env, keras_file_weights, run_cli, run_isolated
+
+TRAIN = ["train", "--backend", "jax", "--train-examples", "2048", "--optimizer", "adam",
+         "--lr", "0.001", "--no-progress", "--steps-per-execution", "2",
+         "--global-batch-size", "64", "--epochs", "2"]
+WITHOUT_TF = ["-c", "import sys; sys.modules['tensorflow'] = None; from mirrorfit.cli import "
+              "main; sys.exit(main(sys.argv[1:]))"]
+
+
+def _stopped_mid_run(tmp_path, *args):
+    """A run saving after every execution, sent SIGTERM once its first checkpoint is there:
+    whenever the signal lands, the run stops with a save in flight (each execution's save
+    is still writing when the stop's is asked for)."""
+    folder = tmp_path / "ck"
+    proc = subprocess.Popen([sys.executable, *WITHOUT_TF, *TRAIN, *args, "--checkpoint-dir",
+                             str(folder), "--checkpoint-every", "2"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=_env(), cwd=ROOT)
+    deadline = time.monotonic() + 240
+    while not list(folder.glob("ckpt-*")) and proc.poll() is None:
+        assert time.monotonic() < deadline, "no checkpoint in 240 s"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=240)
+    return proc.returncode, err
+
+
+@pytest.mark.slow
+def test_a_sigterm_during_a_background_save_resumes_to_the_uninterrupted_run(tmp_path):
+    import shutil
+
+    code, err = _stopped_mid_run(tmp_path, "--replicas", "4", "--shard", "all")
+    assert code == 75, err[-3000:]  # EXIT_PREEMPTED: saved, committed, stopped
+    saved = sorted(p.name for p in (tmp_path / "ck").iterdir())
+    assert saved and all(n.startswith("ckpt-") for n in saved), saved  # no temp left
+    newest = tmp_path / "ck" / saved[-1]
+    assert (newest / "state").is_dir() and not (newest / "state.npz").exists()
+    step = json.loads((newest / "meta.json").read_text())["step"]
+    assert 0 < step < 64, step  # stopped mid-run
+    shutil.copytree(tmp_path / "ck", tmp_path / "ck2")
+    runs = {"four": ("--replicas", "4", "--shard", "all", "--checkpoint-dir", tmp_path / "ck"),
+            "two": ("--replicas", "2", "--shard", "optimizer", "--checkpoint-dir",
+                    tmp_path / "ck2"),
+            "whole": ("--replicas", "2",)}
+    for name, args in runs.items():
+        proc = run_cli(*TRAIN, *map(str, args), "--save-keras", str(tmp_path / f"{name}.keras"),
+                       without_tensorflow=True)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert ("resuming from" in proc.stderr) == (name != "whole")
+    whole = keras_file_weights(tmp_path / "whole.keras")
+    for name in ("four", "two"):
+        for a, b in zip(keras_file_weights(tmp_path / f"{name}.keras"), whole, strict=True):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_a_damaged_sharded_checkpoint_is_set_aside_and_export_reads_the_previous(tmp_path):
+    args = [*TRAIN, "--replicas", "2", "--shard", "all", "--checkpoint-dir", str(tmp_path / "c")]
+    first = run_cli(*args, "--save-keras", str(tmp_path / "one.keras"), "--epochs", "1",
+                    without_tensorflow=True)
+    assert first.returncode == 0, first.stderr[-3000:]
+    exported = run_cli("export", "--checkpoint-dir", str(tmp_path / "c"), "--export-dir",
+                       str(tmp_path / "m"))
+    assert exported.returncode == 0, exported.stderr[-3000:]
+    assert "exported step 32" in exported.stdout
+    assert run_cli(*args, without_tensorflow=True).returncode == 0
+    for chunk in (tmp_path / "c" / "ckpt-000000064" / "state" / "d").iterdir():
+        chunk.write_bytes(chunk.read_bytes()[:100])  # a power loss: the end never written
+    resumed = run_cli(*args, "--epochs", "3", without_tensorflow=True)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "ckpt-000000064 cannot be read" in resumed.stderr
+    assert "resuming from" in resumed.stderr and "ckpt-000000032" in resumed.stderr
+    assert "Traceback" not in resumed.stderr and "WARNING" not in resumed.stderr
+    # The export of step 32 predicts as the model the run saved at step 32.
+    got = run_isolated(f"""
+        import json, numpy as np, tensorflow as tf, keras
+        x = np.random.default_rng(0).random((8, 28, 28)).astype("float32")
+        served = tf.saved_model.load({str(tmp_path / "m" / "0001")!r})
+        p = served.signatures["serving_default"](images=tf.constant(x))["probabilities"]
+        want = keras.saving.load_model({str(tmp_path / "one.keras")!r}).predict(x, verbose=0)
+        print(json.dumps({{"diff": float(np.abs(p.numpy() - want).max()),
+                           "spread": float(want.std())}}))
+        """)
+    assert got["spread"] > 0.01 and got["diff"] < 1e-5, got
+
+
+# -- fast: the checks and the Checkpointer's background commit ------------------------------------
+def test_a_saved_array_of_another_shape_or_dtype_is_refused_before_anything_is_read():
+    from mirrorfit.artifacts.checkpoint_meta import StructureError
+    from mirrorfit.engine.jax.orbax_state import check_against
+
+    def want(*arrays):
+        return {"trainable": list(arrays), "non_trainable": [], "optimizer": []}
+
+    saved = {"trainable": [((4, 2), np.dtype("float32"))], "non_trainable": [], "optimizer": []}
+    names = {"trainable": ["dense/kernel"], "non_trainable": [], "optimizer": []}
+    check_against(saved, want(np.zeros((4, 2), np.float32)), names)
+    with pytest.raises(StructureError, match=r"shape \[4, 2\], this run's dense/kernel \[2, 4\]"):
+        check_against(saved, want(np.zeros((2, 4), np.float32)), names)
+    with pytest.raises(StructureError, match="1 trainable variables saved, this run has 2"):
+        check_against(saved, want(np.zeros((4, 2)), np.zeros(1)),
+                      {**names, "trainable": ["a", "b"]})
+    with pytest.raises(ValueError, match="state/trainable/0 is float32, not dense/kernel's int32"):
+        check_against(saved, want(np.zeros((4, 2), np.int32)), names)
+
+
+class _Failing:
+    """An engine state whose background write fails after the save returned."""
+
+    backend, collective = "jax", False
+
+    def __init__(self, error):
+        self.error, self.written = error, []
+
+    def first_non_finite(self):
+        return None
+
+    def write(self, folder):
+        (folder / "part").write_text("half")
+        self.written.append(folder)
+        return types.SimpleNamespace(wait=self._fail)
+
+    def _fail(self):
+        time.sleep(0.05)
+        raise self.error
+
+
+def _checkpointer(tmp_path, state):
+    import keras
+
+    from mirrorfit.artifacts.checkpoint import Checkpointer
+    from mirrorfit.engine.controller import Position
+
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    trainer = types.SimpleNamespace(
+        model=model, optimizer=keras.optimizers.SGD(), global_batch=8, step=4, epoch=0,
+        step_in_epoch=4, position=Position(epoch=0, step_in_epoch=4, step=4),
+        runner=types.SimpleNamespace(checkpoint_state=lambda: state), train_logs=dict)
+    return Checkpointer(tmp_path, trainer=trainer, model_spec="m")
+
+
+@pytest.mark.parametrize("error, kind, says", [
+    (OSError(28, "No space left on device"), "StorageError", "disk full while writing"),
+    (RuntimeError("tensorstore: write failed"), "CheckpointError",
+     "failed (RuntimeError: tensorstore: write failed)")])
+def test_a_failed_background_write_is_one_line_and_commits_nothing(tmp_path, error, kind, says):
+    state = _Failing(error)
+    checkpointer = _checkpointer(tmp_path, state)
+    path = checkpointer.save()  # returns while the write goes on
+    assert path.name == "ckpt-000000004" and state.written
+    with pytest.raises(Exception) as raised:
+        checkpointer.wait()
+    assert type(raised.value).__name__ == kind and says in str(raised.value)
+    assert "no checkpoint was written" in str(raised.value)
+    assert "\n" not in str(raised.value)
+    assert list(tmp_path.iterdir()) == []  # neither the checkpoint nor its temp folder
+    checkpointer.wait()  # raised once
