@@ -31,17 +31,7 @@ os.environ["KERAS_BACKEND"] = "jax"
 
 SIDES = ("none", "optimizer", "all")
 
-
-def _wide(width: int, classes: int = 16):
-    import keras
-
-    def build():
-        x = inputs = keras.Input((width,))
-        for _ in range(8):
-            x = keras.layers.Dense(width, activation="relu")(x)
-        return keras.Model(inputs, keras.layers.Dense(classes)(x))
-
-    return build
+from sharding import wide_mlp  # noqa: E402 - beside this script
 
 
 def _side(setup, mode: str, a, batches, folder: str):
@@ -54,7 +44,7 @@ def _side(setup, mode: str, a, batches, folder: str):
     from mirrorfit.engine.jax.placement import build_placement
 
     trainer = mirrorfit.Trainer(
-        strategy=build_placement(setup, shard=mode), model=_wide(a.width),
+        strategy=build_placement(setup, shard=mode), model=wide_mlp(a.width),
         optimizer=keras.optimizers.Adam(1e-4), global_batch=a.batch,
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         steps_per_execution=a.steps_per_execution)

@@ -26,7 +26,7 @@ os.environ["KERAS_BACKEND"] = "jax"
 MODES = ("none", "optimizer", "all")
 
 
-def _wide(width: int, classes: int = 16):
+def wide_mlp(width: int, classes: int = 16):
     import keras
 
     def build():
@@ -60,7 +60,7 @@ def _ours(setup, model: str, width: int, batch: int, data):
     batches = mirrorfit.train_batches(x, y, global_batch=batch, seed=1)
     out = {}
     for mode in MODES:
-        build = mirrorfit.models.cnn if model == "cnn" else _wide(width)
+        build = mirrorfit.models.cnn if model == "cnn" else wide_mlp(width)
         loss = keras.losses.SparseCategoricalCrossentropy(from_logits=model != "cnn")
         trainer = mirrorfit.Trainer(strategy=build_placement(setup, shard=mode), model=build,
                                     optimizer=keras.optimizers.Adam(1e-4), loss=loss,
@@ -85,7 +85,7 @@ def _keras_model_parallel(replicas: int, width: int, batch: int, data):
     layout["dense.*kernel"] = ("batch", None)  # the kernels split along their first axis
     dist = kd.ModelParallel(layout_map=layout, batch_dim_name="batch")
     with dist.scope():
-        model = _wide(width)()
+        model = wide_mlp(width)()
         model.compile(optimizer=keras.optimizers.Adam(1e-4),
                       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
         x, y = data
