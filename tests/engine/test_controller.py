@@ -29,8 +29,10 @@ for name, kind, optimizer, spe in {runs!r}:
                                                   seed=3), epochs=2)
     np.savez(f"{out}/{{name}}.npz", *trainer.model.get_weights())
     changed = max(float(np.abs(a - b).max()) for a, b in zip(init, trainer.model.get_weights()))
+    test = trainer.evaluate((data.x_test[:3000], data.y_test[:3000]), batch_size=64)
     results[name] = {{"steps": history.steps, "traced": trainer.tracing_count(),
-                      "changed": changed, "loss": history.epochs[-1]["loss"]}}
+                      "changed": changed, "loss": history.epochs[-1]["loss"],
+                      "accuracy": history.epochs[-1]["accuracy"], "test": test}}
 print(json.dumps(results))
 """
 # name: (replicas, strategy, optimizer, steps per execution)
@@ -57,8 +59,15 @@ def test_two_replicas_give_the_same_weights_as_one(runs, optimizer):
 
 @pytest.mark.slow
 def test_central_storage_matches_one_replica(runs):
-    assert_same_weights(runs["one_sgd"]["weights"], runs["central_storage"]["weights"],
-                        rtol=1e-4, atol=2e-5)
+    one, central = runs["one_sgd"], runs["central_storage"]
+    assert_same_weights(one["weights"], central["weights"], rtol=1e-4, atol=2e-5)
+    # Its metrics too: each is one variable the replicas share, and Keras's assign_add (an
+    # assign of v + x) summed over 2 replicas doubled it every step (the test count read inf).
+    for key in ("loss", "accuracy"):
+        assert central[key] == pytest.approx(one[key], rel=1e-4), key
+    assert central["test"]["examples"] == one["test"]["examples"] == 3000
+    for key in ("loss", "accuracy"):
+        assert central["test"][key] == pytest.approx(one["test"][key], rel=1e-4), key
 
 
 @pytest.mark.slow

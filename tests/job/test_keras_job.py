@@ -51,6 +51,8 @@ def test_loss_and_callbacks_for_an_uncompiled_model(backend, tmp_path):
 @pytest.mark.parametrize("args, needle", [
     (("--checkpoint-dir", "{tmp}/ck"), "--checkpoint-dir is not yet supported with a compiled"),
     (("--logdir", "{tmp}/tb"), "use Keras's TensorBoard callback in --callbacks"),
+    (("--backend", "tensorflow", "--strategy", "central-storage", "--replicas", "2"),
+     "--strategy central-storage is not supported with a compiled --model"),
 ])
 def test_what_this_path_cannot_do_is_one_line(args, needle, tmp_path):
     args = [a.format(tmp=tmp_path) for a in args]

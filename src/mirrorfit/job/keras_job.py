@@ -49,6 +49,13 @@ def check(config: TrainConfig) -> None:
     if config.strategy in _CLUSTER:
         raise ConfigError(f"--strategy {config.strategy} is not yet supported with a compiled "
                           "--model; train on one host's devices (--replicas N)")
+    if config.strategy == "central-storage":
+        # Keras's train step updates the metrics in each replica; a central-storage metric is
+        # one variable, and Keras's assign_add (an assign of v + x) summed over the replicas
+        # doubles it every step (the loss read inf, then NaN).
+        raise ConfigError("--strategy central-storage is not supported with a compiled "
+                          "--model: Keras's own train step would double its metrics every step;"
+                          " use --strategy mirrored")
 
 
 def compile_uncompiled(config: TrainConfig, model, optimizer) -> None:

@@ -40,17 +40,25 @@ class CompiledLoops:
 
 
 def compile_loops(strategy: tf.distribute.Strategy, train_fn: Callable, eval_fn: Callable,
-                  split: Callable = lambda batch: batch) -> CompiledLoops:
+                  split: Callable = lambda batch: batch, after_train: Callable | None = None,
+                  after_eval: Callable | None = None) -> CompiledLoops:
     """Wrap per-replica ``train_fn(x, y)`` and ``eval_fn(x, y)`` in ``strategy.run`` loops.
     ``split`` turns what the iterator yields into ``strategy.run``'s arguments
-    (:meth:`mirrorfit.engine.tensorflow.strategy.Distribution.split`)."""
+    (:meth:`mirrorfit.engine.tensorflow.strategy.Distribution.split`). ``after_train`` and
+    ``after_eval``, if given, get what the replicas returned, concatenated over replicas, in
+    cross-replica context."""
+
+    def run(fn, after, batch):
+        out = strategy.run(fn, args=split(batch))
+        if after is not None:
+            after(*(tf.concat(strategy.experimental_local_results(t), axis=0) for t in out))
 
     # Written as a while loop, not traced by AutoGraph: converting the step and the Keras code
     # it calls took ~1 s of the default job's start (the first call), for the same graph.
     @tf.function(autograph=False)
     def train_steps(iterator, num_steps):
         def one_step(i):
-            strategy.run(train_fn, args=split(next(iterator)))
+            run(train_fn, after_train, next(iterator))
             return (i + 1,)
 
         tf.while_loop(lambda i: i < num_steps, one_step, (tf.constant(0, num_steps.dtype),))
@@ -60,14 +68,14 @@ def compile_loops(strategy: tf.distribute.Strategy, train_fn: Callable, eval_fn:
         # Iterating inside the function (get_next_as_optional) handles a partial last batch:
         # some replicas may get fewer (or zero) examples, none is counted twice.
         for batch in iterator:
-            strategy.run(eval_fn, args=split(batch))
+            run(eval_fn, after_eval, batch)
 
     # A plain dataset's iterator (replicas on this host's CPUs): the same loop, written out and
     # not converted by AutoGraph (its Optional-per-batch loop cost ~30% of the validation).
     @tf.function(autograph=False)
     def evaluate_plain(iterator):
         def one_batch(batch):
-            strategy.run(eval_fn, args=split(batch.get_value()))
+            run(eval_fn, after_eval, batch.get_value())
             return (iterator.get_next_as_optional(),)
 
         tf.while_loop(lambda batch: batch.has_value(), one_batch,

@@ -73,7 +73,9 @@ class Runner(BatchShape):
                 model=self.model, optimizer=self.optimizer, loss=loss,
                 train_metrics=[_metric(m) for m in metrics],
                 eval_metrics=[_metric(m) for m in metrics], global_batch=global_batch,
-                num_replicas=replicas, accum_steps=accum_steps, jit_compile=jit_compile)
+                num_replicas=replicas, accum_steps=accum_steps, jit_compile=jit_compile,
+                metrics_outside=isinstance(
+                    strategy, tf.distribute.experimental.CentralStorageStrategy))
         self._labels = label_classes(self.model, loss)  # what labels must index
         self._loops = self._compile()
         self._xla_checked = not jit_compile
@@ -83,8 +85,11 @@ class Runner(BatchShape):
             from mirrorfit.engine.tensorflow.parameter_server import coordinated_loops
             return coordinated_loops(self.strategy, self.distribution.coordinator,
                                      self.step.train, self.step.evaluate)
+        outside = self.step.metrics_outside
         return compile_loops(self.strategy, self.step.train, self.step.evaluate,
-                             split=self.distribution.split)
+                             split=self.distribution.split,
+                             after_train=self.step.update_train_metrics if outside else None,
+                             after_eval=self.step.update_eval_metrics if outside else None)
 
     @property
     def jit_compile(self) -> bool:

@@ -37,8 +37,14 @@ class ReplicaStep:
     def __init__(self, *, model: keras.Model, optimizer: keras.optimizers.Optimizer,
                  loss: Callable, train_metrics: Sequence[keras.metrics.Metric],
                  eval_metrics: Sequence[keras.metrics.Metric], global_batch: int,
-                 num_replicas: int, accum_steps: int = 1, jit_compile: bool = False) -> None:
+                 num_replicas: int, accum_steps: int = 1, jit_compile: bool = False,
+                 metrics_outside: bool = False) -> None:
         self.model, self.optimizer, self.loss = model, optimizer, loss
+        # Central storage: a metric variable is one AggregatingVariable, and Keras's
+        # assign_add (an assign of v + x) summed over replicas doubles it each step. The
+        # replicas then return (y, per-example loss, predictions) and the loop updates the
+        # metrics once, in cross-replica context (update_train_metrics, update_eval_metrics).
+        self.metrics_outside = metrics_outside
         self.train_metrics, self.eval_metrics = list(train_metrics), list(eval_metrics)
         self.loss_tracker = keras.metrics.Mean(name="loss")
         self.eval_loss_tracker = keras.metrics.Mean(name="loss")
@@ -66,39 +72,63 @@ class ReplicaStep:
         grads = [tf.zeros_like(v) if g is None else g for g, v in zip(grads, variables)]
         return grads, per_example, pred
 
-    def train(self, x: tf.Tensor, y: tf.Tensor) -> None:
-        """One optimizer step on this replica's share of a global batch."""
+    def train(self, x: tf.Tensor, y: tf.Tensor):
+        """One optimizer step on this replica's share of a global batch; with
+        ``metrics_outside``, returns what updates the metrics: (y, per-example loss, preds)."""
         if self.accum_steps == 1:
             grads, per_example, pred = self.gradients(x, y)
-            self._update_metrics(y, per_example, pred)
+            seen = (y, per_example, pred)
+            if not self.metrics_outside:
+                self.update_train_metrics(*seen)
         else:
-            grads = self._accumulate(x, y)
+            grads, seen = self._accumulate(x, y)
         if self.loss_scaling:
             grads = _agree_on_overflow(grads)
         self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
+        return seen if self.metrics_outside else None
 
-    def _accumulate(self, x: tf.Tensor, y: tf.Tensor) -> list[tf.Tensor]:
+    def _accumulate(self, x: tf.Tensor, y: tf.Tensor):
+        """(summed gradients, and with ``metrics_outside`` the micro-batches' (y, per-example
+        loss, predictions) concatenated; else None)."""
         # [K*b, ...] -> [K, b, ...]; the pipeline batched K micro-batches per replica.
         k = self.accum_steps
         xs = tf.reshape(x, tf.concat([[k, -1], tf.shape(x)[1:]], 0))
         ys = tf.reshape(y, tf.concat([[k, -1], tf.shape(y)[1:]], 0))
-        def micro_batch(i, total):
+        outside = self.metrics_outside
+
+        def micro_batch(i, total, seen):
             grads, per_example, pred = self.gradients(xs[i], ys[i])
-            self._update_metrics(ys[i], per_example, pred)
-            return i + 1, [t + g for t, g in zip(total, grads)]
+            if outside:
+                got = (ys[i], tf.cast(per_example, tf.float32), tf.cast(pred, tf.float32))
+                seen = [a.write(i, t) for a, t in zip(seen, got)]
+            else:
+                self.update_train_metrics(ys[i], per_example, pred)
+            return i + 1, [t + g for t, g in zip(total, grads)], seen
 
         total = [tf.zeros_like(v) for v in self.model.trainable_variables]
-        _, total = tf.while_loop(lambda i, _: i < k, micro_batch, (tf.constant(0), total))
-        return total
+        seen = [tf.TensorArray(d, size=k) for d in (y.dtype, tf.float32, tf.float32)] \
+            if outside else []
+        _, total, seen = tf.while_loop(lambda i, *_: i < k, micro_batch,
+                                       (tf.constant(0), total, seen))
+        return total, tuple(a.concat() for a in seen) if outside else None
 
-    def _update_metrics(self, y, per_example, pred) -> None:
+    def update_train_metrics(self, y, per_example, pred) -> None:
         self.loss_tracker.update_state(per_example)
         for metric in self.train_metrics:
             metric.update_state(y, pred)
 
-    def evaluate(self, x: tf.Tensor, y: tf.Tensor) -> None:
+    def evaluate(self, x: tf.Tensor, y: tf.Tensor):
+        """Evaluate this replica's batch; with ``metrics_outside``, returns (y, per-example
+        loss, predictions) for :meth:`update_eval_metrics`."""
         pred = self.model(x, training=False)
-        self.eval_loss_tracker.update_state(per_example_loss(self.loss, y, pred))
+        seen = (y, per_example_loss(self.loss, y, pred), pred)
+        if self.metrics_outside:
+            return seen
+        self.update_eval_metrics(*seen)
+        return None
+
+    def update_eval_metrics(self, y, per_example, pred) -> None:
+        self.eval_loss_tracker.update_state(per_example)
         for metric in self.eval_metrics:
             metric.update_state(y, pred)
 
