@@ -237,7 +237,7 @@ class Checkpointer:
             with _io.disk_full_hint(f"checkpoint {final}", keep):
                 if self.writer:
                     self.directory.mkdir(parents=True, exist_ok=True)
-                    shutil.rmtree(tmp, ignore_errors=True)  # a crashed run's, at this step
+                    _remove(tmp)  # a crashed run's, at this step
                     tmp.mkdir()
                 pending = self._state.write(tmp)
         except BaseException:
@@ -347,7 +347,7 @@ class Checkpointer:
         removed = _io.remove_stale_temps(self.directory, r"\.ckpt-[0-9]+\.tmp-")
         # Several processes' shared temp folders: none is being written before a run resumes.
         for stale in self.directory.glob(".ckpt-*.tmp-shared"):
-            shutil.rmtree(stale, ignore_errors=True)
+            _remove(stale)
             removed.append(stale)
         return removed
 
@@ -388,6 +388,14 @@ class _Commit(threading.Thread):
             raise error
         raise CheckpointError(f"saving checkpoint {self._args[2]} failed ({_why(error)}); "
                               f"{self._keep}") from error
+
+
+def _remove(path: Path) -> None:
+    """Whatever is at ``path``: a folder's tree, or a file or link (not what it points to)."""
+    if path.is_symlink() or (path.exists() and not path.is_dir()):
+        path.unlink()
+    else:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _finished(pending) -> None:

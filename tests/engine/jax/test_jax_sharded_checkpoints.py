@@ -169,3 +169,62 @@ def test_a_failed_background_write_is_one_line_and_commits_nothing(tmp_path, err
     assert "\n" not in str(raised.value)
     assert list(tmp_path.iterdir()) == []  # neither the checkpoint nor its temp folder
     checkpointer.wait()  # raised once
+
+
+def test_a_flipped_byte_that_orbax_reads_is_caught_by_the_checksums(tmp_path):
+    got = run_isolated(f"""
+        import json, sys
+        sys.modules["tensorflow"] = None
+        from pathlib import Path
+        import numpy as np
+        from mirrorfit.engine.jax import orbax_state as o
+        import jax
+        folder = Path({str(tmp_path)!r})
+        tree = {{"trainable": [np.arange(4096, dtype=np.float32)], "non_trainable": [],
+                 "optimizer": [np.ones(3, np.int32)]}}
+        w = o.async_checkpointer()
+        o.write(folder, tree, w).wait()
+        host = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+        targets = {{g: [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=host) for a in arrays]
+                    for g, arrays in tree.items()}}
+        back = np.asarray(o.read(folder, targets)["trainable"][0])
+        whole = bool((back == tree["trainable"][0]).all())
+        chunk = max((p for p in (folder / "state").rglob("*") if p.is_file()
+                     and "/d/" in str(p)), key=lambda p: p.stat().st_size)
+        data = bytearray(chunk.read_bytes())
+        data[len(data) // 2] ^= 0x40
+        chunk.write_bytes(bytes(data))
+        try:
+            o.read(folder, targets)
+            said = None
+        except ValueError as e:
+            said = str(e)
+        print(json.dumps({{"whole": whole, "said": said}}))
+        """)
+    assert got["whole"] is True
+    assert got["said"] == "state/trainable/0 does not match its checksum: the data is damaged"
+
+
+def test_a_folder_of_both_kinds_or_a_state_file_is_damage(tmp_path):
+    from mirrorfit.engine.jax.state import _kind
+
+    assert _kind(tmp_path) == "npz"
+    (tmp_path / "state").write_text("not a folder")
+    with pytest.raises(ValueError, match="state/ is not a folder"):
+        _kind(tmp_path)
+    (tmp_path / "state").unlink()
+    (tmp_path / "state").mkdir()
+    assert _kind(tmp_path) == "orbax"
+    (tmp_path / "state.npz").write_bytes(b"PK")
+    with pytest.raises(ValueError, match="holds both state.npz and state/"):
+        _kind(tmp_path)
+
+
+def test_a_stale_shared_temp_that_is_a_file_or_a_link_is_removed(tmp_path):
+    state = _Failing(RuntimeError("unused"))
+    checkpointer = _checkpointer(tmp_path, state)
+    (tmp_path / ".ckpt-000000002.tmp-shared").write_text("junk")
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / ".ckpt-000000003.tmp-shared").symlink_to(tmp_path / "elsewhere")
+    removed = checkpointer.clean_partial()
+    assert len(removed) == 2 and sorted(p.name for p in tmp_path.iterdir()) == ["elsewhere"]

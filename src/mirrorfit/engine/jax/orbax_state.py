@@ -12,7 +12,10 @@ the blocked time per save: docs/jax.md, docs/benchmarks.md.
 from __future__ import annotations
 
 import contextlib
+import functools
+import json
 import logging
+import os
 import time
 from pathlib import Path
 from typing import Iterator
@@ -39,16 +42,90 @@ class Background:
 def async_checkpointer():
     import orbax.checkpoint as ocp
 
+    # Orbax logs a failed background write (a full disk) with its tracebacks, several times,
+    # through absl; the Checkpointer says it in one line.
+    logging.getLogger("absl").addFilter(_not_orbax)
     return ocp.AsyncCheckpointer(ocp.StandardCheckpointHandler())
 
 
+def _not_orbax(record: logging.LogRecord) -> bool:
+    return f"{os.sep}orbax{os.sep}" not in record.pathname
+
+
 def write(folder: Path, tree: dict[str, list], checkpointer) -> Background:
-    """Start writing ``tree`` (GROUPS -> device or host arrays) into ``folder/state``. Returns
-    once the arrays are copied off the devices (the next step may overwrite them)."""
+    """Start writing ``tree`` (GROUPS -> device or host arrays) into ``folder/state``, and its
+    checksums into ``folder/checksums.json`` (Orbax checks none: a flipped byte would restore
+    silently). Returns once the arrays are copied off the devices."""
+    import jax
     import orbax.checkpoint as ocp
 
+    sums = checksums(tree)
+    if jax.process_index() == 0:
+        (folder / SUMS).write_text(json.dumps(sums))
     checkpointer.save(folder / ITEM, args=ocp.args.StandardSave(tree))
     return Background(checkpointer)
+
+
+SUMS = "checksums.json"
+
+
+def checksums(tree: dict[str, list]) -> dict[str, list[list[int]]]:
+    """Each array's two sums over its bytes as 32-bit words w, modulo 2**32: of w and of
+    w * (w | 1). They do not depend on the order of the words, so not on the sharding either:
+    a split array is summed where its pieces are (several processes: a collective), a
+    replicated one on one device (not once per device)."""
+    flat = [(g, i, a) for g in GROUPS for i, a in enumerate(tree[g])]
+    whole = [a.addressable_data(0) if hasattr(a, "addressable_data") else a for _, _, a in flat
+             if _replicated(a)]
+    split = [a for _, _, a in flat if not _replicated(a)]
+    sums_whole, sums_split = iter(_summer()(whole)), iter(_summer()(split))
+    out: dict[str, list[list[int]]] = {g: [] for g in GROUPS}
+    for g, _, a in flat:
+        pair = next(sums_whole if _replicated(a) else sums_split)
+        out[g].append([int(np.asarray(v.addressable_data(0))) for v in pair])
+    return out
+
+
+def _replicated(a) -> bool:
+    return not hasattr(a, "sharding") or a.sharding.is_fully_replicated
+
+
+@functools.cache
+def _summer():
+    import jax
+    import jax.numpy as jnp
+
+    def words(a):
+        a = jnp.asarray(a)
+        if a.dtype == jnp.bool_:
+            a = a.astype(jnp.uint8)
+        if a.dtype.itemsize == 8:
+            return jax.lax.bitcast_convert_type(a, jnp.uint32).reshape(-1)
+        kind = {4: jnp.uint32, 2: jnp.uint16, 1: jnp.uint8}[a.dtype.itemsize]
+        return jax.lax.bitcast_convert_type(a, kind).astype(jnp.uint32).reshape(-1)
+
+    def pair(a):
+        w = words(a)
+        return [jnp.sum(w, dtype=jnp.uint32), jnp.sum(w * (w | 1), dtype=jnp.uint32)]
+
+    return jax.jit(lambda arrays: [pair(a) for a in arrays])
+
+
+def check_sums(folder: Path, tree: dict[str, list]) -> None:
+    """ValueError naming the first array of ``tree`` (restored from ``folder``) whose sums
+    differ from those saved beside it: damaged data that Orbax read without an error."""
+    try:
+        saved = json.loads((folder / SUMS).read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{SUMS} cannot be read ({type(e).__name__})") from None
+    got = checksums(tree)
+    for group in GROUPS:
+        if not isinstance(saved, dict) or len(saved.get(group, [])) != len(got[group]):
+            raise ValueError(f"{SUMS} does not list the {group} arrays")
+        for i, (want, have) in enumerate(zip(saved[group], got[group])):
+            if list(want) != have:
+                raise ValueError(f"{ITEM}/{group}/{i} does not match its checksum: the data "
+                                 "is damaged")
 
 
 def saved_shapes(folder: Path) -> dict[str, list[tuple[tuple[int, ...], np.dtype]]]:
@@ -92,7 +169,13 @@ def read(folder: Path, targets: dict[str, list]) -> dict[str, list]:
     import orbax.checkpoint as ocp
 
     with _quiet():
-        return ocp.StandardCheckpointer().restore(folder / ITEM, targets)
+        try:
+            values = ocp.StandardCheckpointer().restore(folder / ITEM, targets)
+        except Exception as e:  # TensorStore's message is a repr of its own
+            raise ValueError(f"{ITEM}/: an array's data cannot be read, damaged or missing "
+                             f"({type(e).__name__})") from None
+    check_sums(folder, values)
+    return values
 
 
 # What Orbax's reader threads print (not raise) when a damaged file ends a read early: asyncio
@@ -150,5 +233,5 @@ def read_model(folder: Path, model) -> None:
             v.assign(np.asarray(value))
 
 
-__all__ = ["ITEM", "GROUPS", "Background", "async_checkpointer", "write", "read", "read_model",
-           "saved_shapes", "check_against"]
+__all__ = ["ITEM", "GROUPS", "SUMS", "Background", "async_checkpointer", "write", "read",
+           "read_model", "saved_shapes", "check_against", "checksums", "check_sums"]

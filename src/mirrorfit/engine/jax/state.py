@@ -82,12 +82,25 @@ def read_arrays(folder: Path, groups: dict[str, list]) -> None:
 def read_model_arrays(folder: Path, model) -> None:
     """The model's variables from a JAX checkpoint folder, into ``model`` built by any backend
     (``mirrorfit export`` and ``evaluate``)."""
-    if not (folder / FILE).exists() and (folder / "state").is_dir():
+    if _kind(folder) == "orbax":
         return _orbax().read_model(folder, model)
     read_arrays(folder, {"model": list(model.variables)})
 
 
 read_model = read_model_arrays  # the name every engine's state module gives it
+
+
+def _kind(folder: Path) -> str:
+    """"npz" or "orbax": which state a checkpoint folder holds. ValueError (damage) for
+    both, or a ``state`` that is not a folder."""
+    npz, orbax = folder / FILE, folder / "state"
+    if orbax.exists() or orbax.is_symlink():
+        if not orbax.is_dir() or orbax.is_symlink():
+            raise ValueError("state/ is not a folder")
+        if npz.exists():
+            raise ValueError(f"it holds both {FILE} and state/, which no run writes")
+        return "orbax"
+    return "npz"
 
 
 def _orbax():
@@ -138,7 +151,7 @@ class CheckpointState:
         return _orbax().write(folder, self.runner.checkpoint_arrays(), self._writer)
 
     def read(self, folder: Path) -> None:
-        if not (folder / FILE).exists() and (folder / "state").is_dir():
+        if _kind(folder) == "orbax":
             orbax = _orbax()
             targets = self.runner.checkpoint_targets()
             orbax.check_against(orbax.saved_shapes(folder), targets,
