@@ -23,6 +23,7 @@ from typing import Iterator
 import numpy as np
 
 from mirrorfit.artifacts.checkpoint_meta import StructureError
+from mirrorfit.engine.jax.placement import local_value
 
 ITEM = "state"  # the Orbax folder inside a checkpoint
 GROUPS = ("trainable", "non_trainable", "optimizer")
@@ -82,7 +83,7 @@ def checksums(tree: dict[str, list]) -> dict[str, list[list[int]]]:
     out: dict[str, list[list[int]]] = {g: [] for g in GROUPS}
     for g, _, a in flat:
         pair = next(sums_whole if _replicated(a) else sums_split)
-        out[g].append([int(np.asarray(v.addressable_data(0))) for v in pair])
+        out[g].append([int(local_value(v)) for v in pair])
     return out
 
 
@@ -211,8 +212,8 @@ def _quiet() -> Iterator[None]:
 
 def read_model(folder: Path, model) -> None:
     """The model's variables of a sharded JAX checkpoint, into ``model`` built by any backend
-    (``mirrorfit export`` and ``evaluate``): read whole onto the host (the optimizer's are not
-    read)."""
+    (``mirrorfit export`` and ``evaluate``): read whole onto the host. The optimizer's are read
+    too, for their checksums, and dropped."""
     import jax
 
     host = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])

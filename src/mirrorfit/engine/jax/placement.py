@@ -206,6 +206,12 @@ class Placement:
                 + (" (chief)" if self.is_chief else ""))
 
 
+def local_value(value) -> np.ndarray:
+    """A replicated value as a host array: a NumPy one as it is, a JAX array's piece on this
+    process's first device (whole, as every device holds it; no collective)."""
+    return np.asarray(value.addressable_data(0) if hasattr(value, "addressable_data") else value)
+
+
 def _from_host(value: np.ndarray, sharding):
     import jax
 

@@ -24,7 +24,7 @@ import numpy as np
 
 from mirrorfit.engine.jax import processes
 from mirrorfit.engine.jax.feed import Feed, plan
-from mirrorfit.engine.jax.placement import AXIS, Placement
+from mirrorfit.engine.jax.placement import AXIS, Placement, local_value
 from mirrorfit.engine.jax.sharding import (build_layout, describe_unsplit, non_finite_counts,
                                             peak_device_bytes, state_bytes_per_device)
 from mirrorfit.engine.jax.step import Metrics, State, build_steps, stacked
@@ -206,8 +206,7 @@ class Runner(BatchShape):
         """Take restored :meth:`checkpoint_arrays` (laid out as :meth:`checkpoint_targets`)
         as the state; the Keras variables follow at the next ``sync``."""
         for var, value in zip(self._model.non_trainable_variables, arrays["non_trainable"]):
-            var.assign(np.asarray(value.addressable_data(0) if hasattr(value, "sharding")
-                                  else value))
+            var.assign(local_value(value))
         self._load_state(trainable=arrays["trainable"], optimizer=arrays["optimizer"])
         self._synced = False
 
@@ -220,9 +219,8 @@ class Runner(BatchShape):
         for var, bad in zip(self._model.trainable_variables, counts):
             if bad:
                 return f"{var.path}: {bad} of {int(np.prod(var.shape))} values"
-        return first_non_finite([_Value(v.path, np.asarray(
-            a.addressable_data(0) if hasattr(a, "sharding") else a))
-            for v, a in zip(self._model.non_trainable_variables, self._statistics())])
+        return first_non_finite([_Value(v.path, local_value(a)) for v, a in
+                                 zip(self._model.non_trainable_variables, self._statistics())])
 
     @property
     def model(self):

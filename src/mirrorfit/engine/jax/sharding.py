@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from mirrorfit.engine.backends import SHARD_MODES, check_settings
-from mirrorfit.engine.jax.placement import AXIS
+from mirrorfit.engine.jax.placement import AXIS, local_value
 from mirrorfit.errors import ConfigError
 
 MIN_ELEMENTS = 1024  # values: a smaller parameter stays replicated (its collectives cost more)
@@ -231,10 +231,8 @@ def state_bytes_per_device(arrays: Sequence) -> int:
 def non_finite_counts(arrays: Sequence) -> list[int]:
     """How many values of each of ``arrays`` (JAX arrays of any sharding) are NaN or infinite,
     counted on the devices (split over processes: a collective every process runs)."""
-    import numpy as np
-
     counts = _non_finite_counter()(list(arrays))
-    return [int(np.asarray(c.addressable_data(0))) for c in counts]
+    return [int(local_value(c)) for c in counts]
 
 
 @functools.cache
