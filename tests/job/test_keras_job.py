@@ -21,18 +21,25 @@ def test_a_compiled_regression_trains_as_compiled(backend, tmp_path):
                    "--metrics-out", str(out))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "loss: mse (the model's compile), optimizer: Adam 0.01, metrics: mae" in proc.stderr
-    history = json.loads(out.read_text())["history"]
+    assert "state: replicated" in proc.stderr  # what each device holds, as the loop says
+    summary = json.loads(out.read_text())
+    assert summary["shard"] == "none" and summary["state_bytes_per_device"] > 0
+    history = summary["history"]
     assert set(history) == {"loss", "mae", "val_loss", "val_mae"}
     assert history["loss"][-1] < history["loss"][0] / 2  # float targets, kept float
 
 
-def test_the_chapters_cnn_on_uint8_learns(mnist_dir, tmp_path):
+def test_the_chapters_cnn_on_uint8_learns_with_its_state_split(mnist_dir, tmp_path):
     out = tmp_path / "m.json"
     proc = run_cli("train", "--backend", "jax", "--model", "keras_models:chapter_cnn",
-                   "--epochs", "1", "--no-progress", "--metrics-out", str(out))
+                   "--replicas", "2", "--shard", "all", "--epochs", "1", "--no-progress",
+                   "--metrics-out", str(out))
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "state: the weights and the optimizer state (FSDP) split over 2 devices" in \
+        proc.stderr and "gathered layer by layer" in proc.stderr, proc.stderr[-3000:]
     summary = json.loads(out.read_text())
     assert summary["test"]["accuracy"] > 0.9  # the built-in loop's /255 had left it at 0.116
+    assert summary["shard"] == "all" and summary["state_bytes_per_device"] > 0
 
 
 @pytest.mark.parametrize("backend", ["jax", "tensorflow"])  # TF entered one scope twice

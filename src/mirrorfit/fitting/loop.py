@@ -104,6 +104,12 @@ def fit(model, x=None, y=None, batch_size=None, epochs=1, verbose="auto", callba
     return model.history
 
 
+def runner_of(model):
+    """The engine runner the last ``fit`` or ``evaluate`` of ``model`` used; None before."""
+    cached = model.__dict__.get("_mirrorfit_runner")
+    return None if cached is None else cached[1]
+
+
 def evaluate(model, x=None, y=None, batch_size=None, verbose="auto", sample_weight=None,
              steps=None, callbacks=None, return_dict=False, *, steps_per_execution=None):
     """``model.evaluate(...)`` data-parallel: every example counted once (a partial last batch

@@ -16,6 +16,18 @@ from mirrorfit.job.preemption import PreemptionGuard
 from mirrorfit.job.data import data_errors, input_source
 
 
+def state_line(runner) -> str:
+    """The start screen's line on what each device holds (``runner``: an engine's)."""
+    return (f"state: {runner.describe_sharding()}; "
+            f"{runner.state_bytes_per_device() / 2**20:,.1f} MiB per device")
+
+
+def state_fields(runner, shard: str) -> dict[str, Any]:
+    """--metrics-out's fields on what each device holds."""
+    return {"shard": shard, "state_bytes_per_device": runner.state_bytes_per_device(),
+            "peak_device_bytes": runner.peak_device_bytes()}  # GPUs; None elsewhere
+
+
 def finish(config: TrainConfig, console: Console, history, *, trainer, data, batches, setup,
            dist, factory, usage, guard: PreemptionGuard, clock=None) -> dict[str, Any]:
     """Test evaluation, summary, profile and exports: everything after the training loop.
@@ -54,9 +66,7 @@ def finish(config: TrainConfig, console: Console, history, *, trainer, data, bat
         "learning_rate": trainer.learning_rate(), "loss_scale": trainer.loss_scale(),
         "skipped_steps": trainer.skipped_steps(),
         "optimizer_updates": trainer.runner.applied_steps(),  # updates the weights received
-        "shard": config.shard,
-        "state_bytes_per_device": trainer.runner.state_bytes_per_device(),
-        "peak_device_bytes": trainer.runner.peak_device_bytes(),  # GPUs; None elsewhere
+        **state_fields(trainer.runner, config.shard),
         "data": {"source": data.source, "kind": data.kind, "description": data.description,
                  "input_shape": list(data.input_shape), "num_classes": data.num_classes,
                  "class_names": list(data.class_names) if data.class_names else None},

@@ -169,13 +169,14 @@ def _member(arrays: dict, key: str):
 def run(config: TrainConfig, console, model, *, compiled: bool, clock) -> dict[str, Any]:
     """Train ``model`` as compiled on ``config``'s data; print and return the summary."""
     import mirrorfit
-    from mirrorfit.fitting.loop import fit
+    from mirrorfit.fitting.loop import fit, runner_of
+    from mirrorfit.job.finish import state_fields
 
     data = splits(config)
     train, val, test = data["train"], data.get("val"), data.get("test")
     console.print(describe(config, model, compiled))
     clock.lap("data")
-    callbacks = user_callbacks(config.callbacks)
+    callbacks = [state_shown(console), *user_callbacks(config.callbacks)]
     if not config.allow_nan:
         callbacks = [stop_on_nan(config.progress), *callbacks]
     kwargs = {}
@@ -196,7 +197,8 @@ def run(config: TrainConfig, console, model, *, compiled: bool, clock) -> dict[s
     clock.lap("fit")
     summary = {"model": config.model, "backend": config.backend, "global_batch_size":
                global_batch, "epochs": len(history.history.get("loss", [])),
-               "wall_time_s": wall, "history": history.history}
+               "wall_time_s": wall, "history": history.history,
+               **state_fields(runner_of(model), config.shard)}
     if test is not None:
         tx = test if not isinstance(test, tuple) else test[0]
         rest = {} if not isinstance(test, tuple) else {
@@ -220,6 +222,21 @@ def run(config: TrainConfig, console, model, *, compiled: bool, clock) -> dict[s
 
         write_json_atomic(config.metrics_out, summary)
     return summary
+
+
+def state_shown(console):
+    """A callback printing what each device holds once the state is placed (the start
+    screen's ``state:`` line, as mirrorfit's own loop prints it)."""
+    import keras
+
+    from mirrorfit.fitting.loop import runner_of
+    from mirrorfit.job.finish import state_line
+
+    class StateShown(keras.callbacks.Callback):
+        def on_train_begin(self, logs=None):
+            console.print(state_line(runner_of(self.model)))
+
+    return StateShown()
 
 
 def stop_on_nan(progress: bool):

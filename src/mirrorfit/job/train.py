@@ -29,7 +29,7 @@ from mirrorfit.models.schedules import LinearWarmup, learning_rate
 from mirrorfit.job.agreement import check_agreement, data_summary, must_match
 from mirrorfit.job.divergence import DivergenceGuard
 from mirrorfit.job.data import check_model_fits, data_errors, data_flags, load_run_data
-from mirrorfit.job.finish import finish
+from mirrorfit.job.finish import finish, state_line
 
 _OPTIMIZERS = {"sgd": "SGD", "adam": "Adam", "adamw": "AdamW", "rmsprop": "RMSprop"}
 
@@ -201,8 +201,7 @@ def _train(config: TrainConfig, console: Console, guard: PreemptionGuard,
     else:
         hooks_extra = []
     check_model_fits(trainer.model, data, config)
-    console.print(f"state: {trainer.runner.describe_sharding()}; "
-                  f"{_megabytes(trainer.runner.state_bytes_per_device())} per device")
+    console.print(state_line(trainer.runner))
     batches = data.train
     hooks, checkpointer = [], None
     if config.checkpoint_dir:
@@ -306,10 +305,6 @@ def _settings(config: TrainConfig) -> dict[str, Any]:
             "--base-batch": config.base_batch if linear else None,
             "--warmup-epochs": config.warmup_epochs, "--precision": config.precision,
             "--backend": config.backend}
-
-
-def _megabytes(n: int) -> str:
-    return f"{n / 2**20:,.1f} MiB"
 
 
 def _describe_lr(lr) -> str:

@@ -3,8 +3,8 @@ sharding_driver.py REPLICAS OUT``. On REPLICAS logical CPU devices (TensorFlow b
 trains the same model under ``--shard`` none, optimizer and all, with SGD and with Adam over
 2 micro-batches, through mirrorfit's loop and through ``mirrorfit.fit`` (a compiled model);
 saves each run's weights to OUT/NAME.npz and prints one JSON line: each run's
-``state_bytes_per_device``, and for a wide MLP under each mode its bytes and the collectives
-of its compiled step."""
+``state_bytes_per_device``, and for a wide MLP under each mode its bytes, the collectives
+of its compiled step and the step's scratch memory (over 1 and 2 micro-batches)."""
 
 import json
 import os
@@ -77,22 +77,30 @@ for mode in MODES:
     report["runs"][f"fit-{mode}"] = history.history["loss"][-1]
 
     if replicas == 4:  # the wide MLP's state per device and the collectives of its step
-        trainer = mirrorfit.Trainer(strategy=placement, model=wide,
-                                    optimizer=keras.optimizers.Adam(1e-3),
-                                    loss=keras.losses.SparseCategoricalCrossentropy(
-                                        from_logits=True), global_batch=32, accum_steps=2)
-        runner = trainer.runner
-        split = NamedSharding(placement.mesh, P(None, "data"))
-        xs = jax.device_put(np.zeros((3, 32, 512), np.float32), split)
-        ys = jax.device_put(np.zeros((3, 32), np.int32), split)
-        text = runner._steps.train.lower(runner._state, xs, ys, np.int32(3)).compile().as_text()
-        reduces = re.findall(r"= (\(.*?\)|\S+) all-reduce(?:-start)?\(", text)
-        report["wide"][mode] = {
-            "bytes": runner.state_bytes_per_device(),
-            "weights": sum(w.nbytes for w in runner.model.get_weights()),
-            "optimizer": sum(np.asarray(v.value).nbytes for v in runner.optimizer.variables),
-            "all_reduce_shapes": reduces,
-            "reduce_scatters": len(re.findall(r" reduce-scatter\(", text)),
-            "all_gathers": len(re.findall(r" all-gather(?:-start)?\(", text))}
+        for accum in (2, 1):
+            trainer = mirrorfit.Trainer(strategy=placement, model=wide,
+                                        optimizer=keras.optimizers.Adam(1e-3),
+                                        loss=keras.losses.SparseCategoricalCrossentropy(
+                                            from_logits=True), global_batch=32,
+                                        accum_steps=accum)
+            runner = trainer.runner
+            split = NamedSharding(placement.mesh, P(None, "data"))
+            xs = jax.device_put(np.zeros((3, 32, 512), np.float32), split)
+            ys = jax.device_put(np.zeros((3, 32), np.int32), split)
+            compiled = runner._steps.train.lower(runner._state, xs, ys, np.int32(3)).compile()
+            text = compiled.as_text()
+            report["wide"][f"{mode}-k{accum}"] = {  # XLA's scratch memory per device
+                "temp": compiled.memory_analysis().temp_size_in_bytes,
+                "all_gathers": len(re.findall(r" all-gather(?:-start)?\(", text))}
+            if accum == 1:
+                continue
+            reduces = re.findall(r"= (\(.*?\)|\S+) all-reduce(?:-start)?\(", text)
+            report["wide"][mode] = {
+                "bytes": runner.state_bytes_per_device(),
+                "weights": sum(w.nbytes for w in runner.model.get_weights()),
+                "optimizer": sum(np.asarray(v.value).nbytes for v in runner.optimizer.variables),
+                "all_reduce_shapes": reduces,
+                "reduce_scatters": len(re.findall(r" reduce-scatter\(", text)),
+                "all_gathers": len(re.findall(r" all-gather(?:-start)?\(", text))}
 report["tensorflow"] = sys.modules.get("tensorflow") is not None
 print(json.dumps(report))

@@ -87,11 +87,27 @@ def test_the_split_step_reduce_scatters_and_gathers_and_all_reduces_no_gradient(
     assert max(_elements(wide["none"]["all_reduce_shapes"][0])) == 512 * 512
     assert wide["none"]["reduce_scatters"] == wide["none"]["all_gathers"] == 0
     for mode in ("optimizer", "all"):
-        # the 9 kernels: one reduce-scatter and one all-gather each per step; only the biases
-        # (512 or 16 values) are all-reduced
-        assert wide[mode]["reduce_scatters"] == 9 and wide[mode]["all_gathers"] == 9
+        # the 9 kernels: one reduce-scatter each per step, and one all-gather (optimizer: of
+        # the updated slices) or two (all: in the forward pass and again in the backward);
+        # only the biases (512 or 16 values) are all-reduced
+        assert wide[mode]["reduce_scatters"] == 9
+        assert wide[mode]["all_gathers"] == {"optimizer": 9, "all": 18}[mode]
         sizes = [n for shape in wide[mode]["all_reduce_shapes"] for n in _elements(shape)]
         assert sizes and max(sizes) <= 512, wide[mode]["all_reduce_shapes"]
+
+
+@pytest.mark.slow
+def test_all_gathers_the_weights_layer_by_layer(driven):
+    """Under ``all`` a step's scratch memory holds about one layer's whole weights, not the
+    model's: 8 x Dense(512) on 4 devices, each kernel 1 MiB whole."""
+    wide = driven[4][0]["wide"]
+    weights, kernel = wide["none"]["weights"], 512 * 512 * 4
+    assert weights > 8 * kernel
+    # one micro-batch: nor is a gradient kept whole past its reduce-scatter (gathering all
+    # the weights at the step's start held 8 MiB here)
+    assert wide["all-k1"]["temp"] <= 2.5 * kernel, wide["all-k1"]
+    # two: the gradients are summed whole, to be reduce-scattered once per step (17 MiB)
+    assert wide["all-k2"]["temp"] <= weights + 2.5 * kernel, wide["all-k2"]
 
 
 TRAIN = ["--backend", "jax", "--train-examples", "2048", "--optimizer", "adam", "--lr", "0.001",

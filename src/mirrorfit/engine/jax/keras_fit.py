@@ -19,8 +19,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from mirrorfit.engine.jax import layer_gather
 from mirrorfit.engine.jax.placement import AXIS
-from mirrorfit.engine.jax.sharding import build_layout
+from mirrorfit.engine.jax.sharding import (build_layout, describe_unsplit, peak_device_bytes,
+                                           state_bytes_per_device)
 from mirrorfit.engine.jax.step import _has_convolution, _Train, stacked
 from mirrorfit.errors import FitError
 from mirrorfit.fitting import metrics as fit_metrics
@@ -103,6 +105,21 @@ class Runner:
             else [NamedSharding(self.mesh, s) for s in layout.optimizer_specs()]}
 
     # -- state -------------------------------------------------------------------------------
+    def state_bytes_per_device(self) -> int:
+        """Bytes of weights, statistics and optimizer state the fullest device holds."""
+        s = self.state
+        return state_bytes_per_device([*s.trainable, *s.non_trainable, *s.optimizer])
+
+    def peak_device_bytes(self) -> int | None:
+        """The devices' peak memory in use so far, where the platform reports it (GPUs)."""
+        return peak_device_bytes(self.mesh.local_devices)
+
+    def describe_sharding(self) -> str:
+        """One line: what of the state is split over the devices."""
+        if self.layout is None:
+            return describe_unsplit(self.placement.shard, self.replicas)
+        return self.layout.describe()
+
     def load(self) -> None:
         """The Keras variables' values as the devices' state, metrics reset (at an epoch's
         start, after its callbacks)."""
@@ -179,14 +196,17 @@ class Runner:
                                  block, np.int32(batches))
         self.state = self.state._replace(metrics=metrics)
 
-    def _loss(self, trainable, non_trainable, metrics, optimizer, batch, training: bool):
+    def _loss(self, trainable, non_trainable, metrics, optimizer, batch, training: bool,
+              stored=None):
+        """``stored``: the split weights under --shard all, gathered layer by layer."""
         model, layout = self.model, self.layout
         before = metrics
-        loss, (unscaled, y_pred, non_trainable, metrics) = model.compute_loss_and_updates(
-            trainable, non_trainable, metrics, batch["x"], batch.get("y"),
-            fit_metrics.loss_weights(batch, masked=self._masked), training=training,
-            optimizer_variables=None if not training else optimizer if layout is None
-            else layout.whole_stand_ins(optimizer))  # fp16's loss scale, replicated
+        with layer_gather.weights(layout, trainable, stored) as values:
+            loss, (unscaled, y_pred, non_trainable, metrics) = model.compute_loss_and_updates(
+                values, non_trainable, metrics, batch["x"], batch.get("y"),
+                fit_metrics.loss_weights(batch, masked=self._masked), training=training,
+                optimizer_variables=None if not training else optimizer if layout is None
+                else layout.whole_stand_ins(optimizer))  # fp16's loss scale, replicated
         metrics = list(metrics)
         for i in self._output_losses:
             metrics[i] = fit_metrics.reweighted(before[i], metrics[i], batch["scale"])
@@ -207,14 +227,15 @@ class Runner:
         k, layout = self.accum_steps, self.layout
         stored, non_trainable, optimizer, metrics = state
         kept_sharded = layout is not None and layout.mode == "all"
-        trainable = layout.gathered(stored) if kept_sharded else stored
+        trainable = layout.step_weights(stored) if kept_sharded else stored
         micro = jax.tree.map(lambda a: a.reshape((k, -1) + a.shape[1:]), batch)
         grad = jax.value_and_grad(self._loss, has_aux=True)
         total = [jnp.zeros_like(t) for t in trainable]
         for j in range(k):  # unrolled: K is small, and XLA's CPU convolutions stay fast
             part = jax.tree.map(lambda a, j=j: a[j], micro)
             (_, (unscaled, y_pred, non_trainable, metrics)), g = grad(
-                trainable, non_trainable, metrics, optimizer, part, True)
+                trainable, non_trainable, metrics, optimizer, part, True,
+                stored if kept_sharded else None)
             metrics = self._update_metrics(metrics, part, y_pred, unscaled)
             total = [t + d for t, d in zip(total, g)]
         if layout is None:

@@ -4,8 +4,8 @@ mesh, along which axis, and the collectives of a sharded step.
 - ``none``: every device holds the whole state (replicated data parallel).
 - ``optimizer`` (ZeRO-1/2): the gradients are reduce-scattered; each device updates its slice
   of the weights with its slice of the optimizer state; the weights are all-gathered after.
-- ``all`` (ZeRO-3/FSDP): the weights are stored sharded too, all-gathered at the start of each
-  optimizer step and dropped after it.
+- ``all`` (ZeRO-3/FSDP): the weights are stored sharded too, and each layer all-gathers its own
+  where it runs, forward and backward (engine/jax/layer_gather.py).
 
 The rule (:func:`shard_axis`): a parameter of at least :data:`MIN_ELEMENTS` values is split
 along its first axis whose length the device count divides; smaller ones, ones no axis of
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 from mirrorfit.engine.backends import SHARD_MODES, check_settings
@@ -71,6 +71,8 @@ class Layout:
     trainable: tuple
     optimizer: tuple
     local_optimizer: object
+    variables: tuple = field(default=(), compare=False, repr=False)  # the model's trainable
+    gathered_layers: int = 0  # under ``all``: layers gathering their own weights
 
     @property
     def sharded(self) -> bool:
@@ -91,11 +93,23 @@ class Layout:
         n = sum(a is not None for a in self.trainable)
         what = {"optimizer": "the optimizer state (ZeRO-1)",
                 "all": "the weights and the optimizer state (FSDP)"}[self.mode]
+        n_layers = self.gathered_layers
+        gathered = "" if self.mode != "all" else (
+            f"; gathered layer by layer in {n_layers} layer{'s' * (n_layers != 1)}" if n_layers
+            else "; gathered whole for each step (no layer gathers its own)")
         return (f"{what} split over {self.replicas} devices: {n} of {len(self.trainable)} "
                 f"parameters (those of {MIN_ELEMENTS}+ values, with an axis that divides, "
-                "without a constraint)")
+                f"without a constraint){gathered}")
 
     # -- inside the step (per device, in a shard_map over AXIS) ---------------------------------
+    def step_weights(self, stored: list) -> list:
+        """What a step takes the gradient for: under ``all``, zeros of each split weight's
+        whole shape (engine/jax/layer_gather.py gathers the weights layer by layer); else the
+        whole weights ``stored``."""
+        from mirrorfit.engine.jax.layer_gather import probes
+
+        return probes(stored, self.trainable, self.replicas) if self.mode == "all" else stored
+
     def gathered(self, values: list) -> list:
         """Each device's slices as the whole arrays (all-gathers)."""
         import jax
@@ -190,10 +204,15 @@ def build_layout(mode: str, model, optimizer, replicas: int) -> Layout | None:
         raise ConfigError(f"--shard: optimizer {type(optimizer).__name__} made "
                           f"{len(local.variables)} variables for the slices and "
                           f"{len(optimizer.variables)} for the whole; use --shard none")
+    gathered = 0
+    if mode == "all":
+        from mirrorfit.engine.jax.layer_gather import prepare
+
+        gathered = prepare(model, variables, axes)
     return Layout(mode=mode, replicas=replicas, trainable=axes,
                   optimizer=tuple(_split_axis(whole.shape, part.shape, replicas)
                                   for whole, part in zip(optimizer.variables, local.variables)),
-                  local_optimizer=local)
+                  local_optimizer=local, variables=tuple(variables), gathered_layers=gathered)
 
 
 def _split_axis(whole, part, replicas: int) -> int | None:

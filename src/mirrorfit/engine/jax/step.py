@@ -38,6 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
+from mirrorfit.engine.jax import layer_gather
 from mirrorfit.engine.jax.placement import AXIS
 
 
@@ -107,9 +108,11 @@ def build_steps(*, model, optimizer, loss, train_metrics: Metrics, eval_metrics:
             else loss(y, y_pred.astype(jnp.float32))
         return values.astype(jnp.float32)
 
-    def forward(trainable, non_trainable, metrics, optimizer_vars, x, y):
-        y_pred, non_trainable, losses = model.stateless_call(
-            trainable, non_trainable, x, training=True, return_losses=True)
+    def forward(trainable, non_trainable, metrics, optimizer_vars, x, y, stored=None):
+        # stored: the split weights under --shard all, gathered layer by layer
+        with layer_gather.weights(layout, trainable, stored) as values:
+            y_pred, non_trainable, losses = model.stateless_call(
+                values, non_trainable, x, training=True, return_losses=True)
         per_example = per_example_loss(y, y_pred)
         value = jnp.sum(per_example) / global_batch
         if losses:  # regularisers: once per optimizer step over all replicas
@@ -136,15 +139,16 @@ def build_steps(*, model, optimizer, loss, train_metrics: Metrics, eval_metrics:
 
         def one_step(i, carry):
             stored, non_trainable, optimizer_vars, metrics = carry
-            trainable = layout.gathered(stored) if stored_sharded else stored
+            trainable = layout.step_weights(stored) if stored_sharded else stored
             x, y = as_float(xs[i % held]), ys[i % held]
             xk = x.reshape((accum_steps, -1) + x.shape[1:])
             yk = y.reshape((accum_steps, -1) + y.shape[1:])
 
             def micro(j, acc):
                 total, non_trainable, metrics = acc
-                (_, (non_trainable, metrics)), g = grad(trainable, non_trainable, metrics,
-                                                        optimizer_vars, xk[j], yk[j])
+                (_, (non_trainable, metrics)), g = grad(
+                    trainable, non_trainable, metrics, optimizer_vars, xk[j], yk[j],
+                    stored if stored_sharded else None)
                 return [t + d for t, d in zip(total, g)], non_trainable, metrics
 
             zeros = [jnp.zeros_like(t) for t in trainable]

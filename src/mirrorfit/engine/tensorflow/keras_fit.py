@@ -81,6 +81,21 @@ class Runner:
     def load(self) -> None:
         check_model(self.model, self.strategy)
 
+    def state_bytes_per_device(self) -> int:
+        from mirrorfit.engine.tensorflow.runner import whole_state_bytes
+
+        return whole_state_bytes(self.model, self.model.optimizer)
+
+    def peak_device_bytes(self) -> int | None:
+        from mirrorfit.engine.tensorflow.runner import gpu_peak_bytes
+
+        return gpu_peak_bytes()
+
+    def describe_sharding(self) -> str:
+        from mirrorfit.engine.tensorflow.runner import REPLICATED
+
+        return REPLICATED
+
     def reload(self) -> None:
         """Nothing: the Keras variables are the state."""
 

@@ -37,6 +37,28 @@ def as_distribution(strategy: tf.distribute.Strategy | Distribution) -> Distribu
                         local_replicas=n)
 
 
+REPLICATED = "replicated (the TensorFlow engine keeps the whole state on every device)"
+
+
+def whole_state_bytes(model, optimizer) -> int:
+    """Bytes of weights, statistics and optimizer state a device holds: all of them (the
+    state is whole on every replica)."""
+    return sum(math.prod(v.shape) * tf.as_dtype(v.dtype).size
+               for v in [*model.variables, *optimizer.variables])
+
+
+def gpu_peak_bytes() -> int | None:
+    """The GPUs' largest peak memory in use so far; None on CPUs."""
+    peaks = []
+    for device in tf.config.list_logical_devices("GPU"):  # "/device:GPU:0"
+        try:
+            peaks.append(tf.config.experimental.get_memory_info(
+                device.name.split("device:")[-1])["peak"])
+        except (ValueError, tf.errors.OpError):  # a GPU that keeps no statistics
+            pass
+    return max(peaks) if peaks else None
+
+
 class Runner(BatchShape):
     """Model, optimizer, step and compiled loops for one :class:`Distribution`.
 
@@ -212,24 +234,13 @@ class Runner(BatchShape):
         return self._loops.tracing_count()
 
     def state_bytes_per_device(self) -> int:
-        """Bytes of weights, statistics and optimizer state a device holds: all of them (the
-        state is whole on every replica)."""
-        return sum(math.prod(v.shape) * tf.as_dtype(v.dtype).size
-                   for v in [*self.model.variables, *self.optimizer.variables])
+        return whole_state_bytes(self.model, self.optimizer)
 
     def peak_device_bytes(self) -> int | None:
-        """The GPUs' largest peak memory in use so far; None on CPUs."""
-        peaks = []
-        for device in tf.config.list_logical_devices("GPU"):  # "/device:GPU:0"
-            try:
-                peaks.append(tf.config.experimental.get_memory_info(
-                    device.name.split("device:")[-1])["peak"])
-            except (ValueError, tf.errors.OpError):  # a GPU that keeps no statistics
-                pass
-        return max(peaks) if peaks else None
+        return gpu_peak_bytes()
 
     def describe_sharding(self) -> str:
-        return "replicated (the TensorFlow engine keeps the whole state on every device)"
+        return REPLICATED
 
     def _check_xla(self, element_spec) -> None:
         """Compile one replica's forward/backward with XLA now; fall back, loudly, if it fails."""

@@ -1,0 +1,191 @@
+"""Layer-by-layer gathering under ``--shard all``: a split weight is all-gathered where its
+layer runs, in the forward pass and again in the backward pass, so that a device holds about
+one layer's whole weights at a time, not the model's (the FSDP schedule).
+
+How the step uses it (engine/jax/step.py, keras_fit.py):
+- The gradient is taken with respect to *probes*: zeros of each split weight's whole shape.
+  The model's variables are mapped to ``gather(shard) + probe`` (:func:`mapped`), so the
+  gradients come out whole and are reduce-scattered once per optimizer step, as before.
+- Inside :func:`gathering`, each layer that :func:`prepare` wrapped runs as one
+  ``jax.custom_vjp`` function. It ignores the mapped value and gathers its weights from the
+  shards itself; its backward rule gathers them again rather than keeping them. The up-front
+  gathers then feed nothing and XLA drops them. A weight read outside its layer (tied into
+  another layer) reads the mapped value: correct, only not freed.
+- Each gather is made to depend on the layer's input (forward) or output gradient
+  (backward) through a zero XLA cannot fold (:func:`_zero_after`). Without it XLA hoists
+  every forward gather to the program's start and merges each backward gather with its
+  forward twin: XLA's CPU compiler removes JAX's optimization barriers before it merges.
+
+A layer is wrapped when a model calls it (not another layer: an RNN's cell would gather once
+per time step), it is one of Keras's own, holds split weights, and has no sublayers and no
+non-trainable state (its call writes nothing, the rule of models/remat.py). The weights of
+other layers (a user's own, BatchNormalization, MultiHeadAttention with its dropout) are
+read from the mapped values: gathered whole for the step, as before.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from mirrorfit.engine.jax.placement import AXIS
+
+# The shards of the trace being built: {id(variable): (shard, axis)}; None outside a step.
+_SHARDS: contextvars.ContextVar[dict | None] = contextvars.ContextVar("mirrorfit_shards",
+                                                                      default=None)
+
+
+def prepare(model, variables, axes) -> int:
+    """Wrap the ``call`` of each qualifying layer of ``model`` that holds one of
+    ``variables`` split along ``axes`` (None: replicated). Returns how many layers."""
+    split = {id(v) for v, a in zip(variables, axes) if a is not None}
+    count = 0
+    for layer in _called_by_models(model):
+        if _qualifies(layer) and any(id(v) in split for v in layer.trainable_variables):
+            if not getattr(layer.call, "_mirrorfit_gathers", False):
+                layer.call = _gathered_call(layer, layer.call)
+            count += 1
+    return count
+
+
+def _called_by_models(model):
+    """The layers a model (``model`` or a model nested in it) calls itself. Not the layers
+    inside other layers: an RNN's cell runs once per time step, and would gather as often."""
+    import keras
+
+    for layer in model._flatten_layers(include_self=False, recursive=False):
+        if isinstance(layer, keras.Model):
+            yield from _called_by_models(layer)
+        else:
+            yield layer
+
+
+def _qualifies(layer) -> bool:
+    has_sublayers = any(True for _ in layer._flatten_layers(include_self=False,
+                                                            recursive=False))
+    return (type(layer).__module__.startswith("keras.") and not has_sublayers
+            and not layer.non_trainable_variables)
+
+
+def mapped(shards, probes, axes) -> list:
+    """What the model's trainable variables are mapped to: split ones ``gather(shard) +
+    probe`` (the gradient flows to the probe), replicated ones ``probe`` itself (their
+    value)."""
+    return [p if a is None else _gather(jax.lax.stop_gradient(s), a) + p
+            for s, p, a in zip(shards, probes, axes)]
+
+
+def probes(shards, axes, replicas: int) -> list:
+    """Zeros of each split variable's whole shape; the replicated values as they are."""
+    return [s if a is None else jnp.zeros(
+                (*s.shape[:a], s.shape[a] * replicas, *s.shape[a + 1:]), s.dtype)
+            for s, a in zip(shards, axes)]
+
+
+@contextlib.contextmanager
+def gathering(variables, shards, axes):
+    """Within: wrapped layers gather ``variables``' split values from ``shards``."""
+    token = _SHARDS.set({id(v): (s, a) for v, s, a in zip(variables, shards, axes)
+                         if a is not None})
+    try:
+        yield
+    finally:
+        _SHARDS.reset(token)
+
+
+@contextlib.contextmanager
+def weights(layout, weights, shards):
+    """The values to map the model's trainable variables to in a step's forward pass, with
+    the wrapped layers gathering inside. ``shards`` None (weights stored whole): ``weights``
+    as they are; else ``weights`` are :func:`probes`."""
+    if shards is None:
+        yield weights
+        return
+    with gathering(layout.variables, shards, layout.trainable):
+        yield mapped(shards, weights, layout.trainable)
+
+
+def _gather(shard, axis: int):
+    return jax.lax.all_gather(shard, AXIS, axis=axis, tiled=True)
+
+
+def _zero_after(anchor):
+    """An unsigned zero computed from one element of ``anchor`` (any array), which XLA does
+    not fold: what follows it cannot run before ``anchor`` exists. Exact for every value,
+    NaN and infinities included."""
+    first = jnp.ravel(jax.tree.leaves(anchor)[0])[:1]
+    if jnp.issubdtype(first.dtype, jnp.floating):
+        bits = jax.lax.bitcast_convert_type(
+            first, {2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint64}[first.dtype.itemsize])
+    else:
+        bits = first
+    bits = bits.astype(jnp.uint32)
+    return jax.lax.shift_right_logical(jax.lax.shift_right_logical(bits, jnp.uint32(16)),
+                                       jnp.uint32(16))[0]
+
+
+def _gather_after(shard, axis: int, anchor):
+    return _gather(shard - _zero_after(anchor).astype(shard.dtype), axis)
+
+
+def _gathered_call(layer, call):
+    """``layer.call`` that gathers its split weights itself, forward and backward (see the
+    module's docstring); outside a step, or given array keyword arguments, ``call`` as is."""
+    from keras.src.backend import StatelessScope, get_autocast_scope, get_stateless_scope
+
+    @functools.wraps(call)
+    def gathers(*args, **kwargs):
+        shards, scope = _SHARDS.get(), get_stateless_scope()
+        variables = list(layer.trainable_variables)
+        if (shards is None or scope is None or not args
+                or any(isinstance(v, jax.Array) for v in jax.tree.leaves(kwargs))):
+            return call(*args, **kwargs)
+        values = [scope.get_current_value(v) for v in variables]
+        if any(v is None for v in values):
+            return call(*args, **kwargs)
+        split = [shards.get(id(v)) for v in variables]
+        autocast = get_autocast_scope()
+
+        def run(weights, inputs):
+            with StatelessScope(state_mapping=list(zip(variables, weights))):
+                if autocast is None:
+                    return call(*inputs, **kwargs)
+                with type(autocast)(autocast.dtype):
+                    return call(*inputs, **kwargs)
+
+        def whole(weights, anchor):
+            return [w if s is None else _gather_after(s[0], s[1], anchor)
+                    for w, s in zip(weights, split)]
+
+        @jax.custom_vjp
+        def apply(weights, inputs):
+            return run(whole(weights, inputs), inputs)
+
+        def forward(weights, inputs):
+            # the split weights are not kept for the backward pass: it gathers them again
+            kept = [w if s is None else None for w, s in zip(weights, split)]
+            return apply(weights, inputs), (kept, inputs)
+
+        def backward(saved, cotangent):
+            kept, inputs = saved
+            full = whole(kept, cotangent)
+            floats = [jnp.issubdtype(jnp.asarray(x).dtype, jnp.inexact)
+                      for x in jax.tree.leaves(inputs)]
+            _, vjp = jax.vjp(lambda w, i: run(w, i), full, inputs)
+            weight_grads, input_grads = vjp(cotangent)
+            leaves, tree = jax.tree.flatten(input_grads)
+            leaves = [g if f else None for g, f in zip(leaves, floats)]
+            return weight_grads, jax.tree.unflatten(tree, leaves)
+
+        apply.defvjp(forward, backward)
+        return apply(values, args)
+
+    gathers._mirrorfit_gathers = True  # applied once, however often it is asked
+    return gathers
+
+
+__all__ = ["prepare", "mapped", "probes", "gathering"]
