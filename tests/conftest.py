@@ -112,14 +112,16 @@ def assert_same_weights(a: list, b: list, *, rtol: float, atol: float) -> None:
         np.testing.assert_allclose(wa, wb, rtol=rtol, atol=atol, equal_nan=False, strict=True)
 
 
-def run_cli(*args: str, timeout: float = 600,
-            without_tensorflow: bool = False) -> subprocess.CompletedProcess:
+def run_cli(*args: str, timeout: float = 600, without_tensorflow: bool = False,
+            without: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
     """Run ``mirrorfit ARGS`` as a user would (new process, real console script entry).
 
     ``without_tensorflow``: in a process where importing TensorFlow fails, so that an error
-    that still comes back as mirrorfit's one line was found before TensorFlow loads."""
-    entry = (["-c", "import sys; sys.modules['tensorflow'] = None; from mirrorfit.cli import "
-              "main; sys.exit(main(sys.argv[1:]))"] if without_tensorflow else
+    that still comes back as mirrorfit's one line was found before TensorFlow loads.
+    ``without``: the same for these top-level modules (an install without an extra)."""
+    blocked = [*(["tensorflow"] if without_tensorflow else []), *without]
+    entry = (["-c", f"import sys; sys.modules.update(dict.fromkeys({blocked!r})); from "
+              "mirrorfit.cli import main; sys.exit(main(sys.argv[1:]))"] if blocked else
              ["-m", "mirrorfit.cli"])
     return subprocess.run([sys.executable, *entry, *args], capture_output=True,
                           text=True, timeout=timeout, env=_env(), cwd=ROOT)

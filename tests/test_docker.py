@@ -28,7 +28,8 @@ def test_dockerfiles_install_the_package_and_run_a_valid_command(name):
     steps = _instructions(name)
     kinds = [k for k, _ in steps]
     assert kinds[0] == "FROM" and "ENTRYPOINT" in kinds and "CMD" in kinds
-    assert any(k == "RUN" and "pip install ." in v for k, v in steps)
+    # the extra with TensorFlow (training, export) and the server: the image serves too
+    assert any(k == "RUN" and 'pip install ".[serve]"' in v for k, v in steps)
     assert any(k == "COPY" and v.split()[0] == "pyproject.toml" for k, v in steps)
     entry = _json_list(dict(steps)["ENTRYPOINT"])
     cmd = _json_list(dict(steps)["CMD"])

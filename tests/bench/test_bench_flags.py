@@ -140,7 +140,8 @@ def test_bench_rows_of_tensorflow_without_it_are_one_line_before_anything_runs(t
                    without_tensorflow=True, timeout=120)
     assert proc.returncode == 2 and proc.stderr.strip() == (
         "mirrorfit: error: bench --backend tensorflow needs TensorFlow, which is not "
-        "installed: pip install tensorflow==2.21.0, or bench --backend jax alone"), proc.stderr
+        "installed: pip install 'mirrorfit[tensorflow]', or bench --backend jax alone"), \
+        proc.stderr
     assert not (tmp_path / "out").exists()
 
 

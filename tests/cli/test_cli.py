@@ -209,8 +209,8 @@ def test_evaluate_checks_metrics_out_before_scoring(tmp_path, where, needle):
 def test_readme_first_command_needs_no_local_path():
     """The set-up line works on any machine: the data is found or downloaded (tests/data)."""
     setup = [line.strip() for line in (ROOT / "README.md").read_text().splitlines()
-             if "pip install -e . &&" in line]
-    assert setup == ["python3 -m venv .venv && .venv/bin/pip install -e . && "
+             if "pip install -e '.[tensorflow]' &&" in line]
+    assert setup == ["python3 -m venv .venv && .venv/bin/pip install -e '.[tensorflow]' && "
                      ".venv/bin/mirrorfit train"]
 
 

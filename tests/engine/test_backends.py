@@ -108,8 +108,10 @@ def test_commands_that_need_tensorflow_say_so_in_one_line_on_a_jax_only_machine(
         proc = run_cli(*args, without_tensorflow=True, timeout=120)
         lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
         assert proc.returncode == 2 and len(lines) == 1, (args[0], proc.stderr[-3000:])
-        assert lines[0].startswith(f"mirrorfit: error: {who}") and \
-            "needs TensorFlow: pip install tensorflow==2.21.0" in lines[0], lines[0]
+        said = ("needs tensorflow, not installed: pip install 'mirrorfit[serve]'"
+                if who == "mirrorfit serve" else
+                "needs TensorFlow: pip install 'mirrorfit[tensorflow]'")  # the extras
+        assert lines[0].startswith(f"mirrorfit: error: {who}") and said in lines[0], lines[0]
     assert not (tmp_path / "m").exists()
 
 
@@ -148,7 +150,7 @@ def test_without_tensorflow_train_says_what_to_install_in_one_line(flags, monkey
     proc = run_cli("train", *flags, "--epochs", "1", without_tensorflow=True)
     assert proc.returncode == 2 and proc.stderr.strip() == (
         "mirrorfit: error: --backend tensorflow (the default, unless $KERAS_BACKEND says jax) "
-        "needs TensorFlow: pip install tensorflow==2.21.0, or train with --backend jax"), \
+        "needs TensorFlow: pip install 'mirrorfit[tensorflow]', or train with --backend jax"), \
         proc.stderr[-3000:]
 
 

@@ -66,17 +66,30 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     grid.points()
     if "tensorflow" in grid.backends and not backends.installed("tensorflow"):
         raise MirrorfitError("bench --backend tensorflow needs TensorFlow, which is not "
-                             "installed: pip install tensorflow==2.21.0, or bench --backend "
-                             "jax alone")
+                             f"installed: {backends.install_hint('tensorflow')}, or bench "
+                             "--backend jax alone")
+    if not backends.installed("matplotlib"):  # the plot, written after every point has run
+        raise MirrorfitError("mirrorfit bench draws its plot with matplotlib, which is not "
+                             f"installed: {backends.install_hint('bench')}")
     backends.prepare(grid.backends[0], verbose=args.verbose)  # what this process loads
     run_bench(grid, out_dir=args.out, tolerance=args.tolerance,
               show_recommendation=args.recommend)
     return 0
 
 
+# what mirrorfit serve imports beside TensorFlow: (the package's name, its module)
+_SERVE_PACKAGES = (("tensorflow", "tensorflow"), ("tensorflow-serving-api", "tensorflow_serving"),
+                   ("grpcio", "grpc"), ("starlette", "starlette"), ("uvicorn", "uvicorn"),
+                   ("prometheus-client", "prometheus_client"))
+
+
 def _cmd_serve(args: argparse.Namespace) -> int:
     from mirrorfit.serving.settings import ServeConfig, model_configs
 
+    missing = [name for name, module in _SERVE_PACKAGES if not backends.installed(module)]
+    if missing:
+        raise MirrorfitError(f"mirrorfit serve needs {', '.join(missing)}, not installed: "
+                             f"{backends.install_hint('serve')}")
     values = {k: v for k, v in vars(args).items()
               if k not in ("command", "verbose") and not k.startswith("_ignored")}
     config = ServeConfig(**values)  # checked: before TensorFlow loads, a bad flag fails at once

@@ -17,7 +17,7 @@ import importlib
 from mirrorfit.data.arrays import Options
 from mirrorfit.data.opened import Data
 from mirrorfit.data.spec import kind_of
-from mirrorfit.engine.backends import tensorflow_start_filtered
+from mirrorfit.engine.backends import install_hint, tensorflow_start_filtered
 from mirrorfit.errors import DataError
 
 
@@ -45,7 +45,7 @@ def load_data(spec: str = "mnist", *, global_batch: int, seed: int = 42, workers
         if (e.name or "").split(".")[0] != "tensorflow":
             raise
         raise DataError(f"--data {spec}: {kind.name} sources are decoded by tf.data, which "
-                        "needs TensorFlow: pip install tensorflow==2.21.0, or give the data "
+                        f"needs TensorFlow: {install_hint('tensorflow')}, or give the data "
                         "as a .npz file or a package.module:function returning arrays") from None
     data = module.open_train(o)
     check_one_batch(spec, global_batch, data.train_examples)

@@ -69,6 +69,12 @@ def installed(framework: str) -> bool:
         return False
 
 
+def install_hint(extra: str) -> str:
+    """The command that adds ``extra``, one of pyproject.toml's optional dependencies
+    (tensorflow, jax, serve, bench), to an install of mirrorfit."""
+    return f"pip install 'mirrorfit[{extra}]'"
+
+
 def split_batch(global_batch: int, replicas: int, accum_steps: int = 1) -> int:
     """Examples per replica per micro-batch for ``global_batch`` examples per optimizer step over
     ``replicas`` replicas and ``accum_steps`` micro-batches; ConfigError naming a multiple that
@@ -157,6 +163,18 @@ def import_framework(backend: str) -> None:
     ``TF_CPP_MIN_LOG_LEVEL`` (see :func:`_startup_lines_filtered`)."""
     if backend == "tensorflow":
         import_tensorflow("--backend tensorflow (the default, unless $KERAS_BACKEND says jax)")
+    elif backend == "jax":
+        try:  # before Keras, which imports it on its own import and would fail there
+            import jax  # noqa: F401
+        except ImportError as e:
+            if (e.name or "").split(".")[0] in ("jax", "jaxlib"):
+                raise ConfigError(_jax_missing()) from None
+            raise
+
+
+def _jax_missing() -> str:
+    return (f"--backend jax needs JAX: {install_hint('jax')} (on NVIDIA GPUs then "
+            "jax[cuda12] of the same version)")
 
 
 def import_tensorflow(needed_by: str | None = None) -> None:
@@ -176,8 +194,8 @@ def import_tensorflow(needed_by: str | None = None) -> None:
             if needed_by is None:
                 return
             jax = ", or train with --backend jax" if needed_by.startswith("--") else ""
-            raise ConfigError(f"{needed_by} needs TensorFlow: pip install "
-                              f"tensorflow==2.21.0{jax}") from None
+            raise ConfigError(f"{needed_by} needs TensorFlow: "
+                              f"{install_hint('tensorflow')}{jax}") from None
         except Exception as e:  # e.g. protobuf's "Descriptors cannot be created directly"
             raise ConfigError(_broken(e, needed_by)) from None
 
@@ -243,14 +261,14 @@ def load(backend: str) -> ModuleType:
         return module
     except ImportError as e:
         if backend == "jax" and (e.name or "").split(".")[0] in ("jax", "jaxlib"):
-            raise ConfigError("--backend jax needs JAX: pip install -e '.[jax]' (or "
-                              "pip install 'jax[cpu]'; 'jax[cuda12]' on NVIDIA GPUs)") from None
+            raise ConfigError(_jax_missing()) from None
         if backend == "tensorflow" and (e.name or "").split(".")[0] == "tensorflow":
-            raise ConfigError("--backend tensorflow needs TensorFlow: pip install "
-                              "tensorflow==2.21.0, or train with --backend jax") from None
+            raise ConfigError("--backend tensorflow needs TensorFlow: "
+                              f"{install_hint('tensorflow')}, or train with --backend jax"
+                              ) from None
         raise
 
 
-__all__ = ["BACKENDS", "ENGINES", "DEFAULT", "resolve", "installed", "split_batch",
+__all__ = ["BACKENDS", "ENGINES", "DEFAULT", "resolve", "installed", "install_hint", "split_batch",
            "check_settings", "SHARD_MODES", "prepare", "import_framework", "import_tensorflow",
            "tensorflow_start_filtered", "load"]
