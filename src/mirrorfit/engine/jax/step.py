@@ -93,155 +93,199 @@ class Steps:
     traces: list  # one entry per trace of ``train``: stays [1] while running
 
 
-def build_steps(*, model, optimizer, loss, train_metrics: Metrics, eval_metrics: Metrics,
-                mesh, global_batch: int, accum_steps: int, loss_scaling: bool,
-                layout=None) -> Steps:
-    """The train and eval calls for ``model`` on ``mesh``. ``global_batch``: examples per
-    optimizer step over all replicas and micro-batches (the loss's divisor). ``layout``: the
+@dataclass(frozen=True)
+class Spec:
+    """What the compiled calls of one run are built from. ``global_batch``: examples per
+    optimizer step over all replicas and micro-batches (the loss's divisor); ``layout``: the
     state's split over the mesh (:mod:`mirrorfit.engine.jax.sharding`; None: replicated)."""
-    replicas = mesh.size
+
+    model: object
+    optimizer: object
+    loss: object
+    train_metrics: Metrics
+    eval_metrics: Metrics
+    mesh: object
+    global_batch: int
+    accum_steps: int
+    loss_scaling: bool
+    layout: object = None
+
+    @property
+    def replicas(self) -> int:
+        return self.mesh.size
+
+    @property
+    def stored_sharded(self) -> bool:
+        """Whether the weights are kept split between steps (``--shard all``)."""
+        return self.layout is not None and self.layout.mode == "all"
+
+    @property
+    def psum(self) -> Callable:
+        # The step's one all-reduce: one psum of all the gradients (XLA emits one
+        # all-reduce of a tuple). Not of one flattened buffer on one process: on XLA's CPU
+        # client that made each step ~300x slower here (2.7 s for the MLP's 50 steps,
+        # against 8 ms). Across processes the tuple's arrays go to gloo one by one, ~4 ms
+        # each for workers bound to a core (measured: 33 ms a step for the CNN's 8, 4.3 ms
+        # for the same numbers in one buffer): there, one buffer.
+        if len({d.process_index for d in self.mesh.devices.flat}) > 1:
+            return _psum_flat
+        return functools.partial(jax.lax.psum, axis_name=AXIS)
+
+
+def per_example_loss(spec: Spec, y, y_pred):
+    """The loss of each example, in float32."""
+    loss = spec.loss
+    values = loss.call(y, y_pred.astype(jnp.float32)) if hasattr(loss, "call") \
+        else loss(y, y_pred.astype(jnp.float32))
+    return values.astype(jnp.float32)
+
+
+def compute_loss_and_updates(spec: Spec, trainable, non_trainable, metrics, optimizer_vars,
+                             x, y, stored=None):
+    """One micro-batch's loss on this device, summed and divided by the global batch (plus
+    regularisers, once per optimizer step), and the updated statistics and metrics.
+    ``stored``: the split weights under ``--shard all`` (gathered layer by layer)."""
+    with layer_gather.weights(spec.layout, trainable, stored) as values:
+        y_pred, non_trainable, losses = spec.model.stateless_call(
+            values, non_trainable, x, training=True, return_losses=True)
+    per_example = per_example_loss(spec, y, y_pred)
+    value = jnp.sum(per_example) / spec.global_batch
+    if losses:  # regularisers: once per optimizer step over all replicas
+        value = value + sum(losses) / (spec.replicas * spec.accum_steps)
+    metrics = spec.train_metrics.update(metrics, per_example, y, y_pred)
+    if spec.loss_scaling:
+        from keras.src.backend import StatelessScope
+
+        applies = spec.optimizer if spec.layout is None else spec.layout.local_optimizer
+        with StatelessScope(state_mapping=list(zip(applies.variables, optimizer_vars))):
+            value = applies.scale_loss(value)
+    return value, (non_trainable, metrics)
+
+
+def gradients(spec: Spec, trainable, non_trainable, metrics, optimizer_vars, x, y, stored,
+              *, unrolled: bool):
+    """This device's gradients summed over its K micro-batches of ``x``, ``y`` (in a loop,
+    or ``unrolled``), with the statistics and metrics they updated."""
+    k = spec.accum_steps
+    grad = jax.value_and_grad(functools.partial(compute_loss_and_updates, spec), has_aux=True)
+    xk = x.reshape((k, -1) + x.shape[1:])
+    yk = y.reshape((k, -1) + y.shape[1:])
+
+    def micro(j, acc):
+        total, non_trainable, metrics = acc
+        (_, (non_trainable, metrics)), g = grad(trainable, non_trainable, metrics,
+                                                optimizer_vars, xk[j], yk[j], stored)
+        return [t + d for t, d in zip(total, g)], non_trainable, metrics
+
+    acc = ([jnp.zeros_like(t) for t in trainable], non_trainable, metrics)
+    if k == 1 or unrolled:
+        for j in range(k):
+            acc = micro(j, acc)
+        return acc
+    return jax.lax.fori_loop(0, k, micro, acc)
+
+
+def apply_gradients(spec: Spec, grads, trainable, stored, optimizer_vars):
+    """The optimizer step with this device's summed gradients: one all-reduce, or (sharded)
+    a reduce-scatter and each device's update of its slices. Returns what the state stores:
+    ``(weights, optimizer variables)``."""
+    layout = spec.layout
+    if layout is None:
+        return spec.optimizer.stateless_apply(optimizer_vars, spec.psum(grads), trainable)
+    grads = layout.reduced(grads, spec.psum)
+    if spec.loss_scaling:
+        grads = layout.all_finite(grads)
+    mine = stored if spec.stored_sharded else layout.local(trainable)
+    mine, optimizer_vars = layout.local_optimizer.stateless_apply(optimizer_vars, grads, mine)
+    return (mine if spec.stored_sharded else layout.gathered(mine)), optimizer_vars
+
+
+def train_step(spec: Spec, carry, x, y, *, unrolled: bool = False):
+    """One optimizer step on this device's share of a global batch: ``carry`` is
+    ``(weights as stored, statistics, optimizer variables, metrics)``."""
+    stored, non_trainable, optimizer_vars, metrics = carry
+    trainable = spec.layout.step_weights(stored) if spec.stored_sharded else stored
+    grads, non_trainable, metrics = gradients(
+        spec, trainable, non_trainable, metrics, optimizer_vars, as_float(x), y,
+        stored if spec.stored_sharded else None, unrolled=unrolled)
+    stored, optimizer_vars = apply_gradients(spec, grads, trainable, stored, optimizer_vars)
+    return stored, non_trainable, optimizer_vars, metrics
+
+
+def train_steps(spec: Spec, state: State, xs, ys, num_steps, *, one_by_one: bool = False):
+    """Per device: ``num_steps`` steps over the batches ``xs[i % L]`` in a loop; with
+    ``one_by_one``, the one step ``num_steps`` (its index in the block), unrolled."""
+    carry = (state.trainable, [a[0] for a in state.non_trainable], state.optimizer,
+             [a[0] for a in state.metrics])
+    held = xs.shape[0]
+
+    def step(i, carry):
+        return train_step(spec, carry, xs[i % held], ys[i % held], unrolled=one_by_one)
+
+    carry = step(num_steps, carry) if one_by_one else jax.lax.fori_loop(0, num_steps, step,
+                                                                         carry)
+    trainable, non_trainable, optimizer_vars, metrics = carry
+    return State(trainable, [a[None] for a in non_trainable], optimizer_vars,
+                 [a[None] for a in metrics])
+
+
+def eval_steps(spec: Spec, trainable, non_trainable, metrics, xs, ys, weights, num_batches):
+    """Per device: the eval metrics over ``num_batches`` batches, padding weighted 0."""
+    metrics = [a[0] for a in metrics]
+
+    def one_batch(i, metrics):
+        y_pred, _ = spec.model.stateless_call(trainable, non_trainable, as_float(xs[i]),
+                                              training=False)
+        per_example = per_example_loss(spec, ys[i], y_pred)
+        return spec.eval_metrics.update(metrics, per_example, ys[i], y_pred, weights[i])
+
+    metrics = jax.lax.fori_loop(0, num_batches, one_batch, metrics)
+    return [a[None] for a in metrics]
+
+
+def build_steps(**settings) -> Steps:
+    """The compiled train and eval calls of a run (``settings``: :class:`Spec`'s fields)."""
+    spec = Spec(**settings)
     traces: list[int] = []
-    across_processes = len({d.process_index for d in mesh.devices.flat}) > 1
-
-    def per_example_loss(y, y_pred):
-        values = loss.call(y, y_pred.astype(jnp.float32)) if hasattr(loss, "call") \
-            else loss(y, y_pred.astype(jnp.float32))
-        return values.astype(jnp.float32)
-
-    def forward(trainable, non_trainable, metrics, optimizer_vars, x, y, stored=None):
-        # stored: the split weights under --shard all, gathered layer by layer
-        with layer_gather.weights(layout, trainable, stored) as values:
-            y_pred, non_trainable, losses = model.stateless_call(
-                values, non_trainable, x, training=True, return_losses=True)
-        per_example = per_example_loss(y, y_pred)
-        value = jnp.sum(per_example) / global_batch
-        if losses:  # regularisers: once per optimizer step over all replicas
-            value = value + sum(losses) / (replicas * accum_steps)
-        metrics = train_metrics.update(metrics, per_example, y, y_pred)
-        if loss_scaling:
-            from keras.src.backend import StatelessScope
-
-            applies = optimizer if layout is None else layout.local_optimizer
-            with StatelessScope(state_mapping=list(zip(applies.variables, optimizer_vars))):
-                value = applies.scale_loss(value)
-        return value, (non_trainable, metrics)
-
-    grad = jax.value_and_grad(forward, has_aux=True)
-
-    def train_per_device(state: State, xs, ys, num_steps, *, one_by_one: bool = False):
-        """``num_steps`` steps in a loop; ``one_by_one``: the one step ``num_steps`` (its
-        index in the block), its micro-batches unrolled: no loop at all."""
-        trainable, optimizer_vars = state.trainable, state.optimizer
-        non_trainable = [a[0] for a in state.non_trainable]
-        metrics = [a[0] for a in state.metrics]
-        held = xs.shape[0]
-        stored_sharded = layout is not None and layout.mode == "all"
-
-        def one_step(i, carry):
-            stored, non_trainable, optimizer_vars, metrics = carry
-            trainable = layout.step_weights(stored) if stored_sharded else stored
-            x, y = as_float(xs[i % held]), ys[i % held]
-            xk = x.reshape((accum_steps, -1) + x.shape[1:])
-            yk = y.reshape((accum_steps, -1) + y.shape[1:])
-
-            def micro(j, acc):
-                total, non_trainable, metrics = acc
-                (_, (non_trainable, metrics)), g = grad(
-                    trainable, non_trainable, metrics, optimizer_vars, xk[j], yk[j],
-                    stored if stored_sharded else None)
-                return [t + d for t, d in zip(total, g)], non_trainable, metrics
-
-            zeros = [jnp.zeros_like(t) for t in trainable]
-            if accum_steps == 1:
-                grads, non_trainable, metrics = micro(0, (zeros, non_trainable, metrics))
-            elif one_by_one:
-                acc = (zeros, non_trainable, metrics)
-                for j in range(accum_steps):
-                    acc = micro(j, acc)
-                grads, non_trainable, metrics = acc
-            else:
-                grads, non_trainable, metrics = jax.lax.fori_loop(
-                    0, accum_steps, micro, (zeros, non_trainable, metrics))
-            # The step's one all-reduce: one psum of all the gradients (XLA emits one
-            # all-reduce of a tuple). Not of one flattened buffer on one process: on XLA's
-            # CPU client that made each step ~300x slower here (2.7 s for the MLP's 50 steps,
-            # against 8 ms). Across processes the tuple's arrays go to gloo one by one, ~4 ms
-            # each for workers bound to a core (measured: 33 ms a step for the CNN's 8, 4.3 ms
-            # for the same numbers in one buffer): there, one buffer.
-            psum = _psum_flat if across_processes else functools.partial(jax.lax.psum,
-                                                                         axis_name=AXIS)
-            if layout is None:
-                trainable, optimizer_vars = optimizer.stateless_apply(optimizer_vars,
-                                                                      psum(grads), trainable)
-                return trainable, non_trainable, optimizer_vars, metrics
-            # Sharded: each device updates its slices with its slices of the gradients.
-            grads = layout.reduced(grads, psum)
-            if loss_scaling:
-                grads = layout.all_finite(grads)
-            mine = stored if stored_sharded else layout.local(trainable)
-            mine, optimizer_vars = layout.local_optimizer.stateless_apply(optimizer_vars,
-                                                                          grads, mine)
-            return (mine if stored_sharded else layout.gathered(mine), non_trainable,
-                    optimizer_vars, metrics)
-
-        carry = (trainable, non_trainable, optimizer_vars, metrics)
-        if one_by_one:
-            carry = one_step(num_steps, carry)
-        else:
-            carry = jax.lax.fori_loop(0, num_steps, one_step, carry)
-        trainable, non_trainable, optimizer_vars, metrics = carry
-        return State(trainable, [a[None] for a in non_trainable], optimizer_vars,
-                     [a[None] for a in metrics])
+    specs = State(P(), P(AXIS), P(), P(AXIS))
+    if spec.layout is not None:
+        specs = State(spec.layout.trainable_specs(), P(AXIS), spec.layout.optimizer_specs(),
+                      P(AXIS))
 
     def over_mesh(per_device):
-        specs = State(P(), P(AXIS), P(), P(AXIS))
-        if layout is not None:
-            specs = State(layout.trainable_specs(), P(AXIS), layout.optimizer_specs(), P(AXIS))
-        return jax.shard_map(per_device, mesh=mesh,
+        return jax.shard_map(per_device, mesh=spec.mesh,
                              in_specs=(specs, P(None, AXIS), P(None, AXIS), P()),
                              out_specs=specs, check_vma=False)  # see the module's docstring
 
     def train(state, xs, ys, num_steps):
         traces.append(1)  # runs while tracing only
-        return over_mesh(train_per_device)(state, xs, ys, num_steps)
+        return over_mesh(functools.partial(train_steps, spec))(state, xs, ys, num_steps)
 
     def train_one(state, xs, ys, at):
         traces.append(1)
-        return over_mesh(functools.partial(train_per_device, one_by_one=True))(
+        return over_mesh(functools.partial(train_steps, spec, one_by_one=True))(
             state, xs, ys, at)
 
-    def eval_per_device(trainable, non_trainable, metrics, xs, ys, weights, num_batches):
-        metrics = [a[0] for a in metrics]
-
-        def one_batch(i, metrics):
-            y_pred, _ = model.stateless_call(trainable, non_trainable, as_float(xs[i]),
-                                             training=False)
-            per_example = per_example_loss(ys[i], y_pred)
-            return eval_metrics.update(metrics, per_example, ys[i], y_pred, weights[i])
-
-        metrics = jax.lax.fori_loop(0, num_batches, one_batch, metrics)
-        return [a[None] for a in metrics]
-
-    def evaluate(trainable, non_trainable, metrics, xs, ys, weights, num_batches):
-        return jax.shard_map(
-            eval_per_device, mesh=mesh,
-            in_specs=(P(), P(), P(AXIS), P(None, AXIS), P(None, AXIS), P(None, AXIS), P()),
-            out_specs=P(AXIS), check_vma=False)(trainable, non_trainable, metrics, xs, ys,
-                                                weights, num_batches)
-
+    evaluate = jax.shard_map(
+        functools.partial(eval_steps, spec), mesh=spec.mesh,
+        in_specs=(P(), P(), P(AXIS), P(None, AXIS), P(None, AXIS), P(None, AXIS), P()),
+        out_specs=P(AXIS), check_vma=False)
     one_by_one = None
-    if mesh.devices.flat[0].platform == "cpu":
-        def convolves(state, xs) -> bool:
-            x = jax.ShapeDtypeStruct((max(1, xs.shape[1] // replicas), *xs.shape[2:]),
-                                     jnp.float32)
-            shapes = [[jax.ShapeDtypeStruct(a.shape[skip:], a.dtype) for a in group]
-                      for group, skip in ((state.trainable, 0), (state.non_trainable, 1))]
-            return _has_convolution(jax.make_jaxpr(
-                lambda t, n, x: model.stateless_call(t, n, x, training=True)[0])(*shapes, x))
-        one_by_one = convolves
+    if spec.mesh.devices.flat[0].platform == "cpu":
+        one_by_one = functools.partial(_convolves, spec)
     return Steps(train=_Train(jax.jit(train, donate_argnums=(0,)),
                               jax.jit(train_one, donate_argnums=(0,)), one_by_one),
                  evaluate=jax.jit(evaluate, donate_argnums=(2,)), traces=traces)
+
+
+def _convolves(spec: Spec, state, xs) -> bool:
+    """Whether the model's forward pass holds a convolution (see :class:`_Train`)."""
+    x = jax.ShapeDtypeStruct((max(1, xs.shape[1] // spec.replicas), *xs.shape[2:]),
+                             jnp.float32)
+    shapes = [[jax.ShapeDtypeStruct(a.shape[skip:], a.dtype) for a in group]
+              for group, skip in ((state.trainable, 0), (state.non_trainable, 1))]
+    return _has_convolution(jax.make_jaxpr(
+        lambda t, n, x: spec.model.stateless_call(t, n, x, training=True)[0])(*shapes, x))
 
 
 class _Train:
@@ -324,4 +368,6 @@ def stacked(values: Sequence, replicas: int) -> list:
     return [np.broadcast_to(np.asarray(v), (replicas, *np.shape(v))).copy() for v in values]
 
 
-__all__ = ["State", "Metrics", "Steps", "build_steps", "stacked", "as_float"]
+__all__ = ["State", "Metrics", "Steps", "Spec", "build_steps", "compute_loss_and_updates",
+           "gradients", "apply_gradients", "train_step", "train_steps", "eval_steps",
+           "stacked", "as_float"]
