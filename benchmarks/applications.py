@@ -55,10 +55,18 @@ def main() -> None:
     a = p.parse_args()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     batch = a.global_batch_size
-    base = Point(kind="mirrorfit", model=a.model, global_batch=batch,
-                 train_examples=a.steps * batch, epochs=a.epochs, data="synthetic",
-                 input_shape=a.input_shape, num_classes=a.num_classes, precision=a.precision,
-                 steps_per_execution=a.steps)
+    base = Point(
+        kind="mirrorfit",
+        model=a.model,
+        global_batch=batch,
+        train_examples=a.steps * batch,
+        epochs=a.epochs,
+        data="synthetic",
+        input_shape=a.input_shape,
+        num_classes=a.num_classes,
+        precision=a.precision,
+        steps_per_execution=a.steps,
+    )
     shape = "x".join(map(str, a.input_shape))
     started = time.perf_counter()
     if a.probe:
@@ -67,8 +75,10 @@ def main() -> None:
         if "error" in result:
             sys.exit(f"probe failed: {result['error']}")
         step_s = batch / result["examples_per_sec"]
-        print(f"{a.model} {shape}, batch {batch}, {a.precision}: {step_s:.2f} s per step "
-              f"(mirrorfit x1); probe took {time.perf_counter() - started:.0f} s")
+        print(
+            f"{a.model} {shape}, batch {batch}, {a.precision}: {step_s:.2f} s per step "
+            f"(mirrorfit x1); probe took {time.perf_counter() - started:.0f} s"
+        )
         return
 
     flops = _train_flops(a.model, a.input_shape, a.num_classes)
@@ -76,9 +86,11 @@ def main() -> None:
     if "error" in peak:
         sys.exit(f"measuring the matmul peak failed: {peak['error']}")
     peak_flops = peak[COMPUTE_DTYPES[a.precision]]
-    sides = {"keras fit x1": Point(**{**base.__dict__, "kind": "textbook", "replicas": 1}),
-             "mirrorfit x1": Point(**{**base.__dict__, "replicas": 1}),
-             "mirrorfit x2": Point(**{**base.__dict__, "replicas": 2})}
+    sides = {
+        "keras fit x1": Point(**{**base.__dict__, "kind": "textbook", "replicas": 1}),
+        "mirrorfit x1": Point(**{**base.__dict__, "replicas": 1}),
+        "mirrorfit x2": Point(**{**base.__dict__, "replicas": 2}),
+    }
     runs: dict[str, list[float]] = {name: [] for name in sides}
     names = list(sides)
     for rep in range(a.repeats):
@@ -88,26 +100,40 @@ def main() -> None:
             if "error" in result:
                 sys.exit(f"{name} failed: {result['error']}")
             runs[name].append(result["examples_per_sec"])
-            print(f"  {name:13} run {rep + 1}: {result['examples_per_sec']:8.2f} examples/s "
-                  f"({time.perf_counter() - t0:.0f} s with start-up and compile)", flush=True)
-    print(f"\n{a.model} at {shape}, {a.num_classes} classes, synthetic data; global batch {batch}, "
-          f"{a.precision}, SGD; {a.steps} steps per epoch, {a.epochs} epochs (epoch 1 not "
-          f"timed); {a.repeats} runs per side (median [min-max]); "
-          f"{os.cpu_count()} cores, logical CPU devices share them")
-    print(f"  training FLOPs per example: {flops / 1e9:.2f} GFLOP (3 x forward); matmul peak "
-          f"{peak_flops / 1e9:.1f} GFLOP/s ({COMPUTE_DTYPES[a.precision]}, measured now)")
+            print(
+                f"  {name:13} run {rep + 1}: {result['examples_per_sec']:8.2f} examples/s "
+                f"({time.perf_counter() - t0:.0f} s with start-up and compile)",
+                flush=True,
+            )
+    print(
+        f"\n{a.model} at {shape}, {a.num_classes} classes, synthetic data; global batch {batch}, "
+        f"{a.precision}, SGD; {a.steps} steps per epoch, {a.epochs} epochs (epoch 1 not "
+        f"timed); {a.repeats} runs per side (median [min-max]); "
+        f"{os.cpu_count()} cores, logical CPU devices share them"
+    )
+    print(
+        f"  training FLOPs per example: {flops / 1e9:.2f} GFLOP (3 x forward); matmul peak "
+        f"{peak_flops / 1e9:.1f} GFLOP/s ({COMPUTE_DTYPES[a.precision]}, measured now)"
+    )
     med = {}
     for name, rates in runs.items():
         med[name] = statistics.median(rates)
         mfu = flops * med[name] / peak_flops
-        print(f"  {name:13}: {med[name]:8.2f} examples/s [{min(rates):.2f}-{max(rates):.2f}]  "
-              f"step {1e3 * batch / med[name]:8.0f} ms  MFU {mfu:.1%}")
-    for top, bottom, target in (("mirrorfit x2", "mirrorfit x1", 0.97),
-                                ("mirrorfit x2", "keras fit x1", 1.0),
-                                ("mirrorfit x1", "keras fit x1", None)):
+        print(
+            f"  {name:13}: {med[name]:8.2f} examples/s [{min(rates):.2f}-{max(rates):.2f}]  "
+            f"step {1e3 * batch / med[name]:8.0f} ms  MFU {mfu:.1%}"
+        )
+    for top, bottom, target in (
+        ("mirrorfit x2", "mirrorfit x1", 0.97),
+        ("mirrorfit x2", "keras fit x1", 1.0),
+        ("mirrorfit x1", "keras fit x1", None),
+    ):
         ratio = med[top] / med[bottom]
-        goal = "" if target is None else f"  (target >= {target:.2f}x: " \
-            f"{'met' if ratio >= target else 'NOT met'})"
+        goal = (
+            ""
+            if target is None
+            else f"  (target >= {target:.2f}x: {'met' if ratio >= target else 'NOT met'})"
+        )
         print(f"  ratio {top} / {bottom}: {ratio:.3f}x{goal}")
     print(f"  benchmark wall time: {time.perf_counter() - started:.0f} s", flush=True)
 
@@ -119,8 +145,9 @@ def _train_flops(model: str, input_shape: tuple[int, ...], num_classes: int) -> 
     from mirrorfit.bench.flops import train_flops_per_example
     from mirrorfit.models.build import model_factory
 
-    flops = train_flops_per_example(model_factory(model, input_shape=input_shape,
-                                                  num_classes=num_classes)())
+    flops = train_flops_per_example(
+        model_factory(model, input_shape=input_shape, num_classes=num_classes)()
+    )
     keras.backend.clear_session()  # free the model: the runs need the memory
     return flops
 

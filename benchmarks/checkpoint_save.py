@@ -44,13 +44,17 @@ def _side(setup, mode: str, a, batches, folder: str):
     from mirrorfit.engine.jax.placement import build_placement
 
     trainer = mirrorfit.Trainer(
-        strategy=build_placement(setup, shard=mode), model=wide_mlp(a.width),
-        optimizer=keras.optimizers.Adam(1e-4), global_batch=a.batch,
+        strategy=build_placement(setup, shard=mode),
+        model=wide_mlp(a.width),
+        optimizer=keras.optimizers.Adam(1e-4),
+        global_batch=a.batch,
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        steps_per_execution=a.steps_per_execution)
+        steps_per_execution=a.steps_per_execution,
+    )
     trainer.fit(batches, epochs=1)  # compiles
-    checkpointer = Checkpointer(os.path.join(folder, mode), trainer=trainer,
-                                model_spec="wide", keep=2, data=batches.order)
+    checkpointer = Checkpointer(
+        os.path.join(folder, mode), trainer=trainer, model_spec="wide", keep=2, data=batches.order
+    )
     checkpointer.save()  # Orbax's first save sets itself up
     checkpointer.wait()
 
@@ -101,7 +105,7 @@ def main() -> None:
         own: dict[str, list[float]] = {m: [] for m in SIDES}
         cost: dict[str, list[float]] = {m: [] for m in SIDES}
         for rep in range(a.repeats):
-            for mode in SIDES[rep % 3:] + SIDES[:rep % 3]:
+            for mode in SIDES[rep % 3 :] + SIDES[: rep % 3]:
                 plain, saving, _ = sides[mode]
                 start = time.perf_counter()
                 plain()
@@ -115,18 +119,22 @@ def main() -> None:
     base_blocked = statistics.median(blocked["none"])
     base_cost = statistics.median(cost["none"])
     state = sides["none"][2]
-    print(f"MLP 8 x Dense({a.width}), Adam: {state / 2**20:.0f} MiB of state in all; "
-          f"{a.replicas} devices ({setup.handles[0].platform}), a save every "
-          f"{a.steps_per_execution} steps of {a.batch}, median of {a.repeats} epochs of "
-          f"{a.executions} saves:")
+    print(
+        f"MLP 8 x Dense({a.width}), Adam: {state / 2**20:.0f} MiB of state in all; "
+        f"{a.replicas} devices ({setup.handles[0].platform}), a save every "
+        f"{a.steps_per_execution} steps of {a.batch}, median of {a.repeats} epochs of "
+        f"{a.executions} saves:"
+    )
     for mode in SIDES:
         kind = "state.npz, synchronous" if mode == "none" else "Orbax, in the background"
         b, c = statistics.median(blocked[mode]), statistics.median(cost[mode])
         mine = statistics.median(own[mode])
-        print(f"  --shard {mode:>9} ({kind}): blocked {1e3 * b:7.1f} ms per save "
-              f"({b / base_blocked:.3f}x none; own {1e3 * mine:.1f} ms), cost {1e3 * c:7.1f} "
-              f"ms per save ({c / base_cost:.3f}x none), {sides[mode][2] / 2**20:6.1f} MiB "
-              "per device")
+        print(
+            f"  --shard {mode:>9} ({kind}): blocked {1e3 * b:7.1f} ms per save "
+            f"({b / base_blocked:.3f}x none; own {1e3 * mine:.1f} ms), cost {1e3 * c:7.1f} "
+            f"ms per save ({c / base_cost:.3f}x none), {sides[mode][2] / 2**20:6.1f} MiB "
+            "per device"
+        )
 
 
 if __name__ == "__main__":

@@ -35,11 +35,20 @@ from torch import nn
 
 def cnn() -> nn.Module:
     return nn.Sequential(
-        nn.Conv2d(1, 64, 7, padding=3), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(64, 128, 3, padding=1), nn.ReLU(),
-        nn.Conv2d(128, 128, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Flatten(), nn.Linear(128 * 7 * 7, 64), nn.ReLU(), nn.Dropout(0.5),
-        nn.Linear(64, 10))
+        nn.Conv2d(1, 64, 7, padding=3),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(64, 128, 3, padding=1),
+        nn.ReLU(),
+        nn.Conv2d(128, 128, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(128 * 7 * 7, 64),
+        nn.ReLU(),
+        nn.Dropout(0.5),
+        nn.Linear(64, 10),
+    )
 
 
 def main() -> None:
@@ -58,10 +67,14 @@ def main() -> None:
     torch.set_num_interop_threads(1)
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     if world > 1:
-        dist.init_process_group("gloo", init_method="tcp://127.0.0.1:"
-                                f"{os.environ['MASTER_PORT']}", rank=rank, world_size=world)
+        dist.init_process_group(
+            "gloo",
+            init_method=f"tcp://127.0.0.1:{os.environ['MASTER_PORT']}",
+            rank=rank,
+            world_size=world,
+        )
     with np.load(os.path.join(a.data_dir, "mnist.npz")) as f:
-        x, y = f["x_train"][:a.train_examples], f["y_train"][:a.train_examples]
+        x, y = f["x_train"][: a.train_examples], f["y_train"][: a.train_examples]
         x_test, y_test = f["x_test"], f["y_test"]
     torch.manual_seed(a.seed)
     model = cnn()
@@ -76,10 +89,10 @@ def main() -> None:
     trained.train()
     for epoch in range(a.epochs):
         order = np.random.default_rng([a.seed, epoch]).permutation(len(x))
-        rows = order[:steps * a.global_batch_size].reshape(steps, a.global_batch_size)
+        rows = order[: steps * a.global_batch_size].reshape(steps, a.global_batch_size)
         for step in range(steps):
             t0 = time.perf_counter()
-            index = torch.from_numpy(rows[step, rank * share:(rank + 1) * share])
+            index = torch.from_numpy(rows[step, rank * share : (rank + 1) * share])
             optimizer.zero_grad(set_to_none=True)
             loss = loss_fn(trained(pixels[index]), labels[index])
             loss.backward()  # DDP: the all-reduce of the gradients, overlapped with it
@@ -94,14 +107,24 @@ def main() -> None:
         with torch.no_grad():
             right = 0
             for start in range(0, len(x_test), 1000):
-                batch = torch.from_numpy(x_test[start:start + 1000].astype(np.float32) / 255.0)
-                right += int((model(batch.unsqueeze(1)).argmax(1).numpy()
-                              == y_test[start:start + 1000]).sum())
+                batch = torch.from_numpy(x_test[start : start + 1000].astype(np.float32) / 255.0)
+                right += int(
+                    (
+                        model(batch.unsqueeze(1)).argmax(1).numpy() == y_test[start : start + 1000]
+                    ).sum()
+                )
         timed = (done - a.skip) * a.global_batch_size
         with open(a.out, "w") as f:
-            json.dump({"train_examples_per_sec": timed / seconds if seconds else 0.0,
-                       "test_accuracy": right / len(x_test), "steps": done,
-                       "workers": world, "torch": torch.__version__}, f)
+            json.dump(
+                {
+                    "train_examples_per_sec": timed / seconds if seconds else 0.0,
+                    "test_accuracy": right / len(x_test),
+                    "steps": done,
+                    "workers": world,
+                    "torch": torch.__version__,
+                },
+                f,
+            )
     if world > 1:
         dist.destroy_process_group()
 

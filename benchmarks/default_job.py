@@ -72,8 +72,15 @@ def run_side(side: str, compare_src: str | None) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         metrics = Path(tmp) / "m.json"
         if side.startswith("mirrorfit"):
-            cmd = [sys.executable, "-m", "mirrorfit", "train", "--no-progress",
-                   "--metrics-out", str(metrics)]
+            cmd = [
+                sys.executable,
+                "-m",
+                "mirrorfit",
+                "train",
+                "--no-progress",
+                "--metrics-out",
+                str(metrics),
+            ]
             if side == "mirrorfit-jax":
                 cmd += ["--backend", "jax"]
             if side.endswith("@older"):
@@ -83,15 +90,16 @@ def run_side(side: str, compare_src: str | None) -> dict:
         else:
             cmd = [sys.executable, "-c", KERAS_FIT, "notf" if side.endswith("notf") else "tf"]
         start = time.perf_counter()
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT,
-                              timeout=900)
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=900)
         wall = time.perf_counter() - start
         if proc.returncode != 0:
             raise SystemExit(f"{side} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
         if side.startswith("mirrorfit") and metrics.exists():
             summary = json.loads(metrics.read_text())
-            out = {"test_accuracy": summary["test_accuracy"],
-                   "timings_s": summary.get("timings_s", {})}
+            out = {
+                "test_accuracy": summary["test_accuracy"],
+                "timings_s": summary.get("timings_s", {}),
+            }
         elif side.startswith("mirrorfit"):
             line = [ln for ln in proc.stderr.splitlines() if ln.startswith("done:")][-1]
             out = {"test_accuracy": float(line.rsplit("test accuracy ", 1)[1]), "timings_s": {}}
@@ -104,20 +112,26 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--sides", default=",".join(SIDES))
-    parser.add_argument("--compare-src", help="an older checkout's src/ folder: adds a "
-                        "mirrorfit-tf@older side run from it (PYTHONPATH)")
+    parser.add_argument(
+        "--compare-src",
+        help="an older checkout's src/ folder: adds a "
+        "mirrorfit-tf@older side run from it (PYTHONPATH)",
+    )
     args = parser.parse_args()
     sides = [s for s in args.sides.split(",") if s]
     if args.compare_src:
         sides.append("mirrorfit-tf@older")
     runs: dict[str, list[dict]] = {s: [] for s in sides}
     for r in range(args.repeats):
-        order = sides[r % len(sides):] + sides[:r % len(sides)]  # rotate: no side always first
+        order = sides[r % len(sides) :] + sides[: r % len(sides)]  # rotate: no side always first
         for side in order:
             result = run_side(side, args.compare_src)
             runs[side].append(result)
-            print(f"repeat {r + 1} {side}: {result['wall_s']:.2f} s, test accuracy "
-                  f"{result['test_accuracy']:.4f}", flush=True)
+            print(
+                f"repeat {r + 1} {side}: {result['wall_s']:.2f} s, test accuracy "
+                f"{result['test_accuracy']:.4f}",
+                flush=True,
+            )
     print("\nmedians over", args.repeats, "repeats (whole process, seconds):")
     medians = {s: statistics.median(x["wall_s"] for x in v) for s, v in runs.items()}
     for side, results in runs.items():
@@ -125,17 +139,22 @@ def main() -> None:
         phases = sorted({k for x in results for k in x["timings_s"]})
         breakdown = ", ".join(
             f"{k} {statistics.median(x['timings_s'].get(k, 0) for x in results):.2f}"
-            for k in phases)
-        print(f"  {side:18} {medians[side]:6.2f} s [{walls[0]:.2f}-{walls[-1]:.2f}]"
-              f"  accuracy {statistics.median(x['test_accuracy'] for x in results):.4f}"
-              + (f"\n  {'':18} {breakdown}" if breakdown else ""))
+            for k in phases
+        )
+        print(
+            f"  {side:18} {medians[side]:6.2f} s [{walls[0]:.2f}-{walls[-1]:.2f}]"
+            f"  accuracy {statistics.median(x['test_accuracy'] for x in results):.4f}"
+            + (f"\n  {'':18} {breakdown}" if breakdown else "")
+        )
     print("\nspeed against each Keras side (its median time / this side's; > 1: faster):")
     for base in [s for s in sides if s.startswith("keras")]:
         for side in [s for s in sides if s.startswith("mirrorfit")]:
             print(f"  {side} vs {base}: {medians[base] / medians[side]:.2f}x")
     if "mirrorfit-tf" in medians and "mirrorfit-jax" in medians:
-        print(f"  mirrorfit-jax vs mirrorfit-tf: "
-              f"{medians['mirrorfit-tf'] / medians['mirrorfit-jax']:.2f}x")
+        print(
+            f"  mirrorfit-jax vs mirrorfit-tf: "
+            f"{medians['mirrorfit-tf'] / medians['mirrorfit-jax']:.2f}x"
+        )
 
 
 if __name__ == "__main__":

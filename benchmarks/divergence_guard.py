@@ -22,11 +22,30 @@ from pathlib import Path
 
 
 def _run(backend: str, spe: int, epochs: int, guarded: bool, out: Path) -> float:
-    args = [sys.executable, "-m", "mirrorfit", "train", "--backend", backend, "--epochs",
-            str(epochs), "--steps-per-execution", str(spe), "--train-examples", "20000",
-            "--no-progress", "--metrics-out", str(out)] + ([] if guarded else ["--allow-nan"])
-    subprocess.run(args, check=True, capture_output=True, text=True,
-                   env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    args = [
+        sys.executable,
+        "-m",
+        "mirrorfit",
+        "train",
+        "--backend",
+        backend,
+        "--epochs",
+        str(epochs),
+        "--steps-per-execution",
+        str(spe),
+        "--train-examples",
+        "20000",
+        "--no-progress",
+        "--metrics-out",
+        str(out),
+    ] + ([] if guarded else ["--allow-nan"])
+    subprocess.run(
+        args,
+        check=True,
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
+    )
     return json.loads(out.read_text())["train_examples_per_sec"]
 
 
@@ -40,14 +59,17 @@ def main() -> None:
     rates: dict[bool, list[float]] = {True: [], False: []}
     with tempfile.TemporaryDirectory() as tmp:
         for rep in range(a.repeats):
-            for guarded in ((True, False) if rep % 2 == 0 else (False, True)):
-                rates[guarded].append(_run(a.backend, a.spe, a.epochs, guarded,
-                                           Path(tmp) / "m.json"))
+            for guarded in (True, False) if rep % 2 == 0 else (False, True):
+                rates[guarded].append(
+                    _run(a.backend, a.spe, a.epochs, guarded, Path(tmp) / "m.json")
+                )
     on, off = statistics.median(rates[True]), statistics.median(rates[False])
     pairs = [g / u for g, u in zip(rates[True], rates[False])]
-    print(f"{a.backend}, --steps-per-execution {a.spe}: guarded {on:,.0f} examples/s, "
-          f"--allow-nan {off:,.0f} examples/s; guarded/unguarded {on / off:.3f} "
-          f"(median of per-pair ratios {statistics.median(pairs):.3f}, {a.repeats} repeats)")
+    print(
+        f"{a.backend}, --steps-per-execution {a.spe}: guarded {on:,.0f} examples/s, "
+        f"--allow-nan {off:,.0f} examples/s; guarded/unguarded {on / off:.3f} "
+        f"(median of per-pair ratios {statistics.median(pairs):.3f}, {a.repeats} repeats)"
+    )
 
 
 if __name__ == "__main__":

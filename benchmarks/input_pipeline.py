@@ -32,22 +32,48 @@ VARIANTS = {"decoded every step": [], "--cache memory": ["--cache", "memory"]}
 
 
 def run(folder: Path, extra: list[str], a: argparse.Namespace, out: Path) -> dict:
-    cmd = [sys.executable, "-m", "mirrorfit.cli", "train", "--data", str(folder),
-           "--model", a.model, "--epochs", str(a.epochs), "--global-batch-size",
-           str(a.global_batch_size), "--replicas", str(a.replicas), "--optimizer", "adam",
-           "--lr", "0.001", "--validation-split", "0.1", "--profile", "--no-progress",
-           "--metrics-out", str(out), *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "mirrorfit.cli",
+        "train",
+        "--data",
+        str(folder),
+        "--model",
+        a.model,
+        "--epochs",
+        str(a.epochs),
+        "--global-batch-size",
+        str(a.global_batch_size),
+        "--replicas",
+        str(a.replicas),
+        "--optimizer",
+        "adam",
+        "--lr",
+        "0.001",
+        "--validation-split",
+        "0.1",
+        "--profile",
+        "--no-progress",
+        "--metrics-out",
+        str(out),
+        *extra,
+    ]
     start = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True,
-                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    )
     wall = time.perf_counter() - start
     if proc.returncode:
         sys.exit(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
     summary = json.loads(out.read_text())
-    return {"examples_per_sec": summary["train_examples_per_sec"],
-            "input_wait": summary["profile"]["fractions"]["input_wait"],
-            "input_batch_ms": summary["profile"]["input_batch_s"] * 1e3,
-            "val_accuracy": summary["val_accuracy"], "wall_s": wall}
+    return {
+        "examples_per_sec": summary["train_examples_per_sec"],
+        "input_wait": summary["profile"]["fractions"]["input_wait"],
+        "input_batch_ms": summary["profile"]["input_batch_s"] * 1e3,
+        "val_accuracy": summary["val_accuracy"],
+        "wall_s": wall,
+    }
 
 
 def main() -> None:
@@ -64,20 +90,27 @@ def main() -> None:
         x, y = mnist(a.images)
         t0 = time.perf_counter()
         write_png_folder(folder, x, y)
-        print(f"{a.images:,} PNGs written to {folder} in {time.perf_counter() - t0:.1f} s "
-              f"({sum(f.stat().st_size for f in folder.rglob('*.png')) / 2**20:.1f} MiB)",
-              flush=True)
+        print(
+            f"{a.images:,} PNGs written to {folder} in {time.perf_counter() - t0:.1f} s "
+            f"({sum(f.stat().st_size for f in folder.rglob('*.png')) / 2**20:.1f} MiB)",
+            flush=True,
+        )
         runs: dict[str, list[dict]] = {name: [] for name in VARIANTS}
         names = list(VARIANTS)
         for rep in range(a.repeats):
             for name in names if rep % 2 == 0 else names[::-1]:  # alternate the order
                 r = run(folder, VARIANTS[name], a, Path(tmp) / "m.json")
                 runs[name].append(r)
-                print(f"  {name:19} run {rep + 1}: {r['examples_per_sec']:8,.0f} examples/s, "
-                      f"input wait {r['input_wait']:.0%}, wall {r['wall_s']:.1f} s", flush=True)
-    print(f"\n{a.model}, {a.images:,} PNG images (90% train), global batch "
-          f"{a.global_batch_size}, {a.replicas} replica(s), {a.epochs} epochs, "
-          f"{os.cpu_count()} cores; medians of {a.repeats} runs [min-max]")
+                print(
+                    f"  {name:19} run {rep + 1}: {r['examples_per_sec']:8,.0f} examples/s, "
+                    f"input wait {r['input_wait']:.0%}, wall {r['wall_s']:.1f} s",
+                    flush=True,
+                )
+    print(
+        f"\n{a.model}, {a.images:,} PNG images (90% train), global batch "
+        f"{a.global_batch_size}, {a.replicas} replica(s), {a.epochs} epochs, "
+        f"{os.cpu_count()} cores; medians of {a.repeats} runs [min-max]"
+    )
     base = statistics.median(r["examples_per_sec"] for r in runs[names[0]])
     base_wall = statistics.median(r["wall_s"] for r in runs[names[0]])
     for name, results in runs.items():
@@ -87,9 +120,11 @@ def main() -> None:
         wall = statistics.median(r["wall_s"] for r in results)
         batch = statistics.median(r["input_batch_ms"] for r in results)
         acc = statistics.median(r["val_accuracy"] for r in results)
-        print(f"  {name:19}: {med:8,.0f} examples/s [{min(rates):,.0f}-{max(rates):,.0f}] "
-              f"({med / base:.2f}x), input wait {wait:.0%}, pipeline alone {batch:.1f} ms per "
-              f"batch, wall {wall:.1f} s ({wall / base_wall:.2f}x), val accuracy {acc:.4f}")
+        print(
+            f"  {name:19}: {med:8,.0f} examples/s [{min(rates):,.0f}-{max(rates):,.0f}] "
+            f"({med / base:.2f}x), input wait {wait:.0%}, pipeline alone {batch:.1f} ms per "
+            f"batch, wall {wall:.1f} s ({wall / base_wall:.2f}x), val accuracy {acc:.4f}"
+        )
 
 
 if __name__ == "__main__":

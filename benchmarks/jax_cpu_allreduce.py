@@ -30,16 +30,21 @@ import subprocess
 import sys
 import time
 
-SIDES = {"1 device": (1, "psum"), "2, gradients": (2, "psum"),
-         "2, one scalar": (2, "scalar"), "2, none": (2, "none")}
+SIDES = {
+    "1 device": (1, "psum"),
+    "2, gradients": (2, "psum"),
+    "2, one scalar": (2, "scalar"),
+    "2, none": (2, "none"),
+}
 BATCH, STEPS, CALLS = 64, 50, 10
 
 
 def measure(devices: int, collective: str, rounds: int) -> float:
     """Median microseconds per step over ``rounds`` timings of ``CALLS`` calls (run in a fresh
     process: the device count is fixed when JAX starts)."""
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
-                               + f" --xla_force_host_platform_device_count={devices}")
+    os.environ["XLA_FLAGS"] = (
+        os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={devices}"
+    )
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -49,11 +54,13 @@ def measure(devices: int, collective: str, rounds: int) -> float:
     import mirrorfit
 
     data = mirrorfit.load_mnist(download=False)
-    x = data.x_train[:STEPS * BATCH].reshape(STEPS, BATCH, -1)
-    y = data.y_train[:STEPS * BATCH].reshape(STEPS, BATCH).astype(np.int32)
+    x = data.x_train[: STEPS * BATCH].reshape(STEPS, BATCH, -1)
+    y = data.y_train[: STEPS * BATCH].reshape(STEPS, BATCH).astype(np.int32)
     rng = np.random.default_rng(0)
-    params = [jnp.asarray((rng.normal(size=s) * 0.05).astype(np.float32))
-              for s in ((784, 100), (100,), (100, 10), (10,))]
+    params = [
+        jnp.asarray((rng.normal(size=s) * 0.05).astype(np.float32))
+        for s in ((784, 100), (100,), (100, 10), (10,))
+    ]
     mesh = Mesh(np.array(jax.devices()[:devices]), ("data",))
 
     def loss(p, xb, yb):
@@ -63,8 +70,12 @@ def measure(devices: int, collective: str, rounds: int) -> float:
 
     def per_device(p, xs, ys, n):
         def step(i, p):
-            local = [jax.lax.pcast(t, "data", to="varying") if hasattr(jax.lax, "pcast")
-                     else jax.lax.pvary(t, "data") for t in p]
+            local = [
+                jax.lax.pcast(t, "data", to="varying")
+                if hasattr(jax.lax, "pcast")
+                else jax.lax.pvary(t, "data")
+                for t in p
+            ]
             g = jax.grad(loss)(local, xs[i].astype(jnp.float32) / 255.0, ys[i])
             if collective == "psum":
                 g = jax.lax.psum(g, "data")
@@ -72,14 +83,21 @@ def measure(devices: int, collective: str, rounds: int) -> float:
                 z = jax.lax.psum(g[3][0], "data")
                 g = [a + 0 * z for a in g]
             return [a - 0.01 * b for a, b in zip(p, g)]
+
         return jax.lax.fori_loop(0, n, step, p)
 
     # The type check refuses the incorrect sides (their results differ by device); the
     # correct one keeps it.
-    train = jax.jit(jax.shard_map(per_device, mesh=mesh,
-                                  in_specs=(P(), P(None, "data"), P(None, "data"), P()),
-                                  out_specs=P(), check_vma=collective == "psum"),
-                    donate_argnums=0)
+    train = jax.jit(
+        jax.shard_map(
+            per_device,
+            mesh=mesh,
+            in_specs=(P(), P(None, "data"), P(None, "data"), P()),
+            out_specs=P(),
+            check_vma=collective == "psum",
+        ),
+        donate_argnums=0,
+    )
     xs, ys = jnp.asarray(x), jnp.asarray(y)
     params = jax.block_until_ready(train(params, xs, ys, STEPS))  # compile
     times = []
@@ -103,18 +121,24 @@ def main() -> None:
     names = list(SIDES)
     per_side: dict[str, list[float]] = {name: [] for name in names}
     for r in range(args.repeats):
-        order = names[r % len(names):] + names[:r % len(names)]  # rotate the order
+        order = names[r % len(names) :] + names[: r % len(names)]  # rotate the order
         for name in order:
-            out = subprocess.run([sys.executable, __file__, "--side", name], check=True,
-                                 capture_output=True, text=True).stdout
+            out = subprocess.run(
+                [sys.executable, __file__, "--side", name],
+                check=True,
+                capture_output=True,
+                text=True,
+            ).stdout
             per_side[name].append(json.loads(out.strip().splitlines()[-1])["us_per_step"])
             print(f"  {name:14s} {per_side[name][-1]:7.0f} us/step", flush=True)
     one = statistics.median(per_side["1 device"])
     print(f"\nmedians of {args.repeats} processes per side; examples/s against 1 device:")
     for name in names:
         med = statistics.median(per_side[name])
-        print(f"  {name:14s} {med:7.0f} us/step  [{min(per_side[name]):.0f}-"
-              f"{max(per_side[name]):.0f}]  {one / med:.2f}x")
+        print(
+            f"  {name:14s} {med:7.0f} us/step  [{min(per_side[name]):.0f}-"
+            f"{max(per_side[name]):.0f}]  {one / med:.2f}x"
+        )
 
 
 if __name__ == "__main__":

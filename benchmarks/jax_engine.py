@@ -34,21 +34,47 @@ def main() -> None:
     out = Path(args.out or tempfile.mkdtemp(prefix="jax-engine-"))
     results = {}
     for name, grid in (
-            ("cnn", Grid(model="cnn", backends=("jax",), replicas=(2,), precisions=("fp32",),
-                         repeats=args.repeats)),
-            ("mlp", Grid(model="mlp", backends=("jax",), replicas=(1, 2), precisions=("fp32",),
-                         repeats=args.repeats, textbook=False))):
+        (
+            "cnn",
+            Grid(
+                model="cnn",
+                backends=("jax",),
+                replicas=(2,),
+                precisions=("fp32",),
+                repeats=args.repeats,
+            ),
+        ),
+        (
+            "mlp",
+            Grid(
+                model="mlp",
+                backends=("jax",),
+                replicas=(1, 2),
+                precisions=("fp32",),
+                repeats=args.repeats,
+                textbook=False,
+            ),
+        ),
+    ):
         report = run_bench(grid, out_dir=out / name)
         results[name] = {r.label: r for r in report["rows"]}
     cnn = results["cnn"]["jax x2 fp32 spe50"]
     mlp = results["mlp"]["jax x2 fp32 spe50"]
-    print(json.dumps({
-        "cnn_2_devices_vs_keras_fit_data_parallel": cnn.vs_textbook,
-        "cnn_examples_per_sec": cnn.examples_per_sec,
-        "mlp_2_devices_vs_1": mlp.speedup_vs_1,
-        "mlp_examples_per_sec": {"1": results["mlp"]["jax x1 fp32 spe50"].examples_per_sec,
-                                 "2": mlp.examples_per_sec},
-        "notes": {"cnn": cnn.note, "mlp": mlp.note}}, indent=1))
+    print(
+        json.dumps(
+            {
+                "cnn_2_devices_vs_keras_fit_data_parallel": cnn.vs_textbook,
+                "cnn_examples_per_sec": cnn.examples_per_sec,
+                "mlp_2_devices_vs_1": mlp.speedup_vs_1,
+                "mlp_examples_per_sec": {
+                    "1": results["mlp"]["jax x1 fp32 spe50"].examples_per_sec,
+                    "2": mlp.examples_per_sec,
+                },
+                "notes": {"cnn": cnn.note, "mlp": mlp.note},
+            },
+            indent=1,
+        )
+    )
 
 
 if __name__ == "__main__":

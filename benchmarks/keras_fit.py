@@ -67,8 +67,21 @@ def run_side(side: str, backend: str, epochs: int) -> float:
     if side == "train":
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "m.json"
-            _run([sys.executable, "-m", "mirrorfit.cli", "train", "--backend", backend,
-                  "--epochs", str(epochs), "--metrics-out", str(out)], side)
+            _run(
+                [
+                    sys.executable,
+                    "-m",
+                    "mirrorfit.cli",
+                    "train",
+                    "--backend",
+                    backend,
+                    "--epochs",
+                    str(epochs),
+                    "--metrics-out",
+                    str(out),
+                ],
+                side,
+            )
             return json.loads(out.read_text())["train_examples_per_sec"]
     proc = _run([sys.executable, "-c", SIDE, side, backend, str(epochs)], side)
     return json.loads(proc.stdout.strip().splitlines()[-1])["examples_per_sec"]
@@ -77,8 +90,9 @@ def run_side(side: str, backend: str, epochs: int) -> float:
 def _run(cmd: list[str], side: str) -> subprocess.CompletedProcess:
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode:
-        raise SystemExit(f"side {side} failed (exit {proc.returncode}): "
-                         f"{proc.stderr.strip().splitlines()[-1:]}")
+        raise SystemExit(
+            f"side {side} failed (exit {proc.returncode}): {proc.stderr.strip().splitlines()[-1:]}"
+        )
     return proc
 
 
@@ -92,7 +106,7 @@ def main() -> None:
     sides = args.sides.split(",")
     rates: dict[str, list[float]] = {s: [] for s in sides}
     for r in range(args.repeats):
-        order = sides[r % len(sides):] + sides[:r % len(sides)]
+        order = sides[r % len(sides) :] + sides[: r % len(sides)]
         for side in order:
             rates[side].append(run_side(side, args.backend, args.epochs))
             print(f"repeat {r + 1} {side}: {rates[side][-1]:,.0f} examples/s", flush=True)

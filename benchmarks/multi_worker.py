@@ -46,20 +46,38 @@ from mirrorfit.distribute._cpu_binding import available_cores, plan_cpus, starte
 WORKLOADS = {"cnn": (64, 6400, 2, 25), "mlp": (64, 32000, 2, 50)}
 
 
-def _train_argv(model: str, threads: int, out: Path, share: int = 1,
-                backend: str = "tensorflow") -> list[str]:
+def _train_argv(
+    model: str, threads: int, out: Path, share: int = 1, backend: str = "tensorflow"
+) -> list[str]:
     """``mirrorfit train`` on the workload, or on 1/``share`` of its batch and examples."""
     batch, examples, epochs, spe = WORKLOADS[model]
-    return ["mirrorfit", "train", "--backend", backend, "--model", model,
-            "--global-batch-size", str(batch // share),
-            "--train-examples", str(examples // share), "--epochs", str(epochs),
-            "--steps-per-execution", str(spe), "--threads-per-worker", str(threads),
-            "--no-progress", "--metrics-out", str(out)]
+    return [
+        "mirrorfit",
+        "train",
+        "--backend",
+        backend,
+        "--model",
+        model,
+        "--global-batch-size",
+        str(batch // share),
+        "--train-examples",
+        str(examples // share),
+        "--epochs",
+        str(epochs),
+        "--steps-per-execution",
+        str(spe),
+        "--threads-per-worker",
+        str(threads),
+        "--no-progress",
+        "--metrics-out",
+        str(out),
+    ]
 
 
 def _env(data_dir: str) -> dict:
-    return dict(os.environ, MIRRORFIT_DATA=data_dir, TF_CPP_MIN_LOG_LEVEL="3",
-                CUDA_VISIBLE_DEVICES="")
+    return dict(
+        os.environ, MIRRORFIT_DATA=data_dir, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES=""
+    )
 
 
 def _one_core(share_of: int) -> tuple[int, ...] | None:
@@ -71,20 +89,38 @@ def _one_core(share_of: int) -> tuple[int, ...] | None:
     return plan[0] if plan else None
 
 
-def _run(model: str, workers: int, threads: int, data_dir: str, out: Path,
-         backend: str = "tensorflow", share_of: int = 0) -> dict:
+def _run(
+    model: str,
+    workers: int,
+    threads: int,
+    data_dir: str,
+    out: Path,
+    backend: str = "tensorflow",
+    share_of: int = 0,
+) -> dict:
     """One side: ``mirrorfit launch --workers N -- mirrorfit train ...`` or, for one worker,
     ``mirrorfit train ...`` (bound to one worker's cores of ``share_of`` when given); its
     summary (``--metrics-out``)."""
     train = _train_argv(model, threads, out, backend=backend)
     if workers > 1:
-        cmd = [sys.executable, "-m", "mirrorfit", "launch", "--workers", str(workers), "--",
-               *train, "--strategy", "multi-worker"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "mirrorfit",
+            "launch",
+            "--workers",
+            str(workers),
+            "--",
+            *train,
+            "--strategy",
+            "multi-worker",
+        ]
     else:
         cmd = [sys.executable, "-m", "mirrorfit", *train[1:]]
     with started_on(_one_core(share_of) if workers == 1 and share_of else None):
-        proc = subprocess.Popen(cmd, env=_env(data_dir), text=True, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE)
+        proc = subprocess.Popen(
+            cmd, env=_env(data_dir), text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
     try:
         _, err = proc.communicate(timeout=900)
     except BaseException as e:  # a timeout, or Ctrl-C while the side runs
@@ -97,34 +133,58 @@ def _run(model: str, workers: int, threads: int, data_dir: str, out: Path,
             proc.kill()
             _, err = proc.communicate()
         if isinstance(e, subprocess.TimeoutExpired):
-            raise SystemExit(f"{' '.join(cmd)} took over 900 s; stopped:\n{err[-3000:]}"
-                             ) from None
+            raise SystemExit(f"{' '.join(cmd)} took over 900 s; stopped:\n{err[-3000:]}") from None
         raise
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed:\n{err[-3000:]}")
     return json.loads(out.read_text())
 
 
-def _run_torch(model: str, workers: int, threads: int, data_dir: str, out: Path,
-               python: str, share_of: int = 0) -> dict:
+def _run_torch(
+    model: str, workers: int, threads: int, data_dir: str, out: Path, python: str, share_of: int = 0
+) -> dict:
     """PyTorch: ``workers`` ranks of ``benchmarks/ddp_cnn.py`` (DDP on gloo; each on cores of
     its own, as launched workers are, when there are more than one), or one process."""
     batch, examples, epochs, spe = WORKLOADS[model]
-    plan = (plan_cpus(available_cores() or [], workers) if workers > 1
-            else [_one_core(share_of)] if share_of else None) or [None] * workers
+    plan = (
+        plan_cpus(available_cores() or [], workers)
+        if workers > 1
+        else [_one_core(share_of)]
+        if share_of
+        else None
+    ) or [None] * workers
     port = _free_port()
     script = Path(__file__).with_name("ddp_cnn.py")
     procs = []
     try:
         for rank, cpus in enumerate(plan):
-            cmd = [python, str(script), "--data-dir", data_dir, "--out", str(out),
-                   "--global-batch-size", str(batch), "--train-examples", str(examples),
-                   "--epochs", str(epochs), "--skip", str(spe), "--threads", str(threads)]
-            env = dict(_env(data_dir), RANK=str(rank), WORLD_SIZE=str(workers),
-                       MASTER_PORT=str(port))
+            cmd = [
+                python,
+                str(script),
+                "--data-dir",
+                data_dir,
+                "--out",
+                str(out),
+                "--global-batch-size",
+                str(batch),
+                "--train-examples",
+                str(examples),
+                "--epochs",
+                str(epochs),
+                "--skip",
+                str(spe),
+                "--threads",
+                str(threads),
+            ]
+            env = dict(
+                _env(data_dir), RANK=str(rank), WORLD_SIZE=str(workers), MASTER_PORT=str(port)
+            )
             with started_on(cpus):
-                procs.append(subprocess.Popen(cmd, env=env, text=True,
-                                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
+                procs.append(
+                    subprocess.Popen(
+                        cmd, env=env, text=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+                    )
+                )
         _wait_all(procs)
     finally:  # a failure must not leave the others training on the shared machine
         _kill_all(procs)
@@ -153,8 +213,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _run_apart(model: str, workers: int, threads: int, data_dir: str, out: Path,
-               backend: str = "tensorflow") -> dict:
+def _run_apart(
+    model: str, workers: int, threads: int, data_dir: str, out: Path, backend: str = "tensorflow"
+) -> dict:
     """The bound without communication: ``workers`` independent ``mirrorfit train`` processes
     at once, each on 1/N of the batch and examples (the same steps) and, like launched workers,
     on CPUs of its own. Their examples/s summed; no test accuracy (each saw 1/N of the data)."""
@@ -163,11 +224,22 @@ def _run_apart(model: str, workers: int, threads: int, data_dir: str, out: Path,
     try:
         for i, cpus in enumerate(plan):
             outs.append(out.with_suffix(f".{i}.json"))
-            cmd = [sys.executable, "-m", "mirrorfit",
-                   *_train_argv(model, threads, outs[-1], share=workers, backend=backend)[1:]]
+            cmd = [
+                sys.executable,
+                "-m",
+                "mirrorfit",
+                *_train_argv(model, threads, outs[-1], share=workers, backend=backend)[1:],
+            ]
             with started_on(cpus):
-                procs.append(subprocess.Popen(cmd, env=_env(data_dir), text=True,
-                                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
+                procs.append(
+                    subprocess.Popen(
+                        cmd,
+                        env=_env(data_dir),
+                        text=True,
+                        stdout=subprocess.DEVNULL,
+                        stderr=subprocess.PIPE,
+                    )
+                )
         _wait_all(procs)
     finally:  # a failure must not leave the others training on the shared machine
         _kill_all(procs)
@@ -182,16 +254,28 @@ def main() -> None:
     p.add_argument("--models", default="cnn,mlp")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--threads-per-worker", type=int, default=1)
-    p.add_argument("--backends", default="tensorflow,jax",
-                   help="mirrorfit's engines to measure, in one run (default: both)")
-    p.add_argument("--torch-python", metavar="PY",
-                   help="an interpreter with PyTorch: the CNN in PyTorch DDP (gloo) too")
-    p.add_argument("--apart", action="store_true",
-                   help="also run N independent processes on 1/N of the batch each: what N "
-                        "processes give here with no communication at all")
-    p.add_argument("--unbound-one", action="store_true",
-                   help="run the one-worker side unbound (as runs before 2026-12-01 did), not "
-                        "on one launched worker's cores")
+    p.add_argument(
+        "--backends",
+        default="tensorflow,jax",
+        help="mirrorfit's engines to measure, in one run (default: both)",
+    )
+    p.add_argument(
+        "--torch-python",
+        metavar="PY",
+        help="an interpreter with PyTorch: the CNN in PyTorch DDP (gloo) too",
+    )
+    p.add_argument(
+        "--apart",
+        action="store_true",
+        help="also run N independent processes on 1/N of the batch each: what N "
+        "processes give here with no communication at all",
+    )
+    p.add_argument(
+        "--unbound-one",
+        action="store_true",
+        help="run the one-worker side unbound (as runs before 2026-12-01 did), not "
+        "on one launched worker's cores",
+    )
     a = p.parse_args()
     backends = a.backends.split(",")
     if not set(backends) <= {"tensorflow", "jax"} or not backends:
@@ -201,8 +285,10 @@ def main() -> None:
             p.error(f"--models: unknown model {model!r}; choose from {', '.join(WORKLOADS)}")
         batch, examples = WORKLOADS[model][:2]
         if a.workers < 2 or batch % a.workers or examples % a.workers:
-            p.error(f"--workers {a.workers}: the {model} workload's batch ({batch}) and examples "
-                    f"({examples}) must split evenly over 2 or more workers; e.g. --workers 2")
+            p.error(
+                f"--workers {a.workers}: the {model} workload's batch ({batch}) and examples "
+                f"({examples}) must split evenly over 2 or more workers; e.g. --workers 2"
+            )
     data_dir = os.path.abspath(a.data_dir)
     n, t = a.workers, a.threads_per_worker
     with tempfile.TemporaryDirectory() as tmp:
@@ -212,8 +298,9 @@ def main() -> None:
                 tag = {"tensorflow": "tf", "jax": "jax"}[backend]
                 many, one = f"{tag}: {n} workers x {t} thread", f"{tag}: 1 worker x {t} thread"
                 sides[many] = functools.partial(_run, workers=n, backend=backend)
-                sides[one] = functools.partial(_run, workers=1, backend=backend,
-                                               share_of=0 if a.unbound_one else n)
+                sides[one] = functools.partial(
+                    _run, workers=1, backend=backend, share_of=0 if a.unbound_one else n
+                )
                 apart = None
                 if a.apart:
                     apart = f"{tag}: {n} apart, no all-reduce"
@@ -222,8 +309,9 @@ def main() -> None:
             if a.torch_python and model == "cnn":
                 many, one = f"torch DDP: {n} workers x {t} thread", f"torch: 1 worker x {t} thread"
                 sides[many] = functools.partial(_run_torch, workers=n, python=a.torch_python)
-                sides[one] = functools.partial(_run_torch, workers=1, python=a.torch_python,
-                                               share_of=0 if a.unbound_one else n)
+                sides[one] = functools.partial(
+                    _run_torch, workers=1, python=a.torch_python, share_of=0 if a.unbound_one else n
+                )
                 pairs_of.append((many, one, None))
             rates: dict[str, list[float]] = {name: [] for name in sides}
             accuracy: dict[str, list[float]] = {name: [] for name in sides}
@@ -235,34 +323,48 @@ def main() -> None:
                     summary = sides[name](model, threads=t, data_dir=data_dir, out=out)
                     rates[name].append(summary["train_examples_per_sec"])
                     accuracy[name].append(summary["test_accuracy"])
-                    print(f"  {model} {name}: {summary['train_examples_per_sec']:,.0f} "
-                          f"examples/s, test accuracy {summary['test_accuracy']:.4f}",
-                          flush=True)
+                    print(
+                        f"  {model} {name}: {summary['train_examples_per_sec']:,.0f} "
+                        f"examples/s, test accuracy {summary['test_accuracy']:.4f}",
+                        flush=True,
+                    )
             batch = WORKLOADS[model][0]
             print(f"{model}, global batch {batch}, {a.repeats} repeats (median, min-max):")
             for name, values in rates.items():
-                print(f"  {name:34} {statistics.median(values):9,.0f} examples/s "
-                      f"({min(values):,.0f}-{max(values):,.0f}), test accuracy "
-                      f"{statistics.median(accuracy[name]):.4f}")
+                print(
+                    f"  {name:34} {statistics.median(values):9,.0f} examples/s "
+                    f"({min(values):,.0f}-{max(values):,.0f}), test accuracy "
+                    f"{statistics.median(accuracy[name]):.4f}"
+                )
             for many_name, one_name, apart_name in pairs_of:
                 many, one = rates[many_name], rates[one_name]
                 pairs = [m / o for m, o in zip(many, one)]
-                print(f"  {many_name.split(':')[0]}: ratio {n} workers / 1 worker: "
-                      f"{statistics.median(many) / statistics.median(one):.2f}x (ratio of "
-                      f"medians); per pair {', '.join(f'{r:.2f}' for r in pairs)}, median "
-                      f"{statistics.median(pairs):.2f}x", flush=True)
+                print(
+                    f"  {many_name.split(':')[0]}: ratio {n} workers / 1 worker: "
+                    f"{statistics.median(many) / statistics.median(one):.2f}x (ratio of "
+                    f"medians); per pair {', '.join(f'{r:.2f}' for r in pairs)}, median "
+                    f"{statistics.median(pairs):.2f}x",
+                    flush=True,
+                )
                 if apart_name:
                     apart = rates[apart_name]
-                    print(f"    {n} workers / {n} apart (what the all-reduce and lockstep "
-                          f"cost): {statistics.median(many) / statistics.median(apart):.2f}x; "
-                          f"1 worker: {statistics.median(apart) / statistics.median(one):.2f}x",
-                          flush=True)
+                    print(
+                        f"    {n} workers / {n} apart (what the all-reduce and lockstep "
+                        f"cost): {statistics.median(many) / statistics.median(apart):.2f}x; "
+                        f"1 worker: {statistics.median(apart) / statistics.median(one):.2f}x",
+                        flush=True,
+                    )
             if len(pairs_of) > 1:  # the engines side by side, N workers each
                 first = pairs_of[0][0]
-                print("  " + "; ".join(
-                    f"{m.split(':')[0]} {n} workers / {first.split(':')[0]} {n} workers: "
-                    f"{statistics.median(rates[m]) / statistics.median(rates[first]):.2f}x"
-                    for m, _, _ in pairs_of[1:]), flush=True)
+                print(
+                    "  "
+                    + "; ".join(
+                        f"{m.split(':')[0]} {n} workers / {first.split(':')[0]} {n} workers: "
+                        f"{statistics.median(rates[m]) / statistics.median(rates[first]):.2f}x"
+                        for m, _, _ in pairs_of[1:]
+                    ),
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

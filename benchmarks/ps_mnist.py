@@ -48,9 +48,11 @@ class LocalCluster:
 
     def __init__(self, workers: int, ps: int, log_dir: Path) -> None:
         ports = free_ports(1 + workers + ps)
-        self.spec = {"chief": [f"127.0.0.1:{ports[0]}"],
-                     "worker": [f"127.0.0.1:{p}" for p in ports[1:1 + workers]],
-                     "ps": [f"127.0.0.1:{p}" for p in ports[1 + workers:]]}
+        self.spec = {
+            "chief": [f"127.0.0.1:{ports[0]}"],
+            "worker": [f"127.0.0.1:{p}" for p in ports[1 : 1 + workers]],
+            "ps": [f"127.0.0.1:{p}" for p in ports[1 + workers :]],
+        }
         self.log_dir = log_dir
         self.procs: dict[tuple[str, int], subprocess.Popen] = {}
         self.pids: list[int] = []  # every task process ever started (restarts included)
@@ -68,14 +70,17 @@ class LocalCluster:
                 self._start(job, index)
 
     def _start(self, job: str, index: int) -> None:
-        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="",
-                   TF_CONFIG=json.dumps({"cluster": self.spec,
-                                         "task": {"type": job, "index": index}}),
-                   PYTHONPATH=os.pathsep.join([str(ROOT / "src"),
-                                               os.environ.get("PYTHONPATH", "")]))
+        env = dict(
+            os.environ,
+            TF_CPP_MIN_LOG_LEVEL="2",
+            CUDA_VISIBLE_DEVICES="",
+            TF_CONFIG=json.dumps({"cluster": self.spec, "task": {"type": job, "index": index}}),
+            PYTHONPATH=os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]),
+        )
         log = open(self.log_dir / f"{job}{index}.log", "ab")
-        proc = subprocess.Popen([sys.executable, "-c", SERVE], env=env, stdout=log,
-                                stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", SERVE], env=env, stdout=log, stderr=subprocess.STDOUT
+        )
         log.close()  # the child holds its own descriptor
         self.procs[job, index] = proc
         self.pids.append(proc.pid)
@@ -97,15 +102,19 @@ class LocalCluster:
 
     def resolver(self):
         import tensorflow as tf
+
         return tf.distribute.cluster_resolver.SimpleClusterResolver(
-            tf.train.ClusterSpec(self.spec), task_type="chief", task_id=0, rpc_layer="grpc")
+            tf.train.ClusterSpec(self.spec), task_type="chief", task_id=0, rpc_layer="grpc"
+        )
 
 
 def kill_and_restart(cluster: LocalCluster, step: int, restart_after: float) -> None:
     """SIGKILL worker 1 now and start it again (same address) ``restart_after`` s later."""
     cluster.kill("worker", 1)
-    print(f"run from step {step}: killed worker 1 mid-closure; restarting it in "
-          f"{restart_after} s", flush=True)
+    print(
+        f"run from step {step}: killed worker 1 mid-closure; restarting it in {restart_after} s",
+        flush=True,
+    )
     threading.Timer(restart_after, cluster.start, args=("worker", 1)).start()
 
 
@@ -119,8 +128,7 @@ def train(args, cluster: LocalCluster) -> dict:
     from mirrorfit.engine.tensorflow.parameter_server import coordinated_loops
     from mirrorfit.engine.tensorflow.step import ReplicaStep
 
-    data = mirrorfit.load_mnist(args.data_dir, train_examples=args.train_examples,
-                                download=False)
+    data = mirrorfit.load_mnist(args.data_dir, train_examples=args.train_examples, download=False)
     x_train, y_train = data.x_train, data.y_train
     setup_start = time.perf_counter()  # connect, build, send the datasets
     strategy = tf.distribute.experimental.ParameterServerStrategy(cluster.resolver())
@@ -128,14 +136,21 @@ def train(args, cluster: LocalCluster) -> dict:
     keras.utils.set_random_seed(args.seed)
     with strategy.scope():
         model = mirrorfit.models.mlp()
-        optimizer = (keras.optimizers.Adam(args.lr) if args.optimizer == "adam"
-                     else keras.optimizers.SGD(args.lr))
+        optimizer = (
+            keras.optimizers.Adam(args.lr)
+            if args.optimizer == "adam"
+            else keras.optimizers.SGD(args.lr)
+        )
         optimizer.build(model.trainable_variables)
         step = ReplicaStep(
-            model=model, optimizer=optimizer, loss=keras.losses.SparseCategoricalCrossentropy(),
+            model=model,
+            optimizer=optimizer,
+            loss=keras.losses.SparseCategoricalCrossentropy(),
             train_metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
             eval_metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
-            global_batch=args.batch, num_replicas=strategy.num_replicas_in_sync)
+            global_batch=args.batch,
+            num_replicas=strategy.num_replicas_in_sync,
+        )
     loops = coordinated_loops(strategy, coordinator, step.train, step.evaluate)
 
     def dataset_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
@@ -143,8 +158,9 @@ def train(args, cluster: LocalCluster) -> dict:
         # with its own seed each pass; a restarted worker starts its shard over.
         ds = tf.data.Dataset.from_tensor_slices((x_train, y_train))
         ds = ds.shard(ctx.num_input_pipelines, ctx.input_pipeline_id)
-        ds = ds.shuffle(len(x_train) // ctx.num_input_pipelines + 1,
-                        seed=args.seed + ctx.input_pipeline_id)
+        ds = ds.shuffle(
+            len(x_train) // ctx.num_input_pipelines + 1, seed=args.seed + ctx.input_pipeline_id
+        )
         ds = ds.repeat().batch(args.batch, drop_remainder=True)
         return ds.map(lambda x, y: (tf.cast(x, tf.float32) / 255.0, y)).prefetch(2)
 
@@ -156,8 +172,9 @@ def train(args, cluster: LocalCluster) -> dict:
     killed = False
     start = time.perf_counter()
     while done < total_steps:
-        n = min(args.steps_per_execution, total_steps - done,
-                steps_per_epoch - done % steps_per_epoch)  # epochs end on a run boundary
+        n = min(
+            args.steps_per_execution, total_steps - done, steps_per_epoch - done % steps_per_epoch
+        )  # epochs end on a run boundary
         if args.kill_worker_at_step is not None and not killed and done >= args.kill_worker_at_step:
             killed = True  # mid-closure: 0.3 s into this run, from another thread
             threading.Timer(0.3, kill_and_restart, args=(cluster, done, args.restart_after)).start()
@@ -170,10 +187,13 @@ def train(args, cluster: LocalCluster) -> dict:
             steady_s += elapsed
         first = False
         if done % steps_per_epoch == 0:
-            logs = {"epoch": done // steps_per_epoch, "loss": float(step.loss_tracker.result()),
-                    "accuracy": float(step.train_metrics[0].result()),
-                    "examples": int(step.loss_tracker.count.numpy()),  # counted by the metric
-                    "seconds": round(time.perf_counter() - start, 2)}
+            logs = {
+                "epoch": done // steps_per_epoch,
+                "loss": float(step.loss_tracker.result()),
+                "accuracy": float(step.train_metrics[0].result()),
+                "examples": int(step.loss_tracker.count.numpy()),  # counted by the metric
+                "seconds": round(time.perf_counter() - start, 2),
+            }
             epochs.append(logs)
             print(json.dumps(logs), flush=True)
             for metric in (step.loss_tracker, *step.train_metrics):
@@ -183,17 +203,26 @@ def train(args, cluster: LocalCluster) -> dict:
     loops.evaluate(eval_dataset(data.x_test, data.y_test, global_batch=1000))
     eval_s = time.perf_counter() - t0
     weights = model.get_weights()
-    return {"workers": len(cluster.spec["worker"]), "ps": len(cluster.spec["ps"]),
-            "optimizer": args.optimizer, "batch": args.batch, "epochs": args.epochs,
-            "steps": done, "optimizer_iterations": int(optimizer.iterations.numpy()),
-            "test_accuracy": float(step.eval_metrics[0].result()),
-            "test_loss": float(step.eval_loss_tracker.result()),
-            "test_examples": int(step.eval_loss_tracker.count.numpy()),
-            "train_examples_per_sec": steady_steps * args.batch / steady_s if steady_s else 0.0,
-            "setup_s": round(setup_s, 2), "train_s": round(train_s, 2), "eval_s": round(eval_s, 2),
-            "tracing_count": loops.tracing_count(), "worker_killed": killed,
-            "finite_weights": bool(all(np.isfinite(w).all() for w in weights)),
-            "history": epochs}
+    return {
+        "workers": len(cluster.spec["worker"]),
+        "ps": len(cluster.spec["ps"]),
+        "optimizer": args.optimizer,
+        "batch": args.batch,
+        "epochs": args.epochs,
+        "steps": done,
+        "optimizer_iterations": int(optimizer.iterations.numpy()),
+        "test_accuracy": float(step.eval_metrics[0].result()),
+        "test_loss": float(step.eval_loss_tracker.result()),
+        "test_examples": int(step.eval_loss_tracker.count.numpy()),
+        "train_examples_per_sec": steady_steps * args.batch / steady_s if steady_s else 0.0,
+        "setup_s": round(setup_s, 2),
+        "train_s": round(train_s, 2),
+        "eval_s": round(eval_s, 2),
+        "tracing_count": loops.tracing_count(),
+        "worker_killed": killed,
+        "finite_weights": bool(all(np.isfinite(w).all() for w in weights)),
+        "history": epochs,
+    }
 
 
 def main(argv=None) -> int:
@@ -204,15 +233,20 @@ def main(argv=None) -> int:
     parser.add_argument("--batch", type=int, default=128, help="examples per optimizer step")
     parser.add_argument("--optimizer", choices=("adam", "sgd"), default="adam")
     parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--steps-per-execution", type=int, default=100,
-                        help="optimizer steps per run_train (split over the workers)")
+    parser.add_argument(
+        "--steps-per-execution",
+        type=int,
+        default=100,
+        help="optimizer steps per run_train (split over the workers)",
+    )
     parser.add_argument("--train-examples", type=int, default=None)
     parser.add_argument("--data-dir", default=os.environ.get("MIRRORFIT_DATA"))
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--kill-worker-at-step", type=int, default=None)
     parser.add_argument("--restart-after", type=float, default=2.0, help="seconds")
-    parser.add_argument("--log-dir", default=None,
-                        help="keep the tasks' logs here (default: a temporary folder)")
+    parser.add_argument(
+        "--log-dir", default=None, help="keep the tasks' logs here (default: a temporary folder)"
+    )
     args = parser.parse_args(argv)
     if args.kill_worker_at_step is not None and args.workers < 2:
         parser.error("--kill-worker-at-step needs --workers >= 2 (worker 1 is killed)")

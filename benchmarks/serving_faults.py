@@ -30,8 +30,9 @@ from serving_load import _free_port, _image  # noqa: E402 - this folder's siblin
 SETTLE_S = 3.0  # load before the fault and after it is undone
 
 
-async def _client(host: str, port: int, request: bytes, stop: asyncio.Event,
-                  results: list[tuple[float, int]]) -> None:
+async def _client(
+    host: str, port: int, request: bytes, stop: asyncio.Event, results: list[tuple[float, int]]
+) -> None:
     """One keep-alive connection, one request in flight: (time sent, HTTP status or 0)."""
     reader = writer = None
     while not stop.is_set():
@@ -41,8 +42,11 @@ async def _client(host: str, port: int, request: bytes, stop: asyncio.Event,
                 reader, writer = await asyncio.open_connection(host, port)
             writer.write(request)
             head = await reader.readuntil(b"\r\n\r\n")
-            length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                          if line.lower().startswith(b"content-length"))
+            length = next(
+                int(line.split(b":")[1])
+                for line in head.split(b"\r\n")
+                if line.lower().startswith(b"content-length")
+            )
             await reader.readexactly(length)
             status = int(head.split(b" ", 2)[1])
             if b"connection: close" in head.lower():
@@ -58,12 +62,15 @@ async def _client(host: str, port: int, request: bytes, stop: asyncio.Event,
 async def _load(url: str, clients: int, fault, undo, seconds: float):
     host, port = url.removeprefix("http://").split(":")
     body = json.dumps({"instances": _image().tolist()}).encode()
-    request = (f"POST /v1/models/mnist:predict HTTP/1.1\r\nHost: {host}\r\n"
-               f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
-               ).encode() + body
+    request = (
+        f"POST /v1/models/mnist:predict HTTP/1.1\r\nHost: {host}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
     stop, results = asyncio.Event(), []
-    tasks = [asyncio.create_task(_client(host, int(port), request, stop, results))
-             for _ in range(clients)]
+    tasks = [
+        asyncio.create_task(_client(host, int(port), request, stop, results))
+        for _ in range(clients)
+    ]
     await asyncio.sleep(SETTLE_S)
     window = [time.monotonic()]
     fault()
@@ -85,18 +92,39 @@ def main() -> None:
     a = p.parse_args()
     root = Path(tempfile.mkdtemp(prefix="mirrorfit-faults-"))
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-    subprocess.run([sys.executable, "-c", "import sys; from pathlib import Path; "
-                    f"sys.path.insert(0, {str(Path(__file__).parent)!r}); import serving_load; "
-                    f"serving_load.export_models(Path({str(root)!r}), ['mlp'])"],
-                   check=True, env=env, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from pathlib import Path; "
+            f"sys.path.insert(0, {str(Path(__file__).parent)!r}); import serving_load; "
+            f"serving_load.export_models(Path({str(root)!r}), ['mlp'])",
+        ],
+        check=True,
+        env=env,
+        capture_output=True,
+    )
     base = root / "mlp"
     rest, log = _free_port(), root / "server.log"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "mirrorfit.cli", "serve", f"--port={_free_port()}",
-         f"--rest_api_port={rest}", "--model_name=mnist", f"--model_base_path={base}",
-         *a.server_flags.split()], stdout=subprocess.DEVNULL, stderr=open(log, "w"), env=env)
+        [
+            sys.executable,
+            "-m",
+            "mirrorfit.cli",
+            "serve",
+            f"--port={_free_port()}",
+            f"--rest_api_port={rest}",
+            "--model_name=mnist",
+            f"--model_base_path={base}",
+            *a.server_flags.split(),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=open(log, "w"),
+        env=env,
+    )
     url = f"http://127.0.0.1:{rest}"
     import httpx
+
     deadline = time.monotonic() + 120
     while True:
         try:
@@ -109,24 +137,40 @@ def main() -> None:
         time.sleep(0.3)
     version = next(base.iterdir())
     if a.fault == "rename":  # a deploy that renames the folder, an unmount, ...
-        def fault(): base.rename(root / "mlp.gone")
-        def undo(): (root / "mlp.gone").rename(base)
+
+        def fault():
+            base.rename(root / "mlp.gone")
+
+        def undo():
+            (root / "mlp.gone").rename(base)
     else:  # the folder stays, its versions go
-        def fault(): version.rename(root / version.name)
-        def undo(): (root / version.name).rename(version)
+
+        def fault():
+            version.rename(root / version.name)
+
+        def undo():
+            (root / version.name).rename(version)
+
     try:
         results, (start, end) = asyncio.run(_load(url, a.clients, fault, undo, a.seconds))
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=60)
-    print(f"{a.clients} REST clients, --fault {a.fault} for {a.seconds:g} s, server flags: "
-          f"{a.server_flags or '-'}")
-    for name, keep in (("before", lambda t: t < start), ("during", lambda t: start <= t < end),
-                       ("after", lambda t: t >= end)):
+    print(
+        f"{a.clients} REST clients, --fault {a.fault} for {a.seconds:g} s, server flags: "
+        f"{a.server_flags or '-'}"
+    )
+    for name, keep in (
+        ("before", lambda t: t < start),
+        ("during", lambda t: start <= t < end),
+        ("after", lambda t: t >= end),
+    ):
         statuses = Counter(status for t, status in results if keep(t))
         sent, ok = sum(statuses.values()), statuses.pop(200, 0)
-        print(f"  {name:6}: {sent:6} requests sent, {sent - ok:6} failed "
-              f"{dict(statuses) if statuses else ''}")
+        print(
+            f"  {name:6}: {sent:6} requests sent, {sent - ok:6} failed "
+            f"{dict(statuses) if statuses else ''}"
+        )
     lines = [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
     above_info = Counter((e["level"], e["event"]) for e in lines if e["level"] != "info")
     print(f"  server log above info: {dict(above_info) or 'none'}")

@@ -43,10 +43,14 @@ def _data(model: str, width: int, examples: int):
 
     rng = np.random.default_rng(0)
     if model == "cnn":
-        return (rng.integers(0, 256, (examples, 28, 28), dtype=np.uint8),
-                rng.integers(0, 10, examples).astype(np.int32))
-    return (rng.normal(size=(examples, width)).astype(np.float32),
-            rng.integers(0, 16, examples).astype(np.int32))
+        return (
+            rng.integers(0, 256, (examples, 28, 28), dtype=np.uint8),
+            rng.integers(0, 10, examples).astype(np.int32),
+        )
+    return (
+        rng.normal(size=(examples, width)).astype(np.float32),
+        rng.integers(0, 16, examples).astype(np.int32),
+    )
 
 
 def _ours(setup, model: str, width: int, batch: int, data):
@@ -62,9 +66,14 @@ def _ours(setup, model: str, width: int, batch: int, data):
     for mode in MODES:
         build = mirrorfit.models.cnn if model == "cnn" else wide_mlp(width)
         loss = keras.losses.SparseCategoricalCrossentropy(from_logits=model != "cnn")
-        trainer = mirrorfit.Trainer(strategy=build_placement(setup, shard=mode), model=build,
-                                    optimizer=keras.optimizers.Adam(1e-4), loss=loss,
-                                    global_batch=batch, steps_per_execution=10)
+        trainer = mirrorfit.Trainer(
+            strategy=build_placement(setup, shard=mode),
+            model=build,
+            optimizer=keras.optimizers.Adam(1e-4),
+            loss=loss,
+            global_batch=batch,
+            steps_per_execution=10,
+        )
         trainer.fit(batches, epochs=1)  # compiles
 
         def epoch(trainer=trainer):
@@ -86,8 +95,10 @@ def _keras_model_parallel(replicas: int, width: int, batch: int, data):
     dist = kd.ModelParallel(layout_map=layout, batch_dim_name="batch")
     with dist.scope():
         model = wide_mlp(width)()
-        model.compile(optimizer=keras.optimizers.Adam(1e-4),
-                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        model.compile(
+            optimizer=keras.optimizers.Adam(1e-4),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        )
         x, y = data
         model.fit(x, y, batch_size=batch, epochs=1, verbose=0)  # compiles
 
@@ -120,28 +131,33 @@ def main() -> None:
         data = _data(model, a.width, a.examples)
         sides = _ours(setup, model, a.width, a.batch, data)
         if model == "mlp":
-            sides["keras-ModelParallel"] = _keras_model_parallel(a.replicas, a.width, a.batch,
-                                                                 data)
+            sides["keras-ModelParallel"] = _keras_model_parallel(a.replicas, a.width, a.batch, data)
         names = list(sides)
         rates: dict[str, list[float]] = {n: [] for n in names}
         for rep in range(a.repeats):
-            for name in names[rep % len(names):] + names[:rep % len(names)]:
+            for name in names[rep % len(names) :] + names[: rep % len(names)]:
                 start = time.perf_counter()
                 sides[name][0]()
                 rates[name].append(a.examples // a.batch * a.batch / (time.perf_counter() - start))
         base = statistics.median(rates["none"])
         label = f"MLP 8 x Dense({a.width})" if model == "mlp" else "CNN"
-        print(f"{label}, Adam, global batch {a.batch}, {a.replicas} devices "
-              f"({setup.handles[0].platform}), median of {a.repeats}:")
+        print(
+            f"{label}, Adam, global batch {a.batch}, {a.replicas} devices "
+            f"({setup.handles[0].platform}), median of {a.repeats}:"
+        )
         for name in names:
             rate = statistics.median(rates[name])
-            print(f"  {name:>19}: {rate:10,.0f} examples/s ({rate / base:.3f}x none), "
-                  f"{sides[name][1] / 2**20:8.1f} MiB state per device "
-                  f"({sides[name][1] / sides['none'][1]:.3f}x none)")
+            print(
+                f"  {name:>19}: {rate:10,.0f} examples/s ({rate / base:.3f}x none), "
+                f"{sides[name][1] / 2**20:8.1f} MiB state per device "
+                f"({sides[name][1] / sides['none'][1]:.3f}x none)"
+            )
         if "keras-ModelParallel" in rates:
             ours = statistics.median(rates["all"])
-            print(f"  all / keras-ModelParallel: "
-                  f"{ours / statistics.median(rates['keras-ModelParallel']):.3f}x")
+            print(
+                f"  all / keras-ModelParallel: "
+                f"{ours / statistics.median(rates['keras-ModelParallel']):.3f}x"
+            )
 
 
 if __name__ == "__main__":

@@ -30,12 +30,22 @@ def main() -> None:
     data_dir = os.path.abspath(a.data_dir)
     for model in a.models.split(","):
         batch, n_train, epochs = WORKLOADS[model]
-        base = Point(kind="mirrorfit", model=model, global_batch=batch, train_examples=n_train,
-                     epochs=epochs, data_dir=data_dir, precision=a.precision)
-        sides = {"textbook x2": Point(**{**base.__dict__, "kind": "textbook", "replicas": 2,
-                                         "precision": "fp32"}),
-                 "mirrorfit x2": Point(**{**base.__dict__, "replicas": 2}),
-                 "mirrorfit x1": Point(**{**base.__dict__, "replicas": 1})}
+        base = Point(
+            kind="mirrorfit",
+            model=model,
+            global_batch=batch,
+            train_examples=n_train,
+            epochs=epochs,
+            data_dir=data_dir,
+            precision=a.precision,
+        )
+        sides = {
+            "textbook x2": Point(
+                **{**base.__dict__, "kind": "textbook", "replicas": 2, "precision": "fp32"}
+            ),
+            "mirrorfit x2": Point(**{**base.__dict__, "replicas": 2}),
+            "mirrorfit x1": Point(**{**base.__dict__, "replicas": 1}),
+        }
         runs: dict[str, list[dict]] = {name: [] for name in sides}
         names = list(sides)
         for rep in range(a.repeats):
@@ -44,22 +54,34 @@ def main() -> None:
                 if "error" in result:
                     sys.exit(f"{model} {name} failed: {result['error']}")
                 runs[name].append(result)
-                print(f"  {model} {name:13} run {rep + 1}: {result['examples_per_sec']:9,.0f} "
-                      f"examples/s  acc {result['test_accuracy']:.4f}", flush=True)
-        print(f"\n{model.upper()}: global batch {batch}, {n_train or 55000} training images, "
-              f"{epochs} epochs, mirrorfit in {a.precision}, {a.repeats} runs per side "
-              "(median [min-max])")
+                print(
+                    f"  {model} {name:13} run {rep + 1}: {result['examples_per_sec']:9,.0f} "
+                    f"examples/s  acc {result['test_accuracy']:.4f}",
+                    flush=True,
+                )
+        print(
+            f"\n{model.upper()}: global batch {batch}, {n_train or 55000} training images, "
+            f"{epochs} epochs, mirrorfit in {a.precision}, {a.repeats} runs per side "
+            "(median [min-max])"
+        )
         med = {}
         for name, results in runs.items():
             rates = [r["examples_per_sec"] for r in results]
             med[name] = statistics.median(rates)
             acc = statistics.median(r["test_accuracy"] for r in results)
-            print(f"  {name:13}: {med[name]:9,.0f} examples/s [{min(rates):,.0f}-"
-                  f"{max(rates):,.0f}]  test accuracy {acc:.4f}")
-        print(f"  ratio mirrorfit / textbook (2 replicas): "
-              f"{med['mirrorfit x2'] / med['textbook x2']:.2f}x")
-        print(f"  ratio mirrorfit 2 replicas / 1 replica:   "
-              f"{med['mirrorfit x2'] / med['mirrorfit x1']:.2f}x\n", flush=True)
+            print(
+                f"  {name:13}: {med[name]:9,.0f} examples/s [{min(rates):,.0f}-"
+                f"{max(rates):,.0f}]  test accuracy {acc:.4f}"
+            )
+        print(
+            f"  ratio mirrorfit / textbook (2 replicas): "
+            f"{med['mirrorfit x2'] / med['textbook x2']:.2f}x"
+        )
+        print(
+            f"  ratio mirrorfit 2 replicas / 1 replica:   "
+            f"{med['mirrorfit x2'] / med['mirrorfit x1']:.2f}x\n",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -53,8 +53,11 @@ if MNIST_DIR is not None:  # this process and every subprocess find the same fil
 
 
 def _env() -> dict[str, str]:
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3",
-               PYTHONPATH=os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]))
+    env = dict(
+        os.environ,
+        TF_CPP_MIN_LOG_LEVEL="3",
+        PYTHONPATH=os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]),
+    )
     return env
 
 
@@ -68,15 +71,22 @@ def keras_file_weights(path: Path) -> list:
 
     with zipfile.ZipFile(path) as z, h5py.File(io.BytesIO(z.read("model.weights.h5"))) as f:
         out = []
-        f.visititems(lambda name, obj: out.append((name, obj[()]))
-                     if isinstance(obj, h5py.Dataset) else None)
+        f.visititems(
+            lambda name, obj: out.append((name, obj[()])) if isinstance(obj, h5py.Dataset) else None
+        )
     return [w for _, w in sorted(out, key=lambda item: item[0])]
 
 
 def run_isolated(code: str, timeout: float = 300) -> dict:
     """Run ``code`` in a new Python process; return the JSON object on its last stdout line."""
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
-                          text=True, timeout=timeout, env=_env(), cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=_env(),
+        cwd=ROOT,
+    )
     if proc.returncode != 0:
         raise AssertionError(f"subprocess failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -112,19 +122,35 @@ def assert_same_weights(a: list, b: list, *, rtol: float, atol: float) -> None:
         np.testing.assert_allclose(wa, wb, rtol=rtol, atol=atol, equal_nan=False, strict=True)
 
 
-def run_cli(*args: str, timeout: float = 600, without_tensorflow: bool = False,
-            without: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+def run_cli(
+    *args: str,
+    timeout: float = 600,
+    without_tensorflow: bool = False,
+    without: tuple[str, ...] = (),
+) -> subprocess.CompletedProcess:
     """Run ``mirrorfit ARGS`` as a user would (new process, real console script entry).
 
     ``without_tensorflow``: in a process where importing TensorFlow fails, so that an error
     that still comes back as mirrorfit's one line was found before TensorFlow loads.
     ``without``: the same for these top-level modules (an install without an extra)."""
     blocked = [*(["tensorflow"] if without_tensorflow else []), *without]
-    entry = (["-c", f"import sys; sys.modules.update(dict.fromkeys({blocked!r})); from "
-              "mirrorfit.cli import main; sys.exit(main(sys.argv[1:]))"] if blocked else
-             ["-m", "mirrorfit.cli"])
-    return subprocess.run([sys.executable, *entry, *args], capture_output=True,
-                          text=True, timeout=timeout, env=_env(), cwd=ROOT)
+    entry = (
+        [
+            "-c",
+            f"import sys; sys.modules.update(dict.fromkeys({blocked!r})); from "
+            "mirrorfit.cli import main; sys.exit(main(sys.argv[1:]))",
+        ]
+        if blocked
+        else ["-m", "mirrorfit.cli"]
+    )
+    return subprocess.run(
+        [sys.executable, *entry, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=_env(),
+        cwd=ROOT,
+    )
 
 
 # Root's powers over permissions: CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH, CAP_FOWNER.
@@ -142,12 +168,13 @@ def permissions_apply() -> list[str]:
         caps = _POWERS if os.geteuid() == 0 else 0
     if not caps & _POWERS:
         return []
-    prefix = ["setpriv", "--inh-caps=-all",
-              "--bounding-set=-dac_override,-dac_read_search,-fowner"]
+    prefix = ["setpriv", "--inh-caps=-all", "--bounding-set=-dac_override,-dac_read_search,-fowner"]
     probe = subprocess.run([*prefix, "true"], capture_output=True, text=True)
     if probe.returncode != 0:
-        pytest.skip(f"this user passes permissions and setpriv cannot drop that here: "
-                    f"{(probe.stderr or 'no setpriv').strip()}")
+        pytest.skip(
+            f"this user passes permissions and setpriv cannot drop that here: "
+            f"{(probe.stderr or 'no setpriv').strip()}"
+        )
     return prefix
 
 

@@ -22,8 +22,10 @@ LABEL = "image/class/label"
 def mnist(n: int, *, offset: int = 0, split: str = "train") -> tuple[np.ndarray, np.ndarray]:
     """``n`` real MNIST images (uint8 28x28) and labels from ``offset`` of the split."""
     with np.load(MNIST_DIR / "mnist.npz") as f:
-        return (f[f"x_{split}"][offset:offset + n],
-                f[f"y_{split}"][offset:offset + n].astype(np.int64))
+        return (
+            f[f"x_{split}"][offset : offset + n],
+            f[f"y_{split}"][offset : offset + n].astype(np.int64),
+        )
 
 
 def png(image: np.ndarray) -> bytes:
@@ -32,11 +34,19 @@ def png(image: np.ndarray) -> bytes:
     raw = b"".join(b"\0" + image[r].tobytes() for r in range(h))
 
     def chunk(kind: bytes, data: bytes) -> bytes:
-        return (struct.pack(">I", len(data)) + kind + data
-                + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF))
+        return (
+            struct.pack(">I", len(data))
+            + kind
+            + data
+            + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+        )
 
-    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 0, 0, 0, 0))
-            + chunk(b"IDAT", zlib.compress(raw, 1)) + chunk(b"IEND", b""))
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 0, 0, 0, 0))
+        + chunk(b"IDAT", zlib.compress(raw, 1))
+        + chunk(b"IEND", b"")
+    )
 
 
 def write_png_folder(root: Path, x: np.ndarray, y: np.ndarray) -> list[Path]:
@@ -57,9 +67,16 @@ def folder_order(y: np.ndarray) -> np.ndarray:
     return np.lexsort((np.arange(len(y)), y))
 
 
-def write_tfrecords(folder: Path, x: np.ndarray, y: np.ndarray, shards: int, *,
-                    image_feature: str = IMAGE, label_feature: str = LABEL,
-                    labels: np.ndarray | None = None) -> list[Path]:
+def write_tfrecords(
+    folder: Path,
+    x: np.ndarray,
+    y: np.ndarray,
+    shards: int,
+    *,
+    image_feature: str = IMAGE,
+    label_feature: str = LABEL,
+    labels: np.ndarray | None = None,
+) -> list[Path]:
     """Example i goes to shard i % shards, in order; ``labels`` replaces ``y`` as written."""
     import tensorflow as tf
 
@@ -73,10 +90,12 @@ def write_tfrecords(folder: Path, x: np.ndarray, y: np.ndarray, shards: int, *,
                 feature = {}
                 if image_feature:
                     feature[image_feature] = tf.train.Feature(
-                        bytes_list=tf.train.BytesList(value=[png(x[i])]))
+                        bytes_list=tf.train.BytesList(value=[png(x[i])])
+                    )
                 if label_feature:
                     feature[label_feature] = tf.train.Feature(
-                        int64_list=tf.train.Int64List(value=[int(written[i])]))
+                        int64_list=tf.train.Int64List(value=[int(written[i])])
+                    )
                 example = tf.train.Example(features=tf.train.Features(feature=feature))
                 w.write(example.SerializeToString())
         files.append(path)
@@ -98,8 +117,11 @@ def dataset_source():
 
     x, y = mnist(_n())
     tx, ty = mnist(500, split="test")
-    return (tf.data.Dataset.from_tensor_slices((x, y)), None,
-            tf.data.Dataset.from_tensor_slices((tx, ty)))
+    return (
+        tf.data.Dataset.from_tensor_slices((x, y)),
+        None,
+        tf.data.Dataset.from_tensor_slices((tx, ty)),
+    )
 
 
 def shrinking_dataset_source():
@@ -114,8 +136,10 @@ def shrinking_dataset_source():
         n = len(x) if passes[0] == 1 else len(x) // 3
         yield from zip(x[:n], y[:n])
 
-    return tf.data.Dataset.from_generator(examples, output_signature=(
-        tf.TensorSpec(x.shape[1:], tf.uint8), tf.TensorSpec((), tf.int64)))
+    return tf.data.Dataset.from_generator(
+        examples,
+        output_signature=(tf.TensorSpec(x.shape[1:], tf.uint8), tf.TensorSpec((), tf.int64)),
+    )
 
 
 def scalar_examples_source():
@@ -128,8 +152,11 @@ def empty_examples_dataset_source():
     """A dataset whose examples hold no values: shape (0,)."""
     import tensorflow as tf
 
-    return {"train": tf.data.Dataset.from_tensor_slices(
-        (np.zeros((64, 0), np.float32), np.arange(64) % 3))}
+    return {
+        "train": tf.data.Dataset.from_tensor_slices(
+            (np.zeros((64, 0), np.float32), np.arange(64) % 3)
+        )
+    }
 
 
 def raising_source():
@@ -142,12 +169,14 @@ def exiting_source():
 
 def exiting_source_with_text():
     import sys
+
     sys.exit("no credentials")
 
 
 def hanging_source():
     """Never returns (issue 24: SIGTERM was ignored, twice; SIGINT ended it after 642 s)."""
     import time
+
     Path(os.environ["MIRRORFIT_TEST_MARK"]).write_text("in the function")
     while True:
         time.sleep(3600)
@@ -165,13 +194,15 @@ def blocking_dataset_source():
         time.sleep(3600)
         yield np.zeros((2,), np.float32), np.int64(0)
 
-    return tf.data.Dataset.from_generator(examples, output_signature=(
-        tf.TensorSpec((2,), tf.float32), tf.TensorSpec((), tf.int64)))
+    return tf.data.Dataset.from_generator(
+        examples, output_signature=(tf.TensorSpec((2,), tf.float32), tf.TensorSpec((), tf.int64))
+    )
 
 
 def signal_taking_source():
     """Takes SIGTERM for itself, as some data libraries do, and returns small arrays."""
     import signal
+
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     x, y = mnist(256)
     return x, y

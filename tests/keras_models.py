@@ -6,8 +6,9 @@ import numpy as np
 
 
 def regression():
-    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"),
-                              keras.layers.Dense(1)])
+    model = keras.Sequential(
+        [keras.Input((8,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(1)]
+    )
     model.compile(optimizer=keras.optimizers.Adam(1e-2), loss="mse", metrics=["mae"])
     return model
 
@@ -25,10 +26,17 @@ def uncompiled():
 
 def chapter_cnn():
     """Hands-On ML's way: uint8 pixels in, Rescaling(1/255) first."""
-    model = keras.Sequential([
-        keras.Input((28, 28)), keras.layers.Rescaling(1 / 255), keras.layers.Reshape((28, 28, 1)),
-        keras.layers.Conv2D(8, 3, activation="relu"), keras.layers.MaxPooling2D(),
-        keras.layers.Flatten(), keras.layers.Dense(10, activation="softmax")])
+    model = keras.Sequential(
+        [
+            keras.Input((28, 28)),
+            keras.layers.Rescaling(1 / 255),
+            keras.layers.Reshape((28, 28, 1)),
+            keras.layers.Conv2D(8, 3, activation="relu"),
+            keras.layers.MaxPooling2D(),
+            keras.layers.Flatten(),
+            keras.layers.Dense(10, activation="softmax"),
+        ]
+    )
     model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=["accuracy"])
     return model
 

@@ -95,7 +95,8 @@ model_config_list {{
 }}
 """)
     (root / "monitoring.config").write_text(
-        'prometheus_config { enable: true, path: "/monitoring/prometheus/metrics" }\n')
+        'prometheus_config { enable: true, path: "/monitoring/prometheus/metrics" }\n'
+    )
     return root
 
 
@@ -109,9 +110,20 @@ class Server:
         env = dict(_env(), PYTHONPATH=os.pathsep.join([str(ROOT / "src"), _env()["PYTHONPATH"]]))
         self.log = cwd / f"server-{self.port}.log"
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "mirrorfit.cli", "serve", f"--port={self.port}",
-             f"--rest_api_port={self.rest_port}", *args],
-            stdout=subprocess.DEVNULL, stderr=open(self.log, "w"), env=env, cwd=cwd)
+            [
+                sys.executable,
+                "-m",
+                "mirrorfit.cli",
+                "serve",
+                f"--port={self.port}",
+                f"--rest_api_port={self.rest_port}",
+                *args,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=open(self.log, "w"),
+            env=env,
+            cwd=cwd,
+        )
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -141,9 +153,14 @@ class Server:
 @pytest.fixture(scope="module")
 def server(model_root, tmp_path_factory):
     """One server for the module: both models, Prometheus on, no batching."""
-    srv = Server([f"--model_config_file={model_root / 'models.config'}",
-                  f"--monitoring_config_file={model_root / 'monitoring.config'}",
-                  "--max_request_bytes=1000000"], tmp_path_factory.mktemp("srv"))
+    srv = Server(
+        [
+            f"--model_config_file={model_root / 'models.config'}",
+            f"--monitoring_config_file={model_root / 'monitoring.config'}",
+            "--max_request_bytes=1000000",
+        ],
+        tmp_path_factory.mktemp("srv"),
+    )
     yield srv
     srv.stop()
 

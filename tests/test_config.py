@@ -8,8 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from mirrorfit.config import (MAX_CLASSES, MAX_IMAGE_SIDE, TrainConfig, check_outputs,
-                              load_config, to_dict)
+from mirrorfit.config import (
+    MAX_CLASSES,
+    MAX_IMAGE_SIDE,
+    TrainConfig,
+    check_outputs,
+    load_config,
+    to_dict,
+)
 from mirrorfit.errors import ConfigError
 
 
@@ -47,9 +53,10 @@ def test_top_level_keys_and_train_table_are_merged(tmp_path):
 
 def test_key_both_top_level_and_in_train_table_is_refused(tmp_path):
     f = tmp_path / "run.toml"
-    f.write_text('steps-per-execution = 7\n[train]\nsteps_per_execution = 9\n')
-    with pytest.raises(ConfigError, match="sets 'steps_per_execution' both at the top level and "
-                                          "under \\[train\\]"):
+    f.write_text("steps-per-execution = 7\n[train]\nsteps_per_execution = 9\n")
+    with pytest.raises(
+        ConfigError, match="sets 'steps_per_execution' both at the top level and under \\[train\\]"
+    ):
         load_config(f)
 
 
@@ -60,25 +67,28 @@ def test_unknown_key_names_it_and_suggests(tmp_path):
         load_config(f)
 
 
-@pytest.mark.parametrize("toml,match", [
-    ('epochs = "ten"', "epochs"),
-    ("epochs = 0", "--epochs must be a positive integer"),
-    ("batch_size = -4", "batch-size"),
-    ('strategy = "ring"', "unknown strategy 'ring'"),
-    ('optimizer = "lion"', "unknown optimizer 'lion'"),
-    ("lr = -1.0", "--lr must be a finite number > 0, got -1.0"),
-    ("lr = 0", "--lr must be a finite number > 0"),
-    ("lr = inf", "--lr must be a finite number > 0, got inf; e.g. --lr 0.01"),
-    ("lr = nan", "--lr must be a finite number > 0, got nan"),
-    ("warmup-epochs = inf", "--warmup-epochs must be a finite number >= 0, got inf"),
-    ("warmup-epochs = nan", "--warmup-epochs must be a finite number >= 0, got nan"),
-    ("warmup-epochs = -0.5", "--warmup-epochs must be a finite number >= 0"),
-    ("seed = 4294967296", "--seed must be an integer from 0 to 2\\*\\*32 - 1.*got 4294967296"),
-    ("seed = -1", "--seed must be an integer from 0"),
-    ("checkpoint-every = -1", "--checkpoint-every must be >= 0"),
-    ("epochs = [", "not valid TOML"),
-    ("train = 3", "'train' must be a \\[train\\] table"),
-])
+@pytest.mark.parametrize(
+    "toml,match",
+    [
+        ('epochs = "ten"', "epochs"),
+        ("epochs = 0", "--epochs must be a positive integer"),
+        ("batch_size = -4", "batch-size"),
+        ('strategy = "ring"', "unknown strategy 'ring'"),
+        ('optimizer = "lion"', "unknown optimizer 'lion'"),
+        ("lr = -1.0", "--lr must be a finite number > 0, got -1.0"),
+        ("lr = 0", "--lr must be a finite number > 0"),
+        ("lr = inf", "--lr must be a finite number > 0, got inf; e.g. --lr 0.01"),
+        ("lr = nan", "--lr must be a finite number > 0, got nan"),
+        ("warmup-epochs = inf", "--warmup-epochs must be a finite number >= 0, got inf"),
+        ("warmup-epochs = nan", "--warmup-epochs must be a finite number >= 0, got nan"),
+        ("warmup-epochs = -0.5", "--warmup-epochs must be a finite number >= 0"),
+        ("seed = 4294967296", "--seed must be an integer from 0 to 2\\*\\*32 - 1.*got 4294967296"),
+        ("seed = -1", "--seed must be an integer from 0"),
+        ("checkpoint-every = -1", "--checkpoint-every must be >= 0"),
+        ("epochs = [", "not valid TOML"),
+        ("train = 3", "'train' must be a \\[train\\] table"),
+    ],
+)
 def test_bad_values_are_named(tmp_path, toml, match):
     f = tmp_path / "run.toml"
     f.write_text(toml + "\n")
@@ -100,17 +110,20 @@ def test_unreadable_config_file(tmp_path):
         load_config(f)
 
 
-@pytest.mark.parametrize("overrides,match", [
-    ({"seed": 2**32}, "--seed must be an integer"),
-    ({"seed": 2**32 - 1}, None),
-    ({"lr": float("inf")}, "--lr must be a finite number"),
-    ({"warmup_epochs": float("inf")}, "--warmup-epochs must be a finite number"),
-    ({"warmup_epochs": 0}, None),
-    # A warm-up past the run kept the rate ~0 all run (1e300: an overflow warning, no error).
-    ({"warmup_epochs": 1e300}, r"--warmup-epochs 1e\+300 is more than --epochs 10"),
-    ({"warmup_epochs": 3, "epochs": 2}, "--warmup-epochs 3 is more than --epochs 2"),
-    ({"warmup_epochs": 2, "epochs": 2}, None),
-])
+@pytest.mark.parametrize(
+    "overrides,match",
+    [
+        ({"seed": 2**32}, "--seed must be an integer"),
+        ({"seed": 2**32 - 1}, None),
+        ({"lr": float("inf")}, "--lr must be a finite number"),
+        ({"warmup_epochs": float("inf")}, "--warmup-epochs must be a finite number"),
+        ({"warmup_epochs": 0}, None),
+        # A warm-up past the run kept the rate ~0 all run (1e300: an overflow warning, no error).
+        ({"warmup_epochs": 1e300}, r"--warmup-epochs 1e\+300 is more than --epochs 10"),
+        ({"warmup_epochs": 3, "epochs": 2}, "--warmup-epochs 3 is more than --epochs 2"),
+        ({"warmup_epochs": 2, "epochs": 2}, None),
+    ],
+)
 def test_flag_values_are_checked_like_toml_values(overrides, match):
     if match is None:
         load_config(**overrides)
@@ -135,8 +148,9 @@ def test_requires_python_admits_no_python_without_tomllib():
 
     from conftest import ROOT
 
-    spec = SpecifierSet(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-                        ["requires-python"])
+    spec = SpecifierSet(
+        tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["requires-python"]
+    )
     assert "3.10.14" not in spec and "3.11.0" in spec
 
 
@@ -144,10 +158,14 @@ def test_paths_from_the_python_api_are_kept_as_text(tmp_path, mnist_dir):
     """A Path for a path setting is accepted (TrainConfig or load_config) and kept as a str:
     the config goes into the JSON summary at the end of a run, where a Path failed after
     training. Anything else for --data-dir is a ConfigError, not a TypeError."""
-    c = TrainConfig(data_dir=Path(mnist_dir), metrics_out=tmp_path / "m.json",
-                    checkpoint_dir=tmp_path / "ckpt")
+    c = TrainConfig(
+        data_dir=Path(mnist_dir), metrics_out=tmp_path / "m.json", checkpoint_dir=tmp_path / "ckpt"
+    )
     assert (c.data_dir, c.metrics_out, c.checkpoint_dir) == (
-        str(mnist_dir), str(tmp_path / "m.json"), str(tmp_path / "ckpt"))
+        str(mnist_dir),
+        str(tmp_path / "m.json"),
+        str(tmp_path / "ckpt"),
+    )
     assert load_config(data_dir=Path(mnist_dir)).data_dir == str(mnist_dir)
     json.dumps(to_dict(c))
     for bad in (5, ["a"], str(mnist_dir).encode()):
@@ -160,11 +178,17 @@ def test_data_settings_from_toml_and_flags(tmp_path):
     older name of --data; a flag that does not apply to the source is refused by name."""
     (tmp_path / "imgs").mkdir()
     f = tmp_path / "run.toml"
-    f.write_text(f'data = "{tmp_path / "imgs"}"\nimage-size = [64, 48]\nvalidation-split = 0.2\n'
-                 'cache = "memory"\nnum-classes = 5\n')
+    f.write_text(
+        f'data = "{tmp_path / "imgs"}"\nimage-size = [64, 48]\nvalidation-split = 0.2\n'
+        'cache = "memory"\nnum-classes = 5\n'
+    )
     c = load_config(f)
-    assert (c.image_size, c.validation_split, c.cache, c.num_classes) == ((64, 48), 0.2,
-                                                                          "memory", 5)
+    assert (c.image_size, c.validation_split, c.cache, c.num_classes) == (
+        (64, 48),
+        0.2,
+        "memory",
+        5,
+    )
     assert load_config(f, image_size="32,32").image_size == (32, 32)
     assert load_config(dataset="mnist").data == "mnist"
     assert load_config(data="synthetic", input_shape="224,224,3").input_shape == (224, 224, 3)
@@ -179,25 +203,32 @@ def test_image_size_is_bounded_per_side(tmp_path):
     value and the limit, from a flag or TOML, before anything is decoded."""
     (tmp_path / "imgs").mkdir()
     folder = str(tmp_path / "imgs")
-    assert load_config(data=folder, image_size=f"{MAX_IMAGE_SIDE},32").image_size == \
-        (MAX_IMAGE_SIDE, 32)
+    assert load_config(data=folder, image_size=f"{MAX_IMAGE_SIDE},32").image_size == (
+        MAX_IMAGE_SIDE,
+        32,
+    )
     for size in (f"{MAX_IMAGE_SIDE + 1},32", "32,1048576"):
         with pytest.raises(ConfigError) as info:
             load_config(data=folder, image_size=size)
-        assert str(info.value) == (f"--image-size {size}: at most {MAX_IMAGE_SIDE} pixels a "
-                                   "side; e.g. --image-size 224,224")
+        assert str(info.value) == (
+            f"--image-size {size}: at most {MAX_IMAGE_SIDE} pixels a "
+            "side; e.g. --image-size 224,224"
+        )
     f = tmp_path / "run.toml"
     f.write_text(f'data = "{folder}"\nimage-size = [100000, 100000]\n')
     with pytest.raises(ConfigError, match=f"--image-size 100000,100000: at most {MAX_IMAGE_SIDE}"):
         load_config(f)
 
 
-@pytest.mark.parametrize("overrides, flag", [
-    ({"strategy": "mirrored", "communication": "nccl"}, "--communication"),
-    ({"strategy": "multi-worker", "cross_device_ops": "nccl"}, "--cross-device-ops"),
-    ({"strategy": "parameter-server", "xla": True}, "--xla"),
-    ({"threads_per_worker": 100_000}, "--threads-per-worker"),
-])
+@pytest.mark.parametrize(
+    "overrides, flag",
+    [
+        ({"strategy": "mirrored", "communication": "nccl"}, "--communication"),
+        ({"strategy": "multi-worker", "cross_device_ops": "nccl"}, "--cross-device-ops"),
+        ({"strategy": "parameter-server", "xla": True}, "--xla"),
+        ({"threads_per_worker": 100_000}, "--threads-per-worker"),
+    ],
+)
 def test_cluster_flags_that_would_be_ignored_or_harmful_are_refused(overrides, flag):
     with pytest.raises(ConfigError, match=flag):
         load_config(**overrides)
@@ -208,8 +239,9 @@ def test_replicas_beyond_what_one_process_drives_are_refused_before_any_device()
     assert load_config(replicas=1024, global_batch_size=1024).replicas == 1024
     with pytest.raises(ConfigError) as info:
         load_config(replicas=100_000)
-    assert str(info.value).startswith("--replicas 100000 is more devices than one process "
-                                      "drives; use at most 1024")
+    assert str(info.value).startswith(
+        "--replicas 100000 is more devices than one process drives; use at most 1024"
+    )
 
 
 def test_image_size_is_bounded_by_the_values_of_one_example(tmp_path):
@@ -221,8 +253,10 @@ def test_image_size_is_bounded_by_the_values_of_one_example(tmp_path):
     assert load_config(data=str(folder), image_size="4096,4096").image_size == (4096, 4096)
     with pytest.raises(ConfigError) as info:
         load_config(data=str(folder), image_size="8192,8192")
-    assert str(info.value) == ("--image-size 8192,8192: 201,326,592 values per example at 3 "
-                               "channels, more than 67,108,864; e.g. --image-size 224,224")
+    assert str(info.value) == (
+        "--image-size 8192,8192: 201,326,592 values per example at 3 "
+        "channels, more than 67,108,864; e.g. --image-size 224,224"
+    )
 
 
 def test_num_classes_is_bounded():
@@ -238,19 +272,31 @@ def _outputs(tmp_path):
     return tmp_path
 
 
-@pytest.mark.parametrize("overrides, match", [
-    ({"checkpoint_dir": "{t}/f.txt"}, "--checkpoint-dir {t}/f.txt is a file; give a folder"),
-    ({"logdir": "{t}/f.txt/runs"}, "--logdir {t}/f.txt/runs: {t}/f.txt is a file, not a folder"),
-    ({"export_dir": "{t}/dangling"},
-     "--export-dir {t}/dangling: {t}/dangling is a link to nothing"),
-    ({"metrics_out": "{t}/f.txt/m.json"}, "--metrics-out {t}/f.txt/m.json: {t}/f.txt is a file, "
-                                          "not a folder"),
-    ({"metrics_out": "{t}/a\0b/m.json"}, "contains a NUL character"),
-    ({"save_keras": "{t}/m.keras", "metrics_out": "{t}/m.keras"},
-     "--metrics-out and --save-keras are both {t}/m.keras"),
-    ({"checkpoint_dir": "/proc/mirrorfit-ckpt"}, "cannot write in /proc"),
-    ({"metrics_out": "/proc/m.json"}, "--metrics-out /proc/m.json: cannot write in /proc"),
-])
+@pytest.mark.parametrize(
+    "overrides, match",
+    [
+        ({"checkpoint_dir": "{t}/f.txt"}, "--checkpoint-dir {t}/f.txt is a file; give a folder"),
+        (
+            {"logdir": "{t}/f.txt/runs"},
+            "--logdir {t}/f.txt/runs: {t}/f.txt is a file, not a folder",
+        ),
+        (
+            {"export_dir": "{t}/dangling"},
+            "--export-dir {t}/dangling: {t}/dangling is a link to nothing",
+        ),
+        (
+            {"metrics_out": "{t}/f.txt/m.json"},
+            "--metrics-out {t}/f.txt/m.json: {t}/f.txt is a file, not a folder",
+        ),
+        ({"metrics_out": "{t}/a\0b/m.json"}, "contains a NUL character"),
+        (
+            {"save_keras": "{t}/m.keras", "metrics_out": "{t}/m.keras"},
+            "--metrics-out and --save-keras are both {t}/m.keras",
+        ),
+        ({"checkpoint_dir": "/proc/mirrorfit-ckpt"}, "cannot write in /proc"),
+        ({"metrics_out": "/proc/m.json"}, "--metrics-out /proc/m.json: cannot write in /proc"),
+    ],
+)
 def test_outputs_that_cannot_be_written_are_refused_by_flag(tmp_path, overrides, match):
     t = _outputs(tmp_path)
     if "/proc" in str(overrides) and not Path("/proc/self").is_dir():
@@ -262,9 +308,13 @@ def test_outputs_that_cannot_be_written_are_refused_by_flag(tmp_path, overrides,
 
 
 def test_outputs_that_can_be_written_pass_and_leave_nothing(tmp_path):
-    check_outputs(load_config(metrics_out=str(tmp_path / "m.json"),
-                              save_keras=str(tmp_path / "m.keras"),
-                              export_dir=str(tmp_path / "models" / "mnist"),
-                              checkpoint_dir=str(tmp_path / "ckpt"),
-                              logdir=str(tmp_path / "runs" / "a")))
+    check_outputs(
+        load_config(
+            metrics_out=str(tmp_path / "m.json"),
+            save_keras=str(tmp_path / "m.keras"),
+            export_dir=str(tmp_path / "models" / "mnist"),
+            checkpoint_dir=str(tmp_path / "ckpt"),
+            logdir=str(tmp_path / "runs" / "a"),
+        )
+    )
     assert list(tmp_path.iterdir()) == []  # the write probes are gone, no folder made yet

@@ -53,9 +53,9 @@ def command_lines(script: str) -> list[list[str]]:
     for line in script.splitlines():
         words = shlex.split(line, comments=True)
         for i, word in enumerate(words):
-            if word == "mirrorfit" and words[i + 1:i + 2] in (["train"], ["launch"]):
+            if word == "mirrorfit" and words[i + 1 : i + 2] in (["train"], ["launch"]):
                 argv = []
-                for w in words[i + 1:]:
+                for w in words[i + 1 :]:
                     if w in ("&&", "||", ";", "|"):
                         break
                     argv.append(_expand(w))
@@ -68,6 +68,7 @@ def _expand(word: str) -> str:
     def value(m):
         assert m.group(1) in SHELL_VARS, f"add ${m.group(1)} to SHELL_VARS in {__file__}"
         return SHELL_VARS[m.group(1)]
+
     return re.sub(r"\$\{?(\w+)\}?", value, word)
 
 
@@ -92,8 +93,11 @@ def yaml_docs(name: str) -> list[dict]:
 def containers(doc: dict) -> list[tuple[str, dict]]:
     """(replica type or '', container) for a Job or a TFJob."""
     if doc["kind"] == "TFJob":
-        return [(kind, c) for kind, spec in doc["spec"]["tfReplicaSpecs"].items()
-                for c in spec["template"]["spec"]["containers"]]
+        return [
+            (kind, c)
+            for kind, spec in doc["spec"]["tfReplicaSpecs"].items()
+            for c in spec["template"]["spec"]["containers"]
+        ]
     if doc["kind"] == "Job":
         return [("", c) for c in doc["spec"]["template"]["spec"]["containers"]]
     return []
@@ -107,6 +111,7 @@ def container_argv(container: dict) -> list[str]:
 
 # -- README -------------------------------------------------------------------------------
 
+
 def readme_commands() -> list[list[str]]:
     return [c for block in shell_blocks(readme_section()) for c in command_lines(block)]
 
@@ -116,9 +121,22 @@ def test_readme_section_has_the_commands_it_promises():
     launches = [c for c in commands if c[0] == "launch"]
     assert any("--ps" in c for c in launches) and any("--max-restarts" in c for c in launches)
     assert any(c[0] == "train" and "multi-worker" in c for c in commands)
-    assert ["launch", "--workers", "2", "--", "mirrorfit", "train", "--model", "cnn",
-            "--strategy", "multi-worker", "--threads-per-worker", "1",
-            "--checkpoint-dir", "ckpt"] in commands  # the issue's bench line
+    assert [
+        "launch",
+        "--workers",
+        "2",
+        "--",
+        "mirrorfit",
+        "train",
+        "--model",
+        "cnn",
+        "--strategy",
+        "multi-worker",
+        "--threads-per-worker",
+        "1",
+        "--checkpoint-dir",
+        "ckpt",
+    ] in commands  # the issue's bench line
 
 
 @pytest.mark.parametrize("argv", readme_commands(), ids=" ".join)
@@ -150,6 +168,7 @@ def test_readme_yaml_excerpt_is_the_jobs_file():
 
 # -- deploy/ ------------------------------------------------------------------------------
 
+
 def test_slurm_script_commands_and_layout():
     script = (DEPLOY / "slurm" / "train.sbatch").read_text(encoding="utf-8")
     commands = command_lines(script)
@@ -160,13 +179,19 @@ def test_slurm_script_commands_and_layout():
     nodes, per_node = int(directives["nodes"]), int(directives["ntasks-per-node"])
     port_base = re.search(r"MIRRORFIT_SLURM_PORT_BASE=(\d+)", script).group(1)
     for rank in range(nodes * per_node):  # what srun gives each task
-        env = {"SLURM_STEP_NUM_TASKS": str(nodes * per_node), "SLURM_PROCID": str(rank),
-               "SLURM_STEP_NODELIST": f"node[1-{nodes}]",
-               "SLURM_STEP_TASKS_PER_NODE": f"{per_node}(x{nodes})",
-               "MIRRORFIT_SLURM_PORT_BASE": port_base}
+        env = {
+            "SLURM_STEP_NUM_TASKS": str(nodes * per_node),
+            "SLURM_PROCID": str(rank),
+            "SLURM_STEP_NODELIST": f"node[1-{nodes}]",
+            "SLURM_STEP_TASKS_PER_NODE": f"{per_node}(x{nodes})",
+            "MIRRORFIT_SLURM_PORT_BASE": port_base,
+        }
         cluster = resolve_cluster(env)
-        assert (cluster.num_workers, cluster.task_index, cluster.is_chief) == \
-            (nodes * per_node, rank, rank == 0)
+        assert (cluster.num_workers, cluster.task_index, cluster.is_chief) == (
+            nodes * per_node,
+            rank,
+            rank == 0,
+        )
         assert cluster.workers[0] == f"node1:{port_base}"
 
 
@@ -182,7 +207,7 @@ def test_plain_jobs_with_a_headless_service():
         assert pod["metadata"]["labels"].items() >= service["spec"]["selector"].items()
         spec = pod["spec"]
         assert spec["subdomain"] == service["metadata"]["name"]
-        (kind, container), = containers(job)
+        ((kind, container),) = containers(job)
         check_command(container_argv(container))
         env = {e["name"]: e["value"] for e in container["env"]}
         cluster = resolve_cluster({"TF_CONFIG": env["TF_CONFIG"]})
@@ -196,8 +221,9 @@ def test_plain_jobs_with_a_headless_service():
     assert len({c.workers for c in clusters}) == 1 and len(clusters[0].workers) == len(jobs)
 
 
-@pytest.mark.parametrize("name, strategy", [("tfjob.yaml", "multi-worker"),
-                                            ("tfjob-ps.yaml", "parameter-server")])
+@pytest.mark.parametrize(
+    "name, strategy", [("tfjob.yaml", "multi-worker"), ("tfjob-ps.yaml", "parameter-server")]
+)
 def test_tfjobs(name, strategy):
     (job,) = yaml_docs(name)
     assert (job["apiVersion"], job["kind"]) == ("kubeflow.org/v1", "TFJob")
@@ -209,11 +235,20 @@ def test_tfjobs(name, strategy):
         check_command(argv)
         assert argv[argv.index("--strategy") + 1] == strategy
     # the TF_CONFIG the training operator writes: {job}-{type}-{i}.{namespace}.svc:2222
-    jobs = {kind.lower(): [f"{job['metadata']['name']}-{kind.lower()}-{i}.default.svc:2222"
-                           for i in range(spec["replicas"])] for kind, spec in replicas.items()}
-    tasks = [resolve_cluster({"TF_CONFIG": json.dumps(
-        {"cluster": jobs, "task": {"type": kind, "index": i}})})
-        for kind, addresses in jobs.items() for i in range(len(addresses))]
+    jobs = {
+        kind.lower(): [
+            f"{job['metadata']['name']}-{kind.lower()}-{i}.default.svc:2222"
+            for i in range(spec["replicas"])
+        ]
+        for kind, spec in replicas.items()
+    }
+    tasks = [
+        resolve_cluster(
+            {"TF_CONFIG": json.dumps({"cluster": jobs, "task": {"type": kind, "index": i}})}
+        )
+        for kind, addresses in jobs.items()
+        for i in range(len(addresses))
+    ]
     assert {c.mode for c in tasks} == {strategy}
     assert sum(c.is_chief for c in tasks) == 1
 

@@ -14,12 +14,16 @@ DOCKER = Path(__file__).resolve().parents[1] / "docker"
 
 def _instructions(name):
     text = (DOCKER / name).read_text().replace("\\\n", " ")
-    return [line.split(None, 1) for line in text.splitlines()
-            if line.strip() and not line.lstrip().startswith("#")]
+    return [
+        line.split(None, 1)
+        for line in text.splitlines()
+        if line.strip() and not line.lstrip().startswith("#")
+    ]
 
 
 def _json_list(value):
     import json
+
     return json.loads(value)
 
 
@@ -51,8 +55,7 @@ def test_compose_trains_on_gpus_and_serves_the_exports_two_ways():
     gpu = trainer["deploy"]["resources"]["reservations"]["devices"][0]
     assert gpu["driver"] == "nvidia" and "gpu" in gpu["capabilities"]
     assert "CUDA_VISIBLE_DEVICES" in trainer["environment"]
-    export_host = next(v.split(":")[0] for v in trainer["volumes"]
-                       if v.split(":")[1] == "/models")
+    export_host = next(v.split(":")[0] for v in trainer["volumes"] if v.split(":")[1] == "/models")
     assert train.export_dir == "/models/mnist"
 
     # the real TF Serving reads /models/${MODEL_NAME} = the trainer's export folder

@@ -31,8 +31,9 @@ def installs(name: str, extras: tuple[str, ...] = ()) -> set[str]:
             continue
         for line in requires:
             req = Requirement(line)
-            if req.marker is None or any(req.marker.evaluate({"extra": e})
-                                         for e in (wanted or {""})):
+            if req.marker is None or any(
+                req.marker.evaluate({"extra": e}) for e in (wanted or {""})
+            ):
                 todo.append((req.name, frozenset(req.extras)))
     return {name for name, _ in seen}
 
@@ -42,12 +43,15 @@ def test_the_walk_sees_what_the_test_extra_brings():
     assert {"tensorflow", "jax", "keras", "starlette", "matplotlib", "pytest"} <= everything
 
 
-@pytest.mark.parametrize("extras,absent", [
-    ((), FRAMEWORKS | SERVING | {"matplotlib", "orbax-checkpoint"}),
-    (("jax",), {"tensorflow", "tensorflow-cpu", "tf-keras", "tensorflow-serving-api"}),
-    (("tensorflow",), {"jax", "jaxlib", "orbax-checkpoint"} | SERVING),
-    (("bench",), FRAMEWORKS),
-])
+@pytest.mark.parametrize(
+    "extras,absent",
+    [
+        ((), FRAMEWORKS | SERVING | {"matplotlib", "orbax-checkpoint"}),
+        (("jax",), {"tensorflow", "tensorflow-cpu", "tf-keras", "tensorflow-serving-api"}),
+        (("tensorflow",), {"jax", "jaxlib", "orbax-checkpoint"} | SERVING),
+        (("bench",), FRAMEWORKS),
+    ],
+)
 def test_an_extra_brings_only_its_own(extras, absent):
     got = installs("mirrorfit", extras)
     assert "keras" in got
@@ -57,26 +61,36 @@ def test_an_extra_brings_only_its_own(extras, absent):
 def test_each_engine_extra_brings_its_framework():
     assert {"jax", "jaxlib", "orbax-checkpoint"} <= installs("mirrorfit", ("jax",))
     assert "tensorflow" in installs("mirrorfit", ("tensorflow",))
-    assert {"tensorflow", "tensorflow-serving-api", "uvicorn"} <= installs("mirrorfit",
-                                                                          ("serve",))
+    assert {"tensorflow", "tensorflow-serving-api", "uvicorn"} <= installs("mirrorfit", ("serve",))
 
 
-@pytest.mark.parametrize("args,blocked,said", [
-    (("train", "--backend", "jax", "--epochs", "1"), ("jax",),
-     "--backend jax needs JAX: pip install 'mirrorfit[jax]'"),
-    (("serve", "--model_base_path", "{tmp}", "--model_name", "m", "--port", "0"),
-     ("starlette", "uvicorn"),
-     "mirrorfit serve needs starlette, uvicorn, not installed: pip install 'mirrorfit[serve]'"),
-    (("bench", "--backend", "jax", "--replicas", "1", "--epochs", "2", "--out", "{tmp}/b"),
-     ("matplotlib",), "mirrorfit bench draws its plot with matplotlib, which is not "
-     "installed: pip install 'mirrorfit[bench]'"),
-])
+@pytest.mark.parametrize(
+    "args,blocked,said",
+    [
+        (
+            ("train", "--backend", "jax", "--epochs", "1"),
+            ("jax",),
+            "--backend jax needs JAX: pip install 'mirrorfit[jax]'",
+        ),
+        (
+            ("serve", "--model_base_path", "{tmp}", "--model_name", "m", "--port", "0"),
+            ("starlette", "uvicorn"),
+            "mirrorfit serve needs starlette, uvicorn, not installed: "
+            "pip install 'mirrorfit[serve]'",
+        ),
+        (
+            ("bench", "--backend", "jax", "--replicas", "1", "--epochs", "2", "--out", "{tmp}/b"),
+            ("matplotlib",),
+            "mirrorfit bench draws its plot with matplotlib, which is not "
+            "installed: pip install 'mirrorfit[bench]'",
+        ),
+    ],
+)
 def test_a_command_without_its_extra_names_it_in_one_line(args, blocked, said, tmp_path):
     from conftest import run_cli
 
     (tmp_path / "1").mkdir()
-    proc = run_cli(*(a.replace("{tmp}", str(tmp_path)) for a in args), without=blocked,
-                   timeout=120)
+    proc = run_cli(*(a.replace("{tmp}", str(tmp_path)) for a in args), without=blocked, timeout=120)
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-3000:]
     assert lines[0].startswith(f"mirrorfit: error: {said}"), lines[0]

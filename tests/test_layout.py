@@ -24,16 +24,21 @@ def import_graph() -> dict[str, set[str]]:
     for name, path in modules.items():
         found = set()
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 \
-                    and node.module.startswith("mirrorfit"):
+            if (
+                isinstance(node, ast.ImportFrom)
+                and node.module
+                and node.level == 0
+                and node.module.startswith("mirrorfit")
+            ):
                 for alias in node.names:  # `from pkg import module` imports that module
                     child = f"{node.module}.{alias.name}"
                     found.add(child if child in modules else node.module)
             elif isinstance(node, ast.Import):
                 found.update(a.name for a in node.names if a.name in modules)
         # A package's own __init__ runs first, but importing a submodule is not a climb back.
-        graph[name] = {m for m in found if m in modules and m != name
-                       and not name.startswith(m + ".")}
+        graph[name] = {
+            m for m in found if m in modules and m != name and not name.startswith(m + ".")
+        }
     return graph
 
 
@@ -115,9 +120,13 @@ def _framework_imports() -> dict[str, set[str]]:
     found: dict[str, set[str]] = {}
     for name, path in _modules().items():
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
-                     [node.module] if isinstance(node, ast.ImportFrom) and node.module
-                     and node.level == 0 else [])
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module]
+                if isinstance(node, ast.ImportFrom) and node.module and node.level == 0
+                else []
+            )
             if isinstance(node, ast.ImportFrom) and node.module == "mirrorfit.data._tf":
                 names = ["tensorflow"]  # the data modules' lazy TensorFlow
             for imported in names:
@@ -128,8 +137,12 @@ def _framework_imports() -> dict[str, set[str]]:
 
 
 def test_frameworks_are_imported_only_where_they_must_be():
-    stray = {module: sorted(frameworks) for module, frameworks in _framework_imports().items()
-             for framework in frameworks
-             if not any(module == home or module.startswith(home + ".")
-                        for home in FRAMEWORK_HOMES[framework])}
+    stray = {
+        module: sorted(frameworks)
+        for module, frameworks in _framework_imports().items()
+        for framework in frameworks
+        if not any(
+            module == home or module.startswith(home + ".") for home in FRAMEWORK_HOMES[framework]
+        )
+    }
     assert not stray, stray

@@ -29,14 +29,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-cluster = tf.train.ClusterSpec({"worker": [f"127.0.0.1:{free_port()}" for _ in range(2)],
-                                "ps": [f"127.0.0.1:{free_port()}"]})
+cluster = tf.train.ClusterSpec(
+    {"worker": [f"127.0.0.1:{free_port()}" for _ in range(2)], "ps": [f"127.0.0.1:{free_port()}"]}
+)
 # In-process servers share one inter-op pool; on a 2-core machine its default size deadlocks
 # (the TF parameter-server tutorial sets the same).
 config = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=4)
-servers = [tf.distribute.Server(cluster, job_name=job, task_index=i, protocol="grpc",
-                                config=config, start=True)
-           for job, i in (("worker", 0), ("worker", 1), ("ps", 0))]
+servers = [
+    tf.distribute.Server(
+        cluster, job_name=job, task_index=i, protocol="grpc", config=config, start=True
+    )
+    for job, i in (("worker", 0), ("worker", 1), ("ps", 0))
+]
 resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(cluster, rpc_layer="grpc")
 strategy = tf.distribute.experimental.ParameterServerStrategy(resolver)
 coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
@@ -66,9 +70,11 @@ for _ in range(CLOSURES):
     coordinator.schedule(increment, args=(tf.constant(STEPS),))
 coordinator.join()
 expected = STEPS * CLOSURES
-got = {"tf.Variable.assign_add": float(tf_counter.numpy()),
-       "keras.metrics.Sum": float(metric.result()),
-       "optimizer.iterations": int(optimizer.iterations.numpy())}
+got = {
+    "tf.Variable.assign_add": float(tf_counter.numpy()),
+    "keras.metrics.Sum": float(metric.result()),
+    "optimizer.iterations": int(optimizer.iterations.numpy()),
+}
 for name, value in got.items():
     print(f"{name:24s} {value:8.0f} of {expected} ({expected - value:.0f} lost)")
 lost = any(v != expected for v in got.values())

@@ -37,16 +37,21 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-cluster = tf.train.ClusterSpec({"worker": [f"127.0.0.1:{free_port()}"],
-                                "ps": [f"127.0.0.1:{free_port()}" for _ in range(2)]})
+cluster = tf.train.ClusterSpec(
+    {"worker": [f"127.0.0.1:{free_port()}"], "ps": [f"127.0.0.1:{free_port()}" for _ in range(2)]}
+)
 config = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=4)  # in-process: see TF tutorial
-servers = [tf.distribute.Server(cluster, job_name=job, task_index=i, protocol="grpc",
-                                config=config, start=True)
-           for job, i in (("worker", 0), ("ps", 0), ("ps", 1))]
+servers = [
+    tf.distribute.Server(
+        cluster, job_name=job, task_index=i, protocol="grpc", config=config, start=True
+    )
+    for job, i in (("worker", 0), ("ps", 0), ("ps", 1))
+]
 resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(cluster, rpc_layer="grpc")
 partitioner = tf.distribute.experimental.partitioners.FixedShardsPartitioner(2)
-strategy = tf.distribute.experimental.ParameterServerStrategy(resolver,
-                                                              variable_partitioner=partitioner)
+strategy = tf.distribute.experimental.ParameterServerStrategy(
+    resolver, variable_partitioner=partitioner
+)
 coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
 
 with strategy.scope():
@@ -82,9 +87,10 @@ def shard_gradients_then_keras_update(x):
 
 
 failed = False
-for name, fn in (("tape.gradient(model.trainable_variables)", keras_gradients),
-                 ("shard gradients + optimizer.apply_gradients",
-                  shard_gradients_then_keras_update)):
+for name, fn in (
+    ("tape.gradient(model.trainable_variables)", keras_gradients),
+    ("shard gradients + optimizer.apply_gradients", shard_gradients_then_keras_update),
+):
     try:
         coordinator.schedule(fn, args=(tf.ones([3, 4]),))
         coordinator.join()

@@ -110,8 +110,10 @@ def disk_full_hint(what: str | Path, keep: str = "") -> Iterator[None]:
     except Exception as e:
         if not is_disk_full(e):
             raise
-        raise StorageError(f"disk full while writing {what}{'; ' + keep if keep else ''}; "
-                           "free some space and rerun") from None
+        raise StorageError(
+            f"disk full while writing {what}{'; ' + keep if keep else ''}; "
+            "free some space and rerun"
+        ) from None
 
 
 def temp_tag() -> str:

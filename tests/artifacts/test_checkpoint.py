@@ -20,9 +20,26 @@ from conftest import ROOT, _env, run_cli, run_isolated
 pytestmark = pytest.mark.slow
 
 # The smallest model with Dropout (its RNG state must be checkpointed) and Adam (its slots).
-RUN = ["train", "--model", "user_models:tiny_dropout", "--train-examples", "512", "--epochs", "3",
-       "--global-batch-size", "32", "--steps-per-execution", "2", "--checkpoint-every", "8",
-       "--optimizer", "adam", "--lr", "0.003", "--no-progress"]
+RUN = [
+    "train",
+    "--model",
+    "user_models:tiny_dropout",
+    "--train-examples",
+    "512",
+    "--epochs",
+    "3",
+    "--global-batch-size",
+    "32",
+    "--steps-per-execution",
+    "2",
+    "--checkpoint-every",
+    "8",
+    "--optimizer",
+    "adam",
+    "--lr",
+    "0.003",
+    "--no-progress",
+]
 
 # Runs `mirrorfit train` (cli.main, the console script's function) several times in one fresh
 # interpreter; {inject} patches methods to raise a signal at chosen moments, each named: run i
@@ -54,8 +71,9 @@ print(json.dumps(out))
 
 
 def _program(runs, inject, armed):
-    return (f"RUNS = {runs!r}\nARMED = {armed!r}\n"
-            + textwrap.dedent(DRIVER.format(inject=textwrap.dedent(inject))))
+    return f"RUNS = {runs!r}\nARMED = {armed!r}\n" + textwrap.dedent(
+        DRIVER.format(inject=textwrap.dedent(inject))
+    )
 
 
 def _drive(runs, inject, armed, timeout=300):
@@ -86,16 +104,38 @@ Checkpointer.step_hook = step_hook
 
 
 def test_sigterm_then_resume_gives_the_uninterrupted_weights(tmp_path):
-    a = [*RUN, "--checkpoint-dir", str(tmp_path / "a"), "--save-keras", str(tmp_path / "a.keras"),
-         "--metrics-out", str(tmp_path / "a.json")]
-    b = [*RUN, "--checkpoint-dir", str(tmp_path / "b"), "--save-keras", str(tmp_path / "b.keras"),
-         "--export-dir", str(tmp_path / "models" / "m")]
-    c = [*RUN, "--checkpoint-dir", str(tmp_path / "c"), "--save-keras", str(tmp_path / "c.keras"),
-         "--metrics-out", str(tmp_path / "c.json")]
+    a = [
+        *RUN,
+        "--checkpoint-dir",
+        str(tmp_path / "a"),
+        "--save-keras",
+        str(tmp_path / "a.keras"),
+        "--metrics-out",
+        str(tmp_path / "a.json"),
+    ]
+    b = [
+        *RUN,
+        "--checkpoint-dir",
+        str(tmp_path / "b"),
+        "--save-keras",
+        str(tmp_path / "b.keras"),
+        "--export-dir",
+        str(tmp_path / "models" / "m"),
+    ]
+    c = [
+        *RUN,
+        "--checkpoint-dir",
+        str(tmp_path / "c"),
+        "--save-keras",
+        str(tmp_path / "c.keras"),
+        "--metrics-out",
+        str(tmp_path / "c.json"),
+    ]
     # SIGTERM in epoch 2, at step 22 of 48: not on a --checkpoint-every boundary. And at step
     # 16, epoch 1's last: saved before epoch 1's end (its line, history entry, save) ran.
     ref, stopped, resumed, stopped_at_end, resumed_at_end = _drive(
-        [a, b, b, c, c], AT_STEPS, armed={1: "step 22", 3: "step 16"})
+        [a, b, b, c, c], AT_STEPS, armed={1: "step 22", 3: "step 16"}
+    )
     assert ref["code"] == 0, ref["err"][-3000:]
     assert stopped["code"] == 75, stopped["err"][-3000:]  # the documented preemption exit code
     assert "preempted by SIGTERM" in stopped["err"] and "rerun the same command" in stopped["err"]
@@ -141,15 +181,26 @@ Checkpointer.save = save
 
 def test_a_signal_at_the_end_of_training_is_not_dropped(tmp_path):
     def run(name):
-        return [*RUN, "--checkpoint-every", "0", "--checkpoint-dir", str(tmp_path / name / "c"),
-                "--export-dir", str(tmp_path / name / "m"), "--save-keras",
-                str(tmp_path / name / "k.keras")]
+        return [
+            *RUN,
+            "--checkpoint-every",
+            "0",
+            "--checkpoint-dir",
+            str(tmp_path / name / "c"),
+            "--export-dir",
+            str(tmp_path / name / "m"),
+            "--save-keras",
+            str(tmp_path / name / "k.keras"),
+        ]
 
     moments = ("validation", "checkpoint")  # of the last epoch
     for name in moments:
         (tmp_path / name).mkdir()
-    results = _drive([run(m) for m in moments for _ in (0, 1)], LAST_VALIDATION + LAST_CHECKPOINT,
-                     armed={0: "validation", 2: "checkpoint"})
+    results = _drive(
+        [run(m) for m in moments for _ in (0, 1)],
+        LAST_VALIDATION + LAST_CHECKPOINT,
+        armed={0: "validation", 2: "checkpoint"},
+    )
     for name, stopped, rerun in zip(moments, results[::2], results[1::2]):
         assert stopped["code"] == 75, (name, stopped["err"][-3000:])
         assert "preempted by SIGTERM: saved" in stopped["err"]
@@ -163,10 +214,25 @@ def test_a_signal_at_the_end_of_training_is_not_dropped(tmp_path):
 
 
 def test_sigterm_without_a_checkpoint_dir_says_what_was_lost(tmp_path):
-    cmd = ["train", "--model", "user_models:tiny", "--train-examples", "256", "--epochs",
-           "100000", "--export-dir", str(tmp_path / "m"), "--no-progress"]
-    proc = subprocess.Popen([sys.executable, "-m", "mirrorfit.cli", *cmd], env=_env(), cwd=ROOT,
-                            stderr=subprocess.PIPE, text=True)
+    cmd = [
+        "train",
+        "--model",
+        "user_models:tiny",
+        "--train-examples",
+        "256",
+        "--epochs",
+        "100000",
+        "--export-dir",
+        str(tmp_path / "m"),
+        "--no-progress",
+    ]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mirrorfit.cli", *cmd],
+        env=_env(),
+        cwd=ROOT,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     for line in proc.stderr:  # training has started
         if line.startswith("epoch 1/"):
             break
@@ -187,16 +253,32 @@ def _wait_for_handler(pid: int, signum: int, timeout_s: float = 60) -> None:
         if caught >> (signum - 1) & 1:
             return
         time.sleep(0.005)
-    raise AssertionError(f"process {pid} installed no handler for signal {signum} in "
-                         f"{timeout_s:g} s")
+    raise AssertionError(
+        f"process {pid} installed no handler for signal {signum} in {timeout_s:g} s"
+    )
 
 
 def test_sigterm_while_tensorflow_loads_is_honoured(tmp_path):
     """The CLI takes the signals before it imports TensorFlow (seconds), not after."""
-    cmd = ["train", "--model", "user_models:tiny", "--train-examples", "256", "--epochs", "1",
-           "--export-dir", str(tmp_path / "m"), "--no-progress"]
-    proc = subprocess.Popen([sys.executable, "-m", "mirrorfit.cli", *cmd], env=_env(), cwd=ROOT,
-                            stderr=subprocess.PIPE, text=True)
+    cmd = [
+        "train",
+        "--model",
+        "user_models:tiny",
+        "--train-examples",
+        "256",
+        "--epochs",
+        "1",
+        "--export-dir",
+        str(tmp_path / "m"),
+        "--no-progress",
+    ]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mirrorfit.cli", *cmd],
+        env=_env(),
+        cwd=ROOT,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     _wait_for_handler(proc.pid, signal.SIGTERM)  # installed before TensorFlow loads (seconds)
     with open(f"/proc/{proc.pid}/maps") as f:
         assert "libtensorflow" not in f.read()  # TensorFlow's libraries not loaded yet
@@ -208,12 +290,31 @@ def test_sigterm_while_tensorflow_loads_is_honoured(tmp_path):
 
 
 def test_a_second_ctrl_c_stops_at_once(tmp_path):
-    run = ["train", "--model", "user_models:tiny", "--train-examples", "256", "--epochs", "2",
-           "--global-batch-size", "32", "--steps-per-execution", "1", "--checkpoint-dir",
-           str(tmp_path / "c"), "--no-progress"]
+    run = [
+        "train",
+        "--model",
+        "user_models:tiny",
+        "--train-examples",
+        "256",
+        "--epochs",
+        "2",
+        "--global-batch-size",
+        "32",
+        "--steps-per-execution",
+        "1",
+        "--checkpoint-dir",
+        str(tmp_path / "c"),
+        "--no-progress",
+    ]
     code = _program([run], AT_STEP.format(step=3, sig="signal.SIGINT", times=2), {0: "step"})
-    proc = subprocess.run([sys.executable, "-c", code], env=_env(), cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        env=_env(),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == -signal.SIGINT, proc.stderr[-3000:]  # killed, not a clean exit
     assert "Ctrl-C again stops at once" in proc.stderr
     assert not (tmp_path / "c").exists()  # it did not go on to save
@@ -246,11 +347,30 @@ else:
 
 def test_kill_9_during_a_save_leaves_the_previous_checkpoint_loadable(tmp_path):
     d = tmp_path / "ckpt"
-    run_cli("train", "--train-examples", "256", "--epochs", "1", "--global-batch-size", "32",
-            "--optimizer", "adam", "--lr", "0.001", "--checkpoint-dir", str(d), "--no-progress")
+    run_cli(
+        "train",
+        "--train-examples",
+        "256",
+        "--epochs",
+        "1",
+        "--global-batch-size",
+        "32",
+        "--optimizer",
+        "adam",
+        "--lr",
+        "0.001",
+        "--checkpoint-dir",
+        str(d),
+        "--no-progress",
+    )
     assert [p.name for p in d.iterdir()] == ["ckpt-000000008"]
-    crashed = subprocess.run([sys.executable, "-c", CRASH.format(dir=str(d), crash=True)],
-                             env=_env(), cwd=ROOT, capture_output=True, text=True)
+    crashed = subprocess.run(
+        [sys.executable, "-c", CRASH.format(dir=str(d), crash=True)],
+        env=_env(),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert crashed.returncode == -signal.SIGKILL
     assert any(p.name.startswith(".ckpt-000000016.tmp") for p in d.iterdir())  # half-written
     after = run_isolated(CRASH.format(dir=str(d), crash=False))
@@ -259,8 +379,18 @@ def test_kill_9_during_a_save_leaves_the_previous_checkpoint_loadable(tmp_path):
 
 def test_corrupt_checkpoint_is_named_and_fresh_starts_over(tmp_path):
     d = tmp_path / "ckpt"
-    args = ["train", "--model", "user_models:tiny", "--train-examples", "256", "--epochs", "1",
-            "--checkpoint-dir", str(d), "--no-progress"]
+    args = [
+        "train",
+        "--model",
+        "user_models:tiny",
+        "--train-examples",
+        "256",
+        "--epochs",
+        "1",
+        "--checkpoint-dir",
+        str(d),
+        "--no-progress",
+    ]
     assert run_cli(*args).returncode == 0
     (data_file,) = (d / "ckpt-000000008").glob("state.data-*")
     data_file.write_bytes(b"\0" * 100)
@@ -275,44 +405,114 @@ def test_corrupt_checkpoint_is_named_and_fresh_starts_over(tmp_path):
 
 def test_checkpoint_of_another_model_is_refused_clearly(tmp_path):
     d = tmp_path / "ckpt"
-    assert run_cli("train", "--train-examples", "256", "--epochs", "1", "--checkpoint-dir",
-                   str(d), "--no-progress").returncode == 0
-    other = run_cli("train", "--model", "user_models:tiny", "--train-examples", "256",
-                    "--epochs", "2", "--checkpoint-dir", str(d), "--no-progress")
+    assert (
+        run_cli(
+            "train",
+            "--train-examples",
+            "256",
+            "--epochs",
+            "1",
+            "--checkpoint-dir",
+            str(d),
+            "--no-progress",
+        ).returncode
+        == 0
+    )
+    other = run_cli(
+        "train",
+        "--model",
+        "user_models:tiny",
+        "--train-examples",
+        "256",
+        "--epochs",
+        "2",
+        "--checkpoint-dir",
+        str(d),
+        "--no-progress",
+    )
     assert other.returncode == 2
-    assert ("written with --model mlp, this run has --model user_models:tiny: resume with "
-            "--model mlp, or pass --fresh") in other.stderr
-    wider = run_cli("train", "--num-classes", "12", "--train-examples", "256", "--epochs", "2",
-                    "--checkpoint-dir", str(d), "--no-progress")
+    assert (
+        "written with --model mlp, this run has --model user_models:tiny: resume with "
+        "--model mlp, or pass --fresh"
+    ) in other.stderr
+    wider = run_cli(
+        "train",
+        "--num-classes",
+        "12",
+        "--train-examples",
+        "256",
+        "--epochs",
+        "2",
+        "--checkpoint-dir",
+        str(d),
+        "--no-progress",
+    )
     assert wider.returncode == 2  # said "weight shapes differ", naming no flag
-    assert ("trained with num classes 10, this run's model has 12 (from --num-classes or the "
-            "data): resume with --num-classes 10 and the data it was trained on, or pass "
-            "--fresh") in wider.stderr, wider.stderr[-2000:]
+    assert (
+        "trained with num classes 10, this run's model has 12 (from --num-classes or the "
+        "data): resume with --num-classes 10 and the data it was trained on, or pass "
+        "--fresh"
+    ) in wider.stderr, wider.stderr[-2000:]
 
 
 # -- resuming with changed flags (issue 10, item 8); 2 replicas resume on 1 -------------------
 def test_changed_flags_resume_exactly_or_are_refused_by_name(tmp_path):
-    base = ["train", "--model", "user_models:tiny", "--train-examples", "256", "--optimizer",
-            "adam", "--lr", "0.003", "--no-progress"]
+    base = [
+        "train",
+        "--model",
+        "user_models:tiny",
+        "--train-examples",
+        "256",
+        "--optimizer",
+        "adam",
+        "--lr",
+        "0.003",
+        "--no-progress",
+    ]
     c = ["--checkpoint-dir", str(tmp_path / "c")]
     refused = {  # flags of the rerun -> what the one line must say (default --batch-size 32)
         ("--replicas", "1"): "--replicas 2 -> 1): resume with --replicas 2 (or "
-                             "--global-batch-size 64)",
+        "--global-batch-size 64)",
         ("--replicas", "2", "--accum-steps", "2"): "--accum-steps 1 -> 2",
         ("--replicas", "2", "--batch-size", "16"): "--batch-size 32 -> 16",
         ("--replicas", "2", "--seed", "7"): "seed 42, this run has 7 (--seed 42 -> 7): resume "
-                                            "with --seed 42",
+        "with --seed 42",
         ("--replicas", "2", "--train-examples", "128"): "--train-examples 256 -> 128",
     }
     runs = [[*base, *c, "--replicas", "2", "--epochs", "1"]]  # global batch 2 x 32 = 64
     runs += [[*base, *c, "--epochs", "2", *flags] for flags in refused]
     # The same global batch another way: one replica, two accumulation steps of 32. Exact.
-    runs.append([*base, *c, "--epochs", "2", "--replicas", "1", "--accum-steps", "2",
-                 "--save-keras", str(tmp_path / "resumed.keras")])
+    runs.append(
+        [
+            *base,
+            *c,
+            "--epochs",
+            "2",
+            "--replicas",
+            "1",
+            "--accum-steps",
+            "2",
+            "--save-keras",
+            str(tmp_path / "resumed.keras"),
+        ]
+    )
     # Once more, the global batch given directly: done already.
     runs.append([*base, *c, "--epochs", "2", "--replicas", "1", "--global-batch-size", "64"])
-    runs.append([*base, "--checkpoint-dir", str(tmp_path / "ref"), "--epochs", "2", "--replicas",
-                 "1", "--global-batch-size", "64", "--save-keras", str(tmp_path / "ref.keras")])
+    runs.append(
+        [
+            *base,
+            "--checkpoint-dir",
+            str(tmp_path / "ref"),
+            "--epochs",
+            "2",
+            "--replicas",
+            "1",
+            "--global-batch-size",
+            "64",
+            "--save-keras",
+            str(tmp_path / "ref.keras"),
+        ]
+    )
     first, *results, resumed, again, ref = _drive(runs, "", {})
     assert first["code"] == 0, first["err"][-3000:]
     for (flags, expected), got in zip(refused.items(), results):
@@ -347,16 +547,29 @@ os.fsync, tf.train.Checkpoint.write = fsync, write
 
 def test_a_full_disk_says_so_and_keeps_the_previous_checkpoint(tmp_path):
     d = tmp_path / "c"
-    run = ["train", "--model", "user_models:tiny", "--train-examples", "256",
-           "--global-batch-size", "32", "--checkpoint-dir", str(d), "--no-progress"]
-    first, meta_full, tf_full = _drive([[*run, "--epochs", "1"]] + [[*run, "--epochs", "2"]] * 2,
-                                       DISK_FULL, {})
+    run = [
+        "train",
+        "--model",
+        "user_models:tiny",
+        "--train-examples",
+        "256",
+        "--global-batch-size",
+        "32",
+        "--checkpoint-dir",
+        str(d),
+        "--no-progress",
+    ]
+    first, meta_full, tf_full = _drive(
+        [[*run, "--epochs", "1"]] + [[*run, "--epochs", "2"]] * 2, DISK_FULL, {}
+    )
     assert first["code"] == 0, first["err"][-3000:]
     for got in (meta_full, tf_full):
         assert got["code"] == 2, got["err"][-3000:]
         assert "Traceback" not in got["err"] and "memory" not in got["err"]
-        assert (f"disk full while writing checkpoint {d}/ckpt-000000016; the previous "
-                f"checkpoint {d}/ckpt-000000008 is kept") in got["err"]
+        assert (
+            f"disk full while writing checkpoint {d}/ckpt-000000016; the previous "
+            f"checkpoint {d}/ckpt-000000008 is kept"
+        ) in got["err"]
     assert [p.name for p in d.iterdir()] == ["ckpt-000000008"]  # and no temp folder
 
 
@@ -379,8 +592,13 @@ def _trainer():
 
     keras.utils.set_random_seed(0)
     strategy = mirrorfit.build_strategy(mirrorfit.configure_devices())
-    return mirrorfit.Trainer(strategy=strategy, model=tiny, optimizer=keras.optimizers.Adam(1e-3),
-                             loss=keras.losses.SparseCategoricalCrossentropy(), global_batch=32)
+    return mirrorfit.Trainer(
+        strategy=strategy,
+        model=tiny,
+        optimizer=keras.optimizers.Adam(1e-3),
+        loss=keras.losses.SparseCategoricalCrossentropy(),
+        global_batch=32,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -395,12 +613,16 @@ def test_checkpoints_are_fsynced_before_the_rename(tmp_path, monkeypatch):
     from mirrorfit.artifacts.checkpoint import Checkpointer
 
     done, real = [], os.fsync
-    monkeypatch.setattr(os, "fsync", lambda fd: (done.append(os.readlink(f"/proc/self/fd/{fd}")),
-                                                 real(fd)))
+    monkeypatch.setattr(
+        os, "fsync", lambda fd: (done.append(os.readlink(f"/proc/self/fd/{fd}")), real(fd))
+    )
     trainer = _trainer()
     path = Checkpointer(tmp_path, trainer=trainer, model_spec="tiny").save()
-    synced = {p.split(".tmp-", 1)[1].split("/", 1)[1] for p in done if "/.ckpt-" in p
-              and "/" in p.split(".tmp-", 1)[1]}
+    synced = {
+        p.split(".tmp-", 1)[1].split("/", 1)[1]
+        for p in done
+        if "/.ckpt-" in p and "/" in p.split(".tmp-", 1)[1]
+    }
     files = {str(p.relative_to(path)) for p in path.rglob("*") if p.is_file()}
     assert {"meta.json", "state.index"} <= files <= synced  # TF's files too
     assert done[-1] == str(tmp_path)  # the folder, after the rename
@@ -415,11 +637,12 @@ def test_restore_falls_back_past_a_corrupt_newest_checkpoint(tmp_path, batches, 
     trainer.fit(batches, epochs=2, callbacks=[ckpt.epoch_callback])
     (victim,) = (tmp_path / "ckpt-000000016").glob(f"{damage}*")
     data = victim.read_bytes()  # a power loss: the end never reached the disk, or garbage
-    victim.write_bytes(data[:len(data) // 2] if damage != "state.data" else b"\1" * len(data))
+    victim.write_bytes(data[: len(data) // 2] if damage != "state.data" else b"\1" * len(data))
 
     notices, trainer = [], _trainer()
-    ckpt = Checkpointer(tmp_path, trainer=trainer, model_spec="tiny", data=batches.order,
-                        on_notice=notices.append)
+    ckpt = Checkpointer(
+        tmp_path, trainer=trainer, model_spec="tiny", data=batches.order, on_notice=notices.append
+    )
     restored = ckpt.restore_latest()
     assert restored.step == 8 and restored.epoch == 1
     assert len(notices) == 1 and "ckpt-000000016 cannot be read" in notices[0]
@@ -436,9 +659,26 @@ def test_export_rebuilds_a_checkpoint_at_the_shape_and_classes_it_was_trained_wi
     from conftest import run_cli
 
     ckpt, models = tmp_path / "ckpt", tmp_path / "models" / "small"
-    proc = run_cli("train", "--model", "cnn", "--data", "synthetic", "--input-shape", "32,32,3",
-                   "--num-classes", "5", "--epochs", "1", "--global-batch-size", "16",
-                   "--train-examples", "64", "--no-progress", "--checkpoint-dir", str(ckpt))
+    proc = run_cli(
+        "train",
+        "--model",
+        "cnn",
+        "--data",
+        "synthetic",
+        "--input-shape",
+        "32,32,3",
+        "--num-classes",
+        "5",
+        "--epochs",
+        "1",
+        "--global-batch-size",
+        "16",
+        "--train-examples",
+        "64",
+        "--no-progress",
+        "--checkpoint-dir",
+        str(ckpt),
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     proc = run_cli("export", "--checkpoint-dir", str(ckpt), "--export-dir", str(models))
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -446,8 +686,7 @@ def test_export_rebuilds_a_checkpoint_at_the_shape_and_classes_it_was_trained_wi
     assert (meta["identity"]["input_shape"], meta["identity"]["num_classes"]) == ([32, 32, 3], 5)
 
 
-def test_hand_edited_epoch_logs_and_a_newer_format_are_one_line_naming_the_file(tmp_path,
-                                                                                 batches):
+def test_hand_edited_epoch_logs_and_a_newer_format_are_one_line_naming_the_file(tmp_path, batches):
     """epoch_logs reach the epoch line, --metrics-out and TensorBoard: a checkpoint is a file a
     user can send, so they are checked when read, not where they crash or leak."""
     import math
@@ -461,19 +700,25 @@ def test_hand_edited_epoch_logs_and_a_newer_format_are_one_line_naming_the_file(
     first.fit(batches, epochs=1, callbacks=[ckpt.epoch_callback])
     file = tmp_path / "ckpt-000000008" / "meta.json"
     meta = json.loads(file.read_text())
-    good = {**{k: 0.5 for k in first.train_logs()}, "learning_rate": 1e-3,
-            "examples_per_sec": 900.0}
+    good = {
+        **{k: 0.5 for k in first.train_logs()},
+        "learning_rate": 1e-3,
+        "examples_per_sec": 900.0,
+    }
 
     def restore(epoch_logs, raw=None):
         text = json.dumps({**meta, "epoch": 0, "step_in_epoch": 8, "epoch_logs": epoch_logs})
         file.write_text(text if raw is None else text.replace('"epoch_logs": null', raw))
-        return Checkpointer(tmp_path, trainer=_trainer(), model_spec="tiny",
-                            data=batches.order).restore_latest()
+        return Checkpointer(
+            tmp_path, trainer=_trainer(), model_spec="tiny", data=batches.order
+        ).restore_latest()
 
     cases = [
         ({}, "epoch_logs lacks loss, learning_rate, examples_per_sec"),
-        ({k: v for k, v in good.items() if k != "examples_per_sec"},
-         "epoch_logs lacks examples_per_sec"),
+        (
+            {k: v for k, v in good.items() if k != "examples_per_sec"},
+            "epoch_logs lacks examples_per_sec",
+        ),
         ({**good, "learning_rate": 1e41}, "epoch_logs learning_rate is 1e+41, not a finite"),
         ({**good, "loss": 1e308}, "epoch_logs loss is 1e+308, not a finite"),
         ({**good, "\x1b[2Jx": 1.0}, r"epoch_logs has '\x1b[2Jx', not a metric name"),
@@ -482,9 +727,13 @@ def test_hand_edited_epoch_logs_and_a_newer_format_are_one_line_naming_the_file(
         ({k: v for k, v in good.items() if k != "accuracy"}, "epoch_logs lacks accuracy"),
         ({**good, "top5": 1.0}, "epoch_logs has top5 this run does not write"),
     ]
-    raw = [(f'"epoch_logs": {{"loss": {bad}, "learning_rate": 0.001, "examples_per_sec": 9}}',
-            f"epoch_logs loss is {text}") for bad, text in
-           (("NaN", "nan"), ("Infinity", "inf"), ("-1e999", "-inf"))]
+    raw = [
+        (
+            f'"epoch_logs": {{"loss": {bad}, "learning_rate": 0.001, "examples_per_sec": 9}}',
+            f"epoch_logs loss is {text}",
+        )
+        for bad, text in (("NaN", "nan"), ("Infinity", "inf"), ("-1e999", "-inf"))
+    ]
     for logs, problem in [*cases, *[(None, (r, p)) for r, p in raw]]:
         if isinstance(problem, tuple):
             (rawtext, problem), logs = problem, None
@@ -517,10 +766,10 @@ def test_hand_edited_epoch_logs_and_a_newer_format_are_one_line_naming_the_file(
         load_model(tmp_path, on_notice=pytest.fail)  # export, evaluate: nor there
 
 
-@pytest.mark.parametrize("special", ["state.index as a FIFO", "meta.json -> /dev/zero",
-                                     "meta.json of 2 MiB"])
-def test_a_checkpoint_file_that_is_no_plain_file_is_set_aside_not_read(tmp_path, batches,
-                                                                       special):
+@pytest.mark.parametrize(
+    "special", ["state.index as a FIFO", "meta.json -> /dev/zero", "meta.json of 2 MiB"]
+)
+def test_a_checkpoint_file_that_is_no_plain_file_is_set_aside_not_read(tmp_path, batches, special):
     """Opening a FIFO waits for a writer forever (a JAX state.npz as a FIFO hung the resume)
     and /dev/zero never ends: such a checkpoint is unreadable before anything in it opens."""
     import os
@@ -541,8 +790,13 @@ def test_a_checkpoint_file_that_is_no_plain_file_is_set_aside_not_read(tmp_path,
     else:
         (newest / name).write_text('{"pad": "' + "x" * (2 << 20) + '"}')
     notices = []
-    ckpt = Checkpointer(tmp_path, trainer=_trainer(), model_spec="tiny", data=batches.order,
-                        on_notice=notices.append)
+    ckpt = Checkpointer(
+        tmp_path,
+        trainer=_trainer(),
+        model_spec="tiny",
+        data=batches.order,
+        on_notice=notices.append,
+    )
     signal.alarm(60)  # a hang fails the test instead of the suite
     try:
         restored = ckpt.restore_latest()

@@ -36,12 +36,15 @@ def test_export_predicts_like_the_model(tmp_path, model, preprocessing):
     sig = tf.saved_model.load(str(path)).signatures["serving_default"]
     assert list(sig.structured_input_signature[1]) == ["images"]
     assert sig.structured_input_signature[1]["images"].dtype == (
-        tf.uint8 if preprocessing else tf.float32)
-    np.testing.assert_allclose(sig(images=tf.constant(feed))["probabilities"], expected,
-                               rtol=1e-5, atol=1e-6)
+        tf.uint8 if preprocessing else tf.float32
+    )
+    np.testing.assert_allclose(
+        sig(images=tf.constant(feed))["probabilities"], expected, rtol=1e-5, atol=1e-6
+    )
     layer = keras.layers.TFSMLayer(str(path), call_endpoint="serving_default")
-    np.testing.assert_allclose(layer(tf.constant(feed))["probabilities"], expected,
-                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        layer(tf.constant(feed))["probabilities"], expected, rtol=1e-5, atol=1e-6
+    )
 
 
 def test_versions_count_up_and_ignore_other_names(tmp_path, model):
@@ -60,8 +63,11 @@ def test_a_poller_never_sees_a_partial_version(tmp_path, model):
         while not stop.is_set():
             for v in versions(base):
                 d = base / f"{v:04d}"
-                if not ((d / "saved_model.pb").is_file() and (d / "variables").is_dir()
-                        and any((d / "variables").glob("variables.data-*"))):
+                if not (
+                    (d / "saved_model.pb").is_file()
+                    and (d / "variables").is_dir()
+                    and any((d / "variables").glob("variables.data-*"))
+                ):
                     bad.append(v)
                 seen.add(v)
 
@@ -80,8 +86,9 @@ def test_a_poller_never_sees_a_partial_version(tmp_path, model):
 def test_save_keras_is_atomic_and_checked(tmp_path, model):
     path = save_keras(model, tmp_path / "m.keras")
     assert [p.name for p in tmp_path.iterdir()] == ["m.keras"]
-    np.testing.assert_allclose(keras.saving.load_model(path)(_pixels() / 255.0),
-                               model(_pixels() / 255.0), rtol=1e-6)
+    np.testing.assert_allclose(
+        keras.saving.load_model(path)(_pixels() / 255.0), model(_pixels() / 255.0), rtol=1e-6
+    )
     with pytest.raises(ConfigError, match="must end in .keras"):
         save_keras(model, tmp_path / "m.h5")
 
@@ -90,15 +97,33 @@ def test_save_keras_is_atomic_and_checked(tmp_path, model):
 def test_cli_export_and_evaluate_agree_with_training(tmp_path, mnist_dir):
     d, models = tmp_path / "ckpt", tmp_path / "models" / "mnist"
     m = tmp_path / "m.json"
-    assert run_cli("train", "--train-examples", "4096", "--epochs", "2", "--checkpoint-dir",
-                   str(d), "--export-dir", str(models), "--export-preprocessing",
-                   "--metrics-out", str(m), "--no-progress").returncode == 0
+    assert (
+        run_cli(
+            "train",
+            "--train-examples",
+            "4096",
+            "--epochs",
+            "2",
+            "--checkpoint-dir",
+            str(d),
+            "--export-dir",
+            str(models),
+            "--export-preprocessing",
+            "--metrics-out",
+            str(m),
+            "--no-progress",
+        ).returncode
+        == 0
+    )
     trained = json.loads(m.read_text())
     assert trained["export_path"].endswith("0001")
     exp = run_cli("export", "--checkpoint-dir", str(d), "--export-dir", str(models))
     assert exp.returncode == 0 and (models / "0002" / "saved_model.pb").is_file()
-    for source in (["--saved-model", str(models)], ["--saved-model", str(models / "0001")],
-                   ["--checkpoint-dir", str(d)]):
+    for source in (
+        ["--saved-model", str(models)],
+        ["--saved-model", str(models / "0001")],
+        ["--checkpoint-dir", str(d)],
+    ):
         ev = run_cli("evaluate", *source, "--metrics-out", str(tmp_path / "e.json"))
         assert ev.returncode == 0, ev.stderr[-2000:]
         result = json.loads((tmp_path / "e.json").read_text())
@@ -141,8 +166,9 @@ def test_a_full_disk_says_so_and_adds_nothing(tmp_path, model, monkeypatch):
 
     def save(obj, path, **kwargs):  # as TensorFlow reports ENOSPC, after a partial write
         (tmp_path / "m" / str(path).rsplit("/", 1)[-1] / "half").mkdir(parents=True)
-        raise tf.errors.ResourceExhaustedError(None, None,
-                                               f"{path}/variables; No space left on device")
+        raise tf.errors.ResourceExhaustedError(
+            None, None, f"{path}/variables; No space left on device"
+        )
 
     monkeypatch.setattr(tf.saved_model, "save", save)
     with pytest.raises(StorageError, match="disk full while writing the export") as e:
@@ -173,15 +199,20 @@ def test_only_our_own_temps_of_crashed_writers_are_removed(tmp_path, model):
 
     from mirrorfit import _io
 
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                          capture_output=True, text=True).stdout.strip()
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    ).stdout.strip()
     host, rand = _io.temp_tag().split("-")[0], "0" * 32
     other_host = format(int(host, 16) ^ 1, "08x")
     base = tmp_path / "m"
     (base / f".tmp-{host}-{dead}-{rand}" / "variables").mkdir(parents=True)  # writer gone
-    kept = [f".tmp-{host}-{os.getppid()}-{rand}",  # a live process's export in progress
-            f".tmp-{other_host}-{dead}-{rand}",  # another host's (NFS): its pid means nothing here
-            ".tmp-deploy-staging", ".tmp-99999", f".tmp-{host}-{dead}-{rand}x"]  # not ours
+    kept = [
+        f".tmp-{host}-{os.getppid()}-{rand}",  # a live process's export in progress
+        f".tmp-{other_host}-{dead}-{rand}",  # another host's (NFS): its pid means nothing here
+        ".tmp-deploy-staging",
+        ".tmp-99999",
+        f".tmp-{host}-{dead}-{rand}x",
+    ]  # not ours
     for name in kept:
         (base / name).mkdir()
     (tmp_path / f".k.tmp-{host}-{dead}-{rand}.keras").write_text("half")
@@ -192,7 +223,8 @@ def test_only_our_own_temps_of_crashed_writers_are_removed(tmp_path, model):
     save_keras(model, tmp_path / "m[1].keras")
     assert sorted(p.name for p in base.iterdir()) == sorted([*kept, "0001"])
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
-        ["k.keras", "m", "m[1].keras", f".m1.tmp-{host}-{dead}-{rand}.keras"])
+        ["k.keras", "m", "m[1].keras", f".m1.tmp-{host}-{dead}-{rand}.keras"]
+    )
 
 
 def test_versions_past_int64_are_refused_and_the_server_agrees(tmp_path, model):
@@ -247,40 +279,73 @@ def test_class_names_go_into_the_export_and_serve_answers_with_them(tmp_path):
         folder = tmp_path / "photos" / names[i % 3]
         folder.mkdir(parents=True, exist_ok=True)
         (folder / f"{i}.png").write_bytes(png(x[i]))
-    proc = run_cli("train", "--data", str(tmp_path / "photos"), "--epochs", "1", "--batch-size",
-                   "4", "--no-progress", "--export-dir", str(tmp_path / "models" / "pets"),
-                   "--checkpoint-dir", str(tmp_path / "ckpt"), timeout=300)
+    proc = run_cli(
+        "train",
+        "--data",
+        str(tmp_path / "photos"),
+        "--epochs",
+        "1",
+        "--batch-size",
+        "4",
+        "--no-progress",
+        "--export-dir",
+        str(tmp_path / "models" / "pets"),
+        "--checkpoint-dir",
+        str(tmp_path / "ckpt"),
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     path = tmp_path / "models" / "pets" / "0001"
     assert (path / "assets" / "class_names.txt").read_text("utf-8") == "cat\ndög\nzebra\n"
     from tensorflow.core.protobuf import saved_model_pb2
+
     graph = saved_model_pb2.SavedModel.FromString((path / "saved_model.pb").read_bytes())
     sigs = graph.meta_graphs[0].signature_def
     assert sigs["classify"].method_name == "tensorflow/serving/classify"
     assert any(a.filename == "class_names.txt" for a in graph.meta_graphs[0].asset_file_def)
 
-    assert cli.main(["export", "--checkpoint-dir", str(tmp_path / "ckpt"), "--export-dir",
-                     str(tmp_path / "models" / "pets")]) == 0
+    assert (
+        cli.main(
+            [
+                "export",
+                "--checkpoint-dir",
+                str(tmp_path / "ckpt"),
+                "--export-dir",
+                str(tmp_path / "models" / "pets"),
+            ]
+        )
+        == 0
+    )
     again = tmp_path / "models" / "pets" / "0002"
     assert (again / "assets" / "class_names.txt").read_text("utf-8") == "cat\ndög\nzebra\n"
 
     image = (x[0, :, :, None] / 255.0).astype(np.float32)  # 28x28x1, as the model takes it
-    server = Server([f"--model_base_path={tmp_path / 'models' / 'pets'}", "--model_name=pets"],
-                    tmp_path)
+    server = Server(
+        [f"--model_base_path={tmp_path / 'models' / 'pets'}", "--model_name=pets"], tmp_path
+    )
     try:
         meta = httpx.get(f"{server.url}/v1/models/pets/metadata", timeout=30).json()
         assert meta["metadata"]["class_names"] == names, meta
-        r = httpx.post(f"{server.url}/v1/models/pets:classify", timeout=30,
-                       json={"signature_name": "classify",
-                             "examples": [{"images": image.reshape(-1).tolist()}]})
+        r = httpx.post(
+            f"{server.url}/v1/models/pets:classify",
+            timeout=30,
+            json={
+                "signature_name": "classify",
+                "examples": [{"images": image.reshape(-1).tolist()}],
+            },
+        )
         assert r.status_code == 200, r.text
         (result,) = r.json()["results"]
         assert [label for label, _ in result] == names
-        probabilities = httpx.post(f"{server.url}/v1/models/pets:predict", timeout=30,
-                                   json={"instances": [image.tolist()]}).json()["predictions"]
+        probabilities = httpx.post(
+            f"{server.url}/v1/models/pets:predict", timeout=30, json={"instances": [image.tolist()]}
+        ).json()["predictions"]
         np.testing.assert_allclose([s for _, s in result], probabilities[0], rtol=1e-5)
-        r = httpx.post(f"{server.url}/v1/models/pets:predict", timeout=30,
-                       json={"signature_name": "classes", "instances": [image.tolist()]})
+        r = httpx.post(
+            f"{server.url}/v1/models/pets:predict",
+            timeout=30,
+            json={"signature_name": "classes", "instances": [image.tolist()]},
+        )
         assert r.status_code == 200, r.text
         (row,) = r.json()["predictions"]
         assert row["label"] == names[int(np.argmax(probabilities[0]))]

@@ -17,22 +17,34 @@ from mirrorfit.cli import main
 from mirrorfit.config import MAX_IMAGE_SIDE
 
 
-@pytest.mark.parametrize("args, needle", [
-    (["--model", "resnet50"], "unknown model 'resnet50' (did you mean 'ResNet50'?); use mlp, cnn"),
-    (["--model", "ResNet50"], "use --data synthetic --input-shape 32,32,3"),
-    (["--model", "ResNet50", "--data", "synthetic", "--input-shape", "16,16,3"],
-     "--input-shape 16,16,3: --model ResNet50 needs images of at least 32x32 pixels"),
-    (["--model", "InceptionV3", "--data", "synthetic", "--input-shape", "224,224"],
-     "height,width,channels"),
-    (["--data", "synthetic", "--num-classes", "0"], "--num-classes must be 2 or more"),
-    (["--data", "synthetic", "--num-classes", "99999999999"],
-     "--num-classes 99999999999: at most 1,000,000"),
-    (["--data", "cifar10"], "--data cifar10: no such file or folder; use mnist, synthetic"),
-    (["--image-size", "32,32"], "--image-size resizes images read from files"),
-    (["--cache", "memory"], "--data mnist is already in memory: drop --cache"),
-    (["--validation-split", "0.1"], "--data mnist has its own validation split"),
-    (["--label-feature", "y"], "--label-feature names a TFRecord feature"),
-])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (
+            ["--model", "resnet50"],
+            "unknown model 'resnet50' (did you mean 'ResNet50'?); use mlp, cnn",
+        ),
+        (["--model", "ResNet50"], "use --data synthetic --input-shape 32,32,3"),
+        (
+            ["--model", "ResNet50", "--data", "synthetic", "--input-shape", "16,16,3"],
+            "--input-shape 16,16,3: --model ResNet50 needs images of at least 32x32 pixels",
+        ),
+        (
+            ["--model", "InceptionV3", "--data", "synthetic", "--input-shape", "224,224"],
+            "height,width,channels",
+        ),
+        (["--data", "synthetic", "--num-classes", "0"], "--num-classes must be 2 or more"),
+        (
+            ["--data", "synthetic", "--num-classes", "99999999999"],
+            "--num-classes 99999999999: at most 1,000,000",
+        ),
+        (["--data", "cifar10"], "--data cifar10: no such file or folder; use mnist, synthetic"),
+        (["--image-size", "32,32"], "--image-size resizes images read from files"),
+        (["--cache", "memory"], "--data mnist is already in memory: drop --cache"),
+        (["--validation-split", "0.1"], "--data mnist has its own validation split"),
+        (["--label-feature", "y"], "--label-feature names a TFRecord feature"),
+    ],
+)
 def test_bad_bench_flags_are_one_line_exit_2(tmp_path, capsys, args, needle):
     code = main(["bench", "--out", str(tmp_path / "out"), *args])
     err = capsys.readouterr().err
@@ -47,8 +59,9 @@ def test_input_shape_must_be_integers(capsys):
     with pytest.raises(SystemExit) as info:  # argparse: usage line and exit code 2
         main(["bench", "--data", "synthetic", "--input-shape", "a,b,3"])
     assert info.value.code == 2
-    assert "--input-shape 'a,b,3': expected a comma-separated list of int" in \
-        capsys.readouterr().err
+    assert (
+        "--input-shape 'a,b,3': expected a comma-separated list of int" in capsys.readouterr().err
+    )
 
 
 def test_file_source_flags_reach_every_point(tmp_path, monkeypatch):
@@ -56,29 +69,57 @@ def test_file_source_flags_reach_every_point(tmp_path, monkeypatch):
     write_png_folder(tmp_path / "imgs", x, y)
     seen = []
     monkeypatch.setattr(mirrorfit.bench, "run_bench", lambda grid, **kw: seen.append(grid))
-    code = main(["bench", "--data", str(tmp_path / "imgs"), "--image-size", "32,32",
-                 "--cache", str(tmp_path / "cache"), "--validation-split", "0.2",
-                 "--replicas", "1,2", "--precision", "fp32", "--out", str(tmp_path / "out")])
+    code = main(
+        [
+            "bench",
+            "--data",
+            str(tmp_path / "imgs"),
+            "--image-size",
+            "32,32",
+            "--cache",
+            str(tmp_path / "cache"),
+            "--validation-split",
+            "0.2",
+            "--replicas",
+            "1,2",
+            "--precision",
+            "fp32",
+            "--out",
+            str(tmp_path / "out"),
+        ]
+    )
     assert code == 0 and len(seen) == 1
     points = seen[0].points()
     assert len(points) == 4
     assert {(p.data, p.image_size, p.cache, p.validation_split) for p in points} == {
-        (str(tmp_path / "imgs"), (32, 32), str(tmp_path / "cache"), 0.2)}
+        (str(tmp_path / "imgs"), (32, 32), str(tmp_path / "cache"), 0.2)
+    }
 
 
-@pytest.mark.parametrize("args, needle", [
-    (["--data", "{tmp}/imgs", "--image-size", "28"], "--image-size 28: expected 2 positive"),
-    (["--data", "{tmp}/imgs", "--image-size", f"{MAX_IMAGE_SIDE + 1},32"],
-     f"--image-size {MAX_IMAGE_SIDE + 1},32: at most {MAX_IMAGE_SIDE} pixels a side"),
-    (["--data", "{tmp}/d.npz", "--cache", "memory"], "is already in memory: drop --cache"),
-    (["--data", "{tmp}/imgs", "--data-dir", "{tmp}"], "--data-dir says where MNIST is"),
-])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--data", "{tmp}/imgs", "--image-size", "28"], "--image-size 28: expected 2 positive"),
+        (
+            ["--data", "{tmp}/imgs", "--image-size", f"{MAX_IMAGE_SIDE + 1},32"],
+            f"--image-size {MAX_IMAGE_SIDE + 1},32: at most {MAX_IMAGE_SIDE} pixels a side",
+        ),
+        (["--data", "{tmp}/d.npz", "--cache", "memory"], "is already in memory: drop --cache"),
+        (["--data", "{tmp}/imgs", "--data-dir", "{tmp}"], "--data-dir says where MNIST is"),
+    ],
+)
 def test_bad_file_source_flags_are_one_line_exit_2(tmp_path, capsys, args, needle):
     x, y = mnist(20)
     write_png_folder(tmp_path / "imgs", x, y)
     np.savez(tmp_path / "d.npz", x_train=x, y_train=y)
-    code = main(["bench", "--out", str(tmp_path / "out"),
-                 *[a.replace("{tmp}", str(tmp_path)) for a in args]])
+    code = main(
+        [
+            "bench",
+            "--out",
+            str(tmp_path / "out"),
+            *[a.replace("{tmp}", str(tmp_path)) for a in args],
+        ]
+    )
     err = capsys.readouterr().err
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert code == 2 and len(lines) == 1 and needle in lines[0], err
@@ -116,12 +157,20 @@ def test_flag_checks_and_help_come_before_tensorflow_loads(tmp_path):
         (["--tolerance", "nan"], "--tolerance must be a finite accuracy difference"),
         (["--model", "resnet50"], "unknown model 'resnet50'"),
         (["--epochs", "1"], "bench needs --epochs 2 or more"),
-        (["--data", str(tmp_path / "imgs"), "--image-size", "1048576,1048576"],
-         f"--image-size 1048576,1048576: at most {MAX_IMAGE_SIDE} pixels a side"),
+        (
+            ["--data", str(tmp_path / "imgs"), "--image-size", "1048576,1048576"],
+            f"--image-size 1048576,1048576: at most {MAX_IMAGE_SIDE} pixels a side",
+        ),
     ]
     argvs = [["bench", "--help"]] + [["bench", *args, *out] for args, _ in bad]
-    proc = subprocess.run([sys.executable, "-c", _FRESH, json.dumps(argvs)], capture_output=True,
-                          text=True, timeout=120, env=_env(), cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, "-c", _FRESH, json.dumps(argvs)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=_env(),
+        cwd=ROOT,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     help_run, *runs = json.loads(proc.stdout.strip().splitlines()[-1])
     assert help_run["code"] == 0 and "usage: mirrorfit bench" in help_run["out"]
@@ -136,12 +185,19 @@ def test_flag_checks_and_help_come_before_tensorflow_loads(tmp_path):
 def test_bench_rows_of_tensorflow_without_it_are_one_line_before_anything_runs(tmp_path):
     from conftest import run_cli
 
-    proc = run_cli("bench", "--backend", "jax,tensorflow", "--out", str(tmp_path / "out"),
-                   without_tensorflow=True, timeout=120)
+    proc = run_cli(
+        "bench",
+        "--backend",
+        "jax,tensorflow",
+        "--out",
+        str(tmp_path / "out"),
+        without_tensorflow=True,
+        timeout=120,
+    )
     assert proc.returncode == 2 and proc.stderr.strip() == (
         "mirrorfit: error: bench --backend tensorflow needs TensorFlow, which is not "
-        "installed: pip install 'mirrorfit[tensorflow]', or bench --backend jax alone"), \
-        proc.stderr
+        "installed: pip install 'mirrorfit[tensorflow]', or bench --backend jax alone"
+    ), proc.stderr
     assert not (tmp_path / "out").exists()
 
 
@@ -153,12 +209,28 @@ def test_bench_runs_jax_rows_without_tensorflow(tmp_path):
 
     from conftest import run_cli
 
-    proc = run_cli("bench", "--backend", "jax", "--replicas", "1", "--precision", "fp32",
-                   "--repeats", "1", "--epochs", "2", "--train-examples", "1280",
-                   "--out", str(tmp_path / "out"), without_tensorflow=True)
+    proc = run_cli(
+        "bench",
+        "--backend",
+        "jax",
+        "--replicas",
+        "1",
+        "--precision",
+        "fp32",
+        "--repeats",
+        "1",
+        "--epochs",
+        "2",
+        "--train-examples",
+        "1280",
+        "--out",
+        str(tmp_path / "out"),
+        without_tensorflow=True,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = {r["label"]: r for r in json.loads((tmp_path / "out" / "bench.json").read_text())
-            ["rows"]}
+    rows = {
+        r["label"]: r for r in json.loads((tmp_path / "out" / "bench.json").read_text())["rows"]
+    }
     assert set(rows) == {"jax x1 fp32 spe50", "jax keras fit x1"}
     mine = rows["jax x1 fp32 spe50"]
     assert mine["backend"] == "jax" and mine["examples_per_sec"] > 0

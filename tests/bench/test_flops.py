@@ -3,8 +3,11 @@
 import pytest
 
 import mirrorfit
-from mirrorfit.bench.flops import (forward_flops_per_example, matmul_peak_flops,
-                                   train_flops_per_example)
+from mirrorfit.bench.flops import (
+    forward_flops_per_example,
+    matmul_peak_flops,
+    train_flops_per_example,
+)
 
 
 def test_mlp_flops_match_the_matmuls():
@@ -16,8 +19,13 @@ def test_mlp_flops_match_the_matmuls():
 
 
 def test_cnn_flops_match_the_convolutions():
-    convs = 2 * (28 * 28 * 64 * 7 * 7 + 14 * 14 * 128 * 3 * 3 * 64 + 14 * 14 * 128 * 3 * 3 * 128
-                 + 6272 * 64 + 64 * 10)
+    convs = 2 * (
+        28 * 28 * 64 * 7 * 7
+        + 14 * 14 * 128 * 3 * 3 * 64
+        + 14 * 14 * 128 * 3 * 3 * 128
+        + 6272 * 64
+        + 64 * 10
+    )
     flops = forward_flops_per_example(mirrorfit.models.cnn())
     assert flops == pytest.approx(convs, rel=0.02)
 
@@ -40,10 +48,19 @@ def test_resnet50_flops_match_the_published_figure():
     flops = forward_flops_per_example(model)
     assert flops == pytest.approx(2 * 3.8e9, rel=0.03)
     macs = sum(
-        (c.output.shape[1] * c.output.shape[2] * c.output.shape[3] * c.kernel.shape[0]
-         * c.kernel.shape[1] * c.kernel.shape[2]) if isinstance(c, keras.layers.Conv2D)
+        (
+            c.output.shape[1]
+            * c.output.shape[2]
+            * c.output.shape[3]
+            * c.kernel.shape[0]
+            * c.kernel.shape[1]
+            * c.kernel.shape[2]
+        )
+        if isinstance(c, keras.layers.Conv2D)
         else c.kernel.shape[0] * c.kernel.shape[1]
-        for c in model.layers if isinstance(c, (keras.layers.Conv2D, keras.layers.Dense)))
+        for c in model.layers
+        if isinstance(c, (keras.layers.Conv2D, keras.layers.Dense))
+    )
     # convolutions and the classifier are nearly all of it (bias adds and the residual adds
     # are the rest); batch normalisation is not counted (folded into the convolutions at
     # inference, and TF's op statistics have no FLOPs for it)

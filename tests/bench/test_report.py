@@ -22,10 +22,14 @@ def _grid():
     return [
         (one, _runs(1000, 1010, 990)),
         (Point(kind="mirrorfit", replicas=2, global_batch=100), _runs(980, 985, 990)),
-        (Point(kind="mirrorfit", replicas=1, precision="bf16", global_batch=100),
-         _runs(1800, 1700, 1900, acc=0.895)),
-        (Point(kind="mirrorfit", replicas=2, precision="fp16", global_batch=100),
-         _runs(400, 900, 500, acc=0.5)),
+        (
+            Point(kind="mirrorfit", replicas=1, precision="bf16", global_batch=100),
+            _runs(1800, 1700, 1900, acc=0.895),
+        ),
+        (
+            Point(kind="mirrorfit", replicas=2, precision="fp16", global_batch=100),
+            _runs(400, 900, 500, acc=0.5),
+        ),
         (Point(kind="textbook", replicas=1, global_batch=100), _runs(700, 720, 710)),
         (Point(kind="textbook", replicas=2, global_batch=100), [{"error": "boom"}]),
     ]
@@ -52,15 +56,19 @@ def test_efficiency_on_independent_devices_divides_by_the_replicas():
 
 
 def test_overlapping_ranges_are_flagged():
-    grid = [(Point(kind="mirrorfit", replicas=1), _runs(100, 110, 120)),
-            (Point(kind="mirrorfit", replicas=2), _runs(105, 115, 125))]
+    grid = [
+        (Point(kind="mirrorfit", replicas=1), _runs(100, 110, 120)),
+        (Point(kind="mirrorfit", replicas=2), _runs(105, 115, 125)),
+    ]
     rows = build_rows(grid, peak=PEAK, train_flops=1, shared_cores=True)
     assert "overlaps vs 1 replica" in rows[1].note
 
 
 def test_a_point_that_timed_no_steps_is_a_row_not_a_division_by_zero():
-    grid = [(Point(kind="mirrorfit", replicas=1), _runs(100, 110)),
-            (Point(kind="mirrorfit", replicas=2), _runs(0, 0))]
+    grid = [
+        (Point(kind="mirrorfit", replicas=1), _runs(100, 110)),
+        (Point(kind="mirrorfit", replicas=2), _runs(0, 0)),
+    ]
     rows = build_rows(grid, peak=PEAK, train_flops=1, shared_cores=True)
     assert rows[1].examples_per_sec == 0 and rows[1].spread is None
     assert rows[1].speedup_vs_1 is None and rows[1].mfu is None

@@ -19,39 +19,59 @@ def cpu_only(monkeypatch):
 
 def _one_line_error(proc, *needles):
     assert proc.returncode == 2, proc.stderr[-2000:]
-    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("mirrorfit: error:")
-             or ln.startswith("usage:") or "error:" in ln]
+    lines = [
+        ln
+        for ln in proc.stderr.splitlines()
+        if ln.startswith("mirrorfit: error:") or ln.startswith("usage:") or "error:" in ln
+    ]
     assert lines, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
     for needle in needles:
         assert needle in proc.stderr, proc.stderr[-2000:]
 
 
-@pytest.mark.parametrize("args,needles", [
-    (["--model", "resnet"], ["unknown model 'resnet'"]),
-    (["--optimizer", "lion"], ["unknown optimizer 'lion'"]),
-    (["--replicas", "2", "--global-batch-size", "33"], ["not divisible by 2 replicas"]),
-    (["--replicas", "3", "--devices", "/cpu:0,/cpu:1"], ["asked for 3 replicas", "--replicas 2"]),
-    (["--devices", "/gpu:7"], ["unknown device(s) /gpu:7"]),
-    (["--strategy", "single", "--replicas", "2"], ["--strategy single", "--replicas 1"]),
-    (["--cross-device-ops", "nccl", "--replicas", "2"], ["nccl needs GPUs"]),
-    (["--epochs", "0"], ["epochs must be a positive integer"]),
-    (["--epochs", "ten"], ["invalid int value: 'ten'"]),
-    (["--precision", "fp8"], ["unknown precision 'fp8'", "fp32, bf16, fp16"]),
-    (["--accum-steps", "0"], ["--accum-steps must be a positive integer"]),
-    (["--replicas", "2", "--accum-steps", "4", "--global-batch-size", "100"],
-     ["not divisible by 2 replicas x 4 accumulation steps", "multiple of 8"]),
-    (["--lr-scaling", "sqrt"], ["unknown lr_scaling 'sqrt'", "none, linear"]),
-    (["--warmup-epochs", "-1"], ["--warmup-epochs must be a finite number >= 0"]),
-    (["--warmup-epochs", "inf"], ["--warmup-epochs must be a finite number >= 0, got inf"]),
-    (["--lr", "inf"], ["--lr must be a finite number > 0, got inf", "--lr 0.01"]),
-    (["--seed", "4294967296"], ["--seed must be an integer from 0 to 2**32 - 1"]),
-    (["--gpu-memory-limit", "0"], ["--gpu-memory-limit must be a positive integer"]),
-])
+@pytest.mark.parametrize(
+    "args,needles",
+    [
+        (["--model", "resnet"], ["unknown model 'resnet'"]),
+        (["--optimizer", "lion"], ["unknown optimizer 'lion'"]),
+        (["--replicas", "2", "--global-batch-size", "33"], ["not divisible by 2 replicas"]),
+        (
+            ["--replicas", "3", "--devices", "/cpu:0,/cpu:1"],
+            ["asked for 3 replicas", "--replicas 2"],
+        ),
+        (["--devices", "/gpu:7"], ["unknown device(s) /gpu:7"]),
+        (["--strategy", "single", "--replicas", "2"], ["--strategy single", "--replicas 1"]),
+        (["--cross-device-ops", "nccl", "--replicas", "2"], ["nccl needs GPUs"]),
+        (["--epochs", "0"], ["epochs must be a positive integer"]),
+        (["--epochs", "ten"], ["invalid int value: 'ten'"]),
+        (["--precision", "fp8"], ["unknown precision 'fp8'", "fp32, bf16, fp16"]),
+        (["--accum-steps", "0"], ["--accum-steps must be a positive integer"]),
+        (
+            ["--replicas", "2", "--accum-steps", "4", "--global-batch-size", "100"],
+            ["not divisible by 2 replicas x 4 accumulation steps", "multiple of 8"],
+        ),
+        (["--lr-scaling", "sqrt"], ["unknown lr_scaling 'sqrt'", "none, linear"]),
+        (["--warmup-epochs", "-1"], ["--warmup-epochs must be a finite number >= 0"]),
+        (["--warmup-epochs", "inf"], ["--warmup-epochs must be a finite number >= 0, got inf"]),
+        (["--lr", "inf"], ["--lr must be a finite number > 0, got inf", "--lr 0.01"]),
+        (["--seed", "4294967296"], ["--seed must be an integer from 0 to 2**32 - 1"]),
+        (["--gpu-memory-limit", "0"], ["--gpu-memory-limit must be a positive integer"]),
+    ],
+)
 def test_bad_input_is_one_clear_line(tmp_path, cpu_only, args, needles):
     out = tmp_path / "m.json"
-    proc = run_cli("train", "--epochs", "1", "--train-examples", "256", "--no-progress",
-                   "--metrics-out", str(out), *args)
+    proc = run_cli(
+        "train",
+        "--epochs",
+        "1",
+        "--train-examples",
+        "256",
+        "--no-progress",
+        "--metrics-out",
+        str(out),
+        *args,
+    )
     _one_line_error(proc, *needles)
     assert not out.exists()
 
@@ -80,41 +100,66 @@ def test_malformed_data_file(tmp_path):
 def test_unknown_config_key(tmp_path):
     cfg = tmp_path / "run.toml"
     cfg.write_text("learning_rate = 0.1\n")
-    _one_line_error(run_cli("train", "--config", str(cfg)), "unknown config key",
-                    "'learning_rate'")
+    _one_line_error(run_cli("train", "--config", str(cfg)), "unknown config key", "'learning_rate'")
 
 
-@pytest.mark.parametrize("flag, path, needle", [
-    ("--metrics-out", "nope/m.json", "--metrics-out {p}: folder {tmp}/nope does not exist; "
-                                     "create it first"),
-    # It passed (its parent exists) and failed at the end: IsADirectoryError after training.
-    ("--metrics-out", "", "--metrics-out {p} is a folder; pass a file path"),
-    ("--save-keras", "m.keras", "--save-keras {p} is a folder; pass a file path"),
-    ("--save-keras", "model.h5", "--save-keras {p}: the file name must end in .keras"),
-    ("--export-dir", "f.txt", "--export-dir {p} is a file; give a folder like models/mnist"),
-])
+@pytest.mark.parametrize(
+    "flag, path, needle",
+    [
+        (
+            "--metrics-out",
+            "nope/m.json",
+            "--metrics-out {p}: folder {tmp}/nope does not exist; create it first",
+        ),
+        # It passed (its parent exists) and failed at the end: IsADirectoryError after training.
+        ("--metrics-out", "", "--metrics-out {p} is a folder; pass a file path"),
+        ("--save-keras", "m.keras", "--save-keras {p} is a folder; pass a file path"),
+        ("--save-keras", "model.h5", "--save-keras {p}: the file name must end in .keras"),
+        ("--export-dir", "f.txt", "--export-dir {p} is a file; give a folder like models/mnist"),
+    ],
+)
 def test_output_paths_are_refused_before_tensorflow_loads(tmp_path, flag, path, needle):
     # Importing TensorFlow fails in this process: the line comes from the checks before it.
     (tmp_path / "m.keras").mkdir()
     (tmp_path / "f.txt").write_text("x")
     target = tmp_path / path
-    proc = run_cli("train", "--epochs", "1", "--train-examples", "64", flag, str(target),
-                   without_tensorflow=True)
+    proc = run_cli(
+        "train",
+        "--epochs",
+        "1",
+        "--train-examples",
+        "64",
+        flag,
+        str(target),
+        without_tensorflow=True,
+    )
     _one_line_error(proc, needle.format(p=target, tmp=tmp_path))
     assert "ModuleNotFoundError" not in proc.stderr and "ImportError" not in proc.stderr
 
 
-@pytest.mark.parametrize("name, needle", [
-    ("nowhere", "no mnist.npz at --data-dir {p}; point it at the folder holding mnist.npz"),
-    ("loop", "--data-dir {p}: cannot read {p} (too many levels of symbolic links); point"),
-    ("x" * 300, "--data-dir {p}: cannot read {p} (file name too long); point it at"),
-    ("", "--data-dir is empty; give the folder holding mnist.npz (or the file), or leave "
-         "--data-dir out"),
-])
+@pytest.mark.parametrize(
+    "name, needle",
+    [
+        ("nowhere", "no mnist.npz at --data-dir {p}; point it at the folder holding mnist.npz"),
+        ("loop", "--data-dir {p}: cannot read {p} (too many levels of symbolic links); point"),
+        ("x" * 300, "--data-dir {p}: cannot read {p} (file name too long); point it at"),
+        (
+            "",
+            "--data-dir is empty; give the folder holding mnist.npz (or the file), or leave "
+            "--data-dir out",
+        ),
+    ],
+)
 def test_a_wrong_data_dir_is_refused_before_tensorflow_loads(tmp_path, name, needle):
     (tmp_path / "loop").symlink_to(tmp_path / "loop")
-    proc = run_cli("train", "--epochs", "1", "--data-dir", str(tmp_path / name) if name else "",
-                   without_tensorflow=True)
+    proc = run_cli(
+        "train",
+        "--epochs",
+        "1",
+        "--data-dir",
+        str(tmp_path / name) if name else "",
+        without_tensorflow=True,
+    )
     _one_line_error(proc, needle.format(p=tmp_path / name))
 
 
@@ -124,31 +169,54 @@ def test_bench_and_evaluate_refuse_a_wrong_data_dir_before_tensorflow_loads(tmp_
     _one_line_error(proc, f"no mnist.npz at --data-dir {tmp_path / 'nowhere'}; point it at")
 
 
-@pytest.mark.parametrize("args, needle", [
-    (["export", "--checkpoint-dir", "{tmp}/none", "--export-dir", "{tmp}/m"],
-     "no checkpoint in {tmp}/none; train with --checkpoint-dir {tmp}/none first"),
-    (["evaluate", "--checkpoint-dir", "{tmp}/empty"], "no checkpoint in {tmp}/empty; train"),
-    (["evaluate", "--checkpoint-dir", "{tmp}/f.txt"], "--checkpoint-dir {tmp}/f.txt is a file; "
-                                                      "give the folder that training wrote"),
-    (["evaluate", "--checkpoint-dir", "{tmp}/" + "c" * 300],
-     "cannot read --checkpoint-dir {tmp}/" + "c" * 300 + ": file name too long"),
-    (["export", "--checkpoint-dir", "", "--export-dir", "{tmp}/m"],
-     "mirrorfit export needs --checkpoint-dir DIR, the folder training wrote its checkpoints "
-     "to; it is empty"),
-    (["evaluate", "--checkpoint-dir", "{tmp}/link"], "--checkpoint-dir {tmp}/link is a link to "
-                                                     "nothing ({tmp}/none)"),
-    (["evaluate", "--checkpoint-dir", "{tmp}/loop"], "cannot read --checkpoint-dir {tmp}/loop: "
-                                                     "too many levels of symbolic links"),
-    (["evaluate", "--saved-model", "{tmp}/none"],
-     "no SavedModel at {tmp}/none (not there); pass models/NAME or models/NAME/0001"),
-    (["evaluate", "--saved-model", "{tmp}/link"],
-     "no SavedModel at {tmp}/link (a link to nothing: {tmp}/none); pass models/NAME"),
-    (["evaluate", "--saved-model", "{tmp}/f.txt"], "no SavedModel at {tmp}/f.txt (a file)"),
-    (["evaluate", "--saved-model", "{tmp}/empty"],
-     "no SavedModel at {tmp}/empty (no saved_model.pb and no version folder); pass"),
-    (["evaluate", "--saved-model", "{tmp}/loop"],
-     "--saved-model {tmp}/loop: cannot read it (too many levels of symbolic links)"),
-])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (
+            ["export", "--checkpoint-dir", "{tmp}/none", "--export-dir", "{tmp}/m"],
+            "no checkpoint in {tmp}/none; train with --checkpoint-dir {tmp}/none first",
+        ),
+        (["evaluate", "--checkpoint-dir", "{tmp}/empty"], "no checkpoint in {tmp}/empty; train"),
+        (
+            ["evaluate", "--checkpoint-dir", "{tmp}/f.txt"],
+            "--checkpoint-dir {tmp}/f.txt is a file; give the folder that training wrote",
+        ),
+        (
+            ["evaluate", "--checkpoint-dir", "{tmp}/" + "c" * 300],
+            "cannot read --checkpoint-dir {tmp}/" + "c" * 300 + ": file name too long",
+        ),
+        (
+            ["export", "--checkpoint-dir", "", "--export-dir", "{tmp}/m"],
+            "mirrorfit export needs --checkpoint-dir DIR, the folder training wrote its "
+            "checkpoints to; it is empty",
+        ),
+        (
+            ["evaluate", "--checkpoint-dir", "{tmp}/link"],
+            "--checkpoint-dir {tmp}/link is a link to nothing ({tmp}/none)",
+        ),
+        (
+            ["evaluate", "--checkpoint-dir", "{tmp}/loop"],
+            "cannot read --checkpoint-dir {tmp}/loop: too many levels of symbolic links",
+        ),
+        (
+            ["evaluate", "--saved-model", "{tmp}/none"],
+            "no SavedModel at {tmp}/none (not there); pass models/NAME or models/NAME/0001",
+        ),
+        (
+            ["evaluate", "--saved-model", "{tmp}/link"],
+            "no SavedModel at {tmp}/link (a link to nothing: {tmp}/none); pass models/NAME",
+        ),
+        (["evaluate", "--saved-model", "{tmp}/f.txt"], "no SavedModel at {tmp}/f.txt (a file)"),
+        (
+            ["evaluate", "--saved-model", "{tmp}/empty"],
+            "no SavedModel at {tmp}/empty (no saved_model.pb and no version folder); pass",
+        ),
+        (
+            ["evaluate", "--saved-model", "{tmp}/loop"],
+            "--saved-model {tmp}/loop: cannot read it (too many levels of symbolic links)",
+        ),
+    ],
+)
 def test_a_missing_model_is_refused_before_tensorflow_loads(tmp_path, args, needle):
     (tmp_path / "f.txt").write_text("x")
     (tmp_path / "empty").mkdir()
@@ -161,8 +229,14 @@ def test_a_missing_model_is_refused_before_tensorflow_loads(tmp_path, args, need
 
 def test_export_refuses_its_folder_before_tensorflow_loads(tmp_path):
     (tmp_path / "f.txt").write_text("x")
-    proc = run_cli("export", "--checkpoint-dir", str(tmp_path / "ckpt"), "--export-dir",
-                   str(tmp_path / "f.txt"), without_tensorflow=True)
+    proc = run_cli(
+        "export",
+        "--checkpoint-dir",
+        str(tmp_path / "ckpt"),
+        "--export-dir",
+        str(tmp_path / "f.txt"),
+        without_tensorflow=True,
+    )
     _one_line_error(proc, f"--export-dir {tmp_path / 'f.txt'} is a file; give a folder")
 
 
@@ -171,31 +245,57 @@ def test_only_the_chief_checks_the_outputs_and_the_library_checks_them_too(tmp_p
     on to load TensorFlow (unimportable here). ``run_training`` checks them for Python
     callers, who do not go through the CLI."""
     bad = ["--metrics-out", str(tmp_path / "nope" / "m.json")]
-    tf_config = json.dumps({"cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"]},
-                            "task": {"type": "worker", "index": 1}})
+    tf_config = json.dumps(
+        {
+            "cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"]},
+            "task": {"type": "worker", "index": 1},
+        }
+    )
     env = dict(os.environ, TF_CONFIG=tf_config)
-    code = ("import sys; sys.modules['tensorflow'] = None; from mirrorfit.cli import main; "
-            "sys.exit(main(sys.argv[1:]))")
-    proc = subprocess.run([sys.executable, "-c", code, "train", "--strategy", "multi-worker",
-                           *bad], capture_output=True, text=True, timeout=60, env=env, cwd=ROOT)
+    code = (
+        "import sys; sys.modules['tensorflow'] = None; from mirrorfit.cli import main; "
+        "sys.exit(main(sys.argv[1:]))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, "train", "--strategy", "multi-worker", *bad],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        cwd=ROOT,
+    )
     assert proc.returncode != 0 and "does not exist" not in proc.stderr
     assert "tensorflow" in proc.stderr  # it got past the checks, to TensorFlow's import
-    check = ("import sys; from mirrorfit.config import load_config; from mirrorfit.errors "
-             "import ConfigError; from mirrorfit.job.train import run_training\n"
-             "try:\n    run_training(load_config(metrics_out=sys.argv[1], epochs=1, "
-             "train_examples=64))\n"
-             "except ConfigError as e:\n    print('refused:', e)")
-    proc = subprocess.run([sys.executable, "-c", check, bad[1]], capture_output=True, text=True,
-                          timeout=120, env=dict(os.environ, CUDA_VISIBLE_DEVICES=""), cwd=ROOT)
-    assert "refused: --metrics-out" in proc.stdout and "does not exist" in proc.stdout, \
-        proc.stderr[-2000:]
+    check = (
+        "import sys; from mirrorfit.config import load_config; from mirrorfit.errors "
+        "import ConfigError; from mirrorfit.job.train import run_training\n"
+        "try:\n    run_training(load_config(metrics_out=sys.argv[1], epochs=1, "
+        "train_examples=64))\n"
+        "except ConfigError as e:\n    print('refused:', e)"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", check, bad[1]],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ, CUDA_VISIBLE_DEVICES=""),
+        cwd=ROOT,
+    )
+    assert "refused: --metrics-out" in proc.stdout and "does not exist" in proc.stdout, proc.stderr[
+        -2000:
+    ]
 
 
-@pytest.mark.parametrize("where, needle", [
-    ("nope/m.json", "--metrics-out {tmp}/nope/m.json: folder {tmp}/nope does not exist; "
-                    "create it first"),
-    ("", "--metrics-out {tmp} is a folder; pass a file path such as {tmp}/metrics.json"),
-])
+@pytest.mark.parametrize(
+    "where, needle",
+    [
+        (
+            "nope/m.json",
+            "--metrics-out {tmp}/nope/m.json: folder {tmp}/nope does not exist; create it first",
+        ),
+        ("", "--metrics-out {tmp} is a folder; pass a file path such as {tmp}/metrics.json"),
+    ],
+)
 def test_evaluate_checks_metrics_out_before_scoring(tmp_path, where, needle):
     """A --metrics-out evaluate cannot write was found only after the whole test split was
     scored (FileNotFoundError, IsADirectoryError): it is refused first, as train refuses it
@@ -208,10 +308,15 @@ def test_evaluate_checks_metrics_out_before_scoring(tmp_path, where, needle):
 
 def test_readme_first_command_needs_no_local_path():
     """The set-up line works on any machine: the data is found or downloaded (tests/data)."""
-    setup = [line.strip() for line in (ROOT / "README.md").read_text().splitlines()
-             if "pip install -e '.[tensorflow]' &&" in line]
-    assert setup == ["python3 -m venv .venv && .venv/bin/pip install -e '.[tensorflow]' && "
-                     ".venv/bin/mirrorfit train"]
+    setup = [
+        line.strip()
+        for line in (ROOT / "README.md").read_text().splitlines()
+        if "pip install -e '.[tensorflow]' &&" in line
+    ]
+    assert setup == [
+        "python3 -m venv .venv && .venv/bin/pip install -e '.[tensorflow]' && "
+        ".venv/bin/mirrorfit train"
+    ]
 
 
 def test_devices_lists_what_tensorflow_sees():
@@ -232,8 +337,9 @@ def test_devices_lists_what_tensorflow_sees():
 def test_cli_sets_tf_log_level_before_tensorflow_loads():
     """TF reads TF_CPP_MIN_LOG_LEVEL once, at import: the CLI module must not import it."""
     code = "import sys, mirrorfit.cli; print('tensorflow' in sys.modules)"
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=120, cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT
+    )
     assert proc.stdout.strip() == "False", proc.stderr[-2000:]
 
 
@@ -241,9 +347,26 @@ def test_piped_output_prints_each_epoch_once_and_no_warnings(tmp_path, mnist_dir
     """As in CI or `| tee`: stdout and stderr are pipes, TF's log level is the CLI's own."""
     env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
     proc = subprocess.run(
-        [sys.executable, "-m", "mirrorfit.cli", "train", "--data-dir", str(mnist_dir),
-         "--train-examples", "256", "--batch-size", "64", "--epochs", "2"],
-        capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
+        [
+            sys.executable,
+            "-m",
+            "mirrorfit.cli",
+            "train",
+            "--data-dir",
+            str(mnist_dir),
+            "--train-examples",
+            "256",
+            "--batch-size",
+            "64",
+            "--epochs",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        cwd=ROOT,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout + proc.stderr
     for epoch in ("epoch 1/2", "epoch 2/2"):
@@ -261,9 +384,24 @@ def test_chapter_mlp_reaches_95_percent(tmp_path, cpu_only, mnist_dir, replicas)
     On 2 replicas; 1 replica gives the same weights (tests/engine/test_controller.py checks it on
     SGD and Adam), so a second 10-epoch run here would prove nothing more."""
     out = tmp_path / "metrics.json"
-    proc = run_cli("train", "--data-dir", str(mnist_dir), "--replicas", str(replicas),
-                   "--global-batch-size", "32", "--epochs", "10", "--optimizer", "sgd",
-                   "--lr", "0.01", "--no-progress", "--metrics-out", str(out))
+    proc = run_cli(
+        "train",
+        "--data-dir",
+        str(mnist_dir),
+        "--replicas",
+        str(replicas),
+        "--global-batch-size",
+        "32",
+        "--epochs",
+        "10",
+        "--optimizer",
+        "sgd",
+        "--lr",
+        "0.01",
+        "--no-progress",
+        "--metrics-out",
+        str(out),
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"{replicas} replica(s)" in proc.stderr
     if replicas > 1:
@@ -278,20 +416,21 @@ def test_chapter_mlp_reaches_95_percent(tmp_path, cpu_only, mnist_dir, replicas)
 
 def test_config_file_and_flags(tmp_path, mnist_dir):
     cfg = tmp_path / "run.toml"
-    cfg.write_text(f'data-dir = "{mnist_dir}"\nepochs = 3\ntrain-examples = 640\n'
-                   "batch-size = 64\n")
+    cfg.write_text(f'data-dir = "{mnist_dir}"\nepochs = 3\ntrain-examples = 640\nbatch-size = 64\n')
     out = tmp_path / "m.json"
-    proc = run_cli("train", "--config", str(cfg), "--epochs", "1", "--no-progress",
-                   "--metrics-out", str(out))
+    proc = run_cli(
+        "train", "--config", str(cfg), "--epochs", "1", "--no-progress", "--metrics-out", str(out)
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     m = json.loads(out.read_text())
     assert m["epochs"] == 1 and m["steps"] == 10 and m["train_examples"] == 640
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("precision, examples, reached", [("bf16", [], 0.95),
-                                                         ("fp16", ["--train-examples", "12800"],
-                                                          0.92)])
+@pytest.mark.parametrize(
+    "precision, examples, reached",
+    [("bf16", [], 0.95), ("fp16", ["--train-examples", "12800"], 0.92)],
+)
 def test_mixed_precision_trains_the_mlp(tmp_path, mnist_dir, precision, examples, reached):
     # Adam reaches 0.95 in 2 epochs (about 0.965 here) where the chapter's SGD needs 10; the
     # point is that training in bf16/fp16 converges, not which optimizer gets there. fp16 on
@@ -299,9 +438,23 @@ def test_mixed_precision_trains_the_mlp(tmp_path, mnist_dir, precision, examples
     # host (266 against 9,196 examples/s), 7.4 minutes for the whole set; on these 12,800
     # examples fp32 and fp16 both reached test accuracy 0.936 there.
     out = tmp_path / "metrics.json"
-    proc = run_cli("train", "--data-dir", str(mnist_dir), "--precision", precision,
-                   "--optimizer", "adam", "--lr", "0.001", "--epochs", "2", "--no-progress",
-                   *examples, "--metrics-out", str(out))
+    proc = run_cli(
+        "train",
+        "--data-dir",
+        str(mnist_dir),
+        "--precision",
+        precision,
+        "--optimizer",
+        "adam",
+        "--lr",
+        "0.001",
+        "--epochs",
+        "2",
+        "--no-progress",
+        *examples,
+        "--metrics-out",
+        str(out),
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"precision: {precision}" in proc.stderr
     m = json.loads(out.read_text())
@@ -316,11 +469,31 @@ def test_mixed_precision_trains_the_mlp(tmp_path, mnist_dir, precision, examples
 def test_accumulation_warmup_logdir_and_profile(tmp_path, mnist_dir):
     """The acceleration flags together: what is printed, recorded and written."""
     out, logdir = tmp_path / "m.json", tmp_path / "tb"
-    proc = run_cli("train", "--data-dir", str(mnist_dir), "--train-examples", "2560",
-                   "--epochs", "2", "--batch-size", "16", "--accum-steps", "4",
-                   "--lr-scaling", "linear", "--warmup-epochs", "1", "--steps-per-execution", "10",
-                   "--logdir", str(logdir), "--profile", "--no-progress",
-                   "--metrics-out", str(out))
+    proc = run_cli(
+        "train",
+        "--data-dir",
+        str(mnist_dir),
+        "--train-examples",
+        "2560",
+        "--epochs",
+        "2",
+        "--batch-size",
+        "16",
+        "--accum-steps",
+        "4",
+        "--lr-scaling",
+        "linear",
+        "--warmup-epochs",
+        "1",
+        "--steps-per-execution",
+        "10",
+        "--logdir",
+        str(logdir),
+        "--profile",
+        "--no-progress",
+        "--metrics-out",
+        str(out),
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     err = " ".join(proc.stderr.split())  # rich wraps long lines
     assert "16 per replica x 1 replicas x 4 accumulation steps = 64 global (effective)" in err
@@ -341,9 +514,24 @@ def test_bench_writes_table_csv_json_and_png(tmp_path, cpu_only, mnist_dir):
     # Two replicas only: each grid point is a process of its own (more cost time, not
     # coverage; one replica runs in tests/bench/test_bench_sources.py, grids expand in
     # tests/bench/test_grid.py).
-    proc = run_cli("bench", "--data-dir", str(mnist_dir), "--replicas", "2", "--precision",
-                   "fp32,bf16", "--train-examples", "1280", "--epochs", "2", "--repeats", "1",
-                   "--out", str(tmp_path), "--recommend")
+    proc = run_cli(
+        "bench",
+        "--data-dir",
+        str(mnist_dir),
+        "--replicas",
+        "2",
+        "--precision",
+        "fp32,bf16",
+        "--train-examples",
+        "1280",
+        "--epochs",
+        "2",
+        "--repeats",
+        "1",
+        "--out",
+        str(tmp_path),
+        "--recommend",
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     for label in ("x2 fp32 spe50", "x2 bf16 spe50", "textbook fit x2"):
         assert label in proc.stdout
@@ -355,24 +543,30 @@ def test_bench_writes_table_csv_json_and_png(tmp_path, cpu_only, mnist_dir):
     assert (tmp_path / "bench.png").read_bytes()[:4] == b"\x89PNG"
 
 
-@pytest.mark.parametrize("args, needle", [
-    (["--precision", "fp8"], "unknown precision 'fp8'"),
-    (["--replicas", "one"], "--replicas 'one': expected a comma-separated list of int"),
-    (["--xla", "maybe"], "--xla 'maybe'"),
-    (["--epochs", "1"], "--epochs 2 or more"),
-    (["--model", "resnet"], "unknown model 'resnet'"),
-    (["--tolerance", "nan"], "--tolerance must be a finite accuracy difference >= 0, got nan"),
-])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--precision", "fp8"], "unknown precision 'fp8'"),
+        (["--replicas", "one"], "--replicas 'one': expected a comma-separated list of int"),
+        (["--xla", "maybe"], "--xla 'maybe'"),
+        (["--epochs", "1"], "--epochs 2 or more"),
+        (["--model", "resnet"], "unknown model 'resnet'"),
+        (["--tolerance", "nan"], "--tolerance must be a finite accuracy difference >= 0, got nan"),
+    ],
+)
 def test_bench_bad_input_is_one_clear_line(tmp_path, args, needle):
     proc = run_cli("bench", "--out", str(tmp_path / "out"), *args)
     _one_line_error(proc, needle)
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("spec, words", [
-    ("data_fixtures:hanging_source", "in the function"),
-    ("data_fixtures:blocking_dataset_source", "in the generator"),
-])
+@pytest.mark.parametrize(
+    "spec, words",
+    [
+        ("data_fixtures:hanging_source", "in the function"),
+        ("data_fixtures:blocking_dataset_source", "in the generator"),
+    ],
+)
 def test_sigterm_inside_a_data_function_that_never_returns_ends_the_run(tmp_path, spec, words):
     """A --data function that never returns ignored SIGTERM (twice): the signal only set a
     flag that nothing checked until training began. Before training nothing is to be saved:
@@ -384,10 +578,24 @@ def test_sigterm_inside_a_data_function_that_never_returns_ends_the_run(tmp_path
     from conftest import _env
 
     mark = tmp_path / "mark"
-    proc = subprocess.Popen([sys.executable, "-m", "mirrorfit.cli", "train", "--data", spec,
-                             "--epochs", "1", "--no-progress"], cwd=ROOT, text=True,
-                            env=dict(_env(), MIRRORFIT_TEST_MARK=str(mark)),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "mirrorfit.cli",
+            "train",
+            "--data",
+            spec,
+            "--epochs",
+            "1",
+            "--no-progress",
+        ],
+        cwd=ROOT,
+        text=True,
+        env=dict(_env(), MIRRORFIT_TEST_MARK=str(mark)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     try:
         deadline = time.monotonic() + 120
         while not mark.exists() and proc.poll() is None and time.monotonic() < deadline:
@@ -411,7 +619,8 @@ def test_a_guard_that_was_left_never_ends_the_process_later():
     run that stopped at a signal before training must not end the process after it."""
     from conftest import run_isolated
 
-    out = run_isolated("""
+    out = run_isolated(
+        """
         import json, os, signal, time
         from mirrorfit.job import preemption
         from mirrorfit.job.preemption import Preempted, PreemptionGuard
@@ -424,7 +633,9 @@ def test_a_guard_that_was_left_never_ends_the_process_later():
             stopped = str(e)
         time.sleep(1.5)
         print(json.dumps({"stopped": stopped}))
-    """, timeout=60)
+    """,
+        timeout=60,
+    )
     assert out == {"stopped": "SIGTERM before training started; rerun the same command"}
 
 
@@ -438,11 +649,26 @@ def test_sigterm_is_honoured_after_a_data_function_took_it():
 
     from conftest import _env
 
-    proc = subprocess.Popen([sys.executable, "-m", "mirrorfit.cli", "train", "--data",
-                             "data_fixtures:signal_taking_source", "--epochs", "100000",
-                             "--model", "user_models:tiny", "--no-progress"], cwd=ROOT,
-                            env=_env(), text=True, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "mirrorfit.cli",
+            "train",
+            "--data",
+            "data_fixtures:signal_taking_source",
+            "--epochs",
+            "100000",
+            "--model",
+            "user_models:tiny",
+            "--no-progress",
+        ],
+        cwd=ROOT,
+        env=_env(),
+        text=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     try:
         for line in proc.stderr:  # training has started
             if line.startswith("epoch 1/"):

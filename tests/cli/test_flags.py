@@ -24,21 +24,36 @@ def test_train_flags_left_out_are_none_so_the_config_file_keeps_its_values(tmp_p
 
 
 def test_bench_grids_are_comma_separated():
-    args = _parse("bench", "--replicas", "1, 2,4", "--xla", "off,on", "--precision", "fp32,bf16",
-                  "--input-shape", "32,32,3")
+    args = _parse(
+        "bench",
+        "--replicas",
+        "1, 2,4",
+        "--xla",
+        "off,on",
+        "--precision",
+        "fp32,bf16",
+        "--input-shape",
+        "32,32,3",
+    )
     assert args["replicas"] == (1, 2, 4)
     assert args["xla"] == (False, True)
     assert args["precision"] == ("fp32", "bf16")
     assert args["input_shape"] == (32, 32, 3)
     defaults = _parse("bench")
-    assert (defaults["replicas"], defaults["xla"], defaults["accum_steps"]) == ((1, 2), (False,),
-                                                                                (1,))
+    assert (defaults["replicas"], defaults["xla"], defaults["accum_steps"]) == (
+        (1, 2),
+        (False,),
+        (1,),
+    )
 
 
-@pytest.mark.parametrize("flag,value,needle", [
-    ("--xla", "yes", "--xla 'yes': expected a comma-separated list of on/off values"),
-    ("--accum-steps", "1,x", "--accum-steps '1,x': expected a comma-separated list of int"),
-])
+@pytest.mark.parametrize(
+    "flag,value,needle",
+    [
+        ("--xla", "yes", "--xla 'yes': expected a comma-separated list of on/off values"),
+        ("--accum-steps", "1,x", "--accum-steps '1,x': expected a comma-separated list of int"),
+    ],
+)
 def test_bad_bench_grid_value_is_one_usage_line_exit_2(capsys, flag, value, needle):
     with pytest.raises(SystemExit) as exit_:
         _parse("bench", flag, value)
@@ -47,10 +62,18 @@ def test_bad_bench_grid_value_is_one_usage_line_exit_2(capsys, flag, value, need
 
 
 def test_serve_takes_tf_serving_boolean_and_compatibility_flags(capsys):
-    args = _parse("serve", "--enable_batching", "--enable_model_warmup=false",
-                  "--rest_api_enable_cors_support=1", "--rest_api_num_threads=4")
-    assert (args["enable_batching"], args["enable_model_warmup"],
-            args["rest_api_enable_cors_support"]) == (True, False, True)
+    args = _parse(
+        "serve",
+        "--enable_batching",
+        "--enable_model_warmup=false",
+        "--rest_api_enable_cors_support=1",
+        "--rest_api_num_threads=4",
+    )
+    assert (
+        args["enable_batching"],
+        args["enable_model_warmup"],
+        args["rest_api_enable_cors_support"],
+    ) == (True, False, True)
     # accepted so tensorflow_model_server command lines run, and kept apart from ServeConfig
     assert args["_ignored__rest_api_num_threads"] == "4"
     assert "rest_api_num_threads" not in args

@@ -20,23 +20,33 @@ def _one_line_error(proc, *needles):
         assert needle in errors[0], errors[0]
 
 
-@pytest.mark.parametrize("args, needles", [
-    (["--data", "/nonexistent/imgs"], ["--data /nonexistent/imgs: no such file or folder"]),
-    (["--data", "{tmp}/*.tfrecord"], ["the pattern matches no file"]),
-    (["--data", "{tmp}", "--image-size", "28"], ["--image-size 28: expected 2 positive"]),
-    (["--data", "{tmp}", "--image-size", "0,28"], ["--image-size 0,28"]),
-    (["--data", "synthetic", "--input-shape", "a,b"], ["--input-shape a,b"]),
-    (["--data", "synthetic", "--input-shape", "1048576,1048576,3"],
-     ["--input-shape 1048576,1048576,3: 3,298,534,883,328 elements per example, at most "
-      "67,108,864"]),
-    (["--data", "synthetic", "--num-classes", "1"], ["--num-classes must be an integer >= 2"]),
-    (["--data", "{tmp}", "--validation-split", "1.5"], ["--validation-split must be a fraction"]),
-    (["--validation-split", "0.1"], ["--data mnist has its own validation split"]),
-    (["--data", "{tmp}", "--cache", "{tmp}/file"], ["--cache {tmp}/file is a file"]),
-    (["--cache", "memory"], ["--data mnist is already in memory: drop --cache"]),
-    (["--data", "{tmp}", "--data-dir", "{tmp}"], ["--data-dir says where MNIST is"]),
-    (["--dataset", "mnist", "--data", "{tmp}"], ["--dataset mnist and --data", "disagree"]),
-])
+@pytest.mark.parametrize(
+    "args, needles",
+    [
+        (["--data", "/nonexistent/imgs"], ["--data /nonexistent/imgs: no such file or folder"]),
+        (["--data", "{tmp}/*.tfrecord"], ["the pattern matches no file"]),
+        (["--data", "{tmp}", "--image-size", "28"], ["--image-size 28: expected 2 positive"]),
+        (["--data", "{tmp}", "--image-size", "0,28"], ["--image-size 0,28"]),
+        (["--data", "synthetic", "--input-shape", "a,b"], ["--input-shape a,b"]),
+        (
+            ["--data", "synthetic", "--input-shape", "1048576,1048576,3"],
+            [
+                "--input-shape 1048576,1048576,3: 3,298,534,883,328 elements per example, at most "
+                "67,108,864"
+            ],
+        ),
+        (["--data", "synthetic", "--num-classes", "1"], ["--num-classes must be an integer >= 2"]),
+        (
+            ["--data", "{tmp}", "--validation-split", "1.5"],
+            ["--validation-split must be a fraction"],
+        ),
+        (["--validation-split", "0.1"], ["--data mnist has its own validation split"]),
+        (["--data", "{tmp}", "--cache", "{tmp}/file"], ["--cache {tmp}/file is a file"]),
+        (["--cache", "memory"], ["--data mnist is already in memory: drop --cache"]),
+        (["--data", "{tmp}", "--data-dir", "{tmp}"], ["--data-dir says where MNIST is"]),
+        (["--dataset", "mnist", "--data", "{tmp}"], ["--dataset mnist and --data", "disagree"]),
+    ],
+)
 def test_bad_data_flags_are_one_line_before_tensorflow_loads(tmp_path, args, needles):
     (tmp_path / "file").write_text("x")
     args = [a.replace("{tmp}", str(tmp_path)) for a in args]
@@ -65,11 +75,18 @@ def test_bad_data_met_while_loading_or_training_is_one_line(tmp_path):
         "sizes": ["--data", str(tmp_path / "sizes")],
         "empty": ["--data", str(tmp_path / "empty")],
         "labels": ["--data", str(tmp_path / "labels.npz"), "--num-classes", "10"],
-        "model": ["--data", str(tmp_path / "sizes"), "--image-size", "28,28",
-                  "--model", "user_models:tiny"],
+        "model": [
+            "--data",
+            str(tmp_path / "sizes"),
+            "--image-size",
+            "28,28",
+            "--model",
+            "user_models:tiny",
+        ],
         "module": ["--data", "data_fixtures:raising_source"],
     }
-    out = run_isolated(f"""
+    out = run_isolated(
+        f"""
         import contextlib, io, json
         from mirrorfit.cli import main
         results = {{}}
@@ -80,11 +97,12 @@ def test_bad_data_met_while_loading_or_training_is_one_line(tmp_path):
                            "--no-progress", *args])
             results[name] = [rc, err.getvalue()]
         print(json.dumps(results))
-    """, timeout=600)
+    """,
+        timeout=600,
+    )
     needles = {
         "corrupt": [f"cannot decode {bad}", "remove or replace it"],
-        "sizes": ["tall.png is 30x28 pixels, not the size of the first image",
-                  "--image-size H,W"],
+        "sizes": ["tall.png is 30x28 pixels, not the size of the first image", "--image-size H,W"],
         "empty": ["no class subfolders in"],
         "labels": ["train label 12 (example 5) is out of range for --num-classes 10"],
         "model": ["gives examples of shape 28x28x1 but --model user_models:tiny takes 28x28"],
@@ -106,8 +124,10 @@ def test_image_folder_on_two_replicas_sees_every_example_once_per_epoch(tmp_path
     x, y = mnist(600)
     write_png_folder(tmp_path / "png", x, y)
     from data_fixtures import write_tfrecords
+
     write_tfrecords(tmp_path / "tfr", x, y, shards=3)
-    out = run_isolated(f"""
+    out = run_isolated(
+        f"""
         import hashlib, json
         import mirrorfit
         from mirrorfit.config import load_config
@@ -116,8 +136,8 @@ def test_image_folder_on_two_replicas_sees_every_example_once_per_epoch(tmp_path
         setup = mirrorfit.configure_devices(replicas=2)
         dist = build_distribution(setup, kind="mirrored")
         seen = {{}}
-        for name, spec in (("folder", {str(tmp_path / 'png')!r}),
-                           ("tfrecord", {str(tmp_path / 'tfr' / '*.tfrecord')!r})):
+        for name, spec in (("folder", {str(tmp_path / "png")!r}),
+                           ("tfrecord", {str(tmp_path / "tfr" / "*.tfrecord")!r})):
             data = load_data(spec, global_batch=20, seed=3)
             for epoch in (0, 1):
                 make = lambda w, n: data.train.dataset(start_epoch=epoch, epochs=epoch + 1,
@@ -134,25 +154,46 @@ def test_image_folder_on_two_replicas_sees_every_example_once_per_epoch(tmp_path
                                     for a in part.numpy()]
                 seen[f"{{name}} {{epoch}}"] = [steps, sorted(digests)]
         from mirrorfit.job.train import run_training
-        config = load_config(data={str(tmp_path / 'png')!r}, replicas=2, epochs=1,
+        config = load_config(data={str(tmp_path / "png")!r}, replicas=2, epochs=1,
                              global_batch_size=20, progress=False, validation_split=0.1,
                              optimizer="adam", lr=0.003,
-                             checkpoint_dir={str(tmp_path / 'ck')!r})
+                             checkpoint_dir={str(tmp_path / "ck")!r})
         summary = run_training(config)
         seen["run"] = [summary["replicas"], summary["steps"], summary["train_examples"],
                        summary["val_accuracy"]]
         print(json.dumps(seen))
-    """, timeout=600)
+    """,
+        timeout=600,
+    )
     import hashlib
+
     everything = sorted(hashlib.blake2b(a.tobytes(), digest_size=8).hexdigest() for a in x)
     for key in ("folder 0", "folder 1", "tfrecord 0", "tfrecord 1"):
         steps, digests = out[key]
         assert steps == 30 and digests == everything, key
     assert out["run"][:3] == [2, 27, 540] and out["run"][3] > 0.5
     (tmp_path / "png" / "3" / "extra.png").write_bytes(png(x[0]))
-    proc = run_cli("train", "--data", str(tmp_path / "png"), "--replicas", "2", "--epochs", "2",
-                   "--global-batch-size", "20", "--validation-split", "0.1", "--no-progress",
-                   "--optimizer", "adam", "--lr", "0.003", "--checkpoint-dir", str(tmp_path / "ck"))
-    _one_line_error(proc, f"was trained on other data than --data {tmp_path / 'png'} holds now",
-                    "--fresh")
+    proc = run_cli(
+        "train",
+        "--data",
+        str(tmp_path / "png"),
+        "--replicas",
+        "2",
+        "--epochs",
+        "2",
+        "--global-batch-size",
+        "20",
+        "--validation-split",
+        "0.1",
+        "--no-progress",
+        "--optimizer",
+        "adam",
+        "--lr",
+        "0.003",
+        "--checkpoint-dir",
+        str(tmp_path / "ck"),
+    )
+    _one_line_error(
+        proc, f"was trained on other data than --data {tmp_path / 'png'} holds now", "--fresh"
+    )
     assert json.dumps(out)  # the subprocess's summary was plain JSON

@@ -15,24 +15,39 @@ def _image():
     return png(np.zeros((28, 28), np.uint8))
 
 
-@pytest.mark.parametrize("case, needles", [
-    ("test alone", ["has test/ but no train/ subfolder", "`mirrorfit evaluate` scores test/ "
-                    "alone"]),
-    ("val and test", ["has test/, val/ but no train/ subfolder"]),
-    ("val alone", ["has val/ but no train/ subfolder; training reads train/"]),
-    ("loose images", ["no class subfolders in", "(its images must be in one subfolder per "
-                      "class)"]),
-    ("loose images in train", ["no class subfolders in", "/train (its images must be"]),
-    ("empty test", ["/test holds no class subfolders of images; add them (named as in "
-                    "train/) or remove it"]),
-    ("empty validation", ["/validation holds no class subfolders of images"]),
-    ("test is a file", ["/test is a file, not a folder"]),
-])
+@pytest.mark.parametrize(
+    "case, needles",
+    [
+        (
+            "test alone",
+            ["has test/ but no train/ subfolder", "`mirrorfit evaluate` scores test/ alone"],
+        ),
+        ("val and test", ["has test/, val/ but no train/ subfolder"]),
+        ("val alone", ["has val/ but no train/ subfolder; training reads train/"]),
+        (
+            "loose images",
+            ["no class subfolders in", "(its images must be in one subfolder per class)"],
+        ),
+        ("loose images in train", ["no class subfolders in", "/train (its images must be"]),
+        (
+            "empty test",
+            [
+                "/test holds no class subfolders of images; add them (named as in "
+                "train/) or remove it"
+            ],
+        ),
+        ("empty validation", ["/validation holds no class subfolders of images"]),
+        ("test is a file", ["/test is a file, not a folder"]),
+    ],
+)
 def test_folder_layouts_that_cannot_train_are_one_line(tmp_path, case, needles):
     x, y = mnist(20)
     if case in ("test alone", "val and test", "val alone"):
-        for split in {"test alone": ["test"], "val and test": ["val", "test"],
-                      "val alone": ["val"]}[case]:
+        for split in {
+            "test alone": ["test"],
+            "val and test": ["val", "test"],
+            "val alone": ["val"],
+        }[case]:
             write_png_folder(tmp_path / split, x, y)
     elif case.startswith("loose images"):
         top = tmp_path / "train" if case.endswith("train") else tmp_path
@@ -52,11 +67,19 @@ def test_folder_layouts_that_cannot_train_are_one_line(tmp_path, case, needles):
         assert needle in message, message
 
 
-@pytest.mark.parametrize("case, needles", [
-    ("loose images", ["--data {root}: no class subfolders in {root} (its images must be in one "
-                      "subfolder per class)"]),
-    ("dangling link", ["--data {root}: cannot read {root}/1/ghost.png (", "fix or remove it"]),
-])
+@pytest.mark.parametrize(
+    "case, needles",
+    [
+        (
+            "loose images",
+            [
+                "--data {root}: no class subfolders in {root} (its images must be in one "
+                "subfolder per class)"
+            ],
+        ),
+        ("dangling link", ["--data {root}: cannot read {root}/1/ghost.png (", "fix or remove it"]),
+    ],
+)
 def test_listing_says_loose_images_and_dangling_links_in_one_line(tmp_path, case, needles):
     """files.py itself (not only its callers): loose images were an AttributeError
     (os.DirEntry has no .suffix), a dangling link a FileNotFoundError."""
@@ -89,12 +112,15 @@ def _two_class_folder(root):
         (root / c / "x.png").write_bytes(_image())
 
 
-@pytest.mark.parametrize("link, target, reaches", [
-    ("a/up", "..", "{root}"),  # issue 24: b's images were listed again under a/up/b, label 0
-    ("a/again", ".", "{root}/a"),  # a loop: was skipped without a word
-    ("a/b", "../b", "{root}/b"),  # another class's folder: its images got a's label
-    ("a/top", "../..", "{parent}"),  # above the data: walked the whole parent
-])
+@pytest.mark.parametrize(
+    "link, target, reaches",
+    [
+        ("a/up", "..", "{root}"),  # issue 24: b's images were listed again under a/up/b, label 0
+        ("a/again", ".", "{root}/a"),  # a loop: was skipped without a word
+        ("a/b", "../b", "{root}/b"),  # another class's folder: its images got a's label
+        ("a/top", "../..", "{parent}"),  # above the data: walked the whole parent
+    ],
+)
 def test_a_folder_reached_twice_is_refused_in_one_line(tmp_path, link, target, reaches):
     """A folder walk must never visit a folder twice: a link back up or across would list
     images again under another class (wrong labels, exit 0). Refused, naming the link."""
@@ -140,9 +166,13 @@ def test_a_linked_folder_outside_the_data_is_read_once(tmp_path):
     (tmp_path / "more" / "y.png").write_bytes(_image())
     os.symlink(tmp_path / "more", tmp_path / "data" / "0" / "more")
     folder = list_image_folder(tmp_path / "data", "f6")
-    assert sorted(folder.splits["train"].paths) == sorted([
-        str(tmp_path / "data" / "0" / "more" / "y.png"), str(tmp_path / "data" / "0" / "x.png"),
-        str(tmp_path / "data" / "1" / "x.png")])
+    assert sorted(folder.splits["train"].paths) == sorted(
+        [
+            str(tmp_path / "data" / "0" / "more" / "y.png"),
+            str(tmp_path / "data" / "0" / "x.png"),
+            str(tmp_path / "data" / "1" / "x.png"),
+        ]
+    )
     assert folder.splits["train"].labels.tolist() == [0, 0, 1]
 
 

@@ -61,11 +61,16 @@ def test_an_npz_is_read_for_x_test_and_y_test_only(tmp_path):
     np.savez(tmp_path / "test_only.npz", x_test=x, y_test=y)
     test = load_test(str(tmp_path / "test_only.npz"), batch=5)
     assert test.num_classes == int(y.max()) + 1 and np.array_equal(_labels(test), y)
-    np.savez(tmp_path / "both.npz", x_train=np.zeros((1000, 28, 28), np.uint8),
-             y_train=np.zeros(1000, np.int64), x_test=x, y_test=y)
+    np.savez(
+        tmp_path / "both.npz",
+        x_train=np.zeros((1000, 28, 28), np.uint8),
+        y_train=np.zeros(1000, np.int64),
+        x_test=x,
+        y_test=y,
+    )
     data = (tmp_path / "both.npz").read_bytes()
     at = data.index(b"(1000, 28, 28)")  # the header of x_train: same length, 9x the rows
-    (tmp_path / "both.npz").write_bytes(data[:at] + b"(9000, 28, 28)" + data[at + 14:])
+    (tmp_path / "both.npz").write_bytes(data[:at] + b"(9000, 28, 28)" + data[at + 14 :])
     with pytest.raises(DataError, match="x_train declares shape"):
         load_data(str(tmp_path / "both.npz"), global_batch=2)
     assert len(_labels(load_test(str(tmp_path / "both.npz"), batch=5))) == 12
@@ -83,8 +88,9 @@ def _counting(split, n):
         _CALLS[split] += 1
         yield from zip(x, y)
 
-    return tf.data.Dataset.from_generator(gen, output_signature=(
-        tf.TensorSpec((28, 28), tf.uint8), tf.TensorSpec((), tf.int64)))
+    return tf.data.Dataset.from_generator(
+        gen, output_signature=(tf.TensorSpec((28, 28), tf.uint8), tf.TensorSpec((), tf.int64))
+    )
 
 
 @pytest.fixture
@@ -99,8 +105,11 @@ def user_module(monkeypatch):
 def test_a_function_source_is_read_for_its_test_split_only(user_module):
     """The train dataset (here counted; at scale huge or lazy) is never iterated, nor checked:
     evaluate used to read every training label first."""
-    user_module.load = lambda: {"train": _counting("train", 50), "val": "not even data",
-                                "test": _counting("test", 12)}
+    user_module.load = lambda: {
+        "train": _counting("train", 50),
+        "val": "not even data",
+        "test": _counting("test", 12),
+    }
     test = load_test("heldout_fixture:load", batch=5)
     assert test.input_shape == (28, 28) and test.num_classes is None  # checked while scored
     assert _CALLS == {"train": 0, "test": 0}
@@ -122,8 +131,7 @@ def test_a_function_returning_a_test_split_alone_is_scored(user_module):
     assert "a dict with 'train'," in str(e.value)
 
 
-def test_an_endless_test_dataset_of_unknown_length_stops_with_one_line(user_module,
-                                                                        monkeypatch):
+def test_an_endless_test_dataset_of_unknown_length_stops_with_one_line(user_module, monkeypatch):
     """A from_generator dataset that never ends was read for ever by evaluate, its results
     growing; past MAX_UNKNOWN_TEST examples (here 20) it is one DataError line."""
     import itertools
@@ -140,7 +148,8 @@ def test_an_endless_test_dataset_of_unknown_length_stops_with_one_line(user_modu
     def endless():
         return tf.data.Dataset.from_generator(
             lambda: itertools.repeat((x[0], y[0])),
-            output_signature=(tf.TensorSpec((28, 28), tf.uint8), tf.TensorSpec((), tf.int64)))
+            output_signature=(tf.TensorSpec((28, 28), tf.uint8), tf.TensorSpec((), tf.int64)),
+        )
 
     user_module.load = lambda: {"test": endless()}
     test = load_test("heldout_fixture:load", batch=8)
@@ -164,11 +173,19 @@ def _la_png(image):
     raw = b"".join(b"\0" + pixels[r].tobytes() for r in range(h))
 
     def chunk(kind, data):
-        return (struct.pack(">I", len(data)) + kind + data
-                + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF))
+        return (
+            struct.pack(">I", len(data))
+            + kind
+            + data
+            + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+        )
 
-    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 4, 0, 0, 0))
-            + chunk(b"IDAT", zlib.compress(raw, 1)) + chunk(b"IEND", b""))
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 4, 0, 0, 0))
+        + chunk(b"IDAT", zlib.compress(raw, 1))
+        + chunk(b"IEND", b"")
+    )
 
 
 def test_odd_class_folder_names_and_two_channel_images_are_scored(tmp_path):
@@ -190,22 +207,27 @@ def _two_classes(root):
         (root / c / "1.png").write_bytes(png(np.zeros((28, 28), np.uint8)))
 
 
-@pytest.mark.parametrize("case, needles", [
-    ("no test folder", ["has no test split to evaluate on: the folder has no test/ subfolder"]),
-    ("test is a file", ["/test is a file, not a folder"]),
-    ("empty test beside train", ["/test holds no class subfolders of images"]),
-    ("dangling link", ["cannot read", "ghost.png", "fix or remove it"]),
-    ("loose images in test", ["no class subfolders in", "one subfolder per class"]),
-    ("function without test", ["the function returns no test split"]),
-    ("function negative label", ["test label -3 (example 2) is negative"]),
-    ("function bad test", ["its test split is str"]),
-    ("function infinite test", ["its test split is infinite"]),
-    ("empty class folder in test alone", ["/test/b holds no PNG or JPEG image; add images",
-                                          "renumbers the classes after it"]),
-    ("npz without test", ["the file has no x_test/y_test"]),
-    ("npz without y_test", ["has x_test or y_test but not both"]),
-    ("npz one-hot y_test", ["y_test has shape (3, 2)", "not one-hot"]),
-])
+@pytest.mark.parametrize(
+    "case, needles",
+    [
+        ("no test folder", ["has no test split to evaluate on: the folder has no test/ subfolder"]),
+        ("test is a file", ["/test is a file, not a folder"]),
+        ("empty test beside train", ["/test holds no class subfolders of images"]),
+        ("dangling link", ["cannot read", "ghost.png", "fix or remove it"]),
+        ("loose images in test", ["no class subfolders in", "one subfolder per class"]),
+        ("function without test", ["the function returns no test split"]),
+        ("function negative label", ["test label -3 (example 2) is negative"]),
+        ("function bad test", ["its test split is str"]),
+        ("function infinite test", ["its test split is infinite"]),
+        (
+            "empty class folder in test alone",
+            ["/test/b holds no PNG or JPEG image; add images", "renumbers the classes after it"],
+        ),
+        ("npz without test", ["the file has no x_test/y_test"]),
+        ("npz without y_test", ["has x_test or y_test but not both"]),
+        ("npz one-hot y_test", ["y_test has shape (3, 2)", "not one-hot"]),
+    ],
+)
 def test_bad_test_splits_are_one_named_data_error(tmp_path, user_module, case, needles):
     root = tmp_path / "data"
     if case == "no test folder":
@@ -229,18 +251,21 @@ def test_bad_test_splits_are_one_named_data_error(tmp_path, user_module, case, n
     elif case.startswith("npz"):
         root = tmp_path / "d.npz"
         one_hot = np.eye(3, 2, dtype=int)
-        tests = {"npz without test": {}, "npz without y_test": {"x_test": np.zeros((3, 4))},
-                 "npz one-hot y_test": {"x_test": np.zeros((3, 4)), "y_test": one_hot}}
+        tests = {
+            "npz without test": {},
+            "npz without y_test": {"x_test": np.zeros((3, 4))},
+            "npz one-hot y_test": {"x_test": np.zeros((3, 4)), "y_test": one_hot},
+        }
         np.savez(root, x_train=np.zeros((3, 4), np.uint8), y_train=np.arange(3), **tests[case])
     else:
         x, y = mnist(5)
         y[2] = -3
-        user_module.load = {"function without test": lambda: (x, y),
-                            "function negative label": lambda: ((x, y), None, (x, y)),
-                            "function bad test": lambda: {"train": "ignored",
-                                                          "test": "no data"},
-                            "function infinite test": lambda: {
-                                "test": _counting("test", 3).repeat()}}[case]
+        user_module.load = {
+            "function without test": lambda: (x, y),
+            "function negative label": lambda: ((x, y), None, (x, y)),
+            "function bad test": lambda: {"train": "ignored", "test": "no data"},
+            "function infinite test": lambda: {"test": _counting("test", 3).repeat()},
+        }[case]
         root = "heldout_fixture:load"
     with pytest.raises(DataError) as e:
         load_test(str(root), batch=4)

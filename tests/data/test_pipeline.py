@@ -34,7 +34,7 @@ def test_batches_are_full_scaled_and_follow_each_epochs_order():
     assert all(bx.shape == (64, 2, 2) and bx.dtype == np.float32 for bx, _ in batches)
     labels = np.concatenate([by for _, by in batches]).reshape(2, -1)
     for row, epoch in zip(labels, (1, 2)):  # each epoch drops its own remainder
-        np.testing.assert_array_equal(row, epoch_order(1000, seed=3, epoch=epoch)[:len(row)])
+        np.testing.assert_array_equal(row, epoch_order(1000, seed=3, epoch=epoch)[: len(row)])
     np.testing.assert_allclose(batches[0][0], x[batches[0][1]] / 255.0, rtol=1e-6)
 
 
@@ -43,7 +43,7 @@ def test_skip_resumes_exactly_where_a_run_stopped():
     src = train_batches(x, y, global_batch=64, seed=3)
     full = _labels(src.dataset(epochs=2))
     resumed = _labels(src.dataset(start_epoch=0, epochs=2, skip=5))
-    np.testing.assert_array_equal(resumed, full[5 * 64:])
+    np.testing.assert_array_equal(resumed, full[5 * 64 :])
 
 
 def test_eval_sees_every_example_once_with_a_partial_last_batch():
@@ -74,8 +74,9 @@ def test_a_resume_skips_within_its_epoch_only():
     src = train_batches(x, y, global_batch=64, seed=3)
     steps = src.steps_per_epoch
     full = _labels(src.dataset(epochs=3))
-    np.testing.assert_array_equal(_labels(src.dataset(start_epoch=1, epochs=3, skip=steps - 1)),
-                                  full[(2 * steps - 1) * 64:])
+    np.testing.assert_array_equal(
+        _labels(src.dataset(start_epoch=1, epochs=3, skip=steps - 1)), full[(2 * steps - 1) * 64 :]
+    )
     assert src.order.global_batch == 64 and src.order.examples == 1000 and src.order.seed == 3
 
 

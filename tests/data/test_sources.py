@@ -13,7 +13,7 @@ import pytest
 
 import mirrorfit
 from conftest import run_cli
-from data_fixtures import (folder_order, mnist, png, write_png_folder, write_tfrecords)
+from data_fixtures import folder_order, mnist, png, write_png_folder, write_tfrecords
 from mirrorfit.data.files import holdout
 from mirrorfit.data.sources import load_data
 from mirrorfit.errors import ConfigError, DataError
@@ -32,8 +32,14 @@ def files(tmp_path_factory):
     write_tfrecords(root / "tfr", x, y, shards=5)
     order = folder_order(y)
     np.savez(root / "same.npz", x_train=x[order], y_train=y[order])
-    return {"root": root, "png": str(root / "png"), "tfr": str(root / "tfr" / "*.tfrecord"),
-            "npz": str(root / "same.npz"), "x": x, "y": y}
+    return {
+        "root": root,
+        "png": str(root / "png"),
+        "tfr": str(root / "tfr" / "*.tfrecord"),
+        "npz": str(root / "same.npz"),
+        "x": x,
+        "y": y,
+    }
 
 
 def _batches(data, **kwargs):
@@ -41,8 +47,10 @@ def _batches(data, **kwargs):
 
 
 def _same(a, b):
-    return len(a) == len(b) and all(np.array_equal(p[0].reshape(q[0].shape), q[0])
-                                    and np.array_equal(p[1], q[1]) for p, q in zip(a, b))
+    return len(a) == len(b) and all(
+        np.array_equal(p[0].reshape(q[0].shape), q[0]) and np.array_equal(p[1], q[1])
+        for p, q in zip(a, b)
+    )
 
 
 def test_image_folder_reads_the_npz_order_pixel_for_pixel(files, tmp_path):
@@ -57,7 +65,7 @@ def test_image_folder_reads_the_npz_order_pixel_for_pixel(files, tmp_path):
     for cache in ("memory", str(tmp_path / "cache")):
         cached = load_data(files["png"], global_batch=BATCH, seed=7, cache=cache)
         assert cached.fingerprint == folder.fingerprint  # the cache does not change the order
-        assert _same(_batches(cached, start_epoch=1, epochs=2, skip=13), want[40 + 13:])
+        assert _same(_batches(cached, start_epoch=1, epochs=2, skip=13), want[40 + 13 :])
     stored = list((tmp_path / "cache").glob("mirrorfit-cache-*.npy"))
     assert len(stored) == 1
     mtime = stored[0].stat().st_mtime_ns
@@ -69,17 +77,21 @@ def test_image_folder_workers_read_their_share_of_every_global_batch(files):
     data = load_data(files["png"], global_batch=BATCH, seed=3)
     whole = _batches(data, start_epoch=0, epochs=1)
     shares = [_batches(data, start_epoch=0, epochs=1, worker=w, workers=2) for w in (0, 1)]
-    joined = [(np.concatenate([a[0], b[0]]), np.concatenate([a[1], b[1]]))
-              for a, b in zip(*shares)]
+    joined = [(np.concatenate([a[0], b[0]]), np.concatenate([a[1], b[1]])) for a, b in zip(*shares)]
     assert _same(joined, whole)
 
 
 def _digests(batches):
     """One hash per image, of its uint8 pixels (the pipeline hands them on scaled to [0, 1])."""
+
     def pixels(x):
         return x if x.dtype == np.uint8 else np.round(x * 255).astype(np.uint8)
-    return sorted(hashlib.blake2b(pixels(x).tobytes(), digest_size=8).hexdigest()
-                  for xs, _ in batches for x in xs)
+
+    return sorted(
+        hashlib.blake2b(pixels(x).tobytes(), digest_size=8).hexdigest()
+        for xs, _ in batches
+        for x in xs
+    )
 
 
 def test_tfrecords_split_across_workers_by_file_every_record_once_per_epoch(files):
@@ -88,8 +100,9 @@ def test_tfrecords_split_across_workers_by_file_every_record_once_per_epoch(file
     data = load_data(files["tfr"], global_batch=BATCH, seed=5, workers=2)
     everything = _digests([(files["x"][..., None], None)])
     for epoch in (0, 1):
-        shares = [_batches(data, start_epoch=epoch, epochs=epoch + 1, worker=w, workers=2)
-                  for w in (0, 1)]
+        shares = [
+            _batches(data, start_epoch=epoch, epochs=epoch + 1, worker=w, workers=2) for w in (0, 1)
+        ]
         assert all(len(s) == N // BATCH for s in shares)
         assert _digests(shares[0] + shares[1]) == everything
         reading = [data.train.epoch_slices(epoch, w, 2) for w in (0, 1)]
@@ -98,8 +111,9 @@ def test_tfrecords_split_across_workers_by_file_every_record_once_per_epoch(file
     steps = N // BATCH
     full = _batches(data, start_epoch=0, epochs=2, worker=1, workers=2)
     assert len(full) == 2 * steps and not _same(full[:steps], full[steps:])  # epochs differ
-    assert _same(_batches(data, start_epoch=1, epochs=2, skip=7, worker=1, workers=2),
-                 full[steps + 7:])
+    assert _same(
+        _batches(data, start_epoch=1, epochs=2, skip=7, worker=1, workers=2), full[steps + 7 :]
+    )
 
 
 def _accuracy(data, test, seed=1):
@@ -109,8 +123,10 @@ def _accuracy(data, test, seed=1):
         strategy=strategy,
         model=lambda: mirrorfit.models.mlp(data.input_shape, data.num_classes),
         optimizer=keras.optimizers.Adam(1e-3),
-        loss=keras.losses.SparseCategoricalCrossentropy(), global_batch=BATCH,
-        steps_per_execution=20)
+        loss=keras.losses.SparseCategoricalCrossentropy(),
+        global_batch=BATCH,
+        steps_per_execution=20,
+    )
     trainer.fit(data.train, epochs=2)
     x, y = test
     return trainer.evaluate((x.reshape(len(x), *data.input_shape), y.astype(np.int32)))["accuracy"]
@@ -125,8 +141,9 @@ def test_each_source_trains_to_the_accuracy_of_the_same_images_from_the_npz(file
     other_order = {
         "tfrecord": load_data(files["tfr"], global_batch=BATCH, seed=7),
         "module arrays": load_data("data_fixtures:arrays_source", global_batch=BATCH, seed=7),
-        "module dataset": load_data("data_fixtures:dataset_source", global_batch=BATCH, seed=7,
-                                    cache="memory"),
+        "module dataset": load_data(
+            "data_fixtures:dataset_source", global_batch=BATCH, seed=7, cache="memory"
+        ),
     }
     for name, data in same_order.items():
         assert _accuracy(data, test) == pytest.approx(reference, abs=0.002), name
@@ -142,8 +159,11 @@ def test_validation_split_is_seeded_and_exact(files):
     for spec in (files["png"], files["tfr"], files["npz"]):
         data = load_data(spec, global_batch=BATCH, seed=4, validation_split=0.1)
         assert data.train_examples == 1800, spec
-        assert sum(len(y) for _, y in data.val) if not isinstance(data.val, tuple) \
+        assert (
+            sum(len(y) for _, y in data.val)
+            if not isinstance(data.val, tuple)
             else len(data.val[1]) == 200
+        )
 
 
 def test_a_changed_file_changes_the_fingerprint(files, tmp_path):
@@ -156,29 +176,38 @@ def test_a_changed_file_changes_the_fingerprint(files, tmp_path):
 
 # -- bad input: one DataError line, named -------------------------------------------------
 
+
 def _class_folders(root, classes=("a", "b")):
     for c in classes:
         (root / c).mkdir(parents=True)
         (root / c / "1.png").write_bytes(png(np.zeros((28, 28), np.uint8)))
 
 
-@pytest.mark.parametrize("case, needles", [
-    ("empty folder", ["no class subfolders in"]),
-    ("class without images", ["class folder", "/b holds no PNG or JPEG image"]),
-    ("one class", ["only one class folder (a)"]),
-    ("corrupt first image", ["cannot be decoded as an image"]),
-    ("label out of range", ["train label 10 (example 3) is out of range for --num-classes 10"]),
-    ("negative label", ["train label -1 (example 0) is negative"]),
-    ("missing feature", ["record 0 has no feature 'image/encoded' (it has image/class/label)",
-                         "--image-feature"]),
-    ("negative tfrecord label", ["record 1 has label -2 under image/class/label"]),
-    ("npz without y_train", ["it needs x_train and y_train"]),
-    ("module raises", ["the function raised RuntimeError: the bucket is not reachable"]),
-    ("module returns a string", ["returned str; expected train"]),
-    ("module one-hot labels", ["its train split's y has shape (100, 10)", "not one-hot"]),
-    ("input shape", ["--input-shape 32,32,1 is not the shape", "--image-size H,W"]),
-    ("batch too large", ["global batch 4096 is larger than the 2 training examples"]),
-])
+@pytest.mark.parametrize(
+    "case, needles",
+    [
+        ("empty folder", ["no class subfolders in"]),
+        ("class without images", ["class folder", "/b holds no PNG or JPEG image"]),
+        ("one class", ["only one class folder (a)"]),
+        ("corrupt first image", ["cannot be decoded as an image"]),
+        ("label out of range", ["train label 10 (example 3) is out of range for --num-classes 10"]),
+        ("negative label", ["train label -1 (example 0) is negative"]),
+        (
+            "missing feature",
+            [
+                "record 0 has no feature 'image/encoded' (it has image/class/label)",
+                "--image-feature",
+            ],
+        ),
+        ("negative tfrecord label", ["record 1 has label -2 under image/class/label"]),
+        ("npz without y_train", ["it needs x_train and y_train"]),
+        ("module raises", ["the function raised RuntimeError: the bucket is not reachable"]),
+        ("module returns a string", ["returned str; expected train"]),
+        ("module one-hot labels", ["its train split's y has shape (100, 10)", "not one-hot"]),
+        ("input shape", ["--input-shape 32,32,1 is not the shape", "--image-size H,W"]),
+        ("batch too large", ["global batch 4096 is larger than the 2 training examples"]),
+    ],
+)
 def test_bad_input_is_one_named_data_error(tmp_path, case, needles):
     root = tmp_path / "data"
     kwargs = {}
@@ -201,16 +230,24 @@ def test_bad_input_is_one_named_data_error(tmp_path, case, needles):
     elif case in ("missing feature", "negative tfrecord label"):
         x, y = mnist(4)
         labels = np.array([1, -2, 3, 4]) if case == "negative tfrecord label" else None
-        write_tfrecords(root, x, y, 1, image_feature="" if case == "missing feature"
-                        else "image/encoded", labels=labels)
+        write_tfrecords(
+            root,
+            x,
+            y,
+            1,
+            image_feature="" if case == "missing feature" else "image/encoded",
+            labels=labels,
+        )
         root = root / "*.tfrecord"
     elif case == "npz without y_train":
         root = tmp_path / "d.npz"
         np.savez(root, x_train=np.zeros((3, 2)))
     elif case.startswith("module"):
-        root = {"module raises": "data_fixtures:raising_source",
-                "module returns a string": "data_fixtures:wrong_source",
-                "module one-hot labels": "data_fixtures:one_hot_source"}[case]
+        root = {
+            "module raises": "data_fixtures:raising_source",
+            "module returns a string": "data_fixtures:wrong_source",
+            "module one-hot labels": "data_fixtures:one_hot_source",
+        }[case]
     elif case == "input shape":
         _class_folders(root)
         kwargs = {"input_shape": (32, 32, 1)}
@@ -236,11 +273,12 @@ def test_parameter_server_streams_are_pure_tensorflow(files, tmp_path):
     the graph, endless global batches, different per worker."""
     import tensorflow as tf
 
-    sources = {"folder": load_data(files["png"], global_batch=BATCH, seed=2),
-               "tfrecord": load_data(files["tfr"], global_batch=BATCH, seed=2),
-               "tfrecord cached": load_data(files["tfr"], global_batch=BATCH, seed=2,
-                                            cache=str(tmp_path)),
-               "module": load_data("data_fixtures:dataset_source", global_batch=BATCH, seed=2)}
+    sources = {
+        "folder": load_data(files["png"], global_batch=BATCH, seed=2),
+        "tfrecord": load_data(files["tfr"], global_batch=BATCH, seed=2),
+        "tfrecord cached": load_data(files["tfr"], global_batch=BATCH, seed=2, cache=str(tmp_path)),
+        "module": load_data("data_fixtures:dataset_source", global_batch=BATCH, seed=2),
+    }
     for name, data in sources.items():
         streams = []
         for worker in (0, 1):
@@ -263,7 +301,7 @@ def test_seed_0_reads_every_kind_of_source(files):
         from mirrorfit.data.sources import load_data
         keras.utils.set_random_seed(0)
         counts = {{}}
-        for name, spec, extra in (("tfrecord", {files['tfr']!r}, {{}}),
+        for name, spec, extra in (("tfrecord", {files["tfr"]!r}, {{}}),
                                   ("module dataset", "data_fixtures:dataset_source",
                                    {{"cache": "memory"}})):
             data = load_data(spec, global_batch={BATCH}, seed=0, **extra)
@@ -273,8 +311,9 @@ def test_seed_0_reads_every_kind_of_source(files):
     assert set(out) == {"tfrecord", "module dataset"} and min(out.values()) > 0
 
 
-@pytest.mark.parametrize("damage", ["cut mid-record", "cut mid-header", "flipped byte",
-                                    "length past the end"])
+@pytest.mark.parametrize(
+    "damage", ["cut mid-record", "cut mid-header", "flipped byte", "length past the end"]
+)
 def test_a_truncated_or_corrupt_tfrecord_is_one_line_naming_file_and_offset(tmp_path, damage):
     """A file cut mid-record was scanned up to the cut and trained on, exit 0, although the
     scan is documented to read and check every record. Each record is a 12-byte header, its
@@ -285,14 +324,14 @@ def test_a_truncated_or_corrupt_tfrecord_is_one_line_naming_file_and_offset(tmp_
     starts, at = [], 0
     while at < len(raw):
         starts.append(at)
-        at += 16 + int.from_bytes(raw[at:at + 8], "little")
+        at += 16 + int.from_bytes(raw[at : at + 8], "little")
     start = starts[4]
     if damage == "cut mid-record":
-        path.write_bytes(raw[:start + 40])
+        path.write_bytes(raw[: start + 40])
     elif damage == "cut mid-header":
-        path.write_bytes(raw[:start + 5])
+        path.write_bytes(raw[: start + 5])
     elif damage == "flipped byte":
-        path.write_bytes(raw[:start + 30] + bytes([raw[start + 30] ^ 0xFF]) + raw[start + 31:])
+        path.write_bytes(raw[: start + 30] + bytes([raw[start + 30] ^ 0xFF]) + raw[start + 31 :])
     else:  # a header that claims 1 TiB, with a valid checksum: TensorFlow's reader crashed
         length = (1 << 40).to_bytes(8, "little")  # (SIGSEGV) allocating it
         path.write_bytes(raw[:start] + length + _masked_crc32c(length) + b"x" * 100)
@@ -327,12 +366,19 @@ def test_a_gzip_compressed_tfrecord_file_is_named_as_such(tmp_path):
         load_data(str(tmp_path / "*.tfrecord"), global_batch=2)
 
 
-@pytest.mark.parametrize("spec, needle", [
-    ("data_fixtures:exiting_source", "the function exited (SystemExit: 0) instead of returning "
-                                     "the data"),
-    ("data_fixtures:exiting_source_with_text", "the function exited (SystemExit: no "
-                                               "credentials)"),
-])
+@pytest.mark.parametrize(
+    "spec, needle",
+    [
+        (
+            "data_fixtures:exiting_source",
+            "the function exited (SystemExit: 0) instead of returning the data",
+        ),
+        (
+            "data_fixtures:exiting_source_with_text",
+            "the function exited (SystemExit: no credentials)",
+        ),
+    ],
+)
 def test_a_data_function_that_exits_is_a_data_error(spec, needle):
     """SystemExit(0) from a --data function ended `mirrorfit train` with exit 0, no line and
     nothing trained (it is no Exception, so it went past the function's error handling)."""
@@ -362,14 +408,23 @@ def test_a_dataset_that_yields_less_than_it_counted_is_one_line(backend, monkeyp
     (a generator reading a changing source) was a traceback: StopIteration in the JAX feed,
     OutOfRangeError ("End of sequence") on TensorFlow."""
     monkeypatch.setenv("DATA_FIXTURE_N", "512")
-    proc = run_cli("train", "--backend", backend, "--epochs", "1", "--no-progress",
-                   "--data", "data_fixtures:shrinking_dataset_source")
+    proc = run_cli(
+        "train",
+        "--backend",
+        backend,
+        "--epochs",
+        "1",
+        "--no-progress",
+        "--data",
+        "data_fixtures:shrinking_dataset_source",
+    )
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert proc.returncode == 2 and lines, proc.stderr[-3000:]
     assert lines[-1] == (
         "mirrorfit: error: --data data_fixtures:shrinking_dataset_source: the data ended "
         "before the epoch did: it yielded fewer examples than the 512 counted when it was "
-        "opened; it must give the same examples on every pass"), proc.stderr[-3000:]
+        "opened; it must give the same examples on every pass"
+    ), proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
 
 
@@ -379,6 +434,9 @@ def test_a_functions_single_number_examples_are_data_and_empty_ones_are_refused(
     ZeroDivisionError on JAX and a oneDNN abort on TensorFlow."""
     data = load_data("data_fixtures:scalar_examples_source", global_batch=8)
     assert data.input_shape == () and data.train_examples == 64
-    with pytest.raises(mirrorfit.DataError, match=r"yields x of shape \(0,\) and dtype float32; "
-                                                  "every example needs one fixed, non-empty"):
+    with pytest.raises(
+        mirrorfit.DataError,
+        match=r"yields x of shape \(0,\) and dtype float32; "
+        "every example needs one fixed, non-empty",
+    ):
         load_data("data_fixtures:empty_examples_dataset_source", global_batch=8)

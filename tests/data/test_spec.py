@@ -27,8 +27,10 @@ def test_input_shape_is_capped_on_the_elements_of_one_example():
 
 def test_image_size_keeps_its_own_check():
     # config.py says "at most 8192 pixels a side" for --image-size: no element cap here
-    assert parse_ints("--image-size", "1048576,1048576", count=2,
-                      example="224,224") == (1 << 20, 1 << 20)
+    assert parse_ints("--image-size", "1048576,1048576", count=2, example="224,224") == (
+        1 << 20,
+        1 << 20,
+    )
 
 
 @pytest.mark.parametrize("name", ["imgs[1]", "what?", "a*b"])

@@ -71,12 +71,15 @@ def test_small_arrays_for_validation_and_test():
     assert not np.array_equal(x, x2)
 
 
-@pytest.mark.parametrize("changes,match", [
-    ({"input_shape": (32, 0, 3)}, "--input-shape must be positive integers"),
-    ({"num_classes": 1}, "--num-classes must be an integer >= 2"),
-    ({"global_batch": 0}, "--global-batch-size must be an integer >= 1"),
-    ({"dtype": "int8"}, "dtype 'int8'"),
-])
+@pytest.mark.parametrize(
+    "changes,match",
+    [
+        ({"input_shape": (32, 0, 3)}, "--input-shape must be positive integers"),
+        ({"num_classes": 1}, "--num-classes must be an integer >= 2"),
+        ({"global_batch": 0}, "--global-batch-size must be an integer >= 1"),
+        ({"dtype": "int8"}, "dtype 'int8'"),
+    ],
+)
 def test_bad_values_are_one_line(changes, match):
     with pytest.raises(ConfigError, match=match):
         _data(**changes)

@@ -18,18 +18,28 @@ from mirrorfit.errors import ConfigError
 
 
 def tf_config(cluster, task_type="worker", index=0, **extra):
-    return {"TF_CONFIG": json.dumps({"cluster": cluster,
-                                     "task": {"type": task_type, "index": index}, **extra})}
+    return {
+        "TF_CONFIG": json.dumps(
+            {"cluster": cluster, "task": {"type": task_type, "index": index}, **extra}
+        )
+    }
 
 
 def slurm(procid, ntasks=4, nodes="gn[10-11]", per_node="2(x2)", **extra):
-    return {"SLURM_STEP_NUM_TASKS": str(ntasks), "SLURM_PROCID": str(procid),
-            "SLURM_STEP_NODELIST": nodes, "SLURM_STEP_TASKS_PER_NODE": per_node, **extra}
+    return {
+        "SLURM_STEP_NUM_TASKS": str(ntasks),
+        "SLURM_PROCID": str(procid),
+        "SLURM_STEP_NODELIST": nodes,
+        "SLURM_STEP_TASKS_PER_NODE": per_node,
+        **extra,
+    }
 
 
 def test_module_does_not_import_tensorflow():
-    code = ("import sys, mirrorfit.distribute.cluster, mirrorfit.distribute.launch; "
-            "print('tensorflow' in sys.modules)")
+    code = (
+        "import sys, mirrorfit.distribute.cluster, mirrorfit.distribute.launch; "
+        "print('tensorflow' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
@@ -38,8 +48,10 @@ def test_nothing_set_is_a_single_process_run():
     assert resolve_cluster({}) is None
     assert resolve_cluster({"TF_CONFIG": "  "}) is None  # a blank template value = unset
     # the batch script itself (job-level variables only) is one process, not task 0 of 4
-    assert resolve_cluster({"SLURM_NTASKS": "4", "SLURM_PROCID": "0",
-                            "SLURM_JOB_NODELIST": "gn[1-4]"}) is None
+    assert (
+        resolve_cluster({"SLURM_NTASKS": "4", "SLURM_PROCID": "0", "SLURM_JOB_NODELIST": "gn[1-4]"})
+        is None
+    )
     assert resolve_cluster(slurm(0, ntasks=1, nodes="gn1", per_node="1")) is None
 
 
@@ -50,7 +62,8 @@ def test_multi_worker_tf_config():
     assert c.describe() == "worker 1 of 2 (TF_CONFIG)" and c.task_name() == "worker 1"
     assert resolve_cluster(tf_config({"worker": ["h0:1", "h1:1"]}, index=0)).is_chief
     assert json.loads(json.dumps(c.tf_config())) == json.loads(
-        tf_config({"worker": ["h0:2222", "h1:2222"]}, index=1)["TF_CONFIG"])
+        tf_config({"worker": ["h0:2222", "h1:2222"]}, index=1)["TF_CONFIG"]
+    )
     assert c.address("worker", 0) == "h0:2222"
     with pytest.raises(ValueError, match="no task ps 0"):
         c.address("ps", 0)
@@ -73,61 +86,117 @@ def test_parameter_server_tf_config():
     chief, ps = resolve_cluster(tf_config(jobs, "chief")), resolve_cluster(tf_config(jobs, "ps"))
     worker = resolve_cluster(tf_config(jobs, "worker", "1"))  # templated manifests give "1"
     assert chief.mode == "parameter-server" and chief.num_workers == 2  # the chief coordinates
-    assert (chief.is_chief, chief.worker_rank, ps.worker_rank, worker.worker_rank) == \
-        (True, None, None, 1)
+    assert (chief.is_chief, chief.worker_rank, ps.worker_rank, worker.worker_rank) == (
+        True,
+        None,
+        None,
+        1,
+    )
     assert chief.describe() == "chief (coordinator) of 2 worker(s), 1 ps and a chief (TF_CONFIG)"
     assert ps.task_name() == "ps 0" and chief.task_name() == "chief"
     assert chief.tf_config()["cluster"] == jobs
 
 
-@pytest.mark.parametrize("value, words", [
-    ("{not json", ["not valid JSON", "unset it"]),
-    ("[1, 2]", ["must be a JSON object"]),
-    (json.dumps({"task": {"type": "worker", "index": 0}}), ["no cluster"]),
-    (json.dumps({"cluster": {"worker": ["h:1"]}}), ["no task"]),
-    (json.dumps({"cluster": {"worker": ["h:1"]}, "task": {"index": 0}}), ["no task"]),
-    (json.dumps({"cluster": {"worker": []}, "task": {"type": "worker"}}), ["no worker"]),
-    (json.dumps({"cluster": {"worker": "h:1"}, "task": {"type": "worker"}}),
-     ["cluster.worker", "list"]),
-    (json.dumps({"cluster": {"worker": ["h:1"], "evaluator": ["e:1"]},
-                 "task": {"type": "worker"}}), ["'evaluator'", "side-car"]),
-    (json.dumps({"cluster": {"worker": ["h:1"]}, "task": {"type": "evaluator"}}),
-     ["'evaluator'", "side-car"]),
-    (json.dumps({"cluster": {"worker": ["h:1"]}, "task": {"type": "boss"}}), ["'boss'"]),
-    (json.dumps({"cluster": {"worker": ["h:1", "h:2"]}, "task": {"type": "worker",
-                                                                  "index": 2}}),
-     ["worker 2", "valid indices 0..1"]),
-    (json.dumps({"cluster": {"worker": ["h:1"]}, "task": {"type": "worker", "index": -1}}),
-     ["worker -1"]),
-    (json.dumps({"cluster": {"worker": ["h:1"]}, "task": {"type": "worker", "index": "x"}}),
-     ["'x'", "integer"]),
-    (json.dumps({"cluster": {"worker": ["h:1"]}, "task": {"type": "worker", "index": True}}),
-     ["True", "integer"]),
-    (json.dumps({"cluster": {"worker": ["h:1"]}, "task": {"type": "ps"}}),
-     ["ps 0", "none: the job is empty"]),
-    (json.dumps({"cluster": {"worker": ["h"]}, "task": {"type": "worker"}}),
-     ["cluster.worker[0] 'h'", "host:port"]),
-    (json.dumps({"cluster": {"worker": ["grpc://h:1"]}, "task": {"type": "worker"}}),
-     ["'grpc://h:1'"]),
-    (json.dumps({"cluster": {"worker": ["h:0"]}, "task": {"type": "worker"}}),
-     ["port 0", "1..65535"]),
-    (json.dumps({"cluster": {"worker": ["h:70000"]}, "task": {"type": "worker"}}),
-     ["port 70000"]),
-    (json.dumps({"cluster": {"worker": ["h:1", "h:1"]}, "task": {"type": "worker"}}),
-     ["'h:1' is both worker 0 and worker 1"]),
-    (json.dumps({"cluster": {"chief": ["h:1"], "worker": ["h:1"]}, "task": {"type": "worker"}}),
-     ["'h:1' is both chief 0 and worker 0"]),
-    (json.dumps({"cluster": {"worker": ["h:1"], "ps": ["p:1"]}, "task": {"type": "worker"}}),
-     ["parameter servers need a chief"]),
-    (json.dumps({"cluster": {"chief": ["c:1"], "ps": ["p:1"]}, "task": {"type": "chief"}}),
-     ["no worker to compute"]),
-    (json.dumps({"cluster": {"chief": ["c:1", "d:1"]}, "task": {"type": "chief"}}),
-     ["at most one chief"]),
-    (json.dumps({"cluster": {"chief": ["c:1"]}, "task": {"type": "chief", "index": 1}}),
-     ["chief 1"]),
-    (json.dumps({"cluster": {"worker": ["h:1"]}, "task": {"type": "worker"},
-                 "rpc_layer": "grpc+verbs"}), ["rpc_layer 'grpc+verbs'"]),
-])
+@pytest.mark.parametrize(
+    "value, words",
+    [
+        ("{not json", ["not valid JSON", "unset it"]),
+        ("[1, 2]", ["must be a JSON object"]),
+        (json.dumps({"task": {"type": "worker", "index": 0}}), ["no cluster"]),
+        (json.dumps({"cluster": {"worker": ["h:1"]}}), ["no task"]),
+        (json.dumps({"cluster": {"worker": ["h:1"]}, "task": {"index": 0}}), ["no task"]),
+        (json.dumps({"cluster": {"worker": []}, "task": {"type": "worker"}}), ["no worker"]),
+        (
+            json.dumps({"cluster": {"worker": "h:1"}, "task": {"type": "worker"}}),
+            ["cluster.worker", "list"],
+        ),
+        (
+            json.dumps(
+                {"cluster": {"worker": ["h:1"], "evaluator": ["e:1"]}, "task": {"type": "worker"}}
+            ),
+            ["'evaluator'", "side-car"],
+        ),
+        (
+            json.dumps({"cluster": {"worker": ["h:1"]}, "task": {"type": "evaluator"}}),
+            ["'evaluator'", "side-car"],
+        ),
+        (json.dumps({"cluster": {"worker": ["h:1"]}, "task": {"type": "boss"}}), ["'boss'"]),
+        (
+            json.dumps(
+                {"cluster": {"worker": ["h:1", "h:2"]}, "task": {"type": "worker", "index": 2}}
+            ),
+            ["worker 2", "valid indices 0..1"],
+        ),
+        (
+            json.dumps({"cluster": {"worker": ["h:1"]}, "task": {"type": "worker", "index": -1}}),
+            ["worker -1"],
+        ),
+        (
+            json.dumps({"cluster": {"worker": ["h:1"]}, "task": {"type": "worker", "index": "x"}}),
+            ["'x'", "integer"],
+        ),
+        (
+            json.dumps({"cluster": {"worker": ["h:1"]}, "task": {"type": "worker", "index": True}}),
+            ["True", "integer"],
+        ),
+        (
+            json.dumps({"cluster": {"worker": ["h:1"]}, "task": {"type": "ps"}}),
+            ["ps 0", "none: the job is empty"],
+        ),
+        (
+            json.dumps({"cluster": {"worker": ["h"]}, "task": {"type": "worker"}}),
+            ["cluster.worker[0] 'h'", "host:port"],
+        ),
+        (
+            json.dumps({"cluster": {"worker": ["grpc://h:1"]}, "task": {"type": "worker"}}),
+            ["'grpc://h:1'"],
+        ),
+        (
+            json.dumps({"cluster": {"worker": ["h:0"]}, "task": {"type": "worker"}}),
+            ["port 0", "1..65535"],
+        ),
+        (
+            json.dumps({"cluster": {"worker": ["h:70000"]}, "task": {"type": "worker"}}),
+            ["port 70000"],
+        ),
+        (
+            json.dumps({"cluster": {"worker": ["h:1", "h:1"]}, "task": {"type": "worker"}}),
+            ["'h:1' is both worker 0 and worker 1"],
+        ),
+        (
+            json.dumps(
+                {"cluster": {"chief": ["h:1"], "worker": ["h:1"]}, "task": {"type": "worker"}}
+            ),
+            ["'h:1' is both chief 0 and worker 0"],
+        ),
+        (
+            json.dumps({"cluster": {"worker": ["h:1"], "ps": ["p:1"]}, "task": {"type": "worker"}}),
+            ["parameter servers need a chief"],
+        ),
+        (
+            json.dumps({"cluster": {"chief": ["c:1"], "ps": ["p:1"]}, "task": {"type": "chief"}}),
+            ["no worker to compute"],
+        ),
+        (
+            json.dumps({"cluster": {"chief": ["c:1", "d:1"]}, "task": {"type": "chief"}}),
+            ["at most one chief"],
+        ),
+        (
+            json.dumps({"cluster": {"chief": ["c:1"]}, "task": {"type": "chief", "index": 1}}),
+            ["chief 1"],
+        ),
+        (
+            json.dumps(
+                {
+                    "cluster": {"worker": ["h:1"]},
+                    "task": {"type": "worker"},
+                    "rpc_layer": "grpc+verbs",
+                }
+            ),
+            ["rpc_layer 'grpc+verbs'"],
+        ),
+    ],
+)
 def test_malformed_tf_config_is_one_config_error_line(value, words):
     with pytest.raises(ConfigError) as info:
         resolve_cluster({"TF_CONFIG": value})
@@ -138,8 +207,11 @@ def test_malformed_tf_config_is_one_config_error_line(value, words):
 
 
 def test_ipv6_and_extra_keys_are_accepted():
-    c = resolve_cluster(tf_config({"worker": ["[::1]:2222", "[::1]:2223"]}, index=1,
-                                  environment="cloud", rpc_layer="grpc"))
+    c = resolve_cluster(
+        tf_config(
+            {"worker": ["[::1]:2222", "[::1]:2223"]}, index=1, environment="cloud", rpc_layer="grpc"
+        )
+    )
     assert c.address("worker", 1) == "[::1]:2223"
 
 
@@ -148,30 +220,40 @@ def test_slurm_block_layout_as_tensorflow():
     c = resolve_cluster(slurm(3, SLURMD_NODENAME="gn11", SLURM_LOCALID="1"))
     assert c.workers == ("gn10:8888", "gn10:8889", "gn11:8888", "gn11:8889")
     assert (c.task_index, c.source, c.describe()) == (3, "SLURM", "worker 3 of 4 (SLURM)")
-    c = resolve_cluster(slurm(0, ntasks=3, nodes="b1,a1", per_node="2,1",
-                              MIRRORFIT_SLURM_PORT_BASE="9000"))
+    c = resolve_cluster(
+        slurm(0, ntasks=3, nodes="b1,a1", per_node="2,1", MIRRORFIT_SLURM_PORT_BASE="9000")
+    )
     assert c.workers == ("a1:9000", "b1:9000", "b1:9001")  # b1 keeps its 2 tasks when sorted
     # job-level variables fill in for step ones that srun did not set
-    c = resolve_cluster({"SLURM_STEP_NUM_TASKS": "2", "SLURM_PROCID": "1",
-                         "SLURM_JOB_NODELIST": "n[1-2]", "SLURM_TASKS_PER_NODE": "1(x2)"})
+    c = resolve_cluster(
+        {
+            "SLURM_STEP_NUM_TASKS": "2",
+            "SLURM_PROCID": "1",
+            "SLURM_JOB_NODELIST": "n[1-2]",
+            "SLURM_TASKS_PER_NODE": "1(x2)",
+        }
+    )
     assert c.workers == ("n1:8888", "n2:8888") and c.task_index == 1
 
 
-@pytest.mark.parametrize("env, words", [
-    (slurm(4), ["SLURM_PROCID=4", "SLURM_STEP_NUM_TASKS=4"]),
-    (slurm("x"), ["SLURM_PROCID='x'"]),
-    ({**slurm(0), "SLURM_STEP_NUM_TASKS": "two"}, ["SLURM_STEP_NUM_TASKS='two'"]),
-    (slurm(0, nodes="gn[10-11"), ["SLURM_STEP_NODELIST='gn[10-11'", "hostlist"]),
-    (slurm(0, nodes="gn[11-10]"), ["hostlist"]),
-    (slurm(0, nodes="gn[1-2],,x"), ["hostlist"]),
-    (slurm(0, per_node="2(x)"), ["SLURM_STEP_TASKS_PER_NODE='2(x)'"]),
-    (slurm(0, per_node="2(x3)"), ["names 2 node(s)", "gives 3"]),
-    (slurm(0, per_node="1(x2)"), ["SLURM_STEP_NUM_TASKS=4", "places 2"]),
-    ({k: v for k, v in slurm(0).items() if k != "SLURM_STEP_NODELIST"}, ["none of"]),
-    (slurm(0, MIRRORFIT_SLURM_PORT_BASE="65535"), ["exceeds 65535"]),
-    (slurm(0, MIRRORFIT_SLURM_PORT_BASE="abc"), ["MIRRORFIT_SLURM_PORT_BASE='abc'"]),
-    (slurm(1, SLURMD_NODENAME="gn11", SLURM_LOCALID="0"), ["--distribution=block"]),
-])
+@pytest.mark.parametrize(
+    "env, words",
+    [
+        (slurm(4), ["SLURM_PROCID=4", "SLURM_STEP_NUM_TASKS=4"]),
+        (slurm("x"), ["SLURM_PROCID='x'"]),
+        ({**slurm(0), "SLURM_STEP_NUM_TASKS": "two"}, ["SLURM_STEP_NUM_TASKS='two'"]),
+        (slurm(0, nodes="gn[10-11"), ["SLURM_STEP_NODELIST='gn[10-11'", "hostlist"]),
+        (slurm(0, nodes="gn[11-10]"), ["hostlist"]),
+        (slurm(0, nodes="gn[1-2],,x"), ["hostlist"]),
+        (slurm(0, per_node="2(x)"), ["SLURM_STEP_TASKS_PER_NODE='2(x)'"]),
+        (slurm(0, per_node="2(x3)"), ["names 2 node(s)", "gives 3"]),
+        (slurm(0, per_node="1(x2)"), ["SLURM_STEP_NUM_TASKS=4", "places 2"]),
+        ({k: v for k, v in slurm(0).items() if k != "SLURM_STEP_NODELIST"}, ["none of"]),
+        (slurm(0, MIRRORFIT_SLURM_PORT_BASE="65535"), ["exceeds 65535"]),
+        (slurm(0, MIRRORFIT_SLURM_PORT_BASE="abc"), ["MIRRORFIT_SLURM_PORT_BASE='abc'"]),
+        (slurm(1, SLURMD_NODENAME="gn11", SLURM_LOCALID="0"), ["--distribution=block"]),
+    ],
+)
 def test_malformed_slurm_environment_is_one_config_error_line(env, words):
     with pytest.raises(ConfigError) as info:
         resolve_cluster(env)
@@ -186,34 +268,77 @@ def test_tf_config_wins_over_slurm():
 
 
 def test_expansions():
-    assert expand_hostlist("n[1-2],m5,o[03-04,6,7-9]") == \
-        ["n1", "n2", "m5", "o03", "o04", "o6", "o7", "o8", "o9"]
+    assert expand_hostlist("n[1-2],m5,o[03-04,6,7-9]") == [
+        "n1",
+        "n2",
+        "m5",
+        "o03",
+        "o04",
+        "o6",
+        "o7",
+        "o8",
+        "o9",
+    ]
     assert expand_hostlist("[1-2]") == ["1", "2"]
     with pytest.raises(ConfigError):
         expand_hostlist("[1-2]x")  # TF's grammar: a range only at the end of a name
     assert expand_tasks_per_node("3(x2),2,1") == [3, 3, 2, 1]
 
 
-@pytest.mark.parametrize("env, words", [
-    (slurm(0, nodes="n[1-99999999]"),
-     ["SLURM_STEP_NODELIST='n[1-99999999]' names 99999999 nodes", "SLURM_STEP_NUM_TASKS=4"]),
-    (slurm(0, nodes="n[1-3],m[1-2]"), ["names 5 nodes", "SLURM_STEP_NUM_TASKS=4"]),
-    (slurm(0, per_node="1(x99999999)"), ["SLURM_STEP_TASKS_PER_NODE='1(x99999999)'",
-                                         "names 99999999 nodes"]),
-    (slurm(0, per_node="99999999,1"), ["places 100000000 task(s)"]),  # addresses never made
-    (slurm(0, ntasks=10**8, nodes="n[1-99999999]"), ["SLURM_STEP_NUM_TASKS=100000000",
-                                                     "cap of 65536"]),
-    (slurm(0, nodes="n[1-" + "9" * 5000 + "]"), ["hostlist"]),  # int()'s digit limit
-    # a long host prefix times many names; numbers past int()'s 4,300 digits
-    (dict(SLURM_STEP_NUM_TASKS="65536", SLURM_PROCID="0", SLURM_STEP_TASKS_PER_NODE="1(x65536)",
-          SLURM_STEP_NODELIST="a" * 4000 + "[1-65536]"), ["longer than 255"]),
-    (dict(SLURM_STEP_NUM_TASKS="2", SLURM_PROCID="0" * 4301, SLURM_STEP_TASKS_PER_NODE="1(x2)",
-          SLURM_STEP_NODELIST="n[1-2]"), ["SLURM_PROCID", "not an integer"]),
-    ({"TF_CONFIG": '{"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": '
-                   + "1" * 4301 + "}}"}, ["TF_CONFIG is not valid JSON"]),
-    ({"TF_CONFIG": '{"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": "'
-                   + "1" * 4301 + '"}}'}, ["task.index", "not an integer"]),
-])
+@pytest.mark.parametrize(
+    "env, words",
+    [
+        (
+            slurm(0, nodes="n[1-99999999]"),
+            ["SLURM_STEP_NODELIST='n[1-99999999]' names 99999999 nodes", "SLURM_STEP_NUM_TASKS=4"],
+        ),
+        (slurm(0, nodes="n[1-3],m[1-2]"), ["names 5 nodes", "SLURM_STEP_NUM_TASKS=4"]),
+        (
+            slurm(0, per_node="1(x99999999)"),
+            ["SLURM_STEP_TASKS_PER_NODE='1(x99999999)'", "names 99999999 nodes"],
+        ),
+        (slurm(0, per_node="99999999,1"), ["places 100000000 task(s)"]),  # addresses never made
+        (
+            slurm(0, ntasks=10**8, nodes="n[1-99999999]"),
+            ["SLURM_STEP_NUM_TASKS=100000000", "cap of 65536"],
+        ),
+        (slurm(0, nodes="n[1-" + "9" * 5000 + "]"), ["hostlist"]),  # int()'s digit limit
+        # a long host prefix times many names; numbers past int()'s 4,300 digits
+        (
+            dict(
+                SLURM_STEP_NUM_TASKS="65536",
+                SLURM_PROCID="0",
+                SLURM_STEP_TASKS_PER_NODE="1(x65536)",
+                SLURM_STEP_NODELIST="a" * 4000 + "[1-65536]",
+            ),
+            ["longer than 255"],
+        ),
+        (
+            dict(
+                SLURM_STEP_NUM_TASKS="2",
+                SLURM_PROCID="0" * 4301,
+                SLURM_STEP_TASKS_PER_NODE="1(x2)",
+                SLURM_STEP_NODELIST="n[1-2]",
+            ),
+            ["SLURM_PROCID", "not an integer"],
+        ),
+        (
+            {
+                "TF_CONFIG": '{"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": '
+                + "1" * 4301
+                + "}}"
+            },
+            ["TF_CONFIG is not valid JSON"],
+        ),
+        (
+            {
+                "TF_CONFIG": '{"cluster": {"worker": ["a:1"]}, '
+                '"task": {"type": "worker", "index": "' + "1" * 4301 + '"}}'
+            },
+            ["task.index", "not an integer"],
+        ),
+    ],
+)
 def test_huge_slurm_lists_are_refused_before_expanding(env, words):
     tracemalloc.start()
     started = time.perf_counter()
@@ -250,6 +375,7 @@ def test_cluster_checks_its_fields():
 
 # -- against TensorFlow's own resolvers (imports TensorFlow once: ~6 s) ---------------------
 
+
 @pytest.fixture(scope="module")
 def tf():
     return pytest.importorskip("tensorflow")
@@ -262,8 +388,10 @@ def test_tf_resolver(tf):
     assert (r.task_type, r.task_id, r.rpc_layer) == ("worker", 1, "grpc")
 
 
-@pytest.mark.parametrize("nodes, per_node, ntasks", [
-    ("gn[10-11]", "2(x2)", 4), ("b1,a1", "2,1", 3), ("n[08-10],m1", "1(x4)", 4)])
+@pytest.mark.parametrize(
+    "nodes, per_node, ntasks",
+    [("gn[10-11]", "2(x2)", 4), ("b1,a1", "2,1", 3), ("n[08-10],m1", "1(x4)", 4)],
+)
 def test_slurm_layout_matches_slurm_cluster_resolver(tf, monkeypatch, nodes, per_node, ntasks):
     from tensorflow.python.distribute.cluster_resolver import slurm_cluster_resolver as tf_slurm
 
@@ -274,8 +402,9 @@ def test_slurm_layout_matches_slurm_cluster_resolver(tf, monkeypatch, nodes, per
         for key, value in env.items():
             monkeypatch.setenv(key, value)
         # TF places at most gpus_per_node / gpus_per_task tasks on a node: one "GPU" each
-        theirs = tf_slurm.SlurmClusterResolver(gpus_per_node=max(expand_tasks_per_node(
-            per_node)), gpus_per_task=1, auto_set_gpu=False)
+        theirs = tf_slurm.SlurmClusterResolver(
+            gpus_per_node=max(expand_tasks_per_node(per_node)), gpus_per_task=1, auto_set_gpu=False
+        )
         spec = theirs.cluster_spec().as_dict()
         ours = resolve_cluster(env)
         assert list(ours.workers) == spec["worker"]
@@ -288,12 +417,16 @@ def test_a_one_process_strategy_inside_a_described_cluster_is_refused():
     from mirrorfit.distribute.cluster import cluster_for
     from mirrorfit.errors import ConfigError
 
-    env = {"TF_CONFIG": _json.dumps({"cluster": {"worker": ["a:1", "b:2"]},
-                                     "task": {"type": "worker", "index": 0}})}
+    env = {
+        "TF_CONFIG": _json.dumps(
+            {"cluster": {"worker": ["a:1", "b:2"]}, "task": {"type": "worker", "index": 0}}
+        )
+    }
     # Under `mirrorfit launch` without --strategy multi-worker, each task would train alone and
     # write the same outputs.
-    with pytest.raises(ConfigError, match="--strategy auto trains alone; pass --strategy "
-                                          "multi-worker"):
+    with pytest.raises(
+        ConfigError, match="--strategy auto trains alone; pass --strategy multi-worker"
+    ):
         cluster_for("auto", env)
     assert cluster_for("multi-worker", env).num_workers == 2
     assert cluster_for("mirrored", {}) is None
@@ -306,20 +439,31 @@ def test_non_ascii_digits_in_an_index_are_one_line_not_a_traceback():
     from mirrorfit.errors import ConfigError
 
     with pytest.raises(ConfigError):
-        resolve_cluster({"TF_CONFIG": _json.dumps({"cluster": {"worker": ["a:1", "b:2"]},
-                                                   "task": {"type": "worker", "index": "²"}})})
+        resolve_cluster(
+            {
+                "TF_CONFIG": _json.dumps(
+                    {
+                        "cluster": {"worker": ["a:1", "b:2"]},
+                        "task": {"type": "worker", "index": "²"},
+                    }
+                )
+            }
+        )
 
 
-@pytest.mark.parametrize("workers, index, ip, note", [
-    (("127.0.0.1:2222", "127.0.0.1:2223"), 0, "127.0.0.1", None),
-    (("localhost:2222", "localhost:2223"), 1, "127.0.0.1", None),
-    # Not this host's address (NAT, a container's published port): every interface, said so
-    (("192.0.2.7:2222", "192.0.2.8:2222"), 0, None, "192.0.2.7 is not an address of this host"),
-    # A name for loopback while the other task is elsewhere (Debian's 127.0.1.1): the other
-    # host could not reach a server on it
-    (("127.0.1.1:2222", "192.0.2.8:2222"), 0, None, "a loopback address, but other tasks"),
-    (("0.0.0.0:2222", "127.0.0.1:2223"), 0, None, "asks for every interface"),
-])
+@pytest.mark.parametrize(
+    "workers, index, ip, note",
+    [
+        (("127.0.0.1:2222", "127.0.0.1:2223"), 0, "127.0.0.1", None),
+        (("localhost:2222", "localhost:2223"), 1, "127.0.0.1", None),
+        # Not this host's address (NAT, a container's published port): every interface, said so
+        (("192.0.2.7:2222", "192.0.2.8:2222"), 0, None, "192.0.2.7 is not an address of this host"),
+        # A name for loopback while the other task is elsewhere (Debian's 127.0.1.1): the other
+        # host could not reach a server on it
+        (("127.0.1.1:2222", "192.0.2.8:2222"), 0, None, "a loopback address, but other tasks"),
+        (("0.0.0.0:2222", "127.0.0.1:2223"), 0, None, "asks for every interface"),
+    ],
+)
 def test_a_task_listens_on_its_own_address_when_it_can(workers, index, ip, note):
     from mirrorfit.distribute._listen import listen_host
 

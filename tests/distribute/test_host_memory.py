@@ -13,8 +13,13 @@ import pytest
 from conftest import MNIST_DIR
 
 pytestmark = pytest.mark.skipif(
-    not (hasattr(os, "confstr") and "CS_GNU_LIBC_VERSION" in os.confstr_names
-         and os.confstr("CS_GNU_LIBC_VERSION")), reason="glibc only")
+    not (
+        hasattr(os, "confstr")
+        and "CS_GNU_LIBC_VERSION" in os.confstr_names
+        and os.confstr("CS_GNU_LIBC_VERSION")
+    ),
+    reason="glibc only",
+)
 
 # Buffers of mixed sizes (MiB) allocated and freed by a thread (its own malloc arena), as a
 # training step's are. Prints whether the thresholds were set and the page faults per pass.
@@ -38,8 +43,14 @@ PROBE = textwrap.dedent("""
 
 
 def _probe(mode: str, **env) -> tuple[str, int]:
-    out = subprocess.run([sys.executable, "-c", PROBE, mode], capture_output=True, text=True,
-                         env={**os.environ, **env}, timeout=120, check=True).stdout.split()
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE, mode],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env},
+        timeout=120,
+        check=True,
+    ).stdout.split()
     return out[0], int(out[1])
 
 
@@ -59,12 +70,15 @@ def test_the_default_would_fault_them_in_again():
     assert faults > 1000
 
 
-@pytest.mark.parametrize("env", [
-    {"GLIBC_TUNABLES": "glibc.malloc.trim_threshold=131072"},
-    {"GLIBC_TUNABLES": "glibc.malloc.arena_max=2:glibc.malloc.mmap_threshold=1048576"},
-    {"MALLOC_MMAP_THRESHOLD_": "1048576"},
-    {"MALLOC_TRIM_THRESHOLD_": "131072"},
-])
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"GLIBC_TUNABLES": "glibc.malloc.trim_threshold=131072"},
+        {"GLIBC_TUNABLES": "glibc.malloc.arena_max=2:glibc.malloc.mmap_threshold=1048576"},
+        {"MALLOC_MMAP_THRESHOLD_": "1048576"},
+        {"MALLOC_TRIM_THRESHOLD_": "131072"},
+    ],
+)
 def test_a_users_own_thresholds_are_left_alone(env):
     applied, _ = _probe("keep", **env)
     assert applied == "False"
@@ -92,9 +106,14 @@ def test_configure_devices_keeps_freed_memory_only_when_asked():
         print(keep.call_count)
     """)
     for mode, calls in (("default", "0"), ("asked", "1")):
-        out = subprocess.run([sys.executable, "-c", code, mode], capture_output=True, text=True,
-                             env={**os.environ, "CUDA_VISIBLE_DEVICES": ""}, timeout=120,
-                             check=True).stdout.split()
+        out = subprocess.run(
+            [sys.executable, "-c", code, mode],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
+            timeout=120,
+            check=True,
+        ).stdout.split()
         assert out[-2:] == ["ConfigError", calls]
 
 
@@ -107,10 +126,20 @@ def test_mirrorfit_train_keeps_freed_memory():
         "from mirrorfit.job.train import run_training\n"
         "run_training(load_config(model='mlp', epochs=1, train_examples=256, "
         "global_batch_size=64, progress=False))\n"
-        "applied = 'ran'")
+        "applied = 'ran'",
+    )
     assert "run_training" in code
-    out = subprocess.run([sys.executable, "-c", code, "train"], capture_output=True, text=True,
-                         env={**os.environ, "CUDA_VISIBLE_DEVICES": "", "TF_CPP_MIN_LOG_LEVEL": "3",
-                              "MIRRORFIT_DATA": str(MNIST_DIR)}, timeout=300,
-                         check=True).stdout.split()
+    out = subprocess.run(
+        [sys.executable, "-c", code, "train"],
+        capture_output=True,
+        text=True,
+        env={
+            **os.environ,
+            "CUDA_VISIBLE_DEVICES": "",
+            "TF_CPP_MIN_LOG_LEVEL": "3",
+            "MIRRORFIT_DATA": str(MNIST_DIR),
+        },
+        timeout=300,
+        check=True,
+    ).stdout.split()
     assert out[-2] == "ran" and int(out[-1]) < 200, out[-2:]

@@ -17,8 +17,15 @@ from pathlib import Path
 import pytest
 
 from mirrorfit.distribute import launch
-from mirrorfit.distribute._cpu_binding import (available_cores, describe, parse_cpu_list,
-                                               plan_cpus, started_on, threads_note, usable_cpus)
+from mirrorfit.distribute._cpu_binding import (
+    available_cores,
+    describe,
+    parse_cpu_list,
+    plan_cpus,
+    started_on,
+    threads_note,
+    usable_cpus,
+)
 from mirrorfit.distribute._output import _READ_BYTES, MAX_LINE, stream_lines
 from mirrorfit.distribute.cluster import Cluster
 
@@ -124,12 +131,16 @@ def alive(pid: int) -> bool:
 def test_plan_cluster_layouts():
     mw = launch.plan_cluster(2, 0, [1001, 1002])
     assert [c.task_name() for c in mw] == ["worker 0", "worker 1"] and mw[0].is_chief
-    assert mw[1] == Cluster(workers=("127.0.0.1:1001", "127.0.0.1:1002"), task_index=1,
-                            source="launch")
+    assert mw[1] == Cluster(
+        workers=("127.0.0.1:1001", "127.0.0.1:1002"), task_index=1, source="launch"
+    )
     ps = launch.plan_cluster(2, 1, [1, 2, 3, 4])
     assert [c.task_name() for c in ps] == ["chief", "worker 0", "worker 1", "ps 0"]
-    assert ps[0].tf_config()["cluster"] == {"chief": ["127.0.0.1:1"], "ps": ["127.0.0.1:4"],
-                                            "worker": ["127.0.0.1:2", "127.0.0.1:3"]}
+    assert ps[0].tf_config()["cluster"] == {
+        "chief": ["127.0.0.1:1"],
+        "ps": ["127.0.0.1:4"],
+        "worker": ["127.0.0.1:2", "127.0.0.1:3"],
+    }
     assert len(set(launch.free_ports(5))) == 5
 
 
@@ -142,8 +153,11 @@ def test_cpu_plans_split_whole_cores_evenly_or_not_at_all():
     assert plan_cpus([(2,), (4,), (6,)], 3) == [(2,), (4,), (6,)]  # the CPUs allowed
     assert plan_cpus([(0, 1)], 2) is None  # one core, two workers: not bound
     assert parse_cpu_list("0-3,8\n") == {0, 1, 2, 3, 8} and parse_cpu_list("5") == {5}
-    assert (describe((3,)), describe((0, 1, 2, 3)), describe((0, 2, 4))) == \
-        ("cpu 3", "cpus 0-3", "cpus 0,2,4")
+    assert (describe((3,)), describe((0, 1, 2, 3)), describe((0, 2, 4))) == (
+        "cpu 3",
+        "cpus 0-3",
+        "cpus 0,2,4",
+    )
 
 
 def _task_cpus(text: str) -> dict[str, list[int]]:
@@ -169,13 +183,14 @@ def test_each_worker_runs_on_cores_of_its_own(task, capsys):
 
 
 @pytest.mark.skipif(available_cores() is None, reason="no CPU affinity on this OS")
-@pytest.mark.parametrize("argv", [["--workers", "2", "--bind-cpus", "none"],
-                                  ["--workers", "1", "--ps", "1"]])
+@pytest.mark.parametrize(
+    "argv", [["--workers", "2", "--bind-cpus", "none"], ["--workers", "1", "--ps", "1"]]
+)
 def test_workers_are_not_bound_when_asked_or_with_ps(argv, task, capsys):
     code, out, err = run([*argv, "--", *task("cpus")], capsys)
     assert code == 0, err
     cpus = _task_cpus(out)  # with --ps, some workers may be stopped before they print
-    assert ("chief" in cpus if "--ps" in argv else len(cpus) == 2)
+    assert "chief" in cpus if "--ps" in argv else len(cpus) == 2
     assert all(c == _mine() for c in cpus.values()) and "(cpu" not in err
 
 
@@ -204,17 +219,30 @@ def test_a_bound_process_counts_its_own_cpus_and_names_threads_beyond_them():
     with started_on([mine[-1]]):  # as a launched worker with one core of its own
         assert usable_cpus() == 1 and threads_note(1) is None
         note = threads_note(3)
-    assert note == ("--threads-per-worker 3 is more than the 1 CPU(s) this process may run "
-                    "on: its threads will take turns on them; --threads-per-worker 1 fits")
+    assert note == (
+        "--threads-per-worker 3 is more than the 1 CPU(s) this process may run "
+        "on: its threads will take turns on them; --threads-per-worker 1 fits"
+    )
 
 
 @pytest.mark.skipif(available_cores() is None, reason="no CPU affinity on this OS")
 def test_a_launcher_on_one_core_does_not_bind_and_says_why(task):
     last = _mine()[-1]  # a mask that need not start at CPU 0
     with started_on([last]):
-        proc = subprocess.run([sys.executable, "-m", "mirrorfit.distribute.launch", "--workers",
-                               "2", "--", *task("cpus")], capture_output=True, text=True,
-                              timeout=60)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "mirrorfit.distribute.launch",
+                "--workers",
+                "2",
+                "--",
+                *task("cpus"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     assert proc.returncode == 0, proc.stderr
     assert _task_cpus(proc.stdout) == {"worker 0": [last], "worker 1": [last]}
     assert "not binding workers to CPUs: 2 workers, 1 core(s)" in proc.stderr
@@ -257,8 +285,10 @@ def _stream(*chunks: bytes) -> str:
 
 def test_carriage_returns_never_garble_lines():
     # "\r\n" split across two reads; the redraw "b" comes within REDRAW_INTERVAL_S of "a"
-    assert _stream(b"a\rb\rc\r", b"\nd\n", b"x" * 10 + b"\r") == \
-        "[w] a\n[w] c\n[w] d\n[w] xxxxxxxxxx\n"
+    assert (
+        _stream(b"a\rb\rc\r", b"\nd\n", b"x" * 10 + b"\r")
+        == "[w] a\n[w] c\n[w] d\n[w] xxxxxxxxxx\n"
+    )
 
 
 def test_overlong_lines_come_in_pieces_and_bad_utf8_is_replaced():
@@ -291,15 +321,19 @@ def test_overlong_lines_come_in_pieces_and_bad_utf8_is_replaced():
     # a piece is the buffer once it passed MAX_LINE, or what was left (at most MAX_LINE) and
     # the read that brought the line end: never more than one read past MAX_LINE
     assert max(len(ln) - len("[w] \n") for ln in lines) <= MAX_LINE + _READ_BYTES < long
-    assert "".join(ln[len("[w] "):-1] for ln in lines) == "y" * long + "\ufffd ok"
+    assert "".join(ln[len("[w] ") : -1] for ln in lines) == "y" * long + "\ufffd ok"
 
 
 def test_group_restarts_on_fresh_ports_after_a_worker_dies(task, capsys):
-    code, out, err = run(["--workers", "2", "--max-restarts", "2", "--grace-s", "2", "--",
-                          *task("group-restart")], capsys)
+    code, out, err = run(
+        ["--workers", "2", "--max-restarts", "2", "--grace-s", "2", "--", *task("group-restart")],
+        capsys,
+    )
     assert code == 0, err
-    assert ("mirrorfit launch: worker 1 exited with SIGKILL (-9); restarting all 2 task(s) "
-            "(restart 1 of 2)") in err
+    assert (
+        "mirrorfit launch: worker 1 exited with SIGKILL (-9); restarting all 2 task(s) "
+        "(restart 1 of 2)"
+    ) in err
     assert err.count("starting 2 task(s)") == 2
     first = {c["worker"][0] for t, c, r in configs(out) if r == 0}
     second = {c["worker"][0] for t, c, r in configs(out) if r == 1}
@@ -308,19 +342,33 @@ def test_group_restarts_on_fresh_ports_after_a_worker_dies(task, capsys):
 
 def test_exhausted_restarts_return_the_failing_code(task, capsys):
     start = time.monotonic()
-    code, out, err = run(["--workers", "2", "--max-restarts", "1", "--grace-s", "2", "--",
-                          *task("always-fail", "4")], capsys)
+    code, out, err = run(
+        [
+            "--workers",
+            "2",
+            "--max-restarts",
+            "1",
+            "--grace-s",
+            "2",
+            "--",
+            *task("always-fail", "4"),
+        ],
+        capsys,
+    )
     assert code == 4
     assert "worker 1 exited with code 4; restarting all 2 task(s) (restart 1 of 1)" in err
-    assert ("worker 1 exited with code 4; no restarts left (--max-restarts 1); stopping all 2 "
-            "task(s); exit code 4") in err
+    assert (
+        "worker 1 exited with code 4; no restarts left (--max-restarts 1); stopping all 2 "
+        "task(s); exit code 4"
+    ) in err
     assert time.monotonic() - start < 10  # the sleeping chief was stopped, not waited for
 
 
 @pytest.mark.parametrize("rc,why", [(2, "a usage error"), (65, "a diverged run")])
 def test_usage_errors_and_diverged_runs_are_not_retried(task, capsys, rc, why):
-    code, out, err = run(["--workers", "2", "--max-restarts", "3", "--",
-                          *task("always-fail", str(rc))], capsys)
+    code, out, err = run(
+        ["--workers", "2", "--max-restarts", "3", "--", *task("always-fail", str(rc))], capsys
+    )
     assert code == rc and err.count("starting 2 task(s)") == 1
     assert f"worker 1 exited with code {rc} ({why}, which a restart would repeat)" in err
 
@@ -338,27 +386,48 @@ def test_parameter_server_layout_and_the_chiefs_exit_code(task, capsys):
 
 
 def test_parameter_server_worker_restarts_alone_at_its_address(task, capsys):
-    code, out, err = run(["--workers", "2", "--ps", "1", "--max-restarts", "1", "--",
-                          *task("ps-worker-restart")], capsys)
+    code, out, err = run(
+        ["--workers", "2", "--ps", "1", "--max-restarts", "1", "--", *task("ps-worker-restart")],
+        capsys,
+    )
     assert code == 0, err
     assert err.count("starting 4 task(s)") == 1
-    assert re.search(r"worker 1 exited with SIGKILL \(-9\); restarting worker 1 alone at "
-                     r"127\.0\.0\.1:\d+ \(restart 1 of 1\)", err)
+    assert re.search(
+        r"worker 1 exited with SIGKILL \(-9\); restarting worker 1 alone at "
+        r"127\.0\.0\.1:\d+ \(restart 1 of 1\)",
+        err,
+    )
     lives = [(c, r) for t, c, r in configs(out) if t == {"type": "worker", "index": 1}]
     assert len(lives) == 2 and lives[0][0] == lives[1][0]  # the same TF_CONFIG both times
 
 
 def test_sigterm_is_forwarded_and_nothing_outlives_the_launcher(task, tmp_path):
-    proc = subprocess.Popen([sys.executable, "-m", "mirrorfit.distribute.launch", "--workers",
-                             "2", "--grace-s", "1", "--", *task("sigterm")], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "mirrorfit.distribute.launch",
+            "--workers",
+            "2",
+            "--grace-s",
+            "1",
+            "--",
+            *task("sigterm"),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 15
         while not all((tmp_path / f).exists() for f in ("worker0.ready", "worker1.ready")):
             assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
             time.sleep(0.02)
-        pids = [int((tmp_path / f).read_text())
-                for f in ("worker0.pid", "worker1.pid", "grandchild.pid")]
+        pids = [
+            int((tmp_path / f).read_text())
+            for f in ("worker0.pid", "worker1.pid", "grandchild.pid")
+        ]
         start = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=10)
@@ -373,19 +442,26 @@ def test_sigterm_is_forwarded_and_nothing_outlives_the_launcher(task, tmp_path):
     assert [p for p in pids if alive(p)] == []
 
 
-@pytest.mark.parametrize("argv, words", [
-    (["--workers", "0", "--", "true"], "--workers must be >= 1, got 0"),
-    (["--workers", "1", "--ps", "-1", "--", "true"], "--ps must be >= 0, got -1"),
-    (["--workers", "1", "--max-restarts", "-2", "--", "true"], "--max-restarts must be >= 0"),
-    (["--workers", "1", "--grace-s", "nan", "--", "true"], "--grace-s must be"),
-    (["--workers", "1"], "needs the command to run after --"),
-    (["--workers", "1", "--"], "needs the command to run after --"),
-    (["--workers", "1", "--", "no-such-program-xyz"], "'no-such-program-xyz' after -- is not "
-                                                      "on PATH"),
-    (["--workers", "1", "--", "./no/such/file"], "'./no/such/file' after -- is not an "
-                                                 "executable file"),
-    (["--workers", "300", "--", "true"], "at most 256 tasks on one host"),
-])
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["--workers", "0", "--", "true"], "--workers must be >= 1, got 0"),
+        (["--workers", "1", "--ps", "-1", "--", "true"], "--ps must be >= 0, got -1"),
+        (["--workers", "1", "--max-restarts", "-2", "--", "true"], "--max-restarts must be >= 0"),
+        (["--workers", "1", "--grace-s", "nan", "--", "true"], "--grace-s must be"),
+        (["--workers", "1"], "needs the command to run after --"),
+        (["--workers", "1", "--"], "needs the command to run after --"),
+        (
+            ["--workers", "1", "--", "no-such-program-xyz"],
+            "'no-such-program-xyz' after -- is not on PATH",
+        ),
+        (
+            ["--workers", "1", "--", "./no/such/file"],
+            "'./no/such/file' after -- is not an executable file",
+        ),
+        (["--workers", "300", "--", "true"], "at most 256 tasks on one host"),
+    ],
+)
 def test_bad_flags_exit_2_with_one_line_before_anything_starts(argv, words, capsys):
     code, out, err = run(argv, capsys)
     assert code == 2 and out == ""
@@ -405,11 +481,22 @@ def test_malformed_numbers_are_argparse_usage_errors(capsys):
 
 
 def test_mirrorfit_runs_from_the_launchers_own_environment():
-    assert launch.resolve_command(["mirrorfit", "train", "--epochs", "1"]) == \
-        [sys.executable, "-m", "mirrorfit", "train", "--epochs", "1"]
+    assert launch.resolve_command(["mirrorfit", "train", "--epochs", "1"]) == [
+        sys.executable,
+        "-m",
+        "mirrorfit",
+        "train",
+        "--epochs",
+        "1",
+    ]
     assert launch.resolve_command(["true"]) == ["true"]
-    help_text = subprocess.run([sys.executable, "-m", "mirrorfit", "--help"], cwd=ROOT,
-                               capture_output=True, text=True, check=True).stdout
+    help_text = subprocess.run(
+        [sys.executable, "-m", "mirrorfit", "--help"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert "usage: mirrorfit" in help_text
 
 
@@ -445,18 +532,38 @@ def test_sigterm_ends_a_large_launch_within_the_grace_period(tmp_path):
     ignore SIGTERM and leave a process in a session of their own holding their output open
     (out of reach of the group kill): still over in grace + a few seconds."""
     script = tmp_path / "hold.py"
-    script.write_text(textwrap.dedent("""
+    script.write_text(
+        textwrap.dedent("""
         import os, signal, subprocess, sys, time
         from pathlib import Path
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         child = subprocess.Popen(["sleep", "60"], start_new_session=True)  # keeps the pipes
         Path(sys.argv[1], f"{os.getpid()}.held").write_text(str(child.pid))
         time.sleep(60)
-    """))
-    proc = subprocess.Popen([sys.executable, "-m", "mirrorfit.distribute.launch", "--workers",
-                             "12", "--oversubscribe", "--bind-cpus", "none", "--grace-s", "1",
-                             "--", sys.executable, str(script), str(tmp_path)], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    """)
+    )
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "mirrorfit.distribute.launch",
+            "--workers",
+            "12",
+            "--oversubscribe",
+            "--bind-cpus",
+            "none",
+            "--grace-s",
+            "1",
+            "--",
+            sys.executable,
+            str(script),
+            str(tmp_path),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 60
         while len(list(tmp_path.glob("*.held"))) < 12:

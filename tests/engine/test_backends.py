@@ -14,8 +14,11 @@ from mirrorfit.engine import backends
 from mirrorfit.errors import ConfigError
 
 # An absl log line (severity, date, time, thread, file:line]) or absl's preamble
-ABSL_LINE = re.compile(r"^([IWEF]\d{4} [\d:.]+ +\d+ \S+:\d+\]|WARNING: All log messages before "
-                       r"absl)", re.MULTILINE)
+ABSL_LINE = re.compile(
+    r"^([IWEF]\d{4} [\d:.]+ +\d+ \S+:\d+\]|WARNING: All log messages before "
+    r"absl)",
+    re.MULTILINE,
+)
 
 
 def test_the_backend_comes_from_the_flag_else_keras_backend_else_tensorflow(monkeypatch):
@@ -25,8 +28,9 @@ def test_the_backend_comes_from_the_flag_else_keras_backend_else_tensorflow(monk
     assert backends.resolve(None) == "jax"
     assert backends.resolve("tensorflow") == "tensorflow"
     monkeypatch.setenv("KERAS_BACKEND", "torch")
-    with pytest.raises(ConfigError, match="KERAS_BACKEND 'torch': mirrorfit trains on "
-                                          "tensorflow or jax"):
+    with pytest.raises(
+        ConfigError, match="KERAS_BACKEND 'torch': mirrorfit trains on tensorflow or jax"
+    ):
         backends.resolve(None)
     with pytest.raises(ConfigError, match="--backend 'mxnet'"):
         backends.resolve("mxnet")
@@ -41,21 +45,32 @@ def test_the_toml_key_sets_the_backend(tmp_path, monkeypatch):
     assert load_config(tmp_path / "run.toml", backend="tensorflow").backend == "tensorflow"
 
 
-@pytest.mark.parametrize("flags,says", [
-    (("--strategy", "parameter-server"), "--strategy parameter-server needs TensorFlow's "
-                                         "ParameterServerStrategy"),
-    (("--strategy", "central-storage"), "--strategy central-storage keeps variables on one "
-                                        "device"),
-    (("--cross-device-ops", "reduce-to-one"), "--cross-device-ops reduce-to-one chooses "
-                                              "TensorFlow's collectives"),
-    (("--profile",), "--profile breaks down TensorFlow's step"),
-    (("--export-dir", "models/m"), "export it where TensorFlow is installed: mirrorfit export"),
-    # not the TensorFlow advice (--strategy mirrored, --communication) JAX refuses next
-    (("--communication", "ring"), "--communication ring chooses TensorFlow's multi-worker"),
-    (("--profile", "--strategy", "multi-worker"), "--profile breaks down TensorFlow's step"),
-    (("--cross-device-ops", "nccl", "--strategy", "multi-worker"), "--cross-device-ops nccl "
-                                                                   "chooses TensorFlow's"),
-])
+@pytest.mark.parametrize(
+    "flags,says",
+    [
+        (
+            ("--strategy", "parameter-server"),
+            "--strategy parameter-server needs TensorFlow's ParameterServerStrategy",
+        ),
+        (
+            ("--strategy", "central-storage"),
+            "--strategy central-storage keeps variables on one device",
+        ),
+        (
+            ("--cross-device-ops", "reduce-to-one"),
+            "--cross-device-ops reduce-to-one chooses TensorFlow's collectives",
+        ),
+        (("--profile",), "--profile breaks down TensorFlow's step"),
+        (("--export-dir", "models/m"), "export it where TensorFlow is installed: mirrorfit export"),
+        # not the TensorFlow advice (--strategy mirrored, --communication) JAX refuses next
+        (("--communication", "ring"), "--communication ring chooses TensorFlow's multi-worker"),
+        (("--profile", "--strategy", "multi-worker"), "--profile breaks down TensorFlow's step"),
+        (
+            ("--cross-device-ops", "nccl", "--strategy", "multi-worker"),
+            "--cross-device-ops nccl chooses TensorFlow's",
+        ),
+    ],
+)
 def test_tensorflow_only_settings_are_refused_on_jax_before_anything_loads(flags, says):
     proc = run_cli("train", "--backend", "jax", *flags, without_tensorflow=True)
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
@@ -67,24 +82,38 @@ def test_startup_lines_are_dropped_by_the_log_level():
     # what TensorFlow 2.21 printed here before its logging was set up
     preamble = "WARNING: All log messages before absl::InitializeLog() is called are written"
     info = "I0000 00:00:1796136414.784719    2667 port.cc:153] oneDNN custom operations are on."
-    error = ("E0000 00:00:1796136418.752657    2667 cuda_platform.cc:52] failed call to cuInit: "
-             "INTERNAL")
+    error = (
+        "E0000 00:00:1796136418.752657    2667 cuda_platform.cc:52] failed call to cuInit: INTERNAL"
+    )
     for line, shown_up_to in ((preamble, 1), (info, 0), (error, 2), ("a Python warning", 3)):
-        assert [backends._hidden(line, level) for level in range(4)] == \
-            [level > shown_up_to for level in range(4)], line
+        assert [backends._hidden(line, level) for level in range(4)] == [
+            level > shown_up_to for level in range(4)
+        ], line
 
 
 @pytest.mark.slow
 def test_the_first_screen_of_a_run_has_no_tensorflow_cpp_lines(tmp_path):
     env = {k: v for k, v in _env().items() if k != "TF_CPP_MIN_LOG_LEVEL"}
     args = ["train", "--epochs", "1", "--train-examples", "640", "--no-progress"]
-    quiet = subprocess.run([sys.executable, "-m", "mirrorfit.cli", *args], capture_output=True,
-                           text=True, env=env, cwd=ROOT, timeout=300)
+    quiet = subprocess.run(
+        [sys.executable, "-m", "mirrorfit.cli", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=300,
+    )
     assert quiet.returncode == 0, quiet.stderr[-2000:]
     assert quiet.stderr.splitlines()[0].startswith("mirrorfit mlp on "), quiet.stderr[:2000]
     assert not ABSL_LINE.search(quiet.stderr), quiet.stderr[:2000]
-    verbose = subprocess.run([sys.executable, "-m", "mirrorfit.cli", *args, "--verbose"],
-                             capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+    verbose = subprocess.run(
+        [sys.executable, "-m", "mirrorfit.cli", *args, "--verbose"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=300,
+    )
     assert verbose.returncode == 0, verbose.stderr[-2000:]
     if os.uname().machine == "x86_64":  # oneDNN's notice, at least, on every x86 host
         assert ABSL_LINE.search(verbose.stderr), verbose.stderr[:2000]
@@ -95,22 +124,48 @@ def test_commands_that_need_tensorflow_say_so_in_one_line_on_a_jax_only_machine(
     """export, evaluate and serve gave a ModuleNotFoundError traceback where only JAX is
     installed (the install docs/jax.md describes); train and devices said it in one line."""
     ckpt = tmp_path / "ckpt"
-    trained = run_cli("train", "--backend", "jax", "--epochs", "1", "--train-examples", "256",
-                      "--no-progress", "--checkpoint-dir", str(ckpt), without_tensorflow=True)
+    trained = run_cli(
+        "train",
+        "--backend",
+        "jax",
+        "--epochs",
+        "1",
+        "--train-examples",
+        "256",
+        "--no-progress",
+        "--checkpoint-dir",
+        str(ckpt),
+        without_tensorflow=True,
+    )
     assert trained.returncode == 0, trained.stderr[-3000:]
     (tmp_path / "served" / "1").mkdir(parents=True)
     for args, who in (
-            (("export", "--checkpoint-dir", str(ckpt), "--export-dir", str(tmp_path / "m")),
-             "mirrorfit export"),
-            (("evaluate", "--checkpoint-dir", str(ckpt)), "mirrorfit evaluate"),
-            (("serve", "--model_base_path", str(tmp_path / "served"), "--model_name", "m",
-              "--port", "0"), "mirrorfit serve")):  # refused before anything listens
+        (
+            ("export", "--checkpoint-dir", str(ckpt), "--export-dir", str(tmp_path / "m")),
+            "mirrorfit export",
+        ),
+        (("evaluate", "--checkpoint-dir", str(ckpt)), "mirrorfit evaluate"),
+        (
+            (
+                "serve",
+                "--model_base_path",
+                str(tmp_path / "served"),
+                "--model_name",
+                "m",
+                "--port",
+                "0",
+            ),
+            "mirrorfit serve",
+        ),
+    ):  # refused before anything listens
         proc = run_cli(*args, without_tensorflow=True, timeout=120)
         lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
         assert proc.returncode == 2 and len(lines) == 1, (args[0], proc.stderr[-3000:])
-        said = ("needs tensorflow, not installed: pip install 'mirrorfit[serve]'"
-                if who == "mirrorfit serve" else
-                "needs TensorFlow: pip install 'mirrorfit[tensorflow]'")  # the extras
+        said = (
+            "needs tensorflow, not installed: pip install 'mirrorfit[serve]'"
+            if who == "mirrorfit serve"
+            else "needs TensorFlow: pip install 'mirrorfit[tensorflow]'"
+        )  # the extras
         assert lines[0].startswith(f"mirrorfit: error: {who}") and said in lines[0], lines[0]
     assert not (tmp_path / "m").exists()
 
@@ -120,11 +175,30 @@ def test_a_jax_run_that_loads_tensorflow_keeps_its_cpp_lines_quiet(tmp_path):
     """TensorBoard's writer (--logdir) loads TensorFlow where it is installed, on the JAX
     engine too: its start-up lines reached the screen there, filtered only on TensorFlow's."""
     env = {k: v for k, v in _env().items() if k != "TF_CPP_MIN_LOG_LEVEL"}
-    proc = subprocess.run([sys.executable, "-m", "mirrorfit.cli", "train", "--backend", "jax",
-                           "--epochs", "1", "--train-examples", "256", "--no-progress",
-                           "--logdir", str(tmp_path / "tb"),
-                           "--save-keras", str(tmp_path / "m.keras")],  # Keras's saving too
-                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mirrorfit.cli",
+            "train",
+            "--backend",
+            "jax",
+            "--epochs",
+            "1",
+            "--train-examples",
+            "256",
+            "--no-progress",
+            "--logdir",
+            str(tmp_path / "tb"),
+            "--save-keras",
+            str(tmp_path / "m.keras"),
+        ],  # Keras's saving too
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert any((tmp_path / "tb").iterdir()) and (tmp_path / "m.keras").is_file()
     assert not ABSL_LINE.search(proc.stderr), proc.stderr[:2000]
@@ -133,10 +207,26 @@ def test_a_jax_run_that_loads_tensorflow_keeps_its_cpp_lines_quiet(tmp_path):
 @pytest.mark.slow
 def test_a_data_function_that_imports_tensorflow_keeps_its_cpp_lines_quiet():
     env = {k: v for k, v in _env().items() if k != "TF_CPP_MIN_LOG_LEVEL"}
-    proc = subprocess.run([sys.executable, "-m", "mirrorfit.cli", "train", "--backend", "jax",
-                           "--data", "data_fixtures:tensorflow_importing_source", "--epochs",
-                           "1", "--no-progress"], capture_output=True, text=True, env=env,
-                          cwd=ROOT, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mirrorfit.cli",
+            "train",
+            "--backend",
+            "jax",
+            "--data",
+            "data_fixtures:tensorflow_importing_source",
+            "--epochs",
+            "1",
+            "--no-progress",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert not ABSL_LINE.search(proc.stderr), proc.stderr[:2000]
 
@@ -150,31 +240,42 @@ def test_without_tensorflow_train_says_what_to_install_in_one_line(flags, monkey
     proc = run_cli("train", *flags, "--epochs", "1", without_tensorflow=True)
     assert proc.returncode == 2 and proc.stderr.strip() == (
         "mirrorfit: error: --backend tensorflow (the default, unless $KERAS_BACKEND says jax) "
-        "needs TensorFlow: pip install 'mirrorfit[tensorflow]', or train with --backend jax"), \
-        proc.stderr[-3000:]
+        "needs TensorFlow: pip install 'mirrorfit[tensorflow]', or train with --backend jax"
+    ), proc.stderr[-3000:]
 
 
-BROKEN_TENSORFLOW = ('raise ImportError("Traceback (most recent call last):\\n  File x\\n'
-                     'ImportError: libtensorflow_framework.so.2: cannot open shared object '
-                     'file\\n\\n\\nFailed to load the native TensorFlow runtime.\\nSee '
-                     'https://www.tensorflow.org/install/errors")\n')
+BROKEN_TENSORFLOW = (
+    'raise ImportError("Traceback (most recent call last):\\n  File x\\n'
+    "ImportError: libtensorflow_framework.so.2: cannot open shared object "
+    "file\\n\\n\\nFailed to load the native TensorFlow runtime.\\nSee "
+    'https://www.tensorflow.org/install/errors")\n'
+)
 
 
 # protobuf newer than TensorFlow's generated code: a TypeError, not an ImportError
-PROTOBUF_MISMATCH = ('raise TypeError("Descriptors cannot be created directly.\\nIf this call '
-                     'came from a _pb2.py file, your generated code is out of date")\n')
+PROTOBUF_MISMATCH = (
+    'raise TypeError("Descriptors cannot be created directly.\\nIf this call '
+    'came from a _pb2.py file, your generated code is out of date")\n'
+)
 
 
 def test_tensorflow_failing_with_another_error_is_one_line_too(tmp_path):
     (tmp_path / "tensorflow").mkdir()
     (tmp_path / "tensorflow" / "__init__.py").write_text(PROTOBUF_MISMATCH)
     env = dict(_env(), PYTHONPATH=os.pathsep.join([str(tmp_path), _env()["PYTHONPATH"]]))
-    proc = subprocess.run([sys.executable, "-m", "mirrorfit.cli", "devices"],
-                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "mirrorfit.cli", "devices"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=120,
+    )
     assert proc.returncode == 2 and proc.stderr.strip() == (
         "mirrorfit: error: TensorFlow is installed but does not load (TypeError: Descriptors "
         "cannot be created directly.); reinstall it (pip install --force-reinstall "
-        "tensorflow==2.21.0), or train with --backend jax"), proc.stderr[-3000:]
+        "tensorflow==2.21.0), or train with --backend jax"
+    ), proc.stderr[-3000:]
 
 
 def test_a_broken_tensorflow_is_one_line_in_every_command(tmp_path):
@@ -182,43 +283,77 @@ def test_a_broken_tensorflow_is_one_line_in_every_command(tmp_path):
     (tmp_path / "tensorflow" / "__init__.py").write_text(BROKEN_TENSORFLOW)
     env = dict(_env(), PYTHONPATH=os.pathsep.join([str(tmp_path), _env()["PYTHONPATH"]]))
     (tmp_path / "ckpt" / "ckpt-000000001").mkdir(parents=True)
-    said = ("mirrorfit: error: TensorFlow is installed but does not load (ImportError: "
-            "libtensorflow_framework.so.2: cannot open shared object file; Failed to load the "
-            "native TensorFlow runtime.); reinstall it (pip install --force-reinstall "
-            "tensorflow==2.21.0)")
-    for args, jax_too in ((("train", "--backend", "tensorflow"), True), (("devices",), True),
-                          (("export", "--checkpoint-dir", str(tmp_path / "ckpt"),
-                            "--export-dir", str(tmp_path / "m")), False),
-                          (("evaluate", "--checkpoint-dir", str(tmp_path / "ckpt")), False)):
-        proc = subprocess.run([sys.executable, "-m", "mirrorfit.cli", *args],
-                              capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+    said = (
+        "mirrorfit: error: TensorFlow is installed but does not load (ImportError: "
+        "libtensorflow_framework.so.2: cannot open shared object file; Failed to load the "
+        "native TensorFlow runtime.); reinstall it (pip install --force-reinstall "
+        "tensorflow==2.21.0)"
+    )
+    for args, jax_too in (
+        (("train", "--backend", "tensorflow"), True),
+        (("devices",), True),
+        (
+            (
+                "export",
+                "--checkpoint-dir",
+                str(tmp_path / "ckpt"),
+                "--export-dir",
+                str(tmp_path / "m"),
+            ),
+            False,
+        ),
+        (("evaluate", "--checkpoint-dir", str(tmp_path / "ckpt")), False),
+    ):
+        proc = subprocess.run(
+            [sys.executable, "-m", "mirrorfit.cli", *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=ROOT,
+            timeout=120,
+        )
         want = said + (", or train with --backend jax" if jax_too else "")
         assert proc.returncode == 2 and proc.stderr.strip() == want, (args, proc.stderr[-3000:])
 
 
-@pytest.mark.parametrize("platforms,said", [
-    ("cuda", "JAX_PLATFORMS='cuda': JAX cannot start it on this host"),
-    ("bogus", "JAX_PLATFORMS='bogus': JAX cannot start it on this host (Unable to initialize "
-              "backend 'bogus'"),
-])
+@pytest.mark.parametrize(
+    "platforms,said",
+    [
+        ("cuda", "JAX_PLATFORMS='cuda': JAX cannot start it on this host"),
+        (
+            "bogus",
+            "JAX_PLATFORMS='bogus': JAX cannot start it on this host (Unable to initialize "
+            "backend 'bogus'",
+        ),
+    ],
+)
 def test_jax_platforms_this_host_lacks_are_one_line(platforms, said):
     from mirrorfit.engine.jax.devices import _gpus  # noqa: F401 (importable without JAX's start)
 
     if platforms == "cuda" and _has_cuda():
         pytest.skip("this host has CUDA: JAX_PLATFORMS=cuda starts")
     for args in (("train", "--backend", "jax", "--epochs", "1"), ("devices", "--backend", "jax")):
-        proc = subprocess.run([sys.executable, "-m", "mirrorfit.cli", *args],
-                              capture_output=True, text=True, timeout=120, cwd=ROOT,
-                              env=dict(_env(), JAX_PLATFORMS=platforms))
+        proc = subprocess.run(
+            [sys.executable, "-m", "mirrorfit.cli", *args],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=ROOT,
+            env=dict(_env(), JAX_PLATFORMS=platforms),
+        )
         lines = proc.stderr.strip().splitlines()
         assert proc.returncode == 2 and len(lines) == 1, (args, proc.stderr[-3000:])
-        assert lines[0].startswith(f"mirrorfit: error: {said}") and \
-            lines[0].endswith("unset JAX_PLATFORMS to use the devices there are, or set it to "
-                              "cpu" + ("; for NVIDIA GPUs install jax[cuda12]"
-                                       if platforms == "cuda" else "")), lines[0]
+        assert lines[0].startswith(f"mirrorfit: error: {said}") and lines[0].endswith(
+            "unset JAX_PLATFORMS to use the devices there are, or set it to "
+            "cpu" + ("; for NVIDIA GPUs install jax[cuda12]" if platforms == "cuda" else "")
+        ), lines[0]
 
 
 def _has_cuda() -> bool:
-    proc = subprocess.run([sys.executable, "-c", "import jax; jax.devices('cuda')"],
-                          capture_output=True, timeout=120, env=dict(_env(), JAX_PLATFORMS="cuda"))
+    proc = subprocess.run(
+        [sys.executable, "-c", "import jax; jax.devices('cuda')"],
+        capture_output=True,
+        timeout=120,
+        env=dict(_env(), JAX_PLATFORMS="cuda"),
+    )
     return proc.returncode == 0

@@ -14,11 +14,16 @@ from mirrorfit.engine import backends, contract
 
 # Per engine: (its distribution class, its runner class, its checkpoint files' class).
 CLASSES = {
-    "tensorflow": ("mirrorfit.engine.tensorflow.distribution:Distribution",
-                   "mirrorfit.engine.tensorflow.runner:Runner",
-                   "mirrorfit.engine.tensorflow.state:CheckpointState"),
-    "jax": ("mirrorfit.engine.jax.placement:Placement", "mirrorfit.engine.jax.runner:Runner",
-            "mirrorfit.engine.jax.state:CheckpointState"),
+    "tensorflow": (
+        "mirrorfit.engine.tensorflow.distribution:Distribution",
+        "mirrorfit.engine.tensorflow.runner:Runner",
+        "mirrorfit.engine.tensorflow.state:CheckpointState",
+    ),
+    "jax": (
+        "mirrorfit.engine.jax.placement:Placement",
+        "mirrorfit.engine.jax.runner:Runner",
+        "mirrorfit.engine.jax.state:CheckpointState",
+    ),
 }
 
 
@@ -51,8 +56,9 @@ def test_each_engine_provides_the_contract(backend):
     package = importlib.import_module(backends.ENGINES[backend])
     for name in _members(contract.Engine):
         assert hasattr(package, name), f"{backend}: the package has no {name}"
-    for protocol, spec in zip((contract.Distribution, contract.Runner, contract.CheckpointState),
-                              CLASSES[backend]):
+    for protocol, spec in zip(
+        (contract.Distribution, contract.Runner, contract.CheckpointState), CLASSES[backend]
+    ):
         cls = _load(spec)
         missing = sorted(n for n in _members(protocol) if not _provides(cls, n))
         assert not missing, f"{spec} lacks {missing} of {protocol.__name__}"

@@ -36,10 +36,15 @@ for name, kind, optimizer, spe in {runs!r}:
 print(json.dumps(results))
 """
 # name: (replicas, strategy, optimizer, steps per execution)
-RUNS = {"one_sgd": (1, "auto", "sgd", 8), "one_adam": (1, "auto", "adam", 8),
-        "two_sgd": (2, "auto", "sgd", 8), "two_adam": (2, "auto", "adam", 8),
-        "central_storage": (2, "central-storage", "sgd", 8),
-        "spe10": (2, "auto", "sgd", 10), "spe1": (2, "auto", "sgd", 1)}
+RUNS = {
+    "one_sgd": (1, "auto", "sgd", 8),
+    "one_adam": (1, "auto", "adam", 8),
+    "two_sgd": (2, "auto", "sgd", 8),
+    "two_adam": (2, "auto", "adam", 8),
+    "central_storage": (2, "central-storage", "sgd", 8),
+    "spe10": (2, "auto", "sgd", 10),
+    "spe1": (2, "auto", "sgd", 1),
+}
 
 
 @pytest.fixture(scope="module")
@@ -133,9 +138,13 @@ def test_a_position_past_the_end_of_an_epoch_is_refused_clearly():
 
     x = np.zeros((128, 28, 28), np.uint8)
     y = np.zeros(128, np.int32)
-    trainer = mirrorfit.Trainer(strategy=mirrorfit.build_strategy(mirrorfit.configure_devices()),
-                                model=mirrorfit.models.mlp, optimizer=keras.optimizers.SGD(0.1),
-                                loss=keras.losses.SparseCategoricalCrossentropy(), global_batch=32)
+    trainer = mirrorfit.Trainer(
+        strategy=mirrorfit.build_strategy(mirrorfit.configure_devices()),
+        model=mirrorfit.models.mlp,
+        optimizer=keras.optimizers.SGD(0.1),
+        loss=keras.losses.SparseCategoricalCrossentropy(),
+        global_batch=32,
+    )
     trainer.position = mirrorfit.Position(step_in_epoch=6)  # of an epoch of 4 steps
     with pytest.raises(mirrorfit.ConfigError, match="at step 6 of an epoch of only 4 steps"):
         trainer.fit(mirrorfit.train_batches(x, y, global_batch=32, seed=0), epochs=1)
@@ -202,13 +211,19 @@ def test_data_that_would_train_something_else_is_a_value_error(backend):
     sizes = "x has 100 examples and y has 99; give as many labels as inputs"
     assert out["evaluate"] == f"evaluate: {sizes}"
     assert out["validation"] == f"the validation data: {sizes}"
-    assert out["eval_labels"].startswith("the evaluation data has label 99, but the model has "
-                                         "10 outputs (labels 0..9)")
-    assert out["train_labels"].startswith("the training data has label 9, but the model has 3 "
-                                          "outputs")
-    assert out["batch"] == ("the training data has batches of 32 examples, the trainer a "
-                            "global batch of 64; its loss is scaled by the global batch, so "
-                            "give both the same size")
-    assert out["lengths"] == "train_batches: x has 640 examples and y has 600; give as many " \
-                             "labels as inputs"
+    assert out["eval_labels"].startswith(
+        "the evaluation data has label 99, but the model has 10 outputs (labels 0..9)"
+    )
+    assert out["train_labels"].startswith(
+        "the training data has label 9, but the model has 3 outputs"
+    )
+    assert out["batch"] == (
+        "the training data has batches of 32 examples, the trainer a "
+        "global batch of 64; its loss is scaled by the global batch, so "
+        "give both the same size"
+    )
+    assert (
+        out["lengths"] == "train_batches: x has 640 examples and y has 600; give as many "
+        "labels as inputs"
+    )
     assert out["ignore_255"] == out["mse_ints"] == out["hinge"] == "accepted"

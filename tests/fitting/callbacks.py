@@ -22,8 +22,9 @@ y = (x @ rng.normal(size=(8, 1))).astype("float32")
 
 def build():
     keras.utils.set_random_seed(3)
-    m = keras.Sequential([keras.Input((8,)), keras.layers.Dense(8, activation="relu"),
-                          keras.layers.Dense(1)])
+    m = keras.Sequential(
+        [keras.Input((8,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(1)]
+    )
     m.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse", metrics=["mae"])
     return m
 
@@ -59,28 +60,41 @@ out: dict = {}
 # scripted val_loss: best at epoch 1 (0-based), stop after 2 epochs without improvement.
 model = build()
 script = Scripted([3.0, 1.0, 2.0, 4.0, 5.0, 6.0])
-history = mirrorfit.fit(model, x, y, batch_size=32, epochs=6, verbose=0, shuffle=False,
-                        validation_data=(x, y), steps_per_execution=4, callbacks=[
-                            script,
-                            keras.callbacks.EarlyStopping(patience=2, restore_best_weights=True),
-                            keras.callbacks.ModelCheckpoint(str(DIR / "best.keras"),
-                                                            save_best_only=True),
-                            keras.callbacks.ModelCheckpoint(str(DIR / "e{epoch}.weights.h5"),
-                                                            save_weights_only=True),
-                            keras.callbacks.CSVLogger(str(DIR / "log.csv"))])
+history = mirrorfit.fit(
+    model,
+    x,
+    y,
+    batch_size=32,
+    epochs=6,
+    verbose=0,
+    shuffle=False,
+    validation_data=(x, y),
+    steps_per_execution=4,
+    callbacks=[
+        script,
+        keras.callbacks.EarlyStopping(patience=2, restore_best_weights=True),
+        keras.callbacks.ModelCheckpoint(str(DIR / "best.keras"), save_best_only=True),
+        keras.callbacks.ModelCheckpoint(str(DIR / "e{epoch}.weights.h5"), save_weights_only=True),
+        keras.callbacks.CSVLogger(str(DIR / "log.csv")),
+    ],
+)
 out["epochs_run"] = len(history.history["loss"])
 out["history_keys"] = sorted(history.history)
-out["restored_is_best"] = all(np.array_equal(a, b) for a, b in
-                              zip(model.get_weights(), script.weights[1]))
-out["restored_differs_from_last"] = not all(np.array_equal(a, b) for a, b in
-                                            zip(model.get_weights(), script.weights[-1]))
+out["restored_is_best"] = all(
+    np.array_equal(a, b) for a, b in zip(model.get_weights(), script.weights[1])
+)
+out["restored_differs_from_last"] = not all(
+    np.array_equal(a, b) for a, b in zip(model.get_weights(), script.weights[-1])
+)
 best = keras.models.load_model(DIR / "best.keras")
-out["checkpoint_is_best"] = all(np.allclose(a, b, rtol=0, atol=0) for a, b in
-                                zip(best.get_weights(), script.weights[1]))
+out["checkpoint_is_best"] = all(
+    np.allclose(a, b, rtol=0, atol=0) for a, b in zip(best.get_weights(), script.weights[1])
+)
 third = build()
 third.load_weights(DIR / "e3.weights.h5")
-out["weights_file_is_epoch_3"] = all(np.array_equal(a, b) for a, b in
-                                     zip(third.get_weights(), script.weights[2]))
+out["weights_file_is_epoch_3"] = all(
+    np.array_equal(a, b) for a, b in zip(third.get_weights(), script.weights[2])
+)
 out["csv_rows"] = len((DIR / "log.csv").read_text().strip().splitlines()) - 1
 
 # LearningRateScheduler: a rate of 0 from the second epoch on stops the weights; the rate
@@ -88,26 +102,47 @@ out["csv_rows"] = len((DIR / "log.csv").read_text().strip().splitlines()) - 1
 model = build()
 initial = model.get_weights()
 rates = Rates()
-mirrorfit.fit(model, x, y, batch_size=32, epochs=4, verbose=0, shuffle=False,
-              steps_per_execution=3, callbacks=[
-                  keras.callbacks.LearningRateScheduler(lambda e, lr: 0.05 if e == 0 else 0.0),
-                  rates])
+mirrorfit.fit(
+    model,
+    x,
+    y,
+    batch_size=32,
+    epochs=4,
+    verbose=0,
+    shuffle=False,
+    steps_per_execution=3,
+    callbacks=[keras.callbacks.LearningRateScheduler(lambda e, lr: 0.05 if e == 0 else 0.0), rates],
+)
 out["rates_seen"] = rates.seen
-out["frozen_after_rate_0"] = all(np.array_equal(a, b) for a, b in
-                                 zip(rates.weights[1], rates.weights[3]))
-out["moved_in_epoch_0"] = not all(np.array_equal(a, b) for a, b in
-                                  zip(initial, rates.weights[0]))
+out["frozen_after_rate_0"] = all(
+    np.array_equal(a, b) for a, b in zip(rates.weights[1], rates.weights[3])
+)
+out["moved_in_epoch_0"] = not all(np.array_equal(a, b) for a, b in zip(initial, rates.weights[0]))
 out["batch_ends"] = rates.batches[:4]
 
 model = build()
 rates = Rates()
-mirrorfit.fit(model, x, y, batch_size=32, epochs=3, verbose=0, shuffle=False, callbacks=[
-    keras.callbacks.ReduceLROnPlateau(monitor="loss", factor=0.0, patience=0, min_delta=1e9,
-                                      min_lr=0.0), rates])
+mirrorfit.fit(
+    model,
+    x,
+    y,
+    batch_size=32,
+    epochs=3,
+    verbose=0,
+    shuffle=False,
+    callbacks=[
+        keras.callbacks.ReduceLROnPlateau(
+            monitor="loss", factor=0.0, patience=0, min_delta=1e9, min_lr=0.0
+        ),
+        rates,
+    ],
+)
 out["plateau_rates"] = rates.seen
 # No improvement is ever enough (min_delta): the rate drops to 0 at the end of epoch 1.
-out["plateau_frozen"] = all(np.array_equal(a, b) for a, b in
-                            zip(rates.weights[1], rates.weights[2]))
+out["plateau_frozen"] = all(
+    np.array_equal(a, b) for a, b in zip(rates.weights[1], rates.weights[2])
+)
+
 
 # A callback's own exception surfaces as itself; BackupAndRestore is refused before training.
 class Broken(keras.callbacks.Callback):
@@ -120,8 +155,14 @@ try:
 except KeyError as e:
     out["own_exception"] = str(e)
 try:
-    mirrorfit.fit(build(), x, y, epochs=1, verbose=0,
-                  callbacks=[keras.callbacks.BackupAndRestore(str(DIR / "bk"))])
+    mirrorfit.fit(
+        build(),
+        x,
+        y,
+        epochs=1,
+        verbose=0,
+        callbacks=[keras.callbacks.BackupAndRestore(str(DIR / "bk"))],
+    )
 except ValueError as e:
     out["backup_refused"] = str(e)
 
@@ -129,7 +170,16 @@ except ValueError as e:
 model = build()
 yn = y.copy()
 yn[40:] = np.nan
-history = mirrorfit.fit(model, x, yn, batch_size=32, epochs=3, verbose=0, shuffle=False,
-                        steps_per_execution=1, callbacks=[keras.callbacks.TerminateOnNaN()])
+history = mirrorfit.fit(
+    model,
+    x,
+    yn,
+    batch_size=32,
+    epochs=3,
+    verbose=0,
+    shuffle=False,
+    steps_per_execution=1,
+    callbacks=[keras.callbacks.TerminateOnNaN()],
+)
 out["nan_epochs"] = len(history.history.get("loss", []))
 (DIR / "result.json").write_text(json.dumps(out))

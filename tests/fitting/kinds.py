@@ -41,20 +41,36 @@ def kind_regression():
 def kind_binary():
     x = rng.normal(size=(N, 6)).astype("float32")
     y = (x[:, :1] + x[:, 1:2] > 0).astype("float32")
-    m = keras.Sequential([keras.Input((6,)), layers.Dense(8, activation="tanh"),
-                          layers.Dense(1, activation="sigmoid")])
-    m.compile(optimizer="adam", loss="binary_crossentropy",
-              metrics=["accuracy", keras.metrics.AUC(name="auc")])
+    m = keras.Sequential(
+        [
+            keras.Input((6,)),
+            layers.Dense(8, activation="tanh"),
+            layers.Dense(1, activation="sigmoid"),
+        ]
+    )
+    m.compile(
+        optimizer="adam",
+        loss="binary_crossentropy",
+        metrics=["accuracy", keras.metrics.AUC(name="auc")],
+    )
     return m, (x, y), {}
 
 
 def kind_one_hot():
     x = rng.normal(size=(N, 6)).astype("float32")
     y = keras.utils.to_categorical(np.argmax(x[:, :3], axis=1), 3).astype("float32")
-    m = keras.Sequential([keras.Input((6,)), layers.Dense(8, activation="relu"),
-                          layers.Dense(3, activation="softmax")])
-    m.compile(optimizer=keras.optimizers.SGD(0.1), loss=keras.losses.CategoricalCrossentropy(),
-              metrics=["accuracy"])
+    m = keras.Sequential(
+        [
+            keras.Input((6,)),
+            layers.Dense(8, activation="relu"),
+            layers.Dense(3, activation="softmax"),
+        ]
+    )
+    m.compile(
+        optimizer=keras.optimizers.SGD(0.1),
+        loss=keras.losses.CategoricalCrossentropy(),
+        metrics=["accuracy"],
+    )
     return m, (x, y), {}
 
 
@@ -62,9 +78,11 @@ def kind_logits():
     x = rng.normal(size=(N, 6)).astype("float32")
     y = np.argmax(x[:, :4], axis=1).astype("int64")
     m = keras.Sequential([keras.Input((6,)), layers.Dense(8, activation="relu"), layers.Dense(4)])
-    m.compile(optimizer="adam",
-              loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-              metrics=[keras.metrics.SparseCategoricalAccuracy(name="acc")])
+    m.compile(
+        optimizer="adam",
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=[keras.metrics.SparseCategoricalAccuracy(name="acc")],
+    )
     return m, (x, y), {}
 
 
@@ -89,19 +107,28 @@ def kind_dict_two_outputs():
     out_r = layers.Dense(1, name="value")(h)
     out_c = layers.Dense(1, activation="sigmoid", name="flag")(h)
     m = keras.Model({"a": left, "b": right}, {"value": out_r, "flag": out_c})
-    m.compile(optimizer="adam", loss={"value": "mse", "flag": "binary_crossentropy"},
-              loss_weights={"value": 1.0, "flag": 0.5},
-              metrics={"value": ["mae"], "flag": ["accuracy"]})
-    y = {"value": (a.sum(1, keepdims=True) - b[:, :1]).astype("float32"),
-         "flag": (a[:, :1] > 0).astype("float32")}
+    m.compile(
+        optimizer="adam",
+        loss={"value": "mse", "flag": "binary_crossentropy"},
+        loss_weights={"value": 1.0, "flag": 0.5},
+        metrics={"value": ["mae"], "flag": ["accuracy"]},
+    )
+    y = {
+        "value": (a.sum(1, keepdims=True) - b[:, :1]).astype("float32"),
+        "flag": (a[:, :1] > 0).astype("float32"),
+    }
     return m, ({"a": a, "b": b}, y), {}
 
 
 def kind_autoencoder():
     x = rng.uniform(size=(N, 8, 8, 1)).astype("float32")
-    m = keras.Sequential([keras.Input((8, 8, 1)), layers.Conv2D(4, 3, padding="same",
-                                                                activation="relu"),
-                          layers.Conv2D(1, 3, padding="same", activation="sigmoid")])
+    m = keras.Sequential(
+        [
+            keras.Input((8, 8, 1)),
+            layers.Conv2D(4, 3, padding="same", activation="relu"),
+            layers.Conv2D(1, 3, padding="same", activation="sigmoid"),
+        ]
+    )
     m.compile(optimizer="adam", loss="binary_crossentropy")
     return m, (x, x), {}
 
@@ -109,11 +136,20 @@ def kind_autoencoder():
 def kind_rescaling_uint8():
     x = rng.integers(0, 256, size=(N, 8, 8, 1)).astype("uint8")
     y = (x.reshape(N, -1).mean(1) > 127.5).astype("int32")
-    m = keras.Sequential([keras.Input((8, 8, 1)), layers.Rescaling(1 / 255),
-                          layers.Conv2D(4, 3, activation="relu"), layers.Flatten(),
-                          layers.Dense(2, activation="softmax")])
-    m.compile(optimizer=keras.optimizers.SGD(0.5), loss="sparse_categorical_crossentropy",
-              metrics=["accuracy"])
+    m = keras.Sequential(
+        [
+            keras.Input((8, 8, 1)),
+            layers.Rescaling(1 / 255),
+            layers.Conv2D(4, 3, activation="relu"),
+            layers.Flatten(),
+            layers.Dense(2, activation="softmax"),
+        ]
+    )
+    m.compile(
+        optimizer=keras.optimizers.SGD(0.5),
+        loss="sparse_categorical_crossentropy",
+        metrics=["accuracy"],
+    )
     return m, (x, y), {}
 
 
@@ -135,7 +171,7 @@ def kind_subclassed():
 class HuberByHand(keras.Model):
     def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
         error = ops.abs(y - y_pred)
-        per_example = ops.mean(ops.where(error < 1.0, 0.5 * error ** 2, error - 0.5), axis=-1)
+        per_example = ops.mean(ops.where(error < 1.0, 0.5 * error**2, error - 0.5), axis=-1)
         if sample_weight is not None:
             per_example = per_example * ops.reshape(sample_weight, (-1,))
         weighted = per_example
@@ -176,12 +212,12 @@ def train(kind: str) -> tuple[dict, list]:
     weights = {k: v for k, v in extra.items() if k == "sample_weight"}
     if MODE == "mirrorfit":
         history = mirrorfit.fit(model, x, y, validation_data=(x, y), **common).history
-        evaluated = mirrorfit.evaluate(model, x, y, batch_size=batch, verbose=0,
-                                       return_dict=True, **weights)
+        evaluated = mirrorfit.evaluate(
+            model, x, y, batch_size=batch, verbose=0, return_dict=True, **weights
+        )
     else:
         history = model.fit(x, y, validation_data=(x, y), **common).history
-        evaluated = model.evaluate(x, y, batch_size=batch, verbose=0, return_dict=True,
-                                   **weights)
+        evaluated = model.evaluate(x, y, batch_size=batch, verbose=0, return_dict=True, **weights)
     return {"history": history, "evaluate": evaluated}, model.get_weights()
 
 

@@ -83,4 +83,4 @@ def test_array_blocks_are_the_blocks_of_keras_batches(shuffle, drop):
             flat_e = e.data[key] if not isinstance(e.data[key], dict) else e.data[key]["a"]
             n = g.steps
             np.testing.assert_array_equal(flat_g[:n], flat_e[:n], err_msg=key)
-        np.testing.assert_array_equal(g.data["x"]["b"][:g.steps], e.data["x"]["b"][:e.steps])
+        np.testing.assert_array_equal(g.data["x"]["b"][: g.steps], e.data["x"]["b"][: e.steps])

@@ -22,9 +22,21 @@ import pytest
 from conftest import _env
 
 HERE = Path(__file__).resolve().parent
-KINDS = ("autoencoder", "binary", "class_weights", "compute_loss", "dict_two_outputs",
-         "logits", "one_hot", "partial_batch", "regression", "rescaling_uint8",
-         "sample_weights", "subclassed", "transformer")
+KINDS = (
+    "autoencoder",
+    "binary",
+    "class_weights",
+    "compute_loss",
+    "dict_two_outputs",
+    "logits",
+    "one_hot",
+    "partial_batch",
+    "regression",
+    "rescaling_uint8",
+    "sample_weights",
+    "subclassed",
+    "transformer",
+)
 # Keras's own per-output loss means on TensorFlow miscount a partial last batch (measured:
 # flag_loss 0.777 reported where the mean over the examples is 0.807); the total loss and the
 # weights still agree, and on JAX the per-output means agree too.
@@ -32,16 +44,23 @@ TF_UNRELIABLE = ("flag_loss", "value_loss")
 
 
 def _run(args: list[str], timeout: float = 400) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, *args], env=_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        [sys.executable, *args],
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 @pytest.fixture(scope="module", params=["jax", "tensorflow"])
 def trained(request, tmp_path_factory):
     backend = request.param
     out = tmp_path_factory.mktemp(f"kinds-{backend}")
-    args = {mode: [str(HERE / "kinds.py"), backend, mode, str(out / mode)]
-            for mode in ("keras", "mirrorfit")}
+    args = {
+        mode: [str(HERE / "kinds.py"), backend, mode, str(out / mode)]
+        for mode in ("keras", "mirrorfit")
+    }
     procs = {mode: _run(a) for mode, a in args.items()}
     for mode, proc in procs.items():
         output, _ = proc.communicate(timeout=400)
@@ -66,19 +85,20 @@ def test_matches_model_fit_on_one_device(trained, kind):
     names = sorted(k for k in weights["keras"] if k.startswith(kind + "/"))
     assert names and names == sorted(k for k in weights["mirrorfit"] if k.startswith(kind + "/"))
     for name in names:
-        np.testing.assert_allclose(weights["mirrorfit"][name], weights["keras"][name],
-                                   rtol=1e-5, atol=1e-5, err_msg=name)
+        np.testing.assert_allclose(
+            weights["mirrorfit"][name], weights["keras"][name], rtol=1e-5, atol=1e-5, err_msg=name
+        )
     skip = TF_UNRELIABLE if backend == "tensorflow" else ()
     assert set(ours["history"]) == set(theirs["history"])
     for key, values in theirs["history"].items():
         if key.split("val_")[-1] in skip:
             continue
-        np.testing.assert_allclose(ours["history"][key], values, rtol=1e-4, atol=1e-5,
-                                   err_msg=key)
+        np.testing.assert_allclose(ours["history"][key], values, rtol=1e-4, atol=1e-5, err_msg=key)
     for key, value in theirs["evaluate"].items():
         if key not in skip:
-            np.testing.assert_allclose(ours["evaluate"][key], value, rtol=1e-4, atol=1e-5,
-                                       err_msg=key)
+            np.testing.assert_allclose(
+                ours["evaluate"][key], value, rtol=1e-4, atol=1e-5, err_msg=key
+            )
 
 
 @pytest.mark.slow
@@ -127,12 +147,15 @@ def test_keras_usage(backend, tmp_path):
     assert "not a keras.callbacks.Callback" in e["not_callback"]
     assert "epochs=1.5" in e["float_epochs"]
     assert "dtype object" in e["strings"]
-    assert e["label_range"] == ("the training data has label 6, but the model has 3 outputs "
-                                "(labels 0..2); give a model with as many outputs as classes, "
-                                "or labels that index them")
+    assert e["label_range"] == (
+        "the training data has label 6, but the model has 3 outputs "
+        "(labels 0..2); give a model with as many outputs as classes, "
+        "or labels that index them"
+    )
     assert e["val_label_range"].startswith("the validation data has label -1, but the model")
     assert e["named_loss"].startswith("the training data has label 5, but the model has 3")
-    assert e["head_label_range"].startswith("the training data's output digit has label 3, "
-                                            "but the model has 3 outputs")
+    assert e["head_label_range"].startswith(
+        "the training data's output digit has label 3, but the model has 3 outputs"
+    )
     assert e["ignored_class"] is None
     assert r["numpy_ints_and_one_callback"] == 2

@@ -25,8 +25,9 @@ out: dict = {}
 def mlp(cls=keras.Sequential, lr=0.05):
     keras.utils.set_random_seed(5)
     if cls is keras.Sequential:
-        m = keras.Sequential([keras.Input((4,)), keras.layers.Dense(4, activation="tanh"),
-                              keras.layers.Dense(1)])
+        m = keras.Sequential(
+            [keras.Input((4,)), keras.layers.Dense(4, activation="tanh"), keras.layers.Dense(1)]
+        )
     else:
         inputs = keras.Input((4,))
         m = cls(inputs, keras.layers.Dense(1)(keras.layers.Dense(4, activation="tanh")(inputs)))
@@ -55,8 +56,15 @@ class Targets(keras.callbacks.Callback):
 
 
 model = mlp()
-mirrorfit.fit(model, endless(), steps_per_epoch=3, epochs=3, verbose=0, steps_per_execution=2,
-              callbacks=[Targets()])
+mirrorfit.fit(
+    model,
+    endless(),
+    steps_per_epoch=3,
+    epochs=3,
+    verbose=0,
+    steps_per_execution=2,
+    callbacks=[Targets()],
+)
 out["generator_epochs"] = len(seen)
 out["generator_loss_grows"] = seen[0] < seen[1] < seen[2]  # targets 1-3, 4-6, 7-9
 
@@ -70,7 +78,7 @@ class Counted(keras.utils.PyDataset):
         return 3
 
     def __getitem__(self, i):
-        return x[i * 64:(i + 1) * 64], y[i * 64:(i + 1) * 64]
+        return x[i * 64 : (i + 1) * 64], y[i * 64 : (i + 1) * 64]
 
     def on_epoch_end(self):
         self.ends += 1
@@ -127,8 +135,9 @@ class StopLearning(keras.callbacks.Callback):
 
 model, stop = mlp(), StopLearning()
 initial = model.get_weights()
-mirrorfit.fit(model, x, y, batch_size=32, epochs=2, verbose=0, steps_per_execution=2,
-              callbacks=[stop])
+mirrorfit.fit(
+    model, x, y, batch_size=32, epochs=2, verbose=0, steps_per_execution=2, callbacks=[stop]
+)
 out["batch_rate_moved_first"] = not same(initial, stop.weights[0], atol=0)
 out["batch_rate_frozen_after"] = same(stop.weights[0], model.get_weights(), atol=0)
 out["final_rate"] = float(keras.ops.convert_to_numpy(model.optimizer.learning_rate))
@@ -139,6 +148,7 @@ mirrorfit.fit(model, x, y, batch_size=64, epochs=1, verbose=0, validation_split=
 out["evaluate"] = [mirrorfit.evaluate(model, x, y, batch_size=b, verbose=0) for b in (16, 32, 64)]
 out["evaluate_keras"] = model.evaluate(x, y, verbose=0)
 
+
 def classifier(loss="sparse_categorical_crossentropy"):
     m = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, activation="softmax")])
     m.compile(optimizer="sgd", loss=loss)
@@ -148,9 +158,13 @@ def classifier(loss="sparse_categorical_crossentropy"):
 def two_heads():
     inputs = keras.Input((4,))
     hidden = keras.layers.Dense(4)(inputs)
-    m = keras.Model(inputs, {"digit": keras.layers.Dense(3, activation="softmax",
-                                                         name="digit")(hidden),
-                             "value": keras.layers.Dense(1, name="value")(hidden)})
+    m = keras.Model(
+        inputs,
+        {
+            "digit": keras.layers.Dense(3, activation="softmax", name="digit")(hidden),
+            "value": keras.layers.Dense(1, name="value")(hidden),
+        },
+    )
     m.compile(optimizer="sgd", loss={"digit": "sparse_categorical_crossentropy", "value": "mse"})
     return m
 
@@ -159,26 +173,41 @@ def two_heads():
 labels = np.arange(len(x)) % 3
 errors = {}
 for name, call in {
-    "uncompiled": lambda: mirrorfit.fit(keras.Sequential([keras.Input((4,)),
-                                                          keras.layers.Dense(1)]), x, y),
+    "uncompiled": lambda: mirrorfit.fit(
+        keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)]), x, y
+    ),
     "odd_batch": lambda: mirrorfit.fit(mlp(), x, y, batch_size=33, verbose=0),
     "zero_steps": lambda: mirrorfit.fit(mlp(), x, y, steps_per_epoch=0, verbose=0),
     "not_callback": lambda: mirrorfit.fit(mlp(), x, y, verbose=0, callbacks=[print]),
     "float_epochs": lambda: mirrorfit.fit(mlp(), x, y, epochs=1.5, verbose=0),
-    "strings": lambda: mirrorfit.fit(mlp(), np.array([["a"] * 4] * 8, dtype=object),
-                                     y[:8], verbose=0),
+    "strings": lambda: mirrorfit.fit(
+        mlp(), np.array([["a"] * 4] * 8, dtype=object), y[:8], verbose=0
+    ),
     # Keras's own loss takes label 7 of 3 classes as a loss of 0 on JAX
-    "label_range": lambda: mirrorfit.fit(classifier(), x, labels + 4 * (labels == 2),
-                                         batch_size=32, verbose=0),
-    "val_label_range": lambda: mirrorfit.fit(classifier(), x, labels, batch_size=32,
-                                             verbose=0, validation_data=(x, labels - 1)),
-    "named_loss": lambda: mirrorfit.fit(classifier(keras.losses.SparseCategoricalCrossentropy(
-        name="xent")), x, labels + 3, batch_size=32, verbose=0),
-    "head_label_range": lambda: mirrorfit.fit(two_heads(), x, {"digit": labels + 1,
-                                                              "value": y}, verbose=0),
+    "label_range": lambda: mirrorfit.fit(
+        classifier(), x, labels + 4 * (labels == 2), batch_size=32, verbose=0
+    ),
+    "val_label_range": lambda: mirrorfit.fit(
+        classifier(), x, labels, batch_size=32, verbose=0, validation_data=(x, labels - 1)
+    ),
+    "named_loss": lambda: mirrorfit.fit(
+        classifier(keras.losses.SparseCategoricalCrossentropy(name="xent")),
+        x,
+        labels + 3,
+        batch_size=32,
+        verbose=0,
+    ),
+    "head_label_range": lambda: mirrorfit.fit(
+        two_heads(), x, {"digit": labels + 1, "value": y}, verbose=0
+    ),
     # a label Keras's loss skips is no error
-    "ignored_class": lambda: mirrorfit.fit(classifier(keras.losses.SparseCategoricalCrossentropy(
-        ignore_class=-1)), x, np.where(labels == 2, -1, labels), batch_size=32, verbose=0),
+    "ignored_class": lambda: mirrorfit.fit(
+        classifier(keras.losses.SparseCategoricalCrossentropy(ignore_class=-1)),
+        x,
+        np.where(labels == 2, -1, labels),
+        batch_size=32,
+        verbose=0,
+    ),
 }.items():
     try:
         call()
@@ -186,8 +215,15 @@ for name, call in {
     except ValueError as e:
         errors[name] = str(e)
 out["errors"] = errors
-h = mirrorfit.fit(mlp(), x, y, epochs=np.int64(2), batch_size=np.int32(32), verbose=0,
-                  callbacks=keras.callbacks.History())
+h = mirrorfit.fit(
+    mlp(),
+    x,
+    y,
+    epochs=np.int64(2),
+    batch_size=np.int32(32),
+    verbose=0,
+    callbacks=keras.callbacks.History(),
+)
 out["numpy_ints_and_one_callback"] = len(h.history["loss"])
 with open(OUT, "w") as f:
     json.dump(out, f)

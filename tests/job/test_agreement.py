@@ -19,20 +19,33 @@ from mirrorfit.errors import ConfigError
 from mirrorfit.job import agreement
 from mirrorfit.job.agreement import PER_WORKER, check_agreement, must_match
 
-RUN = ("--threads-per-worker", "1", "--train-examples", "1024", "--epochs", "1",
-       "--no-progress")
+RUN = ("--threads-per-worker", "1", "--train-examples", "1024", "--epochs", "1", "--no-progress")
 
 
 def test_every_setting_but_the_per_worker_ones_must_match():
     settings = must_match(TrainConfig(), replicas=2, local_replicas=1)
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
-    assert {"--seed", "--lr", "--epochs", "--steps-per-execution", "--train-examples",
-            "--allow-nan", "--model", "--optimizer"} <= set(settings)
+    assert {
+        "--seed",
+        "--lr",
+        "--epochs",
+        "--steps-per-execution",
+        "--train-examples",
+        "--allow-nan",
+        "--model",
+        "--optimizer",
+    } <= set(settings)
     compared = {k[2:].replace("-", "_") for k in settings}
     resolved = {"replicas", "global_batch_size", "eval_batch_size"}
     assert compared == (fields - PER_WORKER) | resolved
-    assert not {"--data-dir", "--metrics-out", "--threads-per-worker", "--checkpoint-dir",
-                "--data", "--batch-size"} & set(settings)
+    assert not {
+        "--data-dir",
+        "--metrics-out",
+        "--threads-per-worker",
+        "--checkpoint-dir",
+        "--data",
+        "--batch-size",
+    } & set(settings)
     assert settings["--replicas"] == "1 per worker"
 
 
@@ -40,8 +53,9 @@ def test_settings_are_compared_as_they_resolve():
     """The same run spelled two ways is the same run: the batch by replica or in all, the
     evaluation batch left to its default, the optimizer's name in any case."""
     one = must_match(TrainConfig(batch_size=32, optimizer="Adam"), 2, 1)
-    other = must_match(TrainConfig(global_batch_size=64, eval_batch_size=64, optimizer="adam"),
-                       2, 1)
+    other = must_match(
+        TrainConfig(global_batch_size=64, eval_batch_size=64, optimizer="adam"), 2, 1
+    )
     assert one == other
     assert must_match(TrainConfig(seed=2914), 2, 1) != must_match(TrainConfig(seed=7535), 2, 1)
     # 24 bits of hash let these two seeds pass as equal; 63 do not
@@ -82,15 +96,20 @@ def test_the_first_differing_flag_is_named_with_both_values_and_the_rest_listed(
     workers = _Workers(a, b)
     with pytest.raises(ConfigError) as e:
         check_agreement(a, workers)
-    assert str(e.value) == ("worker 0: the workers disagree on --lr (worker 0: --lr 0.5, "
-                            "worker 1: --lr 0.01) (they differ in --seed too); give every "
-                            "worker the same --lr, or they train different models")
+    assert str(e.value) == (
+        "worker 0: the workers disagree on --lr (worker 0: --lr 0.5, "
+        "worker 1: --lr 0.01) (they differ in --seed too); give every "
+        "worker the same --lr, or they train different models"
+    )
     same = _Workers(a, dict(a))
     check_agreement(a, same)  # no error: the list of settings, then their hashes
     assert same.calls == 2
     newer = _Workers(a, {**a, "--new-flag": "1"})
-    with pytest.raises(ConfigError, match=r"^worker 0: the workers run different versions of "
-                                          r"mirrorfit \(\d+, \d+ settings\); install the same"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^worker 0: the workers run different versions of "
+        r"mirrorfit \(\d+, \d+ settings\); install the same",
+    ):
         check_agreement(a, newer)
 
 
@@ -104,34 +123,81 @@ def test_workers_with_different_seeds_both_exit_2_naming_the_seed(backend):
     workers = _ports(2)
     procs = []
     for index in (0, 1):
-        env = dict(_env(), TF_CONFIG=json.dumps({"cluster": {"worker": workers},
-                                                 "task": {"type": "worker", "index": index}}))
-        procs.append(subprocess.Popen(
-            [sys.executable, "-m", "mirrorfit", "train", "--backend", backend, "--strategy",
-             "multi-worker", *RUN, "--seed", str(index + 1)], env=env, cwd=ROOT,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        env = dict(
+            _env(),
+            TF_CONFIG=json.dumps(
+                {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}}
+            ),
+        )
+        procs.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "mirrorfit",
+                    "train",
+                    "--backend",
+                    backend,
+                    "--strategy",
+                    "multi-worker",
+                    *RUN,
+                    "--seed",
+                    str(index + 1),
+                ],
+                env=env,
+                cwd=ROOT,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
     errs = [p.communicate(timeout=300)[1] for p in procs]
     for index, (proc, err) in enumerate(zip(procs, errs)):
         assert proc.returncode == 2, err[-3000:]
         assert err.strip().splitlines()[-1] == (
             f"mirrorfit: error: worker {index}: the workers disagree on --seed (worker 0: "
             "--seed 1, worker 1: --seed 2); give every worker the same --seed, or they train "
-            "different models")
+            "different models"
+        )
 
 
 # Each launched task takes its --seed from its own TF_CONFIG: 1 on worker 0, 2 on worker 1.
-SEED_FROM_TASK = ("import json, os, sys; from mirrorfit.cli import run; task = json.loads("
-                  "os.environ['TF_CONFIG'])['task']['index']; sys.argv[1:] = sys.argv[1:] + "
-                  "['--seed', str(task + 1)]; run()")
+SEED_FROM_TASK = (
+    "import json, os, sys; from mirrorfit.cli import run; task = json.loads("
+    "os.environ['TF_CONFIG'])['task']['index']; sys.argv[1:] = sys.argv[1:] + "
+    "['--seed', str(task + 1)]; run()"
+)
 
 
 @pytest.mark.slow
 def test_under_launch_the_group_stops_on_the_usage_error(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "mirrorfit", "launch", "--workers", "2", "--max-restarts", "2",
-         "--", sys.executable, "-c", SEED_FROM_TASK, "train", "--backend", "tensorflow",
-         "--strategy", "multi-worker", *RUN], env=_env(), cwd=ROOT, capture_output=True,
-        text=True, timeout=300)
+        [
+            sys.executable,
+            "-m",
+            "mirrorfit",
+            "launch",
+            "--workers",
+            "2",
+            "--max-restarts",
+            "2",
+            "--",
+            sys.executable,
+            "-c",
+            SEED_FROM_TASK,
+            "train",
+            "--backend",
+            "tensorflow",
+            "--strategy",
+            "multi-worker",
+            *RUN,
+        ],
+        env=_env(),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 2, proc.stdout[-3000:] + proc.stderr[-3000:]
     out = proc.stdout + proc.stderr
     assert "the workers disagree on --seed (worker 0: --seed 1, worker 1: --seed 2)" in out

@@ -12,25 +12,38 @@ from mirrorfit.config import load_config
 from mirrorfit.engine.backends import GLOBAL_BATCH, WORKER_SHARE
 from mirrorfit.engine.tensorflow.distribution import Distribution
 from mirrorfit.errors import DataError
-from mirrorfit.job.data import (check_model_fits, data_errors, data_flags, input_source,
-                                  load_run_data)
+from mirrorfit.job.data import (
+    check_model_fits,
+    data_errors,
+    data_flags,
+    input_source,
+    load_run_data,
+)
 
 
 def _dist(workers: int = 1, split: str = GLOBAL_BATCH) -> Distribution:
-    return Distribution(strategy=tf.distribute.get_strategy(), kind="multi-worker",
-                        replicas=workers, local_replicas=1, workers=workers, input_split=split)
+    return Distribution(
+        strategy=tf.distribute.get_strategy(),
+        kind="multi-worker",
+        replicas=workers,
+        local_replicas=1,
+        workers=workers,
+        input_split=split,
+    )
 
 
 def _model(input_shape, outputs: int) -> keras.Model:
-    pool = (keras.layers.GlobalAveragePooling2D() if None in input_shape
-            else keras.layers.Flatten())  # Flatten needs every size known
+    pool = (
+        keras.layers.GlobalAveragePooling2D() if None in input_shape else keras.layers.Flatten()
+    )  # Flatten needs every size known
     return keras.Sequential([keras.Input(input_shape), pool, keras.layers.Dense(outputs)])
 
 
 @pytest.fixture(scope="module")
 def data():
-    config = load_config(data="synthetic", input_shape="4,4,1", num_classes=3,
-                         train_examples=32, seed=7)
+    config = load_config(
+        data="synthetic", input_shape="4,4,1", num_classes=3, train_examples=32, seed=7
+    )
     return load_run_data(config, 8, _dist())
 
 
@@ -47,15 +60,30 @@ def test_a_model_that_takes_the_data_passes(data):
     check_model_fits(_model((None, None, 1), 5), data, config)  # any size, more outputs
 
 
-@pytest.mark.parametrize("shape,outputs,input_shape,needles", [
-    ((28, 28), 3, None, ["gives examples of shape 4x4x1 but --model mlp takes 28x28",
-                         "pass --input-shape to build the model for the data"]),
-    ((4, 4, 2), 3, "4,4,1", ["takes 4x4x2; give data of that shape"]),
-    ((4, 4, 1), 2, "4,4,1", ["has labels 0-2 (3 classes) but --model mlp has 2 outputs",
-                             "pass --num-classes 3"]),
-])
-def test_a_model_that_does_not_take_the_data_is_one_line(data, shape, outputs, input_shape,
-                                                          needles):
+@pytest.mark.parametrize(
+    "shape,outputs,input_shape,needles",
+    [
+        (
+            (28, 28),
+            3,
+            None,
+            [
+                "gives examples of shape 4x4x1 but --model mlp takes 28x28",
+                "pass --input-shape to build the model for the data",
+            ],
+        ),
+        ((4, 4, 2), 3, "4,4,1", ["takes 4x4x2; give data of that shape"]),
+        (
+            (4, 4, 1),
+            2,
+            "4,4,1",
+            ["has labels 0-2 (3 classes) but --model mlp has 2 outputs", "pass --num-classes 3"],
+        ),
+    ],
+)
+def test_a_model_that_does_not_take_the_data_is_one_line(
+    data, shape, outputs, input_shape, needles
+):
     config = load_config(data="synthetic", input_shape=input_shape)
     with pytest.raises(DataError) as error:
         check_model_fits(_model(shape, outputs), data, config)
@@ -66,8 +94,11 @@ def test_a_model_that_does_not_take_the_data_is_one_line(data, shape, outputs, i
 
 def test_a_file_gone_while_training_is_one_line_naming_the_source(data):
     folder = dataclasses.replace(data, kind="folder", source="/data/photos")
-    with pytest.raises(DataError, match=r"--data /data/photos: a file went missing while "
-                                        r"training \(/data/photos/a/1.png; no such file\)"):
+    with pytest.raises(
+        DataError,
+        match=r"--data /data/photos: a file went missing while "
+        r"training \(/data/photos/a/1.png; no such file\)",
+    ):
         with data_errors(folder):
             raise tf.errors.NotFoundError(None, None, "/data/photos/a/1.png; no such file\nmore")
     # data held in memory has no files to lose, and an error no source explains stays as it is
@@ -113,14 +144,21 @@ class _Subclassed(keras.Model):
         return self.dense(keras.ops.reshape(x, (keras.ops.shape(x)[0], -1)))
 
 
-@pytest.mark.parametrize("model", [
-    lambda: _Subclassed(),
-    lambda: keras.Sequential([keras.layers.Flatten(), keras.layers.Dense(3)])],
-    ids=["subclassed", "sequential-without-input"])
+@pytest.mark.parametrize(
+    "model",
+    [
+        lambda: _Subclassed(),
+        lambda: keras.Sequential([keras.layers.Flatten(), keras.layers.Dense(3)]),
+    ],
+    ids=["subclassed", "sequential-without-input"],
+)
 def test_a_model_whose_input_is_not_known_yet_is_one_line(data, model):
     """Both were an AttributeError traceback (no .inputs): such a model has no variables
     before its first call, so the optimizer's state cannot be built from them either."""
     config = load_config(data="synthetic", input_shape="4,4,1")
-    with pytest.raises(DataError, match="returns a model whose input is not known before it "
-                                        r"is called .*start it with keras.Input\(shape\)"):
+    with pytest.raises(
+        DataError,
+        match="returns a model whose input is not known before it "
+        r"is called .*start it with keras.Input\(shape\)",
+    ):
         check_model_fits(model(), data, config)

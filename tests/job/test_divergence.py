@@ -25,22 +25,41 @@ def _state(folder: Path) -> list[np.ndarray]:
     import tensorflow as tf
 
     reader = tf.train.load_checkpoint(str(next(folder.glob("*.index"))).removesuffix(".index"))
-    return [reader.get_tensor(k) for k, dtype in reader.get_variable_to_dtype_map().items()
-            if dtype.is_floating]
+    return [
+        reader.get_tensor(k)
+        for k, dtype in reader.get_variable_to_dtype_map().items()
+        if dtype.is_floating
+    ]
 
 
 @pytest.mark.parametrize("backend", ["jax", "tensorflow"])
 def test_a_diverging_run_stops_keeping_its_last_finite_checkpoint(backend, tmp_path):
     ckpt = tmp_path / "ckpt"
-    proc = run_cli("train", "--backend", backend, "--lr", "1e30", *SMALL, "--checkpoint-dir",
-                   str(ckpt), "--checkpoint-every", "1", "--steps-per-execution", "1",
-                   "--metrics-out", str(tmp_path / "m.json"))
+    proc = run_cli(
+        "train",
+        "--backend",
+        backend,
+        "--lr",
+        "1e30",
+        *SMALL,
+        "--checkpoint-dir",
+        str(ckpt),
+        "--checkpoint-every",
+        "1",
+        "--steps-per-execution",
+        "1",
+        "--metrics-out",
+        str(tmp_path / "m.json"),
+    )
     assert proc.returncode == 65, proc.stderr[-3000:]
     last = proc.stderr.strip().splitlines()[-1]
-    assert last.startswith("mirrorfit: error: the training loss is nan after global step 2 "
-                           "(last finite: "), last
-    assert f"at step 1); stopped; the newest checkpoint is {ckpt}/ckpt-000000001; " \
-           "try a lower --lr" in last
+    assert last.startswith(
+        "mirrorfit: error: the training loss is nan after global step 2 (last finite: "
+    ), last
+    assert (
+        f"at step 1); stopped; the newest checkpoint is {ckpt}/ckpt-000000001; "
+        "try a lower --lr" in last
+    )
     assert "done:" not in proc.stderr and not (tmp_path / "m.json").exists()
     assert [p.name for p in ckpt.glob("ckpt-*")] == ["ckpt-000000001"]
     assert all(np.isfinite(a).all() for a in _state(ckpt / "ckpt-000000001"))
@@ -48,8 +67,17 @@ def test_a_diverging_run_stops_keeping_its_last_finite_checkpoint(backend, tmp_p
 
 def test_nan_weights_are_trained_on_request_but_not_exported_by_default(tmp_path):
     ckpt, models = tmp_path / "ckpt", tmp_path / "models" / "m"
-    trained = run_cli("train", "--backend", "jax", "--lr", "1e30", *SMALL, "--allow-nan",
-                      "--checkpoint-dir", str(ckpt))
+    trained = run_cli(
+        "train",
+        "--backend",
+        "jax",
+        "--lr",
+        "1e30",
+        *SMALL,
+        "--allow-nan",
+        "--checkpoint-dir",
+        str(ckpt),
+    )
     assert trained.returncode == 0, trained.stderr[-3000:]  # Keras's behaviour, asked for
     assert "loss nan" in trained.stderr
     refused = run_cli("export", "--checkpoint-dir", str(ckpt), "--export-dir", str(models))
@@ -57,27 +85,42 @@ def test_nan_weights_are_trained_on_request_but_not_exported_by_default(tmp_path
     assert refused.stderr.strip() == (
         f"mirrorfit: error: step 124 of {ckpt}: the weights are not finite (mlp/dense/kernel: "
         f"{refused.stderr.split('mlp/dense/kernel: ')[1].split(' of ')[0]} of 78400 values); "
-        "a model of NaNs is not exported (pass --allow-nan to export it anyway)")
+        "a model of NaNs is not exported (pass --allow-nan to export it anyway)"
+    )
     assert not models.exists()
-    forced = run_cli("export", "--checkpoint-dir", str(ckpt), "--export-dir", str(models),
-                     "--allow-nan")
+    forced = run_cli(
+        "export", "--checkpoint-dir", str(ckpt), "--export-dir", str(models), "--allow-nan"
+    )
     assert forced.returncode == 0, forced.stderr[-3000:]
     assert (models / "0001" / "saved_model.pb").is_file()
 
 
-@pytest.mark.parametrize("backend,saved", [("jax", False), ("tensorflow", False),
-                                           ("tensorflow", True)])
+@pytest.mark.parametrize(
+    "backend,saved", [("jax", False), ("tensorflow", False), ("tensorflow", True)]
+)
 def test_nan_weights_under_a_finite_loss_stop_at_the_epoch_end(backend, saved, tmp_path):
     """One NaN pixel: on TensorFlow the loss averaged stayed finite (1.38) while the weights
     went NaN, and the run ended `done`, exit 0. With --checkpoint-dir its epoch-end save is
     the check."""
     ckpt = ("--checkpoint-dir", str(tmp_path / "ck")) if saved else ()
-    proc = run_cli("train", "--backend", backend, "--data", "data_fixtures:one_nan_source",
-                   "--epochs", "2", "--steps-per-execution", "1", "--no-progress", *ckpt)
+    proc = run_cli(
+        "train",
+        "--backend",
+        backend,
+        "--data",
+        "data_fixtures:one_nan_source",
+        "--epochs",
+        "2",
+        "--steps-per-execution",
+        "1",
+        "--no-progress",
+        *ckpt,
+    )
     assert proc.returncode == 65, proc.stderr[-3000:]
     last = proc.stderr.strip().splitlines()[-1]
-    assert ("weights are not finite (mlp/dense/kernel: " in last
-            or "the training loss is nan" in last), last
+    assert (
+        "weights are not finite (mlp/dense/kernel: " in last or "the training loss is nan" in last
+    ), last
     assert "done:" not in proc.stderr
     if saved:
         assert not list((tmp_path / "ck").glob("ckpt-*"))
@@ -85,24 +128,50 @@ def test_nan_weights_under_a_finite_loss_stop_at_the_epoch_end(backend, saved, t
 
 @pytest.mark.parametrize("backend", ["jax", "tensorflow"])
 def test_an_fp16_run_whose_every_update_was_skipped_fails(backend):
-    proc = run_cli("train", "--backend", backend, "--data", "data_fixtures:overflowing_source",
-                   "--precision", "fp16", "--epochs", "1", "--steps-per-execution", "5",
-                   "--no-progress", "--allow-nan")
+    proc = run_cli(
+        "train",
+        "--backend",
+        backend,
+        "--data",
+        "data_fixtures:overflowing_source",
+        "--precision",
+        "fp16",
+        "--epochs",
+        "1",
+        "--steps-per-execution",
+        "5",
+        "--no-progress",
+        "--allow-nan",
+    )
     assert proc.returncode == 65, proc.stderr[-3000:]
     assert proc.stderr.strip().splitlines()[-1] == (
         "mirrorfit: error: every one of the 20 optimizer steps was skipped for non-finite fp16 "
         "gradients: the weights never changed; scale the inputs down, try --precision bf16 or "
-        "fp32, or a lower --lr")
+        "fp32, or a lower --lr"
+    )
 
 
 def test_a_compiled_model_that_diverges_stops_too(tmp_path):
-    proc = run_cli("train", "--backend", "jax", "--model", "keras_models:diverging",
-                   "--data", "keras_models:regression_data", "--epochs", "3",
-                   "--steps-per-execution", "2", "--no-progress",
-                   "--save-keras", str(tmp_path / "m.keras"))
+    proc = run_cli(
+        "train",
+        "--backend",
+        "jax",
+        "--model",
+        "keras_models:diverging",
+        "--data",
+        "keras_models:regression_data",
+        "--epochs",
+        "3",
+        "--steps-per-execution",
+        "2",
+        "--no-progress",
+        "--save-keras",
+        str(tmp_path / "m.keras"),
+    )
     assert proc.returncode == 65, proc.stderr[-3000:]
-    assert proc.stderr.strip().splitlines()[-1].startswith(
-        "mirrorfit: error: the training loss is ")
+    assert (
+        proc.stderr.strip().splitlines()[-1].startswith("mirrorfit: error: the training loss is ")
+    )
     assert "after batch 2 of epoch 1 (" in proc.stderr and "; stopped; try a lower" in proc.stderr
     assert not (tmp_path / "m.keras").exists()
 
@@ -121,8 +190,11 @@ def test_the_guard_names_the_step_and_the_last_finite_loss():
     guard = DivergenceGuard(trainer)
     guard.hook(trainer)
     guard.hook(trainer)
-    with pytest.raises(DivergedError, match=r"^the training loss is inf after global step 30 "
-                                            r"\(last finite: 1.25 at step 20\); stopped; try"):
+    with pytest.raises(
+        DivergedError,
+        match=r"^the training loss is inf after global step 30 "
+        r"\(last finite: 1.25 at step 20\); stopped; try",
+    ):
         guard.hook(trainer)
     with pytest.raises(DivergedError, match="not finite at the first check"):
         first = _Trainer([float("nan")])

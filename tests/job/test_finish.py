@@ -22,31 +22,58 @@ from mirrorfit.job.finish import finish
 
 
 def _model() -> keras.Model:
-    return keras.Sequential([keras.Input((4, 4, 1)), keras.layers.Flatten(),
-                             keras.layers.Dense(3, activation="softmax")])
+    return keras.Sequential(
+        [
+            keras.Input((4, 4, 1)),
+            keras.layers.Flatten(),
+            keras.layers.Dense(3, activation="softmax"),
+        ]
+    )
 
 
 def test_summary_is_written_by_the_chief_only_and_a_finished_run_still_reports(tmp_path):
-    config = load_config(data="synthetic", input_shape="4,4,1", num_classes=3, epochs=1,
-                         train_examples=32, batch_size=8, steps_per_execution=2,
-                         metrics_out=str(tmp_path / "m.json"),
-                         save_keras=str(tmp_path / "model.keras"))
-    dist = Distribution(strategy=tf.distribute.get_strategy(), kind="single", replicas=1,
-                        local_replicas=1)
-    setup = DeviceSetup(kind="CPU", devices=("/cpu:0",), physical=("/cpu:0",),
-                        shared_cores=False)
+    config = load_config(
+        data="synthetic",
+        input_shape="4,4,1",
+        num_classes=3,
+        epochs=1,
+        train_examples=32,
+        batch_size=8,
+        steps_per_execution=2,
+        metrics_out=str(tmp_path / "m.json"),
+        save_keras=str(tmp_path / "model.keras"),
+    )
+    dist = Distribution(
+        strategy=tf.distribute.get_strategy(), kind="single", replicas=1, local_replicas=1
+    )
+    setup = DeviceSetup(kind="CPU", devices=("/cpu:0",), physical=("/cpu:0",), shared_cores=False)
     data = load_run_data(config, 8, dist)
-    trainer = Trainer(strategy=dist, model=_model, optimizer=keras.optimizers.SGD(0.1),
-                      loss=keras.losses.SparseCategoricalCrossentropy(), global_batch=8,
-                      steps_per_execution=2)
+    trainer = Trainer(
+        strategy=dist,
+        model=_model,
+        optimizer=keras.optimizers.SGD(0.1),
+        loss=keras.losses.SparseCategoricalCrossentropy(),
+        global_batch=8,
+        steps_per_execution=2,
+    )
     out = io.StringIO()
     console = Console(file=out, soft_wrap=True)
 
     def run(config, dist):
         history = trainer.fit(data.train, epochs=config.epochs, validation=data.val)
-        return finish(config, console, history, trainer=trainer, data=data,
-                      batches=data.train, setup=setup, dist=dist, factory=_model,
-                      usage=contextlib.nullcontext(), guard=PreemptionGuard())
+        return finish(
+            config,
+            console,
+            history,
+            trainer=trainer,
+            data=data,
+            batches=data.train,
+            setup=setup,
+            dist=dist,
+            factory=_model,
+            usage=contextlib.nullcontext(),
+            guard=PreemptionGuard(),
+        )
 
     summary = run(config, dist)
     assert (summary["steps"], summary["train_examples"], summary["epochs"]) == (4, 32, 1)
@@ -59,8 +86,9 @@ def test_summary_is_written_by_the_chief_only_and_a_finished_run_still_reports(t
     assert "no validation or test data" in out.getvalue()
 
     # Another worker evaluates and returns the same summary, but writes nothing.
-    other = dataclasses.replace(config, metrics_out=str(tmp_path / "w.json"),
-                                save_keras=str(tmp_path / "w.keras"))
+    other = dataclasses.replace(
+        config, metrics_out=str(tmp_path / "w.json"), save_keras=str(tmp_path / "w.keras")
+    )
     again = run(other, dataclasses.replace(dist, is_chief=False))
     assert (again["steps"], again["steps_this_run"]) == (4, 0)  # the whole run's, and none here
     assert again["final_train_loss"] is None
@@ -72,24 +100,46 @@ def test_a_resumed_run_reports_its_rate_and_the_whole_runs_steps(tmp_path):
     """A resumed run's first epoch said 0 examples/s (its steps were all in the run's first
     execution, which is left out of the steady rate as it compiles), and the summary's steps
     counted only the steps after the resume (64 of 124)."""
-    config = load_config(data="synthetic", input_shape="4,4,1", num_classes=3, epochs=2,
-                         train_examples=32, batch_size=8, steps_per_execution=4,
-                         metrics_out=str(tmp_path / "m.json"))
-    dist = Distribution(strategy=tf.distribute.get_strategy(), kind="single", replicas=1,
-                        local_replicas=1)
-    setup = DeviceSetup(kind="CPU", devices=("/cpu:0",), physical=("/cpu:0",),
-                        shared_cores=False)
+    config = load_config(
+        data="synthetic",
+        input_shape="4,4,1",
+        num_classes=3,
+        epochs=2,
+        train_examples=32,
+        batch_size=8,
+        steps_per_execution=4,
+        metrics_out=str(tmp_path / "m.json"),
+    )
+    dist = Distribution(
+        strategy=tf.distribute.get_strategy(), kind="single", replicas=1, local_replicas=1
+    )
+    setup = DeviceSetup(kind="CPU", devices=("/cpu:0",), physical=("/cpu:0",), shared_cores=False)
     data = load_run_data(config, 8, dist)
-    trainer = Trainer(strategy=dist, model=_model, optimizer=keras.optimizers.SGD(0.1),
-                      loss=keras.losses.SparseCategoricalCrossentropy(), global_batch=8,
-                      steps_per_execution=4)
+    trainer = Trainer(
+        strategy=dist,
+        model=_model,
+        optimizer=keras.optimizers.SGD(0.1),
+        loss=keras.losses.SparseCategoricalCrossentropy(),
+        global_batch=8,
+        steps_per_execution=4,
+    )
     trainer.fit(data.train, epochs=1)  # the run before the resume: epoch 1, 4 steps
     history = trainer.fit(data.train, epochs=2)  # the resumed run: epoch 2, one execution
     assert history.epochs[0]["examples_per_sec"] > 0, history.epochs
     out = io.StringIO()
-    summary = finish(config, Console(file=out, soft_wrap=True), history, trainer=trainer,
-                     data=data, batches=data.train, setup=setup, dist=dist, factory=_model,
-                     usage=contextlib.nullcontext(), guard=PreemptionGuard())
+    summary = finish(
+        config,
+        Console(file=out, soft_wrap=True),
+        history,
+        trainer=trainer,
+        data=data,
+        batches=data.train,
+        setup=setup,
+        dist=dist,
+        factory=_model,
+        usage=contextlib.nullcontext(),
+        guard=PreemptionGuard(),
+    )
     assert (summary["steps"], summary["steps_this_run"]) == (8, 4)
     assert summary["train_examples_per_sec"] > 0
     assert json.loads((tmp_path / "m.json").read_text())["steps"] == 8

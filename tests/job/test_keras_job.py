@@ -15,10 +15,24 @@ pytestmark = pytest.mark.slow
 @pytest.mark.parametrize("backend", ["jax", "tensorflow"])
 def test_a_compiled_regression_trains_as_compiled(backend, tmp_path):
     out = tmp_path / "m.json"
-    proc = run_cli("train", "--backend", backend, "--replicas", "2", "--model",
-                   "keras_models:regression", "--data", "keras_models:regression_data",
-                   "--epochs", "3", "--global-batch-size", "64", "--no-progress",
-                   "--metrics-out", str(out))
+    proc = run_cli(
+        "train",
+        "--backend",
+        backend,
+        "--replicas",
+        "2",
+        "--model",
+        "keras_models:regression",
+        "--data",
+        "keras_models:regression_data",
+        "--epochs",
+        "3",
+        "--global-batch-size",
+        "64",
+        "--no-progress",
+        "--metrics-out",
+        str(out),
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "loss: mse (the model's compile), optimizer: Adam 0.01, metrics: mae" in proc.stderr
     assert "state: replicated" in proc.stderr  # what each device holds, as the loop says
@@ -31,12 +45,27 @@ def test_a_compiled_regression_trains_as_compiled(backend, tmp_path):
 
 def test_the_chapters_cnn_on_uint8_learns_with_its_state_split(mnist_dir, tmp_path):
     out = tmp_path / "m.json"
-    proc = run_cli("train", "--backend", "jax", "--model", "keras_models:chapter_cnn",
-                   "--replicas", "2", "--shard", "all", "--epochs", "1", "--no-progress",
-                   "--metrics-out", str(out))
+    proc = run_cli(
+        "train",
+        "--backend",
+        "jax",
+        "--model",
+        "keras_models:chapter_cnn",
+        "--replicas",
+        "2",
+        "--shard",
+        "all",
+        "--epochs",
+        "1",
+        "--no-progress",
+        "--metrics-out",
+        str(out),
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "state: the weights and the optimizer state (FSDP) split over 2 devices" in \
-        proc.stderr and "gathered layer by layer" in proc.stderr, proc.stderr[-3000:]
+    assert (
+        "state: the weights and the optimizer state (FSDP) split over 2 devices" in proc.stderr
+        and "gathered layer by layer" in proc.stderr
+    ), proc.stderr[-3000:]
     summary = json.loads(out.read_text())
     assert summary["test"]["accuracy"] > 0.9  # the built-in loop's /255 had left it at 0.116
     assert summary["shard"] == "all" and summary["state_bytes_per_device"] > 0
@@ -45,36 +74,73 @@ def test_the_chapters_cnn_on_uint8_learns_with_its_state_split(mnist_dir, tmp_pa
 @pytest.mark.parametrize("backend", ["jax", "tensorflow"])  # TF entered one scope twice
 def test_loss_and_callbacks_for_an_uncompiled_model(backend, tmp_path):
     out = tmp_path / "m.json"
-    proc = run_cli("train", "--backend", backend, "--model", "keras_models:uncompiled",
-                   "--data", "keras_models:regression_data", "--loss", "mse", "--metrics",
-                   "mae", "--optimizer", "adam", "--lr", "0.05", "--epochs", "3",
-                   "--callbacks", "keras_models:stop_after_one", "--no-progress",
-                   "--metrics-out", str(out))
+    proc = run_cli(
+        "train",
+        "--backend",
+        backend,
+        "--model",
+        "keras_models:uncompiled",
+        "--data",
+        "keras_models:regression_data",
+        "--loss",
+        "mse",
+        "--metrics",
+        "mae",
+        "--optimizer",
+        "adam",
+        "--lr",
+        "0.05",
+        "--epochs",
+        "3",
+        "--callbacks",
+        "keras_models:stop_after_one",
+        "--no-progress",
+        "--metrics-out",
+        str(out),
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "loss: mse (--loss), optimizer: Adam 0.05, metrics: mae" in proc.stderr
     assert len(json.loads(out.read_text())["history"]["loss"]) == 1  # the callback stopped it
 
 
-@pytest.mark.parametrize("args, needle", [
-    (("--checkpoint-dir", "{tmp}/ck"), "--checkpoint-dir is not yet supported with a compiled"),
-    (("--logdir", "{tmp}/tb"), "use Keras's TensorBoard callback in --callbacks"),
-    (("--backend", "tensorflow", "--strategy", "central-storage", "--replicas", "2"),
-     "--strategy central-storage is not supported with a compiled --model"),
-])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (("--checkpoint-dir", "{tmp}/ck"), "--checkpoint-dir is not yet supported with a compiled"),
+        (("--logdir", "{tmp}/tb"), "use Keras's TensorBoard callback in --callbacks"),
+        (
+            ("--backend", "tensorflow", "--strategy", "central-storage", "--replicas", "2"),
+            "--strategy central-storage is not supported with a compiled --model",
+        ),
+    ],
+)
 def test_what_this_path_cannot_do_is_one_line(args, needle, tmp_path):
     args = [a.format(tmp=tmp_path) for a in args]
-    proc = run_cli("train", "--backend", "jax", "--model", "keras_models:regression",
-                   "--data", "keras_models:regression_data", *args)
+    proc = run_cli(
+        "train",
+        "--backend",
+        "jax",
+        "--model",
+        "keras_models:regression",
+        "--data",
+        "keras_models:regression_data",
+        *args,
+    )
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert needle in proc.stderr and "Traceback" not in proc.stderr
 
 
-@pytest.mark.parametrize("args, needle", [
-    (("--loss", "mse"), "--loss applies to a --model package.module:function"),
-    (("--model", "keras_models:uncompiled", "--metrics", "mae"), "--metrics goes with --loss"),
-    (("--model", "keras_models:regression", "--callbacks", "nocolon"),
-     "--callbacks 'nocolon': give package.module:function"),
-])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (("--loss", "mse"), "--loss applies to a --model package.module:function"),
+        (("--model", "keras_models:uncompiled", "--metrics", "mae"), "--metrics goes with --loss"),
+        (
+            ("--model", "keras_models:regression", "--callbacks", "nocolon"),
+            "--callbacks 'nocolon': give package.module:function",
+        ),
+    ],
+)
 def test_bad_keras_flags_are_refused_before_tensorflow_loads(args, needle):
     proc = run_cli("train", *args, without_tensorflow=True)
     assert proc.returncode == 2, proc.stderr[-3000:]

@@ -34,14 +34,21 @@ def test_scalar_writer_records_training_and_epoch_scalars(tmp_path):
     events = EventAccumulator(str(tmp_path), size_guidance={"tensors": 0})
     events.Reload()
     tags = set(events.Tags()["tensors"])
-    assert {"train/loss", "train/accuracy", "train/learning_rate", "train/examples_per_sec",
-            "epoch/val_accuracy", "epoch/examples_per_sec"} <= tags
+    assert {
+        "train/loss",
+        "train/accuracy",
+        "train/learning_rate",
+        "train/examples_per_sec",
+        "epoch/val_accuracy",
+        "epoch/examples_per_sec",
+    } <= tags
     loss_steps = [e.step for e in events.Tensors("train/loss")]
     assert loss_steps == list(range(5, 41, 5))  # one point per execution of 5 steps
     lr = [float(tf.make_ndarray(e.tensor_proto)) for e in events.Tensors("train/learning_rate")]
     assert lr == pytest.approx([0.05] * 8)
-    rates = [float(tf.make_ndarray(e.tensor_proto))
-             for e in events.Tensors("train/examples_per_sec")]
+    rates = [
+        float(tf.make_ndarray(e.tensor_proto)) for e in events.Tensors("train/examples_per_sec")
+    ]
     assert len(rates) == 7 and min(rates) > 0  # none from the first (compiling) execution
 
 
@@ -49,6 +56,7 @@ def _nvml_gpus() -> int:
     """NVIDIA GPUs as NVML (the sampler's source) reports them; 0 without driver or GPU."""
     try:
         import pynvml
+
         pynvml.nvmlInit()
         return pynvml.nvmlDeviceGetCount()
     except Exception:

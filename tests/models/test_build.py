@@ -26,8 +26,11 @@ def test_mlp_layers_as_in_the_chapter():
 def test_cnn_layers_as_in_the_chapter():
     m = model_factory("cnn")()
     convs = [layer for layer in m.layers if isinstance(layer, keras.layers.Conv2D)]
-    assert [(c.filters, c.kernel_size) for c in convs] == [(64, (7, 7)), (128, (3, 3)),
-                                                           (128, (3, 3))]
+    assert [(c.filters, c.kernel_size) for c in convs] == [
+        (64, (7, 7)),
+        (128, (3, 3)),
+        (128, (3, 3)),
+    ]
     assert any(isinstance(layer, keras.layers.Dropout) and layer.rate == 0.5 for layer in m.layers)
     out = m(np.zeros((2, 28, 28), np.float32))
     np.testing.assert_allclose(np.sum(out, axis=1), 1.0, rtol=1e-5)
@@ -38,11 +41,14 @@ def test_user_model_from_module_function():
     assert m.name == "tiny"
 
 
-@pytest.mark.parametrize("spec,match", [
-    ("resnet", "unknown model 'resnet'"),
-    ("no_such_module_xyz:f", "cannot import module 'no_such_module_xyz'"),
-    ("user_models:missing", "has no function 'missing'"),
-])
+@pytest.mark.parametrize(
+    "spec,match",
+    [
+        ("resnet", "unknown model 'resnet'"),
+        ("no_such_module_xyz:f", "cannot import module 'no_such_module_xyz'"),
+        ("user_models:missing", "has no function 'missing'"),
+    ],
+)
 def test_bad_model_specs(spec, match):
     with pytest.raises(ConfigError, match=match):
         model_factory(spec)
@@ -63,10 +69,14 @@ def test_config_knows_the_reference_models_by_name():
 
 # -- keras.applications by name ---------------------------------------------------------------
 
+
 def test_application_names_are_keras_s():
     # model_names lists them in plain Python (no TF before the config check): keep in step
-    names = {n for n in dir(keras.applications) if n[:1].isupper()
-             and callable(getattr(keras.applications, n))}
+    names = {
+        n
+        for n in dir(keras.applications)
+        if n[:1].isupper() and callable(getattr(keras.applications, n))
+    }
     assert set(APPLICATIONS) == names
 
 
@@ -87,23 +97,32 @@ def test_application_default_is_keras_s_imagenet_shape():
     assert m.input_shape == (None, 224, 224, 3) and m.output_shape == (None, 1000)
 
 
-@pytest.mark.parametrize("spec,suggested", [("resnet50", "ResNet50"),
-                                             ("MobilenetV2", "MobileNetV2"),
-                                             ("DenseNet12", "DenseNet121"),
-                                             ("MLP", "mlp")])
+@pytest.mark.parametrize(
+    "spec,suggested",
+    [
+        ("resnet50", "ResNet50"),
+        ("MobilenetV2", "MobileNetV2"),
+        ("DenseNet12", "DenseNet121"),
+        ("MLP", "mlp"),
+    ],
+)
 def test_misspelt_names_get_the_close_match(spec, suggested):
-    with pytest.raises(ConfigError,
-                       match=fr"unknown model '{spec}' \(did you mean '{suggested}'\?\)"):
+    with pytest.raises(
+        ConfigError, match=rf"unknown model '{spec}' \(did you mean '{suggested}'\?\)"
+    ):
         model_factory(spec)
 
 
-@pytest.mark.parametrize("spec,shape,needles", [
-    ("ResNet50", (28, 28), ["--input-shape 28,28", "height,width,channels", "32,32,3"]),
-    ("ResNet50", (31, 64, 3), ["at least 32x32", "--input-shape 32,32,3"]),
-    ("InceptionV3", (64, 64, 3), ["at least 75x75", "--input-shape 75,75,3"]),
-    ("Xception", (70, 80, 1), ["at least 71x71", "--input-shape 71,71,3"]),
-    ("VGG16", (32, 0, 3), ["positive"]),
-])
+@pytest.mark.parametrize(
+    "spec,shape,needles",
+    [
+        ("ResNet50", (28, 28), ["--input-shape 28,28", "height,width,channels", "32,32,3"]),
+        ("ResNet50", (31, 64, 3), ["at least 32x32", "--input-shape 32,32,3"]),
+        ("InceptionV3", (64, 64, 3), ["at least 75x75", "--input-shape 75,75,3"]),
+        ("Xception", (70, 80, 1), ["at least 71x71", "--input-shape 71,71,3"]),
+        ("VGG16", (32, 0, 3), ["positive"]),
+    ],
+)
 def test_shapes_an_architecture_cannot_take_are_one_line(spec, shape, needles):
     with pytest.raises(ConfigError) as info:  # from the factory, before anything is built
         model_factory(spec, input_shape=shape, num_classes=10)
@@ -121,11 +140,14 @@ def test_smallest_shapes_pass_the_check():
 
 
 def test_config_takes_application_names_without_loading_tensorflow():
-    code = ("import sys; from mirrorfit.config import TrainConfig; TrainConfig(model='ResNet50')\n"
-            "try:\n    TrainConfig(model='resnet50')\nexcept Exception as e:\n    print(e)\n"
-            "print('tensorflow' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True).stdout.splitlines()
+    code = (
+        "import sys; from mirrorfit.config import TrainConfig; TrainConfig(model='ResNet50')\n"
+        "try:\n    TrainConfig(model='resnet50')\nexcept Exception as e:\n    print(e)\n"
+        "print('tensorflow' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.splitlines()
     assert "did you mean 'ResNet50'" in out[0] and out[1] == "False"
 
 
@@ -181,12 +203,20 @@ def test_application_trains_under_mirrorfit_on_two_replicas():
     assert math.isfinite(out["loss"]) and out["loss"] > 0
 
 
-@pytest.mark.parametrize("spec, needle", [
-    ("user_models:exiting", "--model 'user_models:exiting': the function exited (SystemExit: "
-                            "0) instead of returning a keras.Model"),
-    ("user_models:raising", "--model 'user_models:raising': the function raised ValueError: "
-                            "no such layer size"),
-])
+@pytest.mark.parametrize(
+    "spec, needle",
+    [
+        (
+            "user_models:exiting",
+            "--model 'user_models:exiting': the function exited (SystemExit: "
+            "0) instead of returning a keras.Model",
+        ),
+        (
+            "user_models:raising",
+            "--model 'user_models:raising': the function raised ValueError: no such layer size",
+        ),
+    ],
+)
 def test_a_model_function_that_exits_or_raises_is_one_line(spec, needle):
     """SystemExit from a --model function ended the run with its code and no line; another
     exception was a traceback."""
@@ -195,11 +225,14 @@ def test_a_model_function_that_exits_or_raises_is_one_line(spec, needle):
     assert needle in str(e.value), str(e.value)
 
 
-@pytest.mark.parametrize("shape,said", [
-    ((2, 2, 3), "takes images of at least 4x4 pixels (it pools twice by 2); these are 2x2"),
-    ((3, 3), "these are 3x3: give --image-size 4,4 or larger"),
-    ((784,), "takes images, (height, width) or (height, width, channels)"),
-])
+@pytest.mark.parametrize(
+    "shape,said",
+    [
+        ((2, 2, 3), "takes images of at least 4x4 pixels (it pools twice by 2); these are 2x2"),
+        ((3, 3), "these are 3x3: give --image-size 4,4 or larger"),
+        ((784,), "takes images, (height, width) or (height, width, channels)"),
+    ],
+)
 def test_the_cnn_names_the_smallest_input_it_takes(shape, said):
     from mirrorfit.models.build import cnn
 
@@ -212,11 +245,24 @@ def test_the_cnn_names_the_smallest_input_it_takes(shape, said):
 def test_too_small_for_the_cnn_is_one_line_on_the_command_line(backend):
     from conftest import run_cli
 
-    proc = run_cli("train", "--backend", backend, "--model", "cnn", "--data", "synthetic",
-                   "--input-shape", "2,2,3", "--epochs", "1", "--no-progress",
-                   without_tensorflow=backend == "jax")
+    proc = run_cli(
+        "train",
+        "--backend",
+        backend,
+        "--model",
+        "cnn",
+        "--data",
+        "synthetic",
+        "--input-shape",
+        "2,2,3",
+        "--epochs",
+        "1",
+        "--no-progress",
+        without_tensorflow=backend == "jax",
+    )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines()[-1] == (
         "mirrorfit: error: --model cnn takes images of at least 4x4 pixels (it pools twice by "
         "2); these are 2x2: give --image-size 4,4 or larger (--input-shape for synthetic "
-        "data), or use --model mlp"), proc.stderr[-3000:]
+        "data), or use --model mlp"
+    ), proc.stderr[-3000:]

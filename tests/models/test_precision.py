@@ -7,8 +7,9 @@ import mirrorfit
 from mirrorfit.models.precision import Precision
 
 
-@pytest.mark.parametrize("name, compute", [("fp32", "float32"), ("bf16", "bfloat16"),
-                                           ("fp16", "float16")])
+@pytest.mark.parametrize(
+    "name, compute", [("fp32", "float32"), ("bf16", "bfloat16"), ("fp16", "float16")]
+)
 def test_layers_built_inside_get_the_policy_and_nothing_leaks(name, compute):
     before = keras.config.dtype_policy().name
     with Precision(name).building():
@@ -50,18 +51,32 @@ def test_bf16_cnn_runs_every_heavy_kernel_in_bfloat16():
     import tensorflow as tf
 
     strategy = mirrorfit.build_strategy(mirrorfit.configure_devices())
-    trainer = mirrorfit.Trainer(strategy=strategy, model=mirrorfit.models.cnn,
-                                optimizer=keras.optimizers.SGD(0.01),
-                                loss=keras.losses.SparseCategoricalCrossentropy(),
-                                global_batch=8, precision="bf16")
-    graph = tf.function(trainer.replica_step.gradients).get_concrete_function(
-        tf.TensorSpec([8, 28, 28], tf.float32), tf.TensorSpec([8], tf.uint8)).graph
+    trainer = mirrorfit.Trainer(
+        strategy=strategy,
+        model=mirrorfit.models.cnn,
+        optimizer=keras.optimizers.SGD(0.01),
+        loss=keras.losses.SparseCategoricalCrossentropy(),
+        global_batch=8,
+        precision="bf16",
+    )
+    graph = (
+        tf.function(trainer.replica_step.gradients)
+        .get_concrete_function(tf.TensorSpec([8, 28, 28], tf.float32), tf.TensorSpec([8], tf.uint8))
+        .graph
+    )
     dtypes = collections.defaultdict(collections.Counter)
     for op in graph.get_operations():
         if "T" in op.node_def.attr:
             dtypes[op.type][op.get_attr("T").name] += 1
-    for kind in ("Conv2D", "Conv2DBackpropFilter", "Conv2DBackpropInput", "MaxPool",
-                 "MaxPoolGrad", "Relu", "ReluGrad"):
+    for kind in (
+        "Conv2D",
+        "Conv2DBackpropFilter",
+        "Conv2DBackpropInput",
+        "MaxPool",
+        "MaxPoolGrad",
+        "Relu",
+        "ReluGrad",
+    ):
         assert set(dtypes[kind]) == {"bfloat16"}, (kind, dtypes[kind])
     # Dense(64): forward + 2 backward matmuls in bf16; the output Dense(10): 3 in float32
     assert dtypes["MatMul"] == {"bfloat16": 3, "float32": 3}

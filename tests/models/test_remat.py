@@ -68,8 +68,9 @@ print(json.dumps(out))
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("backend, precision", [("tensorflow", "fp32"), ("jax", "fp32"),
-                                                ("tensorflow", "bf16")])
+@pytest.mark.parametrize(
+    "backend, precision", [("tensorflow", "fp32"), ("jax", "fp32"), ("tensorflow", "bf16")]
+)
 def test_remat_trains_the_cnn_to_the_same_weights(backend, precision, tmp_path):
     """bf16 on TensorFlow: the backward pass recomputed the layer outside Keras's autocast
     scope (float32 weights against bf16 gradients: a ReluGrad TypeError)."""
@@ -90,8 +91,9 @@ def test_remat_trains_the_cnn_to_the_same_weights(backend, precision, tmp_path):
         with np.load(tmp_path / f"{name}.npz") as f:
             weights[name] = [f[k] for k in sorted(f.files, key=lambda k: int(k.split("_")[1]))]
     tolerance = 1e-5 if precision == "fp32" else 1e-2  # bf16: the same ops, bf16 rounding
-    assert_same_weights(plain_w := weights["plain"], weights["remat"], rtol=tolerance,
-                        atol=tolerance / 10)
+    assert_same_weights(
+        plain_w := weights["plain"], weights["remat"], rtol=tolerance, atol=tolerance / 10
+    )
     assert np.isfinite(remat["loss"]) and len(plain_w) == 10
 
 
@@ -100,8 +102,9 @@ def test_remat_says_when_no_layer_qualifies():
 
     from mirrorfit.models.remat import rematerialize
 
-    model = keras.Sequential([keras.Input((4,)), keras.layers.BatchNormalization(),
-                              keras.layers.Dropout(0.5)])
+    model = keras.Sequential(
+        [keras.Input((4,)), keras.layers.BatchNormalization(), keras.layers.Dropout(0.5)]
+    )
     notices = []
     assert rematerialize(model, notices.append) == []
     assert len(notices) == 1 and "--remat" in notices[0]
@@ -116,7 +119,7 @@ def test_remat_leaves_the_users_own_layers_as_written():
 
     class Penalised(keras.layers.Dense):
         def call(self, inputs):
-            self.add_loss(0.01 * keras.ops.sum(self.kernel ** 2))
+            self.add_loss(0.01 * keras.ops.sum(self.kernel**2))
             return super().call(inputs)
 
     model = keras.Sequential([keras.Input((4,)), Penalised(3), keras.layers.Dense(2)])

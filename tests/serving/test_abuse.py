@@ -20,8 +20,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from tensorflow.core.framework import tensor_pb2, tensor_shape_pb2, types_pb2
-from tensorflow_serving.apis import (classification_pb2, predict_pb2,
-                                     prediction_service_pb2_grpc, regression_pb2)
+from tensorflow_serving.apis import (
+    classification_pb2,
+    predict_pb2,
+    prediction_service_pb2_grpc,
+    regression_pb2,
+)
 
 from serving_support import Server, model_root  # noqa: F401 - fixture
 
@@ -48,8 +52,9 @@ def _save_pixels(path: Path) -> None:
             return {"total": tf.reduce_sum(x, axis=1)}
 
     module = Pixels()
-    tf.saved_model.save(module, str(path),
-                        signatures={"serving_default": module.brightness, "seq": module.total})
+    tf.saved_model.save(
+        module, str(path), signatures={"serving_default": module.brightness, "seq": module.total}
+    )
 
 
 @pytest.fixture(scope="module")
@@ -67,12 +72,21 @@ def hardened(model_root, tmp_path_factory):
 }}""")
     (root / "batching.config").write_text(
         "max_batch_size { value: 32 } batch_timeout_micros { value: 2000 } "
-        "num_batch_threads { value: 2 } max_enqueued_batches { value: 100 }")
-    srv = Server([f"--model_config_file={root / 'models.config'}", "--enable_batching",
-                  f"--batching_parameters_file={root / 'batching.config'}",
-                  f"--max_request_bytes={MAX_BYTES}", f"--max_rows_per_request={MAX_ROWS}",
-                  "--file_system_poll_wait_seconds=0.2", "--max_num_load_retries=1",
-                  "--load_retry_interval_micros=200000"], root)
+        "num_batch_threads { value: 2 } max_enqueued_batches { value: 100 }"
+    )
+    srv = Server(
+        [
+            f"--model_config_file={root / 'models.config'}",
+            "--enable_batching",
+            f"--batching_parameters_file={root / 'batching.config'}",
+            f"--max_request_bytes={MAX_BYTES}",
+            f"--max_rows_per_request={MAX_ROWS}",
+            "--file_system_poll_wait_seconds=0.2",
+            "--max_num_load_retries=1",
+            "--load_retry_interval_micros=200000",
+        ],
+        root,
+    )
     srv.models = root
     yield srv
     srv.stop()
@@ -120,8 +134,12 @@ def _request(model: str, alias: str, proto, signature: str = "") -> predict_pb2.
 
 def _declared(dtype, dims) -> tensor_pb2.TensorProto:
     """A TensorProto declaring ``dims`` and holding no values."""
-    return tensor_pb2.TensorProto(dtype=dtype, tensor_shape=tensor_shape_pb2.TensorShapeProto(
-        dim=[tensor_shape_pb2.TensorShapeProto.Dim(size=n) for n in dims]))
+    return tensor_pb2.TensorProto(
+        dtype=dtype,
+        tensor_shape=tensor_shape_pb2.TensorShapeProto(
+            dim=[tensor_shape_pb2.TensorShapeProto.Dim(size=n) for n in dims]
+        ),
+    )
 
 
 def _code(stub, request) -> grpc.StatusCode:
@@ -137,12 +155,25 @@ def _warm(server, stub) -> None:
     """One good request per signature, both transports: batch threads and pools started."""
     image = np.zeros((1, 28, 28), np.float32)
     assert _code(stub, _request("mnist", "images", tf.make_tensor_proto(image))) == OK
-    assert _code(stub, _request("pixels", "pixels", tf.make_tensor_proto(
-        np.zeros((1, 28, 28), np.uint8)))) == OK
-    assert _code(stub, _request("pixels", "x", tf.make_tensor_proto(np.ones((1, 3), np.float32)),
-                                "seq")) == OK
-    assert httpx.post(f"{server.url}/v1/models/mnist:predict",
-                      json={"instances": image.tolist()}, timeout=30).status_code == 200
+    assert (
+        _code(
+            stub,
+            _request("pixels", "pixels", tf.make_tensor_proto(np.zeros((1, 28, 28), np.uint8))),
+        )
+        == OK
+    )
+    assert (
+        _code(
+            stub, _request("pixels", "x", tf.make_tensor_proto(np.ones((1, 3), np.float32)), "seq")
+        )
+        == OK
+    )
+    assert (
+        httpx.post(
+            f"{server.url}/v1/models/mnist:predict", json={"instances": image.tolist()}, timeout=30
+        ).status_code
+        == 200
+    )
 
 
 OK, INVALID = grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT
@@ -155,8 +186,11 @@ def test_bad_shapes_make_no_batch_queues_or_threads(hardened, stub):
     for i in range(20):
         bad = np.zeros((1, 28, 8 + i), np.float32)
         assert _code(stub, _request("mnist", "images", tf.make_tensor_proto(bad))) == INVALID
-        r = httpx.post(f"{hardened.url}/v1/models/mnist:predict",
-                       json={"instances": np.zeros((1, 5 + i)).tolist()}, timeout=30)
+        r = httpx.post(
+            f"{hardened.url}/v1/models/mnist:predict",
+            json={"instances": np.zeros((1, 5 + i)).tolist()},
+            timeout=30,
+        )
         assert r.status_code == 400 and "does not match the signature" in r.json()["error"]
     for n in range(1, 41):  # 40 lengths of a variable dimension: 40 queues, no new threads
         x = tf.make_tensor_proto(np.ones((1, n), np.float32))
@@ -176,8 +210,9 @@ def test_a_tiny_request_declaring_a_huge_tensor_allocates_nothing(hardened, stub
     assert f"1000000 rows is more than the limit of {MAX_ROWS}" in info.value.details()
     cases = [  # within the row limit, but declaring more than they hold
         _request("mnist", "images", _declared(types_pb2.DT_FLOAT, [MAX_ROWS, 28, 28])),
-        _request("pixels", "x", _declared(types_pb2.DT_FLOAT, [1, 10 ** 12]), "seq"),
-        _request("pixels", "x", _declared(types_pb2.DT_FLOAT, [MAX_ROWS, 2 ** 62]), "seq")]
+        _request("pixels", "x", _declared(types_pb2.DT_FLOAT, [1, 10**12]), "seq"),
+        _request("pixels", "x", _declared(types_pb2.DT_FLOAT, [MAX_ROWS, 2**62]), "seq"),
+    ]
     for request in cases:
         with pytest.raises(grpc.RpcError) as info:
             stub.Predict(request, timeout=30)
@@ -194,8 +229,10 @@ def test_grpc_errors_are_tf_serving_codes_without_python_text(hardened, stub):
     # float", "Unable to allocate 3.06 PiB").
     text = tf.make_tensor_proto(np.array([[b"a"] * 28] * 28, object).reshape(1, 28, 28))
     assert _code(stub, _request("mnist", "images", text)) == INVALID
-    assert _code(stub, _request("mnist", "images", _declared(types_pb2.DT_FLOAT,
-                                                             [2 ** 62, 2 ** 62]))) == INVALID
+    assert (
+        _code(stub, _request("mnist", "images", _declared(types_pb2.DT_FLOAT, [2**62, 2**62])))
+        == INVALID
+    )
     with grpc.insecure_channel(hardened.grpc_target) as channel:
         raw = channel.unary_unary("/tensorflow.serving.PredictionService/Predict")
         with pytest.raises(grpc.RpcError) as info:
@@ -237,7 +274,7 @@ def test_a_slow_copy_is_picked_up_once_complete(hardened):
     half, staging = base / "0002", base / ".staging"  # (staged: the poller sees one state)
     staging.mkdir()
     pb = (source / "saved_model.pb").read_bytes()
-    (staging / "saved_model.pb").write_bytes(pb[:len(pb) // 2])
+    (staging / "saved_model.pb").write_bytes(pb[: len(pb) // 2])
     staging.rename(half)  # half of the copy is there
     # the first attempt and --max_num_load_retries=1 retry, 0.2 s apart, both fail
     _wait_for(lambda: len(_log_events(hardened, "load failed", model="polled")) >= 2)
@@ -247,8 +284,11 @@ def test_a_slow_copy_is_picked_up_once_complete(hardened):
     assert _version_states(hardened, "polled") == {1: "AVAILABLE", 2: "END"}
     shutil.copytree(source, half, dirs_exist_ok=True)  # the copy completes
     _wait_for(lambda: _version_states(hardened, "polled").get(2) == "AVAILABLE")
-    r = httpx.post(f"{hardened.url}/v1/models/polled:predict",
-                   json={"instances": np.zeros((1, 28, 28), int).tolist()}, timeout=30)
+    r = httpx.post(
+        f"{hardened.url}/v1/models/polled:predict",
+        json={"instances": np.zeros((1, 28, 28), int).tolist()},
+        timeout=30,
+    )
     assert r.status_code == 200
     assert "Traceback" not in hardened.log.read_text()
 
@@ -258,22 +298,36 @@ def _hostile(client, stub, raw, i: int):
     image = np.zeros((1, 28, 28), np.float32)
     kind = i % 10
     if kind == 0:  # a new wrong shape each time
-        return lambda: _code(stub, _request("mnist", "images", tf.make_tensor_proto(
-            np.zeros((1, 28, 29 + i % 200), np.float32)))), {INVALID}
+        return lambda: _code(
+            stub,
+            _request(
+                "mnist", "images", tf.make_tensor_proto(np.zeros((1, 28, 29 + i % 200), np.float32))
+            ),
+        ), {INVALID}
     if kind == 1:  # a float image for the uint8 input
-        return lambda: _code(stub, _request("pixels", "pixels", tf.make_tensor_proto(
-            image))), {INVALID}
+        return lambda: _code(stub, _request("pixels", "pixels", tf.make_tensor_proto(image))), {
+            INVALID
+        }
     if kind == 2:  # a huge declared shape
-        return lambda: _code(stub, _request("mnist", "images", _declared(
-            types_pb2.DT_FLOAT, [10 ** (i % 7 + 3), 28, 28]))), {INVALID}
+        return lambda: _code(
+            stub,
+            _request("mnist", "images", _declared(types_pb2.DT_FLOAT, [10 ** (i % 7 + 3), 28, 28])),
+        ), {INVALID}
     if kind == 3:  # an unknown model (a new name each time)
-        return lambda: _code(stub, _request(f"nope{i}", "images", tf.make_tensor_proto(
-            image))), {grpc.StatusCode.NOT_FOUND}
+        return lambda: _code(stub, _request(f"nope{i}", "images", tf.make_tensor_proto(image))), {
+            grpc.StatusCode.NOT_FOUND
+        }
     if kind == 4:  # bytes that are no PredictRequest
-        return lambda: _raw_code(raw, bytes([0x0a, 0xff, i % 256, 0xff])), {INVALID}
+        return lambda: _raw_code(raw, bytes([0x0A, 0xFF, i % 256, 0xFF])), {INVALID}
     if kind == 5:  # too many rows
-        return lambda: _code(stub, _request("mnist", "images", tf.make_tensor_proto(
-            np.zeros((MAX_ROWS + 1 + i % 5, 28, 28), np.float32)))), {INVALID}
+        return lambda: _code(
+            stub,
+            _request(
+                "mnist",
+                "images",
+                tf.make_tensor_proto(np.zeros((MAX_ROWS + 1 + i % 5, 28, 28), np.float32)),
+            ),
+        ), {INVALID}
     if kind == 6:  # REST: a wrong shape
         wrong = {"instances": np.zeros((1, 3 + i % 50)).tolist()}
         return lambda: _post(client, "mnist", wrong), {400}
@@ -281,7 +335,7 @@ def _hostile(client, stub, raw, i: int):
         return lambda: _post(client, "mnist", {"instances": [["x"] * 28] * 28}), {400}
     if kind == 8:  # REST: an unknown model
         return lambda: _post(client, f"nope{i}", {"instances": image.tolist()}), {404}
-    return lambda: _post(client, "mnist", b"{\"instances\": [[" + b"\xff" * (i % 64)), {400}
+    return lambda: _post(client, "mnist", b'{"instances": [[' + b"\xff" * (i % 64)), {400}
 
 
 def _raw_code(raw, body: bytes) -> grpc.StatusCode:
@@ -363,12 +417,20 @@ def rest_server(model_root, tmp_path_factory):
   config {{ name: 'slow' base_path: '{root / "slow"}' }}
 }}""")
     ms = int(REST_LIMIT_S * 1000)
-    srv = Server([f"--model_config_file={root / 'models.config'}",
-                  f"--monitoring_config_file={model_root / 'monitoring.config'}",
-                  "--max_unbatched_in_flight=2", f"--rest_api_max_connections={MAX_CONNECTIONS}",
-                  f"--rest_api_header_timeout_in_ms={ms}", f"--rest_api_body_timeout_in_ms={ms}",
-                  f"--grpc_max_threads={GRPC_MAX_THREADS}",
-                  "--rest_api_http_impl=h11", "--event_loop=asyncio"], root)
+    srv = Server(
+        [
+            f"--model_config_file={root / 'models.config'}",
+            f"--monitoring_config_file={model_root / 'monitoring.config'}",
+            "--max_unbatched_in_flight=2",
+            f"--rest_api_max_connections={MAX_CONNECTIONS}",
+            f"--rest_api_header_timeout_in_ms={ms}",
+            f"--rest_api_body_timeout_in_ms={ms}",
+            f"--grpc_max_threads={GRPC_MAX_THREADS}",
+            "--rest_api_http_impl=h11",
+            "--event_loop=asyncio",
+        ],
+        root,
+    )
     yield srv
     srv.stop()
 
@@ -389,8 +451,9 @@ def _until_closed(sock) -> bytes:
 def test_rest_idle_and_slowloris_connections_are_cut(rest_server):
     idle, slow_head, slow_body = _socket(rest_server), _socket(rest_server), _socket(rest_server)
     slow_head.sendall(b"POST /v1/models/mnist:predict HTTP/1.1\r\nhost: x\r\n")  # no end
-    slow_body.sendall(b"POST /v1/models/mnist:predict HTTP/1.1\r\nhost: x\r\n"
-                      b"content-length: 1000\r\n\r\n{")
+    slow_body.sendall(
+        b"POST /v1/models/mnist:predict HTTP/1.1\r\nhost: x\r\ncontent-length: 1000\r\n\r\n{"
+    )
     start = time.monotonic()
     for _ in range(int(REST_LIMIT_S * 3)):  # a byte a second on each
         time.sleep(0.5)
@@ -423,8 +486,11 @@ def test_unbatched_overload_answers_503_not_an_endless_queue(rest_server):
         clients = [httpx.Client(timeout=30) for _ in range(6)]
         for c in clients:  # connected before the burst: it lands within the model's second
             c.get(f"{rest_server.url}/readyz")
-        answers = list(pool.map(
-            lambda c: c.post(f"{rest_server.url}/v1/models/slow:predict", json=body), clients))
+        answers = list(
+            pool.map(
+                lambda c: c.post(f"{rest_server.url}/v1/models/slow:predict", json=body), clients
+            )
+        )
         for c in clients:
             c.close()
     codes = sorted(r.status_code for r in answers)
@@ -438,8 +504,10 @@ def test_unbatched_overload_answers_503_not_an_endless_queue(rest_server):
         with concurrent.futures.ThreadPoolExecutor(3) as pool:
             codes = sorted(pool.map(lambda _: _code(stub, request), range(3)), key=str)
     assert codes.count(grpc.StatusCode.UNAVAILABLE) == 1 and codes.count(OK) == 2, codes
-    assert httpx.post(f"{rest_server.url}/v1/models/slow:predict", json=body,
-                      timeout=30).status_code == 200  # slots given back
+    assert (
+        httpx.post(f"{rest_server.url}/v1/models/slow:predict", json=body, timeout=30).status_code
+        == 200
+    )  # slots given back
 
 
 def _metric_lines(server) -> list[str]:
@@ -448,9 +516,11 @@ def _metric_lines(server) -> list[str]:
 
 
 def _unknown_model_round(client, url: str, name: str) -> None:
-    for path, body in ((f"/v1/models/{name}:predict", {"instances": [1]}),
-                       (f"/v1/models/{name}:classify", {"examples": [{}]}),
-                       (f"/v1/models/{name}:regress", {"examples": [{}]})):
+    for path, body in (
+        (f"/v1/models/{name}:predict", {"instances": [1]}),
+        (f"/v1/models/{name}:classify", {"examples": [{}]}),
+        (f"/v1/models/{name}:regress", {"examples": [{}]}),
+    ):
         assert client.post(url + path, json=body).status_code == 404
     for path in (f"/v1/models/{name}", f"/v1/models/{name}/metadata"):
         assert client.get(url + path).status_code == 404
@@ -472,14 +542,18 @@ NASTY_REST = [  # (path, body): each was a 500 and a traceback in the server's l
     ("mnist:predict", b'{"instances": ' + b"[" * 66 + b"1" + b"]" * 66 + b"}"),
     ("mnist:predict", b'{"instances": ' + b"[" * 950 + b"1" + b"]" * 950 + b"}"),
     ("mnist:predict", b'{"instances": [' + b"9" * 4301 + b"]}"),
-    ("multi:predict", b'{"signature_name": "multi", "inputs": {"a": [[' + b"9" * 400
-     + b', 1]], "b": [[1, 1]]}}'),
+    (
+        "multi:predict",
+        b'{"signature_name": "multi", "inputs": {"a": [[' + b"9" * 400 + b', 1]], "b": [[1, 1]]}}',
+    ),
     ("multi:classify", b'{"signature_name": "classify_x", "examples": [{"x": {"b64": "a"}}]}'),
     ("multi:regress", b'{"signature_name": "regress_x", "examples": [{"x": [{"b64": "a"}]}]}'),
-    ("multi:classify", b'{"signature_name": "classify_x", '
-                       b'"examples": [{"x": [-9223372036854775809, 1]}]}'),
+    (
+        "multi:classify",
+        b'{"signature_name": "classify_x", "examples": [{"x": [-9223372036854775809, 1]}]}',
+    ),
     ("multi:classify", b'{"signature_name": "classify_x", "examples": [{"x": "\\ud800"}]}'),
-    ("multi:predict", b'{"signature_name": "ints", "instances": [[' + b"9" * 30 + b', 1, 2]]}'),
+    ("multi:predict", b'{"signature_name": "ints", "instances": [[' + b"9" * 30 + b", 1, 2]]}"),
 ]
 
 
@@ -501,8 +575,9 @@ def test_a_large_body_is_decoded_off_the_event_loop(rest_server):
 
     def big():
         start = time.monotonic()
-        result["status"] = httpx.post(f"{rest_server.url}/v1/models/mnist:predict",
-                                      content=body, timeout=60).status_code
+        result["status"] = httpx.post(
+            f"{rest_server.url}/v1/models/mnist:predict", content=body, timeout=60
+        ).status_code
         result["seconds"] = time.monotonic() - start
 
     with httpx.Client(timeout=30) as client, concurrent.futures.ThreadPoolExecutor(1) as pool:
@@ -523,8 +598,10 @@ def test_a_large_body_is_decoded_off_the_event_loop(rest_server):
 def test_grpc_requests_in_progress_are_bounded(rest_server):
     # the slow model holds each admitted request for a second: the rest arrive meanwhile
     request = _request("slow", "x", tf.make_tensor_proto(np.ones((1, 1), np.float32)))
-    with grpc.insecure_channel(rest_server.grpc_target) as channel, \
-            concurrent.futures.ThreadPoolExecutor(8) as pool:
+    with (
+        grpc.insecure_channel(rest_server.grpc_target) as channel,
+        concurrent.futures.ThreadPoolExecutor(8) as pool,
+    ):
         stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
         codes = list(pool.map(lambda _: _code(stub, request), range(8)))
     # two run (--max_unbatched_in_flight=2); a third in progress is refused by the model pool;
@@ -544,14 +621,18 @@ def _rss_mb(server) -> float:
 
 def _examples_body(signature: str, n: int) -> bytes:
     context = ",".join(["0.0"] * PAD)
-    return (f'{{"signature_name": "{signature}", "context": {{"pad": [{context}]}}, '
-            f'"examples": [{",".join(["{}"] * n)}]}}').encode()
+    return (
+        f'{{"signature_name": "{signature}", "context": {{"pad": [{context}]}}, '
+        f'"examples": [{",".join(["{}"] * n)}]}}'
+    ).encode()
 
 
 def test_rest_examples_are_checked_before_they_are_built(rest_server):
-    cases = [("mnist:classify", _examples_body("", 1000), "DT_STRING"),  # no tf.Example input
-             ("multi:classify", _examples_body("classify_x", 1000), "--max_request_bytes"),
-             ("multi:regress", _examples_body("regress_x", 1001), "--max_rows_per_request")]
+    cases = [
+        ("mnist:classify", _examples_body("", 1000), "DT_STRING"),  # no tf.Example input
+        ("multi:classify", _examples_body("classify_x", 1000), "--max_request_bytes"),
+        ("multi:regress", _examples_body("regress_x", 1001), "--max_rows_per_request"),
+    ]
     with httpx.Client(timeout=60) as client:
         for path, body, needle in cases:
             before = _rss_mb(rest_server)
@@ -572,8 +653,10 @@ def test_grpc_examples_are_checked_before_they_are_built(rest_server):
     many.input.example_list.MergeFromString(b"\x0a\x00" * 2_000_000)
     with grpc.insecure_channel(rest_server.grpc_target) as channel:
         stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
-        for call, request, needle in ((stub.Classify, wide, "--max_request_bytes"),
-                                      (stub.Regress, many, "--max_rows_per_request")):
+        for call, request, needle in (
+            (stub.Classify, wide, "--max_request_bytes"),
+            (stub.Regress, many, "--max_rows_per_request"),
+        ):
             before = _rss_mb(rest_server)
             with pytest.raises(grpc.RpcError) as e:
                 call(request, timeout=30)  # was 37 s (and +450 MB) for the two million

@@ -51,12 +51,14 @@ def _concurrently(batcher, model, sizes):
 
 
 def test_concurrent_requests_share_one_call_and_get_their_own_rows():
-    params = BatchingParameters(max_batch_size=64, batch_timeout_micros=200_000,
-                                num_batch_threads=1)
+    params = BatchingParameters(
+        max_batch_size=64, batch_timeout_micros=200_000, num_batch_threads=1
+    )
     batches = []
     model = _Model()
-    results, errors = _concurrently(Batcher(params, on_batch=lambda m, n, s: batches.append(n)),
-                                    model, [1, 2, 3, 4] * 4)
+    results, errors = _concurrently(
+        Batcher(params, on_batch=lambda m, n, s: batches.append(n)), model, [1, 2, 3, 4] * 4
+    )
     assert errors == []
     assert sum(model.calls) == 40 and len(model.calls) < 16  # merged
     assert max(model.calls) > 4
@@ -66,8 +68,12 @@ def test_concurrent_requests_share_one_call_and_get_their_own_rows():
 
 
 def test_batches_are_padded_to_the_allowed_sizes():
-    params = BatchingParameters(max_batch_size=16, batch_timeout_micros=100_000,
-                                num_batch_threads=1, allowed_batch_sizes=(4, 8, 16))
+    params = BatchingParameters(
+        max_batch_size=16,
+        batch_timeout_micros=100_000,
+        num_batch_threads=1,
+        allowed_batch_sizes=(4, 8, 16),
+    )
     model = _Model()
     results, errors = _concurrently(Batcher(params), model, [3])
     assert errors == [] and model.calls == [4]  # 3 padded to 4
@@ -76,8 +82,9 @@ def test_batches_are_padded_to_the_allowed_sizes():
 
 
 def test_a_full_queue_answers_unavailable():
-    params = BatchingParameters(max_batch_size=2, batch_timeout_micros=0,
-                                max_enqueued_batches=1, num_batch_threads=1)
+    params = BatchingParameters(
+        max_batch_size=2, batch_timeout_micros=0, max_enqueued_batches=1, num_batch_threads=1
+    )
     model = _Model(delay_s=0.3)
     results, errors = _concurrently(Batcher(params), model, [2] * 6)
     assert errors, "some requests must be refused while the model is busy"
@@ -88,8 +95,7 @@ def test_a_full_queue_answers_unavailable():
 
 def test_a_request_larger_than_the_max_batch_is_refused():
     batcher = Batcher(BatchingParameters(max_batch_size=4, num_batch_threads=1))
-    with pytest.raises(ServingError, match="Task size 5 is larger than maximum input batch "
-                                           "size 4"):
+    with pytest.raises(ServingError, match="Task size 5 is larger than maximum input batch size 4"):
         batcher.run(("m", 1, "s"), "m", _Model(), {"x": np.zeros((5, 1), np.float32)})
 
 
@@ -97,15 +103,13 @@ def test_model_errors_reach_every_request_of_the_batch():
     def broken(inputs):
         raise ServingError(grpc.StatusCode.INVALID_ARGUMENT, "bad batch")
 
-    params = BatchingParameters(max_batch_size=8, batch_timeout_micros=100_000,
-                                num_batch_threads=1)
+    params = BatchingParameters(max_batch_size=8, batch_timeout_micros=100_000, num_batch_threads=1)
     results, errors = _concurrently(Batcher(params), broken, [1, 1, 1])
     assert len(errors) == 3 and all(e.message == "bad batch" for e in errors)
 
 
 def test_requests_awaited_on_a_loop_are_settled_with_one_wakeup_per_batch():
-    params = BatchingParameters(max_batch_size=8, batch_timeout_micros=200_000,
-                                num_batch_threads=1)
+    params = BatchingParameters(max_batch_size=8, batch_timeout_micros=200_000, num_batch_threads=1)
     batcher, model = Batcher(params), _Model()
 
     async def main():
@@ -127,16 +131,13 @@ def test_requests_awaited_on_a_loop_are_settled_with_one_wakeup_per_batch():
 
 
 def test_a_cancelled_waiter_does_not_disturb_the_rest_of_its_batch():
-    params = BatchingParameters(max_batch_size=2, batch_timeout_micros=200_000,
-                                num_batch_threads=1)
+    params = BatchingParameters(max_batch_size=2, batch_timeout_micros=200_000, num_batch_threads=1)
     batcher, model = Batcher(params), _Model(delay_s=0.05)
 
     async def main():
         loop = asyncio.get_running_loop()
-        gone = batcher.submit(("m", 1, "s"), "m", model, {"x": np.ones((1, 1), np.float32)},
-                              loop)
-        kept = batcher.submit(("m", 1, "s"), "m", model, {"x": np.ones((1, 1), np.float32)},
-                              loop)
+        gone = batcher.submit(("m", 1, "s"), "m", model, {"x": np.ones((1, 1), np.float32)}, loop)
+        kept = batcher.submit(("m", 1, "s"), "m", model, {"x": np.ones((1, 1), np.float32)}, loop)
         gone.cancel()  # e.g. its client timed out
         return await kept
 
@@ -145,8 +146,7 @@ def test_a_cancelled_waiter_does_not_disturb_the_rest_of_its_batch():
 
 
 def test_the_timeout_runs_from_the_oldest_request_not_from_when_the_model_is_free():
-    params = BatchingParameters(max_batch_size=8, batch_timeout_micros=300_000,
-                                num_batch_threads=1)
+    params = BatchingParameters(max_batch_size=8, batch_timeout_micros=300_000, num_batch_threads=1)
     starts = []
 
     def slow(inputs):
@@ -173,24 +173,29 @@ def test_many_shapes_share_one_pool_of_threads_and_a_bounded_number_of_queues():
     batcher = Batcher(params, max_queues=4)
     before = threading.active_count()
     for width in range(1, 21):  # 20 shapes, one at a time: old queues are empty, evicted
-        out = batcher.run(("m", 1, "s"), "m", _Model(), {"x": np.ones((1, width), np.float32)},
-                          timeout_s=5)
+        out = batcher.run(
+            ("m", 1, "s"), "m", _Model(), {"x": np.ones((1, width), np.float32)}, timeout_s=5
+        )
         np.testing.assert_array_equal(out["y"], np.full((1, width), 2.0))
     assert batcher.thread_count == 2 and threading.active_count() - before == 2
     assert batcher.queue_count == 4
 
 
 def test_a_new_shape_is_refused_when_every_queue_holds_waiting_requests():
-    params = BatchingParameters(max_batch_size=8, batch_timeout_micros=2_000_000,
-                                num_batch_threads=1)
+    params = BatchingParameters(
+        max_batch_size=8, batch_timeout_micros=2_000_000, num_batch_threads=1
+    )
     batcher = Batcher(params, max_queues=2)
     model = _Model()
-    waiting = [batcher.submit(("m", 1, "s"), "m", model, {"x": np.ones((1, w), np.float32)})
-               for w in (1, 2)]  # both wait 2 s for their batches to fill
+    waiting = [
+        batcher.submit(("m", 1, "s"), "m", model, {"x": np.ones((1, w), np.float32)})
+        for w in (1, 2)
+    ]  # both wait 2 s for their batches to fill
     with pytest.raises(ServingError) as e:
         batcher.submit(("m", 1, "s"), "m", model, {"x": np.ones((1, 3), np.float32)})
-    assert e.value.code == grpc.StatusCode.UNAVAILABLE and "Too many batch queues" in \
-        e.value.message
+    assert (
+        e.value.code == grpc.StatusCode.UNAVAILABLE and "Too many batch queues" in e.value.message
+    )
     batcher.close()  # closing runs what waits at once
     assert [f.result(5)["y"].shape for f in waiting] == [(1, 1), (1, 2)]
 
@@ -205,8 +210,9 @@ def test_idle_queues_are_dropped_when_a_new_one_is_made():
 
 
 def test_an_unloaded_versions_waiting_requests_still_run():
-    params = BatchingParameters(max_batch_size=8, batch_timeout_micros=5_000_000,
-                                num_batch_threads=1)
+    params = BatchingParameters(
+        max_batch_size=8, batch_timeout_micros=5_000_000, num_batch_threads=1
+    )
     batcher = Batcher(params)
     future = batcher.submit(("m", 1, "s"), "m", _Model(), {"x": np.ones((1, 1), np.float32)})
     batcher.forget("m", 1)  # does not wait the 5 s timeout

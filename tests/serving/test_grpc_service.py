@@ -5,9 +5,15 @@ import grpc
 import numpy as np
 import pytest
 import tensorflow as tf
-from tensorflow_serving.apis import (classification_pb2, get_model_metadata_pb2,
-                                     get_model_status_pb2, model_service_pb2_grpc, predict_pb2,
-                                     prediction_service_pb2_grpc, regression_pb2)
+from tensorflow_serving.apis import (
+    classification_pb2,
+    get_model_metadata_pb2,
+    get_model_status_pb2,
+    model_service_pb2_grpc,
+    predict_pb2,
+    prediction_service_pb2_grpc,
+    regression_pb2,
+)
 
 from serving_support import model_root, server  # noqa: F401 (fixtures)
 
@@ -17,8 +23,10 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def stubs(server):
     channel = grpc.insecure_channel(server.grpc_target)
-    yield (prediction_service_pb2_grpc.PredictionServiceStub(channel),
-           model_service_pb2_grpc.ModelServiceStub(channel))
+    yield (
+        prediction_service_pb2_grpc.PredictionServiceStub(channel),
+        model_service_pb2_grpc.ModelServiceStub(channel),
+    )
     channel.close()
 
 
@@ -52,12 +60,15 @@ def test_predict_returns_typed_outputs_and_the_resolved_spec(stubs):
 
 def test_rest_and_grpc_agree(stubs, server):
     import httpx
+
     predict, _ = stubs
     image = np.linspace(0, 1, 784, dtype=np.float32).reshape(1, 28, 28)
-    grpc_out = tf.make_ndarray(predict.Predict(_predict_request("mnist", image), timeout=30)
-                               .outputs["probabilities"])
-    rest_out = httpx.post(f"{server.url}/v1/models/mnist:predict",
-                          json={"instances": image.tolist()}, timeout=30).json()["predictions"]
+    grpc_out = tf.make_ndarray(
+        predict.Predict(_predict_request("mnist", image), timeout=30).outputs["probabilities"]
+    )
+    rest_out = httpx.post(
+        f"{server.url}/v1/models/mnist:predict", json={"instances": image.tolist()}, timeout=30
+    ).json()["predictions"]
     np.testing.assert_allclose(grpc_out, rest_out, rtol=1e-6)
 
 
@@ -83,7 +94,8 @@ def test_metadata_packs_the_signature_def_map(stubs):
     defs = get_model_metadata_pb2.SignatureDefMap()
     response.metadata["signature_def"].Unpack(defs)
     assert {"multi", "ints", "classify_x", "regress_x", "serving_default"} <= set(
-        defs.signature_def)
+        defs.signature_def
+    )
     assert set(defs.signature_def["multi"].inputs) == {"a", "b"}
     assert response.model_spec.version.value == 7
 
@@ -126,22 +138,42 @@ def test_model_status(stubs):
     request = get_model_status_pb2.GetModelStatusRequest()
     request.model_spec.name = "mnist"
     response = models.GetModelStatus(request, timeout=30)
-    assert [(s.version, s.state, s.status.error_code) for s in response.model_version_status] \
-        == [(2, 30, 0), (1, 30, 0)]  # AVAILABLE, OK
+    assert [(s.version, s.state, s.status.error_code) for s in response.model_version_status] == [
+        (2, 30, 0),
+        (1, 30, 0),
+    ]  # AVAILABLE, OK
 
 
-@pytest.mark.parametrize("make, code, message", [
-    (lambda: _predict_request("half", np.zeros((1, 28, 28), np.float32)),
-     grpc.StatusCode.NOT_FOUND, "Servable not found for request: Latest(half)"),
-    (lambda: _predict_request("mnist", np.zeros((1, 28, 28), np.float32), version=9),
-     grpc.StatusCode.NOT_FOUND, "Servable not found for request: Specific(mnist, 9)"),
-    (lambda: _predict_request("mnist", np.zeros((1, 28, 28), np.float32), signature="nope"),
-     grpc.StatusCode.FAILED_PRECONDITION, 'Serving signature key "nope" not found.'),
-    (lambda: _predict_request("mnist", np.zeros((1, 28, 28), np.float32), label="beta"),
-     grpc.StatusCode.INVALID_ARGUMENT, "Unrecognized servable version label: beta"),
-    (lambda: _predict_request("mnist", np.zeros((1, 5), np.float32)),
-     grpc.StatusCode.INVALID_ARGUMENT, "shape"),
-])
+@pytest.mark.parametrize(
+    "make, code, message",
+    [
+        (
+            lambda: _predict_request("half", np.zeros((1, 28, 28), np.float32)),
+            grpc.StatusCode.NOT_FOUND,
+            "Servable not found for request: Latest(half)",
+        ),
+        (
+            lambda: _predict_request("mnist", np.zeros((1, 28, 28), np.float32), version=9),
+            grpc.StatusCode.NOT_FOUND,
+            "Servable not found for request: Specific(mnist, 9)",
+        ),
+        (
+            lambda: _predict_request("mnist", np.zeros((1, 28, 28), np.float32), signature="nope"),
+            grpc.StatusCode.FAILED_PRECONDITION,
+            'Serving signature key "nope" not found.',
+        ),
+        (
+            lambda: _predict_request("mnist", np.zeros((1, 28, 28), np.float32), label="beta"),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "Unrecognized servable version label: beta",
+        ),
+        (
+            lambda: _predict_request("mnist", np.zeros((1, 5), np.float32)),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "shape",
+        ),
+    ],
+)
 def test_predict_errors(stubs, make, code, message):
     predict, _ = stubs
     with pytest.raises(grpc.RpcError) as info:
@@ -198,24 +230,39 @@ def _declared(dtype, dims, **values):
     return proto
 
 
-@pytest.mark.parametrize("request_, message", [
-    # issue 10 item 6: DT_FLOAT for an int32 input was silently cast
-    (lambda: _raw_request("multi", "ints", "ids",
-                          tf.make_tensor_proto(np.ones((1, 3), np.float32))),
-     "Expected input ids to be int32 but get float."),
-    # item 2: 18 bytes declaring a 3 GB tensor became a zero array
-    (lambda: _raw_request("mnist", "", "images", _declared(1, [1000000, 28, 28])),
-     "input images: 1000000 rows is more than the limit of 1000 rows per request"),
-    (lambda: _raw_request("mnist", "", "images", _declared(1, [2, 28, 28], float_val=[0.5])),
-     "tensor parsing error: images (tensor_shape [2, 28, 28] needs 1568 entries in float_val; "
-     "the request has 1)"),
-    (lambda: _raw_request("mnist", "", "images",
-                          _declared(1, [1, 28, 28], tensor_content=b"\0" * 12)),
-     "tensor parsing error: images (tensor_shape [1, 28, 28] needs 3136 bytes of "
-     "tensor_content; the request has 12)"),
-    (lambda: _raw_request("mnist", "", "images", _declared(1, [1, -1, 28])),
-     "dimensions must be >= 0"),
-])
+@pytest.mark.parametrize(
+    "request_, message",
+    [
+        # issue 10 item 6: DT_FLOAT for an int32 input was silently cast
+        (
+            lambda: _raw_request(
+                "multi", "ints", "ids", tf.make_tensor_proto(np.ones((1, 3), np.float32))
+            ),
+            "Expected input ids to be int32 but get float.",
+        ),
+        # item 2: 18 bytes declaring a 3 GB tensor became a zero array
+        (
+            lambda: _raw_request("mnist", "", "images", _declared(1, [1000000, 28, 28])),
+            "input images: 1000000 rows is more than the limit of 1000 rows per request",
+        ),
+        (
+            lambda: _raw_request("mnist", "", "images", _declared(1, [2, 28, 28], float_val=[0.5])),
+            "tensor parsing error: images (tensor_shape [2, 28, 28] needs 1568 entries in "
+            "float_val; the request has 1)",
+        ),
+        (
+            lambda: _raw_request(
+                "mnist", "", "images", _declared(1, [1, 28, 28], tensor_content=b"\0" * 12)
+            ),
+            "tensor parsing error: images (tensor_shape [1, 28, 28] needs 3136 bytes of "
+            "tensor_content; the request has 12)",
+        ),
+        (
+            lambda: _raw_request("mnist", "", "images", _declared(1, [1, -1, 28])),
+            "dimensions must be >= 0",
+        ),
+    ],
+)
 def test_bad_tensor_protos_are_invalid_argument(stubs, request_, message):
     predict, _ = stubs
     with pytest.raises(grpc.RpcError) as info:
@@ -269,22 +316,40 @@ def test_values_out_of_range_for_a_small_int_dtype_are_invalid_argument():
     info = TensorInfo("pixels", tf.uint8, (None, 2))
     ok = from_tensor_proto(info, _declared(4, [1, 2], int_val=[0, 255]), max_rows=10)
     assert ok.dtype == np.uint8 and ok.tolist() == [[0, 255]]
-    with pytest.raises(ServingError, match=r"tensor parsing error: pixels \(values out of "
-                                           r"range for uint8\)"):
+    with pytest.raises(
+        ServingError,
+        match=r"tensor parsing error: pixels \(values out of "
+        r"range for uint8\)",
+    ):
         from_tensor_proto(info, _declared(4, [1, 2], int_val=[0, 300]), max_rows=10)
 
 
-@pytest.mark.parametrize("method, body, code, message", [
-    ("PredictionService/Predict", b"\xff\xff\xff garbage", grpc.StatusCode.INVALID_ARGUMENT,
-     "Failed to parse the request as tensorflow.serving.PredictRequest"),
-    ("PredictionService/MultiInference", b"", grpc.StatusCode.UNIMPLEMENTED,
-     "MultiInference is not implemented by this server"),
-    ("ModelService/HandleReloadConfigRequest", b"", grpc.StatusCode.UNIMPLEMENTED,
-     "HandleReloadConfigRequest is not implemented"),
-])
-def test_garbage_and_unimplemented_methods_get_a_status_without_python_text(server, method,
-                                                                              body, code,
-                                                                              message):
+@pytest.mark.parametrize(
+    "method, body, code, message",
+    [
+        (
+            "PredictionService/Predict",
+            b"\xff\xff\xff garbage",
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "Failed to parse the request as tensorflow.serving.PredictRequest",
+        ),
+        (
+            "PredictionService/MultiInference",
+            b"",
+            grpc.StatusCode.UNIMPLEMENTED,
+            "MultiInference is not implemented by this server",
+        ),
+        (
+            "ModelService/HandleReloadConfigRequest",
+            b"",
+            grpc.StatusCode.UNIMPLEMENTED,
+            "HandleReloadConfigRequest is not implemented",
+        ),
+    ],
+)
+def test_garbage_and_unimplemented_methods_get_a_status_without_python_text(
+    server, method, body, code, message
+):
     # grpc's own answers were UNKNOWN "Unexpected <class '...DecodeError'>: ..." and
     # UNIMPLEMENTED "Unexpected <class 'NotImplementedError'>: ..."
     with grpc.insecure_channel(server.grpc_target) as channel:

@@ -21,8 +21,9 @@ def _rest_client(server, stop, seen, failures):
     with httpx.Client(timeout=30) as client:
         while not stop.is_set():
             try:
-                r = client.post(f"{server.url}/v1/models/mnist:predict",
-                                json={"instances": IMAGE.tolist()})
+                r = client.post(
+                    f"{server.url}/v1/models/mnist:predict", json={"instances": IMAGE.tolist()}
+                )
                 if r.status_code != 200:
                     failures.append(f"REST {r.status_code} {r.text[:200]}")
                 else:
@@ -63,27 +64,28 @@ def _wait_for(predicate, timeout=60):
 def test_new_version_swaps_in_under_load_with_zero_failures(tmp_path, model_root):
     base = tmp_path / "mnist"
     copy_version(model_root / "mnist" / "0001", base, 1)
-    server = Server(["--model_name=mnist", f"--model_base_path={base}",
-                     "--file_system_poll_wait_seconds=0.2"], tmp_path)
+    server = Server(
+        ["--model_name=mnist", f"--model_base_path={base}", "--file_system_poll_wait_seconds=0.2"],
+        tmp_path,
+    )
     stop, seen, failures = threading.Event(), set(), []
-    clients = ([threading.Thread(target=_rest_client, args=(server, stop, seen, failures))
-                for _ in range(4)]
-               + [threading.Thread(target=_grpc_client, args=(server, stop, seen, failures))
-                  for _ in range(4)])
+    clients = [
+        threading.Thread(target=_rest_client, args=(server, stop, seen, failures)) for _ in range(4)
+    ] + [
+        threading.Thread(target=_grpc_client, args=(server, stop, seen, failures)) for _ in range(4)
+    ]
     try:
         for c in clients:
             c.start()
         time.sleep(1.0)
         copy_version(model_root / "mnist" / "0002", base, 2)  # the new version is dropped in
-        assert _wait_for(lambda: _status(server).get(1, {}).get("state") == "END"), \
-            server.logs()
+        assert _wait_for(lambda: _status(server).get(1, {}).get("state") == "END"), server.logs()
         assert _status(server)[2]["state"] == "AVAILABLE"
         time.sleep(1.0)  # keep calling the new version for a while
         # a broken version: its folder exists but holds no usable SavedModel
         (base / "0003").mkdir()
         (base / "0003" / "saved_model.pb").write_bytes(b"not a saved model")
-        assert _wait_for(lambda: _status(server).get(3, {}).get("state") == "END"), \
-            server.logs()
+        assert _wait_for(lambda: _status(server).get(3, {}).get("state") == "END"), server.logs()
         time.sleep(1.0)
     finally:
         stop.set()
@@ -102,19 +104,25 @@ def test_broken_version_status_names_the_error(tmp_path, model_root):
     copy_version(model_root / "mnist" / "0001", base, 1)
     (base / "0002").mkdir()
     (base / "0002" / "saved_model.pb").write_bytes(b"garbage")
-    server = Server(["--model_name=m", f"--model_base_path={base}",
-                     "--file_system_poll_wait_seconds=0"], tmp_path)
+    server = Server(
+        ["--model_name=m", f"--model_base_path={base}", "--file_system_poll_wait_seconds=0"],
+        tmp_path,
+    )
     try:
         body = httpx.get(f"{server.url}/v1/models/m", timeout=30).json()
         states = {s["version"]: s for s in body["model_version_status"]}
         # latest policy: 2 is wanted, fails, so 1 keeps serving
         assert states["2"]["state"] == "END" and states["2"]["status"]["error_code"] != "OK"
         assert states["2"]["status"]["error_message"]
-        r = httpx.post(f"{server.url}/v1/models/m:predict",
-                       json={"instances": IMAGE.tolist()}, timeout=30)
+        r = httpx.post(
+            f"{server.url}/v1/models/m:predict", json={"instances": IMAGE.tolist()}, timeout=30
+        )
         assert r.status_code == 200
-        r = httpx.post(f"{server.url}/v1/models/m/versions/2:predict",
-                       json={"instances": IMAGE.tolist()}, timeout=30)
+        r = httpx.post(
+            f"{server.url}/v1/models/m/versions/2:predict",
+            json={"instances": IMAGE.tolist()},
+            timeout=30,
+        )
         assert r.status_code == 404
     finally:
         server.stop()

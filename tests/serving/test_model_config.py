@@ -4,8 +4,12 @@ errors."""
 import pytest
 
 from mirrorfit.errors import ConfigError
-from mirrorfit.serving.model_config import (VersionPolicy, read_batching_parameters,
-                                            read_model_config_file, read_monitoring_config)
+from mirrorfit.serving.model_config import (
+    VersionPolicy,
+    read_batching_parameters,
+    read_model_config_file,
+    read_monitoring_config,
+)
 
 
 def test_model_config_file_with_policies_and_labels(tmp_path, monkeypatch):
@@ -30,14 +34,22 @@ model_config_list {
     assert m1.policy.select([41, 42, 44]) == [42]
 
 
-@pytest.mark.parametrize("text, needle", [
-    ("model_config_list { config { name: 'a' } }", "needs a name and a base_path"),
-    ("model_config_list { config { nam: 'a' } }", "not valid text format"),
-    ("model_config_list { config { name: 'a' base_path: '/x' } config { name: 'a' "
-     "base_path: '/y' } }", "listed twice"),
-    ("model_config_list { config { name: 'a' base_path: '/x' model_platform: 'pytorch' } }",
-     "model_platform 'pytorch' is not supported"),
-])
+@pytest.mark.parametrize(
+    "text, needle",
+    [
+        ("model_config_list { config { name: 'a' } }", "needs a name and a base_path"),
+        ("model_config_list { config { nam: 'a' } }", "not valid text format"),
+        (
+            "model_config_list { config { name: 'a' base_path: '/x' } config { name: 'a' "
+            "base_path: '/y' } }",
+            "listed twice",
+        ),
+        (
+            "model_config_list { config { name: 'a' base_path: '/x' model_platform: 'pytorch' } }",
+            "model_platform 'pytorch' is not supported",
+        ),
+    ],
+)
 def test_bad_model_config_files_name_the_problem(tmp_path, text, needle):
     cfg = tmp_path / "bad.config"
     cfg.write_text(text)
@@ -47,24 +59,39 @@ def test_bad_model_config_files_name_the_problem(tmp_path, text, needle):
 
 def test_batching_parameters_file(tmp_path):
     path = tmp_path / "batching.config"
-    path.write_text("max_batch_size { value: 128 } batch_timeout_micros { value: 500 }\n"
-                    "max_enqueued_batches { value: 1000000 } num_batch_threads { value: 8 }\n"
-                    "allowed_batch_sizes: 32 allowed_batch_sizes: 128\n")
+    path.write_text(
+        "max_batch_size { value: 128 } batch_timeout_micros { value: 500 }\n"
+        "max_enqueued_batches { value: 1000000 } num_batch_threads { value: 8 }\n"
+        "allowed_batch_sizes: 32 allowed_batch_sizes: 128\n"
+    )
     p = read_batching_parameters(str(path), cpus=2)
-    assert (p.max_batch_size, p.batch_timeout_micros, p.max_enqueued_batches,
-            p.num_batch_threads, p.allowed_batch_sizes) == (128, 500, 1000000, 8, (32, 128))
+    assert (
+        p.max_batch_size,
+        p.batch_timeout_micros,
+        p.max_enqueued_batches,
+        p.num_batch_threads,
+        p.allowed_batch_sizes,
+    ) == (128, 500, 1000000, 8, (32, 128))
     assert read_batching_parameters(None, cpus=3).num_batch_threads == 3  # TF Serving default
 
 
-@pytest.mark.parametrize("text, needle", [
-    ("max_batch_size { value: 64 } allowed_batch_sizes: 8 allowed_batch_sizes: 32",
-     "Last entry in allowed_batch_sizes must match max_batch_size; last entry was 32; "
-     "expected 64"),
-    ("max_batch_sise { value: 64 }", "not valid text format"),
-    ("max_batch_size { value: 0 }", "max_batch_size must be >= 1"),
-    # each thread is started up front
-    ("num_batch_threads { value: 100000 }", "num_batch_threads must be at most 1024, got 100000"),
-])
+@pytest.mark.parametrize(
+    "text, needle",
+    [
+        (
+            "max_batch_size { value: 64 } allowed_batch_sizes: 8 allowed_batch_sizes: 32",
+            "Last entry in allowed_batch_sizes must match max_batch_size; last entry was 32; "
+            "expected 64",
+        ),
+        ("max_batch_sise { value: 64 }", "not valid text format"),
+        ("max_batch_size { value: 0 }", "max_batch_size must be >= 1"),
+        # each thread is started up front
+        (
+            "num_batch_threads { value: 100000 }",
+            "num_batch_threads must be at most 1024, got 100000",
+        ),
+    ],
+)
 def test_bad_batching_files(tmp_path, text, needle):
     path = tmp_path / "b.config"
     path.write_text(text)
@@ -82,8 +109,14 @@ def test_monitoring_config(tmp_path):
     assert read_monitoring_config(str(path)) is None
 
 
-@pytest.mark.parametrize("read", [read_model_config_file, read_monitoring_config,
-                                  lambda path: read_batching_parameters(path, cpus=2)])
+@pytest.mark.parametrize(
+    "read",
+    [
+        read_model_config_file,
+        read_monitoring_config,
+        lambda path: read_batching_parameters(path, cpus=2),
+    ],
+)
 def test_a_binary_config_file_is_not_valid_text_format(tmp_path, read):
     path = tmp_path / "binary.config"
     path.write_bytes(b"\x89PNG\r\n\x1a\n\xff\xfe\x00")  # was a UnicodeDecodeError traceback

@@ -36,8 +36,10 @@ POLL_S = 0.1
 
 def _config(models: dict[str, str], **more: str) -> str:
     """A ModelServerConfig text: name -> base path, and name -> more fields."""
-    entries = "".join(f"  config {{ name: '{name}' base_path: '{path}' {more.get(name, '')} }}\n"
-                      for name, path in models.items())
+    entries = "".join(
+        f"  config {{ name: '{name}' base_path: '{path}' {more.get(name, '')} }}\n"
+        for name, path in models.items()
+    )
     return f"model_config_list {{\n{entries}}}\n"
 
 
@@ -56,10 +58,16 @@ def faults(model_root, tmp_path_factory):
     (root / "conf").mkdir()
     config = root / "conf" / "models.config"
     _write(config, _config({"mnist": str(root / "mnist"), "spare": str(root / "spare")}))
-    srv = Server([f"--model_config_file={config}", "--model_config_file_poll_wait_seconds=0.2",
-                  f"--file_system_poll_wait_seconds={POLL_S}",
-                  "--load_retry_interval_micros=60000000",
-                  f"--monitoring_config_file={model_root / 'monitoring.config'}"], root)
+    srv = Server(
+        [
+            f"--model_config_file={config}",
+            "--model_config_file_poll_wait_seconds=0.2",
+            f"--file_system_poll_wait_seconds={POLL_S}",
+            "--load_retry_interval_micros=60000000",
+            f"--monitoring_config_file={model_root / 'monitoring.config'}",
+        ],
+        root,
+    )
     srv.root, srv.config = root, config
     yield srv
     srv.stop()
@@ -94,18 +102,21 @@ def _wait_for(predicate, timeout: float = 15) -> bool:
 
 
 def _predict(server, path: str = "mnist") -> httpx.Response:
-    return httpx.post(f"{server.url}/v1/models/{path}:predict",
-                      json={"instances": IMAGE.tolist()}, timeout=30)
+    return httpx.post(
+        f"{server.url}/v1/models/{path}:predict", json={"instances": IMAGE.tolist()}, timeout=30
+    )
 
 
 # ---- item 1: the base folder disappears ---------------------------------------------------------
+
 
 def _clients(server, stop, counts, failures):
     def rest():
         with httpx.Client(timeout=30) as client:
             while not stop.is_set():
-                r = client.post(f"{server.url}/v1/models/mnist:predict",
-                                json={"instances": IMAGE.tolist()})
+                r = client.post(
+                    f"{server.url}/v1/models/mnist:predict", json={"instances": IMAGE.tolist()}
+                )
                 counts.append(1)
                 if r.status_code != 200:
                     failures.append(f"REST {r.status_code} {r.text[:200]}")
@@ -170,14 +181,25 @@ def test_versions_always_present_keeps_an_emptied_folder_serving(model_root, tmp
     base = tmp_path / "m"
     base.mkdir()
     # at start-up with no versions: refused before TensorFlow loads, as TF Serving refuses
-    proc = run_cli("serve", f"--model_base_path={base}", "--servable_versions_always_present",
-                   without_tensorflow=True, timeout=60)
+    proc = run_cli(
+        "serve",
+        f"--model_base_path={base}",
+        "--servable_versions_always_present",
+        without_tensorflow=True,
+        timeout=60,
+    )
     assert proc.returncode == 2, proc.stderr
     assert f"model 'default' has no versions under {base}" in proc.stderr
     copy_version(model_root / "mnist" / "0001", base, 1)
-    server = Server(["--model_name=m", f"--model_base_path={base}",
-                     "--servable_versions_always_present",
-                     f"--file_system_poll_wait_seconds={POLL_S}"], tmp_path)
+    server = Server(
+        [
+            "--model_name=m",
+            f"--model_base_path={base}",
+            "--servable_versions_always_present",
+            f"--file_system_poll_wait_seconds={POLL_S}",
+        ],
+        tmp_path,
+    )
     try:
         (base / "0001").rename(tmp_path / "0001-aside")
         assert _wait_for(lambda: _events(server, "no versions", model="m"))
@@ -190,6 +212,7 @@ def test_versions_always_present_keeps_an_emptied_folder_serving(model_root, tmp
 
 
 # ---- item 2: a version whose copy completes after a failed load ---------------------------------
+
 
 def _copy(src: Path, dst: Path, names) -> None:
     for name in names:
@@ -227,10 +250,13 @@ def test_a_version_copied_in_place_is_loaded_at_once_when_complete(faults, model
 
 # ---- item 3: a client that hangs up mid-body ----------------------------------------------------
 
+
 def _hang_up(server, expect_continue: bool) -> None:
     sock = socket.create_connection(("127.0.0.1", server.rest_port), timeout=10)
-    head = (b"POST /v1/models/mnist:predict HTTP/1.1\r\nhost: x\r\n"
-            b"content-type: application/json\r\ncontent-length: 1000\r\n")
+    head = (
+        b"POST /v1/models/mnist:predict HTTP/1.1\r\nhost: x\r\n"
+        b"content-type: application/json\r\ncontent-length: 1000\r\n"
+    )
     if expect_continue:
         sock.sendall(head + b"expect: 100-continue\r\n\r\n")
         assert sock.recv(100).startswith(b"HTTP/1.1 100")
@@ -243,8 +269,7 @@ def _hang_up(server, expect_continue: bool) -> None:
 
 def _metric(server, line_start: str) -> float:
     text = httpx.get(f"{server.url}/monitoring/prometheus/metrics", timeout=10).text
-    return sum(float(line.split()[-1]) for line in text.splitlines()
-               if line.startswith(line_start))
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(line_start))
 
 
 def test_a_client_hanging_up_mid_body_is_counted_not_an_internal_error(faults):
@@ -252,8 +277,9 @@ def test_a_client_hanging_up_mid_body_is_counted_not_an_internal_error(faults):
     before = _metric(faults, cancelled)
     for i in range(100):
         _hang_up(faults, expect_continue=i % 2 == 1)
-    assert _wait_for(lambda: _metric(faults, cancelled) - before == 100, timeout=10), \
+    assert _wait_for(lambda: _metric(faults, cancelled) - before == 100, timeout=10), (
         _metric(faults, cancelled) - before
+    )
     assert _events(faults, "internal error") == []
     lines = _events(faults, "client disconnected")
     assert len(lines) == 1 and lines[0]["level"] == "info"  # one per minute at most
@@ -261,6 +287,7 @@ def test_a_client_hanging_up_mid_body_is_counted_not_an_internal_error(faults):
 
 
 # ---- item 4: the request-head cap ---------------------------------------------------------------
+
 
 def _raw(server, head: bytes) -> tuple[int, dict]:
     with socket.create_connection(("127.0.0.1", server.rest_port), timeout=10) as sock:
@@ -278,14 +305,16 @@ def test_the_whole_request_head_counts_toward_its_cap(faults):
     assert status == 431 and "Request head is larger than 65536 bytes" in body["error"]
     many = b"".join(b"x-h%04d: %s\r\n" % (i, b"a" * 12) for i in range(3500))  # 77 KB
     assert _raw(faults, head + many + b"\r\n")[0] == 431
-    status, body = _raw(faults, b"GET /v1/models/" + b"m" * 70_000
-                        + b" HTTP/1.1\r\nhost: x\r\n\r\n")
+    status, body = _raw(
+        faults, b"GET /v1/models/" + b"m" * 70_000 + b" HTTP/1.1\r\nhost: x\r\n\r\n"
+    )
     assert status == 414 and "Request URI is longer than" in body["error"]
     status, body = _raw(faults, head + b"x-big: " + b"a" * 60_000 + b"\r\n\r\n")
     assert status == 200 and "model_version_status" in body  # under the cap: served
 
 
 # ---- item 5: configuration problems -------------------------------------------------------------
+
 
 def test_the_config_file_is_reloaded_and_a_bad_one_keeps_the_last_good(faults):
     models = {"mnist": str(faults.root / "mnist"), "spare": str(faults.root / "spare")}
@@ -298,8 +327,12 @@ def test_the_config_file_is_reloaded_and_a_bad_one_keeps_the_last_good(faults):
         assert _predict(faults, "extra").status_code == 200
         assert _events(faults, "config reloaded")[-1]["added"] == ["extra"]
         # changed: a label
-        _write(faults.config, _config({**models, "extra": "spare"},
-                                      extra="version_labels { key: 'stable' value: 1 }"))
+        _write(
+            faults.config,
+            _config(
+                {**models, "extra": "spare"}, extra="version_labels { key: 'stable' value: 1 }"
+            ),
+        )
         assert _wait_for(lambda: _predict(faults, "extra/labels/stable").status_code == 200)
         assert _events(faults, "config reloaded")[-1]["changed"] == ["extra"]
         # garbage, then gone: the last good config keeps serving, each problem told once
@@ -324,8 +357,13 @@ def test_the_config_file_is_reloaded_and_a_bad_one_keeps_the_last_good(faults):
 def test_base_paths_without_versions_are_logged_once(faults, tmp_path):
     loop = tmp_path / "loop"
     loop.symlink_to(loop)
-    models = {"mnist": str(faults.root / "mnist"), "spare": str(faults.root / "spare"),
-              "etc": "/etc", "loop": str(loop), "procfs": "/proc"}
+    models = {
+        "mnist": str(faults.root / "mnist"),
+        "spare": str(faults.root / "spare"),
+        "etc": "/etc",
+        "loop": str(loop),
+        "procfs": "/proc",
+    }
     original = faults.config.read_text()
     try:
         _write(faults.config, _config(models))

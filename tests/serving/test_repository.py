@@ -42,15 +42,21 @@ def _version(base, v, saved_model=b"a SavedModel"):
     return base / f"{v:04d}"
 
 
-def _repo(tmp_path, versions, policy=VersionPolicy(), labels=None, broken=(), clock=None,
-          **options):
+def _repo(
+    tmp_path, versions, policy=VersionPolicy(), labels=None, broken=(), clock=None, **options
+):
     for v in versions:
         _version(tmp_path, v)
     (tmp_path / ".tmp-0009-123").mkdir(exist_ok=True)  # an export being written: ignored
     loader = _Loader(broken)
-    repo = ModelRepository([ModelConfig("m", str(tmp_path), policy, labels or {})],
-                           loader=loader, max_load_retries=2, retry_interval_s=60,
-                           clock=clock or _Clock(), **options)
+    repo = ModelRepository(
+        [ModelConfig("m", str(tmp_path), policy, labels or {})],
+        loader=loader,
+        max_load_retries=2,
+        retry_interval_s=60,
+        clock=clock or _Clock(),
+        **options,
+    )
     repo.poll_once()
     return repo, loader
 
@@ -76,8 +82,12 @@ def test_all_and_specific_policies(tmp_path):
     assert [repo.resolve("m", version=v) for v in (1, 2, 3)] == ["m:1", "m:2", "m:3"]
     other = tmp_path / "other"
     other.mkdir()
-    repo, _ = _repo(other, [1, 2, 3], VersionPolicy(kind="specific", versions=(1, 3)),
-                    labels={"stable": 1, "canary": 3})
+    repo, _ = _repo(
+        other,
+        [1, 2, 3],
+        VersionPolicy(kind="specific", versions=(1, 3)),
+        labels={"stable": 1, "canary": 3},
+    )
     assert repo.resolve("m", label="stable") == "m:1"
     assert repo.resolve("m", label="canary") == "m:3" == repo.resolve("m")
     with pytest.raises(ServingError, match="Unrecognized servable version label: beta"):
@@ -156,8 +166,9 @@ def test_a_retry_that_fails_on_new_content_starts_a_new_round(tmp_path):
     assert loader.calls.count(2) == 2 and repo.next_retry_in() == 60  # retries not spent
 
 
-@pytest.mark.parametrize("names", [["²"], ["٣"], ["-1", "+2", " 3", "1e3"],
-                                   [str(2 ** 63), "not-a-version"]])
+@pytest.mark.parametrize(
+    "names", [["²"], ["٣"], ["-1", "+2", " 3", "1e3"], [str(2**63), "not-a-version"]]
+)
 def test_folder_names_that_are_not_ascii_int64_are_ignored(tmp_path, names):
     # issue 10 item 7: "²".isdigit() is True and int("²") raises: start-up crashed and every
     # later poll failed, so a good 0003 was never loaded
@@ -173,8 +184,9 @@ def test_folder_names_that_are_not_ascii_int64_are_ignored(tmp_path, names):
 def test_retries_run_with_polling_off(tmp_path):
     loader = _Loader(broken={1})
     _version(tmp_path, 1)
-    repo = ModelRepository([ModelConfig("m", str(tmp_path))], loader=loader,
-                           max_load_retries=1, retry_interval_s=0.05)
+    repo = ModelRepository(
+        [ModelConfig("m", str(tmp_path))], loader=loader, max_load_retries=1, retry_interval_s=0.05
+    )
     repo.poll_once()
     assert not repo.ready()
     loader.broken.clear()
@@ -214,6 +226,7 @@ def test_not_ready_until_every_model_serves(tmp_path):
 
 # ---- issue 27: an operator's faults -----------------------------------------------------
 
+
 @pytest.mark.parametrize("fault", ["renamed", "link loop", "a file"])
 def test_an_unreadable_base_path_keeps_what_is_loaded(tmp_path, caplog, fault):
     base, clock = tmp_path / "m", _Clock()
@@ -232,8 +245,11 @@ def test_an_unreadable_base_path_keeps_what_is_loaded(tmp_path, caplog, fault):
         [warning] = _events(caplog, "poll failed")  # one line, not one per poll
         assert warning.levelname == "WARNING" and warning.path == str(base)
         assert warning.serving == [1]
-        error = {"renamed": "FileNotFoundError", "link loop": "Too many levels of symbolic links",
-                 "a file": "NotADirectoryError"}[fault]
+        error = {
+            "renamed": "FileNotFoundError",
+            "link loop": "Too many levels of symbolic links",
+            "a file": "NotADirectoryError",
+        }[fault]
         assert error in warning.error
         clock.now += 61  # the next interval: one more line, counting those held back
         repo.poll_once()
@@ -302,8 +318,9 @@ def test_version_folders_without_a_saved_model_are_not_loaded_and_logged_once(tm
             repo.status("m")  # not versions yet: no status entries
         clock.now += 61
         repo.poll_once()
-        assert [r.versions for r in _events(caplog, "no SavedModel")[1:]] == \
-            [[140, 141, 142, 143, 144]]
+        assert [r.versions for r in _events(caplog, "no SavedModel")[1:]] == [
+            [140, 141, 142, 143, 144]
+        ]
         (tmp_path / "144" / "saved_model.pbtxt").write_text("now it is one")
         repo.poll_once()
     assert loader.calls == [144] and repo.resolve("m") == "m:144"
@@ -315,13 +332,22 @@ def test_reconfigure_adds_removes_and_changes_models(tmp_path):
         _version(a, v)
     _version(b, 5)
     unloaded = []
-    repo = ModelRepository([ModelConfig("a", str(a))], loader=_Loader(), clock=_Clock(),
-                           on_unload=lambda name, version: unloaded.append((name, version)))
+    repo = ModelRepository(
+        [ModelConfig("a", str(a))],
+        loader=_Loader(),
+        clock=_Clock(),
+        on_unload=lambda name, version: unloaded.append((name, version)),
+    )
     repo.poll_once()
     assert repo.resolve("a") == "a:2"
-    repo.reconfigure([ModelConfig("a", str(a), VersionPolicy("specific", versions=(1,)),
-                                  labels={"stable": 1}),
-                      ModelConfig("b", str(b))])
+    repo.reconfigure(
+        [
+            ModelConfig(
+                "a", str(a), VersionPolicy("specific", versions=(1,)), labels={"stable": 1}
+            ),
+            ModelConfig("b", str(b)),
+        ]
+    )
     assert repo.resolve("a", label="stable") == "a:1" == repo.resolve("a")
     assert repo.resolve("b") == "b:5" and repo.ready()
     repo.reconfigure([ModelConfig("b", str(b))])

@@ -20,8 +20,13 @@ from mirrorfit.serving.metrics import ServerMetrics
 from mirrorfit.serving.rest import RestApi
 from mirrorfit.serving.rest_transport import HEAD_BYTES, RestLimits, run, uvicorn_config
 
-LIMITS = dict(max_connections=8, keepalive_timeout_s=0.5, header_timeout_s=0.6,
-              body_timeout_s=0.6, max_buffered_bytes=1000)
+LIMITS = dict(
+    max_connections=8,
+    keepalive_timeout_s=0.5,
+    header_timeout_s=0.6,
+    body_timeout_s=0.6,
+    max_buffered_bytes=1000,
+)
 
 
 class _Repository:
@@ -41,15 +46,18 @@ class _Service:
         raise not_found(f"Servable not found for request: Latest({spec.name})")
 
 
-@pytest.fixture(scope="module", params=[("h11", "asyncio"), ("httptools", "uvloop")],
-                ids=["h11-asyncio", "httptools-uvloop"])
+@pytest.fixture(
+    scope="module",
+    params=[("h11", "asyncio"), ("httptools", "uvloop")],
+    ids=["h11-asyncio", "httptools-uvloop"],
+)
 def url(request):
     http_impl, loop = request.param
     limits = RestLimits(http_impl=http_impl, **LIMITS)
-    api = RestApi(_Service(), ServerMetrics(), metrics_path=None, max_body_bytes=600,
-                  limits=limits)
-    server = uvicorn.Server(uvicorn_config(api.app(), host="127.0.0.1", port=0, limits=limits,
-                                           graceful_shutdown_s=1))
+    api = RestApi(_Service(), ServerMetrics(), metrics_path=None, max_body_bytes=600, limits=limits)
+    server = uvicorn.Server(
+        uvicorn_config(api.app(), host="127.0.0.1", port=0, limits=limits, graceful_shutdown_s=1)
+    )
     thread = threading.Thread(target=run, args=(server.serve(), loop), daemon=True)
     thread.start()
     deadline = time.monotonic() + 10
@@ -131,17 +139,29 @@ def _one_read(url: str, head: bytes) -> tuple[int, bytes]:
     return int(status.split()[1]), body
 
 
-@pytest.mark.parametrize("head, status", [
-    # issue 27 item 4: a head that arrives whole in one read was not counted (200)
-    (b"GET /readyz HTTP/1.1\r\nhost: x\r\nx-big: " + b"a" * 100_000 + b"\r\n\r\n", 431),
-    (b"GET /readyz HTTP/1.1\r\nhost: x\r\n" + b"".join(b"x-h%04d: %s\r\n" % (i, b"a" * 12)
-                                            for i in range(3500)) + b"\r\n", 431),
-    # a long URL: the parser's plain-text 400 (httptools) / 431 (h11), now 414 in JSON
-    (b"GET /v1/models/" + b"m" * 70_000 + b" HTTP/1.1\r\nhost: x\r\n\r\n", 414),
-    # behind a small request on the same connection (pipelined)
-    (b"GET /readyz HTTP/1.1\r\nhost: x\r\n\r\nGET /readyz HTTP/1.1\r\nhost: x\r\nx-big: "
-     + b"a" * 100_000 + b"\r\n\r\n", 431),
-], ids=["one-header", "3500-headers", "long-url", "pipelined"])
+@pytest.mark.parametrize(
+    "head, status",
+    [
+        # issue 27 item 4: a head that arrives whole in one read was not counted (200)
+        (b"GET /readyz HTTP/1.1\r\nhost: x\r\nx-big: " + b"a" * 100_000 + b"\r\n\r\n", 431),
+        (
+            b"GET /readyz HTTP/1.1\r\nhost: x\r\n"
+            + b"".join(b"x-h%04d: %s\r\n" % (i, b"a" * 12) for i in range(3500))
+            + b"\r\n",
+            431,
+        ),
+        # a long URL: the parser's plain-text 400 (httptools) / 431 (h11), now 414 in JSON
+        (b"GET /v1/models/" + b"m" * 70_000 + b" HTTP/1.1\r\nhost: x\r\n\r\n", 414),
+        # behind a small request on the same connection (pipelined)
+        (
+            b"GET /readyz HTTP/1.1\r\nhost: x\r\n\r\nGET /readyz HTTP/1.1\r\nhost: x\r\nx-big: "
+            + b"a" * 100_000
+            + b"\r\n\r\n",
+            431,
+        ),
+    ],
+    ids=["one-header", "3500-headers", "long-url", "pipelined"],
+)
 def test_the_whole_head_counts_however_it_arrives(url, head, status):
     sock = _connect(url)
     sock.sendall(head)
@@ -155,8 +175,12 @@ def test_the_whole_head_counts_however_it_arrives(url, head, status):
 
 
 def test_a_head_under_the_cap_is_served_and_a_malformed_one_gets_json(url):
-    status, body = _one_read(url, b"GET /readyz HTTP/1.1\r\nhost: x\r\nx-big: " + b"a" * 60_000
-                             + b"\r\nconnection: close\r\n\r\n")
+    status, body = _one_read(
+        url,
+        b"GET /readyz HTTP/1.1\r\nhost: x\r\nx-big: "
+        + b"a" * 60_000
+        + b"\r\nconnection: close\r\n\r\n",
+    )
     assert status == 200 and json.loads(body) == {"ready": True}
     status, body = _one_read(url, b"NOT HTTP\r\n\r\n")
     assert status == 400 and json.loads(body) == {"error": "Invalid HTTP request received."}
@@ -164,8 +188,9 @@ def test_a_head_under_the_cap_is_served_and_a_malformed_one_gets_json(url):
 
 def test_a_slow_body_is_cut_with_408_and_the_connection_closed(url):
     sock = _connect(url)
-    sock.sendall(b"POST /v1/models/m:predict HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\n"
-                 b"\r\n" + b"{" * 10)  # 10 of the 100 bytes, then nothing
+    sock.sendall(
+        b"POST /v1/models/m:predict HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\n\r\n" + b"{" * 10
+    )  # 10 of the 100 bytes, then nothing
     data, elapsed = _read_until_closed(sock)
     head, _, body = data.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 408"), data[:300]
@@ -186,8 +211,7 @@ def test_connections_beyond_the_limit_get_503_and_the_server_recovers(url):
 
 def test_bodies_held_at_once_are_bounded(url):
     holder = _connect(url)  # declares 600 bytes (the budget is 1000) and sends them slowly
-    holder.sendall(b"POST /v1/models/m:predict HTTP/1.1\r\nhost: x\r\ncontent-length: 600\r\n"
-                   b"\r\n{")
+    holder.sendall(b"POST /v1/models/m:predict HTTP/1.1\r\nhost: x\r\ncontent-length: 600\r\n\r\n{")
     time.sleep(0.1)
     r = httpx.post(f"{url}/v1/models/m:predict", content=b"[" * 500, timeout=10)
     assert r.status_code == 503 and "--rest_api_max_buffered_bytes" in r.json()["error"]

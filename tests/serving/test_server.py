@@ -47,11 +47,19 @@ def _grpc_burst(server, n_clients, requests_each):
 @pytest.mark.slow
 def test_batching_merges_concurrent_grpc_requests(tmp_path, model_root):
     params = tmp_path / "batching.config"
-    params.write_text("max_batch_size { value: 32 } batch_timeout_micros { value: 5000 } "
-                      "num_batch_threads { value: 1 } max_enqueued_batches { value: 100 }")
-    srv = Server([f"--model_config_file={model_root / 'models.config'}",
-                  f"--monitoring_config_file={model_root / 'monitoring.config'}",
-                  "--enable_batching", f"--batching_parameters_file={params}"], tmp_path)
+    params.write_text(
+        "max_batch_size { value: 32 } batch_timeout_micros { value: 5000 } "
+        "num_batch_threads { value: 1 } max_enqueued_batches { value: 100 }"
+    )
+    srv = Server(
+        [
+            f"--model_config_file={model_root / 'models.config'}",
+            f"--monitoring_config_file={model_root / 'monitoring.config'}",
+            "--enable_batching",
+            f"--batching_parameters_file={params}",
+        ],
+        tmp_path,
+    )
     try:
         assert _grpc_burst(srv, n_clients=16, requests_each=10) == []
         text = httpx.get(f"{srv.url}/monitoring/prometheus/metrics").text
@@ -70,10 +78,18 @@ def test_batching_merges_concurrent_grpc_requests(tmp_path, model_root):
 @pytest.mark.slow
 def test_sigterm_finishes_requests_in_flight(tmp_path, model_root):
     params = tmp_path / "batching.config"  # requests wait 2 s in the queue: in flight
-    params.write_text("max_batch_size { value: 64 } batch_timeout_micros { value: 2000000 } "
-                      "num_batch_threads { value: 1 }")
-    srv = Server([f"--model_config_file={model_root / 'models.config'}", "--enable_batching",
-                  f"--batching_parameters_file={params}"], tmp_path)
+    params.write_text(
+        "max_batch_size { value: 64 } batch_timeout_micros { value: 2000000 } "
+        "num_batch_threads { value: 1 }"
+    )
+    srv = Server(
+        [
+            f"--model_config_file={model_root / 'models.config'}",
+            "--enable_batching",
+            f"--batching_parameters_file={params}",
+        ],
+        tmp_path,
+    )
     results = []
     # clients made (and connected) up front: on a loaded machine making four in their threads
     # took longer than the wait below, and the SIGTERM came before the requests
@@ -101,12 +117,25 @@ def test_sigterm_finishes_requests_in_flight(tmp_path, model_root):
 def _malformed_bodies(seed: int, n: int):
     rng = random.Random(seed)
     valid = json.dumps({"instances": [[[0.5] * 28] * 28]})
-    fixed = [b"", b"{", b"[]", b"null", b"1e999999", b'{"instances": [[[NaN]]]}', b"\xff\xfe",
-             b'{"instances": {"b64": "!!"}}', b'{"inputs": {"images": "x"}}',
-             b'{"instances": [[[1, 2], [3]]]}', b'{"instances": [[[[[[[[[[1]]]]]]]]]]}',
-             b"[" * 5000 + b"]" * 5000, b'{"signature_name": null, "instances": [1]}',
-             b'{"instances": [true]}', b'{"instances": [{"images": 1, "x": 2}]}',
-             b'{"instances": [1e400]}', b'{"examples": [{"x": {"y": 1}}]}']
+    fixed = [
+        b"",
+        b"{",
+        b"[]",
+        b"null",
+        b"1e999999",
+        b'{"instances": [[[NaN]]]}',
+        b"\xff\xfe",
+        b'{"instances": {"b64": "!!"}}',
+        b'{"inputs": {"images": "x"}}',
+        b'{"instances": [[[1, 2], [3]]]}',
+        b'{"instances": [[[[[[[[[[1]]]]]]]]]]}',
+        b"[" * 5000 + b"]" * 5000,
+        b'{"signature_name": null, "instances": [1]}',
+        b'{"instances": [true]}',
+        b'{"instances": [{"images": 1, "x": 2}]}',
+        b'{"instances": [1e400]}',
+        b'{"examples": [{"x": {"y": 1}}]}',
+    ]
     for body in fixed:
         yield body
     for _ in range(n):
@@ -117,17 +146,35 @@ def _malformed_bodies(seed: int, n: int):
             if op < 0.4:
                 data[pos] = rng.randrange(256)
             elif op < 0.7:
-                del data[pos:pos + rng.randint(1, 50)]
+                del data[pos : pos + rng.randint(1, 50)]
             else:
-                data[pos:pos] = rng.choice([b"[", b"]", b"{", b"}", b",", b'"', b"-", b"e9",
-                                            b"null", b"true", b'{"b64": "AA=="}'])
+                data[pos:pos] = rng.choice(
+                    [
+                        b"[",
+                        b"]",
+                        b"{",
+                        b"}",
+                        b",",
+                        b'"',
+                        b"-",
+                        b"e9",
+                        b"null",
+                        b"true",
+                        b'{"b64": "AA=="}',
+                    ]
+                )
         yield bytes(data)
 
 
 @pytest.mark.slow
 def test_fuzzed_bodies_never_get_a_5xx(server):
-    paths = ["/v1/models/mnist:predict", "/v1/models/multi:predict", "/v1/models/multi:classify",
-             "/v1/models/multi:regress", "/v1/models/mnist/versions/1:predict"]
+    paths = [
+        "/v1/models/mnist:predict",
+        "/v1/models/multi:predict",
+        "/v1/models/multi:classify",
+        "/v1/models/multi:regress",
+        "/v1/models/mnist/versions/1:predict",
+    ]
     seen = set()
     with httpx.Client(timeout=30) as client:
         for i, body in enumerate(_malformed_bodies(seed=1234, n=150)):
@@ -140,45 +187,62 @@ def test_fuzzed_bodies_never_get_a_5xx(server):
     assert httpx.get(f"{server.url}/readyz").status_code == 200  # still up
 
 
-@pytest.mark.parametrize("args, needle", [
-    ([], "give --model_base_path (with --model_name) or --model_config_file"),
-    (["--model_base_path=/nonexistent"], "--model_base_path /nonexistent is not a folder"),
-    (["--model_base_path=.", "--batching_parameters_file=x"],
-     "--batching_parameters_file needs --enable_batching"),
-    (["--model_base_path=.", "--port=8500", "--rest_api_port=8500"], "both 8500"),
-    (["--model_base_path=.", "--enable_batching=maybe"], "expected true or false"),
-    (["--model_config_file=/nonexistent.config"], "cannot read it"),
-    # issue 27 item 5: accepted and ignored before
-    (["--model_base_path=.", "--model_config_file_poll_wait_seconds=5"],
-     "--model_config_file_poll_wait_seconds needs --model_config_file"),
-    (["--model_base_path=.", "--rest_api_body_timeout_in_ms=0"],
-     "--rest_api_body_timeout_in_ms must be 1-86400000 (a day), got 0"),
-    # -1 meant 'unlimited' to gRPC: the server started and took 84 MB messages
-    (["--model_base_path=.", "--max_request_bytes", "-1"],
-     "--max_request_bytes must be 1-2147483647 (2 GiB, gRPC's limit), got -1"),
-])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        ([], "give --model_base_path (with --model_name) or --model_config_file"),
+        (["--model_base_path=/nonexistent"], "--model_base_path /nonexistent is not a folder"),
+        (
+            ["--model_base_path=.", "--batching_parameters_file=x"],
+            "--batching_parameters_file needs --enable_batching",
+        ),
+        (["--model_base_path=.", "--port=8500", "--rest_api_port=8500"], "both 8500"),
+        (["--model_base_path=.", "--enable_batching=maybe"], "expected true or false"),
+        (["--model_config_file=/nonexistent.config"], "cannot read it"),
+        # issue 27 item 5: accepted and ignored before
+        (
+            ["--model_base_path=.", "--model_config_file_poll_wait_seconds=5"],
+            "--model_config_file_poll_wait_seconds needs --model_config_file",
+        ),
+        (
+            ["--model_base_path=.", "--rest_api_body_timeout_in_ms=0"],
+            "--rest_api_body_timeout_in_ms must be 1-86400000 (a day), got 0",
+        ),
+        # -1 meant 'unlimited' to gRPC: the server started and took 84 MB messages
+        (
+            ["--model_base_path=.", "--max_request_bytes", "-1"],
+            "--max_request_bytes must be 1-2147483647 (2 GiB, gRPC's limit), got -1",
+        ),
+    ],
+)
 def test_bad_serve_command_lines(args, needle):
     proc = run_cli("serve", *args, timeout=120)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert needle in proc.stderr and "Traceback" not in proc.stderr
 
 
-@pytest.mark.parametrize("field, value, needle", [
-    ("max_request_bytes", 2 ** 31, "--max_request_bytes must be 1-2147483647"),
-    ("max_rows_per_request", -5, "--max_rows_per_request must be positive, got -5"),
-    ("rest_api_timeout_in_ms", -1, "--rest_api_timeout_in_ms must be 1-86400000"),
-    ("rest_api_max_buffered_bytes", -1, "--rest_api_max_buffered_bytes must be at least"),
-    ("grpc_max_threads", 0, "--grpc_max_threads must be positive, got 0"),
-    ("max_num_load_retries", -1, "--max_num_load_retries must be >= 0"),
-    ("tensorflow_intra_op_parallelism", -1, "--tensorflow_intra_op_parallelism must be 0"),
-    ("tensorflow_inter_op_parallelism", 10 ** 6, "--tensorflow_inter_op_parallelism must be 0"),
-    ("file_system_poll_wait_seconds", float("nan"), "--file_system_poll_wait_seconds must be"),
-    ("file_system_poll_wait_seconds", float("inf"), "--file_system_poll_wait_seconds must be"),
-    ("model_config_file_poll_wait_seconds", float("inf"),
-     "--model_config_file_poll_wait_seconds must be"),
-    ("shutdown_grace_seconds", -1.0, "--shutdown_grace_seconds must be 0-86400"),
-    ("shutdown_grace_seconds", float("nan"), "--shutdown_grace_seconds must be 0-86400"),
-])
+@pytest.mark.parametrize(
+    "field, value, needle",
+    [
+        ("max_request_bytes", 2**31, "--max_request_bytes must be 1-2147483647"),
+        ("max_rows_per_request", -5, "--max_rows_per_request must be positive, got -5"),
+        ("rest_api_timeout_in_ms", -1, "--rest_api_timeout_in_ms must be 1-86400000"),
+        ("rest_api_max_buffered_bytes", -1, "--rest_api_max_buffered_bytes must be at least"),
+        ("grpc_max_threads", 0, "--grpc_max_threads must be positive, got 0"),
+        ("max_num_load_retries", -1, "--max_num_load_retries must be >= 0"),
+        ("tensorflow_intra_op_parallelism", -1, "--tensorflow_intra_op_parallelism must be 0"),
+        ("tensorflow_inter_op_parallelism", 10**6, "--tensorflow_inter_op_parallelism must be 0"),
+        ("file_system_poll_wait_seconds", float("nan"), "--file_system_poll_wait_seconds must be"),
+        ("file_system_poll_wait_seconds", float("inf"), "--file_system_poll_wait_seconds must be"),
+        (
+            "model_config_file_poll_wait_seconds",
+            float("inf"),
+            "--model_config_file_poll_wait_seconds must be",
+        ),
+        ("shutdown_grace_seconds", -1.0, "--shutdown_grace_seconds must be 0-86400"),
+        ("shutdown_grace_seconds", float("nan"), "--shutdown_grace_seconds must be 0-86400"),
+    ],
+)
 def test_every_numeric_setting_is_range_checked(field, value, needle, tmp_path):
     from mirrorfit.errors import ConfigError
     from mirrorfit.serving.settings import ServeConfig, check_config
@@ -194,6 +258,7 @@ def test_loaded_versions_leave_the_gc_scans_and_unloaded_ones_are_freed(model_ro
     import weakref
 
     from mirrorfit.serving import server as server_module
+
     path = str(next((model_root / "mnist").iterdir()))
     try:
         loaded = server_module._load("mnist", 1, path, tags="serve", warmup=False)

@@ -22,15 +22,24 @@ def _servable(delay_s: float = 0.0) -> LoadedVersion:
         time.sleep(delay_s)
         return {"y": x * 2}
 
-    sig = Signature("serving_default", {"x": TensorInfo("x", tf.float32, (None, 1))},
-                    {"y": TensorInfo("y", tf.float32, (None, 1))}, "tensorflow/serving/predict",
-                    double)
+    sig = Signature(
+        "serving_default",
+        {"x": TensorInfo("x", tf.float32, (None, 1))},
+        {"y": TensorInfo("y", tf.float32, (None, 1))},
+        "tensorflow/serving/predict",
+        double,
+    )
     return LoadedVersion("m", 1, "/nowhere", {"serving_default": sig}, {})
 
 
 def _service(batching: bool, timeout_s: float | None) -> ModelService:
-    batcher = Batcher(BatchingParameters(max_batch_size=8, batch_timeout_micros=1000,
-                                         num_batch_threads=1)) if batching else None
+    batcher = (
+        Batcher(
+            BatchingParameters(max_batch_size=8, batch_timeout_micros=1000, num_batch_threads=1)
+        )
+        if batching
+        else None
+    )
     return ModelService(repository=None, batcher=batcher, timeout_s=timeout_s)
 
 
@@ -39,8 +48,9 @@ def test_predict_async_returns_the_model_outputs(batching):
     servable = _servable()
     service = _service(batching, timeout_s=10)
     x = np.array([[1.0], [2.0]], np.float32)
-    out = asyncio.run(service.predict_async(servable, servable.signatures["serving_default"],
-                                            {"x": x}))
+    out = asyncio.run(
+        service.predict_async(servable, servable.signatures["serving_default"], {"x": x})
+    )
     np.testing.assert_array_equal(out["y"], x * 2)
 
 
@@ -49,8 +59,11 @@ def test_a_model_slower_than_the_timeout_answers_deadline_exceeded(batching):
     servable = _servable(delay_s=0.5)
     service = _service(batching, timeout_s=0.05)
     with pytest.raises(ServingError) as e:
-        asyncio.run(service.predict_async(servable, servable.signatures["serving_default"],
-                                          {"x": np.ones((1, 1), np.float32)}))
+        asyncio.run(
+            service.predict_async(
+                servable, servable.signatures["serving_default"], {"x": np.ones((1, 1), np.float32)}
+            )
+        )
     assert e.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
     assert "Timed out" in e.value.message
 
@@ -60,8 +73,11 @@ def test_a_request_cancelled_by_its_caller_is_not_reported_as_a_timeout():
     service = _service(batching=True, timeout_s=10)
 
     async def main():
-        task = asyncio.create_task(service.predict_async(
-            servable, servable.signatures["serving_default"], {"x": np.ones((1, 1), np.float32)}))
+        task = asyncio.create_task(
+            service.predict_async(
+                servable, servable.signatures["serving_default"], {"x": np.ones((1, 1), np.float32)}
+            )
+        )
         await asyncio.sleep(0.05)
         task.cancel()
         await task
@@ -70,14 +86,17 @@ def test_a_request_cancelled_by_its_caller_is_not_reported_as_a_timeout():
         asyncio.run(main())
 
 
-@pytest.mark.parametrize("x, message", [
-    (np.ones((1, 5), np.float32), "shape [1, 5] does not match the signature's [-1,1]"),
-    (np.ones((1, 1, 1), np.float32), "does not match the signature's [-1,1]"),
-    (np.ones((1, 1), np.float64), "Expected input x to be float but get double."),
-    (np.ones((1, 1), np.uint8), "Expected input x to be float but get uint8."),
-    (np.array([[b"a"]], object), "Expected input x to be float but get string."),
-    (np.ones((9, 1), np.float32), "9 rows is more than the limit of 8 rows per request"),
-])
+@pytest.mark.parametrize(
+    "x, message",
+    [
+        (np.ones((1, 5), np.float32), "shape [1, 5] does not match the signature's [-1,1]"),
+        (np.ones((1, 1, 1), np.float32), "does not match the signature's [-1,1]"),
+        (np.ones((1, 1), np.float64), "Expected input x to be float but get double."),
+        (np.ones((1, 1), np.uint8), "Expected input x to be float but get uint8."),
+        (np.array([[b"a"]], object), "Expected input x to be float but get string."),
+        (np.ones((9, 1), np.float32), "9 rows is more than the limit of 8 rows per request"),
+    ],
+)
 def test_bad_inputs_are_refused_before_they_make_a_batch_queue(x, message):
     # Issue 10 items 1 and 6: a wrong shape used to make a queue (and threads) before the
     # signature refused it; a wrong dtype was silently cast.
@@ -85,8 +104,9 @@ def test_bad_inputs_are_refused_before_they_make_a_batch_queue(x, message):
     service = _service(batching=True, timeout_s=10)
     service.max_rows = 8
     with pytest.raises(ServingError) as e:
-        asyncio.run(service.predict_async(servable, servable.signatures["serving_default"],
-                                          {"x": x}))
+        asyncio.run(
+            service.predict_async(servable, servable.signatures["serving_default"], {"x": x})
+        )
     assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT and message in e.value.message
     assert service.batcher.queue_count == 0 and service.batcher.thread_count == 0
 
@@ -96,9 +116,13 @@ def test_a_model_error_reaches_the_client_as_tensorflows_words_without_the_stack
     def pick(x):
         return {"y": tf.gather(x, [5])}
 
-    sig = Signature("s", {"x": TensorInfo("x", tf.float32, (None,))},
-                    {"y": TensorInfo("y", tf.float32, (None,))}, "tensorflow/serving/predict",
-                    lambda x: pick(x))
+    sig = Signature(
+        "s",
+        {"x": TensorInfo("x", tf.float32, (None,))},
+        {"y": TensorInfo("y", tf.float32, (None,))},
+        "tensorflow/serving/predict",
+        lambda x: pick(x),
+    )
     with pytest.raises(ServingError) as e:
         sig.run({"x": np.zeros(2, np.float32)})
     assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT

@@ -42,21 +42,40 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from mirrorfit import _io
-from mirrorfit.artifacts.checkpoint_meta import (EPOCH_END_KEYS, FORMAT, CheckpointError,
-                                       NewerFormatError, check_backend, check_data,
-                                       check_epoch_logs, StructureError,
-                                       check_identity, check_settings, decode_epoch_logs,
-                                       encode_epoch_logs, list_checkpoints, read_meta,
-                                       require_checkpoints)
+from mirrorfit.artifacts.checkpoint_meta import (
+    EPOCH_END_KEYS,
+    FORMAT,
+    CheckpointError,
+    NewerFormatError,
+    check_backend,
+    check_data,
+    check_epoch_logs,
+    StructureError,
+    check_identity,
+    check_settings,
+    decode_epoch_logs,
+    encode_epoch_logs,
+    list_checkpoints,
+    read_meta,
+    require_checkpoints,
+)
 from mirrorfit.data.pipeline import DataOrder
 from mirrorfit.engine.backends import ENGINES
 from mirrorfit.engine.controller import Position
 from mirrorfit.errors import DivergedError, MirrorfitError
+
 # Re-exported: callers take the preemption pieces from here, beside the checkpoints they save.
 from mirrorfit.job.preemption import EXIT_PREEMPTED, Preempted, PreemptionGuard  # noqa: F401
 
-__all__ = ["CheckpointError", "Checkpointer", "Restored", "identity", "list_checkpoints",
-           "load_model", "read_meta"]
+__all__ = [
+    "CheckpointError",
+    "Checkpointer",
+    "Restored",
+    "identity",
+    "list_checkpoints",
+    "load_model",
+    "read_meta",
+]
 
 
 @dataclass(frozen=True)
@@ -81,9 +100,13 @@ def identity(trainer, model_spec: str) -> dict[str, Any]:
         num_classes = int(model.outputs[0].shape[-1])
     except (AttributeError, IndexError, TypeError, ValueError):  # subclassed, unknown dims
         input_shape, num_classes = None, None
-    return {"model": model_spec, "optimizer": type(trainer.optimizer).__name__,
-            "weights": [list(map(int, w.shape)) for w in model.weights],
-            "input_shape": input_shape, "num_classes": num_classes}
+    return {
+        "model": model_spec,
+        "optimizer": type(trainer.optimizer).__name__,
+        "weights": [list(map(int, w.shape)) for w in model.weights],
+        "input_shape": input_shape,
+        "num_classes": num_classes,
+    }
 
 
 class Checkpointer:
@@ -104,20 +127,32 @@ class Checkpointer:
     DivergedError and the previous (finite) checkpoint stays the newest.
     """
 
-    def __init__(self, directory: str | Path, *, trainer, model_spec: str, every: int = 0,
-                 keep: int = 3, data: DataOrder | None = None,
-                 flags: Mapping[str, Mapping[str, Any]] | None = None,
-                 settings: Mapping[str, Any] | None = None,
-                 on_notice: Callable[[str], None] = print, writer: bool = True,
-                 class_names: Sequence[str] | None = None, allow_nan: bool = False) -> None:
+    def __init__(
+        self,
+        directory: str | Path,
+        *,
+        trainer,
+        model_spec: str,
+        every: int = 0,
+        keep: int = 3,
+        data: DataOrder | None = None,
+        flags: Mapping[str, Mapping[str, Any]] | None = None,
+        settings: Mapping[str, Any] | None = None,
+        on_notice: Callable[[str], None] = print,
+        writer: bool = True,
+        class_names: Sequence[str] | None = None,
+        allow_nan: bool = False,
+    ) -> None:
         self.directory = Path(directory)
         self.allow_nan = allow_nan
         self.trainer = trainer
         self.every, self.keep = every, keep
         self.identity = identity(trainer, model_spec)
         if data is not None and data.global_batch != trainer.global_batch:
-            raise ValueError(f"the data's global batch {data.global_batch} is not the "
-                             f"trainer's {trainer.global_batch}")
+            raise ValueError(
+                f"the data's global batch {data.global_batch} is not the "
+                f"trainer's {trainer.global_batch}"
+            )
         # Without the data's order, the global batch (the step's unit) is still known.
         self.data = dataclasses.asdict(data) if data else {"global_batch": trainer.global_batch}
         self.flags = {k: dict(v) for k, v in (flags or {}).items()}
@@ -168,14 +203,18 @@ class Checkpointer:
                 unreadable.append((path, _why(e)))
                 continue
             self._set_aside(unreadable, path)
-            position = Position(epoch=meta["epoch"], step_in_epoch=meta["step_in_epoch"],
-                                step=meta["step"],
-                                epoch_logs=decode_epoch_logs(meta.get("epoch_logs")),
-                                ended="epoch_logs" not in meta)
+            position = Position(
+                epoch=meta["epoch"],
+                step_in_epoch=meta["step_in_epoch"],
+                step=meta["step"],
+                epoch_logs=decode_epoch_logs(meta.get("epoch_logs")),
+                ended="epoch_logs" not in meta,
+            )
             self.trainer.position = position
             self._last_saved_step = position.step
-            return Restored(path, position.epoch, position.step_in_epoch, position.step,
-                            position.ended)
+            return Restored(
+                path, position.epoch, position.step_in_epoch, position.step, position.ended
+            )
         if unreadable:
             raise _unreadable(*unreadable[0])
         return None
@@ -188,8 +227,10 @@ class Checkpointer:
         for path, why in unreadable:
             aside = _unused(self.directory, f"corrupt-{path.name}-{time.strftime('%Y%m%d-%H%M%S')}")
             os.rename(path, aside)
-            self._on_notice(f"checkpoint {path.name} cannot be read ({why}); moved it to "
-                            f"{aside.name} and resuming from the previous one, {good.name}")
+            self._on_notice(
+                f"checkpoint {path.name} cannot be read ({why}); moved it to "
+                f"{aside.name} and resuming from the previous one, {good.name}"
+            )
         if unreadable:
             _io.fsync_dir(self.directory)
 
@@ -227,11 +268,15 @@ class Checkpointer:
                 self._update_position(final)
             return final
         previous = self.checkpoints()
-        keep = (f"the previous checkpoint {previous[-1]} is kept" if previous
-                else "no checkpoint was written")
+        keep = (
+            f"the previous checkpoint {previous[-1]} is kept"
+            if previous
+            else "no checkpoint was written"
+        )
         # One name every process knows (a step is saved once per run) or this writer's own.
-        tmp = self.directory / (f".{final.name}.tmp-shared" if collective
-                                else f".{final.name}.tmp-{_io.temp_tag()}")
+        tmp = self.directory / (
+            f".{final.name}.tmp-shared" if collective else f".{final.name}.tmp-{_io.temp_tag()}"
+        )
         meta = self._meta()
         try:
             with _io.disk_full_hint(f"checkpoint {final}", keep):
@@ -276,7 +321,7 @@ class Checkpointer:
             if self.writer:
                 shutil.rmtree(tmp, ignore_errors=True)
         _io.fsync_dir(self.directory)
-        for old in self.checkpoints()[:-self.keep]:
+        for old in self.checkpoints()[: -self.keep]:
             shutil.rmtree(old, ignore_errors=True)
 
     def _check_finite(self) -> None:
@@ -285,19 +330,33 @@ class Checkpointer:
         bad = self._state.first_non_finite()
         if bad is not None:
             found = self.checkpoints() if self.writer else []
-            kept = (f"the previous checkpoint, {found[-1]}, stays the newest" if found
-                    else "no checkpoint was written")
-            raise DivergedError(f"global step {self.trainer.step}: the weights are not finite "
-                                f"({bad}); not saved, {kept}; try a lower --lr, or "
-                                "--allow-nan to save them anyway")
+            kept = (
+                f"the previous checkpoint, {found[-1]}, stays the newest"
+                if found
+                else "no checkpoint was written"
+            )
+            raise DivergedError(
+                f"global step {self.trainer.step}: the weights are not finite "
+                f"({bad}); not saved, {kept}; try a lower --lr, or "
+                "--allow-nan to save them anyway"
+            )
 
     def _meta(self) -> dict[str, Any]:
         t = self.trainer
-        meta = {"epoch": t.epoch, "step_in_epoch": t.step_in_epoch, "step": t.step,
-                "examples_in_epoch": t.step_in_epoch * t.global_batch,
-                "data": self.data, "flags": self.flags, "settings": self.settings,
-                "identity": self.identity, "time": time.time(), "format": FORMAT,
-                "backend": self._state.backend, "class_names": self.class_names}
+        meta = {
+            "epoch": t.epoch,
+            "step_in_epoch": t.step_in_epoch,
+            "step": t.step,
+            "examples_in_epoch": t.step_in_epoch * t.global_batch,
+            "data": self.data,
+            "flags": self.flags,
+            "settings": self.settings,
+            "identity": self.identity,
+            "time": time.time(),
+            "format": FORMAT,
+            "backend": self._state.backend,
+            "class_names": self.class_names,
+        }
         # At an epoch's last step before its end: that epoch's training logs, else None. The
         # key's presence says that such a position's epoch has not ended (else it would be the
         # next epoch's step 0); a restored format < 4 position keeps its meaning: no key.
@@ -315,8 +374,9 @@ class Checkpointer:
         except (OSError, ValueError):
             return  # unreadable: left as it is, for restore to judge
         meta = self._meta()
-        if not isinstance(old, dict) or all(old.get(k) == meta[k]
-                                            for k in ("epoch", "step_in_epoch", "step")):
+        if not isinstance(old, dict) or all(
+            old.get(k) == meta[k] for k in ("epoch", "step_in_epoch", "step")
+        ):
             return
         # A full disk is one line naming the file; the old meta.json stays whole.
         _io.write_bytes_atomic(path / "meta.json", json.dumps(meta, indent=1).encode())
@@ -328,8 +388,9 @@ class Checkpointer:
         if not found or not self.writer:
             return None
         for n in range(1, 1000):  # --fresh twice in one second: a new name, not an error
-            aside = self.directory / (f"discarded-{time.strftime('%Y%m%d-%H%M%S')}"
-                                      + (f"-{n}" if n > 1 else ""))
+            aside = self.directory / (
+                f"discarded-{time.strftime('%Y%m%d-%H%M%S')}" + (f"-{n}" if n > 1 else "")
+            )
             try:
                 aside.mkdir()
                 break
@@ -365,8 +426,9 @@ class _Commit(threading.Thread):
     """:meth:`Checkpointer._commit` of one save, in this thread (:meth:`run`) or a background
     one; :meth:`result` raises what failed, as one line."""
 
-    def __init__(self, checkpointer: Checkpointer, tmp: Path, final: Path, meta: dict,
-                 pending, keep: str) -> None:
+    def __init__(
+        self, checkpointer: Checkpointer, tmp: Path, final: Path, meta: dict, pending, keep: str
+    ) -> None:
         super().__init__(name=f"mirrorfit-commit-{final.name}", daemon=False)
         self._args = (checkpointer, tmp, final, meta, pending)
         self._keep = keep
@@ -386,8 +448,9 @@ class _Commit(threading.Thread):
             return
         if isinstance(error, (MirrorfitError, KeyboardInterrupt, SystemExit)):
             raise error
-        raise CheckpointError(f"saving checkpoint {self._args[2]} failed ({_why(error)}); "
-                              f"{self._keep}") from error
+        raise CheckpointError(
+            f"saving checkpoint {self._args[2]} failed ({_why(error)}); {self._keep}"
+        ) from error
 
 
 def _remove(path: Path) -> None:
@@ -419,13 +482,19 @@ def _unused(folder: Path, name: str) -> Path:
 
 
 def _unreadable(path: Path, why: str) -> "CheckpointError":
-    return CheckpointError(f"checkpoint {path} cannot be read ({why}); pass --fresh to start "
-                           "over or delete that folder to fall back to an older one",
-                           reason=why)
+    return CheckpointError(
+        f"checkpoint {path} cannot be read ({why}); pass --fresh to start "
+        "over or delete that folder to fall back to an older one",
+        reason=why,
+    )
 
 
-def load_model(directory: str | Path, *, model: str | None = None,
-               on_notice: Callable[[str], None] = lambda m: print(m, file=sys.stderr)):
+def load_model(
+    directory: str | Path,
+    *,
+    model: str | None = None,
+    on_notice: Callable[[str], None] = lambda m: print(m, file=sys.stderr),
+):
     """The model of the newest readable checkpoint in ``directory``, rebuilt outside any
     strategy (an unreadable newer one is skipped, with one line through ``on_notice``).
 
@@ -452,8 +521,9 @@ def load_model(directory: str | Path, *, model: str | None = None,
             unreadable.append((path, _why(e)))
             continue
         for bad, why in unreadable:
-            on_notice(f"checkpoint {bad.name} cannot be read ({why}); using the previous one, "
-                      f"{path.name}")
+            on_notice(
+                f"checkpoint {bad.name} cannot be read ({why}); using the previous one, {path.name}"
+            )
         return net, meta
     raise _unreadable(*unreadable[0])
 
@@ -463,8 +533,9 @@ def _read_model(path: Path, meta: dict, model) -> None:
     it (a JAX checkpoint reads with NumPy, so TensorFlow's ``mirrorfit export`` takes it)."""
     backend = meta.get("backend", "tensorflow")  # format < 3 checkpoints: TensorFlow's
     if backend not in ENGINES:
-        raise ValueError(f"meta.json names backend {str(backend)[:40]!r}, not one of "
-                         f"{', '.join(ENGINES)}")
+        raise ValueError(
+            f"meta.json names backend {str(backend)[:40]!r}, not one of {', '.join(ENGINES)}"
+        )
     importlib.import_module(f"{ENGINES[backend]}.state").read_model(path, model)
 
 
@@ -475,11 +546,13 @@ def _build_checked(path: Path, ident: dict, asked: str | None):
 
     spec = ident["model"]
     if asked is not None and asked != spec:
-        raise CheckpointError(f"checkpoint {path} holds --model {spec}, not --model {asked}; "
-                              f"pass --model {spec}")
+        raise CheckpointError(
+            f"checkpoint {path} holds --model {spec}, not --model {asked}; pass --model {spec}"
+        )
     if ":" in spec and asked is None:
-        raise CheckpointError(f"checkpoint {path} holds the user model {spec}, whose code "
-                              f"would be imported and run; pass --model {spec} to allow it")
+        raise CheckpointError(
+            f"checkpoint {path} holds the user model {spec}, whose code "
+            f"would be imported and run; pass --model {spec} to allow it"
+        )
     shape, classes = ident.get("input_shape"), ident.get("num_classes")
-    return model_factory(spec, input_shape=tuple(shape) if shape else None,
-                         num_classes=classes)()
+    return model_factory(spec, input_shape=tuple(shape) if shape else None, num_classes=classes)()

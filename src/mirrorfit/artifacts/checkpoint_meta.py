@@ -28,8 +28,12 @@ from mirrorfit.errors import MirrorfitError
 FORMAT = 4
 _NAME = re.compile(r"ckpt-([0-9]+)")  # fullmatch, ASCII: \d and $ take "٣" and a newline
 # What each DataOrder field is called in a message.
-LABELS = {"seed": "seed", "examples": "training examples", "global_batch": "global batch",
-          "fingerprint": "training data"}
+LABELS = {
+    "seed": "seed",
+    "examples": "training examples",
+    "global_batch": "global batch",
+    "fingerprint": "training data",
+}
 _SCALAR = (int, float, str, bool, type(None))
 # epoch_logs: printed, written to --metrics-out and TensorBoard, so bounded and plain: metric
 # names (no terminal escapes), at most _MAX_LOGS of them, values a float32 can hold (the
@@ -68,8 +72,10 @@ def read_meta(path: Path) -> dict:
     except OSError as e:
         special = f"{type(e).__name__} listing it"
     if special:
-        raise CheckpointError(f"checkpoint {path} is unusable ({special}); remove it, or pass "
-                              "--fresh to start over", reason=special)
+        raise CheckpointError(
+            f"checkpoint {path} is unusable ({special}); remove it, or pass --fresh to start over",
+            reason=special,
+        )
     try:
         meta = json.loads(file.read_text())
         problem = _schema_problem(meta)
@@ -81,10 +87,14 @@ def read_meta(path: Path) -> dict:
         raise NewerFormatError(
             f"checkpoint {file} was written by a newer mirrorfit (meta format "
             f"{meta['format']}, this one reads up to {FORMAT}): upgrade mirrorfit to resume "
-            "from it, or pass --fresh to start over", reason=f"meta.json: format {meta['format']}")
+            "from it, or pass --fresh to start over",
+            reason=f"meta.json: format {meta['format']}",
+        )
     if problem:
-        raise CheckpointError(f"checkpoint {file} is corrupt or missing ({problem}); pass "
-                              "--fresh to start over", reason=f"meta.json: {problem}")
+        raise CheckpointError(
+            f"checkpoint {file} is corrupt or missing ({problem}); pass --fresh to start over",
+            reason=f"meta.json: {problem}",
+        )
     return meta
 
 
@@ -123,24 +133,31 @@ def _schema_problem(meta: Any) -> str | None:
         return "identity needs model and optimizer names"
     weights = ident.get("weights")
     if not isinstance(weights, list) or not all(
-            isinstance(w, list) and all(_count(d) for d in w) for w in weights):
+        isinstance(w, list) and all(_count(d) for d in w) for w in weights
+    ):
         return "identity.weights is not a list of shapes"
     # The shape the model is rebuilt with (export/evaluate): bounded, as a bigger one would
     # cost its memory before the checkpoint's weights could refuse it.
     shape, classes = ident.get("input_shape"), ident.get("num_classes")
-    if shape is not None and not (isinstance(shape, list) and 1 <= len(shape) <= 4 and all(
-            _count(d) and 1 <= d <= 16384 for d in shape) and math.prod(shape) <= 2**26):
+    if shape is not None and not (
+        isinstance(shape, list)
+        and 1 <= len(shape) <= 4
+        and all(_count(d) and 1 <= d <= 16384 for d in shape)
+        and math.prod(shape) <= 2**26
+    ):
         return f"identity.input_shape is {shape!r}, not an example's shape"
     if classes is not None and not (_count(classes) and 1 <= classes <= 1_000_000):
         return f"identity.num_classes is {classes!r}, not a number of classes"
     for key in ("data", "settings"):  # absent in older formats
         if not isinstance(meta.get(key, {}), dict) or not all(
-                isinstance(v, _SCALAR) for v in meta.get(key, {}).values()):
+            isinstance(v, _SCALAR) for v in meta.get(key, {}).values()
+        ):
             return f"{key} is not an object of plain values"
     flags = meta.get("flags", {})
     if not isinstance(flags, dict) or not all(
-            isinstance(v, dict) and all(isinstance(x, _SCALAR) for x in v.values())
-            for v in flags.values()):
+        isinstance(v, dict) and all(isinstance(x, _SCALAR) for x in v.values())
+        for v in flags.values()
+    ):
         return "flags is not an object of flag -> value objects"
     return _epoch_logs_problem(meta.get("epoch_logs"))  # absent before format 4
 
@@ -148,9 +165,13 @@ def _schema_problem(meta: Any) -> str | None:
 def _epoch_logs_problem(logs: Any) -> str | None:
     if logs is None:
         return None
-    if not (isinstance(logs, dict) and all(
+    if not (
+        isinstance(logs, dict)
+        and all(
             v is None or isinstance(v, (int, float)) and not isinstance(v, bool)
-            for v in logs.values())):
+            for v in logs.values()
+        )
+    ):
         return "epoch_logs is not an object of numbers"
     if len(logs) > _MAX_LOGS:
         return f"epoch_logs has {len(logs)} entries, more than {_MAX_LOGS}"
@@ -172,8 +193,9 @@ def encode_epoch_logs(logs: Mapping[str, float] | None) -> dict[str, float | Non
     run's loss) as null, so that the file stays JSON and passes the check above."""
     if logs is None:
         return None
-    return {k: float(v) if math.isfinite(v) and abs(v) <= _LOG_BOUND else None
-            for k, v in logs.items()}
+    return {
+        k: float(v) if math.isfinite(v) and abs(v) <= _LOG_BOUND else None for k, v in logs.items()
+    }
 
 
 def decode_epoch_logs(logs: Mapping[str, float | None] | None) -> dict[str, float] | None:
@@ -191,10 +213,19 @@ def check_epoch_logs(path: Path, meta: dict, ours: set[str]) -> None:
     if logs is None or set(logs) == ours:
         return
     lacks, extra = sorted(ours - set(logs)), sorted(set(logs) - ours)
-    why = "; ".join(filter(None, (lacks and "lacks " + ", ".join(lacks), extra and "has "
-                                  + ", ".join(extra) + " this run does not write")))
-    raise CheckpointError(f"checkpoint {path / 'meta.json'}: epoch_logs {why}; resume with the "
-                          "metrics it was written with, or pass --fresh to start over")
+    why = "; ".join(
+        filter(
+            None,
+            (
+                lacks and "lacks " + ", ".join(lacks),
+                extra and "has " + ", ".join(extra) + " this run does not write",
+            ),
+        )
+    )
+    raise CheckpointError(
+        f"checkpoint {path / 'meta.json'}: epoch_logs {why}; resume with the "
+        "metrics it was written with, or pass --fresh to start over"
+    )
 
 
 def _count(value: Any) -> bool:
@@ -206,22 +237,29 @@ def check_backend(path: Path, meta: dict, ours: str) -> None:
     the key are TensorFlow's."""
     theirs = meta.get("backend", "tensorflow")
     if theirs != ours:
-        raise CheckpointError(f"checkpoint {path} was written with --backend {theirs}, this run "
-                              f"has --backend {ours}: resume with --backend {theirs}, or pass "
-                              "--fresh to start over (mirrorfit export reads either)")
+        raise CheckpointError(
+            f"checkpoint {path} was written with --backend {theirs}, this run "
+            f"has --backend {ours}: resume with --backend {theirs}, or pass "
+            "--fresh to start over (mirrorfit export reads either)"
+        )
 
 
 def check_settings(path: Path, meta: dict, ours: Mapping[str, Any]) -> None:
     """Refuse a run whose settings differ from those ``path`` was written with, naming each
     changed flag, its original value, and --fresh."""
     theirs = meta.get("settings", {})
-    changed = [f for f, v in ours.items() if f in theirs and v is not None
-               and theirs[f] is not None and theirs[f] != v]
+    changed = [
+        f
+        for f, v in ours.items()
+        if f in theirs and v is not None and theirs[f] is not None and theirs[f] != v
+    ]
     if changed:
         was = " ".join(as_flag(f, theirs[f]) for f in changed)
         now = " ".join(as_flag(f, ours[f]) for f in changed)
-        raise CheckpointError(f"checkpoint {path} was written with {was}, this run has {now}: "
-                              f"resume with {was}, or pass --fresh to start over")
+        raise CheckpointError(
+            f"checkpoint {path} was written with {was}, this run has {now}: "
+            f"resume with {was}, or pass --fresh to start over"
+        )
 
 
 def check_identity(path: Path, meta: dict, ours: Mapping[str, Any]) -> None:
@@ -235,18 +273,21 @@ def check_identity(path: Path, meta: dict, ours: Mapping[str, Any]) -> None:
             raise CheckpointError(
                 f"checkpoint {path} was trained with {key.replace('_', ' ')} {old}, this run's "
                 f"model has {mine} (from {flag} or the data): resume with {flag} {old} and the "
-                "data it was trained on, or pass --fresh to start over")
+                "data it was trained on, or pass --fresh to start over"
+            )
     for key in ("model", "optimizer", "weights"):
         if theirs.get(key) != ours[key]:
             what = "weight shapes" if key == "weights" else key
             detail = "" if key == "weights" else f": {theirs.get(key)!r} vs {ours[key]!r}"
             raise CheckpointError(
                 f"checkpoint {path} was written by another run ({what} differ{detail}); "
-                "pass --fresh to start over, or use another --checkpoint-dir")
+                "pass --fresh to start over, or use another --checkpoint-dir"
+            )
 
 
-def check_data(path: Path, meta: dict, ours: Mapping[str, Any],
-               our_flags: Mapping[str, Mapping[str, Any]]) -> None:
+def check_data(
+    path: Path, meta: dict, ours: Mapping[str, Any], our_flags: Mapping[str, Mapping[str, Any]]
+) -> None:
     """Refuse a resume that would repeat or skip examples (another data order), naming the
     flag behind the field that changed."""
     theirs = meta.get("data", {})  # format 1 checkpoints did not record it
@@ -263,7 +304,8 @@ def check_data(path: Path, meta: dict, ours: Mapping[str, Any],
                 f"checkpoint {path} was trained on other data than --data {flags['--data']} "
                 f"holds now ({LABELS.get(key, key)} {old}, now {mine}: files added, removed "
                 "or changed): resume with the data it was trained on, or pass --fresh to start "
-                "over (resuming would train on other examples)")
+                "over (resuming would train on other examples)"
+            )
         why = ", ".join(f"{f} {their_flags[f]} -> {flags[f]}" for f in changed)
         fix = " ".join(as_flag(f, their_flags[f]) for f in changed) or "the original settings"
         if key == "global_batch" and changed and "--global-batch-size" not in changed:
@@ -273,7 +315,8 @@ def check_data(path: Path, meta: dict, ours: Mapping[str, Any],
         raise CheckpointError(
             f"checkpoint {path} was trained with {LABELS.get(key, key)} {old}, this run has "
             f"{mine}" + (f" ({why})" if why else "") + f": resume with {fix}, or pass --fresh "
-            "to start over (resuming would repeat or skip examples)")
+            "to start over (resuming would repeat or skip examples)"
+        )
 
 
 def as_flag(flag: str, value: Any) -> str:
@@ -294,18 +337,24 @@ def require_checkpoints(directory: str | Path) -> list[Path]:
     directory = Path(directory)
     try:
         if not stat.S_ISDIR(os.stat(directory).st_mode):
-            raise CheckpointError(f"--checkpoint-dir {directory} is a file; give the folder "
-                                  "that training wrote its checkpoints to")
+            raise CheckpointError(
+                f"--checkpoint-dir {directory} is a file; give the folder "
+                "that training wrote its checkpoints to"
+            )
         found = list_checkpoints(directory)
     except FileNotFoundError:
         found = []
         if os.path.islink(directory):
-            raise CheckpointError(f"--checkpoint-dir {directory} is a link to nothing "
-                                  f"({os.readlink(directory)})") from None
+            raise CheckpointError(
+                f"--checkpoint-dir {directory} is a link to nothing ({os.readlink(directory)})"
+            ) from None
     except (OSError, ValueError) as e:  # a loop of links, a folder this user may not read
-        raise CheckpointError(f"cannot read --checkpoint-dir {directory}: "
-                              f"{(getattr(e, 'strerror', None) or str(e)).lower()}") from None
+        raise CheckpointError(
+            f"cannot read --checkpoint-dir {directory}: "
+            f"{(getattr(e, 'strerror', None) or str(e)).lower()}"
+        ) from None
     if not found:
-        raise CheckpointError(f"no checkpoint in {directory}; train with --checkpoint-dir "
-                              f"{directory} first")
+        raise CheckpointError(
+            f"no checkpoint in {directory}; train with --checkpoint-dir {directory} first"
+        )
     return found

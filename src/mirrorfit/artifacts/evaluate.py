@@ -23,9 +23,15 @@ from mirrorfit.data.spec import KINDS, kind_of
 from mirrorfit.errors import ConfigError, DataError
 from mirrorfit.artifacts.version_names import parse_version
 
-def check_evaluate_flags(*, checkpoint_dir: str | None = None, saved_model: str | None = None,
-                         data: str = "mnist", data_dir: str | None = None,
-                         image_size: str | tuple[int, int] | None = None):
+
+def check_evaluate_flags(
+    *,
+    checkpoint_dir: str | None = None,
+    saved_model: str | None = None,
+    data: str = "mnist",
+    data_dir: str | None = None,
+    image_size: str | tuple[int, int] | None = None,
+):
     """ConfigError, one line, for flags that cannot evaluate anything: not exactly one model,
     a source that does not exist or cannot have a test split (synthetic data, TFRecords), a
     flag that does not apply to it (checked as `mirrorfit train` checks it). Plain Python;
@@ -36,8 +42,9 @@ def check_evaluate_flags(*, checkpoint_dir: str | None = None, saved_model: str 
     config = load_config(data=data, data_dir=data_dir, image_size=image_size)
     kind = kind_of(data)
     if kind.no_test:  # never a test split: known without opening it
-        raise ConfigError(f"--data {data} has no test split to evaluate on: {kind.no_test} "
-                          "(or use --data mnist)")
+        raise ConfigError(
+            f"--data {data} has no test split to evaluate on: {kind.no_test} (or use --data mnist)"
+        )
     if checkpoint_dir:  # the flags' values first, then what they point at
         require_checkpoints(checkpoint_dir)
     else:
@@ -57,13 +64,16 @@ def _check_saved_model(path: str) -> None:
         what = f"a link to nothing: {os.readlink(path)}" if os.path.islink(path) else "not there"
         raise ConfigError(f"no SavedModel at {path} ({what}); {fix}") from None
     except (OSError, ValueError) as e:  # a loop of links, a folder this user may not read
-        raise ConfigError(f"--saved-model {path}: cannot read it "
-                          f"({(getattr(e, 'strerror', None) or str(e)).lower()}); {fix}") from None
-    if "saved_model.pb" not in names and not any(parse_version(n) is not None and
-                                                 os.path.isdir(os.path.join(path, n))
-                                                 for n in names):
-        raise ConfigError(f"no SavedModel at {path} (no saved_model.pb and no version "
-                          f"folder); {fix}")
+        raise ConfigError(
+            f"--saved-model {path}: cannot read it "
+            f"({(getattr(e, 'strerror', None) or str(e)).lower()}); {fix}"
+        ) from None
+    if "saved_model.pb" not in names and not any(
+        parse_version(n) is not None and os.path.isdir(os.path.join(path, n)) for n in names
+    ):
+        raise ConfigError(
+            f"no SavedModel at {path} (no saved_model.pb and no version folder); {fix}"
+        )
 
 
 def _saved_model_predict(path: Path):
@@ -83,14 +93,18 @@ def _saved_model_predict(path: Path):
     try:
         loaded = tf.saved_model.load(str(path))
     except Exception as e:  # a damaged or foreign file: TF raises many kinds
-        raise ConfigError(f"{path} is not a readable SavedModel ({type(e).__name__}: "
-                          f"{_first_line(e)}); export it again with mirrorfit export") from None
+        raise ConfigError(
+            f"{path} is not a readable SavedModel ({type(e).__name__}: "
+            f"{_first_line(e)}); export it again with mirrorfit export"
+        ) from None
     fn = loaded.signatures.get("serving_default")
     spec = None if fn is None else fn.structured_input_signature[1].get(INPUT_NAME)
     if spec is None or OUTPUT_NAME not in fn.structured_outputs:
-        raise ConfigError(f"the SavedModel at {path} has no serving_default signature taking "
-                          f"'{INPUT_NAME}' and giving '{OUTPUT_NAME}' (mirrorfit export's); "
-                          "export it with mirrorfit export")
+        raise ConfigError(
+            f"the SavedModel at {path} has no serving_default signature taking "
+            f"'{INPUT_NAME}' and giving '{OUTPUT_NAME}' (mirrorfit export's); "
+            "export it with mirrorfit export"
+        )
     out = fn.structured_outputs[OUTPUT_NAME]
     # Evaluate feeds a batch of float32 pixels in [0, 1] (uint8 when the model scales them
     # itself) and reads one row of probabilities per example: other signatures would fail
@@ -107,8 +121,10 @@ def _saved_model_predict(path: Path):
     else:
         problem = None
     if problem:
-        raise ConfigError(f"the SavedModel at {path} cannot be evaluated: {problem}; export it "
-                          "with mirrorfit export")
+        raise ConfigError(
+            f"the SavedModel at {path} cannot be evaluated: {problem}; export it "
+            "with mirrorfit export"
+        )
     raw = spec.dtype == tf.uint8  # exported with --export-preprocessing: it scales itself
 
     def predict(x):
@@ -117,18 +133,26 @@ def _saved_model_predict(path: Path):
         try:
             return fn(**{INPUT_NAME: x})[OUTPUT_NAME].numpy()
         except tf.errors.OpError as e:  # a fixed batch size, say: the model's own limit
-            raise ConfigError(f"the SavedModel at {path} failed on a batch of shape "
-                              f"{list(x.shape)} ({_first_line(e)}); export it with mirrorfit "
-                              "export") from None
+            raise ConfigError(
+                f"the SavedModel at {path} failed on a batch of shape "
+                f"{list(x.shape)} ({_first_line(e)}); export it with mirrorfit "
+                "export"
+            ) from None
 
     outputs = out.shape[-1] if out.shape.rank else None
     return path, predict, tuple(spec.shape[1:]), outputs
 
 
-def evaluate_artifact(*, checkpoint_dir: str | None = None, saved_model: str | None = None,
-                      data: str = "mnist", data_dir: str | None = None,
-                      image_size: str | tuple[int, int] | None = None, batch_size: int = 500,
-                      model: str | None = None) -> dict[str, Any]:
+def evaluate_artifact(
+    *,
+    checkpoint_dir: str | None = None,
+    saved_model: str | None = None,
+    data: str = "mnist",
+    data_dir: str | None = None,
+    image_size: str | tuple[int, int] | None = None,
+    batch_size: int = 500,
+    model: str | None = None,
+) -> dict[str, Any]:
     """Accuracy and mean cross-entropy over every example of ``data``'s test split (a
     ``--data`` value; MNIST's 10,000 images by default), ``batch_size`` examples at a time.
     ``model``: a checkpoint's user model spec, to allow importing it (see ``load_model``).
@@ -137,8 +161,13 @@ def evaluate_artifact(*, checkpoint_dir: str | None = None, saved_model: str | N
     line, for a source without a test split, or whose examples have another shape than the
     model takes, or more classes than it has outputs (fewer is what `mirrorfit train
     --num-classes` makes: the extra outputs are never a label), or a label outside them."""
-    config = check_evaluate_flags(checkpoint_dir=checkpoint_dir, saved_model=saved_model,
-                                  data=data, data_dir=data_dir, image_size=image_size)
+    config = check_evaluate_flags(
+        checkpoint_dir=checkpoint_dir,
+        saved_model=saved_model,
+        data=data,
+        data_dir=data_dir,
+        image_size=image_size,
+    )
     import numpy as np
 
     from mirrorfit.data.heldout import load_test
@@ -154,16 +183,19 @@ def evaluate_artifact(*, checkpoint_dir: str | None = None, saved_model: str | N
     else:
         path, predict, takes, outputs = _saved_model_predict(Path(saved_model))
         source = str(path)
-    opened = load_test(config.data, batch=batch_size, data_dir=config.data_dir,
-                       image_size=config.image_size)
+    opened = load_test(
+        config.data, batch=batch_size, data_dir=config.data_dir, image_size=config.image_size
+    )
     _check_fits(opened, takes, outputs, source, data)
     if opened.alone and outputs is not None and opened.num_classes != outputs:
         # Not an error (train --num-classes makes more outputs), but a test/ lacking a class
         # folder shifts the labels of the classes after it: say how labels were numbered.
-        print(f"mirrorfit: note: --data {data} has test/ alone: its {opened.num_classes} class "
-              f"folders are labels 0-{opened.num_classes - 1} by name, for a model of "
-              f"{outputs} outputs; if it lacks one of training's classes, put train/ beside it",
-              file=sys.stderr)
+        print(
+            f"mirrorfit: note: --data {data} has test/ alone: its {opened.num_classes} class "
+            f"folders are labels 0-{opened.num_classes - 1} by name, for a model of "
+            f"{outputs} outputs; if it lacks one of training's classes, put train/ beside it",
+            file=sys.stderr,
+        )
     picked, correct, seen = [], [], 0
     with data_errors(opened):  # an image that does not decode: one line naming the file
         for x, y in _batches(opened, data):
@@ -180,8 +212,13 @@ def evaluate_artifact(*, checkpoint_dir: str | None = None, saved_model: str | N
         raise DataError(f"--data {data}: its test split has no examples; give one that has")
     picked, correct = np.concatenate(picked), np.concatenate(correct)
     loss = float(np.mean(-np.log(np.clip(picked, 1e-7, 1.0))))
-    return {"source": source, "data": opened.description, "examples": int(len(correct)),
-            "test_accuracy": float(np.mean(correct)), "test_loss": loss}
+    return {
+        "source": source,
+        "data": opened.description,
+        "examples": int(len(correct)),
+        "test_accuracy": float(np.mean(correct)),
+        "test_loss": loss,
+    }
 
 
 def _check_probs(probs, batch: int, outputs: int | None, source: str) -> None:
@@ -189,9 +226,11 @@ def _check_probs(probs, batch: int, outputs: int | None, source: str) -> None:
     example (a SavedModel's signature may declare [batch, classes] and return another shape)."""
     if probs.ndim != 2 or probs.shape[0] != batch or outputs not in (None, probs.shape[1]):
         want = f"({batch}, {'classes' if outputs is None else outputs})"
-        raise ConfigError(f"the model of {source} gave probabilities of shape {probs.shape} for "
-                          f"a batch of {batch} examples, not {want}; export it with mirrorfit "
-                          "export")
+        raise ConfigError(
+            f"the model of {source} gave probabilities of shape {probs.shape} for "
+            f"a batch of {batch} examples, not {want}; export it with mirrorfit "
+            "export"
+        )
 
 
 def _check_labels(y, outputs: int | None, before: int, data: str) -> None:
@@ -202,10 +241,15 @@ def _check_labels(y, outputs: int | None, before: int, data: str) -> None:
     bad = (y < 0) | (y >= outputs)
     if bad.any():
         at = int(bad.argmax())
-        why = "is negative" if y[at] < 0 else (f"is past the model's {outputs} outputs "
-                                                f"(labels 0-{outputs - 1})")
-        raise DataError(f"--data {data}: test label {y[at]} (example {before + at}) {why}; "
-                        "evaluate on labels the model was trained with")
+        why = (
+            "is negative"
+            if y[at] < 0
+            else (f"is past the model's {outputs} outputs (labels 0-{outputs - 1})")
+        )
+        raise DataError(
+            f"--data {data}: test label {y[at]} (example {before + at}) {why}; "
+            "evaluate on labels the model was trained with"
+        )
 
 
 def _batches(opened, data: str):
@@ -223,13 +267,16 @@ def _batches(opened, data: str):
         except StopIteration:
             return
         except tf.errors.PermissionDeniedError as e:
-            raise DataError(f"--data {data}: a file cannot be read ({_first_line(e)}); fix its "
-                            "permissions") from None
+            raise DataError(
+                f"--data {data}: a file cannot be read ({_first_line(e)}); fix its permissions"
+            ) from None
         except tf.errors.OpError as e:
             if opened.kind != "module":
                 raise
-            raise DataError(f"--data {data}: reading its test split failed ({_first_line(e)}); "
-                            "fix the dataset the function returns") from None
+            raise DataError(
+                f"--data {data}: reading its test split failed ({_first_line(e)}); "
+                "fix the dataset the function returns"
+            ) from None
         yield x, y
 
 
@@ -241,24 +288,35 @@ def _check_fits(opened, takes: tuple, outputs: int | None, source: str, data: st
     if len(takes) != len(have) or any(t is not None and t != h for t, h in zip(takes, have)):
         shown = "x".join("?" if t is None else str(t) for t in takes)
         files = KINDS[opened.kind].files
-        if (files and len(takes) == len(have) == 3
-                and all(t in (None, h) for t, h in zip(takes[:2], have[:2]))
-                and takes[2] is not None):
+        if (
+            files
+            and len(takes) == len(have) == 3
+            and all(t in (None, h) for t, h in zip(takes[:2], have[:2]))
+            and takes[2] is not None
+        ):
             # Only the channels differ: --image-size resizes, it cannot change them.
-            hint = (f"its images decode to {have[2]} channels, the model takes {takes[2]}; "
-                    "evaluate on images of that many channels (1: grayscale, 3: RGB)")
+            hint = (
+                f"its images decode to {have[2]} channels, the model takes {takes[2]}; "
+                "evaluate on images of that many channels (1: grayscale, 3: RGB)"
+            )
         elif files:
             hint = "pass --image-size H,W as in training"
         else:
             hint = "evaluate on data of the shape it was trained on"
-        raise DataError(f"--data {data} gives examples of shape {'x'.join(map(str, have))} but "
-                        f"the model of {source} takes {shown}; {hint}")
+        raise DataError(
+            f"--data {data} gives examples of shape {'x'.join(map(str, have))} but "
+            f"the model of {source} takes {shown}; {hint}"
+        )
     if outputs is None or opened.num_classes is None or opened.num_classes <= outputs:
         return
     if opened.kind == "folder":
-        raise DataError(f"--data {data} has {opened.num_classes} class folders but the model of "
-                        f"{source} has {outputs} outputs, fewer; evaluate on a folder with the "
-                        "class folders it was trained on (label i is the i-th by name)")
-    raise DataError(f"--data {data} has {opened.num_classes} classes (labels 0-"
-                    f"{opened.num_classes - 1}) but the model of {source} has {outputs} "
-                    "outputs, fewer; evaluate on data with the classes it was trained on")
+        raise DataError(
+            f"--data {data} has {opened.num_classes} class folders but the model of "
+            f"{source} has {outputs} outputs, fewer; evaluate on a folder with the "
+            "class folders it was trained on (label i is the i-th by name)"
+        )
+    raise DataError(
+        f"--data {data} has {opened.num_classes} classes (labels 0-"
+        f"{opened.num_classes - 1}) but the model of {source} has {outputs} "
+        "outputs, fewer; evaluate on data with the classes it was trained on"
+    )

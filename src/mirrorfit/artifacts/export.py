@@ -61,15 +61,22 @@ def _next_version(base: Path) -> int:
     top = max(_numbered(base), key=lambda p: version_number(p.name), default=None)
     version = version_number(top.name) + 1 if top is not None else 1
     if version > MAX_VERSION:
-        raise StorageError(f"the next export version after {top} would be {version}, past the "
-                           f"largest TF Serving reads ({MAX_VERSION}); move {top.name} out of "
-                           f"{base} or export to another folder")
+        raise StorageError(
+            f"the next export version after {top} would be {version}, past the "
+            f"largest TF Serving reads ({MAX_VERSION}); move {top.name} out of "
+            f"{base} or export to another folder"
+        )
     return version
 
 
-def export_saved_model(model: keras.Model, base: str | Path, *, preprocessing: bool = False,
-                       class_names: Sequence[str] | None = None,
-                       before_commit: Callable[[], None] | None = None) -> Path:
+def export_saved_model(
+    model: keras.Model,
+    base: str | Path,
+    *,
+    preprocessing: bool = False,
+    class_names: Sequence[str] | None = None,
+    before_commit: Callable[[], None] | None = None,
+) -> Path:
     """Write ``model`` as the next numeric version under ``base``; return its path.
 
     With ``preprocessing`` the signature takes raw uint8 pixels and scales them inside the
@@ -93,8 +100,9 @@ def export_saved_model(model: keras.Model, base: str | Path, *, preprocessing: b
 
     archive = keras.export.ExportArchive()
     archive.track(model)
-    archive.add_endpoint("serving_default", serve,
-                         input_signature=[tf.TensorSpec(shape, dtype, name=INPUT_NAME)])
+    archive.add_endpoint(
+        "serving_default", serve, input_signature=[tf.TensorSpec(shape, dtype, name=INPUT_NAME)]
+    )
     _next_version(base)  # refuse before the write if no number is left
     _io.remove_stale_temps(base, re.escape(".tmp-"))
     tmp = base / f".tmp-{_io.temp_tag()}"  # not mkdtemp: its 0700 hides the version from a
@@ -102,8 +110,15 @@ def export_saved_model(model: keras.Model, base: str | Path, *, preprocessing: b
     names_dir = tempfile.mkdtemp() if class_names else None
     try:
         if class_names:
-            _add_class_names(archive, probabilities, shape, dtype, list(class_names),
-                             int(model.output_shape[-1]), Path(names_dir))
+            _add_class_names(
+                archive,
+                probabilities,
+                shape,
+                dtype,
+                list(class_names),
+                int(model.output_shape[-1]),
+                Path(names_dir),
+            )
         with _io.disk_full_hint(f"the export under {base}", "no version was added"):
             archive.write_out(str(tmp), verbose=False)
             if class_names:
@@ -116,17 +131,26 @@ def export_saved_model(model: keras.Model, base: str | Path, *, preprocessing: b
             shutil.rmtree(names_dir, ignore_errors=True)
 
 
-def _add_class_names(archive, probabilities, shape, dtype, names: list[str], count: int,
-                     folder: Path) -> None:
+def _add_class_names(
+    archive, probabilities, shape, dtype, names: list[str], count: int, folder: Path
+) -> None:
     """The asset and the ``classify`` and ``classes`` endpoints. Line breaks inside a name
     (a folder may be named so) are written as ``\\n``: one name per line. ``count``: the
     model's outputs (``--num-classes`` may give more than there are names: those are "")."""
     path = folder / CLASS_NAMES_FILE
-    path.write_text("".join(n.replace("\r", "\\r").replace("\n", "\\n") + "\n"
-                            for n in names), encoding="utf-8")
-    table = tf.lookup.StaticHashTable(tf.lookup.TextFileInitializer(
-        str(path), tf.int64, tf.lookup.TextFileIndex.LINE_NUMBER, tf.string,
-        tf.lookup.TextFileIndex.WHOLE_LINE), default_value="")
+    path.write_text(
+        "".join(n.replace("\r", "\\r").replace("\n", "\\n") + "\n" for n in names), encoding="utf-8"
+    )
+    table = tf.lookup.StaticHashTable(
+        tf.lookup.TextFileInitializer(
+            str(path),
+            tf.int64,
+            tf.lookup.TextFileIndex.LINE_NUMBER,
+            tf.string,
+            tf.lookup.TextFileIndex.WHOLE_LINE,
+        ),
+        default_value="",
+    )
     archive.track(table)  # its file becomes the SavedModel's asset
     pixels = int(np.prod(shape[1:]))
 
@@ -137,8 +161,9 @@ def _add_class_names(archive, probabilities, shape, dtype, names: list[str], cou
 
     def classify(inputs):
         # TF Serving's classify: tf.Examples in, every class's name and score out.
-        parsed = tf.io.parse_example(inputs, {INPUT_NAME: tf.io.FixedLenFeature([pixels],
-                                                                                 tf.float32)})
+        parsed = tf.io.parse_example(
+            inputs, {INPUT_NAME: tf.io.FixedLenFeature([pixels], tf.float32)}
+        )
         images = tf.cast(tf.reshape(parsed[INPUT_NAME], (-1, *shape[1:])), dtype)
         scores = probabilities(images)
         return {"classes": named(scores)[0], "scores": scores}
@@ -148,10 +173,12 @@ def _add_class_names(archive, probabilities, shape, dtype, names: list[str], cou
         every, top = named(scores)
         return {"label": top, "classes": every, "scores": scores}
 
-    archive.add_endpoint("classify", classify,
-                         input_signature=[tf.TensorSpec((None,), tf.string, name="inputs")])
-    archive.add_endpoint("classes", classes,
-                         input_signature=[tf.TensorSpec(shape, dtype, name=INPUT_NAME)])
+    archive.add_endpoint(
+        "classify", classify, input_signature=[tf.TensorSpec((None,), tf.string, name="inputs")]
+    )
+    archive.add_endpoint(
+        "classes", classes, input_signature=[tf.TensorSpec(shape, dtype, name=INPUT_NAME)]
+    )
 
 
 def _mark_classify(folder: Path) -> None:
@@ -181,5 +208,7 @@ def _commit(tmp: Path, base: Path, before_commit: Callable[[], None] | None) -> 
             raise StorageError(f"cannot create export version {final}: {e.strerror}") from None
         _io.fsync_dir(base)
         return final
-    raise StorageError(f"gave up finding a free version number under {base} after "
-                       f"{_MAX_RACES} tries (other exporters keep taking them)")
+    raise StorageError(
+        f"gave up finding a free version number under {base} after "
+        f"{_MAX_RACES} tries (other exporters keep taking them)"
+    )

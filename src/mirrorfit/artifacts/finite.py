@@ -28,5 +28,7 @@ def refuse_non_finite(model, what: str, *, allow: bool) -> None:
     e.g. ``"step 40 of ckpt/"``), unless ``allow``."""
     bad = None if allow else first_non_finite(model.weights)
     if bad is not None:
-        raise DivergedError(f"{what}: the weights are not finite ({bad}); a model of NaNs "
-                            "is not exported (pass --allow-nan to export it anyway)")
+        raise DivergedError(
+            f"{what}: the weights are not finite ({bad}); a model of NaNs "
+            "is not exported (pass --allow-nan to export it anyway)"
+        )

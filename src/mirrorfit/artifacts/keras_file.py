@@ -13,8 +13,7 @@ from mirrorfit.artifacts.output_paths import check_keras_path
 from mirrorfit.engine.backends import tensorflow_start_filtered
 
 
-def save_keras(model, path: str | Path, *,
-               before_commit: Callable[[], None] | None = None) -> Path:
+def save_keras(model, path: str | Path, *, before_commit: Callable[[], None] | None = None) -> Path:
     """Save a ``.keras`` file atomically and durably (temp file beside it, fsync, rename)."""
     path = check_keras_path(path)
     # Escaped: a stem like "model[1]" or "m.*" must only match its own temps.

@@ -35,30 +35,37 @@ def check_output_file(flag: str, path: str | Path | None) -> None:
         return
     target = _checked_name(flag, path)
     if len(os.fsencode(target.name)) > _NAME_MAX - _TEMP_NAME_ROOM:
-        raise ConfigError(f"{flag} {str(path)[:200]}: the file name is over "
-                          f"{_NAME_MAX - _TEMP_NAME_ROOM} bytes (it is written under a longer "
-                          "temporary name first); give a shorter name")
+        raise ConfigError(
+            f"{flag} {str(path)[:200]}: the file name is over "
+            f"{_NAME_MAX - _TEMP_NAME_ROOM} bytes (it is written under a longer "
+            "temporary name first); give a shorter name"
+        )
     found = _nearest(flag, target)
     if found == target:
         if target.is_symlink():  # safe: the stat above reached it
             # The file is replaced (temp file + rename), not written through: the link would
             # become a plain file and its target (a log, /dev/stdout) would get nothing.
-            raise ConfigError(f"{flag} {path} is a symbolic link ({os.readlink(target)}); the "
-                              "file is replaced, not written through: pass the file's own path")
+            raise ConfigError(
+                f"{flag} {path} is a symbolic link ({os.readlink(target)}); the "
+                "file is replaced, not written through: pass the file's own path"
+            )
         mode = _stat(flag, target, target).st_mode
         if stat.S_ISDIR(mode):
-            raise ConfigError(f"{flag} {path} is a folder; pass a file path such as "
-                              f"{target / 'metrics.json'}" if flag == "--metrics-out" else
-                              f"{flag} {path} is a folder; pass a file path")
+            raise ConfigError(
+                f"{flag} {path} is a folder; pass a file path such as {target / 'metrics.json'}"
+                if flag == "--metrics-out"
+                else f"{flag} {path} is a folder; pass a file path"
+            )
         if not stat.S_ISREG(mode):
-            raise ConfigError(f"{flag} {path} is not a regular file (a device, pipe or "
-                              "socket) and would be replaced; pass a file path")
+            raise ConfigError(
+                f"{flag} {path} is not a regular file (a device, pipe or "
+                "socket) and would be replaced; pass a file path"
+            )
         _check_replaceable(flag, path, target)
         found = target.parent
     elif found != target.parent:
         _need_folder(flag, path, found, "pass a path in a folder")
-        raise ConfigError(f"{flag} {path}: folder {target.parent} does not exist; create it "
-                          "first")
+        raise ConfigError(f"{flag} {path}: folder {target.parent} does not exist; create it first")
     _need_folder(flag, path, found, "pass a path in a folder")
     _check_writable(flag, path, found, read=True)  # the file is renamed in, the folder fsynced
 
@@ -101,21 +108,29 @@ def _checked_name(flag: str, path: str | Path) -> Path:
     if head.startswith("~") and os.path.expanduser(head) != head and not os.path.lexists(head):
         # Only a shell expands ~ (not a config file, nor a quoted flag): a folder named "~"
         # would be made here.
-        raise ConfigError(f"{flag} {text}: ~ is not expanded here; write the full path, such "
-                          f"as {os.path.expanduser(text)}")
+        raise ConfigError(
+            f"{flag} {text}: ~ is not expanded here; write the full path, such "
+            f"as {os.path.expanduser(text)}"
+        )
     try:
         encoded = [os.fsencode(p) for p in target.parts]
         cwd = "" if target.is_absolute() else os.getcwd()
     except UnicodeEncodeError:
-        raise ConfigError(f"{flag} {text!r} cannot be encoded as a file name; give a path "
-                          "without it") from None
+        raise ConfigError(
+            f"{flag} {text!r} cannot be encoded as a file name; give a path without it"
+        ) from None
     except FileNotFoundError:
-        raise ConfigError(f"{flag} {text}: the current folder no longer exists (it was "
-                          "removed); cd to an existing folder or give an absolute path") from None
+        raise ConfigError(
+            f"{flag} {text}: the current folder no longer exists (it was "
+            "removed); cd to an existing folder or give an absolute path"
+        ) from None
     long = [p for p, b in zip(target.parts, encoded) if len(b) > _NAME_MAX]
     if long or len(os.fsencode(cwd)) + 1 + sum(len(b) + 1 for b in encoded) > _PATH_MAX:
-        what = f"the name {long[0][:40]}... is over {_NAME_MAX} bytes" if long else \
-            f"the path is over {_PATH_MAX} bytes"
+        what = (
+            f"the name {long[0][:40]}... is over {_NAME_MAX} bytes"
+            if long
+            else f"the path is over {_PATH_MAX} bytes"
+        )
         raise ConfigError(f"{flag} {text[:200]}: {what}; give a shorter path")
     return target
 
@@ -130,9 +145,11 @@ def _nearest(flag: str, target: Path) -> Path:
             return current
         except (FileNotFoundError, NotADirectoryError):
             if current.is_symlink():  # lstat: the link is there, what it points to is not
-                raise ConfigError(f"{flag} {target}: {current} is a link to nothing "
-                                  f"({os.readlink(current)}); remove it or point it at "
-                                  "something that exists") from None
+                raise ConfigError(
+                    f"{flag} {target}: {current} is a link to nothing "
+                    f"({os.readlink(current)}); remove it or point it at "
+                    "something that exists"
+                ) from None
             if current.parent == current:
                 return current
             current = current.parent
@@ -154,10 +171,13 @@ def _need_folder(flag: str, path: str | Path, found: Path, fix: str) -> None:
 
 def _unreachable(flag: str, path: str | Path, at: Path, e: OSError) -> ConfigError:
     if e.errno == errno.ELOOP:
-        return ConfigError(f"{flag} {path}: a loop of symbolic links on the way to {at}; "
-                           "point them at a folder")
-    return ConfigError(f"{flag} {path}: cannot reach {at} ({e.strerror or e}); choose a place "
-                       "this user may write to")
+        return ConfigError(
+            f"{flag} {path}: a loop of symbolic links on the way to {at}; point them at a folder"
+        )
+    return ConfigError(
+        f"{flag} {path}: cannot reach {at} ({e.strerror or e}); choose a place "
+        "this user may write to"
+    )
 
 
 def _check_replaceable(flag: str, path: str | Path, target: Path) -> None:
@@ -165,11 +185,16 @@ def _check_replaceable(flag: str, path: str | Path, target: Path) -> None:
     file: another user's file there passed the write test and failed after training."""
     folder, file = os.stat(target.parent), os.stat(target)
     me = os.geteuid()
-    if folder.st_mode & stat.S_ISVTX and me not in (file.st_uid, folder.st_uid) \
-            and not _has_fowner():
-        raise ConfigError(f"{flag} {path} belongs to another user (uid {file.st_uid}) in a "
-                          f"folder where only its owner may replace it ({target.parent} is "
-                          "sticky, like /tmp); pass another file name")
+    if (
+        folder.st_mode & stat.S_ISVTX
+        and me not in (file.st_uid, folder.st_uid)
+        and not _has_fowner()
+    ):
+        raise ConfigError(
+            f"{flag} {path} belongs to another user (uid {file.st_uid}) in a "
+            f"folder where only its owner may replace it ({target.parent} is "
+            "sticky, like /tmp); pass another file name"
+        )
 
 
 def _has_fowner() -> bool:
@@ -191,13 +216,17 @@ def _check_writable(flag: str, path: str | Path, folder: Path, *, read: bool) ->
         with tempfile.TemporaryFile(prefix=".mirrorfit-probe-", dir=folder):
             pass
     except OSError as e:
-        raise ConfigError(f"{flag} {path}: cannot write in {folder} ({e.strerror or e}); "
-                          "choose a place this user may write to") from None
+        raise ConfigError(
+            f"{flag} {path}: cannot write in {folder} ({e.strerror or e}); "
+            "choose a place this user may write to"
+        ) from None
     if not read:
         return
     try:  # what is renamed into the folder is made durable by fsyncing it, which reads it
         os.close(os.open(folder, os.O_RDONLY))
     except OSError as e:
-        raise ConfigError(f"{flag} {path}: cannot read {folder} ({e.strerror or e}), which "
-                          "writing there safely needs (fsync); choose a place this user may "
-                          "read and write") from None
+        raise ConfigError(
+            f"{flag} {path}: cannot read {folder} ({e.strerror or e}), which "
+            "writing there safely needs (fsync); choose a place this user may "
+            "read and write"
+        ) from None

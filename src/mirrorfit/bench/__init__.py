@@ -25,12 +25,20 @@ def check_tolerance(tolerance: float) -> None:
     from mirrorfit.errors import MirrorfitError
 
     if not math.isfinite(tolerance) or tolerance < 0:
-        raise MirrorfitError(f"--tolerance must be a finite accuracy difference >= 0, got "
-                             f"{tolerance}; e.g. --tolerance 0.005")
+        raise MirrorfitError(
+            f"--tolerance must be a finite accuracy difference >= 0, got "
+            f"{tolerance}; e.g. --tolerance 0.005"
+        )
 
 
-def run_bench(grid: Grid, *, out_dir: str | Path, tolerance: float = 0.005,
-              show_recommendation: bool = False, console: Console | None = None) -> dict:
+def run_bench(
+    grid: Grid,
+    *,
+    out_dir: str | Path,
+    tolerance: float = 0.005,
+    show_recommendation: bool = False,
+    console: Console | None = None,
+) -> dict:
     """Run ``grid``, print the table, write bench.csv/json/png to ``out_dir``; return the meta
     and rows."""
     from mirrorfit.bench.source import check_model_fits, open_source
@@ -63,12 +71,16 @@ def run_bench(grid: Grid, *, out_dir: str | Path, tolerance: float = 0.005,
     if source.description != data:
         console.print(f"data: {escape(source.description)}")  # paths may hold [brackets]
     if not source.has_test and grid.data != "synthetic":
-        console.print(f"--data {escape(grid.data)} has no test split: no test accuracy (shown "
-                      "as -), and --recommend compares speed only")
-    console.print(f"[bold]mirrorfit bench[/] {escape(grid.model)} on {escape(data)}: "
-                  f"{len(points)} points x "
-                  f"{grid.repeats} repeats, each its own process; {flops / 1e6:,.2f} MFLOP per "
-                  "training example")
+        console.print(
+            f"--data {escape(grid.data)} has no test split: no test accuracy (shown "
+            "as -), and --recommend compares speed only"
+        )
+    console.print(
+        f"[bold]mirrorfit bench[/] {escape(grid.model)} on {escape(data)}: "
+        f"{len(points)} points x "
+        f"{grid.repeats} repeats, each its own process; {flops / 1e6:,.2f} MFLOP per "
+        "training example"
+    )
     with Progress(console=console, transient=True) as progress:
         task = progress.add_task("bench", total=1 + len(points) * grid.repeats)
 
@@ -78,30 +90,50 @@ def run_bench(grid: Grid, *, out_dir: str | Path, tolerance: float = 0.005,
                 return
             rate = result.get("examples_per_sec")
             acc = result.get("test_accuracy")
-            console.print(f"  {point.label:28} "
-                          + (f"{rate:10,.0f} examples/s"
-                             + (f"  acc {acc:.4f}" if acc is not None else "")
-                             if rate else f"FAILED: {escape(str(result.get('error')))}"))
+            console.print(
+                f"  {point.label:28} "
+                + (
+                    f"{rate:10,.0f} examples/s" + (f"  acc {acc:.4f}" if acc is not None else "")
+                    if rate
+                    else f"FAILED: {escape(str(result.get('error')))}"
+                )
+            )
 
         peak, runs = run_grid(grid, on_run=on_run)
     rows = build_rows(runs, peak=peak, train_flops=flops, shared_cores=not gpus)
-    meta = {"model": grid.model, "data": data, "data_description": source.description,
-            "input_shape": list(shape),
-            "num_classes": classes, "devices": devices, "repeats": grid.repeats,
-            "train_flops_per_example": flops, "peak_flops": peak}
+    meta = {
+        "model": grid.model,
+        "data": data,
+        "data_description": source.description,
+        "input_shape": list(shape),
+        "num_classes": classes,
+        "devices": devices,
+        "repeats": grid.repeats,
+        "train_flops_per_example": flops,
+        "peak_flops": peak,
+    }
     for backend, measured in peak.items():
-        console.print(f"matmul peak measured in this run ({backend}): "
-                      + ", ".join(f"{k} {v / 1e9:,.0f} GFLOP/s" for k, v in measured.items()))
+        console.print(
+            f"matmul peak measured in this run ({backend}): "
+            + ", ".join(f"{k} {v / 1e9:,.0f} GFLOP/s" for k, v in measured.items())
+        )
     if not gpus:
-        console.print("logical CPU devices share the same cores: the ideal speedup is 1.0, so "
-                      "efficiency = speedup")
+        console.print(
+            "logical CPU devices share the same cores: the ideal speedup is 1.0, so "
+            "efficiency = speedup"
+        )
     print(table_text(rows), end="", flush=True)  # results on stdout, the rest on stderr
     if source.has_test or grid.data == "synthetic":
         advice = recommend(rows, tolerance)
     else:
-        advice = recommend(rows, tolerance, no_accuracy=(
-            f"--data {grid.data} has no test split: accuracy not compared; check the "
-            "precision on data with one"))
+        advice = recommend(
+            rows,
+            tolerance,
+            no_accuracy=(
+                f"--data {grid.data} has no test split: accuracy not compared; check the "
+                "precision on data with one"
+            ),
+        )
     if show_recommendation:
         print(advice, flush=True)
     paths = write_outputs(rows, Path(out_dir), meta)

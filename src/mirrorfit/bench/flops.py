@@ -21,8 +21,11 @@ def forward_flops_per_example(model) -> int:
 
     spec = tf.TensorSpec([1, *model.inputs[0].shape[1:]], model.inputs[0].dtype)
     graph = tf.function(lambda x: model(x, training=False)).get_concrete_function(spec).graph
-    options = (option_builder.ProfileOptionBuilder(
-        option_builder.ProfileOptionBuilder.float_operation()).with_empty_output().build())
+    options = (
+        option_builder.ProfileOptionBuilder(option_builder.ProfileOptionBuilder.float_operation())
+        .with_empty_output()
+        .build()
+    )
     logger = tf.get_logger()
     level = logger.level
     logger.setLevel("ERROR")  # the v1 profiler warns about its own deprecated helpers
@@ -58,7 +61,7 @@ def matmul_peak_flops(dtype: str = "float32", n: int = 2048, seconds: float = 1.
     while time.perf_counter() < deadline:
         t0 = time.perf_counter()
         chain(a, b, tf.constant(3)).numpy()
-        best = max(best, 3 * 2 * n ** 3 / (time.perf_counter() - t0))
+        best = max(best, 3 * 2 * n**3 / (time.perf_counter() - t0))
     return best
 
 

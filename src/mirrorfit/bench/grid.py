@@ -20,8 +20,13 @@ from mirrorfit.config import MAX_CLASSES, PRECISIONS, TrainConfig, load_config
 from mirrorfit.data.spec import source_kind
 from mirrorfit.engine.backends import BACKENDS, split_batch
 from mirrorfit.errors import MirrorfitError
-from mirrorfit.models.names import (IMAGENET_CLASSES, check_input_shape, check_model_name,
-                                   default_input_shape, is_application)
+from mirrorfit.models.names import (
+    IMAGENET_CLASSES,
+    check_input_shape,
+    check_model_name,
+    default_input_shape,
+    is_application,
+)
 
 # Per model on MNIST: (global batch, training images, epochs). The chapter's batch for the
 # MLP; the CNN on a subset so one run takes tens of seconds here.
@@ -93,50 +98,67 @@ class Grid:
         """MirrorfitError, one line, for a data source, model or shape that cannot run:
         plain Python, before any process starts."""
         kind = self.kind
-        for flag, names in (("--precision", self.precisions),
-                            ("--textbook-precision", self.textbook_precisions)):
+        for flag, names in (
+            ("--precision", self.precisions),
+            ("--textbook-precision", self.textbook_precisions),
+        ):
             for name in names:
                 if name not in PRECISIONS:
-                    raise MirrorfitError(f"unknown precision {name!r} in {flag}; choose from "
-                                         f"{', '.join(PRECISIONS)}")
-        for flag, values in (("--replicas", self.replicas), ("--accum-steps", self.accum_steps),
-                             ("--steps-per-execution", self.steps_per_execution),
-                             ("--repeats", (self.repeats,))):
+                    raise MirrorfitError(
+                        f"unknown precision {name!r} in {flag}; choose from {', '.join(PRECISIONS)}"
+                    )
+        for flag, values in (
+            ("--replicas", self.replicas),
+            ("--accum-steps", self.accum_steps),
+            ("--steps-per-execution", self.steps_per_execution),
+            ("--repeats", (self.repeats,)),
+        ):
             if not values or min(values) < 1:
                 raise MirrorfitError(f"{flag} needs positive integers, got {tuple(values)}")
         for backend in self.backends:
             if backend not in BACKENDS:
-                raise MirrorfitError(f"unknown backend {backend!r} in --backend; choose from "
-                                     f"{', '.join(BACKENDS)}")
+                raise MirrorfitError(
+                    f"unknown backend {backend!r} in --backend; choose from {', '.join(BACKENDS)}"
+                )
         if not self.backends:
             raise MirrorfitError("--backend needs at least one of tensorflow, jax")
         if "jax" in self.backends and kind not in DATA:
-            raise MirrorfitError(f"--data {self.data}: bench's JAX rows read MNIST or synthetic "
-                                 "data; use --backend tensorflow for other sources")
+            raise MirrorfitError(
+                f"--data {self.data}: bench's JAX rows read MNIST or synthetic "
+                "data; use --backend tensorflow for other sources"
+            )
         if self.data == "mnist" and (self.input_shape or self.num_classes):
-            raise MirrorfitError("--input-shape and --num-classes set the synthetic data; MNIST "
-                                 "is 28x28 with 10 classes (use --data synthetic)")
+            raise MirrorfitError(
+                "--input-shape and --num-classes set the synthetic data; MNIST "
+                "is 28x28 with 10 classes (use --data synthetic)"
+            )
         check_model_name(self.model)
-        for flag, value in (("--global-batch-size", self.global_batch),
-                            ("--train-examples", self.train_examples)):
+        for flag, value in (
+            ("--global-batch-size", self.global_batch),
+            ("--train-examples", self.train_examples),
+        ):
             if value is not None and value < 1:  # -5 would slice x[:-5]; 0 would mean "all"
                 raise MirrorfitError(f"{flag} must be 1 or more, got {value}; e.g. {flag} 64")
         if self.num_classes is not None and self.num_classes < 2:
             raise MirrorfitError(f"--num-classes must be 2 or more, got {self.num_classes}")
         if self.num_classes is not None and self.num_classes > MAX_CLASSES:
-            raise MirrorfitError(f"--num-classes {self.num_classes}: at most {MAX_CLASSES:,}; "
-                                 "e.g. --num-classes 10")
-        if self.input_shape is not None and (
-                not self.input_shape or min(self.input_shape) < 1):
-            raise MirrorfitError(f"--input-shape must be positive sizes, e.g. 224,224,3; got "
-                                 f"{','.join(map(str, self.input_shape)) or 'nothing'}")
+            raise MirrorfitError(
+                f"--num-classes {self.num_classes}: at most {MAX_CLASSES:,}; e.g. --num-classes 10"
+            )
+        if self.input_shape is not None and (not self.input_shape or min(self.input_shape) < 1):
+            raise MirrorfitError(
+                f"--input-shape must be positive sizes, e.g. 224,224,3; got "
+                f"{','.join(map(str, self.input_shape)) or 'nothing'}"
+            )
         self.source_config()  # the file flags, checked as `mirrorfit train` checks them
         if kind not in DATA:  # its shape is checked against the model once it is opened
             return
         if self.data == "mnist" and is_application(self.model):
-            raise MirrorfitError(f"--model {self.model} needs images with channels of at least "
-                                 "32x32 pixels; MNIST's are 28x28 grey: use --data synthetic "
-                                 "--input-shape 32,32,3 (or larger)")
+            raise MirrorfitError(
+                f"--model {self.model} needs images with channels of at least "
+                "32x32 pixels; MNIST's are 28x28 grey: use --data synthetic "
+                "--input-shape 32,32,3 (or larger)"
+            )
         check_input_shape(self.model, self.shape_and_classes()[0])
 
     def source_config(self) -> TrainConfig:
@@ -146,56 +168,102 @@ class Grid:
         # bench has always taken --data-dir alongside --data synthetic (and ignored it); train
         # refuses it there. Kept, so that existing bench command lines still run.
         data_dir = None if self.kind == "synthetic" else self.data_dir
-        return load_config(model=self.model, data=self.data, data_dir=data_dir,
-                           image_size=self.image_size, image_feature=self.image_feature,
-                           label_feature=self.label_feature, cache=self.cache,
-                           validation_split=self.validation_split,
-                           input_shape=self.input_shape, num_classes=self.num_classes)
+        return load_config(
+            model=self.model,
+            data=self.data,
+            data_dir=data_dir,
+            image_size=self.image_size,
+            image_feature=self.image_feature,
+            label_feature=self.label_feature,
+            cache=self.cache,
+            validation_split=self.validation_split,
+            input_shape=self.input_shape,
+            num_classes=self.num_classes,
+        )
 
     def points(self) -> list[Point]:
         """mirrorfit points (the cross product), then the textbook recipe (Keras ``fit`` under
         MirroredStrategy) at each replica count and each of ``textbook_precisions``."""
         self.check()
         synthetic, files = self.data == "synthetic", self.data not in DATA
-        batch, n_train, epochs = (SYNTHETIC_WORKLOAD if synthetic
-                                  else WORKLOADS.get(self.model, (64, None, 2)))
+        batch, n_train, epochs = (
+            SYNTHETIC_WORKLOAD if synthetic else WORKLOADS.get(self.model, (64, None, 2))
+        )
         if files:  # the MNIST subsets are MNIST's; other data is used whole by default
             n_train = None
-        base = Point(kind="mirrorfit", model=self.model, global_batch=_given(self.global_batch,
-                                                                            batch),
-                     train_examples=_given(self.train_examples, n_train),
-                     epochs=_given(self.epochs, epochs), data_dir=self.data_dir, data=self.data)
+        base = Point(
+            kind="mirrorfit",
+            model=self.model,
+            global_batch=_given(self.global_batch, batch),
+            train_examples=_given(self.train_examples, n_train),
+            epochs=_given(self.epochs, epochs),
+            data_dir=self.data_dir,
+            data=self.data,
+        )
         if synthetic:
             shape, classes = self.shape_and_classes()
             base = replace(base, input_shape=shape, num_classes=classes)
         elif files:  # the flags as given: the point's process passes them to load_data
             flags = self.source_config()
-            base = replace(base, data_dir=None, input_shape=flags.input_shape,
-                           num_classes=flags.num_classes, image_size=flags.image_size,
-                           image_feature=flags.image_feature, label_feature=flags.label_feature,
-                           cache=flags.cache, validation_split=flags.validation_split)
+            base = replace(
+                base,
+                data_dir=None,
+                input_shape=flags.input_shape,
+                num_classes=flags.num_classes,
+                image_size=flags.image_size,
+                image_feature=flags.image_feature,
+                label_feature=flags.label_feature,
+                cache=flags.cache,
+                validation_split=flags.validation_split,
+            )
         if synthetic and base.train_examples < base.global_batch:
-            raise MirrorfitError(f"--train-examples {base.train_examples} (examples per "
-                                 f"synthetic epoch) is less than one global batch of "
-                                 f"{base.global_batch}")
+            raise MirrorfitError(
+                f"--train-examples {base.train_examples} (examples per "
+                f"synthetic epoch) is less than one global batch of "
+                f"{base.global_batch}"
+            )
         if base.epochs < 2:
-            raise MirrorfitError("bench needs --epochs 2 or more: epoch 1 compiles and is not "
-                                 "timed")
-        out = [replace(base, backend=b, replicas=r, precision=p, xla=x and b == "tensorflow",
-                       accum_steps=k, steps_per_execution=s)
-               for b, r, p, x, k, s in itertools.product(
-                   self.backends, self.replicas, self.precisions,
-                   # JAX compiles every step: one row, not an "xla" twin
-                   self.xla, self.accum_steps, self.steps_per_execution)]
+            raise MirrorfitError(
+                "bench needs --epochs 2 or more: epoch 1 compiles and is not timed"
+            )
+        out = [
+            replace(
+                base,
+                backend=b,
+                replicas=r,
+                precision=p,
+                xla=x and b == "tensorflow",
+                accum_steps=k,
+                steps_per_execution=s,
+            )
+            for b, r, p, x, k, s in itertools.product(
+                self.backends,
+                self.replicas,
+                self.precisions,
+                # JAX compiles every step: one row, not an "xla" twin
+                self.xla,
+                self.accum_steps,
+                self.steps_per_execution,
+            )
+        ]
         out = list(dict.fromkeys(out))
         for p in out:
             split_batch(p.global_batch, p.replicas, p.accum_steps)
         if self.textbook:  # Keras's own fit on each backend: the yardstick rows
             spe = self.steps_per_execution[0]
-            out += [replace(base, kind="textbook", backend=b, replicas=r, precision=p,
-                            steps_per_execution=spe if b == "jax" else base.steps_per_execution)
-                    for b in self.backends for p in self.textbook_precisions
-                    for r in self.replicas]
+            out += [
+                replace(
+                    base,
+                    kind="textbook",
+                    backend=b,
+                    replicas=r,
+                    precision=p,
+                    steps_per_execution=spe if b == "jax" else base.steps_per_execution,
+                )
+                for b in self.backends
+                for p in self.textbook_precisions
+                for r in self.replicas
+            ]
         return out
 
 
@@ -213,8 +281,13 @@ def spawn(point: Point, timeout_s: float = 1800) -> dict:
     """Run one point in a fresh interpreter; its measurements, or an ``error``."""
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
     try:
-        proc = subprocess.run([sys.executable, "-m", "mirrorfit.bench.point", point.to_json()],
-                              capture_output=True, text=True, env=env, timeout=timeout_s)
+        proc = subprocess.run(
+            [sys.executable, "-m", "mirrorfit.bench.point", point.to_json()],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=timeout_s,
+        )
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {timeout_s:.0f} s"}
     if proc.returncode:
@@ -222,8 +295,12 @@ def spawn(point: Point, timeout_s: float = 1800) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def run_grid(grid: Grid, *, on_run: Callable[[Point, dict], None] = lambda p, r: None,
-             runner: Callable[[Point], dict] = spawn) -> tuple[dict, list[tuple[Point, list]]]:
+def run_grid(
+    grid: Grid,
+    *,
+    on_run: Callable[[Point, dict], None] = lambda p, r: None,
+    runner: Callable[[Point], dict] = spawn,
+) -> tuple[dict, list[tuple[Point, list]]]:
     """Measure the matmul peak, then every point ``grid.repeats`` times, alternating the order,
     then the peak again.
 
@@ -244,8 +321,9 @@ def run_grid(grid: Grid, *, on_run: Callable[[Point, dict], None] = lambda p, r:
     return peak, [(p, runs[p]) for p in points]
 
 
-def _measure_peaks(grid: Grid, runner: Callable[[Point], dict],
-                   on_run: Callable[[Point, dict], None]) -> dict:
+def _measure_peaks(
+    grid: Grid, runner: Callable[[Point], dict], on_run: Callable[[Point, dict], None]
+) -> dict:
     """Each backend's matmul peak (FLOP/s by dtype): its MFU's denominator."""
     peak = {}
     for backend in grid.backends:
@@ -253,8 +331,9 @@ def _measure_peaks(grid: Grid, runner: Callable[[Point], dict],
         peak[backend] = runner(peak_point)
         on_run(peak_point, peak[backend])
         if "error" in peak[backend]:
-            raise MirrorfitError(f"measuring the matmul peak ({backend}) failed: "
-                                 f"{peak[backend]['error']}")
+            raise MirrorfitError(
+                f"measuring the matmul peak ({backend}) failed: {peak[backend]['error']}"
+            )
     return peak
 
 

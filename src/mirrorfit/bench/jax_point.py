@@ -37,21 +37,30 @@ def _arrays(point):
         from mirrorfit.data.synthetic import synthetic_batches
 
         steps = max(1, (point.train_examples or point.global_batch) // point.global_batch)
-        batches = synthetic_batches(input_shape=point.input_shape, num_classes=point.num_classes,
-                                    global_batch=point.global_batch, steps_per_epoch=steps,
-                                    seed=point.seed)
+        batches = synthetic_batches(
+            input_shape=point.input_shape,
+            num_classes=point.num_classes,
+            global_batch=point.global_batch,
+            steps_per_epoch=steps,
+            seed=point.seed,
+        )
         return batches, None, None, steps
     if point.data != "mnist":
         from mirrorfit.errors import ConfigError
 
-        raise ConfigError(f"--data {point.data}: bench's JAX rows read MNIST or synthetic data; "
-                          "use --backend tensorflow for other sources")
+        raise ConfigError(
+            f"--data {point.data}: bench's JAX rows read MNIST or synthetic data; "
+            "use --backend tensorflow for other sources"
+        )
     import mirrorfit
 
-    data = mirrorfit.load_mnist(point.data_dir, train_examples=point.train_examples,
-                                download=False)
-    return data.x_train, data.y_train, (data.x_test, data.y_test), \
-        len(data.x_train) // point.global_batch
+    data = mirrorfit.load_mnist(point.data_dir, train_examples=point.train_examples, download=False)
+    return (
+        data.x_train,
+        data.y_train,
+        (data.x_test, data.y_test),
+        len(data.x_train) // point.global_batch,
+    )
 
 
 def _factory(point, shape, classes):
@@ -70,15 +79,23 @@ def _mirrorfit(point, placement, x, y, test, steps) -> dict:
     classes = point.num_classes if synthetic else 10
     ends: list[float] = []
     trainer = mirrorfit.Trainer(
-        strategy=placement, model=_factory(point, shape, classes),
+        strategy=placement,
+        model=_factory(point, shape, classes),
         optimizer=keras.optimizers.SGD(learning_rate=1e-2),
-        loss=keras.losses.SparseCategoricalCrossentropy(), global_batch=point.global_batch,
-        steps_per_execution=point.steps_per_execution, accum_steps=point.accum_steps,
-        precision=point.precision)
-    batches = x if synthetic else mirrorfit.train_batches(x, y, global_batch=point.global_batch,
-                                                        seed=point.seed)
-    trainer.fit(batches, epochs=point.epochs,
-                callbacks=[lambda *_: ends.append(time.perf_counter())])
+        loss=keras.losses.SparseCategoricalCrossentropy(),
+        global_batch=point.global_batch,
+        steps_per_execution=point.steps_per_execution,
+        accum_steps=point.accum_steps,
+        precision=point.precision,
+    )
+    batches = (
+        x
+        if synthetic
+        else mirrorfit.train_batches(x, y, global_batch=point.global_batch, seed=point.seed)
+    )
+    trainer.fit(
+        batches, epochs=point.epochs, callbacks=[lambda *_: ends.append(time.perf_counter())]
+    )
     accuracy = None if test is None else trainer.evaluate(test)["accuracy"]
     return _result(point, steps, ends, accuracy, xla_used=True)
 
@@ -92,7 +109,8 @@ def _keras_fit(point, setup, x, y, test, steps) -> dict:
 
     if point.replicas > 1:
         keras.distribution.set_distribution(
-            keras.distribution.DataParallel(devices=list(setup.handles)))
+            keras.distribution.DataParallel(devices=list(setup.handles))
+        )
     synthetic = test is None and not hasattr(x, "shape")
     if synthetic:
         xb, yb = x.host_batch()
@@ -104,23 +122,39 @@ def _keras_fit(point, setup, x, y, test, steps) -> dict:
     precision = Precision(point.precision)
     with precision.building():
         net = _factory(point, shape, classes)()
-    net.compile(loss="sparse_categorical_crossentropy",
-                optimizer=precision.wrap_optimizer(keras.optimizers.SGD(1e-2)),
-                metrics=["accuracy"], steps_per_execution=point.steps_per_execution)
+    net.compile(
+        loss="sparse_categorical_crossentropy",
+        optimizer=precision.wrap_optimizer(keras.optimizers.SGD(1e-2)),
+        metrics=["accuracy"],
+        steps_per_execution=point.steps_per_execution,
+    )
     ends: list[float] = []
-    net.fit(x, y, batch_size=point.global_batch, epochs=point.epochs, verbose=0, shuffle=True,
-            callbacks=[keras.callbacks.LambdaCallback(
-                on_epoch_end=lambda *_: ends.append(time.perf_counter()))])
-    accuracy = None if test is None else net.evaluate(
-        test[0] / 255.0, test[1], batch_size=point.global_batch, verbose=0)[1]
+    net.fit(
+        x,
+        y,
+        batch_size=point.global_batch,
+        epochs=point.epochs,
+        verbose=0,
+        shuffle=True,
+        callbacks=[
+            keras.callbacks.LambdaCallback(on_epoch_end=lambda *_: ends.append(time.perf_counter()))
+        ],
+    )
+    accuracy = (
+        None
+        if test is None
+        else net.evaluate(test[0] / 255.0, test[1], batch_size=point.global_batch, verbose=0)[1]
+    )
     return _result(point, steps, ends, accuracy, xla_used=True)
 
 
 def _result(point, steps, ends, accuracy, *, xla_used: bool) -> dict:
     examples = steps * point.global_batch * (point.epochs - 1)
-    return {"examples_per_sec": examples / (ends[-1] - ends[0]),
-            "test_accuracy": None if accuracy is None else float(accuracy),
-            "xla_used": xla_used}
+    return {
+        "examples_per_sec": examples / (ends[-1] - ends[0]),
+        "test_accuracy": None if accuracy is None else float(accuracy),
+        "xla_used": xla_used,
+    }
 
 
 def matmul_peak_flops(dtype: str = "float32", n: int = 2048, seconds: float = 1.0) -> float:
@@ -137,6 +171,7 @@ def matmul_peak_flops(dtype: str = "float32", n: int = 2048, seconds: float = 1.
     def chain(x, y):
         def body(i, acc):
             return acc + jnp.sum((x @ (y + i.astype(y.dtype)))[:1, :1]).astype(jnp.float32)
+
         return jax.lax.fori_loop(0, 3, body, jnp.zeros((), jnp.float32))
 
     chain(a, b).block_until_ready()  # compile, warm up
@@ -144,7 +179,7 @@ def matmul_peak_flops(dtype: str = "float32", n: int = 2048, seconds: float = 1.
     while time.perf_counter() < deadline:
         t0 = time.perf_counter()
         chain(a, b).block_until_ready()
-        best = max(best, 3 * 2 * n ** 3 / (time.perf_counter() - t0))
+        best = max(best, 3 * 2 * n**3 / (time.perf_counter() - t0))
     return best
 
 

@@ -81,6 +81,7 @@ def run_point(point: Point) -> dict:
         return run_jax_point(point)
     if point.kind == "peak":
         from mirrorfit.bench.flops import matmul_peak_flops
+
         return {dtype: matmul_peak_flops(dtype) for dtype in ("float32", "bfloat16", "float16")}
     import keras
 
@@ -101,50 +102,79 @@ def _measure(point: Point, strategy, train: "_Train", test, steps: int) -> dict:
 
     import mirrorfit
 
-    factory = mirrorfit.models.model_factory(point.model, input_shape=train.input_shape,
-                                             num_classes=train.num_classes)
+    factory = mirrorfit.models.model_factory(
+        point.model, input_shape=train.input_shape, num_classes=train.num_classes
+    )
     ends: list[float] = []
     stamp = lambda *_: ends.append(time.perf_counter())  # noqa: E731 (both sides' epoch ends)
     if point.kind == "textbook":
         from mirrorfit.models.precision import Precision
+
         precision = Precision(point.precision)  # Keras's own mixed precision, as users do it
         with strategy.scope():
             with precision.building():
                 net = factory()
-            net.compile(loss="sparse_categorical_crossentropy",
-                        optimizer=precision.wrap_optimizer(keras.optimizers.SGD(1e-2)),
-                        metrics=["accuracy"])
+            net.compile(
+                loss="sparse_categorical_crossentropy",
+                optimizer=precision.wrap_optimizer(keras.optimizers.SGD(1e-2)),
+                metrics=["accuracy"],
+            )
         callback = keras.callbacks.LambdaCallback(on_epoch_end=stamp)
         if train.batches is not None:  # the same tf.data pipeline mirrorfit reads
-            net.fit(train.batches.dataset(epochs=point.epochs), steps_per_epoch=steps,
-                    epochs=point.epochs, verbose=0, callbacks=[callback])
+            net.fit(
+                train.batches.dataset(epochs=point.epochs),
+                steps_per_epoch=steps,
+                epochs=point.epochs,
+                verbose=0,
+                callbacks=[callback],
+            )
         else:
-            net.fit(train.x / 255.0, train.y, batch_size=point.global_batch,
-                    epochs=point.epochs, verbose=0, callbacks=[callback])
+            net.fit(
+                train.x / 255.0,
+                train.y,
+                batch_size=point.global_batch,
+                epochs=point.epochs,
+                verbose=0,
+                callbacks=[callback],
+            )
         if test is None:
             accuracy = None
         elif train.x is not None:  # MNIST, as the chapter evaluates it
-            accuracy = net.evaluate(test[0] / 255.0, test[1], batch_size=point.global_batch,
-                                    verbose=0)[1]
+            accuracy = net.evaluate(
+                test[0] / 255.0, test[1], batch_size=point.global_batch, verbose=0
+            )[1]
         else:  # the batches mirrorfit's evaluate reads (arrays: scaled as mirrorfit scales them)
             accuracy = net.evaluate(_eval_batches(test, point.global_batch), verbose=0)[1]
         xla_used = False
     else:
         trainer = mirrorfit.Trainer(
-            strategy=strategy, model=factory, optimizer=keras.optimizers.SGD(learning_rate=1e-2),
-            loss=keras.losses.SparseCategoricalCrossentropy(), global_batch=point.global_batch,
-            steps_per_execution=point.steps_per_execution, accum_steps=point.accum_steps,
-            precision=point.precision, jit_compile=point.xla,
-            on_notice=lambda msg: print(msg, file=sys.stderr))
-        batches = train.batches if train.batches is not None else mirrorfit.train_batches(
-            train.x, train.y, global_batch=point.global_batch, seed=point.seed)
+            strategy=strategy,
+            model=factory,
+            optimizer=keras.optimizers.SGD(learning_rate=1e-2),
+            loss=keras.losses.SparseCategoricalCrossentropy(),
+            global_batch=point.global_batch,
+            steps_per_execution=point.steps_per_execution,
+            accum_steps=point.accum_steps,
+            precision=point.precision,
+            jit_compile=point.xla,
+            on_notice=lambda msg: print(msg, file=sys.stderr),
+        )
+        batches = (
+            train.batches
+            if train.batches is not None
+            else mirrorfit.train_batches(
+                train.x, train.y, global_batch=point.global_batch, seed=point.seed
+            )
+        )
         trainer.fit(batches, epochs=point.epochs, callbacks=[stamp])
         accuracy = None if test is None else trainer.evaluate(test)["accuracy"]
         xla_used = trainer.jit_compile
     examples = steps * point.global_batch * (point.epochs - 1)
-    return {"examples_per_sec": examples / (ends[-1] - ends[0]),
-            "test_accuracy": None if accuracy is None else float(accuracy),
-            "xla_used": xla_used}
+    return {
+        "examples_per_sec": examples / (ends[-1] - ends[0]),
+        "test_accuracy": None if accuracy is None else float(accuracy),
+        "xla_used": xla_used,
+    }
 
 
 @dataclass
@@ -165,12 +195,20 @@ def load_source(point: Point):
     :class:`mirrorfit.data.sources.Data`."""
     from mirrorfit.data.sources import load_data
 
-    return load_data(point.data, global_batch=point.global_batch, seed=point.seed,
-                     train_examples=point.train_examples,
-                     validation_split=point.validation_split, image_size=point.image_size,
-                     image_feature=point.image_feature, label_feature=point.label_feature,
-                     cache=point.cache, input_shape=point.input_shape,
-                     num_classes=point.num_classes, model=point.model)
+    return load_data(
+        point.data,
+        global_batch=point.global_batch,
+        seed=point.seed,
+        train_examples=point.train_examples,
+        validation_split=point.validation_split,
+        image_size=point.image_size,
+        image_feature=point.image_feature,
+        label_feature=point.label_feature,
+        cache=point.cache,
+        input_shape=point.input_shape,
+        num_classes=point.num_classes,
+        model=point.model,
+    )
 
 
 def _data(point: Point) -> tuple[_Train, object, int]:
@@ -178,21 +216,23 @@ def _data(point: Point) -> tuple[_Train, object, int]:
     is (x, y) arrays, or a tf.data.Dataset of global batches."""
     if point.data not in ("mnist", "synthetic"):
         data = load_source(point)
-        train = _Train(tuple(data.input_shape), data.num_classes, batches=data.train,
-                       source=data)
+        train = _Train(tuple(data.input_shape), data.num_classes, batches=data.train, source=data)
         return train, data.test, data.train.steps_per_epoch
     if point.data == "synthetic":
         from mirrorfit.data.synthetic import synthetic_batches
 
         steps = max(1, (point.train_examples or point.global_batch) // point.global_batch)
-        batches = synthetic_batches(input_shape=point.input_shape, num_classes=point.num_classes,
-                                    global_batch=point.global_batch, steps_per_epoch=steps,
-                                    seed=point.seed)
+        batches = synthetic_batches(
+            input_shape=point.input_shape,
+            num_classes=point.num_classes,
+            global_batch=point.global_batch,
+            steps_per_epoch=steps,
+            seed=point.seed,
+        )
         return _Train(point.input_shape, point.num_classes, batches=batches), None, steps
     import mirrorfit
 
-    data = mirrorfit.load_mnist(point.data_dir, train_examples=point.train_examples,
-                                download=False)
+    data = mirrorfit.load_mnist(point.data_dir, train_examples=point.train_examples, download=False)
     train = _Train(tuple(data.x_train.shape[1:]), 10, x=data.x_train, y=data.y_train)
     return train, (data.x_test, data.y_test), len(data.x_train) // point.global_batch
 

@@ -44,8 +44,13 @@ class Row:
     backend: str = "tensorflow"
 
 
-def build_rows(runs: list[tuple[Point, list[dict]]], *, peak: dict[str, float],
-               train_flops: int, shared_cores: bool) -> list[Row]:
+def build_rows(
+    runs: list[tuple[Point, list[dict]]],
+    *,
+    peak: dict[str, float],
+    train_flops: int,
+    shared_cores: bool,
+) -> list[Row]:
     """Aggregate each point's runs. Scaling efficiency = speedup / ideal speedup, where the ideal
     is N on N independent devices and 1 on logical devices sharing one CPU's cores."""
     stats = {p: _stats(results) for p, results in runs}
@@ -54,30 +59,54 @@ def build_rows(runs: list[tuple[Point, list[dict]]], *, peak: dict[str, float],
         s = stats[point]
         notes = [s["error"]] if s["error"] else []
         one = _find(stats, point, replicas=1)
-        book = None if point.kind == "textbook" else next(
-            (stats[p] for p in stats if p.kind == "textbook" and p.replicas == point.replicas
-             and p.precision == "fp32" and p.backend == point.backend), None)
+        book = (
+            None
+            if point.kind == "textbook"
+            else next(
+                (
+                    stats[p]
+                    for p in stats
+                    if p.kind == "textbook"
+                    and p.replicas == point.replicas
+                    and p.precision == "fp32"
+                    and p.backend == point.backend
+                ),
+                None,
+            )
+        )
         rate = s["median"]
-        speedup = _ratio(s, one, notes, "vs 1 replica") if point.replicas > 1 else (
-            1.0 if rate else None)
+        speedup = (
+            _ratio(s, one, notes, "vs 1 replica") if point.replicas > 1 else (1.0 if rate else None)
+        )
         ideal = 1 if shared_cores else point.replicas
         dtype = COMPUTE_DTYPES[point.precision]
         if s["spread"] is not None and s["spread"] > WIDE_SPREAD:
             notes.append(f"noisy: runs spread {s['spread']:.0%}")
-        rows.append(Row(
-            label=point.label, kind=point.kind, replicas=point.replicas,
-            precision=point.precision,
-            xla=point.xla, accum_steps=point.accum_steps,
-            steps_per_execution=point.steps_per_execution, global_batch=point.global_batch,
-            runs=s["runs"], examples_per_sec=rate, min_examples_per_sec=s["min"],
-            max_examples_per_sec=s["max"], spread=s["spread"],
-            step_time_ms=1e3 * point.global_batch / rate if rate else None,
-            speedup_vs_1=speedup, scaling_efficiency=speedup / ideal if speedup else None,
-            mfu=train_flops * rate / peak[point.backend][dtype] if rate else None,
-            backend=point.backend,
-            test_accuracy=s["accuracy"],
-            vs_textbook=_ratio(s, book, notes, "vs the textbook") if book else None,
-            note="; ".join(notes)))
+        rows.append(
+            Row(
+                label=point.label,
+                kind=point.kind,
+                replicas=point.replicas,
+                precision=point.precision,
+                xla=point.xla,
+                accum_steps=point.accum_steps,
+                steps_per_execution=point.steps_per_execution,
+                global_batch=point.global_batch,
+                runs=s["runs"],
+                examples_per_sec=rate,
+                min_examples_per_sec=s["min"],
+                max_examples_per_sec=s["max"],
+                spread=s["spread"],
+                step_time_ms=1e3 * point.global_batch / rate if rate else None,
+                speedup_vs_1=speedup,
+                scaling_efficiency=speedup / ideal if speedup else None,
+                mfu=train_flops * rate / peak[point.backend][dtype] if rate else None,
+                backend=point.backend,
+                test_accuracy=s["accuracy"],
+                vs_textbook=_ratio(s, book, notes, "vs the textbook") if book else None,
+                note="; ".join(notes),
+            )
+        )
     return rows
 
 
@@ -86,16 +115,28 @@ def _stats(results: list[dict]) -> dict:
     rates = [r["examples_per_sec"] for r in ok]
     errors = sorted({r["error"] for r in results if "error" in r})
     if not rates:
-        return {"runs": 0, "median": None, "min": None, "max": None, "spread": None,
-                "accuracy": None, "error": "failed: " + "; ".join(errors)}
+        return {
+            "runs": 0,
+            "median": None,
+            "min": None,
+            "max": None,
+            "spread": None,
+            "accuracy": None,
+            "error": "failed: " + "; ".join(errors),
+        }
     median = statistics.median(rates)
     accuracies = [r["test_accuracy"] for r in ok if r.get("test_accuracy") is not None]
-    return {"runs": len(rates), "median": median, "min": min(rates), "max": max(rates),
-            # no steps timed (a point's data shorter than its batch) measure 0: no spread
-            "spread": (max(rates) - min(rates)) / median if median > 0 else None,
-            # None on synthetic data: random labels, nothing to learn or test
-            "accuracy": statistics.median(accuracies) if accuracies else None,
-            "error": f"{len(errors)} run(s) failed: {errors[0]}" if errors else ""}
+    return {
+        "runs": len(rates),
+        "median": median,
+        "min": min(rates),
+        "max": max(rates),
+        # no steps timed (a point's data shorter than its batch) measure 0: no spread
+        "spread": (max(rates) - min(rates)) / median if median > 0 else None,
+        # None on synthetic data: random labels, nothing to learn or test
+        "accuracy": statistics.median(accuracies) if accuracies else None,
+        "error": f"{len(errors)} run(s) failed: {errors[0]}" if errors else "",
+    }
 
 
 def _find(stats: dict, point: Point, **changes) -> dict | None:
@@ -120,17 +161,19 @@ def recommend(rows: list[Row], tolerance: float, *, no_accuracy: str = _SYNTHETI
     ours = [r for r in rows if r.kind == "mirrorfit" and r.examples_per_sec]
     if ours and all(r.test_accuracy is None for r in ours):  # synthetic data, or no test split
         best = max(ours, key=lambda r: r.examples_per_sec)
-        return (f"recommended: {best.label}: {best.examples_per_sec:,.0f} examples/s "
-                f"({no_accuracy})")
+        return f"recommended: {best.label}: {best.examples_per_sec:,.0f} examples/s ({no_accuracy})"
     fp32 = [r.test_accuracy for r in ours if r.precision == "fp32" and r.test_accuracy is not None]
     if not fp32:
         return "no recommendation: the grid has no float32 point to compare accuracy with"
     reference = statistics.median(fp32)
-    good = [r for r in ours if r.test_accuracy is not None
-            and r.test_accuracy >= reference - tolerance]
+    good = [
+        r for r in ours if r.test_accuracy is not None and r.test_accuracy >= reference - tolerance
+    ]
     best = max(good, key=lambda r: r.examples_per_sec)
-    return (f"recommended: {best.label}: {best.examples_per_sec:,.0f} examples/s, test accuracy "
-            f"{best.test_accuracy:.4f} (float32 {reference:.4f}, tolerance {tolerance})")
+    return (
+        f"recommended: {best.label}: {best.examples_per_sec:,.0f} examples/s, test accuracy "
+        f"{best.test_accuracy:.4f} (float32 {reference:.4f}, tolerance {tolerance})"
+    )
 
 
 def table_text(rows: list[Row]) -> str:
@@ -139,22 +182,39 @@ def table_text(rows: list[Row]) -> str:
     from rich.table import Table
 
     table = Table(title=None)
-    for col in ("config", "ex/s (median)", "range", "step ms", "speedup", "eff.", "MFU",
-                "test acc", "vs textbook", "note"):
+    for col in (
+        "config",
+        "ex/s (median)",
+        "range",
+        "step ms",
+        "speedup",
+        "eff.",
+        "MFU",
+        "test acc",
+        "vs textbook",
+        "note",
+    ):
         table.add_column(col, overflow="fold")
     for r in rows:
         table.add_row(
-            r.label, _f(r.examples_per_sec, ",.0f"),
+            r.label,
+            _f(r.examples_per_sec, ",.0f"),
             f"{_f(r.min_examples_per_sec, ',.0f')}-{_f(r.max_examples_per_sec, ',.0f')}",
-            _f(r.step_time_ms, ".2f"), _f(r.speedup_vs_1, ".2f", "x"),
-            _f(r.scaling_efficiency, ".0%"), _f(r.mfu, ".0%"), _f(r.test_accuracy, ".4f"),
-            _f(r.vs_textbook, ".2f", "x"), r.note)
+            _f(r.step_time_ms, ".2f"),
+            _f(r.speedup_vs_1, ".2f", "x"),
+            _f(r.scaling_efficiency, ".0%"),
+            _f(r.mfu, ".0%"),
+            _f(r.test_accuracy, ".4f"),
+            _f(r.vs_textbook, ".2f", "x"),
+            r.note,
+        )
     out = io.StringIO()
     Console(file=out, width=200, force_terminal=False).print(table)
     return out.getvalue() + (
         f"noisy: a point's runs spread more than {WIDE_SPREAD:.0%} of its median; overlaps: the "
         "two points' ranges of runs overlap, so their ratio is too close to call on this "
-        "machine\n")
+        "machine\n"
+    )
 
 
 def _f(value, spec: str, suffix: str = "") -> str:
@@ -164,8 +224,11 @@ def _f(value, spec: str, suffix: str = "") -> str:
 def write_outputs(rows: list[Row], out_dir: Path, meta: dict) -> dict[str, Path]:
     """bench.csv, bench.json and bench.png in ``out_dir``, each written atomically."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    paths = {"csv": out_dir / "bench.csv", "json": out_dir / "bench.json",
-             "png": out_dir / "bench.png"}
+    paths = {
+        "csv": out_dir / "bench.csv",
+        "json": out_dir / "bench.json",
+        "png": out_dir / "bench.png",
+    }
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=list(asdict(rows[0])))
     writer.writeheader()
@@ -178,6 +241,7 @@ def write_outputs(rows: list[Row], out_dir: Path, meta: dict) -> dict[str, Path]
 
 def _plot(rows: list[Row], meta: dict) -> bytes:
     import matplotlib
+
     matplotlib.use("Agg")  # no display here
     import matplotlib.pyplot as plt
 
@@ -185,10 +249,16 @@ def _plot(rows: list[Row], meta: dict) -> bytes:
     series: dict[str, list[Row]] = {}
     backends = len({r.backend for r in rows}) > 1
     for r in rows:
-        name = (f"textbook fit{'' if r.precision == 'fp32' else ' ' + r.precision}"
-                if r.kind == "textbook" else None) or " ".join(
-            [r.precision] + (["xla"] * r.xla) + ([f"accum{r.accum_steps}"] * (r.accum_steps > 1))
-            + ([f"spe{r.steps_per_execution}"] * (len({x.steps_per_execution for x in rows}) > 1)))
+        name = (
+            f"textbook fit{'' if r.precision == 'fp32' else ' ' + r.precision}"
+            if r.kind == "textbook"
+            else None
+        ) or " ".join(
+            [r.precision]
+            + (["xla"] * r.xla)
+            + ([f"accum{r.accum_steps}"] * (r.accum_steps > 1))
+            + ([f"spe{r.steps_per_execution}"] * (len({x.steps_per_execution for x in rows}) > 1))
+        )
         series.setdefault(f"{r.backend} {name}" if backends else name, []).append(r)
     for name, group in series.items():
         group = sorted((r for r in group if r.examples_per_sec), key=lambda r: r.replicas)
@@ -197,8 +267,10 @@ def _plot(rows: list[Row], meta: dict) -> bytes:
         left.plot(xs, [r.examples_per_sec for r in group], marker="o", label=name, **style)
         right.plot(xs, [r.scaling_efficiency for r in group], marker="o", label=name, **style)
     replicas = sorted({r.replicas for r in rows})
-    for ax, title, ylabel in ((left, "Throughput", "examples/s (median)"),
-                              (right, "Scaling efficiency", "speedup / ideal speedup")):
+    for ax, title, ylabel in (
+        (left, "Throughput", "examples/s (median)"),
+        (right, "Scaling efficiency", "speedup / ideal speedup"),
+    ):
         ax.set_title(title)
         ax.set_xlabel("replicas")
         ax.set_ylabel(ylabel)

@@ -41,8 +41,11 @@ def open_source(grid: Grid, point: Point) -> BenchSource:
         if grid.data == "mnist":
             _check_mnist(point)
         shape, classes = grid.shape_and_classes()
-        label = ("MNIST" if grid.data == "mnist"
-                 else f"synthetic {'x'.join(map(str, shape))}, {classes} classes")
+        label = (
+            "MNIST"
+            if grid.data == "mnist"
+            else f"synthetic {'x'.join(map(str, shape))}, {classes} classes"
+        )
         return BenchSource(shape, classes, label, label, has_test=grid.data == "mnist")
     data = load_source(point)
     shape = tuple(data.input_shape)
@@ -55,10 +58,12 @@ def open_source(grid: Grid, point: Point) -> BenchSource:
                 f"--data {grid.data} gives examples of shape {'x'.join(map(str, shape))}; "
                 f"--model {grid.model} takes height x width x channels images of at least "
                 f"{size}x{size} pixels"
-                + (f": pass --image-size {size},{size}" if KINDS[data.kind].files
-                   else "") + " or use --model mlp/cnn") from None
-    return BenchSource(shape, data.num_classes, grid.data, data.description,
-                       has_test=data.test is not None)
+                + (f": pass --image-size {size},{size}" if KINDS[data.kind].files else "")
+                + " or use --model mlp/cnn"
+            ) from None
+    return BenchSource(
+        shape, data.num_classes, grid.data, data.description, has_test=data.test is not None
+    )
 
 
 def _check_mnist(point: Point) -> None:
@@ -68,9 +73,13 @@ def _check_mnist(point: Point) -> None:
     from mirrorfit.data.mnist import load_mnist
     from mirrorfit.data.sources import check_one_batch
 
-    check_one_batch("mnist", point.global_batch,
-                    len(load_mnist(point.data_dir, train_examples=point.train_examples,
-                                   download=False).x_train))
+    check_one_batch(
+        "mnist",
+        point.global_batch,
+        len(
+            load_mnist(point.data_dir, train_examples=point.train_examples, download=False).x_train
+        ),
+    )
 
 
 def check_model_fits(model, source: BenchSource, spec: str) -> None:
@@ -81,14 +90,18 @@ def check_model_fits(model, source: BenchSource, spec: str) -> None:
     have = source.input_shape
     if len(want) != len(have) or any(w is not None and w != h for w, h in zip(want, have)):
         shown = "x".join("?" if w is None else str(w) for w in want)
-        raise DataError(f"--data {source.label} gives examples of shape "
-                        f"{'x'.join(map(str, have))} but --model {spec} takes {shown}; give a "
-                        "model built for the data (a model function takes input_shape)")
+        raise DataError(
+            f"--data {source.label} gives examples of shape "
+            f"{'x'.join(map(str, have))} but --model {spec} takes {shown}; give a "
+            "model built for the data (a model function takes input_shape)"
+        )
     outputs = model.outputs[0].shape[-1]
     if outputs is not None and outputs < source.num_classes:
-        raise DataError(f"--data {source.label} has {source.num_classes} classes but --model "
-                        f"{spec} has {outputs} outputs; pass --num-classes "
-                        f"{source.num_classes} (a model function takes it as num_classes)")
+        raise DataError(
+            f"--data {source.label} has {source.num_classes} classes but --model "
+            f"{spec} has {outputs} outputs; pass --num-classes "
+            f"{source.num_classes} (a model function takes it as num_classes)"
+        )
 
 
 __all__ = ["BenchSource", "check_model_fits", "open_source"]

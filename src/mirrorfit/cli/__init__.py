@@ -24,8 +24,7 @@ def train_config(args: argparse.Namespace):
     """The TrainConfig of `mirrorfit train`'s flags (and --config's file), checked."""
     from mirrorfit.config import load_config
 
-    overrides = {k: v for k, v in vars(args).items()
-                 if k not in ("command", "config", "verbose")}
+    overrides = {k: v for k, v in vars(args).items() if k not in ("command", "config", "verbose")}
     return load_config(args.config, **overrides)
 
 
@@ -42,8 +41,12 @@ def _cmd_train(args: argparse.Namespace) -> int:
         backends.import_framework(config.backend)
         from mirrorfit.job.train import run_training
 
-        run_training(config, guard=guard, cluster=cluster, timings={
-            "startup": startup, "framework": round(time.perf_counter() - t0, 3)})
+        run_training(
+            config,
+            guard=guard,
+            cluster=cluster,
+            timings={"startup": startup, "framework": round(time.perf_counter() - t0, 3)},
+        )
     return 0
 
 
@@ -51,36 +54,57 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     from mirrorfit.bench import Grid, check_tolerance, run_bench
 
     check_tolerance(args.tolerance)
-    grid = Grid(model=args.model, backends=args.backend, replicas=args.replicas,
-                precisions=args.precision,
-                xla=args.xla, accum_steps=args.accum_steps,
-                steps_per_execution=args.steps_per_execution,
-                global_batch=args.global_batch_size, train_examples=args.train_examples,
-                epochs=args.epochs, repeats=args.repeats, textbook=args.textbook,
-                textbook_precisions=args.textbook_precision, data_dir=args.data_dir,
-                data=args.data, input_shape=args.input_shape, num_classes=args.num_classes,
-                image_size=args.image_size, image_feature=args.image_feature,
-                label_feature=args.label_feature, cache=args.cache,
-                validation_split=args.validation_split)
+    grid = Grid(
+        model=args.model,
+        backends=args.backend,
+        replicas=args.replicas,
+        precisions=args.precision,
+        xla=args.xla,
+        accum_steps=args.accum_steps,
+        steps_per_execution=args.steps_per_execution,
+        global_batch=args.global_batch_size,
+        train_examples=args.train_examples,
+        epochs=args.epochs,
+        repeats=args.repeats,
+        textbook=args.textbook,
+        textbook_precisions=args.textbook_precision,
+        data_dir=args.data_dir,
+        data=args.data,
+        input_shape=args.input_shape,
+        num_classes=args.num_classes,
+        image_size=args.image_size,
+        image_feature=args.image_feature,
+        label_feature=args.label_feature,
+        cache=args.cache,
+        validation_split=args.validation_split,
+    )
     # model, data, shape, batch and epoch problems are reported before anything runs
     grid.points()
     if "tensorflow" in grid.backends and not backends.installed("tensorflow"):
-        raise MirrorfitError("bench --backend tensorflow needs TensorFlow, which is not "
-                             f"installed: {backends.install_hint('tensorflow')}, or bench "
-                             "--backend jax alone")
+        raise MirrorfitError(
+            "bench --backend tensorflow needs TensorFlow, which is not "
+            f"installed: {backends.install_hint('tensorflow')}, or bench "
+            "--backend jax alone"
+        )
     if not backends.installed("matplotlib"):  # the plot, written after every point has run
-        raise MirrorfitError("mirrorfit bench draws its plot with matplotlib, which is not "
-                             f"installed: {backends.install_hint('bench')}")
+        raise MirrorfitError(
+            "mirrorfit bench draws its plot with matplotlib, which is not "
+            f"installed: {backends.install_hint('bench')}"
+        )
     backends.prepare(grid.backends[0], verbose=args.verbose)  # what this process loads
-    run_bench(grid, out_dir=args.out, tolerance=args.tolerance,
-              show_recommendation=args.recommend)
+    run_bench(grid, out_dir=args.out, tolerance=args.tolerance, show_recommendation=args.recommend)
     return 0
 
 
 # what mirrorfit serve imports beside TensorFlow: (the package's name, its module)
-_SERVE_PACKAGES = (("tensorflow", "tensorflow"), ("tensorflow-serving-api", "tensorflow_serving"),
-                   ("grpcio", "grpc"), ("starlette", "starlette"), ("uvicorn", "uvicorn"),
-                   ("prometheus-client", "prometheus_client"))
+_SERVE_PACKAGES = (
+    ("tensorflow", "tensorflow"),
+    ("tensorflow-serving-api", "tensorflow_serving"),
+    ("grpcio", "grpc"),
+    ("starlette", "starlette"),
+    ("uvicorn", "uvicorn"),
+    ("prometheus-client", "prometheus_client"),
+)
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
@@ -88,10 +112,15 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
     missing = [name for name, module in _SERVE_PACKAGES if not backends.installed(module)]
     if missing:
-        raise MirrorfitError(f"mirrorfit serve needs {', '.join(missing)}, not installed: "
-                             f"{backends.install_hint('serve')}")
-    values = {k: v for k, v in vars(args).items()
-              if k not in ("command", "verbose") and not k.startswith("_ignored")}
+        raise MirrorfitError(
+            f"mirrorfit serve needs {', '.join(missing)}, not installed: "
+            f"{backends.install_hint('serve')}"
+        )
+    values = {
+        k: v
+        for k, v in vars(args).items()
+        if k not in ("command", "verbose") and not k.startswith("_ignored")
+    }
     config = ServeConfig(**values)  # checked: before TensorFlow loads, a bad flag fails at once
     model_configs(config)  # and a bad config file, or a model without versions
     backends.import_tensorflow("mirrorfit serve (it loads TensorFlow SavedModels)")
@@ -107,8 +136,10 @@ def _cmd_export(args: argparse.Namespace) -> int:
     if not args.export_dir:
         raise MirrorfitError("mirrorfit export needs --export-dir models/NAME")
     if not args.checkpoint_dir:  # "" would be the current folder
-        raise MirrorfitError("mirrorfit export needs --checkpoint-dir DIR, the folder training "
-                             "wrote its checkpoints to; it is empty")
+        raise MirrorfitError(
+            "mirrorfit export needs --checkpoint-dir DIR, the folder training "
+            "wrote its checkpoints to; it is empty"
+        )
     check_export_dir(args.export_dir)  # before TensorFlow loads and the model with it
     require_checkpoints(args.checkpoint_dir)
     backends.import_tensorflow("mirrorfit export (it writes a TensorFlow SavedModel)")
@@ -117,15 +148,20 @@ def _cmd_export(args: argparse.Namespace) -> int:
     from mirrorfit.artifacts.finite import refuse_non_finite
 
     model, meta = load_model(args.checkpoint_dir, model=args.model)
-    refuse_non_finite(model, f"step {meta['step']} of {args.checkpoint_dir}",
-                      allow=bool(args.allow_nan))
+    refuse_non_finite(
+        model, f"step {meta['step']} of {args.checkpoint_dir}", allow=bool(args.allow_nan)
+    )
     names = meta.get("class_names")  # absent in checkpoints of older versions
-    if names is not None and not (isinstance(names, list) and names
-                                  and all(isinstance(n, str) for n in names)):
-        raise MirrorfitError(f"{args.checkpoint_dir}: meta.json's class_names is "
-                             f"{str(names)[:60]}, not a list of names; restore the file")
-    path = export_saved_model(model, args.export_dir, preprocessing=bool(args.export_preprocessing),
-                              class_names=names)
+    if names is not None and not (
+        isinstance(names, list) and names and all(isinstance(n, str) for n in names)
+    ):
+        raise MirrorfitError(
+            f"{args.checkpoint_dir}: meta.json's class_names is "
+            f"{str(names)[:60]}, not a list of names; restore the file"
+        )
+    path = export_saved_model(
+        model, args.export_dir, preprocessing=bool(args.export_preprocessing), class_names=names
+    )
     print(f"exported step {meta['step']} of {args.checkpoint_dir} as {path}")
     return 0
 
@@ -135,8 +171,13 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     from mirrorfit.artifacts.evaluate import check_evaluate_flags
     from mirrorfit.artifacts.output_paths import check_output_file
 
-    flags = dict(checkpoint_dir=args.checkpoint_dir, saved_model=args.saved_model,
-                 data=args.data, data_dir=args.data_dir, image_size=args.image_size)
+    flags = dict(
+        checkpoint_dir=args.checkpoint_dir,
+        saved_model=args.saved_model,
+        data=args.data,
+        data_dir=args.data_dir,
+        image_size=args.image_size,
+    )
     check_evaluate_flags(**flags)  # before TensorFlow loads (seconds): a bad flag fails at once
     check_output_file("--metrics-out", args.metrics_out)  # not after scoring it all
     backends.import_tensorflow("mirrorfit evaluate")
@@ -144,8 +185,10 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
 
     result = evaluate_artifact(**flags, model=args.model)
     on = "" if args.data == "mnist" else f" of --data {args.data}"
-    print(f"{result['source']}: test accuracy {result['test_accuracy']:.4f}, "
-          f"loss {result['test_loss']:.4f} on {result['examples']} examples{on}")
+    print(
+        f"{result['source']}: test accuracy {result['test_accuracy']:.4f}, "
+        f"loss {result['test_loss']:.4f} on {result['examples']} examples{on}"
+    )
     if args.metrics_out:
         _io.write_json_atomic(args.metrics_out, result)
     return 0
@@ -166,8 +209,10 @@ def _cmd_devices(args: argparse.Namespace) -> int:
     for d in devices:
         print(f"{d['type']:4} {d['name']} {d.get('model', '')}".rstrip())
     if not any(d["type"] == "GPU" for d in devices):
-        print(f"no GPU: `--replicas N` splits the CPU into N logical devices that share the "
-              f"same {usable_cpus()} CPU(s) this process may run on")
+        print(
+            f"no GPU: `--replicas N` splits the CPU into N logical devices that share the "
+            f"same {usable_cpus()} CPU(s) this process may run on"
+        )
     return 0
 
 
@@ -188,8 +233,9 @@ def _since_process_start() -> float | None:
 def _one_line(text: str) -> str:
     """``text`` with control characters and line separators escaped as repr() writes them
     (a newline as \\n): a value the user gave (a folder name) must not split the error line."""
-    return "".join(repr(c)[1:-1] if unicodedata.category(c) in ("Cc", "Zl", "Zp") else c
-                   for c in text)
+    return "".join(
+        repr(c)[1:-1] if unicodedata.category(c) in ("Cc", "Zl", "Zp") else c for c in text
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -201,9 +247,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         backends.prepare("tensorflow", verbose=args.verbose)
     from mirrorfit.job.preemption import EXIT_PREEMPTED, Preempted
 
-    commands = {"train": _cmd_train, "devices": _cmd_devices, "export": _cmd_export,
-                "evaluate": _cmd_evaluate, "bench": _cmd_bench, "serve": _cmd_serve,
-                "launch": _cmd_launch}
+    commands = {
+        "train": _cmd_train,
+        "devices": _cmd_devices,
+        "export": _cmd_export,
+        "evaluate": _cmd_evaluate,
+        "bench": _cmd_bench,
+        "serve": _cmd_serve,
+        "launch": _cmd_launch,
+    }
     try:
         return commands[args.command](args)
     except Preempted as e:
@@ -243,8 +295,9 @@ def _failed_jax_task(code: int) -> bool:
     from mirrorfit.job.preemption import EXIT_PREEMPTED
 
     processes = sys.modules.get("mirrorfit.engine.jax.processes")
-    return code not in (0, EXIT_PREEMPTED) and processes is not None \
-        and processes.joined() is not None
+    return (
+        code not in (0, EXIT_PREEMPTED) and processes is not None and processes.joined() is not None
+    )
 
 
 def _in_cluster() -> bool:
@@ -258,4 +311,3 @@ def _in_cluster() -> bool:
 
 if __name__ == "__main__":
     run()
-

@@ -15,130 +15,241 @@ from mirrorfit.serving.settings import ServeConfig
 
 
 def _train_parser(sub) -> None:
-    p = sub.add_parser("train", help="train a model data-parallel",
-                       description="Train a Keras model data-parallel with mirrorfit's compiled "
-                                   "multi-step loop. Flags override --config.")
+    p = sub.add_parser(
+        "train",
+        help="train a model data-parallel",
+        description="Train a Keras model data-parallel with mirrorfit's compiled "
+        "multi-step loop. Flags override --config.",
+    )
     add = p.add_argument
     add("--config", help="TOML file with any of the settings below (flags override it)")
-    add("--backend", help="tensorflow (default, else $KERAS_BACKEND) or jax: the engine that "
-        "trains (Keras 3 on that framework)")
+    add(
+        "--backend",
+        help="tensorflow (default, else $KERAS_BACKEND) or jax: the engine that "
+        "trains (Keras 3 on that framework)",
+    )
     _verbose(add)
     add("--model", help="mlp (default), cnn, or package.module:function returning a Keras model")
-    add("--data", help="training data: mnist (default), synthetic, FILE.npz (x_train, y_train; "
+    add(
+        "--data",
+        help="training data: mnist (default), synthetic, FILE.npz (x_train, y_train; "
         "optional x_val/y_val, x_test/y_test), an image FOLDER (one subfolder per class), "
-        "'train-*.tfrecord' (tf.train.Example; quote the pattern) or package.module:function")
+        "'train-*.tfrecord' (tf.train.Example; quote the pattern) or package.module:function",
+    )
     add("--dataset", help="older name of --data (mnist)")
-    add("--data-dir", help="--data mnist: folder holding mnist.npz, or the file (else "
-        "$MIRRORFIT_DATA, the Keras cache ~/.keras/datasets, a download)")
-    add("--image-size", help="image folders and TFRecords: resize every image to H,W pixels "
-        "(default: keep the images' size, which must then be the same for all)")
-    add("--image-feature", help="TFRecords: feature holding the encoded PNG/JPEG image "
-        "(default image/encoded)")
-    add("--label-feature", help="TFRecords: feature holding the int64 class label "
-        "(default image/class/label)")
-    add("--validation-split", type=float, help="hold out this fraction of the training "
-        "examples for validation (drawn with --seed) when the source has no validation split")
-    add("--cache", help="image folders, TFRecords, dataset functions: decode once and keep "
-        "the examples in memory, or in this folder (created; reused by later runs)")
-    add("--input-shape", help="one example's shape, e.g. 224,224,3: of --data synthetic, and "
-        "of the model (keras.applications names); file data brings its own")
-    add("--num-classes", type=int, help="classes (the model's outputs); default: from the data "
-        "(class folders, or the largest label + 1)")
+    add(
+        "--data-dir",
+        help="--data mnist: folder holding mnist.npz, or the file (else "
+        "$MIRRORFIT_DATA, the Keras cache ~/.keras/datasets, a download)",
+    )
+    add(
+        "--image-size",
+        help="image folders and TFRecords: resize every image to H,W pixels "
+        "(default: keep the images' size, which must then be the same for all)",
+    )
+    add(
+        "--image-feature",
+        help="TFRecords: feature holding the encoded PNG/JPEG image (default image/encoded)",
+    )
+    add(
+        "--label-feature",
+        help="TFRecords: feature holding the int64 class label (default image/class/label)",
+    )
+    add(
+        "--validation-split",
+        type=float,
+        help="hold out this fraction of the training "
+        "examples for validation (drawn with --seed) when the source has no validation split",
+    )
+    add(
+        "--cache",
+        help="image folders, TFRecords, dataset functions: decode once and keep "
+        "the examples in memory, or in this folder (created; reused by later runs)",
+    )
+    add(
+        "--input-shape",
+        help="one example's shape, e.g. 224,224,3: of --data synthetic, and "
+        "of the model (keras.applications names); file data brings its own",
+    )
+    add(
+        "--num-classes",
+        type=int,
+        help="classes (the model's outputs); default: from the data "
+        "(class folders, or the largest label + 1)",
+    )
     add("--replicas", type=int, help="replicas; on a CPU-only host, logical CPU devices")
     add("--devices", help="comma-separated devices to replicate over, e.g. /gpu:0,/gpu:2")
     add("--visible-devices", help="GPU indices to use, like CUDA_VISIBLE_DEVICES (e.g. 0,1)")
-    add("--no-memory-growth", dest="memory_growth", action="store_const", const=False,
-        help="let TensorFlow take all GPU memory at start")
-    add("--strategy", help="auto (default), single, mirrored, central-storage, multi-worker "
+    add(
+        "--no-memory-growth",
+        dest="memory_growth",
+        action="store_const",
+        const=False,
+        help="let TensorFlow take all GPU memory at start",
+    )
+    add(
+        "--strategy",
+        help="auto (default), single, mirrored, central-storage, multi-worker "
         "(one replica set per process; TF_CONFIG, SLURM or `mirrorfit launch`), "
-        "parameter-server")
+        "parameter-server",
+    )
     add("--cross-device-ops", help="auto (default), nccl, hierarchical, reduce-to-one")
     add("--communication", help="multi-worker all-reduce: auto (default), ring, nccl")
-    add("--threads-per-worker", type=int, help="TensorFlow threads of this process (intra- and "
-        "inter-op pools); with N workers on one host, cores / N")
-    add("--collective-timeout", type=float, help="seconds to wait for the other workers, at "
-        "start-up and in every all-reduce, before naming the one missing (default 300)")
+    add(
+        "--threads-per-worker",
+        type=int,
+        help="TensorFlow threads of this process (intra- and "
+        "inter-op pools); with N workers on one host, cores / N",
+    )
+    add(
+        "--collective-timeout",
+        type=float,
+        help="seconds to wait for the other workers, at "
+        "start-up and in every all-reduce, before naming the one missing (default 300)",
+    )
     add("--batch-size", type=int, help="examples per replica per step (default 32)")
     add("--global-batch-size", type=int, help="examples per step over all replicas (instead)")
     add("--epochs", type=int, help="epochs (default 10)")
     add("--optimizer", help="sgd (default), adam, adamw, rmsprop")
-    add("--loss", help="a Keras loss (mse, binary_crossentropy, ...) for an uncompiled --model "
-        "function; a compiled model trains its compile()'s")
+    add(
+        "--loss",
+        help="a Keras loss (mse, binary_crossentropy, ...) for an uncompiled --model "
+        "function; a compiled model trains its compile()'s",
+    )
     add("--metrics", help="comma-separated Keras metrics, with --loss")
-    add("--callbacks", help="package.module:function returning a list of Keras callbacks "
-        "(a --model function's run)")
+    add(
+        "--callbacks",
+        help="package.module:function returning a list of Keras callbacks "
+        "(a --model function's run)",
+    )
     add("--lr", type=float, help="learning rate (default 0.01)")
     add("--steps-per-execution", type=int, help="steps per compiled call (default 50)")
-    add("--accum-steps", type=int, help="micro-batches per replica per optimizer step; the "
-        "effective global batch is batch x replicas x K (default 1)")
+    add(
+        "--accum-steps",
+        type=int,
+        help="micro-batches per replica per optimizer step; the "
+        "effective global batch is batch x replicas x K (default 1)",
+    )
     add("--precision", help="fp32 (default), bf16 or fp16 (dynamic loss scaling)")
-    add("--xla", action="store_const", const=True,
-        help="compile each replica's forward/backward pass with XLA")
+    add(
+        "--xla",
+        action="store_const",
+        const=True,
+        help="compile each replica's forward/backward pass with XLA",
+    )
     add("--lr-scaling", help="none (default) or linear: lr x global batch / --base-batch")
     add("--base-batch", type=int, help="global batch --lr was chosen for (default 32)")
     add("--warmup-epochs", type=float, help="linear learning-rate warm-up epochs (default 0)")
     add("--gpu-memory-limit", type=int, help="cap each GPU at MB (instead of memory growth)")
-    add("--remat", action="store_const", const=True,
-        help="recompute activations in the backward pass (less memory, more compute)")
-    add("--shard", help="JAX: none (default; every device holds the whole state), optimizer "
-        "(ZeRO-1: the optimizer state split over the devices) or all (FSDP: the weights too)")
+    add(
+        "--remat",
+        action="store_const",
+        const=True,
+        help="recompute activations in the backward pass (less memory, more compute)",
+    )
+    add(
+        "--shard",
+        help="JAX: none (default; every device holds the whole state), optimizer "
+        "(ZeRO-1: the optimizer state split over the devices) or all (FSDP: the weights too)",
+    )
     add("--logdir", help="write TensorBoard scalars here")
-    add("--profile", action="store_const", const=True,
-        help="after training, report where step time goes and a one-line diagnosis")
+    add(
+        "--profile",
+        action="store_const",
+        const=True,
+        help="after training, report where step time goes and a one-line diagnosis",
+    )
     add("--seed", type=int, help="seed for weights and data order (default 42)")
-    add("--train-examples", type=int, help="train on the first N training examples (of an "
-        "image folder, whose files are sorted by class: N drawn with --seed)")
+    add(
+        "--train-examples",
+        type=int,
+        help="train on the first N training examples (of an "
+        "image folder, whose files are sorted by class: N drawn with --seed)",
+    )
     add("--eval-batch-size", type=int, help="global batch for evaluation")
     add("--metrics-out", help="write a JSON summary here")
-    add("--no-progress", dest="progress", action="store_const", const=False,
-        help="no progress bars")
+    add(
+        "--no-progress", dest="progress", action="store_const", const=False, help="no progress bars"
+    )
     add("--checkpoint-dir", help="save step-exact checkpoints here; rerunning resumes")
-    add("--checkpoint-every", type=int, help="also checkpoint every N steps (default: epoch "
-        "ends only)")
+    add(
+        "--checkpoint-every",
+        type=int,
+        help="also checkpoint every N steps (default: epoch ends only)",
+    )
     add("--keep-checkpoints", type=int, help="how many recent checkpoints to keep (default 3)")
-    add("--fresh", action="store_const", const=True,
-        help="move existing checkpoints aside and start over instead of resuming")
+    add(
+        "--fresh",
+        action="store_const",
+        const=True,
+        help="move existing checkpoints aside and start over instead of resuming",
+    )
     _export_flags(add)
     add("--save-keras", help="also save the trained model as FILE.keras")
 
 
 def _verbose(add) -> None:
-    add("--verbose", "-v", action="store_const", const=True,
+    add(
+        "--verbose",
+        "-v",
+        action="store_const",
+        const=True,
         help="show TensorFlow's/XLA's own log (C++ INFO, WARNING and ERROR lines, gRPC's): "
-             "hidden unless this or TF_CPP_MIN_LOG_LEVEL asks for them")
+        "hidden unless this or TF_CPP_MIN_LOG_LEVEL asks for them",
+    )
 
 
 def _source_flags(add, *, records: bool = True) -> None:
     """The flags that shape a file source, for bench and evaluate (train has its own help);
     ``records``: the TFRecord features too (evaluate has no use for them: TFRecord sources
     have no test split)."""
-    add("--image-size", help="image folders and TFRecords: resize every image to H,W pixels, "
-        "as in training (default: the images' own size)")
+    add(
+        "--image-size",
+        help="image folders and TFRecords: resize every image to H,W pixels, "
+        "as in training (default: the images' own size)",
+    )
     if not records:
         return
-    add("--image-feature", default="image/encoded", help="TFRecords: feature holding the "
-        "encoded PNG/JPEG image (default image/encoded)")
-    add("--label-feature", default="image/class/label", help="TFRecords: feature holding the "
-        "int64 class label (default image/class/label)")
+    add(
+        "--image-feature",
+        default="image/encoded",
+        help="TFRecords: feature holding the encoded PNG/JPEG image (default image/encoded)",
+    )
+    add(
+        "--label-feature",
+        default="image/class/label",
+        help="TFRecords: feature holding the int64 class label (default image/class/label)",
+    )
 
 
 def _export_flags(add) -> None:
     add("--export-dir", help="write a SavedModel into the next version folder of models/NAME")
-    add("--export-preprocessing", action="store_const", const=True,
-        help="exported signature takes raw uint8 pixels and scales them itself")
-    add("--allow-nan", action="store_const", const=True,
+    add(
+        "--export-preprocessing",
+        action="store_const",
+        const=True,
+        help="exported signature takes raw uint8 pixels and scales them itself",
+    )
+    add(
+        "--allow-nan",
+        action="store_const",
+        const=True,
         help="train on through a NaN or infinite loss, as Keras's fit does, and save and "
-             "export non-finite weights (default: stop the run, exit 65, and refuse them)")
+        "export non-finite weights (default: stop the run, exit 65, and refuse them)",
+    )
 
 
 def _csv(kind, name: str):
     """An argparse type for comma-separated lists, naming the flag when a value is bad."""
+
     def parse(text: str) -> tuple:
         try:
             return tuple(kind(v.strip()) for v in text.split(",") if v.strip())
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} {text!r}: expected a comma-separated "
-                                             f"list of {kind.__name__} values") from None
+            raise argparse.ArgumentTypeError(
+                f"{name} {text!r}: expected a comma-separated list of {kind.__name__} values"
+            ) from None
+
     return parse
 
 
@@ -160,9 +271,12 @@ def _flag_bool(text: str) -> bool:
 
 
 def _serve_parser(sub) -> None:
-    p = sub.add_parser("serve", help="serve SavedModels with TF Serving's REST and gRPC APIs",
-                       description="A TensorFlow-Serving-compatible model server. Takes "
-                                   "tensorflow_model_server's flag names.")
+    p = sub.add_parser(
+        "serve",
+        help="serve SavedModels with TF Serving's REST and gRPC APIs",
+        description="A TensorFlow-Serving-compatible model server. Takes "
+        "tensorflow_model_server's flag names.",
+    )
     add = p.add_argument
     # The defaults are ServeConfig's (set below): written once, there.
     _verbose(add)
@@ -172,125 +286,233 @@ def _serve_parser(sub) -> None:
     add("--model_name", help="name of the model (default)")
     add("--model_base_path", help="folder of numeric version folders (0001, 0002, ...)")
     add("--model_config_file", help="text-format ModelServerConfig for several models")
-    add("--file_system_poll_wait_seconds", type=float,
-        help="seconds between polls for new versions (1; 0: once; < 0: never)")
-    add("--model_config_file_poll_wait_seconds", type=float,
+    add(
+        "--file_system_poll_wait_seconds",
+        type=float,
+        help="seconds between polls for new versions (1; 0: once; < 0: never)",
+    )
+    add(
+        "--model_config_file_poll_wait_seconds",
+        type=float,
         help="seconds between re-reads of --model_config_file: models added, removed, changed "
-             "(0: read once); a bad file keeps the last good config")
+        "(0: read once); a bad file keeps the last good config",
+    )
     for flag, text in (
-            ("--enable_batching", "merge concurrent requests into batches"),
-            ("--enable_model_warmup", "warm new versions up before they take traffic"),
-            ("--rest_api_enable_cors_support", "send CORS headers"),
-            ("--servable_versions_always_present",
-             "a base path with no versions keeps the loaded ones (default: unloads them), and "
-             "start-up or a config reload fails while a model has none")):
+        ("--enable_batching", "merge concurrent requests into batches"),
+        ("--enable_model_warmup", "warm new versions up before they take traffic"),
+        ("--rest_api_enable_cors_support", "send CORS headers"),
+        (
+            "--servable_versions_always_present",
+            "a base path with no versions keeps the loaded ones (default: unloads them), and "
+            "start-up or a config reload fails while a model has none",
+        ),
+    ):
         add(flag, type=_flag_bool, nargs="?", const=True, help=text)
     add("--batching_parameters_file", help="text-format BatchingParameters")
     add("--monitoring_config_file", help="text-format MonitoringConfig (Prometheus path)")
     add("--rest_api_timeout_in_ms", type=int)
-    add("--max_num_load_retries", type=int,
-        help="retries of a failed version load after the first attempt (5)")
-    add("--load_retry_interval_micros", type=int,
-        help="microseconds between load retries (60 s)")
+    add(
+        "--max_num_load_retries",
+        type=int,
+        help="retries of a failed version load after the first attempt (5)",
+    )
+    add("--load_retry_interval_micros", type=int, help="microseconds between load retries (60 s)")
     add("--saved_model_tags")
-    add("--grpc_max_threads", type=int,
-        help="gRPC requests in progress at once; more get RESOURCE_EXHAUSTED (64)")
-    add("--max_request_bytes", type=int,
+    add(
+        "--grpc_max_threads",
+        type=int,
+        help="gRPC requests in progress at once; more get RESOURCE_EXHAUSTED (64)",
+    )
+    add(
+        "--max_request_bytes",
+        type=int,
         help="largest REST body (larger gets 413) or gRPC message (RESOURCE_EXHAUSTED) "
-             "accepted (64 MiB)")
-    add("--max_rows_per_request", type=int,
-        help="most rows (examples) in one request (1000)")
+        "accepted (64 MiB)",
+    )
+    add("--max_rows_per_request", type=int, help="most rows (examples) in one request (1000)")
     # bounds on what clients can hold (docs/serving.md, its flags)
-    add("--max_unbatched_in_flight", type=int,
-        help="unbatched model calls running or waiting; more get 503 / UNAVAILABLE (64)")
-    add("--rest_api_max_connections", type=int,
-        help="open REST connections; a request beyond them gets 503 (500)")
-    add("--rest_api_keepalive_timeout_in_ms", type=int,
-        help="idle keep-alive REST connections are closed after this (5000)")
-    add("--rest_api_header_timeout_in_ms", type=int,
-        help="time to send a request's headers, from connecting or the last response (10000)")
-    add("--rest_api_body_timeout_in_ms", type=int,
-        help="time to send a request's body; slower gets 408 (60000)")
-    add("--rest_api_max_buffered_bytes", type=int,
-        help="request-body bytes held by all REST requests at once; more gets 503 (256 MiB)")
-    add("--rest_api_http_impl", choices=["auto", "h11", "httptools"],
-        help="HTTP parser (auto: httptools when installed)")
-    add("--event_loop", choices=["auto", "asyncio", "uvloop"],
-        help="event loop of REST and gRPC (auto: uvloop when installed)")
+    add(
+        "--max_unbatched_in_flight",
+        type=int,
+        help="unbatched model calls running or waiting; more get 503 / UNAVAILABLE (64)",
+    )
+    add(
+        "--rest_api_max_connections",
+        type=int,
+        help="open REST connections; a request beyond them gets 503 (500)",
+    )
+    add(
+        "--rest_api_keepalive_timeout_in_ms",
+        type=int,
+        help="idle keep-alive REST connections are closed after this (5000)",
+    )
+    add(
+        "--rest_api_header_timeout_in_ms",
+        type=int,
+        help="time to send a request's headers, from connecting or the last response (10000)",
+    )
+    add(
+        "--rest_api_body_timeout_in_ms",
+        type=int,
+        help="time to send a request's body; slower gets 408 (60000)",
+    )
+    add(
+        "--rest_api_max_buffered_bytes",
+        type=int,
+        help="request-body bytes held by all REST requests at once; more gets 503 (256 MiB)",
+    )
+    add(
+        "--rest_api_http_impl",
+        choices=["auto", "h11", "httptools"],
+        help="HTTP parser (auto: httptools when installed)",
+    )
+    add(
+        "--event_loop",
+        choices=["auto", "asyncio", "uvloop"],
+        help="event loop of REST and gRPC (auto: uvloop when installed)",
+    )
     add("--log_level", choices=["debug", "info", "warning", "error"])
-    add("--tensorflow_intra_op_parallelism", type=int,
-        help="threads per op (0: TensorFlow's default)")
-    add("--tensorflow_inter_op_parallelism", type=int,
-        help="ops run at once (0: TensorFlow's default)")
+    add(
+        "--tensorflow_intra_op_parallelism",
+        type=int,
+        help="threads per op (0: TensorFlow's default)",
+    )
+    add(
+        "--tensorflow_inter_op_parallelism",
+        type=int,
+        help="ops run at once (0: TensorFlow's default)",
+    )
     # accepted for compatibility with tensorflow_model_server command lines; no effect here
-    for flag in ("--rest_api_num_threads", "--tensorflow_session_parallelism",
-                 "--enable_signature_method_name_check",
-                 "--allow_version_labels_for_unavailable_models", "--xla_cpu_compilation_enabled"):
+    for flag in (
+        "--rest_api_num_threads",
+        "--tensorflow_session_parallelism",
+        "--enable_signature_method_name_check",
+        "--allow_version_labels_for_unavailable_models",
+        "--xla_cpu_compilation_enabled",
+    ):
         add(flag, dest=f"_ignored{flag.replace('-', '_')}", help=argparse.SUPPRESS)
-    p.set_defaults(**{f.name: f.default for f in dataclasses.fields(ServeConfig)
-                      if f.name != "shutdown_grace_seconds"})
+    p.set_defaults(
+        **{
+            f.name: f.default
+            for f in dataclasses.fields(ServeConfig)
+            if f.name != "shutdown_grace_seconds"
+        }
+    )
 
 
 def _bench_parser(sub) -> None:
-    p = sub.add_parser("bench", help="measure a grid of configurations, each in its own process",
-                       description="Throughput, scaling efficiency, MFU and accuracy for a grid "
-                                   "of configurations, plus the textbook recipe (Keras fit "
-                                   "under MirroredStrategy); medians of alternated repeats.")
+    p = sub.add_parser(
+        "bench",
+        help="measure a grid of configurations, each in its own process",
+        description="Throughput, scaling efficiency, MFU and accuracy for a grid "
+        "of configurations, plus the textbook recipe (Keras fit "
+        "under MirroredStrategy); medians of alternated repeats.",
+    )
     add = p.add_argument
     _verbose(add)
-    add("--model", default="mlp", help="mlp (default), cnn, a keras.applications name "
-        "(ResNet50, MobileNetV2, ...; random weights) or package.module:function")
-    add("--data", default="mnist", help="mnist (default), synthetic (random batches made "
+    add(
+        "--model",
+        default="mlp",
+        help="mlp (default), cnn, a keras.applications name "
+        "(ResNet50, MobileNetV2, ...; random weights) or package.module:function",
+    )
+    add(
+        "--data",
+        default="mnist",
+        help="mnist (default), synthetic (random batches made "
         "once and repeated, so no input pipeline limits the figures), or any --data of "
         "`mirrorfit train`: FILE.npz, an image FOLDER, 'train-*.tfrecord' (quote the pattern), "
         "package.module:function; both sides of every point read its tf.data pipeline, and "
-        "test accuracy comes from its test split (none: shown as -)")
-    add("--input-shape", type=_csv(int, "--input-shape"),
+        "test accuracy comes from its test split (none: shown as -)",
+    )
+    add(
+        "--input-shape",
+        type=_csv(int, "--input-shape"),
         help="--data synthetic: one example's shape, e.g. 224,224,3 (default: the model's); "
-        "other sources bring their own")
-    add("--num-classes", type=int, help="--data synthetic: classes (default: the model's); "
-        "other sources: as `mirrorfit train --num-classes` (default: from the data)")
+        "other sources bring their own",
+    )
+    add(
+        "--num-classes",
+        type=int,
+        help="--data synthetic: classes (default: the model's); "
+        "other sources: as `mirrorfit train --num-classes` (default: from the data)",
+    )
     add("--data-dir", help="folder holding mnist.npz")
     _source_flags(add)
-    add("--validation-split", type=float, help="as `mirrorfit train`: hold out this fraction "
-        "of the training examples (drawn with the seed); they are not trained on")
-    add("--cache", help="as `mirrorfit train`: image folders, TFRecords, dataset functions "
-        "decoded once, in memory or in this folder (filled once, before the points run)")
-    add("--backend", type=_csv(str, "--backend"), default=("tensorflow",),
+    add(
+        "--validation-split",
+        type=float,
+        help="as `mirrorfit train`: hold out this fraction "
+        "of the training examples (drawn with the seed); they are not trained on",
+    )
+    add(
+        "--cache",
+        help="as `mirrorfit train`: image folders, TFRecords, dataset functions "
+        "decoded once, in memory or in this folder (filled once, before the points run)",
+    )
+    add(
+        "--backend",
+        type=_csv(str, "--backend"),
+        default=("tensorflow",),
         help="engines to compare: tensorflow (default), jax, or tensorflow,jax (each with "
-             "Keras's own fit on it as the yardstick rows)")
+        "Keras's own fit on it as the yardstick rows)",
+    )
     add("--replicas", type=_csv(int, "--replicas"), default=(1, 2), help="e.g. 1,2 (default)")
-    add("--precision", type=_csv(str, "--precision"), default=("fp32", "bf16", "fp16"),
-        help="e.g. fp32,bf16,fp16 (default)")
-    add("--xla", type=_csv(_on_off, "--xla"), default=(False,), help="off (default), on, or "
-        "off,on")
+    add(
+        "--precision",
+        type=_csv(str, "--precision"),
+        default=("fp32", "bf16", "fp16"),
+        help="e.g. fp32,bf16,fp16 (default)",
+    )
+    add("--xla", type=_csv(_on_off, "--xla"), default=(False,), help="off (default), on, or off,on")
     add("--accum-steps", type=_csv(int, "--accum-steps"), default=(1,), help="e.g. 1,4")
     add("--steps-per-execution", type=_csv(int, "--steps-per-execution"), default=(50,))
-    add("--global-batch-size", type=int, help="effective global batch (default: mlp 64, cnn "
-        "100; synthetic data 32)")
-    add("--train-examples", type=int, help="training images (default: mlp all, cnn 12,800; "
-        "synthetic data: examples per epoch, 160)")
+    add(
+        "--global-batch-size",
+        type=int,
+        help="effective global batch (default: mlp 64, cnn 100; synthetic data 32)",
+    )
+    add(
+        "--train-examples",
+        type=int,
+        help="training images (default: mlp all, cnn 12,800; "
+        "synthetic data: examples per epoch, 160)",
+    )
     add("--epochs", type=int, help="epochs per run, >= 2 (default: mlp 3, cnn 2)")
     add("--repeats", type=int, default=3, help="runs per point (default 3)")
-    add("--no-textbook", dest="textbook", action="store_false",
-        help="leave out the textbook recipe rows")
-    add("--textbook-precision", type=_csv(str, "--textbook-precision"), default=("fp32",),
+    add(
+        "--no-textbook",
+        dest="textbook",
+        action="store_false",
+        help="leave out the textbook recipe rows",
+    )
+    add(
+        "--textbook-precision",
+        type=_csv(str, "--textbook-precision"),
+        default=("fp32",),
         help="precisions for the textbook rows (fp32; e.g. fp32,bf16 to see what Keras's own "
-             "mixed precision does under fit)")
+        "mixed precision does under fit)",
+    )
     add("--out", default="bench-results", help="folder for bench.csv, bench.json, bench.png")
-    add("--recommend", action="store_true", help="name the fastest configuration whose "
-        "accuracy stays within --tolerance of float32")
+    add(
+        "--recommend",
+        action="store_true",
+        help="name the fastest configuration whose accuracy stays within --tolerance of float32",
+    )
     add("--tolerance", type=float, default=0.005, help="accuracy tolerance (default 0.005)")
 
 
-_USER_MODEL_HELP = ("the checkpoint's package.module:function model, to allow importing it "
-                    "(a checkpoint alone never picks code to run)")
+_USER_MODEL_HELP = (
+    "the checkpoint's package.module:function model, to allow importing it "
+    "(a checkpoint alone never picks code to run)"
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``mirrorfit`` parser with every command's subparser."""
-    parser = argparse.ArgumentParser(prog="mirrorfit", description=(
-        "Data-parallel Keras training on 1..N devices, measured."))
+    parser = argparse.ArgumentParser(
+        prog="mirrorfit", description=("Data-parallel Keras training on 1..N devices, measured.")
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     _train_parser(sub)
     dev = sub.add_parser("devices", help="list the devices TensorFlow (or JAX) sees")
@@ -304,15 +526,20 @@ def build_parser() -> argparse.ArgumentParser:
     _bench_parser(sub)
     _serve_parser(sub)
     from mirrorfit.distribute.launch import add_launch_parser  # standard library only
+
     add_launch_parser(sub)
     ev = sub.add_parser("evaluate", help="test accuracy and loss of a checkpoint or export")
     ev.add_argument("--checkpoint-dir")
     _verbose(ev.add_argument)
     ev.add_argument("--model", help=_USER_MODEL_HELP)
     ev.add_argument("--saved-model", help="models/NAME (newest version) or models/NAME/0001")
-    ev.add_argument("--data", default="mnist", help="test data: mnist (default), FILE.npz "
-                    "with x_test/y_test, an image FOLDER with a test/ subfolder (one subfolder "
-                    "per class), or package.module:function returning a test split")
+    ev.add_argument(
+        "--data",
+        default="mnist",
+        help="test data: mnist (default), FILE.npz "
+        "with x_test/y_test, an image FOLDER with a test/ subfolder (one subfolder "
+        "per class), or package.module:function returning a test split",
+    )
     ev.add_argument("--data-dir", help="--data mnist: folder holding mnist.npz, or the file")
     _source_flags(ev.add_argument, records=False)
     ev.add_argument("--metrics-out")

@@ -8,10 +8,13 @@ before TensorFlow loads, and importing this package must not import TensorFlow.
 import importlib
 
 _EXPORTS = {
-    "Splits": "mirrorfit.data.mnist", "load_mnist": "mirrorfit.data.mnist",
+    "Splits": "mirrorfit.data.mnist",
+    "load_mnist": "mirrorfit.data.mnist",
     "locate_mnist": "mirrorfit.data.mnist",
-    "eval_dataset": "mirrorfit.data.pipeline", "train_batches": "mirrorfit.data.pipeline",
-    "Data": "mirrorfit.data.sources", "load_data": "mirrorfit.data.sources",
+    "eval_dataset": "mirrorfit.data.pipeline",
+    "train_batches": "mirrorfit.data.pipeline",
+    "Data": "mirrorfit.data.sources",
+    "load_data": "mirrorfit.data.sources",
 }
 
 __all__ = list(_EXPORTS)

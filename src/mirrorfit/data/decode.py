@@ -66,8 +66,9 @@ def probe(raw: bytes, name: str) -> tuple[int, int, int]:
     try:
         image = tf.io.decode_image(raw, expand_animations=False)
     except tf.errors.OpError as e:
-        raise DataError(f"{name} cannot be decoded as an image ({_first_line(e)}); remove or "
-                        "replace the file") from None
+        raise DataError(
+            f"{name} cannot be decoded as an image ({_first_line(e)}); remove or replace the file"
+        ) from None
     h, w, c = (int(d) for d in image.shape)
     return h, w, (3 if c == 4 else c)  # RGBA -> RGB: the alpha channel is no class evidence
 
@@ -79,12 +80,15 @@ def explain(error: tf.errors.OpError, data_flag: str) -> DataError | None:
     if match is None:
         return None
     name, h, w = match.group(1), match.group(2), match.group(3)
-    return DataError(f"--data {data_flag}: image {name} is {h}x{w} pixels, not the size of the "
-                     "first image; pass --image-size H,W to resize every image to one size")
+    return DataError(
+        f"--data {data_flag}: image {name} is {h}x{w} pixels, not the size of the "
+        "first image; pass --image-size H,W to resize every image to one size"
+    )
 
 
-def find_undecodable(items: tf.data.Dataset, names: Sequence[str], data_flag: str,
-                     cause: tf.errors.OpError) -> DataError:
+def find_undecodable(
+    items: tf.data.Dataset, names: Sequence[str], data_flag: str, cause: tf.errors.OpError
+) -> DataError:
     """Decode every element of ``items`` (``(index, raw bytes)``; ``names[index]`` says which
     file or record it is) again, in parallel, skipping failures; the DataError names those that
     fail. Called only after a decode error, so its cost (one pass over the data) is paid only
@@ -105,13 +109,16 @@ def find_undecodable(items: tf.data.Dataset, names: Sequence[str], data_flag: st
     bad = [names[i] for i in range(len(names)) if i not in seen]
     took = time.perf_counter() - start
     if not bad:
-        return DataError(f"--data {data_flag}: decoding failed ({_first_line(cause)}), but every "
-                         f"image decodes when read again ({took:.0f} s); did the files change "
-                         "while training?")
+        return DataError(
+            f"--data {data_flag}: decoding failed ({_first_line(cause)}), but every "
+            f"image decodes when read again ({took:.0f} s); did the files change "
+            "while training?"
+        )
     more = f" and {len(bad) - _MAX_NAMED} more" if len(bad) > _MAX_NAMED else ""
-    return DataError(f"--data {data_flag}: cannot decode {', '.join(bad[:_MAX_NAMED])}{more} "
-                     f"({_first_line(cause)}); remove or replace "
-                     + ("it" if len(bad) == 1 else "them"))
+    return DataError(
+        f"--data {data_flag}: cannot decode {', '.join(bad[:_MAX_NAMED])}{more} "
+        f"({_first_line(cause)}); remove or replace " + ("it" if len(bad) == 1 else "them")
+    )
 
 
 def _first_line(error: Exception) -> str:
@@ -120,8 +127,9 @@ def _first_line(error: Exception) -> str:
     text = str(getattr(error, "message", error))
     text = re.sub(r"\{\{function_node [^}]*\}\}\s*", "", text)
     skip = ("Graph execution error", "Detected at node", "<stack traces", "[[", "File ")
-    lines = [ln.strip() for ln in text.splitlines()
-             if ln.strip() and not ln.strip().startswith(skip)]
+    lines = [
+        ln.strip() for ln in text.splitlines() if ln.strip() and not ln.strip().startswith(skip)
+    ]
     first = lines[0] if lines else type(error).__name__
     return re.sub(r"\s*\[Op:\w+\].*", "", first)[:200]
 

@@ -63,16 +63,22 @@ def list_image_folder(root: str | Path, flag: str) -> ImageFolder:
         tops = {"train": root}
     classes = tuple(p.name for p in _subfolders(tops["train"], flag))
     if not classes:
-        loose = any(os.path.splitext(e.name)[1].lower() in IMAGE_SUFFIXES
-                    for e in _entries(tops["train"], flag))
-        raise DataError(f"--data {flag}: no class subfolders in {tops['train']}"
-                        + (" (its images must be in one subfolder per class)" if loose else "")
-                        + "; an image folder has one subfolder of PNG/JPEG images per class "
-                        "(keras.utils.image_dataset_from_directory's layout); for TFRecord "
-                        f"files give a pattern such as '{root}/*.tfrecord'")
+        loose = any(
+            os.path.splitext(e.name)[1].lower() in IMAGE_SUFFIXES
+            for e in _entries(tops["train"], flag)
+        )
+        raise DataError(
+            f"--data {flag}: no class subfolders in {tops['train']}"
+            + (" (its images must be in one subfolder per class)" if loose else "")
+            + "; an image folder has one subfolder of PNG/JPEG images per class "
+            "(keras.utils.image_dataset_from_directory's layout); for TFRecord "
+            f"files give a pattern such as '{root}/*.tfrecord'"
+        )
     if len(classes) < 2:
-        raise DataError(f"--data {flag}: only one class folder ({classes[0]}); a classifier "
-                        "needs at least 2 classes, one subfolder each")
+        raise DataError(
+            f"--data {flag}: only one class folder ({classes[0]}); a classifier "
+            "needs at least 2 classes, one subfolder each"
+        )
     digest = hashlib.blake2b(digest_size=8)
     digest.update("\0".join(classes).encode())
     walked = _owned_folders(root, tops, flag)
@@ -81,8 +87,10 @@ def list_image_folder(root: str | Path, flag: str) -> ImageFolder:
         present = {p.name for p in _subfolders(top, flag)}
         extra = sorted(present - set(classes))
         if extra:
-            raise DataError(f"--data {flag}: {top} has class folder(s) {', '.join(extra)} that "
-                            f"{tops['train']} has not; every split needs the same classes")
+            raise DataError(
+                f"--data {flag}: {top} has class folder(s) {', '.join(extra)} that "
+                f"{tops['train']} has not; every split needs the same classes"
+            )
         paths, labels = [], []
         for label, name in enumerate(classes):
             if name not in present:
@@ -91,22 +99,26 @@ def list_image_folder(root: str | Path, flag: str) -> ImageFolder:
             if not found:
                 # Not "remove it": label i is the i-th class folder, so removing one
                 # silently renumbers the classes after it.
-                raise DataError(f"--data {flag}: class folder {top / name} holds no PNG or "
-                                "JPEG image; add images (removing the folder renumbers the "
-                                "classes after it)")
+                raise DataError(
+                    f"--data {flag}: class folder {top / name} holds no PNG or "
+                    "JPEG image; add images (removing the folder renumbers the "
+                    "classes after it)"
+                )
             paths += found
             labels += [label] * len(found)
         splits[split] = FileSplit(np.array(paths, dtype=object), np.array(labels, np.int32))
-    return ImageFolder(root=root, class_names=classes, splits=splits,
-                       fingerprint=digest.hexdigest())
+    return ImageFolder(
+        root=root, class_names=classes, splits=splits, fingerprint=digest.hexdigest()
+    )
 
 
 def _key(path: Path, flag: str) -> tuple[int, int]:
     try:
         st = os.stat(path)
     except OSError as e:
-        raise DataError(f"--data {flag}: cannot read {path} ({e.strerror}); check the path "
-                        "and its permissions") from None
+        raise DataError(
+            f"--data {flag}: cannot read {path} ({e.strerror}); check the path and its permissions"
+        ) from None
     return st.st_dev, st.st_ino
 
 
@@ -125,9 +137,11 @@ def _owned_folders(root: Path, tops: dict[str, Path], flag: str) -> dict[tuple[i
         for folder in [top, *_subfolders(top, flag)]:
             key = _key(folder, flag)
             if key in owned and owned[key] != folder and folder != root:
-                raise DataError(f"--data {flag}: {folder} is the same folder as {owned[key]} "
-                                "(a link); its images would be listed twice, under two "
-                                "labels: remove the link")
+                raise DataError(
+                    f"--data {flag}: {folder} is the same folder as {owned[key]} "
+                    "(a link); its images would be listed twice, under two "
+                    "labels: remove the link"
+                )
             owned[key] = folder
     return owned
 
@@ -137,8 +151,10 @@ def _entries(folder: Path, flag: str) -> list[os.DirEntry]:
         with os.scandir(folder) as it:
             return sorted((e for e in it if not e.name.startswith(".")), key=lambda e: e.name)
     except OSError as e:
-        raise DataError(f"--data {flag}: cannot read {folder} ({e.strerror}); check the path "
-                        "and its permissions") from None
+        raise DataError(
+            f"--data {flag}: cannot read {folder} ({e.strerror}); check the path "
+            "and its permissions"
+        ) from None
 
 
 def _subfolders(folder: Path, flag: str) -> list[Path]:
@@ -153,8 +169,9 @@ def _is_dir(entry: os.DirEntry) -> bool:
         return False
 
 
-def _images(folder: Path, digest, root: Path, flag: str,
-            walked: dict[tuple[int, int], Path]) -> list[str]:
+def _images(
+    folder: Path, digest, root: Path, flag: str, walked: dict[tuple[int, int], Path]
+) -> list[str]:
     """PNG/JPEG files under ``folder`` (subfolders too, hidden ones left out), sorted by path;
     each file's name relative to ``root`` (the same folder given another way is the same
     data), size and mtime go into ``digest``. Every folder is read once: a subfolder that is
@@ -174,21 +191,26 @@ def _images(folder: Path, digest, root: Path, flag: str,
                 sub = Path(entry.path)
                 key = _key(sub, flag)
                 if key in walked:
-                    raise DataError(f"--data {flag}: {sub} leads to {walked[key]}, a folder "
-                                    "this listing already reads; its images would be listed "
-                                    "twice, under another label: remove the link")
+                    raise DataError(
+                        f"--data {flag}: {sub} leads to {walked[key]}, a folder "
+                        "this listing already reads; its images would be listed "
+                        "twice, under another label: remove the link"
+                    )
                 walked[key] = sub
                 subs.append(sub)
             elif os.path.splitext(entry.name)[1].lower() in IMAGE_SUFFIXES:
                 try:
                     st = entry.stat()
                 except OSError as e:  # a dangling link, no permission
-                    raise DataError(f"--data {flag}: cannot read {entry.path} ({e.strerror}); "
-                                    "fix or remove it") from None
+                    raise DataError(
+                        f"--data {flag}: cannot read {entry.path} ({e.strerror}); fix or remove it"
+                    ) from None
                 if not stat.S_ISREG(st.st_mode):
-                    raise DataError(f"--data {flag}: {entry.path} is not a regular file (a "
-                                    "FIFO, device or other special file); replace it with the "
-                                    "image file or remove it")
+                    raise DataError(
+                        f"--data {flag}: {entry.path} is not a regular file (a "
+                        "FIFO, device or other special file); replace it with the "
+                        "image file or remove it"
+                    )
                 found.append(entry.path)
                 rel = os.path.relpath(entry.path, root)
                 digest.update(f"{rel}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
@@ -224,5 +246,11 @@ def holdout(n: int, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]
     return np.flatnonzero(~mask), np.flatnonzero(mask)
 
 
-__all__ = ["IMAGE_SUFFIXES", "FileSplit", "ImageFolder", "list_image_folder",
-           "files_fingerprint", "holdout"]
+__all__ = [
+    "IMAGE_SUFFIXES",
+    "FileSplit",
+    "ImageFolder",
+    "list_image_folder",
+    "files_fingerprint",
+    "holdout",
+]

@@ -19,8 +19,13 @@ import tensorflow as tf
 
 from mirrorfit.data import decode as decoding
 from mirrorfit.data.files import ImageFolder, _is_dir, files_fingerprint, list_image_folder
-from mirrorfit.data.images import (IndexedBatches, eval_files, fill_store, store_key,
-                                   undecodable_files)
+from mirrorfit.data.images import (
+    IndexedBatches,
+    eval_files,
+    fill_store,
+    store_key,
+    undecodable_files,
+)
 from mirrorfit.data.opened import Data, TestSplit
 from mirrorfit.errors import DataError
 
@@ -36,14 +41,17 @@ def split_folders(root: Path, flag: str) -> set[str]:
             entries = [e for e in it if not e.name.startswith(".")]
         folders = {e.name for e in entries if _is_dir(e)}  # a link loop is no folder
     except OSError as e:
-        raise DataError(f"--data {flag}: cannot read {root} ({e.strerror}); check the path "
-                        "and its permissions") from None
+        raise DataError(
+            f"--data {flag}: cannot read {root} ({e.strerror}); check the path and its permissions"
+        ) from None
     if not folders or not folders <= set(SPLIT_NAMES):
         return set()
     for e in entries:
         if e.name in SPLIT_NAMES and e.name not in folders:
-            raise DataError(f"--data {flag}: {root / e.name} is a file, not a folder; a split "
-                            "is a folder holding one subfolder of images per class")
+            raise DataError(
+                f"--data {flag}: {root / e.name} is a file, not a folder; a split "
+                "is a folder holding one subfolder of images per class"
+            )
     return folders
 
 
@@ -57,22 +65,25 @@ def list_folder(root: Path, flag: str) -> ImageFolder:
 def check_not_empty(folder: ImageFolder, split: str, flag: str) -> None:
     """A val/ or test/ without class folders would be scored as no examples at all."""
     if split in folder.splits and not len(folder.splits[split]):
-        name = "validation" if split == "val" and (folder.root / "validation").is_dir() \
-            else split
-        raise DataError(f"--data {flag}: {folder.root / name} holds no class subfolders of "
-                        "images; add them (named as in train/) or remove it")
+        name = "validation" if split == "val" and (folder.root / "validation").is_dir() else split
+        raise DataError(
+            f"--data {flag}: {folder.root / name} holds no class subfolders of "
+            "images; add them (named as in train/) or remove it"
+        )
 
 
-def image_decoder(first: str | Path | bytes, name: str, image_size: tuple[int, int] | None,
-                  flag: str) -> decoding.ImageDecoder:
+def image_decoder(
+    first: str | Path | bytes, name: str, image_size: tuple[int, int] | None, flag: str
+) -> decoding.ImageDecoder:
     """The decoder every image of a source goes through: the first image's size (or
     ``image_size``) and channels. ``first``: its bytes, or the file to read them from."""
     if not isinstance(first, bytes):
         try:
             first = Path(first).read_bytes()
         except OSError as e:
-            raise DataError(f"--data {flag}: cannot read {name} ({e.strerror}); fix or remove "
-                            "it") from None
+            raise DataError(
+                f"--data {flag}: cannot read {name} ({e.strerror}); fix or remove it"
+            ) from None
     h, w, c = decoding.probe(first, name)
     if image_size is not None:
         h, w = image_size
@@ -84,13 +95,16 @@ def image_decoder(first: str | Path | bytes, name: str, image_size: tuple[int, i
 
 def decode_errors(on_error):
     """Only errors that can come from reading or decoding files are looked into."""
+
     def explain(error: tf.errors.OpError) -> DataError | None:
         text = str(getattr(error, "message", error)).lower()
-        if decoding.SIZE_MARK in text or any(w in text for w in (
-                "image", "png", "jpeg", "decode", "corrupted record", "data_loss")):
+        if decoding.SIZE_MARK in text or any(
+            w in text for w in ("image", "png", "jpeg", "decode", "corrupted record", "data_loss")
+        ):
             found = on_error(error)
             return found if isinstance(found, DataError) else None
         return None
+
     return explain
 
 
@@ -100,11 +114,12 @@ def open_train(o) -> Data:
     layout = split_folders(root, o.spec)
     if layout and "train" not in layout:
         have = ", ".join(f"{n}/" for n in sorted(layout))
-        raise DataError(f"--data {o.spec} has {have} but no train/ subfolder; training reads "
-                        "train/ (one subfolder of images per class) beside them: add it, or "
-                        "give a folder of class folders"
-                        + ("; `mirrorfit evaluate` scores test/ alone" if "test" in layout
-                           else ""))
+        raise DataError(
+            f"--data {o.spec} has {have} but no train/ subfolder; training reads "
+            "train/ (one subfolder of images per class) beside them: add it, or "
+            "give a folder of class folders"
+            + ("; `mirrorfit evaluate` scores test/ alone" if "test" in layout else "")
+        )
     folder = list_folder(root, o.spec)
     for split in ("val", "test"):
         check_not_empty(folder, split, o.spec)
@@ -114,24 +129,29 @@ def open_train(o) -> Data:
         val, train = train.subset(split[1]), train.subset(split[0])
     if o.first(len(train)) < len(train):  # the files are sorted by class: draw, not the first
         chosen = np.random.default_rng([o.seed, 2 << 32]).permutation(len(train))
-        train = train.subset(np.sort(chosen[:o.train_examples]))
+        train = train.subset(np.sort(chosen[: o.train_examples]))
     decoder = image_decoder(train.paths[0], str(train.paths[0]), o.image_size, o.spec)
     o.check_shape(decoder.shape)
     # Every class folder is a class, also one that --train-examples left without examples.
     classes = len(folder.class_names)
     if o.num_classes is not None:
         if o.num_classes < classes:
-            raise DataError(f"--data {o.spec} has {classes} class folders, more than "
-                            f"--num-classes {o.num_classes}; raise --num-classes or drop it")
+            raise DataError(
+                f"--data {o.spec} has {classes} class folders, more than "
+                f"--num-classes {o.num_classes}; raise --num-classes or drop it"
+            )
         classes = o.num_classes
-    text = (f"{folder.fingerprint}|{decoder.shape}|{decoder.resize}|{o.validation_split}|"
-            f"{o.seed if o.validation_split or o.train_examples else ''}")
+    text = (
+        f"{folder.fingerprint}|{decoder.shape}|{decoder.resize}|{o.validation_split}|"
+        f"{o.seed if o.validation_split or o.train_examples else ''}"
+    )
     fingerprint = files_fingerprint([], extra=text)
     all_paths = np.concatenate([s.paths for s in (train, val, test) if s is not None])
 
     def on_error(error):
-        return decoding.explain(error, o.spec) or undecodable_files(all_paths, decoder, o.spec,
-                                                                    error)
+        return decoding.explain(error, o.spec) or undecodable_files(
+            all_paths, decoder, o.spec, error
+        )
 
     def store_of(part, what):
         if o.cache is None or part is None:
@@ -141,26 +161,55 @@ def open_train(o) -> Data:
         key = store_key(fingerprint, decoder, f"folder|{what}|{len(part)}")
         return fill_store(items, len(part), decoder, o.cache, key, on_error=on_error)
 
-    batches = IndexedBatches(paths=train.paths, labels=train.labels, decoder=decoder,
-                             global_batch=o.global_batch, seed=o.seed, fingerprint=fingerprint,
-                             store=store_of(train, "train"), parallel=o.parallel)
-    evals = {name: eval_files(part.paths, part.labels, decoder, batch=o.eval_batch,
-                              store=store_of(part, name), parallel=o.parallel)
-             for name, part in (("val", val), ("test", test)) if part is not None}
-    counts = ", ".join(f"{len(p):,} {k}" for k, p in (("train", train), ("val", val),
-                                                      ("test", test)) if p is not None)
-    return Data(train=batches, val=evals.get("val"), test=evals.get("test"),
-                input_shape=decoder.shape, num_classes=classes, kind="folder",
-                source=str(folder.root), class_names=folder.class_names,
-                fingerprint=fingerprint, _explain=decode_errors(on_error),
-                description=f"image folder {folder.root} ({counts} images, "
-                            f"{len(folder.class_names)} classes, decoded to "
-                            f"{'x'.join(map(str, decoder.shape))}"
-                            + (f", cached in {o.cache}" if o.cache else "") + ")")
+    batches = IndexedBatches(
+        paths=train.paths,
+        labels=train.labels,
+        decoder=decoder,
+        global_batch=o.global_batch,
+        seed=o.seed,
+        fingerprint=fingerprint,
+        store=store_of(train, "train"),
+        parallel=o.parallel,
+    )
+    evals = {
+        name: eval_files(
+            part.paths,
+            part.labels,
+            decoder,
+            batch=o.eval_batch,
+            store=store_of(part, name),
+            parallel=o.parallel,
+        )
+        for name, part in (("val", val), ("test", test))
+        if part is not None
+    }
+    counts = ", ".join(
+        f"{len(p):,} {k}"
+        for k, p in (("train", train), ("val", val), ("test", test))
+        if p is not None
+    )
+    return Data(
+        train=batches,
+        val=evals.get("val"),
+        test=evals.get("test"),
+        input_shape=decoder.shape,
+        num_classes=classes,
+        kind="folder",
+        source=str(folder.root),
+        class_names=folder.class_names,
+        fingerprint=fingerprint,
+        _explain=decode_errors(on_error),
+        description=f"image folder {folder.root} ({counts} images, "
+        f"{len(folder.class_names)} classes, decoded to "
+        f"{'x'.join(map(str, decoder.shape))}"
+        + (f", cached in {o.cache}" if o.cache else "")
+        + ")",
+    )
 
 
-def open_test(spec: str, *, batch: int, image_size: tuple[int, int] | None = None,
-              parallel: bool = True, **_) -> TestSplit | None:
+def open_test(
+    spec: str, *, batch: int, image_size: tuple[int, int] | None = None, parallel: bool = True, **_
+) -> TestSplit | None:
     """The folder's test/ subfolder, for ``mirrorfit evaluate`` (None: it has none)."""
     root = Path(spec)
     layout = split_folders(root, spec)
@@ -179,20 +228,32 @@ def open_test(spec: str, *, batch: int, image_size: tuple[int, int] | None = Non
     decoder = image_decoder(first, str(first), image_size, spec)
 
     def on_error(error):
-        return decoding.explain(error, spec) or undecodable_files(test.paths, decoder, spec,
-                                                                  error)
+        return decoding.explain(error, spec) or undecodable_files(test.paths, decoder, spec, error)
 
     classes = len(folder.class_names)
-    return TestSplit(test=eval_files(test.paths, test.labels, decoder, batch=batch,
-                                     parallel=parallel),
-                     input_shape=decoder.shape, num_classes=classes, kind="folder",
-                     source=str(root), class_names=folder.class_names,
-                     _explain=decode_errors(on_error),
-                     description=f"image folder {root} ({len(test):,} test images, {classes} "
-                                 "classes" + (" from test/ alone" if alone else "")
-                                 + f", decoded to {'x'.join(map(str, decoder.shape))})",
-                     alone=alone)
+    return TestSplit(
+        test=eval_files(test.paths, test.labels, decoder, batch=batch, parallel=parallel),
+        input_shape=decoder.shape,
+        num_classes=classes,
+        kind="folder",
+        source=str(root),
+        class_names=folder.class_names,
+        _explain=decode_errors(on_error),
+        description=f"image folder {root} ({len(test):,} test images, {classes} "
+        "classes"
+        + (" from test/ alone" if alone else "")
+        + f", decoded to {'x'.join(map(str, decoder.shape))})",
+        alone=alone,
+    )
 
 
-__all__ = ["SPLIT_NAMES", "check_not_empty", "decode_errors", "image_decoder", "list_folder",
-           "open_train", "open_test", "split_folders"]
+__all__ = [
+    "SPLIT_NAMES",
+    "check_not_empty",
+    "decode_errors",
+    "image_decoder",
+    "list_folder",
+    "open_train",
+    "open_test",
+    "split_folders",
+]

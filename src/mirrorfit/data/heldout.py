@@ -25,17 +25,27 @@ from mirrorfit.data.spec import kind_of
 from mirrorfit.errors import DataError
 
 
-def load_test(spec: str, *, batch: int, data_dir: str | None = None,
-              image_size: tuple[int, int] | None = None, parallel: bool = True) -> TestSplit:
+def load_test(
+    spec: str,
+    *,
+    batch: int,
+    data_dir: str | None = None,
+    image_size: tuple[int, int] | None = None,
+    parallel: bool = True,
+) -> TestSplit:
     """``spec``'s test split (a ``--data`` value), in batches of ``batch`` examples (the last
     one partial); ``data_dir`` and ``image_size`` are the flags of the same names."""
     kind = kind_of(spec)
     opener = getattr(importlib.import_module(kind.module), "open_test", None)
-    test = None if opener is None else opener(spec, batch=batch, data_dir=data_dir,
-                                              image_size=image_size, parallel=parallel)
+    test = (
+        None
+        if opener is None
+        else opener(spec, batch=batch, data_dir=data_dir, image_size=image_size, parallel=parallel)
+    )
     if test is None:
-        raise DataError(f"--data {spec} has no test split to evaluate on: "
-                        f"{kind.no_test or kind.missing_test}")
+        raise DataError(
+            f"--data {spec} has no test split to evaluate on: {kind.no_test or kind.missing_test}"
+        )
     return test
 
 

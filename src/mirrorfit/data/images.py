@@ -60,17 +60,35 @@ class IndexedBatches:
 
     @cached_property
     def order(self) -> DataOrder:
-        return DataOrder(seed=self.seed, examples=len(self.labels),
-                         global_batch=self.global_batch, fingerprint=self.fingerprint)
+        return DataOrder(
+            seed=self.seed,
+            examples=len(self.labels),
+            global_batch=self.global_batch,
+            fingerprint=self.fingerprint,
+        )
 
-    def dataset(self, *, start_epoch: int = 0, epochs: int = 1, skip: int = 0,
-                worker: int = 0, workers: int = 1) -> tf.data.Dataset:
+    def dataset(
+        self,
+        *,
+        start_epoch: int = 0,
+        epochs: int = 1,
+        skip: int = 0,
+        worker: int = 0,
+        workers: int = 1,
+    ) -> tf.data.Dataset:
         """The trainer's protocol: epochs ``start_epoch``..``epochs - 1`` back to back, the
         first ``skip`` batches left out; each element worker ``worker``'s contiguous share
         (``global_batch // workers`` examples) of a global batch: (pixels, labels)."""
-        rows = index_rows(len(self.labels), self.global_batch, seed=self.seed,
-                          start_epoch=start_epoch, epochs=epochs, skip=skip, worker=worker,
-                          workers=workers)
+        rows = index_rows(
+            len(self.labels),
+            self.global_batch,
+            seed=self.seed,
+            start_epoch=start_epoch,
+            epochs=epochs,
+            skip=skip,
+            worker=worker,
+            workers=workers,
+        )
         share = self.global_batch // workers
         return finish(self._read(rows, share))
 
@@ -79,8 +97,11 @@ class IndexedBatches:
         calls = tf.data.AUTOTUNE if self.parallel else None
         if self.store is not None:
             read = store_reader(self.store)
-            return rows.map(lambda i: (read(i), tf.gather(labels, i)),
-                            num_parallel_calls=calls, deterministic=True)
+            return rows.map(
+                lambda i: (read(i), tf.gather(labels, i)),
+                num_parallel_calls=calls,
+                deterministic=True,
+            )
         paths = tf.constant(self.paths.astype(str))
 
         def one(i):
@@ -103,53 +124,73 @@ class IndexedBatches:
             return finish(ds.batch(self.global_batch, drop_remainder=True))
         ds = tf.data.Dataset.from_tensor_slices((self.paths.astype(str), self.labels))
         ds = shuffle(ds, len(self.labels), seed=seed, reshuffle_each_iteration=True).repeat()
-        ds = ds.map(lambda p, y: (self.decoder(tf.io.read_file(p), p), y),
-                    num_parallel_calls=tf.data.AUTOTUNE)
+        ds = ds.map(
+            lambda p, y: (self.decoder(tf.io.read_file(p), p), y),
+            num_parallel_calls=tf.data.AUTOTUNE,
+        )
         return finish(ds.batch(self.global_batch, drop_remainder=True))
+
 
 def store_reader(store: np.ndarray):
     """A function from example indices to rows of a decoded store: a gather from one constant
     for an array in memory, a NumPy call for a memory map (read from disk through the page
     cache, never all of it in memory)."""
     if isinstance(store, np.memmap):
+
         def read(index):
-            out = tf.numpy_function(lambda i: np.asarray(store[i]), [index], tf.uint8,
-                                    stateful=False)
+            out = tf.numpy_function(
+                lambda i: np.asarray(store[i]), [index], tf.uint8, stateful=False
+            )
             return tf.ensure_shape(out, [None, *store.shape[1:]])
+
         return read
     pixels = tf.constant(store)
     return lambda index: tf.gather(pixels, index)
 
 
-def eval_files(paths: np.ndarray, labels: np.ndarray, decoder: ImageDecoder, *, batch: int,
-               store: np.ndarray | None = None, parallel: bool = True) -> tf.data.Dataset:
+def eval_files(
+    paths: np.ndarray,
+    labels: np.ndarray,
+    decoder: ImageDecoder,
+    *,
+    batch: int,
+    store: np.ndarray | None = None,
+    parallel: bool = True,
+) -> tf.data.Dataset:
     """Every example once, in order, as a dataset of global batches (the last one partial),
     decoded in parallel, or read from a decoded ``store``."""
     calls = tf.data.AUTOTUNE if parallel else None
     if store is not None:
         rows = tf.data.Dataset.range(len(labels)).batch(batch)
         y, read = tf.constant(labels), store_reader(store)
-        ds = rows.map(lambda i: (read(i), tf.gather(y, i)),
-                      num_parallel_calls=calls, deterministic=True)
+        ds = rows.map(
+            lambda i: (read(i), tf.gather(y, i)), num_parallel_calls=calls, deterministic=True
+        )
         return finish(ds)
     ds = tf.data.Dataset.from_tensor_slices((paths.astype(str), labels))
-    ds = ds.map(lambda p, y: (decoder(tf.io.read_file(p), p), y), num_parallel_calls=calls,
-                deterministic=True)
+    ds = ds.map(
+        lambda p, y: (decoder(tf.io.read_file(p), p), y),
+        num_parallel_calls=calls,
+        deterministic=True,
+    )
     return finish(ds.batch(batch))
 
 
-def undecodable_files(paths: np.ndarray, decoder: ImageDecoder, flag: str,
-                      cause: tf.errors.OpError) -> DataError:
+def undecodable_files(
+    paths: np.ndarray, decoder: ImageDecoder, flag: str, cause: tf.errors.OpError
+) -> DataError:
     """Name the files of ``paths`` that do not decode (one parallel pass over them)."""
     names = [str(p) for p in paths]
     items = tf.data.Dataset.from_tensor_slices(
-        (np.arange(len(names), dtype=np.int64), np.array(names, dtype=str)))
+        (np.arange(len(names), dtype=np.int64), np.array(names, dtype=str))
+    )
     items = items.map(lambda i, p: (i, tf.io.read_file(p)))
     return find_undecodable(items, names, flag, cause)
 
 
-def fill_store(items: tf.data.Dataset, count: int, decoder: ImageDecoder, cache: str, key: str,
-               *, on_error) -> np.ndarray:
+def fill_store(
+    items: tf.data.Dataset, count: int, decoder: ImageDecoder, cache: str, key: str, *, on_error
+) -> np.ndarray:
     """Decode ``items`` (a dataset of ``(raw bytes, name)`` in the source's order, ``count`` of
     them) once into a store: an array for ``cache == "memory"``, else a ``.npy`` file in the
     folder ``cache``, named by ``key`` (the files' fingerprint, image shape), reused when it
@@ -174,8 +215,9 @@ def fill_store(items: tf.data.Dataset, count: int, decoder: ImageDecoder, cache:
     tmp = folder / f".{final.name}.tmp-{_io.temp_tag()}"
     size = int(np.prod(shape, dtype=np.int64))
     try:
-        with _io.disk_full_hint(f"--cache {cache} ({size / 2**30:.2f} GiB of decoded images)",
-                                "nothing was cached"):
+        with _io.disk_full_hint(
+            f"--cache {cache} ({size / 2**30:.2f} GiB of decoded images)", "nothing was cached"
+        ):
             store = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.uint8, shape=shape)
             _decode_into(store, items, decoder, on_error)
             store.flush()
@@ -190,14 +232,15 @@ def fill_store(items: tf.data.Dataset, count: int, decoder: ImageDecoder, cache:
     return np.load(final, mmap_mode="r")
 
 
-def _decode_into(store: np.ndarray, items: tf.data.Dataset, decoder: ImageDecoder,
-                 on_error) -> None:
+def _decode_into(
+    store: np.ndarray, items: tf.data.Dataset, decoder: ImageDecoder, on_error
+) -> None:
     ds = items.map(decoder, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     ds = ds.batch(FILL_BATCH).prefetch(2)
     at = 0
     try:
         for batch in ds.as_numpy_iterator():
-            store[at:at + len(batch)] = batch
+            store[at : at + len(batch)] = batch
             at += len(batch)
     except tf.errors.OpError as e:
         raise on_error(e) from None
@@ -209,5 +252,11 @@ def store_key(fingerprint: str, decoder: ImageDecoder, what: str) -> str:
     return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
 
 
-__all__ = ["IndexedBatches", "eval_files", "fill_store", "store_reader", "store_key",
-           "undecodable_files"]
+__all__ = [
+    "IndexedBatches",
+    "eval_files",
+    "fill_store",
+    "store_reader",
+    "store_key",
+    "undecodable_files",
+]

@@ -17,8 +17,9 @@ if TYPE_CHECKING:
     from mirrorfit.data.opened import Data, TestSplit
 
 
-def read_npz(path: str, splits: tuple[str, ...] = ("train", "val", "test")
-             ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+def read_npz(
+    path: str, splits: tuple[str, ...] = ("train", "val", "test")
+) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """The (x, y) pairs of an npz file's ``splits`` ("train", "val", "test"): only those are
     read, and "train" is required when asked for. Each member's header is read first, so a
     shape the file does not hold the bytes for, Python objects, or more than the memory
@@ -32,16 +33,22 @@ def read_npz(path: str, splits: tuple[str, ...] = ("train", "val", "test")
             members = {n[:-4]: z.getinfo(n) for n in z.namelist() if n.endswith(".npy")}
             total = sum(member_bytes(path, z, k, members[k]) for k in keys if k in members)
     except (zipfile.BadZipFile, OSError, ValueError, EOFError) as e:
-        raise DataError(f"--data {path} is not a readable npz file ({type(e).__name__}: "
-                        f"{str(e)[:200]}); save it with numpy.savez") from None
+        raise DataError(
+            f"--data {path} is not a readable npz file ({type(e).__name__}: "
+            f"{str(e)[:200]}); save it with numpy.savez"
+        ) from None
     if "train" in splits and ("x_train" not in members or "y_train" not in members):
-        raise DataError(f"--data {path} has {_names(members)}; it needs x_train and y_train "
-                        "(and optionally x_val/y_val, x_test/y_test)")
+        raise DataError(
+            f"--data {path} has {_names(members)}; it needs x_train and y_train "
+            "(and optionally x_val/y_val, x_test/y_test)"
+        )
     available = psutil.virtual_memory().available
     if total > available:
-        raise DataError(f"--data {path}: its arrays take {total / 2**30:.1f} GiB, more than the "
-                        f"{available / 2**30:.1f} GiB of memory available; store the data as "
-                        "image files or TFRecords, which are streamed")
+        raise DataError(
+            f"--data {path}: its arrays take {total / 2**30:.1f} GiB, more than the "
+            f"{available / 2**30:.1f} GiB of memory available; store the data as "
+            "image files or TFRecords, which are streamed"
+        )
     out = {}
     with np.load(path, allow_pickle=False) as f:
         for split in splits:
@@ -51,8 +58,13 @@ def read_npz(path: str, splits: tuple[str, ...] = ("train", "val", "test")
             if all(have):
                 out[split] = (f[f"x_{split}"], f[f"y_{split}"])
     for split, (x, y) in out.items():
-        check_pair(x, y, f"--data {path}: x_{split}", f"y_{split}",
-                   "give integer class indices of shape (N,) (not one-hot)")
+        check_pair(
+            x,
+            y,
+            f"--data {path}: x_{split}",
+            f"y_{split}",
+            "give integer class indices of shape (N,) (not one-hot)",
+        )
     return out
 
 
@@ -66,17 +78,21 @@ def _names(members) -> str:
 def member_bytes(path: str, z: zipfile.ZipFile, key: str, info: zipfile.ZipInfo) -> int:
     with z.open(info) as f:
         version = np.lib.format.read_magic(f)
-        read = np.lib.format.read_array_header_1_0 if version == (1, 0) else \
-            np.lib.format.read_array_header_2_0
+        read = (
+            np.lib.format.read_array_header_1_0
+            if version == (1, 0)
+            else np.lib.format.read_array_header_2_0
+        )
         shape, _, dtype = read(f)
         offset = f.tell()
     if dtype.hasobject:
-        raise DataError(f"--data {path}: {key} holds Python objects (dtype {dtype}), not "
-                        "numbers")
+        raise DataError(f"--data {path}: {key} holds Python objects (dtype {dtype}), not numbers")
     size = int(np.prod(shape, dtype=object)) * dtype.itemsize
     if offset + size > info.file_size:
-        raise DataError(f"--data {path}: {key} declares shape {shape} ({size:,} bytes) but holds "
-                        f"only {info.file_size - offset:,}; the file is damaged")
+        raise DataError(
+            f"--data {path}: {key} declares shape {shape} ({size:,} bytes) but holds "
+            f"only {info.file_size - offset:,}; the file is damaged"
+        )
     return size
 
 

@@ -54,8 +54,9 @@ def check_lengths(x, y, where: str) -> None:
     would be cut, or fail in a reading thread)."""
     nx, ny = len(x), len(y)
     if nx != ny:
-        raise FitError(f"{where}: x has {nx} examples and y has {ny}; give as many labels as "
-                       "inputs")
+        raise FitError(
+            f"{where}: x has {nx} examples and y has {ny}; give as many labels as inputs"
+        )
 
 
 @dataclass(frozen=True, eq=False)
@@ -72,8 +73,9 @@ class ShuffledBatches:
         check_lengths(self.x, self.y, "train_batches")
         batch = self.global_batch
         if isinstance(batch, bool) or not isinstance(batch, numbers.Integral) or batch < 1:
-            raise FitError(f"train_batches: global_batch {self.global_batch!r} must be a "
-                           "positive integer")
+            raise FitError(
+                f"train_batches: global_batch {self.global_batch!r} must be a positive integer"
+            )
         object.__setattr__(self, "global_batch", int(batch))  # NumPy's ints: not JSON
 
     @property
@@ -83,31 +85,58 @@ class ShuffledBatches:
 
     @cached_property  # the fingerprint reads every byte: once
     def order(self) -> DataOrder:
-        return DataOrder(seed=self.seed, examples=len(self.x), global_batch=self.global_batch,
-                         fingerprint=fingerprint(self.x, self.y))
+        return DataOrder(
+            seed=self.seed,
+            examples=len(self.x),
+            global_batch=self.global_batch,
+            fingerprint=fingerprint(self.x, self.y),
+        )
 
     def epoch_batches(self, epoch: int, worker: int = 0, workers: int = 1) -> np.ndarray:
         """Example indices of ``epoch``, one row per global batch (int64, [steps, batch]);
         with ``workers`` > 1, worker ``worker``'s contiguous share of each row."""
-        return epoch_rows(len(self.x), self.global_batch, seed=self.seed, epoch=epoch,
-                          worker=worker, workers=workers)
+        return epoch_rows(
+            len(self.x),
+            self.global_batch,
+            seed=self.seed,
+            epoch=epoch,
+            worker=worker,
+            workers=workers,
+        )
 
-    def dataset(self, *, start_epoch: int = 0, epochs: int = 1, skip: int = 0,
-                worker: int = 0, workers: int = 1) -> tf.data.Dataset:
+    def dataset(
+        self,
+        *,
+        start_epoch: int = 0,
+        epochs: int = 1,
+        skip: int = 0,
+        worker: int = 0,
+        workers: int = 1,
+    ) -> tf.data.Dataset:
         """Batches of epochs ``start_epoch``..``epochs - 1`` back to back, the first ``skip``
         batches left out (they were trained on before a resume). With ``workers`` > 1, each
         batch is worker ``worker``'s contiguous share of the global batch: the same examples
         in the same order whatever the number of workers."""
         # Only indices are shuffled (NumPy, cheap); images are gathered per batch (each worker
         # gathers only its share).
-        ds = index_rows(len(self.x), self.global_batch, seed=self.seed,
-                        start_epoch=start_epoch, epochs=epochs, skip=skip, worker=worker,
-                        workers=workers)
+        ds = index_rows(
+            len(self.x),
+            self.global_batch,
+            seed=self.seed,
+            start_epoch=start_epoch,
+            epochs=epochs,
+            skip=skip,
+            worker=worker,
+            workers=workers,
+        )
         x, y = tf.constant(self.x), tf.constant(self.y)
         # Gathered and scaled in one map: two parallel maps cost the MLP ~5% of its steps here
         # (each hands every batch to another thread).
-        ds = ds.map(lambda i: _to_float(tf.gather(x, i), tf.gather(y, i)),
-                    num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        ds = ds.map(
+            lambda i: _to_float(tf.gather(x, i), tf.gather(y, i)),
+            num_parallel_calls=tf.data.AUTOTUNE,
+            deterministic=True,
+        )
         return finish(ds, scaled=True)
 
     def sampled(self, context: tf.distribute.InputContext) -> tf.data.Dataset:
@@ -122,20 +151,36 @@ class ShuffledBatches:
         return finish(ds.batch(self.global_batch, drop_remainder=True))
 
 
-def epoch_rows(num_examples: int, global_batch: int, *, seed: int, epoch: int, worker: int = 0,
-               workers: int = 1) -> np.ndarray:
+def epoch_rows(
+    num_examples: int,
+    global_batch: int,
+    *,
+    seed: int,
+    epoch: int,
+    worker: int = 0,
+    workers: int = 1,
+) -> np.ndarray:
     """Example indices of ``epoch`` (int64, [steps, global_batch // workers]): one row per
     global batch of the seeded permutation (the remainder dropped), worker ``worker``'s
     contiguous share of each. Over all workers every row is the same whatever their number."""
     steps = num_examples // global_batch
     order = epoch_order(num_examples, seed=seed, epoch=epoch)
-    rows = order[:steps * global_batch].reshape(steps, global_batch).astype(np.int64)
+    rows = order[: steps * global_batch].reshape(steps, global_batch).astype(np.int64)
     share = global_batch // workers
-    return rows[:, worker * share:(worker + 1) * share]
+    return rows[:, worker * share : (worker + 1) * share]
 
 
-def index_rows(num_examples: int, global_batch: int, *, seed: int, start_epoch: int, epochs: int,
-               skip: int, worker: int = 0, workers: int = 1) -> tf.data.Dataset:
+def index_rows(
+    num_examples: int,
+    global_batch: int,
+    *,
+    seed: int,
+    start_epoch: int,
+    epochs: int,
+    skip: int,
+    worker: int = 0,
+    workers: int = 1,
+) -> tf.data.Dataset:
     """Rows of :func:`epoch_rows` for epochs ``start_epoch``..``epochs - 1`` back to back, the
     first ``skip`` rows left out (trained on before a resume): the order of every source whose
     examples can be read by index (arrays, image files, a decoded cache).
@@ -151,30 +196,35 @@ def index_rows(num_examples: int, global_batch: int, *, seed: int, start_epoch: 
 
     def rows_of(epoch):
         rows = tf.numpy_function(
-            lambda e: epoch_rows(num_examples, global_batch, seed=seed, epoch=int(e),
-                                 worker=worker, workers=workers),
-            [epoch], tf.int64, stateful=False)
+            lambda e: epoch_rows(
+                num_examples, global_batch, seed=seed, epoch=int(e), worker=worker, workers=workers
+            ),
+            [epoch],
+            tf.int64,
+            stateful=False,
+        )
         rows.set_shape([steps, share])
         return tf.data.Dataset.from_tensor_slices(rows)
 
     return tf.data.Dataset.range(start_epoch, epochs).flat_map(rows_of).skip(skip)
 
 
-def train_batches(x: np.ndarray, y: np.ndarray, *, global_batch: int,
-                  seed: int) -> ShuffledBatches:
+def train_batches(x: np.ndarray, y: np.ndarray, *, global_batch: int, seed: int) -> ShuffledBatches:
     """Seeded, replica-independent training batches of ``global_batch`` examples."""
     return ShuffledBatches(x=x, y=y, global_batch=global_batch, seed=seed)
 
 
-def eval_dataset(x: np.ndarray, y: np.ndarray, *, global_batch: int, worker: int = 0,
-                 workers: int = 1) -> tf.data.Dataset:
+def eval_dataset(
+    x: np.ndarray, y: np.ndarray, *, global_batch: int, worker: int = 0, workers: int = 1
+) -> tf.data.Dataset:
     """Every example exactly once, in order; the last batch may be partial. With ``workers``
     > 1, worker ``worker``'s share of each batch (:func:`worker_slice`): over all workers, still
     every example exactly once."""
     ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(global_batch)
     if workers > 1:
-        ds = ds.map(lambda xb, yb: (worker_slice(xb, worker, workers),
-                                    worker_slice(yb, worker, workers)))
+        ds = ds.map(
+            lambda xb, yb: (worker_slice(xb, worker, workers), worker_slice(yb, worker, workers))
+        )
     return finish(ds)
 
 
@@ -182,7 +232,7 @@ def worker_slice(t: tf.Tensor, worker: int, workers: int) -> tf.Tensor:
     """Worker ``worker``'s contiguous share of a batch: rows ``[w*n//W, (w+1)*n//W)``; every
     row goes to exactly one worker, also in a partial last batch."""
     n = tf.shape(t, out_type=tf.int64)[0]
-    return t[worker * n // workers:(worker + 1) * n // workers]
+    return t[worker * n // workers : (worker + 1) * n // workers]
 
 
 def shuffle(ds: tf.data.Dataset, buffer: int, *, seed, **options) -> tf.data.Dataset:
@@ -196,8 +246,12 @@ def shuffle(ds: tf.data.Dataset, buffer: int, *, seed, **options) -> tf.data.Dat
     that case changes (it had no working order before).
     """
     graph = tf.compat.v1.get_default_graph()
-    if tf.executing_eagerly() or not tf.is_tensor(seed) or graph.seed is None \
-            or graph.seed % _MAX_INT32:
+    if (
+        tf.executing_eagerly()
+        or not tf.is_tensor(seed)
+        or graph.seed is None
+        or graph.seed % _MAX_INT32
+    ):
         return ds.shuffle(buffer, seed=seed, **options)
     global_seed, graph.seed = graph.seed, 1
     try:

@@ -69,13 +69,16 @@ class RecordIndex:
         return np.concatenate([[0], np.cumsum(self.counts)[:-1]]).astype(np.int64)
 
 
-def scan_records(files: list[str], image_feature: str, label_feature: str, flag: str,
-                 fingerprint: str) -> RecordIndex:
+def scan_records(
+    files: list[str], image_feature: str, label_feature: str, flag: str, fingerprint: str
+) -> RecordIndex:
     """Read every record of ``files`` once (labels parsed, images not decoded); DataError
     naming the file and record for a damaged file, a missing or repeated feature, a label of
     another type, or a negative label."""
-    spec = {image_feature: tf.io.VarLenFeature(tf.string),
-            label_feature: tf.io.VarLenFeature(tf.int64)}
+    spec = {
+        image_feature: tf.io.VarLenFeature(tf.string),
+        label_feature: tf.io.VarLenFeature(tf.int64),
+    }
     counts, labels, first = [], [], None
     for path in files:
         _check_framing(path, flag)  # before TensorFlow allocates what a header claims
@@ -86,36 +89,51 @@ def scan_records(files: list[str], image_feature: str, label_feature: str, flag:
                 image, label = parsed[image_feature], parsed[label_feature]
                 rows = int(tf.shape(batch)[0])
                 for feature, values in ((image_feature, image), (label_feature, label)):
-                    per_row = tf.math.bincount(tf.cast(values.indices[:, 0], tf.int32),
-                                               minlength=rows, maxlength=rows).numpy()
+                    per_row = tf.math.bincount(
+                        tf.cast(values.indices[:, 0], tf.int32), minlength=rows, maxlength=rows
+                    ).numpy()
                     bad = np.flatnonzero(per_row != 1)
                     if len(bad):
-                        raise _feature_error(path, n + int(bad[0]), feature, int(per_row[bad[0]]),
-                                             batch[int(bad[0])].numpy(), flag)
+                        raise _feature_error(
+                            path,
+                            n + int(bad[0]),
+                            feature,
+                            int(per_row[bad[0]]),
+                            batch[int(bad[0])].numpy(),
+                            flag,
+                        )
                 if first is None and rows:
                     first = image.values[0].numpy()
                 values = label.values.numpy()
                 if values.min(initial=0) < 0 or values.max(initial=0) > np.iinfo(np.int32).max:
                     i = int(np.flatnonzero((values < 0) | (values > np.iinfo(np.int32).max))[0])
-                    raise DataError(f"--data {flag}: {path} record {n + i} has label "
-                                    f"{values[i]} under {label_feature}; labels are class "
-                                    "indices 0, 1, ... (fix the file)")
+                    raise DataError(
+                        f"--data {flag}: {path} record {n + i} has label "
+                        f"{values[i]} under {label_feature}; labels are class "
+                        "indices 0, 1, ... (fix the file)"
+                    )
                 labels.append(values.astype(np.int32))
                 n += rows
         except tf.errors.DataLossError as e:  # a bad checksum, or cut inside a record
             raise _damaged(path, str(getattr(e, "message", e)), flag) from None
         except tf.errors.OpError as e:  # a record that is not an Example, types
             reason = str(getattr(e, "message", e)).strip().splitlines()[0][:200]
-            raise DataError(f"--data {flag}: cannot read {path} near record {n} ({reason}); "
-                            "is it a TFRecord file of tf.train.Example with "
-                            f"--image-feature {image_feature} and --label-feature "
-                            f"{label_feature}?") from None
+            raise DataError(
+                f"--data {flag}: cannot read {path} near record {n} ({reason}); "
+                "is it a TFRecord file of tf.train.Example with "
+                f"--image-feature {image_feature} and --label-feature "
+                f"{label_feature}?"
+            ) from None
         counts.append(n)
     if first is None:
         raise DataError(f"--data {flag}: the {len(files)} file(s) hold no record")
-    return RecordIndex(files=tuple(files), counts=np.array(counts, np.int64),
-                       labels=np.concatenate(labels), first_image=first,
-                       fingerprint=fingerprint)
+    return RecordIndex(
+        files=tuple(files),
+        counts=np.array(counts, np.int64),
+        labels=np.concatenate(labels),
+        first_image=first,
+        fingerprint=fingerprint,
+    )
 
 
 def _damaged(path: str, reason: str, flag: str) -> DataError:
@@ -123,13 +141,16 @@ def _damaged(path: str, reason: str, flag: str) -> DataError:
     TensorFlow's "corrupted record at N" / "truncated record at N" (N: the record's start)."""
     found = re.search(r"(corrupted|truncated) record at (\d+)", reason)
     if found is None:
-        return DataError(f"--data {flag}: {path} is damaged ({reason.splitlines()[0][:200]}); "
-                         "copy it again or rewrite it")
+        return DataError(
+            f"--data {flag}: {path} is damaged ({reason.splitlines()[0][:200]}); "
+            "copy it again or rewrite it"
+        )
     record, at = _record_at(path, int(found.group(2)))
-    what = ("truncated" if found.group(1) == "truncated"
-            else "a checksum does not match its bytes")
-    return DataError(f"--data {flag}: {path} is damaged at byte offset {at} (record {record}; "
-                     f"{what}); copy it again or rewrite it")
+    what = "truncated" if found.group(1) == "truncated" else "a checksum does not match its bytes"
+    return DataError(
+        f"--data {flag}: {path} is damaged at byte offset {at} (record {record}; "
+        f"{what}); copy it again or rewrite it"
+    )
 
 
 def _check_framing(path: str, flag: str) -> None:
@@ -143,8 +164,10 @@ def _check_framing(path: str, flag: str) -> None:
         size = os.path.getsize(path)
         with open(path, "rb", buffering=1 << 20) as f:
             if f.read(2) == b"\x1f\x8b":
-                raise DataError(f"--data {flag}: {path} is GZIP-compressed; mirrorfit reads "
-                                "uncompressed TFRecord files: gunzip it")
+                raise DataError(
+                    f"--data {flag}: {path} is GZIP-compressed; mirrorfit reads "
+                    "uncompressed TFRecord files: gunzip it"
+                )
             at, index = 0, 0
             while at < size:
                 f.seek(at)
@@ -152,15 +175,20 @@ def _check_framing(path: str, flag: str) -> None:
                 length = int.from_bytes(header, "little")
                 if len(header) < 8 or at + 16 + length > size:
                     left = size - at - 12  # after the header
-                    what = ("truncated: a record header cut short" if len(header) < 8
-                            or left < 0 else f"truncated: its header gives {length} bytes, "
-                            f"{left} are left")
-                    raise DataError(f"--data {flag}: {path} is damaged at byte offset {at} "
-                                    f"(record {index}; {what}); copy it again or rewrite it")
+                    what = (
+                        "truncated: a record header cut short"
+                        if len(header) < 8 or left < 0
+                        else f"truncated: its header gives {length} bytes, {left} are left"
+                    )
+                    raise DataError(
+                        f"--data {flag}: {path} is damaged at byte offset {at} "
+                        f"(record {index}; {what}); copy it again or rewrite it"
+                    )
                 at, index = at + 16 + length, index + 1
     except OSError as e:
-        raise DataError(f"--data {flag}: cannot read {path} ({e.strerror}); check the file "
-                        "and its permissions") from None
+        raise DataError(
+            f"--data {flag}: cannot read {path} ({e.strerror}); check the file and its permissions"
+        ) from None
 
 
 def _record_at(path: str, offset: int) -> tuple[int, int]:
@@ -177,26 +205,32 @@ def _record_at(path: str, offset: int) -> tuple[int, int]:
             at, index = end, index + 1
 
 
-def _feature_error(path: str, record: int, feature: str, found: int, raw: bytes,
-                   flag: str) -> DataError:
+def _feature_error(
+    path: str, record: int, feature: str, found: int, raw: bytes, flag: str
+) -> DataError:
     if found:
-        return DataError(f"--data {flag}: {path} record {record} has {found} values under "
-                         f"{feature}; one image and one label per record are needed")
+        return DataError(
+            f"--data {flag}: {path} record {record} has {found} values under "
+            f"{feature}; one image and one label per record are needed"
+        )
     present = sorted(tf.train.Example.FromString(raw).features.feature)
-    return DataError(f"--data {flag}: {path} record {record} has no feature {feature!r} (it has "
-                     f"{', '.join(present) or 'none'}); name the features with --image-feature "
-                     "and --label-feature")
+    return DataError(
+        f"--data {flag}: {path} record {record} has no feature {feature!r} (it has "
+        f"{', '.join(present) or 'none'}); name the features with --image-feature "
+        "and --label-feature"
+    )
 
 
 def parse_fn(image_feature: str, label_feature: str, decoder: ImageDecoder):
     """(serialized Example, name) -> (uint8 pixels, int32 label)."""
-    spec = {image_feature: tf.io.FixedLenFeature([], tf.string),
-            label_feature: tf.io.FixedLenFeature([], tf.int64)}
+    spec = {
+        image_feature: tf.io.FixedLenFeature([], tf.string),
+        label_feature: tf.io.FixedLenFeature([], tf.int64),
+    }
 
     def parse(serialized, name):
         example = tf.io.parse_single_example(serialized, spec)
-        return (decoder(example[image_feature], name),
-                tf.cast(example[label_feature], tf.int32))
+        return (decoder(example[image_feature], name), tf.cast(example[label_feature], tf.int32))
 
     return parse
 
@@ -237,8 +271,12 @@ class RecordBatches:
     def order(self) -> DataOrder:
         # The split over workers changes the order: W is part of what the data is.
         text = f"{self.index.fingerprint}|records|workers={self.workers}"
-        return DataOrder(seed=self.seed, examples=self.examples, global_batch=self.global_batch,
-                         fingerprint=hashlib.blake2b(text.encode(), digest_size=8).hexdigest())
+        return DataOrder(
+            seed=self.seed,
+            examples=self.examples,
+            global_batch=self.global_batch,
+            fingerprint=hashlib.blake2b(text.encode(), digest_size=8).hexdigest(),
+        )
 
     def epoch_slices(self, epoch: int, worker: int, workers: int) -> np.ndarray:
         """Worker ``worker``'s reading list for ``epoch``: rows (file index, first training
@@ -248,8 +286,11 @@ class RecordBatches:
         perm = epoch_order(len(self.index.files), seed=self.seed, epoch=epoch)
         ends = np.cumsum(self.counts[perm])
         starts = ends - self.counts[perm]
-        rows = [(f, max(lo - s, 0), min(hi, e) - max(lo, s))
-                for f, s, e in zip(perm, starts, ends) if s < hi and e > lo]
+        rows = [
+            (f, max(lo - s, 0), min(hi, e) - max(lo, s))
+            for f, s, e in zip(perm, starts, ends)
+            if s < hi and e > lo
+        ]
         return np.array(rows, np.int64).reshape(-1, 3)
 
     def _records(self, slices: tf.data.Dataset) -> tf.data.Dataset:
@@ -265,14 +306,27 @@ class RecordBatches:
             if self.train is not None:
                 ds = ds.filter(lambda i, _: keep[offsets[f] + i])
             ds = ds.skip(first).take(count)
-            return ds.map(lambda i, r: (r, tf.strings.join(
-                [files[f], " record ", tf.strings.as_string(i)])))
+            return ds.map(
+                lambda i, r: (r, tf.strings.join([files[f], " record ", tf.strings.as_string(i)]))
+            )
 
-        return slices.interleave(read, cycle_length=CYCLE, block_length=1,
-                                 num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        return slices.interleave(
+            read,
+            cycle_length=CYCLE,
+            block_length=1,
+            num_parallel_calls=tf.data.AUTOTUNE,
+            deterministic=True,
+        )
 
-    def dataset(self, *, start_epoch: int = 0, epochs: int = 1, skip: int = 0,
-                worker: int = 0, workers: int = 1) -> tf.data.Dataset:
+    def dataset(
+        self,
+        *,
+        start_epoch: int = 0,
+        epochs: int = 1,
+        skip: int = 0,
+        worker: int = 0,
+        workers: int = 1,
+    ) -> tf.data.Dataset:
         """The trainer's protocol: epochs ``start_epoch``..``epochs - 1`` back to back, the
         first ``skip`` batches left out (their records read, not decoded); each element this
         worker's share of a global batch, from its own files. (``workers`` other than the
@@ -285,8 +339,12 @@ class RecordBatches:
         buffer = max(1, min(SHUFFLE_BUFFER, per_worker))
 
         def epoch_records(epoch):
-            rows = tf.numpy_function(lambda e: self.epoch_slices(int(e), worker, workers),
-                                     [epoch], tf.int64, stateful=False)
+            rows = tf.numpy_function(
+                lambda e: self.epoch_slices(int(e), worker, workers),
+                [epoch],
+                tf.int64,
+                stateful=False,
+            )
             rows.set_shape([None, 3])
             seed = (self.seed * 1_000_003 + epoch) * 1009 + worker
             ds = self._records(tf.data.Dataset.from_tensor_slices(rows))
@@ -295,8 +353,11 @@ class RecordBatches:
         ds = tf.data.Dataset.range(start_epoch, epochs).flat_map(epoch_records)
         ds = ds.skip(skip * share)  # before decoding: a resume reads but does not decode them
         calls = tf.data.AUTOTUNE if self.parallel else None
-        ds = ds.map(parse_fn(self.image_feature, self.label_feature, self.decoder),
-                    num_parallel_calls=calls, deterministic=True)
+        ds = ds.map(
+            parse_fn(self.image_feature, self.label_feature, self.decoder),
+            num_parallel_calls=calls,
+            deterministic=True,
+        )
         return finish(ds.batch(share, drop_remainder=True))
 
     def sampled(self, context: tf.distribute.InputContext) -> tf.data.Dataset:
@@ -309,9 +370,12 @@ class RecordBatches:
         rows = tf.data.Dataset.from_tensor_slices(rows[self.counts > 0])
         rows = shuffle(rows, n, seed=seed, reshuffle_each_iteration=True).repeat()
         ds = shuffle(self._records(rows), SHUFFLE_BUFFER, seed=seed)
-        ds = ds.map(parse_fn(self.image_feature, self.label_feature, self.decoder),
-                    num_parallel_calls=tf.data.AUTOTUNE)
+        ds = ds.map(
+            parse_fn(self.image_feature, self.label_feature, self.decoder),
+            num_parallel_calls=tf.data.AUTOTUNE,
+        )
         return finish(ds.batch(self.global_batch, drop_remainder=True))
+
 
 def records_in_order(index: RecordIndex, want: np.ndarray | None) -> tf.data.Dataset:
     """(serialized, name) of the records whose entry in ``want`` is True (all if None), file
@@ -324,15 +388,17 @@ def records_in_order(index: RecordIndex, want: np.ndarray | None) -> tf.data.Dat
         ds = tf.data.TFRecordDataset(files[f]).enumerate()
         if want is not None:
             ds = ds.filter(lambda i, _: keep[offsets[f] + i])
-        return ds.map(lambda i, r: (r, tf.strings.join(
-            [files[f], " record ", tf.strings.as_string(i)])))
+        return ds.map(
+            lambda i, r: (r, tf.strings.join([files[f], " record ", tf.strings.as_string(i)]))
+        )
 
     # One file after the other: the order (and enumerate's count) is the records' names'.
     return tf.data.Dataset.range(len(index.files)).flat_map(read)
 
 
-def eval_records(index: RecordIndex, want: np.ndarray | None, parse, *, batch: int,
-                 parallel: bool = True) -> tf.data.Dataset:
+def eval_records(
+    index: RecordIndex, want: np.ndarray | None, parse, *, batch: int, parallel: bool = True
+) -> tf.data.Dataset:
     """Every wanted record once, in file order, as a dataset of global batches (the last one
     partial), decoded in parallel."""
     calls = tf.data.AUTOTUNE if parallel else None
@@ -340,19 +406,35 @@ def eval_records(index: RecordIndex, want: np.ndarray | None, parse, *, batch: i
     return finish(ds.batch(batch))
 
 
-def undecodable_records(index: RecordIndex, image_feature: str, decoder: ImageDecoder,
-                        flag: str, cause: tf.errors.OpError) -> DataError:
+def undecodable_records(
+    index: RecordIndex,
+    image_feature: str,
+    decoder: ImageDecoder,
+    flag: str,
+    cause: tf.errors.OpError,
+) -> DataError:
     """Name the records whose image does not decode (one parallel pass over all of them)."""
-    names = [f"{path} record {i}" for path, n in zip(index.files, index.counts)
-             for i in range(n)]
+    names = [f"{path} record {i}" for path, n in zip(index.files, index.counts) for i in range(n)]
     spec = {image_feature: tf.io.FixedLenFeature([], tf.string)}
-    items = records_in_order(index, None).enumerate().map(
-        lambda i, item: (i, tf.io.parse_single_example(item[0], spec)[image_feature]))
+    items = (
+        records_in_order(index, None)
+        .enumerate()
+        .map(lambda i, item: (i, tf.io.parse_single_example(item[0], spec)[image_feature]))
+    )
     return find_undecodable(items, names, flag, cause)
 
 
-__all__ = ["RecordBatches", "RecordIndex", "scan_records", "parse_fn", "records_in_order",
-           "eval_records", "undecodable_records", "CYCLE", "SHUFFLE_BUFFER"]
+__all__ = [
+    "RecordBatches",
+    "RecordIndex",
+    "scan_records",
+    "parse_fn",
+    "records_in_order",
+    "eval_records",
+    "undecodable_records",
+    "CYCLE",
+    "SHUFFLE_BUFFER",
+]
 
 
 def open_train(o) -> Data:
@@ -367,8 +449,9 @@ def open_train(o) -> Data:
 
     files = tfrecord_files(o.spec) if any(c in o.spec for c in "*?[") else [o.spec]
     features = f"{o.image_feature}|{o.label_feature}"
-    index = scan_records(files, o.image_feature, o.label_feature, o.spec,
-                         files_fingerprint(files, extra=features))
+    index = scan_records(
+        files, o.image_feature, o.label_feature, o.spec, files_fingerprint(files, extra=features)
+    )
     n_all = len(index.labels)
     train_mask = np.ones(n_all, bool)
     split = o.holdout(n_all, False)
@@ -377,7 +460,7 @@ def open_train(o) -> Data:
         train_mask[split[1]] = False
         val_mask = ~train_mask
     kept = np.flatnonzero(train_mask)
-    train_mask[kept[o.first(len(kept)):]] = False
+    train_mask[kept[o.first(len(kept)) :]] = False
     decoder = image_decoder(index.first_image, f"{files[0]} record 0", o.image_size, o.spec)
     o.check_shape(decoder.shape)
     labels = {"train": index.labels[train_mask]}
@@ -388,31 +471,61 @@ def open_train(o) -> Data:
 
     def on_error(error):
         return decoding.explain(error, o.spec) or undecodable_records(
-            index, o.image_feature, decoder, o.spec, error)
+            index, o.image_feature, decoder, o.spec, error
+        )
 
     mask = None if train_mask.all() else train_mask
     if o.cache is not None:  # decoded once, then read by index (the in-memory order)
         image_spec = {o.image_feature: tf.io.FixedLenFeature([], tf.string)}
         items = records_in_order(index, mask).map(
-            lambda r, name: (tf.io.parse_single_example(r, image_spec)[o.image_feature], name))
+            lambda r, name: (tf.io.parse_single_example(r, image_spec)[o.image_feature], name)
+        )
         text = f"{index.fingerprint}|{decoder.shape}|{decoder.resize}|{o.validation_split}|cached"
         fingerprint = files_fingerprint([], extra=text)
         key = store_key(fingerprint, decoder, f"records|{int(train_mask.sum())}|{o.seed}")
         store = fill_store(items, int(train_mask.sum()), decoder, o.cache, key, on_error=on_error)
-        batches = IndexedBatches(paths=np.array([], dtype=object), labels=labels["train"],
-                                 decoder=decoder, global_batch=o.global_batch, seed=o.seed,
-                                 fingerprint=fingerprint, store=store, parallel=o.parallel)
+        batches = IndexedBatches(
+            paths=np.array([], dtype=object),
+            labels=labels["train"],
+            decoder=decoder,
+            global_batch=o.global_batch,
+            seed=o.seed,
+            fingerprint=fingerprint,
+            store=store,
+            parallel=o.parallel,
+        )
     else:
-        batches = RecordBatches(index=index, decoder=decoder, image_feature=o.image_feature,
-                                label_feature=o.label_feature, global_batch=o.global_batch,
-                                seed=o.seed, workers=o.workers, train=mask, parallel=o.parallel)
-    val = None if val_mask is None else eval_records(index, val_mask, parse, batch=o.eval_batch,
-                                                     parallel=o.parallel)
+        batches = RecordBatches(
+            index=index,
+            decoder=decoder,
+            image_feature=o.image_feature,
+            label_feature=o.label_feature,
+            global_batch=o.global_batch,
+            seed=o.seed,
+            workers=o.workers,
+            train=mask,
+            parallel=o.parallel,
+        )
+    val = (
+        None
+        if val_mask is None
+        else eval_records(index, val_mask, parse, batch=o.eval_batch, parallel=o.parallel)
+    )
     counts = f"{int(train_mask.sum()):,} train" + (
-        f", {int(val_mask.sum()):,} val" if val_mask is not None else "")
-    return Data(train=batches, val=val, test=None, input_shape=decoder.shape,
-                num_classes=classes, kind="tfrecord", source=o.spec,
-                fingerprint=batches.order.fingerprint, _explain=decode_errors(on_error),
-                description=f"{len(files)} TFRecord file(s) {o.spec} ({counts} records, "
-                            f"{classes} classes, decoded to {'x'.join(map(str, decoder.shape))}"
-                            + (f", cached in {o.cache}" if o.cache else ", streamed") + ")")
+        f", {int(val_mask.sum()):,} val" if val_mask is not None else ""
+    )
+    return Data(
+        train=batches,
+        val=val,
+        test=None,
+        input_shape=decoder.shape,
+        num_classes=classes,
+        kind="tfrecord",
+        source=o.spec,
+        fingerprint=batches.order.fingerprint,
+        _explain=decode_errors(on_error),
+        description=f"{len(files)} TFRecord file(s) {o.spec} ({counts} records, "
+        f"{classes} classes, decoded to {'x'.join(map(str, decoder.shape))}"
+        + (f", cached in {o.cache}" if o.cache else ", streamed")
+        + ")",
+    )

@@ -38,31 +38,66 @@ class Kind:
     reads: str = "memory"  # how training reads it, for --profile's advice
 
 
-KINDS: dict[str, Kind] = {k.name: k for k in (
-    Kind("mnist", "mirrorfit.data.mnist", "keras.datasets.mnist's file (--data-dir, "
-         "$MIRRORFIT_DATA, the Keras cache, a download)", in_memory=True,
-         own_validation="the first 5,000 training images"),
-    Kind("synthetic", "mirrorfit.data.synthetic", "random examples, one batch repeated",
-         in_memory=True, own_validation="none: random data teaches nothing",
-         no_test="random data has no test split",
-         reads="synthetic, one batch repeated"),
-    Kind("npz", "mirrorfit.data.npz", "x_train/y_train (+ x_val/y_val, x_test/y_test)",
-         in_memory=True,
-         missing_test="the file has no x_test/y_test; add them, or pass a file that has them"),
-    Kind("module", "mirrorfit.data.user", "package.module:function returning arrays or "
-         "datasets", reads="a dataset function",
-         missing_test="the function returns no test split; return one (x_test, y_test or a "
-                      "dataset), or pass a FILE.npz with x_test/y_test"),
-    Kind("tfrecord", "mirrorfit.data.records", "tf.train.Example records, streamed",
-         files=True, features=True, streamed=True, tensorflow=True, reads="TFRecord files",
-         no_test="TFRecord sources are training examples only; write the test examples to an "
-                 "image FOLDER with a test/ subfolder or a FILE.npz with x_test/y_test"),
-    Kind("folder", "mirrorfit.data.folders", "one subfolder of images per class", files=True,
-         tensorflow=True, reads="image files",
-         missing_test="the folder has no test/ subfolder; give a folder holding test/ (one "
-                      "subfolder of images per class), beside train/ or alone, or a FILE.npz "
-                      "with x_test/y_test"),
-)}
+KINDS: dict[str, Kind] = {
+    k.name: k
+    for k in (
+        Kind(
+            "mnist",
+            "mirrorfit.data.mnist",
+            "keras.datasets.mnist's file (--data-dir, "
+            "$MIRRORFIT_DATA, the Keras cache, a download)",
+            in_memory=True,
+            own_validation="the first 5,000 training images",
+        ),
+        Kind(
+            "synthetic",
+            "mirrorfit.data.synthetic",
+            "random examples, one batch repeated",
+            in_memory=True,
+            own_validation="none: random data teaches nothing",
+            no_test="random data has no test split",
+            reads="synthetic, one batch repeated",
+        ),
+        Kind(
+            "npz",
+            "mirrorfit.data.npz",
+            "x_train/y_train (+ x_val/y_val, x_test/y_test)",
+            in_memory=True,
+            missing_test="the file has no x_test/y_test; add them, or pass a file that has them",
+        ),
+        Kind(
+            "module",
+            "mirrorfit.data.user",
+            "package.module:function returning arrays or datasets",
+            reads="a dataset function",
+            missing_test="the function returns no test split; return one (x_test, y_test or a "
+            "dataset), or pass a FILE.npz with x_test/y_test",
+        ),
+        Kind(
+            "tfrecord",
+            "mirrorfit.data.records",
+            "tf.train.Example records, streamed",
+            files=True,
+            features=True,
+            streamed=True,
+            tensorflow=True,
+            reads="TFRecord files",
+            no_test="TFRecord sources are training examples only; write the test examples to an "
+            "image FOLDER with a test/ subfolder or a FILE.npz with x_test/y_test",
+        ),
+        Kind(
+            "folder",
+            "mirrorfit.data.folders",
+            "one subfolder of images per class",
+            files=True,
+            tensorflow=True,
+            reads="image files",
+            missing_test="the folder has no test/ subfolder; give a folder holding test/ (one "
+            "subfolder of images per class), beside train/ or alone, or a FILE.npz "
+            "with x_test/y_test",
+        ),
+    )
+}
 TFRECORD_SUFFIXES = (".tfrecord", ".tfrecords", ".tfrec")
 _MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*")
 # Elements in one example --input-shape may ask for (224x224x3 is 150,528; 8192x8192 is 2**26):
@@ -72,8 +107,10 @@ MAX_INPUT_ELEMENTS = 1 << 26
 # one-hot/probability row are that wide (ImageNet-21k has 21,841; 10**11 was an out-of-memory
 # traceback).
 MAX_CLASSES = 1_000_000
-_FORMS = ("mnist, synthetic, FILE.npz, an image FOLDER (one subfolder per class), "
-          "'train-*.tfrecord' or package.module:function")
+_FORMS = (
+    "mnist, synthetic, FILE.npz, an image FOLDER (one subfolder per class), "
+    "'train-*.tfrecord' or package.module:function"
+)
 
 
 def kind_of(spec: str) -> Kind:
@@ -97,8 +134,10 @@ def source_kind(spec: str) -> str:
     # A path that exists is that path, even with glob characters in its name (e.g. "imgs[1]")
     if any(c in spec for c in "*?[") and not os.path.exists(spec):
         if not tfrecord_files(spec):
-            raise ConfigError(f"--data {spec}: the pattern matches no file; check the path "
-                              "(quote the pattern so that the shell leaves it to mirrorfit)")
+            raise ConfigError(
+                f"--data {spec}: the pattern matches no file; check the path "
+                "(quote the pattern so that the shell leaves it to mirrorfit)"
+            )
         return "tfrecord"
     if lower.endswith(".npz") or lower.endswith(TFRECORD_SUFFIXES):
         if not os.path.isfile(spec):
@@ -107,8 +146,10 @@ def source_kind(spec: str) -> str:
     if os.path.isdir(spec):
         return "folder"
     if os.path.exists(spec):
-        raise ConfigError(f"--data {spec} is a file but neither .npz nor TFRecord "
-                          f"({', '.join(TFRECORD_SUFFIXES)}); use {_FORMS}")
+        raise ConfigError(
+            f"--data {spec} is a file but neither .npz nor TFRecord "
+            f"({', '.join(TFRECORD_SUFFIXES)}); use {_FORMS}"
+        )
     raise ConfigError(f"--data {spec}: no such file or folder; use {_FORMS}")
 
 
@@ -121,8 +162,15 @@ def tfrecord_files(pattern: str) -> list[str]:
     return sorted(p for p in glob.glob(pattern, recursive=True) if os.path.isfile(p))
 
 
-def parse_ints(flag: str, value, *, count: int | None = None, lengths: tuple[int, ...] = (),
-               example: str, max_elements: int | None = None) -> tuple[int, ...]:
+def parse_ints(
+    flag: str,
+    value,
+    *,
+    count: int | None = None,
+    lengths: tuple[int, ...] = (),
+    example: str,
+    max_elements: int | None = None,
+) -> tuple[int, ...]:
     """``"28,28"`` or ``[28, 28]`` (TOML) as a tuple of positive integers; ConfigError naming
     ``flag``, the value and ``example`` otherwise. ``count``: exactly that many numbers;
     ``lengths``: one of those counts, for the shape of one example (``--input-shape``), whose
@@ -134,22 +182,34 @@ def parse_ints(flag: str, value, *, count: int | None = None, lengths: tuple[int
         numbers = tuple(_positive(p) for p in parts)
     except (TypeError, ValueError):
         numbers = ()
-    ok = bool(numbers) and (count is None or len(numbers) == count) and (
-        not lengths or len(numbers) in lengths)
+    ok = (
+        bool(numbers)
+        and (count is None or len(numbers) == count)
+        and (not lengths or len(numbers) in lengths)
+    )
     if not ok:
-        shown = value if isinstance(value, str) else ",".join(map(str, value)) \
-            if isinstance(value, (list, tuple)) else repr(value)
-        raise ConfigError(f"{flag} {shown}: expected "
-                          + (f"{count} " if count else "")
-                          + f"positive integers separated by commas; e.g. {flag} {example}")
+        shown = (
+            value
+            if isinstance(value, str)
+            else ",".join(map(str, value))
+            if isinstance(value, (list, tuple))
+            else repr(value)
+        )
+        raise ConfigError(
+            f"{flag} {shown}: expected "
+            + (f"{count} " if count else "")
+            + f"positive integers separated by commas; e.g. {flag} {example}"
+        )
     limit = max_elements if max_elements is not None else MAX_INPUT_ELEMENTS if lengths else None
     elements = 1
     for n in numbers:
         elements *= n
     if limit is not None and elements > limit:
-        raise ConfigError(f"{flag} {','.join(map(str, numbers))}: {elements:,} elements per "
-                          f"example, at most {limit:,}; give a smaller shape, e.g. {flag} "
-                          f"{example}")
+        raise ConfigError(
+            f"{flag} {','.join(map(str, numbers))}: {elements:,} elements per "
+            f"example, at most {limit:,}; give a smaller shape, e.g. {flag} "
+            f"{example}"
+        )
     return numbers
 
 
@@ -178,19 +238,33 @@ def check_cache(value: str) -> None:
     path = Path(value)
     if path.exists():
         if not path.is_dir():
-            raise ConfigError(f"--cache {value} is a file, not a folder; give a folder (created "
-                              "if missing) or memory")
+            raise ConfigError(
+                f"--cache {value} is a file, not a folder; give a folder (created "
+                "if missing) or memory"
+            )
         if not os.access(path, os.W_OK | os.X_OK):
-            raise ConfigError(f"--cache {value}: the folder is not writable; give another "
-                              "folder or --cache memory")
+            raise ConfigError(
+                f"--cache {value}: the folder is not writable; give another "
+                "folder or --cache memory"
+            )
         return
     parent = path.absolute().parent
     while not parent.exists():
         parent = parent.parent
     if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
-        raise ConfigError(f"--cache {value}: cannot create it ({parent} is not a writable "
-                          "folder); give another folder or --cache memory")
+        raise ConfigError(
+            f"--cache {value}: cannot create it ({parent} is not a writable "
+            "folder); give another folder or --cache memory"
+        )
 
 
-__all__ = ["Kind", "KINDS", "MAX_INPUT_ELEMENTS", "kind_of", "source_kind", "tfrecord_files",
-           "parse_ints", "check_cache"]
+__all__ = [
+    "Kind",
+    "KINDS",
+    "MAX_INPUT_ELEMENTS",
+    "kind_of",
+    "source_kind",
+    "tfrecord_files",
+    "parse_ints",
+    "check_cache",
+]

@@ -50,12 +50,22 @@ class SyntheticBatches:
         """What a checkpoint records of the data: another shape, class count or dtype is other
         data (the fingerprint), as another file would be."""
         what = f"synthetic {self.input_shape} {self.num_classes} {self.dtype}"
-        return DataOrder(seed=self.seed, examples=self.steps_per_epoch * self.global_batch,
-                         global_batch=self.global_batch,
-                         fingerprint=hashlib.blake2b(what.encode(), digest_size=8).hexdigest())
+        return DataOrder(
+            seed=self.seed,
+            examples=self.steps_per_epoch * self.global_batch,
+            global_batch=self.global_batch,
+            fingerprint=hashlib.blake2b(what.encode(), digest_size=8).hexdigest(),
+        )
 
-    def dataset(self, *, start_epoch: int = 0, epochs: int = 1, skip: int = 0,
-                worker: int = 0, workers: int = 1) -> tf.data.Dataset:
+    def dataset(
+        self,
+        *,
+        start_epoch: int = 0,
+        epochs: int = 1,
+        skip: int = 0,
+        worker: int = 0,
+        workers: int = 1,
+    ) -> tf.data.Dataset:
         """Batches for epochs ``start_epoch``..``epochs - 1`` less the first ``skip`` (the
         trainer's protocol); each element is worker ``worker``'s share of a global batch,
         ``global_batch // workers`` examples: (x of ``dtype``, y int32). Every element is the
@@ -63,8 +73,9 @@ class SyntheticBatches:
         if not 0 <= skip <= self.steps_per_epoch:
             raise ValueError(f"skip {skip} is outside an epoch of {self.steps_per_epoch} steps")
         if self.global_batch % workers:
-            raise ValueError(f"global batch {self.global_batch} does not split over {workers} "
-                             "workers")
+            raise ValueError(
+                f"global batch {self.global_batch} does not split over {workers} workers"
+            )
         count = max(0, (epochs - start_epoch) * self.steps_per_epoch - skip)
         return self._repeated(self.global_batch // workers, tf.constant(worker, tf.int64), count)
 
@@ -84,16 +95,16 @@ class SyntheticBatches:
         ds = tf.data.Dataset.range(1).map(make).cache().repeat(count)
         options = tf.data.Options()
         # Each worker's share is made here: tf.data must not shard it again.
-        options.experimental_distribute.auto_shard_policy = \
-            tf.data.experimental.AutoShardPolicy.OFF
+        options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
         return ds.with_options(options).prefetch(1)
 
     def _batch(self, size: int, worker: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         """``size`` examples from seed (run seed, worker): reproducible, different per worker."""
         seed = tf.stack([tf.constant(self.seed, tf.int64), worker])
         x = tf.random.stateless_uniform([size, *self.input_shape], seed=seed, dtype=tf.float32)
-        y = tf.random.stateless_uniform([size], seed=seed + [0, 1 << 20], minval=0,
-                                        maxval=self.num_classes, dtype=tf.int32)
+        y = tf.random.stateless_uniform(
+            [size], seed=seed + [0, 1 << 20], minval=0, maxval=self.num_classes, dtype=tf.int32
+        )
         return tf.cast(x, self.dtype), y
 
     def host_batch(self, worker: int = 0, workers: int = 1) -> tuple[np.ndarray, np.ndarray]:
@@ -119,28 +130,44 @@ class SyntheticBatches:
         return x, y
 
 
-def synthetic_batches(*, input_shape: tuple[int, ...], num_classes: int, global_batch: int,
-                      steps_per_epoch: int, seed: int = 42,
-                      dtype: str = "float32") -> SyntheticBatches:
+def synthetic_batches(
+    *,
+    input_shape: tuple[int, ...],
+    num_classes: int,
+    global_batch: int,
+    steps_per_epoch: int,
+    seed: int = 42,
+    dtype: str = "float32",
+) -> SyntheticBatches:
     """Random training data of ``input_shape`` (one example's shape, e.g. (224, 224, 3) pixels
     x channels) and ``num_classes`` labels: ``steps_per_epoch`` global batches of
     ``global_batch`` examples per epoch, made once per worker from ``seed`` and repeated.
     ``dtype``: the images' (float32, bfloat16 or float16). ConfigError for bad values."""
     shape = tuple(input_shape)
-    if not shape or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0
-                            for d in shape):
-        raise ConfigError(f"--input-shape must be positive integers (e.g. 224,224,3), got "
-                          f"{','.join(map(str, shape)) or 'nothing'}")
-    for flag, value, least in (("--num-classes", num_classes, 2),
-                               ("--global-batch-size", global_batch, 1),
-                               ("steps per epoch", steps_per_epoch, 1)):
+    if not shape or not all(
+        isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in shape
+    ):
+        raise ConfigError(
+            f"--input-shape must be positive integers (e.g. 224,224,3), got "
+            f"{','.join(map(str, shape)) or 'nothing'}"
+        )
+    for flag, value, least in (
+        ("--num-classes", num_classes, 2),
+        ("--global-batch-size", global_batch, 1),
+        ("steps per epoch", steps_per_epoch, 1),
+    ):
         if isinstance(value, bool) or not isinstance(value, int) or value < least:
             raise ConfigError(f"{flag} must be an integer >= {least}, got {value!r}")
     if dtype not in DTYPES:
         raise ConfigError(f"synthetic data dtype {dtype!r} is not one of {', '.join(DTYPES)}")
-    return SyntheticBatches(input_shape=shape, num_classes=num_classes,
-                            global_batch=global_batch, steps_per_epoch=steps_per_epoch,
-                            seed=seed, dtype=dtype)
+    return SyntheticBatches(
+        input_shape=shape,
+        num_classes=num_classes,
+        global_batch=global_batch,
+        steps_per_epoch=steps_per_epoch,
+        seed=seed,
+        dtype=dtype,
+    )
 
 
 def open_train(o: Options) -> Data:
@@ -149,18 +176,33 @@ def open_train(o: Options) -> Data:
     from mirrorfit.models.names import IMAGENET_CLASSES, default_input_shape, is_application
 
     application = is_application(o.model)
-    shape = tuple(o.input_shape) if o.input_shape is not None else (
-        default_input_shape(o.model) if application else (28, 28))
+    shape = (
+        tuple(o.input_shape)
+        if o.input_shape is not None
+        else (default_input_shape(o.model) if application else (28, 28))
+    )
     classes = o.num_classes or (IMAGENET_CLASSES if application else 10)
     examples = o.train_examples or SYNTHETIC_STEPS * o.global_batch
-    train = synthetic_batches(input_shape=shape, num_classes=classes,
-                              global_batch=o.global_batch,
-                              steps_per_epoch=max(1, examples // o.global_batch), seed=o.seed)
-    return Data(train=train, val=None, test=None, input_shape=shape, num_classes=classes,
-                kind="synthetic", source="synthetic", fingerprint=train.order.fingerprint,
-                description=f"synthetic data ({train.steps_per_epoch} steps per epoch of random "
-                            f"examples of shape {shape}, {classes} classes; no validation or "
-                            "test: nothing is learnt from it)")
+    train = synthetic_batches(
+        input_shape=shape,
+        num_classes=classes,
+        global_batch=o.global_batch,
+        steps_per_epoch=max(1, examples // o.global_batch),
+        seed=o.seed,
+    )
+    return Data(
+        train=train,
+        val=None,
+        test=None,
+        input_shape=shape,
+        num_classes=classes,
+        kind="synthetic",
+        source="synthetic",
+        fingerprint=train.order.fingerprint,
+        description=f"synthetic data ({train.steps_per_epoch} steps per epoch of random "
+        f"examples of shape {shape}, {classes} classes; no validation or "
+        "test: nothing is learnt from it)",
+    )
 
 
 __all__ = ["SyntheticBatches", "synthetic_batches", "DTYPES", "open_train"]

@@ -44,8 +44,9 @@ if TYPE_CHECKING:
 SHUFFLE_BUFFER = 10_000  # examples
 
 
-def call_user_function(spec: str, *, check: tuple[str, ...] = ("train", "val", "test")
-                       ) -> dict[str, Any]:
+def call_user_function(
+    spec: str, *, check: tuple[str, ...] = ("train", "val", "test")
+) -> dict[str, Any]:
     """Import and call ``spec``; its splits as ``{"train": ..., "val": ..., "test": ...}``
     (absent ones left out), those named in ``check`` checked to be arrays ``(x, y)`` or a
     dataset of examples (evaluate checks only the test split: it reads no other, so a dict
@@ -55,11 +56,15 @@ def call_user_function(spec: str, *, check: tuple[str, ...] = ("train", "val", "
         with tensorflow_start_filtered():  # a data module may import TensorFlow
             module = importlib.import_module(module_name)
     except SystemExit as e:  # no Exception: it would end the run with its code, no line
-        raise DataError(f"--data {spec}: importing {module_name} exited (SystemExit: "
-                        f"{e.code}); a data module must not call sys.exit") from None
+        raise DataError(
+            f"--data {spec}: importing {module_name} exited (SystemExit: "
+            f"{e.code}); a data module must not call sys.exit"
+        ) from None
     except Exception as e:  # ImportError, or the module's own code failing
-        raise DataError(f"--data {spec}: cannot import {module_name} ({type(e).__name__}: "
-                        f"{_short(e)}); is it on PYTHONPATH?") from None
+        raise DataError(
+            f"--data {spec}: cannot import {module_name} ({type(e).__name__}: "
+            f"{_short(e)}); is it on PYTHONPATH?"
+        ) from None
     fn = getattr(module, attr, None)
     if not callable(fn):
         raise DataError(f"--data {spec}: module {module_name} has no function {attr}")
@@ -67,11 +72,14 @@ def call_user_function(spec: str, *, check: tuple[str, ...] = ("train", "val", "
         with tensorflow_start_filtered():  # its body may import TensorFlow too
             result = fn()
     except SystemExit as e:  # exit 0 with nothing trained, else
-        raise DataError(f"--data {spec}: the function exited (SystemExit: {e.code}) instead of "
-                        "returning the data") from None
+        raise DataError(
+            f"--data {spec}: the function exited (SystemExit: {e.code}) instead of "
+            "returning the data"
+        ) from None
     except Exception as e:
-        raise DataError(f"--data {spec}: the function raised {type(e).__name__}: "
-                        f"{_short(e)}") from None
+        raise DataError(
+            f"--data {spec}: the function raised {type(e).__name__}: {_short(e)}"
+        ) from None
     splits = _splits(spec, result, need_train="train" in check)
     for name, split in splits.items():
         if name in check:
@@ -80,15 +88,16 @@ def call_user_function(spec: str, *, check: tuple[str, ...] = ("train", "val", "
 
 
 def _splits(spec: str, result: Any, need_train: bool = True) -> dict[str, Any]:
-    expected = ("expected train, (train, val), (train, val, test) or a dict with 'train'"
-                + ("" if need_train else " or 'test'")
-                + ", each (x, y) NumPy arrays or a tf.data.Dataset of (x, y) examples")
+    expected = (
+        "expected train, (train, val), (train, val, test) or a dict with 'train'"
+        + ("" if need_train else " or 'test'")
+        + ", each (x, y) NumPy arrays or a tf.data.Dataset of (x, y) examples"
+    )
     if isinstance(result, dict):
         unknown = set(result) - {"train", "val", "validation", "test"}
         missing = "train" not in result and (need_train or "test" not in result)
         if missing or unknown or ("val" in result and "validation" in result):
-            raise DataError(f"--data {spec} returned a dict with keys {sorted(result)}; "
-                            f"{expected}")
+            raise DataError(f"--data {spec} returned a dict with keys {sorted(result)}; {expected}")
         named = {"val" if k == "validation" else k: v for k, v in result.items()}
     elif _is_split(result):
         named = {"train": result}
@@ -101,42 +110,62 @@ def _splits(spec: str, result: Any, need_train: bool = True) -> dict[str, Any]:
 
 def _is_split(value: Any) -> bool:
     return is_dataset(value) or (
-        isinstance(value, (tuple, list)) and len(value) == 2
-        and all(isinstance(a, np.ndarray) for a in value))
+        isinstance(value, (tuple, list))
+        and len(value) == 2
+        and all(isinstance(a, np.ndarray) for a in value)
+    )
 
 
 def _check_split(spec: str, name: str, split: Any) -> None:
     where = f"--data {spec}: its {name} split"
     if is_dataset(split):
         element = split.element_spec
-        if not (isinstance(element, tuple) and len(element) == 2
-                and all(isinstance(s, tf.TensorSpec) for s in element)):
-            raise DataError(f"{where} is a dataset of {element}; it must yield (x, y) pairs "
-                            "of tensors")
+        if not (
+            isinstance(element, tuple)
+            and len(element) == 2
+            and all(isinstance(s, tf.TensorSpec) for s in element)
+        ):
+            raise DataError(
+                f"{where} is a dataset of {element}; it must yield (x, y) pairs of tensors"
+            )
         x, y = element
         if y.shape.rank != 0 or not y.dtype.is_integer:
-            raise DataError(f"{where} yields labels of shape {y.shape} and dtype {y.dtype.name}; "
-                            "give single examples (not batches) with integer class labels")
-        if not (x.dtype.is_integer or x.dtype.is_floating) or not x.shape.is_fully_defined() \
-                or x.shape.num_elements() == 0:
-            raise DataError(f"{where} yields x of shape {x.shape} and dtype {x.dtype.name}; "
-                            "every example needs one fixed, non-empty shape of numbers")
+            raise DataError(
+                f"{where} yields labels of shape {y.shape} and dtype {y.dtype.name}; "
+                "give single examples (not batches) with integer class labels"
+            )
+        if (
+            not (x.dtype.is_integer or x.dtype.is_floating)
+            or not x.shape.is_fully_defined()
+            or x.shape.num_elements() == 0
+        ):
+            raise DataError(
+                f"{where} yields x of shape {x.shape} and dtype {x.dtype.name}; "
+                "every example needs one fixed, non-empty shape of numbers"
+            )
         if split.cardinality() == tf.data.INFINITE_CARDINALITY:
             raise DataError(f"{where} is infinite (repeated?); return one pass over the data")
         return
     if not _is_split(split):
-        raise DataError(f"{where} is {type(split).__name__}; give (x, y) NumPy arrays or a "
-                        "tf.data.Dataset of (x, y) examples")
+        raise DataError(
+            f"{where} is {type(split).__name__}; give (x, y) NumPy arrays or a "
+            "tf.data.Dataset of (x, y) examples"
+        )
     x, y = split
-    check_pair(x, y, f"{where}'s x", f"{where}'s y",
-               "give integer class indices, shape (N,) (not one-hot)", scalar_examples=True)
+    check_pair(
+        x,
+        y,
+        f"{where}'s x",
+        f"{where}'s y",
+        "give integer class indices, shape (N,) (not one-hot)",
+        scalar_examples=True,
+    )
 
 
 def labels_of(ds: tf.data.Dataset) -> np.ndarray:
     """Every label of a dataset of examples, in order (int64): one pass over it at start, to
     count the examples and check the labels' range (the inputs are computed, not kept)."""
-    parts = [y for y in ds.map(lambda x, y: tf.cast(y, tf.int64)).batch(4096)
-             .as_numpy_iterator()]
+    parts = [y for y in ds.map(lambda x, y: tf.cast(y, tf.int64)).batch(4096).as_numpy_iterator()]
     return np.concatenate(parts) if parts else np.zeros(0, np.int64)
 
 
@@ -157,8 +186,12 @@ class DatasetBatches:
 
     @cached_property
     def order(self) -> DataOrder:
-        return DataOrder(seed=self.seed, examples=self.examples, global_batch=self.global_batch,
-                         fingerprint=self.fingerprint)
+        return DataOrder(
+            seed=self.seed,
+            examples=self.examples,
+            global_batch=self.global_batch,
+            fingerprint=self.fingerprint,
+        )
 
     @cached_property
     def _base(self) -> tf.data.Dataset:
@@ -172,22 +205,31 @@ class DatasetBatches:
             return ds.cache(str(Path(self.cache) / f"mirrorfit-{self.fingerprint}"))
         return ds
 
-    def dataset(self, *, start_epoch: int = 0, epochs: int = 1, skip: int = 0,
-                worker: int = 0, workers: int = 1) -> tf.data.Dataset:
+    def dataset(
+        self,
+        *,
+        start_epoch: int = 0,
+        epochs: int = 1,
+        skip: int = 0,
+        worker: int = 0,
+        workers: int = 1,
+    ) -> tf.data.Dataset:
         """The trainer's protocol; each worker reads every example and keeps its share."""
         if not 0 <= skip <= self.steps_per_epoch:
             raise ValueError(f"skip {skip} is outside an epoch of {self.steps_per_epoch} steps")
         base, buffer = self._base, max(1, min(self.examples, SHUFFLE_BUFFER))
 
         def epoch(e):
-            ds = shuffle(base, buffer, seed=self.seed * 1_000_003 + e,
-                         reshuffle_each_iteration=False)
+            ds = shuffle(
+                base, buffer, seed=self.seed * 1_000_003 + e, reshuffle_each_iteration=False
+            )
             return ds.batch(self.global_batch, drop_remainder=True)
 
         ds = tf.data.Dataset.range(start_epoch, epochs).flat_map(epoch).skip(skip)
         if workers > 1:
-            ds = ds.map(lambda x, y: (worker_slice(x, worker, workers),
-                                      worker_slice(y, worker, workers)))
+            ds = ds.map(
+                lambda x, y: (worker_slice(x, worker, workers), worker_slice(y, worker, workers))
+            )
         return finish(ds)
 
     def sampled(self, context: tf.distribute.InputContext) -> tf.data.Dataset:
@@ -210,8 +252,13 @@ def _short(error: Exception) -> str:
     return text[0][:200] if text else "no message"
 
 
-__all__ = ["DatasetBatches", "call_user_function", "dataset_fingerprint",
-           "labels_of", "SHUFFLE_BUFFER"]
+__all__ = [
+    "DatasetBatches",
+    "call_user_function",
+    "dataset_fingerprint",
+    "labels_of",
+    "SHUFFLE_BUFFER",
+]
 
 
 # An unknown-length test dataset past this many examples is taken for an endless one: scoring
@@ -228,10 +275,12 @@ def open_train(o) -> Data:
     splits = call_user_function(o.spec)
     if all(isinstance(s, tuple) or isinstance(s, list) for s in splits.values()):
         if o.cache:
-            raise DataError(f"--data {o.spec} returned NumPy arrays, already in memory; drop "
-                            "--cache")
-        return from_arrays(o, {k: tuple(v) for k, v in splits.items()}, source=o.spec,
-                       what=f"{o.spec} (arrays)")
+            raise DataError(
+                f"--data {o.spec} returned NumPy arrays, already in memory; drop --cache"
+            )
+        return from_arrays(
+            o, {k: tuple(v) for k, v in splits.items()}, source=o.spec, what=f"{o.spec} (arrays)"
+        )
     train = splits["train"]
     if not is_dataset(train):
         train = tf.data.Dataset.from_tensor_slices(tuple(train))
@@ -261,13 +310,26 @@ def open_train(o) -> Data:
     shape = tuple(train.element_spec[0].shape)
     o.check_shape(shape)
     fp = dataset_fingerprint(o.spec, train, n)
-    batches = DatasetBatches(examples_ds=train.take(n), examples=n, global_batch=o.global_batch,
-                             seed=o.seed, fingerprint=fp, cache=o.cache)
-    return Data(train=batches, val=evals.get("val"), test=evals.get("test"), input_shape=shape,
-                num_classes=classes, kind="module", source=o.spec, fingerprint=fp,
-                description=f"{o.spec} (a dataset of {n:,} training examples of shape {shape}, "
-                            f"{classes} classes" + (f", cached in {o.cache}" if o.cache else "")
-                            + ")")
+    batches = DatasetBatches(
+        examples_ds=train.take(n),
+        examples=n,
+        global_batch=o.global_batch,
+        seed=o.seed,
+        fingerprint=fp,
+        cache=o.cache,
+    )
+    return Data(
+        train=batches,
+        val=evals.get("val"),
+        test=evals.get("test"),
+        input_shape=shape,
+        num_classes=classes,
+        kind="module",
+        source=o.spec,
+        fingerprint=fp,
+        description=f"{o.spec} (a dataset of {n:,} training examples of shape {shape}, "
+        f"{classes} classes" + (f", cached in {o.cache}" if o.cache else "") + ")",
+    )
 
 
 def open_test(spec: str, *, batch: int, **_) -> TestSplit | None:
@@ -282,9 +344,14 @@ def open_test(spec: str, *, batch: int, **_) -> TestSplit | None:
     if not is_dataset(part):
         return test_arrays(spec, "module", *part, batch, spec, f"{spec} (arrays)")
     shape = tuple(part.element_spec[0].shape)
-    return TestSplit(test=finish(_bounded(part).batch(batch)), input_shape=shape, num_classes=None,
-                     kind="module", source=spec,
-                     description=f"{spec} (a dataset of test examples of shape {shape})")
+    return TestSplit(
+        test=finish(_bounded(part).batch(batch)),
+        input_shape=shape,
+        num_classes=None,
+        kind="module",
+        source=spec,
+        description=f"{spec} (a dataset of test examples of shape {shape})",
+    )
 
 
 def _bounded(ds: tf.data.Dataset) -> tf.data.Dataset:
@@ -293,13 +360,16 @@ def _bounded(ds: tf.data.Dataset) -> tf.data.Dataset:
     if int(ds.cardinality()) != tf.data.UNKNOWN_CARDINALITY:
         return ds  # a known length ends; an infinite one was refused when checked
     limit = MAX_UNKNOWN_TEST
-    message = (f"it had not ended after {limit:,} examples (an endless generator?); return a "
-               "dataset that ends, or give its length with "
-               "tf.data.experimental.assert_cardinality")
+    message = (
+        f"it had not ended after {limit:,} examples (an endless generator?); return a "
+        "dataset that ends, or give its length with "
+        "tf.data.experimental.assert_cardinality"
+    )
 
     def check(i, example):
-        with tf.control_dependencies([tf.debugging.assert_less(i, tf.constant(limit, tf.int64),
-                                                               message=message)]):
+        with tf.control_dependencies(
+            [tf.debugging.assert_less(i, tf.constant(limit, tf.int64), message=message)]
+        ):
             return tf.nest.map_structure(tf.identity, example)
 
     return ds.enumerate().map(check)

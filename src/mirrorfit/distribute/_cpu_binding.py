@@ -50,8 +50,10 @@ def threads_note(threads: int | None) -> str | None:
     cpus = usable_cpus()
     if not threads or threads <= cpus:
         return None
-    return (f"--threads-per-worker {threads} is more than the {cpus} CPU(s) this process may "
-            f"run on: its threads will take turns on them; --threads-per-worker {cpus} fits")
+    return (
+        f"--threads-per-worker {threads} is more than the {cpus} CPU(s) this process may "
+        f"run on: its threads will take turns on them; --threads-per-worker {cpus} fits"
+    )
 
 
 def parse_cpu_list(text: str) -> set[int]:

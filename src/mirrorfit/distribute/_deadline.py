@@ -44,9 +44,18 @@ def deadline(timeout_s: float, text: str, peers: Sequence[tuple[str, str]]) -> I
     import os
 
     watchdog = subprocess.Popen(
-        [sys.executable, "-c", _WATCHDOG, str(os.getpid()), str(timeout_s), text,
-         *(f"{name}={address}" for name, address in peers)],
-        stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
+        [
+            sys.executable,
+            "-c",
+            _WATCHDOG,
+            str(os.getpid()),
+            str(timeout_s),
+            text,
+            *(f"{name}={address}" for name, address in peers),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+    )
     try:
         yield
     finally:

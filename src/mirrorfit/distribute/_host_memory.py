@@ -33,8 +33,12 @@ TRIM_THRESHOLD_BYTES = 256 << 20
 # A user's own settings of what this changes (other malloc tunables, like arena_max, do not
 # conflict and are left as they are).
 _USER_TUNABLES = ("mmap_threshold", "trim_threshold", "top_pad", "mmap_max")
-_USER_VARIABLES = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_",
-                   "MALLOC_MMAP_MAX_")
+_USER_VARIABLES = (
+    "MALLOC_MMAP_THRESHOLD_",
+    "MALLOC_TRIM_THRESHOLD_",
+    "MALLOC_TOP_PAD_",
+    "MALLOC_MMAP_MAX_",
+)
 
 
 def keep_freed_memory() -> bool:
@@ -45,8 +49,9 @@ def keep_freed_memory() -> bool:
     Process-wide, and safe to call more than once.
     """
     tunables = os.environ.get("GLIBC_TUNABLES", "")
-    if any(f"glibc.malloc.{name}" in tunables for name in _USER_TUNABLES) \
-            or any(name in os.environ for name in _USER_VARIABLES):
+    if any(f"glibc.malloc.{name}" in tunables for name in _USER_TUNABLES) or any(
+        name in os.environ for name in _USER_VARIABLES
+    ):
         return False
     try:
         glibc = os.confstr("CS_GNU_LIBC_VERSION")  # None, or an error, off glibc
@@ -58,5 +63,7 @@ def keep_freed_memory() -> bool:
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     # mallopt returns 1 on success. The mmap threshold first: setting it also stops glibc's
     # dynamic adjustment of both thresholds, which would otherwise undo the trim threshold.
-    return (mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES) == 1
-            and mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES) == 1)
+    return (
+        mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES) == 1
+        and mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES) == 1
+    )

@@ -74,8 +74,10 @@ def listen_host(cluster) -> tuple[str | None, str | None]:
     if _is_loopback(ip) and any(not _is_loopback(o) for o in _peer_ips(cluster, me)):
         # e.g. Debian's /etc/hosts maps the host's own name to 127.0.1.1: the other hosts
         # could not reach a server on it
-        return None, f"{me}: {host} is {ip} here, a loopback address, but other tasks are on " \
-                     "other hosts"
+        return (
+            None,
+            f"{me}: {host} is {ip} here, a loopback address, but other tasks are on other hosts",
+        )
     family = socket.AF_INET6 if ":" in ip else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as s:
         try:
@@ -112,9 +114,11 @@ def check_port(cluster, ip: str | None) -> None:
                 why = "needs privileges (ports below 1024)"
             else:
                 why = f"cannot be bound ({e.strerror})"
-            raise ConfigError(f"{cluster.task_name()}: this task's port {port} ({me} in "
-                              f"{cluster.source}) {why}; free it, or give this task another "
-                              "port (mirrorfit launch picks free ones)") from None
+            raise ConfigError(
+                f"{cluster.task_name()}: this task's port {port} ({me} in "
+                f"{cluster.source}) {why}; free it, or give this task another "
+                "port (mirrorfit launch picks free ones)"
+            ) from None
 
 
 def prepare(cluster) -> tuple[str | None, str | None]:
@@ -223,7 +227,7 @@ def _bind_relocations(path: str) -> list[int]:
             return f.read(section[5])
 
         names = read(sections[names_index])
-        by_name = {names[s[0]:names.index(b"\0", s[0])]: s for s in sections}
+        by_name = {names[s[0] : names.index(b"\0", s[0])]: s for s in sections}
         symbols, strings = read(by_name[b".dynsym"]), read(by_name[b".dynstr"])
         found = []
         for kind in (b".rela.plt",):  # calls go through it (.rela.dyn: 10^5 entries, none)
@@ -235,7 +239,7 @@ def _bind_relocations(path: str) -> list[int]:
                 if info & 0xFFFFFFFF not in (_JUMP_SLOT[machine], _GLOB_DAT[machine]):
                     continue
                 name_at = struct.unpack_from("<I", symbols, (info >> 32) * 24)[0]
-                if strings[name_at:strings.index(b"\0", name_at)] == b"bind":
+                if strings[name_at : strings.index(b"\0", name_at)] == b"bind":
                     found.append(offset)
         return found
 
@@ -252,8 +256,11 @@ def listening(cluster):
         yield
     if not rewritten:
         why = note or "this platform's TensorFlow libraries cannot be redirected"
-        print(f"mirrorfit: {cluster.task_name()}: TensorFlow's server listens on every interface "
-              f"({why}); keep the job on a private network", file=sys.stderr)
+        print(
+            f"mirrorfit: {cluster.task_name()}: TensorFlow's server listens on every interface "
+            f"({why}); keep the job on a private network",
+            file=sys.stderr,
+        )
 
 
 __all__ = ["check_port", "listen_host", "listening", "own_address", "prepare"]

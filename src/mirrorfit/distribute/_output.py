@@ -20,8 +20,12 @@ _READ_BYTES = 1 << 16  # bytes asked of one os.read
 _LINE_END = re.compile(rb"[\r\n]")
 
 
-def stream_lines(pipe: BinaryIO, prefix: str, write: Callable[[str], None],
-                 redraw_interval_s: float = REDRAW_INTERVAL_S) -> None:
+def stream_lines(
+    pipe: BinaryIO,
+    prefix: str,
+    write: Callable[[str], None],
+    redraw_interval_s: float = REDRAW_INTERVAL_S,
+) -> None:
     """Read ``pipe`` (unbuffered bytes) to its end, calling ``write(prefix + line + "\\n")``
     once per line (decoded as UTF-8, bad bytes replaced); close ``pipe`` at the end.
 
@@ -44,13 +48,13 @@ def stream_lines(pipe: BinaryIO, prefix: str, write: Callable[[str], None],
         buf += chunk
         while (m := _LINE_END.search(buf)) is not None:
             i = m.start()
-            if buf[i:i + 1] == b"\n" or buf[i + 1:i + 2] == b"\n":  # "\n" or "\r\n"
+            if buf[i : i + 1] == b"\n" or buf[i + 1 : i + 2] == b"\n":  # "\n" or "\r\n"
                 emit(buf[:i])
-                buf = buf[i + (1 if buf[i:i + 1] == b"\n" else 2):]
+                buf = buf[i + (1 if buf[i : i + 1] == b"\n" else 2) :]
                 continue
             if i + 1 == len(buf):
                 break  # a "\r" that may be the first half of "\r\n": wait for more
-            segment, buf = buf[:i], buf[i + 1:]
+            segment, buf = buf[:i], buf[i + 1 :]
             now = time.monotonic()
             if segment.strip() and now - last_redraw >= redraw_interval_s:
                 last_redraw = now
@@ -66,18 +70,22 @@ def stream_lines(pipe: BinaryIO, prefix: str, write: Callable[[str], None],
 def line_writer(stream: IO[str], lock: threading.Lock) -> Callable[[str], None]:
     """A ``write`` for :func:`stream_lines` that puts each line on ``stream`` whole and flushed,
     holding ``lock``; share one lock among every pipe (and other writers) of a stream."""
+
     def write(line: str) -> None:
         with lock:
             stream.write(line)
             stream.flush()
+
     return write
 
 
-def start_streaming(pipe: BinaryIO, prefix: str, write: Callable[[str], None],
-                    name: str) -> threading.Thread:
+def start_streaming(
+    pipe: BinaryIO, prefix: str, write: Callable[[str], None], name: str
+) -> threading.Thread:
     """Run :func:`stream_lines` on a started daemon thread called ``name``; join it to wait
     for the pipe's last line (daemon: a pipe held open by a grandchild never blocks exit)."""
-    thread = threading.Thread(target=stream_lines, args=(pipe, prefix, write), daemon=True,
-                              name=name)
+    thread = threading.Thread(
+        target=stream_lines, args=(pipe, prefix, write), daemon=True, name=name
+    )
     thread.start()
     return thread

@@ -39,8 +39,9 @@ DEFAULT_COLLECTIVE_TIMEOUT_S = 300.0
 TASK_TYPES = ("worker", "ps", "chief")
 SOURCES = ("TF_CONFIG", "SLURM", "launch")
 
-_TF_CONFIG_EXAMPLE = ('{"cluster": {"worker": ["host0:2222", "host1:2222"]}, '
-                      '"task": {"type": "worker", "index": 0}}')
+_TF_CONFIG_EXAMPLE = (
+    '{"cluster": {"worker": ["host0:2222", "host1:2222"]}, "task": {"type": "worker", "index": 0}}'
+)
 
 
 @dataclass(frozen=True)
@@ -68,28 +69,43 @@ class Cluster:
         if self.source not in SOURCES:
             raise ConfigError(f"cluster source {self.source!r} is not one of {', '.join(SOURCES)}")
         if self.task_type not in TASK_TYPES:
-            hint = ("; mirrorfit has no side-car evaluator: drop that task, the chief "
-                    "evaluates" if self.task_type == "evaluator" else "")
-            raise ConfigError(f"{where}: task type {self.task_type!r} is not one of "
-                              f"{', '.join(TASK_TYPES)}{hint}")
+            hint = (
+                "; mirrorfit has no side-car evaluator: drop that task, the chief evaluates"
+                if self.task_type == "evaluator"
+                else ""
+            )
+            raise ConfigError(
+                f"{where}: task type {self.task_type!r} is not one of {', '.join(TASK_TYPES)}{hint}"
+            )
         if not self.workers and self.chief is None:
-            raise ConfigError(f"{where}: the cluster has no worker; list at least one "
-                              "'host:port' under cluster.worker")
+            raise ConfigError(
+                f"{where}: the cluster has no worker; list at least one "
+                "'host:port' under cluster.worker"
+            )
         if self.ps and self.chief is None:
-            raise ConfigError(f"{where}: parameter servers need a chief task to coordinate "
-                              "them; add cluster.chief with one 'host:port'")
+            raise ConfigError(
+                f"{where}: parameter servers need a chief task to coordinate "
+                "them; add cluster.chief with one 'host:port'"
+            )
         if self.ps and not self.workers:
-            raise ConfigError(f"{where}: parameter servers but no worker to compute the steps; "
-                              "list at least one 'host:port' under cluster.worker")
-        jobs = {"chief": () if self.chief is None else (self.chief,), "worker": self.workers,
-                "ps": self.ps}
+            raise ConfigError(
+                f"{where}: parameter servers but no worker to compute the steps; "
+                "list at least one 'host:port' under cluster.worker"
+            )
+        jobs = {
+            "chief": () if self.chief is None else (self.chief,),
+            "worker": self.workers,
+            "ps": self.ps,
+        }
         seen: dict[str, str] = {}
         for job, addresses in jobs.items():
             for i, address in enumerate(addresses):
                 _check_address(address, f"{where} cluster.{job}[{i}]")
                 if address in seen:
-                    raise ConfigError(f"{where}: {address!r} is both {seen[address]} and "
-                                      f"{job} {i}; give every task its own host:port")
+                    raise ConfigError(
+                        f"{where}: {address!r} is both {seen[address]} and "
+                        f"{job} {i}; give every task its own host:port"
+                    )
                 seen[address] = f"{job} {i}"
         index = self.task_index
         if isinstance(index, bool) or not isinstance(index, int):
@@ -97,9 +113,11 @@ class Cluster:
         if not 0 <= index < len(jobs[self.task_type]):
             count = len(jobs[self.task_type])
             valid = f"0..{count - 1}" if count else "none: the job is empty"
-            raise ConfigError(f"{where}: task {self.task_type} {index} is not in the cluster "
-                              f"({count} {self.task_type} task(s), valid indices {valid}); "
-                              "fix task.index or the cluster's list")
+            raise ConfigError(
+                f"{where}: task {self.task_type} {index} is not in the cluster "
+                f"({count} {self.task_type} task(s), valid indices {valid}); "
+                "fix task.index or the cluster's list"
+            )
 
     @property
     def mode(self) -> str:
@@ -138,8 +156,11 @@ class Cluster:
         """One line for logs, e.g. ``"worker 1 of 2 (TF_CONFIG)"``."""
         if self.ps:
             extra = f"{len(self.workers)} worker(s), {len(self.ps)} ps and a chief"
-            role = {"chief": "chief (coordinator)", "worker": f"worker {self.task_index}",
-                    "ps": f"ps {self.task_index}"}[self.task_type]
+            role = {
+                "chief": "chief (coordinator)",
+                "worker": f"worker {self.task_index}",
+                "ps": f"ps {self.task_index}",
+            }[self.task_type]
             return f"{role} of {extra} ({self.source})"
         if self.chief is None:
             return f"worker {self.task_index} of {len(self.workers)} ({self.source})"
@@ -149,8 +170,10 @@ class Cluster:
         """The ``"host:port"`` of task ``task_type`` ``index``; ValueError if there is none."""
         jobs = self._jobs()
         if task_type not in jobs or not 0 <= index < len(jobs[task_type]):
-            raise ValueError(f"no task {task_type} {index} in this cluster "
-                             f"({', '.join(f'{len(v)} {k}' for k, v in jobs.items())})")
+            raise ValueError(
+                f"no task {task_type} {index} in this cluster "
+                f"({', '.join(f'{len(v)} {k}' for k, v in jobs.items())})"
+            )
         return jobs[task_type][index]
 
     def peers(self) -> list[tuple[str, str]]:
@@ -171,13 +194,18 @@ class Cluster:
         return gone
 
     def _named(self) -> list[tuple[str, str]]:
-        return [("chief" if job == "chief" else f"{job} {i}", address)
-                for job, addresses in self._jobs().items() for i, address in enumerate(addresses)]
+        return [
+            ("chief" if job == "chief" else f"{job} {i}", address)
+            for job, addresses in self._jobs().items()
+            for i, address in enumerate(addresses)
+        ]
 
     def tf_config(self) -> dict:
         """The ``TF_CONFIG`` dict for this task (``json.dumps`` it into the environment)."""
-        return {"cluster": {job: list(tasks) for job, tasks in self._jobs().items()},
-                "task": {"type": self.task_type, "index": self.task_index}}
+        return {
+            "cluster": {job: list(tasks) for job, tasks in self._jobs().items()},
+            "task": {"type": self.task_type, "index": self.task_index},
+        }
 
     def tf_resolver(self):
         """A ``tf.distribute.cluster_resolver.SimpleClusterResolver`` for this task (gRPC).
@@ -188,12 +216,16 @@ class Cluster:
 
         spec = tf.train.ClusterSpec({job: list(t) for job, t in self._jobs().items()})
         return tf.distribute.cluster_resolver.SimpleClusterResolver(
-            spec, task_type=self.task_type, task_id=self.task_index, rpc_layer="grpc")
+            spec, task_type=self.task_type, task_id=self.task_index, rpc_layer="grpc"
+        )
 
     def _jobs(self) -> dict[str, tuple[str, ...]]:
         """The non-empty jobs, in TF's order of roles: chief, worker, ps."""
-        jobs = {"chief": () if self.chief is None else (self.chief,), "worker": self.workers,
-                "ps": self.ps}
+        jobs = {
+            "chief": () if self.chief is None else (self.chief,),
+            "worker": self.workers,
+            "ps": self.ps,
+        }
         return {job: tasks for job, tasks in jobs.items() if tasks}
 
 
@@ -219,46 +251,66 @@ def _from_tf_config(text: str) -> Cluster:
     try:
         raw = json.loads(text)
     except ValueError as e:  # JSONDecodeError, or an integer past int()'s 4,300 digits
-        raise ConfigError(f"TF_CONFIG is not valid JSON ({e}); set it like {_TF_CONFIG_EXAMPLE}"
-                          " or unset it") from None
+        raise ConfigError(
+            f"TF_CONFIG is not valid JSON ({e}); set it like {_TF_CONFIG_EXAMPLE} or unset it"
+        ) from None
     if not isinstance(raw, dict):
-        raise ConfigError(f"TF_CONFIG must be a JSON object, got {text.strip()[:60]!r}; set it "
-                          f"like {_TF_CONFIG_EXAMPLE}")
+        raise ConfigError(
+            f"TF_CONFIG must be a JSON object, got {text.strip()[:60]!r}; set it "
+            f"like {_TF_CONFIG_EXAMPLE}"
+        )
     cluster, task = raw.get("cluster"), raw.get("task")
     if not isinstance(cluster, dict) or not cluster:
-        raise ConfigError(f"TF_CONFIG has no cluster (got {cluster!r}); add "
-                          '"cluster": {"worker": ["host:port", ...]}')
+        raise ConfigError(
+            f"TF_CONFIG has no cluster (got {cluster!r}); add "
+            '"cluster": {"worker": ["host:port", ...]}'
+        )
     if not isinstance(task, dict) or "type" not in task:
-        raise ConfigError(f"TF_CONFIG has no task (got {task!r}); add "
-                          '"task": {"type": "worker", "index": N} for this process')
+        raise ConfigError(
+            f"TF_CONFIG has no task (got {task!r}); add "
+            '"task": {"type": "worker", "index": N} for this process'
+        )
     rpc = raw.get("rpc_layer", "grpc")
     if rpc not in ("grpc", "", None):
-        raise ConfigError(f"TF_CONFIG rpc_layer {rpc!r} is not supported; use \"grpc\" or drop it")
+        raise ConfigError(f'TF_CONFIG rpc_layer {rpc!r} is not supported; use "grpc" or drop it')
     jobs: dict[str, list[str]] = {}
     for job, tasks in cluster.items():
         if job not in TASK_TYPES:
             hint = " (mirrorfit has no side-car evaluator)" if job == "evaluator" else ""
-            raise ConfigError(f"TF_CONFIG cluster has a job {job!r}{hint}; jobs are "
-                              f"{', '.join(TASK_TYPES)}")
+            raise ConfigError(
+                f"TF_CONFIG cluster has a job {job!r}{hint}; jobs are {', '.join(TASK_TYPES)}"
+            )
         # TF also allows {index: address} dicts for sparse jobs; a dense list is all we need.
         if not isinstance(tasks, list) or not all(isinstance(t, str) for t in tasks):
-            raise ConfigError(f"TF_CONFIG cluster.{job} must be a list of \"host:port\" strings, "
-                              f"got {tasks!r}")
+            raise ConfigError(
+                f'TF_CONFIG cluster.{job} must be a list of "host:port" strings, got {tasks!r}'
+            )
         jobs[job] = tasks
     chiefs = jobs.get("chief", [])
     if len(chiefs) > 1:
-        raise ConfigError(f"TF_CONFIG cluster.chief lists {len(chiefs)} tasks {chiefs}; a job "
-                          "has at most one chief (make the others workers)")
+        raise ConfigError(
+            f"TF_CONFIG cluster.chief lists {len(chiefs)} tasks {chiefs}; a job "
+            "has at most one chief (make the others workers)"
+        )
     index = task.get("index", 0)
     # templated manifests give "1"
-    if isinstance(index, str) and index.strip().isdecimal() and index.strip().isascii() \
-            and len(index.strip()) <= 18:
+    if (
+        isinstance(index, str)
+        and index.strip().isdecimal()
+        and index.strip().isascii()
+        and len(index.strip()) <= 18
+    ):
         index = int(index)
     if isinstance(index, bool) or not isinstance(index, int):
         raise ConfigError(f"TF_CONFIG task.index {index!r:.60} is not an integer; e.g. 0")
-    return Cluster(workers=tuple(jobs.get("worker", ())), ps=tuple(jobs.get("ps", ())),
-                   chief=chiefs[0] if chiefs else None, task_type=task["type"],
-                   task_index=index, source="TF_CONFIG")
+    return Cluster(
+        workers=tuple(jobs.get("worker", ())),
+        ps=tuple(jobs.get("ps", ())),
+        chief=chiefs[0] if chiefs else None,
+        task_type=task["type"],
+        task_index=index,
+        source="TF_CONFIG",
+    )
 
 
 def _check_address(address: object, where: str) -> None:
@@ -283,15 +335,21 @@ def cluster_for(strategy: str, environ: Mapping[str, str] | None = None) -> Clus
     if strategy not in ("multi-worker", "parameter-server"):
         if cluster is not None and cluster.num_workers + len(cluster.ps) > 1:
             # Every task would train its own copy and write the same outputs.
-            raise ConfigError(f"{cluster.source} describes a cluster ({cluster.describe()}) but "
-                              f"--strategy {strategy} trains alone; pass --strategy "
-                              f"{cluster.mode}, or unset TF_CONFIG for a one-process run")
+            raise ConfigError(
+                f"{cluster.source} describes a cluster ({cluster.describe()}) but "
+                f"--strategy {strategy} trains alone; pass --strategy "
+                f"{cluster.mode}, or unset TF_CONFIG for a one-process run"
+            )
         return None
     if cluster is None:
-        raise ConfigError(f"--strategy {strategy} needs a cluster: set TF_CONFIG, run under "
-                          f"SLURM with srun, or start it with `mirrorfit launch --workers N -- "
-                          f"mirrorfit train --strategy {strategy} ...`")
+        raise ConfigError(
+            f"--strategy {strategy} needs a cluster: set TF_CONFIG, run under "
+            f"SLURM with srun, or start it with `mirrorfit launch --workers N -- "
+            f"mirrorfit train --strategy {strategy} ...`"
+        )
     if cluster.mode != strategy:
-        raise ConfigError(f"--strategy {strategy}, but the cluster ({cluster.describe()}) is "
-                          f"laid out for {cluster.mode}; use --strategy {cluster.mode}")
+        raise ConfigError(
+            f"--strategy {strategy}, but the cluster ({cluster.describe()}) is "
+            f"laid out for {cluster.mode}; use --strategy {cluster.mode}"
+        )
     return cluster

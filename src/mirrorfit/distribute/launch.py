@@ -35,8 +35,13 @@ import threading
 import time
 from typing import IO, Sequence
 
-from mirrorfit.distribute._cpu_binding import (available_cores, describe, plan_cpus, started_on,
-                                               usable_cpus)
+from mirrorfit.distribute._cpu_binding import (
+    available_cores,
+    describe,
+    plan_cpus,
+    started_on,
+    usable_cpus,
+)
 from mirrorfit.distribute._output import line_writer, start_streaming
 from mirrorfit.distribute.cluster import Cluster
 from mirrorfit.errors import EXIT_DIVERGED, EXIT_USAGE, ConfigError, MirrorfitError
@@ -49,43 +54,78 @@ _POLL_S = 0.05  # how often task exits and signals are checked
 
 def add_launch_parser(subparsers) -> argparse.ArgumentParser:
     """Add the ``launch`` command to ``subparsers`` (of ``mirrorfit``'s parser); return it."""
-    p = subparsers.add_parser("launch", help="run a multi-worker or parameter-server job on "
-                              "this host, one process per task", **_PARSER_TEXT)
+    p = subparsers.add_parser(
+        "launch",
+        help="run a multi-worker or parameter-server job on this host, one process per task",
+        **_PARSER_TEXT,
+    )
     _add_arguments(p)
     return p
 
 
 _PARSER_TEXT = dict(
     description="Start N workers (and with --ps, a chief and M parameter servers) on this host, "
-                "each running COMMAND with its own TF_CONFIG on free loopback ports; stream "
-                "their output prefixed with the task; exit with the chief's code.",
+    "each running COMMAND with its own TF_CONFIG on free loopback ports; stream "
+    "their output prefixed with the task; exit with the chief's code.",
     epilog="Restarted tasks resume from a checkpoint only if COMMAND has --checkpoint-dir, e.g. "
-           "mirrorfit launch --workers 2 --max-restarts 3 -- mirrorfit train --strategy "
-           "multi-worker --threads-per-worker 1 --checkpoint-dir ckpt")
+    "mirrorfit launch --workers 2 --max-restarts 3 -- mirrorfit train --strategy "
+    "multi-worker --threads-per-worker 1 --checkpoint-dir ckpt",
+)
 
 
 def _add_arguments(p: argparse.ArgumentParser) -> None:
     add = p.add_argument
-    add("--workers", type=int, required=True, metavar="N", help="worker tasks (>= 1); without "
-        "--ps, worker 0 is the chief")
-    add("--ps", type=int, default=0, metavar="M", help="parameter-server tasks (default 0); "
-        "M >= 1 also starts a chief task, the coordinator")
-    add("--max-restarts", type=int, default=DEFAULT_MAX_RESTARTS, metavar="R",
+    add(
+        "--workers",
+        type=int,
+        required=True,
+        metavar="N",
+        help="worker tasks (>= 1); without --ps, worker 0 is the chief",
+    )
+    add(
+        "--ps",
+        type=int,
+        default=0,
+        metavar="M",
+        help="parameter-server tasks (default 0); M >= 1 also starts a chief task, the coordinator",
+    )
+    add(
+        "--max-restarts",
+        type=int,
+        default=DEFAULT_MAX_RESTARTS,
+        metavar="R",
         help="restarts after a task dies, each of the whole group (a lone worker with --ps); "
-             "pass --checkpoint-dir to COMMAND so training resumes (default "
-             f"{DEFAULT_MAX_RESTARTS})")
-    add("--grace-s", type=float, default=DEFAULT_GRACE_S, metavar="S",
+        "pass --checkpoint-dir to COMMAND so training resumes (default "
+        f"{DEFAULT_MAX_RESTARTS})",
+    )
+    add(
+        "--grace-s",
+        type=float,
+        default=DEFAULT_GRACE_S,
+        metavar="S",
         help="seconds between SIGTERM and SIGKILL when stopping tasks (default "
-             f"{DEFAULT_GRACE_S:g})")
-    add("--oversubscribe", action="store_true",
+        f"{DEFAULT_GRACE_S:g})",
+    )
+    add(
+        "--oversubscribe",
+        action="store_true",
         help=f"start more than {TASKS_PER_CPU} tasks per CPU this launcher may use (at least "
-             f"{MIN_TASK_BOUND} are always allowed); without it such a job is refused")
-    add("--bind-cpus", choices=("auto", "none"), default="auto",
+        f"{MIN_TASK_BOUND} are always allowed); without it such a job is refused",
+    )
+    add(
+        "--bind-cpus",
+        choices=("auto", "none"),
+        default="auto",
         help="auto (default): without --ps, bind each worker to its own share of the cores "
-             "this launcher may run on (hyperthreads of a core together), if there are at "
-             "least as many cores as workers; none: let the OS place them")
-    add("task_command", nargs=argparse.REMAINDER, metavar="-- COMMAND ...",
-        help="the command every task runs, after --")
+        "this launcher may run on (hyperthreads of a core together), if there are at "
+        "least as many cores as workers; none: let the OS place them",
+    )
+    add(
+        "task_command",
+        nargs=argparse.REMAINDER,
+        metavar="-- COMMAND ...",
+        help="the command every task runs, after --",
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -105,9 +145,14 @@ def run_launch(args: argparse.Namespace) -> int:
 
     Raises :class:`ConfigError` (one line, before any task starts) for a bad flag.
     """
-    launcher = Launcher(check_launch_args(args), workers=args.workers, ps=args.ps,
-                        max_restarts=args.max_restarts, grace_s=args.grace_s,
-                        bind_cpus=args.bind_cpus == "auto")
+    launcher = Launcher(
+        check_launch_args(args),
+        workers=args.workers,
+        ps=args.ps,
+        max_restarts=args.max_restarts,
+        grace_s=args.grace_s,
+        bind_cpus=args.bind_cpus == "auto",
+    )
     return launcher.run()
 
 
@@ -127,30 +172,43 @@ def check_launch_args(args: argparse.Namespace) -> list[str]:
     command = list(args.task_command or ())
     if command[:1] == ["--"]:
         command = command[1:]
-    for flag, value, minimum in (("--workers", args.workers, 1), ("--ps", args.ps, 0),
-                                 ("--max-restarts", args.max_restarts, 0)):
+    for flag, value, minimum in (
+        ("--workers", args.workers, 1),
+        ("--ps", args.ps, 0),
+        ("--max-restarts", args.max_restarts, 0),
+    ):
         if value < minimum:
-            raise ConfigError(f"{flag} must be >= {minimum}, got {value}; e.g. {flag} "
-                              f"{max(minimum, 1 if flag != '--workers' else 2)}")
+            raise ConfigError(
+                f"{flag} must be >= {minimum}, got {value}; e.g. {flag} "
+                f"{max(minimum, 1 if flag != '--workers' else 2)}"
+            )
     if args.workers + args.ps > MAX_TASKS:
-        raise ConfigError(f"--workers {args.workers} --ps {args.ps}: at most {MAX_TASKS} tasks "
-                          "on one host (each is a TensorFlow process); use a cluster scheduler "
-                          "(SLURM, Kubernetes) for more")
+        raise ConfigError(
+            f"--workers {args.workers} --ps {args.ps}: at most {MAX_TASKS} tasks "
+            "on one host (each is a TensorFlow process); use a cluster scheduler "
+            "(SLURM, Kubernetes) for more"
+        )
     tasks, cpus = args.workers + args.ps + (1 if args.ps else 0), usable_cpus()
     bound = max(MIN_TASK_BOUND, TASKS_PER_CPU * cpus)
     if tasks > bound and not getattr(args, "oversubscribe", False):
-        raise ConfigError(f"--workers {args.workers} --ps {args.ps} makes {tasks} tasks for the "
-                          f"{cpus} CPU(s) this launcher may use, more than {bound} "
-                          f"({TASKS_PER_CPU} per CPU): each TensorFlow process would get a "
-                          "sliver of a core; start fewer, or pass --oversubscribe to start them "
-                          "anyway")
+        raise ConfigError(
+            f"--workers {args.workers} --ps {args.ps} makes {tasks} tasks for the "
+            f"{cpus} CPU(s) this launcher may use, more than {bound} "
+            f"({TASKS_PER_CPU} per CPU): each TensorFlow process would get a "
+            "sliver of a core; start fewer, or pass --oversubscribe to start them "
+            "anyway"
+        )
     if os.environ.get("MIRRORFIT_LAUNCH") == "1":
-        raise ConfigError("mirrorfit launch is running inside a task of another mirrorfit "
-                          "launch; nested launchers would make several clusters with a chief "
-                          "each: launch once")
+        raise ConfigError(
+            "mirrorfit launch is running inside a task of another mirrorfit "
+            "launch; nested launchers would make several clusters with a chief "
+            "each: launch once"
+        )
     if not math.isfinite(args.grace_s) or args.grace_s < 0:
-        raise ConfigError(f"--grace-s must be a number of seconds >= 0, got {args.grace_s}; "
-                          f"e.g. --grace-s {DEFAULT_GRACE_S:g}")
+        raise ConfigError(
+            f"--grace-s must be a number of seconds >= 0, got {args.grace_s}; "
+            f"e.g. --grace-s {DEFAULT_GRACE_S:g}"
+        )
     return resolve_command(command)
 
 
@@ -159,18 +217,22 @@ def resolve_command(command: Sequence[str]) -> list[str]:
     ``python -m mirrorfit``, so tasks run the launcher's own installation even when another one
     (or none) is first on PATH."""
     if not command:
-        raise ConfigError("mirrorfit launch needs the command to run after --; e.g. mirrorfit "
-                          "launch --workers 2 -- mirrorfit train --strategy multi-worker")
+        raise ConfigError(
+            "mirrorfit launch needs the command to run after --; e.g. mirrorfit "
+            "launch --workers 2 -- mirrorfit train --strategy multi-worker"
+        )
     exe = command[0]
     if exe == "mirrorfit":
         return [sys.executable, "-m", "mirrorfit", *command[1:]]
     if os.sep in exe:
         if not (os.path.isfile(exe) and os.access(exe, os.X_OK)):
-            raise ConfigError(f"the command {exe!r} after -- is not an executable file; check "
-                              "the path")
+            raise ConfigError(
+                f"the command {exe!r} after -- is not an executable file; check the path"
+            )
     elif shutil.which(exe) is None:
-        raise ConfigError(f"the command {exe!r} after -- is not on PATH; give its full path or "
-                          "install it")
+        raise ConfigError(
+            f"the command {exe!r} after -- is not on PATH; give its full path or install it"
+        )
     return list(command)
 
 
@@ -189,18 +251,31 @@ def free_ports(count: int, host: str = LOOPBACK) -> list[int]:
             s.close()
 
 
-def plan_cluster(workers: int, ps: int, ports: Sequence[int],
-                 host: str = LOOPBACK) -> list[Cluster]:
+def plan_cluster(
+    workers: int, ps: int, ports: Sequence[int], host: str = LOOPBACK
+) -> list[Cluster]:
     """One :class:`Cluster` per task, the chief first: without ``ps``, ``workers`` workers
     (worker 0 is the chief); with ``ps``, a chief (the coordinator), the workers, the ps tasks
     (TF's ParameterServerStrategy layout). ``ports``: ``workers + ps + (1 if ps else 0)``."""
     addresses = [f"{host}:{port}" for port in ports]
     chief = addresses.pop(0) if ps else None
     worker_addrs, ps_addrs = tuple(addresses[:workers]), tuple(addresses[workers:])
-    roles = ([("chief", 0)] if ps else []) + [("worker", i) for i in range(workers)] \
+    roles = (
+        ([("chief", 0)] if ps else [])
+        + [("worker", i) for i in range(workers)]
         + [("ps", i) for i in range(ps)]
-    return [Cluster(workers=worker_addrs, ps=ps_addrs, chief=chief, task_type=kind,
-                    task_index=i, source="launch") for kind, i in roles]
+    )
+    return [
+        Cluster(
+            workers=worker_addrs,
+            ps=ps_addrs,
+            chief=chief,
+            task_type=kind,
+            task_index=i,
+            source="launch",
+        )
+        for kind, i in roles
+    ]
 
 
 class _Task:
@@ -242,10 +317,17 @@ class Launcher:
     stdout/stderr; the launcher's own lines go to ``err``, starting ``mirrorfit launch:``.
     ``bind_cpus``: without ``ps``, each worker runs on its own share of the launcher's cores."""
 
-    def __init__(self, command: Sequence[str], workers: int, ps: int = 0,
-                 max_restarts: int = DEFAULT_MAX_RESTARTS, grace_s: float = DEFAULT_GRACE_S,
-                 out: IO[str] | None = None, err: IO[str] | None = None,
-                 bind_cpus: bool = True) -> None:
+    def __init__(
+        self,
+        command: Sequence[str],
+        workers: int,
+        ps: int = 0,
+        max_restarts: int = DEFAULT_MAX_RESTARTS,
+        grace_s: float = DEFAULT_GRACE_S,
+        out: IO[str] | None = None,
+        err: IO[str] | None = None,
+        bind_cpus: bool = True,
+    ) -> None:
         self.command, self.workers, self.ps = list(command), workers, ps
         self.bind_cpus = bind_cpus
         self.max_restarts, self.grace_s = max_restarts, grace_s
@@ -276,9 +358,12 @@ class Launcher:
     # -- one generation of the group ------------------------------------------------------
     def _run_group(self) -> tuple[bool, int]:
         """Run the group until the job ends (False, exit code) or must restart (True, 0)."""
-        tasks = [_Task(c) for c in plan_cluster(self.workers, self.ps,
-                                                free_ports(self.workers + self.ps
-                                                           + (1 if self.ps else 0)))]
+        tasks = [
+            _Task(c)
+            for c in plan_cluster(
+                self.workers, self.ps, free_ports(self.workers + self.ps + (1 if self.ps else 0))
+            )
+        ]
         first = tasks[0].cluster
         chief_note = "chief" if self.ps else "worker 0 (chief)"
         if self.bind_cpus and not self.ps and self.workers > 1:
@@ -286,10 +371,15 @@ class Launcher:
             for task, share in zip(tasks, (cores and plan_cpus(cores, len(tasks))) or ()):
                 task.cpus = share
             if cores is not None and tasks[0].cpus is None:
-                self._say(f"not binding workers to CPUs: {len(tasks)} workers, "
-                          f"{len(cores)} core(s) this launcher may use")
-        places = ", ".join(f"{t.name} {first.address(t.cluster.task_type, t.cluster.task_index)}"
-                           + (f" ({describe(t.cpus)})" if t.cpus else "") for t in tasks)
+                self._say(
+                    f"not binding workers to CPUs: {len(tasks)} workers, "
+                    f"{len(cores)} core(s) this launcher may use"
+                )
+        places = ", ".join(
+            f"{t.name} {first.address(t.cluster.task_type, t.cluster.task_index)}"
+            + (f" ({describe(t.cpus)})" if t.cpus else "")
+            for t in tasks
+        )
         self._say(f"starting {len(tasks)} task(s): {places}; {chief_note} decides the exit code")
         for task in tasks:
             if self._signals and task is not tasks[0]:
@@ -325,16 +415,20 @@ class Launcher:
             self._stop(tasks)
             return False, rc
         if self.restarts >= self.max_restarts:
-            self._say(f"{what}; no restarts left (--max-restarts {self.max_restarts}); stopping "
-                      f"{everyone}; exit code {_exit_code(rc)}")
+            self._say(
+                f"{what}; no restarts left (--max-restarts {self.max_restarts}); stopping "
+                f"{everyone}; exit code {_exit_code(rc)}"
+            )
             self._stop(tasks)
             return False, _exit_code(rc)
         self.restarts += 1
         count = f"restart {self.restarts} of {self.max_restarts}"
         if self.ps and task.cluster.task_type == "worker":
             where = task.cluster.address("worker", task.cluster.task_index)
-            self._say(f"{what}; restarting {task.name} alone at {where} ({count}); the chief "
-                      "retries its steps")
+            self._say(
+                f"{what}; restarting {task.name} alone at {where} ({count}); the chief "
+                "retries its steps"
+            )
             task.handled = False
             self._start(task)
             return None
@@ -348,8 +442,11 @@ class Launcher:
         rest = [t for t in tasks if t is not chief]
         if not self.ps:
             deadline = time.monotonic() + self.grace_s
-            while (any(t.poll() is None for t in rest) and time.monotonic() < deadline
-                   and not self._signals):
+            while (
+                any(t.poll() is None for t in rest)
+                and time.monotonic() < deadline
+                and not self._signals
+            ):
                 time.sleep(_POLL_S)
         self._stop(rest)
         return 0
@@ -357,32 +454,48 @@ class Launcher:
     def _forward_signal(self, tasks: list[_Task], chief: _Task) -> int:
         sig = self._signals[0]
         live = [t for t in tasks if t.poll() is None]
-        self._say(f"{signal.Signals(sig).name}: forwarding it to {len(live)} running task(s); "
-                  f"SIGKILL after {self.grace_s:g} s (a second signal: at once)")
+        self._say(
+            f"{signal.Signals(sig).name}: forwarding it to {len(live)} running task(s); "
+            f"SIGKILL after {self.grace_s:g} s (a second signal: at once)"
+        )
         self._stop(tasks, sig)
         return _exit_code(chief.proc.returncode)
 
     # -- processes ------------------------------------------------------------------------
     def _start(self, task: _Task) -> None:
-        env = dict(os.environ, TF_CONFIG=json.dumps(task.cluster.tf_config()),
-                   MIRRORFIT_LAUNCH="1", MIRRORFIT_LAUNCH_RESTART=str(self.restarts))
+        env = dict(
+            os.environ,
+            TF_CONFIG=json.dumps(task.cluster.tf_config()),
+            MIRRORFIT_LAUNCH="1",
+            MIRRORFIT_LAUNCH_RESTART=str(self.restarts),
+        )
         env.setdefault("PYTHONUNBUFFERED", "1")  # else a killed task's last lines are lost
         try:
             with started_on(task.cpus) as bound:
-                task.proc = subprocess.Popen(self.command, env=env, stdin=subprocess.DEVNULL,
-                                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                             start_new_session=True, bufsize=0)
+                task.proc = subprocess.Popen(
+                    self.command,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    start_new_session=True,
+                    bufsize=0,
+                )
         except OSError as e:
-            raise ConfigError(f"cannot start {self.command[0]!r} ({e.strerror}); check the "
-                              "command after --") from None
+            raise ConfigError(
+                f"cannot start {self.command[0]!r} ({e.strerror}); check the command after --"
+            ) from None
         task._swept = False
         task.cpus = task.cpus if bound else None
         self._started.append(task)
         prefix = f"[{task.name}] "
-        task.readers = [start_streaming(pipe, prefix, line_writer(stream, self._lock),
-                                        name=f"{prefix}{kind}")
-                        for pipe, stream, kind in ((task.proc.stdout, self.out, "stdout"),
-                                                   (task.proc.stderr, self.err, "stderr"))]
+        task.readers = [
+            start_streaming(pipe, prefix, line_writer(stream, self._lock), name=f"{prefix}{kind}")
+            for pipe, stream, kind in (
+                (task.proc.stdout, self.out, "stdout"),
+                (task.proc.stderr, self.err, "stderr"),
+            )
+        ]
 
     def _stop(self, tasks: list[_Task], sig: int = signal.SIGTERM) -> None:
         """Send ``sig`` to every running task's group, wait ``grace_s``, SIGKILL the rest."""

@@ -34,8 +34,10 @@ def from_slurm(env: Mapping[str, str]) -> tuple[tuple[str, ...], int] | None:
     if ntasks == 1:
         return None
     if ntasks > MAX_SLURM_TASKS:
-        raise ConfigError(f"SLURM: SLURM_STEP_NUM_TASKS={ntasks} is more than mirrorfit's cap "
-                          f"of {MAX_SLURM_TASKS} tasks per job; run fewer tasks (srun -n)")
+        raise ConfigError(
+            f"SLURM: SLURM_STEP_NUM_TASKS={ntasks} is more than mirrorfit's cap "
+            f"of {MAX_SLURM_TASKS} tasks per job; run fewer tasks (srun -n)"
+        )
     rank = _slurm_int(env, "SLURM_PROCID", minimum=0)
     nodes_var = _first_set(env, "SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")
     tpn_var = _first_set(env, "SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE")
@@ -43,37 +45,56 @@ def from_slurm(env: Mapping[str, str]) -> tuple[tuple[str, ...], int] | None:
     hosts = expand_hostlist(env[nodes_var], nodes_var, max_hosts=ntasks, bound=bound)
     per_node = expand_tasks_per_node(env[tpn_var], tpn_var, max_nodes=ntasks, bound=bound)
     if len(per_node) != len(hosts):
-        raise ConfigError(f"SLURM: {nodes_var} names {len(hosts)} node(s) but {tpn_var}="
-                          f"{_shown(env[tpn_var])} gives {len(per_node)}; run under srun")
-    base = _slurm_int(env, SLURM_PORT_BASE_ENV, minimum=1) if SLURM_PORT_BASE_ENV in env \
+        raise ConfigError(
+            f"SLURM: {nodes_var} names {len(hosts)} node(s) but {tpn_var}="
+            f"{_shown(env[tpn_var])} gives {len(per_node)}; run under srun"
+        )
+    base = (
+        _slurm_int(env, SLURM_PORT_BASE_ENV, minimum=1)
+        if SLURM_PORT_BASE_ENV in env
         else SLURM_PORT_BASE
+    )
     # As SlurmClusterResolver: nodes sorted by name, consecutive ports on each node, and
     # SLURM_PROCID r is the r-th address (SLURM's default block distribution). Counted before
     # the addresses are made: a per-node count like "99999999" would make that many.
     placed = dict(zip(hosts, per_node))
     if sum(placed.values()) != ntasks:
-        raise ConfigError(f"SLURM: SLURM_STEP_NUM_TASKS={ntasks} but {tpn_var}="
-                          f"{_shown(env[tpn_var])} places {sum(placed.values())} task(s); run "
-                          "under srun")
+        raise ConfigError(
+            f"SLURM: SLURM_STEP_NUM_TASKS={ntasks} but {tpn_var}="
+            f"{_shown(env[tpn_var])} places {sum(placed.values())} task(s); run "
+            "under srun"
+        )
     addresses = [(host, k) for host, n in sorted(placed.items()) for k in range(n)]
     if rank >= ntasks:
-        raise ConfigError(f"SLURM: SLURM_PROCID={rank} is not below SLURM_STEP_NUM_TASKS="
-                          f"{ntasks}; run under srun")
+        raise ConfigError(
+            f"SLURM: SLURM_PROCID={rank} is not below SLURM_STEP_NUM_TASKS={ntasks}; run under srun"
+        )
     if base + max(k for _, k in addresses) > 65535:
-        raise ConfigError(f"SLURM: port base {base} + tasks per node exceeds 65535; set "
-                          f"{SLURM_PORT_BASE_ENV} lower, e.g. 8888")
+        raise ConfigError(
+            f"SLURM: port base {base} + tasks per node exceeds 65535; set "
+            f"{SLURM_PORT_BASE_ENV} lower, e.g. 8888"
+        )
     host, local = addresses[rank]
     node, localid = env.get("SLURMD_NODENAME"), env.get("SLURM_LOCALID")
-    if node and localid is not None and (node.split(".")[0] != host.split(".")[0]
-                                         or localid.strip() != str(local)):
-        raise ConfigError(f"SLURM: task {rank} runs on {node} as local task {localid} but the "
-                          f"block layout puts it on {host} as {local}; use srun's default "
-                          "--distribution=block")
+    if (
+        node
+        and localid is not None
+        and (node.split(".")[0] != host.split(".")[0] or localid.strip() != str(local))
+    ):
+        raise ConfigError(
+            f"SLURM: task {rank} runs on {node} as local task {localid} but the "
+            f"block layout puts it on {host} as {local}; use srun's default "
+            "--distribution=block"
+        )
     return tuple(f"{h}:{base + k}" for h, k in addresses), rank
 
 
-def expand_hostlist(hostlist: str, name: str = "SLURM_STEP_NODELIST",
-                    max_hosts: int = MAX_SLURM_TASKS, bound: str | None = None) -> list[str]:
+def expand_hostlist(
+    hostlist: str,
+    name: str = "SLURM_STEP_NODELIST",
+    max_hosts: int = MAX_SLURM_TASKS,
+    bound: str | None = None,
+) -> list[str]:
     """``"n[1-2],m5,o[03-04,6]"`` -> ``["n1", "n2", "m5", "o03", "o04", "o6"]``, in order.
 
     The grammar and output of TF's ``slurm_cluster_resolver.expand_hostlist`` (zero padding
@@ -82,8 +103,10 @@ def expand_hostlist(hostlist: str, name: str = "SLURM_STEP_NODELIST",
     or one of more than ``max_hosts`` names, counted before any is made (``"n[1-99999999]"``
     fails at once); ``bound`` says where the limit comes from, e.g. ``"SLURM_STEP_NUM_TASKS=4"``.
     """
-    bad = ConfigError(f"{name}={_shown(hostlist)} is not a SLURM hostlist like "
-                      "'node[01-04],gpu7'; run under srun, which sets it")
+    bad = ConfigError(
+        f"{name}={_shown(hostlist)} is not a SLURM hostlist like "
+        "'node[01-04],gpu7'; run under srun, which sets it"
+    )
     parts, current, depth = [], "", 0
     for c in hostlist:  # split at commas outside brackets ("o[3-4,6],m5")
         if c == "[":
@@ -113,30 +136,43 @@ def expand_hostlist(hostlist: str, name: str = "SLURM_STEP_NODELIST",
             lo, _, hi = piece.partition("-")
             hi = hi or lo
             # 64 digits: past int()'s 4300-digit limit would be a ValueError, not one line
-            if not all(t.isascii() and t.isdecimal() and len(t) <= 64 for t in (lo, hi)) \
-                    or int(hi) < int(lo):
+            if not all(t.isascii() and t.isdecimal() and len(t) <= 64 for t in (lo, hi)) or int(
+                hi
+            ) < int(lo):
                 raise bad
             plan.append((prefix, len(lo), int(lo), int(hi)))  # zero padding kept: len(lo)
     _check_count(sum(hi - lo + 1 for *_, lo, hi in plan), max_hosts, bound, name, hostlist)
     # A host name is at most 255 characters (DNS): a long prefix times many names is gigabytes.
-    if any(len(prefix) + max(width or 0, len(str(hi))) > MAX_HOST_NAME
-           for prefix, width, _, hi in plan):
-        raise ConfigError(f"{name}={_shown(hostlist)} makes a host name longer than "
-                          f"{MAX_HOST_NAME} characters; fix {name} or run under srun")
-    return [prefix + ("" if width is None else str(i).zfill(width))
-            for prefix, width, lo, hi in plan for i in range(lo, hi + 1)]
+    if any(
+        len(prefix) + max(width or 0, len(str(hi))) > MAX_HOST_NAME for prefix, width, _, hi in plan
+    ):
+        raise ConfigError(
+            f"{name}={_shown(hostlist)} makes a host name longer than "
+            f"{MAX_HOST_NAME} characters; fix {name} or run under srun"
+        )
+    return [
+        prefix + ("" if width is None else str(i).zfill(width))
+        for prefix, width, lo, hi in plan
+        for i in range(lo, hi + 1)
+    ]
 
 
-def expand_tasks_per_node(text: str, name: str = "SLURM_STEP_TASKS_PER_NODE",
-                          max_nodes: int = MAX_SLURM_TASKS, bound: str | None = None) -> list[int]:
+def expand_tasks_per_node(
+    text: str,
+    name: str = "SLURM_STEP_TASKS_PER_NODE",
+    max_nodes: int = MAX_SLURM_TASKS,
+    bound: str | None = None,
+) -> list[int]:
     """``"3(x2),2,1"`` -> ``[3, 3, 2, 1]`` (TF's ``expand_tasks_per_node``); ConfigError for a
     malformed list or one for more than ``max_nodes`` nodes (counted before expanding)."""
     counts: list[tuple[int, int]] = []  # (tasks on a node, nodes)
     for part in text.split(","):
         m = re.fullmatch(r"\s*(\d{1,64})(?:\(x(\d{1,64})\))?\s*", part)
         if m is None:
-            raise ConfigError(f"{name}={_shown(text)} is not a SLURM tasks-per-node list like "
-                              "'2(x3),1'; run under srun, which sets it")
+            raise ConfigError(
+                f"{name}={_shown(text)} is not a SLURM tasks-per-node list like "
+                "'2(x3),1'; run under srun, which sets it"
+            )
         counts.append((int(m.group(1)), int(m.group(2) or 1)))
     _check_count(sum(n for _, n in counts), max_nodes, bound, name, text)
     return [tasks for tasks, n in counts for _ in range(n)]
@@ -145,8 +181,10 @@ def expand_tasks_per_node(text: str, name: str = "SLURM_STEP_TASKS_PER_NODE",
 def _check_count(nodes: int, limit: int, bound: str | None, name: str, text: str) -> None:
     if nodes > limit:
         bound = bound or (f"mirrorfit's cap of {limit}" if limit == MAX_SLURM_TASKS else limit)
-        raise ConfigError(f"{name}={_shown(text)} names {nodes} nodes, more than {bound}; fix "
-                          f"{name} or run under srun, which sets it")
+        raise ConfigError(
+            f"{name}={_shown(text)} names {nodes} nodes, more than {bound}; fix "
+            f"{name} or run under srun, which sets it"
+        )
 
 
 def _shown(text: str, keep: int = 60) -> str:
@@ -164,13 +202,25 @@ def _first_set(env: Mapping[str, str], *names: str) -> str:
 def _slurm_int(env: Mapping[str, str], name: str, minimum: int) -> int:
     text = env.get(name)
     shown = repr(text) if text is None else _shown(text)
-    if text is None or not (text.strip().isascii() and text.strip().isdecimal()) \
-            or len(text.strip()) > 18 or int(text) < minimum:  # 18 digits: no int() limit
-        raise ConfigError(f"{name}={shown} is not an integer >= {minimum}; run under srun, "
-                          "which sets it" if name.startswith("SLURM") else
-                          f"{name}={shown} is not an integer >= {minimum}; e.g. 8888")
+    if (
+        text is None
+        or not (text.strip().isascii() and text.strip().isdecimal())
+        or len(text.strip()) > 18
+        or int(text) < minimum
+    ):  # 18 digits: no int() limit
+        raise ConfigError(
+            f"{name}={shown} is not an integer >= {minimum}; run under srun, which sets it"
+            if name.startswith("SLURM")
+            else f"{name}={shown} is not an integer >= {minimum}; e.g. 8888"
+        )
     return int(text)
 
 
-__all__ = ["from_slurm", "expand_hostlist", "expand_tasks_per_node", "SLURM_PORT_BASE",
-           "SLURM_PORT_BASE_ENV", "MAX_SLURM_TASKS"]
+__all__ = [
+    "from_slurm",
+    "expand_hostlist",
+    "expand_tasks_per_node",
+    "SLURM_PORT_BASE",
+    "SLURM_PORT_BASE_ENV",
+    "MAX_SLURM_TASKS",
+]

@@ -40,9 +40,11 @@ TF_ONLY_STRATEGIES = {
 # TensorFlow's own start-up lines, written to stderr before its logging is set up: an absl
 # line (severity I/W/E/F, date, time, thread, file:line]), absl's preamble, and the CPU-feature
 # notice's second line.
-_STARTUP_LINE = re.compile(r"(?:([IWEF])\d{4} [\d:.]+ +\d+ \S+:\d+\]"
-                           r"|WARNING: All log messages before absl::InitializeLog\(\)"
-                           r"|To enable the following instructions:)")
+_STARTUP_LINE = re.compile(
+    r"(?:([IWEF])\d{4} [\d:.]+ +\d+ \S+:\d+\]"
+    r"|WARNING: All log messages before absl::InitializeLog\(\)"
+    r"|To enable the following instructions:)"
+)
 
 
 def resolve(value: str | None) -> str:
@@ -54,8 +56,9 @@ def resolve(value: str | None) -> str:
     if value is None:
         value, where = os.environ.get("KERAS_BACKEND") or DEFAULT, "KERAS_BACKEND"
     if value not in BACKENDS:
-        raise ConfigError(f"{where} {value!r}: mirrorfit trains on {' or '.join(BACKENDS)}; "
-                          f"e.g. --backend jax")
+        raise ConfigError(
+            f"{where} {value!r}: mirrorfit trains on {' or '.join(BACKENDS)}; e.g. --backend jax"
+        )
     return value
 
 
@@ -84,7 +87,8 @@ def split_batch(global_batch: int, replicas: int, accum_steps: int = 1) -> int:
         raise ConfigError(
             f"global batch size {global_batch} is not divisible by {replicas} replicas x "
             f"{accum_steps} accumulation steps; use a multiple of {n} (e.g. "
-            f"{max(n, global_batch // n * n)})")
+            f"{max(n, global_batch // n * n)})"
+        )
     return global_batch // n
 
 
@@ -107,33 +111,51 @@ class BatchShape:
         return self.per_replica_batch // self.accum_steps
 
 
-def check_settings(backend: str, *, strategy: str = "auto", cross_device_ops: str = "auto",
-                   communication: str = "auto", profile: bool = False,
-                   shard: str = "none") -> None:
+def check_settings(
+    backend: str,
+    *,
+    strategy: str = "auto",
+    cross_device_ops: str = "auto",
+    communication: str = "auto",
+    profile: bool = False,
+    shard: str = "none",
+) -> None:
     """ConfigError, one line, for a setting ``backend``'s engine does not have."""
     if shard not in SHARD_MODES:
-        raise ConfigError(f"--shard {shard!r}: choose none (every device holds the whole "
-                          "state), optimizer (ZeRO-1: the optimizer state split over the "
-                          "devices) or all (FSDP: the weights too)")
+        raise ConfigError(
+            f"--shard {shard!r}: choose none (every device holds the whole "
+            "state), optimizer (ZeRO-1: the optimizer state split over the "
+            "devices) or all (FSDP: the weights too)"
+        )
     if backend != "jax":
         if shard != "none":
-            raise ConfigError(f"--shard {shard} splits the training state over the devices "
-                              "on the JAX engine only; add --backend jax, or drop --shard")
+            raise ConfigError(
+                f"--shard {shard} splits the training state over the devices "
+                "on the JAX engine only; add --backend jax, or drop --shard"
+            )
         return
     if strategy in TF_ONLY_STRATEGIES:
-        raise ConfigError(f"--strategy {strategy} {TF_ONLY_STRATEGIES[strategy]}; with "
-                          "--backend jax use --strategy auto (data parallel over the devices) "
-                          "or multi-worker (over processes), or --backend tensorflow")
+        raise ConfigError(
+            f"--strategy {strategy} {TF_ONLY_STRATEGIES[strategy]}; with "
+            "--backend jax use --strategy auto (data parallel over the devices) "
+            "or multi-worker (over processes), or --backend tensorflow"
+        )
     if cross_device_ops != "auto":
-        raise ConfigError(f"--cross-device-ops {cross_device_ops} chooses TensorFlow's "
-                          "collectives; under --backend jax XLA does the all-reduce: drop it")
+        raise ConfigError(
+            f"--cross-device-ops {cross_device_ops} chooses TensorFlow's "
+            "collectives; under --backend jax XLA does the all-reduce: drop it"
+        )
     if communication != "auto":
-        raise ConfigError(f"--communication {communication} chooses TensorFlow's multi-worker "
-                          "collectives: drop it with --backend jax")
+        raise ConfigError(
+            f"--communication {communication} chooses TensorFlow's multi-worker "
+            "collectives: drop it with --backend jax"
+        )
     if profile:
-        raise ConfigError("--profile breaks down TensorFlow's step; under --backend jax the "
-                          "summary reports the input wait (input_wait_share) without it: drop "
-                          "--profile, or use --backend tensorflow")
+        raise ConfigError(
+            "--profile breaks down TensorFlow's step; under --backend jax the "
+            "summary reports the input wait (input_wait_share) without it: drop "
+            "--profile, or use --backend tensorflow"
+        )
 
 
 def prepare(backend: str, *, verbose: bool = False) -> None:
@@ -148,9 +170,11 @@ def prepare(backend: str, *, verbose: bool = False) -> None:
     if keras is not None and getattr(keras, "backend", None) is not None:
         loaded = keras.backend.backend()
         if loaded != backend:
-            raise ConfigError(f"Keras was already loaded with the {loaded} backend; choose "
-                              f"--backend {loaded}, or set KERAS_BACKEND={backend} before "
-                              "importing keras")
+            raise ConfigError(
+                f"Keras was already loaded with the {loaded} backend; choose "
+                f"--backend {loaded}, or set KERAS_BACKEND={backend} before "
+                "importing keras"
+            )
     os.environ["KERAS_BACKEND"] = backend
     if "TF_CPP_MIN_LOG_LEVEL" not in os.environ:  # TF's and XLA's C++ logging (jaxlib's too)
         os.environ["TF_CPP_MIN_LOG_LEVEL"] = "0" if verbose else "3"
@@ -173,8 +197,10 @@ def import_framework(backend: str) -> None:
 
 
 def _jax_missing() -> str:
-    return (f"--backend jax needs JAX: {install_hint('jax')} (on NVIDIA GPUs then "
-            "jax[cuda12] of the same version)")
+    return (
+        f"--backend jax needs JAX: {install_hint('jax')} (on NVIDIA GPUs then "
+        "jax[cuda12] of the same version)"
+    )
 
 
 def import_tensorflow(needed_by: str | None = None) -> None:
@@ -194,8 +220,9 @@ def import_tensorflow(needed_by: str | None = None) -> None:
             if needed_by is None:
                 return
             jax = ", or train with --backend jax" if needed_by.startswith("--") else ""
-            raise ConfigError(f"{needed_by} needs TensorFlow: "
-                              f"{install_hint('tensorflow')}{jax}") from None
+            raise ConfigError(
+                f"{needed_by} needs TensorFlow: {install_hint('tensorflow')}{jax}"
+            ) from None
         except Exception as e:  # e.g. protobuf's "Descriptors cannot be created directly"
             raise ConfigError(_broken(e, needed_by)) from None
 
@@ -206,11 +233,15 @@ def _broken(error: Exception, needed_by: str | None) -> str:
     lines = [ln.strip() for ln in str(error).splitlines() if ln.strip()]
     causes = [ln for ln in lines if re.match(r"\w+(Error|Exception): ", ln)]
     summary = [ln for ln in lines if ln.startswith("Failed to load")]
-    said = "; ".join((causes[-1:] or [f"{type(error).__name__}: {lines[0]}" if lines else
-                                       type(error).__name__]) + summary)[:240]
+    said = "; ".join(
+        (causes[-1:] or [f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__])
+        + summary
+    )[:240]
     jax = ", or train with --backend jax" if (needed_by or "").startswith("--") else ""
-    return (f"TensorFlow is installed but does not load ({said}); reinstall it (pip install "
-            f"--force-reinstall tensorflow==2.21.0){jax}")
+    return (
+        f"TensorFlow is installed but does not load ({said}); reinstall it (pip install "
+        f"--force-reinstall tensorflow==2.21.0){jax}"
+    )
 
 
 def tensorflow_start_filtered():
@@ -263,12 +294,26 @@ def load(backend: str) -> ModuleType:
         if backend == "jax" and (e.name or "").split(".")[0] in ("jax", "jaxlib"):
             raise ConfigError(_jax_missing()) from None
         if backend == "tensorflow" and (e.name or "").split(".")[0] == "tensorflow":
-            raise ConfigError("--backend tensorflow needs TensorFlow: "
-                              f"{install_hint('tensorflow')}, or train with --backend jax"
-                              ) from None
+            raise ConfigError(
+                "--backend tensorflow needs TensorFlow: "
+                f"{install_hint('tensorflow')}, or train with --backend jax"
+            ) from None
         raise
 
 
-__all__ = ["BACKENDS", "ENGINES", "DEFAULT", "resolve", "installed", "install_hint", "split_batch",
-           "check_settings", "SHARD_MODES", "prepare", "import_framework", "import_tensorflow",
-           "tensorflow_start_filtered", "load"]
+__all__ = [
+    "BACKENDS",
+    "ENGINES",
+    "DEFAULT",
+    "resolve",
+    "installed",
+    "install_hint",
+    "split_batch",
+    "check_settings",
+    "SHARD_MODES",
+    "prepare",
+    "import_framework",
+    "import_tensorflow",
+    "tensorflow_start_filtered",
+    "load",
+]

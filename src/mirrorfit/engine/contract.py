@@ -75,8 +75,9 @@ class Runner(Protocol):
     def steps_per_epoch(self, train) -> int:
         """Optimizer steps per epoch of ``train``."""
 
-    def train_iterator(self, train, *, start_epoch: int, epochs: int, skip: int,
-                       steps_per_execution: int) -> TrainIterator:
+    def train_iterator(
+        self, train, *, start_epoch: int, epochs: int, skip: int, steps_per_execution: int
+    ) -> TrainIterator:
         """The input of every call from (``start_epoch``, ``skip`` steps in) to ``epochs``."""
 
     def run(self, iterator: TrainIterator, num_steps: int) -> None:
@@ -148,8 +149,9 @@ class Engine(Protocol):
         DeviceSetup`), set before the framework starts them; with ``cluster`` (a multi-worker
         task), joined to it where the engine joins with its devices."""
 
-    def keras_setup(self, replicas: int | None, devices: tuple[str, ...],
-                    shard: str = "none") -> tuple[Any, Any]:
+    def keras_setup(
+        self, replicas: int | None, devices: tuple[str, ...], shard: str = "none"
+    ) -> tuple[Any, Any]:
         """``mirrorfit.setup``'s (DeviceSetup, placement) for a Keras script."""
 
     def build_distribution(self, setup, **settings) -> Distribution: ...

@@ -49,8 +49,13 @@ class Position:
     ended: bool = False
 
     def advanced(self, steps: int) -> "Position":
-        return replace(self, step_in_epoch=self.step_in_epoch + steps, step=self.step + steps,
-                       epoch_logs=None, ended=False)
+        return replace(
+            self,
+            step_in_epoch=self.step_in_epoch + steps,
+            step=self.step + steps,
+            epoch_logs=None,
+            ended=False,
+        )
 
     def at_epoch_end(self, logs: Mapping[str, float]) -> "Position":
         return replace(self, epoch_logs=dict(logs))
@@ -103,17 +108,37 @@ class Trainer:
     without it (JAX compiles the whole step always).
     """
 
-    def __init__(self, *, strategy, model, optimizer, loss, global_batch: int,
-                 metrics: Sequence = ("accuracy",), steps_per_execution: int = 1,
-                 accum_steps: int = 1, precision: Precision | str = "fp32",
-                 jit_compile: bool = False, remat: bool = False,
-                 on_notice: Callable[[str], None] = print) -> None:
+    def __init__(
+        self,
+        *,
+        strategy,
+        model,
+        optimizer,
+        loss,
+        global_batch: int,
+        metrics: Sequence = ("accuracy",),
+        steps_per_execution: int = 1,
+        accum_steps: int = 1,
+        precision: Precision | str = "fp32",
+        jit_compile: bool = False,
+        remat: bool = False,
+        on_notice: Callable[[str], None] = print,
+    ) -> None:
         backend = getattr(strategy, "backend", "tensorflow")  # a plain tf.distribute.Strategy
         runner = importlib.import_module(ENGINES[backend]).Runner
-        self.runner = runner(distribution=strategy, model=model, optimizer=optimizer,
-                             loss=loss, global_batch=global_batch, metrics=metrics,
-                             accum_steps=accum_steps, precision=precision,
-                             jit_compile=jit_compile, remat=remat, on_notice=on_notice)
+        self.runner = runner(
+            distribution=strategy,
+            model=model,
+            optimizer=optimizer,
+            loss=loss,
+            global_batch=global_batch,
+            metrics=metrics,
+            accum_steps=accum_steps,
+            precision=precision,
+            jit_compile=jit_compile,
+            remat=remat,
+            on_notice=on_notice,
+        )
         self.distribution = self.runner.distribution
         self.steps_per_execution = steps_per_execution
         self.position = Position()  # what checkpoints save and restore
@@ -154,8 +179,14 @@ class Trainer:
         """The learning rate the next step uses (schedules evaluated at the current step)."""
         return self.runner.learning_rate()
 
-    def resume(self, checkpointer, *, steps_per_epoch: int, fresh: bool = False,
-               say: Callable[[str], None] = print):
+    def resume(
+        self,
+        checkpointer,
+        *,
+        steps_per_epoch: int,
+        fresh: bool = False,
+        say: Callable[[str], None] = print,
+    ):
         """Restore the newest checkpoint of ``checkpointer`` (a
         :class:`~mirrorfit.artifacts.checkpoint.Checkpointer` of this trainer), or with
         ``fresh`` set the existing ones aside and start over; ``say`` gets one line saying
@@ -163,10 +194,17 @@ class Trainer:
         barrier and check are collectives). Returns the checkpoint's ``Restored``, or None."""
         return resume(checkpointer, self.distribution, steps_per_epoch, fresh=fresh, say=say)
 
-    def fit(self, train: TrainData, *, epochs: int, steps_per_epoch: int | None = None,
-            validation: Any = None,
-            callbacks: Sequence[Callback] = (), hooks: Sequence[Hook] = (),
-            progress: EpochProgress | None = None) -> History:
+    def fit(
+        self,
+        train: TrainData,
+        *,
+        epochs: int,
+        steps_per_epoch: int | None = None,
+        validation: Any = None,
+        callbacks: Sequence[Callback] = (),
+        hooks: Sequence[Hook] = (),
+        progress: EpochProgress | None = None,
+    ) -> History:
         """Train up to ``epochs`` epochs in all; return per-epoch logs and throughput.
 
         ``train`` is :func:`~mirrorfit.data.pipeline.train_batches` (seeded epochs) or a
@@ -182,8 +220,10 @@ class Trainer:
         progress = progress or EpochProgress(enabled=False)
         steps = steps_per_epoch or self.runner.steps_per_epoch(train)
         if self.step_in_epoch > steps:  # e.g. restored from a checkpoint of other data
-            raise ConfigError(f"the trainer is at step {self.step_in_epoch} of an epoch of only "
-                              f"{steps} steps; was it restored from a run with other data?")
+            raise ConfigError(
+                f"the trainer is at step {self.step_in_epoch} of an epoch of only "
+                f"{steps} steps; was it restored from a run with other data?"
+            )
         if steps and self.step_in_epoch == steps and self.position.ended:
             # Restored from a format < 4 checkpoint at an epoch's last step: as before, that
             # epoch counts as reported (it cannot tell). Otherwise a position at an epoch's last
@@ -196,17 +236,26 @@ class Trainer:
         if steps and self.epoch + 1 == epochs and skip == steps:
             iterator = None  # only the last epoch's end is left: no input to set up
         else:
-            iterator = self.runner.train_iterator(train, start_epoch=first, epochs=epochs,
-                                                  skip=skip,
-                                                  steps_per_execution=self.steps_per_execution)
+            iterator = self.runner.train_iterator(
+                train,
+                start_epoch=first,
+                epochs=epochs,
+                skip=skip,
+                steps_per_execution=self.steps_per_execution,
+            )
         start = time.perf_counter()
         with progress:
             for epoch in range(self.epoch + 1, epochs + 1):
                 logs = self._run_epoch(iterator, epoch, epochs, steps, progress, history, hooks)
                 if validation is not None:
                     t0 = time.perf_counter()
-                    logs.update({f"val_{k}": v for k, v in self.evaluate(validation).items()
-                                 if k != "examples"})
+                    logs.update(
+                        {
+                            f"val_{k}": v
+                            for k, v in self.evaluate(validation).items()
+                            if k != "examples"
+                        }
+                    )
                     history.validation_s += time.perf_counter() - t0
                 self.position = self.position.epoch_done(epoch)
                 history.epochs.append(logs)
@@ -234,14 +283,17 @@ class Trainer:
         if batch is None and hasattr(train, "element_spec"):  # a tf.data.Dataset
             batch = _static_batch(train.element_spec)
         if batch is not None and batch != self.global_batch:
-            raise FitError(f"the training data has batches of {batch} examples, the trainer a "
-                           f"global batch of {self.global_batch}; its loss is scaled by the "
-                           "global batch, so give both the same size")
+            raise FitError(
+                f"the training data has batches of {batch} examples, the trainer a "
+                f"global batch of {self.global_batch}; its loss is scaled by the "
+                "global batch, so give both the same size"
+            )
         if isinstance(validation, tuple):
             check_lengths(*validation, "the validation data")
 
-    def _run_epoch(self, iterator, epoch, epochs, steps, progress, history,
-                   hooks) -> dict[str, float]:
+    def _run_epoch(
+        self, iterator, epoch, epochs, steps, progress, history, hooks
+    ) -> dict[str, float]:
         self.runner.reset_train_metrics()
         progress.start_epoch(epoch, epochs, steps)
         resumed_at_end = bool(steps) and self.step_in_epoch == steps
@@ -269,8 +321,11 @@ class Trainer:
             # Reading metrics is a collective across workers: with several, every execution
             # (the same points on every worker), else at most every 0.1 s for a bar drawn, and
             # at the epoch's end (each read costs the JAX engine a few small computations).
-            if self.runner.lockstep or self.step_in_epoch == steps or (
-                    progress.shown and now - last_draw > 0.1):
+            if (
+                self.runner.lockstep
+                or self.step_in_epoch == steps
+                or (progress.shown and now - last_draw > 0.1)
+            ):
                 last_draw = now
                 logs = self.train_logs()
                 # Steady executions' rate; the compiling one's where the epoch had no other
@@ -286,19 +341,25 @@ class Trainer:
         if self.position.epoch_logs is not None:  # the last step's, or a checkpoint's
             logs = dict(self.position.epoch_logs)
         else:  # no step: an empty epoch, or a resume from a checkpoint without them
-            logs = self._end_logs(self.train_logs(), *((epoch_examples, epoch_time)
-                                                       if epoch_time else (all_examples, all_time)))
+            logs = self._end_logs(
+                self.train_logs(),
+                *((epoch_examples, epoch_time) if epoch_time else (all_examples, all_time)),
+            )
             if resumed_at_end:  # not the zeros of no step: NaN, never a measured value
                 logs.update({k: math.nan for k in self.runner.train_logs()})
         if resumed_at_end:
             progress.update(steps, logs)
         return logs
 
-    def _end_logs(self, logs: Mapping[str, float], examples: int,
-                  seconds: float) -> dict[str, float]:
+    def _end_logs(
+        self, logs: Mapping[str, float], examples: int, seconds: float
+    ) -> dict[str, float]:
         """An epoch's logs: its training metrics, the learning rate and examples/s."""
-        return {**logs, "learning_rate": self.learning_rate(),
-                "examples_per_sec": examples / seconds if seconds else 0.0}
+        return {
+            **logs,
+            "learning_rate": self.learning_rate(),
+            "examples_per_sec": examples / seconds if seconds else 0.0,
+        }
 
     def evaluate(self, data, batch_size: int | None = None) -> dict[str, float]:
         """Loss, metrics and the example count over every example of ``data`` exactly once
@@ -341,8 +402,14 @@ def _release(held: list) -> None:
     held.clear()  # the last reference: the object is deleted on this thread
 
 
-def resume(checkpointer, distribution, steps_per_epoch: int, *, fresh: bool = False,
-           say: Callable[[str], None] = print):
+def resume(
+    checkpointer,
+    distribution,
+    steps_per_epoch: int,
+    *,
+    fresh: bool = False,
+    say: Callable[[str], None] = print,
+):
     """:meth:`Trainer.resume`'s work: clean what a killed save left, set checkpoints aside
     with ``fresh``, restore the newest one on every worker (each must restore the same step),
     and say from where."""
@@ -355,9 +422,11 @@ def resume(checkpointer, distribution, steps_per_epoch: int, *, fresh: bool = Fa
     restored = checkpointer.restore_latest()
     step = restored.step if restored else 0
     if not distribution.all_equal(step):
-        raise ConfigError(f"{distribution.task} restored step {step}, another worker a "
-                          "different one; give every worker the same --checkpoint-dir, on "
-                          "storage they all see")
+        raise ConfigError(
+            f"{distribution.task} restored step {step}, another worker a "
+            "different one; give every worker the same --checkpoint-dir, on "
+            "storage they all see"
+        )
     if not restored:
         return None
     steps = steps_per_epoch
@@ -365,14 +434,18 @@ def resume(checkpointer, distribution, steps_per_epoch: int, *, fresh: bool = Fa
     if at == steps and not restored.ended:
         # Saved at an epoch's last step before that epoch's end: fit runs that end
         # (validation, callbacks) first, and prints that epoch's line.
-        say(f"resuming from {restored.path}: {done} epoch(s) done, epoch {done + 1}'s {at} "
+        say(
+            f"resuming from {restored.path}: {done} epoch(s) done, epoch {done + 1}'s {at} "
             f"steps trained, running its end (validation, callbacks) first (global step "
-            f"{restored.step})")
+            f"{restored.step})"
+        )
         return restored
     if at == steps:  # a format < 4 checkpoint: that epoch counts as done, as ever
         done, at = done + 1, 0
-    say(f"resuming from {restored.path}: {done} epoch(s) done, continuing epoch {done + 1} at "
-        f"step {at} (global step {restored.step})")
+    say(
+        f"resuming from {restored.path}: {done} epoch(s) done, continuing epoch {done + 1} at "
+        f"step {at} (global step {restored.step})"
+    )
     return restored
 
 

@@ -37,13 +37,16 @@ class DeviceSetup:
         if self.engine:
             line += f" ({self.engine})"
         if self.shared_cores and self.replicas > 1:
-            line += (f" (logical CPU devices sharing the same {usable_cpus()} CPU(s): "
-                     "useful for testing and measuring distribution overhead, not for speed-up)")
+            line += (
+                f" (logical CPU devices sharing the same {usable_cpus()} CPU(s): "
+                "useful for testing and measuring distribution overhead, not for speed-up)"
+            )
         return line
 
 
-def choose(available: list[str], devices: tuple[str, ...], replicas: int | None, kind: str,
-           listing: str) -> list[str]:
+def choose(
+    available: list[str], devices: tuple[str, ...], replicas: int | None, kind: str, listing: str
+) -> list[str]:
     """The names of the devices to replicate over, of ``available`` (as the engine names
     them): ``devices`` if given, else all; the first ``replicas`` of those. ``listing`` is
     the command that lists them, for the error line."""
@@ -51,12 +54,16 @@ def choose(available: list[str], devices: tuple[str, ...], replicas: int | None,
     known = {norm(a): a for a in available}
     unknown = [d for d in chosen if norm(d) not in known]
     if unknown:
-        raise ConfigError(f"unknown device(s) {', '.join(unknown)}; available: "
-                          f"{', '.join(available)} (see `{listing}`)")
+        raise ConfigError(
+            f"unknown device(s) {', '.join(unknown)}; available: "
+            f"{', '.join(available)} (see `{listing}`)"
+        )
     n = replicas or len(chosen)
     if n > len(chosen):
-        raise ConfigError(f"asked for {n} replicas but only {len(chosen)} {kind} device(s) are "
-                          f"available ({', '.join(chosen)}); use --replicas {len(chosen)} or fewer")
+        raise ConfigError(
+            f"asked for {n} replicas but only {len(chosen)} {kind} device(s) are "
+            f"available ({', '.join(chosen)}); use --replicas {len(chosen)} or fewer"
+        )
     return [known[norm(d)] for d in chosen[:n]]
 
 
@@ -65,12 +72,14 @@ def visible_indices(spec: str, count: int) -> list[int]:
     try:
         wanted = [int(i) for i in spec.split(",") if i.strip()]
     except ValueError:
-        raise ConfigError(f"--visible-devices {spec!r} must be comma-separated GPU indices "
-                          "like 0,1") from None
+        raise ConfigError(
+            f"--visible-devices {spec!r} must be comma-separated GPU indices like 0,1"
+        ) from None
     bad = [i for i in wanted if not 0 <= i < count]
     if bad:
-        raise ConfigError(f"--visible-devices {spec!r}: no GPU {bad[0]}; this host has "
-                          f"{count} GPU(s)")
+        raise ConfigError(
+            f"--visible-devices {spec!r}: no GPU {bad[0]}; this host has {count} GPU(s)"
+        )
     return wanted
 
 

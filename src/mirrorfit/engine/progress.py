@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from rich.console import Console
-from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
-                           TimeElapsedColumn)
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 
 class EpochProgress:
@@ -18,8 +17,11 @@ class EpochProgress:
     def __init__(self, *, console: Console | None = None, enabled: bool = True) -> None:
         console = console or Console(stderr=True)
         self._progress = Progress(
-            TextColumn("epoch {task.fields[epoch]}"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("{task.fields[stats]}"), TimeElapsedColumn(),
+            TextColumn("epoch {task.fields[epoch]}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[stats]}"),
+            TimeElapsedColumn(),
             console=console,
             disable=not (enabled and (console.is_interactive or console.is_jupyter)),
             refresh_per_second=10,
@@ -39,8 +41,7 @@ class EpochProgress:
         return not self._progress.disable
 
     def start_epoch(self, epoch: int, epochs: int, steps: int) -> None:
-        self._task = self._progress.add_task("", total=steps, epoch=f"{epoch}/{epochs}",
-                                             stats="")
+        self._task = self._progress.add_task("", total=steps, epoch=f"{epoch}/{epochs}", stats="")
 
     def update(self, completed: int, logs: dict[str, float]) -> None:
         stats = "  ".join(f"{k} {_fmt(v)}" for k, v in logs.items())

@@ -25,8 +25,9 @@ def arrays_of(source) -> tuple | None:
     return unpack_x_y_sample_weight(inputs)
 
 
-def array_blocks(source, arrays: tuple, batch_size: int, size: int, *,
-                 drop_remainder: bool = False):
+def array_blocks(
+    source, arrays: tuple, batch_size: int, size: int, *, drop_remainder: bool = False
+):
     """One epoch of blocks of up to ``size`` padded global batches (see
     :func:`mirrorfit.fitting.batches.padded`), in Keras's order: a fresh permutation each
     epoch where the adapter shuffles (``np.random``, as Keras draws it)."""
@@ -46,7 +47,7 @@ def array_blocks(source, arrays: tuple, batch_size: int, size: int, *,
         steps = min(size, batches - first)
         start, stop = first * batch_size, min(n, (first + steps) * batch_size)
         index = np.zeros(size * batch_size, np.int64)
-        index[:stop - start] = order[start:stop]
+        index[: stop - start] = order[start:stop]
         real = stop - start
 
         def gather(a, index=index, real=real):
@@ -57,12 +58,14 @@ def array_blocks(source, arrays: tuple, batch_size: int, size: int, *,
         mask = np.zeros(size * batch_size, floatx)
         mask[:real] = 1
         counts = np.clip(real - np.arange(size) * batch_size, 1, batch_size)
-        data = {"x": tree.map_structure(gather, x),
-                "w": tree.map_structure(gather, w if w is not None
-                                        else ones_like_targets(y, n, floatx)),
-                "mask": mask.reshape(size, batch_size),
-                "scale": np.repeat((batch_size / counts).astype(floatx)[:, None], batch_size,
-                                   axis=1)}
+        data = {
+            "x": tree.map_structure(gather, x),
+            "w": tree.map_structure(
+                gather, w if w is not None else ones_like_targets(y, n, floatx)
+            ),
+            "mask": mask.reshape(size, batch_size),
+            "scale": np.repeat((batch_size / counts).astype(floatx)[:, None], batch_size, axis=1),
+        }
         if y is not None:
             data["y"] = tree.map_structure(gather, y)
         yield Block(data=data, steps=steps)

@@ -25,16 +25,21 @@ def check_batch_size(batch_size, replicas: int, accum_steps: int = 1) -> int:
     micro-batches."""
     import numbers
 
-    if (not isinstance(batch_size, numbers.Integral) or isinstance(batch_size, bool)
-            or batch_size < 1):
-        raise FitError(f"batch_size={batch_size!r}: give the global batch, a whole number "
-                       "of at least 1")
+    if (
+        not isinstance(batch_size, numbers.Integral)
+        or isinstance(batch_size, bool)
+        or batch_size < 1
+    ):
+        raise FitError(
+            f"batch_size={batch_size!r}: give the global batch, a whole number of at least 1"
+        )
     batch_size, parts = int(batch_size), replicas * accum_steps
     if batch_size % parts:
         raise FitError(
             f"batch_size={batch_size} does not split over {replicas} replica(s) x "
             f"{accum_steps} micro-batch(es); use a multiple of {parts}, e.g. "
-            f"{parts * max(1, round(batch_size / parts))}")
+            f"{parts * max(1, round(batch_size / parts))}"
+        )
     return batch_size
 
 
@@ -52,10 +57,12 @@ def padded(data, batch_size: int, *, where: str = "training data") -> dict | Non
     if w is None:
         w = ones_like_targets(y, n, floatx)
     w = tree.map_structure(lambda a: np.asarray(a, floatx), w)
-    out = {"x": tree.map_structure(lambda a: _pad(a, batch_size), x),
-           "w": tree.map_structure(lambda a: _pad(a, batch_size), w),
-           "mask": _pad(np.ones((n,), floatx), batch_size),
-           "scale": np.full((batch_size,), batch_size / n, floatx)}
+    out = {
+        "x": tree.map_structure(lambda a: _pad(a, batch_size), x),
+        "w": tree.map_structure(lambda a: _pad(a, batch_size), w),
+        "mask": _pad(np.ones((n,), floatx), batch_size),
+        "scale": np.full((batch_size,), batch_size / n, floatx),
+    }
     if y is not None:
         out["y"] = tree.map_structure(lambda a: _pad(a, batch_size), y)
     return out
@@ -75,9 +82,11 @@ def rows(data, *, where: str = "training data") -> int:
     leaves = [a for a in tree.flatten(_unpacked(data)) if a is not None]
     sizes = {np.shape(a)[0] if np.ndim(a) else None for a in leaves}
     if len(sizes) != 1 or None in sizes:
-        raise FitError(f"a batch of the {where} has arrays of different lengths "
-                          f"({sorted(map(str, sizes))}); every input, target and weight needs "
-                          "one row per example")
+        raise FitError(
+            f"a batch of the {where} has arrays of different lengths "
+            f"({sorted(map(str, sizes))}); every input, target and weight needs "
+            "one row per example"
+        )
     return sizes.pop()
 
 
@@ -89,8 +98,7 @@ def ones_like_targets(y, n: int, dtype):
 
     if y is None:
         return np.ones((n,), dtype)
-    return tree.map_structure(
-        lambda a: np.ones((n,) + (1,) * max(0, np.ndim(a) - 1), dtype), y)
+    return tree.map_structure(lambda a: np.ones((n,) + (1,) * max(0, np.ndim(a) - 1), dtype), y)
 
 
 def _pad(a, rows: int) -> np.ndarray:
@@ -121,13 +129,17 @@ def _checked_rows(data, batch_size: int, where: str) -> int:
 
     n = rows(data, where=where)
     if n > batch_size:
-        raise FitError(f"a batch of the {where} holds {n} examples, more than batch_size="
-                       f"{batch_size}; batch it to at most {batch_size} (or pass that "
-                       "batch_size)")
+        raise FitError(
+            f"a batch of the {where} holds {n} examples, more than batch_size="
+            f"{batch_size}; batch it to at most {batch_size} (or pass that "
+            "batch_size)"
+        )
     for a in tree.flatten(_unpacked(data)):
         if a is not None and np.asarray(a).dtype == object:
-            raise FitError(f"the {where} holds an array of Python objects (dtype object, "
-                           "e.g. strings); give numeric arrays (tokenise text first)")
+            raise FitError(
+                f"the {where} holds an array of Python objects (dtype object, "
+                "e.g. strings); give numeric arrays (tokenise text first)"
+            )
     return n
 
 

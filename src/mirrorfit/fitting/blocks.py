@@ -43,8 +43,9 @@ def blocks(batches: Iterable[dict], size: int) -> Iterator[Block]:
 
 def _stack(pending: list[dict], size: int, tree) -> Block:
     filled = pending + [pending[-1]] * (size - len(pending))
-    return Block(data=tree.map_structure(lambda *leaves: np.stack(leaves), *filled),
-                 steps=len(pending))
+    return Block(
+        data=tree.map_structure(lambda *leaves: np.stack(leaves), *filled), steps=len(pending)
+    )
 
 
 _END = object()

@@ -16,9 +16,18 @@ class Epochs:
     for a model's own ``train_step``). ``first``: the first batch, kept for the first epoch
     (the model is built from it); ``size``: the global batch."""
 
-    def __init__(self, source, batch_size, steps, *, replicas: int, accum_steps: int = 1,
-                 drop_remainder: bool = False, pad: bool = True,
-                 where: str = "training data") -> None:
+    def __init__(
+        self,
+        source,
+        batch_size,
+        steps,
+        *,
+        replicas: int,
+        accum_steps: int = 1,
+        drop_remainder: bool = False,
+        pad: bool = True,
+        where: str = "training data",
+    ) -> None:
         self.source, self.steps_given, self.drop = source, steps, drop_remainder
         self.pad, self.where = pad, where
         self.steps = steps or source.num_batches
@@ -29,8 +38,10 @@ class Epochs:
             raise FitError(f"the {where} is empty; give at least one example") from None
         self._pending, self._carry = [first], iterator
         self.size = fit_batches.check_batch_size(
-            batch_size or source.batch_size or fit_batches.rows(first, where=where), replicas,
-            accum_steps)
+            batch_size or source.batch_size or fit_batches.rows(first, where=where),
+            replicas,
+            accum_steps,
+        )
         self.first = self._made(first)
 
     def _iterator(self):
@@ -51,8 +62,7 @@ class Epochs:
         if arrays is None:
             return blocks(self.epoch(), size)
         self._pending = []  # the first batch was read for building only
-        return array_blocks(self.source, arrays, self.size, size,
-                            drop_remainder=self.drop)
+        return array_blocks(self.source, arrays, self.size, size, drop_remainder=self.drop)
 
     def epoch(self):
         """The batches of the next epoch (a generator)."""

@@ -29,11 +29,29 @@ _ENGINES = {name: f"{package}.keras_fit" for name, package in ENGINES.items()}
 DEFAULT_STEPS_PER_EXECUTION = 50  # mirrorfit train's
 
 
-def fit(model, x=None, y=None, batch_size=None, epochs=1, verbose="auto", callbacks=None,
-        validation_split=0.0, validation_data=None, shuffle=True, class_weight=None,
-        sample_weight=None, initial_epoch=0, steps_per_epoch=None, validation_steps=None,
-        validation_batch_size=None, validation_freq=1, *, steps_per_execution=None,
-        accum_steps=1, drop_remainder=False):
+def fit(
+    model,
+    x=None,
+    y=None,
+    batch_size=None,
+    epochs=1,
+    verbose="auto",
+    callbacks=None,
+    validation_split=0.0,
+    validation_data=None,
+    shuffle=True,
+    class_weight=None,
+    sample_weight=None,
+    initial_epoch=0,
+    steps_per_epoch=None,
+    validation_steps=None,
+    validation_batch_size=None,
+    validation_freq=1,
+    *,
+    steps_per_execution=None,
+    accum_steps=1,
+    drop_remainder=False,
+):
     """Train a compiled Keras ``model`` data-parallel, as ``model.fit(...)`` with the same
     keywords would on one device: ``batch_size`` is the global batch. mirrorfit's own:
     ``steps_per_execution`` (steps per compiled call; default the model's compiled one if
@@ -49,29 +67,44 @@ def fit(model, x=None, y=None, batch_size=None, epochs=1, verbose="auto", callba
         from keras.src.trainers.data_adapters.array_slicing import train_validation_split
 
         (x, y, sample_weight), validation_data = train_validation_split(
-            (x, y, sample_weight), validation_split=validation_split)
-    train = run.epochs(_adapter(x, y, sample_weight, class_weight, batch_size, steps_per_epoch,
-                                shuffle), batch_size, steps_per_epoch, "train",
-                       drop_remainder=drop_remainder)
+            (x, y, sample_weight), validation_split=validation_split
+        )
+    train = run.epochs(
+        _adapter(x, y, sample_weight, class_weight, batch_size, steps_per_epoch, shuffle),
+        batch_size,
+        steps_per_epoch,
+        "train",
+        drop_remainder=drop_remainder,
+    )
     run.build(train.first)
     from mirrorfit.fitting.metrics import check_sparse_labels  # Keras: loaded by now
 
     check_sparse_labels(model, y, "the training data")
     val = None
     if validation_data is not None:
-        from keras.src.trainers.data_adapters.data_adapter_utils import (
-            unpack_x_y_sample_weight)
+        from keras.src.trainers.data_adapters.data_adapter_utils import unpack_x_y_sample_weight
 
         vx, vy, vw = unpack_x_y_sample_weight(validation_data)
         check_sparse_labels(model, vy, "the validation data")
         size = validation_batch_size or batch_size
-        val = run.epochs(_adapter(vx, vy, vw, None, size, validation_steps, False), size,
-                         validation_steps, "test", where="validation data")
+        val = run.epochs(
+            _adapter(vx, vy, vw, None, size, validation_steps, False),
+            size,
+            validation_steps,
+            "test",
+            where="validation data",
+        )
     import keras
 
     callbacks = keras.callbacks.CallbackList(
-        callbacks, add_history=True, add_progbar=verbose != 0,
-        verbose=_verbosity(verbose), epochs=epochs, steps=train.steps, model=model)
+        callbacks,
+        add_history=True,
+        add_progbar=verbose != 0,
+        verbose=_verbosity(verbose),
+        epochs=epochs,
+        steps=train.steps,
+        model=model,
+    )
     hooks = _BatchHooks(callbacks, run.runner)
     model.stop_training = False
     callbacks.on_train_begin()
@@ -90,8 +123,10 @@ def fit(model, x=None, y=None, batch_size=None, epochs=1, verbose="auto", callba
                 if model.stop_training:
                     break
             if step == 0:
-                raise FitError("the training data gave no batch this epoch; give at least "
-                               "one example (or fewer steps_per_epoch than it holds)")
+                raise FitError(
+                    "the training data gave no batch this epoch; give at least "
+                    "one example (or fewer steps_per_epoch than it holds)"
+                )
             logs = run.runner.logs()
             if val is not None and (epoch + 1) % validation_freq == 0:
                 val_logs = _evaluate(run, val, callbacks, hooks)
@@ -110,19 +145,40 @@ def runner_of(model):
     return None if cached is None else cached[1]
 
 
-def evaluate(model, x=None, y=None, batch_size=None, verbose="auto", sample_weight=None,
-             steps=None, callbacks=None, return_dict=False, *, steps_per_execution=None):
+def evaluate(
+    model,
+    x=None,
+    y=None,
+    batch_size=None,
+    verbose="auto",
+    sample_weight=None,
+    steps=None,
+    callbacks=None,
+    return_dict=False,
+    *,
+    steps_per_execution=None,
+):
     """``model.evaluate(...)`` data-parallel: every example counted once (a partial last batch
     padded and masked). Returns what Keras's ``evaluate`` returns."""
     import keras
 
     run = _Run(model, steps_per_execution, 1)
-    data = run.epochs(_adapter(x, y, sample_weight, None, batch_size, steps, False),
-                      batch_size, steps, "test", where="evaluation data")
+    data = run.epochs(
+        _adapter(x, y, sample_weight, None, batch_size, steps, False),
+        batch_size,
+        steps,
+        "test",
+        where="evaluation data",
+    )
     run.build(data.first)
     callbacks = keras.callbacks.CallbackList(
-        _checked_callbacks(callbacks), add_progbar=verbose != 0, verbose=_verbosity(verbose),
-        epochs=1, steps=data.steps, model=model)
+        _checked_callbacks(callbacks),
+        add_progbar=verbose != 0,
+        verbose=_verbosity(verbose),
+        epochs=1,
+        steps=data.steps,
+        model=model,
+    )
     logs = _evaluate(run, data, callbacks, _BatchHooks(callbacks, run.runner))
     if return_dict:
         return logs
@@ -155,15 +211,24 @@ def _adapter(x, y, sample_weight, class_weight, batch_size, steps, shuffle):
 
     for name, part in (("x", x), ("y", y), ("sample_weight", sample_weight)):
         if any(isinstance(a, np.ndarray) and a.dtype == object for a in tree.flatten(part)):
-            raise FitError(f"{name} holds an array of Python objects (dtype object, e.g. "
-                           "strings); give numeric arrays (tokenise text first, or pass a "
-                           "tf.data.Dataset of strings to a model that takes them)")
+            raise FitError(
+                f"{name} holds an array of Python objects (dtype object, e.g. "
+                "strings); give numeric arrays (tokenise text first, or pass a "
+                "tf.data.Dataset of strings to a model that takes them)"
+            )
     if steps is not None:
         steps = _checked_int("steps_per_epoch / validation_steps / steps", steps, 1)
     if batch_size is not None:
         batch_size = _checked_int("batch_size", batch_size, 1)
-    return get_data_adapter(x=x, y=y, sample_weight=sample_weight, batch_size=batch_size,
-                            steps_per_epoch=steps, shuffle=shuffle, class_weight=class_weight)
+    return get_data_adapter(
+        x=x,
+        y=y,
+        sample_weight=sample_weight,
+        batch_size=batch_size,
+        steps_per_epoch=steps,
+        shuffle=shuffle,
+        class_weight=class_weight,
+    )
 
 
 class _Run:
@@ -175,19 +240,26 @@ class _Run:
         if not isinstance(model, keras.Model):
             raise FitError(f"mirrorfit.fit takes a keras.Model, not {type(model).__name__}")
         if not getattr(model, "compiled", False) or model.optimizer is None:
-            raise FitError("the model is not compiled; call model.compile(optimizer=..., "
-                           "loss=..., metrics=[...]) first")
+            raise FitError(
+                "the model is not compiled; call model.compile(optimizer=..., "
+                "loss=..., metrics=[...]) first"
+            )
         self.accum_steps = _checked_int("accum_steps", accum_steps, 1)
         if steps_per_execution is None:
-            steps_per_execution = (model.steps_per_execution if model.steps_per_execution > 1
-                                   else DEFAULT_STEPS_PER_EXECUTION)
+            steps_per_execution = (
+                model.steps_per_execution
+                if model.steps_per_execution > 1
+                else DEFAULT_STEPS_PER_EXECUTION
+            )
         self.steps_per_execution = _checked_int("steps_per_execution", steps_per_execution, 1)
         self.model = model
         self.backend = keras.backend.backend()
         if self.backend not in _ENGINES:
-            raise FitError(f"mirrorfit.fit runs on the {' and '.join(_ENGINES)} backends; "
-                           f"Keras runs on {self.backend} (set KERAS_BACKEND or "
-                           "mirrorfit.setup)")
+            raise FitError(
+                f"mirrorfit.fit runs on the {' and '.join(_ENGINES)} backends; "
+                f"Keras runs on {self.backend} (set KERAS_BACKEND or "
+                "mirrorfit.setup)"
+            )
         self.engine = importlib.import_module(_ENGINES[self.backend])
         self.placement = self._placement()
         self.engine.check_model(model, self.placement)
@@ -197,15 +269,22 @@ class _Run:
         """Where the engine runs the model: what ``mirrorfit.setup`` chose for this backend
         (None: the engine's own default)."""
         chosen = current()
-        return self.engine.placement(self.model, chosen if chosen is not None
-                                     and chosen.backend == self.backend else None)
+        return self.engine.placement(
+            self.model, chosen if chosen is not None and chosen.backend == self.backend else None
+        )
 
     def epochs(self, source, batch_size, steps, step: str, **kwargs) -> Epochs:
         """The epochs of ``source`` as the runner takes them (``step``: ``train`` or
         ``test``: padded, unless the model's own ``train_step``/``test_step`` runs)."""
-        return Epochs(source, batch_size, steps, replicas=self.engine.replicas(self.placement),
-                      accum_steps=self.accum_steps if step == "train" else 1,
-                      pad=self.engine.pads(self.model, step), **kwargs)
+        return Epochs(
+            source,
+            batch_size,
+            steps,
+            replicas=self.engine.replicas(self.placement),
+            accum_steps=self.accum_steps if step == "train" else 1,
+            pad=self.engine.pads(self.model, step),
+            **kwargs,
+        )
 
     def build(self, first: dict) -> None:
         """Build the model, its compiled loss and metrics and its optimizer from the first
@@ -216,8 +295,13 @@ class _Run:
             model._symbolic_build(data_batch=data)
         # One runner per model and compile: its compiled calls are kept for the next fit or
         # evaluate (Keras keeps its train_function the same way); a new compile() makes anew.
-        key = (id(self.placement), self.accum_steps, id(model.optimizer),
-               id(model._compile_loss), id(model._compile_metrics))
+        key = (
+            id(self.placement),
+            self.accum_steps,
+            id(model.optimizer),
+            id(model._compile_loss),
+            id(model._compile_metrics),
+        )
         cached = model.__dict__.get("_mirrorfit_runner")
         if cached is not None and cached[0] == key:
             self.runner = cached[1]
@@ -228,11 +312,14 @@ class _Run:
             from mirrorfit.fitting.metrics import ignores_a_class, masked_outputs
 
             if masked_outputs(model) or ignores_a_class(model):
-                warnings.warn("the model's outputs are masked (mask_zero, Masking, a loss's "
-                              "ignore_class): its loss is averaged over each replica's counted "
-                              "steps, then over the replicas, as under Keras's own strategies, "
-                              "not over the whole global batch's (a partial last batch is off "
-                              "by up to a few percent)", stacklevel=3)
+                warnings.warn(
+                    "the model's outputs are masked (mask_zero, Masking, a loss's "
+                    "ignore_class): its loss is averaged over each replica's counted "
+                    "steps, then over the replicas, as under Keras's own strategies, "
+                    "not over the whole global batch's (a partial last batch is off "
+                    "by up to a few percent)",
+                    stacklevel=3,
+                )
         self.runner.load()
 
     def synced_after(self):
@@ -272,15 +359,20 @@ class _BatchHooks:
             return any(not utils.is_default(getattr(cb, n)) for n in names)
 
         # Keras's own that read only the logs (TerminateOnNaN too): no sync for them.
-        keras_own = (keras.callbacks.ProgbarLogger, keras.callbacks.History,
-                     keras.callbacks.TerminateOnNaN)
-        train = ("on_train_batch_begin", "on_train_batch_end", "on_batch_begin",
-                 "on_batch_end")
+        keras_own = (
+            keras.callbacks.ProgbarLogger,
+            keras.callbacks.History,
+            keras.callbacks.TerminateOnNaN,
+        )
+        train = ("on_train_batch_begin", "on_train_batch_end", "on_batch_begin", "on_batch_end")
         test = ("on_test_batch_begin", "on_test_batch_end")
-        self._sync = any(has(cb, train + test) for cb in callbacks.callbacks
-                         if not isinstance(cb, keras_own))
-        self._reads = {"train": any(has(cb, train[1::2]) for cb in callbacks.callbacks),
-                       "test": any(has(cb, test[1:]) for cb in callbacks.callbacks)}
+        self._sync = any(
+            has(cb, train + test) for cb in callbacks.callbacks if not isinstance(cb, keras_own)
+        )
+        self._reads = {
+            "train": any(has(cb, train[1::2]) for cb in callbacks.callbacks),
+            "test": any(has(cb, test[1:]) for cb in callbacks.callbacks),
+        }
         self.runner = runner
 
     def logs(self, step: str) -> dict[str, float]:
@@ -301,9 +393,11 @@ def _checked_callbacks(callbacks) -> list:
     callbacks = tree.flatten(callbacks) if callbacks is not None else []
     for cb in callbacks:
         if isinstance(cb, keras.callbacks.BackupAndRestore):
-            raise FitError("BackupAndRestore cannot work under mirrorfit.fit (its state is "
-                           "on the devices); mirrorfit's own checkpoints do its job: "
-                           "mirrorfit train --checkpoint-dir DIR")
+            raise FitError(
+                "BackupAndRestore cannot work under mirrorfit.fit (its state is "
+                "on the devices); mirrorfit's own checkpoints do its job: "
+                "mirrorfit train --checkpoint-dir DIR"
+            )
         if not isinstance(cb, keras.callbacks.Callback):
             raise FitError(f"callbacks holds {cb!r}, not a keras.callbacks.Callback")
     return callbacks

@@ -129,18 +129,27 @@ def check_sparse_labels(model, y, where: str) -> None:
     from mirrorfit.data.arrays import check_class_labels, is_sparse_categorical
 
     for name, loss, labels, classes in _per_output(model, y):
-        if not is_sparse_categorical(loss) or not isinstance(labels, np.ndarray) \
-                or labels.dtype.kind not in "iu":
+        if (
+            not is_sparse_categorical(loss)
+            or not isinstance(labels, np.ndarray)
+            or labels.dtype.kind not in "iu"
+        ):
             continue
-        check_class_labels(labels, f"{where}'s {name}" if name else where, classes,
-                           getattr(loss, "ignore_class", None))
+        check_class_labels(
+            labels,
+            f"{where}'s {name}" if name else where,
+            classes,
+            getattr(loss, "ignore_class", None),
+        )
 
 
 def ignores_a_class(model) -> bool:
     """Whether a compiled loss skips a label (``ignore_class``): like a masked output, its loss
     averages over each replica's counted labels."""
-    return any(getattr(loss, "ignore_class", None) is not None
-               for _, loss, _, _ in _per_output(model, None))
+    return any(
+        getattr(loss, "ignore_class", None) is not None
+        for _, loss, _, _ in _per_output(model, None)
+    )
 
 
 def _per_output(model, y):
@@ -152,15 +161,23 @@ def _per_output(model, y):
     loss = getattr(model, "loss", None)
     if isinstance(loss, dict):
         shapes = _output_shapes(model)
-        return [(f"output {name}", fn, y.get(name) if isinstance(y, dict) else None,
-                 _classes(shapes.get(name) if isinstance(shapes, dict) else None))
-                for name, fn in loss.items()]
+        return [
+            (
+                f"output {name}",
+                fn,
+                y.get(name) if isinstance(y, dict) else None,
+                _classes(shapes.get(name) if isinstance(shapes, dict) else None),
+            )
+            for name, fn in loss.items()
+        ]
     if isinstance(loss, (list, tuple)):
         shapes = _output_shapes(model)
         ys = y if isinstance(y, (list, tuple)) else [None] * len(loss)
         shapes = shapes if isinstance(shapes, (list, tuple)) else [None] * len(loss)
-        return [(f"output {i}", fn, labels, _classes(shape))
-                for i, (fn, labels, shape) in enumerate(zip(loss, ys, shapes))]
+        return [
+            (f"output {i}", fn, labels, _classes(shape))
+            for i, (fn, labels, shape) in enumerate(zip(loss, ys, shapes))
+        ]
     return [(None, loss, y, output_classes(model))]
 
 

@@ -35,9 +35,15 @@ class Setup:
 _current: list[Setup] = []  # the last setup() of this process (what fit uses by default)
 
 
-def setup(*, backend: str | None = None, replicas: int | None = None,
-          devices: tuple[str, ...] = (), precision: str = "fp32", shard: str = "none",
-          verbose: bool = False) -> Setup:
+def setup(
+    *,
+    backend: str | None = None,
+    replicas: int | None = None,
+    devices: tuple[str, ...] = (),
+    precision: str = "fp32",
+    shard: str = "none",
+    verbose: bool = False,
+) -> Setup:
     """Choose the engine (``backend``: ``"tensorflow"`` or ``"jax"``; default
     ``$KERAS_BACKEND``, else TensorFlow), the devices (all GPUs, ``devices`` by name, the first
     ``replicas``; without GPUs ``replicas`` logical CPU devices) and the precision
@@ -46,28 +52,34 @@ def setup(*, backend: str | None = None, replicas: int | None = None,
     training state is split over the devices.
     Call it once, before ``import keras`` builds anything; returns the :class:`Setup`."""
     if _current:
-        raise FitError("mirrorfit.setup() was already called in this process; devices can "
-                          "be chosen only once, before the framework starts")
+        raise FitError(
+            "mirrorfit.setup() was already called in this process; devices can "
+            "be chosen only once, before the framework starts"
+        )
     if precision not in POLICIES:
         raise FitError(f"precision={precision!r}: choose one of {', '.join(POLICIES)}")
     if replicas is not None and (not isinstance(replicas, int) or replicas < 1):
         raise FitError(f"replicas={replicas!r}: give a whole number of at least 1")
     backend = backends.resolve(backend)
     if shard not in backends.SHARD_MODES:
-        raise FitError(f"shard={shard!r}: choose 'none' (every device holds the whole state), "
-                       "'optimizer' (ZeRO-1: the optimizer state split over the devices) or "
-                       "'all' (FSDP: the weights too)")
+        raise FitError(
+            f"shard={shard!r}: choose 'none' (every device holds the whole state), "
+            "'optimizer' (ZeRO-1: the optimizer state split over the devices) or "
+            "'all' (FSDP: the weights too)"
+        )
     if shard != "none" and backend != "jax":
-        raise FitError(f"shard={shard!r} splits the training state on the JAX engine only; "
-                       "use backend='jax', or shard='none'")
+        raise FitError(
+            f"shard={shard!r} splits the training state on the JAX engine only; "
+            "use backend='jax', or shard='none'"
+        )
     backends.prepare(backend, verbose=verbose)
     made = importlib.import_module(backends.ENGINES[backend]).keras_setup(
-        replicas, tuple(devices), shard=shard)
+        replicas, tuple(devices), shard=shard
+    )
     import keras
 
     keras.config.set_dtype_policy(POLICIES[precision])
-    _current.append(Setup(backend=backend, devices=made[0], placement=made[1],
-                          precision=precision))
+    _current.append(Setup(backend=backend, devices=made[0], placement=made[1], precision=precision))
     return _current[-1]
 
 

@@ -19,15 +19,33 @@ from mirrorfit.errors import ConfigError
 # outputs (paths differ between hosts: the data are compared by what they hold, below), how
 # it uses its own host, and what only the chief writes. Every other setting, a new one too,
 # must match.
-PER_WORKER = frozenset({
-    "data", "data_dir", "cache", "checkpoint_dir", "devices", "visible_devices",
-    "memory_growth", "threads_per_worker", "gpu_memory_limit", "collective_timeout", "logdir",
-    "metrics_out", "progress", "keep_checkpoints", "export_dir", "export_preprocessing",
-    "save_keras",
-    "dataset",  # the older name of --data
-    # compared as what they resolve to (--batch-size 32 on 2 replicas is --global-batch-size 64)
-    "replicas", "batch_size", "global_batch_size", "eval_batch_size",
-})
+PER_WORKER = frozenset(
+    {
+        "data",
+        "data_dir",
+        "cache",
+        "checkpoint_dir",
+        "devices",
+        "visible_devices",
+        "memory_growth",
+        "threads_per_worker",
+        "gpu_memory_limit",
+        "collective_timeout",
+        "logdir",
+        "metrics_out",
+        "progress",
+        "keep_checkpoints",
+        "export_dir",
+        "export_preprocessing",
+        "save_keras",
+        "dataset",  # the older name of --data
+        # compared as what they resolve to (--batch-size 32 on 2 replicas is --global-batch-size 64)
+        "replicas",
+        "batch_size",
+        "global_batch_size",
+        "eval_batch_size",
+    }
+)
 _TEXT = 60  # bytes of a value shown in the message
 _COLUMNS = 3  # a setting's hash: 63 bits, as 3 values of 21 bits (exact in every gather)
 
@@ -35,8 +53,11 @@ _COLUMNS = 3  # a setting's hash: 63 bits, as 3 values of 21 bits (exact in ever
 def must_match(config: TrainConfig, replicas: int, local_replicas: int) -> dict[str, str]:
     """The settings every worker must share: flag -> its value as text (``replicas``: over
     all workers, for the batch sizes they resolve to)."""
-    values = {"--" + f.name.replace("_", "-"): _text(getattr(config, f.name))
-              for f in dataclasses.fields(config) if f.name not in PER_WORKER}
+    values = {
+        "--" + f.name.replace("_", "-"): _text(getattr(config, f.name))
+        for f in dataclasses.fields(config)
+        if f.name not in PER_WORKER
+    }
     values["--optimizer"] = config.optimizer.lower()  # as a resume compares it
     _, global_batch = config.batch_sizes(replicas)
     values["--replicas"] = f"{local_replicas} per worker"
@@ -49,8 +70,10 @@ def data_summary(data) -> dict[str, str]:
     """What the workers' training data must share, whatever their paths: its examples, the
     shape of one and the classes (its content is not compared: copies on two hosts differ in
     their files' times)."""
-    return {"the training data": f"{data.train_examples} examples of shape "
-                                 f"{tuple(data.input_shape)}, {data.num_classes} classes"}
+    return {
+        "the training data": f"{data.train_examples} examples of shape "
+        f"{tuple(data.input_shape)}, {data.num_classes} classes"
+    }
 
 
 def check_agreement(settings: dict[str, str], dist) -> None:
@@ -64,20 +87,27 @@ def check_agreement(settings: dict[str, str], dist) -> None:
     # mirrorfit would otherwise meet in a gather of two shapes (an abort, not a line).
     counts = dist.gather([len(names), *_hash("\n".join(names))])
     if len({tuple(row) for row in counts.tolist()}) > 1:
-        raise ConfigError(f"{dist.task}: the workers run different versions of mirrorfit "
-                          f"({', '.join(str(row[0]) for row in counts.tolist())} settings); "
-                          "install the same one on every worker")
+        raise ConfigError(
+            f"{dist.task}: the workers run different versions of mirrorfit "
+            f"({', '.join(str(row[0]) for row in counts.tolist())} settings); "
+            "install the same one on every worker"
+        )
     table = dist.gather([part for n in names for part in _hash(settings[n])])
-    differ = [n for i, n in enumerate(names)
-              if len({tuple(row[i * _COLUMNS:(i + 1) * _COLUMNS]) for row in table.tolist()}) > 1]
+    differ = [
+        n
+        for i, n in enumerate(names)
+        if len({tuple(row[i * _COLUMNS : (i + 1) * _COLUMNS]) for row in table.tolist()}) > 1
+    ]
     if not differ:
         return
     flag = differ[0]
     texts = dist.gather(list(_encode(settings[flag])))
     each = ", ".join(f"worker {w}: {flag} {_decode(row)}" for w, row in enumerate(texts))
     also = f" (they differ in {', '.join(differ[1:])} too)" if len(differ) > 1 else ""
-    raise ConfigError(f"{dist.task}: the workers disagree on {flag} ({each}){also}; give every "
-                      f"worker the same {flag}, or they train different models")
+    raise ConfigError(
+        f"{dist.task}: the workers disagree on {flag} ({each}){also}; give every "
+        f"worker the same {flag}, or they train different models"
+    )
 
 
 def _text(value) -> str:
@@ -92,7 +122,7 @@ def _hash(text: str) -> list[int]:
 def _encode(text: str) -> bytes:
     raw = text.encode()
     if len(raw) > _TEXT:  # cut on a character, marked
-        raw = raw[:_TEXT - 3].decode(errors="ignore").encode() + "…".encode()
+        raw = raw[: _TEXT - 3].decode(errors="ignore").encode() + "…".encode()
     return raw + b"\0" * (_TEXT - len(raw))
 
 

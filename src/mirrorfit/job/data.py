@@ -23,13 +23,23 @@ def load_run_data(config: TrainConfig, global_batch: int, dist) -> Data:
     """``--data`` for this run. Each worker reads its own share (WORKER_SHARE), else one
     process reads whole global batches (workers=1 for the order)."""
     workers = dist.workers if dist.input_split == WORKER_SHARE else 1
-    return load_data(config.data, global_batch=global_batch, seed=config.seed, workers=workers,
-                     eval_batch=config.eval_batch_size or global_batch,
-                     data_dir=config.data_dir, train_examples=config.train_examples,
-                     validation_split=config.validation_split, image_size=config.image_size,
-                     image_feature=config.image_feature, label_feature=config.label_feature,
-                     cache=config.cache, input_shape=config.input_shape,
-                     num_classes=config.num_classes, model=config.model)
+    return load_data(
+        config.data,
+        global_batch=global_batch,
+        seed=config.seed,
+        workers=workers,
+        eval_batch=config.eval_batch_size or global_batch,
+        data_dir=config.data_dir,
+        train_examples=config.train_examples,
+        validation_split=config.validation_split,
+        image_size=config.image_size,
+        image_feature=config.image_feature,
+        label_feature=config.label_feature,
+        cache=config.cache,
+        input_shape=config.input_shape,
+        num_classes=config.num_classes,
+        model=config.model,
+    )
 
 
 @contextlib.contextmanager
@@ -42,10 +52,12 @@ def data_errors(data: Data):
         tf = sys.modules.get("tensorflow")  # a tf.data error needs TensorFlow loaded
         ended = tf is not None and isinstance(e, tf.errors.OutOfRangeError)
         if ended or isinstance(e, DataEndedError):  # counted N examples, then gave fewer
-            raise DataError(f"--data {data.source}: the data ended before the epoch did: it "
-                            f"yielded fewer examples than the {data.train_examples:,} counted "
-                            "when it was opened; it must give the same examples on every "
-                            "pass") from None
+            raise DataError(
+                f"--data {data.source}: the data ended before the epoch did: it "
+                f"yielded fewer examples than the {data.train_examples:,} counted "
+                "when it was opened; it must give the same examples on every "
+                "pass"
+            ) from None
         if tf is None or not isinstance(e, tf.errors.OpError):
             raise
         if isinstance(e, (tf.errors.InvalidArgumentError, tf.errors.DataLossError)):
@@ -56,8 +68,10 @@ def data_errors(data: Data):
         if not isinstance(e, tf.errors.NotFoundError) or not KINDS[data.kind].files:
             raise
         first = (str(getattr(e, "message", e)).strip().splitlines() or [""])[0][:300]
-        raise DataError(f"--data {data.source}: a file went missing while training "
-                        f"({first}); restore it, or rerun to list the files again") from None
+        raise DataError(
+            f"--data {data.source}: a file went missing while training "
+            f"({first}); restore it, or rerun to list the files again"
+        ) from None
 
 
 def check_model_fits(model, data: Data, config: TrainConfig) -> None:
@@ -70,27 +84,36 @@ def check_model_fits(model, data: Data, config: TrainConfig) -> None:
     except (AttributeError, IndexError, TypeError, ValueError):
         # A subclassed model, or a Sequential without keras.Input: no variables yet, and
         # none for the optimizer to build its state from.
-        raise DataError(f"--model {config.model} returns a model whose input is not known "
-                        "before it is called (a subclassed model, or a Sequential without "
-                        "keras.Input); start it with keras.Input(shape), e.g. "
-                        "keras.Sequential([keras.Input(input_shape), ...])") from None
+        raise DataError(
+            f"--model {config.model} returns a model whose input is not known "
+            "before it is called (a subclassed model, or a Sequential without "
+            "keras.Input); start it with keras.Input(shape), e.g. "
+            "keras.Sequential([keras.Input(input_shape), ...])"
+        ) from None
     have = tuple(data.input_shape)
     if len(want) != len(have) or any(w is not None and w != h for w, h in zip(want, have)):
         shown = "x".join("?" if w is None else str(w) for w in want)
-        hint = ("pass --image-size H,W to resize the images" if KINDS[data.kind].files
-                else "pass --input-shape to build the model for the data" if
-                config.input_shape is None and data.kind == "synthetic"
-                else "give data of that shape")
-        raise DataError(f"--data {data.source} gives examples of shape "
-                        f"{'x'.join(map(str, have))} but --model {config.model} takes "
-                        f"{shown}; {hint}, or use a model built for "
-                        f"{'x'.join(map(str, have))}")
+        hint = (
+            "pass --image-size H,W to resize the images"
+            if KINDS[data.kind].files
+            else "pass --input-shape to build the model for the data"
+            if config.input_shape is None and data.kind == "synthetic"
+            else "give data of that shape"
+        )
+        raise DataError(
+            f"--data {data.source} gives examples of shape "
+            f"{'x'.join(map(str, have))} but --model {config.model} takes "
+            f"{shown}; {hint}, or use a model built for "
+            f"{'x'.join(map(str, have))}"
+        )
     outputs = model.outputs[0].shape[-1]
     if outputs is not None and outputs < data.num_classes:
-        raise DataError(f"--data {data.source} has labels 0-{data.num_classes - 1} "
-                        f"({data.num_classes} classes) but --model {config.model} has "
-                        f"{outputs} outputs; pass --num-classes {data.num_classes} (a model "
-                        "function takes it as num_classes) or a model with enough outputs")
+        raise DataError(
+            f"--data {data.source} has labels 0-{data.num_classes - 1} "
+            f"({data.num_classes} classes) but --model {config.model} has "
+            f"{outputs} outputs; pass --num-classes {data.num_classes} (a model "
+            "function takes it as num_classes) or a model with enough outputs"
+        )
 
 
 def input_source(data: Data, config: TrainConfig) -> str:
@@ -106,21 +129,36 @@ def input_source(data: Data, config: TrainConfig) -> str:
 def data_flags(config: TrainConfig, dist, data: Data) -> dict[str, dict[str, Any]]:
     """The flags behind each field of the data order (DataOrder), so that a checkpoint can name
     the one that changed when it refuses a resume."""
-    fingerprint = {"--data": config.data, "--image-size": _csv(config.image_size),
-                   "--validation-split": config.validation_split}
+    fingerprint = {
+        "--data": config.data,
+        "--image-size": _csv(config.image_size),
+        "--validation-split": config.validation_split,
+    }
     if KINDS[data.kind].streamed:  # streamed (TFRecords): the order depends on these too
-        fingerprint.update({"--cache": config.cache,
-                            "workers": dist.workers if dist.input_split == WORKER_SHARE else 1})
-    return {"seed": {"--seed": config.seed},
-            "examples": {"--train-examples": config.train_examples,
-                         "--data-dir": config.data_dir, "--data": config.data,
-                         "--validation-split": config.validation_split},
-            "global_batch": {"--replicas": dist.replicas, "--batch-size": config.batch_size,
-                             "--accum-steps": config.accum_steps,
-                             "--global-batch-size": config.global_batch_size},
-            # the files' names, sizes and times (however --data found them): a change with the
-            # same flags is still named, as --data (checkpoint_meta.check_data)
-            "fingerprint": fingerprint}
+        fingerprint.update(
+            {
+                "--cache": config.cache,
+                "workers": dist.workers if dist.input_split == WORKER_SHARE else 1,
+            }
+        )
+    return {
+        "seed": {"--seed": config.seed},
+        "examples": {
+            "--train-examples": config.train_examples,
+            "--data-dir": config.data_dir,
+            "--data": config.data,
+            "--validation-split": config.validation_split,
+        },
+        "global_batch": {
+            "--replicas": dist.replicas,
+            "--batch-size": config.batch_size,
+            "--accum-steps": config.accum_steps,
+            "--global-batch-size": config.global_batch_size,
+        },
+        # the files' names, sizes and times (however --data found them): a change with the
+        # same flags is still named, as --data (checkpoint_meta.check_data)
+        "fingerprint": fingerprint,
+    }
 
 
 def _csv(values) -> str | None:

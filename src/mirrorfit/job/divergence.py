@@ -11,8 +11,10 @@ import math
 
 from mirrorfit.errors import DivergedError
 
-_TRY = ("try a lower --lr (or --warmup-epochs), --precision fp32 or bf16 if it is fp16, or "
-        "--allow-nan to train on as Keras does")
+_TRY = (
+    "try a lower --lr (or --warmup-epochs), --precision fp32 or bf16 if it is fp16, or "
+    "--allow-nan to train on as Keras does"
+)
 
 
 class DivergenceGuard:
@@ -32,18 +34,22 @@ class DivergenceGuard:
 
         bad = first_non_finite(self._trainer.model.weights)
         if bad is not None:
-            raise DivergedError(f"after epoch {epoch} (global step {self._trainer.step}) the "
-                                f"weights are not finite ({bad}) though the loss is "
-                                f"{logs.get('loss', float('nan')):.6g}; stopped{self._kept()}; "
-                                "look for NaN or infinite values in the data; " + _TRY)
+            raise DivergedError(
+                f"after epoch {epoch} (global step {self._trainer.step}) the "
+                f"weights are not finite ({bad}) though the loss is "
+                f"{logs.get('loss', float('nan')):.6g}; stopped{self._kept()}; "
+                "look for NaN or infinite values in the data; " + _TRY
+            )
 
     def hook(self, trainer) -> None:
         loss = trainer.train_loss()
         if math.isfinite(loss):
             self.last = (trainer.step, loss)
             return
-        raise DivergedError(f"the training loss is {loss} after global step {trainer.step} "
-                            f"({self._last()}); stopped{self._kept()}; {_TRY}")
+        raise DivergedError(
+            f"the training loss is {loss} after global step {trainer.step} "
+            f"({self._last()}); stopped{self._kept()}; {_TRY}"
+        )
 
     def _last(self) -> str:
         if self.last is None:
@@ -66,7 +72,9 @@ def check_updates(trainer) -> None:
     """DivergedError for an fp16 run that trained steps but applied none: every step's
     gradients overflowed, and the weights are the initial ones."""
     if trainer.runner.loss_scaling and trainer.step and not trainer.runner.applied_steps():
-        raise DivergedError(f"every one of the {trainer.step} optimizer steps was skipped for "
-                            "non-finite fp16 gradients: the weights never changed; "
-                            "scale the inputs down, try --precision bf16 or fp32, or a lower "
-                            "--lr")
+        raise DivergedError(
+            f"every one of the {trainer.step} optimizer steps was skipped for "
+            "non-finite fp16 gradients: the weights never changed; "
+            "scale the inputs down, try --precision bf16 or fp32, or a lower "
+            "--lr"
+        )

@@ -18,18 +18,36 @@ from mirrorfit.job.data import data_errors, input_source
 
 def state_line(runner) -> str:
     """The start screen's line on what each device holds (``runner``: an engine's)."""
-    return (f"state: {runner.describe_sharding()}; "
-            f"{runner.state_bytes_per_device() / 2**20:,.1f} MiB per device")
+    return (
+        f"state: {runner.describe_sharding()}; "
+        f"{runner.state_bytes_per_device() / 2**20:,.1f} MiB per device"
+    )
 
 
 def state_fields(runner, shard: str) -> dict[str, Any]:
     """--metrics-out's fields on what each device holds."""
-    return {"shard": shard, "state_bytes_per_device": runner.state_bytes_per_device(),
-            "peak_device_bytes": runner.peak_device_bytes()}  # GPUs; None elsewhere
+    return {
+        "shard": shard,
+        "state_bytes_per_device": runner.state_bytes_per_device(),
+        "peak_device_bytes": runner.peak_device_bytes(),
+    }  # GPUs; None elsewhere
 
 
-def finish(config: TrainConfig, console: Console, history, *, trainer, data, batches, setup,
-           dist, factory, usage, guard: PreemptionGuard, clock=None) -> dict[str, Any]:
+def finish(
+    config: TrainConfig,
+    console: Console,
+    history,
+    *,
+    trainer,
+    data,
+    batches,
+    setup,
+    dist,
+    factory,
+    usage,
+    guard: PreemptionGuard,
+    clock=None,
+) -> dict[str, Any]:
     """Test evaluation, summary, profile and exports: everything after the training loop.
     ``guard`` stops it before the exports commit if a signal arrives. Every worker evaluates
     (the evaluation's collectives need them all); only the chief writes."""
@@ -43,61 +61,86 @@ def finish(config: TrainConfig, console: Console, history, *, trainer, data, bat
             last = history.epochs[-1]
             val = {"loss": last.get("val_loss"), "accuracy": last.get("val_accuracy")}
         else:  # resumed a finished run: nothing trained, but still report where it stands
-            console.print(f"nothing to train: {trainer.epoch} of {config.epochs} epochs "
-                          "already done")
+            console.print(
+                f"nothing to train: {trainer.epoch} of {config.epochs} epochs already done"
+            )
             last = {}
             val = none if data.val is None else trainer.evaluate(data.val, batch_size=eval_batch)
     summary = {
-        "model": config.model, "precision": config.precision, "xla": trainer.jit_compile,
-        "accum_steps": config.accum_steps, "replicas": dist.replicas,
-        "devices": list(setup.devices), "workers": dist.workers,
-        "backend": config.backend, "strategy": dist.strategy_name,
+        "model": config.model,
+        "precision": config.precision,
+        "xla": trainer.jit_compile,
+        "accum_steps": config.accum_steps,
+        "replicas": dist.replicas,
+        "devices": list(setup.devices),
+        "workers": dist.workers,
+        "backend": config.backend,
+        "strategy": dist.strategy_name,
         "per_replica_batch_size": per_replica,
-        "global_batch_size": global_batch, "epochs": config.epochs,
+        "global_batch_size": global_batch,
+        "epochs": config.epochs,
         "steps": trainer.step,  # the whole run's, a resumed one's too
         "steps_this_run": history.steps,  # this process's
-        "train_examples": data.train_examples, "wall_time_s": history.wall_time_s,
+        "train_examples": data.train_examples,
+        "wall_time_s": history.wall_time_s,
         "train_examples_per_sec": history.train_examples_per_sec,
-        "final_train_loss": last.get("loss"), "final_train_accuracy": last.get("accuracy"),
-        "val_loss": val["loss"], "val_accuracy": val["accuracy"],
-        "test_loss": test["loss"], "test_accuracy": test["accuracy"],
+        "final_train_loss": last.get("loss"),
+        "final_train_accuracy": last.get("accuracy"),
+        "val_loss": val["loss"],
+        "val_accuracy": val["accuracy"],
+        "test_loss": test["loss"],
+        "test_accuracy": test["accuracy"],
         "test_examples": test["examples"],  # counted on the devices: every example once
-        "test_eval_time_s": time.perf_counter() - t0, "history": history.epochs,
-        "learning_rate": trainer.learning_rate(), "loss_scale": trainer.loss_scale(),
+        "test_eval_time_s": time.perf_counter() - t0,
+        "history": history.epochs,
+        "learning_rate": trainer.learning_rate(),
+        "loss_scale": trainer.loss_scale(),
         "skipped_steps": trainer.skipped_steps(),
         "optimizer_updates": trainer.runner.applied_steps(),  # updates the weights received
         **state_fields(trainer.runner, config.shard),
-        "data": {"source": data.source, "kind": data.kind, "description": data.description,
-                 "input_shape": list(data.input_shape), "num_classes": data.num_classes,
-                 "class_names": list(data.class_names) if data.class_names else None},
+        "data": {
+            "source": data.source,
+            "kind": data.kind,
+            "description": data.description,
+            "input_shape": list(data.input_shape),
+            "num_classes": data.num_classes,
+            "class_names": list(data.class_names) if data.class_names else None,
+        },
         "config": to_dict(config),
     }
     if hasattr(trainer.runner, "input_wait_s") and history.time_s:  # the JAX engine's feed
         summary["input_wait_share"] = trainer.runner.input_wait_s / history.time_s
     rate = history.train_examples_per_sec
     resumed = trainer.step - history.steps
-    console.print(f"done: {trainer.step} steps "
-                  + (f"({history.steps} in this run, resumed at step {resumed}) " if resumed
-                     else "")
-                  + f"in {history.wall_time_s:.1f} s, "
-                  + (f"{rate:,.0f} examples/s steady, " if rate else "")
-                  + ", ".join(f"{name} accuracy {summary[f'{name}_accuracy']:.4f}"
-                              for name in ("val", "test")
-                              if summary[f"{name}_accuracy"] is not None)
-                  + ("" if data.val is not None or data.test is not None
-                     else "no validation or test data"))
+    console.print(
+        f"done: {trainer.step} steps "
+        + (f"({history.steps} in this run, resumed at step {resumed}) " if resumed else "")
+        + f"in {history.wall_time_s:.1f} s, "
+        + (f"{rate:,.0f} examples/s steady, " if rate else "")
+        + ", ".join(
+            f"{name} accuracy {summary[f'{name}_accuracy']:.4f}"
+            for name in ("val", "test")
+            if summary[f"{name}_accuracy"] is not None
+        )
+        + ("" if data.val is not None or data.test is not None else "no validation or test data")
+    )
     if trainer.loss_scale() is not None:
-        console.print(f"fp16 loss scale {trainer.loss_scale():g}, "
-                      f"{trainer.skipped_steps()} step(s) skipped for non-finite gradients")
+        console.print(
+            f"fp16 loss scale {trainer.loss_scale():g}, "
+            f"{trainer.skipped_steps()} step(s) skipped for non-finite gradients"
+        )
     check_updates(trainer)  # fp16: every update skipped is a run that trained nothing
     if config.profile:
         from mirrorfit.job.profiling import profile_steps  # TensorFlow's
 
         with data_errors(data):
-            report = profile_steps(trainer, batches,
-                                   steady_step_s=_steady_step_s(history, global_batch),
-                                   usage=usage.summary(),
-                                   input_source=input_source(data, config))
+            report = profile_steps(
+                trainer,
+                batches,
+                steady_step_s=_steady_step_s(history, global_batch),
+                usage=usage.summary(),
+                input_source=input_source(data, config),
+            )
         summary["profile"] = report.as_dict()
         console.print(report.describe())
     guard.check()
@@ -108,23 +151,26 @@ def finish(config: TrainConfig, console: Console, history, *, trainer, data, bat
         from mirrorfit.artifacts.finite import refuse_non_finite
         from mirrorfit.artifacts.keras_file import save_keras
 
-        refuse_non_finite(trainer.model, f"global step {trainer.step}",
-                          allow=config.allow_nan)
+        refuse_non_finite(trainer.model, f"global step {trainer.step}", allow=config.allow_nan)
 
         plain = factory()  # a copy outside the strategy: exports load with no strategy
         plain.set_weights(trainer.model.get_weights())
         # The .keras file first: the SavedModel version is what servers pick up, so it commits
         # last, and a signal before it leaves no export.
         if config.save_keras:
-            summary["keras_file"] = str(save_keras(plain, config.save_keras,
-                                                   before_commit=guard.check_local))
+            summary["keras_file"] = str(
+                save_keras(plain, config.save_keras, before_commit=guard.check_local)
+            )
         if config.export_dir:  # a TensorFlow SavedModel: the TensorFlow engine's runs
             from mirrorfit.artifacts.export import export_saved_model
 
-            path = export_saved_model(plain, config.export_dir,
-                                      preprocessing=config.export_preprocessing,
-                                      class_names=data.class_names,
-                                      before_commit=guard.check_local)
+            path = export_saved_model(
+                plain,
+                config.export_dir,
+                preprocessing=config.export_preprocessing,
+                class_names=data.class_names,
+                before_commit=guard.check_local,
+            )
             summary["export_path"] = str(path)
             console.print(f"exported SavedModel version {path}")
     if clock is not None:  # where the whole run's time went (seconds, phase by phase)

@@ -21,15 +21,17 @@ from mirrorfit.errors import ConfigError
 
 # Settings of mirrorfit's own loop that this path has no counterpart for yet, and the way
 # round for each.
-_NOT_YET = {"checkpoint_dir": "Keras's ModelCheckpoint in --callbacks",
-            "export_dir": "--save-keras, then export that model",
-            "logdir": "Keras's TensorBoard callback in --callbacks",
-            "profile": "the default loop (an uncompiled model)",
-            "xla": "the JAX backend (which compiles every step)",
-            "remat": "the default loop (an uncompiled model)",
-            "train_examples": "a --data function returning fewer examples",
-            "warmup_epochs": "a learning-rate schedule in the model's compile()",
-            "cache": "a --data function returning a cached tf.data.Dataset"}
+_NOT_YET = {
+    "checkpoint_dir": "Keras's ModelCheckpoint in --callbacks",
+    "export_dir": "--save-keras, then export that model",
+    "logdir": "Keras's TensorBoard callback in --callbacks",
+    "profile": "the default loop (an uncompiled model)",
+    "xla": "the JAX backend (which compiles every step)",
+    "remat": "the default loop (an uncompiled model)",
+    "train_examples": "a --data function returning fewer examples",
+    "warmup_epochs": "a learning-rate schedule in the model's compile()",
+    "cache": "a --data function returning a cached tf.data.Dataset",
+}
 _CLUSTER = ("multi-worker", "parameter-server")
 
 
@@ -44,18 +46,24 @@ def check(config: TrainConfig) -> None:
     for name, instead in _NOT_YET.items():
         if getattr(config, name) != defaults[name].default:
             flag = "--" + name.replace("_", "-")
-            raise ConfigError(f"{flag} is not yet supported with a compiled --model (trained "
-                              f"through mirrorfit.fit); use {instead}")
+            raise ConfigError(
+                f"{flag} is not yet supported with a compiled --model (trained "
+                f"through mirrorfit.fit); use {instead}"
+            )
     if config.strategy in _CLUSTER:
-        raise ConfigError(f"--strategy {config.strategy} is not yet supported with a compiled "
-                          "--model; train on one host's devices (--replicas N)")
+        raise ConfigError(
+            f"--strategy {config.strategy} is not yet supported with a compiled "
+            "--model; train on one host's devices (--replicas N)"
+        )
     if config.strategy == "central-storage":
         # Keras's train step updates the metrics in each replica; a central-storage metric is
         # one variable, and Keras's assign_add (an assign of v + x) summed over the replicas
         # doubles it every step (the loss read inf, then NaN).
-        raise ConfigError("--strategy central-storage is not supported with a compiled "
-                          "--model: Keras's own train step would double its metrics every step;"
-                          " use --strategy mirrored")
+        raise ConfigError(
+            "--strategy central-storage is not supported with a compiled "
+            "--model: Keras's own train step would double its metrics every step;"
+            " use --strategy mirrored"
+        )
 
 
 def compile_uncompiled(config: TrainConfig, model, optimizer) -> None:
@@ -64,8 +72,10 @@ def compile_uncompiled(config: TrainConfig, model, optimizer) -> None:
     try:
         model.compile(optimizer=optimizer, loss=config.loss, metrics=metrics)
     except (ValueError, TypeError) as e:
-        raise ConfigError(f"--loss {config.loss} / --metrics {config.metrics}: Keras refused "
-                          f"them ({str(e).strip().splitlines()[0][:200]})") from None
+        raise ConfigError(
+            f"--loss {config.loss} / --metrics {config.metrics}: Keras refused "
+            f"them ({str(e).strip().splitlines()[0][:200]})"
+        ) from None
 
 
 def describe(config: TrainConfig, model, compiled: bool) -> str:
@@ -76,21 +86,34 @@ def describe(config: TrainConfig, model, compiled: bool) -> str:
     lr = opt.learning_rate
     rate = f"{float(keras.ops.convert_to_numpy(lr)):g}" if not callable(lr) else "a schedule"
     loss = model.loss
-    names = (", ".join(f"{k}: {_name(v)}" for k, v in loss.items()) if isinstance(loss, dict)
-             else ", ".join(map(_name, loss)) if isinstance(loss, (list, tuple)) else _name(loss))
-    metrics = [_name(m) for m in (model._compile_metrics._user_metrics or [])] \
-        if getattr(model, "_compile_metrics", None) is not None else []
+    names = (
+        ", ".join(f"{k}: {_name(v)}" for k, v in loss.items())
+        if isinstance(loss, dict)
+        else ", ".join(map(_name, loss))
+        if isinstance(loss, (list, tuple))
+        else _name(loss)
+    )
+    metrics = (
+        [_name(m) for m in (model._compile_metrics._user_metrics or [])]
+        if getattr(model, "_compile_metrics", None) is not None
+        else []
+    )
     where = "the model's compile" if compiled else "--loss"
-    line = (f"loss: {names} ({where}), optimizer: {type(opt).__name__} {rate}, "
-            f"metrics: {', '.join(map(str, _flat(metrics))) or 'none'}")
+    line = (
+        f"loss: {names} ({where}), optimizer: {type(opt).__name__} {rate}, "
+        f"metrics: {', '.join(map(str, _flat(metrics))) or 'none'}"
+    )
     if compiled and (config.loss or config.metrics):
         line += "; the compile wins over --loss/--metrics"
     return line
 
 
 def _name(thing) -> str:
-    return thing if isinstance(thing, str) else getattr(thing, "name", None) or \
-        getattr(thing, "__name__", type(thing).__name__)
+    return (
+        thing
+        if isinstance(thing, str)
+        else getattr(thing, "name", None) or getattr(thing, "__name__", type(thing).__name__)
+    )
 
 
 def _flat(values):
@@ -107,16 +130,20 @@ def user_callbacks(spec: str | None) -> list:
     try:
         fn = getattr(importlib.import_module(module_name), attr)
     except (Exception, SystemExit) as e:
-        raise ConfigError(f"--callbacks {spec}: cannot import it ({type(e).__name__}: "
-                          f"{str(e)[:200]})") from None
+        raise ConfigError(
+            f"--callbacks {spec}: cannot import it ({type(e).__name__}: {str(e)[:200]})"
+        ) from None
     try:
         callbacks = fn()
     except Exception as e:
-        raise ConfigError(f"--callbacks {spec}: the function raised {type(e).__name__}: "
-                          f"{str(e)[:200]}") from None
+        raise ConfigError(
+            f"--callbacks {spec}: the function raised {type(e).__name__}: {str(e)[:200]}"
+        ) from None
     if not isinstance(callbacks, (list, tuple)):
-        raise ConfigError(f"--callbacks {spec} returned {type(callbacks).__name__}; return a "
-                          "list of keras.callbacks.Callback")
+        raise ConfigError(
+            f"--callbacks {spec} returned {type(callbacks).__name__}; return a "
+            "list of keras.callbacks.Callback"
+        )
     return list(callbacks)
 
 
@@ -128,17 +155,21 @@ def splits(config: TrainConfig) -> dict[str, Any]:
 
         with np.load(locate_mnist(config.data_dir)) as f:
             x, y = f["x_train"], f["y_train"]
-            return {"train": (x[VALIDATION_SIZE:], y[VALIDATION_SIZE:]),
-                    "val": (x[:VALIDATION_SIZE], y[:VALIDATION_SIZE]),
-                    "test": (f["x_test"], f["y_test"])}
+            return {
+                "train": (x[VALIDATION_SIZE:], y[VALIDATION_SIZE:]),
+                "val": (x[:VALIDATION_SIZE], y[:VALIDATION_SIZE]),
+                "test": (f["x_test"], f["y_test"]),
+            }
     if data.endswith(".npz"):
         return _npz_splits(data)
     if ":" in data:
         from mirrorfit.data.user import call_user_function
 
         return call_user_function(data, check=())
-    raise ConfigError(f"--data {data} is not yet supported with a compiled --model; give "
-                      "mnist, FILE.npz or package.module:function")
+    raise ConfigError(
+        f"--data {data} is not yet supported with a compiled --model; give "
+        "mnist, FILE.npz or package.module:function"
+    )
 
 
 def _npz_splits(path: str) -> dict[str, Any]:
@@ -146,8 +177,10 @@ def _npz_splits(path: str) -> dict[str, Any]:
         with np.load(path, allow_pickle=False) as f:
             arrays = {k: f[k] for k in f.files}
     except (OSError, ValueError, EOFError) as e:
-        raise ConfigError(f"--data {path} is not a readable npz file ({type(e).__name__}: "
-                          f"{str(e)[:200]}); save it with numpy.savez") from None
+        raise ConfigError(
+            f"--data {path} is not a readable npz file ({type(e).__name__}: "
+            f"{str(e)[:200]}); save it with numpy.savez"
+        ) from None
     out = {}
     for split in ("train", "val", "test"):
         parts = [_member(arrays, f"{kind}_{split}") for kind in ("x", "y", "sample_weight")]
@@ -162,7 +195,7 @@ def _npz_splits(path: str) -> dict[str, Any]:
 def _member(arrays: dict, key: str):
     if key in arrays:
         return arrays[key]
-    named = {k[len(key) + 1:]: v for k, v in arrays.items() if k.startswith(key + "/")}
+    named = {k[len(key) + 1 :]: v for k, v in arrays.items() if k.startswith(key + "/")}
     return named or None
 
 
@@ -181,35 +214,62 @@ def run(config: TrainConfig, console, model, *, compiled: bool, clock) -> dict[s
         callbacks = [stop_on_nan(config.progress), *callbacks]
     kwargs = {}
     if isinstance(train, tuple):
-        kwargs.update(x=train[0], y=train[1] if len(train) > 1 else None,
-                      sample_weight=train[2] if len(train) > 2 else None)
+        kwargs.update(
+            x=train[0],
+            y=train[1] if len(train) > 1 else None,
+            sample_weight=train[2] if len(train) > 2 else None,
+        )
     else:
         kwargs["x"] = train
     if val is None and config.validation_split:
         kwargs["validation_split"] = config.validation_split
     _, global_batch = config.batch_sizes(_replicas(model))
     start = time.perf_counter()
-    history = fit(model, batch_size=global_batch, epochs=config.epochs,
-                  verbose=1 if config.progress else 0, callbacks=callbacks,
-                  validation_data=val, steps_per_execution=config.steps_per_execution,
-                  accum_steps=config.accum_steps, **kwargs)
+    history = fit(
+        model,
+        batch_size=global_batch,
+        epochs=config.epochs,
+        verbose=1 if config.progress else 0,
+        callbacks=callbacks,
+        validation_data=val,
+        steps_per_execution=config.steps_per_execution,
+        accum_steps=config.accum_steps,
+        **kwargs,
+    )
     wall = time.perf_counter() - start
     clock.lap("fit")
-    summary = {"model": config.model, "backend": config.backend, "global_batch_size":
-               global_batch, "epochs": len(history.history.get("loss", [])),
-               "wall_time_s": wall, "history": history.history,
-               **state_fields(runner_of(model), config.shard)}
+    summary = {
+        "model": config.model,
+        "backend": config.backend,
+        "global_batch_size": global_batch,
+        "epochs": len(history.history.get("loss", [])),
+        "wall_time_s": wall,
+        "history": history.history,
+        **state_fields(runner_of(model), config.shard),
+    }
     if test is not None:
         tx = test if not isinstance(test, tuple) else test[0]
-        rest = {} if not isinstance(test, tuple) else {
-            "y": test[1] if len(test) > 1 else None,
-            "sample_weight": test[2] if len(test) > 2 else None}
-        summary["test"] = mirrorfit.evaluate(model, tx, batch_size=global_batch, verbose=0,
-                                             return_dict=True, **rest)
+        rest = (
+            {}
+            if not isinstance(test, tuple)
+            else {
+                "y": test[1] if len(test) > 1 else None,
+                "sample_weight": test[2] if len(test) > 2 else None,
+            }
+        )
+        summary["test"] = mirrorfit.evaluate(
+            model, tx, batch_size=global_batch, verbose=0, return_dict=True, **rest
+        )
     last = {k: v[-1] for k, v in history.history.items()}
-    console.print("done: " + ", ".join(f"{k} {v:.4g}" for k, v in last.items())
-                  + ("; test " + ", ".join(f"{k} {v:.4g}" for k, v in summary["test"].items())
-                     if "test" in summary else ""))
+    console.print(
+        "done: "
+        + ", ".join(f"{k} {v:.4g}" for k, v in last.items())
+        + (
+            "; test " + ", ".join(f"{k} {v:.4g}" for k, v in summary["test"].items())
+            if "test" in summary
+            else ""
+        )
+    )
     if config.save_keras:
         from mirrorfit.artifacts.finite import refuse_non_finite
 
@@ -269,11 +329,16 @@ def stop_on_nan(progress: bool):
             if progress:
                 sys.stdout.write("\n")
                 sys.stdout.flush()
-            last = (f"last finite: {self.last[0]:.6g} after {self.last[1]}" if self.last
-                    else "not finite at the first check")
-            raise DivergedError(f"the training loss is {loss} after {where} ({last}); "
-                                "stopped; try a lower learning rate, or --allow-nan to train "
-                                "on as Keras does")
+            last = (
+                f"last finite: {self.last[0]:.6g} after {self.last[1]}"
+                if self.last
+                else "not finite at the first check"
+            )
+            raise DivergedError(
+                f"the training loss is {loss} after {where} ({last}); "
+                "stopped; try a lower learning rate, or --allow-nan to train "
+                "on as Keras does"
+            )
 
     return StopOnNaN()
 

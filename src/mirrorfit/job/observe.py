@@ -45,16 +45,21 @@ class ScalarWriter:
         from tensorboard.compat.proto import event_pb2, summary_pb2
         from tensorboard.plugins.scalar.summary_v2 import scalar_pb
 
-        summary = summary_pb2.Summary(value=[scalar_pb(tag, float(value)).value[0]
-                                             for tag, value in values.items()])
-        self._writer.add_event(event_pb2.Event(wall_time=time.time(), step=int(step),
-                                               summary=summary))
+        summary = summary_pb2.Summary(
+            value=[scalar_pb(tag, float(value)).value[0] for tag, value in values.items()]
+        )
+        self._writer.add_event(
+            event_pb2.Event(wall_time=time.time(), step=int(step), summary=summary)
+        )
 
     def step_hook(self, trainer) -> None:
         now = time.perf_counter()
         logs = trainer.train_logs()
-        values = {f"train/{name}": logs[name] for name in ("loss", "accuracy", "loss_scale")
-                  if name in logs}
+        values = {
+            f"train/{name}": logs[name]
+            for name in ("loss", "accuracy", "loss_scale")
+            if name in logs
+        }
         values["train/learning_rate"] = trainer.learning_rate()
         if self._last is not None and trainer.step > self._last[0]:
             # the first execution traces and compiles: no rate from it
@@ -103,17 +108,22 @@ class CpuGpuSampler:
             self.cpu.append(psutil.cpu_percent())
             if self._nvml:
                 import pynvml
-                self.gpu.append(statistics.mean(
-                    pynvml.nvmlDeviceGetUtilizationRates(h).gpu for h in self._nvml))
+
+                self.gpu.append(
+                    statistics.mean(pynvml.nvmlDeviceGetUtilizationRates(h).gpu for h in self._nvml)
+                )
 
     def summary(self) -> dict[str, float | None]:
-        return {"cpu_percent": statistics.mean(self.cpu) if self.cpu else None,
-                "gpu_percent": statistics.mean(self.gpu) if self.gpu else None}
+        return {
+            "cpu_percent": statistics.mean(self.cpu) if self.cpu else None,
+            "gpu_percent": statistics.mean(self.gpu) if self.gpu else None,
+        }
 
 
 def _nvml_handles() -> list:
     try:
         import pynvml
+
         pynvml.nvmlInit()
         return [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
     except Exception:  # no package, no driver, no GPU: CPU-only utilisation
@@ -137,7 +147,8 @@ def out_of_memory_hint(per_replica_batch: int) -> Iterator[None]:
             f"out of memory at a batch of {per_replica_batch} per replica ({first}); try a "
             "smaller --batch-size with --accum-steps K to keep the effective batch, --remat, "
             "--precision bf16 or fp16, or on GPUs leave memory growth on and set "
-            "--gpu-memory-limit MB") from None
+            "--gpu-memory-limit MB"
+        ) from None
 
 
 def _out_of_memory(error: Exception) -> bool:

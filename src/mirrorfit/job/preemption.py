@@ -34,14 +34,17 @@ class Preempted(BaseException):
     (and saved, with a checkpointer), or at once before training is set up. A BaseException,
     as KeyboardInterrupt: a user function's ``except Exception`` must not swallow it."""
 
-    def __init__(self, signal_name: str, path: Path | None, epoch: int | None,
-                 step: int | None) -> None:
+    def __init__(
+        self, signal_name: str, path: Path | None, epoch: int | None, step: int | None
+    ) -> None:
         where = f"global step {step} ({epoch} epoch(s) done)"
         if step is None:
             text = f"{signal_name} before training started; rerun the same command"
         elif path is None:
-            text = (f"{signal_name} at {where}: nothing saved (no --checkpoint-dir), so a rerun "
-                    "starts over; pass --checkpoint-dir to make runs resumable")
+            text = (
+                f"{signal_name} at {where}: nothing saved (no --checkpoint-dir), so a rerun "
+                "starts over; pass --checkpoint-dir to make runs resumable"
+            )
         else:
             text = f"{signal_name}: saved {path} at {where}; rerun the same command to resume"
         super().__init__(text)
@@ -69,8 +72,9 @@ class PreemptionGuard:
     def __enter__(self) -> "PreemptionGuard":
         for sig in (signal.SIGTERM, signal.SIGINT):
             self._previous[sig] = signal.signal(sig, self._on_signal)
-        self._watchdog = _Watchdog(self) if threading.current_thread() is \
-            threading.main_thread() else None
+        self._watchdog = (
+            _Watchdog(self) if threading.current_thread() is threading.main_thread() else None
+        )
         return self
 
     def __exit__(self, *exc) -> None:
@@ -103,8 +107,11 @@ class PreemptionGuard:
             self.signal_name = signal.Signals(signum).name
             then = ", then saving a checkpoint" if self.checkpointer else ""
             # os.write: print() from a handler can re-enter a half-done write to stderr.
-            os.write(2, f"mirrorfit: {self.signal_name}: finishing the steps in flight{then}; "
-                        "Ctrl-C again stops at once\n".encode())
+            os.write(
+                2,
+                f"mirrorfit: {self.signal_name}: finishing the steps in flight{then}; "
+                "Ctrl-C again stops at once\n".encode(),
+            )
         signal.signal(signal.SIGINT, signal.SIG_DFL)  # a second Ctrl-C ends the process now
         if self.setting_up:  # the flag may never be read (a --data function that never returns)
             raise Preempted(self.signal_name, None, None, None)
@@ -179,8 +186,11 @@ class _Watchdog:
             time.sleep(SETUP_GRACE_S)
             if self.guard.setting_up and not self.closed:  # stuck where no handler runs
                 name = self.guard.signal_name or signal.Signals(data[0]).name
-                os.write(2, f"mirrorfit: preempted by {name} before training started; rerun "
-                            "the same command\n".encode())
+                os.write(
+                    2,
+                    f"mirrorfit: preempted by {name} before training started; rerun "
+                    "the same command\n".encode(),
+                )
                 os._exit(EXIT_PREEMPTED)
 
     def close(self) -> None:

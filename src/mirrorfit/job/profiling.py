@@ -41,34 +41,51 @@ class ProfileReport:
     def fractions(self) -> dict[str, float]:
         # The parts are timed again after training, against the run's own steady step: under
         # load the retimed parts can add up to more than that step (compute 1.3x it was seen).
-        parts = (self.input_wait_s + self.compute_s + self.all_reduce_s
-                 + self.update_overhead_s)
+        parts = self.input_wait_s + self.compute_s + self.all_reduce_s + self.update_overhead_s
         total = max(self.step_s, parts, 1e-12)
-        return {"input_wait": self.input_wait_s / total, "compute": self.compute_s / total,
-                "all_reduce": self.all_reduce_s / total,
-                "update_overhead": self.update_overhead_s / total}
+        return {
+            "input_wait": self.input_wait_s / total,
+            "compute": self.compute_s / total,
+            "all_reduce": self.all_reduce_s / total,
+            "update_overhead": self.update_overhead_s / total,
+        }
 
     def diagnosis(self) -> str:
         """One line: what bounds the step, and what to try."""
         f = self.fractions()
         if f["input_wait"] > 0.2:
             if "decoded every step" in self.input_source:
-                fix = ("--cache memory (or --cache DIR) to decode each image once, or more "
-                       "CPU cores for the decoding")
+                fix = (
+                    "--cache memory (or --cache DIR) to decode each image once, or more "
+                    "CPU cores for the decoding"
+                )
             else:
                 fix = "more CPU cores for the input pipeline, or more steps per execution"
-            return (f"input bound: {f['input_wait']:.0%} of step time waiting for data "
-                    f"({self.input_source}); try {fix}")
+            return (
+                f"input bound: {f['input_wait']:.0%} of step time waiting for data "
+                f"({self.input_source}); try {fix}"
+            )
         if f["all_reduce"] > 0.3:
-            return (f"communication bound: {f['all_reduce']:.0%} of step time in the all-reduce; "
-                    "try a larger per-replica batch, --accum-steps, or fewer replicas")
+            return (
+                f"communication bound: {f['all_reduce']:.0%} of step time in the all-reduce; "
+                "try a larger per-replica batch, --accum-steps, or fewer replicas"
+            )
         if f["update_overhead"] > 0.3:
-            return (f"overhead bound: {f['update_overhead']:.0%} of step time in the update and "
-                    "per-step overhead; try a larger batch or --steps-per-execution")
-        tries = [t for t, on in (("--precision bf16 (or fp16 on GPUs)", self.precision == "fp32"),
-                                 ("--xla", not self.xla)) if on]
-        return (f"compute bound: {f['compute']:.0%} of step time in forward/backward; "
-                + (f"try {' or '.join(tries)}" if tries else "more or faster devices"))
+            return (
+                f"overhead bound: {f['update_overhead']:.0%} of step time in the update and "
+                "per-step overhead; try a larger batch or --steps-per-execution"
+            )
+        tries = [
+            t
+            for t, on in (
+                ("--precision bf16 (or fp16 on GPUs)", self.precision == "fp32"),
+                ("--xla", not self.xla),
+            )
+            if on
+        ]
+        return f"compute bound: {f['compute']:.0%} of step time in forward/backward; " + (
+            f"try {' or '.join(tries)}" if tries else "more or faster devices"
+        )
 
     def describe(self) -> str:
         f = self.fractions()
@@ -77,21 +94,29 @@ class ProfileReport:
             usage.append(f"CPU {self.cpu_percent:.0f}%")
         if self.gpu_percent is not None:
             usage.append(f"GPU {self.gpu_percent:.0f}%")
-        return (f"profile, per step of {self.step_s * 1e3:.2f} ms: input wait "
-                f"{f['input_wait']:.0%} (input: {self.input_source}; the pipeline alone makes "
-                f"a global batch in {self.input_batch_s * 1e3:.2f} ms), compute "
-                f"{f['compute']:.0%}, all-reduce {f['all_reduce']:.0%}, update+overhead "
-                f"{f['update_overhead']:.0%}"
-                + (f"; utilisation {', '.join(usage)}" if usage else "")
-                + f"\n{self.diagnosis()}")
+        return (
+            f"profile, per step of {self.step_s * 1e3:.2f} ms: input wait "
+            f"{f['input_wait']:.0%} (input: {self.input_source}; the pipeline alone makes "
+            f"a global batch in {self.input_batch_s * 1e3:.2f} ms), compute "
+            f"{f['compute']:.0%}, all-reduce {f['all_reduce']:.0%}, update+overhead "
+            f"{f['update_overhead']:.0%}"
+            + (f"; utilisation {', '.join(usage)}" if usage else "")
+            + f"\n{self.diagnosis()}"
+        )
 
     def as_dict(self) -> dict:
         return {**asdict(self), "fractions": self.fractions(), "diagnosis": self.diagnosis()}
 
 
-def profile_steps(trainer, batches, *, steady_step_s: float,
-                  usage: dict[str, float | None] | None = None,
-                  target_s: float = 0.5, input_source: str = "memory") -> ProfileReport:
+def profile_steps(
+    trainer,
+    batches,
+    *,
+    steady_step_s: float,
+    usage: dict[str, float | None] | None = None,
+    target_s: float = 0.5,
+    input_source: str = "memory",
+) -> ProfileReport:
     """Time the parts of ``trainer``'s step on ``batches`` (training data with the trainer's
     protocol: arrays, files, synthetic). ``input_source`` says how it is read, for the report.
 
@@ -103,8 +128,12 @@ def profile_steps(trainer, batches, *, steady_step_s: float,
     one_epoch = batches.dataset(start_epoch=0, epochs=1, skip=0)
 
     def fed(dataset):  # as training reads it (plain on host CPUs, cut in the step)
-        return iter(distribution.distribute(lambda worker, workers: dataset,
-                                            per_replica=trainer.global_batch // trainer.replicas))
+        return iter(
+            distribution.distribute(
+                lambda worker, workers: dataset,
+                per_replica=trainer.global_batch // trainer.replicas,
+            )
+        )
 
     synthetic = fed(one_epoch.take(1).cache().repeat())
     n = int(max(5, min(1000, target_s / max(steady_step_s, 1e-6))))
@@ -120,11 +149,18 @@ def profile_steps(trainer, batches, *, steady_step_s: float,
     measured = steady_step_s or step_s
     usage = usage or {}
     return ProfileReport(
-        step_s=measured, input_wait_s=max(0.0, measured - step_s),
-        compute_s=min(compute_s, step_s), all_reduce_s=min(reduce_s, step_s),
-        update_overhead_s=max(0.0, step_s - compute_s - reduce_s), input_batch_s=input_s,
-        cpu_percent=usage.get("cpu_percent"), gpu_percent=usage.get("gpu_percent"),
-        precision=trainer.precision.name, xla=trainer.jit_compile, input_source=input_source)
+        step_s=measured,
+        input_wait_s=max(0.0, measured - step_s),
+        compute_s=min(compute_s, step_s),
+        all_reduce_s=min(reduce_s, step_s),
+        update_overhead_s=max(0.0, step_s - compute_s - reduce_s),
+        input_batch_s=input_s,
+        cpu_percent=usage.get("cpu_percent"),
+        gpu_percent=usage.get("gpu_percent"),
+        precision=trainer.precision.name,
+        xla=trainer.jit_compile,
+        input_source=input_source,
+    )
 
 
 def _time(run, n: int) -> float:
@@ -164,8 +200,9 @@ def _all_reduce_loop(trainer):
 
     def replica():
         ctx = tf.distribute.get_replica_context()
-        reduced = ctx.all_reduce(tf.distribute.ReduceOp.SUM,
-                                 [tf.zeros(v.shape, v.dtype) for v in variables])
+        reduced = ctx.all_reduce(
+            tf.distribute.ReduceOp.SUM, [tf.zeros(v.shape, v.dtype) for v in variables]
+        )
         return tf.add_n([tf.reduce_sum(r) for r in reduced])
 
     @tf.function
@@ -184,8 +221,9 @@ def _input_loop(strategy, iterator):
         total = tf.constant(0, tf.int64)
         for _ in tf.range(num):
             _, y = next(iterator)
-            total += tf.add_n([tf.size(t, tf.int64)
-                               for t in strategy.experimental_local_results(y)])
+            total += tf.add_n(
+                [tf.size(t, tf.int64) for t in strategy.experimental_local_results(y)]
+            )
         return total
 
     return lambda n: loop(tf.constant(n)).numpy()

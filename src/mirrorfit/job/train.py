@@ -45,9 +45,14 @@ def build_optimizer(name: str, lr):
 _UNCHECKED = object()  # run_training's cluster: not given, so checked here
 
 
-def run_training(config: TrainConfig, *, console: Console | None = None,
-                 guard: PreemptionGuard | None = None, cluster=_UNCHECKED,
-                 timings: dict[str, float] | None = None) -> dict[str, Any]:
+def run_training(
+    config: TrainConfig,
+    *,
+    console: Console | None = None,
+    guard: PreemptionGuard | None = None,
+    cluster=_UNCHECKED,
+    timings: dict[str, float] | None = None,
+) -> dict[str, Any]:
     """Train as ``config`` says; print setup, progress and summary; return the summary dict.
 
     The summary's throughput ``train_examples_per_sec`` is steady state (examples/s, the first
@@ -84,8 +89,9 @@ class _Clock:
         self._last = now
 
 
-def _run(config: TrainConfig, console: Console, guard: PreemptionGuard,
-         cluster, clock: _Clock) -> dict[str, Any]:
+def _run(
+    config: TrainConfig, console: Console, guard: PreemptionGuard, cluster, clock: _Clock
+) -> dict[str, Any]:
     try:
         return _train(config, console, guard, cluster, clock)
     except Exception as e:
@@ -98,12 +104,17 @@ def _run(config: TrainConfig, console: Console, guard: PreemptionGuard,
             gone = jax_processes.gone(cluster)  # a dead task's port closes ~50 ms after it
         else:
             gone = cluster.unreachable()
-        who = (f"{', '.join(gone)} stopped answering" if gone
-               else "a collective with the other workers failed")
+        who = (
+            f"{', '.join(gone)} stopped answering"
+            if gone
+            else "a collective with the other workers failed"
+        )
         first = (str(getattr(e, "message", e)).strip().splitlines() or [""])[0][:200]
-        raise ClusterError(f"{cluster.task_name()}: {who} ({type(e).__name__}: {first}); "
-                           "restart the group to resume from the last checkpoint "
-                           "(`mirrorfit launch --max-restarts N` does)") from None
+        raise ClusterError(
+            f"{cluster.task_name()}: {who} ({type(e).__name__}: {first}); "
+            "restart the group to resume from the last checkpoint "
+            "(`mirrorfit launch --max-restarts N` does)"
+        ) from None
 
 
 def _peer_failure(error: Exception) -> bool:
@@ -111,43 +122,64 @@ def _peer_failure(error: Exception) -> bool:
     TensorFlow's runtime, or on JAX's: gloo's all-reduce fails at once when a peer's
     connections close)."""
     tf = sys.modules.get("tensorflow")
-    if tf is not None and isinstance(error, (
-            tf.errors.UnavailableError, tf.errors.DeadlineExceededError,
-            tf.errors.CancelledError, tf.errors.AbortedError)):
+    if tf is not None and isinstance(
+        error,
+        (
+            tf.errors.UnavailableError,
+            tf.errors.DeadlineExceededError,
+            tf.errors.CancelledError,
+            tf.errors.AbortedError,
+        ),
+    ):
         return True
     jax_processes = sys.modules.get("mirrorfit.engine.jax.processes")
     return jax_processes is not None and jax_processes.peer_failure(error)
 
 
-def _train(config: TrainConfig, console: Console, guard: PreemptionGuard,
-           cluster, clock: _Clock) -> dict[str, Any]:
+def _train(
+    config: TrainConfig, console: Console, guard: PreemptionGuard, cluster, clock: _Clock
+) -> dict[str, Any]:
     engine = backends.load(config.backend)  # the framework loads here
     clock.lap("engine")
     factory = model_factory(config.model)
-    if cluster is not None and config.strategy == "parameter-server" \
-            and cluster.task_type in ("worker", "ps"):
+    if (
+        cluster is not None
+        and config.strategy == "parameter-server"
+        and cluster.task_type in ("worker", "ps")
+    ):
         from mirrorfit.engine.tensorflow.parameter_server import serve_task
+
         guard.hand_over()  # serve_task handles its signals (it serves until the chief ends)
         return serve_task(cluster, console=console)  # runs what the chief schedules
     # A multi-worker task joins its job here where the engine does it with its devices (JAX's
     # jax.distributed, before JAX starts them); TensorFlow's strategy joins it below.
-    joining = ({"cluster": cluster, "collective_timeout_s": config.collective_timeout}
-               if cluster is not None else {})
-    setup = engine.configure_devices(replicas=config.replicas, devices=config.devices,
-                                     visible_devices=config.visible_devices,
-                                     memory_growth=config.memory_growth,
-                                     memory_limit_mb=config.gpu_memory_limit,
-                                     threads=config.threads_per_worker,
-                                     keep_freed_memory=True,  # a training process: _host_memory
-                                     **joining)
+    joining = (
+        {"cluster": cluster, "collective_timeout_s": config.collective_timeout}
+        if cluster is not None
+        else {}
+    )
+    setup = engine.configure_devices(
+        replicas=config.replicas,
+        devices=config.devices,
+        visible_devices=config.visible_devices,
+        memory_growth=config.memory_growth,
+        memory_limit_mb=config.gpu_memory_limit,
+        threads=config.threads_per_worker,
+        keep_freed_memory=True,  # a training process: _host_memory
+        **joining,
+    )
     note = threads_note(config.threads_per_worker)
     if note:  # every worker says it: bound workers' shares of the cores may differ
         console.print(f"[yellow]{note}[/]")
-    dist = engine.build_distribution(setup, kind=config.strategy,
-                                     cross_device_ops=config.cross_device_ops, cluster=cluster,
-                                     communication=config.communication,
-                                     collective_timeout_s=config.collective_timeout,
-                                     shard=config.shard)
+    dist = engine.build_distribution(
+        setup,
+        kind=config.strategy,
+        cross_device_ops=config.cross_device_ops,
+        cluster=cluster,
+        communication=config.communication,
+        collective_timeout_s=config.collective_timeout,
+        shard=config.shard,
+    )
     if not dist.is_chief:  # only the chief talks; the others say only what goes wrong
         console = Console(stderr=True, soft_wrap=True, quiet=True)
     guard.reclaim()  # the strategy may have installed TF's own SIGTERM handler
@@ -167,33 +199,46 @@ def _train(config: TrainConfig, console: Console, guard: PreemptionGuard,
     clock.lap("data")
     # The model is built for the data: its input shape and classes (mlp/cnn take MNIST's when
     # the data is MNIST, as before).
-    factory = model_factory(config.model, input_shape=data.input_shape,
-                            num_classes=data.num_classes)
+    factory = model_factory(
+        config.model, input_shape=data.input_shape, num_classes=data.num_classes
+    )
     engine.seed(config.seed)
     console.print(f"[bold]mirrorfit[/] {config.model} on {data.description}")
     console.print(f"devices: {setup.describe()}")
     accum = f" x {config.accum_steps} accumulation steps" if config.accum_steps > 1 else ""
-    console.print(f"strategy: {dist.describe()}, batch: {per_replica} per replica x "
-                  f"{dist.replicas} replicas{accum} = {global_batch} global (effective), "
-                  f"{config.steps_per_execution} steps per execution")
+    console.print(
+        f"strategy: {dist.describe()}, batch: {per_replica} per replica x "
+        f"{dist.replicas} replicas{accum} = {global_batch} global (effective), "
+        f"{config.steps_per_execution} steps per execution"
+    )
     steps_per_epoch = data.train.steps_per_epoch
-    lr = learning_rate(config.lr, global_batch=global_batch, base_batch=config.base_batch,
-                       scaling=config.lr_scaling,
-                       warmup_steps=round(config.warmup_epochs * steps_per_epoch))
-    xla = ("on (every step, JAX)" if engine.COMPILES_EVERY_STEP else "on" if config.xla
-           else "off")
-    console.print(f"precision: {config.precision}, XLA: {xla}, "
-                  f"learning rate: {_describe_lr(lr)}"
-                  + (", rematerialisation on" if config.remat else ""))
+    lr = learning_rate(
+        config.lr,
+        global_batch=global_batch,
+        base_batch=config.base_batch,
+        scaling=config.lr_scaling,
+        warmup_steps=round(config.warmup_epochs * steps_per_epoch),
+    )
+    xla = "on (every step, JAX)" if engine.COMPILES_EVERY_STEP else "on" if config.xla else "off"
+    console.print(
+        f"precision: {config.precision}, XLA: {xla}, "
+        f"learning rate: {_describe_lr(lr)}" + (", rematerialisation on" if config.remat else "")
+    )
     import keras
 
-    trainer = Trainer(strategy=dist, model=factory,
-                      optimizer=build_optimizer(config.optimizer, lr),
-                      loss=keras.losses.SparseCategoricalCrossentropy(),
-                      global_batch=global_batch, steps_per_execution=config.steps_per_execution,
-                      accum_steps=config.accum_steps, precision=config.precision,
-                      jit_compile=config.xla, remat=config.remat,
-                      on_notice=lambda msg: console.print(f"[yellow]{msg}[/]"))
+    trainer = Trainer(
+        strategy=dist,
+        model=factory,
+        optimizer=build_optimizer(config.optimizer, lr),
+        loss=keras.losses.SparseCategoricalCrossentropy(),
+        global_batch=global_batch,
+        steps_per_execution=config.steps_per_execution,
+        accum_steps=config.accum_steps,
+        precision=config.precision,
+        jit_compile=config.xla,
+        remat=config.remat,
+        on_notice=lambda msg: console.print(f"[yellow]{msg}[/]"),
+    )
     callbacks = [lambda e, logs: console.print(_epoch_line(e, config.epochs, logs))]
     board = ScalarWriter(config.logdir if dist.is_chief else None) if config.logdir else None
     if board is not None:  # every worker reads the metrics (collectives); the chief writes
@@ -205,16 +250,26 @@ def _train(config: TrainConfig, console: Console, guard: PreemptionGuard,
     batches = data.train
     hooks, checkpointer = [], None
     if config.checkpoint_dir:
-        checkpointer = Checkpointer(config.checkpoint_dir, trainer=trainer,
-                                    model_spec=config.model, every=config.checkpoint_every,
-                                    keep=config.keep_checkpoints, data=batches.order,
-                                    flags=data_flags(config, dist, data),
-                                    settings=_settings(config),
-                                    on_notice=lambda msg: console.print(f"[yellow]{msg}[/]"),
-                                    writer=dist.is_chief, class_names=data.class_names,
-                                    allow_nan=config.allow_nan)
-        trainer.resume(checkpointer, steps_per_epoch=batches.steps_per_epoch,
-                       fresh=config.fresh, say=console.print)
+        checkpointer = Checkpointer(
+            config.checkpoint_dir,
+            trainer=trainer,
+            model_spec=config.model,
+            every=config.checkpoint_every,
+            keep=config.keep_checkpoints,
+            data=batches.order,
+            flags=data_flags(config, dist, data),
+            settings=_settings(config),
+            on_notice=lambda msg: console.print(f"[yellow]{msg}[/]"),
+            writer=dist.is_chief,
+            class_names=data.class_names,
+            allow_nan=config.allow_nan,
+        )
+        trainer.resume(
+            checkpointer,
+            steps_per_epoch=batches.steps_per_epoch,
+            fresh=config.fresh,
+            say=console.print,
+        )
     if not config.allow_nan:  # first: a NaN step is neither checkpointed nor written out
         diverged = DivergenceGuard(trainer, checkpoints=checkpointer)
         hooks.append(diverged.hook)
@@ -234,9 +289,13 @@ def _train(config: TrainConfig, console: Console, guard: PreemptionGuard,
     try:
         with usage, out_of_memory_hint(per_replica), data_errors(data):
             history = trainer.fit(
-                batches, epochs=config.epochs, validation=data.val, hooks=hooks,
+                batches,
+                epochs=config.epochs,
+                validation=data.val,
+                hooks=hooks,
                 progress=EpochProgress(console=console, enabled=config.progress),
-                callbacks=callbacks)
+                callbacks=callbacks,
+            )
     finally:  # its last steps' scalars are written, also when a signal stops the run
         if board is not None:
             board.close()
@@ -244,12 +303,25 @@ def _train(config: TrainConfig, console: Console, guard: PreemptionGuard,
         checkpointer.wait()  # the last save, committed (it may write in the background)
     guard.check()  # a signal during the last validation or checkpoint
     clock.lap("fit")
-    clock.timings.update(first_execution=round(history.first_execution_s, 3),
-                         steady_steps=round(history.steady_time_s, 3),
-                         validation=round(history.validation_s, 3))
-    return finish(config, console, history, trainer=trainer, data=data, batches=batches,
-                  setup=setup, dist=dist, factory=factory, usage=usage, guard=guard,
-                  clock=clock)
+    clock.timings.update(
+        first_execution=round(history.first_execution_s, 3),
+        steady_steps=round(history.steady_time_s, 3),
+        validation=round(history.validation_s, 3),
+    )
+    return finish(
+        config,
+        console,
+        history,
+        trainer=trainer,
+        data=data,
+        batches=batches,
+        setup=setup,
+        dist=dist,
+        factory=factory,
+        usage=usage,
+        guard=guard,
+        clock=clock,
+    )
 
 
 def _compiled_user_model(config: TrainConfig, engine, setup, dist):
@@ -260,16 +332,20 @@ def _compiled_user_model(config: TrainConfig, engine, setup, dist):
     from mirrorfit.models.build import needs_data_shape
     from mirrorfit.models.precision import as_precision
 
-    if ":" not in config.model or needs_data_shape(config.model, config.input_shape,
-                                                    config.num_classes):
+    if ":" not in config.model or needs_data_shape(
+        config.model, config.input_shape, config.num_classes
+    ):
         if config.loss is not None:
-            raise ConfigError(f"--loss: --model {config.model} needs the data's shape to "
-                              "build; give --input-shape (and --num-classes), or give the "
-                              "function defaults")
+            raise ConfigError(
+                f"--loss: --model {config.model} needs the data's shape to "
+                "build; give --input-shape (and --num-classes), or give the "
+                "function defaults"
+            )
         return None
     engine.seed(config.seed)
-    factory = model_factory(config.model, input_shape=config.input_shape,
-                            num_classes=config.num_classes)
+    factory = model_factory(
+        config.model, input_shape=config.input_shape, num_classes=config.num_classes
+    )
     strategy = getattr(dist, "strategy", None)
 
     def scope():  # a fresh context each time: a strategy's scope() is entered once
@@ -284,12 +360,19 @@ def _compiled_user_model(config: TrainConfig, engine, setup, dist):
     from mirrorfit.fitting.setup import Setup, use
 
     # what mirrorfit.fit runs on: TensorFlow's strategy (the model was built under it), JAX's mesh
-    use(Setup(backend=config.backend, devices=setup, placement=strategy or dist,
-              precision=config.precision))
+    use(
+        Setup(
+            backend=config.backend,
+            devices=setup,
+            placement=strategy or dist,
+            precision=config.precision,
+        )
+    )
     if not compiled:
         with scope():
-            keras_job.compile_uncompiled(config, model,
-                                         build_optimizer(config.optimizer, config.lr))
+            keras_job.compile_uncompiled(
+                config, model, build_optimizer(config.optimizer, config.lr)
+            )
     return model, compiled
 
 
@@ -300,11 +383,16 @@ def _settings(config: TrainConfig) -> dict[str, Any]:
     changed is refused by name. Free to change: --epochs, --steps-per-execution, --xla,
     --remat, --checkpoint-every and the outputs."""
     linear = config.lr_scaling == "linear"
-    return {"--model": config.model, "--optimizer": config.optimizer.lower(), "--lr": config.lr,
-            "--lr-scaling": config.lr_scaling,
-            "--base-batch": config.base_batch if linear else None,
-            "--warmup-epochs": config.warmup_epochs, "--precision": config.precision,
-            "--backend": config.backend}
+    return {
+        "--model": config.model,
+        "--optimizer": config.optimizer.lower(),
+        "--lr": config.lr,
+        "--lr-scaling": config.lr_scaling,
+        "--base-batch": config.base_batch if linear else None,
+        "--warmup-epochs": config.warmup_epochs,
+        "--precision": config.precision,
+        "--backend": config.backend,
+    }
 
 
 def _describe_lr(lr) -> str:
@@ -314,9 +402,17 @@ def _describe_lr(lr) -> str:
 
 
 def _epoch_line(epoch: int, epochs: int, logs: dict[str, float]) -> str:
-    return (f"epoch {epoch}/{epochs}: loss {logs['loss']:.4f} accuracy {logs['accuracy']:.4f} "
-            + (f"val_loss {logs['val_loss']:.4f} val_accuracy {logs['val_accuracy']:.4f} "
-               if "val_loss" in logs else "")
-            + f"{logs['examples_per_sec']:,.0f} examples/s"
-            + (f" loss scale {logs['loss_scale']:g}, {logs['skipped_steps']:.0f} skipped"
-               if "loss_scale" in logs else ""))
+    return (
+        f"epoch {epoch}/{epochs}: loss {logs['loss']:.4f} accuracy {logs['accuracy']:.4f} "
+        + (
+            f"val_loss {logs['val_loss']:.4f} val_accuracy {logs['val_accuracy']:.4f} "
+            if "val_loss" in logs
+            else ""
+        )
+        + f"{logs['examples_per_sec']:,.0f} examples/s"
+        + (
+            f" loss scale {logs['loss_scale']:g}, {logs['skipped_steps']:.0f} skipped"
+            if "loss_scale" in logs
+            else ""
+        )
+    )

@@ -9,8 +9,7 @@ importing this package must not, since the CLI checks ``--model`` before the bac
 
 import importlib
 
-_EXPORTS = {"mlp": "build", "cnn": "build", "model_factory": "build",
-            "REFERENCE_MODELS": "build"}
+_EXPORTS = {"mlp": "build", "cnn": "build", "model_factory": "build", "REFERENCE_MODELS": "build"}
 
 __all__ = list(_EXPORTS)
 

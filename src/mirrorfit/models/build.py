@@ -17,22 +17,30 @@ import keras
 
 from mirrorfit.engine.backends import tensorflow_start_filtered
 from mirrorfit.errors import ConfigError, FitError
-from mirrorfit.models.names import (IMAGENET_CLASSES, check_input_shape, check_model_name,
-                                   default_input_shape, is_application)
+from mirrorfit.models.names import (
+    IMAGENET_CLASSES,
+    check_input_shape,
+    check_model_name,
+    default_input_shape,
+    is_application,
+)
 
 MNIST_SHAPE = (28, 28)
 
 
 def mlp(input_shape: tuple[int, ...] = MNIST_SHAPE, num_classes: int = 10) -> keras.Model:
     """Flatten -> Dense(100, relu) -> Dense(10, softmax), as in chapter 19."""
-    return keras.Sequential([
-        keras.Input(input_shape),
-        keras.layers.Flatten(),
-        keras.layers.Dense(100, activation="relu"),
-        # float32 output under mixed precision too: a softmax in bf16/fp16 loses the small
-        # probabilities the loss needs.
-        keras.layers.Dense(num_classes, activation="softmax", dtype="float32"),
-    ], name="mlp")
+    return keras.Sequential(
+        [
+            keras.Input(input_shape),
+            keras.layers.Flatten(),
+            keras.layers.Dense(100, activation="relu"),
+            # float32 output under mixed precision too: a softmax in bf16/fp16 loses the small
+            # probabilities the loss needs.
+            keras.layers.Dense(num_classes, activation="softmax", dtype="float32"),
+        ],
+        name="mlp",
+    )
 
 
 def cnn(input_shape: tuple[int, ...] = MNIST_SHAPE, num_classes: int = 10) -> keras.Model:
@@ -45,19 +53,22 @@ def cnn(input_shape: tuple[int, ...] = MNIST_SHAPE, num_classes: int = 10) -> ke
     # Grey images come without a channel axis; Conv2D needs one. Images with channels get no
     # Reshape, so the layers for MNIST (and its checkpoints) stay as they were.
     channels = [keras.layers.Reshape(input_shape + (1,))] if len(input_shape) == 2 else []
-    return keras.Sequential([
-        keras.Input(input_shape),
-        *channels,
-        keras.layers.Conv2D(64, 7, padding="same", activation="relu"),
-        keras.layers.MaxPooling2D(2),
-        keras.layers.Conv2D(128, 3, padding="same", activation="relu"),
-        keras.layers.Conv2D(128, 3, padding="same", activation="relu"),
-        keras.layers.MaxPooling2D(2),
-        keras.layers.Flatten(),
-        keras.layers.Dense(64, activation="relu"),
-        keras.layers.Dropout(0.5),
-        keras.layers.Dense(num_classes, activation="softmax", dtype="float32"),
-    ], name="cnn")
+    return keras.Sequential(
+        [
+            keras.Input(input_shape),
+            *channels,
+            keras.layers.Conv2D(64, 7, padding="same", activation="relu"),
+            keras.layers.MaxPooling2D(2),
+            keras.layers.Conv2D(128, 3, padding="same", activation="relu"),
+            keras.layers.Conv2D(128, 3, padding="same", activation="relu"),
+            keras.layers.MaxPooling2D(2),
+            keras.layers.Flatten(),
+            keras.layers.Dense(64, activation="relu"),
+            keras.layers.Dropout(0.5),
+            keras.layers.Dense(num_classes, activation="softmax", dtype="float32"),
+        ],
+        name="cnn",
+    )
 
 
 CNN_SMALLEST = 4  # pixels a side: two 2x2 poolings leave one pixel of a 4x4 image
@@ -67,13 +78,17 @@ def _check_cnn_input(shape: tuple[int, ...]) -> None:
     """FitError (a ValueError, one line) for examples the CNN cannot take: not images, or
     smaller than 4x4 pixels (Keras's "output size would be zero or negative" otherwise)."""
     if len(shape) not in (2, 3):
-        raise FitError(f"--model cnn takes images, (height, width) or (height, width, "
-                       f"channels); these examples have shape {shape}: use --model mlp")
+        raise FitError(
+            f"--model cnn takes images, (height, width) or (height, width, "
+            f"channels); these examples have shape {shape}: use --model mlp"
+        )
     if min(shape[:2]) < CNN_SMALLEST:
-        raise FitError(f"--model cnn takes images of at least {CNN_SMALLEST}x{CNN_SMALLEST} "
-                       f"pixels (it pools twice by 2); these are {shape[0]}x{shape[1]}: give "
-                       f"--image-size {CNN_SMALLEST},{CNN_SMALLEST} or larger (--input-shape "
-                       "for synthetic data), or use --model mlp")
+        raise FitError(
+            f"--model cnn takes images of at least {CNN_SMALLEST}x{CNN_SMALLEST} "
+            f"pixels (it pools twice by 2); these are {shape[0]}x{shape[1]}: give "
+            f"--image-size {CNN_SMALLEST},{CNN_SMALLEST} or larger (--input-shape "
+            "for synthetic data), or use --model mlp"
+        )
 
 
 # names.REFERENCE (and config.MODELS) hold the same names, to check --model before Keras
@@ -81,8 +96,9 @@ def _check_cnn_input(shape: tuple[int, ...]) -> None:
 REFERENCE_MODELS: dict[str, Callable[..., keras.Model]] = {"mlp": mlp, "cnn": cnn}
 
 
-def model_factory(spec: str, *, input_shape: tuple[int, ...] | None = None,
-                  num_classes: int | None = None) -> Callable[[], keras.Model]:
+def model_factory(
+    spec: str, *, input_shape: tuple[int, ...] | None = None, num_classes: int | None = None
+) -> Callable[[], keras.Model]:
     """A zero-argument function building the model named by ``spec``.
 
     ``spec`` is ``mlp``, ``cnn``, a keras.applications name spelled as Keras spells it
@@ -107,20 +123,25 @@ def model_factory(spec: str, *, input_shape: tuple[int, ...] | None = None,
 
 
 def _given(**values) -> dict:
-    return {k: (tuple(v) if k == "input_shape" else v) for k, v in values.items()
-            if v is not None}
+    return {k: (tuple(v) if k == "input_shape" else v) for k, v in values.items() if v is not None}
 
 
-def _application(name: str, *, input_shape: tuple[int, ...] | None,
-                 num_classes: int | None) -> Callable[[], keras.Model]:
+def _application(
+    name: str, *, input_shape: tuple[int, ...] | None, num_classes: int | None
+) -> Callable[[], keras.Model]:
     """keras.applications.<name> with random weights and its classifier on top, taking float
     images in [0, 1] as mirrorfit's pipelines give them."""
     shape = tuple(input_shape) if input_shape is not None else default_input_shape(name)
     check_input_shape(name, shape)
     classes = num_classes or IMAGENET_CLASSES
     builder = getattr(keras.applications, name)
-    options = dict(weights=None, include_top=True, classes=classes, input_shape=shape,
-                   classifier_activation=None)
+    options = dict(
+        weights=None,
+        include_top=True,
+        classes=classes,
+        input_shape=shape,
+        classifier_activation=None,
+    )
     # Keras's built-in preprocessing (ConvNeXt, EfficientNetV2, MobileNetV3) expects pixels in
     # [0, 255]; ours are already scaled to [0, 1]. (EfficientNetB0-B7 always rescale by 1/255:
     # their first batch normalisation absorbs the scale.)
@@ -132,27 +153,32 @@ def _application(name: str, *, input_shape: tuple[int, ...] | None,
             base = builder(**options)
         except ValueError as e:  # a constraint models.names does not know of: still one line
             first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-            raise ConfigError(f"--model {name} cannot be built for --input-shape "
-                              f"{','.join(map(str, shape))} ({first})") from None
+            raise ConfigError(
+                f"--model {name} cannot be built for --input-shape "
+                f"{','.join(map(str, shape))} ({first})"
+            ) from None
         # Logits in the compute dtype, softmax in float32: under bf16/fp16 a low-precision
         # softmax rounds the small probabilities the loss needs (as the reference models do).
-        probabilities = keras.layers.Activation("softmax", dtype="float32",
-                                                name="probabilities")(base.output)
+        probabilities = keras.layers.Activation("softmax", dtype="float32", name="probabilities")(
+            base.output
+        )
         return keras.Model(base.input, probabilities, name=base.name)
 
     return build
 
 
-def _user_model(spec: str, *, input_shape: tuple[int, ...] | None,
-                num_classes: int | None) -> Callable[[], keras.Model]:
+def _user_model(
+    spec: str, *, input_shape: tuple[int, ...] | None, num_classes: int | None
+) -> Callable[[], keras.Model]:
     module_name, _, attr = spec.partition(":")
     try:
         with tensorflow_start_filtered():  # a model module may import TensorFlow
             module = importlib.import_module(module_name)
     except (Exception, SystemExit) as e:  # ImportError, or the module's own code failing
-        raise ConfigError(f"cannot import module {module_name!r} for --model {spec!r} "
-                          f"({type(e).__name__}: {_first_line(e)}); is it on PYTHONPATH?"
-                          ) from None
+        raise ConfigError(
+            f"cannot import module {module_name!r} for --model {spec!r} "
+            f"({type(e).__name__}: {_first_line(e)}); is it on PYTHONPATH?"
+        ) from None
     fn = getattr(module, attr, None)
     if not callable(fn):
         raise ConfigError(f"module {module_name!r} has no function {attr!r} for --model {spec!r}")
@@ -162,14 +188,18 @@ def _user_model(spec: str, *, input_shape: tuple[int, ...] | None,
         try:
             model = fn(**kwargs)
         except SystemExit as e:  # no Exception: it would end the run with its code, no line
-            raise ConfigError(f"--model {spec!r}: the function exited (SystemExit: {e.code}) "
-                              "instead of returning a keras.Model") from None
+            raise ConfigError(
+                f"--model {spec!r}: the function exited (SystemExit: {e.code}) "
+                "instead of returning a keras.Model"
+            ) from None
         except Exception as e:
-            raise ConfigError(f"--model {spec!r}: the function raised {type(e).__name__}: "
-                              f"{_first_line(e)}") from None
+            raise ConfigError(
+                f"--model {spec!r}: the function raised {type(e).__name__}: {_first_line(e)}"
+            ) from None
         if not isinstance(model, keras.Model):
-            raise ConfigError(f"--model {spec!r} returned {type(model).__name__}, "
-                              "not a keras.Model")
+            raise ConfigError(
+                f"--model {spec!r} returned {type(model).__name__}, not a keras.Model"
+            )
         return model
 
     return build
@@ -186,8 +216,12 @@ def needs_data_shape(spec: str, input_shape, num_classes) -> bool:
     except Exception:  # noqa: BLE001 - the usual path reports import problems in one line
         return True
     given = _given(input_shape=input_shape, num_classes=num_classes)
-    return any(p.default is inspect.Parameter.empty and name in ("input_shape", "num_classes")
-               and name not in given for name, p in params.items())
+    return any(
+        p.default is inspect.Parameter.empty
+        and name in ("input_shape", "num_classes")
+        and name not in given
+        for name, p in params.items()
+    )
 
 
 def _first_line(error: BaseException) -> str:

@@ -35,13 +35,14 @@ class Precision:
     """
 
     name: str = "fp32"
-    initial_scale: float = 2.0 ** 15
+    initial_scale: float = 2.0**15
     growth_steps: int = 2000
 
     def __post_init__(self) -> None:
         if self.name not in POLICIES:
-            raise ConfigError(f"unknown precision {self.name!r}; choose one of: "
-                              f"{', '.join(POLICIES)}")
+            raise ConfigError(
+                f"unknown precision {self.name!r}; choose one of: {', '.join(POLICIES)}"
+            )
 
     @property
     def policy(self) -> str:
@@ -77,7 +78,8 @@ class Precision:
         if not self.loss_scaling or isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
             return optimizer
         return keras.optimizers.LossScaleOptimizer(
-            optimizer, initial_scale=self.initial_scale, dynamic_growth_steps=self.growth_steps)
+            optimizer, initial_scale=self.initial_scale, dynamic_growth_steps=self.growth_steps
+        )
 
 
 def as_precision(value: Precision | str) -> Precision:

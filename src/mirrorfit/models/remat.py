@@ -38,17 +38,22 @@ def rematerialize(model, on_notice: Callable[[str], None] | None = None) -> list
         layer.call = _recomputed(layer.call, keras.remat)
         names.append(layer.name)
     if not names and on_notice is not None:
-        on_notice("--remat: no layer of this model can recompute its activations (those that "
-                  "can are Keras's own layers with trainable weights and no other state), so "
-                  "it trains as without --remat")
+        on_notice(
+            "--remat: no layer of this model can recompute its activations (those that "
+            "can are Keras's own layers with trainable weights and no other state), so "
+            "it trains as without --remat"
+        )
     return names
 
 
 def _qualifies(layer) -> bool:
-    has_sublayers = any(True for _ in layer._flatten_layers(include_self=False,
-                                                            recursive=False))
-    return (type(layer).__module__.startswith("keras.") and not has_sublayers
-            and bool(layer.trainable_weights) and not layer.non_trainable_variables)
+    has_sublayers = any(True for _ in layer._flatten_layers(include_self=False, recursive=False))
+    return (
+        type(layer).__module__.startswith("keras.")
+        and not has_sublayers
+        and bool(layer.trainable_weights)
+        and not layer.non_trainable_variables
+    )
 
 
 def _recomputed(call, remat):

@@ -16,8 +16,9 @@ LR_SCALINGS = ("none", "linear")
 def scaled_lr(lr: float, *, global_batch: int, base_batch: int, scaling: str = "none") -> float:
     """The learning rate for ``global_batch``: ``lr`` x global/base under ``linear`` scaling."""
     if scaling not in LR_SCALINGS:
-        raise ConfigError(f"unknown lr scaling {scaling!r}; choose one of: "
-                          f"{', '.join(LR_SCALINGS)}")
+        raise ConfigError(
+            f"unknown lr scaling {scaling!r}; choose one of: {', '.join(LR_SCALINGS)}"
+        )
     return lr * global_batch / base_batch if scaling == "linear" else lr
 
 
@@ -37,12 +38,16 @@ class LinearWarmup(keras.optimizers.schedules.LearningRateSchedule):
         return self.initial_lr + (self.target_lr - self.initial_lr) * done
 
     def get_config(self) -> dict:
-        return {"target_lr": self.target_lr, "warmup_steps": self.warmup_steps,
-                "initial_lr": self.initial_lr}
+        return {
+            "target_lr": self.target_lr,
+            "warmup_steps": self.warmup_steps,
+            "initial_lr": self.initial_lr,
+        }
 
 
-def learning_rate(lr: float, *, global_batch: int, base_batch: int, scaling: str,
-                  warmup_steps: int) -> float | LinearWarmup:
+def learning_rate(
+    lr: float, *, global_batch: int, base_batch: int, scaling: str, warmup_steps: int
+) -> float | LinearWarmup:
     """What to give the optimizer: the (scaled) rate, or a warm-up to it.
 
     The warm-up starts from the unscaled ``lr`` (Goyal et al.); when nothing was scaled, from 0.
@@ -50,14 +55,18 @@ def learning_rate(lr: float, *, global_batch: int, base_batch: int, scaling: str
     target = scaled_lr(lr, global_batch=global_batch, base_batch=base_batch, scaling=scaling)
     # The optimizer holds the rate in float32: past its range it is inf, and the run trains NaN.
     if not target < float(np.finfo(np.float32).max) or np.float32(target) <= 0:
-        how = (f" scaled to {target:g} (x {global_batch}/{base_batch}, --lr-scaling linear)"
-               if target != lr else "")
+        how = (
+            f" scaled to {target:g} (x {global_batch}/{base_batch}, --lr-scaling linear)"
+            if target != lr
+            else ""
+        )
         fix = "lower --lr or raise --base-batch" if target != lr else "use e.g. --lr 0.01"
         raise ConfigError(f"--lr {lr:g}{how} is not a usable float32 learning rate; {fix}")
     if warmup_steps <= 0:
         return target
-    return LinearWarmup(target_lr=target, warmup_steps=warmup_steps,
-                        initial_lr=lr if target != lr else 0.0)
+    return LinearWarmup(
+        target_lr=target, warmup_steps=warmup_steps, initial_lr=lr if target != lr else 0.0
+    )
 
 
 __all__ = ["LR_SCALINGS", "LinearWarmup", "learning_rate", "scaled_lr"]

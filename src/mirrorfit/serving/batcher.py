@@ -73,9 +73,14 @@ class _Queue:
 class Batcher:
     """Merge concurrent ``run`` calls into batches (see the module doc)."""
 
-    def __init__(self, params: BatchingParameters,
-                 on_batch: Callable[[str, int, float], None] = lambda model, size, s: None,
-                 *, max_queues: int = MAX_QUEUES, idle_queue_s: float = IDLE_QUEUE_S) -> None:
+    def __init__(
+        self,
+        params: BatchingParameters,
+        on_batch: Callable[[str, int, float], None] = lambda model, size, s: None,
+        *,
+        max_queues: int = MAX_QUEUES,
+        idle_queue_s: float = IDLE_QUEUE_S,
+    ) -> None:
         self.params = params
         self._on_batch = on_batch
         self._max_queues, self._idle_s = max_queues, idle_queue_s
@@ -94,49 +99,65 @@ class Batcher:
     def thread_count(self) -> int:
         return len(self._threads)
 
-    def run(self, key: tuple, model: str, run: Run, inputs: dict[str, np.ndarray],
-            timeout_s: float | None = None) -> dict[str, np.ndarray]:
+    def run(
+        self,
+        key: tuple,
+        model: str,
+        run: Run,
+        inputs: dict[str, np.ndarray],
+        timeout_s: float | None = None,
+    ) -> dict[str, np.ndarray]:
         """:meth:`submit`, then wait (at most ``timeout_s`` seconds) for the outputs."""
         future = self.submit(key, model, run, inputs)
         try:
             return future.result(timeout_s)
         except TimeoutError:
-            raise ServingError(grpc.StatusCode.DEADLINE_EXCEEDED,
-                               "Timed out waiting for the batch") from None
+            raise ServingError(
+                grpc.StatusCode.DEADLINE_EXCEEDED, "Timed out waiting for the batch"
+            ) from None
 
-    def submit(self, key: tuple, model: str, run: Run, inputs: dict[str, np.ndarray],
-               loop: asyncio.AbstractEventLoop | None = None) -> Future | asyncio.Future:
+    def submit(
+        self,
+        key: tuple,
+        model: str,
+        run: Run,
+        inputs: dict[str, np.ndarray],
+        loop: asyncio.AbstractEventLoop | None = None,
+    ) -> Future | asyncio.Future:
         """Queue ``inputs`` (every array batched on dim 0, equal sizes, already checked
         against the signature) to run through ``run`` as part of a batch; the future gets
         this request's slice of the outputs. ``key`` starts with (model, version). With
         ``loop``, the future is an asyncio future of that loop, to be awaited there."""
         sizes = {v.shape[0] for v in inputs.values()}
         if len(sizes) != 1:
-            raise invalid("Batching session Run() input tensors must have equal 0th-dimension "
-                          "size")
+            raise invalid("Batching session Run() input tensors must have equal 0th-dimension size")
         size = sizes.pop()
         p = self.params
         if size > p.max_batch_size:
-            raise invalid(f"Task size {size} is larger than maximum input batch size "
-                          f"{p.max_batch_size}")
+            raise invalid(
+                f"Task size {size} is larger than maximum input batch size {p.max_batch_size}"
+            )
         shape_key = tuple((k, v.shape[1:], v.dtype.str) for k, v in sorted(inputs.items()))
-        task = (_Task(inputs=inputs, size=size) if loop is None else
-                _Task(inputs=inputs, size=size, future=loop.create_future(), loop=loop))
+        task = (
+            _Task(inputs=inputs, size=size)
+            if loop is None
+            else _Task(inputs=inputs, size=size, future=loop.create_future(), loop=loop)
+        )
         with self._cond:
             if self._closed:
                 raise ServingError(grpc.StatusCode.UNAVAILABLE, "The server is shutting down")
             queue = self._queue((*key, shape_key), model, run)
             if queue.pending + size > p.max_enqueued_batches * p.max_batch_size:
-                raise ServingError(grpc.StatusCode.UNAVAILABLE,
-                                   "The batch scheduling queue to which this task was submitted "
-                                   "is full")
+                raise ServingError(
+                    grpc.StatusCode.UNAVAILABLE,
+                    "The batch scheduling queue to which this task was submitted is full",
+                )
             task.enqueued = queue.used = time.monotonic()
             queue.tasks.append(task)
             queue.pending += size
             # Wake a batch thread only when there is something new for it to do: a queue's
             # first request (its timer must start) or a full batch; not one per request.
-            if len(queue.tasks) == 1 or queue.pending - size < p.max_batch_size \
-                    <= queue.pending:
+            if len(queue.tasks) == 1 or queue.pending - size < p.max_batch_size <= queue.pending:
                 self._cond.notify()
         return task.future
 
@@ -152,14 +173,17 @@ class Batcher:
         if len(self._queues) >= self._max_queues:  # drop the least recently used empty one
             empty = [k for k, q in self._queues.items() if not q.tasks]
             if not empty:
-                raise ServingError(grpc.StatusCode.UNAVAILABLE,
-                                   f"Too many batch queues in use ({self._max_queues}); retry "
-                                   "later")
+                raise ServingError(
+                    grpc.StatusCode.UNAVAILABLE,
+                    f"Too many batch queues in use ({self._max_queues}); retry later",
+                )
             del self._queues[min(empty, key=lambda k: self._queues[k].used)]
         queue = self._queues[key] = _Queue(model, run)
         if not self._threads:
-            self._threads = [threading.Thread(target=self._work, daemon=True, name="batch")
-                             for _ in range(self.params.num_batch_threads)]
+            self._threads = [
+                threading.Thread(target=self._work, daemon=True, name="batch")
+                for _ in range(self.params.num_batch_threads)
+            ]
             for t in self._threads:
                 t.start()
         return queue
@@ -179,8 +203,12 @@ class Batcher:
                         continue
                     waiting += 1  # queues with requests
                     due = queue.tasks[0].enqueued + timeout
-                    if queue.pending >= p.max_batch_size or due <= now or queue.draining \
-                            or self._closed:
+                    if (
+                        queue.pending >= p.max_batch_size
+                        or due <= now
+                        or queue.draining
+                        or self._closed
+                    ):
                         if best is None or queue.tasks[0].enqueued < best.tasks[0].enqueued:
                             best = queue
                     elif wake_at is None or due < wake_at:
@@ -191,7 +219,7 @@ class Batcher:
                     if best.draining and not best.tasks:
                         self._draining.remove(best)
                     if best.tasks or waiting > 1:  # more waits: another thread may take it
-                        self._cond.notify()          # or start its timer
+                        self._cond.notify()  # or start its timer
                     return best, batch
                 if self._closed:
                     return None, []
@@ -211,8 +239,10 @@ class Batcher:
         try:
             merged = {k: np.concatenate([t.inputs[k] for t in batch]) for k in batch[0].inputs}
             if padded > total:  # repeat the first example: any valid input does
-                merged = {k: np.concatenate([v, np.repeat(v[:1], padded - total, axis=0)])
-                          for k, v in merged.items()}
+                merged = {
+                    k: np.concatenate([v, np.repeat(v[:1], padded - total, axis=0)])
+                    for k, v in merged.items()
+                }
             t0 = time.perf_counter()
             outputs = queue.run(merged)
             self._on_batch(queue.model, padded, time.perf_counter() - t0)
@@ -221,7 +251,7 @@ class Batcher:
             return
         settled, start = [], 0
         for task, n in zip(batch, sizes):
-            settled.append((task, {k: v[start:start + n] for k, v in outputs.items()}, None))
+            settled.append((task, {k: v[start : start + n] for k, v in outputs.items()}, None))
             start += n
         _settle_all(settled)
 

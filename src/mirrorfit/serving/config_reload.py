@@ -23,8 +23,13 @@ class ConfigReloader:
     """Re-reads ``path`` every ``interval_s`` seconds in a thread; ``apply`` gets each new
     config (it may raise ConfigError to refuse it)."""
 
-    def __init__(self, path: str, interval_s: float, current: list[ModelConfig],
-                 apply: Callable[[list[ModelConfig]], None]) -> None:
+    def __init__(
+        self,
+        path: str,
+        interval_s: float,
+        current: list[ModelConfig],
+        apply: Callable[[list[ModelConfig]], None],
+    ) -> None:
         self.path, self.interval_s = path, interval_s
         self._current = current
         self._apply = apply
@@ -41,19 +46,30 @@ class ConfigReloader:
         except ConfigError as e:
             if str(e) != self._problem:  # each problem once, not once per period
                 self._problem = str(e)
-                log.warning("config not reloaded", extra={
-                    "path": self.path, "error": str(e)[:1000],
-                    "serving": sorted(c.name for c in self._current),
-                    "action": "keeping the last good config"})
+                log.warning(
+                    "config not reloaded",
+                    extra={
+                        "path": self.path,
+                        "error": str(e)[:1000],
+                        "serving": sorted(c.name for c in self._current),
+                        "action": "keeping the last good config",
+                    },
+                )
             return
         if configs != self._current:
             before = {c.name: c for c in self._current}
             after = {c.name: c for c in configs}
-            log.info("config reloaded", extra={
-                "path": self.path, "added": sorted(after.keys() - before.keys()),
-                "removed": sorted(before.keys() - after.keys()),
-                "changed": sorted(n for n in after.keys() & before.keys()
-                                  if after[n] != before[n])})
+            log.info(
+                "config reloaded",
+                extra={
+                    "path": self.path,
+                    "added": sorted(after.keys() - before.keys()),
+                    "removed": sorted(before.keys() - after.keys()),
+                    "changed": sorted(
+                        n for n in after.keys() & before.keys() if after[n] != before[n]
+                    ),
+                },
+            )
             self._current = configs
         elif self._problem is not None:
             log.info("config file good again", extra={"path": self.path})
@@ -65,8 +81,10 @@ class ConfigReloader:
                 try:
                     self.check_once()
                 except Exception as e:  # noqa: BLE001 - a bug: keep serving, say so
-                    log.error("config reload failed", extra={
-                        "path": self.path, "error": f"{type(e).__name__}: {e}"[:500]})
+                    log.error(
+                        "config reload failed",
+                        extra={"path": self.path, "error": f"{type(e).__name__}: {e}"[:500]},
+                    )
 
         self._thread = threading.Thread(target=loop, name="config-reloader", daemon=True)
         self._thread.start()

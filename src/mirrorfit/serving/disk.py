@@ -50,8 +50,9 @@ def content(path: Path) -> int:
                 st = os.stat(os.path.join(root, f))
             except OSError:  # removed while we looked
                 continue
-            entries.append((os.path.relpath(os.path.join(root, f), path), st.st_size,
-                            st.st_mtime_ns))
+            entries.append(
+                (os.path.relpath(os.path.join(root, f), path), st.st_size, st.st_mtime_ns)
+            )
     return hash(tuple(sorted(entries)))
 
 
@@ -66,9 +67,16 @@ def check_versions_present(configs: list[ModelConfig]) -> None:
         else:
             why = "no version folders (numeric names) in it"
         if not found:
-            raise ConfigError(f"--servable_versions_always_present: model {config.name!r} has "
-                              f"no versions under {config.base_path} ({why})")
+            raise ConfigError(
+                f"--servable_versions_always_present: model {config.name!r} has "
+                f"no versions under {config.base_path} ({why})"
+            )
 
 
-__all__ = ["SAVED_MODEL_FILES", "check_versions_present", "content", "has_saved_model",
-           "version_folders"]
+__all__ = [
+    "SAVED_MODEL_FILES",
+    "check_versions_present",
+    "content",
+    "has_saved_model",
+    "version_folders",
+]

@@ -9,14 +9,22 @@ import traceback
 import grpc
 
 _HTTP = {
-    grpc.StatusCode.CANCELLED: 499, grpc.StatusCode.UNKNOWN: 500,
-    grpc.StatusCode.INVALID_ARGUMENT: 400, grpc.StatusCode.DEADLINE_EXCEEDED: 504,
-    grpc.StatusCode.NOT_FOUND: 404, grpc.StatusCode.ALREADY_EXISTS: 409,
-    grpc.StatusCode.PERMISSION_DENIED: 403, grpc.StatusCode.RESOURCE_EXHAUSTED: 429,
-    grpc.StatusCode.FAILED_PRECONDITION: 400, grpc.StatusCode.ABORTED: 409,
-    grpc.StatusCode.OUT_OF_RANGE: 400, grpc.StatusCode.UNIMPLEMENTED: 501,
-    grpc.StatusCode.INTERNAL: 500, grpc.StatusCode.UNAVAILABLE: 503,
-    grpc.StatusCode.DATA_LOSS: 500, grpc.StatusCode.UNAUTHENTICATED: 401,
+    grpc.StatusCode.CANCELLED: 499,
+    grpc.StatusCode.UNKNOWN: 500,
+    grpc.StatusCode.INVALID_ARGUMENT: 400,
+    grpc.StatusCode.DEADLINE_EXCEEDED: 504,
+    grpc.StatusCode.NOT_FOUND: 404,
+    grpc.StatusCode.ALREADY_EXISTS: 409,
+    grpc.StatusCode.PERMISSION_DENIED: 403,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: 429,
+    grpc.StatusCode.FAILED_PRECONDITION: 400,
+    grpc.StatusCode.ABORTED: 409,
+    grpc.StatusCode.OUT_OF_RANGE: 400,
+    grpc.StatusCode.UNIMPLEMENTED: 501,
+    grpc.StatusCode.INTERNAL: 500,
+    grpc.StatusCode.UNAVAILABLE: 503,
+    grpc.StatusCode.DATA_LOSS: 500,
+    grpc.StatusCode.UNAUTHENTICATED: 401,
 }
 MAX_MESSAGE = 1024  # TF Serving cuts longer messages and marks them
 INTERNAL_MESSAGE = "Internal error; see the server log"  # all a client learns of a bug
@@ -26,9 +34,14 @@ def log_internal_error(error: BaseException, **fields) -> None:
     """One JSON log line for an unexpected error (a bug, never the client's): its type, text
     and where it was raised, plus ``fields``; no traceback on stderr, nothing to the client."""
     frame = traceback.extract_tb(error.__traceback__)[-1]
-    logging.getLogger("mirrorfit.serving").error("internal error", extra={
-        **fields, "error": f"{type(error).__name__}: {error}"[:500],
-        "where": f"{frame.filename}:{frame.lineno} in {frame.name}"})
+    logging.getLogger("mirrorfit.serving").error(
+        "internal error",
+        extra={
+            **fields,
+            "error": f"{type(error).__name__}: {error}"[:500],
+            "where": f"{frame.filename}:{frame.lineno} in {frame.name}",
+        },
+    )
 
 
 class ServingError(Exception):

@@ -9,10 +9,17 @@ import time
 import grpc
 import numpy as np
 from google.protobuf import message_factory
-from tensorflow_serving.apis import (classification_pb2, get_model_metadata_pb2,
-                                     get_model_status_pb2, model_service_pb2,
-                                     model_service_pb2_grpc, predict_pb2, prediction_service_pb2,
-                                     prediction_service_pb2_grpc, regression_pb2)
+from tensorflow_serving.apis import (
+    classification_pb2,
+    get_model_metadata_pb2,
+    get_model_status_pb2,
+    model_service_pb2,
+    model_service_pb2_grpc,
+    predict_pb2,
+    prediction_service_pb2,
+    prediction_service_pb2_grpc,
+    regression_pb2,
+)
 
 from mirrorfit.serving.errors import INTERNAL_MESSAGE, ServingError, invalid, log_internal_error
 from mirrorfit.serving.metrics import ServerMetrics
@@ -59,10 +66,24 @@ class _Handler:
 
     def _record(self, model, api, status, start, examples):
         elapsed = time.perf_counter() - start
-        self.metrics.record(model=model, api=api, entrypoint="GRPC", status=status,
-                            seconds=elapsed, examples=examples)
-        log.debug("request", extra={"entrypoint": "GRPC", "model": model, "api": api,
-                                    "status": status, "latency_ms": round(elapsed * 1e3, 3)})
+        self.metrics.record(
+            model=model,
+            api=api,
+            entrypoint="GRPC",
+            status=status,
+            seconds=elapsed,
+            examples=examples,
+        )
+        log.debug(
+            "request",
+            extra={
+                "entrypoint": "GRPC",
+                "model": model,
+                "api": api,
+                "status": status,
+                "latency_ms": round(elapsed * 1e3, 3),
+            },
+        )
 
 
 class PredictionServicer(_Handler, prediction_service_pb2_grpc.PredictionServiceServicer):
@@ -74,10 +95,13 @@ class PredictionServicer(_Handler, prediction_service_pb2_grpc.PredictionService
         servable, sig = self.service.resolve_signature(spec, entrypoint="GRPC")
         check_names(sig, request.inputs)
         # each checked against the signature and its own declared size before it is decoded
-        inputs = {k: from_tensor_proto(sig.inputs[k], v, self.service.max_rows)
-                  for k, v in request.inputs.items()}
-        outputs = await self.service.predict_async(servable, sig, inputs,
-                                                   list(request.output_filter) or None)
+        inputs = {
+            k: from_tensor_proto(sig.inputs[k], v, self.service.max_rows)
+            for k, v in request.inputs.items()
+        }
+        outputs = await self.service.predict_async(
+            servable, sig, inputs, list(request.output_filter) or None
+        )
         response = predict_pb2.PredictResponse()
         _stamp(response, servable, spec.signature_name or DEFAULT_SIGNATURE)
         for alias, value in outputs.items():
@@ -88,13 +112,13 @@ class PredictionServicer(_Handler, prediction_service_pb2_grpc.PredictionService
         return await self._call("metadata", request, context, self._metadata)
 
     async def MultiInference(self, request, context):
-        return await self._call("multi_inference", request, context,
-                                _unimplemented("MultiInference"))
+        return await self._call(
+            "multi_inference", request, context, _unimplemented("MultiInference")
+        )
 
     async def _metadata(self, request):
         if not request.metadata_field:
-            raise invalid("GetModelMetadataRequest must specify at least one "
-                          "metadata_field")
+            raise invalid("GetModelMetadataRequest must specify at least one metadata_field")
         for field in request.metadata_field:
             if field != "signature_def":
                 raise invalid(f"Metadata field {field} is not supported")
@@ -112,8 +136,7 @@ class PredictionServicer(_Handler, prediction_service_pb2_grpc.PredictionService
         return await self._call("classify", request, context, self._classify)
 
     async def _classify(self, request):
-        servable, sig = self.service.resolve_signature(_spec(request.model_spec),
-                                                       api="classify")
+        servable, sig = self.service.resolve_signature(_spec(request.model_spec), api="classify")
         examples = _examples(request)
         results = await self.service.classify_async(servable, sig, *examples)
         response = classification_pb2.ClassificationResponse()
@@ -157,15 +180,15 @@ class ModelServicer(_Handler, model_service_pb2_grpc.ModelServiceServicer):
         spec = _spec(request.model_spec)
         response = get_model_status_pb2.GetModelStatusResponse()
         for s in self.service.status(Spec(spec.name, spec.version)):
-            item = response.model_version_status.add(version=s.version,
-                                                      state=_STATES[s.state])
+            item = response.model_version_status.add(version=s.version, state=_STATES[s.state])
             item.status.error_code = _error_code(s.error_code)
             item.status.error_message = s.error_message
         return response, 0
 
     async def HandleReloadConfigRequest(self, request, context):
-        return await self._call("reload_config", request, context,
-                                _unimplemented("HandleReloadConfigRequest"))
+        return await self._call(
+            "reload_config", request, context, _unimplemented("HandleReloadConfigRequest")
+        )
 
 
 def _stamp(response, servable, signature_name: str) -> None:
@@ -181,8 +204,10 @@ def _error_code(name: str) -> int:
 
 def _unimplemented(method: str):
     async def handler(request):
-        raise ServingError(grpc.StatusCode.UNIMPLEMENTED, f"{method} is not implemented by "
-                                                          "this server")
+        raise ServingError(
+            grpc.StatusCode.UNIMPLEMENTED, f"{method} is not implemented by this server"
+        )
+
     return handler
 
 
@@ -200,6 +225,7 @@ def _parser(message_class):
             return message_class.FromString(raw)
         except Exception:  # noqa: BLE001 - DecodeError, nesting too deep: any bad bytes
             return _Unparsable(message_class.DESCRIPTOR.full_name)
+
     return parse
 
 
@@ -211,16 +237,25 @@ def _register(server: grpc.Server, descriptor, servicer) -> None:
             getattr(servicer, method.name),
             request_deserializer=_parser(message_factory.GetMessageClass(method.input_type)),
             response_serializer=message_factory.GetMessageClass(
-                method.output_type).SerializeToString)
+                method.output_type
+            ).SerializeToString,
+        )
     server.add_generic_rpc_handlers(
-        (grpc.method_handlers_generic_handler(descriptor.full_name, handlers),))
+        (grpc.method_handlers_generic_handler(descriptor.full_name, handlers),)
+    )
 
 
 def add_services(server: grpc.Server, service: ModelService, metrics: ServerMetrics) -> None:
-    _register(server, prediction_service_pb2.DESCRIPTOR.services_by_name["PredictionService"],
-              PredictionServicer(service, metrics))
-    _register(server, model_service_pb2.DESCRIPTOR.services_by_name["ModelService"],
-              ModelServicer(service, metrics))
+    _register(
+        server,
+        prediction_service_pb2.DESCRIPTOR.services_by_name["PredictionService"],
+        PredictionServicer(service, metrics),
+    )
+    _register(
+        server,
+        model_service_pb2.DESCRIPTOR.services_by_name["ModelService"],
+        ModelServicer(service, metrics),
+    )
 
 
 __all__ = ["add_services", "to_tensor_proto"]

@@ -17,15 +17,30 @@ import tensorflow as tf
 from mirrorfit.serving.errors import ServingError, invalid
 from mirrorfit.serving.loader import Signature, TensorInfo
 
-_INT_RANGES = {tf.int8: (-2 ** 7, 2 ** 7 - 1), tf.int16: (-2 ** 15, 2 ** 15 - 1),
-               tf.int32: (-2 ** 31, 2 ** 31 - 1), tf.uint8: (0, 255),
-               tf.int64: (-2 ** 63, 2 ** 63 - 1), tf.uint32: (0, 2 ** 32 - 1),
-               tf.uint64: (0, 2 ** 64 - 1)}
+_INT_RANGES = {
+    tf.int8: (-(2**7), 2**7 - 1),
+    tf.int16: (-(2**15), 2**15 - 1),
+    tf.int32: (-(2**31), 2**31 - 1),
+    tf.uint8: (0, 255),
+    tf.int64: (-(2**63), 2**63 - 1),
+    tf.uint32: (0, 2**32 - 1),
+    tf.uint64: (0, 2**64 - 1),
+}
 _ROWS_PER_STEP = 64  # ~50,000 numbers of MNIST: a few ms per np.array() call
 MAX_DIMS = 64  # numpy's limit on an array's rank: a JSON value nested deeper cannot be a tensor
-_TYPE_NAMES = {tf.float32: "float", tf.float64: "double", tf.int8: "int8", tf.int16: "int16",
-               tf.int32: "int32", tf.uint8: "uint8", tf.int64: "int64", tf.uint32: "uint32",
-               tf.uint64: "uint64", tf.bool: "bool", tf.string: "string"}
+_TYPE_NAMES = {
+    tf.float32: "float",
+    tf.float64: "double",
+    tf.int8: "int8",
+    tf.int16: "int16",
+    tf.int32: "int32",
+    tf.uint8: "uint8",
+    tf.int64: "int64",
+    tf.uint32: "uint32",
+    tf.uint64: "uint64",
+    tf.bool: "bool",
+    tf.string: "string",
+}
 
 
 def parse_body(body: bytes, *, yielding: bool = False) -> Any:
@@ -38,8 +53,9 @@ def parse_body(body: bytes, *, yielding: bool = False) -> Any:
     text = body.decode("utf-8", errors="replace")
     if not text.strip():
         raise invalid("JSON Parse error: The document is empty")
-    decoder = json.JSONDecoder(parse_int=_parse_int,
-                               parse_float=_parse_float if yielding else float)
+    decoder = json.JSONDecoder(
+        parse_int=_parse_int, parse_float=_parse_float if yielding else float
+    )
     try:
         value, _ = decoder.raw_decode(text.lstrip())
     except json.JSONDecodeError as e:
@@ -55,7 +71,7 @@ def _parse_int(text: str) -> int | float:
     thousands of digits away from Python's int() (which refuses over 4,300 digits)."""
     if len(text) <= 20:  # the longest int64 / uint64 literal ("-9223372036854775808")
         value = int(text)
-        if -2 ** 63 <= value < 2 ** 64:
+        if -(2**63) <= value < 2**64:
             return value
     value = float(text)
     if math.isinf(value):
@@ -108,8 +124,10 @@ def predict_inputs(doc: Any, sig: Signature) -> tuple[dict[str, np.ndarray], boo
         raise invalid(f"JSON Value: {debug_json(doc)} Is not object")
     has_rows, has_cols = "instances" in doc, "inputs" in doc
     if has_rows and has_cols:
-        raise invalid(f"JSON Value: {debug_json(doc)} Not formatted correctly expecting only one "
-                      "of 'inputs' or 'instances' keys to exist ")
+        raise invalid(
+            f"JSON Value: {debug_json(doc)} Not formatted correctly expecting only one "
+            "of 'inputs' or 'instances' keys to exist "
+        )
     if not has_rows and not has_cols:
         raise invalid("Missing 'inputs' or 'instances' key")
     if not sig.inputs:
@@ -131,8 +149,10 @@ def _rows(instances: Any, sig: Signature) -> dict[str, np.ndarray]:
     named = isinstance(instances[0], dict) and not _is_b64(instances[0])
     if not named:
         if len(sig.inputs) > 1:
-            raise invalid("instances is a plain list, but expecting list of objects as multiple "
-                          "input tensors required as per tensorinfo_map")
+            raise invalid(
+                "instances is a plain list, but expecting list of objects as multiple "
+                "input tensors required as per tensorinfo_map"
+            )
         alias, info = next(iter(sig.inputs.items()))
         for i, item in enumerate(instances):
             if isinstance(item, dict) and not _is_b64(item):
@@ -145,12 +165,16 @@ def _rows(instances: Any, sig: Signature) -> dict[str, np.ndarray]:
             raise invalid(f"Expecting object but got list at item {i} of input list")
         for key in item:
             if key not in keys:
-                raise invalid(f"Failed to process element: {i} key: {key} of 'instances' list. "
-                              f"Error: Invalid argument: JSON object: does not have named "
-                              f"input: {key}")
+                raise invalid(
+                    f"Failed to process element: {i} key: {key} of 'instances' list. "
+                    f"Error: Invalid argument: JSON object: does not have named "
+                    f"input: {key}"
+                )
         if set(item) != keys:
-            raise invalid(f"Failed to process element: {i} of 'instances' list. JSON object: "
-                          f"{debug_json(item)} keys must be equal to: {','.join(sorted(keys))}")
+            raise invalid(
+                f"Failed to process element: {i} of 'instances' list. JSON object: "
+                f"{debug_json(item)} keys must be equal to: {','.join(sorted(keys))}"
+            )
         for key in keys:
             columns[key].append(item[key])
     return {k: _tensor(v, sig.inputs[k], batch=True) for k, v in columns.items()}
@@ -159,8 +183,10 @@ def _rows(instances: Any, sig: Signature) -> dict[str, np.ndarray]:
 def _columns(inputs: Any, sig: Signature) -> dict[str, np.ndarray]:
     if not isinstance(inputs, dict) or _is_b64(inputs):
         if len(sig.inputs) > 1:
-            raise invalid("inputs is a plain value/list, but expecting an object as multiple "
-                          "input tensors required as per tensorinfo_map")
+            raise invalid(
+                "inputs is a plain value/list, but expecting an object as multiple "
+                "input tensors required as per tensorinfo_map"
+            )
         alias, info = next(iter(sig.inputs.items()))
         return {alias: _tensor(inputs, info, batch=False)}
     out = {}
@@ -175,9 +201,10 @@ def _tensor(value: Any, info: TensorInfo, *, batch: bool) -> np.ndarray:
     """A dense array of ``info.dtype`` from nested lists, checked as TF Serving checks."""
     dtype = info.dtype
     if dtype not in _TYPE_NAMES:
-        raise ServingError(grpc.StatusCode.UNIMPLEMENTED,
-                           f"Conversion of JSON Value: {debug_json(value)} to type: "
-                           f"{dtype.name}")
+        raise ServingError(
+            grpc.StatusCode.UNIMPLEMENTED,
+            f"Conversion of JSON Value: {debug_json(value)} to type: {dtype.name}",
+        )
     if dtype.is_floating and isinstance(value, list):
         # Fast path for the common case, a regular nest of numbers (an image is 784 of them).
         # Anything else (ragged, strings, all-bool) falls through to the checked path.
@@ -188,8 +215,10 @@ def _tensor(value: Any, info: TensorInfo, *, batch: bool) -> np.ndarray:
                 return arr.astype(dtype.as_numpy_dtype)
     shape = _shape_of(value)
     if len(shape) > MAX_DIMS:
-        raise invalid(f"JSON Value: {debug_json(value)} is a list nested {len(shape)} deep: "
-                      f"a tensor has at most {MAX_DIMS} dimensions here")
+        raise invalid(
+            f"JSON Value: {debug_json(value)} is a list nested {len(shape)} deep: "
+            f"a tensor has at most {MAX_DIMS} dimensions here"
+        )
     flat: list = []
     _fill(value, shape, 0, flat, dtype)
     if batch and len(shape) == 0:
@@ -205,12 +234,17 @@ def _dense_numbers(value: list) -> np.ndarray | None:
     of _ROWS_PER_STEP rows: each np.array() holds the GIL, and a thread converting a large
     request in one call would stop the event loop as long."""
     try:
-        parts = [np.array(value[i:i + _ROWS_PER_STEP])
-                 for i in range(0, len(value), _ROWS_PER_STEP)]
+        parts = [
+            np.array(value[i : i + _ROWS_PER_STEP]) for i in range(0, len(value), _ROWS_PER_STEP)
+        ]
     except (ValueError, TypeError, RecursionError):  # e.g. ragged, or nested past MAX_DIMS
         return None
-    if (not parts or len({p.shape[1:] for p in parts}) != 1
-            or any(p.dtype.kind not in "iuf" for p in parts) or not parts[0].size):
+    if (
+        not parts
+        or len({p.shape[1:] for p in parts}) != 1
+        or any(p.dtype.kind not in "iuf" for p in parts)
+        or not parts[0].size
+    ):
         return None
     return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
@@ -228,17 +262,20 @@ def _shape_of(value: Any) -> list[int]:
 def _fill(value: Any, shape: list[int], level: int, out: list, dtype: tf.DType) -> None:
     if isinstance(value, list):
         if level >= len(shape):
-            raise invalid(f"Encountered list at unexpected level: {level} expected < "
-                          f"{len(shape)}")
+            raise invalid(f"Encountered list at unexpected level: {level} expected < {len(shape)}")
         if len(value) != shape[level]:
-            raise invalid(f"Encountered list at unexpected size: {len(value)} at level: "
-                          f"{level} expected size: {shape[level]}")
+            raise invalid(
+                f"Encountered list at unexpected size: {len(value)} at level: "
+                f"{level} expected size: {shape[level]}"
+            )
         for item in value:
             _fill(item, shape, level + 1, out, dtype)
         return
     if level != len(shape):
-        raise invalid(f"JSON Value: {debug_json(value)} found at incorrect level: {level + 1} "
-                      f"in the JSON DOM. Expected at level: {len(shape) + 1}")
+        raise invalid(
+            f"JSON Value: {debug_json(value)} found at incorrect level: {level + 1} "
+            f"in the JSON DOM. Expected at level: {len(shape) + 1}"
+        )
     out.append(_scalar(value, dtype))
 
 
@@ -257,18 +294,31 @@ def _scalar(value: Any, dtype: tf.DType):
         low, high = _INT_RANGES[dtype]
         if isinstance(value, int) and low <= value <= high:
             return value
-    kind = ("String" if isinstance(value, str) else "Object" if isinstance(value, dict)
-            else "Bool" if isinstance(value, bool) else "Null" if value is None else "Number")
-    raise invalid(f"JSON Value: {debug_json(value)} Type: {kind} is not of expected type: "
-                  f"{_TYPE_NAMES[dtype]}")
+    kind = (
+        "String"
+        if isinstance(value, str)
+        else "Object"
+        if isinstance(value, dict)
+        else "Bool"
+        if isinstance(value, bool)
+        else "Null"
+        if value is None
+        else "Number"
+    )
+    raise invalid(
+        f"JSON Value: {debug_json(value)} Type: {kind} is not of expected type: "
+        f"{_TYPE_NAMES[dtype]}"
+    )
 
 
 def _utf8(text: str) -> bytes:
     try:
         return text.encode()
     except UnicodeEncodeError:  # a lone surrogate escape such as "\ud800"
-        raise invalid(f"JSON Value: {debug_json(text)} is not valid UTF-8 (the surrogate pair "
-                      "in string is invalid)") from None
+        raise invalid(
+            f"JSON Value: {debug_json(text)} is not valid UTF-8 (the surrogate pair "
+            "in string is invalid)"
+        ) from None
 
 
 def _b64decode(text: str) -> bytes:
@@ -295,8 +345,9 @@ def predict_response(outputs: dict[str, np.ndarray], row_format: bool) -> dict:
     batch = next(iter(sizes.values()))
     for alias, n in sizes.items():
         if n != batch:
-            raise invalid(f"Tensor name: {alias} has inconsistent batch size: {n} expecting: "
-                          f"{batch}")
+            raise invalid(
+                f"Tensor name: {alias} has inconsistent batch size: {n} expecting: {batch}"
+            )
     columns = {k: _json_value(v, alias=k) for k, v in outputs.items()}
     return {"predictions": [{k: columns[k][i] for k in columns} for i in range(batch)]}
 
@@ -304,14 +355,24 @@ def predict_response(outputs: dict[str, np.ndarray], row_format: bool) -> dict:
 def _json_value(value: np.ndarray, alias: str = ""):
     if value.dtype == object or value.dtype.kind in "SU":
         as_b64 = alias.endswith("_bytes")
-        flat = [{"b64": base64.b64encode(v).decode()} if as_b64 else
-                (v.decode("utf-8", errors="replace") if isinstance(v, bytes) else str(v))
-                for v in value.reshape(-1)]
+        flat = [
+            {"b64": base64.b64encode(v).decode()}
+            if as_b64
+            else (v.decode("utf-8", errors="replace") if isinstance(v, bytes) else str(v))
+            for v in value.reshape(-1)
+        ]
         return np.array(flat, dtype=object).reshape(value.shape).tolist()
     if value.dtype == np.float32:
         # shortest repr that round-trips the float32, as TF Serving prints
-        return _nest([float(np.format_float_positional(v, unique=True, trim="0"))
-                      if math.isfinite(v) else float(v) for v in value.reshape(-1)], value.shape)
+        return _nest(
+            [
+                float(np.format_float_positional(v, unique=True, trim="0"))
+                if math.isfinite(v)
+                else float(v)
+                for v in value.reshape(-1)
+            ],
+            value.shape,
+        )
     if value.dtype.kind in "fiub":
         return value.tolist()
     raise invalid(f"Failed to write JSON value for tensor type: {value.dtype}")
@@ -356,22 +417,34 @@ def example(obj: Any) -> tf.train.Example:
             if v is None or isinstance(v, (list, dict)) and not _is_b64(v):
                 t = "Null" if v is None else "Array" if isinstance(v, list) else "Object"
                 raise invalid(f"Feature: {name} has element with unexpected JSON type: {t}")
-            kinds.add("bytes" if isinstance(v, str) or _is_b64(v) else
-                      "int64" if isinstance(v, (bool, int)) else "float")
+            kinds.add(
+                "bytes"
+                if isinstance(v, str) or _is_b64(v)
+                else "int64"
+                if isinstance(v, (bool, int))
+                else "float"
+            )
         if len(kinds) > 1:
-            first = ("bytes" if isinstance(values[0], str) or _is_b64(values[0]) else
-                     "int64" if isinstance(values[0], (bool, int)) else "float")
+            first = (
+                "bytes"
+                if isinstance(values[0], str) or _is_b64(values[0])
+                else "int64"
+                if isinstance(values[0], (bool, int))
+                else "float"
+            )
             raise invalid(f"Unexpected element type in feature: {name} expecting type: {first}")
         feature = out.features.feature[name]
         kind = kinds.pop() if kinds else "float"
         if kind == "bytes":
             feature.bytes_list.value.extend(
-                _b64decode(v["b64"]) if _is_b64(v) else _utf8(v) for v in values)
+                _b64decode(v["b64"]) if _is_b64(v) else _utf8(v) for v in values
+            )
         elif kind == "int64":
             for v in values:
-                if v > 2 ** 63 - 1:
-                    raise invalid(f"Feature: {name} has uint64_t element. Only int64_t is "
-                                  f"supported. Got: {v}")
+                if v > 2**63 - 1:
+                    raise invalid(
+                        f"Feature: {name} has uint64_t element. Only int64_t is supported. Got: {v}"
+                    )
             feature.int64_list.value.extend(int(v) for v in values)
         else:
             feature.float_list.value.extend(float(v) for v in values)
@@ -382,9 +455,10 @@ def _feature_name(name: str) -> None:
     try:
         name.encode()
     except UnicodeEncodeError:  # a lone surrogate escape such as "\ud800": not UTF-8
-        raise invalid(f"Feature name: {debug_json(name)} is not valid UTF-8 (the surrogate pair "
-                      "in string is invalid)") from None
+        raise invalid(
+            f"Feature name: {debug_json(name)} is not valid UTF-8 (the surrogate pair "
+            "in string is invalid)"
+        ) from None
 
 
-__all__ = ["parse_body", "debug_json", "predict_inputs", "predict_response", "examples",
-           "example"]
+__all__ = ["parse_body", "debug_json", "predict_inputs", "predict_response", "examples", "example"]

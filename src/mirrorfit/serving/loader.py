@@ -43,8 +43,9 @@ class Signature:
             try:
                 tensors[alias] = tf.convert_to_tensor(value, dtype=info.dtype)
             except (TypeError, ValueError):  # (callers check dtypes first; Python's text
-                raise invalid(f"input {alias}: cannot convert to {info.dtype.name}") \
-                    from None                   # is no message for a client)
+                raise invalid(
+                    f"input {alias}: cannot convert to {info.dtype.name}"
+                ) from None  # is no message for a client)
             _check_shape(alias, tensors[alias].shape, info.shape)
         try:
             out = self._fn(**tensors)
@@ -65,8 +66,12 @@ def op_error_text(message: str) -> str:
     """TensorFlow's own words for a failed op ("indices[0] = 5 is not in [0, 2)"), without
     the "Graph execution error:" header, the Python stack (the server's file paths are no
     business of a client) and the graph node it appends."""
-    kept = [line.strip() for line in message.splitlines() if line.strip() and not line.startswith(
-        ("Graph execution error", "Detected at node", " ", "\t"))]
+    kept = [
+        line.strip()
+        for line in message.splitlines()
+        if line.strip()
+        and not line.startswith(("Graph execution error", "Detected at node", " ", "\t"))
+    ]
     return kept[-1] if kept else "the model failed on this input"
 
 
@@ -83,8 +88,9 @@ class LoadedVersion:
     class_names: tuple[str, ...] | None = None  # mirrorfit's export asset, if it has one
 
 
-def load_version(name: str, version: int, path: str, *, tags: str = "serve",
-                 warmup: bool = True) -> LoadedVersion:
+def load_version(
+    name: str, version: int, path: str, *, tags: str = "serve", warmup: bool = True
+) -> LoadedVersion:
     """Load ``path`` (a SavedModel folder) as ``name`` version ``version`` and warm it up.
 
     Raises any error TensorFlow raises for a broken SavedModel; the repository records it.
@@ -94,14 +100,19 @@ def load_version(name: str, version: int, path: str, *, tags: str = "serve",
     signatures = {}
     for sig_name, fn in loaded.signatures.items():
         sdef = defs.get(sig_name)
-        inputs = {a: TensorInfo(a, s.dtype, _shape(s.shape))
-                  for a, s in fn.structured_input_signature[1].items()}
-        outputs = {a: TensorInfo(a, s.dtype, _shape(s.shape))
-                   for a, s in fn.structured_outputs.items()}
-        signatures[sig_name] = Signature(sig_name, inputs, outputs,
-                                         sdef.method_name if sdef else "", fn)
-    version_ = LoadedVersion(name, version, path, signatures, defs, loaded,
-                             class_names=_class_names(Path(path)))
+        inputs = {
+            a: TensorInfo(a, s.dtype, _shape(s.shape))
+            for a, s in fn.structured_input_signature[1].items()
+        }
+        outputs = {
+            a: TensorInfo(a, s.dtype, _shape(s.shape)) for a, s in fn.structured_outputs.items()
+        }
+        signatures[sig_name] = Signature(
+            sig_name, inputs, outputs, sdef.method_name if sdef else "", fn
+        )
+    version_ = LoadedVersion(
+        name, version, path, signatures, defs, loaded, class_names=_class_names(Path(path))
+    )
     if warmup:
         _warm_up(version_)
     return version_
@@ -133,6 +144,7 @@ def _warm_up(version: LoadedVersion) -> None:
     warmup_file = Path(version.path) / WARMUP_FILE
     if warmup_file.is_file():
         from tensorflow_serving.apis import prediction_log_pb2
+
         for record in tf.data.TFRecordDataset(str(warmup_file)):
             log = prediction_log_pb2.PredictionLog.FromString(record.numpy())
             if log.WhichOneof("log_type") == "predict_log":
@@ -142,10 +154,15 @@ def _warm_up(version: LoadedVersion) -> None:
                     sig.run({k: tf.make_ndarray(v) for k, v in req.inputs.items()})
         return
     for sig in version.signatures.values():
-        if sig.batched and all(i.dtype != tf.string and None not in i.shape[1:]
-                               for i in sig.inputs.values()):
-            sig.run({a: np.zeros((1, *i.shape[1:]), i.dtype.as_numpy_dtype)
-                     for a, i in sig.inputs.items()})
+        if sig.batched and all(
+            i.dtype != tf.string and None not in i.shape[1:] for i in sig.inputs.values()
+        ):
+            sig.run(
+                {
+                    a: np.zeros((1, *i.shape[1:]), i.dtype.as_numpy_dtype)
+                    for a, i in sig.inputs.items()
+                }
+            )
 
 
 def _shape(shape: tf.TensorShape) -> tuple[int | None, ...] | None:
@@ -157,12 +174,14 @@ def _check_shape(alias: str, got: tf.TensorShape, want: tuple | None) -> None:
         return
     if got.rank != len(want) or any(w is not None and g != w for g, w in zip(got, want)):
         shown = ",".join("-1" if w is None else str(w) for w in want)
-        raise invalid(f"input {alias}: shape {got.as_list()} does not match the signature's "
-                      f"[{shown}]")
+        raise invalid(
+            f"input {alias}: shape {got.as_list()} does not match the signature's [{shown}]"
+        )
 
 
 def _grpc_code(error: tf.errors.OpError):
     import grpc
+
     return {c.value[0]: c for c in grpc.StatusCode}.get(error.error_code, grpc.StatusCode.INTERNAL)
 
 

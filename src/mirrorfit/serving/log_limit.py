@@ -16,8 +16,9 @@ class LogLimiter:
     """``log(key, ...)`` writes a line unless one with ``key`` was written in the last
     ``interval_s`` seconds; the next line written says how many were held back."""
 
-    def __init__(self, interval_s: float = 60.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, interval_s: float = 60.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.interval_s = interval_s
         self._clock = clock
         self._last: dict[Hashable, tuple[float, int]] = {}  # key -> (written at, held back)

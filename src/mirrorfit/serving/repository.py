@@ -73,11 +73,18 @@ Loader = Callable[[str, int, str], LoadedVersion]  # (name, version, path) -> lo
 class ModelRepository:
     """Serves the models in ``configs``; ``loader`` loads one version folder."""
 
-    def __init__(self, configs: list[ModelConfig], *, loader: Loader,
-                 max_load_retries: int = 5, retry_interval_s: float = 60.0,
-                 versions_always_present: bool = False, warn_every_s: float = 60.0,
-                 clock: Callable[[], float] = time.monotonic,
-                 on_unload: Callable[[str, int], None] = lambda name, version: None) -> None:
+    def __init__(
+        self,
+        configs: list[ModelConfig],
+        *,
+        loader: Loader,
+        max_load_retries: int = 5,
+        retry_interval_s: float = 60.0,
+        versions_always_present: bool = False,
+        warn_every_s: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+        on_unload: Callable[[str, int], None] = lambda name, version: None,
+    ) -> None:
         self.configs = {c.name: c for c in configs}
         self._loader = loader
         self._on_unload = on_unload
@@ -100,8 +107,9 @@ class ModelRepository:
         self._thread: threading.Thread | None = None
 
     # ---- requests ----------------------------------------------------------------------
-    def resolve(self, name: str, version: int | None = None,
-                label: str | None = None) -> LoadedVersion:
+    def resolve(
+        self, name: str, version: int | None = None, label: str | None = None
+    ) -> LoadedVersion:
         """The loaded version a request names (latest when neither version nor label)."""
         live = self._live.get(name) or {}
         if label is not None:
@@ -143,10 +151,15 @@ class ModelRepository:
                     self._sync(config, rescan)
                 except OSError as e:
                     self._unreadable.add(config.name)
-                    self._warnings.log((config.name, "poll"), logging.WARNING, "poll failed",
-                                       model=config.name, path=config.base_path,
-                                       error=f"{type(e).__name__}: {e}"[:500],
-                                       serving=sorted(self._live.get(config.name, ())))
+                    self._warnings.log(
+                        (config.name, "poll"),
+                        logging.WARNING,
+                        "poll failed",
+                        model=config.name,
+                        path=config.base_path,
+                        error=f"{type(e).__name__}: {e}"[:500],
+                        serving=sorted(self._live.get(config.name, ())),
+                    )
 
     def _sync(self, config: ModelConfig, rescan: bool = True) -> None:
         name = config.name
@@ -155,8 +168,9 @@ class ModelRepository:
             if name in self._unreadable:
                 self._unreadable.discard(name)
                 self._warnings.forget((name, "poll"))
-                log.info("base path readable again", extra={"model": name,
-                                                            "path": config.base_path})
+                log.info(
+                    "base path readable again", extra={"model": name, "path": config.base_path}
+                )
         folders = self._folders[name]
         on_disk = sorted(v for v in folders if disk.has_saved_model(self._path(config, v)))
         self._note_incomplete(config, set(folders) - set(on_disk))
@@ -200,9 +214,15 @@ class ModelRepository:
             action = "keeping the loaded versions (--servable_versions_always_present)"
         else:
             action = "unloading every version (--servable_versions_always_present keeps them)"
-        log.warning("no versions", extra={"model": name, "path": config.base_path,
-                                          "looked_for": "folders named by a number",
-                                          "action": action})
+        log.warning(
+            "no versions",
+            extra={
+                "model": name,
+                "path": config.base_path,
+                "looked_for": "folders named by a number",
+                "action": action,
+            },
+        )
 
     def _note_incomplete(self, config: ModelConfig, incomplete: set[int]) -> None:
         """Log version folders without a SavedModel file once each (several in one line, at
@@ -210,10 +230,16 @@ class ModelRepository:
         logged = self._incomplete.get(config.name, set()) & incomplete
         new = incomplete - logged
         if new and self._warnings.log(
-                (config.name, "incomplete"), logging.WARNING, "no SavedModel",
-                model=config.name, path=config.base_path, versions=sorted(new)[:20],
-                count=len(new), looked_for=" or ".join(disk.SAVED_MODEL_FILES),
-                action="not loaded until the file is there"):
+            (config.name, "incomplete"),
+            logging.WARNING,
+            "no SavedModel",
+            model=config.name,
+            path=config.base_path,
+            versions=sorted(new)[:20],
+            count=len(new),
+            looked_for=" or ".join(disk.SAVED_MODEL_FILES),
+            action="not loaded until the file is there",
+        ):
             logged |= new
         self._incomplete[config.name] = logged
 
@@ -249,16 +275,23 @@ class ModelRepository:
             key, content = (name, version), disk.content(path)
             before = self._failures.get(key)
             retries = before.retries + 1 if before and before.content == content else 0
-            self._failures[key] = _Failure(retries, self._clock() + self._retry_interval_s,
-                                           content, content)
+            self._failures[key] = _Failure(
+                retries, self._clock() + self._retry_interval_s, content, content
+            )
             message = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e) else ''}"
             self._set_status(name, VersionStatus(version, END, "UNKNOWN", message[:500]))
             left = max(0, self._max_retries - retries)
-            log.error("load failed", extra={"model": name, "version": version,
-                                            "error": message[:500], "retries_left": left,
-                                            "retry_in_s": self._retry_interval_s if left
-                                            else None, "also_retried": "when its folder "
-                                            "changes"})
+            log.error(
+                "load failed",
+                extra={
+                    "model": name,
+                    "version": version,
+                    "error": message[:500],
+                    "retries_left": left,
+                    "retry_in_s": self._retry_interval_s if left else None,
+                    "also_retried": "when its folder changes",
+                },
+            )
             return
         self._failures.pop((name, version), None)
         with self._lock:
@@ -279,8 +312,7 @@ class ModelRepository:
 
     def _set_status(self, name: str, status: VersionStatus) -> None:
         with self._lock:
-            self._status = {**self._status,
-                            name: {**self._status[name], status.version: status}}
+            self._status = {**self._status, name: {**self._status[name], status.version: status}}
 
     # ---- a reloaded config file --------------------------------------------------------
     def reconfigure(self, configs: list[ModelConfig]) -> None:
@@ -324,8 +356,11 @@ class ModelRepository:
         version is due for a retry (retries run with polling off too, on the versions seen)."""
 
         def wait_s() -> float | None:
-            waits = [w for w in (interval_s if interval_s > 0 else None, self.next_retry_in())
-                     if w is not None]
+            waits = [
+                w
+                for w in (interval_s if interval_s > 0 else None, self.next_retry_in())
+                if w is not None
+            ]
             return min(waits) if waits else None
 
         def loop() -> None:
@@ -344,5 +379,13 @@ class ModelRepository:
             self._thread.join(timeout=5)
 
 
-__all__ = ["ModelRepository", "VersionStatus", "START", "LOADING", "AVAILABLE", "UNLOADING",
-           "END", "ServingError"]
+__all__ = [
+    "ModelRepository",
+    "VersionStatus",
+    "START",
+    "LOADING",
+    "AVAILABLE",
+    "UNLOADING",
+    "END",
+    "ServingError",
+]

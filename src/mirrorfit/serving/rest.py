@@ -42,10 +42,16 @@ from mirrorfit.serving.service import ModelService, Spec
 
 log = logging.getLogger("mirrorfit.serving")
 
-_POST = re.compile(r"/v1/models/([^/:]+)(?:(?:/versions/([0-9]+))|(?:/labels/([^/:]+)))?:"
-                   r"(classify|regress|predict)", re.IGNORECASE)
-_GET = re.compile(r"/v1/models(?:/([^/:]+))?(?:(?:/versions/([0-9]+))|(?:/labels/([^/:]+)))?"
-                  r"(?:/(metadata))?", re.IGNORECASE)
+_POST = re.compile(
+    r"/v1/models/([^/:]+)(?:(?:/versions/([0-9]+))|(?:/labels/([^/:]+)))?:"
+    r"(classify|regress|predict)",
+    re.IGNORECASE,
+)
+_GET = re.compile(
+    r"/v1/models(?:/([^/:]+))?(?:(?:/versions/([0-9]+))|(?:/labels/([^/:]+)))?"
+    r"(?:/(metadata))?",
+    re.IGNORECASE,
+)
 # Bodies (and outputs) up to this size are decoded (encoded) on the event loop: it costs less
 # than the hop to a thread; larger ones (up to 64 MiB of JSON, seconds of parsing) go to a thread
 # so gRPC and the other REST connections keep being served meanwhile.
@@ -65,7 +71,7 @@ def _spec(name: str, version: str | None, label: str | None) -> Spec:
     if version is not None:
         try:
             number = int(version)
-            if number >= 2 ** 63:
+            if number >= 2**63:
                 raise ValueError
         except ValueError:
             raise invalid(f"Failed to convert version: {version} to numeric.") from None
@@ -76,9 +82,16 @@ def _spec(name: str, version: str | None, label: str | None) -> Spec:
 class RestApi:
     """The REST handlers over a :class:`ModelService`."""
 
-    def __init__(self, service: ModelService, metrics: ServerMetrics, *,
-                 metrics_path: str | None, max_body_bytes: int, cors: bool = False,
-                 limits: RestLimits = RestLimits()) -> None:
+    def __init__(
+        self,
+        service: ModelService,
+        metrics: ServerMetrics,
+        *,
+        metrics_path: str | None,
+        max_body_bytes: int,
+        cors: bool = False,
+        limits: RestLimits = RestLimits(),
+    ) -> None:
         self.service, self.metrics = service, metrics
         self.metrics_path = metrics_path
         self.max_body_bytes = max_body_bytes
@@ -93,8 +106,13 @@ class RestApi:
         routes = [Route("/readyz", self.readyz, methods=["GET"])]
         if self.metrics_path:
             routes.append(Route(self.metrics_path, self.prometheus, methods=["GET"]))
-        routes.append(Route("/{path:path}", self.dispatch,
-                            methods=["GET", "POST", "OPTIONS", "PUT", "DELETE", "PATCH"]))
+        routes.append(
+            Route(
+                "/{path:path}",
+                self.dispatch,
+                methods=["GET", "POST", "OPTIONS", "PUT", "DELETE", "PATCH"],
+            )
+        )
         return Starlette(routes=routes)
 
     async def readyz(self, request: Request) -> Response:
@@ -119,9 +137,13 @@ class RestApi:
             log_internal_error(e, entrypoint="REST", method=method, path=path[:200])
             response = _json({"error": INTERNAL_MESSAGE}, 500)
         if self.cors:
-            response.headers.update({"Access-Control-Allow-Origin": "*",
-                                     "Access-Control-Allow-Methods": "POST, GET",
-                                     "Access-Control-Allow-Headers": "Content-Type"})
+            response.headers.update(
+                {
+                    "Access-Control-Allow-Origin": "*",
+                    "Access-Control-Allow-Methods": "POST, GET",
+                    "Access-Control-Allow-Headers": "Content-Type",
+                }
+            )
         return response
 
     async def _dispatch(self, request: Request, path: str, method: str) -> Response:
@@ -151,10 +173,19 @@ class RestApi:
             else:
                 # TF Serving's status endpoint does not resolve labels: every version is listed
                 statuses = self.service.status(Spec(spec.name, spec.version))
-                body = {"model_version_status": [
-                    {"version": str(s.version), "state": s.state,
-                     "status": {"error_code": s.error_code, "error_message": s.error_message}}
-                    for s in statuses]}
+                body = {
+                    "model_version_status": [
+                        {
+                            "version": str(s.version),
+                            "state": s.state,
+                            "status": {
+                                "error_code": s.error_code,
+                                "error_message": s.error_message,
+                            },
+                        }
+                        for s in statuses
+                    ]
+                }
             self._record(name, api, "OK", start)
             return _json(body, indent=1 if not metadata else 4)
         except ServingError as e:
@@ -166,10 +197,16 @@ class RestApi:
         defs = get_model_metadata_pb2.SignatureDefMap()
         for key, sdef in servable.signature_defs.items():
             defs.signature_def[key].CopyFrom(sdef)
-        body = {"model_spec": {"name": servable.name, "signature_name": "",
-                               "version": str(servable.version)},
-                "metadata": {"signature_def": json_format.MessageToDict(
-                    defs, preserving_proto_field_name=True)}}
+        body = {
+            "model_spec": {
+                "name": servable.name,
+                "signature_name": "",
+                "version": str(servable.version),
+            },
+            "metadata": {
+                "signature_def": json_format.MessageToDict(defs, preserving_proto_field_name=True)
+            },
+        }
         if servable.class_names is not None:  # mirrorfit's export: label i's name at i
             body["metadata"]["class_names"] = list(servable.class_names)
         return body
@@ -184,31 +221,38 @@ class RestApi:
                 body = await self._body(request, held)
                 gzipped = request.headers.get("content-encoding", "").lower() == "gzip"
                 # decoded as predict bodies are; waits for the model without holding a thread
-                handler = self._predict if method == "predict" else partial(self._examples,
-                                                                            method)
+                handler = self._predict if method == "predict" else partial(self._examples, method)
                 response, examples, spec = await handler(spec, body, gzipped, held)
             self._record(spec.name, method, "OK", start, examples)
             return response
         except ServingError as e:
             self._record(unquote(name), method, e.code.name, start, examples)
             if e.code == grpc.StatusCode.CANCELLED:  # the client's doing, not ours: counted
-                self._client_faults.log("disconnect", logging.INFO, "client disconnected",
-                                        entrypoint="REST", model=unquote(name)[:200],
-                                        error=e.message)
+                self._client_faults.log(
+                    "disconnect",
+                    logging.INFO,
+                    "client disconnected",
+                    entrypoint="REST",
+                    model=unquote(name)[:200],
+                    error=e.message,
+                )
             response = _error(e)
             if e.http_status in (408, 413):  # the rest of the body is not worth reading
                 response.headers["connection"] = "close"
             return response
 
-    async def _predict(self, spec: Spec, body: bytes, gzipped: bool,
-                       held: "_Held") -> tuple[Response, int, Spec]:
+    async def _predict(
+        self, spec: Spec, body: bytes, gzipped: bool, held: "_Held"
+    ) -> tuple[Response, int, Spec]:
         servable, sig, inputs, rows, spec = await self._maybe_off_loop(
-            _big(body, gzipped), self._predict_inputs, spec, body, gzipped, held)
+            _big(body, gzipped), self._predict_inputs, spec, body, gzipped, held
+        )
         outputs = await self.service.predict_async(servable, sig, inputs)
         n = next(iter(inputs.values())).shape[0] if rows else 0
         size = sum(v.size for v in outputs.values())
-        response = await self._maybe_off_loop(size * 8 > OFF_LOOP_BYTES, _predict_response,
-                                              outputs, rows)
+        response = await self._maybe_off_loop(
+            size * 8 > OFF_LOOP_BYTES, _predict_response, outputs, rows
+        )
         return response, n, spec
 
     def _predict_inputs(self, spec: Spec, body: bytes, gzipped: bool, held: "_Held"):
@@ -217,21 +261,26 @@ class RestApi:
         inputs, rows = json_codec.predict_inputs(doc, sig)
         return servable, sig, inputs, rows, spec
 
-    async def _examples(self, method: str, spec: Spec, body: bytes, gzipped: bool,
-                        held: "_Held") -> tuple[Response, int, Spec]:
+    async def _examples(
+        self, method: str, spec: Spec, body: bytes, gzipped: bool, held: "_Held"
+    ) -> tuple[Response, int, Spec]:
         servable, sig, context, items, spec = await self._maybe_off_loop(
-            _big(body, gzipped), self._examples_input, method, spec, body, gzipped, held)
+            _big(body, gzipped), self._examples_input, method, spec, body, gzipped, held
+        )
         if method == "classify":
-            results = await self.service.classify_async(servable, sig, context, items,
-                                                        json_codec.example)
+            results = await self.service.classify_async(
+                servable, sig, context, items, json_codec.example
+            )
             result = {"results": [[[label, score] for label, score in r] for r in results]}
         else:
-            result = {"results": await self.service.regress_async(servable, sig, context, items,
-                                                                  json_codec.example)}
+            result = {
+                "results": await self.service.regress_async(
+                    servable, sig, context, items, json_codec.example
+                )
+            }
         return _json(result), len(items), spec
 
-    def _examples_input(self, method: str, spec: Spec, body: bytes, gzipped: bool,
-                        held: "_Held"):
+    def _examples_input(self, method: str, spec: Spec, body: bytes, gzipped: bool, held: "_Held"):
         doc, spec = self._decode(spec, body, gzipped, held)
         servable, sig = self.service.resolve_signature(spec, api=method, entrypoint="REST")
         context, items = json_codec.examples(doc, method)  # still JSON: converted by the service
@@ -248,8 +297,10 @@ class RestApi:
         doc = json_codec.parse_body(body, yielding=_big(body, gzipped))
         signature = doc.get("signature_name", "") if isinstance(doc, dict) else ""
         if not isinstance(signature, str):
-            raise invalid(f"JSON Value: {json_codec.debug_json(doc)} not formatted correctly. "
-                          "'signature_name' key must be a string value.")
+            raise invalid(
+                f"JSON Value: {json_codec.debug_json(doc)} not formatted correctly. "
+                "'signature_name' key must be a string value."
+            )
         return doc, Spec(spec.name, spec.version, spec.label, signature)
 
     async def _maybe_off_loop(self, big: bool, fn, *args):
@@ -262,16 +313,24 @@ class RestApi:
         declared = request.headers.get("content-length")
         if declared and re.fullmatch("[0-9]+", declared):
             if int(declared) > self.max_body_bytes:
-                raise _too_large(f"Request body of {declared} bytes is larger than the limit "
-                                 f"of {self.max_body_bytes} bytes (--max_request_bytes)")
+                raise _too_large(
+                    f"Request body of {declared} bytes is larger than the limit "
+                    f"of {self.max_body_bytes} bytes (--max_request_bytes)"
+                )
             held.take(int(declared))  # refused before a byte of it is read
         try:
-            return await asyncio.wait_for(self._read(request, held, counted=bool(held.bytes)),
-                                          self.limits.body_timeout_s)
+            return await asyncio.wait_for(
+                self._read(request, held, counted=bool(held.bytes)), self.limits.body_timeout_s
+            )
         except asyncio.TimeoutError:
-            raise ServingError(grpc.StatusCode.DEADLINE_EXCEEDED, (
-                f"Request body not received within {self.limits.body_timeout_s * 1e3:.0f} ms "
-                "(--rest_api_body_timeout_in_ms)"), http=408) from None
+            raise ServingError(
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+                (
+                    f"Request body not received within {self.limits.body_timeout_s * 1e3:.0f} ms "
+                    "(--rest_api_body_timeout_in_ms)"
+                ),
+                http=408,
+            ) from None
 
     async def _read(self, request: Request, held: "_Held", counted: bool) -> bytes:
         chunks, size = [], 0
@@ -279,22 +338,41 @@ class RestApi:
             async for chunk in request.stream():
                 size += len(chunk)
                 if size > self.max_body_bytes:
-                    raise _too_large(f"Request body is larger than the limit of "
-                                     f"{self.max_body_bytes} bytes (--max_request_bytes)")
+                    raise _too_large(
+                        f"Request body is larger than the limit of "
+                        f"{self.max_body_bytes} bytes (--max_request_bytes)"
+                    )
                 if not counted:  # chunked: no length declared up front
                     held.take(len(chunk))
                 chunks.append(chunk)
         except ClientDisconnect:  # it hung up: TF Serving's code for a cancelled request
-            raise ServingError(grpc.StatusCode.CANCELLED, "Client disconnected after "
-                               f"{size} bytes of the request body", http=499) from None
+            raise ServingError(
+                grpc.StatusCode.CANCELLED,
+                f"Client disconnected after {size} bytes of the request body",
+                http=499,
+            ) from None
         return b"".join(chunks)
 
     def _record(self, model: str, api: str, status: str, start: float, examples: int = 0):
         elapsed = time.perf_counter() - start
-        self.metrics.record(model=model, api=api, entrypoint="REST", status=status,
-                            seconds=elapsed, examples=examples)
-        log.debug("request", extra={"entrypoint": "REST", "model": model, "api": api,
-                                    "status": status, "latency_ms": round(elapsed * 1e3, 3)})
+        self.metrics.record(
+            model=model,
+            api=api,
+            entrypoint="REST",
+            status=status,
+            seconds=elapsed,
+            examples=examples,
+        )
+        log.debug(
+            "request",
+            extra={
+                "entrypoint": "REST",
+                "model": model,
+                "api": api,
+                "status": status,
+                "latency_ms": round(elapsed * 1e3, 3),
+            },
+        )
 
 
 def _big(body: bytes, gzipped: bool) -> bool:
@@ -322,9 +400,13 @@ class BodyBudget:
     def _take(self, n: int) -> None:
         with self._lock:
             if self.held + n > self.limit:
-                raise ServingError(grpc.StatusCode.UNAVAILABLE, (
-                    f"Server busy: request bodies in progress already hold {self.held} of "
-                    f"{self.limit} bytes (--rest_api_max_buffered_bytes); retry later"))
+                raise ServingError(
+                    grpc.StatusCode.UNAVAILABLE,
+                    (
+                        f"Server busy: request bodies in progress already hold {self.held} of "
+                        f"{self.limit} bytes (--rest_api_max_buffered_bytes); retry later"
+                    ),
+                )
             self.held += n
 
     def _give(self, n: int) -> None:
@@ -357,8 +439,10 @@ def _gunzip(body: bytes, limit: int) -> bytes:
     with gzip.GzipFile(fileobj=io.BytesIO(body)) as f:
         out = f.read(limit + 1)
     if len(out) > limit:
-        raise _too_large(f"Decompressed request body is larger than the limit of {limit} bytes "
-                         "(--max_request_bytes)")
+        raise _too_large(
+            f"Decompressed request body is larger than the limit of {limit} bytes "
+            "(--max_request_bytes)"
+        )
     return out
 
 

@@ -57,8 +57,11 @@ class _HeadLimits:
         if idle and self._idle() and not self.transport.is_closing():  # still no whole head
             self._head_bytes += len(data)
             if self._head_bytes > HEAD_BYTES:
-                self._refuse(431, "Request Header Fields Too Large",
-                             f"Request head is larger than {HEAD_BYTES} bytes")
+                self._refuse(
+                    431,
+                    "Request Header Fields Too Large",
+                    f"Request head is larger than {HEAD_BYTES} bytes",
+                )
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
@@ -75,11 +78,13 @@ class _HeadLimits:
         if size <= HEAD_BYTES:
             return False
         if url:  # TF Serving's JSON, not the parser's plain-text 400
-            self._refusal = (414, "URI Too Long", f"Request URI is longer than {HEAD_BYTES} "
-                             "bytes")
+            self._refusal = (414, "URI Too Long", f"Request URI is longer than {HEAD_BYTES} bytes")
         else:
-            self._refusal = (431, "Request Header Fields Too Large",
-                             f"Request head is larger than {HEAD_BYTES} bytes")
+            self._refusal = (
+                431,
+                "Request Header Fields Too Large",
+                f"Request head is larger than {HEAD_BYTES} bytes",
+            )
         return True
 
     def _idle(self) -> bool:
@@ -97,8 +102,12 @@ class _HeadLimits:
         if not self._idle() or self.transport.is_closing():
             return  # a request arrived in time (its body has its own timeout, in rest.py)
         if self._head_bytes:
-            self._refuse(408, "Request Timeout", f"Request head not received within "
-                         f"{self.head_timeout_s * 1e3:.0f} ms (--rest_api_header_timeout_in_ms)")
+            self._refuse(
+                408,
+                "Request Timeout",
+                f"Request head not received within "
+                f"{self.head_timeout_s * 1e3:.0f} ms (--rest_api_header_timeout_in_ms)",
+            )
         else:  # an idle connection: close it quietly, as a keep-alive timeout does
             self.transport.close()
 
@@ -108,7 +117,8 @@ class _HeadLimits:
         body = json.dumps({"error": message}).encode()
         self.transport.write(
             b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\nconnection: close\r\n"
-            b"content-length: %d\r\n\r\n%s" % (status, reason.encode(), len(body), body))
+            b"content-length: %d\r\n\r\n%s" % (status, reason.encode(), len(body), body)
+        )
         self.transport.close()
 
 
@@ -161,8 +171,9 @@ class _H11HeadLimits(_HeadLimits):
                 raise
             if isinstance(event, h11.Request):
                 line = _REQUEST_LINE_BYTES + len(event.target)
-                head = line + sum(len(name) + len(value) + _HEADER_LINE_BYTES
-                                  for name, value in event.headers)
+                head = line + sum(
+                    len(name) + len(value) + _HEADER_LINE_BYTES for name, value in event.headers
+                )
                 if self._over(line, url=True) or self._over(head):
                     raise h11.RemoteProtocolError(self._refusal[2])
             return event
@@ -175,29 +186,41 @@ def protocol_class(http_impl: str, head_timeout_s: float) -> type:
     if http_impl == "auto":
         try:
             import httptools  # noqa: F401
+
             http_impl = "httptools"
         except ImportError:
             http_impl = "h11"
     if http_impl == "httptools":
         from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as base
+
         limits = _HttpToolsHeadLimits
     else:
         from uvicorn.protocols.http.h11_impl import H11Protocol as base
+
         limits = _H11HeadLimits
     return type(f"Bounded{base.__name__}", (limits, base), {"head_timeout_s": head_timeout_s})
 
 
-def uvicorn_config(app, *, host: str, port: int, limits: RestLimits,
-                   graceful_shutdown_s: float):
+def uvicorn_config(app, *, host: str, port: int, limits: RestLimits, graceful_shutdown_s: float):
     """uvicorn's Config for the REST port. ``limit_concurrency`` answers 503 to a request when
     this many connections or requests are open; logs go through the server's JSON handler."""
     import uvicorn
 
     return uvicorn.Config(
-        app, host=host, port=port, http=protocol_class(limits.http_impl, limits.header_timeout_s),
-        limit_concurrency=limits.max_connections, timeout_keep_alive=limits.keepalive_timeout_s,
-        h11_max_incomplete_event_size=HEAD_BYTES, timeout_graceful_shutdown=graceful_shutdown_s,
-        log_config=None, log_level="warning", access_log=False, lifespan="off", ws="none")
+        app,
+        host=host,
+        port=port,
+        http=protocol_class(limits.http_impl, limits.header_timeout_s),
+        limit_concurrency=limits.max_connections,
+        timeout_keep_alive=limits.keepalive_timeout_s,
+        h11_max_incomplete_event_size=HEAD_BYTES,
+        timeout_graceful_shutdown=graceful_shutdown_s,
+        log_config=None,
+        log_level="warning",
+        access_log=False,
+        lifespan="off",
+        ws="none",
+    )
 
 
 def run(main, event_loop: str):

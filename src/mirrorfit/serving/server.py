@@ -32,8 +32,11 @@ class _JsonFormatter(logging.Formatter):
     _PLAIN = set(vars(logging.makeLogRecord({})))
 
     def format(self, record: logging.LogRecord) -> str:
-        entry = {"time": round(record.created, 3), "level": record.levelname.lower(),
-                 "event": record.getMessage()}
+        entry = {
+            "time": round(record.created, 3),
+            "level": record.levelname.lower(),
+            "event": record.getMessage(),
+        }
         entry.update({k: v for k, v in vars(record).items() if k not in self._PLAIN})
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
@@ -44,24 +47,31 @@ def build(config: ServeConfig, configs: list[model_config.ModelConfig] | None = 
     """The repository, service and metrics for ``config``, with every model loaded once."""
     if configs is None:
         configs = model_configs(config)
-    params = model_config.read_batching_parameters(config.batching_parameters_file,
-                                                   cpus=min(os.cpu_count() or 1, MAX_THREADS),
-                                                   max_threads=MAX_THREADS)
+    params = model_config.read_batching_parameters(
+        config.batching_parameters_file,
+        cpus=min(os.cpu_count() or 1, MAX_THREADS),
+        max_threads=MAX_THREADS,
+    )
     metrics_path = model_config.read_monitoring_config(config.monitoring_config_file)
     metrics = ServerMetrics(model_names=[c.name for c in configs])
     batcher = Batcher(params, on_batch=metrics.record_batch) if config.enable_batching else None
     repository = ModelRepository(
-        configs, loader=partial(_load, tags=config.saved_model_tags,
-                                warmup=config.enable_model_warmup),
+        configs,
+        loader=partial(_load, tags=config.saved_model_tags, warmup=config.enable_model_warmup),
         max_load_retries=config.max_num_load_retries,
         retry_interval_s=config.load_retry_interval_micros / 1e6,
         versions_always_present=config.servable_versions_always_present,
-        on_unload=partial(_unload, batcher))
+        on_unload=partial(_unload, batcher),
+    )
     repository.poll_once()
-    service = ModelService(repository, batcher, timeout_s=config.rest_api_timeout_in_ms / 1e3,
-                           max_rows=config.max_rows_per_request,
-                           max_in_flight=config.max_unbatched_in_flight,
-                           max_bytes=config.max_request_bytes)
+    service = ModelService(
+        repository,
+        batcher,
+        timeout_s=config.rest_api_timeout_in_ms / 1e3,
+        max_rows=config.max_rows_per_request,
+        max_in_flight=config.max_unbatched_in_flight,
+        max_bytes=config.max_request_bytes,
+    )
     return repository, service, metrics, metrics_path
 
 
@@ -104,6 +114,7 @@ def serve(config: ServeConfig) -> int:
     configs = model_configs(config)
 
     import tensorflow as tf
+
     # before any model loads: TF fixes its thread pools at the first op
     tf.config.threading.set_intra_op_parallelism_threads(config.tensorflow_intra_op_parallelism)
     tf.config.threading.set_inter_op_parallelism_threads(config.tensorflow_inter_op_parallelism)
@@ -113,9 +124,12 @@ def serve(config: ServeConfig) -> int:
     repository.start_polling(config.file_system_poll_wait_seconds)
     reloader = None
     if config.model_config_file and config.model_config_file_poll_wait_seconds > 0:
-        reloader = ConfigReloader(config.model_config_file,
-                                  config.model_config_file_poll_wait_seconds, configs,
-                                  partial(_reconfigure, repository, metrics))
+        reloader = ConfigReloader(
+            config.model_config_file,
+            config.model_config_file_poll_wait_seconds,
+            configs,
+            partial(_reconfigure, repository, metrics),
+        )
         reloader.start()
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -123,8 +137,7 @@ def serve(config: ServeConfig) -> int:
         # found: this one, so the gRPC side still gets its graceful stop.
         signal.signal(sig, lambda *_: stop.set())
     try:
-        rest_transport.run(_serve(config, service, metrics, metrics_path, stop),
-                           config.event_loop)
+        rest_transport.run(_serve(config, service, metrics, metrics_path, stop), config.event_loop)
     finally:
         if reloader is not None:
             reloader.stop()
@@ -134,8 +147,13 @@ def serve(config: ServeConfig) -> int:
     return 0
 
 
-async def _serve(config: ServeConfig, service: ModelService, metrics: ServerMetrics,
-                 metrics_path: str | None, stop: threading.Event) -> None:
+async def _serve(
+    config: ServeConfig,
+    service: ModelService,
+    metrics: ServerMetrics,
+    metrics_path: str | None,
+    stop: threading.Event,
+) -> None:
     """gRPC (grpc.aio) and REST (uvicorn) on one event loop: no thread per waiting request."""
     import grpc
     import uvicorn
@@ -148,31 +166,52 @@ async def _serve(config: ServeConfig, service: ModelService, metrics: ServerMetr
     # no shared byte budget as REST has: --grpc_max_threads bounds the requests in progress
     # (one more is refused with RESOURCE_EXHAUSTED), so the messages held at once.
     grpc_server = grpc.aio.server(
-        options=[("grpc.max_receive_message_length", config.max_request_bytes),
-                 ("grpc.max_send_message_length", 2 ** 31 - 1)],
-        maximum_concurrent_rpcs=config.grpc_max_threads)
+        options=[
+            ("grpc.max_receive_message_length", config.max_request_bytes),
+            ("grpc.max_send_message_length", 2**31 - 1),
+        ],
+        maximum_concurrent_rpcs=config.grpc_max_threads,
+    )
     add_services(grpc_server, service, metrics)
     try:
         bound = grpc_server.add_insecure_port(f"{config.host}:{config.port}")
     except RuntimeError:
         bound = 0
     if not bound:
-        raise ConfigError(f"--port={config.port}: cannot listen on {config.host}:{config.port}; "
-                          "pick another port with --port")
+        raise ConfigError(
+            f"--port={config.port}: cannot listen on {config.host}:{config.port}; "
+            "pick another port with --port"
+        )
     await grpc_server.start()
-    rest = RestApi(service, metrics, metrics_path=metrics_path,
-                   max_body_bytes=config.max_request_bytes,
-                   cors=config.rest_api_enable_cors_support, limits=_rest_limits(config))
-    log.info("serving", extra={"grpc": f"{config.host}:{config.port}",
-                               "rest": f"{config.host}:{config.rest_api_port}",
-                               "models": sorted(service.repository.configs),
-                               "batching": config.enable_batching,
-                               "metrics_path": metrics_path})
+    rest = RestApi(
+        service,
+        metrics,
+        metrics_path=metrics_path,
+        max_body_bytes=config.max_request_bytes,
+        cors=config.rest_api_enable_cors_support,
+        limits=_rest_limits(config),
+    )
+    log.info(
+        "serving",
+        extra={
+            "grpc": f"{config.host}:{config.port}",
+            "rest": f"{config.host}:{config.rest_api_port}",
+            "models": sorted(service.repository.configs),
+            "batching": config.enable_batching,
+            "metrics_path": metrics_path,
+        },
+    )
     if config.rest_api_port:
         # uvicorn handles SIGTERM/SIGINT: stops accepting, finishes requests in flight, returns.
-        await uvicorn.Server(rest_transport.uvicorn_config(
-            rest.app(), host=config.host, port=config.rest_api_port, limits=rest.limits,
-            graceful_shutdown_s=config.shutdown_grace_seconds)).serve()
+        await uvicorn.Server(
+            rest_transport.uvicorn_config(
+                rest.app(),
+                host=config.host,
+                port=config.rest_api_port,
+                limits=rest.limits,
+                graceful_shutdown_s=config.shutdown_grace_seconds,
+            )
+        ).serve()
     else:  # TF Serving: --rest_api_port=0 turns REST off
         while not stop.is_set():
             await asyncio.sleep(0.2)
@@ -187,18 +226,22 @@ def _rest_limits(config: ServeConfig) -> rest_transport.RestLimits:
         header_timeout_s=config.rest_api_header_timeout_in_ms / 1e3,
         body_timeout_s=config.rest_api_body_timeout_in_ms / 1e3,
         max_buffered_bytes=config.rest_api_max_buffered_bytes,
-        http_impl=config.rest_api_http_impl)
+        http_impl=config.rest_api_http_impl,
+    )
 
 
 def _check_port_free(host: str, port: int, flag: str) -> None:
     import socket
+
     with socket.socket() as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
         except OSError as e:
-            raise ConfigError(f"{flag}={port}: cannot listen on {host}:{port} ({e.strerror}); "
-                              f"pick another port with {flag}") from None
+            raise ConfigError(
+                f"{flag}={port}: cannot listen on {host}:{port} ({e.strerror}); "
+                f"pick another port with {flag}"
+            ) from None
 
 
 __all__ = ["ServeConfig", "serve", "build"]

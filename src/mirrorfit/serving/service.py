@@ -33,10 +33,16 @@ class Spec:
 class ModelService:
     """The operations both APIs serve, over a repository and an optional batcher."""
 
-    def __init__(self, repository: ModelRepository, batcher: Batcher | None = None,
-                 timeout_s: float | None = None, model_threads: int = 2,
-                 max_rows: int = MAX_ROWS, max_in_flight: int = 64,
-                 max_bytes: int = 64 * 1024 * 1024) -> None:
+    def __init__(
+        self,
+        repository: ModelRepository,
+        batcher: Batcher | None = None,
+        timeout_s: float | None = None,
+        model_threads: int = 2,
+        max_rows: int = MAX_ROWS,
+        max_in_flight: int = 64,
+        max_bytes: int = 64 * 1024 * 1024,
+    ) -> None:
         self.repository = repository
         self.batcher = batcher
         self.timeout_s = timeout_s
@@ -52,8 +58,9 @@ class ModelService:
     def metadata(self, spec: Spec) -> LoadedVersion:
         return self.repository.resolve(spec.name, spec.version, spec.label)
 
-    def resolve_signature(self, spec: Spec, *, api: str = "predict",
-                          entrypoint: str = "REST") -> tuple[LoadedVersion, Signature]:
+    def resolve_signature(
+        self, spec: Spec, *, api: str = "predict", entrypoint: str = "REST"
+    ) -> tuple[LoadedVersion, Signature]:
         """The servable and signature a request names, with TF Serving's message (which
         differs by API and entrypoint) for an unknown signature."""
         servable = self.repository.resolve(spec.name, spec.version, spec.label)
@@ -64,12 +71,18 @@ class ModelService:
         if api != "predict":
             raise invalid(f"No signature was found with the name: {name}")
         if entrypoint == "GRPC":
-            raise ServingError(grpc.StatusCode.FAILED_PRECONDITION,
-                               f'Serving signature key "{name}" not found.')
+            raise ServingError(
+                grpc.StatusCode.FAILED_PRECONDITION, f'Serving signature key "{name}" not found.'
+            )
         raise invalid(f'Serving signature name: "{name}" not found in signature def')
 
-    def predict(self, servable: LoadedVersion, sig: Signature, inputs: dict[str, np.ndarray],
-                output_filter: list[str] | None = None) -> dict[str, np.ndarray]:
+    def predict(
+        self,
+        servable: LoadedVersion,
+        sig: Signature,
+        inputs: dict[str, np.ndarray],
+        output_filter: list[str] | None = None,
+    ) -> dict[str, np.ndarray]:
         """Run ``sig`` on ``inputs`` (checked against its inputs), batched when enabled."""
         check_inputs(sig, inputs, self.max_rows)
         _check_filter(sig, output_filter)
@@ -80,12 +93,17 @@ class ModelService:
             return future.result(self.timeout_s)
         except TimeoutError:
             future.cancel()  # if it has not started, it never will: its slot is free again
-            raise ServingError(grpc.StatusCode.DEADLINE_EXCEEDED, "Timed out running the "
-                               "model") from None
+            raise ServingError(
+                grpc.StatusCode.DEADLINE_EXCEEDED, "Timed out running the model"
+            ) from None
 
-    async def predict_async(self, servable: LoadedVersion, sig: Signature,
-                            inputs: dict[str, np.ndarray],
-                            output_filter: list[str] | None = None) -> dict[str, np.ndarray]:
+    async def predict_async(
+        self,
+        servable: LoadedVersion,
+        sig: Signature,
+        inputs: dict[str, np.ndarray],
+        output_filter: list[str] | None = None,
+    ) -> dict[str, np.ndarray]:
         """:meth:`predict` for an asyncio server: waits without holding a thread."""
         check_inputs(sig, inputs, self.max_rows)  # before it costs a queue or a thread
         _check_filter(sig, output_filter)
@@ -93,40 +111,57 @@ class ModelService:
         outputs = await self._wait_async(self._submit(servable, sig, inputs, loop), loop)
         return _filter(outputs, output_filter)
 
-    async def _wait_async(self, future: Future | asyncio.Future,
-                          loop: asyncio.AbstractEventLoop):
+    async def _wait_async(self, future: Future | asyncio.Future, loop: asyncio.AbstractEventLoop):
         """The result of ``future`` within the model timeout, waited for without a thread."""
         if not isinstance(future, asyncio.Future):
             future = asyncio.wrap_future(future)
         # A timer that cancels the future, not asyncio.wait_for: that wraps every request in
         # one more task.
-        timer = (loop.call_later(self.timeout_s, future.cancel)
-                 if self.timeout_s is not None else None)
+        timer = (
+            loop.call_later(self.timeout_s, future.cancel) if self.timeout_s is not None else None
+        )
         try:
             return await future
         except asyncio.CancelledError:
             if timer is not None and loop.time() >= timer.when():
-                raise ServingError(grpc.StatusCode.DEADLINE_EXCEEDED, "Timed out running the "
-                                   "model") from None
+                raise ServingError(
+                    grpc.StatusCode.DEADLINE_EXCEEDED, "Timed out running the model"
+                ) from None
             raise  # the request itself was cancelled (client gone, shutdown)
         finally:
             if timer is not None:
                 timer.cancel()
 
-    def _submit(self, servable: LoadedVersion, sig: Signature, inputs: dict[str, np.ndarray],
-                loop: asyncio.AbstractEventLoop | None = None) -> Future | asyncio.Future:
-        batchable = (self.batcher is not None and sig.batched and inputs
-                     and all(np.ndim(v) >= 1 for v in inputs.values()))
+    def _submit(
+        self,
+        servable: LoadedVersion,
+        sig: Signature,
+        inputs: dict[str, np.ndarray],
+        loop: asyncio.AbstractEventLoop | None = None,
+    ) -> Future | asyncio.Future:
+        batchable = (
+            self.batcher is not None
+            and sig.batched
+            and inputs
+            and all(np.ndim(v) >= 1 for v in inputs.values())
+        )
         if not batchable:
             return self._model_pool.submit(sig.run, inputs)
-        arrays = {k: np.asarray(v, dtype=sig.inputs[k].dtype.as_numpy_dtype)
-                  for k, v in inputs.items()}
-        return self.batcher.submit((servable.name, servable.version, sig.name), servable.name,
-                                   sig.run, arrays, loop)
+        arrays = {
+            k: np.asarray(v, dtype=sig.inputs[k].dtype.as_numpy_dtype) for k, v in inputs.items()
+        }
+        return self.batcher.submit(
+            (servable.name, servable.version, sig.name), servable.name, sig.run, arrays, loop
+        )
 
-    async def classify_async(self, servable: LoadedVersion, sig: Signature, context,
-                             examples: Sequence, to_example: Callable | None = None) \
-            -> list[list[tuple[str, float]]]:
+    async def classify_async(
+        self,
+        servable: LoadedVersion,
+        sig: Signature,
+        context,
+        examples: Sequence,
+        to_example: Callable | None = None,
+    ) -> list[list[tuple[str, float]]]:
         """[(label, score), ...] per example, for a signature with one string input and
         ``classes`` and/or ``scores`` outputs (TF Serving's classifier contract).
 
@@ -136,18 +171,27 @@ class ModelService:
         unbatched model pool (--max_unbatched_in_flight), so waiting requests are bounded."""
         alias = self._check_examples(sig, "classify", len(examples))
         if "classes" not in sig.outputs and "scores" not in sig.outputs:
-            raise invalid(f"Expected classification signature outputs to contain classes or "
-                          f"scores; signature {sig.name} has {','.join(sorted(sig.outputs))}")
+            raise invalid(
+                f"Expected classification signature outputs to contain classes or "
+                f"scores; signature {sig.name} has {','.join(sorted(sig.outputs))}"
+            )
 
         def run():
             serialized = serialize_examples(context, examples, self.max_bytes, to_example)
-            return _classifications(sig.run({alias: np.array(serialized, dtype=object)}),
-                                    len(serialized))
+            return _classifications(
+                sig.run({alias: np.array(serialized, dtype=object)}), len(serialized)
+            )
+
         return await self._run_async(run)
 
-    async def regress_async(self, servable: LoadedVersion, sig: Signature, context,
-                            examples: Sequence, to_example: Callable | None = None) \
-            -> list[float]:
+    async def regress_async(
+        self,
+        servable: LoadedVersion,
+        sig: Signature,
+        context,
+        examples: Sequence,
+        to_example: Callable | None = None,
+    ) -> list[float]:
         """One value per example, for a signature with one string input and an ``outputs``
         output of shape [batch] or [batch, 1]. Arguments and bounds as :meth:`classify_async`."""
         alias = self._check_examples(sig, "regress", len(examples))
@@ -158,9 +202,12 @@ class ModelService:
             serialized = serialize_examples(context, examples, self.max_bytes, to_example)
             values = sig.run({alias: np.array(serialized, dtype=object)})["outputs"]
             if values.ndim == 2 and values.shape[1] != 1 or values.ndim > 2:
-                raise invalid(f"Expected output Tensor shape to be either [batch_size] or "
-                              f"[batch_size, 1] but got {list(values.shape)}")
+                raise invalid(
+                    f"Expected output Tensor shape to be either [batch_size] or "
+                    f"[batch_size, 1] but got {list(values.shape)}"
+                )
             return values.reshape(-1).astype(float).tolist()
+
         return await self._run_async(run)
 
     def _check_examples(self, sig: Signature, method: str, count: int) -> str:
@@ -179,11 +226,14 @@ def _classifications(out: dict[str, np.ndarray], n: int) -> list[list[tuple[str,
     width = (scores if scores is not None else classes).reshape(n, -1).shape[1]
     result = []
     for i in range(n):
-        labels = ([c.decode() if isinstance(c, bytes) else str(c)
-                   for c in classes.reshape(n, -1)[i]] if classes is not None
-                  else [""] * width)
-        values = (scores.reshape(n, -1)[i].astype(float).tolist() if scores is not None
-                  else [0.0] * width)
+        labels = (
+            [c.decode() if isinstance(c, bytes) else str(c) for c in classes.reshape(n, -1)[i]]
+            if classes is not None
+            else [""] * width
+        )
+        values = (
+            scores.reshape(n, -1)[i].astype(float).tolist() if scores is not None else [0.0] * width
+        )
         result.append(list(zip(labels, values)))
     return result
 
@@ -200,9 +250,13 @@ class _ModelPool:
 
     def submit(self, fn, *args) -> Future:
         if not self._slots.acquire(blocking=False):
-            raise ServingError(grpc.StatusCode.UNAVAILABLE, (
-                f"Server busy: {self.max_in_flight} model calls are already running or waiting "
-                "(--max_unbatched_in_flight); retry later"))
+            raise ServingError(
+                grpc.StatusCode.UNAVAILABLE,
+                (
+                    f"Server busy: {self.max_in_flight} model calls are already running or waiting "
+                    "(--max_unbatched_in_flight); retry later"
+                ),
+            )
         try:
             future = self._executor.submit(fn, *args)
         except BaseException:
@@ -216,8 +270,10 @@ class _ModelPool:
 def _check_filter(sig: Signature, output_filter: list[str] | None) -> None:
     unknown = [a for a in output_filter or () if a not in sig.outputs]
     if unknown:
-        raise invalid(f"output tensor alias not found in signature: {unknown[0]} Outputs "
-                      f"expected to be in the set {{{','.join(sorted(sig.outputs))}}}.")
+        raise invalid(
+            f"output tensor alias not found in signature: {unknown[0]} Outputs "
+            f"expected to be in the set {{{','.join(sorted(sig.outputs))}}}."
+        )
 
 
 def _filter(outputs: dict[str, np.ndarray], output_filter: list[str] | None) -> dict:
@@ -226,13 +282,16 @@ def _filter(outputs: dict[str, np.ndarray], output_filter: list[str] | None) -> 
 
 def _example_input(sig: Signature, method: str) -> str:
     if len(sig.inputs) != 1 or next(iter(sig.inputs.values())).dtype != tf.string:
-        raise invalid(f"Expected one input Tensor of type DT_STRING (serialized tf.Examples) "
-                      f"for {method}; signature {sig.name} does not take one")
+        raise invalid(
+            f"Expected one input Tensor of type DT_STRING (serialized tf.Examples) "
+            f"for {method}; signature {sig.name} does not take one"
+        )
     return next(iter(sig.inputs))
 
 
-def serialize_examples(context, examples: Sequence, max_bytes: int,
-                       to_example: Callable | None = None) -> list[bytes]:
+def serialize_examples(
+    context, examples: Sequence, max_bytes: int, to_example: Callable | None = None
+) -> list[bytes]:
     """Serialized tf.Examples; with a context, each example merged over it (example wins).
 
     The context is copied into every example, so a small request can ask for examples x
@@ -243,17 +302,21 @@ def serialize_examples(context, examples: Sequence, max_bytes: int,
     ctx_bytes = ctx.ByteSize() if ctx is not None else 0
     total = len(examples) * ctx_bytes
     if total > max_bytes:
-        raise invalid(f"{len(examples)} examples with a context of {ctx_bytes} bytes would be "
-                      f"{total} bytes of tf.Examples, more than the limit of {max_bytes} bytes "
-                      "(--max_request_bytes); send a smaller context or fewer examples")
+        raise invalid(
+            f"{len(examples)} examples with a context of {ctx_bytes} bytes would be "
+            f"{total} bytes of tf.Examples, more than the limit of {max_bytes} bytes "
+            "(--max_request_bytes); send a smaller context or fewer examples"
+        )
     out = []
     for i, item in enumerate(examples):
         example = make(item)
         total += example.ByteSize()
         if total > max_bytes:
-            raise invalid(f"The examples merged with their context are more than the limit of "
-                          f"{max_bytes} bytes (--max_request_bytes) at example {i}; send "
-                          "smaller or fewer examples")
+            raise invalid(
+                f"The examples merged with their context are more than the limit of "
+                f"{max_bytes} bytes (--max_request_bytes) at example {i}; send "
+                "smaller or fewer examples"
+            )
         if ctx is not None:
             merged = tf.train.Example()
             merged.CopyFrom(ctx)

@@ -59,15 +59,24 @@ class ServeConfig:
 MAX_THREADS = 1024
 # Timeouts and waits past a day are no limit at all, and absurd values overflow event-loop timers.
 MAX_SECONDS = 24 * 3600
-_POSITIVE = ("max_rows_per_request", "max_unbatched_in_flight", "grpc_max_threads",
-             "rest_api_max_connections")
-_MILLISECONDS = ("rest_api_timeout_in_ms", "rest_api_keepalive_timeout_in_ms",
-                 "rest_api_header_timeout_in_ms", "rest_api_body_timeout_in_ms")
+_POSITIVE = (
+    "max_rows_per_request",
+    "max_unbatched_in_flight",
+    "grpc_max_threads",
+    "rest_api_max_connections",
+)
+_MILLISECONDS = (
+    "rest_api_timeout_in_ms",
+    "rest_api_keepalive_timeout_in_ms",
+    "rest_api_header_timeout_in_ms",
+    "rest_api_body_timeout_in_ms",
+)
 
 
 def check_config(config: ServeConfig) -> None:
     """Every numeric setting in its range, before anything starts: a ConfigError (exit 2)
     naming the flag. A negative byte limit, for one, would mean 'unlimited' to gRPC."""
+
     def bad(flag: str, want: str):
         return ConfigError(f"--{flag} must be {want}, got {getattr(config, flag)}")
 
@@ -75,11 +84,14 @@ def check_config(config: ServeConfig) -> None:
         if not 0 <= getattr(config, flag) < 65536:
             raise ConfigError(f"--{flag}={getattr(config, flag)}: a port is 0-65535")
     if config.port == config.rest_api_port:
-        raise ConfigError(f"--port and --rest_api_port are both {config.port}; give them "
-                          "different ports")
+        raise ConfigError(
+            f"--port and --rest_api_port are both {config.port}; give them different ports"
+        )
     if config.model_base_path and not os.path.isdir(config.model_base_path):
-        raise ConfigError(f"--model_base_path {config.model_base_path} is not a folder; point it "
-                          "at models/NAME holding 0001, 0002, ...")
+        raise ConfigError(
+            f"--model_base_path {config.model_base_path} is not a folder; point it "
+            "at models/NAME holding 0001, 0002, ..."
+        )
 
     for flag in _POSITIVE:
         if getattr(config, flag) < 1:
@@ -87,8 +99,8 @@ def check_config(config: ServeConfig) -> None:
     for flag in _MILLISECONDS:
         if not 1 <= getattr(config, flag) <= MAX_SECONDS * 1000:
             raise bad(flag, f"1-{MAX_SECONDS * 1000} (a day)")
-    if not 1 <= config.max_request_bytes < 2 ** 31:  # gRPC's own ceiling
-        raise bad("max_request_bytes", f"1-{2 ** 31 - 1} (2 GiB, gRPC's limit)")
+    if not 1 <= config.max_request_bytes < 2**31:  # gRPC's own ceiling
+        raise bad("max_request_bytes", f"1-{2**31 - 1} (2 GiB, gRPC's limit)")
     if config.rest_api_max_buffered_bytes < config.max_request_bytes:
         raise ConfigError("--rest_api_max_buffered_bytes must be at least --max_request_bytes")
     for flag in ("max_num_load_retries", "load_retry_interval_micros"):
@@ -97,14 +109,22 @@ def check_config(config: ServeConfig) -> None:
     for flag in ("tensorflow_intra_op_parallelism", "tensorflow_inter_op_parallelism"):
         if not 0 <= getattr(config, flag) <= MAX_THREADS:
             raise bad(flag, f"0 (TensorFlow's default) to {MAX_THREADS}")
-    if not (math.isfinite(config.file_system_poll_wait_seconds)
-            and config.file_system_poll_wait_seconds <= MAX_SECONDS):
-        raise bad("file_system_poll_wait_seconds",
-                  f"a number of seconds up to {MAX_SECONDS} (0: load once; < 0: never poll)")
-    if not (math.isfinite(config.model_config_file_poll_wait_seconds)
-            and config.model_config_file_poll_wait_seconds <= MAX_SECONDS):
-        raise bad("model_config_file_poll_wait_seconds",
-                  f"a number of seconds up to {MAX_SECONDS} (<= 0: read the file once)")
+    if not (
+        math.isfinite(config.file_system_poll_wait_seconds)
+        and config.file_system_poll_wait_seconds <= MAX_SECONDS
+    ):
+        raise bad(
+            "file_system_poll_wait_seconds",
+            f"a number of seconds up to {MAX_SECONDS} (0: load once; < 0: never poll)",
+        )
+    if not (
+        math.isfinite(config.model_config_file_poll_wait_seconds)
+        and config.model_config_file_poll_wait_seconds <= MAX_SECONDS
+    ):
+        raise bad(
+            "model_config_file_poll_wait_seconds",
+            f"a number of seconds up to {MAX_SECONDS} (<= 0: read the file once)",
+        )
     if config.model_config_file_poll_wait_seconds > 0 and not config.model_config_file:
         raise ConfigError("--model_config_file_poll_wait_seconds needs --model_config_file")
     if not 0 <= config.shutdown_grace_seconds <= MAX_SECONDS:  # (NaN fails this too)

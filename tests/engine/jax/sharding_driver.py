@@ -57,11 +57,18 @@ for mode in MODES:
     placement = build_placement(setup, shard=mode)
     for name, accum in (("sgd", 1), ("adam", 2)):
         engine.seed(7)
-        trainer = mirrorfit.Trainer(strategy=placement, model=small, optimizer=optimizer(name),
-                                    loss=keras.losses.SparseCategoricalCrossentropy(),
-                                    global_batch=128, steps_per_execution=3, accum_steps=accum)
-        trainer.fit(mirrorfit.train_batches(data.x_train, data.y_train, global_batch=128,
-                                            seed=3), epochs=2)
+        trainer = mirrorfit.Trainer(
+            strategy=placement,
+            model=small,
+            optimizer=optimizer(name),
+            loss=keras.losses.SparseCategoricalCrossentropy(),
+            global_batch=128,
+            steps_per_execution=3,
+            accum_steps=accum,
+        )
+        trainer.fit(
+            mirrorfit.train_batches(data.x_train, data.y_train, global_batch=128, seed=3), epochs=2
+        )
         np.savez(f"{out}/loop-{mode}-{name}.npz", *trainer.model.get_weights())
         report["runs"][f"loop-{mode}-{name}"] = trainer.runner.state_bytes_per_device()
 
@@ -69,20 +76,32 @@ for mode in MODES:
     use(Setup(backend="jax", devices=setup, placement=placement))
     engine.seed(7)
     model = small()
-    model.compile(optimizer=keras.optimizers.AdamW(1e-3), loss="sparse_categorical_crossentropy",
-                  metrics=["accuracy"])
-    history = mirrorfit.fit(model, data.x_train.astype("float32") / 255, data.y_train,
-                            batch_size=96, epochs=2, verbose=0)  # 1024 = 10 x 96 + a partial
+    model.compile(
+        optimizer=keras.optimizers.AdamW(1e-3),
+        loss="sparse_categorical_crossentropy",
+        metrics=["accuracy"],
+    )
+    history = mirrorfit.fit(
+        model,
+        data.x_train.astype("float32") / 255,
+        data.y_train,
+        batch_size=96,
+        epochs=2,
+        verbose=0,
+    )  # 1024 = 10 x 96 + a partial
     np.savez(f"{out}/fit-{mode}.npz", *model.get_weights())
     report["runs"][f"fit-{mode}"] = history.history["loss"][-1]
 
     if replicas == 4:  # the wide MLP's state per device and the collectives of its step
         for accum in (2, 1):
-            trainer = mirrorfit.Trainer(strategy=placement, model=wide,
-                                        optimizer=keras.optimizers.Adam(1e-3),
-                                        loss=keras.losses.SparseCategoricalCrossentropy(
-                                            from_logits=True), global_batch=32,
-                                        accum_steps=accum)
+            trainer = mirrorfit.Trainer(
+                strategy=placement,
+                model=wide,
+                optimizer=keras.optimizers.Adam(1e-3),
+                loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                global_batch=32,
+                accum_steps=accum,
+            )
             runner = trainer.runner
             split = NamedSharding(placement.mesh, P(None, "data"))
             xs = jax.device_put(np.zeros((3, 32, 512), np.float32), split)
@@ -91,7 +110,8 @@ for mode in MODES:
             text = compiled.as_text()
             report["wide"][f"{mode}-k{accum}"] = {  # XLA's scratch memory per device
                 "temp": compiled.memory_analysis().temp_size_in_bytes,
-                "all_gathers": len(re.findall(r" all-gather(?:-start)?\(", text))}
+                "all_gathers": len(re.findall(r" all-gather(?:-start)?\(", text)),
+            }
             if accum == 1:
                 continue
             reduces = re.findall(r"= (\(.*?\)|\S+) all-reduce(?:-start)?\(", text)
@@ -101,6 +121,7 @@ for mode in MODES:
                 "optimizer": sum(np.asarray(v.value).nbytes for v in runner.optimizer.variables),
                 "all_reduce_shapes": reduces,
                 "reduce_scatters": len(re.findall(r" reduce-scatter\(", text)),
-                "all_gathers": len(re.findall(r" all-gather(?:-start)?\(", text))}
+                "all_gathers": len(re.findall(r" all-gather(?:-start)?\(", text)),
+            }
 report["tensorflow"] = sys.modules.get("tensorflow") is not None
 print(json.dumps(report))

@@ -10,9 +10,13 @@ from mirrorfit.engine.jax.feed import Feed, plan
 def test_the_plan_is_the_controllers_calls():
     # 10 steps an epoch, 4 per call, resumed in epoch 1 after 3 steps, up to epoch 3
     assert plan(steps_per_epoch=10, start_epoch=1, epochs=3, skip=3, steps_per_execution=4) == [
-        (1, 3, 4), (1, 7, 3), (2, 0, 4), (2, 4, 4), (2, 8, 2)]
-    assert plan(steps_per_epoch=10, start_epoch=2, epochs=2, skip=0,
-                steps_per_execution=4) == []
+        (1, 3, 4),
+        (1, 7, 3),
+        (2, 0, 4),
+        (2, 4, 4),
+        (2, 8, 2),
+    ]
+    assert plan(steps_per_epoch=10, start_epoch=2, epochs=2, skip=0, steps_per_execution=4) == []
 
 
 class _Arrays:
@@ -41,14 +45,15 @@ def test_blocks_hold_each_calls_batches_in_order_and_pad_the_rest():
         for epoch, first, n in calls:
             xs, ys = (np.asarray(a) for a in feed.next(n))
             assert xs.shape == (4, 4, 2, 2) and xs.dtype == np.uint8  # pixels stay uint8
-            want = source.epoch_batches(epoch)[first:first + n]
+            want = source.epoch_batches(epoch)[first : first + n]
             np.testing.assert_array_equal(ys[:n], want)
             np.testing.assert_array_equal(xs[:n], source.x[want])
             assert not ys[n:].any()  # padding the step never reads
             seen += list(ys[:n].ravel())
         assert len(seen) == (3 + 10) * 4  # epoch 0's last 3 steps, all of epoch 1
         with pytest.raises(RuntimeError, match="the feed planned"):
-            Feed(source, calls, block_steps=4,
-                 batch_sharding=NamedSharding(mesh, P(None, "data"))).next(1)
+            Feed(
+                source, calls, block_steps=4, batch_sharding=NamedSharding(mesh, P(None, "data"))
+            ).next(1)
     finally:
         feed.close()

@@ -13,21 +13,40 @@ from conftest import ROOT, _env, run_cli, run_isolated
 
 
 def _gpus() -> int:
-    probe = subprocess.run([sys.executable, "-c", "import jax; print(len(jax.devices('gpu')))"],
-                           capture_output=True, text=True, env=_env(), cwd=ROOT)
+    probe = subprocess.run(
+        [sys.executable, "-c", "import jax; print(len(jax.devices('gpu')))"],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        cwd=ROOT,
+    )
     return int(probe.stdout.strip() or 0) if probe.returncode == 0 else 0
 
 
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(_gpus() == 0, reason="JAX sees no GPU here")]
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(_gpus() == 0, reason="JAX sees no GPU here")]
 
 
 def test_a_bf16_run_on_the_gpu_trains_and_keeps_the_device_fed(tmp_path):
     out = tmp_path / "m.json"
-    proc = run_cli("train", "--backend", "jax", "--model", "cnn", "--precision", "bf16",
-                   "--epochs", "2", "--global-batch-size", "256", "--no-progress",
-                   "--metrics-out", str(out), "--save-keras", str(tmp_path / "cnn.keras"),
-                   without_tensorflow=True)
+    proc = run_cli(
+        "train",
+        "--backend",
+        "jax",
+        "--model",
+        "cnn",
+        "--precision",
+        "bf16",
+        "--epochs",
+        "2",
+        "--global-batch-size",
+        "256",
+        "--no-progress",
+        "--metrics-out",
+        str(out),
+        "--save-keras",
+        str(tmp_path / "cnn.keras"),
+        without_tensorflow=True,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads(out.read_text())
     assert summary["devices"][0].startswith("/gpu:") and summary["backend"] == "jax"

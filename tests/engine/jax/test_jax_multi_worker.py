@@ -30,7 +30,9 @@ JAX_ONLY = 'import os, sys\nsys.modules["tensorflow"] = None\nos.environ["KERAS_
 # of a 2-process mesh, else 2 devices of one process. Each run trains the MLP, evaluates 1,001
 # test examples in batches of 63 and saves its weights; the process also reports what it
 # listens on and what agree/all_equal say.
-DRIVER = JAX_ONLY + """
+DRIVER = (
+    JAX_ONLY
+    + """
 import json, sys
 from pathlib import Path
 import numpy as np
@@ -92,12 +94,19 @@ report.update(listening=listening(), agree=placement.agree(placement.worker_inde
               tensorflow=sys.modules.get("tensorflow") is not None)
 print(json.dumps(report))
 """
+)
 
 
 def _launch(*args: str, tmp: Path) -> subprocess.Popen:
     env = dict(_env(), TMPDIR=str(tmp))
-    return subprocess.Popen([sys.executable, "-m", "mirrorfit", "launch", *args], env=env,
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "mirrorfit", "launch", *args],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def _reports(log: str) -> dict[int, dict]:
@@ -123,15 +132,25 @@ def both_sides(tmp_path_factory):
     script = out / "driver.py"
     script.write_text(DRIVER)
     proc = _launch("--workers", "2", "--", sys.executable, str(script), str(out), tmp=out)
-    one = subprocess.run([sys.executable, str(script), str(out)], env=_env(), cwd=ROOT,
-                         capture_output=True, text=True, timeout=300)
+    one = subprocess.run(
+        [sys.executable, str(script), str(out)],
+        env=_env(),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     log, _ = proc.communicate(timeout=300)
     assert proc.returncode == 0, log[-4000:]
     assert one.returncode == 0, one.stderr[-4000:]
     reports = _reports(log)
     assert sorted(reports) == [0, 1], log[-3000:]
-    return {"one": json.loads(one.stdout.strip().splitlines()[-1]), "workers": reports,
-            "out": out, "log": log}
+    return {
+        "one": json.loads(one.stdout.strip().splitlines()[-1]),
+        "workers": reports,
+        "out": out,
+        "log": log,
+    }
 
 
 @pytest.mark.parametrize("run", ["sgd", "adam"])
@@ -182,37 +201,87 @@ from mirrorfit.cli import run
 sys.argv = ["mirrorfit", *sys.argv[1:]]
 run()
 """
-TRAIN = ["--backend", "jax", "--model", "mlp", "--train-examples", "1024", "--batch-size", "32",
-         "--no-progress", "--steps-per-execution", "4", "--eval-batch-size", "300",
-         "--optimizer", "adam", "--lr", "0.001", "--epochs", "3"]
+TRAIN = [
+    "--backend",
+    "jax",
+    "--model",
+    "mlp",
+    "--train-examples",
+    "1024",
+    "--batch-size",
+    "32",
+    "--no-progress",
+    "--steps-per-execution",
+    "4",
+    "--eval-batch-size",
+    "300",
+    "--optimizer",
+    "adam",
+    "--lr",
+    "0.001",
+    "--epochs",
+    "3",
+]
 
 
 def test_a_killed_worker_restarts_and_resumes_to_the_uninterrupted_weights(tmp_path):
-    proc = run_cli("train", "--replicas", "2", *TRAIN, "--save-keras",
-                   str(tmp_path / "ref.keras"), without_tensorflow=True)
+    proc = run_cli(
+        "train",
+        "--replicas",
+        "2",
+        *TRAIN,
+        "--save-keras",
+        str(tmp_path / "ref.keras"),
+        without_tensorflow=True,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     script = tmp_path / "killer.py"
     script.write_text(JAX_ONLY + KILLER.format(victim=1, at=20, signal="SIGKILL"))
     out = tmp_path / "out"
     out.mkdir()
-    launch = _launch("--workers", "2", "--max-restarts", "1", "--", sys.executable, str(script),
-                     "train", "--strategy", "multi-worker", "--threads-per-worker", "1", *TRAIN,
-                     "--checkpoint-dir", str(out / "ckpt"), "--checkpoint-every", "8",
-                     "--save-keras", str(out / "mw.keras"), "--collective-timeout", "60",
-                     tmp=tmp_path)
+    launch = _launch(
+        "--workers",
+        "2",
+        "--max-restarts",
+        "1",
+        "--",
+        sys.executable,
+        str(script),
+        "train",
+        "--strategy",
+        "multi-worker",
+        "--threads-per-worker",
+        "1",
+        *TRAIN,
+        "--checkpoint-dir",
+        str(out / "ckpt"),
+        "--checkpoint-every",
+        "8",
+        "--save-keras",
+        str(out / "mw.keras"),
+        "--collective-timeout",
+        "60",
+        tmp=tmp_path,
+    )
     log, _ = launch.communicate(timeout=300)
     assert launch.returncode == 0, log[-4000:]
     # The survivor: gloo's all-reduce failed at once; one line names the worker, exit 69.
     errors = [ln for ln in log.splitlines() if "mirrorfit: error" in ln]
-    assert len(errors) == 1 and errors[0].startswith("[worker 0] mirrorfit: error: worker 0: "
-                                                     "worker 1 (127.0.0.1:"), log[-3000:]
+    assert len(errors) == 1 and errors[0].startswith(
+        "[worker 0] mirrorfit: error: worker 0: worker 1 (127.0.0.1:"
+    ), log[-3000:]
     assert "stopped answering" in errors[0]
     assert "worker 1 exited with SIGKILL" in log and "restart 1 of 1" in log
     assert "Traceback" not in log and "Terminating process" not in log
     assert "resuming from" in log and "(global step 16)" in log
-    diff = max(float(np.abs(a - b).max()) for a, b in
-               zip(keras_file_weights(out / "mw.keras"), keras_file_weights(tmp_path / "ref.keras"),
-                   strict=True))
+    diff = max(
+        float(np.abs(a - b).max())
+        for a, b in zip(
+            keras_file_weights(out / "mw.keras"),
+            keras_file_weights(tmp_path / "ref.keras"),
+            strict=True,
+        )
+    )
     assert diff == 0.0
 
 
@@ -225,15 +294,30 @@ def _ports(n: int) -> list[str]:
     return found
 
 
-def _task(workers: list[str], index: int, *args: str, script: Path | None = None,
-          out: Path | None = None, **env_extra: str) -> subprocess.Popen:
-    env = dict(_env(), TF_CONFIG=json.dumps({"cluster": {"worker": workers},
-                                             "task": {"type": "worker", "index": index}}),
-               **env_extra)
+def _task(
+    workers: list[str],
+    index: int,
+    *args: str,
+    script: Path | None = None,
+    out: Path | None = None,
+    **env_extra: str,
+) -> subprocess.Popen:
+    env = dict(
+        _env(),
+        TF_CONFIG=json.dumps(
+            {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}}
+        ),
+        **env_extra,
+    )
     head = [str(script), "train"] if script else ["-m", "mirrorfit", "train"]
-    return subprocess.Popen([sys.executable, *head, "--backend", "jax", "--strategy",
-                             "multi-worker", *args], env=env, cwd=out or ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, *head, "--backend", "jax", "--strategy", "multi-worker", *args],
+        env=env,
+        cwd=out or ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def test_a_worker_that_never_joins_is_named_within_the_timeout():
@@ -241,17 +325,21 @@ def test_a_worker_that_never_joins_is_named_within_the_timeout():
     # JAX would wait, then abort with a fatal C++ log; each names the missing task, exit 69.
     jobs = [(_ports(2), 0), (_ports(2), 1)]
     t0 = time.monotonic()
-    procs = [_task(workers, index, "--collective-timeout", "3", "--epochs", "1",
-                   "--no-progress") for workers, index in jobs]
+    procs = [
+        _task(workers, index, "--collective-timeout", "3", "--epochs", "1", "--no-progress")
+        for workers, index in jobs
+    ]
     results = [p.communicate(timeout=120) for p in procs]
     elapsed = time.monotonic() - t0
     for (workers, index), proc, (_, err) in zip(jobs, procs, results):
         lines = [ln for ln in err.splitlines() if ln.strip()]
         assert proc.returncode == 69 and len(lines) == 1, err[-3000:]
         other = 1 - index
-        assert lines[0] == (f"mirrorfit: error: worker {index}: worker {other} "
-                            f"({workers[other]}) did not join within 3 s; check that every "
-                            "task started (its log), or raise --collective-timeout")
+        assert lines[0] == (
+            f"mirrorfit: error: worker {index}: worker {other} "
+            f"({workers[other]}) did not join within 3 s; check that every "
+            "task started (its log), or raise --collective-timeout"
+        )
     assert elapsed < 40  # Python, JAX's import, then 3 s: not JAX's wait
 
 
@@ -259,20 +347,37 @@ def test_sigterm_to_one_worker_stops_both_at_the_same_step_with_a_checkpoint(tmp
     script = tmp_path / "sigterm_at.py"  # not signal.py: it would shadow the module
     script.write_text(JAX_ONLY + KILLER.format(victim=1, at=12, signal="SIGTERM"))
     workers = _ports(2)
-    args = ("--threads-per-worker", "1", "--model", "mlp", "--train-examples", "2048",
-            "--epochs", "2", "--no-progress", "--steps-per-execution", "4",
-            "--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-every", "8")
+    args = (
+        "--threads-per-worker",
+        "1",
+        "--model",
+        "mlp",
+        "--train-examples",
+        "2048",
+        "--epochs",
+        "2",
+        "--no-progress",
+        "--steps-per-execution",
+        "4",
+        "--checkpoint-dir",
+        str(tmp_path / "ckpt"),
+        "--checkpoint-every",
+        "8",
+    )
     # no launcher: the two tasks by hand, the script's "first group" (restart 0)
-    procs = [_task(workers, i, *args, script=script, out=tmp_path, MIRRORFIT_LAUNCH_RESTART="0")
-             for i in (0, 1)]
+    procs = [
+        _task(workers, i, *args, script=script, out=tmp_path, MIRRORFIT_LAUNCH_RESTART="0")
+        for i in (0, 1)
+    ]
     errs = [p.communicate(timeout=300)[1] for p in procs]
     assert [p.returncode for p in procs] == [75, 75], errs[0][-2000:] + errs[1][-2000:]
     stops = [ln for err in errs for ln in err.splitlines() if "preempted by" in ln]
     assert stops[0].startswith("mirrorfit: preempted by another worker's signal: saved ")
     assert stops[1].startswith("mirrorfit: preempted by SIGTERM: saved ")
     assert all("ckpt-000000012 at global step 12" in ln for ln in stops), stops
-    assert json.loads((tmp_path / "ckpt" / "ckpt-000000012" / "meta.json").read_text())[
-        "step"] == 12
+    assert (
+        json.loads((tmp_path / "ckpt" / "ckpt-000000012" / "meta.json").read_text())["step"] == 12
+    )
 
 
 def test_a_killed_chief_is_named_by_the_other_worker_in_one_line(tmp_path):
@@ -282,14 +387,31 @@ def test_a_killed_chief_is_named_by_the_other_worker_in_one_line(tmp_path):
     script = tmp_path / "kill_at.py"
     script.write_text(JAX_ONLY + KILLER.format(victim=0, at=12, signal="SIGKILL"))
     workers = _ports(2)
-    args = ("--threads-per-worker", "1", "--model", "mlp", "--train-examples", "2048",
-            "--epochs", "2", "--no-progress", "--steps-per-execution", "4",
-            "--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-every", "8")
-    procs = [_task(workers, i, *args, script=script, out=tmp_path, MIRRORFIT_LAUNCH_RESTART="0")
-             for i in (0, 1)]
+    args = (
+        "--threads-per-worker",
+        "1",
+        "--model",
+        "mlp",
+        "--train-examples",
+        "2048",
+        "--epochs",
+        "2",
+        "--no-progress",
+        "--steps-per-execution",
+        "4",
+        "--checkpoint-dir",
+        str(tmp_path / "ckpt"),
+        "--checkpoint-every",
+        "8",
+    )
+    procs = [
+        _task(workers, i, *args, script=script, out=tmp_path, MIRRORFIT_LAUNCH_RESTART="0")
+        for i in (0, 1)
+    ]
     errs = [p.communicate(timeout=300)[1] for p in procs]
     assert [p.returncode for p in procs] == [-9, 69], errs[1][-3000:]
     lines = [ln for ln in errs[1].splitlines() if ln.strip()]
     assert len(lines) == 1, errs[1][-3000:]
-    assert lines[0].startswith(f"mirrorfit: error: worker 1: worker 0 ({workers[0]}) stopped "
-                               "answering ("), lines[0]
+    assert lines[0].startswith(
+        f"mirrorfit: error: worker 1: worker 0 ({workers[0]}) stopped answering ("
+    ), lines[0]

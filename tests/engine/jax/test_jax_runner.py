@@ -16,8 +16,19 @@ JAX_ONLY = 'import os, sys\nsys.modules["tensorflow"] = None\nos.environ["KERAS_
 
 def test_train_on_jax_imports_no_tensorflow(tmp_path):
     out = tmp_path / "m.json"
-    proc = run_cli("train", "--backend", "jax", "--epochs", "2", "--train-examples", "2048",
-                   "--no-progress", "--metrics-out", str(out), without_tensorflow=True)
+    proc = run_cli(
+        "train",
+        "--backend",
+        "jax",
+        "--epochs",
+        "2",
+        "--train-examples",
+        "2048",
+        "--no-progress",
+        "--metrics-out",
+        str(out),
+        without_tensorflow=True,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads(out.read_text())
     assert summary["backend"] == "jax" and summary["steps"] == 2 * (2048 // 32)
@@ -28,16 +39,30 @@ def test_train_on_jax_imports_no_tensorflow(tmp_path):
 def test_steps_per_execution_beyond_the_epoch_pads_no_more_than_the_epoch(tmp_path):
     # A block of S=10**9 batches of MNIST would be 22 TiB of padding: one epoch is 8 steps.
     out = tmp_path / "m.json"
-    proc = run_cli("train", "--backend", "jax", "--epochs", "1", "--train-examples", "256",
-                   "--steps-per-execution", "1000000000", "--no-progress", "--metrics-out",
-                   str(out), without_tensorflow=True)
+    proc = run_cli(
+        "train",
+        "--backend",
+        "jax",
+        "--epochs",
+        "1",
+        "--train-examples",
+        "256",
+        "--steps-per-execution",
+        "1000000000",
+        "--no-progress",
+        "--metrics-out",
+        str(out),
+        without_tensorflow=True,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads(out.read_text())["steps"] == 8
 
 
 # Runs `mirrorfit train` several times in one interpreter (test_checkpoint's driver), on JAX
 # with TensorFlow blocked; run i gets SIGTERM at the step hook ARMED[i] names.
-DRIVER = JAX_ONLY + """
+DRIVER = (
+    JAX_ONLY
+    + """
 import contextlib, io, json, signal, traceback
 from mirrorfit import cli
 from mirrorfit.artifacts.checkpoint import Checkpointer
@@ -60,16 +85,39 @@ for current, args in enumerate(RUNS):
     out.append({"code": code, "err": err.getvalue()})
 print(json.dumps(out))
 """
+)
 # Dropout (its RNG state must be checkpointed) and Adam (its slots)
-RUN = ["train", "--backend", "jax", "--model", "user_models:tiny_dropout", "--train-examples",
-       "512", "--epochs", "3", "--global-batch-size", "32", "--steps-per-execution", "2",
-       "--checkpoint-every", "8", "--optimizer", "adam", "--lr", "0.003", "--no-progress"]
-PREDICT = JAX_ONLY + """
+RUN = [
+    "train",
+    "--backend",
+    "jax",
+    "--model",
+    "user_models:tiny_dropout",
+    "--train-examples",
+    "512",
+    "--epochs",
+    "3",
+    "--global-batch-size",
+    "32",
+    "--steps-per-execution",
+    "2",
+    "--checkpoint-every",
+    "8",
+    "--optimizer",
+    "adam",
+    "--lr",
+    "0.003",
+    "--no-progress",
+]
+PREDICT = (
+    JAX_ONLY
+    + """
 import json, numpy as np, keras, mirrorfit
 x = mirrorfit.load_mnist(download=False).x_test[:1000] / 255.0
 a, b = (keras.saving.load_model(p).predict(x, verbose=0) for p in {paths!r})
 print(json.dumps({{"max_diff": float(np.abs(a - b).max()), "spread": float(a.std())}}))
 """
+)
 
 
 def test_sigterm_mid_epoch_then_resume_predicts_as_an_uninterrupted_run(tmp_path):
@@ -84,17 +132,34 @@ def test_sigterm_mid_epoch_then_resume_predicts_as_an_uninterrupted_run(tmp_path
     assert "at step 6" in resumed["err"]
     meta = json.loads((tmp_path / "b" / "ckpt-000000048" / "meta.json").read_text())
     assert meta["backend"] == "jax"
-    out = run_isolated(PREDICT.format(paths=[str(tmp_path / "a.keras"),
-                                            str(tmp_path / "b.keras")]))
+    out = run_isolated(PREDICT.format(paths=[str(tmp_path / "a.keras"), str(tmp_path / "b.keras")]))
     assert out["spread"] > 0.01 and out["max_diff"] < 1e-6
 
 
 def test_a_tensorflow_checkpoint_is_not_resumed_on_jax(tmp_path):
-    common = ["train", "--model", "user_models:tiny", "--train-examples", "256", "--epochs", "1",
-              "--no-progress", "--checkpoint-dir", str(tmp_path / "c")]
+    common = [
+        "train",
+        "--model",
+        "user_models:tiny",
+        "--train-examples",
+        "256",
+        "--epochs",
+        "1",
+        "--no-progress",
+        "--checkpoint-dir",
+        str(tmp_path / "c"),
+    ]
     assert run_cli(*common).returncode == 0
-    proc = run_cli(*common[:-2], "--epochs", "2", "--checkpoint-dir", str(tmp_path / "c"),
-                   "--backend", "jax", without_tensorflow=True)
+    proc = run_cli(
+        *common[:-2],
+        "--epochs",
+        "2",
+        "--checkpoint-dir",
+        str(tmp_path / "c"),
+        "--backend",
+        "jax",
+        without_tensorflow=True,
+    )
     lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("mirrorfit: error")]
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-2000:]
     assert "written with --backend tensorflow, this run has --backend jax" in lines[0]
@@ -132,7 +197,9 @@ def test_the_feed_reads_the_examples_the_tensorflow_pipeline_reads_in_its_order(
     assert out["x"] < 1e-6 and out["y"]
 
 
-EVAL = JAX_ONLY + """
+EVAL = (
+    JAX_ONLY
+    + """
 import json, numpy as np, keras, mirrorfit
 from mirrorfit.engine import jax as engine
 placement = engine.build_distribution(engine.configure_devices(replicas=2))
@@ -148,6 +215,7 @@ probs = np.asarray(trainer.model.predict(x / 255.0, verbose=0))
 print(json.dumps({"result": result, "acc": float(np.mean(np.argmax(probs, 1) == y)),
                   "loss": float(np.mean(-np.log(probs[np.arange(len(y)), y])))}))
 """
+)
 
 
 def test_evaluation_counts_each_example_once_over_two_devices():
@@ -177,8 +245,7 @@ def test_evaluation_blocks_are_sized_by_bytes_and_hold_every_example_once():
     blocks = list(_eval_blocks(small, batch=7, padded=8))
     assert {b[0].shape[0] for b in blocks} == {EVAL_BLOCK}  # one compiled shape
     assert sum(b[4] for b in blocks) == 1000 and sum(b[2].sum() for b in blocks) == 1000
-    seen = np.concatenate([xs[i, :8][ws[i] > 0] for xs, _, ws, n, _ in blocks
-                           for i in range(n)])
+    seen = np.concatenate([xs[i, :8][ws[i] > 0] for xs, _, ws, n, _ in blocks for i in range(n)])
     assert seen.tolist() == small[0].tolist()
 
     mid = (np.zeros((50, 1024, 1024), np.uint8), np.zeros(50, np.int64))  # 1 MiB an example

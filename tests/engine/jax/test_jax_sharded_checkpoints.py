@@ -15,11 +15,29 @@ import pytest
 
 from conftest import ROOT, _env, keras_file_weights, run_cli, run_isolated
 
-TRAIN = ["train", "--backend", "jax", "--train-examples", "2048", "--optimizer", "adam",
-         "--lr", "0.001", "--no-progress", "--steps-per-execution", "2",
-         "--global-batch-size", "64", "--epochs", "2"]
-WITHOUT_TF = ["-c", "import sys; sys.modules['tensorflow'] = None; from mirrorfit.cli import "
-              "main; sys.exit(main(sys.argv[1:]))"]
+TRAIN = [
+    "train",
+    "--backend",
+    "jax",
+    "--train-examples",
+    "2048",
+    "--optimizer",
+    "adam",
+    "--lr",
+    "0.001",
+    "--no-progress",
+    "--steps-per-execution",
+    "2",
+    "--global-batch-size",
+    "64",
+    "--epochs",
+    "2",
+]
+WITHOUT_TF = [
+    "-c",
+    "import sys; sys.modules['tensorflow'] = None; from mirrorfit.cli import "
+    "main; sys.exit(main(sys.argv[1:]))",
+]
 
 
 def _stopped_mid_run(tmp_path, *args):
@@ -27,9 +45,23 @@ def _stopped_mid_run(tmp_path, *args):
     whenever the signal lands, the run stops with a save in flight (each execution's save
     is still writing when the stop's is asked for)."""
     folder = tmp_path / "ck"
-    proc = subprocess.Popen([sys.executable, *WITHOUT_TF, *TRAIN, *args, "--checkpoint-dir",
-                             str(folder), "--checkpoint-every", "2"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=_env(), cwd=ROOT)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            *WITHOUT_TF,
+            *TRAIN,
+            *args,
+            "--checkpoint-dir",
+            str(folder),
+            "--checkpoint-every",
+            "2",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(),
+        cwd=ROOT,
+    )
     deadline = time.monotonic() + 240
     while not list(folder.glob("ckpt-*")) and proc.poll() is None:
         assert time.monotonic() < deadline, "no checkpoint in 240 s"
@@ -52,13 +84,22 @@ def test_a_sigterm_during_a_background_save_resumes_to_the_uninterrupted_run(tmp
     step = json.loads((newest / "meta.json").read_text())["step"]
     assert 0 < step < 64, step  # stopped mid-run
     shutil.copytree(tmp_path / "ck", tmp_path / "ck2")
-    runs = {"four": ("--replicas", "4", "--shard", "all", "--checkpoint-dir", tmp_path / "ck"),
-            "two": ("--replicas", "2", "--shard", "optimizer", "--checkpoint-dir",
-                    tmp_path / "ck2"),
-            "whole": ("--replicas", "2",)}
+    runs = {
+        "four": ("--replicas", "4", "--shard", "all", "--checkpoint-dir", tmp_path / "ck"),
+        "two": ("--replicas", "2", "--shard", "optimizer", "--checkpoint-dir", tmp_path / "ck2"),
+        "whole": (
+            "--replicas",
+            "2",
+        ),
+    }
     for name, args in runs.items():
-        proc = run_cli(*TRAIN, *map(str, args), "--save-keras", str(tmp_path / f"{name}.keras"),
-                       without_tensorflow=True)
+        proc = run_cli(
+            *TRAIN,
+            *map(str, args),
+            "--save-keras",
+            str(tmp_path / f"{name}.keras"),
+            without_tensorflow=True,
+        )
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert ("resuming from" in proc.stderr) == (name != "whole")
     whole = keras_file_weights(tmp_path / "whole.keras")
@@ -70,11 +111,13 @@ def test_a_sigterm_during_a_background_save_resumes_to_the_uninterrupted_run(tmp
 @pytest.mark.slow
 def test_a_damaged_sharded_checkpoint_is_set_aside_and_export_reads_the_previous(tmp_path):
     args = [*TRAIN, "--replicas", "2", "--shard", "all", "--checkpoint-dir", str(tmp_path / "c")]
-    first = run_cli(*args, "--save-keras", str(tmp_path / "one.keras"), "--epochs", "1",
-                    without_tensorflow=True)
+    first = run_cli(
+        *args, "--save-keras", str(tmp_path / "one.keras"), "--epochs", "1", without_tensorflow=True
+    )
     assert first.returncode == 0, first.stderr[-3000:]
-    exported = run_cli("export", "--checkpoint-dir", str(tmp_path / "c"), "--export-dir",
-                       str(tmp_path / "m"))
+    exported = run_cli(
+        "export", "--checkpoint-dir", str(tmp_path / "c"), "--export-dir", str(tmp_path / "m")
+    )
     assert exported.returncode == 0, exported.stderr[-3000:]
     assert "exported step 32" in exported.stdout
     assert run_cli(*args, without_tensorflow=True).returncode == 0
@@ -112,8 +155,9 @@ def test_a_saved_array_of_another_shape_or_dtype_is_refused_before_anything_is_r
     with pytest.raises(StructureError, match=r"shape \[4, 2\], this run's dense/kernel \[2, 4\]"):
         check_against(saved, want(np.zeros((2, 4), np.float32)), names)
     with pytest.raises(StructureError, match="1 trainable variables saved, this run has 2"):
-        check_against(saved, want(np.zeros((4, 2)), np.zeros(1)),
-                      {**names, "trainable": ["a", "b"]})
+        check_against(
+            saved, want(np.zeros((4, 2)), np.zeros(1)), {**names, "trainable": ["a", "b"]}
+        )
     with pytest.raises(ValueError, match="state/trainable/0 is float32, not dense/kernel's int32"):
         check_against(saved, want(np.zeros((4, 2), np.int32)), names)
 
@@ -147,16 +191,30 @@ def _checkpointer(tmp_path, state):
 
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
     trainer = types.SimpleNamespace(
-        model=model, optimizer=keras.optimizers.SGD(), global_batch=8, step=4, epoch=0,
-        step_in_epoch=4, position=Position(epoch=0, step_in_epoch=4, step=4),
-        runner=types.SimpleNamespace(checkpoint_state=lambda: state), train_logs=dict)
+        model=model,
+        optimizer=keras.optimizers.SGD(),
+        global_batch=8,
+        step=4,
+        epoch=0,
+        step_in_epoch=4,
+        position=Position(epoch=0, step_in_epoch=4, step=4),
+        runner=types.SimpleNamespace(checkpoint_state=lambda: state),
+        train_logs=dict,
+    )
     return Checkpointer(tmp_path, trainer=trainer, model_spec="m")
 
 
-@pytest.mark.parametrize("error, kind, says", [
-    (OSError(28, "No space left on device"), "StorageError", "disk full while writing"),
-    (RuntimeError("tensorstore: write failed"), "CheckpointError",
-     "failed (RuntimeError: tensorstore: write failed)")])
+@pytest.mark.parametrize(
+    "error, kind, says",
+    [
+        (OSError(28, "No space left on device"), "StorageError", "disk full while writing"),
+        (
+            RuntimeError("tensorstore: write failed"),
+            "CheckpointError",
+            "failed (RuntimeError: tensorstore: write failed)",
+        ),
+    ],
+)
 def test_a_failed_background_write_is_one_line_and_commits_nothing(tmp_path, error, kind, says):
     state = _Failing(error)
     checkpointer = _checkpointer(tmp_path, state)

@@ -37,9 +37,14 @@ def driven(tmp_path_factory):
     out = {}
     for replicas in (2, 4):
         folder = tmp_path_factory.mktemp(f"shard{replicas}")
-        proc = subprocess.run([sys.executable, str(HERE / "sharding_driver.py"), str(replicas),
-                               str(folder)], capture_output=True, text=True, timeout=600,
-                              env=_env(), cwd=ROOT)
+        proc = subprocess.run(
+            [sys.executable, str(HERE / "sharding_driver.py"), str(replicas), str(folder)],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env=_env(),
+            cwd=ROOT,
+        )
         assert proc.returncode == 0, proc.stderr[-4000:]
         out[replicas] = (json.loads(proc.stdout.strip().splitlines()[-1]), folder)
     return out
@@ -55,8 +60,13 @@ def test_a_split_state_trains_to_the_weights_of_the_replicated_one(driven, repli
         whole = _load(folder / (run.format("none") + ".npz"))
         _same(_load(folder / (run.format(mode) + ".npz")), whole)
     initial = _load(folder / "loop-none-sgd.npz")  # it trained: the two optimizers differ
-    assert max(float(np.abs(a - b).max()) for a, b in
-               zip(initial, _load(folder / "loop-none-adam.npz"))) > 1e-3
+    assert (
+        max(
+            float(np.abs(a - b).max())
+            for a, b in zip(initial, _load(folder / "loop-none-adam.npz"))
+        )
+        > 1e-3
+    )
 
 
 @pytest.mark.slow
@@ -75,8 +85,10 @@ def test_each_device_holds_its_share_of_what_is_split(driven):
 
 
 def _elements(shape: str) -> list[int]:
-    return [math.prod(int(d) for d in dims.split(",") if d)
-            for dims in re.findall(r"\[([\d,]*)\]", shape)]
+    return [
+        math.prod(int(d) for d in dims.split(",") if d)
+        for dims in re.findall(r"\[([\d,]*)\]", shape)
+    ]
 
 
 @pytest.mark.slow
@@ -110,31 +122,82 @@ def test_all_gathers_the_weights_layer_by_layer(driven):
     assert wide["all-k2"]["temp"] <= weights + 2.5 * kernel, wide["all-k2"]
 
 
-TRAIN = ["--backend", "jax", "--train-examples", "2048", "--optimizer", "adam", "--lr", "0.001",
-         "--no-progress", "--steps-per-execution", "4", "--global-batch-size", "64"]
+TRAIN = [
+    "--backend",
+    "jax",
+    "--train-examples",
+    "2048",
+    "--optimizer",
+    "adam",
+    "--lr",
+    "0.001",
+    "--no-progress",
+    "--steps-per-execution",
+    "4",
+    "--global-batch-size",
+    "64",
+]
 
 
 @pytest.mark.slow
 def test_a_checkpoint_of_four_split_devices_resumes_on_two_to_the_uninterrupted_run(tmp_path):
-    first = run_cli("train", *TRAIN, "--replicas", "4", "--shard", "all", "--epochs", "1",
-                    "--checkpoint-dir", str(tmp_path / "ck"), without_tensorflow=True)
+    first = run_cli(
+        "train",
+        *TRAIN,
+        "--replicas",
+        "4",
+        "--shard",
+        "all",
+        "--epochs",
+        "1",
+        "--checkpoint-dir",
+        str(tmp_path / "ck"),
+        without_tensorflow=True,
+    )
     assert first.returncode == 0, first.stderr[-3000:]
     assert "the weights and the optimizer state (FSDP) split over 4 devices" in first.stderr
-    resumed = run_cli("train", *TRAIN, "--replicas", "2", "--shard", "optimizer", "--epochs",
-                      "2", "--checkpoint-dir", str(tmp_path / "ck"), "--save-keras",
-                      str(tmp_path / "resumed.keras"), "--metrics-out",
-                      str(tmp_path / "resumed.json"), without_tensorflow=True)
+    resumed = run_cli(
+        "train",
+        *TRAIN,
+        "--replicas",
+        "2",
+        "--shard",
+        "optimizer",
+        "--epochs",
+        "2",
+        "--checkpoint-dir",
+        str(tmp_path / "ck"),
+        "--save-keras",
+        str(tmp_path / "resumed.keras"),
+        "--metrics-out",
+        str(tmp_path / "resumed.json"),
+        without_tensorflow=True,
+    )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resuming from" in resumed.stderr
-    whole = run_cli("train", *TRAIN, "--replicas", "2", "--epochs", "2", "--save-keras",
-                    str(tmp_path / "whole.keras"), "--metrics-out", str(tmp_path / "whole.json"),
-                    without_tensorflow=True)
+    whole = run_cli(
+        "train",
+        *TRAIN,
+        "--replicas",
+        "2",
+        "--epochs",
+        "2",
+        "--save-keras",
+        str(tmp_path / "whole.keras"),
+        "--metrics-out",
+        str(tmp_path / "whole.json"),
+        without_tensorflow=True,
+    )
     assert whole.returncode == 0, whole.stderr[-3000:]
-    for a, b in zip(keras_file_weights(tmp_path / "resumed.keras"),
-                    keras_file_weights(tmp_path / "whole.keras"), strict=True):
+    for a, b in zip(
+        keras_file_weights(tmp_path / "resumed.keras"),
+        keras_file_weights(tmp_path / "whole.keras"),
+        strict=True,
+    ):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
-    split, replicated = (json.loads((tmp_path / f"{n}.json").read_text())
-                         for n in ("resumed", "whole"))
+    split, replicated = (
+        json.loads((tmp_path / f"{n}.json").read_text()) for n in ("resumed", "whole")
+    )
     assert split["shard"] == "optimizer" and replicated["shard"] == "none"
     assert split["state_bytes_per_device"] < replicated["state_bytes_per_device"]
     assert split["peak_device_bytes"] is None  # CPUs report none
@@ -144,29 +207,65 @@ def test_a_checkpoint_of_four_split_devices_resumes_on_two_to_the_uninterrupted_
 def test_two_worker_processes_split_the_state_and_train_as_one_process(tmp_path):
     args = [*TRAIN, "--accum-steps", "2", "--epochs", "2"]
     launch = subprocess.run(
-        [sys.executable, "-m", "mirrorfit", "launch", "--workers", "2", "--", sys.executable,
-         "-c", "import sys; sys.modules['tensorflow'] = None; from mirrorfit.cli import main; "
-         "sys.exit(main(sys.argv[1:]))", "train", "--strategy", "multi-worker",
-         "--threads-per-worker", "1", "--shard", "all", *args, "--save-keras",
-         str(tmp_path / "mw.keras"), "--checkpoint-dir", str(tmp_path / "ck")],
-        capture_output=True, text=True, timeout=300, env=dict(_env(), TMPDIR=str(tmp_path)),
-        cwd=ROOT)
+        [
+            sys.executable,
+            "-m",
+            "mirrorfit",
+            "launch",
+            "--workers",
+            "2",
+            "--",
+            sys.executable,
+            "-c",
+            "import sys; sys.modules['tensorflow'] = None; from mirrorfit.cli import main; "
+            "sys.exit(main(sys.argv[1:]))",
+            "train",
+            "--strategy",
+            "multi-worker",
+            "--threads-per-worker",
+            "1",
+            "--shard",
+            "all",
+            *args,
+            "--save-keras",
+            str(tmp_path / "mw.keras"),
+            "--checkpoint-dir",
+            str(tmp_path / "ck"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(_env(), TMPDIR=str(tmp_path)),
+        cwd=ROOT,
+    )
     assert launch.returncode == 0, (launch.stdout + launch.stderr)[-4000:]
     assert "split over 2 devices" in launch.stdout + launch.stderr
-    one = run_cli("train", *args, "--replicas", "2", "--save-keras", str(tmp_path / "one.keras"),
-                  without_tensorflow=True)
+    one = run_cli(
+        "train",
+        *args,
+        "--replicas",
+        "2",
+        "--save-keras",
+        str(tmp_path / "one.keras"),
+        without_tensorflow=True,
+    )
     assert one.returncode == 0, one.stderr[-3000:]
-    for a, b in zip(keras_file_weights(tmp_path / "mw.keras"),
-                    keras_file_weights(tmp_path / "one.keras"), strict=True):
+    for a, b in zip(
+        keras_file_weights(tmp_path / "mw.keras"),
+        keras_file_weights(tmp_path / "one.keras"),
+        strict=True,
+    ):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
 def test_shard_is_refused_in_one_line_where_it_cannot_apply():
     on_tf = run_cli("train", "--shard", "all", without_tensorflow=True)
     assert on_tf.returncode == 2
-    assert on_tf.stderr.strip() == ("mirrorfit: error: --shard all splits the training state "
-                                    "over the devices on the JAX engine only; add --backend "
-                                    "jax, or drop --shard")
+    assert on_tf.stderr.strip() == (
+        "mirrorfit: error: --shard all splits the training state "
+        "over the devices on the JAX engine only; add --backend "
+        "jax, or drop --shard"
+    )
     bogus = run_cli("train", "--backend", "jax", "--shard", "zero3", without_tensorflow=True)
     assert bogus.returncode == 2 and "--shard 'zero3': choose none" in bogus.stderr
     assert len(bogus.stderr.strip().splitlines()) == 1
@@ -186,8 +285,9 @@ def test_the_rule_splits_large_parameters_along_their_first_dividing_axis():
 def _built(optimizer):
     import keras
 
-    model = keras.Sequential([keras.Input((784,)), keras.layers.Dense(64, name="hidden"),
-                              keras.layers.Dense(10)])
+    model = keras.Sequential(
+        [keras.Input((784,)), keras.layers.Dense(64, name="hidden"), keras.layers.Dense(10)]
+    )
     optimizer.build(model.trainable_variables)
     return model, optimizer
 
@@ -201,10 +301,12 @@ def test_optimizers_that_read_whole_tensors_are_refused_in_one_line():
     class MyAdam(keras.optimizers.Adam):
         pass
 
-    for optimizer, named in ((keras.optimizers.Adafactor(), "Adafactor"),
-                             (keras.optimizers.Adam(clipnorm=1.0), "clipnorm"),
-                             (keras.optimizers.Adam(global_clipnorm=1.0), "global_clipnorm"),
-                             (MyAdam(), "MyAdam")):
+    for optimizer, named in (
+        (keras.optimizers.Adafactor(), "Adafactor"),
+        (keras.optimizers.Adam(clipnorm=1.0), "clipnorm"),
+        (keras.optimizers.Adam(global_clipnorm=1.0), "global_clipnorm"),
+        (MyAdam(), "MyAdam"),
+    ):
         with pytest.raises(ConfigError, match=named) as e:
             build_layout("all", *_built(optimizer), 4)
         assert "\n" not in str(e.value)
@@ -228,7 +330,11 @@ def test_the_copy_for_the_slices_keeps_weight_decay_exclusions_and_rate_function
     by_list.build(model.trainable_variables)
     local = build_layout("all", model, by_list, 4).local_optimizer
     assert [local._use_weight_decay(v) for v in local._trainable_variables] == [
-        False, True, True, True]
+        False,
+        True,
+        True,
+        True,
+    ]
     # a learning rate given as a function (not serialisable) is shared, not rebuilt
     rate = build_layout("all", *_built(keras.optimizers.SGD(lambda: 0.05)), 4)
     assert rate.local_optimizer._learning_rate() == 0.05

@@ -28,23 +28,45 @@ print(json.dumps({{"x": x.tolist(), "p": np.asarray(model.predict(x, verbose=0))
 
 
 def test_a_jax_checkpoint_exported_and_served_answers_as_jax_predicts(tmp_path):
-    train = run_cli("train", "--backend", "jax", "--train-examples", "1024",
-                    "--optimizer", "adam", "--lr", "0.003",
-                    "--epochs", "1", "--no-progress", "--checkpoint-dir", str(tmp_path / "ckpt"),
-                    "--save-keras", str(tmp_path / "mlp.keras"), without_tensorflow=True)
+    train = run_cli(
+        "train",
+        "--backend",
+        "jax",
+        "--train-examples",
+        "1024",
+        "--optimizer",
+        "adam",
+        "--lr",
+        "0.003",
+        "--epochs",
+        "1",
+        "--no-progress",
+        "--checkpoint-dir",
+        str(tmp_path / "ckpt"),
+        "--save-keras",
+        str(tmp_path / "mlp.keras"),
+        without_tensorflow=True,
+    )
     assert train.returncode == 0, train.stderr[-3000:]
     assert (tmp_path / "ckpt" / "ckpt-000000032" / "state.npz").is_file()
-    export = run_cli("export", "--checkpoint-dir", str(tmp_path / "ckpt"), "--export-dir",
-                     str(tmp_path / "models" / "mlp"))
+    export = run_cli(
+        "export",
+        "--checkpoint-dir",
+        str(tmp_path / "ckpt"),
+        "--export-dir",
+        str(tmp_path / "models" / "mlp"),
+    )
     assert export.returncode == 0, export.stderr[-3000:]
     assert "exported step 32" in export.stdout
     want = run_isolated(PREDICT.format(path=str(tmp_path / "mlp.keras")))
     x, expected = np.array(want["x"], np.float32), np.array(want["p"])
-    server = Server([f"--model_base_path={tmp_path / 'models' / 'mlp'}", "--model_name=mlp"],
-                    tmp_path)
+    server = Server(
+        [f"--model_base_path={tmp_path / 'models' / 'mlp'}", "--model_name=mlp"], tmp_path
+    )
     try:
-        rest = httpx.post(f"{server.url}/v1/models/mlp:predict",
-                          json={"instances": x.tolist()}, timeout=30).json()["predictions"]
+        rest = httpx.post(
+            f"{server.url}/v1/models/mlp:predict", json={"instances": x.tolist()}, timeout=30
+        ).json()["predictions"]
         request = predict_pb2.PredictRequest()
         request.model_spec.name = "mlp"
         request.inputs["images"].CopyFrom(tf.make_tensor_proto(x))
@@ -59,13 +81,24 @@ def test_a_jax_checkpoint_exported_and_served_answers_as_jax_predicts(tmp_path):
 
 
 def test_a_damaged_jax_state_is_set_aside_and_the_previous_one_resumes(tmp_path):
-    args = ["train", "--backend", "jax", "--model", "user_models:tiny", "--train-examples", "256",
-            "--no-progress", "--checkpoint-dir", str(tmp_path / "c")]
+    args = [
+        "train",
+        "--backend",
+        "jax",
+        "--model",
+        "user_models:tiny",
+        "--train-examples",
+        "256",
+        "--no-progress",
+        "--checkpoint-dir",
+        str(tmp_path / "c"),
+    ]
     assert run_cli(*args, "--epochs", "2", without_tensorflow=True).returncode == 0
     newest = tmp_path / "c" / "ckpt-000000016"
     (newest / "state.npz").write_bytes(b"PK\x03\x04 not a zip any more")
-    proc = run_cli(*args, "--epochs", "3", "--metrics-out", str(tmp_path / "m.json"),
-                   without_tensorflow=True)
+    proc = run_cli(
+        *args, "--epochs", "3", "--metrics-out", str(tmp_path / "m.json"), without_tensorflow=True
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "ckpt-000000016 cannot be read" in proc.stderr and "resuming from" in proc.stderr
     assert any(p.name.startswith("corrupt-ckpt-000000016") for p in (tmp_path / "c").iterdir())
@@ -86,27 +119,50 @@ class _Variable:
 def _state(tmp_path, **arrays):
     from mirrorfit.engine.jax.state import write_arrays
 
-    write_arrays(tmp_path, {"model": [_Variable("w", np.ones((2, 3), np.float32)),
-                                      _Variable("seed", np.array([7, 0], np.uint32))]})
+    write_arrays(
+        tmp_path,
+        {
+            "model": [
+                _Variable("w", np.ones((2, 3), np.float32)),
+                _Variable("seed", np.array([7, 0], np.uint32)),
+            ]
+        },
+    )
     with np.load(tmp_path / "state.npz") as f:
         saved = {k: f[k] for k in f.files}
     with open(tmp_path / "state.npz", "wb") as f:
         np.savez(f, **{**saved, **arrays})
 
 
-@pytest.mark.parametrize("key, bad", [
-    ("model/0", np.full((2, 3), 5, np.int32)), ("model/0", np.ones((2, 3), np.float64)),
-    ("model/0", np.ones((3,), np.float32)), ("model/1", np.array([1.5, 0], np.float32)),
-    ("model/0", np.full((2, 3), 5, np.int8)), ("model/0", np.ones((2, 3), np.float16))],
-    ids=["int32-weights", "float64-weights", "other-shape-than-its-layout", "float-seed",
-         "int8-weights (a safe cast)", "float16-weights (a safe cast)"])
+@pytest.mark.parametrize(
+    "key, bad",
+    [
+        ("model/0", np.full((2, 3), 5, np.int32)),
+        ("model/0", np.ones((2, 3), np.float64)),
+        ("model/0", np.ones((3,), np.float32)),
+        ("model/1", np.array([1.5, 0], np.float32)),
+        ("model/0", np.full((2, 3), 5, np.int8)),
+        ("model/0", np.ones((2, 3), np.float16)),
+    ],
+    ids=[
+        "int32-weights",
+        "float64-weights",
+        "other-shape-than-its-layout",
+        "float-seed",
+        "int8-weights (a safe cast)",
+        "float16-weights (a safe cast)",
+    ],
+)
 def test_arrays_not_of_the_variables_dtype_or_shape_are_damage_and_change_nothing(
-        tmp_path, key, bad):
+    tmp_path, key, bad
+):
     from mirrorfit.engine.jax.state import read_arrays
 
     _state(tmp_path, **{key: bad})
-    variables = [_Variable("w", np.zeros((2, 3), np.float32)),
-                 _Variable("seed", np.zeros(2, np.int64))]
+    variables = [
+        _Variable("w", np.zeros((2, 3), np.float32)),
+        _Variable("seed", np.zeros(2, np.int64)),
+    ]
     with pytest.raises(ValueError, match="state.npz's model/"):
         read_arrays(tmp_path, {"model": variables})
     assert not variables[0].value.any() and not variables[1].value.any()  # nothing assigned
@@ -116,8 +172,10 @@ def test_a_safe_cast_is_read_as_exporting_a_jax_seed_state_on_tensorflow_needs(t
     from mirrorfit.engine.jax.state import read_arrays
 
     _state(tmp_path)
-    variables = [_Variable("w", np.zeros((2, 3), np.float32)),
-                 _Variable("seed", np.zeros(2, np.int64))]  # TensorFlow's seed dtype
+    variables = [
+        _Variable("w", np.zeros((2, 3), np.float32)),
+        _Variable("seed", np.zeros(2, np.int64)),
+    ]  # TensorFlow's seed dtype
     read_arrays(tmp_path, {"model": variables})
     assert variables[0].value.sum() == 6 and variables[1].value.tolist() == [7, 0]
 

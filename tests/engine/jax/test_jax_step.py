@@ -37,10 +37,16 @@ for name, optimizer, accum, spe in {runs!r}:
 print(json.dumps(results))
 """
 # name: (replicas, optimizer, accumulation steps, steps per execution)
-RUNS = {"one_sgd": (1, "sgd", 1, 8), "one_adam": (1, "adam", 1, 8),
-        "two_sgd": (2, "sgd", 1, 8), "two_adam": (2, "adam", 1, 8),
-        "one_accum4": (1, "sgd", 4, 8), "two_accum4": (2, "sgd", 4, 8),
-        "spe5": (2, "sgd", 1, 5), "spe1": (2, "sgd", 1, 1)}
+RUNS = {
+    "one_sgd": (1, "sgd", 1, 8),
+    "one_adam": (1, "adam", 1, 8),
+    "two_sgd": (2, "sgd", 1, 8),
+    "two_adam": (2, "adam", 1, 8),
+    "one_accum4": (1, "sgd", 4, 8),
+    "two_accum4": (2, "sgd", 4, 8),
+    "spe5": (2, "sgd", 1, 5),
+    "spe1": (2, "sgd", 1, 1),
+}
 
 
 @pytest.fixture(scope="module")
@@ -63,8 +69,9 @@ def test_accumulation_over_four_micro_batches_is_one_batch_four_times_larger(run
     # the same global batch of 128: four micro-batches of 32 (on 1 device) or of 16 (each of 2
     # devices) sum to the gradient of the whole batch, all-reduced once
     for accumulated in ("one_accum4", "two_accum4"):
-        assert_same_weights(runs["one_sgd"]["weights"], runs[accumulated]["weights"],
-                            rtol=1e-4, atol=2e-6)
+        assert_same_weights(
+            runs["one_sgd"]["weights"], runs[accumulated]["weights"], rtol=1e-4, atol=2e-6
+        )
 
 
 @pytest.mark.slow
@@ -121,12 +128,12 @@ def test_steps_one_call_each_wait_for_the_previous_call(monkeypatch):
         events.append(("call", int(at)))
         return state + 1
 
-    monkeypatch.setattr(jax, "block_until_ready",
-                        lambda tree: events.append(("wait", int(tree))) or tree)
+    monkeypatch.setattr(
+        jax, "block_until_ready", lambda tree: events.append(("wait", int(tree))) or tree
+    )
     train = _Train(looped=None, single=single, one_by_one=lambda state, xs: True)
     assert train(0, None, None, 3) == 3
-    assert events == [("call", 0), ("wait", 1), ("call", 1), ("wait", 2), ("call", 2),
-                      ("wait", 3)]
+    assert events == [("call", 0), ("wait", 1), ("call", 1), ("wait", 2), ("call", 2), ("wait", 3)]
 
 
 RNN = """

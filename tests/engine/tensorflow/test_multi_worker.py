@@ -24,21 +24,40 @@ from conftest import ROOT, _env, run_cli, run_isolated, keras_file_weights
 
 pytestmark = pytest.mark.slow
 
-COMMON = ("--model", "mlp", "--train-examples", "2048", "--batch-size", "32", "--no-progress",
-          "--steps-per-execution", "4", "--eval-batch-size", "300")
+COMMON = (
+    "--model",
+    "mlp",
+    "--train-examples",
+    "2048",
+    "--batch-size",
+    "32",
+    "--no-progress",
+    "--steps-per-execution",
+    "4",
+    "--eval-batch-size",
+    "300",
+)
 SGD = ("--optimizer", "sgd", "--epochs", "2")
 ADAM = ("--optimizer", "adam", "--lr", "0.001", "--epochs", "3")
 
 
 def _launch(*args: str, tmp: Path, timeout: float = 400) -> subprocess.Popen:
     env = dict(_env(), TMPDIR=str(tmp))  # the workers' scratch checkpoints go here
-    return subprocess.Popen([sys.executable, "-m", "mirrorfit", "launch", *args], env=env,
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "mirrorfit", "launch", *args],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def _max_diff(a: Path, b: Path) -> float:
-    return max(float(np.abs(x - y).max())
-               for x, y in zip(keras_file_weights(a), keras_file_weights(b), strict=True))
+    return max(
+        float(np.abs(x - y).max())
+        for x, y in zip(keras_file_weights(a), keras_file_weights(b), strict=True)
+    )
 
 
 @pytest.fixture(scope="module")
@@ -48,23 +67,52 @@ def reference(tmp_path_factory) -> dict[str, Path]:
     paths = {}
     for name, opt in (("sgd", SGD), ("adam", ADAM)):
         paths[name] = out / f"{name}.keras"
-        proc = run_cli("train", "--replicas", "2", *COMMON, *opt, "--save-keras",
-                       str(paths[name]), "--metrics-out", str(out / f"{name}.json"))
+        proc = run_cli(
+            "train",
+            "--replicas",
+            "2",
+            *COMMON,
+            *opt,
+            "--save-keras",
+            str(paths[name]),
+            "--metrics-out",
+            str(out / f"{name}.json"),
+        )
         assert proc.returncode == 0, proc.stderr[-3000:]
     return paths
 
 
 def test_two_workers_train_as_one_process_with_two_replicas_and_only_the_chief_writes(
-        reference, tmp_path):
+    reference, tmp_path
+):
     scratch = tmp_path / "tmp"
     scratch.mkdir()
     out = tmp_path / "out"
     out.mkdir()
-    proc = _launch("--workers", "2", "--", "mirrorfit", "train", "--strategy", "multi-worker",
-                   "--threads-per-worker", "1", *COMMON, *SGD,
-                   "--checkpoint-dir", str(out / "ckpt"), "--export-dir", str(out / "models/mlp"),
-                   "--save-keras", str(out / "mw.keras"), "--metrics-out", str(out / "m.json"),
-                   "--logdir", str(out / "tb"), tmp=scratch)
+    proc = _launch(
+        "--workers",
+        "2",
+        "--",
+        "mirrorfit",
+        "train",
+        "--strategy",
+        "multi-worker",
+        "--threads-per-worker",
+        "1",
+        *COMMON,
+        *SGD,
+        "--checkpoint-dir",
+        str(out / "ckpt"),
+        "--export-dir",
+        str(out / "models/mlp"),
+        "--save-keras",
+        str(out / "mw.keras"),
+        "--metrics-out",
+        str(out / "m.json"),
+        "--logdir",
+        str(out / "tb"),
+        tmp=scratch,
+    )
     log, _ = proc.communicate(timeout=400)
     assert proc.returncode == 0, log[-4000:]
     assert _max_diff(out / "mw.keras", reference["sgd"]) < 1e-6
@@ -89,11 +137,30 @@ def test_two_workers_train_as_one_process_with_two_replicas_and_only_the_chief_w
 def test_a_killed_worker_restarts_and_resumes_to_the_uninterrupted_weights(reference, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
-    proc = _launch("--workers", "2", "--max-restarts", "1", "--", "mirrorfit", "train",
-                   "--strategy", "multi-worker", "--threads-per-worker", "1", *COMMON, *ADAM,
-                   "--checkpoint-dir", str(out / "ckpt"), "--checkpoint-every", "8",
-                   "--save-keras", str(out / "mw.keras"), "--collective-timeout", "60",
-                   tmp=tmp_path)
+    proc = _launch(
+        "--workers",
+        "2",
+        "--max-restarts",
+        "1",
+        "--",
+        "mirrorfit",
+        "train",
+        "--strategy",
+        "multi-worker",
+        "--threads-per-worker",
+        "1",
+        *COMMON,
+        *ADAM,
+        "--checkpoint-dir",
+        str(out / "ckpt"),
+        "--checkpoint-every",
+        "8",
+        "--save-keras",
+        str(out / "mw.keras"),
+        "--collective-timeout",
+        "60",
+        tmp=tmp_path,
+    )
     deadline = time.monotonic() + 300
     while not list((out / "ckpt").glob("ckpt-00000001[6-9]")):  # mid-run: 96 steps in all
         assert time.monotonic() < deadline and proc.poll() is None, proc.stdout.read()[-4000:]
@@ -117,8 +184,7 @@ def _task_pid(launcher: int, marker: str) -> int:
             status = (entry / "status").read_text()
         except OSError:
             continue
-        ppid = next((int(ln.split()[1]) for ln in status.splitlines()
-                     if ln.startswith("PPid:")), 0)
+        ppid = next((int(ln.split()[1]) for ln in status.splitlines() if ln.startswith("PPid:")), 0)
         if ppid == launcher and any(e.startswith("TF_CONFIG=") and marker in e for e in environ):
             return int(entry.name)
     raise AssertionError(f"no task with {marker} under launcher {launcher}")
@@ -174,8 +240,7 @@ def two_workers_reading(tmp_path_factory):
     return results
 
 
-def test_every_example_once_per_epoch_across_workers_in_the_one_process_order(
-        two_workers_reading):
+def test_every_example_once_per_epoch_across_workers_in_the_one_process_order(two_workers_reading):
     results = two_workers_reading
     expected = results[0]["expected"]  # per epoch, per step: the global batch's indices
     for epoch in range(2):
@@ -207,13 +272,33 @@ def test_a_worker_that_never_starts_is_named_within_the_timeout():
             s.bind(("127.0.0.1", 0))
             ports.append(s.getsockname()[1])
     workers = [f"127.0.0.1:{p}" for p in ports]
-    env = dict(_env(), TF_CONFIG=json.dumps({"cluster": {"worker": workers},
-                                             "task": {"type": "worker", "index": 0}}))
+    env = dict(
+        _env(),
+        TF_CONFIG=json.dumps(
+            {"cluster": {"worker": workers}, "task": {"type": "worker", "index": 0}}
+        ),
+    )
     t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "mirrorfit", "train", "--strategy",
-                           "multi-worker", "--collective-timeout", "3", "--epochs", "1",
-                           "--no-progress"], env=env, cwd=ROOT, capture_output=True, text=True,
-                          timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mirrorfit",
+            "train",
+            "--strategy",
+            "multi-worker",
+            "--collective-timeout",
+            "3",
+            "--epochs",
+            "1",
+            "--no-progress",
+        ],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     elapsed = time.monotonic() - t0
     # TF waits inside C++ holding the GIL: a watchdog process names the worker and kills the
     # waiting one (SIGKILL), as `mirrorfit launch` then reports.
@@ -226,9 +311,14 @@ def test_a_worker_that_never_starts_is_named_within_the_timeout():
 def test_multi_worker_without_a_cluster_is_refused_before_tensorflow_loads():
     env = {k: v for k, v in _env().items() if k != "TF_CONFIG" and not k.startswith("SLURM_")}
     t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "mirrorfit", "train", "--strategy",
-                           "multi-worker"], env=env, cwd=ROOT, capture_output=True, text=True,
-                          timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "mirrorfit", "train", "--strategy", "multi-worker"],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2
     assert "needs a cluster" in proc.stderr and "mirrorfit launch" in proc.stderr
     assert time.monotonic() - t0 < 5
@@ -239,11 +329,31 @@ def test_sigterm_stops_every_worker_at_the_same_step_with_a_checkpoint(tmp_path)
     back, and the workers agree on the step to stop at (exit 75, as on one process)."""
     out = tmp_path / "out"
     out.mkdir()
-    proc = _launch("--workers", "2", "--", "mirrorfit", "train", "--strategy", "multi-worker",
-                   "--threads-per-worker", "1", "--model", "mlp", "--train-examples", "8192",
-                   "--epochs", "4", "--no-progress", "--steps-per-execution", "4",
-                   "--checkpoint-dir", str(out / "ckpt"), "--checkpoint-every", "16",
-                   tmp=tmp_path)
+    proc = _launch(
+        "--workers",
+        "2",
+        "--",
+        "mirrorfit",
+        "train",
+        "--strategy",
+        "multi-worker",
+        "--threads-per-worker",
+        "1",
+        "--model",
+        "mlp",
+        "--train-examples",
+        "8192",
+        "--epochs",
+        "4",
+        "--no-progress",
+        "--steps-per-execution",
+        "4",
+        "--checkpoint-dir",
+        str(out / "ckpt"),
+        "--checkpoint-every",
+        "16",
+        tmp=tmp_path,
+    )
     deadline = time.monotonic() + 300
     while not list((out / "ckpt").glob("ckpt-*")):
         assert time.monotonic() < deadline and proc.poll() is None, proc.stdout.read()[-4000:]
@@ -251,8 +361,11 @@ def test_sigterm_stops_every_worker_at_the_same_step_with_a_checkpoint(tmp_path)
     proc.send_signal(signal.SIGTERM)  # the launcher forwards it to both workers
     log, _ = proc.communicate(timeout=120)
     assert proc.returncode == 75, log[-4000:]
-    stops = [line.split("saved ")[1].split(" ")[0] for line in log.splitlines()
-             if "preempted by SIGTERM: saved" in line]
+    stops = [
+        line.split("saved ")[1].split(" ")[0]
+        for line in log.splitlines()
+        if "preempted by SIGTERM: saved" in line
+    ]
     assert len(stops) == 2 and stops[0] == stops[1], log[-3000:]  # the same step on both
     assert (Path(stops[0]) / "meta.json").is_file()
 
@@ -264,8 +377,9 @@ def _two_worker_config(index: int) -> tuple[list[str], str]:
             s.bind(("127.0.0.1", 0))
             ports.append(s.getsockname()[1])
     workers = [f"127.0.0.1:{p}" for p in ports]
-    return workers, json.dumps({"cluster": {"worker": workers},
-                                "task": {"type": "worker", "index": index}})
+    return workers, json.dumps(
+        {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}}
+    )
 
 
 def test_a_task_whose_own_port_is_taken_says_so_at_once():
@@ -279,18 +393,35 @@ def test_a_task_whose_own_port_is_taken_says_so_at_once():
     try:
         t0 = time.monotonic()
         proc = subprocess.run(
-            [sys.executable, "-m", "mirrorfit", "train", "--strategy", "multi-worker",
-             "--collective-timeout", "20", "--epochs", "1", "--no-progress"],
-            env=dict(_env(), TF_CONFIG=config), cwd=ROOT, capture_output=True, text=True,
-            timeout=120)
+            [
+                sys.executable,
+                "-m",
+                "mirrorfit",
+                "train",
+                "--strategy",
+                "multi-worker",
+                "--collective-timeout",
+                "20",
+                "--epochs",
+                "1",
+                "--no-progress",
+            ],
+            env=dict(_env(), TF_CONFIG=config),
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         elapsed = time.monotonic() - t0
     finally:
         holder.close()
     assert proc.returncode == 2, proc.stderr[-3000:]
     errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("mirrorfit:")]
     assert len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr
-    assert (f"worker 0: this task's port {workers[0].rpartition(':')[2]} ({workers[0]} in "
-            "TF_CONFIG) is in use by another process on this host") in errors[0]
+    assert (
+        f"worker 0: this task's port {workers[0].rpartition(':')[2]} ({workers[0]} in "
+        "TF_CONFIG) is in use by another process on this host"
+    ) in errors[0]
     assert elapsed < 10  # the interpreter and mirrorfit's flags: no TensorFlow, no wait
 
 
@@ -306,7 +437,7 @@ def _listening(port: int) -> list[str]:
             if state == "0A" and int(hexport, 16) == port:
                 raw = bytes.fromhex(host)
                 # the kernel writes each 32-bit word in host (little-endian) order
-                raw = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+                raw = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
                 ip = ipaddress.ip_address(raw)
                 found.append(str(getattr(ip, "ipv4_mapped", None) or ip))  # ::ffff:a.b.c.d
     return found
@@ -322,7 +453,8 @@ def test_training_servers_listen_on_their_own_address_only():
 
     workers, _ = _two_worker_config(0)
     listing = textwrap.indent(inspect.getsource(_listening), " " * 8)
-    out = run_isolated(f"""
+    out = run_isolated(
+        f"""
         import json
         from pathlib import Path
 {listing}
@@ -336,5 +468,7 @@ def test_training_servers_listen_on_their_own_address_only():
                      task_type="ps")
         start_server(ps)
         print(json.dumps([_listening(int(a.rpartition(":")[2])) for a in {workers!r}]))
-    """, timeout=180)
+    """,
+        timeout=180,
+    )
     assert out == [["127.0.0.1"], ["127.0.0.1"]], out  # was [["::"], ...]: every interface

@@ -16,18 +16,50 @@ pytestmark = pytest.mark.slow
 
 
 def test_parameter_server_training_of_the_mlp_reaches_95_percent_and_only_the_chief_writes(
-        tmp_path):
+    tmp_path,
+):
     out = tmp_path / "out"
     out.mkdir()
     # ~35 s on 2 cores: 3 epochs of Adam 1e-3, 128 examples per step (one worker's batch).
     proc = subprocess.run(
-        [sys.executable, "-m", "mirrorfit", "launch", "--workers", "2", "--ps", "1", "--",
-         "mirrorfit", "train", "--strategy", "parameter-server", "--optimizer", "adam",
-         "--lr", "0.001", "--epochs", "3", "--batch-size", "128", "--steps-per-execution", "100",
-         "--no-progress", "--checkpoint-dir", str(out / "ckpt"), "--metrics-out",
-         str(out / "m.json"), "--export-dir", str(out / "models/mlp")],
-        env=dict(_env(), TMPDIR=str(tmp_path)), cwd=ROOT, capture_output=True, text=True,
-        timeout=400)
+        [
+            sys.executable,
+            "-m",
+            "mirrorfit",
+            "launch",
+            "--workers",
+            "2",
+            "--ps",
+            "1",
+            "--",
+            "mirrorfit",
+            "train",
+            "--strategy",
+            "parameter-server",
+            "--optimizer",
+            "adam",
+            "--lr",
+            "0.001",
+            "--epochs",
+            "3",
+            "--batch-size",
+            "128",
+            "--steps-per-execution",
+            "100",
+            "--no-progress",
+            "--checkpoint-dir",
+            str(out / "ckpt"),
+            "--metrics-out",
+            str(out / "m.json"),
+            "--export-dir",
+            str(out / "models/mlp"),
+        ],
+        env=dict(_env(), TMPDIR=str(tmp_path)),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:] + proc.stdout[-4000:]
     summary = json.loads((out / "m.json").read_text())
     assert summary["strategy"] == "ParameterServerStrategyV2" and summary["workers"] == 2

@@ -23,8 +23,14 @@ SCRIPT = ROOT / "benchmarks" / "ps_mnist.py"
 
 def _run_ps_mnist(mnist_dir, *args: str, timeout: float = 240) -> dict:
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", MIRRORFIT_DATA=str(mnist_dir))
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--data-dir", str(mnist_dir), *args],
-                          capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--data-dir", str(mnist_dir), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        cwd=ROOT,
+    )
     if proc.returncode != 0:
         raise AssertionError(f"ps_mnist.py failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -43,8 +49,17 @@ def test_a_killed_worker_s_closure_is_retried(mnist_dir):
     # Worker 1 is SIGKILLed 0.3 s into the run from step 100 (mid-closure) and started again;
     # the coordinator puts its closure back and another worker runs it, so training finishes
     # with every step the chief scheduled (plus the killed closure's partial steps, re-run).
-    result = _run_ps_mnist(mnist_dir, "--epochs", "1", "--train-examples", "25600",
-                           "--kill-worker-at-step", "100", "--restart-after", "0.5")
+    result = _run_ps_mnist(
+        mnist_dir,
+        "--epochs",
+        "1",
+        "--train-examples",
+        "25600",
+        "--kill-worker-at-step",
+        "100",
+        "--restart-after",
+        "0.5",
+    )
     assert result["worker_killed"]
     assert result["steps"] == 25600 // 128
     assert result["optimizer_iterations"] >= result["steps"]

@@ -135,10 +135,14 @@ def test_xla_gives_the_same_weights_as_no_xla(tmp_path):
 
 @pytest.mark.slow
 def test_a_model_xla_cannot_compile_gets_a_message_and_trains_without(tmp_path):
-    out = run_isolated(XLA.format(model="__import__('user_models').not_xla_compilable",
-                                  xla=True, out=tmp_path / "u"))
+    out = run_isolated(
+        XLA.format(
+            model="__import__('user_models').not_xla_compilable", xla=True, out=tmp_path / "u"
+        )
+    )
     assert out["xla"] is False and out["steps"] == 1024 // 64
     assert len(out["notices"]) == 1
     assert out["notices"][0].startswith(
-        "XLA cannot compile this model (unsupported operation(s): PyFunc)")
+        "XLA cannot compile this model (unsupported operation(s): PyFunc)"
+    )
     assert "training without --xla" in out["notices"][0]

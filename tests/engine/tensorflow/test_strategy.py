@@ -58,8 +58,7 @@ def test_default_setup_is_what_tensorflow_reports():
     else:
         assert out["kind"] == "CPU" and out["shared"] and out["devices"] == ["/cpu:0"]
     assert out["replicas"] == out["logical"] == len(out["devices"])
-    assert out["strategy"] == ("OneDeviceStrategy" if out["replicas"] == 1
-                               else "MirroredStrategy")
+    assert out["strategy"] == ("OneDeviceStrategy" if out["replicas"] == 1 else "MirroredStrategy")
 
 
 HOST_FEED = """
@@ -116,8 +115,11 @@ def test_host_replicas_are_fed_plain_batches_cut_in_the_step():
     out = run_isolated(HOST_FEED)
     assert out["mirrored"] is True and out["central-storage"] is False
     assert out["plain"]
-    assert out["pieces"] == [[[0, 1, 2, 3], [4, 5, 6, 7]], [[8, 9, 10, 11], [12, 13, 14, 15]],
-                             [[16, 17], [18, 19]]]
+    assert out["pieces"] == [
+        [[0, 1, 2, 3], [4, 5, 6, 7]],
+        [[8, 9, 10, 11], [12, 13, 14, 15]],
+        [[16, 17], [18, 19]],
+    ]
     assert out["theirs"] == out["pieces"][0]
     assert out["through"] == [4, 4]  # not cut again
     assert out["sparse_plain"] is False

@@ -17,11 +17,18 @@ from mirrorfit.errors import ConfigError
 __all__ = ["DeviceSetup", "configure_devices", "list_devices"]
 
 
-def configure_devices(*, replicas: int | None = None, devices: tuple[str, ...] = (),
-                      visible_devices: str | None = None, memory_growth: bool = True,
-                      memory_limit_mb: int | None = None, threads: int | None = None,
-                      keep_freed_memory: bool = False, cluster=None,
-                      collective_timeout_s: float | None = None) -> DeviceSetup:
+def configure_devices(
+    *,
+    replicas: int | None = None,
+    devices: tuple[str, ...] = (),
+    visible_devices: str | None = None,
+    memory_growth: bool = True,
+    memory_limit_mb: int | None = None,
+    threads: int | None = None,
+    keep_freed_memory: bool = False,
+    cluster=None,
+    collective_timeout_s: float | None = None,
+) -> DeviceSetup:
     """The devices to replicate over, as :func:`mirrorfit.engine.tensorflow.devices.
     configure_devices` chooses them: GPUs (``visible_devices`` "0,2" picks them by index,
     ``replicas`` takes the first N), else ``replicas`` logical CPU devices. ``memory_growth``
@@ -34,15 +41,19 @@ def configure_devices(*, replicas: int | None = None, devices: tuple[str, ...] =
     up to ``collective_timeout_s`` for the others); the devices returned are this process's,
     the mesh (``build_distribution``) spans every process's."""
     if threads not in (None, 1):
-        raise ConfigError(f"--threads-per-worker {threads}: the JAX engine can run a worker's CPU "
-                          "work on one thread (1) or on all of its cores (leave it out)")
-    _before_backends(replicas or (len(devices) if devices else 1), memory_growth,
-                     memory_limit_mb, threads)
+        raise ConfigError(
+            f"--threads-per-worker {threads}: the JAX engine can run a worker's CPU "
+            "work on one thread (1) or on all of its cores (leave it out)"
+        )
+    _before_backends(
+        replicas or (len(devices) if devices else 1), memory_growth, memory_limit_mb, threads
+    )
     if cluster is not None:
         from mirrorfit.engine.jax import processes
 
-        processes.join(cluster, **({} if collective_timeout_s is None
-                                   else {"timeout_s": collective_timeout_s}))
+        processes.join(
+            cluster, **({} if collective_timeout_s is None else {"timeout_s": collective_timeout_s})
+        )
     import jax
 
     _start(jax)
@@ -51,8 +62,9 @@ def configure_devices(*, replicas: int | None = None, devices: tuple[str, ...] =
         gpus = _select(gpus, visible_devices)
     if gpus:
         kind, found = "GPU", gpus
-        physical = tuple(f"{d.platform}:{d.id} {getattr(d, 'device_kind', '')}".strip()
-                         for d in gpus)
+        physical = tuple(
+            f"{d.platform}:{d.id} {getattr(d, 'device_kind', '')}".strip() for d in gpus
+        )
     else:
         kind, found = "CPU", jax.local_devices(backend="cpu")
         physical = ("cpu",)
@@ -60,35 +72,44 @@ def configure_devices(*, replicas: int | None = None, devices: tuple[str, ...] =
     chosen = choose(names, devices, replicas, kind, "mirrorfit devices --backend jax")
     if keep_freed_memory:
         _host_memory.keep_freed_memory()
-    return DeviceSetup(kind=kind, devices=tuple(chosen), physical=physical,
-                       shared_cores=kind == "CPU", engine="JAX",
-                       handles=tuple(found[names.index(d)] for d in chosen))
+    return DeviceSetup(
+        kind=kind,
+        devices=tuple(chosen),
+        physical=physical,
+        shared_cores=kind == "CPU",
+        engine="JAX",
+        handles=tuple(found[names.index(d)] for d in chosen),
+    )
 
 
-def _before_backends(cpu_devices: int, memory_growth: bool, memory_limit_mb: int | None,
-                     threads: int | None) -> None:
+def _before_backends(
+    cpu_devices: int, memory_growth: bool, memory_limit_mb: int | None, threads: int | None
+) -> None:
     """What JAX reads when its backends start: the CPU device count, GPU memory, CPU threads.
     Settings the user made in the environment win."""
     if memory_limit_mb:
         total = _gpu_memory_mb()
         if total:
-            os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION",
-                                  f"{min(0.99, memory_limit_mb / total):.4f}")
+            os.environ.setdefault(
+                "XLA_PYTHON_CLIENT_MEM_FRACTION", f"{min(0.99, memory_limit_mb / total):.4f}"
+            )
         os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "true")
     elif memory_growth:
         os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     if threads == 1 and "xla_cpu_multi_thread_eigen" not in os.environ.get("XLA_FLAGS", ""):
-        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
-                                   + " --xla_cpu_multi_thread_eigen=false").strip()
+        os.environ["XLA_FLAGS"] = (
+            os.environ.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false"
+        ).strip()
     import jax
 
     try:
         if jax.config.jax_num_cpu_devices != cpu_devices and cpu_devices > 1:
             jax.config.update("jax_num_cpu_devices", cpu_devices)
     except RuntimeError as e:  # the backends already started with another count
-        raise ConfigError("devices can only be configured before JAX starts; in your own script "
-                          f"call configure_devices() first, or run it in a fresh process ({e})"
-                          ) from None
+        raise ConfigError(
+            "devices can only be configured before JAX starts; in your own script "
+            f"call configure_devices() first, or run it in a fresh process ({e})"
+        ) from None
 
 
 def _start(jax) -> None:
@@ -99,12 +120,13 @@ def _start(jax) -> None:
     except (RuntimeError, AssertionError) as e:
         asked = os.environ.get("JAX_PLATFORMS", "")
         said = (str(e).strip().splitlines() or [""])[0][:200]
-        raise ConfigError(f"JAX_PLATFORMS={asked!r}: JAX cannot start "
-                          f"{'it' if asked else 'a backend'} on this host"
-                          + (f" ({said})" if said else "")
-                          + "; unset JAX_PLATFORMS to use the devices there are, or set it "
-                            "to cpu" + ("; for NVIDIA GPUs install jax[cuda12]"
-                                        if "cuda" in asked else "")) from None
+        raise ConfigError(
+            f"JAX_PLATFORMS={asked!r}: JAX cannot start "
+            f"{'it' if asked else 'a backend'} on this host"
+            + (f" ({said})" if said else "")
+            + "; unset JAX_PLATFORMS to use the devices there are, or set it "
+            "to cpu" + ("; for NVIDIA GPUs install jax[cuda12]" if "cuda" in asked else "")
+        ) from None
 
 
 def _gpus(jax) -> list:

@@ -38,8 +38,9 @@ import numpy as np
 from mirrorfit.errors import DataEndedError
 
 
-def plan(*, steps_per_epoch: int, start_epoch: int, epochs: int, skip: int,
-         steps_per_execution: int) -> list[tuple[int, int, int]]:
+def plan(
+    *, steps_per_epoch: int, start_epoch: int, epochs: int, skip: int, steps_per_execution: int
+) -> list[tuple[int, int, int]]:
     """(epoch, first step, steps) of every call the controller makes, in order."""
     out = []
     for epoch in range(start_epoch, epochs):
@@ -58,9 +59,18 @@ class Feed:
     ``placement`` (a :class:`~mirrorfit.engine.jax.placement.Placement`) makes it this
     process's piece of the global block."""
 
-    def __init__(self, source, calls: list[tuple[int, int, int]], *, block_steps: int,
-                 batch_sharding, depth: int = 2, worker: int = 0, workers: int = 1,
-                 placement=None) -> None:
+    def __init__(
+        self,
+        source,
+        calls: list[tuple[int, int, int]],
+        *,
+        block_steps: int,
+        batch_sharding,
+        depth: int = 2,
+        worker: int = 0,
+        workers: int = 1,
+        placement=None,
+    ) -> None:
         self._calls = list(calls)
         self._sharding = batch_sharding
         self._workers, self._placement = workers, placement
@@ -76,8 +86,9 @@ class Feed:
             self._thread = None
         else:
             self._fixed = None
-            self._thread = threading.Thread(target=self._fill, args=(blocks, planned),
-                                            name="mirrorfit-feed", daemon=True)
+            self._thread = threading.Thread(
+                target=self._fill, args=(blocks, planned), name="mirrorfit-feed", daemon=True
+            )
             self._thread.start()
 
     def _put(self, xs: np.ndarray, ys: np.ndarray):
@@ -86,8 +97,12 @@ class Feed:
         if self._placement is None:
             return jax.device_put(xs, self._sharding), jax.device_put(ys, self._sharding)
         w = self._workers
-        return tuple(self._placement.from_local(a, (a.shape[0], a.shape[1] * w, *a.shape[2:]),
-                                                self._sharding) for a in (xs, ys))
+        return tuple(
+            self._placement.from_local(
+                a, (a.shape[0], a.shape[1] * w, *a.shape[2:]), self._sharding
+            )
+            for a in (xs, ys)
+        )
 
     def _fill(self, blocks: Iterator, calls: list) -> None:
         try:
@@ -128,8 +143,9 @@ class Feed:
             self._thread.join(timeout=5)
 
 
-def _host_blocks(source, calls, block_steps: int, worker: int = 0,
-                 workers: int = 1) -> Iterator | None:
+def _host_blocks(
+    source, calls, block_steps: int, worker: int = 0, workers: int = 1
+) -> Iterator | None:
     """NumPy blocks (xs, ys) for ``calls`` (worker ``worker``'s share of each global batch), or
     None for a source of one repeated batch."""
     if hasattr(source, "host_batch"):
@@ -144,7 +160,7 @@ def _array_blocks(source, calls, block_steps: int, worker: int, workers: int) ->
     for epoch, at, n in calls:
         if rows_of != epoch:
             rows_of, rows = epoch, source.epoch_batches(epoch, worker, workers)
-        index = rows[at:at + n]
+        index = rows[at : at + n]
         xs = np.zeros((block_steps, *index.shape[1:], *source.x.shape[1:]), source.x.dtype)
         ys = np.zeros((block_steps, *index.shape[1:], *source.y.shape[1:]), np.int32)
         np.take(source.x, index, axis=0, out=xs[:n])
@@ -158,8 +174,9 @@ def _dataset_blocks(source, calls, block_steps: int, worker: int, workers: int) 
     first_epoch, skip, _ = calls[0]
     last_epoch = calls[-1][0] + 1
     shares = {"worker": worker, "workers": workers} if workers > 1 else {}
-    batches = source.dataset(start_epoch=first_epoch, epochs=last_epoch, skip=skip,
-                             **shares).as_numpy_iterator()
+    batches = source.dataset(
+        start_epoch=first_epoch, epochs=last_epoch, skip=skip, **shares
+    ).as_numpy_iterator()
     for _, _, n in calls:
         try:
             taken = [next(batches) for _ in range(n)]

@@ -21,8 +21,12 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from mirrorfit.engine.jax import layer_gather
 from mirrorfit.engine.jax.placement import AXIS
-from mirrorfit.engine.jax.sharding import (build_layout, describe_unsplit, peak_device_bytes,
-                                           state_bytes_per_device)
+from mirrorfit.engine.jax.sharding import (
+    build_layout,
+    describe_unsplit,
+    peak_device_bytes,
+    state_bytes_per_device,
+)
 from mirrorfit.engine.jax.step import _has_convolution, _Train, stacked
 from mirrorfit.errors import FitError
 from mirrorfit.fitting import metrics as fit_metrics
@@ -38,16 +42,25 @@ class State(NamedTuple):
 def check_model(model, placement=None) -> None:
     """FitError (a ValueError) for what this engine cannot run per replica."""
     if placement is not None and placement.workers > 1:
-        raise FitError("mirrorfit.fit runs over one process's devices for now; for several "
-                       "worker processes use mirrorfit train's built-in loop (docs/"
-                       "multi-worker-jax.md)")
-    for name, instead in (("train_step", "override compute_loss(x, y, y_pred, sample_weight) "
-                           "instead, which mirrorfit runs on every replica"),
-                          ("test_step", "override compute_loss or compute_metrics instead")):
+        raise FitError(
+            "mirrorfit.fit runs over one process's devices for now; for several "
+            "worker processes use mirrorfit train's built-in loop (docs/"
+            "multi-worker-jax.md)"
+        )
+    for name, instead in (
+        (
+            "train_step",
+            "override compute_loss(x, y, y_pred, sample_weight) "
+            "instead, which mirrorfit runs on every replica",
+        ),
+        ("test_step", "override compute_loss or compute_metrics instead"),
+    ):
         if fit_metrics.overrides(model, name):
-            raise FitError(f"{type(model).__name__} overrides {name}, which the JAX engine "
-                              f"cannot run per replica; {instead}, or use backend "
-                              "'tensorflow'")
+            raise FitError(
+                f"{type(model).__name__} overrides {name}, which the JAX engine "
+                f"cannot run per replica; {instead}, or use backend "
+                "'tensorflow'"
+            )
 
 
 def placement(model, chosen=None):
@@ -99,10 +112,13 @@ class Runner:
         self._scaling = isinstance(optimizer, LossScaleOptimizer)
         layout = self.layout
         self._shardings = {  # per variable: where the state of each group lives
-            "trainable": [self._replicated] * len(model.trainable_variables) if layout is None
+            "trainable": [self._replicated] * len(model.trainable_variables)
+            if layout is None
             else [NamedSharding(self.mesh, s) for s in layout.trainable_specs()],
-            "optimizer": [self._replicated] * len(optimizer.variables) if layout is None
-            else [NamedSharding(self.mesh, s) for s in layout.optimizer_specs()]}
+            "optimizer": [self._replicated] * len(optimizer.variables)
+            if layout is None
+            else [NamedSharding(self.mesh, s) for s in layout.optimizer_specs()],
+        }
 
     # -- state -------------------------------------------------------------------------------
     def state_bytes_per_device(self) -> int:
@@ -126,8 +142,12 @@ class Runner:
         m = self.model
         m.reset_metrics()  # the merge adds each replica's change to the reset state
         self._initial_metrics = [np.asarray(v.value) for v in m.metrics_variables]
-        self.state = State([], [], [], self.placement.put(
-            stacked(self._initial_metrics, self.replicas), self._split))
+        self.state = State(
+            [],
+            [],
+            [],
+            self.placement.put(stacked(self._initial_metrics, self.replicas), self._split),
+        )
         self.reload()
 
     def reload(self) -> None:
@@ -135,12 +155,16 @@ class Runner:
         have changed them); the metrics so far are kept."""
         m, put = self.model, self.placement.put
         self.state = self.state._replace(
-            trainable=put([np.asarray(v.value) for v in m.trainable_variables],
-                          self._shardings["trainable"]),
-            non_trainable=put(stacked([v.value for v in m.non_trainable_variables],
-                                      self.replicas), self._split),
-            optimizer=put([np.asarray(v.value) for v in m.optimizer.variables],
-                          self._shardings["optimizer"]))
+            trainable=put(
+                [np.asarray(v.value) for v in m.trainable_variables], self._shardings["trainable"]
+            ),
+            non_trainable=put(
+                stacked([v.value for v in m.non_trainable_variables], self.replicas), self._split
+            ),
+            optimizer=put(
+                [np.asarray(v.value) for v in m.optimizer.variables], self._shardings["optimizer"]
+            ),
+        )
         self._synced, self._statistics = True, None
 
     def sync(self) -> None:
@@ -150,21 +174,22 @@ class Runner:
         s, m = self.state, self.model
         for var, value in zip(m.trainable_variables, s.trainable):
             var.assign(np.asarray(value))
-        for var, value in zip(m.non_trainable_variables,
-                              self.placement.averaged(s.non_trainable)):
+        for var, value in zip(m.non_trainable_variables, self.placement.averaged(s.non_trainable)):
             var.assign(np.asarray(value))
         for var, value in zip(m.optimizer.variables, s.optimizer):
             var.assign(np.asarray(value))
         self._synced = True
 
     def reset_metrics(self) -> None:
-        self.state = self.state._replace(metrics=self.placement.put(
-            stacked(self._initial_metrics, self.replicas), self._split))
+        self.state = self.state._replace(
+            metrics=self.placement.put(stacked(self._initial_metrics, self.replicas), self._split)
+        )
 
     def logs(self) -> dict[str, float]:
         """The metrics so far, merged over replicas (Keras's ``get_metrics_result``)."""
-        values = fit_metrics.merged(self._initial_metrics,
-                                    [np.asarray(v) for v in self.state.metrics])
+        values = fit_metrics.merged(
+            self._initial_metrics, [np.asarray(v) for v in self.state.metrics]
+        )
         for var, value in zip(self.model.metrics_variables, values):
             var.assign(value)
         return fit_metrics.results(self.model)
@@ -184,34 +209,46 @@ class Runner:
     def evaluate(self, block, batches: int) -> None:
         """Update the metrics with the first ``batches`` batches of ``block``."""
         if self._evaluate is None:
-            self._evaluate = jax.jit(self._over_mesh(self._eval_per_device, train=False),
-                                     donate_argnums=(0,))
+            self._evaluate = jax.jit(
+                self._over_mesh(self._eval_per_device, train=False), donate_argnums=(0,)
+            )
         if self._statistics is None:
             # Every replica evaluates with the same statistics (batch norm's moving means):
             # their mean over the devices, what the model holds after sync, as on one device.
             self._statistics = self.placement.put(
                 stacked(self.placement.averaged(self.state.non_trainable), self.replicas),
-                self._split)
-        metrics = self._evaluate(self.state.metrics, self.state.trainable, self._statistics,
-                                 block, np.int32(batches))
+                self._split,
+            )
+        metrics = self._evaluate(
+            self.state.metrics, self.state.trainable, self._statistics, block, np.int32(batches)
+        )
         self.state = self.state._replace(metrics=metrics)
 
-    def _loss(self, trainable, non_trainable, metrics, optimizer, batch, training: bool,
-              stored=None):
+    def _loss(
+        self, trainable, non_trainable, metrics, optimizer, batch, training: bool, stored=None
+    ):
         """``stored``: the split weights under --shard all, gathered layer by layer."""
         model, layout = self.model, self.layout
         before = metrics
         with layer_gather.weights(layout, trainable, stored) as values:
             loss, (unscaled, y_pred, non_trainable, metrics) = model.compute_loss_and_updates(
-                values, non_trainable, metrics, batch["x"], batch.get("y"),
-                fit_metrics.loss_weights(batch, masked=self._masked), training=training,
-                optimizer_variables=None if not training else optimizer if layout is None
-                else layout.whole_stand_ins(optimizer))  # fp16's loss scale, replicated
+                values,
+                non_trainable,
+                metrics,
+                batch["x"],
+                batch.get("y"),
+                fit_metrics.loss_weights(batch, masked=self._masked),
+                training=training,
+                optimizer_variables=None
+                if not training
+                else optimizer
+                if layout is None
+                else layout.whole_stand_ins(optimizer),
+            )  # fp16's loss scale, replicated
         metrics = list(metrics)
         for i in self._output_losses:
             metrics[i] = fit_metrics.reweighted(before[i], metrics[i], batch["scale"])
-        return loss / (self.replicas * self.accum_steps), (unscaled, y_pred, non_trainable,
-                                                           metrics)
+        return loss / (self.replicas * self.accum_steps), (unscaled, y_pred, non_trainable, metrics)
 
     def _update_metrics(self, metrics, batch, y_pred, unscaled):
         from keras.src.backend import StatelessScope
@@ -219,8 +256,10 @@ class Runner:
         refs = self.model.metrics_variables
         with StatelessScope(state_mapping=list(zip(refs, metrics))) as scope:
             fit_metrics.update(self.model, batch, y_pred, unscaled)
-        return [scope.get_current_value(r) if scope.get_current_value(r) is not None else v
-                for r, v in zip(refs, metrics)]
+        return [
+            scope.get_current_value(r) if scope.get_current_value(r) is not None else v
+            for r, v in zip(refs, metrics)
+        ]
 
     def _step(self, state: State, batch: dict) -> State:
         """One optimizer step on this device's share of one global batch."""
@@ -234,14 +273,19 @@ class Runner:
         for j in range(k):  # unrolled: K is small, and XLA's CPU convolutions stay fast
             part = jax.tree.map(lambda a, j=j: a[j], micro)
             (_, (unscaled, y_pred, non_trainable, metrics)), g = grad(
-                trainable, non_trainable, metrics, optimizer, part, True,
-                stored if kept_sharded else None)
+                trainable,
+                non_trainable,
+                metrics,
+                optimizer,
+                part,
+                True,
+                stored if kept_sharded else None,
+            )
             metrics = self._update_metrics(metrics, part, y_pred, unscaled)
             total = [t + d for t, d in zip(total, g)]
         if layout is None:
             total = jax.lax.psum(total, AXIS)  # the step's one all-reduce
-            trainable, optimizer = self.model.optimizer.stateless_apply(optimizer, total,
-                                                                        trainable)
+            trainable, optimizer = self.model.optimizer.stateless_apply(optimizer, total, trainable)
             return State(trainable, non_trainable, optimizer, metrics)
         # sharded (engine/jax/sharding.py): each device updates its slices
         total = layout.reduced(total, lambda values: jax.lax.psum(values, AXIS))
@@ -249,27 +293,37 @@ class Runner:
             total = layout.all_finite(total)
         mine = stored if kept_sharded else layout.local(trainable)
         mine, optimizer = layout.local_optimizer.stateless_apply(optimizer, total, mine)
-        return State(mine if kept_sharded else layout.gathered(mine), non_trainable,
-                     optimizer, metrics)
+        return State(
+            mine if kept_sharded else layout.gathered(mine), non_trainable, optimizer, metrics
+        )
 
     def _train_per_device(self, state: State, block, _unused, steps, *, one: bool = False):
-        state = State(state.trainable, [a[0] for a in state.non_trainable], state.optimizer,
-                      [a[0] for a in state.metrics])
+        state = State(
+            state.trainable,
+            [a[0] for a in state.non_trainable],
+            state.optimizer,
+            [a[0] for a in state.metrics],
+        )
 
         def body(i, state):
             return self._step(state, jax.tree.map(lambda a: a[i], block))
 
         state = body(steps, state) if one else jax.lax.fori_loop(0, steps, body, state)
-        return State(state.trainable, [a[None] for a in state.non_trainable], state.optimizer,
-                     [a[None] for a in state.metrics])
+        return State(
+            state.trainable,
+            [a[None] for a in state.non_trainable],
+            state.optimizer,
+            [a[None] for a in state.metrics],
+        )
 
     def _eval_per_device(self, metrics, trainable, non_trainable, block, batches):
         non_trainable = [a[0] for a in non_trainable]
 
         def body(i, metrics):
             batch = jax.tree.map(lambda a: a[i], block)
-            _, (unscaled, y_pred, _, metrics) = self._loss(trainable, non_trainable, metrics,
-                                                           None, batch, False)
+            _, (unscaled, y_pred, _, metrics) = self._loss(
+                trainable, non_trainable, metrics, None, batch, False
+            )
             return self._update_metrics(metrics, batch, y_pred, unscaled)
 
         metrics = jax.lax.fori_loop(0, batches, body, [a[0] for a in metrics])
@@ -279,22 +333,26 @@ class Runner:
         if train:
             specs = State(P(), P(AXIS), P(), P(AXIS))
             if self.layout is not None:
-                specs = State(self.layout.trainable_specs(), P(AXIS),
-                              self.layout.optimizer_specs(), P(AXIS))
+                specs = State(
+                    self.layout.trainable_specs(), P(AXIS), self.layout.optimizer_specs(), P(AXIS)
+                )
             in_specs, out_specs = (specs, P(None, AXIS), P(), P()), specs
         else:
             in_specs, out_specs = (P(AXIS), P(), P(AXIS), P(None, AXIS), P()), P(AXIS)
         # check_vma off, as in engine/jax/step.py: an RNN's constant initial state against its
         # per-device carry; gradients stay per device until the one psum.
-        return jax.shard_map(per_device, mesh=self.mesh, in_specs=in_specs,
-                             out_specs=out_specs, check_vma=False)
+        return jax.shard_map(
+            per_device, mesh=self.mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False
+        )
 
     def _build_train(self, block):
         import functools
 
         looped = jax.jit(self._over_mesh(self._train_per_device), donate_argnums=(0,))
-        single = jax.jit(self._over_mesh(functools.partial(self._train_per_device, one=True)),
-                         donate_argnums=(0,))
+        single = jax.jit(
+            self._over_mesh(functools.partial(self._train_per_device, one=True)),
+            donate_argnums=(0,),
+        )
         chooser = None
         if self.mesh.devices.flat[0].platform == "cpu":
             chooser = self._convolves
@@ -303,10 +361,15 @@ class Runner:
     def _convolves(self, state, block) -> bool:
         """Whether the model's forward pass holds a convolution (see step._Train)."""
         model = self.model
-        x = jax.tree.map(lambda a: jax.ShapeDtypeStruct(
-            (max(1, a.shape[1] // self.replicas), *a.shape[2:]), a.dtype), block["x"])
+        x = jax.tree.map(
+            lambda a: jax.ShapeDtypeStruct(
+                (max(1, a.shape[1] // self.replicas), *a.shape[2:]), a.dtype
+            ),
+            block["x"],
+        )
         t = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in state.trainable]
         n = [jax.ShapeDtypeStruct(a.shape[1:], a.dtype) for a in state.non_trainable]
         kwargs = {"training": True} if model._call_has_training_arg else {}
-        return _has_convolution(jax.make_jaxpr(
-            lambda t, n, x: model.stateless_call(t, n, x, **kwargs)[0])(t, n, x))
+        return _has_convolution(
+            jax.make_jaxpr(lambda t, n, x: model.stateless_call(t, n, x, **kwargs)[0])(t, n, x)
+        )

@@ -35,8 +35,9 @@ import jax.numpy as jnp
 from mirrorfit.engine.jax.placement import AXIS
 
 # The shards of the trace being built: {id(variable): (shard, axis)}; None outside a step.
-_SHARDS: contextvars.ContextVar[dict | None] = contextvars.ContextVar("mirrorfit_shards",
-                                                                      default=None)
+_SHARDS: contextvars.ContextVar[dict | None] = contextvars.ContextVar(
+    "mirrorfit_shards", default=None
+)
 
 
 def prepare(model, variables, axes) -> int:
@@ -65,32 +66,40 @@ def _called_by_models(model):
 
 
 def _qualifies(layer) -> bool:
-    has_sublayers = any(True for _ in layer._flatten_layers(include_self=False,
-                                                            recursive=False))
-    return (type(layer).__module__.startswith("keras.") and not has_sublayers
-            and not layer.non_trainable_variables)
+    has_sublayers = any(True for _ in layer._flatten_layers(include_self=False, recursive=False))
+    return (
+        type(layer).__module__.startswith("keras.")
+        and not has_sublayers
+        and not layer.non_trainable_variables
+    )
 
 
 def mapped(shards, probes, axes) -> list:
     """What the model's trainable variables are mapped to: split ones ``gather(shard) +
     probe`` (the gradient flows to the probe), replicated ones ``probe`` itself (their
     value)."""
-    return [p if a is None else _gather(jax.lax.stop_gradient(s), a) + p
-            for s, p, a in zip(shards, probes, axes)]
+    return [
+        p if a is None else _gather(jax.lax.stop_gradient(s), a) + p
+        for s, p, a in zip(shards, probes, axes)
+    ]
 
 
 def probes(shards, axes, replicas: int) -> list:
     """Zeros of each split variable's whole shape; the replicated values as they are."""
-    return [s if a is None else jnp.zeros(
-                (*s.shape[:a], s.shape[a] * replicas, *s.shape[a + 1:]), s.dtype)
-            for s, a in zip(shards, axes)]
+    return [
+        s
+        if a is None
+        else jnp.zeros((*s.shape[:a], s.shape[a] * replicas, *s.shape[a + 1 :]), s.dtype)
+        for s, a in zip(shards, axes)
+    ]
 
 
 @contextlib.contextmanager
 def gathering(variables, shards, axes):
     """Within: wrapped layers gather ``variables``' split values from ``shards``."""
-    token = _SHARDS.set({id(v): (s, a) for v, s, a in zip(variables, shards, axes)
-                         if a is not None})
+    token = _SHARDS.set(
+        {id(v): (s, a) for v, s, a in zip(variables, shards, axes) if a is not None}
+    )
     try:
         yield
     finally:
@@ -120,12 +129,14 @@ def _zero_after(anchor):
     first = jnp.ravel(jax.tree.leaves(anchor)[0])[:1]
     if jnp.issubdtype(first.dtype, jnp.floating):
         bits = jax.lax.bitcast_convert_type(
-            first, {2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint64}[first.dtype.itemsize])
+            first, {2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint64}[first.dtype.itemsize]
+        )
     else:
         bits = first
     bits = bits.astype(jnp.uint32)
-    return jax.lax.shift_right_logical(jax.lax.shift_right_logical(bits, jnp.uint32(16)),
-                                       jnp.uint32(16))[0]
+    return jax.lax.shift_right_logical(
+        jax.lax.shift_right_logical(bits, jnp.uint32(16)), jnp.uint32(16)
+    )[0]
 
 
 def _gather_after(shard, axis: int, anchor):
@@ -141,8 +152,12 @@ def _gathered_call(layer, call):
     def gathers(*args, **kwargs):
         shards, scope = _SHARDS.get(), get_stateless_scope()
         variables = list(layer.trainable_variables)
-        if (shards is None or scope is None or not args
-                or any(isinstance(v, jax.Array) for v in jax.tree.leaves(kwargs))):
+        if (
+            shards is None
+            or scope is None
+            or not args
+            or any(isinstance(v, jax.Array) for v in jax.tree.leaves(kwargs))
+        ):
             return call(*args, **kwargs)
         values = [scope.get_current_value(v) for v in variables]
         if any(v is None for v in values):
@@ -158,8 +173,10 @@ def _gathered_call(layer, call):
                     return call(*inputs, **kwargs)
 
         def whole(weights, anchor):
-            return [w if s is None else _gather_after(s[0], s[1], anchor)
-                    for w, s in zip(weights, split)]
+            return [
+                w if s is None else _gather_after(s[0], s[1], anchor)
+                for w, s in zip(weights, split)
+            ]
 
         @jax.custom_vjp
         def apply(weights, inputs):
@@ -173,8 +190,9 @@ def _gathered_call(layer, call):
         def backward(saved, cotangent):
             kept, inputs = saved
             full = whole(kept, cotangent)
-            floats = [jnp.issubdtype(jnp.asarray(x).dtype, jnp.inexact)
-                      for x in jax.tree.leaves(inputs)]
+            floats = [
+                jnp.issubdtype(jnp.asarray(x).dtype, jnp.inexact) for x in jax.tree.leaves(inputs)
+            ]
             _, vjp = jax.vjp(lambda w, i: run(w, i), full, inputs)
             weight_grads, input_grads = vjp(cotangent)
             leaves, tree = jax.tree.flatten(input_grads)

@@ -76,8 +76,11 @@ def checksums(tree: dict[str, list]) -> dict[str, list[list[int]]]:
     a split array is summed where its pieces are (several processes: a collective), a
     replicated one on one device (not once per device)."""
     flat = [(g, i, a) for g in GROUPS for i, a in enumerate(tree[g])]
-    whole = [a.addressable_data(0) if hasattr(a, "addressable_data") else a for _, _, a in flat
-             if _replicated(a)]
+    whole = [
+        a.addressable_data(0) if hasattr(a, "addressable_data") else a
+        for _, _, a in flat
+        if _replicated(a)
+    ]
     split = [a for _, _, a in flat if not _replicated(a)]
     sums_whole, sums_split = iter(_summer()(whole)), iter(_summer()(split))
     out: dict[str, list[list[int]]] = {g: [] for g in GROUPS}
@@ -125,8 +128,9 @@ def check_sums(folder: Path, tree: dict[str, list]) -> None:
             raise ValueError(f"{SUMS} does not list the {group} arrays")
         for i, (want, have) in enumerate(zip(saved[group], got[group])):
             if list(want) != have:
-                raise ValueError(f"{ITEM}/{group}/{i} does not match its checksum: the data "
-                                 "is damaged")
+                raise ValueError(
+                    f"{ITEM}/{group}/{i} does not match its checksum: the data is damaged"
+                )
 
 
 def saved_shapes(folder: Path) -> dict[str, list[tuple[tuple[int, ...], np.dtype]]]:
@@ -137,14 +141,18 @@ def saved_shapes(folder: Path) -> dict[str, list[tuple[tuple[int, ...], np.dtype
     with _quiet():  # raised inside: a failed read's stragglers are held back too
         meta = ocp.StandardCheckpointer().metadata(folder / ITEM).item_metadata
         if meta is None:
-            raise ValueError(f"{ITEM}/ has no readable metadata: a damaged or partial Orbax "
-                             "checkpoint")
+            raise ValueError(
+                f"{ITEM}/ has no readable metadata: a damaged or partial Orbax checkpoint"
+            )
     tree = meta.tree
     if not isinstance(tree, dict) or set(tree) != set(GROUPS):
-        raise ValueError(f"{ITEM}/ holds {sorted(tree) if isinstance(tree, dict) else tree!r}"
-                         f", not the groups {', '.join(GROUPS)}")
-    return {g: [(tuple(int(d) for d in m.shape), np.dtype(m.dtype)) for m in tree[g]]
-            for g in GROUPS}
+        raise ValueError(
+            f"{ITEM}/ holds {sorted(tree) if isinstance(tree, dict) else tree!r}"
+            f", not the groups {', '.join(GROUPS)}"
+        )
+    return {
+        g: [(tuple(int(d) for d in m.shape), np.dtype(m.dtype)) for m in tree[g]] for g in GROUPS
+    }
 
 
 def check_against(saved: dict, wanted: dict[str, list], names: dict[str, list[str]]) -> None:
@@ -154,12 +162,13 @@ def check_against(saved: dict, wanted: dict[str, list], names: dict[str, list[st
     for group in GROUPS:
         have, want = saved[group], wanted[group]
         if len(have) != len(want):
-            raise StructureError(f"{len(have)} {group} variables saved, this run has "
-                                 f"{len(want)}")
+            raise StructureError(f"{len(have)} {group} variables saved, this run has {len(want)}")
         for i, ((shape, dtype), w, name) in enumerate(zip(have, want, names[group])):
             if list(shape) != list(w.shape):
-                raise StructureError(f"{group} variable {i} has shape {list(shape)}, this "
-                                     f"run's {name} {list(w.shape)}")
+                raise StructureError(
+                    f"{group} variable {i} has shape {list(shape)}, this "
+                    f"run's {name} {list(w.shape)}"
+                )
             if dtype != np.dtype(w.dtype):
                 raise ValueError(f"{ITEM}/{group}/{i} is {dtype}, not {name}'s {w.dtype}")
 
@@ -173,16 +182,22 @@ def read(folder: Path, targets: dict[str, list]) -> dict[str, list]:
         try:
             values = ocp.StandardCheckpointer().restore(folder / ITEM, targets)
         except Exception as e:  # TensorStore's message is a repr of its own
-            raise ValueError(f"{ITEM}/: an array's data cannot be read, damaged or missing "
-                             f"({type(e).__name__})") from None
+            raise ValueError(
+                f"{ITEM}/: an array's data cannot be read, damaged or missing ({type(e).__name__})"
+            ) from None
     check_sums(folder, values)
     return values
 
 
 # What Orbax's reader threads print (not raise) when a damaged file ends a read early: asyncio
 # tracebacks of a closed event loop, which say nothing the error raised does not.
-_NOISE = ("Traceback (most recent call last):", "asyncio/base_events.py", "self._check_closed()",
-          "raise RuntimeError('Event loop is closed')", "RuntimeError: Event loop is closed")
+_NOISE = (
+    "Traceback (most recent call last):",
+    "asyncio/base_events.py",
+    "self._check_closed()",
+    "raise RuntimeError('Event loop is closed')",
+    "RuntimeError: Event loop is closed",
+)
 
 
 _STRAGGLERS_S = 2.0
@@ -217,22 +232,40 @@ def read_model(folder: Path, model) -> None:
     import jax
 
     host = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])
-    variables = {"trainable": list(model.trainable_variables),
-                 "non_trainable": list(model.non_trainable_variables)}
+    variables = {
+        "trainable": list(model.trainable_variables),
+        "non_trainable": list(model.non_trainable_variables),
+    }
     saved = saved_shapes(folder)
-    wanted = {g: [jax.ShapeDtypeStruct(tuple(map(int, v.shape)), np.dtype(v.dtype))
-                  for v in vs] for g, vs in variables.items()}
+    wanted = {
+        g: [jax.ShapeDtypeStruct(tuple(map(int, v.shape)), np.dtype(v.dtype)) for v in vs]
+        for g, vs in variables.items()
+    }
     wanted["optimizer"] = [jax.ShapeDtypeStruct(s, d) for s, d in saved["optimizer"]]
     names = {g: [v.path for v in vs] for g, vs in variables.items()}
     names["optimizer"] = [f"optimizer/{i}" for i in range(len(saved["optimizer"]))]
     check_against(saved, wanted, names)
-    targets = {g: [jax.ShapeDtypeStruct(w.shape, w.dtype, sharding=host) for w in ws]
-               for g, ws in wanted.items()}
+    targets = {
+        g: [jax.ShapeDtypeStruct(w.shape, w.dtype, sharding=host) for w in ws]
+        for g, ws in wanted.items()
+    }
     values = read(folder, targets)
     for group, vs in variables.items():  # checked first, assigned after
         for v, value in zip(vs, values[group]):
             v.assign(np.asarray(value))
 
 
-__all__ = ["ITEM", "GROUPS", "SUMS", "Background", "async_checkpointer", "write", "read",
-           "read_model", "saved_shapes", "check_against", "checksums", "check_sums"]
+__all__ = [
+    "ITEM",
+    "GROUPS",
+    "SUMS",
+    "Background",
+    "async_checkpointer",
+    "write",
+    "read",
+    "read_model",
+    "saved_shapes",
+    "check_against",
+    "checksums",
+    "check_sums",
+]

@@ -83,8 +83,9 @@ class Placement:
         own = np.concatenate([[self.worker_index], local[0]]).astype(np.int32)
         block = np.repeat(own[None], self.local_replicas, axis=0)
         with processes.waiting():
-            rows = np.asarray(self._replicated(self.from_local(
-                block, (self.replicas, block.shape[1]))))
+            rows = np.asarray(
+                self._replicated(self.from_local(block, (self.replicas, block.shape[1])))
+            )
         first = {int(r[0]): r[1:] for r in rows[::-1]}
         return np.stack([first[w] for w in sorted(first)])
 
@@ -106,8 +107,7 @@ class Placement:
         import jax
         import jax.numpy as jnp
 
-        return jax.jit(lambda v: jnp.stack([jnp.max(v), jnp.min(v)]),
-                       out_shardings=self.sharding())
+        return jax.jit(lambda v: jnp.stack([jnp.max(v), jnp.min(v)]), out_shardings=self.sharding())
 
     # -- arrays over the mesh ------------------------------------------------------------------
     def sharding(self, *spec):
@@ -164,12 +164,13 @@ class Placement:
             for i, x in enumerate(xs):
                 by_dtype.setdefault(jnp.dtype(x.dtype), []).append(i)
             for indices in by_dtype.values():
-                flat = jnp.concatenate([xs[i].reshape(xs[i].shape[0], -1) for i in indices],
-                                       axis=1).sum(axis=0)
+                flat = jnp.concatenate(
+                    [xs[i].reshape(xs[i].shape[0], -1) for i in indices], axis=1
+                ).sum(axis=0)
                 at = 0
                 for i in indices:
                     size = xs[i][0].size
-                    out[i] = flat[at:at + size].reshape(xs[i].shape[1:]).astype(xs[i].dtype)
+                    out[i] = flat[at : at + size].reshape(xs[i].shape[1:]).astype(xs[i].dtype)
                     at += size
             return out
 
@@ -180,9 +181,12 @@ class Placement:
         first device's (they agree). One process: host arrays; several: arrays replicated on
         every device (a collective)."""
         if self.workers == 1:
-            return [np.asarray(a).mean(axis=0).astype(a.dtype)
-                    if np.issubdtype(a.dtype, np.floating) else np.asarray(a)[0]
-                    for a in stacked]
+            return [
+                np.asarray(a).mean(axis=0).astype(a.dtype)
+                if np.issubdtype(a.dtype, np.floating)
+                else np.asarray(a)[0]
+                for a in stacked
+            ]
         with processes.waiting():
             return self._average(list(stacked))
 
@@ -191,9 +195,13 @@ class Placement:
         import jax
         import jax.numpy as jnp
 
-        return jax.jit(lambda xs: [x.mean(axis=0).astype(x.dtype)
-                                   if jnp.issubdtype(x.dtype, jnp.floating) else x[0]
-                                   for x in xs], out_shardings=self.sharding())
+        return jax.jit(
+            lambda xs: [
+                x.mean(axis=0).astype(x.dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x[0]
+                for x in xs
+            ],
+            out_shardings=self.sharding(),
+        )
 
     strategy_name = "DataParallel (JAX mesh)"  # for the summary
 
@@ -201,9 +209,11 @@ class Placement:
         """One line for the start of a run."""
         if self.workers == 1:
             return f"data parallel over a mesh of {self.replicas} device(s) (JAX)"
-        return (f"data parallel over a mesh of {self.replicas} device(s) in {self.workers} "
-                f"processes (JAX, jax.distributed), {self.task} of {self.workers} worker(s)"
-                + (" (chief)" if self.is_chief else ""))
+        return (
+            f"data parallel over a mesh of {self.replicas} device(s) in {self.workers} "
+            f"processes (JAX, jax.distributed), {self.task} of {self.workers} worker(s)"
+            + (" (chief)" if self.is_chief else "")
+        )
 
 
 def local_value(value) -> np.ndarray:
@@ -218,32 +228,47 @@ def _from_host(value: np.ndarray, sharding):
     return jax.make_array_from_callback(value.shape, sharding, lambda index: value[index])
 
 
-def build_placement(setup: DeviceSetup, *, kind: str = "auto", cross_device_ops: str = "auto",
-                    communication: str = "auto", cluster=None, shard: str = "none",
-                    **_) -> Placement:
+def build_placement(
+    setup: DeviceSetup,
+    *,
+    kind: str = "auto",
+    cross_device_ops: str = "auto",
+    communication: str = "auto",
+    cluster=None,
+    shard: str = "none",
+    **_,
+) -> Placement:
     """The mesh over ``setup``'s devices for strategy ``kind`` (``multi-worker``: over every
     process's, ``cluster``'s job joined by ``configure_devices(cluster=...)``); ConfigError,
     one line, for a strategy or collective setting that only the TensorFlow engine has.
     ``shard``: ``none``, ``optimizer`` or ``all`` (:mod:`mirrorfit.engine.jax.sharding`)."""
     from dataclasses import replace
 
-    check_settings("jax", strategy=kind, cross_device_ops=cross_device_ops,
-                   communication=communication, shard=shard)
+    check_settings(
+        "jax",
+        strategy=kind,
+        cross_device_ops=cross_device_ops,
+        communication=communication,
+        shard=shard,
+    )
     return replace(_build(setup, kind, cluster), shard=shard)
 
 
 def _build(setup: DeviceSetup, kind: str, cluster) -> Placement:
     if kind == "single" and setup.replicas != 1:
-        raise ConfigError(f"--strategy single runs on one device but {setup.replicas} replicas "
-                          "were asked for; use --replicas 1 or --strategy mirrored")
+        raise ConfigError(
+            f"--strategy single runs on one device but {setup.replicas} replicas "
+            "were asked for; use --replicas 1 or --strategy mirrored"
+        )
     import numpy as np
     from jax.sharding import Mesh
 
     if kind == "multi-worker" or cluster is not None:
         return _over_processes(setup, cluster)
     mesh = Mesh(np.array(setup.handles), (AXIS,))
-    return Placement(mesh=mesh, kind="data-parallel", replicas=setup.replicas,
-                     local_replicas=setup.replicas)
+    return Placement(
+        mesh=mesh, kind="data-parallel", replicas=setup.replicas, local_replicas=setup.replicas
+    )
 
 
 def _over_processes(setup: DeviceSetup, cluster) -> Placement:
@@ -257,12 +282,16 @@ def _over_processes(setup: DeviceSetup, cluster) -> Placement:
 
     cluster = cluster or cluster_for("multi-worker")
     if processes.joined() != cluster:
-        raise ConfigError("--strategy multi-worker --backend jax: join the cluster before JAX "
-                          "starts: configure_devices(cluster=...) (mirrorfit train does)")
+        raise ConfigError(
+            "--strategy multi-worker --backend jax: join the cluster before JAX "
+            "starts: configure_devices(cluster=...) (mirrorfit train does)"
+        )
     if setup.kind == "CPU" and setup.replicas > 1:
-        raise ConfigError(f"--strategy multi-worker runs one replica per worker on CPUs, but "
-                          f"--replicas {setup.replicas} was asked for; drop --replicas, or "
-                          "start more workers (mirrorfit launch --workers N)")
+        raise ConfigError(
+            f"--strategy multi-worker runs one replica per worker on CPUs, but "
+            f"--replicas {setup.replicas} was asked for; drop --replicas, or "
+            "start more workers (mirrorfit launch --workers N)"
+        )
     platform = setup.handles[0].platform
     local = list(jax.local_devices(backend=platform))
     positions = [local.index(d) for d in setup.handles]
@@ -270,13 +299,22 @@ def _over_processes(setup: DeviceSetup, cluster) -> Placement:
     for d in jax.devices(platform):
         by_process.setdefault(d.process_index, []).append(d)
     if len(by_process) != cluster.num_workers:
-        raise ConfigError(f"--strategy multi-worker: JAX sees {len(by_process)} process(es), the "
-                          f"cluster has {cluster.num_workers} workers")
+        raise ConfigError(
+            f"--strategy multi-worker: JAX sees {len(by_process)} process(es), the "
+            f"cluster has {cluster.num_workers} workers"
+        )
     devices = [by_process[p][i] for p in sorted(by_process) for i in positions]
-    placement = Placement(mesh=Mesh(np.array(devices), (AXIS,)), kind="multi-worker",
-                          replicas=len(devices), local_replicas=setup.replicas,
-                          workers=cluster.num_workers, worker_index=cluster.worker_rank,
-                          is_chief=cluster.is_chief, task=cluster.task_name(), cluster=cluster)
+    placement = Placement(
+        mesh=Mesh(np.array(devices), (AXIS,)),
+        kind="multi-worker",
+        replicas=len(devices),
+        local_replicas=setup.replicas,
+        workers=cluster.num_workers,
+        worker_index=cluster.worker_rank,
+        is_chief=cluster.is_chief,
+        task=cluster.task_name(),
+        cluster=cluster,
+    )
     with processes.gloo_lines_dropped():  # the first collective: gloo connects the processes
         placement.all_equal(setup.replicas)
     return placement

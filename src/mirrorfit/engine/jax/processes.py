@@ -79,29 +79,37 @@ def join(cluster, *, timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S) -> None:
     global _joined
     if _joined is not None:
         if _joined.cluster != cluster:
-            raise ConfigError("this process already joined another cluster; one process "
-                              "belongs to one job")
+            raise ConfigError(
+                "this process already joined another cluster; one process belongs to one job"
+            )
         return
     if cluster.ps or cluster.task_type not in ("worker", "chief"):
-        raise ConfigError(f"--strategy multi-worker: this cluster has parameter servers (task "
-                          f"{cluster.task_name()}); the JAX engine trains on workers only: a "
-                          "cluster of workers, or --backend tensorflow")
+        raise ConfigError(
+            f"--strategy multi-worker: this cluster has parameter servers (task "
+            f"{cluster.task_name()}); the JAX engine trains on workers only: a "
+            "cluster of workers, or --backend tensorflow"
+        )
     from mirrorfit.distribute import _listen
 
     ip, note = _listen.prepare(cluster)  # this task's port in use: one line, at once
     me = cluster.address(cluster.task_type, cluster.task_index)
     port = int(me.rpartition(":")[2])
     if note and cluster.is_chief:
-        print(f"mirrorfit: {cluster.task_name()}: JAX's coordination service listens on every "
-              f"interface ({note}); keep the job on a private network", file=sys.stderr)
+        print(
+            f"mirrorfit: {cluster.task_name()}: JAX's coordination service listens on every "
+            f"interface ({note}); keep the job on a private network",
+            file=sys.stderr,
+        )
     import jax
 
     from jax._src import xla_bridge
 
     if xla_bridge.backends_are_initialized():
-        raise ConfigError("--strategy multi-worker: JAX already started on this process; join "
-                          "the cluster first (configure_devices(cluster=...) before any JAX "
-                          "computation), or run in a fresh process")
+        raise ConfigError(
+            "--strategy multi-worker: JAX already started on this process; join "
+            "the cluster first (configure_devices(cluster=...) before any JAX "
+            "computation), or run in a fresh process"
+        )
     # JAX's preemption service installs a C++ SIGTERM handler; mirrorfit's own (every worker
     # agrees on the step, saves, exits 75) must keep the signal.
     jax.config.update("jax_enable_preemption_service", False)
@@ -111,14 +119,19 @@ def join(cluster, *, timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S) -> None:
     beacon = None if cluster.is_chief or not ip else _Beacon(ip, port)
     watchdog = _Watchdog(cluster, timeout_s)
     bind = f"{_host(ip) if ip else '[::]'}:{port}"
-    text = (f"did not join within {timeout_s:g} s; check that every task started (its log), "
-            "or raise --collective-timeout")
+    text = (
+        f"did not join within {timeout_s:g} s; check that every task started (its log), "
+        "or raise --collective-timeout"
+    )
     with watchdog.waiting(text):
         jax.distributed.initialize(
-            coordinator_address=_chief_address(cluster), num_processes=cluster.num_workers,
-            process_id=cluster.worker_rank, coordinator_bind_address=bind,
+            coordinator_address=_chief_address(cluster),
+            num_processes=cluster.num_workers,
+            process_id=cluster.worker_rank,
+            coordinator_bind_address=bind,
             initialization_timeout=int(timeout_s) + _JAX_MARGIN_S,
-            heartbeat_timeout_seconds=int(timeout_s) + _JAX_MARGIN_S)
+            heartbeat_timeout_seconds=int(timeout_s) + _JAX_MARGIN_S,
+        )
     _joined = _Joined(cluster, timeout_s, watchdog, beacon)
     if not cluster.is_chief:
         _name_a_lost_chief(cluster)
@@ -149,8 +162,9 @@ def _gloo_on(ip: str | None) -> None:
         make_client = xla_bridge.make_cpu_client
 
         def cpu_client():
-            collectives = make_collectives(distributed_client=distributed.global_state.client,
-                                           hostname=ip)
+            collectives = make_collectives(
+                distributed_client=distributed.global_state.client, hostname=ip
+            )
             return make_client(collectives=collectives)
 
         xla_bridge.register_backend_factory("cpu", cpu_client, priority=0, fail_quietly=False)
@@ -201,10 +215,11 @@ def _name_a_lost_chief(cluster) -> None:
     address = _chief_address(cluster)
     name = "chief" if cluster.chief is not None else "worker 0"
     host, _, port = address.rpartition(":")
-    line = (f"mirrorfit: error: {cluster.task_name()}: {name} ({address}) stopped answering "
-            "(JAX's coordination service, which it runs, is gone); restart the group to "
-            "resume from the last checkpoint (`mirrorfit launch --max-restarts N` does)\n"
-            ).encode()
+    line = (
+        f"mirrorfit: error: {cluster.task_name()}: {name} ({address}) stopped answering "
+        "(JAX's coordination service, which it runs, is gone); restart the group to "
+        "resume from the last checkpoint (`mirrorfit launch --max-restarts N` does)\n"
+    ).encode()
 
     def on_abort(signum: int) -> None:
         try:
@@ -286,8 +301,10 @@ class _Watchdog:
                 continue
             who = ", ".join(gone(self.cluster)) or "another worker"
             if claim_report():
-                os.write(2, f"mirrorfit: error: {self.cluster.task_name()}: {who} "
-                            f"{self._text}\n".encode())
+                os.write(
+                    2,
+                    f"mirrorfit: error: {self.cluster.task_name()}: {who} {self._text}\n".encode(),
+                )
             else:  # another part of this process is saying why it ends
                 time.sleep(_SETTLE_S * 5)
             os._exit(EXIT_PEER_FAILED)
@@ -300,9 +317,13 @@ def waiting(text: str | None = None):
     if _joined is None:
         return contextlib.nullcontext()
     t = _joined.timeout_s
-    return _joined.watchdog.waiting(text or (
-        f"stopped answering: a collective waited {t:g} s (--collective-timeout); restart the "
-        "group to resume from the last checkpoint (`mirrorfit launch --max-restarts N` does)"))
+    return _joined.watchdog.waiting(
+        text
+        or (
+            f"stopped answering: a collective waited {t:g} s (--collective-timeout); restart the "
+            "group to resume from the last checkpoint (`mirrorfit launch --max-restarts N` does)"
+        )
+    )
 
 
 @contextlib.contextmanager
@@ -318,8 +339,7 @@ def gloo_lines_dropped() -> Iterator[None]:
 
 # What gloo and JAX's runtime say when a peer's connection went away mid-collective (measured:
 # "UNKNOWN: Gloo all-reduce failed: [...pair.cc:547] Connection closed by peer [127.0.0.1]:N").
-_GONE = ("Gloo", "Connection reset", "Connection closed", "Connection refused",
-         "Broken pipe")
+_GONE = ("Gloo", "Connection reset", "Connection closed", "Connection refused", "Broken pipe")
 _GONE_STATUS = ("UNAVAILABLE", "DEADLINE_EXCEEDED", "ABORTED", "CANCELLED")
 
 
@@ -336,9 +356,20 @@ def peer_failure(error: BaseException) -> bool:
     text = str(error)
     if isinstance(error, jax.errors.JaxRuntimeError):
         return any(s in text for s in _GONE) or text.startswith(_GONE_STATUS)
-    return isinstance(error, ValueError) and text.startswith(("UNKNOWN: ", *_GONE_STATUS)) \
+    return (
+        isinstance(error, ValueError)
+        and text.startswith(("UNKNOWN: ", *_GONE_STATUS))
         and any(s in text for s in _GONE)
+    )
 
 
-__all__ = ["join", "joined", "waiting", "peer_failure", "gloo_lines_dropped", "claim_report",
-           "gone", "EXIT_PEER_FAILED"]
+__all__ = [
+    "join",
+    "joined",
+    "waiting",
+    "peer_failure",
+    "gloo_lines_dropped",
+    "claim_report",
+    "gone",
+    "EXIT_PEER_FAILED",
+]

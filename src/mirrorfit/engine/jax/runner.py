@@ -25,8 +25,13 @@ import numpy as np
 from mirrorfit.engine.jax import processes
 from mirrorfit.engine.jax.feed import Feed, plan
 from mirrorfit.engine.jax.placement import AXIS, Placement, local_value
-from mirrorfit.engine.jax.sharding import (build_layout, describe_unsplit, non_finite_counts,
-                                            peak_device_bytes, state_bytes_per_device)
+from mirrorfit.engine.jax.sharding import (
+    build_layout,
+    describe_unsplit,
+    non_finite_counts,
+    peak_device_bytes,
+    state_bytes_per_device,
+)
 from mirrorfit.engine.jax.step import Metrics, State, build_steps, stacked
 from mirrorfit.engine.backends import BatchShape, split_batch
 from mirrorfit.data.arrays import check_class_labels, label_classes
@@ -50,10 +55,21 @@ class Runner(BatchShape):
 
     backend = "jax"
 
-    def __init__(self, *, distribution: Placement, model, optimizer, loss, global_batch: int,
-                 metrics: Sequence = ("accuracy",), accum_steps: int = 1,
-                 precision: Precision | str = "fp32", jit_compile: bool = False,
-                 remat: bool = False, on_notice: Callable[[str], None] = print) -> None:
+    def __init__(
+        self,
+        *,
+        distribution: Placement,
+        model,
+        optimizer,
+        loss,
+        global_batch: int,
+        metrics: Sequence = ("accuracy",),
+        accum_steps: int = 1,
+        precision: Precision | str = "fp32",
+        jit_compile: bool = False,
+        remat: bool = False,
+        on_notice: Callable[[str], None] = print,
+    ) -> None:
         import keras
 
         replicas = distribution.replicas
@@ -64,27 +80,36 @@ class Runner(BatchShape):
         with self.precision.building():
             self._model = model if isinstance(model, keras.Model) else model()
         if not isinstance(self._model, keras.Model):
-            raise ConfigError(f"model must be a keras.Model or a function returning one, got "
-                              f"{self._model!r}")
+            raise ConfigError(
+                f"model must be a keras.Model or a function returning one, got {self._model!r}"
+            )
         if remat:
             rematerialize(self._model, on_notice)
         if not isinstance(optimizer, keras.optimizers.Optimizer):
-            raise ConfigError(f"optimizer must be a keras.optimizers.Optimizer, got "
-                              f"{optimizer!r}")
+            raise ConfigError(f"optimizer must be a keras.optimizers.Optimizer, got {optimizer!r}")
         self._optimizer = self.precision.wrap_optimizer(optimizer)
         self._optimizer.build(self._model.trainable_variables)
         self.loss_scaling = isinstance(self._optimizer, keras.optimizers.LossScaleOptimizer)
-        self._train_metrics = Metrics((keras.metrics.Mean(name="loss"),
-                                       *(_metric(m) for m in metrics)))
-        self._eval_metrics = Metrics((keras.metrics.Mean(name="loss"),
-                                      *(_metric(m) for m in metrics)))
+        self._train_metrics = Metrics(
+            (keras.metrics.Mean(name="loss"), *(_metric(m) for m in metrics))
+        )
+        self._eval_metrics = Metrics(
+            (keras.metrics.Mean(name="loss"), *(_metric(m) for m in metrics))
+        )
         self._labels = label_classes(self._model, loss)  # what labels must index
         self.layout = build_layout(distribution.shard, self._model, self._optimizer, replicas)
-        self._steps = build_steps(model=self._model, optimizer=self._optimizer, loss=loss,
-                                  train_metrics=self._train_metrics,
-                                  eval_metrics=self._eval_metrics, mesh=distribution.mesh,
-                                  global_batch=global_batch, accum_steps=accum_steps,
-                                  loss_scaling=self.loss_scaling, layout=self.layout)
+        self._steps = build_steps(
+            model=self._model,
+            optimizer=self._optimizer,
+            loss=loss,
+            train_metrics=self._train_metrics,
+            eval_metrics=self._eval_metrics,
+            mesh=distribution.mesh,
+            global_batch=global_batch,
+            accum_steps=accum_steps,
+            loss_scaling=self.loss_scaling,
+            layout=self.layout,
+        )
         self._state: State | None = None
         self._synced = True
         self._feeds: list[Feed] = []  # each fit's: their input waits add up
@@ -104,10 +129,14 @@ class Runner(BatchShape):
         replicated, _ = self._shardings()
         layout, d = self.layout, self.distribution
         if layout is None:
-            return ([replicated] * len(self._model.trainable_variables),
-                    [replicated] * len(self._optimizer.variables))
-        return ([d.sharding(*s) for s in layout.trainable_specs()],
-                [d.sharding(*s) for s in layout.optimizer_specs()])
+            return (
+                [replicated] * len(self._model.trainable_variables),
+                [replicated] * len(self._optimizer.variables),
+            )
+        return (
+            [d.sharding(*s) for s in layout.trainable_specs()],
+            [d.sharding(*s) for s in layout.optimizer_specs()],
+        )
 
     def _load_state(self, trainable=None, optimizer=None) -> None:
         """The Keras variables' values as the devices' state (copies); ``trainable`` and
@@ -117,17 +146,21 @@ class Runner(BatchShape):
         put = self.distribution.put
         trainable_sharding, optimizer_sharding = self._state_shardings()
         if trainable is None:
-            trainable = put([np.asarray(v.value) for v in self._model.trainable_variables],
-                            trainable_sharding)
+            trainable = put(
+                [np.asarray(v.value) for v in self._model.trainable_variables], trainable_sharding
+            )
         if optimizer is None:
-            optimizer = put([np.asarray(v.value) for v in self._optimizer.variables],
-                            optimizer_sharding)
+            optimizer = put(
+                [np.asarray(v.value) for v in self._optimizer.variables], optimizer_sharding
+            )
         self._state = State(
             trainable=list(trainable),
-            non_trainable=put(stacked([v.value for v in self._model.non_trainable_variables],
-                                      n), split),
+            non_trainable=put(
+                stacked([v.value for v in self._model.non_trainable_variables], n), split
+            ),
             optimizer=list(optimizer),
-            metrics=put(stacked([v.value for v in self._train_metrics.variables], n), split))
+            metrics=put(stacked([v.value for v in self._train_metrics.variables], n), split),
+        )
         self._reduce_statistics()
 
     def _reduce_statistics(self) -> None:
@@ -173,10 +206,13 @@ class Runner(BatchShape):
         """The state to checkpoint: trainable weights and optimizer variables as laid out on
         the devices, statistics as one value each."""
         s = self._state
-        return {"trainable": list(s.trainable),
-                "non_trainable": [a if hasattr(a, "sharding") else np.asarray(a)
-                                  for a in self._statistics()],
-                "optimizer": list(s.optimizer)}
+        return {
+            "trainable": list(s.trainable),
+            "non_trainable": [
+                a if hasattr(a, "sharding") else np.asarray(a) for a in self._statistics()
+            ],
+            "optimizer": list(s.optimizer),
+        }
 
     def checkpoint_targets(self) -> dict[str, list]:
         """What :meth:`checkpoint_arrays` restores into: shapes, dtypes and this run's
@@ -187,20 +223,26 @@ class Runner(BatchShape):
         s = self._state
 
         def like(arrays, shardings):
-            return [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh)
-                    for a, sh in zip(arrays, shardings)]
+            return [
+                jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh)
+                for a, sh in zip(arrays, shardings)
+            ]
 
         trainable, optimizer = self._state_shardings()
         statistics = [np.asarray(v.value) for v in self._model.non_trainable_variables]
-        return {"trainable": like(s.trainable, trainable),
-                "non_trainable": like(statistics, [replicated] * len(statistics)),
-                "optimizer": like(s.optimizer, optimizer)}
+        return {
+            "trainable": like(s.trainable, trainable),
+            "non_trainable": like(statistics, [replicated] * len(statistics)),
+            "optimizer": like(s.optimizer, optimizer),
+        }
 
     def checkpoint_names(self) -> dict[str, list[str]]:
         """Each checkpointed array's variable path, for messages."""
-        return {"trainable": [v.path for v in self._model.trainable_variables],
-                "non_trainable": [v.path for v in self._model.non_trainable_variables],
-                "optimizer": [v.path for v in self._optimizer.variables]}
+        return {
+            "trainable": [v.path for v in self._model.trainable_variables],
+            "non_trainable": [v.path for v in self._model.non_trainable_variables],
+            "optimizer": [v.path for v in self._optimizer.variables],
+        }
 
     def adopt(self, arrays: dict[str, list]) -> None:
         """Take restored :meth:`checkpoint_arrays` (laid out as :meth:`checkpoint_targets`)
@@ -219,8 +261,12 @@ class Runner(BatchShape):
         for var, bad in zip(self._model.trainable_variables, counts):
             if bad:
                 return f"{var.path}: {bad} of {int(np.prod(var.shape))} values"
-        return first_non_finite([_Value(v.path, local_value(a)) for v, a in
-                                 zip(self._model.non_trainable_variables, self._statistics())])
+        return first_non_finite(
+            [
+                _Value(v.path, local_value(a))
+                for v, a in zip(self._model.non_trainable_variables, self._statistics())
+            ]
+        )
 
     @property
     def model(self):
@@ -268,27 +314,41 @@ class Runner(BatchShape):
     def steps_per_epoch(self, train) -> int:
         """Optimizer steps per epoch of ``train`` (a mirrorfit source)."""
         if not hasattr(train, "steps_per_epoch"):
-            raise ConfigError("the JAX engine trains on mirrorfit.train_batches(...) or a "
-                              "--data source, not on a tf.data.Dataset")
+            raise ConfigError(
+                "the JAX engine trains on mirrorfit.train_batches(...) or a "
+                "--data source, not on a tf.data.Dataset"
+            )
         return train.steps_per_epoch
 
-    def train_iterator(self, train, *, start_epoch: int, epochs: int, skip: int,
-                       steps_per_execution: int) -> Feed:
+    def train_iterator(
+        self, train, *, start_epoch: int, epochs: int, skip: int, steps_per_execution: int
+    ) -> Feed:
         """The blocks of every call a ``fit`` from (``start_epoch``, ``skip``) to ``epochs``
         makes, fed ahead of the steps (see :mod:`mirrorfit.engine.jax.feed`)."""
         from jax.sharding import NamedSharding, PartitionSpec as P
 
         check_class_labels(getattr(train, "y", None), "the training data", *self._labels)
-        calls = plan(steps_per_epoch=self.steps_per_epoch(train), start_epoch=start_epoch,
-                     epochs=epochs, skip=skip, steps_per_execution=steps_per_execution)
+        calls = plan(
+            steps_per_epoch=self.steps_per_epoch(train),
+            start_epoch=start_epoch,
+            epochs=epochs,
+            skip=skip,
+            steps_per_execution=steps_per_execution,
+        )
         sharding = NamedSharding(self.distribution.mesh, P(None, AXIS))
         d = self.distribution
         # Blocks as long as the longest call, not S: --steps-per-execution beyond an epoch's
         # steps would otherwise allocate (and copy to the devices) S batches of padding.
         block = max((n for _, _, n in calls), default=1)
-        feed = Feed(train, calls, block_steps=block, batch_sharding=sharding,
-                    worker=d.worker_index, workers=d.workers,
-                    placement=d if d.workers > 1 else None)
+        feed = Feed(
+            train,
+            calls,
+            block_steps=block,
+            batch_sharding=sharding,
+            worker=d.worker_index,
+            workers=d.workers,
+            placement=d if d.workers > 1 else None,
+        )
         self._feeds.append(feed)
         return feed
 
@@ -328,24 +388,36 @@ class Runner(BatchShape):
         statistics = self._statistics()
         # Several processes: already on the devices (reduced there); one: host values.
         non_trainable = statistics if d.workers > 1 else jax.device_put(statistics, replicated)
-        metrics = d.put(stacked([np.zeros(v.shape, v.dtype)
-                                 for v in self._eval_metrics.variables], n), split)
+        metrics = d.put(
+            stacked([np.zeros(v.shape, v.dtype) for v in self._eval_metrics.variables], n), split
+        )
         examples = 0
         with processes.waiting():
             # Every process packs the same blocks and puts its own devices' part of each.
             for xs, ys, ws, count, real in _eval_blocks(data, batch, padded):
                 examples += real
-                metrics = self._steps.evaluate(s.trainable, non_trainable, metrics,
-                                               *d.put([xs, ys, ws], sharding), np.int32(count))
+                metrics = self._steps.evaluate(
+                    s.trainable,
+                    non_trainable,
+                    metrics,
+                    *d.put([xs, ys, ws], sharding),
+                    np.int32(count),
+                )
             out = _results(self._eval_metrics, metrics, d)
         out["examples"] = examples
         return out
 
     def reset_train_metrics(self) -> None:
         _, split = self._shardings()
-        self._state = self._state._replace(metrics=self.distribution.put(
-            stacked([np.zeros(v.shape, v.dtype) for v in self._train_metrics.variables],
-                    self.replicas), split))
+        self._state = self._state._replace(
+            metrics=self.distribution.put(
+                stacked(
+                    [np.zeros(v.shape, v.dtype) for v in self._train_metrics.variables],
+                    self.replicas,
+                ),
+                split,
+            )
+        )
 
     def train_logs(self) -> dict[str, float]:
         return _results(self._train_metrics, self._state.metrics, self.distribution)
@@ -408,11 +480,12 @@ def _eval_blocks(data, batch: int, padded: int):
     """(xs, ys, weights, batches, examples) blocks of batches of ``padded`` examples (the real
     ones weighted 1): every example of ``data`` once. A block holds :func:`_block_length`
     batches, the same for every block of a run's evaluations (one compiled shape)."""
+
     def batches():
         if isinstance(data, tuple):
             x, y = data
             for start in range(0, len(x), batch):
-                yield x[start:start + batch], y[start:start + batch]
+                yield x[start : start + batch], y[start : start + batch]
         else:
             yield from data.as_numpy_iterator()
 
@@ -442,7 +515,7 @@ def _pack(block: list, padded: int, length: int):
     ws = np.zeros((length, padded), np.float32)
     real = 0
     for i, (x, y) in enumerate(block):
-        xs[i, :len(x)], ys[i, :len(y)], ws[i, :len(y)] = x, y, 1.0
+        xs[i, : len(x)], ys[i, : len(y)], ws[i, : len(y)] = x, y, 1.0
         real += len(y)
     return xs, ys, ws, len(block), real
 

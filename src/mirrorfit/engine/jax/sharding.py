@@ -29,8 +29,18 @@ MIN_ELEMENTS = 1024  # values: a smaller parameter stays replicated (its collect
 # Keras optimizers whose update of each value reads only that value's gradient and state, so a
 # slice of the weights updates as the whole would. Adafactor (factored rows and columns), Lamb
 # (a trust ratio per tensor) and Muon (orthogonalised matrices) read whole tensors.
-ELEMENTWISE = ("SGD", "Adam", "AdamW", "Adamax", "Nadam", "RMSprop", "Adagrad", "Adadelta",
-               "Lion", "Ftrl")
+ELEMENTWISE = (
+    "SGD",
+    "Adam",
+    "AdamW",
+    "Adamax",
+    "Nadam",
+    "RMSprop",
+    "Adagrad",
+    "Adadelta",
+    "Lion",
+    "Ftrl",
+)
 
 
 def check_mode(shard: str) -> str:
@@ -51,13 +61,17 @@ def check_optimizer(optimizer) -> None:
     inner = getattr(optimizer, "inner_optimizer", optimizer)  # fp16's LossScaleOptimizer
     name = type(inner).__name__
     if name not in ELEMENTWISE or type(inner).__module__.split(".")[0] != "keras":
-        raise ConfigError(f"--shard cannot split the state of optimizer {name}: it takes Keras's "
-                          f"own optimizers that update each value alone ({', '.join(ELEMENTWISE)})"
-                          "; use one of them, or --shard none")
+        raise ConfigError(
+            f"--shard cannot split the state of optimizer {name}: it takes Keras's "
+            f"own optimizers that update each value alone ({', '.join(ELEMENTWISE)})"
+            "; use one of them, or --shard none"
+        )
     for clip in ("clipnorm", "global_clipnorm"):
         if getattr(inner, clip, None) is not None:
-            raise ConfigError(f"--shard: the optimizer's {clip} reads the norm of whole "
-                              "gradients, which no device holds; use clipvalue, or --shard none")
+            raise ConfigError(
+                f"--shard: the optimizer's {clip} reads the norm of whole "
+                "gradients, which no device holds; use clipvalue, or --shard none"
+            )
 
 
 @dataclass(frozen=True)
@@ -91,15 +105,25 @@ class Layout:
 
     def describe(self) -> str:
         n = sum(a is not None for a in self.trainable)
-        what = {"optimizer": "the optimizer state (ZeRO-1)",
-                "all": "the weights and the optimizer state (FSDP)"}[self.mode]
+        what = {
+            "optimizer": "the optimizer state (ZeRO-1)",
+            "all": "the weights and the optimizer state (FSDP)",
+        }[self.mode]
         n_layers = self.gathered_layers
-        gathered = "" if self.mode != "all" else (
-            f"; gathered layer by layer in {n_layers} layer{'s' * (n_layers != 1)}" if n_layers
-            else "; gathered whole for each step (no layer gathers its own)")
-        return (f"{what} split over {self.replicas} devices: {n} of {len(self.trainable)} "
-                f"parameters (those of {MIN_ELEMENTS}+ values, with an axis that divides, "
-                f"without a constraint){gathered}")
+        gathered = (
+            ""
+            if self.mode != "all"
+            else (
+                f"; gathered layer by layer in {n_layers} layer{'s' * (n_layers != 1)}"
+                if n_layers
+                else "; gathered whole for each step (no layer gathers its own)"
+            )
+        )
+        return (
+            f"{what} split over {self.replicas} devices: {n} of {len(self.trainable)} "
+            f"parameters (those of {MIN_ELEMENTS}+ values, with an axis that divides, "
+            f"without a constraint){gathered}"
+        )
 
     # -- inside the step (per device, in a shard_map over AXIS) ---------------------------------
     def step_weights(self, stored: list) -> list:
@@ -114,8 +138,10 @@ class Layout:
         """Each device's slices as the whole arrays (all-gathers)."""
         import jax
 
-        return [v if a is None else jax.lax.all_gather(v, AXIS, axis=a, tiled=True)
-                for v, a in zip(values, self.trainable)]
+        return [
+            v if a is None else jax.lax.all_gather(v, AXIS, axis=a, tiled=True)
+            for v, a in zip(values, self.trainable)
+        ]
 
     def reduced(self, grads: list, psum) -> list:
         """The gradients summed over the devices: split ones reduce-scattered (each device
@@ -124,18 +150,26 @@ class Layout:
 
         replicated = [g for g, a in zip(grads, self.trainable) if a is None]
         summed = iter(psum(replicated) if replicated else [])
-        return [next(summed) if a is None else
-                jax.lax.psum_scatter(g, AXIS, scatter_dimension=a, tiled=True)
-                for g, a in zip(grads, self.trainable)]
+        return [
+            next(summed)
+            if a is None
+            else jax.lax.psum_scatter(g, AXIS, scatter_dimension=a, tiled=True)
+            for g, a in zip(grads, self.trainable)
+        ]
 
     def local(self, values: list) -> list:
         """This device's slices of whole arrays (the split ones)."""
         import jax
 
         index = jax.lax.axis_index(AXIS)
-        return [v if a is None else jax.lax.dynamic_slice_in_dim(
-                    v, index * (v.shape[a] // self.replicas), v.shape[a] // self.replicas, a)
-                for v, a in zip(values, self.trainable)]
+        return [
+            v
+            if a is None
+            else jax.lax.dynamic_slice_in_dim(
+                v, index * (v.shape[a] // self.replicas), v.shape[a] // self.replicas, a
+            )
+            for v, a in zip(values, self.trainable)
+        ]
 
     def whole_stand_ins(self, optimizer_values: list) -> list:
         """The optimizer's variables as Keras's ``compute_loss_and_updates`` maps them (whole
@@ -143,9 +177,12 @@ class Layout:
         zeros, which nothing reads and the compiler drops."""
         import jax.numpy as jnp
 
-        return [v if a is None else jnp.zeros(
-                    (*v.shape[:a], v.shape[a] * self.replicas, *v.shape[a + 1:]), v.dtype)
-                for v, a in zip(optimizer_values, self.optimizer)]
+        return [
+            v
+            if a is None
+            else jnp.zeros((*v.shape[:a], v.shape[a] * self.replicas, *v.shape[a + 1 :]), v.dtype)
+            for v, a in zip(optimizer_values, self.optimizer)
+        ]
 
     def all_finite(self, grads: list) -> list:
         """fp16: the gradients, or NaN everywhere where any device's slice is non-finite, so
@@ -168,8 +205,9 @@ def build_layout(mode: str, model, optimizer, replicas: int) -> Layout | None:
     import keras
 
     variables = list(model.trainable_variables)
-    axes = tuple(shard_axis(v.shape, replicas, constrained=v.constraint is not None)
-                 for v in variables)
+    axes = tuple(
+        shard_axis(v.shape, replicas, constrained=v.constraint is not None) for v in variables
+    )
     if all(a is None for a in axes):
         return None
     try:  # the copy the slices are updated with: the same class and settings
@@ -180,11 +218,12 @@ def build_layout(mode: str, model, optimizer, replicas: int) -> Layout | None:
         local = type(optimizer).from_config(config)
     except Exception as e:  # noqa: BLE001 - a learning rate Keras cannot save and load
         first = (str(e).strip().splitlines() or [type(e).__name__])[0].split(". ")[0][:200]
-        raise ConfigError(f"--shard copies the optimizer for each device's slices through its "
-                          f"config, and {type(optimizer).__name__}'s failed ({first}); give the "
-                          "learning-rate schedule a get_config and register it with "
-                          "keras.saving.register_keras_serializable, or use --shard none"
-                          ) from None
+        raise ConfigError(
+            f"--shard copies the optimizer for each device's slices through its "
+            f"config, and {type(optimizer).__name__}'s failed ({first}); give the "
+            "learning-rate schedule a get_config and register it with "
+            "keras.saving.register_keras_serializable, or use --shard none"
+        ) from None
     placeholders = []
     for v, a in zip(variables, axes):
         shape = list(v.shape)
@@ -198,21 +237,32 @@ def build_layout(mode: str, model, optimizer, replicas: int) -> Layout | None:
     # name), decided on the run's optimizer and given to the copy as its stand-ins.
     whole = getattr(optimizer, "inner_optimizer", optimizer)
     getattr(local, "inner_optimizer", local).exclude_from_weight_decay(
-        var_list=[p for v, p in zip(variables, placeholders) if not whole._use_weight_decay(v)])
+        var_list=[p for v, p in zip(variables, placeholders) if not whole._use_weight_decay(v)]
+    )
     local.build(placeholders)
     if len(local.variables) != len(optimizer.variables):
-        raise ConfigError(f"--shard: optimizer {type(optimizer).__name__} made "
-                          f"{len(local.variables)} variables for the slices and "
-                          f"{len(optimizer.variables)} for the whole; use --shard none")
+        raise ConfigError(
+            f"--shard: optimizer {type(optimizer).__name__} made "
+            f"{len(local.variables)} variables for the slices and "
+            f"{len(optimizer.variables)} for the whole; use --shard none"
+        )
     gathered = 0
     if mode == "all":
         from mirrorfit.engine.jax.layer_gather import prepare
 
         gathered = prepare(model, variables, axes)
-    return Layout(mode=mode, replicas=replicas, trainable=axes,
-                  optimizer=tuple(_split_axis(whole.shape, part.shape, replicas)
-                                  for whole, part in zip(optimizer.variables, local.variables)),
-                  local_optimizer=local, variables=tuple(variables), gathered_layers=gathered)
+    return Layout(
+        mode=mode,
+        replicas=replicas,
+        trainable=axes,
+        optimizer=tuple(
+            _split_axis(whole.shape, part.shape, replicas)
+            for whole, part in zip(optimizer.variables, local.variables)
+        ),
+        local_optimizer=local,
+        variables=tuple(variables),
+        gathered_layers=gathered,
+    )
 
 
 def _split_axis(whole, part, replicas: int) -> int | None:
@@ -220,10 +270,15 @@ def _split_axis(whole, part, replicas: int) -> int | None:
     if tuple(whole) == tuple(part):
         return None
     differ = [d for d, (w, p) in enumerate(zip(whole, part)) if w != p]
-    if len(whole) != len(part) or len(differ) != 1 or part[differ[0]] * replicas != whole[
-            differ[0]]:
-        raise ConfigError(f"--shard: an optimizer variable of shape {list(whole)} became "
-                          f"{list(part)} for a slice; use --shard none")
+    if (
+        len(whole) != len(part)
+        or len(differ) != 1
+        or part[differ[0]] * replicas != whole[differ[0]]
+    ):
+        raise ConfigError(
+            f"--shard: an optimizer variable of shape {list(whole)} became "
+            f"{list(part)} for a slice; use --shard none"
+        )
     return differ[0]
 
 
@@ -233,9 +288,11 @@ def describe_unsplit(mode: str, replicas: int) -> str:
         return "replicated (--shard none)"
     if replicas == 1:
         return f"replicated: --shard {mode} on one device has nothing to split"
-    return (f"replicated: under --shard {mode} no parameter splits over {replicas} devices "
-            f"(each has under {MIN_ELEMENTS} values, no axis {replicas} divides, or a "
-            "constraint)")
+    return (
+        f"replicated: under --shard {mode} no parameter splits over {replicas} devices "
+        f"(each has under {MIN_ELEMENTS} values, no axis {replicas} divides, or a "
+        "constraint)"
+    )
 
 
 def state_bytes_per_device(arrays: Sequence) -> int:
@@ -280,6 +337,17 @@ def peak_device_bytes(devices) -> int | None:
     return max(peaks) if peaks else None
 
 
-__all__ = ["SHARD_MODES", "MIN_ELEMENTS", "ELEMENTWISE", "Layout", "build_layout",
-           "check_mode", "describe_unsplit", "shard_axis", "check_optimizer",
-           "state_bytes_per_device", "peak_device_bytes", "non_finite_counts"]
+__all__ = [
+    "SHARD_MODES",
+    "MIN_ELEMENTS",
+    "ELEMENTWISE",
+    "Layout",
+    "build_layout",
+    "check_mode",
+    "describe_unsplit",
+    "shard_axis",
+    "check_optimizer",
+    "state_bytes_per_device",
+    "peak_device_bytes",
+    "non_finite_counts",
+]

@@ -49,14 +49,19 @@ def read_arrays(folder: Path, groups: dict[str, list]) -> None:
             if saved is None:
                 raise StructureError(f"no {group} variables")
             if len(saved) != len(variables):
-                raise StructureError(f"{len(saved)} {group} variables saved, this run has "
-                                     f"{len(variables)}")
+                raise StructureError(
+                    f"{len(saved)} {group} variables saved, this run has {len(variables)}"
+                )
             for (path, shape), v in zip(saved, variables):
                 if list(shape) != list(map(int, v.shape)):
-                    raise StructureError(f"{group} variable {path} has shape {shape}, this "
-                                         f"run's {v.path} {list(v.shape)}")
-        values = {group: [f[f"{group}/{i}"] for i in range(len(variables))]
-                  for group, variables in groups.items()}
+                    raise StructureError(
+                        f"{group} variable {path} has shape {shape}, this "
+                        f"run's {v.path} {list(v.shape)}"
+                    )
+        values = {
+            group: [f[f"{group}/{i}"] for i in range(len(variables))]
+            for group, variables in groups.items()
+        }
     # The arrays themselves against the variables too: the layout is only what the file says
     # of them. Another dtype is a file this engine did not write (Keras's assign would cast
     # int32 or int8 into float weights, or 5.5 into the step count, silently); a safe cast
@@ -68,11 +73,16 @@ def read_arrays(folder: Path, groups: dict[str, list]) -> None:
             if value.dtype.kind == "V" == want.kind and value.itemsize == want.itemsize:
                 # NumPy saves ml_dtypes' bfloat16 (a bf16 layer's weights) as raw bytes (|V2)
                 value = values[group][i] = value.view(want)
-            same = value.dtype == want or (value.dtype.kind in "iu" and want.kind in "iu"
-                                           and np.can_cast(value.dtype, want, "safe"))
+            same = value.dtype == want or (
+                value.dtype.kind in "iu"
+                and want.kind in "iu"
+                and np.can_cast(value.dtype, want, "safe")
+            )
             if list(value.shape) != list(map(int, v.shape)) or not same:
-                raise ValueError(f"{FILE}'s {group}/{i} is {value.dtype} {list(value.shape)}, "
-                                 f"not {v.path}'s {v.dtype} {list(v.shape)}")
+                raise ValueError(
+                    f"{FILE}'s {group}/{i} is {value.dtype} {list(value.shape)}, "
+                    f"not {v.path}'s {v.dtype} {list(v.shape)}"
+                )
     # Checked first, assigned after: a mismatch changes nothing.
     for group, variables in groups.items():
         for value, v in zip(values[group], variables):
@@ -91,7 +101,7 @@ read_model = read_model_arrays  # the name every engine's state module gives it
 
 
 def _kind(folder: Path) -> str:
-    """"npz" or "orbax": which state a checkpoint folder holds. ValueError (damage) for
+    """ "npz" or "orbax": which state a checkpoint folder holds. ValueError (damage) for
     both, or a ``state`` that is not a folder."""
     npz, orbax = folder / FILE, folder / "state"
     if orbax.exists() or orbax.is_symlink():
@@ -111,8 +121,10 @@ def _orbax():
         from mirrorfit.engine.jax import orbax_state
         import orbax.checkpoint  # noqa: F401
     except ImportError as e:
-        raise ConfigError(f"this is a sharded JAX checkpoint (Orbax), and {e.name} is not "
-                          "installed: pip install 'mirrorfit[jax]'") from None
+        raise ConfigError(
+            f"this is a sharded JAX checkpoint (Orbax), and {e.name} is not "
+            "installed: pip install 'mirrorfit[jax]'"
+        ) from None
     return orbax_state
 
 
@@ -131,8 +143,10 @@ class CheckpointState:
         self._writer = _orbax().async_checkpointer() if self.sharded else None
 
     def _groups(self) -> dict[str, list]:
-        return {"model": list(self.runner.model.variables),
-                "optimizer": list(self.runner.optimizer.variables)}
+        return {
+            "model": list(self.runner.model.variables),
+            "optimizer": list(self.runner.optimizer.variables),
+        }
 
     def first_non_finite(self) -> str | None:
         """The first weight holding a NaN or an infinity, with how many (None: all finite);
@@ -154,8 +168,7 @@ class CheckpointState:
         if _kind(folder) == "orbax":
             orbax = _orbax()
             targets = self.runner.checkpoint_targets()
-            orbax.check_against(orbax.saved_shapes(folder), targets,
-                                self.runner.checkpoint_names())
+            orbax.check_against(orbax.saved_shapes(folder), targets, self.runner.checkpoint_names())
             self.runner.adopt(orbax.read(folder, targets))
             return
         read_arrays(folder, self._groups())

@@ -77,7 +77,7 @@ class Metrics:
         out, at = [], 0
         for i, metric in enumerate(self.objects):
             n = len(metric.variables)
-            mine = values[at:at + n]
+            mine = values[at : at + n]
             at += n
             args = (per_example,) if i == 0 else (y, y_pred)
             out.extend(metric.stateless_update_state(mine, *args, sample_weight=weight))
@@ -135,19 +135,24 @@ class Spec:
 def per_example_loss(spec: Spec, y, y_pred):
     """The loss of each example, in float32."""
     loss = spec.loss
-    values = loss.call(y, y_pred.astype(jnp.float32)) if hasattr(loss, "call") \
+    values = (
+        loss.call(y, y_pred.astype(jnp.float32))
+        if hasattr(loss, "call")
         else loss(y, y_pred.astype(jnp.float32))
+    )
     return values.astype(jnp.float32)
 
 
-def compute_loss_and_updates(spec: Spec, trainable, non_trainable, metrics, optimizer_vars,
-                             x, y, stored=None):
+def compute_loss_and_updates(
+    spec: Spec, trainable, non_trainable, metrics, optimizer_vars, x, y, stored=None
+):
     """One micro-batch's loss on this device, summed and divided by the global batch (plus
     regularisers, once per optimizer step), and the updated statistics and metrics.
     ``stored``: the split weights under ``--shard all`` (gathered layer by layer)."""
     with layer_gather.weights(spec.layout, trainable, stored) as values:
         y_pred, non_trainable, losses = spec.model.stateless_call(
-            values, non_trainable, x, training=True, return_losses=True)
+            values, non_trainable, x, training=True, return_losses=True
+        )
     per_example = per_example_loss(spec, y, y_pred)
     value = jnp.sum(per_example) / spec.global_batch
     if losses:  # regularisers: once per optimizer step over all replicas
@@ -162,8 +167,9 @@ def compute_loss_and_updates(spec: Spec, trainable, non_trainable, metrics, opti
     return value, (non_trainable, metrics)
 
 
-def gradients(spec: Spec, trainable, non_trainable, metrics, optimizer_vars, x, y, stored,
-              *, unrolled: bool):
+def gradients(
+    spec: Spec, trainable, non_trainable, metrics, optimizer_vars, x, y, stored, *, unrolled: bool
+):
     """This device's gradients summed over its K micro-batches of ``x``, ``y`` (in a loop,
     or ``unrolled``), with the statistics and metrics they updated."""
     k = spec.accum_steps
@@ -173,8 +179,9 @@ def gradients(spec: Spec, trainable, non_trainable, metrics, optimizer_vars, x, 
 
     def micro(j, acc):
         total, non_trainable, metrics = acc
-        (_, (non_trainable, metrics)), g = grad(trainable, non_trainable, metrics,
-                                                optimizer_vars, xk[j], yk[j], stored)
+        (_, (non_trainable, metrics)), g = grad(
+            trainable, non_trainable, metrics, optimizer_vars, xk[j], yk[j], stored
+        )
         return [t + d for t, d in zip(total, g)], non_trainable, metrics
 
     acc = ([jnp.zeros_like(t) for t in trainable], non_trainable, metrics)
@@ -206,8 +213,16 @@ def train_step(spec: Spec, carry, x, y, *, unrolled: bool = False):
     stored, non_trainable, optimizer_vars, metrics = carry
     trainable = spec.layout.step_weights(stored) if spec.stored_sharded else stored
     grads, non_trainable, metrics = gradients(
-        spec, trainable, non_trainable, metrics, optimizer_vars, as_float(x), y,
-        stored if spec.stored_sharded else None, unrolled=unrolled)
+        spec,
+        trainable,
+        non_trainable,
+        metrics,
+        optimizer_vars,
+        as_float(x),
+        y,
+        stored if spec.stored_sharded else None,
+        unrolled=unrolled,
+    )
     stored, optimizer_vars = apply_gradients(spec, grads, trainable, stored, optimizer_vars)
     return stored, non_trainable, optimizer_vars, metrics
 
@@ -215,18 +230,22 @@ def train_step(spec: Spec, carry, x, y, *, unrolled: bool = False):
 def train_steps(spec: Spec, state: State, xs, ys, num_steps, *, one_by_one: bool = False):
     """Per device: ``num_steps`` steps over the batches ``xs[i % L]`` in a loop; with
     ``one_by_one``, the one step ``num_steps`` (its index in the block), unrolled."""
-    carry = (state.trainable, [a[0] for a in state.non_trainable], state.optimizer,
-             [a[0] for a in state.metrics])
+    carry = (
+        state.trainable,
+        [a[0] for a in state.non_trainable],
+        state.optimizer,
+        [a[0] for a in state.metrics],
+    )
     held = xs.shape[0]
 
     def step(i, carry):
         return train_step(spec, carry, xs[i % held], ys[i % held], unrolled=one_by_one)
 
-    carry = step(num_steps, carry) if one_by_one else jax.lax.fori_loop(0, num_steps, step,
-                                                                         carry)
+    carry = step(num_steps, carry) if one_by_one else jax.lax.fori_loop(0, num_steps, step, carry)
     trainable, non_trainable, optimizer_vars, metrics = carry
-    return State(trainable, [a[None] for a in non_trainable], optimizer_vars,
-                 [a[None] for a in metrics])
+    return State(
+        trainable, [a[None] for a in non_trainable], optimizer_vars, [a[None] for a in metrics]
+    )
 
 
 def eval_steps(spec: Spec, trainable, non_trainable, metrics, xs, ys, weights, num_batches):
@@ -234,8 +253,9 @@ def eval_steps(spec: Spec, trainable, non_trainable, metrics, xs, ys, weights, n
     metrics = [a[0] for a in metrics]
 
     def one_batch(i, metrics):
-        y_pred, _ = spec.model.stateless_call(trainable, non_trainable, as_float(xs[i]),
-                                              training=False)
+        y_pred, _ = spec.model.stateless_call(
+            trainable, non_trainable, as_float(xs[i]), training=False
+        )
         per_example = per_example_loss(spec, ys[i], y_pred)
         return spec.eval_metrics.update(metrics, per_example, ys[i], y_pred, weights[i])
 
@@ -249,13 +269,18 @@ def build_steps(**settings) -> Steps:
     traces: list[int] = []
     specs = State(P(), P(AXIS), P(), P(AXIS))
     if spec.layout is not None:
-        specs = State(spec.layout.trainable_specs(), P(AXIS), spec.layout.optimizer_specs(),
-                      P(AXIS))
+        specs = State(
+            spec.layout.trainable_specs(), P(AXIS), spec.layout.optimizer_specs(), P(AXIS)
+        )
 
     def over_mesh(per_device):
-        return jax.shard_map(per_device, mesh=spec.mesh,
-                             in_specs=(specs, P(None, AXIS), P(None, AXIS), P()),
-                             out_specs=specs, check_vma=False)  # see the module's docstring
+        return jax.shard_map(
+            per_device,
+            mesh=spec.mesh,
+            in_specs=(specs, P(None, AXIS), P(None, AXIS), P()),
+            out_specs=specs,
+            check_vma=False,
+        )  # see the module's docstring
 
     def train(state, xs, ys, num_steps):
         traces.append(1)  # runs while tracing only
@@ -263,29 +288,39 @@ def build_steps(**settings) -> Steps:
 
     def train_one(state, xs, ys, at):
         traces.append(1)
-        return over_mesh(functools.partial(train_steps, spec, one_by_one=True))(
-            state, xs, ys, at)
+        return over_mesh(functools.partial(train_steps, spec, one_by_one=True))(state, xs, ys, at)
 
     evaluate = jax.shard_map(
-        functools.partial(eval_steps, spec), mesh=spec.mesh,
+        functools.partial(eval_steps, spec),
+        mesh=spec.mesh,
         in_specs=(P(), P(), P(AXIS), P(None, AXIS), P(None, AXIS), P(None, AXIS), P()),
-        out_specs=P(AXIS), check_vma=False)
+        out_specs=P(AXIS),
+        check_vma=False,
+    )
     one_by_one = None
     if spec.mesh.devices.flat[0].platform == "cpu":
         one_by_one = functools.partial(_convolves, spec)
-    return Steps(train=_Train(jax.jit(train, donate_argnums=(0,)),
-                              jax.jit(train_one, donate_argnums=(0,)), one_by_one),
-                 evaluate=jax.jit(evaluate, donate_argnums=(2,)), traces=traces)
+    return Steps(
+        train=_Train(
+            jax.jit(train, donate_argnums=(0,)), jax.jit(train_one, donate_argnums=(0,)), one_by_one
+        ),
+        evaluate=jax.jit(evaluate, donate_argnums=(2,)),
+        traces=traces,
+    )
 
 
 def _convolves(spec: Spec, state, xs) -> bool:
     """Whether the model's forward pass holds a convolution (see :class:`_Train`)."""
-    x = jax.ShapeDtypeStruct((max(1, xs.shape[1] // spec.replicas), *xs.shape[2:]),
-                             jnp.float32)
-    shapes = [[jax.ShapeDtypeStruct(a.shape[skip:], a.dtype) for a in group]
-              for group, skip in ((state.trainable, 0), (state.non_trainable, 1))]
-    return _has_convolution(jax.make_jaxpr(
-        lambda t, n, x: spec.model.stateless_call(t, n, x, training=True)[0])(*shapes, x))
+    x = jax.ShapeDtypeStruct((max(1, xs.shape[1] // spec.replicas), *xs.shape[2:]), jnp.float32)
+    shapes = [
+        [jax.ShapeDtypeStruct(a.shape[skip:], a.dtype) for a in group]
+        for group, skip in ((state.trainable, 0), (state.non_trainable, 1))
+    ]
+    return _has_convolution(
+        jax.make_jaxpr(lambda t, n, x: spec.model.stateless_call(t, n, x, training=True)[0])(
+            *shapes, x
+        )
+    )
 
 
 class _Train:
@@ -343,7 +378,7 @@ def _psum_flat(values: list) -> list:
         at = 0
         for i in indices:
             size = values[i].size
-            out[i] = flat[at:at + size].reshape(values[i].shape)
+            out[i] = flat[at : at + size].reshape(values[i].shape)
             at += size
     return out
 
@@ -368,6 +403,18 @@ def stacked(values: Sequence, replicas: int) -> list:
     return [np.broadcast_to(np.asarray(v), (replicas, *np.shape(v))).copy() for v in values]
 
 
-__all__ = ["State", "Metrics", "Steps", "Spec", "build_steps", "compute_loss_and_updates",
-           "gradients", "apply_gradients", "train_step", "train_steps", "eval_steps",
-           "stacked", "as_float"]
+__all__ = [
+    "State",
+    "Metrics",
+    "Steps",
+    "Spec",
+    "build_steps",
+    "compute_loss_and_updates",
+    "gradients",
+    "apply_gradients",
+    "train_step",
+    "train_steps",
+    "eval_steps",
+    "stacked",
+    "as_float",
+]

@@ -8,8 +8,12 @@ import importlib
 # The engine's interface (mirrorfit.engine.backends), loaded on first use: its modules import
 # the framework, and some callers need only a part (``mirrorfit export`` reads a JAX
 # checkpoint's arrays with NumPy, on a machine that may have no JAX).
-_EXPORTS = {"configure_devices": "devices", "list_devices": "devices", "Runner": "runner",
-            "build_distribution": "strategy"}
+_EXPORTS = {
+    "configure_devices": "devices",
+    "list_devices": "devices",
+    "Runner": "runner",
+    "build_distribution": "strategy",
+}
 
 
 def __getattr__(name: str):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from mirrorfit.distribute import _host_memory
+
 # threads_note is re-exported: job.train's way to it.
 from mirrorfit.distribute._cpu_binding import threads_note  # noqa: F401
 from mirrorfit.engine.device_setup import DeviceSetup, choose, visible_indices
@@ -18,13 +19,18 @@ from mirrorfit.errors import ConfigError
 __all__ = ["DeviceSetup", "configure_devices", "list_devices"]
 
 
-def configure_devices(*, replicas: int | None = None, devices: tuple[str, ...] = (),
-                      visible_devices: str | None = None,
-                      memory_growth: bool = True,
-                      memory_limit_mb: int | None = None,
-                      threads: int | None = None,
-                      keep_freed_memory: bool = False, cluster=None,
-                      collective_timeout_s: float | None = None) -> DeviceSetup:
+def configure_devices(
+    *,
+    replicas: int | None = None,
+    devices: tuple[str, ...] = (),
+    visible_devices: str | None = None,
+    memory_growth: bool = True,
+    memory_limit_mb: int | None = None,
+    threads: int | None = None,
+    keep_freed_memory: bool = False,
+    cluster=None,
+    collective_timeout_s: float | None = None,
+) -> DeviceSetup:
     """Make the requested devices visible and return the ones to replicate over. (``cluster``
     and ``collective_timeout_s``: the engine contract's; TensorFlow's strategy joins the
     cluster in ``build_distribution``.)
@@ -44,8 +50,9 @@ def configure_devices(*, replicas: int | None = None, devices: tuple[str, ...] =
             tf.config.threading.set_intra_op_parallelism_threads(threads)
             tf.config.threading.set_inter_op_parallelism_threads(threads)
         except RuntimeError as e:
-            raise ConfigError(f"thread pools can only be sized before TensorFlow starts ({e})"
-                              ) from None
+            raise ConfigError(
+                f"thread pools can only be sized before TensorFlow starts ({e})"
+            ) from None
     gpus = tf.config.list_physical_devices("GPU")
     if visible_devices is not None:
         gpus = _select_gpus(gpus, visible_devices)
@@ -54,7 +61,8 @@ def configure_devices(*, replicas: int | None = None, devices: tuple[str, ...] =
             for gpu in gpus:
                 if memory_limit_mb:  # a fixed cap and memory growth are exclusive in TF
                     tf.config.set_logical_device_configuration(
-                        gpu, [tf.config.LogicalDeviceConfiguration(memory_limit=memory_limit_mb)])
+                        gpu, [tf.config.LogicalDeviceConfiguration(memory_limit=memory_limit_mb)]
+                    )
                 else:
                     tf.config.experimental.set_memory_growth(gpu, memory_growth)
             kind, available = "GPU", [f"/gpu:{i}" for i in range(len(gpus))]
@@ -68,13 +76,15 @@ def configure_devices(*, replicas: int | None = None, devices: tuple[str, ...] =
     except RuntimeError as e:  # TF already initialised with another layout
         raise ConfigError(
             "devices can only be configured before TensorFlow starts; in your own script call "
-            f"configure_devices() first, or run it in a fresh process ({e})") from None
+            f"configure_devices() first, or run it in a fresh process ({e})"
+        ) from None
 
     chosen = choose(available, devices, replicas, kind, "mirrorfit devices")
     if keep_freed_memory:  # only once the request is known to be good
         _host_memory.keep_freed_memory()
-    return DeviceSetup(kind=kind, devices=tuple(chosen), physical=physical,
-                       shared_cores=kind == "CPU")
+    return DeviceSetup(
+        kind=kind, devices=tuple(chosen), physical=physical, shared_cores=kind == "CPU"
+    )
 
 
 def _split_cpu(cpu: tf.config.PhysicalDevice, n: int) -> None:

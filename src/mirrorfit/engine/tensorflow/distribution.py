@@ -27,8 +27,11 @@ import tensorflow as tf
 from mirrorfit.engine.backends import COORDINATOR, GLOBAL_BATCH, WORKER_SHARE
 
 # Strategies whose replicas take a batch cut in the step (Distribution.split)
-_HOST_FED = (tf.distribute.OneDeviceStrategy, tf.distribute.MirroredStrategy,
-             tf.distribute.MultiWorkerMirroredStrategy)
+_HOST_FED = (
+    tf.distribute.OneDeviceStrategy,
+    tf.distribute.MirroredStrategy,
+    tf.distribute.MultiWorkerMirroredStrategy,
+)
 
 
 @dataclass(frozen=True)
@@ -98,8 +101,11 @@ class Distribution:
         takes it. Fed from the host to several replicas, replica r of R gets the contiguous rows
         ``[r*n//R, (r+1)*n//R)`` (with full batches the pieces TF's distributed dataset would
         give); else the batch as it is."""
-        if not self.feeds_from_host or self.local_replicas == 1 or any(
-                isinstance(t, tf.distribute.DistributedValues) for t in tf.nest.flatten(batch)):
+        if (
+            not self.feeds_from_host
+            or self.local_replicas == 1
+            or any(isinstance(t, tf.distribute.DistributedValues) for t in tf.nest.flatten(batch))
+        ):
             return batch  # already one value per replica (a distributed iterator's)
         replicas = self.local_replicas
 
@@ -108,7 +114,8 @@ class Distribution:
 
             def rows(t: tf.Tensor) -> tf.Tensor:
                 n = tf.shape(t, out_type=tf.int64)[0]
-                return t[r * n // replicas:(r + 1) * n // replicas]
+                return t[r * n // replicas : (r + 1) * n // replicas]
+
             return tf.nest.map_structure(rows, batch)
 
         return self.strategy.experimental_distribute_values_from_function(piece)
@@ -149,10 +156,12 @@ class Distribution:
     def _sum(self) -> Callable[[tf.Tensor], tf.Tensor]:
         """Sum of a small float64 vector over every replica, compiled once (run eagerly, a
         collective costs a warning and more time)."""
+
         @tf.function
         def total(value):
             per_replica = self.strategy.run(lambda: tf.identity(value))
             return self.strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+
         return total
 
     @property
@@ -164,6 +173,7 @@ class Distribution:
         """One line for the start of a run."""
         if self.workers == 1 and self.coordinator is None:
             return f"{type(self.strategy).__name__}"
-        return (f"{type(self.strategy).__name__}, {self.task} of {self.workers} worker(s), "
-                f"{self.replicas} replica(s) in sync"
-                + (" (chief)" if self.is_chief else ""))
+        return (
+            f"{type(self.strategy).__name__}, {self.task} of {self.workers} worker(s), "
+            f"{self.replicas} replica(s) in sync" + (" (chief)" if self.is_chief else "")
+        )

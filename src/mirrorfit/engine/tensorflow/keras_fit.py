@@ -43,19 +43,29 @@ def scope(strategy):
 def check_model(model, strategy) -> None:
     """FitError (a ValueError) for a model whose variables were not made under the strategy,
     or a strategy over several processes (not yet)."""
-    if isinstance(strategy, (tf.distribute.MultiWorkerMirroredStrategy,
-                             tf.distribute.experimental.ParameterServerStrategy)):
-        raise FitError(f"mirrorfit.fit runs over one process's devices for now, not under "
-                       f"{type(strategy).__name__}; for several workers use mirrorfit train's "
-                       "built-in loop (docs/multi-worker.md)")
+    if isinstance(
+        strategy,
+        (
+            tf.distribute.MultiWorkerMirroredStrategy,
+            tf.distribute.experimental.ParameterServerStrategy,
+        ),
+    ):
+        raise FitError(
+            f"mirrorfit.fit runs over one process's devices for now, not under "
+            f"{type(strategy).__name__}; for several workers use mirrorfit train's "
+            "built-in loop (docs/multi-worker.md)"
+        )
     if strategy.num_replicas_in_sync == 1:
         return
-    made_outside = [v.path for v in model.variables
-                    if not strategy.extended.variable_created_in_scope(v.value)]
+    made_outside = [
+        v.path for v in model.variables if not strategy.extended.variable_created_in_scope(v.value)
+    ]
     if made_outside:
-        raise FitError(f"the model's variables ({made_outside[0]}, ...) were made before "
-                          "mirrorfit.setup(); call mirrorfit.setup(...) first, then build and "
-                          "compile the model")
+        raise FitError(
+            f"the model's variables ({made_outside[0]}, ...) were made before "
+            "mirrorfit.setup(); call mirrorfit.setup(...) first, then build and "
+            "compile the model"
+        )
 
 
 class Runner:
@@ -73,10 +83,8 @@ class Runner:
         self._own_loss = fit_metrics.overrides(model, "compute_loss")
         # A model's own step may need AutoGraph (Python control flow on tensors), as under
         # Keras's fit; mirrorfit's own is written without it.
-        self._train = tf.function(self._looped(self._replica_train),
-                                  autograph=self._own_train)
-        self._evaluate = tf.function(self._looped(self._replica_eval),
-                                     autograph=self._own_test)
+        self._train = tf.function(self._looped(self._replica_train), autograph=self._own_train)
+        self._evaluate = tf.function(self._looped(self._replica_eval), autograph=self._own_test)
 
     def load(self) -> None:
         check_model(self.model, self.strategy)
@@ -130,6 +138,7 @@ class Runner:
 
     def _looped(self, replica_fn):
         """``run(block, n)``: ``replica_fn(block, i)`` on every replica for i < n."""
+
         def run(block, n):
             def body(i):
                 self.strategy.run(replica_fn, args=(block, i))
@@ -149,7 +158,8 @@ class Runner:
         total = None
         for j in range(k):  # K is small: unrolled
             part = tf.nest.map_structure(
-                lambda a, j=j: tf.reshape(a, [k, -1] + a.shape[1:].as_list())[j], batch)
+                lambda a, j=j: tf.reshape(a, [k, -1] + a.shape[1:].as_list())[j], batch
+            )
             with tf.GradientTape() as tape:
                 y_pred = self._call(part["x"], True)
                 loss = self._compute_loss(part, y_pred, True)
@@ -178,10 +188,13 @@ class Runner:
         model = self.model
         tracked = [model.metrics_variables[i] for i in self._output_losses]
         before = [tf.identity(v.value) for v in tracked]
-        loss = model._compute_loss(x=batch["x"], y=batch.get("y"), y_pred=y_pred,
-                                   sample_weight=fit_metrics.loss_weights(
-                                       batch, masked=self._masked),
-                                   training=training)
+        loss = model._compute_loss(
+            x=batch["x"],
+            y=batch.get("y"),
+            y_pred=y_pred,
+            sample_weight=fit_metrics.loss_weights(batch, masked=self._masked),
+            training=training,
+        )
         for var, old in zip(tracked, before):
             var.assign(fit_metrics.reweighted(old, var.value, batch["scale"]))
         if self._own_loss:  # the loss of this replica's examples, as on one device
@@ -198,4 +211,3 @@ def _loss_scale_optimizer():
     import keras
 
     return keras.optimizers.LossScaleOptimizer
-

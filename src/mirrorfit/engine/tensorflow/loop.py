@@ -39,9 +39,14 @@ class CompiledLoops:
         return self.train_steps.experimental_get_tracing_count()
 
 
-def compile_loops(strategy: tf.distribute.Strategy, train_fn: Callable, eval_fn: Callable,
-                  split: Callable = lambda batch: batch, after_train: Callable | None = None,
-                  after_eval: Callable | None = None) -> CompiledLoops:
+def compile_loops(
+    strategy: tf.distribute.Strategy,
+    train_fn: Callable,
+    eval_fn: Callable,
+    split: Callable = lambda batch: batch,
+    after_train: Callable | None = None,
+    after_eval: Callable | None = None,
+) -> CompiledLoops:
     """Wrap per-replica ``train_fn(x, y)`` and ``eval_fn(x, y)`` in ``strategy.run`` loops.
     ``split`` turns what the iterator yields into ``strategy.run``'s arguments
     (:meth:`mirrorfit.engine.tensorflow.strategy.Distribution.split`). ``after_train`` and
@@ -78,8 +83,10 @@ def compile_loops(strategy: tf.distribute.Strategy, train_fn: Callable, eval_fn:
             run(eval_fn, after_eval, batch.get_value())
             return (iterator.get_next_as_optional(),)
 
-        tf.while_loop(lambda batch: batch.has_value(), one_batch,
-                      (iterator.get_next_as_optional(),))
+        tf.while_loop(
+            lambda batch: batch.has_value(), one_batch, (iterator.get_next_as_optional(),)
+        )
 
-    return CompiledLoops(train_steps=train_steps, evaluate_batches=evaluate_batches,
-                         evaluate_plain=evaluate_plain)
+    return CompiledLoops(
+        train_steps=train_steps, evaluate_batches=evaluate_batches, evaluate_plain=evaluate_plain
+    )

@@ -53,8 +53,9 @@ from mirrorfit.engine.tensorflow.distribution import Distribution
 from mirrorfit.errors import ConfigError
 
 
-def serve(cluster_resolver: tf.distribute.cluster_resolver.ClusterResolver | None = None
-          ) -> NoReturn:
+def serve(
+    cluster_resolver: tf.distribute.cluster_resolver.ClusterResolver | None = None,
+) -> NoReturn:
     """Run this process as a ``worker`` or ``ps`` task until it is killed (never returns).
 
     The task comes from ``cluster_resolver`` (default: ``TF_CONFIG``). Workers and ps tasks run
@@ -63,11 +64,17 @@ def serve(cluster_resolver: tf.distribute.cluster_resolver.ClusterResolver | Non
     """
     resolver = cluster_resolver or tf.distribute.cluster_resolver.TFConfigClusterResolver()
     if resolver.task_type not in ("worker", "ps"):
-        raise ValueError(f"serve() is for worker and ps tasks, not {resolver.task_type!r}; "
-                         "the chief builds the strategy and drives training")
-    server = tf.distribute.Server(resolver.cluster_spec(), job_name=resolver.task_type,
-                                  task_index=resolver.task_id,
-                                  protocol=resolver.rpc_layer or "grpc", start=True)
+        raise ValueError(
+            f"serve() is for worker and ps tasks, not {resolver.task_type!r}; "
+            "the chief builds the strategy and drives training"
+        )
+    server = tf.distribute.Server(
+        resolver.cluster_spec(),
+        job_name=resolver.task_type,
+        task_index=resolver.task_id,
+        protocol=resolver.rpc_layer or "grpc",
+        start=True,
+    )
     server.join()
     raise RuntimeError("tf.distribute.Server.join() returned")  # it does not, but to be sure
 
@@ -114,8 +121,9 @@ class CoordinatedLoops:
     evaluate_batches: Callable  # (iterator) -> None; runs on the chief
     num_workers: int
 
-    def per_worker_dataset(self, dataset_fn: Callable[[tf.distribute.InputContext],
-                                                      tf.data.Dataset]):
+    def per_worker_dataset(
+        self, dataset_fn: Callable[[tf.distribute.InputContext], tf.data.Dataset]
+    ):
         """An iterator over a dataset built on each worker by ``dataset_fn(input_context)``.
 
         ``dataset_fn`` must return a dataset of per-step batches (examples per optimizer step),
@@ -130,9 +138,13 @@ class CoordinatedLoops:
 
         def worker_dataset_fn(_):  # PSS passes one pipeline, id 0: give the real ones
             index = tf.distribute.coordinator.experimental_get_current_worker_index()
-            return dataset_fn(tf.distribute.InputContext(
-                num_input_pipelines=num_workers, input_pipeline_id=index,
-                num_replicas_in_sync=replicas))
+            return dataset_fn(
+                tf.distribute.InputContext(
+                    num_input_pipelines=num_workers,
+                    input_pipeline_id=index,
+                    num_replicas_in_sync=replicas,
+                )
+            )
 
         @tf.function
         def per_worker_dataset():
@@ -153,8 +165,7 @@ class CoordinatedLoops:
         base, extra = divmod(num_steps, closures)
         for i in range(closures):
             n = base + (1 if i < extra else 0)
-            self.coordinator.schedule(self.train_steps,
-                                      args=(iterator, tf.constant(n, tf.int64)))
+            self.coordinator.schedule(self.train_steps, args=(iterator, tf.constant(n, tf.int64)))
         self.coordinator.join()
 
     def evaluate(self, dataset: tf.data.Dataset) -> None:
@@ -179,9 +190,12 @@ class CoordinatedLoops:
         return self.train_steps.experimental_get_tracing_count()
 
 
-def coordinated_loops(strategy: tf.distribute.Strategy,
-                      coordinator: tf.distribute.coordinator.ClusterCoordinator,
-                      train_fn: Callable, eval_fn: Callable) -> CoordinatedLoops:
+def coordinated_loops(
+    strategy: tf.distribute.Strategy,
+    coordinator: tf.distribute.coordinator.ClusterCoordinator,
+    train_fn: Callable,
+    eval_fn: Callable,
+) -> CoordinatedLoops:
     """Wrap per-replica ``train_fn(x, y)`` and ``eval_fn(x, y)`` (e.g. a ``ReplicaStep``'s) for
     ``ParameterServerStrategy``: training scheduled on the workers, evaluation on the chief.
 
@@ -190,10 +204,12 @@ def coordinated_loops(strategy: tf.distribute.Strategy,
     num_replicas=strategy.num_replicas_in_sync)``, 1 on CPU workers).
     """
     if getattr(strategy.extended, "_variable_partitioner", None) is not None:
-        raise ValueError("ParameterServerStrategy with a variable_partitioner cannot train Keras 3 "
-                         "models on TF 2.21 (ShardedVariable has no .handle for GradientTape, and "
-                         "the Keras optimizer cannot update it; benchmarks/repro/"
-                         "ps_keras3_partitioner.py); build the strategy without one")
+        raise ValueError(
+            "ParameterServerStrategy with a variable_partitioner cannot train Keras 3 "
+            "models on TF 2.21 (ShardedVariable has no .handle for GradientTape, and "
+            "the Keras optimizer cannot update it; benchmarks/repro/"
+            "ps_keras3_partitioner.py); build the strategy without one"
+        )
     # PSS exposes no public worker count (strategy.cluster_resolver is None for it).
     num_workers = strategy.extended._num_workers
 
@@ -211,8 +227,13 @@ def coordinated_loops(strategy: tf.distribute.Strategy,
         for x, y in iterator:
             eval_fn(x, y)
 
-    return CoordinatedLoops(strategy=strategy, coordinator=coordinator, train_steps=train_steps,
-                            evaluate_batches=evaluate_batches, num_workers=num_workers)
+    return CoordinatedLoops(
+        strategy=strategy,
+        coordinator=coordinator,
+        train_steps=train_steps,
+        evaluate_batches=evaluate_batches,
+        num_workers=num_workers,
+    )
 
 
 def build_parameter_server(setup, cluster, *, timeout_s: float):
@@ -224,16 +245,27 @@ def build_parameter_server(setup, cluster, *, timeout_s: float):
         raise ConfigError(f"{cluster.task_name()} serves; only the chief builds the strategy")
     # Connecting to the workers and ps waits for them inside TF's C++, for ever: a watchdog
     # process names the ones missing after the timeout.
-    with deadline(timeout_s, f"did not come up within {timeout_s:g} s; check that every task "
-                  "started (its log), or raise --collective-timeout", cluster.peers()):
+    with deadline(
+        timeout_s,
+        f"did not come up within {timeout_s:g} s; check that every task "
+        "started (its log), or raise --collective-timeout",
+        cluster.peers(),
+    ):
         with listening(cluster):  # the chief's own server starts in the strategy
             strategy = tf.distribute.experimental.ParameterServerStrategy(cluster.tf_resolver())
         coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
-    return Distribution(strategy=strategy, kind="parameter-server",
-                        replicas=strategy.num_replicas_in_sync,
-                        local_replicas=strategy.num_replicas_in_sync,
-                        workers=cluster.num_workers, is_chief=True, input_split=COORDINATOR,
-                        task=cluster.task_name(), coordinator=coordinator, cluster=cluster)
+    return Distribution(
+        strategy=strategy,
+        kind="parameter-server",
+        replicas=strategy.num_replicas_in_sync,
+        local_replicas=strategy.num_replicas_in_sync,
+        workers=cluster.num_workers,
+        is_chief=True,
+        input_split=COORDINATOR,
+        task=cluster.task_name(),
+        coordinator=coordinator,
+        cluster=cluster,
+    )
 
 
 def start_server(cluster) -> tf.distribute.Server:
@@ -242,8 +274,13 @@ def start_server(cluster) -> tf.distribute.Server:
 
     resolver = cluster.tf_resolver()
     with listening(cluster):
-        return tf.distribute.Server(resolver.cluster_spec(), job_name=cluster.task_type,
-                                    task_index=cluster.task_index, protocol="grpc", start=True)
+        return tf.distribute.Server(
+            resolver.cluster_spec(),
+            job_name=cluster.task_type,
+            task_index=cluster.task_index,
+            protocol="grpc",
+            start=True,
+        )
 
 
 def serve_task(cluster, *, console=None) -> NoReturn:
@@ -282,5 +319,11 @@ def serve_task(cluster, *, console=None) -> NoReturn:
                 os._exit(0)
 
 
-__all__ = ["CoordinatedLoops", "build_parameter_server", "coordinated_loops", "serve",
-           "serve_task", "atomic_keras_increments"]
+__all__ = [
+    "CoordinatedLoops",
+    "build_parameter_server",
+    "coordinated_loops",
+    "serve",
+    "serve_task",
+    "atomic_keras_increments",
+]

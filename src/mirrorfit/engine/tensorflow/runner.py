@@ -33,8 +33,9 @@ def as_distribution(strategy: tf.distribute.Strategy | Distribution) -> Distribu
     if isinstance(strategy, Distribution):
         return strategy
     n = strategy.num_replicas_in_sync
-    return Distribution(strategy=strategy, kind=type(strategy).__name__, replicas=n,
-                        local_replicas=n)
+    return Distribution(
+        strategy=strategy, kind=type(strategy).__name__, replicas=n, local_replicas=n
+    )
 
 
 REPLICATED = "replicated (the TensorFlow engine keeps the whole state on every device)"
@@ -43,8 +44,10 @@ REPLICATED = "replicated (the TensorFlow engine keeps the whole state on every d
 def whole_state_bytes(model, optimizer) -> int:
     """Bytes of weights, statistics and optimizer state a device holds: all of them (the
     state is whole on every replica)."""
-    return sum(math.prod(v.shape) * tf.as_dtype(v.dtype).size
-               for v in [*model.variables, *optimizer.variables])
+    return sum(
+        math.prod(v.shape) * tf.as_dtype(v.dtype).size
+        for v in [*model.variables, *optimizer.variables]
+    )
 
 
 def gpu_peak_bytes() -> int | None:
@@ -52,8 +55,9 @@ def gpu_peak_bytes() -> int | None:
     peaks = []
     for device in tf.config.list_logical_devices("GPU"):  # "/device:GPU:0"
         try:
-            peaks.append(tf.config.experimental.get_memory_info(
-                device.name.split("device:")[-1])["peak"])
+            peaks.append(
+                tf.config.experimental.get_memory_info(device.name.split("device:")[-1])["peak"]
+            )
         except (ValueError, tf.errors.OpError):  # a GPU that keeps no statistics
             pass
     return max(peaks) if peaks else None
@@ -70,12 +74,21 @@ class Runner(BatchShape):
 
     backend = "tensorflow"
 
-    def __init__(self, *, distribution: Distribution | tf.distribute.Strategy, model, optimizer,
-                 loss, global_batch: int,
-                 metrics: Sequence[str | keras.metrics.Metric] = ("accuracy",),
-                 accum_steps: int = 1, precision: Precision | str = "fp32",
-                 jit_compile: bool = False, remat: bool = False,
-                 on_notice: Callable[[str], None] = print) -> None:
+    def __init__(
+        self,
+        *,
+        distribution: Distribution | tf.distribute.Strategy,
+        model,
+        optimizer,
+        loss,
+        global_batch: int,
+        metrics: Sequence[str | keras.metrics.Metric] = ("accuracy",),
+        accum_steps: int = 1,
+        precision: Precision | str = "fp32",
+        jit_compile: bool = False,
+        remat: bool = False,
+        on_notice: Callable[[str], None] = print,
+    ) -> None:
         distribution = as_distribution(distribution)
         replicas = distribution.replicas
         split_batch(global_batch, replicas, accum_steps)  # ConfigError unless it divides
@@ -92,12 +105,19 @@ class Runner(BatchShape):
             self.optimizer = self.precision.wrap_optimizer(_bind_optimizer(optimizer, strategy))
             self.optimizer.build(self.model.trainable_variables)
             self.step = ReplicaStep(
-                model=self.model, optimizer=self.optimizer, loss=loss,
+                model=self.model,
+                optimizer=self.optimizer,
+                loss=loss,
                 train_metrics=[_metric(m) for m in metrics],
-                eval_metrics=[_metric(m) for m in metrics], global_batch=global_batch,
-                num_replicas=replicas, accum_steps=accum_steps, jit_compile=jit_compile,
+                eval_metrics=[_metric(m) for m in metrics],
+                global_batch=global_batch,
+                num_replicas=replicas,
+                accum_steps=accum_steps,
+                jit_compile=jit_compile,
                 metrics_outside=isinstance(
-                    strategy, tf.distribute.experimental.CentralStorageStrategy))
+                    strategy, tf.distribute.experimental.CentralStorageStrategy
+                ),
+            )
         self._labels = label_classes(self.model, loss)  # what labels must index
         self._loops = self._compile()
         self._xla_checked = not jit_compile
@@ -105,13 +125,19 @@ class Runner(BatchShape):
     def _compile(self):
         if self.distribution.input_split == COORDINATOR:
             from mirrorfit.engine.tensorflow.parameter_server import coordinated_loops
-            return coordinated_loops(self.strategy, self.distribution.coordinator,
-                                     self.step.train, self.step.evaluate)
+
+            return coordinated_loops(
+                self.strategy, self.distribution.coordinator, self.step.train, self.step.evaluate
+            )
         outside = self.step.metrics_outside
-        return compile_loops(self.strategy, self.step.train, self.step.evaluate,
-                             split=self.distribution.split,
-                             after_train=self.step.update_train_metrics if outside else None,
-                             after_eval=self.step.update_eval_metrics if outside else None)
+        return compile_loops(
+            self.strategy,
+            self.step.train,
+            self.step.evaluate,
+            split=self.distribution.split,
+            after_train=self.step.update_train_metrics if outside else None,
+            after_eval=self.step.update_eval_metrics if outside else None,
+        )
 
     @property
     def jit_compile(self) -> bool:
@@ -143,12 +169,14 @@ class Runner(BatchShape):
             return train.steps_per_epoch
         n = int(train.cardinality())
         if n < 0:
-            raise ConfigError("the training dataset has unknown or infinite length; pass "
-                              "steps_per_epoch")
+            raise ConfigError(
+                "the training dataset has unknown or infinite length; pass steps_per_epoch"
+            )
         return n
 
-    def train_iterator(self, train, *, start_epoch: int, epochs: int, skip: int,
-                       steps_per_execution: int = 1):
+    def train_iterator(
+        self, train, *, start_epoch: int, epochs: int, skip: int, steps_per_execution: int = 1
+    ):
         """The iterator a ``fit`` from (``start_epoch``, ``skip``) to ``epochs`` reads: the
         distributed iterator over this worker's share of each global batch (see
         :meth:`Distribution.distribute`), or under parameter servers the workers' own
@@ -161,12 +189,20 @@ class Runner(BatchShape):
                 self._check_xla(dataset_fn(tf.distribute.InputContext()).element_spec)
             return self._loops.per_worker_dataset(dataset_fn)
         if isinstance(train, tf.data.Dataset):
+
             def make(worker, workers):
                 return _share(train.repeat().skip(skip), worker, workers)
         else:
+
             def make(worker, workers):
-                return train.dataset(start_epoch=start_epoch, epochs=epochs, skip=skip,
-                                     worker=worker, workers=workers)
+                return train.dataset(
+                    start_epoch=start_epoch,
+                    epochs=epochs,
+                    skip=skip,
+                    worker=worker,
+                    workers=workers,
+                )
+
         if not self._xla_checked:
             self._check_xla(make(0, 1).element_spec)
         return iter(self.distribution.distribute(make, per_replica=self.per_replica_batch))
@@ -187,8 +223,10 @@ class Runner(BatchShape):
             def make(worker, workers):
                 return eval_dataset(x, y, global_batch=batch, worker=worker, workers=workers)
         else:
+
             def make(worker, workers):
                 return _share(data, worker, workers)
+
         metrics = [self.step.eval_loss_tracker, *self.step.eval_metrics]
         for metric in metrics:
             metric.reset_state()
@@ -252,10 +290,16 @@ class Runner(BatchShape):
         with self.strategy.scope():
             step = self.step
             self.step = ReplicaStep(
-                model=self.model, optimizer=self.optimizer, loss=step.loss,
-                train_metrics=step.train_metrics, eval_metrics=step.eval_metrics,
-                global_batch=self.global_batch, num_replicas=self.replicas,
-                accum_steps=self.accum_steps, jit_compile=False)
+                model=self.model,
+                optimizer=self.optimizer,
+                loss=step.loss,
+                train_metrics=step.train_metrics,
+                eval_metrics=step.eval_metrics,
+                global_batch=self.global_batch,
+                num_replicas=self.replicas,
+                accum_steps=self.accum_steps,
+                jit_compile=False,
+            )
         self._loops = self._compile()
 
 
@@ -300,14 +344,18 @@ def _read(metrics) -> dict[str, float]:
 def _build_model(model, strategy: tf.distribute.Strategy, precision: Precision) -> keras.Model:
     if isinstance(model, keras.Model):
         if model.dtype_policy.name != precision.policy:
-            raise ConfigError(f"the model was built with dtype policy "
-                              f"{model.dtype_policy.name!r} but precision {precision.name!r} "
-                              f"needs {precision.policy!r}; pass a function that builds it")
+            raise ConfigError(
+                f"the model was built with dtype policy "
+                f"{model.dtype_policy.name!r} but precision {precision.name!r} "
+                f"needs {precision.policy!r}; pass a function that builds it"
+            )
         variables = model.variables
         if variables and not strategy.extended.variable_created_in_scope(variables[0].value):
-            raise ConfigError("the model's variables were not created under this strategy; "
-                              "pass a function that builds the model, or build it inside "
-                              "strategy.scope()")
+            raise ConfigError(
+                "the model's variables were not created under this strategy; "
+                "pass a function that builds the model, or build it inside "
+                "strategy.scope()"
+            )
         return model
     if callable(model):
         return model()
@@ -322,8 +370,9 @@ def _bind_optimizer(optimizer, strategy: tf.distribute.Strategy):
     if getattr(optimizer, "_distribution_strategy", None) is strategy:
         return optimizer
     if optimizer.built:
-        raise ConfigError("the optimizer was already used with another strategy; pass a fresh "
-                          "one (or its config)")
+        raise ConfigError(
+            "the optimizer was already used with another strategy; pass a fresh one (or its config)"
+        )
     return optimizer.__class__.from_config(optimizer.get_config())
 
 

@@ -26,8 +26,9 @@ class CheckpointState:
     def __init__(self, runner) -> None:
         model, optimizer = runner.model, runner.optimizer
         self._model = model
-        self._checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer,
-                                               variables=[v.value for v in model.variables])
+        self._checkpoint = tf.train.Checkpoint(
+            model=model, optimizer=optimizer, variables=[v.value for v in model.variables]
+        )
 
     def first_non_finite(self) -> str | None:
         from mirrorfit.artifacts.finite import first_non_finite
@@ -44,15 +45,17 @@ class CheckpointState:
             self._checkpoint.read(str(folder / PREFIX)).assert_existing_objects_matched()
         except AssertionError as e:  # said as TensorFlow said it, first line
             first = (str(e).strip().splitlines() or [""])[0][:200]
-            raise StructureError(f"AssertionError: {first}" if first else "AssertionError"
-                                 ) from None
+            raise StructureError(
+                f"AssertionError: {first}" if first else "AssertionError"
+            ) from None
 
 
 def read_model(folder: Path, model) -> None:
     """The model's variables of a TensorFlow checkpoint folder, into ``model`` (``mirrorfit
     export`` and ``evaluate``: the optimizer's are not read)."""
-    tf.train.Checkpoint(model=model).read(str(folder / PREFIX)).expect_partial() \
-        .assert_existing_objects_matched()
+    tf.train.Checkpoint(model=model).read(
+        str(folder / PREFIX)
+    ).expect_partial().assert_existing_objects_matched()
 
 
 __all__ = ["CheckpointState", "StructureError", "read_model", "PREFIX"]

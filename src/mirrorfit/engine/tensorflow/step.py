@@ -34,11 +34,20 @@ class ReplicaStep:
     splits each replica's batch into K micro-batches run one after another.
     """
 
-    def __init__(self, *, model: keras.Model, optimizer: keras.optimizers.Optimizer,
-                 loss: Callable, train_metrics: Sequence[keras.metrics.Metric],
-                 eval_metrics: Sequence[keras.metrics.Metric], global_batch: int,
-                 num_replicas: int, accum_steps: int = 1, jit_compile: bool = False,
-                 metrics_outside: bool = False) -> None:
+    def __init__(
+        self,
+        *,
+        model: keras.Model,
+        optimizer: keras.optimizers.Optimizer,
+        loss: Callable,
+        train_metrics: Sequence[keras.metrics.Metric],
+        eval_metrics: Sequence[keras.metrics.Metric],
+        global_batch: int,
+        num_replicas: int,
+        accum_steps: int = 1,
+        jit_compile: bool = False,
+        metrics_outside: bool = False,
+    ) -> None:
         self.model, self.optimizer, self.loss = model, optimizer, loss
         # Central storage: a metric variable is one AggregatingVariable, and Keras's
         # assign_add (an assign of v + x) summed over replicas doubles it each step. The
@@ -52,8 +61,9 @@ class ReplicaStep:
         self.accum_steps = accum_steps
         self.loss_scaling = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
         self.jit_compile = jit_compile
-        self.gradients = (tf.function(self._gradients, jit_compile=True) if jit_compile
-                          else self._gradients)
+        self.gradients = (
+            tf.function(self._gradients, jit_compile=True) if jit_compile else self._gradients
+        )
 
     def _gradients(self, x: tf.Tensor, y: tf.Tensor):
         """Forward and backward on one micro-batch: (gradients, per-example loss, predictions).
@@ -106,10 +116,14 @@ class ReplicaStep:
             return i + 1, [t + g for t, g in zip(total, grads)], seen
 
         total = [tf.zeros_like(v) for v in self.model.trainable_variables]
-        seen = [tf.TensorArray(d, size=k) for d in (y.dtype, tf.float32, tf.float32)] \
-            if outside else []
-        _, total, seen = tf.while_loop(lambda i, *_: i < k, micro_batch,
-                                       (tf.constant(0), total, seen))
+        seen = (
+            [tf.TensorArray(d, size=k) for d in (y.dtype, tf.float32, tf.float32)]
+            if outside
+            else []
+        )
+        _, total, seen = tf.while_loop(
+            lambda i, *_: i < k, micro_batch, (tf.constant(0), total, seen)
+        )
         return total, tuple(a.concat() for a in seen) if outside else None
 
     def update_train_metrics(self, y, per_example, pred) -> None:
@@ -140,9 +154,13 @@ def _agree_on_overflow(grads: list[tf.Tensor]) -> list[tf.Tensor]:
     before the all-reduce; an overflow on another replica would then be applied to the weights.
     One scalar all-reduce makes the decision unanimous.
     """
-    local_bad = tf.cast(tf.logical_not(tf.reduce_all(
-        [tf.reduce_all(tf.math.is_finite(g)) for g in grads])), tf.float32)
+    local_bad = tf.cast(
+        tf.logical_not(tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in grads])),
+        tf.float32,
+    )
     context = tf.distribute.get_replica_context()
     any_bad = context.all_reduce(tf.distribute.ReduceOp.SUM, local_bad) > 0
-    return [tf.where(any_bad, tf.fill(tf.shape(g), tf.constant(float("nan"), g.dtype)), g)
-            for g in grads]
+    return [
+        tf.where(any_bad, tf.fill(tf.shape(g), tf.constant(float("nan"), g.dtype)), g)
+        for g in grads
+    ]

@@ -24,6 +24,7 @@ from mirrorfit.errors import ClusterError, ConfigError
 
 # -- the strategies by name ----------------------------------------------------------------
 
+
 def _cross_device_ops(name: str, setup: DeviceSetup):
     if name == "auto":
         if setup.kind == "GPU":
@@ -33,8 +34,9 @@ def _cross_device_ops(name: str, setup: DeviceSetup):
         return tf.distribute.ReductionToOneDevice()
     if name == "nccl":
         if setup.kind != "GPU":
-            raise ConfigError("--cross-device-ops nccl needs GPUs; on CPU use auto, "
-                              "hierarchical or reduce-to-one")
+            raise ConfigError(
+                "--cross-device-ops nccl needs GPUs; on CPU use auto, hierarchical or reduce-to-one"
+            )
         return tf.distribute.NcclAllReduce()
     if name == "hierarchical":
         return tf.distribute.HierarchicalCopyAllReduce()
@@ -43,14 +45,17 @@ def _cross_device_ops(name: str, setup: DeviceSetup):
 
 def _single(setup: DeviceSetup, cross_device_ops: str) -> tf.distribute.Strategy:
     if setup.replicas != 1:
-        raise ConfigError(f"--strategy single runs on one device but {setup.replicas} replicas "
-                          "were asked for; use --replicas 1 or --strategy mirrored")
+        raise ConfigError(
+            f"--strategy single runs on one device but {setup.replicas} replicas "
+            "were asked for; use --replicas 1 or --strategy mirrored"
+        )
     return tf.distribute.OneDeviceStrategy(setup.devices[0])
 
 
 def _mirrored(setup: DeviceSetup, cross_device_ops: str) -> tf.distribute.Strategy:
     return tf.distribute.MirroredStrategy(
-        list(setup.devices), cross_device_ops=_cross_device_ops(cross_device_ops, setup))
+        list(setup.devices), cross_device_ops=_cross_device_ops(cross_device_ops, setup)
+    )
 
 
 def _central_storage(setup: DeviceSetup, cross_device_ops: str) -> tf.distribute.Strategy:
@@ -66,22 +71,31 @@ _LOCAL: dict[str, Callable[[DeviceSetup, str], tf.distribute.Strategy]] = {
 CLUSTER_KINDS = ("multi-worker", "parameter-server")
 
 
-def build_strategy(setup: DeviceSetup, *, kind: str = "auto",
-                   cross_device_ops: str = "auto") -> tf.distribute.Strategy:
+def build_strategy(
+    setup: DeviceSetup, *, kind: str = "auto", cross_device_ops: str = "auto"
+) -> tf.distribute.Strategy:
     """The one-process strategy for ``setup``: auto is single on one device, mirrored on
     several. (:func:`build_distribution` also knows clusters.)"""
     if kind == "auto":
         kind = "single" if setup.replicas == 1 else "mirrored"
     if kind not in _LOCAL:
-        raise ConfigError(f"unknown strategy {kind!r}; choose one of: auto, {', '.join(_LOCAL)}"
-                          f", {', '.join(CLUSTER_KINDS)}")
+        raise ConfigError(
+            f"unknown strategy {kind!r}; choose one of: auto, {', '.join(_LOCAL)}"
+            f", {', '.join(CLUSTER_KINDS)}"
+        )
     return _LOCAL[kind](setup, cross_device_ops)
 
 
-def build_distribution(setup: DeviceSetup, *, kind: str = "auto", cross_device_ops: str = "auto",
-                       cluster=None, communication: str = "auto",
-                       collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S,
-                       shard: str = "none") -> Distribution:
+def build_distribution(
+    setup: DeviceSetup,
+    *,
+    kind: str = "auto",
+    cross_device_ops: str = "auto",
+    cluster=None,
+    communication: str = "auto",
+    collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S,
+    shard: str = "none",
+) -> Distribution:
     """The strategy for ``setup`` (this process's devices) and, for ``multi-worker`` and
     ``parameter-server``, ``cluster`` (a :class:`~mirrorfit.distribute.cluster.Cluster`).
 
@@ -93,8 +107,9 @@ def build_distribution(setup: DeviceSetup, *, kind: str = "auto", cross_device_o
     if kind not in CLUSTER_KINDS:
         strategy = build_strategy(setup, kind=kind, cross_device_ops=cross_device_ops)
         name = kind if kind != "auto" else ("single" if setup.replicas == 1 else "mirrored")
-        return Distribution(strategy=strategy, kind=name, replicas=setup.replicas,
-                            local_replicas=setup.replicas)
+        return Distribution(
+            strategy=strategy, kind=name, replicas=setup.replicas, local_replicas=setup.replicas
+        )
     if cluster is None:  # from TF_CONFIG / SLURM; one line if there is none
         cluster = cluster_for(kind)
     if kind == "parameter-server":
@@ -102,50 +117,72 @@ def build_distribution(setup: DeviceSetup, *, kind: str = "auto", cross_device_o
     return _multi_worker(setup, cluster, communication, collective_timeout_s)
 
 
-def _multi_worker(setup: DeviceSetup, cluster, communication: str,
-                  timeout_s: float) -> Distribution:
+def _multi_worker(
+    setup: DeviceSetup, cluster, communication: str, timeout_s: float
+) -> Distribution:
     if cluster.ps or cluster.task_type not in ("worker", "chief"):
-        raise ConfigError(f"--strategy multi-worker: this cluster has parameter servers (task "
-                          f"{cluster.task_name()}); use --strategy parameter-server, or a "
-                          "cluster of workers only")
+        raise ConfigError(
+            f"--strategy multi-worker: this cluster has parameter servers (task "
+            f"{cluster.task_name()}); use --strategy parameter-server, or a "
+            "cluster of workers only"
+        )
     if setup.kind == "CPU" and setup.replicas > 1:
-        raise ConfigError(f"--strategy multi-worker runs one replica per worker on CPUs, but "
-                          f"--replicas {setup.replicas} was asked for; drop --replicas, or "
-                          "start more workers (mirrorfit launch --workers N)")
-    implementation = {"auto": tf.distribute.experimental.CommunicationImplementation.AUTO,
-                      "ring": tf.distribute.experimental.CommunicationImplementation.RING,
-                      "nccl": tf.distribute.experimental.CommunicationImplementation.NCCL}
+        raise ConfigError(
+            f"--strategy multi-worker runs one replica per worker on CPUs, but "
+            f"--replicas {setup.replicas} was asked for; drop --replicas, or "
+            "start more workers (mirrorfit launch --workers N)"
+        )
+    implementation = {
+        "auto": tf.distribute.experimental.CommunicationImplementation.AUTO,
+        "ring": tf.distribute.experimental.CommunicationImplementation.RING,
+        "nccl": tf.distribute.experimental.CommunicationImplementation.NCCL,
+    }
     if communication == "nccl" and setup.kind != "GPU":
         raise ConfigError("--communication nccl needs GPUs; on CPU use ring or auto")
     resolver = cluster.tf_resolver()
     if setup.kind == "GPU":
         resolver.num_accelerators = lambda *a, **k: {"GPU": setup.replicas}
     options = tf.distribute.experimental.CommunicationOptions(
-        implementation=implementation[communication], timeout_seconds=timeout_s)
+        implementation=implementation[communication], timeout_seconds=timeout_s
+    )
     from tensorflow.python.distribute import collective_all_reduce_strategy as cars
+
     # The strategy's start-up barrier has a deadline setting (TF's default: none)...
     cars.CollectiveAllReduceExtended._check_health_initial_timeout = int(max(1, timeout_s))
     # ...but before it, TF's coordination service waits for every task to register, in C++,
     # for ever, whatever its register timeout says (measured on TF 2.21). Nothing can interrupt
     # that wait (it holds the GIL), so a watchdog process names who is missing and ends it.
-    with deadline(timeout_s, f"did not join within {timeout_s:g} s; check that every task "
-                  "started (its log), or raise --collective-timeout", cluster.peers()):
+    with deadline(
+        timeout_s,
+        f"did not join within {timeout_s:g} s; check that every task "
+        "started (its log), or raise --collective-timeout",
+        cluster.peers(),
+    ):
         try:
             with _buffers_sent_whole(), listening(cluster):
                 strategy = tf.distribute.MultiWorkerMirroredStrategy(
-                    cluster_resolver=resolver, communication_options=options)
+                    cluster_resolver=resolver, communication_options=options
+                )
         except (RuntimeError, tf.errors.OpError) as e:  # the barrier timed out
             first = (str(getattr(e, "message", e)).strip().splitlines() or [""])[0][:160]
-            raise ClusterError(f"{', '.join(cluster.unreachable()) or 'a worker'} did not join "
-                               f"within {timeout_s:g} s ({type(e).__name__}: {first}); check that "
-                               "every task started (its log), or raise --collective-timeout"
-                               ) from None
+            raise ClusterError(
+                f"{', '.join(cluster.unreachable()) or 'a worker'} did not join "
+                f"within {timeout_s:g} s ({type(e).__name__}: {first}); check that "
+                "every task started (its log), or raise --collective-timeout"
+            ) from None
     local = strategy.extended._num_devices_per_worker  # noqa: SLF001 (no public accessor)
-    return Distribution(strategy=strategy, kind="multi-worker",
-                        replicas=strategy.num_replicas_in_sync, local_replicas=local,
-                        workers=cluster.num_workers, worker_index=cluster.worker_rank,
-                        is_chief=cluster.is_chief, input_split=WORKER_SHARE,
-                        task=cluster.task_name(), cluster=cluster)
+    return Distribution(
+        strategy=strategy,
+        kind="multi-worker",
+        replicas=strategy.num_replicas_in_sync,
+        local_replicas=local,
+        workers=cluster.num_workers,
+        worker_index=cluster.worker_rank,
+        is_chief=cluster.is_chief,
+        input_split=WORKER_SHARE,
+        task=cluster.task_name(),
+        cluster=cluster,
+    )
 
 
 @contextlib.contextmanager
