@@ -12,17 +12,20 @@ import pytest
 
 from mirrorfit.engine import backends, contract
 
-# Per engine: (its distribution class, its runner class, its checkpoint files' class).
+# Per engine: (its distribution class, its runner class, its checkpoint files' class, what its
+# runner's train_iterator returns).
 CLASSES = {
     "tensorflow": (
         "mirrorfit.engine.tensorflow.distribution:Distribution",
         "mirrorfit.engine.tensorflow.runner:Runner",
         "mirrorfit.engine.tensorflow.state:CheckpointState",
+        "mirrorfit.engine.tensorflow.runner:TrainInput",
     ),
     "jax": (
         "mirrorfit.engine.jax.placement:Placement",
         "mirrorfit.engine.jax.runner:Runner",
         "mirrorfit.engine.jax.state:CheckpointState",
+        "mirrorfit.engine.jax.feed:Feed",
     ),
 }
 
@@ -57,7 +60,8 @@ def test_each_engine_provides_the_contract(backend):
     for name in _members(contract.Engine):
         assert hasattr(package, name), f"{backend}: the package has no {name}"
     for protocol, spec in zip(
-        (contract.Distribution, contract.Runner, contract.CheckpointState), CLASSES[backend]
+        (contract.Distribution, contract.Runner, contract.CheckpointState, contract.TrainIterator),
+        CLASSES[backend],
     ):
         cls = _load(spec)
         missing = sorted(n for n in _members(protocol) if not _provides(cls, n))

@@ -50,6 +50,10 @@ class TrainIterator(Protocol):
     """What :meth:`Runner.train_iterator` returns: the input of every call of one fit, read by
     :meth:`Runner.run` only."""
 
+    def close(self) -> None:
+        """Release the input (reading threads, the framework's iterator), at the same point
+        on every worker."""
+
 
 class Runner(Protocol):
     """A run's model, optimizer, metrics and compiled calls on one :class:`Distribution`.

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import importlib
 import math
-import threading
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Sequence
@@ -160,8 +159,8 @@ class Trainer:
     step = property(lambda self: self.position.step)
 
     def run_steps(self, iterator, num_steps: int) -> None:
-        """Run ``num_steps`` compiled steps from an iterator over ``distribution.distribute``
-        (plain on host CPUs, distributed on devices), without moving the
+        """Run ``num_steps`` compiled steps from ``iterator`` (the runner's train input, as
+        ``runner.train_iterator`` gives it), without moving the
         trainer's position or progress (for profiling; ``fit`` is the way to train)."""
         self.runner.run(iterator, num_steps)
 
@@ -262,17 +261,8 @@ class Trainer:
                 for callback in callbacks:
                     callback(epoch, logs)
         history.wall_time_s = time.perf_counter() - start
-        if hasattr(iterator, "close"):  # the JAX engine's feed thread
-            iterator.close()
-        if self.runner.lockstep:
-            # Released here, at the same point on every worker: left to the garbage collector,
-            # a multi-worker run stalled 20-30 s after its last epoch (measured: 31 s; 0 s so).
-            del iterator
-        else:
-            # Released on a thread of its own: deleting TensorFlow's iterator took 2-3 s in
-            # one run of two here (the default job's), and nothing waits for it.
-            threading.Thread(target=_release, args=([iterator],), daemon=True).start()
-            del iterator
+        if iterator is not None:
+            iterator.close()  # at the same point on every worker
         return history
 
     def _check_data(self, train, validation) -> None:
@@ -289,7 +279,8 @@ class Trainer:
                 "global batch, so give both the same size"
             )
         if isinstance(validation, tuple):
-            check_lengths(*validation, "the validation data")
+            x, y = validation
+            check_lengths(x, y, "the validation data")
 
     def _run_epoch(
         self, iterator, epoch, epochs, steps, progress, history, hooks
@@ -369,7 +360,8 @@ class Trainer:
         or a dataset of global batches.
         """
         if isinstance(data, tuple):
-            check_lengths(*data, "evaluate")
+            x, y = data
+            check_lengths(x, y, "evaluate")
         return self.runner.evaluate(data, batch_size or self.global_batch)
 
     def train_logs(self) -> dict[str, float]:
@@ -396,10 +388,6 @@ def _static_batch(spec) -> int | None:
     first = spec[0] if isinstance(spec, tuple) else spec
     shape = getattr(first, "shape", None)
     return shape[0] if shape is not None and shape.rank else None
-
-
-def _release(held: list) -> None:
-    held.clear()  # the last reference: the object is deleted on this thread
 
 
 def resume(

@@ -135,10 +135,12 @@ def profile_steps(
             )
         )
 
+    from mirrorfit.engine.tensorflow.runner import TrainInput
+
     synthetic = fed(one_epoch.take(1).cache().repeat())
     n = int(max(5, min(1000, target_s / max(steady_step_s, 1e-6))))
     try:
-        step_s = _time(lambda k: trainer.run_steps(synthetic, k), n)
+        step_s = _time(lambda k: trainer.run_steps(TrainInput(synthetic, lockstep=False), k), n)
         compute_s = _time(_compute_loop(trainer, synthetic), n)
         reduce_s = _time(_all_reduce_loop(trainer), n)
         real = fed(one_epoch.repeat())

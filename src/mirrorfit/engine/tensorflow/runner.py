@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import re
+import threading
 from typing import Callable, Sequence
 
 import keras
@@ -36,6 +37,25 @@ def as_distribution(strategy: tf.distribute.Strategy | Distribution) -> Distribu
     return Distribution(
         strategy=strategy, kind=type(strategy).__name__, replicas=n, local_replicas=n
     )
+
+
+class TrainInput:
+    """A fit's TensorFlow iterator (distributed, or the parameter servers' per-worker one),
+    released by :meth:`close`."""
+
+    def __init__(self, tf_iterator, *, lockstep: bool) -> None:
+        self.tf_iterator, self.lockstep = tf_iterator, lockstep
+
+    def close(self) -> None:
+        held, self.tf_iterator = [self.tf_iterator], None
+        if self.lockstep:
+            # Deleted here, at the same point on every worker: left to the garbage collector,
+            # a multi-worker run stalled 20-30 s after its last epoch (measured: 31 s; 0 s so).
+            held.clear()
+        else:
+            # Deleted on a thread of its own: deleting TensorFlow's iterator took 2-3 s in
+            # one run of two here (the default job's), and nothing waits for it.
+            threading.Thread(target=held.clear, daemon=True).start()
 
 
 REPLICATED = "replicated (the TensorFlow engine keeps the whole state on every device)"
@@ -187,7 +207,7 @@ class Runner(BatchShape):
             dataset_fn = _sampled(train)
             if not self._xla_checked:
                 self._check_xla(dataset_fn(tf.distribute.InputContext()).element_spec)
-            return self._loops.per_worker_dataset(dataset_fn)
+            return TrainInput(self._loops.per_worker_dataset(dataset_fn), lockstep=self.lockstep)
         if isinstance(train, tf.data.Dataset):
 
             def make(worker, workers):
@@ -205,12 +225,15 @@ class Runner(BatchShape):
 
         if not self._xla_checked:
             self._check_xla(make(0, 1).element_spec)
-        return iter(self.distribution.distribute(make, per_replica=self.per_replica_batch))
+        return TrainInput(
+            iter(self.distribution.distribute(make, per_replica=self.per_replica_batch)),
+            lockstep=self.lockstep,
+        )
 
     # -- what runs on the devices ------------------------------------------------------------
-    def run(self, iterator, num_steps: int) -> None:
+    def run(self, iterator: "TrainInput", num_steps: int) -> None:
         """``num_steps`` optimizer steps from ``iterator``, in one compiled call."""
-        self._loops.run_train(iterator, num_steps)
+        self._loops.run_train(iterator.tf_iterator, num_steps)
 
     def evaluate(self, data, batch: int) -> dict[str, float]:
         """Loss, metrics and the example count over every example of ``data`` once, over all
