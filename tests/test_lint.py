@@ -1,6 +1,7 @@
 """The whole tree passes ruff's check with pyproject.toml's rules ([tool.ruff]): pyflakes,
-pycodestyle and bugbear at 100 columns, and is as ``ruff format`` writes it. A finding fails
-here, naming file, line and rule (or the files to format). .ci/run runs both first too."""
+pycodestyle and bugbear at 100 columns, and is as ``ruff format`` writes it; mypy finds no
+error in the engine contract and the public API ([tool.mypy]). A finding fails here, naming
+file, line and rule. .ci/run runs the three first too."""
 
 from __future__ import annotations
 
@@ -15,11 +16,15 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.mark.parametrize(
     "command",
-    [["check", "--no-cache", "--output-format", "concise"], ["format", "--check", "--no-cache"]],
+    [
+        ["ruff", "check", "--no-cache", "--output-format", "concise", "."],
+        ["ruff", "format", "--check", "--no-cache", "."],
+        ["mypy"],  # the files pyproject.toml's [tool.mypy] names
+    ],
 )
-def test_ruff_finds_nothing(command):
+def test_the_tools_find_nothing(command):
     proc = subprocess.run(
-        [sys.executable, "-m", "ruff", *command, "."],
+        [sys.executable, "-m", *command],
         cwd=ROOT,
         capture_output=True,
         text=True,

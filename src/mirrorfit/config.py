@@ -104,7 +104,8 @@ class TrainConfig:
         for name in _OPTIONAL_STR:  # a Path from the Python API is kept as text (JSON summary)
             if isinstance(getattr(self, name), PurePath):
                 object.__setattr__(self, name, str(getattr(self, name)))
-        object.__setattr__(self, "backend", backends.resolve(self.backend))
+        backend = backends.resolve(self.backend)
+        object.__setattr__(self, "backend", backend)
         _check_choice("strategy", self.strategy, STRATEGIES)
         _check_choice("cross_device_ops", self.cross_device_ops, CROSS_DEVICE_OPS)
         _check_choice("communication", self.communication, COMMUNICATIONS)
@@ -123,7 +124,7 @@ class TrainConfig:
         # The engine's own refusals first: the checks below advise TensorFlow's settings
         # (--strategy mirrored, --communication), which a JAX run would then refuse too.
         backends.check_settings(
-            self.backend,
+            backend,
             strategy=self.strategy,
             cross_device_ops=self.cross_device_ops,
             communication=self.communication,

@@ -18,6 +18,7 @@ import os
 import re
 import sys
 from types import ModuleType
+from typing import Any
 
 from mirrorfit.engine._fd_filter import filtered
 from mirrorfit.errors import ConfigError
@@ -95,6 +96,10 @@ def split_batch(global_batch: int, replicas: int, accum_steps: int = 1) -> int:
 class BatchShape:
     """How a runner's global batch splits (both engines' runners: ``global_batch``,
     ``accum_steps`` and ``distribution.replicas`` set), in examples."""
+
+    distribution: Any
+    global_batch: int
+    accum_steps: int
 
     @property
     def replicas(self) -> int:

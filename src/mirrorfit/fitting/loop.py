@@ -263,7 +263,7 @@ class _Run:
         self.engine = importlib.import_module(_ENGINES[self.backend])
         self.placement = self._placement()
         self.engine.check_model(model, self.placement)
-        self.runner = None
+        self.runner: Any = None  # the engine's, built from the first batch
 
     def _placement(self):
         """Where the engine runs the model: what ``mirrorfit.setup`` chose for this backend

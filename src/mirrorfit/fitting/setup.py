@@ -13,6 +13,7 @@ import importlib
 from dataclasses import dataclass, field
 
 from mirrorfit.engine import backends
+from mirrorfit.engine.device_setup import DeviceSetup
 from mirrorfit.errors import FitError
 from mirrorfit.models.precision import POLICIES
 
@@ -23,7 +24,7 @@ class Setup:
     (a ``tf.distribute.Strategy`` or a JAX ``Placement``) and the precision's name."""
 
     backend: str
-    devices: object  # DeviceSetup
+    devices: DeviceSetup
     placement: object = field(repr=False)
     precision: str = "fp32"
 
