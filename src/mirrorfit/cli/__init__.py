@@ -281,23 +281,20 @@ def run() -> None:
     (at once, after flushing, for a command of ``_FAST_EXIT`` outside a cluster)."""
     argv = sys.argv[1:]
     code = main(argv)
-    if argv and argv[0] in _FAST_EXIT and (not _in_cluster() or _failed_jax_task(code)):
+    if argv and argv[0] in _FAST_EXIT and (not _in_cluster() or _failed_task_of_a_job(code)):
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
     sys.exit(code)
 
 
-def _failed_jax_task(code: int) -> bool:
-    """A task of a JAX job (jax.distributed) that failed, not preempted: in the teardown, JAX's
-    client would wait at its shutdown barrier for every peer, a dead one too, then abort the
-    process with a fatal log; exiting at once, its peers see it gone at once."""
+def _failed_task_of_a_job(code: int) -> bool:
+    """A task of a job that failed, not preempted, on an engine that asks for an exit past the
+    teardown (JAX's client would wait at its shutdown barrier for every peer, a dead one too):
+    exiting at once, its peers see it gone at once."""
     from mirrorfit.job.preemption import EXIT_PREEMPTED
 
-    processes = sys.modules.get("mirrorfit.engine.jax.processes")
-    return (
-        code not in (0, EXIT_PREEMPTED) and processes is not None and processes.joined() is not None
-    )
+    return code not in (0, EXIT_PREEMPTED) and any(e.in_job() for e in backends.loaded())
 
 
 def _in_cluster() -> bool:

@@ -287,6 +287,11 @@ def _hidden(line: str, level: int) -> bool:
     return {"I": 0, "W": 1, "E": 2, "F": 3}[severity] < level
 
 
+def loaded() -> list[ModuleType]:
+    """The engine packages this process has imported (what a failure is asked about)."""
+    return [sys.modules[name] for name in ENGINES.values() if name in sys.modules]
+
+
 def load(backend: str) -> ModuleType:
     """The engine package of ``backend`` (``mirrorfit.engine.tensorflow`` / ``.jax``); a
     missing framework is one ConfigError line saying what to install."""
@@ -320,5 +325,6 @@ __all__ = [
     "import_framework",
     "import_tensorflow",
     "tensorflow_start_filtered",
+    "loaded",
     "load",
 ]

@@ -164,5 +164,15 @@ class Engine(Protocol):
 
     def seed(self, value: int) -> None: ...
 
+    def peer_failure(self, error: BaseException) -> bool:
+        """Whether ``error`` is a collective that failed because another task went away."""
+
+    def stopped_answering(self, cluster) -> list[str]:
+        """The tasks of ``cluster`` that went away, once :meth:`peer_failure` said so."""
+
+    def in_job(self) -> bool:
+        """Whether this process joined a multi-worker job whose failed task must exit at
+        once, without the framework's teardown."""
+
 
 __all__ = ["Distribution", "TrainIterator", "Runner", "CheckpointState", "Engine"]

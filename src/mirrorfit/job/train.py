@@ -8,7 +8,6 @@ side of the run is in job/data.py, everything after the training loop in job/fin
 from __future__ import annotations
 
 import contextlib
-import sys
 import time
 from typing import Any
 
@@ -95,15 +94,11 @@ def _run(
     try:
         return _train(config, console, guard, cluster, clock)
     except Exception as e:
-        if cluster is None or not _peer_failure(e):
+        failed = [engine for engine in backends.loaded() if engine.peer_failure(e)]
+        if cluster is None or not failed:
             raise
         # A collective failed: another task died or stopped answering. Name it, in one line.
-        jax_processes = sys.modules.get("mirrorfit.engine.jax.processes")
-        if jax_processes is not None and jax_processes.joined() is not None:
-            jax_processes.claim_report()  # this line, not the SIGABRT handler's
-            gone = jax_processes.gone(cluster)  # a dead task's port closes ~50 ms after it
-        else:
-            gone = cluster.unreachable()
+        gone = failed[0].stopped_answering(cluster)
         who = (
             f"{', '.join(gone)} stopped answering"
             if gone
@@ -115,25 +110,6 @@ def _run(
             "restart the group to resume from the last checkpoint "
             "(`mirrorfit launch --max-restarts N` does)"
         ) from None
-
-
-def _peer_failure(error: Exception) -> bool:
-    """Whether ``error`` is a collective that failed because another task went away (on
-    TensorFlow's runtime, or on JAX's: gloo's all-reduce fails at once when a peer's
-    connections close)."""
-    tf = sys.modules.get("tensorflow")
-    if tf is not None and isinstance(
-        error,
-        (
-            tf.errors.UnavailableError,
-            tf.errors.DeadlineExceededError,
-            tf.errors.CancelledError,
-            tf.errors.AbortedError,
-        ),
-    ):
-        return True
-    jax_processes = sys.modules.get("mirrorfit.engine.jax.processes")
-    return jax_processes is not None and jax_processes.peer_failure(error)
 
 
 def _train(

@@ -53,6 +53,41 @@ def keras_setup(replicas: int | None, devices: tuple[str, ...], shard: str = "no
     return chosen, build_placement(chosen, shard=shard)
 
 
+def peer_failure(error: BaseException) -> bool:
+    """Whether ``error`` is a collective that failed because another task went away."""
+    from mirrorfit.engine.jax import processes
+
+    return processes.peer_failure(error)
+
+
+def stopped_answering(cluster) -> list[str]:
+    """The tasks of ``cluster`` that went away, once :func:`peer_failure` said so (a dead
+    task's port closes ~50 ms after it: waited for)."""
+    from mirrorfit.engine.jax import processes
+
+    if processes.joined() is None:
+        return cluster.unreachable()
+    processes.claim_report()  # this line, not the SIGABRT handler's
+    return processes.gone(cluster)
+
+
+def in_job() -> bool:
+    """Whether this process joined a multi-worker job (jax.distributed). A failed task of one
+    exits at once: in the teardown JAX's client would wait for every peer at its shutdown
+    barrier, a dead one too, then abort the process with a fatal log."""
+    from mirrorfit.engine.jax import processes
+
+    return processes.joined() is not None
+
+
 COMPILES_EVERY_STEP = True  # XLA compiles the whole step always (--xla is what it does)
 
-__all__ = [*_EXPORTS, "seed", "keras_setup", "COMPILES_EVERY_STEP"]
+__all__ = [
+    *_EXPORTS,
+    "seed",
+    "keras_setup",
+    "peer_failure",
+    "stopped_answering",
+    "in_job",
+    "COMPILES_EVERY_STEP",
+]

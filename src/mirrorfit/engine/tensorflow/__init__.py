@@ -51,6 +51,40 @@ def keras_setup(replicas: int | None, devices: tuple[str, ...], shard: str = "no
     return chosen, strategy
 
 
+def peer_failure(error: BaseException) -> bool:
+    """Whether ``error`` is a collective that failed because another task went away."""
+    import sys
+
+    tf = sys.modules.get("tensorflow")  # not loaded: not TensorFlow's error
+    return tf is not None and isinstance(
+        error,
+        (
+            tf.errors.UnavailableError,
+            tf.errors.DeadlineExceededError,
+            tf.errors.CancelledError,
+            tf.errors.AbortedError,
+        ),
+    )
+
+
+def stopped_answering(cluster) -> list[str]:
+    """The tasks of ``cluster`` that went away, once :func:`peer_failure` said so."""
+    return cluster.unreachable()
+
+
+def in_job() -> bool:
+    """Whether a failed task must exit at once, past the teardown: not on TensorFlow."""
+    return False
+
+
 COMPILES_EVERY_STEP = False  # --xla compiles each replica's step; without it, tf.function
 
-__all__ = [*_EXPORTS, "seed", "keras_setup", "COMPILES_EVERY_STEP"]
+__all__ = [
+    *_EXPORTS,
+    "seed",
+    "keras_setup",
+    "peer_failure",
+    "stopped_answering",
+    "in_job",
+    "COMPILES_EVERY_STEP",
+]
