@@ -3,7 +3,6 @@ holds and the "done" line reports; only the chief writes it and the exports; a r
 has nothing left to train still reports where it stands. A tiny model on synthetic data, one
 replica, in this process."""
 
-import contextlib
 import dataclasses
 import io
 import json
@@ -18,7 +17,7 @@ from mirrorfit.engine.tensorflow.distribution import Distribution
 from mirrorfit.engine.controller import Trainer
 from mirrorfit.job.preemption import PreemptionGuard
 from mirrorfit.job.data import load_run_data
-from mirrorfit.job.finish import finish
+from mirrorfit.job.finish import Run, finish
 
 
 def _model() -> keras.Model:
@@ -62,17 +61,17 @@ def test_summary_is_written_by_the_chief_only_and_a_finished_run_still_reports(t
     def run(config, dist):
         history = trainer.fit(data.train, epochs=config.epochs, validation=data.val)
         return finish(
-            config,
-            console,
+            Run(
+                config=config,
+                console=console,
+                trainer=trainer,
+                data=data,
+                setup=setup,
+                dist=dist,
+                factory=_model,
+                guard=PreemptionGuard(),
+            ),
             history,
-            trainer=trainer,
-            data=data,
-            batches=data.train,
-            setup=setup,
-            dist=dist,
-            factory=_model,
-            usage=contextlib.nullcontext(),
-            guard=PreemptionGuard(),
         )
 
     summary = run(config, dist)
@@ -128,17 +127,17 @@ def test_a_resumed_run_reports_its_rate_and_the_whole_runs_steps(tmp_path):
     assert history.epochs[0]["examples_per_sec"] > 0, history.epochs
     out = io.StringIO()
     summary = finish(
-        config,
-        Console(file=out, soft_wrap=True),
+        Run(
+            config=config,
+            console=Console(file=out, soft_wrap=True),
+            trainer=trainer,
+            data=data,
+            setup=setup,
+            dist=dist,
+            factory=_model,
+            guard=PreemptionGuard(),
+        ),
         history,
-        trainer=trainer,
-        data=data,
-        batches=data.train,
-        setup=setup,
-        dist=dist,
-        factory=_model,
-        usage=contextlib.nullcontext(),
-        guard=PreemptionGuard(),
     )
     assert (summary["steps"], summary["steps_this_run"]) == (8, 4)
     assert summary["train_examples_per_sec"] > 0

@@ -28,7 +28,7 @@ from mirrorfit.models.schedules import LinearWarmup, learning_rate
 from mirrorfit.job.agreement import check_agreement, data_summary, must_match
 from mirrorfit.job.divergence import DivergenceGuard
 from mirrorfit.job.data import check_model_fits, data_errors, data_flags, load_run_data
-from mirrorfit.job.finish import finish, state_line
+from mirrorfit.job.finish import Run, finish, state_line
 
 _OPTIMIZERS = {"sgd": "SGD", "adam": "Adam", "adamw": "AdamW", "rmsprop": "RMSprop"}
 
@@ -284,20 +284,19 @@ def _train(
         steady_steps=round(history.steady_time_s, 3),
         validation=round(history.validation_s, 3),
     )
-    return finish(
-        config,
-        console,
-        history,
+    run = Run(
+        config=config,
+        console=console,
         trainer=trainer,
         data=data,
-        batches=batches,
         setup=setup,
         dist=dist,
         factory=factory,
-        usage=usage,
         guard=guard,
+        usage=usage,
         clock=clock,
     )
+    return finish(run, history)
 
 
 def _compiled_user_model(config: TrainConfig, engine, setup, dist):
