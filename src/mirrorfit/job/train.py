@@ -115,9 +115,11 @@ def _run(
 def _train(
     config: TrainConfig, console: Console, guard: PreemptionGuard, cluster, clock: _Clock
 ) -> dict[str, Any]:
+    """The run's stages: the engine, its devices and distribution, the data, the model and
+    trainer, the loop, then :func:`finish`."""
     engine = backends.load(config.backend)  # the framework loads here
     clock.lap("engine")
-    factory = model_factory(config.model)
+    model_factory(config.model)  # a --model that does not load fails before the devices
     if (
         cluster is not None
         and config.strategy == "parameter-server"
@@ -127,6 +129,47 @@ def _train(
 
         guard.hand_over()  # serve_task handles its signals (it serves until the chief ends)
         return serve_task(cluster, console=console)  # runs what the chief schedules
+    setup, dist = _devices(config, engine, cluster, console, guard)
+    if not dist.is_chief:  # only the chief talks; the others say only what goes wrong
+        console = Console(stderr=True, soft_wrap=True, quiet=True)
+    clock.lap("devices")
+    compiled = _compiled_user_model(config, engine, setup, dist)
+    if compiled is not None:  # the Keras user's way: trained as compiled (job/keras_job.py)
+        from mirrorfit.job import keras_job
+
+        console.print(f"[bold]mirrorfit[/] {config.model} (trained through mirrorfit.fit)")
+        console.print(f"devices: {setup.describe()}")
+        return keras_job.run(config, console, compiled[0], compiled=compiled[1], clock=clock)
+    _, global_batch = config.batch_sizes(dist.replicas)
+    data = load_run_data(config, global_batch, dist)
+    check_agreement(data_summary(data), dist)
+    clock.lap("data")
+    # The model is built for the data: its input shape and classes (mlp/cnn take MNIST's when
+    # the data is MNIST, as before).
+    factory = model_factory(
+        config.model, input_shape=data.input_shape, num_classes=data.num_classes
+    )
+    engine.seed(config.seed)
+    trainer = _trainer(config, engine, setup, dist, data, factory, console)
+    usage = CpuGpuSampler() if config.profile else contextlib.nullcontext()
+    run = Run(
+        config=config,
+        console=console,
+        trainer=trainer,
+        data=data,
+        setup=setup,
+        dist=dist,
+        factory=factory,
+        guard=guard,
+        usage=usage,
+        clock=clock,
+    )
+    return finish(run, _fit(run))
+
+
+def _devices(config: TrainConfig, engine, cluster, console: Console, guard: PreemptionGuard):
+    """The devices and the distribution over them, (DeviceSetup, distribution); every worker
+    then agrees on the settings that must match (a collective)."""
     # A multi-worker task joins its job here where the engine does it with its devices (JAX's
     # jax.distributed, before JAX starts them); TensorFlow's strategy joins it below.
     joining = (
@@ -156,29 +199,15 @@ def _train(
         collective_timeout_s=config.collective_timeout,
         shard=config.shard,
     )
-    if not dist.is_chief:  # only the chief talks; the others say only what goes wrong
-        console = Console(stderr=True, soft_wrap=True, quiet=True)
     guard.reclaim()  # the strategy may have installed TF's own SIGTERM handler
     guard.watch(None, agree=dist.agree)
     check_agreement(must_match(config, dist.replicas, dist.local_replicas), dist)  # collective
-    clock.lap("devices")
-    compiled = _compiled_user_model(config, engine, setup, dist)
-    if compiled is not None:  # the Keras user's way: trained as compiled (job/keras_job.py)
-        from mirrorfit.job import keras_job
+    return setup, dist
 
-        console.print(f"[bold]mirrorfit[/] {config.model} (trained through mirrorfit.fit)")
-        console.print(f"devices: {setup.describe()}")
-        return keras_job.run(config, console, compiled[0], compiled=compiled[1], clock=clock)
+
+def _trainer(config: TrainConfig, engine, setup, dist, data, factory, console: Console):
+    """The Trainer for the built-in loop, the start screen printed on the way."""
     per_replica, global_batch = config.batch_sizes(dist.replicas)
-    data = load_run_data(config, global_batch, dist)
-    check_agreement(data_summary(data), dist)
-    clock.lap("data")
-    # The model is built for the data: its input shape and classes (mlp/cnn take MNIST's when
-    # the data is MNIST, as before).
-    factory = model_factory(
-        config.model, input_shape=data.input_shape, num_classes=data.num_classes
-    )
-    engine.seed(config.seed)
     console.print(f"[bold]mirrorfit[/] {config.model} on {data.description}")
     console.print(f"devices: {setup.describe()}")
     accum = f" x {config.accum_steps} accumulation steps" if config.accum_steps > 1 else ""
@@ -187,13 +216,12 @@ def _train(
         f"{dist.replicas} replicas{accum} = {global_batch} global (effective), "
         f"{config.steps_per_execution} steps per execution"
     )
-    steps_per_epoch = data.train.steps_per_epoch
     lr = learning_rate(
         config.lr,
         global_batch=global_batch,
         base_batch=config.base_batch,
         scaling=config.lr_scaling,
-        warmup_steps=round(config.warmup_epochs * steps_per_epoch),
+        warmup_steps=round(config.warmup_epochs * data.train.steps_per_epoch),
     )
     xla = "on (every step, JAX)" if engine.COMPILES_EVERY_STEP else "on" if config.xla else "off"
     console.print(
@@ -215,59 +243,71 @@ def _train(
         remat=config.remat,
         on_notice=lambda msg: console.print(f"[yellow]{msg}[/]"),
     )
-    callbacks = [lambda e, logs: console.print(_epoch_line(e, config.epochs, logs))]
-    board = ScalarWriter(config.logdir if dist.is_chief else None) if config.logdir else None
-    if board is not None:  # every worker reads the metrics (collectives); the chief writes
-        hooks_extra, callbacks = [board.step_hook], callbacks + [board.epoch_callback]
-    else:
-        hooks_extra = []
     check_model_fits(trainer.model, data, config)
     console.print(state_line(trainer.runner))
-    batches = data.train
-    hooks, checkpointer = [], None
-    if config.checkpoint_dir:
-        checkpointer = Checkpointer(
-            config.checkpoint_dir,
-            trainer=trainer,
-            model_spec=config.model,
-            every=config.checkpoint_every,
-            keep=config.keep_checkpoints,
-            data=batches.order,
-            flags=data_flags(config, dist, data),
-            settings=_settings(config),
-            on_notice=lambda msg: console.print(f"[yellow]{msg}[/]"),
-            writer=dist.is_chief,
-            class_names=data.class_names,
-            allow_nan=config.allow_nan,
-        )
-        trainer.resume(
-            checkpointer,
-            steps_per_epoch=batches.steps_per_epoch,
-            fresh=config.fresh,
-            say=console.print,
-        )
+    return trainer
+
+
+def _checkpointer(run: Run) -> Checkpointer | None:
+    """--checkpoint-dir's checkpointer, the run resumed from it; None without one."""
+    config, trainer, data, dist = run.config, run.trainer, run.data, run.dist
+    if not config.checkpoint_dir:
+        return None
+    checkpointer = Checkpointer(
+        config.checkpoint_dir,
+        trainer=trainer,
+        model_spec=config.model,
+        every=config.checkpoint_every,
+        keep=config.keep_checkpoints,
+        data=data.train.order,
+        flags=data_flags(config, dist, data),
+        settings=_settings(config),
+        on_notice=lambda msg: run.console.print(f"[yellow]{msg}[/]"),
+        writer=dist.is_chief,
+        class_names=data.class_names,
+        allow_nan=config.allow_nan,
+    )
+    trainer.resume(
+        checkpointer,
+        steps_per_epoch=data.train.steps_per_epoch,
+        fresh=config.fresh,
+        say=run.console.print,
+    )
+    return checkpointer
+
+
+def _fit(run: Run):
+    """The loop, with its step hooks and epoch callbacks, in their order: the epoch's line,
+    the divergence check, TensorBoard's scalars, the checkpointer, the signal guard."""
+    config, console, trainer, guard = run.config, run.console, run.trainer, run.guard
+    callbacks = [lambda e, logs: console.print(_epoch_line(e, config.epochs, logs))]
+    hooks: list = []
+    board = ScalarWriter(config.logdir if run.dist.is_chief else None) if config.logdir else None
+    checkpointer = _checkpointer(run)
     if not config.allow_nan:  # first: a NaN step is neither checkpointed nor written out
         diverged = DivergenceGuard(trainer, checkpoints=checkpointer)
         hooks.append(diverged.hook)
         if checkpointer is None:  # else its epoch-end save checks the weights, as often
-            callbacks.insert(1, diverged.epoch_callback)  # after the epoch's line
-    hooks.extend(hooks_extra)
+            callbacks.append(diverged.epoch_callback)
+    if board is not None:  # every worker reads the metrics (collectives); the chief writes
+        hooks.append(board.step_hook)
+        callbacks.append(board.epoch_callback)
     if checkpointer is not None:
         hooks.append(checkpointer.step_hook)  # before the guard's: a signal saves this step
         callbacks.append(checkpointer.epoch_callback)
     guard.reclaim()  # user code (a --data or --model function, a library) may have taken them
-    guard.watch(trainer, checkpointer, agree=dist.agree)
+    guard.watch(trainer, checkpointer, agree=run.dist.agree)
     hooks.append(guard.hook)
     callbacks.append(guard.epoch_callback)
-    usage = CpuGpuSampler() if config.profile else contextlib.nullcontext()
     guard.check()  # a signal while setting up: stop before the first step
-    clock.lap("model")
+    run.clock.lap("model")
+    per_replica, _ = config.batch_sizes(run.dist.replicas)
     try:
-        with usage, out_of_memory_hint(per_replica), data_errors(data):
+        with run.usage, out_of_memory_hint(per_replica), data_errors(run.data):
             history = trainer.fit(
-                batches,
+                run.data.train,
                 epochs=config.epochs,
-                validation=data.val,
+                validation=run.data.val,
                 hooks=hooks,
                 progress=EpochProgress(console=console, enabled=config.progress),
                 callbacks=callbacks,
@@ -278,25 +318,13 @@ def _train(
     if checkpointer is not None:
         checkpointer.wait()  # the last save, committed (it may write in the background)
     guard.check()  # a signal during the last validation or checkpoint
-    clock.lap("fit")
-    clock.timings.update(
+    run.clock.lap("fit")
+    run.clock.timings.update(
         first_execution=round(history.first_execution_s, 3),
         steady_steps=round(history.steady_time_s, 3),
         validation=round(history.validation_s, 3),
     )
-    run = Run(
-        config=config,
-        console=console,
-        trainer=trainer,
-        data=data,
-        setup=setup,
-        dist=dist,
-        factory=factory,
-        guard=guard,
-        usage=usage,
-        clock=clock,
-    )
-    return finish(run, history)
+    return history
 
 
 def _compiled_user_model(config: TrainConfig, engine, setup, dist):
