@@ -109,6 +109,7 @@ FRAMEWORK_HOMES = {
     },
     "jax": {
         "mirrorfit.engine.jax": "the JAX engine",
+        "mirrorfit.engine.backends": "imports it before Keras, to say in one line it is missing",
         "mirrorfit.bench.jax_point": "a bench point of the JAX engine, in its own process",
         "mirrorfit.bench.flops": "XLA's cost analysis counts a model's FLOPs",
     },

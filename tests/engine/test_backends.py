@@ -162,7 +162,7 @@ def test_commands_that_need_tensorflow_say_so_in_one_line_on_a_jax_only_machine(
         lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
         assert proc.returncode == 2 and len(lines) == 1, (args[0], proc.stderr[-3000:])
         said = (
-            "needs tensorflow, not installed: pip install 'mirrorfit[serve]'"
+            "needs TensorFlow: pip install 'mirrorfit[serve]'"
             if who == "mirrorfit serve"
             else "needs TensorFlow: pip install 'mirrorfit[tensorflow]'"
         )  # the extras

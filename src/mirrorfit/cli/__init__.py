@@ -98,7 +98,6 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 # what mirrorfit serve imports beside TensorFlow: (the package's name, its module)
 _SERVE_PACKAGES = (
-    ("tensorflow", "tensorflow"),
     ("tensorflow-serving-api", "tensorflow_serving"),
     ("grpcio", "grpc"),
     ("starlette", "starlette"),
@@ -123,7 +122,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     }
     config = ServeConfig(**values)  # checked: before TensorFlow loads, a bad flag fails at once
     model_configs(config)  # and a bad config file, or a model without versions
-    backends.import_tensorflow("mirrorfit serve (it loads TensorFlow SavedModels)")
+    backends.import_tensorflow("mirrorfit serve (it loads TensorFlow SavedModels)", extra="serve")
     from mirrorfit.serving.server import serve
 
     return serve(config)

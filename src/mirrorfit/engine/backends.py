@@ -208,12 +208,12 @@ def _jax_missing() -> str:
     )
 
 
-def import_tensorflow(needed_by: str | None = None) -> None:
+def import_tensorflow(needed_by: str | None = None, extra: str = "tensorflow") -> None:
     """Import TensorFlow now, whatever the backend (a JAX run reading image folders or
     writing TensorBoard scalars loads it too), its start-up lines filtered as
     :func:`import_framework` filters them. Not installed: ConfigError saying ``needed_by``
-    needs it and what to install; with ``needed_by`` None, nothing (said where it is needed,
-    in the words of what needs it)."""
+    needs it and what to install (``extra``); with ``needed_by`` None, nothing (said where it
+    is needed, in the words of what needs it)."""
     if sys.modules.get("tensorflow") is not None:
         return
     with tensorflow_start_filtered():
@@ -225,9 +225,7 @@ def import_tensorflow(needed_by: str | None = None) -> None:
             if needed_by is None:
                 return
             jax = ", or train with --backend jax" if needed_by.startswith("--") else ""
-            raise ConfigError(
-                f"{needed_by} needs TensorFlow: {install_hint('tensorflow')}{jax}"
-            ) from None
+            raise ConfigError(f"{needed_by} needs TensorFlow: {install_hint(extra)}{jax}") from None
         except Exception as e:  # e.g. protobuf's "Descriptors cannot be created directly"
             raise ConfigError(_broken(e, needed_by)) from None
 
