@@ -120,6 +120,11 @@ def _reports(log: str) -> dict[int, dict]:
     return found
 
 
+def _max_difference(a: list, b: list) -> float:
+    assert len(a) == len(b) and a
+    return max(float(np.abs(x - y).max()) for x, y in zip(a, b, strict=True))
+
+
 def _weights(path: Path) -> list[np.ndarray]:
     with np.load(path) as f:
         return [f[k] for k in sorted(f.files, key=lambda k: int(k.split("_")[1]))]
@@ -159,8 +164,10 @@ def test_two_worker_processes_train_as_one_process_with_two_devices(both_sides, 
     reference = _weights(out / f"{run}-0-1.npz")
     for worker in (0, 1):
         mine = _weights(out / f"{run}-{worker}-2.npz")
-        # 2 devices: the all-reduce adds the same two numbers, across processes or not
-        assert max(float(np.abs(a - b).max()) for a, b in zip(mine, reference)) == 0.0
+        # 2 devices: the all-reduce adds the same two numbers, across processes or not. The
+        # steps agree to rounding: bit for bit on AVX-512 hosts, 2e-9 apart on an AVX2 one,
+        # where a process's matmuls sum in another order with the cores it has.
+        assert _max_difference(mine, reference) < 1e-7
         got = both_sides["workers"][worker]["runs"][run]
         assert got["steps"] == one["runs"][run]["steps"] == 2 * (1024 // 64)
         assert got["traced"] == 1 and got["loss"] == one["runs"][run]["loss"]
@@ -274,15 +281,11 @@ def test_a_killed_worker_restarts_and_resumes_to_the_uninterrupted_weights(tmp_p
     assert "worker 1 exited with SIGKILL" in log and "restart 1 of 1" in log
     assert "Traceback" not in log and "Terminating process" not in log
     assert "resuming from" in log and "(global step 16)" in log
-    diff = max(
-        float(np.abs(a - b).max())
-        for a, b in zip(
-            keras_file_weights(out / "mw.keras"),
-            keras_file_weights(tmp_path / "ref.keras"),
-            strict=True,
-        )
+    # to rounding, as 2 workers against 1 process (3e-8 apart on an AVX2 host, 0 on AVX-512)
+    diff = _max_difference(
+        keras_file_weights(out / "mw.keras"), keras_file_weights(tmp_path / "ref.keras")
     )
-    assert diff == 0.0
+    assert diff < 1e-6, diff
 
 
 def _ports(n: int) -> list[str]:
