@@ -47,11 +47,16 @@ def rematerialize(model, on_notice: Callable[[str], None] | None = None) -> list
 
 
 def _qualifies(layer) -> bool:
+    return stateless_keras_layer(layer) and bool(layer.trainable_weights)
+
+
+def stateless_keras_layer(layer) -> bool:
+    """Whether ``layer`` is one of Keras's own, with no sublayers and no state of its own
+    (what its call writes, run twice, would be written twice)."""
     has_sublayers = any(True for _ in layer._flatten_layers(include_self=False, recursive=False))
     return (
         type(layer).__module__.startswith("keras.")
         and not has_sublayers
-        and bool(layer.trainable_weights)
         and not layer.non_trainable_variables
     )
 
@@ -79,4 +84,4 @@ def _recomputed(call, remat):
     return recomputed
 
 
-__all__ = ["rematerialize"]
+__all__ = ["rematerialize", "stateless_keras_layer"]

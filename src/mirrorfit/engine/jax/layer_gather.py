@@ -33,6 +33,7 @@ import jax
 import jax.numpy as jnp
 
 from mirrorfit.engine.jax.placement import AXIS
+from mirrorfit.models.remat import stateless_keras_layer
 
 # The shards of the trace being built: {id(variable): (shard, axis)}; None outside a step.
 _SHARDS: contextvars.ContextVar[dict | None] = contextvars.ContextVar(
@@ -46,7 +47,7 @@ def prepare(model, variables, axes) -> int:
     split = {id(v) for v, a in zip(variables, axes) if a is not None}
     count = 0
     for layer in _called_by_models(model):
-        if _qualifies(layer) and any(id(v) in split for v in layer.trainable_variables):
+        if stateless_keras_layer(layer) and any(id(v) in split for v in layer.trainable_variables):
             if not getattr(layer.call, "_mirrorfit_gathers", False):
                 layer.call = _gathered_call(layer, layer.call)
             count += 1
@@ -63,15 +64,6 @@ def _called_by_models(model):
             yield from _called_by_models(layer)
         else:
             yield layer
-
-
-def _qualifies(layer) -> bool:
-    has_sublayers = any(True for _ in layer._flatten_layers(include_self=False, recursive=False))
-    return (
-        type(layer).__module__.startswith("keras.")
-        and not has_sublayers
-        and not layer.non_trainable_variables
-    )
 
 
 def mapped(shards, probes, axes) -> list:
