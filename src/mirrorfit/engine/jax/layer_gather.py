@@ -35,7 +35,8 @@ import jax.numpy as jnp
 from mirrorfit.engine.jax.placement import AXIS
 from mirrorfit.models.remat import stateless_keras_layer
 
-# The shards of the trace being built: {id(variable): (shard, axis)}; None outside a step.
+# The split weights of the trace being built: {id(variable): (shard, axis, probe)}; None
+# outside a step.
 _SHARDS: contextvars.ContextVar[dict | None] = contextvars.ContextVar(
     "mirrorfit_shards", default=None
 )
@@ -87,10 +88,11 @@ def probes(shards, axes, replicas: int) -> list:
 
 
 @contextlib.contextmanager
-def gathering(variables, shards, axes):
-    """Within: wrapped layers gather ``variables``' split values from ``shards``."""
+def gathering(variables, shards, axes, probes):
+    """Within: wrapped layers gather ``variables``' split values from ``shards``, their
+    gradients taken for ``probes``."""
     token = _SHARDS.set(
-        {id(v): (s, a) for v, s, a in zip(variables, shards, axes) if a is not None}
+        {id(v): (s, a, p) for v, s, a, p in zip(variables, shards, axes, probes) if a is not None}
     )
     try:
         yield
@@ -106,7 +108,7 @@ def weights(layout, weights, shards):
     if shards is None:
         yield weights
         return
-    with gathering(layout.variables, shards, layout.trainable):
+    with gathering(layout.variables, shards, layout.trainable, weights):
         yield mapped(shards, weights, layout.trainable)
 
 
@@ -151,10 +153,13 @@ def _gathered_call(layer, call):
             or any(isinstance(v, jax.Array) for v in jax.tree.leaves(kwargs))
         ):
             return call(*args, **kwargs)
-        values = [scope.get_current_value(v) for v in variables]
+        split = [shards.get(id(v)) for v in variables]
+        # the split weights' probes, what their gradients (of any order) are taken for
+        values = [
+            scope.get_current_value(v) if s is None else s[2] for v, s in zip(variables, split)
+        ]
         if any(v is None for v in values):
             return call(*args, **kwargs)
-        split = [shards.get(id(v)) for v in variables]
         autocast = get_autocast_scope()
 
         def run(weights, inputs):
@@ -164,9 +169,9 @@ def _gathered_call(layer, call):
                 with type(autocast)(autocast.dtype):
                     return call(*inputs, **kwargs)
 
-        def whole(weights, anchor):
+        def whole(weights, anchor):  # a split one's weight is its probe, zeros
             return [
-                w if s is None else _gather_after(s[0], s[1], anchor)
+                w if s is None else _gather_after(s[0], s[1], anchor) + w
                 for w, s in zip(weights, split)
             ]
 
@@ -175,13 +180,13 @@ def _gathered_call(layer, call):
             return run(whole(weights, inputs), inputs)
 
         def forward(weights, inputs):
-            # the split weights are not kept for the backward pass: it gathers them again
-            kept = [w if s is None else None for w, s in zip(weights, split)]
-            return apply(weights, inputs), (kept, inputs)
+            # the split weights' gathered values are not kept for the backward pass, which
+            # gathers them again (their probes are kept: zeros XLA never writes out)
+            return apply(weights, inputs), (weights, inputs)
 
         def backward(saved, cotangent):
-            kept, inputs = saved
-            full = whole(kept, cotangent)
+            weights, inputs = saved
+            full = whole(weights, cotangent)
             floats = [
                 jnp.issubdtype(jnp.asarray(x).dtype, jnp.inexact) for x in jax.tree.leaves(inputs)
             ]
