@@ -38,6 +38,7 @@ def test_a_compiled_regression_trains_as_compiled(backend, tmp_path):
     assert "state: replicated" in proc.stderr  # what each device holds, as the loop says
     summary = json.loads(out.read_text())
     assert summary["shard"] == "none" and summary["state_bytes_per_device"] > 0
+    assert summary["replicas"] == 2  # as mirrorfit's own loop reports it
     history = summary["history"]
     assert set(history) == {"loss", "mae", "val_loss", "val_mae"}
     assert history["loss"][-1] < history["loss"][0] / 2  # float targets, kept float

@@ -25,8 +25,8 @@ def _train_parser(sub) -> None:
     add("--config", help="TOML file with any of the settings below (flags override it)")
     add(
         "--backend",
-        help="tensorflow (default, else $KERAS_BACKEND) or jax: the engine that "
-        "trains (Keras 3 on that framework)",
+        help="tensorflow or jax (default: $KERAS_BACKEND, else tensorflow): the engine "
+        "that trains (Keras 3 on that framework)",
     )
     _verbose(add)
     add("--model", help="mlp (default), cnn, or package.module:function returning a Keras model")
@@ -516,7 +516,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     _train_parser(sub)
     dev = sub.add_parser("devices", help="list the devices TensorFlow (or JAX) sees")
-    dev.add_argument("--backend", help="tensorflow (default, else $KERAS_BACKEND) or jax")
+    dev.add_argument(
+        "--backend", help="tensorflow or jax (default: $KERAS_BACKEND, else tensorflow)"
+    )
     _verbose(dev.add_argument)
     exp = sub.add_parser("export", help="export the newest checkpoint as a SavedModel version")
     exp.add_argument("--checkpoint-dir", required=True)

@@ -224,7 +224,13 @@ def import_tensorflow(needed_by: str | None = None, extra: str = "tensorflow") -
                 raise ConfigError(_broken(e, needed_by)) from None  # installed, not loading
             if needed_by is None:
                 return
-            jax = ", or train with --backend jax" if needed_by.startswith("--") else ""
+            jax = (
+                ", or train with --backend jax"
+                if needed_by.startswith("--")
+                else ", or mirrorfit.setup(backend='jax')"
+                if needed_by.startswith("mirrorfit.setup")
+                else ""
+            )
             raise ConfigError(f"{needed_by} needs TensorFlow: {install_hint(extra)}{jax}") from None
         except Exception as e:  # e.g. protobuf's "Descriptors cannot be created directly"
             raise ConfigError(_broken(e, needed_by)) from None

@@ -98,6 +98,8 @@ def describe(config: TrainConfig, model, compiled: bool) -> str:
         if getattr(model, "_compile_metrics", None) is not None
         else []
     )
+    if loss is None:  # compiled without a loss: the model's own add_loss trains it
+        names = "none, the model's add_loss"
     where = "the model's compile" if compiled else "--loss"
     line = (
         f"loss: {names} ({where}), optimizer: {type(opt).__name__} {rate}, "
@@ -242,6 +244,7 @@ def run(config: TrainConfig, console, model, *, compiled: bool, clock) -> dict[s
         "model": config.model,
         "backend": config.backend,
         "global_batch_size": global_batch,
+        "replicas": _replicas(model),
         "epochs": len(history.history.get("loss", [])),
         "wall_time_s": wall,
         "history": history.history,

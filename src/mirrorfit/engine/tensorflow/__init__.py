@@ -39,7 +39,9 @@ def keras_setup(replicas: int | None, devices: tuple[str, ...], shard: str = "no
     from mirrorfit.engine import backends
 
     backends.check_settings("tensorflow", shard=shard)
-    backends.import_tensorflow("mirrorfit.setup(backend='tensorflow')")
+    backends.import_tensorflow(
+        "mirrorfit.setup(backend='tensorflow', the default unless $KERAS_BACKEND says jax)"
+    )
     import tensorflow as tf
 
     from mirrorfit.engine.tensorflow.devices import configure_devices
