@@ -158,4 +158,8 @@ def test_keras_usage(backend, tmp_path):
         "the training data's output digit has label 3, but the model has 3 outputs"
     )
     assert e["ignored_class"] is None
+    # the zeros that pad a partial last batch reach batch statistics: said, with the way out
+    (said,) = r["padding_warned"]
+    assert "partial batch of 22 examples" in said and "BatchNormalization" in said
+    assert "drop_remainder=True" in said and r["padding_unwarned"] == []
     assert r["numpy_ints_and_one_callback"] == 2

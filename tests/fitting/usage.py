@@ -225,5 +225,27 @@ h = mirrorfit.fit(
     callbacks=keras.callbacks.History(),
 )
 out["numpy_ints_and_one_callback"] = len(h.history["loss"])
+
+
+def padding_warnings(batch_size: int, **kwargs) -> list[str]:
+    """The warnings of a fit of a model with BatchNormalization (the padding of a partial
+    last batch reaches its statistics)."""
+    model = keras.Sequential(
+        [keras.Input((4,)), keras.layers.Dense(8), keras.layers.BatchNormalization()]
+    )
+    model.compile("sgd", "mse")
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        data = np.ones((150, 4), "float32")
+        mirrorfit.fit(
+            model, data, data[:, :1].repeat(8, 1), batch_size=batch_size, verbose=0, **kwargs
+        )
+    return [str(w.message) for w in caught if "partial batch" in str(w.message)]
+
+
+out["padding_warned"] = padding_warnings(32)
+out["padding_unwarned"] = padding_warnings(30) + padding_warnings(32, drop_remainder=True)
 with open(OUT, "w") as f:
     json.dump(out, f)

@@ -69,13 +69,10 @@ def fit(
         (x, y, sample_weight), validation_data = train_validation_split(
             (x, y, sample_weight), validation_split=validation_split
         )
-    train = run.epochs(
-        _adapter(x, y, sample_weight, class_weight, batch_size, steps_per_epoch, shuffle),
-        batch_size,
-        steps_per_epoch,
-        "train",
-        drop_remainder=drop_remainder,
-    )
+    adapter = _adapter(x, y, sample_weight, class_weight, batch_size, steps_per_epoch, shuffle)
+    if not drop_remainder:
+        _warn_padding_enters(model, adapter)
+    train = run.epochs(adapter, batch_size, steps_per_epoch, "train", drop_remainder=drop_remainder)
     run.build(train.first)
     from mirrorfit.fitting.metrics import check_sparse_labels  # Keras: loaded by now
 
@@ -384,6 +381,41 @@ class _BatchHooks:
         hook(*args, **kwargs)
         if self._sync:
             self.runner.reload()
+
+
+def _warn_padding_enters(model, adapter) -> None:
+    """Warn where the padding of an epoch's partial last batch reaches what the loss and
+    metrics' zero weights do not cover: batch statistics and activity losses. Only where the
+    adapter knows its last batch (arrays); a generator's is not known ahead."""
+    import keras
+
+    try:
+        real = adapter.partial_batch_size
+    except NotImplementedError:
+        return
+    if not real:
+        return
+    layers = list(model._flatten_layers(include_self=False, recursive=True))
+    what = sorted(
+        {
+            "BatchNormalization's statistics"
+            for layer in layers
+            if isinstance(layer, keras.layers.BatchNormalization)
+        }
+        | {
+            "activity regularizers"
+            for layer in layers
+            if getattr(layer, "activity_regularizer", None) is not None
+        }
+    )
+    if what:
+        warnings.warn(
+            f"each epoch ends on a partial batch of {real} examples, padded to the global "
+            f"batch with zeros, which reach {' and '.join(what)} (the loss and metrics "
+            "weigh them 0); pass drop_remainder=True, or a batch size that divides the data, "
+            "to train on whole batches only",
+            stacklevel=3,
+        )
 
 
 def _checked_callbacks(callbacks) -> list:
