@@ -169,24 +169,27 @@ def _gathered_call(layer, call):
                 with type(autocast)(autocast.dtype):
                     return call(*inputs, **kwargs)
 
-        def whole(weights, anchor):  # a split one's weight is its probe, zeros
+        def whole(weights, pieces, anchor):  # a split one's weight is its probe, zeros
             return [
-                w if s is None else _gather_after(s[0], s[1], anchor) + w
-                for w, s in zip(weights, split)
+                w if s is None else _gather_after(piece, s[1], anchor) + w
+                for w, piece, s in zip(weights, pieces, split)
             ]
 
+        # The shards are arguments, not closed over: the backward rule of a layer called in
+        # a loop or a branch (keras.ops.fori_loop, cond) runs outside the trace they belong to.
         @jax.custom_vjp
-        def apply(weights, inputs):
-            return run(whole(weights, inputs), inputs)
+        def apply(weights, pieces, inputs):
+            return run(whole(weights, pieces, inputs), inputs)
 
-        def forward(weights, inputs):
+        def forward(weights, pieces, inputs):
             # the split weights' gathered values are not kept for the backward pass, which
-            # gathers them again (their probes are kept: zeros XLA never writes out)
-            return apply(weights, inputs), (weights, inputs)
+            # gathers them again from the shards (their probes are kept too: zeros XLA never
+            # writes out)
+            return apply(weights, pieces, inputs), (weights, pieces, inputs)
 
         def backward(saved, cotangent):
-            weights, inputs = saved
-            full = whole(weights, cotangent)
+            weights, pieces, inputs = saved
+            full = whole(weights, pieces, cotangent)
             floats = [
                 jnp.issubdtype(jnp.asarray(x).dtype, jnp.inexact) for x in jax.tree.leaves(inputs)
             ]
@@ -194,10 +197,11 @@ def _gathered_call(layer, call):
             weight_grads, input_grads = vjp(cotangent)
             leaves, tree = jax.tree.flatten(input_grads)
             leaves = [g if f else None for g, f in zip(leaves, floats)]
-            return weight_grads, jax.tree.unflatten(tree, leaves)
+            # no gradient for the shards: the probes carry the split weights' gradients
+            return weight_grads, [None] * len(pieces), jax.tree.unflatten(tree, leaves)
 
         apply.defvjp(forward, backward)
-        return apply(values, args)
+        return apply(values, [None if s is None else s[0] for s in split], args)
 
     gathers._mirrorfit_gathers = True  # applied once, however often it is asked
     return gathers
