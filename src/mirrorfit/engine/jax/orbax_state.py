@@ -53,6 +53,12 @@ def _not_orbax(record: logging.LogRecord) -> bool:
     return f"{os.sep}orbax{os.sep}" not in record.pathname
 
 
+def _item(folder: Path) -> Path:
+    """Orbax's folder inside a checkpoint folder, as an absolute path (Orbax refuses a
+    relative one: a relative --checkpoint-dir trained, then failed at its first save)."""
+    return Path(folder).absolute() / ITEM
+
+
 def write(folder: Path, tree: dict[str, list], checkpointer) -> Background:
     """Start writing ``tree`` (GROUPS -> device or host arrays) into ``folder/state``, and its
     checksums into ``folder/checksums.json`` (Orbax checks none: a flipped byte would restore
@@ -63,7 +69,7 @@ def write(folder: Path, tree: dict[str, list], checkpointer) -> Background:
     sums = checksums(tree)
     if jax.process_index() == 0:
         (folder / SUMS).write_text(json.dumps(sums))
-    checkpointer.save(folder / ITEM, args=ocp.args.StandardSave(tree))
+    checkpointer.save(_item(folder), args=ocp.args.StandardSave(tree))
     return Background(checkpointer)
 
 
@@ -139,7 +145,7 @@ def saved_shapes(folder: Path) -> dict[str, list[tuple[tuple[int, ...], np.dtype
     import orbax.checkpoint as ocp
 
     with _quiet():  # raised inside: a failed read's stragglers are held back too
-        meta = ocp.StandardCheckpointer().metadata(folder / ITEM).item_metadata
+        meta = ocp.StandardCheckpointer().metadata(_item(folder)).item_metadata
         if meta is None:
             raise ValueError(
                 f"{ITEM}/ has no readable metadata: a damaged or partial Orbax checkpoint"
@@ -180,7 +186,7 @@ def read(folder: Path, targets: dict[str, list]) -> dict[str, list]:
 
     with _quiet():
         try:
-            values = ocp.StandardCheckpointer().restore(folder / ITEM, targets)
+            values = ocp.StandardCheckpointer().restore(_item(folder), targets)
         except Exception as e:  # TensorStore's message is a repr of its own
             raise ValueError(
                 f"{ITEM}/: an array's data cannot be read, damaged or missing ({type(e).__name__})"
