@@ -72,6 +72,27 @@ def test_each_engine_extra_brings_its_framework():
             ("jax",),
             "--backend jax needs JAX: pip install 'mirrorfit[jax]'",
         ),
+        (  # JAX without jaxlib: its ImportError names no module
+            ("train", "--backend", "jax", "--epochs", "1"),
+            ("jaxlib",),
+            "--backend jax needs JAX: pip install 'mirrorfit[jax]'",
+        ),
+        (
+            (
+                "train",
+                "--backend",
+                "jax",
+                "--epochs",
+                "1",
+                "--train-examples",
+                "256",
+                "--logdir",
+                "{tmp}/tb",
+            ),
+            ("tensorboard",),
+            "--logdir writes TensorBoard scalars with the tensorboard package, which is not "
+            "installed: pip install 'mirrorfit[jax]'",
+        ),
         (
             ("serve", "--model_base_path", "{tmp}", "--model_name", "m", "--port", "0"),
             ("starlette", "uvicorn"),
@@ -91,7 +112,9 @@ def test_a_command_without_its_extra_names_it_in_one_line(args, blocked, said, t
 
     (tmp_path / "1").mkdir()
     proc = run_cli(*(a.replace("{tmp}", str(tmp_path)) for a in args), without=blocked, timeout=120)
-    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    # one error line (--logdir's comes after the start screen), no traceback
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip() and "error" in ln]
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert lines[0].startswith(f"mirrorfit: error: {said}"), lines[0]
     assert not (tmp_path / "b").exists()

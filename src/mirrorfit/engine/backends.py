@@ -195,8 +195,8 @@ def import_framework(backend: str) -> None:
     elif backend == "jax":
         try:  # before Keras, which imports it on its own import and would fail there
             import jax  # noqa: F401
-        except ImportError as e:
-            if (e.name or "").split(".")[0] in ("jax", "jaxlib"):
+        except ImportError as e:  # jax without jaxlib names no module
+            if (e.name or "").split(".")[0] in ("jax", "jaxlib") or not installed("jaxlib"):
                 raise ConfigError(_jax_missing()) from None
             raise
 

@@ -28,12 +28,20 @@ class ScalarWriter:
     worker must) but write nothing: what the workers other than the chief do."""
 
     def __init__(self, logdir: str | None) -> None:
-        from mirrorfit.engine.backends import tensorflow_start_filtered
+        from mirrorfit.engine.backends import install_hint, tensorflow_start_filtered
 
         # TensorBoard's writer loads TensorFlow where it is installed (for its file system),
         # on the JAX engine too: its start-up lines filtered as the TF engine's are.
         with tensorflow_start_filtered():
-            from tensorboard.summary.writer.event_file_writer import EventFileWriter
+            try:
+                from tensorboard.summary.writer.event_file_writer import EventFileWriter
+            except ImportError as e:
+                if (e.name or "").split(".")[0] != "tensorboard":
+                    raise
+                raise MirrorfitError(
+                    "--logdir writes TensorBoard scalars with the tensorboard package, which "
+                    f"is not installed: {install_hint('jax')} (TensorFlow brings it too)"
+                ) from None
 
             self._writer = EventFileWriter(logdir) if logdir else None
         self._last: tuple[int, float] | None = None
