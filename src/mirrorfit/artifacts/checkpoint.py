@@ -481,10 +481,11 @@ def _unused(folder: Path, name: str) -> Path:
     return path
 
 
-def _unreadable(path: Path, why: str) -> "CheckpointError":
+def _unreadable(path: Path, why: str, *, training: bool = True) -> "CheckpointError":
+    instead = "pass --fresh to start over or " if training else ""
     return CheckpointError(
-        f"checkpoint {path} cannot be read ({why}); pass --fresh to start "
-        "over or delete that folder to fall back to an older one",
+        f"checkpoint {path} cannot be read ({why}); {instead}delete that folder to fall back "
+        "to an older one",
         reason=why,
     )
 
@@ -525,7 +526,7 @@ def load_model(
                 f"checkpoint {bad.name} cannot be read ({why}); using the previous one, {path.name}"
             )
         return net, meta
-    raise _unreadable(*unreadable[0])
+    raise _unreadable(*unreadable[0], training=False)  # export, evaluate: no --fresh
 
 
 def _read_model(path: Path, meta: dict, model) -> None:

@@ -122,8 +122,8 @@ def _orbax():
         import orbax.checkpoint  # noqa: F401
     except ImportError as e:
         raise ConfigError(
-            f"this is a sharded JAX checkpoint (Orbax), and {e.name} is not "
-            "installed: pip install 'mirrorfit[jax]'"
+            f"sharded JAX checkpoints (--shard optimizer|all) are Orbax's, and {e.name} is "
+            "not installed: pip install 'mirrorfit[jax]'"
         ) from None
     return orbax_state
 
