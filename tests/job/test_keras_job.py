@@ -146,3 +146,15 @@ def test_bad_keras_flags_are_refused_before_tensorflow_loads(args, needle):
     proc = run_cli("train", *args, without_tensorflow=True)
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert needle in proc.stderr
+
+
+@pytest.mark.parametrize("backend", ["jax", "tensorflow"])
+def test_data_the_model_cannot_take_is_one_line(backend, mnist_dir):
+    """The regression model takes 8 numbers; MNIST's images are 28 x 28: Keras's
+    ValueError traceback, now one line naming both shapes (a hostile review's finding)."""
+    proc = run_cli("train", "--backend", backend, "--model", "keras_models:regression")
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    lines = [ln for ln in proc.stderr.splitlines() if "error" in ln]
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert lines[0].startswith("mirrorfit: error: the model cannot take the training data:")
+    assert "Expected shape (None, 8)" in lines[0] and "(32, 28, 28)" in lines[0], lines[0]

@@ -13,8 +13,10 @@ returned.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import operator
+import re
 import warnings
 from typing import Any
 
@@ -288,7 +290,7 @@ class _Run:
         batch (as Keras's fit does), then the runner."""
         model = self.model
         data = first["data"] if "data" in first else (first["x"], first.get("y"), first["w"])
-        with self.engine.scope(self.placement):
+        with self.engine.scope(self.placement), _shape_refused():
             model._symbolic_build(data_batch=data)
         # One runner per model and compile: its compiled calls are kept for the next fit or
         # evaluate (Keras keeps its train_function the same way); a new compile() makes anew.
@@ -381,6 +383,23 @@ class _BatchHooks:
         hook(*args, **kwargs)
         if self._sync:
             self.runner.reload()
+
+
+@contextlib.contextmanager
+def _shape_refused():
+    """Keras's refusal of data the model's input does not take (its input spec), as one
+    FitError line; any other error of the model's own code goes through whole."""
+    try:
+        yield
+    except ValueError as e:
+        text = re.sub(r"\x1b\[[0-9;]*m", "", str(e))  # Keras's bold
+        said = [ln.strip() for ln in text.splitlines() if "incompatible shape" in ln]
+        if not said:
+            raise
+        raise FitError(
+            f"the model cannot take the training data: {said[0][:300]}; give data of the "
+            "model's input shape, or a model built for the data"
+        ) from None
 
 
 def _warn_padding_enters(model, adapter) -> None:
