@@ -7,10 +7,11 @@ How the step uses it (engine/jax/step.py, keras_fit.py):
   The model's variables are mapped to ``gather(shard) + probe`` (:func:`mapped`), so the
   gradients come out whole and are reduce-scattered once per optimizer step, as before.
 - Inside :func:`gathering`, each layer that :func:`prepare` wrapped runs as one
-  ``jax.custom_vjp`` function. It ignores the mapped value and gathers its weights from the
-  shards itself; its backward rule gathers them again rather than keeping them. The up-front
-  gathers then feed nothing and XLA drops them. A weight read outside its layer (tied into
-  another layer) reads the mapped value: correct, only not freed.
+  ``jax.custom_vjp`` function of its split weights' probes and shards (not the mapped values).
+  It gathers its weights from the shards itself, and its backward rule gathers them again
+  rather than keeping them; both add the probe, so gradients of any order reach it. The
+  up-front gathers then feed nothing and XLA drops them. A weight read outside its layer (tied
+  into another layer) reads the mapped value: correct, only not freed.
 - Each gather is made to depend on the layer's input (forward) or output gradient
   (backward) through a zero XLA cannot fold (:func:`_zero_after`). Without it XLA hoists
   every forward gather to the program's start and merges each backward gather with its
@@ -207,4 +208,4 @@ def _gathered_call(layer, call):
     return gathers
 
 
-__all__ = ["prepare", "mapped", "probes", "gathering"]
+__all__ = ["prepare", "mapped", "probes", "gathering", "weights"]
