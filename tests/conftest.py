@@ -22,6 +22,8 @@ import pytest
 os.environ.setdefault("TF_FORCE_GPU_ALLOW_GROWTH", "true")
 
 ROOT = Path(__file__).resolve().parents[1]
+# ``python blocked_cli.py MODULES ARGS``: mirrorfit's CLI where importing MODULES fails.
+BLOCKED_CLI = ROOT / "tests" / "blocked_cli.py"
 
 
 def _find_mnist() -> tuple[Path | None, str]:
@@ -77,10 +79,17 @@ def keras_file_weights(path: Path) -> list:
     return [w for _, w in sorted(out, key=lambda item: item[0])]
 
 
-def run_isolated(code: str, timeout: float = 300) -> dict:
-    """Run ``code`` in a new Python process; return the JSON object on its last stdout line."""
+def run_isolated(driver: Path | str, *args: object, timeout: float = 300) -> dict:
+    """Run the program ``driver`` (a file beside its test) with ``args`` (each as str()) in a
+    new Python process, as ``python DRIVER ARGS``; return the JSON object on its last stdout
+    line."""
+    program = (
+        [str(driver), *map(str, args)]
+        if isinstance(driver, Path)
+        else ["-c", textwrap.dedent(driver), *map(str, args)]
+    )
     proc = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
+        [sys.executable, *program],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -92,19 +101,18 @@ def run_isolated(code: str, timeout: float = 300) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def runs_by_replicas(script: str, table: dict, out: Path) -> dict:
+def runs_by_replicas(driver: Path, table: dict, out: Path) -> dict:
     """Each run of ``table`` (name: (replicas, *settings)), those of one replica count in one
-    new process (the devices are set before the backend starts): ``script`` formatted with
-    ``replicas``, ``runs`` (a list of (name, *settings)) and ``out``, printing a JSON object of
-    each run's summary and saving its weights to ``out/NAME.npz`` (``np.savez(path,
-    *weights)``: arr_0, arr_1, ...). Returns the summaries, each with "weights" (the arrays,
-    in the model's order)."""
+    new process (the devices are set before the backend starts): ``python DRIVER REPLICAS RUNS
+    OUT``, RUNS a JSON list of [name, *settings], printing a JSON object of each run's summary
+    and saving its weights to ``OUT/NAME.npz`` (``np.savez(path, *weights)``: arr_0, arr_1,
+    ...). Returns the summaries, each with "weights" (the arrays, in the model's order)."""
     import numpy as np
 
     results: dict = {}
     for replicas in sorted({row[0] for row in table.values()}):
         mine = [(name, *rest) for name, (count, *rest) in table.items() if count == replicas]
-        results.update(run_isolated(script.format(replicas=replicas, runs=mine, out=out)))
+        results.update(run_isolated(driver, replicas, json.dumps(mine), out))
     for name, info in results.items():
         with np.load(out / f"{name}.npz") as f:
             info["weights"] = [f[k] for k in sorted(f.files, key=lambda k: int(k.split("_")[1]))]
@@ -134,15 +142,7 @@ def run_cli(
     that still comes back as mirrorfit's one line was found before TensorFlow loads.
     ``without``: the same for these top-level modules (an install without an extra)."""
     blocked = [*(["tensorflow"] if without_tensorflow else []), *without]
-    entry = (
-        [
-            "-c",
-            f"import sys; sys.modules.update(dict.fromkeys({blocked!r})); from "
-            "mirrorfit.cli import main; sys.exit(main(sys.argv[1:]))",
-        ]
-        if blocked
-        else ["-m", "mirrorfit.cli"]
-    )
+    entry = [str(BLOCKED_CLI), ",".join(blocked)] if blocked else ["-m", "mirrorfit.cli"]
     return subprocess.run(
         [sys.executable, *entry, *args],
         capture_output=True,

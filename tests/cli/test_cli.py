@@ -5,10 +5,13 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, run_cli
+from conftest import BLOCKED_CLI, ROOT, run_cli
+
+HERE = Path(__file__).parent
 
 
 @pytest.fixture
@@ -252,12 +255,16 @@ def test_only_the_chief_checks_the_outputs_and_the_library_checks_them_too(tmp_p
         }
     )
     env = dict(os.environ, TF_CONFIG=tf_config)
-    code = (
-        "import sys; sys.modules['tensorflow'] = None; from mirrorfit.cli import main; "
-        "sys.exit(main(sys.argv[1:]))"
-    )
     proc = subprocess.run(
-        [sys.executable, "-c", code, "train", "--strategy", "multi-worker", *bad],
+        [
+            sys.executable,
+            str(BLOCKED_CLI),
+            "tensorflow",
+            "train",
+            "--strategy",
+            "multi-worker",
+            *bad,
+        ],
         capture_output=True,
         text=True,
         timeout=60,
@@ -266,15 +273,8 @@ def test_only_the_chief_checks_the_outputs_and_the_library_checks_them_too(tmp_p
     )
     assert proc.returncode != 0 and "does not exist" not in proc.stderr
     assert "tensorflow" in proc.stderr  # it got past the checks, to TensorFlow's import
-    check = (
-        "import sys; from mirrorfit.config import load_config; from mirrorfit.errors "
-        "import ConfigError; from mirrorfit.job.train import run_training\n"
-        "try:\n    run_training(load_config(metrics_out=sys.argv[1], epochs=1, "
-        "train_examples=64))\n"
-        "except ConfigError as e:\n    print('refused:', e)"
-    )
     proc = subprocess.run(
-        [sys.executable, "-c", check, bad[1]],
+        [sys.executable, str(HERE / "run_training_driver.py"), bad[1]],
         capture_output=True,
         text=True,
         timeout=120,
@@ -619,23 +619,7 @@ def test_a_guard_that_was_left_never_ends_the_process_later():
     run that stopped at a signal before training must not end the process after it."""
     from conftest import run_isolated
 
-    out = run_isolated(
-        """
-        import json, os, signal, time
-        from mirrorfit.job import preemption
-        from mirrorfit.job.preemption import Preempted, PreemptionGuard
-        preemption.SETUP_GRACE_S = 0.5  # the watchdog's wait, short for the test
-        try:
-            with PreemptionGuard():
-                os.kill(os.getpid(), signal.SIGTERM)
-                time.sleep(1)
-        except Preempted as e:
-            stopped = str(e)
-        time.sleep(1.5)
-        print(json.dumps({"stopped": stopped}))
-    """,
-        timeout=60,
-    )
+    out = run_isolated(HERE / "left_guard_driver.py", timeout=60)
     assert out == {"stopped": "SIGTERM before training started; rerun the same command"}
 
 
