@@ -1,16 +1,19 @@
 """Host memory a step frees stays in the process: no page faults to take it back next step.
 
 Each case runs in a fresh Python process (malloc settings are process-wide), without
-TensorFlow: the allocation pattern below is what glibc hands back to the OS by default.
+TensorFlow: the allocation pattern of memory_probe_driver.py is what glibc hands back to the
+OS by default.
 """
 
 import os
 import subprocess
 import sys
-import textwrap
+from pathlib import Path
 
 import pytest
 from conftest import MNIST_DIR
+
+HERE = Path(__file__).parent
 
 pytestmark = pytest.mark.skipif(
     not (
@@ -21,30 +24,10 @@ pytestmark = pytest.mark.skipif(
     reason="glibc only",
 )
 
-# Buffers of mixed sizes (MiB) allocated and freed by a thread (its own malloc arena), as a
-# training step's are. Prints whether the thresholds were set and the page faults per pass.
-PROBE = textwrap.dedent("""
-    import resource, sys, threading
-    import numpy as np
-    from mirrorfit.distribute._host_memory import keep_freed_memory
-    applied = keep_freed_memory() if sys.argv[1] == "keep" else None
-    faults = []
-    def passes():
-        for i in range(12):
-            before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-            buffers = [np.ones(mib << 18, np.float32) for mib in (3, 12, 5, 20, 1, 9)]
-            del buffers
-            faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
-    thread = threading.Thread(target=passes)
-    thread.start()
-    thread.join()
-    print(applied, sorted(faults[2:])[len(faults[2:]) // 2])  # the median pass after warm-up
-""")
-
 
 def _probe(mode: str, **env) -> tuple[str, int]:
     out = subprocess.run(
-        [sys.executable, "-c", PROBE, mode],
+        [sys.executable, str(HERE / "memory_probe_driver.py"), mode],
         capture_output=True,
         text=True,
         env={**os.environ, **env},
@@ -91,23 +74,9 @@ def test_other_malloc_tunables_do_not_turn_it_off():
 
 def test_configure_devices_keeps_freed_memory_only_when_asked():
     # Off for a library caller (a notebook's memory is not ours to keep); train and bench ask.
-    code = textwrap.dedent("""
-        import sys
-        from unittest import mock
-        from mirrorfit.distribute import _host_memory
-        from mirrorfit.engine.tensorflow import devices
-        with mock.patch.object(_host_memory, "keep_freed_memory") as keep:
-            kwargs = {} if sys.argv[1] == "default" else {"keep_freed_memory": True}
-            devices.configure_devices(**kwargs)
-            try:  # a refused request changes nothing
-                devices.configure_devices(replicas=2, devices=("/cpu:9",), **kwargs)
-            except Exception as e:
-                print(type(e).__name__)
-        print(keep.call_count)
-    """)
     for mode, calls in (("default", "0"), ("asked", "1")):
         out = subprocess.run(
-            [sys.executable, "-c", code, mode],
+            [sys.executable, str(HERE / "configure_devices_driver.py"), mode],
             capture_output=True,
             text=True,
             env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
@@ -120,17 +89,8 @@ def test_configure_devices_keeps_freed_memory_only_when_asked():
 def test_mirrorfit_train_keeps_freed_memory():
     # A training run asks for it (its every step needs the memory again): after a tiny run, the
     # probe's buffers are reused in this process without page faults.
-    code = PROBE.replace(
-        'applied = keep_freed_memory() if sys.argv[1] == "keep" else None',
-        "from mirrorfit.config import load_config\n"
-        "from mirrorfit.job.train import run_training\n"
-        "run_training(load_config(model='mlp', epochs=1, train_examples=256, "
-        "global_batch_size=64, progress=False))\n"
-        "applied = 'ran'",
-    )
-    assert "run_training" in code
     out = subprocess.run(
-        [sys.executable, "-c", code, "train"],
+        [sys.executable, str(HERE / "memory_probe_driver.py"), "train"],
         capture_output=True,
         text=True,
         env={

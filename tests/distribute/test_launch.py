@@ -9,7 +9,6 @@ import re
 import signal
 import subprocess
 import sys
-import textwrap
 import threading
 import time
 from pathlib import Path
@@ -30,81 +29,13 @@ from mirrorfit.distribute._output import _READ_BYTES, MAX_LINE, stream_lines
 from mirrorfit.distribute.cluster import Cluster
 
 ROOT = Path(__file__).resolve().parents[2]
-
-# One script, several behaviours (argv[1]); argv[2] is a folder for marker and pid files.
-TASK = textwrap.dedent("""
-    import json, os, signal, subprocess, sys, time
-    from pathlib import Path
-    config = json.loads(os.environ["TF_CONFIG"])
-    task, workers = config["task"], len(config["cluster"]["worker"])
-    name = "chief" if task["type"] == "chief" else f"{task['type']}{task['index']}"
-    mode, d = sys.argv[1], Path(sys.argv[2])
-    life = os.environ["MIRRORFIT_LAUNCH_RESTART"]
-    print("TF_CONFIG", os.environ["TF_CONFIG"], "RESTART", life)
-
-    def wait_for(*names, timeout=15):
-        end = time.monotonic() + timeout
-        while not all((d / n).exists() for n in names):
-            if time.monotonic() > end:
-                sys.exit(99)
-            time.sleep(0.02)
-
-    def die_once():  # SIGKILL itself the first time only
-        marker = d / f"{name}.died"
-        if not marker.exists():
-            marker.touch()
-            os.kill(os.getpid(), signal.SIGKILL)
-
-    if mode == "output":
-        sys.stdout.write("step 1/3\\rstep 2/3\\rstep 3/3\\r\\n")
-        print(f"to stderr from {name}", file=sys.stderr)
-        (d / name).touch()
-        if name == "worker0" and workers > 1:
-            wait_for("worker1")
-    elif mode == "group-restart":
-        if name == "worker1":
-            die_once()
-            (d / "worker1.back").touch()
-        else:
-            wait_for("worker1.back")
-    elif mode == "always-fail":
-        if name == "worker1":
-            sys.exit(int(sys.argv[3]))
-        time.sleep(30)
-    elif mode == "ps":
-        (d / name).touch()
-        if name == "chief":
-            wait_for("worker0", "worker1", "ps0")
-            sys.exit(5)
-        time.sleep(30)  # workers and ps serve until stopped
-    elif mode == "ps-worker-restart":
-        if name == "worker1":
-            die_once()
-            (d / "worker1.back").touch()
-        if name == "chief":
-            wait_for("worker1.back")
-        else:
-            time.sleep(30)
-    elif mode == "cpus":
-        print("CPUS", sorted(os.sched_getaffinity(0)))
-    elif mode == "sigterm":
-        (d / f"{name}.pid").write_text(str(os.getpid()))
-        if name == "worker0":
-            signal.signal(signal.SIGTERM, lambda *a: (print("chief got SIGTERM"), sys.exit(75)))
-        else:  # ignores SIGTERM (needs the SIGKILL) and has a child of its own
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)
-            child = subprocess.Popen(["sleep", "60"])
-            (d / "grandchild.pid").write_text(str(child.pid))
-        (d / f"{name}.ready").touch()
-        time.sleep(60)
-""")
+HERE = Path(__file__).parent
 
 
 @pytest.fixture
 def task(tmp_path):
-    """argv prefix for the task script; files land in tmp_path."""
-    script = tmp_path / "task.py"
-    script.write_text(TASK)
+    """argv prefix for the task script (launch_task_driver.py); files land in tmp_path."""
+    script = HERE / "launch_task_driver.py"
     return lambda mode, *extra: [sys.executable, str(script), mode, str(tmp_path), *extra]
 
 
@@ -531,17 +462,7 @@ def test_sigterm_ends_a_large_launch_within_the_grace_period(tmp_path):
     got 2 s to drain, one after the other (and 0.5 s more each on the way out). Here 12 tasks
     ignore SIGTERM and leave a process in a session of their own holding their output open
     (out of reach of the group kill): still over in grace + a few seconds."""
-    script = tmp_path / "hold.py"
-    script.write_text(
-        textwrap.dedent("""
-        import os, signal, subprocess, sys, time
-        from pathlib import Path
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        child = subprocess.Popen(["sleep", "60"], start_new_session=True)  # keeps the pipes
-        Path(sys.argv[1], f"{os.getpid()}.held").write_text(str(child.pid))
-        time.sleep(60)
-    """)
-    )
+    script = HERE / "hold_output_driver.py"
     proc = subprocess.Popen(
         [
             sys.executable,

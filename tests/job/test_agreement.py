@@ -8,6 +8,7 @@ import dataclasses
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,6 +20,7 @@ from mirrorfit.errors import ConfigError
 from mirrorfit.job import agreement
 from mirrorfit.job.agreement import PER_WORKER, check_agreement, must_match
 
+HERE = Path(__file__).parent
 RUN = ("--threads-per-worker", "1", "--train-examples", "1024", "--epochs", "1", "--no-progress")
 
 
@@ -161,14 +163,6 @@ def test_workers_with_different_seeds_both_exit_2_naming_the_seed(backend):
         )
 
 
-# Each launched task takes its --seed from its own TF_CONFIG: 1 on worker 0, 2 on worker 1.
-SEED_FROM_TASK = (
-    "import json, os, sys; from mirrorfit.cli import run; task = json.loads("
-    "os.environ['TF_CONFIG'])['task']['index']; sys.argv[1:] = sys.argv[1:] + "
-    "['--seed', str(task + 1)]; run()"
-)
-
-
 @pytest.mark.slow
 def test_under_launch_the_group_stops_on_the_usage_error(tmp_path):
     proc = subprocess.run(
@@ -183,8 +177,7 @@ def test_under_launch_the_group_stops_on_the_usage_error(tmp_path):
             "2",
             "--",
             sys.executable,
-            "-c",
-            SEED_FROM_TASK,
+            str(HERE / "task_seed_driver.py"),  # each task's --seed: 1 on worker 0, 2 on 1
             "train",
             "--backend",
             "tensorflow",

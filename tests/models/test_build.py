@@ -5,6 +5,7 @@ import math
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import keras
 import numpy as np
@@ -15,6 +16,8 @@ from mirrorfit.errors import ConfigError
 from mirrorfit.models.names import APPLICATIONS, check_input_shape, check_model_name
 from mirrorfit.models.build import model_factory
 from mirrorfit.models.precision import Precision
+
+HERE = Path(__file__).parent
 
 
 def test_mlp_layers_as_in_the_chapter():
@@ -140,13 +143,11 @@ def test_smallest_shapes_pass_the_check():
 
 
 def test_config_takes_application_names_without_loading_tensorflow():
-    code = (
-        "import sys; from mirrorfit.config import TrainConfig; TrainConfig(model='ResNet50')\n"
-        "try:\n    TrainConfig(model='resnet50')\nexcept Exception as e:\n    print(e)\n"
-        "print('tensorflow' in sys.modules)"
-    )
     out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+        [sys.executable, str(HERE / "config_names_driver.py")],
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout.splitlines()
     assert "did you mean 'ResNet50'" in out[0] and out[1] == "False"
 
@@ -181,24 +182,7 @@ def test_application_exports_as_saved_model_and_keras_file(tmp_path):
 
 @pytest.mark.slow
 def test_application_trains_under_mirrorfit_on_two_replicas():
-    out = run_isolated("""
-        import json, math
-        import keras
-        import mirrorfit
-        from mirrorfit.data.synthetic import synthetic_batches
-        from mirrorfit.models.build import model_factory
-
-        dist = mirrorfit.build_strategy(mirrorfit.configure_devices(replicas=2))
-        data = synthetic_batches(input_shape=(32, 32, 3), num_classes=4, global_batch=8,
-                                 steps_per_epoch=1, seed=0)
-        trainer = mirrorfit.Trainer(  # MobileNet (v1): the quickest to compile (~10 s here)
-            strategy=dist, optimizer=keras.optimizers.SGD(1e-2),
-            model=model_factory("MobileNet", input_shape=(32, 32, 3), num_classes=4),
-            loss=keras.losses.SparseCategoricalCrossentropy(), global_batch=8)
-        history = trainer.fit(data, epochs=1)
-        print(json.dumps({"loss": history.epochs[-1]["loss"], "replicas": trainer.replicas,
-                          "steps": history.steps}))
-    """)
+    out = run_isolated(HERE / "application_replicas_driver.py")
     assert out["replicas"] == 2 and out["steps"] == 1
     assert math.isfinite(out["loss"]) and out["loss"] > 0
 
