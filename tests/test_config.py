@@ -1,6 +1,8 @@
-"""config: one frozen dataclass; TOML < flags; every bad value is a one-line ConfigError."""
+"""config: one frozen dataclass of six sections; TOML < flags; every bad value is a one-line
+ConfigError."""
 
 import dataclasses
+import itertools
 import json
 import re
 import tomllib
@@ -11,6 +13,10 @@ import pytest
 from mirrorfit.config import (
     MAX_CLASSES,
     MAX_IMAGE_SIDE,
+    SECTIONS,
+    CheckpointSettings,
+    DataSettings,
+    OptimisationSettings,
     TrainConfig,
     check_outputs,
     load_config,
@@ -263,6 +269,41 @@ def test_num_classes_is_bounded():
     assert load_config(num_classes=MAX_CLASSES).num_classes == MAX_CLASSES
     with pytest.raises(ConfigError, match=r"--num-classes 99999999999: at most 1,000,000; "):
         load_config(num_classes=99999999999)
+
+
+# -- the sections: TrainConfig is all six at once --------------------------------------------
+def test_train_config_is_the_sections_fields_flat_in_order():
+    """TrainConfig inherits every section: a name two sections both defined would silently be
+    one of them there, so they share none but ``check``."""
+    names = [{n for n in vars(s) if not n.startswith("__")} for s in SECTIONS]
+    for a, b in itertools.combinations(names, 2):
+        assert a & b <= {"check"}
+    fields = [f.name for s in SECTIONS for f in dataclasses.fields(s)]
+    assert [f.name for f in dataclasses.fields(TrainConfig)] == fields
+    assert len(fields) == len(set(fields)) == len(to_dict(load_config()))
+
+
+def test_a_section_checks_itself_with_train_configs_messages(tmp_path):
+    with pytest.raises(ConfigError, match="--lr must be a finite number > 0, got 0;"):
+        OptimisationSettings(lr=0)
+    with pytest.raises(ConfigError, match="--keep-checkpoints must be a positive integer"):
+        CheckpointSettings(keep_checkpoints=0)
+    with pytest.raises(ConfigError, match="--image-size resizes images read from files"):
+        DataSettings(data="synthetic", image_size="28,28")
+    assert DataSettings(data="synthetic", input_shape="4,4,1").input_shape == (4, 4, 1)
+    assert CheckpointSettings(checkpoint_dir=tmp_path).checkpoint_dir == str(tmp_path)
+
+
+def test_replace_checks_again_and_cross_section_checks_run(tmp_path):
+    config = load_config(replicas=2)
+    assert dataclasses.replace(config, lr=0.5).lr == 0.5
+    with pytest.raises(ConfigError, match="--lr must be a finite number > 0"):
+        dataclasses.replace(config, lr=0)
+    # --replicas (distribution) against --global-batch-size (optimisation)
+    with pytest.raises(ConfigError, match="global batch size 33 is not divisible by 2 replicas"):
+        dataclasses.replace(config, global_batch_size=33)
+    with pytest.raises(ConfigError, match="--export-dir writes a TensorFlow SavedModel; with --b"):
+        load_config(backend="jax", export_dir=str(tmp_path / "models" / "m"))
 
 
 # -- check_outputs: where a run writes, checked before anything loads -------------------------
