@@ -144,7 +144,7 @@ out["plateau_frozen"] = all(
 )
 
 
-# A callback's own exception surfaces as itself; BackupAndRestore is refused before training.
+# A callback's own exception surfaces as itself.
 class Broken(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         raise KeyError("mine")
@@ -154,17 +154,66 @@ try:
     mirrorfit.fit(build(), x, y, epochs=1, verbose=0, callbacks=[Broken()])
 except KeyError as e:
     out["own_exception"] = str(e)
-try:
-    mirrorfit.fit(
-        build(),
+
+
+# BackupAndRestore: a run stopped by an error after epoch 2 resumes there, and ends with the
+# weights of a run never stopped (as Keras's fit resumes).
+class Preempted(keras.callbacks.Callback):
+    def on_epoch_end(self, epoch, logs=None):
+        if epoch == 1:
+            raise RuntimeError("preempted")
+
+
+def backed_up(extra, epochs=4):
+    model = build()
+    history = mirrorfit.fit(
+        model,
         x,
         y,
-        epochs=1,
+        batch_size=32,
+        epochs=epochs,
         verbose=0,
-        callbacks=[keras.callbacks.BackupAndRestore(str(DIR / "bk"))],
+        shuffle=False,
+        callbacks=[keras.callbacks.BackupAndRestore(str(DIR / "bk")), *extra],
     )
-except ValueError as e:
-    out["backup_refused"] = str(e)
+    return model, history
+
+
+try:
+    backed_up([Preempted()])
+except RuntimeError as e:
+    out["preempted"] = str(e)
+resumed, history = backed_up([])
+out["resumed_epochs"] = len(history.history["loss"])
+whole = build()
+mirrorfit.fit(whole, x, y, batch_size=32, epochs=4, verbose=0, shuffle=False)
+out["resumed_is_whole"] = all(
+    np.array_equal(a, b) for a, b in zip(resumed.get_weights(), whole.get_weights())
+)
+out["backup_deleted"] = not (DIR / "bk").exists()
+
+
+# A callback that sets the weights the evaluation uses (as SwapEMAWeights does): zeros for
+# the validation, the trained weights back after it. val_loss is then mean(y**2), and the
+# training goes on as without it.
+class ZerosForValidation(keras.callbacks.Callback):
+    def on_test_begin(self, logs=None):
+        self.kept = self.model.get_weights()
+        self.model.set_weights([np.zeros_like(w) for w in self.kept])
+
+    def on_test_end(self, logs=None):
+        self.model.set_weights(self.kept)
+
+
+swapped, plain = build(), build()
+args = dict(batch_size=32, epochs=2, verbose=0, shuffle=False, validation_data=(x, y))
+history = mirrorfit.fit(swapped, x, y, callbacks=[ZerosForValidation()], **args)
+mirrorfit.fit(plain, x, y, **args)
+out["val_loss_of_zeros"] = history.history["val_loss"]
+out["mean_y2"] = float(np.mean(y**2))
+out["swap_kept_training"] = all(
+    np.array_equal(a, b) for a, b in zip(swapped.get_weights(), plain.get_weights())
+)
 
 # TerminateOnNaN stops the run (NaN targets: a NaN input can vanish in a ReLU on oneDNN).
 model = build()

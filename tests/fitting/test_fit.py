@@ -118,7 +118,10 @@ def test_keras_callbacks(backend, tmp_path):
     assert r["batch_ends"] == [2, 5, 6, 2]  # 7 batches at 3 steps a call, as Keras calls them
     assert r["plateau_rates"] == [pytest.approx(0.01), 0.0, 0.0] and r["plateau_frozen"]
     assert r["own_exception"] == "'mine'"
-    assert "BackupAndRestore" in r["backup_refused"] and "--checkpoint-dir" in r["backup_refused"]
+    assert r["preempted"] == "preempted" and r["resumed_epochs"] == 2  # epochs 3 and 4
+    assert r["resumed_is_whole"] and r["backup_deleted"]
+    assert r["val_loss_of_zeros"] == [pytest.approx(r["mean_y2"], rel=1e-5)] * 2
+    assert r["swap_kept_training"]
     assert r["nan_epochs"] == 1
 
 

@@ -4,6 +4,7 @@ mirrorfit.fit (job/keras_job.py), on the data as given."""
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 
@@ -146,6 +147,44 @@ def test_bad_keras_flags_are_refused_before_tensorflow_loads(args, needle):
     proc = run_cli("train", *args, without_tensorflow=True)
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert needle in proc.stderr
+
+
+def test_a_compiled_model_trains_on_two_workers(tmp_path):
+    out, saved = tmp_path / "m.json", tmp_path / "r.keras"
+    proc = run_cli(
+        "launch",
+        "--workers",
+        "2",
+        "--",
+        sys.executable,
+        "-m",
+        "mirrorfit.cli",
+        "train",
+        "--backend",
+        "jax",
+        "--strategy",
+        "multi-worker",
+        "--model",
+        "keras_models:regression",
+        "--data",
+        "keras_models:regression_data",
+        "--epochs",
+        "2",
+        "--global-batch-size",
+        "64",
+        "--no-progress",
+        "--metrics-out",
+        str(out),
+        "--save-keras",
+        str(saved),
+    )
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    said = proc.stdout + proc.stderr
+    assert "in 2 processes" in said and "loss: mse (the model's compile)" in said
+    summary = json.loads(out.read_text())
+    assert summary["replicas"] == 2 and len(summary["history"]["loss"]) == 2
+    assert summary["history"]["loss"][1] < summary["history"]["loss"][0]
+    assert saved.stat().st_size > 0
 
 
 @pytest.mark.parametrize("backend", ["jax", "tensorflow"])

@@ -154,9 +154,14 @@ class Engine(Protocol):
         task), joined to it where the engine joins with its devices."""
 
     def keras_setup(
-        self, replicas: int | None, devices: tuple[str, ...], shard: str = "none"
-    ) -> tuple[Any, Any]:
-        """``mirrorfit.setup``'s (DeviceSetup, placement) for a Keras script."""
+        self,
+        replicas: int | None,
+        devices: tuple[str, ...],
+        shard: str = "none",
+        cluster: Any = None,
+    ) -> tuple[Any, Any, Any]:
+        """``mirrorfit.setup``'s (DeviceSetup, placement, distribution) for a Keras script;
+        with ``cluster``, this worker joined to it (the distribution: None without one)."""
 
     def build_distribution(self, setup, **settings) -> Distribution: ...
 

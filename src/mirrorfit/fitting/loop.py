@@ -9,6 +9,11 @@ hooks at call boundaries), ``model.stop_training`` honoured, the device state wr
 model before every callback that may read it and read back after (a learning rate a callback
 sets reaches the next step), validation every ``validation_freq`` epochs, Keras's ``History``
 returned.
+
+Over several workers (``mirrorfit.setup(strategy="multi-worker")``) every worker runs this loop
+on the same data: the NumPy shuffles are seeded alike, each block's batches are checked to
+agree (:mod:`mirrorfit.fitting.workers`), every callback runs on every worker, except Keras's
+writing ones and the progress bar, which run on the chief only.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from mirrorfit.errors import FitError
 from mirrorfit.fitting.blocks import prefetched
 from mirrorfit.fitting.epochs import Epochs
 from mirrorfit.fitting.setup import current
+from mirrorfit.fitting.workers import Workers
 
 # Each engine's Keras-fit module: engine/<name>/keras_fit.py.
 _ENGINES = {name: f"{package}.keras_fit" for name, package in ENGINES.items()}
@@ -93,20 +99,12 @@ def fit(
             "test",
             where="validation data",
         )
-    import keras
-
-    callbacks = keras.callbacks.CallbackList(
-        callbacks,
-        add_history=True,
-        add_progbar=verbose != 0,
-        verbose=_verbosity(verbose),
-        epochs=epochs,
-        steps=train.steps,
-        model=model,
-    )
-    hooks = _BatchHooks(callbacks, run.runner)
+    callbacks, hooks = run.callbacks(callbacks, verbose, epochs, train.steps)
     model.stop_training = False
     callbacks.on_train_begin()
+    # BackupAndRestore restored an epoch's state (its weights reach the devices at the epoch's
+    # start, with the rest of the model's variables); Keras's fit starts there too.
+    initial_epoch = run.workers.same_epoch(model._initial_epoch or initial_epoch)
     logs: dict[str, float] = {}
     with run.synced_after():
         for epoch in range(initial_epoch, epochs):
@@ -114,7 +112,7 @@ def fit(
             callbacks.on_epoch_begin(epoch)
             run.runner.load()  # what a callback changed (a learning rate) reaches the step
             step = 0
-            for block in prefetched(train.blocks(run.steps_per_execution)):
+            for block in run.agreed(train.blocks(run.steps_per_execution)):
                 hooks.call(callbacks.on_train_batch_begin, step)
                 run.runner.train(run.runner.put(block.data), block.steps)
                 step += block.steps
@@ -159,8 +157,6 @@ def evaluate(
 ):
     """``model.evaluate(...)`` data-parallel: every example counted once (a partial last batch
     padded and masked). Returns what Keras's ``evaluate`` returns."""
-    import keras
-
     run = _Run(model, steps_per_execution, 1)
     data = run.epochs(
         _adapter(x, y, sample_weight, None, batch_size, steps, False),
@@ -170,15 +166,10 @@ def evaluate(
         where="evaluation data",
     )
     run.build(data.first)
-    callbacks = keras.callbacks.CallbackList(
-        _checked_callbacks(callbacks),
-        add_progbar=verbose != 0,
-        verbose=_verbosity(verbose),
-        epochs=1,
-        steps=data.steps,
-        model=model,
+    callbacks, hooks = run.callbacks(
+        _checked_callbacks(callbacks), verbose, 1, data.steps, history=False
     )
-    logs = _evaluate(run, data, callbacks, _BatchHooks(callbacks, run.runner))
+    logs = _evaluate(run, data, callbacks, hooks)
     if return_dict:
         return logs
     values = list(logs.values())
@@ -188,9 +179,9 @@ def evaluate(
 def _evaluate(run, data: Epochs, callbacks, hooks) -> dict[str, float]:
     runner = run.runner
     runner.reset_metrics()
-    callbacks.on_test_begin()
+    hooks.edge(callbacks.on_test_begin)
     step = 0
-    for block in prefetched(data.blocks(run.steps_per_execution)):
+    for block in run.agreed(data.blocks(run.steps_per_execution)):
         hooks.call(callbacks.on_test_batch_begin, step)
         runner.evaluate(runner.put(block.data), block.steps)
         step += block.steps
@@ -198,7 +189,7 @@ def _evaluate(run, data: Epochs, callbacks, hooks) -> dict[str, float]:
     if step == 0:
         raise FitError(f"the {data.where} gave no batch; give at least one example")
     logs = runner.logs()
-    callbacks.on_test_end(logs)
+    hooks.edge(callbacks.on_test_end, logs)
     return logs
 
 
@@ -260,17 +251,42 @@ class _Run:
                 "mirrorfit.setup)"
             )
         self.engine = importlib.import_module(_ENGINES[self.backend])
-        self.placement = self._placement()
-        self.engine.check_model(model, self.placement)
-        self.runner: Any = None  # the engine's, built from the first batch
-
-    def _placement(self):
-        """Where the engine runs the model: what ``mirrorfit.setup`` chose for this backend
-        (None: the engine's own default)."""
         chosen = current()
-        return self.engine.placement(
-            self.model, chosen if chosen is not None and chosen.backend == self.backend else None
+        chosen = chosen if chosen is not None and chosen.backend == self.backend else None
+        # Where the engine runs the model (None: the engine's own default), and the workers
+        # it spans (None: this process alone).
+        self.placement = self.engine.placement(model, chosen)
+        self.workers = Workers(chosen.distribution if chosen is not None else None)
+        self.engine.check_model(model, self.placement, self.workers.distribution)
+        self.runner: Any = None  # the engine's, built from the first batch
+        self.workers.seed_numpy()  # several workers: their shuffles agree
+
+    def callbacks(self, callbacks: list, verbose, epochs: int, steps, *, history: bool = True):
+        """Keras's ``CallbackList`` for this worker, and the batch hooks (decided from every
+        worker's list alike: their reads of the devices are collectives)."""
+        import keras
+
+        def made(chosen, progbar):
+            return keras.callbacks.CallbackList(
+                chosen,
+                add_history=history,
+                add_progbar=progbar,
+                verbose=_verbosity(verbose),
+                epochs=epochs,
+                steps=steps,
+                model=self.model,
+            )
+
+        every = made(callbacks, verbose != 0)
+        hooks = _BatchHooks(every, self.runner)
+        mine = (
+            every if self.workers.is_chief else made(self.workers.on_this_worker(callbacks), False)
         )
+        return _InContext(mine, lambda: self.engine.callback_context(self.placement)), hooks
+
+    def agreed(self, blocks):
+        """``blocks`` made ahead on a thread; on several workers, checked to agree."""
+        return self.workers.agreed(prefetched(blocks))
 
     def epochs(self, source, batch_size, steps, step: str, **kwargs) -> Epochs:
         """The epochs of ``source`` as the runner takes them (``step``: ``train`` or
@@ -344,11 +360,30 @@ class _Run:
         return around()
 
 
+class _InContext:
+    """A ``CallbackList`` whose ``on_*`` hooks run inside ``context()`` (the engine's)."""
+
+    def __init__(self, callbacks, context) -> None:
+        self._callbacks, self._context = callbacks, context
+
+    def __getattr__(self, name: str):
+        value = getattr(self._callbacks, name)
+        if not name.startswith("on_"):
+            return value
+
+        def hook(*args, **kwargs):
+            with self._context():
+                return value(*args, **kwargs)
+
+        return hook
+
+
 class _BatchHooks:
-    """Batch callbacks at call boundaries. Where a callback of the user's has batch hooks, the
-    device state is written into the model before them and read back after (a callback may
-    read the weights, save the model or set the learning rate); logs are read only where a
-    callback reads them (each read is a transfer from the devices)."""
+    """Batch callbacks at call boundaries (and the edges of an evaluation). Where a callback of
+    the user's has batch hooks, the device state is written into the model before them and read
+    back after (a callback may read the weights, save the model or set the learning rate);
+    logs are read only where a callback reads them (each read is a transfer from the
+    devices)."""
 
     def __init__(self, callbacks, runner) -> None:
         import keras
@@ -365,9 +400,10 @@ class _BatchHooks:
         )
         train = ("on_train_batch_begin", "on_train_batch_end", "on_batch_begin", "on_batch_end")
         test = ("on_test_batch_begin", "on_test_batch_end")
-        self._sync = any(
-            has(cb, train + test) for cb in callbacks.callbacks if not isinstance(cb, keras_own)
-        )
+        users = [cb for cb in callbacks.callbacks if not isinstance(cb, keras_own)]
+        self._sync = any(has(cb, train + test) for cb in users)
+        # SwapEMAWeights swaps the weights the evaluation uses in on_test_begin (back: _end)
+        self._edges = any(has(cb, ("on_test_begin", "on_test_end")) for cb in users)
         self._reads = {
             "train": any(has(cb, train[1::2]) for cb in callbacks.callbacks),
             "test": any(has(cb, test[1:]) for cb in callbacks.callbacks),
@@ -378,10 +414,17 @@ class _BatchHooks:
         return self.runner.logs() if self._reads[step] else {}
 
     def call(self, hook, *args, **kwargs) -> None:
-        if self._sync:
+        self._around(self._sync, hook, *args, **kwargs)
+
+    def edge(self, hook, *args, **kwargs) -> None:
+        """``on_test_begin``/``on_test_end``, synced the same way where a callback has them."""
+        self._around(self._edges, hook, *args, **kwargs)
+
+    def _around(self, sync: bool, hook, *args, **kwargs) -> None:
+        if sync:
             self.runner.sync()
         hook(*args, **kwargs)
-        if self._sync:
+        if sync:
             self.runner.reload()
 
 
@@ -443,12 +486,6 @@ def _checked_callbacks(callbacks) -> list:
 
     callbacks = tree.flatten(callbacks) if callbacks is not None else []
     for cb in callbacks:
-        if isinstance(cb, keras.callbacks.BackupAndRestore):
-            raise FitError(
-                "BackupAndRestore cannot work under mirrorfit.fit (its state is "
-                "on the devices); mirrorfit's own checkpoints do its job: "
-                "mirrorfit train --checkpoint-dir DIR"
-            )
         if not isinstance(cb, keras.callbacks.Callback):
             raise FitError(f"callbacks holds {cb!r}, not a keras.callbacks.Callback")
     return callbacks

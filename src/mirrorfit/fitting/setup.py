@@ -5,6 +5,10 @@ TensorFlow's variables are mirrored only when created under a strategy, so on Te
 ``setup`` makes the strategy the process's default (``tf.distribute.experimental_set_strategy``)
 and the model the script builds next is mirrored. JAX keeps the variables on the host; the mesh
 is used by :func:`mirrorfit.fit` only.
+
+``strategy="multi-worker"``: this process is one worker of a job described by ``TF_CONFIG`` (as
+``mirrorfit launch`` sets it) or SLURM, joined here; ``fit`` then trains over every worker's
+devices (docs/keras-script.md#several-workers).
 """
 
 from __future__ import annotations
@@ -21,16 +25,29 @@ from mirrorfit.models.precision import POLICIES
 @dataclass(frozen=True)
 class Setup:
     """What :func:`setup` chose: ``backend``, the device setup, the engine's placement
-    (a ``tf.distribute.Strategy`` or a JAX ``Placement``) and the precision's name."""
+    (a ``tf.distribute.Strategy`` or a JAX ``Placement``), the precision's name and the
+    ``distribution`` (TensorFlow's ``Distribution`` or the JAX ``Placement``: the workers, this
+    one's place among them, and their small collectives; None: this process alone)."""
 
     backend: str
     devices: DeviceSetup
     placement: object = field(repr=False)
     precision: str = "fp32"
+    distribution: object = field(default=None, repr=False)
 
     @property
     def replicas(self) -> int:
-        return self.devices.replicas
+        """Replicas in sync, over every worker."""
+        return getattr(self.distribution, "replicas", self.devices.replicas)
+
+    @property
+    def workers(self) -> int:
+        return getattr(self.distribution, "workers", 1)
+
+    @property
+    def is_chief(self) -> bool:
+        """Whether this process writes (Keras's writing callbacks run here only)."""
+        return getattr(self.distribution, "is_chief", True)
 
 
 _current: list[Setup] = []  # the last setup() of this process (what fit uses by default)
@@ -43,6 +60,7 @@ def setup(
     devices: tuple[str, ...] = (),
     precision: str = "fp32",
     shard: str = "none",
+    strategy: str = "auto",
     verbose: bool = False,
 ) -> Setup:
     """Choose the engine (``backend``: ``"tensorflow"`` or ``"jax"``; default
@@ -50,7 +68,9 @@ def setup(
     ``replicas``; without GPUs ``replicas`` logical CPU devices) and the precision
     (``"fp32"``, ``"bf16"``, ``"fp16"``: Keras's dtype policy for the models built after).
     ``shard`` (JAX): ``"none"``, ``"optimizer"`` (ZeRO-1) or ``"all"`` (FSDP), what of the
-    training state is split over the devices.
+    training state is split over the devices. ``strategy``: ``"auto"`` (this process's
+    devices) or ``"multi-worker"`` (join the job ``TF_CONFIG`` or SLURM describe; ``replicas``
+    then counts this worker's devices).
     Call it once, before ``import keras`` builds anything; returns the :class:`Setup`."""
     if _current:
         raise FitError(
@@ -73,15 +93,61 @@ def setup(
             f"shard={shard!r} splits the training state on the JAX engine only; "
             "use backend='jax', or shard='none'"
         )
+    cluster = _cluster(strategy)
     backends.prepare(backend, verbose=verbose)
     made = importlib.import_module(backends.ENGINES[backend]).keras_setup(
-        replicas, tuple(devices), shard=shard
+        replicas, tuple(devices), shard=shard, cluster=cluster
     )
     import keras
 
     keras.config.set_dtype_policy(POLICIES[precision])
-    _current.append(Setup(backend=backend, devices=made[0], placement=made[1], precision=precision))
+    _current.append(
+        Setup(
+            backend=backend,
+            devices=made[0],
+            placement=made[1],
+            precision=precision,
+            distribution=made[2] if cluster is not None else None,
+        )
+    )
     return _current[-1]
+
+
+def _cluster(strategy: str):
+    """The job this process joins (``strategy="multi-worker"``), else None; FitError where
+    the environment disagrees (a cluster in TF_CONFIG with ``"auto"``: every task would train
+    its own copy)."""
+    from mirrorfit.distribute.cluster import resolve_cluster
+    from mirrorfit.errors import ConfigError
+
+    if strategy not in ("auto", "multi-worker"):
+        raise FitError(
+            f"strategy={strategy!r}: choose 'auto' (this process's devices) or "
+            "'multi-worker' (the job TF_CONFIG or SLURM describe)"
+        )
+    try:
+        cluster = resolve_cluster()
+    except ConfigError as e:
+        raise FitError(str(e)) from None
+    if strategy == "auto":
+        if cluster is not None and cluster.num_workers + len(cluster.ps) > 1:
+            raise FitError(
+                f"{cluster.source} describes a cluster ({cluster.describe()}) but "
+                "strategy='auto' trains alone; pass strategy='multi-worker', or unset "
+                "TF_CONFIG for a one-process run"
+            )
+        return None
+    if cluster is None:
+        raise FitError(
+            "strategy='multi-worker' needs a cluster: start the script with `mirrorfit "
+            "launch --workers N -- python SCRIPT`, set TF_CONFIG, or run it under SLURM's srun"
+        )
+    if cluster.mode != "multi-worker":
+        raise FitError(
+            f"strategy='multi-worker', but the cluster ({cluster.describe()}) has parameter "
+            "servers, which mirrorfit.fit does not train with; describe workers only"
+        )
+    return cluster
 
 
 def use(chosen: Setup) -> None:

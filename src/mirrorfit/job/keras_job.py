@@ -32,7 +32,6 @@ _NOT_YET = {
     "warmup_epochs": "a learning-rate schedule in the model's compile()",
     "cache": "a --data function returning a cached tf.data.Dataset",
 }
-_CLUSTER = ("multi-worker", "parameter-server")
 
 
 def wanted(config: TrainConfig, model) -> bool:
@@ -50,10 +49,10 @@ def check(config: TrainConfig) -> None:
                 f"{flag} is not yet supported with a compiled --model (trained "
                 f"through mirrorfit.fit); use {instead}"
             )
-    if config.strategy in _CLUSTER:
+    if config.strategy == "parameter-server":
         raise ConfigError(
-            f"--strategy {config.strategy} is not yet supported with a compiled "
-            "--model; train on one host's devices (--replicas N)"
+            "--strategy parameter-server is not supported with a compiled --model "
+            "(trained through mirrorfit.fit); use --strategy multi-worker"
         )
     if config.strategy == "central-storage":
         # Keras's train step updates the metrics in each replica; a central-storage metric is
@@ -273,14 +272,15 @@ def run(config: TrainConfig, console, model, *, compiled: bool, clock) -> dict[s
             else ""
         )
     )
-    if config.save_keras:
+    chief = _chief()  # several workers: the chief writes
+    if config.save_keras and chief:
         from mirrorfit.artifacts.finite import refuse_non_finite
 
         refuse_non_finite(model, "the trained model", allow=config.allow_nan)
         model.save(config.save_keras)
         console.print(f"saved {config.save_keras}")
     summary["timings_s"] = clock.timings
-    if config.metrics_out:
+    if config.metrics_out and chief:
         from mirrorfit._io import write_json_atomic
 
         write_json_atomic(config.metrics_out, summary)
@@ -350,3 +350,9 @@ def _replicas(model) -> int:
     from mirrorfit.fitting.setup import current
 
     return current().replicas
+
+
+def _chief() -> bool:
+    from mirrorfit.fitting.setup import current
+
+    return current().is_chief

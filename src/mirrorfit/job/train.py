@@ -139,6 +139,8 @@ def _train(
 
         console.print(f"[bold]mirrorfit[/] {config.model} (trained through mirrorfit.fit)")
         console.print(f"devices: {setup.describe()}")
+        if dist.workers > 1:
+            console.print(f"strategy: {dist.describe()}")
         return keras_job.run(config, console, compiled[0], compiled=compiled[1], clock=clock)
     _, global_batch = config.batch_sizes(dist.replicas)
     data = load_run_data(config, global_batch, dist)
@@ -369,6 +371,7 @@ def _compiled_user_model(config: TrainConfig, engine, setup, dist):
             devices=setup,
             placement=strategy or dist,
             precision=config.precision,
+            distribution=dist if dist.workers > 1 else None,
         )
     )
     if not compiled:

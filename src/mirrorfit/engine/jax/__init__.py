@@ -44,13 +44,17 @@ def seed(value: int) -> None:
     np.random.seed(value)
 
 
-def keras_setup(replicas: int | None, devices: tuple[str, ...], shard: str = "none"):
-    """``mirrorfit.setup``'s devices and mesh for a Keras script: (DeviceSetup, Placement)."""
+def keras_setup(replicas: int | None, devices: tuple[str, ...], shard: str = "none", cluster=None):
+    """``mirrorfit.setup``'s devices and mesh for a Keras script: (DeviceSetup, Placement,
+    Placement or None); ``cluster``: joined first, the mesh over every worker's devices."""
     from mirrorfit.engine.jax.devices import configure_devices
     from mirrorfit.engine.jax.placement import build_placement
 
-    chosen = configure_devices(replicas=replicas, devices=devices)
-    return chosen, build_placement(chosen, shard=shard)
+    chosen = configure_devices(replicas=replicas, devices=devices, cluster=cluster)
+    placement = build_placement(
+        chosen, kind="multi-worker" if cluster else "auto", cluster=cluster, shard=shard
+    )
+    return chosen, placement, placement if cluster is not None else None
 
 
 def peer_failure(error: BaseException) -> bool:

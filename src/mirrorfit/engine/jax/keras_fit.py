@@ -8,6 +8,11 @@ locally, then one ``psum`` per optimizer step and the model's own optimizer's
 ``stateless_apply``. Metrics are updated per replica (:mod:`mirrorfit.fitting.metrics`) and merged
 when read. A ``train_step`` override cannot run per replica here (it applies the optimizer
 itself, before any all-reduce): :func:`check_model` says so in one line.
+
+Over several worker processes (``mirrorfit.setup(strategy="multi-worker")``) every worker holds
+the same global batches and puts its own devices' shares; the model's starting state is the
+chief's (broadcast once), and reads of per-device values are collectives every worker runs at
+the same points.
 """
 
 from __future__ import annotations
@@ -39,14 +44,8 @@ class State(NamedTuple):
     metrics: list  # per device
 
 
-def check_model(model, placement=None) -> None:
+def check_model(model, placement=None, distribution=None) -> None:
     """FitError (a ValueError) for what this engine cannot run per replica."""
-    if placement is not None and placement.workers > 1:
-        raise FitError(
-            "mirrorfit.fit runs over one process's devices for now; for several "
-            "worker processes use mirrorfit train's built-in loop (docs/"
-            "multi-worker-jax.md)"
-        )
     for name, instead in (
         (
             "train_step",
@@ -82,6 +81,13 @@ def pads(model, step: str) -> bool:
     return True
 
 
+def callback_context(placement):
+    """Around every callback hook: nothing here (a variable a callback makes is the host's)."""
+    import contextlib
+
+    return contextlib.nullcontext()
+
+
 def scope(placement):
     """Nothing to enter: JAX keeps the Keras variables on the host."""
     import contextlib
@@ -110,6 +116,8 @@ class Runner:
         from keras.optimizers import LossScaleOptimizer
 
         self._scaling = isinstance(optimizer, LossScaleOptimizer)
+        if placement.workers > 1:
+            self._from_chief()
         layout = self.layout
         self._shardings = {  # per variable: where the state of each group lives
             "trainable": [self._replicated] * len(model.trainable_variables)
@@ -119,6 +127,22 @@ class Runner:
             if layout is None
             else [NamedSharding(self.mesh, s) for s in layout.optimizer_specs()],
         }
+
+    def _from_chief(self) -> None:
+        """Every worker starts from the chief's weights, statistics and optimizer state (as
+        TensorFlow's MultiWorkerMirroredStrategy initialises its variables): one broadcast."""
+        from jax.experimental import multihost_utils
+
+        from mirrorfit.engine.jax import processes
+
+        m = self.model
+        variables = [*m.trainable_variables, *m.non_trainable_variables, *m.optimizer.variables]
+        with processes.waiting():
+            values = multihost_utils.broadcast_one_to_all(
+                [np.asarray(v.value) for v in variables], is_source=self.placement.is_chief
+            )
+        for var, value in zip(variables, values):
+            var.assign(value)
 
     # -- state -------------------------------------------------------------------------------
     def state_bytes_per_device(self) -> int:
@@ -172,11 +196,16 @@ class Runner:
         if self._synced:
             return
         s, m = self.state, self.model
-        for var, value in zip(m.trainable_variables, s.trainable):
+        trainable, optimizer = s.trainable, s.optimizer
+        if self.layout is not None and self.placement.workers > 1:
+            # split over processes: made whole first, a collective every worker runs here
+            trainable = self.placement.replicated(trainable)
+            optimizer = self.placement.replicated(optimizer)
+        for var, value in zip(m.trainable_variables, trainable):
             var.assign(np.asarray(value))
         for var, value in zip(m.non_trainable_variables, self.placement.averaged(s.non_trainable)):
             var.assign(np.asarray(value))
-        for var, value in zip(m.optimizer.variables, s.optimizer):
+        for var, value in zip(m.optimizer.variables, optimizer):
             var.assign(np.asarray(value))
         self._synced = True
 
@@ -187,17 +216,21 @@ class Runner:
 
     def logs(self) -> dict[str, float]:
         """The metrics so far, merged over replicas (Keras's ``get_metrics_result``)."""
-        values = fit_metrics.merged(
-            self._initial_metrics, [np.asarray(v) for v in self.state.metrics]
-        )
+        metrics = self.state.metrics
+        if self.placement.workers > 1:  # every device's values, on every worker: a collective
+            metrics = self.placement.replicated(metrics)
+        values = fit_metrics.merged(self._initial_metrics, [np.asarray(v) for v in metrics])
         for var, value in zip(self.model.metrics_variables, values):
             var.assign(value)
         return fit_metrics.results(self.model)
 
     # -- the compiled calls ------------------------------------------------------------------
     def put(self, block: dict):
-        """A block of padded global batches (leaves ``[L, B, ...]``) on the devices."""
-        return jax.device_put(block, self._batches)
+        """A block of padded global batches (leaves ``[L, B, ...]``) on the devices (several
+        workers: each puts its own devices' shares of the block every worker holds)."""
+        if self.placement.workers == 1:
+            return jax.device_put(block, self._batches)
+        return jax.tree.map(lambda a: self.placement.put([a], self._batches)[0], block)
 
     def train(self, block, steps: int) -> None:
         """``steps`` optimizer steps over the first ``steps`` batches of ``block``."""

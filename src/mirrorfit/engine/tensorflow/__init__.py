@@ -32,10 +32,11 @@ def seed(value: int) -> None:
     keras.utils.set_random_seed(value)
 
 
-def keras_setup(replicas: int | None, devices: tuple[str, ...], shard: str = "none"):
-    """``mirrorfit.setup``'s devices and strategy for a Keras script: (DeviceSetup, strategy).
-    The strategy becomes the process's default, so the model the script builds next is
-    mirrored (TensorFlow's variables are mirrored only when created under one)."""
+def keras_setup(replicas: int | None, devices: tuple[str, ...], shard: str = "none", cluster=None):
+    """``mirrorfit.setup``'s devices and strategy for a Keras script: (DeviceSetup, strategy,
+    Distribution or None). The strategy becomes the process's default, so the model the script
+    builds next is mirrored (TensorFlow's variables are mirrored only when created under one).
+    ``cluster``: MultiWorkerMirroredStrategy over its workers."""
     from mirrorfit.engine import backends
 
     backends.check_settings("tensorflow", shard=shard)
@@ -45,12 +46,17 @@ def keras_setup(replicas: int | None, devices: tuple[str, ...], shard: str = "no
     import tensorflow as tf
 
     from mirrorfit.engine.tensorflow.devices import configure_devices
-    from mirrorfit.engine.tensorflow.strategy import build_strategy
+    from mirrorfit.engine.tensorflow.strategy import build_distribution, build_strategy
 
     chosen = configure_devices(replicas=replicas, devices=devices)
-    strategy = build_strategy(chosen)
+    distribution = None
+    if cluster is None:
+        strategy = build_strategy(chosen)
+    else:
+        distribution = build_distribution(chosen, kind="multi-worker", cluster=cluster)
+        strategy = distribution.strategy
     tf.distribute.experimental_set_strategy(strategy)
-    return chosen, strategy
+    return chosen, strategy, distribution
 
 
 def peer_failure(error: BaseException) -> bool:

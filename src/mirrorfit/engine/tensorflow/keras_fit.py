@@ -8,9 +8,15 @@ whose ``apply_gradients`` all-reduces the gradients once per step. A model's own
 ``train_step``/``test_step`` runs per replica instead, given each batch as the data gave it (not
 padded: a partial batch is split unevenly over the replicas, as Keras's own ``fit`` does under
 a strategy). The variables are the state: nothing to sync.
+
+Over several workers (``mirrorfit.setup(strategy="multi-worker")``: MultiWorkerMirroredStrategy)
+every worker holds the same global batches and gives its replicas their shares; the strategy
+made every variable from the chief's value.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import tensorflow as tf
 from keras.src.losses.loss import unscale_loss_for_distribution
@@ -40,21 +46,50 @@ def scope(strategy):
     return strategy.scope()
 
 
-def check_model(model, strategy) -> None:
-    """FitError (a ValueError) for a model whose variables were not made under the strategy,
-    or a strategy over several processes (not yet)."""
-    if isinstance(
-        strategy,
-        (
-            tf.distribute.MultiWorkerMirroredStrategy,
-            tf.distribute.experimental.ParameterServerStrategy,
-        ),
+@contextlib.contextmanager
+def callback_context(strategy):
+    """Around every callback hook: over several workers, no default strategy. A variable a
+    callback makes (Keras's saving makes a reference optimizer) is then this process's own;
+    a strategy's would be a collective that every worker must join, and a callback of the
+    chief's only would leave the others waiting in their next one."""
+    from tensorflow.python.framework import ops
+
+    graph = ops.get_default_graph()
+    if (
+        not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
+        or graph._global_distribute_strategy_scope is None  # noqa: SLF001 (no public accessor)
+        or len(graph._distribution_strategy_stack) != 1  # noqa: SLF001 (inside a scope)
     ):
+        yield
+        return
+    tf.distribute.experimental_set_strategy(None)
+    try:
+        yield
+    finally:
+        tf.distribute.experimental_set_strategy(strategy)
+
+
+def check_model(model, strategy, distribution=None) -> None:
+    """FitError (a ValueError) for a model whose variables were not made under the strategy,
+    a parameter-server strategy, or a multi-worker one not made by ``mirrorfit.setup``
+    (``distribution``: its workers and their collectives)."""
+    if isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy):
         raise FitError(
-            f"mirrorfit.fit runs over one process's devices for now, not under "
-            f"{type(strategy).__name__}; for several workers use mirrorfit train's "
-            "built-in loop (docs/multi-worker.md)"
+            "mirrorfit.fit does not train under ParameterServerStrategy; use "
+            "mirrorfit.setup(strategy='multi-worker'), or mirrorfit train --strategy "
+            "parameter-server's built-in loop (docs/multi-worker.md)"
         )
+    if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy) and distribution is None:
+        raise FitError(
+            "the model was built under a MultiWorkerMirroredStrategy of your own; call "
+            "mirrorfit.setup(strategy='multi-worker') instead, then build and compile the "
+            "model (mirrorfit.fit checks that the workers' batches agree through it)"
+        )
+    check_variables(model, strategy)
+
+
+def check_variables(model, strategy) -> None:
+    """FitError for model variables made outside the strategy (before ``mirrorfit.setup``)."""
     if strategy.num_replicas_in_sync == 1:
         return
     made_outside = [
@@ -87,7 +122,8 @@ class Runner:
         self._evaluate = tf.function(self._looped(self._replica_eval), autograph=self._own_test)
 
     def load(self) -> None:
-        check_model(self.model, self.strategy)
+        """Nothing to place (the variables are the strategy's): checked they are."""
+        check_variables(self.model, self.strategy)
 
     def state_bytes_per_device(self) -> int:
         from mirrorfit.engine.tensorflow.runner import whole_state_bytes
