@@ -6,6 +6,7 @@ plain Python, and TensorFlow is not loaded for it); good ones reach every point.
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,6 +16,8 @@ from conftest import ROOT, _env
 from data_fixtures import mnist, write_png_folder
 from mirrorfit.cli import main
 from mirrorfit.config import MAX_IMAGE_SIDE
+
+HERE = Path(__file__).parent
 
 
 @pytest.mark.parametrize(
@@ -126,25 +129,6 @@ def test_bad_file_source_flags_are_one_line_exit_2(tmp_path, capsys, args, needl
     assert not (tmp_path / "out").exists()
 
 
-# Runs the CLI on each argv in a fresh interpreter; what each printed and which of TensorFlow
-# and Keras were loaded by then (sys.modules only grows: the first case to load one shows it).
-_FRESH = """
-import contextlib, io, json, sys
-from mirrorfit.cli import main
-results = []
-for argv in json.loads(sys.argv[1]):
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            code = main(argv)
-        except SystemExit as e:  # argparse: --help, malformed values
-            code = e.code
-    results.append({"argv": argv, "code": code, "out": out.getvalue(), "err": err.getvalue(),
-                    "loaded": sorted({"tensorflow", "keras"} & set(sys.modules))})
-print(json.dumps(results))
-"""
-
-
 def test_flag_checks_and_help_come_before_tensorflow_loads(tmp_path):
     """Loading TensorFlow takes seconds: a bad flag must cost none of them. In a fresh
     interpreter, since this one has TensorFlow loaded already."""
@@ -164,7 +148,7 @@ def test_flag_checks_and_help_come_before_tensorflow_loads(tmp_path):
     ]
     argvs = [["bench", "--help"]] + [["bench", *args, *out] for args, _ in bad]
     proc = subprocess.run(
-        [sys.executable, "-c", _FRESH, json.dumps(argvs)],
+        [sys.executable, str(HERE / "fresh_cli_driver.py"), json.dumps(argvs)],
         capture_output=True,
         text=True,
         timeout=120,

@@ -4,12 +4,15 @@ is trained on by both sides of every point from its own pipeline, tested on its 
 (none: no accuracy), and described in bench.json."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from conftest import run_cli, run_isolated
 from data_fixtures import mnist, write_png_folder, write_tfrecords
+
+HERE = Path(__file__).parent
 
 
 def _one_line(rc: int, err: str, needle: str) -> None:
@@ -73,35 +76,10 @@ def test_sources_that_cannot_be_read_fail_before_any_process_starts(tmp_path):
         ),
     }
     out = run_isolated(
-        f"""
-        import contextlib, io, json, os, subprocess, sys
-        from mirrorfit.cli import main
-
-        real_run = subprocess.run
-
-        def spawned(command, *args, **kwargs):
-            if "mirrorfit.bench.point" in command:  # (TF itself runs `uname -p`)
-                raise AssertionError(f"a point's process was started: {{command}}")
-            return real_run(command, *args, **kwargs)
-
-        subprocess.run = spawned
-        results = {{}}
-        for name, (args, _) in {cases!r}.items():
-            if args == ["--env"]:  # no --data-dir: nothing where the program looks for MNIST
-                args = []
-                saved = dict(os.environ)
-                os.environ.update(MIRRORFIT_DATA={str(tmp_path / "empty")!r},
-                                  KERAS_HOME={str(tmp_path / "empty")!r})
-            err = io.StringIO()
-            with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-                rc = main(["bench", "--out", {str(tmp_path / "out")!r}, "--replicas", "1",
-                           "--precision", "fp32", *args])
-            if name == "no mnist":
-                os.environ.clear()
-                os.environ.update(saved)
-            results[name] = [rc, err.getvalue(), "tensorflow" in sys.modules]
-        print(json.dumps(results))
-    """,
+        HERE / "bad_sources_driver.py",
+        json.dumps({name: args for name, (args, _) in cases.items()}),
+        tmp_path / "out",
+        tmp_path / "empty",
         timeout=300,
     )
     for name, (_, needle) in cases.items():

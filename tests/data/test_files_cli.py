@@ -4,12 +4,15 @@ loads) to a corrupt image met while training; a resume on changed files is refus
 --data."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from conftest import run_cli, run_isolated
 from data_fixtures import mnist, png, write_png_folder
+
+HERE = Path(__file__).parent
 
 
 def _one_line_error(proc, *needles):
@@ -85,21 +88,7 @@ def test_bad_data_met_while_loading_or_training_is_one_line(tmp_path):
         ],
         "module": ["--data", "data_fixtures:raising_source"],
     }
-    out = run_isolated(
-        f"""
-        import contextlib, io, json
-        from mirrorfit.cli import main
-        results = {{}}
-        for name, args in {cases!r}.items():
-            err = io.StringIO()
-            with contextlib.redirect_stderr(err):
-                rc = main(["train", "--epochs", "1", "--global-batch-size", "10",
-                           "--no-progress", *args])
-            results[name] = [rc, err.getvalue()]
-        print(json.dumps(results))
-    """,
-        timeout=600,
-    )
+    out = run_isolated(HERE / "bad_train_runs_driver.py", json.dumps(cases), timeout=600)
     needles = {
         "corrupt": [f"cannot decode {bad}", "remove or replace it"],
         "sizes": ["tall.png is 30x28 pixels, not the size of the first image", "--image-size H,W"],
@@ -127,42 +116,10 @@ def test_image_folder_on_two_replicas_sees_every_example_once_per_epoch(tmp_path
 
     write_tfrecords(tmp_path / "tfr", x, y, shards=3)
     out = run_isolated(
-        f"""
-        import hashlib, json
-        import mirrorfit
-        from mirrorfit.config import load_config
-        from mirrorfit.data.sources import load_data
-        from mirrorfit.engine.tensorflow.strategy import build_distribution
-        setup = mirrorfit.configure_devices(replicas=2)
-        dist = build_distribution(setup, kind="mirrored")
-        seen = {{}}
-        for name, spec in (("folder", {str(tmp_path / "png")!r}),
-                           ("tfrecord", {str(tmp_path / "tfr" / "*.tfrecord")!r})):
-            data = load_data(spec, global_batch=20, seed=3)
-            for epoch in (0, 1):
-                make = lambda w, n: data.train.dataset(start_epoch=epoch, epochs=epoch + 1,
-                                                       worker=w, workers=n)
-                digests, steps = [], 0
-                # as the compiled step sees it: the host feed's batches cut per replica
-                for batch in dist.distribute(make, per_replica=10):
-                    steps += 1
-                    xb, yb = dist.strategy.run(lambda x, y: (x, y), args=dist.split(batch))
-                    for part in dist.strategy.experimental_local_results(xb):
-                        assert part.shape[0] == 10
-                        digests += [hashlib.blake2b((a * 255).round().astype("uint8").tobytes(),
-                                                    digest_size=8).hexdigest()
-                                    for a in part.numpy()]
-                seen[f"{{name}} {{epoch}}"] = [steps, sorted(digests)]
-        from mirrorfit.job.train import run_training
-        config = load_config(data={str(tmp_path / "png")!r}, replicas=2, epochs=1,
-                             global_batch_size=20, progress=False, validation_split=0.1,
-                             optimizer="adam", lr=0.003,
-                             checkpoint_dir={str(tmp_path / "ck")!r})
-        summary = run_training(config)
-        seen["run"] = [summary["replicas"], summary["steps"], summary["train_examples"],
-                       summary["val_accuracy"]]
-        print(json.dumps(seen))
-    """,
+        HERE / "two_replica_feed_driver.py",
+        tmp_path / "png",
+        tmp_path / "tfr" / "*.tfrecord",
+        tmp_path / "ck",
         timeout=600,
     )
     import hashlib

@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 import zipfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,6 +19,8 @@ from conftest import ROOT, permissions_apply
 from mirrorfit.data import mnist
 from mirrorfit.data.mnist import load_mnist, locate_mnist
 from mirrorfit.errors import DataError
+
+HERE = Path(__file__).parent
 
 # A proxy on a closed local port: any download attempt fails at once, network or not.
 NO_NETWORK = {"https_proxy": "http://127.0.0.1:9", "HTTPS_PROXY": "http://127.0.0.1:9"}
@@ -173,16 +176,16 @@ def test_a_file_this_user_may_not_read_is_named_and_the_search_goes_on(tmp_path)
     (tmp_path / "locked" / "mnist.npz").chmod(0)
     (tmp_path / "keras").mkdir()
     (tmp_path / "keras" / "datasets").write_text("a file where a folder goes")
-    code = (
-        "import sys\nfrom mirrorfit.data.mnist import locate_mnist\n"
-        "for d in (sys.argv[1], None):\n    try:\n        locate_mnist(d, download=False)\n"
-        "    except Exception as e:\n        print(e)"
-    )
     env = dict(
         os.environ, MIRRORFIT_DATA=str(tmp_path / "locked"), KERAS_HOME=str(tmp_path / "keras")
     )
     proc = subprocess.run(
-        [*permissions_apply(), sys.executable, "-c", code, str(tmp_path / "locked")],
+        [
+            *permissions_apply(),
+            sys.executable,
+            str(HERE / "locate_mnist_driver.py"),
+            str(tmp_path / "locked"),
+        ],
         capture_output=True,
         text=True,
         env=env,

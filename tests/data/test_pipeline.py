@@ -2,10 +2,14 @@
 all epochs from one dataset, resumable at any batch; every example exactly once for
 evaluation."""
 
+from pathlib import Path
+
 import numpy as np
 
 from mirrorfit.data.pipeline import epoch_order, eval_dataset, train_batches
 from conftest import run_isolated
+
+HERE = Path(__file__).parent
 
 
 def _data(n=1000):
@@ -84,26 +88,7 @@ def test_a_tensor_seeded_shuffle_traces_under_a_global_seed_of_0():
     """--seed 0 sets TF's global seed to 0; a shuffle seeded by the epoch (a tensor inside
     flat_map) was then a traceback ("symbolic tf.Tensor as a Python bool"). Deterministic, and
     other global seeds keep the order they had."""
-    code = """
-        import json, sys
-        import tensorflow as tf
-        from mirrorfit.data.pipeline import shuffle
-        def orders(global_seed, shuffled):
-            tf.random.set_seed(global_seed)
-            ds = tf.data.Dataset.range(2).flat_map(
-                lambda e: shuffled(tf.data.Dataset.range(8), 8, seed=e * 7 + 1,
-                                   reshuffle_each_iteration=False))
-            return [int(v) for v in ds.as_numpy_iterator()]
-        plain = lambda ds, buffer, **kw: ds.shuffle(buffer, **kw)
-        try:
-            orders(0, plain)
-            plain_at_0 = "ran"
-        except Exception as e:
-            plain_at_0 = type(e).__name__
-        print(json.dumps({"plain_at_0": plain_at_0, "at_0": [orders(0, shuffle) for _ in "ab"],
-                          "at_42": orders(42, shuffle), "plain_at_42": orders(42, plain)}))
-    """
-    out = run_isolated(code)
+    out = run_isolated(HERE / "seed0_shuffle_driver.py")
     assert out["plain_at_0"] == "OperatorNotAllowedInGraphError"  # what the helper is for
     first, again = out["at_0"]
     assert first == again and sorted(first[:8]) == list(range(8)) != first[:8]

@@ -6,6 +6,7 @@ an npz in the folder's order (small and lean: the whole module runs in ~30 s on 
 
 import hashlib
 import os
+from pathlib import Path
 
 import keras
 import numpy as np
@@ -18,6 +19,7 @@ from mirrorfit.data.files import holdout
 from mirrorfit.data.sources import load_data
 from mirrorfit.errors import ConfigError, DataError
 
+HERE = Path(__file__).parent
 N = 2000  # training images in every fixture
 BATCH = 50  # global batch: N is a multiple, so an epoch is every example
 
@@ -296,18 +298,7 @@ def test_seed_0_reads_every_kind_of_source(files):
     function's dataset were then a traceback (symbolic tensor as a Python bool)."""
     from conftest import run_isolated
 
-    out = run_isolated(f"""
-        import json, keras
-        from mirrorfit.data.sources import load_data
-        keras.utils.set_random_seed(0)
-        counts = {{}}
-        for name, spec, extra in (("tfrecord", {files["tfr"]!r}, {{}}),
-                                  ("module dataset", "data_fixtures:dataset_source",
-                                   {{"cache": "memory"}})):
-            data = load_data(spec, global_batch={BATCH}, seed=0, **extra)
-            counts[name] = sum(int(x.shape[0]) for x, _ in data.train.dataset(epochs=2))
-        print(json.dumps(counts))
-    """)
+    out = run_isolated(HERE / "seed0_sources_driver.py", files["tfr"], BATCH)
     assert set(out) == {"tfrecord", "module dataset"} and min(out.values()) > 0
 
 
