@@ -6,8 +6,9 @@
 # the same run), the share of step time spent waiting for input, and --shard on 2+ GPUs.
 #
 # What the machine lacks travels with the tree, in folders git ignores (.gitignore):
-#   .whl/       wheels for Python 3.12 (keras 3.15.1 and what it and mirrorfit need beyond the
-#               machine's JAX, NumPy, h5py, rich and ml-dtypes; pytest for the tests)
+#   .whl/       wheels for Python 3.12: mirrorfit's base install (pyproject.toml's
+#               dependencies, no extra: the machine's JAX is the engine) as pip resolves it,
+#               and pytest, less the binary packages the machine has (NumPy, h5py, ml-dtypes)
 #   .gpu-data/  mnist.npz
 # Make them here, on a machine with network (and MNIST where mirrorfit finds it):
 #   bash benchmarks/gpu_check.sh --prepare
@@ -16,21 +17,20 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-WHEELS=(keras==3.15.1 optree==0.20.0 namex==0.1.0 absl-py==2.3.1 packaging==25.0
-        psutil==7.1.3 pytest==8.4.2 pluggy==1.6.0 iniconfig==2.1.0)
-
 if [ "${1:-}" = "--prepare" ]; then
     set -e
-    mkdir -p .whl .gpu-data
-    python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
-        --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
-        --platform manylinux2014_x86_64 --platform any -d .whl "${WHEELS[@]}"
+    rm -rf .whl && mkdir -p .whl/self .gpu-data
+    python3 -m pip wheel -q --no-deps -w .whl/self .
+    python3 -m pip download -q --only-binary=:all: --python-version 3.12 --implementation cp \
+        --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+        --platform manylinux2014_x86_64 --platform any -d .whl .whl/self/mirrorfit-*.whl pytest
+    rm -rf .whl/self .whl/mirrorfit-*.whl .whl/numpy-* .whl/h5py-* .whl/ml_dtypes-*
     PYTHONPATH=src python3 - <<'EOF'
 import shutil
 from mirrorfit.data.mnist import locate_mnist
 shutil.copy(locate_mnist(download=True), ".gpu-data/mnist.npz")
 EOF
-    du -sh .whl .gpu-data
+    ls .whl && du -sh .whl .gpu-data
     exit 0
 fi
 
