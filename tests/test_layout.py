@@ -147,3 +147,38 @@ def test_frameworks_are_imported_only_where_they_must_be():
         )
     }
     assert not stray, stray
+
+
+# Outside engine/ a module asks an engine what it can do (mirrorfit.engine.backends' tables,
+# the engine package's attributes), not which one it is. The exceptions, where the user names
+# the backend itself: module -> (comparisons, why).
+BACKEND_NAMED = {
+    "mirrorfit.bench": (1, "FLOPs are counted by the first backend the user listed"),
+    "mirrorfit.bench.grid": (2, "the data JAX rows read; Keras's own fit rows, per backend"),
+    "mirrorfit.bench.point": (2, "a row's label and the process it runs in, per backend"),
+    "mirrorfit.cli": (1, "bench --backend tensorflow without TensorFlow installed"),
+    "mirrorfit.data.sources": (1, "a missing module's name, not a backend"),
+}
+
+
+def _backend_comparisons(path: Path) -> int:
+    names = {"jax", "tensorflow"}
+    count = 0
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Compare) and any(
+            isinstance(side, ast.Constant) and side.value in names
+            for side in [node.left, *node.comparators]
+        ):
+            count += 1
+    return count
+
+
+def test_no_backend_comparisons_outside_the_engines():
+    found = {
+        name: n
+        for name, path in _modules().items()
+        if not name.startswith("mirrorfit.engine")
+        for n in [_backend_comparisons(path)]
+        if n
+    }
+    assert found == {name: n for name, (n, _) in BACKEND_NAMED.items()}

@@ -232,7 +232,7 @@ class Grid:
                 backend=b,
                 replicas=r,
                 precision=p,
-                xla=x and b == "tensorflow",
+                xla=x and not _compiles_every_step(b),
                 accum_steps=k,
                 steps_per_execution=s,
             )
@@ -335,6 +335,15 @@ def _measure_peaks(
                 f"measuring the matmul peak ({backend}) failed: {peak[backend]['error']}"
             )
     return peak
+
+
+def _compiles_every_step(backend: str) -> bool:
+    """Whether ``backend``'s engine compiles every step (no "xla" twin row for it)."""
+    import importlib
+
+    from mirrorfit.engine.backends import ENGINES
+
+    return importlib.import_module(ENGINES[backend]).COMPILES_EVERY_STEP
 
 
 __all__ = ["Grid", "WORKLOADS", "SYNTHETIC_WORKLOAD", "DATA", "run_grid", "spawn"]

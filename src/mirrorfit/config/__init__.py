@@ -21,6 +21,7 @@ from pathlib import Path, PurePath
 from typing import Any, Mapping
 
 from mirrorfit.artifacts import output_paths
+from mirrorfit.engine import backends
 from mirrorfit.config.checks import (
     CLUSTER_STRATEGIES,
     COMMUNICATIONS,
@@ -74,13 +75,8 @@ class TrainConfig(
                 "--xla cannot compile steps whose variables live on parameter "
                 "servers; drop --xla or use --strategy multi-worker"
             )
-        if self.backend == "jax" and self.export_dir:
-            raise ConfigError(
-                "--export-dir writes a TensorFlow SavedModel; with --backend jax "
-                "save --checkpoint-dir DIR and export it where TensorFlow is "
-                "installed: mirrorfit export --checkpoint-dir DIR --export-dir "
-                f"{self.export_dir}"
-            )
+        if self.backend is not None:  # an engine that writes no SavedModel
+            backends.check_settings(self.backend, export_dir=self.export_dir)
         if self.replicas is not None:  # the batch against an explicit --replicas, no devices
             self.batch_sizes(self.replicas)
 

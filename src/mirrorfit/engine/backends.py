@@ -33,6 +33,10 @@ GLOBAL_BATCH, WORKER_SHARE, COORDINATOR = "global-batch", "worker-share", "coord
 DEFAULT = "tensorflow"
 # What of the training state --shard splits over the devices (the JAX engine's sharding module)
 SHARD_MODES = ("none", "optimizer", "all")
+# The engines that split the training state over the devices (--shard optimizer|all), and
+# those that write a SavedModel themselves (--export-dir): one entry per engine.
+SPLITS_STATE = frozenset({"jax"})
+EXPORTS = frozenset({"tensorflow"})
 # Strategies and flags that exist on TensorFlow only, and why (the JAX engine refuses them).
 TF_ONLY_STRATEGIES = {
     "central-storage": "keeps variables on one device for TensorFlow's replicas",
@@ -124,15 +128,22 @@ def check_settings(
     communication: str = "auto",
     profile: bool = False,
     shard: str = "none",
+    export_dir: str | None = None,
 ) -> None:
     """ConfigError, one line, for a setting ``backend``'s engine does not have."""
+    if export_dir and backend not in EXPORTS:
+        raise ConfigError(
+            f"--export-dir writes a TensorFlow SavedModel; with --backend {backend} "
+            "save --checkpoint-dir DIR and export it where TensorFlow is "
+            f"installed: mirrorfit export --checkpoint-dir DIR --export-dir {export_dir}"
+        )
     if shard not in SHARD_MODES:
         raise ConfigError(
             f"--shard {shard!r}: choose none (every device holds the whole "
             "state), optimizer (ZeRO-1: the optimizer state split over the "
             "devices) or all (FSDP: the weights too)"
         )
-    if backend != "jax":
+    if backend not in SPLITS_STATE:
         if shard != "none":
             raise ConfigError(
                 f"--shard {shard} splits the training state over the devices "
@@ -317,6 +328,8 @@ def load(backend: str) -> ModuleType:
 
 __all__ = [
     "BACKENDS",
+    "SPLITS_STATE",
+    "EXPORTS",
     "ENGINES",
     "DEFAULT",
     "resolve",

@@ -88,7 +88,7 @@ def setup(
             "'optimizer' (ZeRO-1: the optimizer state split over the devices) or "
             "'all' (FSDP: the weights too)"
         )
-    if shard != "none" and backend != "jax":
+    if shard != "none" and backend not in backends.SPLITS_STATE:
         raise FitError(
             f"shard={shard!r} splits the training state on the JAX engine only; "
             "use backend='jax', or shard='none'"
