@@ -7,8 +7,8 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 import time
+from pathlib import Path
 
 import keras
 import numpy as np
@@ -18,6 +18,7 @@ import tensorflow as tf
 from conftest import ROOT, _env, run_cli, run_isolated
 
 pytestmark = pytest.mark.slow
+HERE = Path(__file__).parent
 
 # The smallest model with Dropout (its RNG state must be checkpointed) and Adam (its slots).
 RUN = [
@@ -41,66 +42,19 @@ RUN = [
     "--no-progress",
 ]
 
-# Runs `mirrorfit train` (cli.main, the console script's function) several times in one fresh
-# interpreter; {inject} patches methods to raise a signal at chosen moments, each named: run i
-# fires (once) the moment ARMED[i]. Prints one JSON line with each run's exit code and stderr.
-DRIVER = """
-import contextlib, io, json, os, signal, sys, traceback
-from mirrorfit import cli
-from mirrorfit.artifacts.checkpoint import Checkpointer
-from mirrorfit.engine.controller import Trainer
-fired, current = set(), [0]
 
-def fire_once(moment, sig=signal.SIGTERM, times=1):
-    if ARMED.get(current[0]) == moment and current[0] not in fired:
-        fired.add(current[0])
-        for _ in range(times):
-            os.kill(os.getpid(), sig)
-{inject}
-out = []
-for current[0], args in enumerate(RUNS):
-    err = io.StringIO()
-    with contextlib.redirect_stderr(err):
-        try:
-            code = cli.main(args)
-        except BaseException:
-            code, _ = "exception", traceback.print_exc()
-    out.append({{"code": code, "err": err.getvalue()}})
-print(json.dumps(out))
-"""
+# Runs `mirrorfit train` several times in one fresh interpreter, each run's signal armed at a
+# moment its patches name (cli_runs_driver.py). Each run's exit code and stderr.
+def _spec(runs, patches, armed):
+    return json.dumps({"runs": runs, "patches": patches, "armed": armed})
 
 
-def _program(runs, inject, armed):
-    return f"RUNS = {runs!r}\nARMED = {armed!r}\n" + textwrap.dedent(
-        DRIVER.format(inject=textwrap.dedent(inject))
-    )
-
-
-def _drive(runs, inject, armed, timeout=300):
-    return run_isolated(_program(runs, inject, armed), timeout=timeout)
+def _drive(runs, patches, armed, timeout=300):
+    return run_isolated(HERE / "cli_runs_driver.py", _spec(runs, patches, armed), timeout=timeout)
 
 
 def _weights(path):
     return keras.saving.load_model(path).get_weights()
-
-
-AT_STEP = """
-real_hook = Checkpointer.step_hook
-def step_hook(self, trainer):
-    real_hook(self, trainer)
-    if trainer.step >= {step}:
-        fire_once("step", {sig}, {times})
-Checkpointer.step_hook = step_hook
-"""
-
-
-AT_STEPS = """
-real_hook = Checkpointer.step_hook
-def step_hook(self, trainer):
-    real_hook(self, trainer)
-    fire_once(f"step {trainer.step}")
-Checkpointer.step_hook = step_hook
-"""
 
 
 def test_sigterm_then_resume_gives_the_uninterrupted_weights(tmp_path):
@@ -134,7 +88,7 @@ def test_sigterm_then_resume_gives_the_uninterrupted_weights(tmp_path):
     # SIGTERM in epoch 2, at step 22 of 48: not on a --checkpoint-every boundary. And at step
     # 16, epoch 1's last: saved before epoch 1's end (its line, history entry, save) ran.
     ref, stopped, resumed, stopped_at_end, resumed_at_end = _drive(
-        [a, b, b, c, c], AT_STEPS, armed={1: "step 22", 3: "step 16"}
+        [a, b, b, c, c], {"at_steps": {}}, armed={1: "step 22", 3: "step 16"}
     )
     assert ref["code"] == 0, ref["err"][-3000:]
     assert stopped["code"] == 75, stopped["err"][-3000:]  # the documented preemption exit code
@@ -160,25 +114,6 @@ def test_sigterm_then_resume_gives_the_uninterrupted_weights(tmp_path):
         np.testing.assert_allclose(wa, wc, rtol=1e-5, atol=1e-6)
 
 
-# A signal while the last epoch validates, or while its checkpoint is written.
-LAST_VALIDATION = """
-real_evaluate = Trainer.evaluate
-def evaluate(self, data, batch_size=None):
-    if self.epoch == 2:  # epochs done: 2 of 3, so this is epoch 3's validation
-        fire_once("validation")
-    return real_evaluate(self, data, batch_size)
-Trainer.evaluate = evaluate
-"""
-LAST_CHECKPOINT = """
-real_save = Checkpointer.save
-def save(self):
-    if self.trainer.epoch == 3:
-        fire_once("checkpoint")
-    return real_save(self)
-Checkpointer.save = save
-"""
-
-
 def test_a_signal_at_the_end_of_training_is_not_dropped(tmp_path):
     def run(name):
         return [
@@ -198,7 +133,7 @@ def test_a_signal_at_the_end_of_training_is_not_dropped(tmp_path):
         (tmp_path / name).mkdir()
     results = _drive(
         [run(m) for m in moments for _ in (0, 1)],
-        LAST_VALIDATION + LAST_CHECKPOINT,
+        {"last_validation": {}, "last_checkpoint": {}},
         armed={0: "validation", 2: "checkpoint"},
     )
     for name, stopped, rerun in zip(moments, results[::2], results[1::2]):
@@ -306,9 +241,9 @@ def test_a_second_ctrl_c_stops_at_once(tmp_path):
         str(tmp_path / "c"),
         "--no-progress",
     ]
-    code = _program([run], AT_STEP.format(step=3, sig="signal.SIGINT", times=2), {0: "step"})
+    spec = _spec([run], {"at_step": {"step": 3, "sig": "SIGINT", "times": 2}}, {0: "step"})
     proc = subprocess.run(
-        [sys.executable, "-c", code],
+        [sys.executable, str(HERE / "cli_runs_driver.py"), spec],
         env=_env(),
         cwd=ROOT,
         capture_output=True,
@@ -318,31 +253,6 @@ def test_a_second_ctrl_c_stops_at_once(tmp_path):
     assert proc.returncode == -signal.SIGINT, proc.stderr[-3000:]  # killed, not a clean exit
     assert "Ctrl-C again stops at once" in proc.stderr
     assert not (tmp_path / "c").exists()  # it did not go on to save
-
-
-CRASH = """
-import json, os, signal, keras, mirrorfit
-from mirrorfit.artifacts.checkpoint import Checkpointer
-setup = mirrorfit.configure_devices(replicas=1)
-strategy = mirrorfit.build_strategy(setup)
-data = mirrorfit.load_mnist(train_examples=256, download=False)
-trainer = mirrorfit.Trainer(strategy=strategy, model=mirrorfit.models.mlp,
-                            optimizer=keras.optimizers.Adam(1e-3),
-                            loss=keras.losses.SparseCategoricalCrossentropy(), global_batch=32)
-ckpt = Checkpointer({dir!r}, trainer=trainer, model_spec="mlp")
-if {crash}:
-    ckpt.restore_latest()
-    trainer.fit(mirrorfit.train_batches(data.x_train, data.y_train, global_batch=32, seed=0),
-                epochs=trainer.epoch + 1)
-    real_rename = os.rename
-    os.rename = lambda *a: os.kill(os.getpid(), signal.SIGKILL)  # die at the commit point
-    ckpt.save()
-else:
-    restored = ckpt.restore_latest()
-    weights_ok = bool(trainer.model.get_weights()[0].any())
-    print(json.dumps({{"step": restored and restored.step, "epoch": restored and restored.epoch,
-                      "ok": weights_ok}}))
-"""
 
 
 def test_kill_9_during_a_save_leaves_the_previous_checkpoint_loadable(tmp_path):
@@ -365,7 +275,7 @@ def test_kill_9_during_a_save_leaves_the_previous_checkpoint_loadable(tmp_path):
     )
     assert [p.name for p in d.iterdir()] == ["ckpt-000000008"]
     crashed = subprocess.run(
-        [sys.executable, "-c", CRASH.format(dir=str(d), crash=True)],
+        [sys.executable, str(HERE / "crash_save_driver.py"), str(d), "crash"],
         env=_env(),
         cwd=ROOT,
         capture_output=True,
@@ -373,7 +283,7 @@ def test_kill_9_during_a_save_leaves_the_previous_checkpoint_loadable(tmp_path):
     )
     assert crashed.returncode == -signal.SIGKILL
     assert any(p.name.startswith(".ckpt-000000016.tmp") for p in d.iterdir())  # half-written
-    after = run_isolated(CRASH.format(dir=str(d), crash=False))
+    after = run_isolated(HERE / "crash_save_driver.py", d, "restore")
     assert after == {"step": 8, "epoch": 1, "ok": True}
 
 
@@ -513,7 +423,7 @@ def test_changed_flags_resume_exactly_or_are_refused_by_name(tmp_path):
             str(tmp_path / "ref.keras"),
         ]
     )
-    first, *results, resumed, again, ref = _drive(runs, "", {})
+    first, *results, resumed, again, ref = _drive(runs, {}, {})
     assert first["code"] == 0, first["err"][-3000:]
     for (flags, expected), got in zip(refused.items(), results):
         lines = [ln for ln in got["err"].splitlines() if ln.startswith("mirrorfit: error")]
@@ -529,22 +439,6 @@ def test_changed_flags_resume_exactly_or_are_refused_by_name(tmp_path):
 
 
 # -- a full disk (issue 10, item 10) ------------------------------------------------------------
-DISK_FULL = """
-import errno, tensorflow as tf
-real_fsync, real_write = os.fsync, tf.train.Checkpoint.write
-def fsync(fd):  # ENOSPC where a small file's data reaches the disk: meta.json of checkpoint 16
-    path = os.readlink(f"/proc/self/fd/{fd}")
-    if current[0] == 1 and path.endswith("meta.json") and "000000016" in path:
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-    real_fsync(fd)
-def write(self, prefix, options=None):  # TensorFlow's own report of ENOSPC
-    if current[0] == 2:
-        raise tf.errors.ResourceExhaustedError(None, None, prefix + "; No space left on device")
-    return real_write(self, prefix, options)
-os.fsync, tf.train.Checkpoint.write = fsync, write
-"""
-
-
 def test_a_full_disk_says_so_and_keeps_the_previous_checkpoint(tmp_path):
     d = tmp_path / "c"
     run = [
@@ -560,7 +454,7 @@ def test_a_full_disk_says_so_and_keeps_the_previous_checkpoint(tmp_path):
         "--no-progress",
     ]
     first, meta_full, tf_full = _drive(
-        [[*run, "--epochs", "1"]] + [[*run, "--epochs", "2"]] * 2, DISK_FULL, {}
+        [[*run, "--epochs", "1"]] + [[*run, "--epochs", "2"]] * 2, {"disk_full": {}}, {}
     )
     assert first["code"] == 0, first["err"][-3000:]
     for got in (meta_full, tf_full):

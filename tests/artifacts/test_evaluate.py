@@ -3,6 +3,7 @@ split (what its training run reported); a source without one, or whose examples 
 model cannot take, is one line and exit code 2."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -10,6 +11,8 @@ import pytest
 from conftest import run_isolated
 from data_fixtures import mnist, write_png_folder
 from mirrorfit.cli import main
+
+HERE = Path(__file__).parent
 
 
 @pytest.mark.parametrize(
@@ -114,23 +117,7 @@ def test_checkpoint_and_saved_model_score_a_folders_test_split_as_training_did(t
         ],
         "classes": ["evaluate", "--checkpoint-dir", str(ckpt), "--data", str(tmp_path / "twelve")],
     }
-    out = run_isolated(
-        f"""
-        import contextlib, io, json, pathlib
-        from mirrorfit.cli import main
-        results = {{}}
-        for name, args in {runs!r}.items():
-            err, std = io.StringIO(), io.StringIO()
-            with contextlib.redirect_stderr(err), contextlib.redirect_stdout(std):
-                rc = main(args)
-            results[name] = [rc, err.getvalue(), std.getvalue()]
-        for name in ("train", "ckpt", "saved"):
-            path = pathlib.Path({str(tmp_path)!r}) / f"{{name}}.json"
-            results[name + ".json"] = json.loads(path.read_text()) if path.exists() else None
-        print(json.dumps(results))
-    """,
-        timeout=600,
-    )
+    out = run_isolated(HERE / "evaluate_runs_driver.py", json.dumps(runs), tmp_path, timeout=600)
     assert out["train"][0] == 0, out["train"][1][-2000:]
     trained = out["train.json"]
     for name in ("checkpoint", "saved_model"):

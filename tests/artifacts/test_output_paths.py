@@ -15,6 +15,8 @@ from mirrorfit.artifacts.output_paths import check_output_file, check_output_fol
 
 from conftest import permissions_apply
 
+HERE = Path(__file__).parent
+
 
 @pytest.fixture
 def place(tmp_path, monkeypatch):
@@ -183,18 +185,18 @@ def test_a_folder_this_user_may_not_enter_is_one_line(tmp_path):
         locked.chmod(0o700)
 
 
-_CHECK = (
-    "import sys\nfrom mirrorfit.artifacts import output_paths\nfrom mirrorfit.errors import "
-    "ConfigError\ntry:\n    getattr(output_paths, sys.argv[1])(sys.argv[2], sys.argv[3])\n"
-    "except ConfigError as e:\n    print(e)"
-)
-
-
 def _refusal(check: str, flag: str, path: Path) -> str | None:
     """output_paths.``check``(flag, path)'s ConfigError message (None: accepted), for a user
     whom permissions apply to: in a process of its own, without root's powers over them."""
     proc = subprocess.run(
-        [*permissions_apply(), sys.executable, "-c", _CHECK, check, flag, str(path)],
+        [
+            *permissions_apply(),
+            sys.executable,
+            str(HERE / "output_check_driver.py"),
+            check,
+            flag,
+            str(path),
+        ],
         capture_output=True,
         text=True,
         timeout=120,
