@@ -186,6 +186,30 @@ def kind_compute_loss():
     return m, data_regression(), {}
 
 
+class WeightPenalty(layers.Layer):
+    """A Dense whose call adds a penalty on its own kernel (``add_loss``)."""
+
+    def build(self, shape):
+        self.kernel = self.add_weight(shape=(shape[-1], 4), initializer="glorot_uniform")
+
+    def call(self, x):
+        self.add_loss(1e-2 * ops.sum(ops.square(self.kernel)))
+        return ops.matmul(x, self.kernel)
+
+
+def kind_regularised():
+    m = keras.Sequential(
+        [
+            keras.Input((8,)),
+            layers.Dense(16, activation="relu", kernel_regularizer=keras.regularizers.L2(1e-2)),
+            WeightPenalty(),
+            layers.Dense(1, bias_regularizer=keras.regularizers.L1(1e-2)),
+        ]
+    )
+    m.compile(optimizer=keras.optimizers.Adam(1e-2), loss="mse", metrics=["mae"])
+    return m, data_regression(), {}
+
+
 def kind_sample_weights():
     m, (x, y), _ = kind_regression()
     return m, (x, y), {"sample_weight": rng.uniform(0.1, 2.0, size=(N,)).astype("float32")}

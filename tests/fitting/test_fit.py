@@ -32,6 +32,7 @@ KINDS = (
     "one_hot",
     "partial_batch",
     "regression",
+    "regularised",
     "rescaling_uint8",
     "sample_weights",
     "subclassed",
