@@ -31,19 +31,11 @@ def configure_devices(
     cluster=None,
     collective_timeout_s: float | None = None,
 ) -> DeviceSetup:
-    """Make the requested devices visible and return the ones to replicate over. (``cluster``
-    and ``collective_timeout_s``: the engine contract's; TensorFlow's strategy joins the
-    cluster in ``build_distribution``.)
-
-    GPUs: ``visible_devices`` ("0,2") selects them like CUDA_VISIBLE_DEVICES, memory growth is
-    on by default, ``memory_limit_mb`` caps each GPU (MB; replaces memory growth),
-    ``replicas`` takes the first N. Without GPUs, ``replicas=N`` splits the CPU
-    into N logical devices. ``threads`` sizes TensorFlow's intra- and inter-op thread pools
-    (None: TF's default, every core): N worker processes on one host each take cores / N, or
-    they fight over the same cores. ``keep_freed_memory`` keeps the buffers a step frees in
-    the process instead of faulting them in again next step (process-wide glibc malloc
-    thresholds; resident memory stays near its peak; see
-    :mod:`mirrorfit.distribute._host_memory`): ``mirrorfit train`` and ``bench`` ask for it.
+    """Make the requested devices visible; return the ones to replicate over. ``visible_devices``
+    ("0,2") selects GPUs like CUDA_VISIBLE_DEVICES; ``memory_limit_mb`` caps each GPU (MB;
+    replaces memory growth, on by default); ``replicas`` takes the first N GPUs, or splits the CPU
+    into N logical devices; ``threads`` sizes TF's thread pools (None: every core). (why, and
+    ``keep_freed_memory``: docs/architecture.md#tensorflow-devices)
     """
     if threads:
         try:

@@ -1,18 +1,10 @@
-"""Where this process stands in a tf.distribute strategy: one frozen :class:`Distribution`
-(the strategy, replicas in sync, workers, this task, whether it is the chief, and how input is
-split). :mod:`mirrorfit.engine.tensorflow.strategy` and
-:mod:`mirrorfit.engine.tensorflow.parameter_server` build it.
+"""Where this process stands in a tf.distribute strategy: one frozen :class:`Distribution`.
 
-Input splits:
-
-- ``"global-batch"`` (one process): the pipeline makes global batches, cut into one contiguous
-  piece per replica (by the strategy's distributed dataset, or on host CPUs in the step).
-- ``"worker-share"`` (several processes, MultiWorkerMirroredStrategy): every worker builds the
-  same global batches and keeps its own contiguous share (worker w of W: examples
-  ``[w*B/W, (w+1)*B/W)``), cut again per local replica. Replica r of N sees the same examples as
-  on one process with N replicas, so the order never depends on the number of workers.
-- ``"coordinator"`` (parameter servers): the chief schedules steps on workers that each read
-  their own dataset (:mod:`mirrorfit.engine.tensorflow.parameter_server`).
+Input splits (``input_split``): ``"global-batch"`` (one process: each global batch cut per
+replica), ``"worker-share"`` (MultiWorkerMirroredStrategy: worker w of W keeps examples
+``[w*B/W, (w+1)*B/W)`` of every global batch, cut again per local replica) and
+``"coordinator"`` (parameter servers: each worker reads its own dataset).
+(why: docs/architecture.md#tensorflow-input-splits)
 """
 
 from __future__ import annotations
@@ -36,11 +28,9 @@ _HOST_FED = (
 
 @dataclass(frozen=True)
 class Distribution:
-    """Where training runs: build with :func:`build_distribution`.
-
-    ``replicas`` counts every replica in sync over all workers; ``local_replicas`` those of this
-    process. ``is_chief`` decides who writes outputs (checkpoint metadata, exports, metrics,
-    TensorBoard, the console summary): one place, here.
+    """Where training runs (build with :func:`build_distribution`): ``replicas`` in sync over all
+    workers, ``local_replicas`` of this process; ``is_chief`` alone writes the outputs
+    (checkpoint metadata, exports, metrics, TensorBoard, the console summary).
     """
 
     strategy: tf.distribute.Strategy
@@ -57,18 +47,11 @@ class Distribution:
     backend = "tensorflow"  # which engine runs it (mirrorfit.engine.controller picks by it)
 
     def distribute(self, make: Callable[[int, int], tf.data.Dataset], *, per_replica: int):
-        """A distributed dataset from ``make(worker, workers)``, which returns this worker's
-        share of every global batch (``make(0, 1)``: the global batches themselves).
-        ``per_replica`` (examples) cuts a worker's share across its local replicas; a share
-        that is smaller (an evaluation's last batch) gives fewer or smaller pieces, never an
-        example twice.
-
-        Replicas on this host's CPUs get the plain dataset, and :meth:`split` cuts each batch
-        inside the compiled step: the batches are already where those replicas compute, and
-        TF's distributed iterator would copy them there through a MultiDeviceIterator, which
-        cost 40-65% of the CNN's and MLP's throughput on 2 logical CPU replicas and ~30% on
-        one at one thread (measured side by side). Devices keep it: there it overlaps a real
-        copy with the step."""
+        """A distributed dataset from ``make(worker, workers)`` (this worker's share of every global
+        batch; ``make(0, 1)``: the global batches); ``per_replica`` (examples) cuts a share across
+        the local replicas, never an example twice. Replicas on host CPUs get the plain dataset, cut
+        in the step by :meth:`split` (why: docs/architecture.md#tensorflow-input-splits).
+        """
         if self.feeds_from_host:
             dataset = make(self.worker_index, self.workers)
             if all(isinstance(s, tf.TensorSpec) for s in tf.nest.flatten(dataset.element_spec)):

@@ -1,9 +1,6 @@
-"""Compile the per-replica step into multi-step ``tf.function``s, once.
-
-``train_steps(iterator, n)`` runs ``n`` steps in one call; ``n`` is a tensor, so changing it
-(the last, shorter execution of an epoch) does not retrace. One call per S steps is what makes
-small models fast under a strategy: the per-call overhead of Python and the runtime, not the
-math, dominates the chapter's MLP.
+"""Compile the per-replica step into multi-step ``tf.function``s, once: ``train_steps(iterator,
+n)`` runs ``n`` steps in one call (``n`` a tensor: the shorter last call does not retrace).
+(why: docs/architecture.md#tensorflow-steps-per-call)
 """
 
 from __future__ import annotations

@@ -1,39 +1,11 @@
 """Parameter-server training: the ``ClusterCoordinator``-driven counterpart of ``loop.py``.
 
-With ``tf.distribute.experimental.ParameterServerStrategy`` the variables (weights, optimizer
-slots, metrics) live on the ps tasks; the chief (this process) traces the engine's steps and
-``ClusterCoordinator.schedule``s them as closures on whichever worker is free; workers and ps
-tasks only serve (:func:`serve`). Each worker applies its own updates as soon as it has them
-(asynchronous training, no all-reduce): one optimizer step = one worker batch.
-
-What holds, and what does not (compare MultiWorkerMirroredStrategy):
-
-* Steps are counted on the chief: ``run_train(it, n)`` runs exactly ``n`` optimizer steps in
-  all workers together, and is finished when it returns. A worker that fails is retried by
-  the coordinator: the closure it was running goes back in the queue and runs again on a
-  worker that is up, so a failure mid-closure can apply up to that closure's steps twice
-  (at least ``n`` steps then); a worker restarted at the same address rejoins (measured:
-  benchmarks/ps_mnist.py --kill-worker-at-step). TF's coordinator treats a failed *ps* as
-  not recoverable: the chief gets an ``UnavailableError`` and must restart from its last
-  checkpoint (saved by the chief, which reads every variable from the ps).
-* Examples are *sampled* per worker: each worker reads its own pipeline (``dataset_fn`` runs
-  once per worker, and again on a worker that comes back), so "every example exactly once
-  per epoch" does not hold; an epoch is ``examples // batch`` steps counted on the chief.
-* Evaluation is exact: it runs inline on the chief over the plain dataset, after the workers
-  are idle, every example once.
-
-Keras 3.15 on TF 2.21 needs two things here (standalone reproductions in ``benchmarks/repro/``):
-
-* ``keras.Variable.assign_add`` is ``assign(self + value)``: read on the ps, add on the worker,
-  write back. Two workers doing it at once lose increments of every metric and of
-  ``optimizer.iterations`` (``ps_keras3_lost_updates.py``: ~40% lost with 2 workers). While
-  tracing the scheduled function this module makes it one atomic ``tf.Variable.assign_add``
-  on the ps (:func:`atomic_keras_increments`). Weights and slots are updated through
-  ``tf.Variable`` ops by Keras's TF optimizer already.
-* A ``variable_partitioner`` makes ``ShardedVariable``s that neither ``GradientTape`` (through
-  ``keras.Variable.handle``) nor the Keras optimizer (``strategy.extended.update``) accept
-  (``ps_keras3_partitioner.py``). Refused here; variables are placed whole, round-robin over
-  the ps tasks, which spreads them as well for models whose largest variable fits on one ps.
+The variables live on the ps tasks; the chief traces the steps and schedules them as closures
+on whichever worker is free (asynchronous: one optimizer step = one worker batch); workers and
+ps tasks only serve (:func:`serve`). Steps are counted on the chief; examples are sampled per
+worker; evaluation runs on the chief, every example once. Keras 3 needs
+:func:`atomic_keras_increments` here, and no ``variable_partitioner``.
+(why: docs/architecture.md#tensorflow-parameter-servers)
 """
 
 from __future__ import annotations
@@ -56,11 +28,8 @@ from mirrorfit.errors import ConfigError
 def serve(
     cluster_resolver: tf.distribute.cluster_resolver.ClusterResolver | None = None,
 ) -> NoReturn:
-    """Run this process as a ``worker`` or ``ps`` task until it is killed (never returns).
-
-    The task comes from ``cluster_resolver`` (default: ``TF_CONFIG``). Workers and ps tasks run
-    no Python of their own: the chief sends them functions, variables and datasets. A worker
-    restarted at the same address rejoins; the coordinator re-creates its datasets.
+    """Run this process as a ``worker`` or ``ps`` task of ``cluster_resolver`` (default:
+    ``TF_CONFIG``) until it is killed (never returns); the chief sends it everything it runs.
     """
     resolver = cluster_resolver or tf.distribute.cluster_resolver.TFConfigClusterResolver()
     if resolver.task_type not in ("worker", "ps"):
@@ -83,9 +52,8 @@ def serve(
 def atomic_keras_increments():
     """Within this block, ``keras.Variable.assign_add/assign_sub`` are one ``tf.Variable`` op.
 
-    Use it around *tracing* (the Python body of a ``tf.function`` runs only then): the ops
-    recorded are atomic on the ps, and nothing changes once the block exits. Same results
-    as Keras's own code for one writer; no increments lost for several.
+    Use it around *tracing* a ``tf.function``: the ops recorded are atomic on the ps.
+    (why: docs/architecture.md#tensorflow-parameter-servers)
     """
     cls = keras.Variable
     saved = {name: cls.__dict__.get(name) for name in ("assign_add", "assign_sub")}
@@ -124,15 +92,11 @@ class CoordinatedLoops:
     def per_worker_dataset(
         self, dataset_fn: Callable[[tf.distribute.InputContext], tf.data.Dataset]
     ):
-        """An iterator over a dataset built on each worker by ``dataset_fn(input_context)``.
-
-        ``dataset_fn`` must return a dataset of per-step batches (examples per optimizer step),
-        repeated without end: the chief decides how many steps run. It runs on the workers,
-        so it must not use ``tf.numpy_function``/``tf.py_function`` (that Python lives on the
-        chief); data it closes over (NumPy arrays) is sent to each worker inside the graph.
-        ``input_context.num_input_pipelines`` is the number of workers and
-        ``input_context.input_pipeline_id`` this worker's index (an int64 *tensor*: it is
-        known only on the worker), for ``dataset.shard`` or per-worker seeds.
+        """An iterator over per-step batches (examples per optimizer step, repeated without end)
+        built on each worker by ``dataset_fn(input_context)``; no
+        ``tf.numpy_function``/``tf.py_function`` (it runs on the workers);
+        ``input_context.input_pipeline_id`` is this worker's index (an int64 tensor). (why:
+        docs/architecture.md#tensorflow-parameter-servers)
         """
         num_workers, replicas = self.num_workers, self.strategy.num_replicas_in_sync
 
@@ -153,13 +117,9 @@ class CoordinatedLoops:
         return iter(self.coordinator.create_per_worker_dataset(per_worker_dataset))
 
     def run_train(self, iterator, num_steps: int) -> None:
-        """Run ``num_steps`` optimizer steps (all workers together); return when they are done.
-
-        The steps are split into one closure per worker (sizes differing by at most one; the
-        count is a tensor, so no retracing) and the call waits for them (``coordinator.join``):
-        when it returns, weights, metrics and the chief's step count agree, so hooks may save
-        a checkpoint or read metrics. Larger ``num_steps`` amortise that wait (workers idle
-        until the slowest closure ends) and the per-closure RPC: use tens of steps per worker.
+        """Run ``num_steps`` optimizer steps (all workers together); return when they are done, with
+        weights, metrics and the chief's step count in agreement. Use tens of steps per worker
+        (why: docs/architecture.md#tensorflow-parameter-servers).
         """
         closures = max(1, min(self.num_workers, num_steps))
         base, extra = divmod(num_steps, closures)
@@ -169,13 +129,9 @@ class CoordinatedLoops:
         self.coordinator.join()
 
     def evaluate(self, dataset: tf.data.Dataset) -> None:
-        """Run the eval step on every batch of ``dataset`` (a plain ``tf.data.Dataset`` of
-        batches, not a distributed one), on the chief, each example exactly once.
-
-        Waits for scheduled training first, so the weights read are those after it. Only the
-        chief computes (it reads the weights from the ps each batch: use large batches);
-        scheduling shards to workers would spread the work, but a closure retried after a
-        worker failure could then count its examples twice.
+        """Run the eval step on the chief over every batch of ``dataset`` (plain, not distributed),
+        each example once, after scheduled training has finished; use large batches
+        (why: docs/architecture.md#tensorflow-parameter-servers).
         """
         self.coordinator.join()
         # Made eagerly, on the chief: iterating inside the function handles a partial last batch.
@@ -198,10 +154,7 @@ def coordinated_loops(
 ) -> CoordinatedLoops:
     """Wrap per-replica ``train_fn(x, y)`` and ``eval_fn(x, y)`` (e.g. a ``ReplicaStep``'s) for
     ``ParameterServerStrategy``: training scheduled on the workers, evaluation on the chief.
-
-    ``train_fn`` is one optimizer step on one worker's batch: under this strategy a "global
-    batch" is what one worker reads per step (``ReplicaStep(global_batch=that,
-    num_replicas=strategy.num_replicas_in_sync)``, 1 on CPU workers).
+    ``train_fn`` is one optimizer step on one worker's batch (its "global batch").
     """
     if getattr(strategy.extended, "_variable_partitioner", None) is not None:
         raise ValueError(
@@ -285,12 +238,8 @@ def start_server(cluster) -> tf.distribute.Server:
 
 def serve_task(cluster, *, console=None) -> NoReturn:
     """What a ``worker`` or ``ps`` task of ``mirrorfit train --strategy parameter-server`` does:
-    serve the chief until it is stopped.
-
-    A SIGTERM/SIGINT does not end it at once: the chief, signalled at the same moment (by
-    ``mirrorfit launch`` or a node drain), still needs the ps to save its checkpoint. So a
-    signalled task serves on until the chief's port is closed, then exits 0; a second signal
-    ends it at once.
+    serve the chief; after a SIGTERM/SIGINT, until the chief's port is closed, then exit 0 (a
+    second signal ends it at once). (why: docs/architecture.md#tensorflow-parameter-servers)
     """
     import os
     import signal

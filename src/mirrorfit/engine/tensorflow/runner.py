@@ -1,10 +1,7 @@
-"""The runner: everything built under the strategy, and the calls that run on the devices.
-
-Like Orbit's runner it owns the model, the optimizer, the per-replica step and the compiled
-loops (with the XLA check and its fallback); the controller (:mod:`mirrorfit.engine.controller`)
-decides when to call it. The loops come from :mod:`mirrorfit.engine.tensorflow.loop`, or,
-under parameter servers, from :mod:`mirrorfit.engine.tensorflow.parameter_server`, behind the
-same calls.
+"""The runner: the model, the optimizer, the per-replica step and the compiled loops (with the
+XLA check and its fallback), built under the strategy, as Orbit's runner. The controller
+(:mod:`mirrorfit.engine.controller`) decides when to call it; the loops come from ``loop.py``
+or, under parameter servers, ``parameter_server.py``, behind the same calls.
 """
 
 from __future__ import annotations
@@ -50,11 +47,11 @@ class TrainInput:
         held, self.tf_iterator = [self.tf_iterator], None
         if self.lockstep:
             # Deleted here, at the same point on every worker: left to the garbage collector,
-            # a multi-worker run stalled 20-30 s after its last epoch (measured: 31 s; 0 s so).
+            # a multi-worker run stalled after its last epoch
+            # (docs/benchmarks.md#figures-behind-the-code).
             held.clear()
         else:
-            # Deleted on a thread of its own: deleting TensorFlow's iterator took 2-3 s in
-            # one run of two here (the default job's), and nothing waits for it.
+            # Deleted on a thread of its own: that can take seconds, and nothing waits for it.
             threading.Thread(target=held.clear, daemon=True).start()
 
 
@@ -84,11 +81,9 @@ def gpu_peak_bytes() -> int | None:
 
 
 class Runner(BatchShape):
-    """Model, optimizer, step and compiled loops for one :class:`Distribution`.
-
-    ``model``: a zero-argument function returning a Keras model (built here under the scope,
-    with ``precision`` and ``remat``), or a model already built under ``strategy.scope()``.
-    ``optimizer``: a configured Keras optimizer (copied into the scope if made outside it).
+    """Model, optimizer, step and compiled loops for one :class:`Distribution`. ``model``: a
+    zero-argument function returning a Keras model, or one built under ``strategy.scope()``;
+    ``optimizer``: a Keras optimizer (copied into the scope if made outside it);
     ``global_batch``: examples per optimizer step over all replicas and micro-batches.
     """
 

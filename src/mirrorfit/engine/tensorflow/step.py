@@ -1,13 +1,8 @@
 """What runs on each replica: forward, loss over the *global* batch, backward, update.
 
-These functions run inside ``strategy.run``; the loop module compiles them into multi-step
-``tf.function``s. Gradients are all-reduced once per optimizer step by the Keras optimizer
-(one batched ``all_reduce`` of every gradient) and applied once, also with gradient
-accumulation: the K micro-batches' gradients are summed locally first.
-
-With ``jit_compile`` only the forward and backward pass (what one replica computes alone) is
-compiled by XLA; the all-reduce and the update stay outside, because TF 2.21 rejects a
-``jit_compile`` function containing cross-replica collectives under MirroredStrategy.
+Run inside ``strategy.run``; ``loop.py`` compiles them. The Keras optimizer all-reduces the
+gradients once per optimizer step (K micro-batches summed locally first). ``jit_compile``
+compiles only the forward and backward pass (why: docs/architecture.md#tensorflow-step).
 """
 
 from __future__ import annotations
@@ -26,12 +21,10 @@ def per_example_loss(loss: Callable, y: tf.Tensor, pred: tf.Tensor) -> tf.Tensor
 
 
 class ReplicaStep:
-    """Per-replica train and eval computations for one model.
-
-    ``global_batch`` (examples per optimizer step over all replicas, micro-batches included)
-    scales the loss so that summing the replicas' gradients gives the gradient of the
-    global-batch mean: the same update as one device on the whole batch. ``accum_steps`` K
-    splits each replica's batch into K micro-batches run one after another.
+    """Per-replica train and eval computations for one model. ``global_batch`` (examples per
+    optimizer step, all replicas and micro-batches) scales the loss so the replicas' summed
+    gradients are the global-batch mean's; ``accum_steps`` K splits each replica's batch into K
+    micro-batches run one after another.
     """
 
     def __init__(
@@ -148,11 +141,8 @@ class ReplicaStep:
 
 
 def _agree_on_overflow(grads: list[tf.Tensor]) -> list[tf.Tensor]:
-    """Make every replica see non-finite gradients if any replica has them.
-
-    Keras's LossScaleOptimizer decides skip-or-apply from the *first* replica's local gradients,
-    before the all-reduce; an overflow on another replica would then be applied to the weights.
-    One scalar all-reduce makes the decision unanimous.
+    """Make every replica see non-finite gradients if any replica has them (one scalar all-reduce).
+    (why: docs/architecture.md#tensorflow-step)
     """
     local_bad = tf.cast(
         tf.logical_not(tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in grads])),

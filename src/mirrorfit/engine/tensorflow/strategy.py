@@ -1,9 +1,7 @@
 """Build the tf.distribute strategy by name, as one frozen
-:class:`~mirrorfit.engine.tensorflow.distribution.Distribution`.
-
-A strategy is a value chosen by name: single, mirrored, central-storage (one process),
-multi-worker, parameter-server (several; :mod:`mirrorfit.engine.tensorflow.parameter_server`).
-Batch sizes are computed from the Distribution, after it exists.
+:class:`~mirrorfit.engine.tensorflow.distribution.Distribution`: single, mirrored,
+central-storage (one process), multi-worker, parameter-server (several processes). Batch
+sizes are computed from the Distribution, after it exists.
 """
 
 from __future__ import annotations
@@ -29,8 +27,8 @@ def _cross_device_ops(name: str, setup: DeviceSetup):
     if name == "auto":
         if setup.kind == "GPU":
             return None  # TF's choice: NCCL collectives on physical GPUs
-        # TF's default on CPUs is a RING collective: measured 1.7x slower than reduce-to-one
-        # for the MLP on 2 logical CPU replicas (benchmarks/textbook_vs_mirrorfit.py).
+        # TF's default on CPUs, a RING collective, is slower than reduce-to-one
+        # (docs/benchmarks.md#figures-behind-the-code).
         return tf.distribute.ReductionToOneDevice()
     if name == "nccl":
         if setup.kind != "GPU":
@@ -98,10 +96,8 @@ def build_distribution(
 ) -> Distribution:
     """The strategy for ``setup`` (this process's devices) and, for ``multi-worker`` and
     ``parameter-server``, ``cluster`` (a :class:`~mirrorfit.distribute.cluster.Cluster`).
-
-    ``collective_timeout_s`` (seconds) bounds the wait for the other workers at start-up and for
-    every collective after: a worker that never comes up, or stops answering, is named in one
-    line instead of a hang. ``shard`` must be ``"none"``: the state is whole on every device.
+    ``collective_timeout_s`` (seconds) bounds the wait for the other workers at start-up and in
+    every collective; ``shard`` must be ``"none"`` (the state is whole on every device).
     """
     check_settings("tensorflow", shard=shard)
     if kind not in CLUSTER_KINDS:
@@ -149,9 +145,9 @@ def _multi_worker(
 
     # The strategy's start-up barrier has a deadline setting (TF's default: none)...
     cars.CollectiveAllReduceExtended._check_health_initial_timeout = int(max(1, timeout_s))
-    # ...but before it, TF's coordination service waits for every task to register, in C++,
-    # for ever, whatever its register timeout says (measured on TF 2.21). Nothing can interrupt
-    # that wait (it holds the GIL), so a watchdog process names who is missing and ends it.
+    # ...but before it, TF's coordination service waits for every task to register for ever,
+    # holding the GIL: a watchdog process names who is missing and ends it
+    # (why: docs/architecture.md#a-worker-that-never-joins).
     with deadline(
         timeout_s,
         f"did not join within {timeout_s:g} s; check that every task "
@@ -187,17 +183,10 @@ def _multi_worker(
 
 @contextlib.contextmanager
 def _buffers_sent_whole():
-    """While the strategy starts this process's collective server: have that server send each
-    all-reduce buffer as one piece.
-
-    TF's gRPC ``RecvBuf`` cuts every buffer it sends into 4 KiB protobuf strings unless the
-    server's ``recv_buf_max_chunk`` says otherwise; -1 sends it whole, as TF's DTensor
-    multi-client set-up asks of its own server. MultiWorkerMirroredStrategy copies its server's
-    config from the eager context when it starts the server, and has no option for this field,
-    so the context carries it for that moment only (restored after: later servers in this
-    process, e.g. a Python caller's, are not affected). Measured here (2 workers, one core
-    each, the CNN's 2.5 MB of gradients, TF's profiler): the all-reduce took 4.8-5.0 ms per step
-    against 5.9-7.0 ms. Transport only: the values and their order are unchanged."""
+    """While the strategy starts this process's collective server, set ``recv_buf_max_chunk=-1``
+    so that it sends each all-reduce buffer whole (the config is restored after; transport only:
+    values and order unchanged). (why: docs/architecture.md#tensorflow-all-reduce-buffers)
+    """
     from tensorflow.core.protobuf import config_pb2
     from tensorflow.python.eager import context
 
