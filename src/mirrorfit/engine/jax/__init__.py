@@ -1,9 +1,8 @@
-"""The JAX engine (Keras 3 on JAX), in the order a run uses it: ``devices`` (GPUs, or N logical
-CPU devices) -> ``placement`` (a 1-D mesh: the batch split, the state replicated) -> ``step``
-(per replica: stateless_call, value_and_grad over K micro-batches, one all-reduce,
-stateless_apply; S steps in one jitted call) -> ``feed`` (blocks of batches on the devices
-ahead of the step) -> ``runner`` (the state between calls, written back to Keras at hooks) ->
-``state`` (checkpoint files). Imports no TensorFlow."""
+"""The JAX engine (Keras 3 on JAX), in the order a run uses it: ``devices`` -> ``placement`` (a
+1-D mesh) -> ``step`` (per replica, one all-reduce per step; S steps in one jitted call) ->
+``feed`` (blocks of batches on the devices ahead of the step) -> ``runner`` (the state
+between calls) -> ``state`` (checkpoint files). Imports no TensorFlow.
+"""
 
 import importlib
 

@@ -1,9 +1,6 @@
 """The JAX engine's devices: the GPUs JAX sees, or N logical CPU devices (XLA's host platform
-device count, what ``--replicas N`` splits the CPU into on TensorFlow too).
-
-The CPU device count and the GPU memory settings are read when JAX initialises its backends
-(the first ``jax.devices()``), so :func:`configure_devices` must come first in a process;
-after that a different count is one ConfigError line, as on TensorFlow.
+device count). JAX reads these settings at its first ``jax.devices()``, so
+:func:`configure_devices` comes first in a process; a later, different count is a ConfigError.
 """
 
 from __future__ import annotations
@@ -29,17 +26,12 @@ def configure_devices(
     cluster=None,
     collective_timeout_s: float | None = None,
 ) -> DeviceSetup:
-    """The devices to replicate over, as :func:`mirrorfit.engine.tensorflow.devices.
-    configure_devices` chooses them: GPUs (``visible_devices`` "0,2" picks them by index,
-    ``replicas`` takes the first N), else ``replicas`` logical CPU devices. ``memory_growth``
-    (the default) lets JAX take GPU memory as it needs it instead of 75% up front;
-    ``memory_limit_mb`` caps what it takes (MB per GPU). ``threads``: 1 runs XLA's CPU
-    computations on one thread (N workers on N cores); JAX has no setting for other counts.
-
-    ``cluster`` (a :class:`~mirrorfit.distribute.cluster.Cluster`, for ``--strategy
-    multi-worker``): join its job first (:func:`mirrorfit.engine.jax.processes.join`, waiting
-    up to ``collective_timeout_s`` for the others); the devices returned are this process's,
-    the mesh (``build_distribution``) spans every process's."""
+    """The devices to replicate over, chosen as on TensorFlow: GPUs (``visible_devices`` "0,2"
+    by index, ``replicas`` the first N), else ``replicas`` logical CPU devices;
+    ``memory_limit_mb`` caps GPU memory (MB per GPU); ``threads``: only 1 (XLA on one thread).
+    With ``cluster``, join its job first (waiting up to ``collective_timeout_s`` seconds): the
+    devices returned are this process's. (why: docs/architecture.md#jax-devices)
+    """
     if threads not in (None, 1):
         raise ConfigError(
             f"--threads-per-worker {threads}: the JAX engine can run a worker's CPU "

@@ -1,29 +1,11 @@
-"""Training input for the JAX engine: blocks of global batches, on the devices before the step
-that needs them.
+"""Training input for the JAX engine: blocks ``[S, B, ...]`` of global batches, copied to the
+devices before the step that needs them.
 
-The controller runs an epoch as calls of ``n = min(S, steps left)`` steps. :class:`Feed`
-knows that plan, so a background thread builds each call's block ``[S, B, ...]`` in host memory
-(the batches of the seeded order, ``xs[:n]`` real, the rest padding the step never reads)
-while the devices compute, and the training thread starts copying the next block to the
-devices (split along the batch axis; asynchronous on a GPU) as it hands over the current one:
-one block on the devices ahead of the step, two in host memory (double buffering). The
-background thread only touches host memory. The time the training thread waits for a block is
-the input wait.
-
-Sources, as :mod:`mirrorfit.data` opens them:
-
-* arrays (MNIST, ``.npz``, a function's arrays): indices from the same (seed, epoch) order as
-  the TensorFlow engine, gathered with NumPy; uint8 pixels travel as uint8 (scaled on the
-  device), 4x less to copy;
-* synthetic data: one batch, made once, put on the devices once and repeated;
-* anything else (image folders, TFRecords, datasets): its tf.data pipeline, read as NumPy
-  (TensorFlow must be installed for those, and decodes them as it does for the TF engine).
-
-Over several processes (``--strategy multi-worker``) each process builds only worker w's
-contiguous share of every global batch (the sources' ``worker``/``workers`` arguments, as on
-TensorFlow) and puts it on its own devices as its piece of the global block
-(``jax.make_array_from_process_local_data``): Keras's own multi-process input sharding takes
-tf.data only.
+A background thread builds each call's block in host memory while the devices compute; the
+training thread copies the next block as it hands over the current one (double buffering).
+Its wait for a block is the input wait. Arrays are gathered with NumPy in the TF engine's
+seeded order, synthetic data is put once, anything else is read from its tf.data pipeline;
+over several processes each puts only its share. (why: docs/architecture.md#jax-input-feed)
 """
 
 from __future__ import annotations

@@ -1,27 +1,8 @@
-"""Layer-by-layer gathering under ``--shard all``: a split weight is all-gathered where its
-layer runs, in the forward pass and again in the backward pass, so that a device holds about
-one layer's whole weights at a time, not the model's (the FSDP schedule).
-
-How the step uses it (engine/jax/step.py, keras_fit.py):
-- The gradient is taken with respect to *probes*: zeros of each split weight's whole shape.
-  The model's variables are mapped to ``gather(shard) + probe`` (:func:`mapped`), so the
-  gradients come out whole and are reduce-scattered once per optimizer step, as before.
-- Inside :func:`gathering`, each layer that :func:`prepare` wrapped runs as one
-  ``jax.custom_vjp`` function of its split weights' probes and shards (not the mapped values).
-  It gathers its weights from the shards itself, and its backward rule gathers them again
-  rather than keeping them; both add the probe, so gradients of any order reach it. The
-  up-front gathers then feed nothing and XLA drops them. A weight read outside its layer (tied
-  into another layer) reads the mapped value: correct, only not freed.
-- Each gather is made to depend on the layer's input (forward) or output gradient
-  (backward) through a zero XLA cannot fold (:func:`_zero_after`). Without it XLA hoists
-  every forward gather to the program's start and merges each backward gather with its
-  forward twin: XLA's CPU compiler removes JAX's optimization barriers before it merges.
-
-A layer is wrapped when a model calls it (not another layer: an RNN's cell would gather once
-per time step), it is one of Keras's own, holds split weights, and has no sublayers and no
-non-trainable state (its call writes nothing, the rule of models/remat.py). The weights of
-other layers (a user's own, BatchNormalization, MultiHeadAttention with its dropout) are
-read from the mapped values: gathered whole for the step, as before.
+"""Layer-by-layer gathering under ``--shard all`` (the FSDP schedule): a split weight is
+all-gathered where its layer runs, forward and again backward, so a device holds about one
+layer's whole weights at a time. :func:`prepare` wraps the layers, :func:`mapped` maps the
+variables to ``gather(shard) + probe``, :func:`gathering` runs the wrapped layers as
+``jax.custom_vjp`` functions. (how and why: docs/architecture.md#jax-layer-by-layer-gathering)
 """
 
 from __future__ import annotations

@@ -1,12 +1,7 @@
-"""Sharded JAX checkpoints through Orbax: ``state/``, one Orbax PyTree of the trainable
-weights, the statistics and the optimizer variables as the devices hold them. Each process
-writes its own devices' pieces, in the background; a restore reads the pieces the resuming
-run's devices hold (another device or worker count: re-sharded on read).
-
-The commit point stays :class:`~mirrorfit.artifacts.checkpoint.Checkpointer`'s rename of the
-checkpoint's temp folder (Orbax's own temp-and-rename of ``state/`` happens inside it), so a
-crash mid-save leaves the previous checkpoint the newest. Why Orbax for sharded runs only, and
-the blocked time per save: docs/jax.md, docs/benchmarks.md.
+"""Sharded JAX checkpoints through Orbax: ``state/``, one Orbax PyTree of the trainable weights,
+the statistics and the optimizer variables as the devices hold them, each process writing its
+own pieces in the background; a restore re-shards on read. The commit point stays
+:class:`~mirrorfit.artifacts.checkpoint.Checkpointer`'s rename. (why: docs/jax.md#checkpoints)
 """
 
 from __future__ import annotations

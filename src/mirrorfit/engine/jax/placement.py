@@ -1,18 +1,10 @@
 """Where a JAX run computes: a 1-D mesh of devices (axis ``"data"``), the batch split along it
-and the state replicated, as one frozen :class:`Placement` (the JAX engine's counterpart of
-:class:`mirrorfit.engine.tensorflow.distribution.Distribution`).
-
-One process: the mesh of its devices. ``--strategy multi-worker``: the mesh of every process's
-devices, process by process (worker w's devices hold the w-th contiguous share of every global
-batch, as replica w would on one process); the processes joined first
-(:mod:`mirrorfit.engine.jax.processes`). Then arrays that span the mesh are made and read with
-what JAX has for several processes: each process puts only its own devices' pieces, and a
-read of per-device values (metrics, statistics) is a small compiled reduction, a collective
-that every worker runs at the same point (``lockstep``).
-
-``--strategy`` names that only TensorFlow has (central storage, parameter servers) and the
-TensorFlow collectives' flags are refused here in one line; ``auto``, ``single`` and
-``mirrored`` are all data parallel over the mesh (one device is a mesh of one).
+and the state replicated, as one frozen :class:`Placement` (the counterpart of TensorFlow's
+:class:`~mirrorfit.engine.tensorflow.distribution.Distribution`). With ``--strategy
+multi-worker`` the mesh spans every process's devices, process by process; reads of
+per-device values are collectives every worker runs at the same point (``lockstep``).
+TensorFlow-only strategies and flags are refused in one line.
+(why: docs/multi-worker-jax.md#how-a-job-is-laid-out)
 """
 
 from __future__ import annotations

@@ -1,37 +1,14 @@
 """A JAX run over several processes (``--strategy multi-worker --backend jax``): joining the
 job on JAX's own runtime, and ending it in one line when another process goes.
 
-:func:`join` is ``jax.distributed.initialize`` for a :class:`~mirrorfit.distribute.cluster.
-Cluster` (TF_CONFIG, SLURM, ``mirrorfit launch``): the chief (``chief``, else ``worker 0``) is
-process 0 and runs JAX's coordination service on its own address from the cluster spec (bound
-to that address, not to every interface: JAX's default is ``[::]:PORT``); every task is process
-``worker_rank`` of ``num_workers``; CPU collectives are JAX's gloo, bound to the task's own
-address too (gloo's default is the address of the host's name, which is 127.0.1.1 on Debian
-hosts: unreachable from the others). It must run before JAX starts its backends
-(:func:`mirrorfit.engine.jax.devices.configure_devices` calls it first).
+- :func:`join`: ``jax.distributed.initialize`` for a
+  :class:`~mirrorfit.distribute.cluster.Cluster`, before JAX starts its backends;
+- a watchdog thread: a task that never joins, or a call that waits too long;
+- :func:`peer_failure`: a collective that failed because a task died;
+- :func:`_name_a_lost_chief`: the chief's death (a SIGABRT) in one line.
 
-Failure, which JAX alone turns into a hang or a fatal C++ abort:
-
-* A task that never joins: JAX waits ``initialization_timeout`` and then aborts the process with
-  a fatal log. Here a watchdog thread (JAX releases the GIL while it waits) ends the process
-  first, after ``--collective-timeout`` seconds, with one line naming the tasks whose port
-  refuses connections, exit 69.
-* A task that dies mid-run: gloo's all-reduce fails at once ("Connection reset by peer"); the
-  job names the task (:func:`peer_failure`, ``mirrorfit.job.train``) and exits 69. A task that
-  stops answering without closing its connections (a frozen process, a host gone from the
-  network) leaves the others inside the collective for ever; the watchdog ends a call into
-  the devices that has waited longer than ``--collective-timeout`` in the same way. JAX's own
-  heartbeat timeout, which would abort the process with a multi-line fatal log, is set beyond
-  it.
-* The chief's process dying: JAX's client in every other task loses the coordination service
-  and aborts the process within milliseconds (SIGABRT, no Python hook); a SIGABRT handler
-  turns that into the same one line and exit 69 (:func:`_name_a_lost_chief`).
-* Naming who went needs each task's port to answer while the task lives, as TensorFlow's
-  server does: the chief's port is the coordination service; every other task keeps a
-  listening socket on its own port (it accepts and closes connections, and carries nothing).
-
-Nothing here is a communication layer of its own: the processes meet, agree and all-reduce
-only through ``jax.distributed``, its coordination service and XLA's collectives.
+(why: docs/multi-worker-jax.md#when-something-goes-wrong,
+docs/architecture.md#jax-multi-process)
 """
 
 from __future__ import annotations
@@ -172,7 +149,7 @@ def _gloo_on(ip: str | None) -> None:
         pass
 
 
-# Seconds a dead task's port may still accept connections (measured: ~50 ms after kill -9).
+# Seconds a dead task's port may still accept connections (docs/multi-worker-jax.md).
 _SETTLE_S = 2.0
 _report = threading.Lock()
 
@@ -199,13 +176,10 @@ _kept: list = []  # the handler, alive for the process's life
 
 
 def _name_a_lost_chief(cluster) -> None:
-    """A task that is not the chief: when the chief's process dies, JAX's client here loses
-    the coordination service and aborts the process at once (measured: 50 ms after a kill -9
-    of the chief, SIGABRT, its fatal log hidden at TF_CPP_MIN_LOG_LEVEL=3; its
-    ``missed_heartbeat_callback``, which would let a program act instead, fails with
-    std::bad_cast in jaxlib 0.10.2 and 0.11.2). A SIGABRT handler says so in mirrorfit's one
-    line and exits 69 when the chief's port refuses connections; any other abort goes on as
-    it would have (the handler returns, and abort() ends the process)."""
+    """On a task that is not the chief: when the chief dies and JAX aborts this process (SIGABRT),
+    say so in one line and exit 69 if the chief's port refuses connections; any other abort goes
+    on. (why: docs/multi-worker-jax.md#when-something-goes-wrong)
+    """
     if not sys.platform.startswith("linux"):
         return
     try:
@@ -223,8 +197,8 @@ def _name_a_lost_chief(cluster) -> None:
 
     def on_abort(signum: int) -> None:
         try:
-            # A killed process's port closes some 50 ms after it died (measured: its memory
-            # is released first): a refusal within a second or two is the chief gone.
+            # A killed process's port closes shortly after it died (its memory is released
+            # first): a refusal within a second or two is the chief gone.
             deadline = time.monotonic() + _SETTLE_S
             while True:
                 try:
@@ -337,17 +311,18 @@ def gloo_lines_dropped() -> Iterator[None]:
         yield
 
 
-# What gloo and JAX's runtime say when a peer's connection went away mid-collective (measured:
+# What gloo and JAX's runtime say when a peer's connection went away mid-collective (seen:
 # "UNKNOWN: Gloo all-reduce failed: [...pair.cc:547] Connection closed by peer [127.0.0.1]:N").
 _GONE = ("Gloo", "Connection reset", "Connection closed", "Connection refused", "Broken pipe")
 _GONE_STATUS = ("UNAVAILABLE", "DEADLINE_EXCEEDED", "ABORTED", "CANCELLED")
 
 
 def peer_failure(error: BaseException) -> bool:
-    """Whether ``error`` is a JAX collective or runtime call that failed because another task
-    of a joined job went away: a JaxRuntimeError from the call, or the ValueError that reading
-    its result raises (measured: ``np.asarray`` of a failed all-reduce's output raised
-    "ValueError: UNKNOWN: Gloo all-reduce failed: ... Connection reset by peer")."""
+    """Whether ``error`` is a JAX collective or runtime call that failed because another task of a
+    joined job went away: a JaxRuntimeError from the call, or the ValueError that reading its
+    result raises (e.g. ``np.asarray`` of a failed all-reduce's output: "ValueError: UNKNOWN:
+    Gloo all-reduce failed: ... Connection reset by peer").
+    """
     if _joined is None:
         return False
     jax = sys.modules.get("jax")

@@ -1,18 +1,8 @@
-"""The JAX runner: the model, optimizer and metrics of one run, their state as device arrays,
-and the calls that run on the devices (:mod:`mirrorfit.engine.jax.step`).
-
-The state lives in the runner between calls, donated to each one (no copy per call); the
-Keras variables are brought up to date (``sync``) when something reads them: the model for an
-export or a checkpoint, the optimizer for the learning rate. They hold copies, so the next
-call's donation cannot delete what they hold ("Array has been deleted" is what a variable
-that shared a donated buffer would say).
-
-Over several processes (``--strategy multi-worker``) every array spans all processes' devices:
-the state is put piece by piece, each process its own devices' (:meth:`Placement.put`), and
-what is read of per-device values (metrics, statistics such as batch norm's) is a small
-compiled reduction over the mesh, a collective. The controller reads metrics at the same points
-on every worker (``lockstep``); the statistics are reduced after every call of steps, so that
-``sync`` (which only the chief may reach, for an export) reads nothing from the others.
+"""The JAX runner: the model, optimizer and metrics of one run, their state as device arrays
+donated to each call (:mod:`mirrorfit.engine.jax.step`), and Keras's variables brought up to
+date from them (``sync``, as copies) when something reads them. Over several processes every
+array spans all processes' devices, each putting its own pieces.
+(why: docs/architecture.md#jax-runner-state)
 """
 
 from __future__ import annotations
@@ -46,12 +36,10 @@ EVAL_BLOCK_BYTES = 64 << 20
 
 
 class Runner(BatchShape):
-    """Model, optimizer, metrics, state and compiled calls for one :class:`Placement`.
-
-    The arguments are :class:`mirrorfit.engine.tensorflow.runner.Runner`'s: ``model`` a
-    zero-argument function building the Keras model (or a model), ``optimizer`` a Keras
-    optimizer, ``global_batch`` examples per optimizer step over all replicas and
-    micro-batches. ``jit_compile`` is what JAX always does (the whole step is compiled)."""
+    """Model, optimizer, metrics, state and compiled calls for one :class:`Placement`; the
+    arguments are :class:`mirrorfit.engine.tensorflow.runner.Runner`'s (``jit_compile`` is what
+    JAX always does: the whole step is compiled).
+    """
 
     backend = "jax"
 

@@ -2,16 +2,12 @@
 mesh, along which axis, and the collectives of a sharded step.
 
 - ``none``: every device holds the whole state (replicated data parallel).
-- ``optimizer`` (ZeRO-1/2): the gradients are reduce-scattered; each device updates its slice
-  of the weights with its slice of the optimizer state; the weights are all-gathered after.
-- ``all`` (ZeRO-3/FSDP): the weights are stored sharded too, and each layer all-gathers its own
-  where it runs, forward and backward (engine/jax/layer_gather.py).
+- ``optimizer`` (ZeRO-1/2): gradients reduce-scattered, each device updates its slice of the
+  weights with its slice of the optimizer state, the weights all-gathered after.
+- ``all`` (ZeRO-3/FSDP): the weights stored sharded too, each layer gathering its own
+  (:mod:`mirrorfit.engine.jax.layer_gather`).
 
-The rule (:func:`shard_axis`): a parameter of at least :data:`MIN_ELEMENTS` values is split
-along its first axis whose length the device count divides; smaller ones, ones no axis of
-which divides, and ones with a Keras constraint (it reads the whole tensor) stay replicated.
-An optimizer variable follows the parameter it was made for. The optimizer must update each
-value from its own gradient alone (:data:`ELEMENTWISE`), with no norm clipping.
+Which arrays: :func:`shard_axis`; which optimizers: :data:`ELEMENTWISE`, no norm clipping.
 """
 
 from __future__ import annotations
@@ -50,7 +46,8 @@ def check_mode(shard: str) -> str:
 
 def shard_axis(shape: Sequence[int], replicas: int, *, constrained: bool = False) -> int | None:
     """The axis a parameter of ``shape`` is split along over ``replicas`` devices; None:
-    replicated (see the module's docstring)."""
+    replicated (the rule: docs/jax.md#sharded-state---shard).
+    """
     if replicas == 1 or constrained or math.prod(shape) < MIN_ELEMENTS:
         return None
     return next((d for d, n in enumerate(shape) if n % replicas == 0), None)

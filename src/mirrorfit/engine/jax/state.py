@@ -1,12 +1,7 @@
-"""The JAX engine's checkpoint files: under ``--shard none`` the model's and the optimizer's
-variables as one NumPy ``state.npz`` (by position, with each variable's path and shape to check
-them against); under ``--shard optimizer|all`` an Orbax checkpoint each process writes its own
-pieces of, in the background (:mod:`mirrorfit.engine.jax.orbax_state`). Either is read back
-into any run of the engine, sharded or not.
-
-Why npz for unsharded runs: every variable is whole on every device, so one process writes
-plain arrays, and ``state.npz`` reads with NumPy alone, so a machine with TensorFlow and no JAX
-exports it (:func:`read_model_arrays`). This module imports no JAX.
+"""The JAX engine's checkpoint files: under ``--shard none`` one NumPy ``state.npz`` of the
+model's and the optimizer's variables (by position, with paths and shapes to check), under
+``--shard optimizer|all`` an Orbax checkpoint (:mod:`mirrorfit.engine.jax.orbax_state`);
+either read back into any run of the engine. Imports no JAX. (why: docs/jax.md#checkpoints)
 """
 
 from __future__ import annotations

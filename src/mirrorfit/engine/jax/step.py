@@ -1,30 +1,11 @@
 """What runs on the devices under JAX, compiled once per run.
 
-Per replica (a ``shard_map`` over the mesh's ``"data"`` axis): the forward pass with Keras's
-``stateless_call``, the loss summed over the replica's examples and divided by the *global*
-batch, ``value_and_grad`` over K micro-batches summed locally, then **one** all-reduce of all
-gradients per optimizer step (one ``psum`` of the list: one all-reduce of a tuple in the
-compiled program), and ``stateless_apply``. So the
-update is the one a single device makes on the whole global batch, whatever the replicas and
-K.
-
-The ``shard_map`` runs without JAX's replication type check (``check_vma=False``). With it,
-Keras layers that make a constant inside their call failed to trace: an LSTM's zero initial
-state is the same on every device while the carry its scan returns is per-device, and
-``lax.scan`` refuses carries of two types. Without it, the gradient of a replicated parameter
-is each device's own (JAX inserts no ``psum`` when it transposes the replication), so the one
-``psum`` after the micro-batches counts each device's gradient once. (With the check, the
-parameters had to be made device-varying first, ``jax.lax.pcast(..., to="varying")``, or the
-gradient came back summed already and the ``psum`` counted it N times.) Tests hold both ends:
-2 devices and K=4 end with one device's weights, and the compiled program holds one
-all-reduce per step (tests/engine/jax/test_jax_step.py), on JAX 0.10 and 0.11.
-
-:func:`build_steps` returns the compiled calls: ``train(state, xs, ys, n)`` runs ``n`` steps
-over the batches ``xs[i % L]`` (``L`` batches given, ``n`` a traced count: no retracing when an
-epoch's last call is shorter), the state donated; on a CPU, a model with convolutions runs them
-as ``n`` calls of one step each (XLA's CPU compiler leaves a convolution's gradient inside a
-loop to plain loops, 30x slower for the CNN: see :class:`_Train`); ``evaluate(...)`` runs the
-eval step over a block of batches with a mask for padding (every example counted once).
+Per replica (a ``shard_map`` over the mesh's ``"data"`` axis, ``check_vma=False``):
+``stateless_call``, the loss divided by the *global* batch, ``value_and_grad`` over K
+micro-batches summed locally, **one** all-reduce of all gradients per optimizer step, and
+``stateless_apply``. :func:`build_steps` returns ``train(state, xs, ys, n)`` (``n`` steps,
+state donated) and ``evaluate(...)`` (a block of batches, padding masked out).
+(why: docs/jax.md#what-it-does, docs/architecture.md#jax-step)
 """
 
 from __future__ import annotations
@@ -122,11 +103,9 @@ class Spec:
     @property
     def psum(self) -> Callable:
         # The step's one all-reduce: one psum of all the gradients (XLA emits one
-        # all-reduce of a tuple). Not of one flattened buffer on one process: on XLA's CPU
-        # client that made each step ~300x slower here (2.7 s for the MLP's 50 steps,
-        # against 8 ms). Across processes the tuple's arrays go to gloo one by one, ~4 ms
-        # each for workers bound to a core (measured: 33 ms a step for the CNN's 8, 4.3 ms
-        # for the same numbers in one buffer): there, one buffer.
+        # all-reduce of a tuple). Not of one flattened buffer on one process (far slower on
+        # XLA's CPU client); across processes gloo takes a tuple's arrays one by one, so
+        # there, one buffer (docs/benchmarks.md#figures-behind-the-code).
         if len({d.process_index for d in self.mesh.devices.flat}) > 1:
             return _psum_flat
         return functools.partial(jax.lax.psum, axis_name=AXIS)
@@ -324,17 +303,12 @@ def _convolves(spec: Spec, state, xs) -> bool:
 
 
 class _Train:
-    """``train(state, xs, ys, n)``: ``n`` steps in one compiled call (a loop on the devices),
-    or, for a model with convolutions on XLA's CPU client, ``n`` calls of one step each.
-
-    Why: XLA's CPU compiler rewrites convolutions into the layout its fast kernels take only in
-    a program's entry computation (its ConvCanonicalization pass), not inside a loop's body;
-    there the gradient of a convolution's weights runs as plain loops. Measured here (JAX
-    0.10.2, one thread): that gradient for a 3x3 conv of 64 -> 128 channels over 64 images of
-    14x14 took 14.7 ms on its own and 1,538 ms inside ``fori_loop`` (the CNN's step 0.5 s ->
-    16 s). One step per call keeps every convolution in the entry computation; its
-    micro-batches are unrolled for the same reason. ``one_by_one(state, xs)`` decides, at the
-    first call, from the model's forward pass (None: always the loop)."""
+    """``train(state, xs, ys, n)``: ``n`` steps in one compiled call (a loop on the devices), or,
+    for a model with convolutions on XLA's CPU client, ``n`` calls of one step each, its
+    micro-batches unrolled. ``one_by_one(state, xs)`` decides at the first call, from the forward
+    pass (None: always the loop).
+    (why: docs/multi-worker-jax.md#on-a-cpu-one-step-per-call-for-models-with-convolutions)
+    """
 
     def __init__(self, looped, single, one_by_one) -> None:
         self._looped, self._single, self._one_by_one = looped, single, one_by_one
