@@ -1,11 +1,6 @@
-"""Give each worker that ``mirrorfit launch`` starts on this host cores of its own.
-
-Unbound, two workers on two cores share both: the scheduler moves their compute threads from
-core to core and at times stacks them on one, while at every step's all-reduce the other worker
-waits. Bound, each computes on its own physical cores (hyperthread siblings stay together, as
-with ``mpirun --bind-to core``). TensorFlow sizes its default thread pools from the CPUs a
-process may run on, so a bound worker started without ``--threads-per-worker`` no longer
-oversubscribes the host either. Linux only (``sched_*`` and sysfs topology).
+"""Give each worker that ``mirrorfit launch`` starts on this host cores of its own (hyperthread
+siblings together, as ``mpirun --bind-to core``). Linux only (``sched_*`` and sysfs
+topology). (why: docs/architecture.md#cpu-binding)
 """
 
 from __future__ import annotations

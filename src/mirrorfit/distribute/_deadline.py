@@ -1,9 +1,6 @@
 """A deadline for waits inside TensorFlow's C++ that hold the GIL (no Python thread or signal
 handler runs during them): a tiny watchdog process ends this one with a message.
-
-Measured on TF 2.21: MultiWorkerMirroredStrategy's start waits for every task to register
-with TF's coordination service, for ever, whatever the service's register timeout says, and
-holds the GIL meanwhile; a Python watchdog thread never gets to run.
+(why: docs/architecture.md#a-worker-that-never-joins)
 """
 
 from __future__ import annotations

@@ -1,20 +1,11 @@
 """Where a task's TensorFlow server listens, and whether its port is free.
 
-TensorFlow 2.21's gRPC server listens on ``0.0.0.0:PORT`` whatever the cluster spec says
-(``grpc_server_lib.cc`` builds that address; no ServerDef, ConfigProto or cluster-resolver
-setting names another: ServerDef has only a port), so every task of a job accepted TensorFlow's
-unauthenticated gRPC from any network the host is on. :func:`own_address` makes it listen on the
-task's own address from the cluster spec instead (127.0.0.1 under ``mirrorfit launch``): while
-the server starts, TensorFlow's libraries call a wrapper of the C library's ``bind`` (their
-imported ``bind`` is pointed at it) that turns the wildcard address of this task's port into
-that address; every other bind passes unchanged, and the libraries get the real ``bind`` back
-right after. Linux ELF64 (x86-64, aarch64) only; elsewhere, or where the address is not one of
-this host's, the server listens on every interface as before and the task says so.
+- :func:`own_address`: while the server starts, a ``bind`` wrapper turns the wildcard
+  address of this task's port into the task's own address (Linux ELF64, x86-64 and aarch64;
+  elsewhere the server listens on every interface and the task says so);
+- :func:`check_port`: this task's own port is taken, said at once.
 
-:func:`check_port` says at once that this task's own port is taken: TensorFlow waited, then
-said ``Could not start gRPC server`` or blamed another worker.
-
-Pure Python until a server starts (the CLI checks the port before TensorFlow loads).
+Pure Python until a server starts. (why: docs/architecture.md#where-a-tensorflow-server-listens)
 """
 
 from __future__ import annotations

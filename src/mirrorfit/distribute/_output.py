@@ -26,12 +26,10 @@ def stream_lines(
     write: Callable[[str], None],
     redraw_interval_s: float = REDRAW_INTERVAL_S,
 ) -> None:
-    """Read ``pipe`` (unbuffered bytes) to its end, calling ``write(prefix + line + "\\n")``
-    once per line (decoded as UTF-8, bad bytes replaced); close ``pipe`` at the end.
-
-    ``write`` is called from this thread only; a caller sharing a stream between several pipes
-    makes ``write`` take a lock so that lines never interleave. ``redraw_interval_s``: seconds
-    between two ``\\r`` redraws shown; blank redraws are never shown.
+    """Read ``pipe`` (unbuffered bytes) to its end, calling ``write(prefix + line + "\\n")`` once
+    per line (UTF-8, bad bytes replaced), from this thread only (share a stream: lock in ``write``);
+    close ``pipe`` at the end. ``redraw_interval_s``: seconds between two ``\\r`` redraws shown;
+    blank redraws are never shown.
     """
     fd, buf, last_redraw = pipe.fileno(), b"", -math.inf
 

@@ -1,23 +1,9 @@
-"""Which processes make up a training job and which one this is: one frozen ``Cluster`` value.
-
-A cluster comes from ``TF_CONFIG`` (what ``mirrorfit launch``, Kubeflow's ``TFJob`` and hand-made
-manifests set), else from SLURM's environment under ``srun`` (:mod:`mirrorfit.distribute.slurm`),
-else there is none (one process).
-
-Pure Python on purpose: the CLI resolves and checks the cluster before TensorFlow loads
-(seconds), so a bad ``TF_CONFIG`` fails at once with one line. Only :meth:`Cluster.tf_resolver`
-imports TensorFlow.
-
-Roles follow TensorFlow's conventions (``tensorflow/python/distribute/multi_worker_util.py``):
-
-- multi-worker (no ``ps`` job): every task trains. A ``chief`` job, if present, is one more
-  worker that comes *first*: TF gives it id 0 and ``worker i`` id ``i + 1``, and it is the chief.
-  Without a ``chief`` job, ``worker 0`` is the chief. ``mirrorfit launch`` and SLURM use the
-  latter layout; a Kubeflow ``TFJob`` with a ``Chief`` replica the former. Both train the same.
-- parameter-server (a ``ps`` job): the ``chief`` is the coordinator (it schedules steps and does
-  not compute them), ``worker`` and ``ps`` tasks only serve. A ``chief`` is required.
-
-An ``evaluator`` task (TF's side-car evaluation) is not supported and is refused by name.
+"""Which processes make up a training job and which one this is: one frozen ``Cluster`` value,
+from ``TF_CONFIG``, else SLURM's environment under ``srun`` (:mod:`mirrorfit.distribute.slurm`),
+else none (one process). Roles follow TensorFlow's conventions: worker 0 is the chief unless
+there is a ``chief`` job; with a ``ps`` job the ``chief`` is the coordinator (required); an
+``evaluator`` is refused. Pure Python: only :meth:`Cluster.tf_resolver` imports TensorFlow.
+(why: docs/architecture.md#the-cluster)
 """
 
 from __future__ import annotations
@@ -46,12 +32,9 @@ _TF_CONFIG_EXAMPLE = (
 
 @dataclass(frozen=True)
 class Cluster:
-    """The tasks of a job (``"host:port"`` each) and which of them this process is.
-
-    ``workers``: the worker tasks; ``ps``: parameter servers; ``chief``: a separate chief task
-    (the coordinator in parameter-server mode, an extra first worker otherwise);
-    ``task_type``/``task_index``: this process; ``source``: where the description came from.
-    Every field is checked on construction; a bad one raises :class:`ConfigError`.
+    """The tasks of a job (``"host:port"`` each) and which of them this process is: ``workers``,
+    ``ps``, ``chief`` (a separate chief task), ``task_type``/``task_index`` (this process),
+    ``source`` (where the description came from). Checked on construction (:class:`ConfigError`).
     """
 
     workers: tuple[str, ...]
@@ -230,11 +213,9 @@ class Cluster:
 
 
 def resolve_cluster(environ: Mapping[str, str] | None = None) -> Cluster | None:
-    """The cluster this process belongs to, or None for a single-process run.
-
-    ``TF_CONFIG`` wins when set (and not blank); else SLURM's step environment when ``srun``
-    started more than one task; else None. ``environ`` defaults to ``os.environ``.
-    Raises :class:`ConfigError` (one line: the bad value and the fix) for malformed input.
+    """The cluster this process belongs to, or None for a single-process run: ``TF_CONFIG`` when
+    set (not blank), else SLURM's step environment when ``srun`` started more than one task.
+    ``environ`` defaults to ``os.environ``; malformed input is one-line :class:`ConfigError`.
     """
     env = os.environ if environ is None else environ
     text = env.get("TF_CONFIG", "")

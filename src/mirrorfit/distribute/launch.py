@@ -3,21 +3,10 @@
     mirrorfit launch --workers 2 -- mirrorfit train --strategy multi-worker --checkpoint-dir ckpt
     mirrorfit launch --workers 2 --ps 1 -- mirrorfit train --strategy parameter-server ...
 
-Each task is the same COMMAND with its own ``TF_CONFIG`` on free loopback ports (what a cluster
-manager would set on real hosts), in its own session so that a whole task (with any children it
-starts) can be signalled and killed as a group. Output is streamed line by line with the task's
-name in front (``[worker 1] ...``; see :mod:`._output`). The exit code is the chief's.
-
-Failure: when a task dies before the chief has finished, the launcher stops the others (SIGTERM,
-``--grace-s``, then SIGKILL) and starts the whole group again on fresh ports, at most
-``--max-restarts`` times (default 0: a failure ends the run, as ``torchrun``'s default). Training
-resumes where it stopped only from a checkpoint, so pass ``--checkpoint-dir`` to the command. In
-parameter-server mode a dead *worker* is restarted alone at the same address (the coordinator
-retries its steps). Exit code 2 (a usage error) is never retried: every retry would fail alike.
-
-CPUs: without ``--ps``, each worker is bound to its own share of the cores the launcher may run
-on (``--bind-cpus auto``, see :mod:`._cpu_binding`) when there are at least as many as workers.
-POSIX only (process groups).
+Each task is COMMAND with its own ``TF_CONFIG`` on free loopback ports, in its own session
+(signalled as a group), its output prefixed (:mod:`._output`), workers bound to cores
+(:mod:`._cpu_binding`). The exit code is the chief's. A failed task restarts the group, at
+most ``--max-restarts`` times. POSIX only. (docs/multi-worker.md#on-this-machine-mirrorfit-launch)
 """
 
 from __future__ import annotations

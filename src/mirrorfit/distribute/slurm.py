@@ -95,13 +95,10 @@ def expand_hostlist(
     max_hosts: int = MAX_SLURM_TASKS,
     bound: str | None = None,
 ) -> list[str]:
-    """``"n[1-2],m5,o[03-04,6]"`` -> ``["n1", "n2", "m5", "o03", "o04", "o6"]``, in order.
-
-    The grammar and output of TF's ``slurm_cluster_resolver.expand_hostlist`` (zero padding
-    kept, no sorting or deduplication); rewritten because importing TF's takes seconds and TF's
-    checks are ``assert``s. Raises :class:`ConfigError` naming ``name`` for a malformed list
-    or one of more than ``max_hosts`` names, counted before any is made (``"n[1-99999999]"``
-    fails at once); ``bound`` says where the limit comes from, e.g. ``"SLURM_STEP_NUM_TASKS=4"``.
+    """``"n[1-2],m5,o[03-04,6]"`` -> ``["n1", "n2", "m5", "o03", "o04", "o6"]``, in order, as TF's
+    ``slurm_cluster_resolver.expand_hostlist`` (padding kept, no sorting or deduplication).
+    :class:`ConfigError` naming ``name`` for a malformed list or more than ``max_hosts`` names
+    (counted first); ``bound`` says where the limit comes from, e.g. ``"SLURM_STEP_NUM_TASKS=4"``.
     """
     bad = ConfigError(
         f"{name}={_shown(hostlist)} is not a SLURM hostlist like "
