@@ -1,13 +1,8 @@
 """Decoding encoded images (PNG, JPEG) to uint8 pixels inside tf.data, and naming the file when
-one cannot be decoded.
-
-A decode error inside a tf.data pipeline reaches Python as ``InvalidArgumentError: Invalid PNG
-data`` from the training loop, without the file. Two things turn it into one line naming it:
-
-* what can be checked cheaply in the graph is checked with an assertion that carries the file
-  name (an image whose size differs from the others'): :func:`explain` reads it back;
-* any other decode failure is found afterwards by :func:`find_undecodable`, which decodes the
-  source's files again in parallel with ``ignore_errors`` and names those that went missing.
+one cannot be decoded: :func:`explain` reads back an in-graph assertion that carries the file
+name (an image of another size); :func:`find_undecodable` decodes the source's files again in
+parallel with ``ignore_errors`` and names those that went missing.
+(why: docs/architecture.md#data-sources)
 """
 
 from __future__ import annotations
@@ -28,11 +23,9 @@ _MAX_NAMED = 3  # files named in one message; the count says how many more
 
 @dataclass(frozen=True)
 class ImageDecoder:
-    """Encoded image bytes -> uint8 pixels of shape (height, width, channels).
-
-    ``resize``: resize every image to (height, width) (bilinear, rounded back to uint8:
-    ``--image-size``); else an image of another size fails the run naming its file.
-    ``channels`` converts (a grayscale PNG to 3 channels, say), as Keras's ``color_mode`` does.
+    """Encoded image bytes -> uint8 pixels of shape (height, width, channels). ``resize``: to
+    (height, width) (bilinear, rounded back to uint8: ``--image-size``), else an image of another
+    size fails the run naming its file; ``channels`` converts as Keras's ``color_mode`` does.
     """
 
     height: int

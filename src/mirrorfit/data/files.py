@@ -1,10 +1,7 @@
 """Listing an image folder, fingerprinting files, and holding out a validation split: plain
-Python and NumPy, no TensorFlow.
-
-An image folder is ``keras.utils.image_dataset_from_directory``'s layout: one subfolder per
-class (class names sorted, so label i is the i-th name), PNG or JPEG files anywhere below it.
-A folder whose subfolders are ``train`` (required), ``val`` or ``validation``, and ``test``,
-each in that layout, gives those splits.
+Python and NumPy, no TensorFlow. An image folder has
+``keras.utils.image_dataset_from_directory``'s layout (label i is the i-th class folder by
+name), or ``train`` (required), ``val``/``validation`` and ``test`` subfolders in that layout.
 """
 
 from __future__ import annotations
@@ -172,15 +169,11 @@ def _is_dir(entry: os.DirEntry) -> bool:
 def _images(
     folder: Path, digest, root: Path, flag: str, walked: dict[tuple[int, int], Path]
 ) -> list[str]:
-    """PNG/JPEG files under ``folder`` (subfolders too, hidden ones left out), sorted by path;
-    each file's name relative to ``root`` (the same folder given another way is the same
-    data), size and mtime go into ``digest``. Every folder is read once: a subfolder that is
-    one ``walked`` already holds (by device and inode: the data's own folders and parents,
-    or one this walk read) is refused naming the link, as a loop (``ln -s . a``) or a link
-    up (``ln -s .. up``) would list images again under this class's label. A linked folder
-    outside the data is read, once. An image name that is not a regular file (a FIFO, a
-    device such as /dev/zero, a folder link) is refused: reading it would block or never
-    end."""
+    """PNG/JPEG files under ``folder`` (subfolders too, hidden ones left out), sorted by path; each
+    file's name relative to ``root``, size and mtime go into ``digest``. A subfolder already in
+    ``walked`` (by device and inode) is refused naming the link, and so is an image name that is
+    not a regular file. (why: docs/architecture.md#data-sources)
+    """
     found = []
     stack = [folder]
     while stack:

@@ -1,12 +1,7 @@
 """``--data FOLDER``: an image folder opened for training (:func:`open_train`) and for
-``mirrorfit evaluate`` (:func:`open_test`), and what both share: the layout check
-(:func:`split_folders`), listing with file-system errors as one line (:func:`list_folder`),
-the decoder the first image sets (:func:`image_decoder`) and naming a file that fails to
-decode (:func:`decode_errors`).
-
-A folder whose subfolders are all split names (train, val or validation, test) is a split
-layout: training needs its ``train/`` (without one, it says so instead of taking ``test/`` for
-a class); evaluate needs ``test/`` only (:func:`open_test`).
+``mirrorfit evaluate`` (:func:`open_test`), and what both share: :func:`split_folders`,
+:func:`list_folder`, :func:`image_decoder`, :func:`decode_errors`. In a split layout
+training needs ``train/`` (it never takes ``test/`` for a class); evaluate needs ``test/``.
 """
 
 from __future__ import annotations

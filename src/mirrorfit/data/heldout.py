@@ -1,19 +1,13 @@
-"""A ``--data`` source's test split alone, for ``mirrorfit evaluate``: what scoring needs is
-read, the training split as little as the source allows.
+"""A ``--data`` source's test split alone, for ``mirrorfit evaluate``, reading as little of the
+training split as the source allows:
 
-* ``mnist``: its test arrays; ``FILE.npz``: ``x_test`` and ``y_test`` alone (a file without
-  ``x_train`` is scored too);
-* an image ``FOLDER``: its ``test/`` subfolder. Beside ``train/``, labels index train/'s
-  sorted class folders, as in training (train/ is listed, no image of it read). A folder of
-  ``test/`` alone (``val/`` may be there too) is scored on its own: its class folders are the
-  classes, so it needs one for every class the model was trained on, named as in training;
-* ``package.module:function``: the function is called, and only its test split checked and
-  read: a dataset's labels are checked batch by batch while it is scored, in one pass. An
-  infinite dataset is refused up front; one of unknown length (``from_generator``) that has
-  not ended after ``MAX_UNKNOWN_TEST`` examples is stopped with one line, not read for ever.
+- ``mnist``: its test arrays; ``FILE.npz``: ``x_test`` and ``y_test`` alone;
+- an image ``FOLDER``: its ``test/`` subfolder, labels by train/'s sorted class folders (none
+  of its images read), or, without ``train/``, by test/'s own class folders;
+- ``package.module:function``: only its test split read, labels checked while scoring; an
+  infinite dataset is refused, one of unknown length stopped after ``MAX_UNKNOWN_TEST``.
 
-A source without a test split, or with a test split that has no examples, is one DataError
-line naming the fix.
+No test split, or an empty one, is one DataError line naming the fix.
 """
 
 from __future__ import annotations

@@ -1,19 +1,8 @@
-"""Training data read by index from files, one example each (an image folder), or from a
-store of decoded examples (``--cache``).
-
-Order and resume are those of in-memory arrays (:mod:`mirrorfit.data.pipeline`): epoch e is
-the permutation seeded by (seed, e) of the example indices, cut into full global batches, and
-each worker reads its contiguous share of every global batch. Since an image file is one
-example, that share is a set of whole files: the split across workers is at file level, and
-the examples of every step are the same whatever the number of workers or replicas. A resume
-skips the indices already trained on, mid-epoch too, without reading their files.
-
-Files are read and decoded in parallel (``num_parallel_calls=AUTOTUNE``, deterministic order),
-batched to full batches and prefetched. ``--cache memory|DIR`` decodes every image once,
-before the first epoch, into memory or into a ``.npy`` file in DIR (reused by later runs on
-the same files, image size and channels); epochs then gather decoded pixels by index, in the
-same order as without the cache. tf.data's own ``cache()`` replays one fixed order, which
-could not give each epoch its own permutation nor resume mid-epoch.
+"""Training data read by index, one example each, from image files or from a store of decoded
+examples (``--cache memory|DIR``, a ``.npy`` file in DIR reused by later runs). The order and
+resume are those of in-memory arrays (:mod:`mirrorfit.data.pipeline`), split across workers at
+file level; files are decoded in parallel in a deterministic order.
+(docs/data.md; why not tf.data's ``cache()``: docs/architecture.md#data-sources)
 """
 
 from __future__ import annotations
@@ -37,12 +26,11 @@ FILL_BATCH = 256  # images decoded per write while filling a cache
 
 @dataclass(frozen=True, eq=False)
 class IndexedBatches:
-    """Training batches of examples read by index: from ``paths`` (one encoded image file
-    each, decoded by ``decoder``) or, with ``store``, from decoded uint8 pixels (an array or a
-    read-only memory map, [examples, height, width, channels]; ``paths`` may then be empty).
-    ``labels``: int32 per example.
-    ``fingerprint`` identifies the files (names, sizes, modification times), so a resume on
-    changed files is refused; it does not depend on the cache."""
+    """Training batches of examples read by index: from ``paths`` (encoded image files, decoded by
+    ``decoder``) or ``store`` (decoded uint8 pixels [examples, height, width, channels], an array
+    or a read-only memory map); ``labels``: int32 per example. ``fingerprint`` (the files' names,
+    sizes, mtimes; not the cache) refuses a resume on changed files.
+    """
 
     paths: np.ndarray
     labels: np.ndarray
@@ -191,12 +179,11 @@ def undecodable_files(
 def fill_store(
     items: tf.data.Dataset, count: int, decoder: ImageDecoder, cache: str, key: str, *, on_error
 ) -> np.ndarray:
-    """Decode ``items`` (a dataset of ``(raw bytes, name)`` in the source's order, ``count`` of
-    them) once into a store: an array for ``cache == "memory"``, else a ``.npy`` file in the
-    folder ``cache``, named by ``key`` (the files' fingerprint, image shape), reused when it
-    exists. The file is written aside and renamed when complete: a run killed while filling
-    leaves no store that looks complete. ``on_error(OpError) -> DataError`` names a file that
-    does not decode."""
+    """Decode ``items`` (``count`` of ``(raw bytes, name)`` in the source's order) once into a
+    store: an array for ``cache == "memory"``, else a ``.npy`` file in folder ``cache`` named by
+    ``key``, reused when it exists, written aside and renamed when complete. ``on_error(OpError) ->
+    DataError`` names a file that does not decode.
+    """
     shape = (count, *decoder.shape)
     if cache == "memory":
         store = np.empty(shape, np.uint8)

@@ -1,13 +1,6 @@
-"""tf.data pipelines that keep the replicas fed.
-
-The training order depends only on (seed, epoch) and the global batch, never on the replica
-count: each global batch is cut into one contiguous piece per replica
-(:meth:`mirrorfit.engine.tensorflow.strategy.Distribution.distribute`). That
-is what makes 1-vs-N-replica runs comparable and a resume exact.
-
-All epochs of a run come from one dataset, so the run needs one distributed iterator: creating
-and tearing one down per epoch cost 0.3-0.5 s per epoch on 2 logical CPU replicas, 40% of an
-MLP epoch.
+"""tf.data pipelines that keep the replicas fed. The training order depends only on (seed,
+epoch) and the global batch, never on the replica count; all epochs of a run come from one
+dataset, so one distributed iterator. (why: docs/architecture.md#data-sources)
 """
 
 from __future__ import annotations
@@ -181,12 +174,10 @@ def index_rows(
     worker: int = 0,
     workers: int = 1,
 ) -> tf.data.Dataset:
-    """Rows of :func:`epoch_rows` for epochs ``start_epoch``..``epochs - 1`` back to back, the
-    first ``skip`` rows left out (trained on before a resume): the order of every source whose
-    examples can be read by index (arrays, image files, a decoded cache).
-
-    One epoch's indices at a time: all epochs up front would be 8 bytes x examples x epochs
-    (~4 GB for 10,000 MNIST epochs)."""
+    """Rows of :func:`epoch_rows` for epochs ``start_epoch``..``epochs - 1`` back to back, the first
+    ``skip`` rows left out (trained on before a resume), one epoch's indices at a time: the order
+    of every source read by index (arrays, image files, a decoded cache).
+    """
     steps = num_examples // global_batch
     if not 0 <= skip <= steps:
         raise ValueError(f"skip {skip} is outside an epoch of {steps} steps")
@@ -236,14 +227,9 @@ def worker_slice(t: tf.Tensor, worker: int, workers: int) -> tf.Tensor:
 
 
 def shuffle(ds: tf.data.Dataset, buffer: int, *, seed, **options) -> tf.data.Dataset:
-    """``ds.shuffle(buffer, seed=seed, **options)``, also for a ``seed`` that is a tensor (an
-    epoch or a worker index) while a dataset function is traced.
-
-    TF compares the (global, operation) seed pair with (0, 0) in Python. With a global seed
-    of 0 (``--seed 0``, set by ``keras.utils.set_random_seed``) and a tensor seed in a graph
-    that comparison needs the tensor's value: a traceback ("Using a symbolic tf.Tensor as a
-    Python bool"). Tracing the shuffle with a graph-level seed of 1 instead sidesteps it; only
-    that case changes (it had no working order before).
+    """``ds.shuffle(buffer, seed=seed, **options)``, also for a ``seed`` that is a tensor (an epoch
+    or a worker index) while a dataset function is traced and the global seed is 0.
+    (why: docs/architecture.md#data-sources)
     """
     graph = tf.compat.v1.get_default_graph()
     if (

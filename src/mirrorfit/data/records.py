@@ -1,30 +1,13 @@
-"""TFRecord files of ``tf.train.Example``: an encoded image (PNG/JPEG bytes) and an int64 label
-under configurable feature names, streamed from disk.
+"""TFRecord files of ``tf.train.Example``: an encoded image and an int64 label under
+configurable feature names, streamed from disk.
 
-At start every file is read once without decoding any image (:func:`scan_records`): records
-are counted per file, and a missing feature, a label out of range or a damaged file (a bad
-checksum, a file cut short, a header that claims more than the file holds) is refused there, naming
-the file, record and byte offset, before any training.
+- :func:`scan_records`: every file read once at start, no image decoded: records counted,
+  features, labels and framing checked (naming file, record and byte offset);
+- :class:`RecordBatches`: epoch e permutes the files with (seed, e); worker w of W reads its
+  contiguous part of the records, ``CYCLE`` files at a time, through a ``SHUFFLE_BUFFER``
+  seeded with (seed, e, w). The order depends on W, so a resume needs the same W.
 
-**What holds for a streamed run** (:class:`RecordBatches`). Epoch e:
-
-* the file list (sorted by path) is permuted with (seed, e); the training records of the files
-  in that order form the epoch's sequence. The first ``steps x global_batch`` of them are
-  trained on (steps = training records // global batch; the rest, fewer than a global batch,
-  are dropped, and which ones changes with the permutation);
-* worker w of W reads the contiguous part ``[w, w + 1) x steps x global_batch / W`` of the
-  sequence: whole files, plus at most one partial file at each end. So the split across
-  workers is at file level, and every trained record is read by exactly one worker, once per
-  epoch;
-* each worker reads its files ``CYCLE`` at a time (interleaved, in parallel), shuffles the
-  records in a buffer of ``SHUFFLE_BUFFER`` seeded with (seed, e, w), decodes in parallel
-  (deterministic order), batches to its share of the global batch and prefetches.
-
-The order is a function of (seed, files, global batch, W): it does not depend on the replicas
-of a worker, but it does on W. A resume is exact, mid-epoch too, with the same W: the records
-of the steps already done are read again but not decoded. The number of workers is part of
-the data fingerprint, so a resume with another is refused rather than repeating or skipping
-records within that epoch.
+(docs/data.md; details: docs/architecture.md#data-sources)
 """
 
 from __future__ import annotations
@@ -154,12 +137,10 @@ def _damaged(path: str, reason: str, flag: str) -> DataError:
 
 
 def _check_framing(path: str, flag: str) -> None:
-    """Walk the records' 12-byte headers: DataError if the file is GZIP-compressed, or a
-    header is cut short (TensorFlow's reader ends there quietly: a file cut so trained on what
-    came before) or gives a length past the end of the file. TensorFlow's reader takes
-    such a length at its word (its checksum covers it, so only a file made so has one) and
-    allocates it: a header claiming 1 TiB ended the scan with SIGSEGV. 0.35 s per million
-    records."""
+    """Walk the records' 12-byte headers: DataError if the file is GZIP-compressed, a header is cut
+    short, or a header gives a length past the end of the file.
+    (why: docs/architecture.md#data-sources)
+    """
     try:
         size = os.path.getsize(path)
         with open(path, "rb", buffering=1 << 20) as f:

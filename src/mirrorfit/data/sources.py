@@ -1,13 +1,8 @@
 """``--data SOURCE`` -> one frozen :class:`~mirrorfit.data.opened.Data`: training batches,
-validation and test data, the input shape, the number of classes, a line for the log and a
-fingerprint for checkpoints.
-
-The kind of source (:data:`mirrorfit.data.spec.KINDS`: mnist, synthetic, npz, module,
-tfrecord, folder) names the module that opens it (``open_train``); this module only picks it.
-A source without a validation split takes one with ``--validation-split F`` (seeded, exactly
-round(F x N) examples, :func:`mirrorfit.data.files.holdout`); else it has none. Every check a
-user can fail raises DataError (one line, exit 2): labels out of range or negative, mismatched
-lengths, shapes, damaged files.
+validation and test data, the input shape, the classes, a log line and a fingerprint. The
+kind (:data:`mirrorfit.data.spec.KINDS`) names the module that opens it; this one picks it,
+and holds out ``--validation-split F`` (exactly round(F x N) examples, seeded) for a source
+without a validation split. Every check a user can fail is one DataError line (exit 2).
 """
 
 from __future__ import annotations

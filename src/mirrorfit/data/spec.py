@@ -1,9 +1,6 @@
-"""What kind of source ``--data SOURCE`` names, and the data flags' values, in plain Python.
-
-The configuration checks ``--data`` and the flags that go with it (``--image-size``,
-``--cache``, ``--validation-split``, ``--input-shape``, ``--num-classes``) with this module
-before TensorFlow loads (seconds), so a typo or a path that does not exist costs no start-up.
-The sources themselves are opened by the module each kind names (:data:`KINDS`).
+"""What kind of source ``--data SOURCE`` names, and the data flags' values, in plain Python:
+the configuration checks them before TensorFlow loads (seconds). The sources themselves are
+opened by the module each kind names (:data:`KINDS`).
 """
 
 from __future__ import annotations

@@ -1,14 +1,7 @@
-"""Synthetic data: random images and labels for throughput measurements no input pipeline
-limits.
-
-As TensorFlow's and Horovod's synthetic benchmarks do, one batch of random data is made once
-per worker by TensorFlow ops and then repeated: after the first step the input pipeline only
-hands the same tensors on, so what is measured is the model, the step and the all-reduce.
-Nothing is learnt from it (labels are random): use it for examples/s, never for accuracy.
-
-The object returned by :func:`synthetic_batches` has the trainer's training-data protocol
-(``global_batch``, ``steps_per_epoch``, ``order``, ``dataset(...)``, ``sampled(context)``), as
-:class:`~mirrorfit.data.pipeline.ShuffledBatches` does.
+"""Synthetic data for examples/s, never accuracy (random labels): one batch of random data made
+once per worker and repeated, as TensorFlow's and Horovod's synthetic benchmarks do, so
+throughput counts the model, the step and the all-reduce only. :func:`synthetic_batches`
+has the training-data protocol of :class:`~mirrorfit.data.pipeline.ShuffledBatches`.
 """
 
 from __future__ import annotations

@@ -1,23 +1,9 @@
-"""``--data package.module:function``: a user's function returning the data.
-
-**The contract.** The function takes no arguments and returns one of
-
-* ``train``, ``(train, val)`` or ``(train, val, test)`` (``val`` may be None), or
-* a dict with ``"train"`` and optional ``"val"`` (or ``"validation"``) and ``"test"``,
-
-where each split is either NumPy arrays ``(x, y)``, or a ``tf.data.Dataset`` of single,
-unbatched examples ``(x, y)``. ``y`` holds integer class indices 0..classes-1 (shape (N,) or
-scalar per example); ``x`` is uint8 pixels (scaled to [0, 1] by mirrorfit) or any other
-number type (taken as the model's input, cast to float32). A train split given as arrays gets
-the guarantees of in-memory data (order independent of replicas and workers, exact resume).
-
-A train split given as a dataset is counted once at start (unless its cardinality is known);
-each epoch iterates it from the beginning through a shuffle buffer of
-``SHUFFLE_BUFFER`` examples seeded with (seed, epoch), cut into full global batches; each
-worker keeps its contiguous share of every global batch (every worker reads it all). The
-order, and so a mid-epoch resume, is exact when the dataset itself is deterministic.
-``--cache memory|DIR`` puts tf.data's ``cache()`` before that shuffle: the function's pipeline
-runs once, later epochs read the cache (in DIR, reused by later runs).
+"""``--data package.module:function``: a user's function of no arguments returning ``train``,
+``(train, val)``, ``(train, val, test)`` (``val`` may be None) or a dict with ``"train"`` and
+optional ``"val"``/``"validation"`` and ``"test"``. Each split is NumPy arrays ``(x, y)`` or a
+``tf.data.Dataset`` of single unbatched examples; ``y``: class indices 0..classes-1; ``x``:
+uint8 pixels (scaled to [0, 1]) or any number type (cast to float32).
+(order and resume: docs/data.md; details: docs/architecture.md#data-sources)
 """
 
 from __future__ import annotations
