@@ -1,29 +1,11 @@
 """Step-exact checkpoints that survive preemption and crashes.
 
-Layout: ``DIR/ckpt-000000123/`` holds the engine's state files (the model, including RNG seed
-state, and the optimizer with its slots and iteration count: ``state.*``, a
-``tf.train.Checkpoint``, on TensorFlow, :mod:`mirrorfit.engine.tensorflow.state`; ``state.npz``
-on JAX, or a sharded run's Orbax ``state/`` written in the background,
-:mod:`mirrorfit.engine.jax.state`) and ``meta.json`` (position: epoch, step in epoch,
-global step; and what the run was: backend, model, optimizer, weight shapes). A checkpoint saved
-at an epoch's last step before that epoch's end (validation, callbacks) completed, by a step
-hook or on preemption, says so and keeps the epoch's training logs: a resumed run runs that end
-once, with them; the epoch-end save at that step rewrites its position to the next epoch's
-start. Each checkpoint is written into a hidden temp folder and renamed into place, so a kill -9
-mid-write leaves only a temp folder, and the last complete checkpoint is still the latest; the
-files TensorFlow writes are fsynced before the rename. If the newest checkpoint cannot be read
-(a power loss, a bad disk), restore moves it aside and falls back to the previous complete one,
-saying so. Checkpoints do not depend on the strategy or the devices: a 2-replica run resumes on
-1 or 4; a checkpoint of one backend is resumed by that backend only (``mirrorfit export`` reads
-both).
-
-The input position is (epoch, step in epoch) in units of the global batch, also stored in
-examples; the data order depends on the seed, the number of examples and the global batch
-(:class:`~mirrorfit.data.pipeline.DataOrder`). A run that changes any of them is refused, naming
-the flag that changed, instead of repeating or skipping examples. So is one that changes the
-model, optimizer, learning-rate schedule or precision (``settings``): resuming it would not
-continue the same run. Those checks read only ``meta.json``
-(:mod:`mirrorfit.artifacts.checkpoint_meta`), before any state.
+``DIR/ckpt-000000123/`` holds the engine's state files (``state.*`` on TensorFlow,
+``state.npz`` or Orbax ``state/`` on JAX) and ``meta.json`` (the position in epochs, steps and
+examples, and what the run was), written into a hidden temp folder and renamed into place. A
+run whose data order or settings changed is refused by name, from ``meta.json`` alone
+(:mod:`mirrorfit.artifacts.checkpoint_meta`). (docs/checkpoints.md;
+why: docs/architecture.md#checkpoints)
 """
 
 from __future__ import annotations
@@ -111,20 +93,10 @@ def identity(trainer, model_spec: str) -> dict[str, Any]:
 
 class Checkpointer:
     """Save and restore a :class:`~mirrorfit.engine.controller.Trainer` in ``directory``.
-
-    ``every`` is in optimizer steps (checked after each compiled execution; 0: epoch ends
-    only); ``keep`` is how many recent checkpoints stay on disk. ``data`` is the training data's
-    :class:`~mirrorfit.data.pipeline.DataOrder` (e.g. ``train_batches(...).order``): restoring
-    a checkpoint written with another one is refused. ``flags`` maps each DataOrder field to
-    the settings that produced it (e.g. ``{"seed": {"--seed": 42}}``), recorded so that a
-    refusal can name the one that changed. ``settings`` maps the flags that fix the saved
-    state's meaning or structure to their values (e.g. ``{"--lr": 0.01, "--precision":
-    "fp32"}``; None: does not apply): a checkpoint written with other values is refused, naming
-    them. ``on_notice`` gets one line when restore falls back past a corrupt checkpoint.
-    ``writer``: whether this process keeps what it saves (the chief of a multi-worker run;
-    the other workers read ``directory``, on storage every worker sees, and write nothing).
-    ``allow_nan``: save weights that are NaN or infinite; without it such a save raises
-    DivergedError and the previous (finite) checkpoint stays the newest.
+    ``every``: optimizer steps between saves (0: epoch ends only); ``keep``: checkpoints kept;
+    ``data``/``flags``/``settings``: what a resume must match, and the flags to name
+    (docs/architecture.md#checkpoints); ``on_notice``: one line on a fallback; ``writer``: this
+    process keeps what it saves (the chief); ``allow_nan``: save non-finite weights.
     """
 
     def __init__(
@@ -171,12 +143,10 @@ class Checkpointer:
         return list_checkpoints(self.directory)
 
     def restore_latest(self) -> Restored | None:
-        """Restore the newest readable checkpoint into the trainer; None if there is none.
-
-        A checkpoint that cannot be read is moved aside (``corrupt-ckpt-...``) when an older
-        one restores, with one line through ``on_notice``; if none can be read, CheckpointError
-        names the newest. One written by another run (settings, model, optimizer, data order)
-        is refused, before its state is read.
+        """Restore the newest readable checkpoint into the trainer; None if there is none. An
+        unreadable one is moved aside (``corrupt-ckpt-...``) when an older one restores; if none can
+        be read, CheckpointError names the newest; one of another run is refused before its state is
+        read.
         """
         unreadable: list[tuple[Path, str]] = []  # (checkpoint, why), newest first
         for path in reversed(self.checkpoints()):
@@ -236,17 +206,11 @@ class Checkpointer:
 
     # -- writing ---------------------------------------------------------------------------
     def save(self) -> Path:
-        """Write a checkpoint of the trainer's current position atomically and durably; prune
-        old ones. StorageError (nothing changed) if the disk is full.
-
-        An engine that writes in the background (a sharded JAX run, Orbax) returns once the
-        state is off the devices; the checkpoint is committed (renamed into place) when its
-        files are complete, and :meth:`wait` (called by the next save) raises what failed.
-
-        On a worker that is not the chief, the state is written to a private temporary folder
-        and removed: TF's multi-worker saving may run collectives, so every worker saves, but
-        only the chief's copy is kept (``writer=False``). A ``collective`` engine state has
-        every process write its own part into the chief's temp folder."""
+        """Write a checkpoint of the trainer's current position atomically and durably; prune old
+        ones. StorageError (nothing changed) if the disk is full. A background engine (Orbax)
+        commits when its files are complete; :meth:`wait` raises what failed. Every worker saves;
+        only the chief's copy is kept. (why: docs/architecture.md#checkpoints)
+        """
         self.wait()
         t = self.trainer
         self._check_finite()
@@ -496,12 +460,9 @@ def load_model(
     model: str | None = None,
     on_notice: Callable[[str], None] = lambda m: print(m, file=sys.stderr),
 ):
-    """The model of the newest readable checkpoint in ``directory``, rebuilt outside any
-    strategy (an unreadable newer one is skipped, with one line through ``on_notice``).
-
-    A user model (``package.module:function``) is imported only when ``model`` names it too:
-    a checkpoint folder is data, and must not choose which code runs. Returns (model, meta).
-    Only the model's variables are read (not the optimizer's).
+    """The model of the newest readable checkpoint in ``directory``, rebuilt outside any strategy,
+    and its meta; only the model's variables are read. A user model is imported only when
+    ``model`` names it too (a checkpoint folder must not choose which code runs).
     """
 
     directory = Path(directory)

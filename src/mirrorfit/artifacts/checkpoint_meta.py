@@ -1,13 +1,8 @@
-"""A checkpoint's ``meta.json``: its schema, and the checks that decide whether a run may resume
-from it. All of them read only meta.json, so a run written with other settings is refused,
-naming the flag, before any of its state is read (TensorFlow's own complaint about a mismatch,
-"Found 1 Python objects that were not bound", names no flag and reads like corruption).
-
-``settings`` maps flags that fix the meaning or the structure of the saved state (model,
-optimizer, learning-rate schedule, precision) to their values; ``None`` means "does not apply"
-(``--base-batch`` without linear scaling) and is not compared. ``data`` is the training data's
-:class:`~mirrorfit.data.pipeline.DataOrder`, and ``flags`` the settings behind each of its
-fields, so a refusal can name the one that changed.
+"""A checkpoint's ``meta.json``: its schema, and the checks that decide whether a run may
+resume from it, reading only meta.json so a refusal names the flag before any state is read.
+``settings``: flags fixing the saved state's meaning (None: does not apply, not compared);
+``data``: the :class:`~mirrorfit.data.pipeline.DataOrder`; ``flags``: the settings behind
+each of its fields. (why: docs/architecture.md#checkpoints)
 """
 
 from __future__ import annotations

@@ -1,12 +1,7 @@
-"""``mirrorfit evaluate``: test-set accuracy and loss of a checkpoint or an exported version, on
-the test split of any ``--data`` source that has one (MNIST's 10,000 images by default).
-
-The flags are checked in plain Python first (:func:`check_evaluate_flags`, before TensorFlow
-loads), as `mirrorfit train` checks them; then the model is loaded, the source opened, and a
-source whose examples or classes the model cannot take is refused in one line. The test
-examples go through the pipeline training evaluates them with (uint8 pixels scaled to [0, 1],
-images decoded and resized as ``--image-size`` says, in pixels), so a checkpoint scores here
-what its training run reported.
+"""``mirrorfit evaluate``: test-set accuracy and loss of a checkpoint or an exported version on
+the test split of any ``--data`` source that has one (MNIST's 10,000 images by default). The
+flags are checked in plain Python first (:func:`check_evaluate_flags`); the test examples go
+through training's own evaluation pipeline, so a checkpoint scores what its run reported.
 """
 
 from __future__ import annotations
@@ -153,14 +148,11 @@ def evaluate_artifact(
     batch_size: int = 500,
     model: str | None = None,
 ) -> dict[str, Any]:
-    """Accuracy and mean cross-entropy over every example of ``data``'s test split (a
-    ``--data`` value; MNIST's 10,000 images by default), ``batch_size`` examples at a time.
-    ``model``: a checkpoint's user model spec, to allow importing it (see ``load_model``).
-
-    Only the test split is read (:func:`mirrorfit.data.heldout.load_test`). DataError, one
-    line, for a source without a test split, or whose examples have another shape than the
-    model takes, or more classes than it has outputs (fewer is what `mirrorfit train
-    --num-classes` makes: the extra outputs are never a label), or a label outside them."""
+    """Accuracy and mean cross-entropy over every example of ``data``'s test split (a ``--data``
+    value), ``batch_size`` examples at a time; ``model``: a checkpoint's user model spec (see
+    ``load_model``). One-line DataError for no test split, another example shape, more classes
+    than the model's outputs, or a label outside them.
+    """
     config = check_evaluate_flags(
         checkpoint_dir=checkpoint_dir,
         saved_model=saved_model,

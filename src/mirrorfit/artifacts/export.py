@@ -1,17 +1,8 @@
-"""Versioned, atomic SavedModel export for TF Serving (``models/NAME/0001``, ``0002``, ...).
-
-A version is written into a hidden folder beside the versions and renamed into place, so a
-server polling ``models/NAME`` (TF Serving counts only children whose names parse as integers)
-never sees half a version. The signature ``serving_default`` takes ``images`` and returns
-``probabilities`` (float32, one row per image).
-
-A model trained on named classes (an image folder's) also carries them: the asset
-``assets/class_names.txt`` (UTF-8, label i on line i), a ``classify`` signature (TF Serving's
-classify method: serialized tf.Examples with the pixels under ``images`` as a float list, as
-``serving_default`` takes them, -> ``classes`` names and ``scores``), and a ``classes``
-signature for predict (``images`` -> ``label``, the top class's name, ``classes`` and
-``scores``). The names come from the asset through a lookup table, as TF Serving's own
-vocabularies do.
+"""Versioned, atomic SavedModel export for TF Serving (``models/NAME/0001``, ``0002``, ...): a
+version is written into a hidden folder and renamed into place. ``serving_default``:
+``images`` -> ``probabilities`` (float32, one row per image); with named classes also the
+asset ``assets/class_names.txt`` (UTF-8, label i on line i) and the ``classify`` and
+``classes`` signatures. (why and the signatures: docs/architecture.md#export)
 """
 
 from __future__ import annotations
@@ -78,13 +69,9 @@ def export_saved_model(
     before_commit: Callable[[], None] | None = None,
 ) -> Path:
     """Write ``model`` as the next numeric version under ``base``; return its path.
-
-    With ``preprocessing`` the signature takes raw uint8 pixels and scales them inside the
-    model, so clients can send images as they are; otherwise float32 in [0, 1].
-    ``class_names`` (label i's name at i): written as an asset, with the ``classify`` and
-    ``classes`` signatures that answer with them (see the module's docstring).
-    ``before_commit`` runs just before the version is renamed into place; if it raises (a
-    signal arrived), nothing is added. StorageError if the disk is full.
+    ``preprocessing``: the signature takes raw uint8 pixels (else float32 in [0, 1]);
+    ``class_names``: label i's name at i (the asset and signatures); ``before_commit`` runs just
+    before the rename, and if it raises nothing is added. StorageError if the disk is full.
     """
     base = check_export_dir(base)
     base.mkdir(parents=True, exist_ok=True)

@@ -1,12 +1,7 @@
 """Where a run writes (``--metrics-out``, ``--save-keras``, ``--export-dir``,
-``--checkpoint-dir``, ``--logdir``), checked before any work: plain file-system checks, no
-TensorFlow, so the CLI runs them before it loads and a bad path costs nothing.
-
-Each check fails with one :class:`~mirrorfit.errors.ConfigError` line naming the flag, the
-value and the fix: a folder where a file goes or the reverse, a path under a file, a link to
-nothing or a loop of links on the way, a name too long, a place this user may not write.
-Nothing is created: writing is tested with an unnamed temporary file (``O_TMPFILE``), which
-leaves no entry behind even when the process dies.
+``--checkpoint-dir``, ``--logdir``), checked before any work with plain file-system checks
+(no TensorFlow): each failure is one ConfigError line naming the flag, value and fix. Nothing
+is created: writing is tested with an ``O_TMPFILE`` file. (why: docs/architecture.md#output-paths)
 """
 
 from __future__ import annotations
