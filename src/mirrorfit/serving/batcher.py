@@ -1,18 +1,9 @@
 """Dynamic batching: concurrent requests for the same signature are merged into one model call
-and the outputs split back, with TF Serving's knobs (``--batching_parameters_file``).
-
-One queue per (model, version, signature, per-example shapes and dtypes), all served by one
-shared pool of ``num_batch_threads`` threads (TF Serving's shared batch scheduler): a new
-queue costs a deque, never a thread. Callers validate inputs against the signature before
-they submit, so only shapes the signature allows make queues; even so the number of queues is
-capped (``max_queues``): queues idle for ``idle_queue_s`` are dropped when a new one is made,
-then the least recently used empty one, and when every queue holds waiting requests a new
-shape is refused with UNAVAILABLE.
-
-A batch closes when it reaches ``max_batch_size`` examples or ``batch_timeout_micros`` after
-its oldest request arrived; it is padded up to the next ``allowed_batch_sizes`` entry. When
-``max_enqueued_batches`` batches' worth of examples are already waiting in a queue, a request
-is refused with UNAVAILABLE (HTTP 503).
+and the outputs split back, with TF Serving's knobs (``--batching_parameters_file``). One
+queue per (model, version, signature, per-example shapes and dtypes), capped at
+``max_queues``, all served by one pool of ``num_batch_threads`` threads; a batch closes at
+``max_batch_size`` examples or ``batch_timeout_micros`` (µs) after its oldest request, padded
+to the next ``allowed_batch_sizes``. (why: docs/architecture.md#serving)
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
-"""``--model_config_file_poll_wait_seconds``: re-read ``--model_config_file`` at that period,
-as TF Serving does, and serve what it says from then on (models added, removed or changed).
-
-A file that cannot be read or parsed, or that the repository refuses (with
---servable_versions_always_present, a model with no versions), changes nothing: the last good
-config keeps serving and a warning says why, once per distinct problem; an info line says when
-the file is good again.
+"""``--model_config_file_poll_wait_seconds``: re-read ``--model_config_file`` at that period
+(seconds), as TF Serving does, and serve what it says from then on. A file that cannot be
+read, parsed or applied changes nothing: the last good config keeps serving, with a warning
+once per distinct problem and an info line when the file is good again.
 """
 
 from __future__ import annotations

@@ -17,12 +17,10 @@ SAVED_MODEL_FILES = ("saved_model.pb", "saved_model.pbtxt")
 
 
 def version_folders(base: Path) -> dict[int, str]:
-    """Version -> folder name, for child folders named by an int64 (``00000123`` is 123), as
-    TF Serving reads them. Where two names give one number, the first in order wins.
-
-    Raises OSError when ``base`` cannot be listed (gone, not a folder, a loop of links, no
-    permission, a stale NFS handle): that is not the same as a folder with no versions, and
-    TF Serving too leaves what it serves as it is ("Could not find base path")."""
+    """Version -> folder name, for child folders named by an int64 (``00000123`` is 123), as TF
+    Serving reads them; where two names give one number, the first in order wins. OSError when
+    ``base`` cannot be listed: not the same as no versions (TF Serving too keeps serving).
+    """
     out: dict[int, str] = {}
     with os.scandir(base) as entries:
         for entry in sorted(entries, key=lambda e: e.name):

@@ -45,11 +45,9 @@ _TYPE_NAMES = {
 
 def parse_body(body: bytes, *, yielding: bool = False) -> Any:
     """JSON as TF Serving reads it: NaN/Infinity accepted, trailing bytes ignored, integers as
-    rapidjson stores them (see :func:`_parse_int`).
-
-    ``yielding``: for a thread parsing a large body. The C parser holds the GIL for the whole
-    document (seconds for tens of MB of numbers), so the event loop would wait all the same;
-    a Python-level float reader gives other threads a turn between numbers (~10% slower)."""
+    rapidjson stores them (see :func:`_parse_int`). ``yielding``: for a thread parsing a large body,
+    a Python-level float reader that lets other threads run. (why: docs/architecture.md#serving)
+    """
     text = body.decode("utf-8", errors="replace")
     if not text.strip():
         raise invalid("JSON Parse error: The document is empty")

@@ -1,9 +1,8 @@
 """Prometheus metrics under TF Serving's names (``/`` -> ``:``), in a registry of the server's
-own (no process-wide state): request counts by model and status, request latency (µs) by model,
-API and entrypoint (REST or GRPC), processed batch sizes, and example counts.
-
-Requests for a model the server does not serve are all counted under one model name,
-UNKNOWN_MODEL: a client naming a new model per request must not grow the page."""
+own: request counts by model and status, request latency (µs) by model, API and entrypoint
+(REST or GRPC), processed batch sizes, and example counts. Unknown models all count as
+UNKNOWN_MODEL, so a client naming a new model per request cannot grow the page.
+"""
 
 from __future__ import annotations
 

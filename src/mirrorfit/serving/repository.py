@@ -1,29 +1,10 @@
 """The model repository: which versions exist on disk, which are loaded, and what a request gets.
 
-A poll (every ``--file_system_poll_wait_seconds``) lists each model's numeric version folders,
-applies the version policy, loads and warms up new versions *before* they take traffic, and only
-then unloads the versions the policy no longer wants. The table requests read is replaced
-whole (copy on write), so a request holds the version it resolved until it finishes: no request
-fails during a swap.
-
-What an operator does to the folders is not an outage:
-
-- A base path that cannot be listed (renamed, unmounted, an NFS error, a loop of links) leaves
-  what is loaded serving, as in TF Serving; each failed poll logs a warning (rate limited).
-- A base path that holds no version folders unloads every version (TF Serving's default), or
-  with ``--servable_versions_always_present`` keeps them, logged when it happens.
-- A version folder without a SavedModel file yet (a copy under way, or not a model at all, as
-  in ``/proc``) is not loaded and is logged once; it is loaded at the poll that finds the file.
-- A version that fails to load is shown in the status and never served, while the newest
-  version that did load keeps serving. As in TF Serving it is retried ``--max_num_load_retries``
-  times after the first attempt, ``--load_retry_interval_micros`` apart; and at once when its
-  folder has changed since the failure and stopped changing over one poll (a slow copy that
-  completed: a copy still going on is not loaded half-way). (TF Serving would serve nothing at
-  start-up when the newest version is broken; passing over it to the previous one is a
-  deliberate difference.)
-
-A version folder's name is ASCII digits that fit in int64 (``00000123`` is 123), as TF
-Serving's ``SimpleAtoi`` reads it; any other name (``²``, ``٣``, ``.tmp-0009``) is ignored.
+A poll (every ``--file_system_poll_wait_seconds``) lists each model's numeric version folders
+(ASCII digits that fit in int64, as TF Serving's ``SimpleAtoi``), applies the version policy,
+loads and warms up new versions before they take traffic, then unloads the unwanted ones. The
+table requests read is replaced whole (copy on write): no request fails during a swap. What an
+operator does to the folders is not an outage. (why: docs/architecture.md#serving)
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
-"""TF Serving's REST API on Starlette (model_servers/http_rest_api_handler.cc).
-
-Every ``/v1/...`` path goes through TF Serving's two regexes; the Prometheus page (when enabled)
-and ``/readyz`` are the only other paths. Errors are ``{"error": message}`` with TF Serving's
-HTTP codes; nothing a client sends produces a 500 (a bug does: a generic message to the client,
-one JSON line in the log).
-
-Request bodies are bounded in size, in the time they take to arrive and in the bytes all of
-them hold at once; large ones are decoded off the event loop, which gRPC shares.
+"""TF Serving's REST API on Starlette (model_servers/http_rest_api_handler.cc): every
+``/v1/...`` path through TF Serving's two regexes, plus the Prometheus page and ``/readyz``.
+Errors are ``{"error": message}`` with TF Serving's HTTP codes; nothing a client sends is a
+500. Bodies are bounded in size, arrival time and bytes held at once; large ones are decoded
+off the event loop, which gRPC shares.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""How the REST port accepts and bounds connections: uvicorn's own settings (HTTP parser, event
-loop, connection cap, keep-alive) plus the two bounds uvicorn lacks, a deadline and a size cap
-for each request head, on either parser (h11 or httptools).
-
-Without them a client that connects and sends nothing, or sends its headers a byte a second,
-holds a connection forever, and httptools buffers headers without limit.
+"""How the REST port accepts and bounds connections: uvicorn's own settings plus the two bounds
+uvicorn lacks, a deadline and a size cap for each request head, on either parser (h11 or
+httptools). (why: docs/architecture.md#serving)
 """
 
 from __future__ import annotations
@@ -29,14 +26,11 @@ class RestLimits:
 
 
 class _HeadLimits:
-    """Mixed into uvicorn's H11Protocol / HttpToolsProtocol: a connection has
-    ``head_timeout_s`` from opening, or from its previous response, to deliver a complete
-    request head of at most HEAD_BYTES; otherwise it is closed (408 / 431 if it sent part).
-
-    The size is counted twice: the bytes of a head still incomplete (so a head sent slowly
-    is cut before the parser holds it all), and each parsed head whole (the parser subclasses
-    below), however it arrived: in one read, or pipelined behind another request. What the
-    parser refuses is answered in TF Serving's JSON too, not uvicorn's plain text."""
+    """Mixed into uvicorn's H11Protocol / HttpToolsProtocol: a connection has ``head_timeout_s``
+    (seconds) from opening, or from its previous response, to deliver a complete request head of
+    at most HEAD_BYTES, else it is closed (408 / 431 if it sent part). Counted on incomplete heads
+    and on each parsed head; parser refusals answered in TF Serving's JSON.
+    """
 
     head_timeout_s: float
 

@@ -162,13 +162,11 @@ class ModelService:
         examples: Sequence,
         to_example: Callable | None = None,
     ) -> list[list[tuple[str, float]]]:
-        """[(label, score), ...] per example, for a signature with one string input and
-        ``classes`` and/or ``scores`` outputs (TF Serving's classifier contract).
-
-        ``context`` (or None) and ``examples`` are tf.Examples, or what ``to_example`` makes
-        them from (REST's JSON objects). The signature and the example count are checked
-        before any of them is built; building, merging and the model call take a slot of the
-        unbatched model pool (--max_unbatched_in_flight), so waiting requests are bounded."""
+        """[(label, score), ...] per example, for a signature with one string input and ``classes``
+        and/or ``scores`` outputs (TF Serving's classifier contract). ``context`` (or None) and
+        ``examples``: tf.Examples or what ``to_example`` makes them from; checked before any is
+        built, then built and run in a slot of the unbatched pool (--max_unbatched_in_flight).
+        """
         alias = self._check_examples(sig, "classify", len(examples))
         if "classes" not in sig.outputs and "scores" not in sig.outputs:
             raise invalid(

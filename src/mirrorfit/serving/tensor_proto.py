@@ -1,12 +1,7 @@
-"""TensorProto <-> numpy for the gRPC API. Outputs are written as TF Serving writes them by
-default (the typed ``*_val`` fields). Inputs are checked against the signature and against
-their own declared size *before* they are decoded: a TensorProto must hold exactly as many
-values as its ``tensor_shape`` declares, so a request never costs more memory than it
-carries (at most 8 bytes decoded per byte received: an int64 sent as a 1-byte varint).
-
-TF Serving answers a TensorProto it cannot parse with ``tensor parsing error: <alias>``; we
-add what was wrong. (TensorFlow itself fills a short typed field by repeating its last value,
-zeros for an empty one: that is how an 18-byte request became a 3 GB array. We refuse it.)
+"""TensorProto <-> numpy for the gRPC API. Outputs are written in the typed ``*_val`` fields, as
+TF Serving does by default; inputs are checked against the signature and their own declared
+size before they are decoded (at most 8 bytes decoded per byte received).
+(why: docs/architecture.md#serving)
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
-"""A request checked against its signature before it costs a queue, a thread or memory:
-input names, dtypes, shapes and rows, with TF Serving's messages where it has them.
-
-Both transports call :func:`check_inputs` on decoded arrays; gRPC also checks each
-TensorProto's declared dtype and shape with :func:`check_declared` before decoding it, so an
-18-byte request declaring a 3 GB tensor is refused before anything is allocated.
+"""A request checked against its signature before it costs a queue, a thread or memory: input
+names, dtypes, shapes and rows, with TF Serving's messages where it has them.
+:func:`check_inputs` on decoded arrays (both transports); :func:`check_declared` on each gRPC
+TensorProto's declared dtype and shape, before decoding.
 """
 
 from __future__ import annotations
