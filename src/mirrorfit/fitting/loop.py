@@ -29,6 +29,7 @@ from mirrorfit.engine.backends import ENGINES
 from mirrorfit.errors import FitError
 from mirrorfit.fitting.blocks import prefetched
 from mirrorfit.fitting.epochs import Epochs
+from mirrorfit.fitting.hooks import callback_list, checked_callbacks
 from mirrorfit.fitting.setup import current
 from mirrorfit.fitting.workers import Workers
 
@@ -67,7 +68,7 @@ def fit(
     per step) and ``drop_remainder`` (skip each epoch's last partial batch instead of training
     it). Returns Keras's ``History``; the model's variables hold the trained state."""
     run = _Run(model, steps_per_execution, accum_steps)
-    callbacks = _checked_callbacks(callbacks)
+    callbacks = checked_callbacks(callbacks)
     epochs = _checked_int("epochs", epochs, 0)
     initial_epoch = _checked_int("initial_epoch", initial_epoch, 0)
     validation_freq = _checked_int("validation_freq", validation_freq, 1)
@@ -85,20 +86,7 @@ def fit(
     from mirrorfit.fitting.metrics import check_sparse_labels  # Keras: loaded by now
 
     check_sparse_labels(model, y, "the training data")
-    val = None
-    if validation_data is not None:
-        from keras.src.trainers.data_adapters.data_adapter_utils import unpack_x_y_sample_weight
-
-        vx, vy, vw = unpack_x_y_sample_weight(validation_data)
-        check_sparse_labels(model, vy, "the validation data")
-        size = validation_batch_size or batch_size
-        val = run.epochs(
-            _adapter(vx, vy, vw, None, size, validation_steps, False),
-            size,
-            validation_steps,
-            "test",
-            where="validation data",
-        )
+    val = _validation(run, validation_data, validation_batch_size or batch_size, validation_steps)
     callbacks, hooks = run.callbacks(callbacks, verbose, epochs, train.steps)
     model.stop_training = False
     callbacks.on_train_begin()
@@ -108,23 +96,7 @@ def fit(
     logs: dict[str, float] = {}
     with run.synced_after():
         for epoch in range(initial_epoch, epochs):
-            model.reset_metrics()
-            callbacks.on_epoch_begin(epoch)
-            run.runner.load()  # what a callback changed (a learning rate) reaches the step
-            step = 0
-            for block in run.agreed(train.blocks(run.steps_per_execution)):
-                hooks.call(callbacks.on_train_batch_begin, step)
-                run.runner.train(run.runner.put(block.data), block.steps)
-                step += block.steps
-                hooks.call(callbacks.on_train_batch_end, step - 1, logs=hooks.logs("train"))
-                if model.stop_training:
-                    break
-            if step == 0:
-                raise FitError(
-                    "the training data gave no batch this epoch; give at least "
-                    "one example (or fewer steps_per_epoch than it holds)"
-                )
-            logs = run.runner.logs()
+            logs = _epoch(run, train, callbacks, hooks, epoch)
             if val is not None and (epoch + 1) % validation_freq == 0:
                 val_logs = _evaluate(run, val, callbacks, hooks)
                 logs.update({f"val_{k}": v for k, v in val_logs.items()})
@@ -134,6 +106,42 @@ def fit(
                 break
     callbacks.on_train_end(logs)
     return model.history
+
+
+def _validation(run, data, batch_size, steps) -> Epochs | None:
+    """The validation epochs of ``fit``'s ``validation_data``, or None."""
+    if data is None:
+        return None
+    from keras.src.trainers.data_adapters.data_adapter_utils import unpack_x_y_sample_weight
+
+    from mirrorfit.fitting.metrics import check_sparse_labels
+
+    x, y, w = unpack_x_y_sample_weight(data)
+    check_sparse_labels(run.model, y, "the validation data")
+    adapter = _adapter(x, y, w, None, batch_size, steps, False)
+    return run.epochs(adapter, batch_size, steps, "test", where="validation data")
+
+
+def _epoch(run, train: Epochs, callbacks, hooks, epoch: int) -> dict[str, float]:
+    """One training epoch, its batch hooks at call boundaries; the epoch's merged logs."""
+    model, runner = run.model, run.runner
+    model.reset_metrics()
+    callbacks.on_epoch_begin(epoch)
+    runner.load()  # what a callback changed (a learning rate) reaches the step
+    step = 0
+    for block in run.agreed(train.blocks(run.steps_per_execution)):
+        hooks.call(callbacks.on_train_batch_begin, step)
+        runner.train(runner.put(block.data), block.steps)
+        step += block.steps
+        hooks.call(callbacks.on_train_batch_end, step - 1, logs=hooks.logs("train"))
+        if model.stop_training:
+            break
+    if step == 0:
+        raise FitError(
+            "the training data gave no batch this epoch; give at least "
+            "one example (or fewer steps_per_epoch than it holds)"
+        )
+    return runner.logs()
 
 
 def runner_of(model):
@@ -167,7 +175,7 @@ def evaluate(
     )
     run.build(data.first)
     callbacks, hooks = run.callbacks(
-        _checked_callbacks(callbacks), verbose, 1, data.steps, history=False
+        checked_callbacks(callbacks), verbose, 1, data.steps, history=False
     )
     logs = _evaluate(run, data, callbacks, hooks)
     if return_dict:
@@ -262,27 +270,19 @@ class _Run:
         self.workers.seed_numpy()  # several workers: their shuffles agree
 
     def callbacks(self, callbacks: list, verbose, epochs: int, steps, *, history: bool = True):
-        """Keras's ``CallbackList`` for this worker, and the batch hooks (decided from every
-        worker's list alike: their reads of the devices are collectives)."""
-        import keras
-
-        def made(chosen, progbar):
-            return keras.callbacks.CallbackList(
-                chosen,
-                add_history=history,
-                add_progbar=progbar,
-                verbose=_verbosity(verbose),
-                epochs=epochs,
-                steps=steps,
-                model=self.model,
-            )
-
-        every = made(callbacks, verbose != 0)
-        hooks = _BatchHooks(every, self.runner)
-        mine = (
-            every if self.workers.is_chief else made(self.workers.on_this_worker(callbacks), False)
+        """Keras's ``CallbackList`` for this worker, run in the engine's callback context, and
+        the batch hooks (:func:`mirrorfit.fitting.hooks.callback_list`)."""
+        return callback_list(
+            self.model,
+            callbacks,
+            self.runner,
+            self.workers,
+            lambda: self.engine.callback_context(self.placement),
+            verbose=verbose,
+            epochs=epochs,
+            steps=steps,
+            history=history,
         )
-        return _InContext(mine, lambda: self.engine.callback_context(self.placement)), hooks
 
     def agreed(self, blocks):
         """``blocks`` made ahead on a thread; on several workers, checked to agree."""
@@ -360,74 +360,6 @@ class _Run:
         return around()
 
 
-class _InContext:
-    """A ``CallbackList`` whose ``on_*`` hooks run inside ``context()`` (the engine's)."""
-
-    def __init__(self, callbacks, context) -> None:
-        self._callbacks, self._context = callbacks, context
-
-    def __getattr__(self, name: str):
-        value = getattr(self._callbacks, name)
-        if not name.startswith("on_"):
-            return value
-
-        def hook(*args, **kwargs):
-            with self._context():
-                return value(*args, **kwargs)
-
-        return hook
-
-
-class _BatchHooks:
-    """Batch callbacks at call boundaries (and the edges of an evaluation). Where a callback of
-    the user's has batch hooks, the device state is written into the model before them and read
-    back after (a callback may read the weights, save the model or set the learning rate);
-    logs are read only where a callback reads them (each read is a transfer from the
-    devices)."""
-
-    def __init__(self, callbacks, runner) -> None:
-        import keras
-        from keras.src import utils
-
-        def has(cb, names):
-            return any(not utils.is_default(getattr(cb, n)) for n in names)
-
-        # Keras's own that read only the logs (TerminateOnNaN too): no sync for them.
-        keras_own = (
-            keras.callbacks.ProgbarLogger,
-            keras.callbacks.History,
-            keras.callbacks.TerminateOnNaN,
-        )
-        train = ("on_train_batch_begin", "on_train_batch_end", "on_batch_begin", "on_batch_end")
-        test = ("on_test_batch_begin", "on_test_batch_end")
-        users = [cb for cb in callbacks.callbacks if not isinstance(cb, keras_own)]
-        self._sync = any(has(cb, train + test) for cb in users)
-        # SwapEMAWeights swaps the weights the evaluation uses in on_test_begin (back: _end)
-        self._edges = any(has(cb, ("on_test_begin", "on_test_end")) for cb in users)
-        self._reads = {
-            "train": any(has(cb, train[1::2]) for cb in callbacks.callbacks),
-            "test": any(has(cb, test[1:]) for cb in callbacks.callbacks),
-        }
-        self.runner = runner
-
-    def logs(self, step: str) -> dict[str, float]:
-        return self.runner.logs() if self._reads[step] else {}
-
-    def call(self, hook, *args, **kwargs) -> None:
-        self._around(self._sync, hook, *args, **kwargs)
-
-    def edge(self, hook, *args, **kwargs) -> None:
-        """``on_test_begin``/``on_test_end``, synced the same way where a callback has them."""
-        self._around(self._edges, hook, *args, **kwargs)
-
-    def _around(self, sync: bool, hook, *args, **kwargs) -> None:
-        if sync:
-            self.runner.sync()
-        hook(*args, **kwargs)
-        if sync:
-            self.runner.reload()
-
-
 @contextlib.contextmanager
 def _shape_refused():
     """Keras's refusal of data the model's input does not take (its input spec), as one
@@ -478,21 +410,6 @@ def _warn_padding_enters(model, adapter) -> None:
             "to train on whole batches only",
             stacklevel=3,
         )
-
-
-def _checked_callbacks(callbacks) -> list:
-    import keras
-    from keras import tree
-
-    callbacks = tree.flatten(callbacks) if callbacks is not None else []
-    for cb in callbacks:
-        if not isinstance(cb, keras.callbacks.Callback):
-            raise FitError(f"callbacks holds {cb!r}, not a keras.callbacks.Callback")
-    return callbacks
-
-
-def _verbosity(verbose) -> Any:
-    return 1 if verbose == "auto" else verbose
 
 
 def _checked_int(name: str, value, minimum: int) -> int:
