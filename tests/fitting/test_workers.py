@@ -75,6 +75,9 @@ def test_every_worker_trains_the_one_process_run(sides):
         )
         assert r[w]["evaluate"] == pytest.approx(r["one"]["evaluate"], rel=1e-6)
     assert r["one"]["plain_history"]["loss"][1] < r["one"]["plain_history"]["loss"][0]
+    saved = keras_file_weights(two / "plain.keras")  # saved by the chief alone, mid-script
+    for weight in _weights(two / "plain-0-2.npz"):
+        assert any(a.shape == weight.shape and np.array_equal(a, weight) for a in saved)
 
 
 def test_early_stopping_restores_the_best_weights_on_every_worker(sides):

@@ -134,6 +134,8 @@ history = mirrorfit.fit(model, x, y, batch_size=32, epochs=2, verbose=0, shuffle
 out["plain_history"] = history.history
 out["evaluate"] = mirrorfit.evaluate(model, x, y, batch_size=48, verbose=0, return_dict=True)
 np.savez(DIR / f"plain-{ME}.npz", *model.get_weights())
+if chosen.is_chief:  # the chief alone saves; the workers train on after it
+    model.save(DIR / "plain.keras")
 
 
 # BackupAndRestore: a run stopped by an error after epoch 2 on every worker resumes there on

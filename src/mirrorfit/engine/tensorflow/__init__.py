@@ -55,8 +55,24 @@ def keras_setup(replicas: int | None, devices: tuple[str, ...], shard: str = "no
     else:
         distribution = build_distribution(chosen, kind="multi-worker", cluster=cluster)
         strategy = distribution.strategy
+        _saving_makes_no_variables()
     tf.distribute.experimental_set_strategy(strategy)
     return chosen, strategy, distribution
+
+
+def _saving_makes_no_variables() -> None:
+    """Before a multi-worker strategy becomes the default: Keras's saving makes a reference
+    Optimizer (two variables) on every save, to learn which attributes to skip; its cache is
+    read under another key than it is written (Keras 3.15), so it never hits. Under the
+    strategy a variable is a collective every worker must join, and a model the chief saved
+    alone stopped the job. The skip sets are made here and kept under both keys."""
+    from keras.src.backend.common import global_state
+    from keras.src.saving import saving_lib
+
+    for kind in ("Operation", "Layer", "Functional", "Sequential", "Metric", "Optimizer", "Loss"):
+        skip = saving_lib.get_attr_skipset(kind)
+        for key in ("skiplist", "skipset"):
+            global_state.set_global_attribute(f"saving_attr_{key}_{kind}", skip)
 
 
 def peer_failure(error: BaseException) -> bool:
