@@ -1,10 +1,7 @@
-"""The models ``--model`` names and how they are built: which names exist and the shapes they
-take (``names``, plain Python, checked before the backend loads), the builders (``build``: the
-chapter's MLP and CNN, keras.applications, a user's function), precision and learning-rate
-schedules.
-
-``mirrorfit.models.mlp`` / ``cnn`` / ``model_factory`` load Keras on first use (PEP 562):
-importing this package must not, since the CLI checks ``--model`` before the backend loads.
+"""The models ``--model`` names: ``names`` (which exist and the shapes they take; plain Python,
+checked before the backend loads), ``build`` (the chapter's MLP and CNN, keras.applications, a
+user's function), ``precision`` and learning-rate ``schedules``. ``mlp`` / ``cnn`` /
+``model_factory`` load Keras on first use (PEP 562), so the CLI can check ``--model`` first.
 """
 
 import importlib

@@ -1,10 +1,8 @@
-"""The models ``--model`` names: the chapter's MLP and CNN, any keras.applications
-architecture (random initial weights), and a user's ``package.module:function``.
-
-Builders return uncompiled Keras models; the caller builds them under ``strategy.scope()`` and
-the precision policy (:meth:`mirrorfit.models.precision.Precision.building`) so their variables are
-mirrored and their layers compute in the run's precision. Which names exist, and which input
-shapes they take, is :mod:`mirrorfit.models.names` (plain Python, checked before TF loads).
+"""The models ``--model`` names: the chapter's MLP and CNN, any keras.applications architecture
+(random initial weights), and a user's ``package.module:function``. Builders return uncompiled
+models, for the caller to build under ``strategy.scope()`` and the precision policy
+(:meth:`mirrorfit.models.precision.Precision.building`). Which names exist, and the shapes they
+take: :mod:`mirrorfit.models.names` (plain Python, checked before TF loads).
 """
 
 from __future__ import annotations
@@ -99,18 +97,11 @@ REFERENCE_MODELS: dict[str, Callable[..., keras.Model]] = {"mlp": mlp, "cnn": cn
 def model_factory(
     spec: str, *, input_shape: tuple[int, ...] | None = None, num_classes: int | None = None
 ) -> Callable[[], keras.Model]:
-    """A zero-argument function building the model named by ``spec``.
-
-    ``spec`` is ``mlp``, ``cnn``, a keras.applications name spelled as Keras spells it
-    (``ResNet50``, ``MobileNetV2``, ...) or ``package.module:function``. ``input_shape`` is
-    one example's shape without the batch axis (pixels and channels for images) and
-    ``num_classes`` the number of labels; None keeps the model's own default (MNIST's
-    (28, 28) and 10 for mlp/cnn, ImageNet's size, 3 channels and 1000 classes for an
-    application). A user function gets them as keyword arguments if its signature takes
-    ``input_shape`` / ``num_classes`` (or ``**kwargs``), else it is called with none.
-
-    Unknown names, import problems and input shapes an architecture cannot take are reported
-    here as ConfigError, before anything is built.
+    """A zero-argument function building the model ``spec`` names: ``mlp``, ``cnn``, a
+    keras.applications name (``ResNet50``) or ``package.module:function``. ``input_shape`` (one
+    example, no batch axis), ``num_classes``: None keeps the model's own (MNIST's (28, 28) and 10;
+    an application's ImageNet size, 3 channels, 1000); a user function gets them as keywords if it
+    takes them (or ``**kwargs``). Bad names, imports or shapes: ConfigError, before building.
     """
     check_model_name(spec)
     if spec in REFERENCE_MODELS:

@@ -1,12 +1,7 @@
 """Mixed precision as a value: which Keras dtype policy builds the model, and loss scaling.
-
-``Precision("bf16")`` builds layers under ``mixed_bfloat16`` (bfloat16 compute, float32
-variables); ``"fp16"`` under ``mixed_float16`` with a dynamic loss scale. Keras's dtype policy is a
-process-wide setting, so it is set only while the model is built and restored after: nothing
-global leaks out of :meth:`Precision.building`.
-
-Keras is imported where it is used, not here: the CLI's flag checks (``mirrorfit bench``'s
-report reads :data:`COMPUTE_DTYPES`) must run before TensorFlow loads, which takes seconds.
+``Precision("bf16")``: layers under ``mixed_bfloat16`` (bfloat16 compute, float32 variables);
+``"fp16"``: ``mixed_float16`` with a dynamic loss scale. Keras's policy is process-wide, so it is
+set only inside :meth:`Precision.building` and restored after.
 """
 
 from __future__ import annotations
@@ -17,6 +12,8 @@ from typing import TYPE_CHECKING, Iterator
 
 from mirrorfit.errors import ConfigError
 
+# Keras is imported where it is used: the CLI's flag checks (bench's report reads
+# COMPUTE_DTYPES) run before TensorFlow loads, which takes seconds.
 if TYPE_CHECKING:
     import keras
 

@@ -1,22 +1,8 @@
 """Rematerialisation (``--remat``): each layer that qualifies keeps only its inputs for the
 backward pass and recomputes what it made inside (the matmul or convolution before its bias
-and activation), trading one more forward pass for activation memory.
-
-Why not Keras's own ``keras.RematScope``: it hands the layer's keyword arguments to the
-backend's remat, and (Keras 3.15) that breaks training on both engines. On TensorFlow,
-``tf.recompute_grad`` refuses keyword arguments inside a ``tf.function`` ("supports keywords
-arguments only when eager execution is enabled"): every model failed. On JAX,
-``jax.checkpoint`` turns ``training=True`` into a traced value, and any layer that branches on
-it (Dropout, BatchNormalization) failed to trace. Here the keyword arguments stay Python
-values, closed over, and only the positional inputs (arrays) go through the backend's remat
-(``keras.remat``: ``jax.checkpoint`` or ``tf.recompute_grad``).
-
-A layer qualifies when it is one of Keras's own layers with trainable weights and no other
-state: a layer that writes state while it runs (BatchNormalization's moving statistics,
-Dropout's random-seed state) would write it again when recomputed, and under JAX that write
-would leave the recomputation's trace. A layer of the user's own may do the same in ways a
-look from outside cannot see (``self.add_loss`` inside ``call``: under JAX a leaked tracer,
-on TensorFlow a loss whose gradient was silently lost), so those run as written.
+and activation): one more forward pass for less activation memory. A layer qualifies when it
+is one of Keras's own with trainable weights and no other state; the user's own run as written.
+(why, and why not ``keras.RematScope``: docs/architecture.md#rematerialisation)
 """
 
 from __future__ import annotations
