@@ -1,13 +1,8 @@
-"""The backend seam: which engine runs a job (``tensorflow`` or ``jax``), chosen before Keras
-loads, and what each needs from the process before its framework starts.
-
-Plain Python, imported by the configuration and the CLI before any framework: a backend is a
-value (``--backend``, the TOML key ``backend``, else ``KERAS_BACKEND``, else ``tensorflow``);
-:func:`prepare` sets ``KERAS_BACKEND`` for Keras and keeps the framework's C++ start-up log off
-the user's screen; :func:`check_settings` refuses, in one line, settings the chosen engine
-does not have. Each engine is a package (``mirrorfit.engine.tensorflow``,
-``mirrorfit.engine.jax``) with the same small interface: ``configure_devices``,
-``build_distribution``, ``Runner``, ``CheckpointState``, ``list_devices``.
+"""The backend seam: which engine runs a job (``tensorflow`` or ``jax``; ``--backend``, the TOML
+key ``backend``, else ``KERAS_BACKEND``, else ``tensorflow``), chosen before Keras loads, and
+what it needs before its framework starts: :func:`prepare` sets ``KERAS_BACKEND`` and quiets
+the C++ start-up log; :func:`check_settings` refuses, in one line, settings the engine lacks.
+Plain Python, imported before any framework. (why: docs/architecture.md#the-seams)
 """
 
 from __future__ import annotations
@@ -175,13 +170,11 @@ def check_settings(
 
 
 def prepare(backend: str, *, verbose: bool = False) -> None:
-    """Before Keras and the framework load: tell Keras the backend, and choose how much of the
-    framework's C++ log reaches stderr. Unless ``verbose`` or the user set
-    ``TF_CPP_MIN_LOG_LEVEL`` themselves, none of it: not a CPU-only host's cuInit "E" line,
-    oneDNN's notice, nor gRPC's errors when a peer dies (mirrorfit says what happened in one
-    line of its own). ``verbose`` shows it all.
-
-    ConfigError if Keras was already imported with another backend (a Python caller)."""
+    """Before Keras and the framework load: tell Keras the backend, and keep the framework's C++ log
+    off stderr unless ``verbose`` (all of it) or the user set ``TF_CPP_MIN_LOG_LEVEL``. ConfigError
+    if Keras was already imported with another backend (a Python caller).
+    (why: docs/architecture.md#the-backend)
+    """
     keras = sys.modules.get("keras")
     if keras is not None and getattr(keras, "backend", None) is not None:
         loaded = keras.backend.backend()

@@ -1,14 +1,9 @@
-"""The seam between the shared code and an engine, written down.
-
-An engine is a package under ``mirrorfit/engine/`` (``tensorflow``, ``jax``) named in
-:data:`mirrorfit.engine.backends.ENGINES`. The shared code (the controller, the training job,
-checkpoints) reaches it through what is typed here: the package's functions
-(:class:`Engine`), the distribution ``build_distribution`` returns (:class:`Distribution`)
-and the :class:`Runner` that holds a run's model, optimizer, metrics and compiled calls. A
-third engine is a new folder with these names and one entry in that table;
-``tests/engine/test_contract.py`` holds both engines to them.
-
-Plain typing: nothing here imports a framework.
+"""The seam between the shared code (controller, training job, checkpoints) and an engine, typed:
+the package's functions (:class:`Engine`), the distribution ``build_distribution`` returns
+(:class:`Distribution`) and the :class:`Runner` holding a run's model, optimizer, metrics and
+compiled calls. An engine is a package under ``mirrorfit/engine/`` named in
+:data:`mirrorfit.engine.backends.ENGINES`. Plain typing: no framework imported.
+(why, and a third engine: docs/architecture.md#the-engine-contract)
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """The controller: epochs, metrics, progress, callbacks and resuming around a runner, shared by
-every backend.
-
-Like Orbit's controller, it knows nothing of what runs on the devices: it asks a runner
-(:class:`mirrorfit.engine.tensorflow.runner.Runner` or :class:`mirrorfit.engine.jax.runner.
-Runner`, picked by the distribution's ``backend``) to "run N steps" and tracks where training
-is in one :class:`Position` value, which checkpoints save and restore. Checkpoints and
-preemption hook in through ``hooks`` and ``callbacks``.
+every backend. It asks a runner (:class:`mirrorfit.engine.tensorflow.runner.Runner` or
+:class:`mirrorfit.engine.jax.runner.Runner`, by the distribution's ``backend``) to "run N steps"
+and tracks where training is in one :class:`Position`, which checkpoints save and restore;
+checkpoints and preemption hook in through ``hooks`` and ``callbacks``.
+(why: docs/architecture.md#the-seams)
 """
 
 from __future__ import annotations
@@ -88,23 +86,12 @@ class History:
 
 
 class Trainer:
-    """Data-parallel training of a Keras model, on TensorFlow or on JAX.
-
-    ``strategy``: where it runs. TensorFlow: a
-    :class:`~mirrorfit.engine.tensorflow.distribution.Distribution` (from
-    ``build_distribution``) or a plain one-process ``tf.distribute.Strategy``; JAX: a
-    :class:`~mirrorfit.engine.jax.placement.Placement` (``build_distribution`` of
-    :mod:`mirrorfit.engine.jax`). ``model`` is a zero-argument function returning a Keras
-    model (built here, under the strategy's scope on TensorFlow) or a model already built
-    (under ``strategy.scope()`` on TensorFlow). ``optimizer`` is a configured Keras optimizer.
-    ``loss`` is a Keras loss or a function returning per-example losses. ``global_batch`` is
-    the examples per optimizer step over all replicas; with ``accum_steps`` K each replica runs
-    K micro-batches of ``global_batch / (replicas * K)`` examples per step and all-reduces
-    once. ``precision`` (``"fp32"``, ``"bf16"``, ``"fp16"`` or a
-    :class:`~mirrorfit.models.precision.Precision`) and ``remat`` apply to a model built here
-    from a function. ``jit_compile`` (TensorFlow) compiles each replica's forward and backward
-    pass with XLA; a model XLA cannot compile is reported through ``on_notice`` and trained
-    without it (JAX compiles the whole step always).
+    """Data-parallel training of a Keras model on TensorFlow or JAX (docs/training.md#python-api).
+    ``strategy``: the engine's ``build_distribution`` (or a one-process TF strategy); ``model``: a
+    zero-argument function (built here, with ``precision``, ``remat``) or a model built under
+    ``strategy.scope()``; ``loss``: Keras's or per-example; ``global_batch``: examples per step, all
+    replicas, ``accum_steps`` micro-batches each; ``jit_compile``: TF's XLA per replica (a model it
+    cannot compile: a line to ``on_notice``; JAX compiles the whole step).
     """
 
     def __init__(
@@ -204,13 +191,10 @@ class Trainer:
         hooks: Sequence[Hook] = (),
         progress: EpochProgress | None = None,
     ) -> History:
-        """Train up to ``epochs`` epochs in all; return per-epoch logs and throughput.
-
-        ``train`` is :func:`~mirrorfit.data.pipeline.train_batches` (seeded epochs) or a
-        ``tf.data.Dataset`` of one epoch of global batches (repeated each epoch). Starts from
-        ``position``: a trainer restored from a checkpoint continues mid-epoch with the batches
-        it had not seen yet; one restored at an epoch's last step, saved before that epoch's end
-        (validation, callbacks) completed, runs that end first.
+        """Train up to ``epochs`` epochs in all; return per-epoch logs and throughput. ``train``:
+        :func:`~mirrorfit.data.pipeline.train_batches` or a ``tf.data.Dataset`` of one epoch of
+        global batches. From ``position``: mid-epoch, the batches not seen yet; at an epoch's last
+        step saved before that epoch's end (validation, callbacks) completed, that end first.
         """
         history = History()
         self._check_data(train, validation)

@@ -12,13 +12,12 @@ from mirrorfit.errors import ConfigError
 
 @dataclass(frozen=True)
 class DeviceSetup:
-    """The devices one replica each runs on.
-
-    ``shared_cores`` is True when they are logical splits of one CPU: they then share the same
-    physical cores, so more replicas measure distribution overhead, not extra compute.
-    ``handles``: the framework's device objects in the order of ``devices`` (JAX's; empty
-    on TensorFlow, which names devices by string). ``engine``: said after the devices at the
-    start of a run ("" for the default engine)."""
+    """The devices one replica each runs on. ``shared_cores``: logical splits of one CPU, sharing
+    its physical cores (more replicas then measure distribution overhead, not extra compute).
+    ``handles``: the framework's device objects in ``devices``' order (JAX's; empty on TensorFlow,
+    which names devices by string). ``engine``: said after the devices at a run's start ("" for the
+    default engine).
+    """
 
     kind: str  # "GPU" or "CPU"
     devices: tuple[str, ...]
