@@ -1,10 +1,7 @@
-"""Workers of one job agree on the settings that must match, before the first step.
-
-Two workers with different ``--seed`` or ``--lr`` train different models without a word, and
-different ``--epochs`` or ``--steps-per-execution`` end in a collective that never matches
-(a gloo abort, a "stopped answering" that blames the wrong thing). At start-up every worker
-hashes each such setting; small gathers compare them, and a difference is one line on every
+"""Workers of one job agree on the settings that must match, before the first step: every worker
+hashes each such setting, small gathers compare them, and a difference is one line on every
 worker naming the flag and each worker's value (exit 2).
+(why: docs/architecture.md#settings-the-workers-agree-on)
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """The training run's data: open --data for this process, check the model takes its examples,
 turn tf.data's errors about its files into one line, and name what it is made of (the flags
-behind its order, for checkpoints; how it is read, for the profile).
-
-job.train calls these; evaluate and bench use :func:`data_errors` too. Whichever engine runs:
-TensorFlow is only looked at when it is loaded (it reads file sources under both).
+behind its order, for checkpoints; how it is read, for the profile). For job.train; evaluate
+and bench use :func:`data_errors` too. TensorFlow is looked at only when loaded (it reads file
+sources under both engines).
 """
 
 from __future__ import annotations

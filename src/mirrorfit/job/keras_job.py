@@ -1,11 +1,9 @@
 """``mirrorfit train --model package.module:function`` with a compiled Keras model (or an
-uncompiled one with ``--loss``): trained as it was compiled, through ``mirrorfit.fit``.
-
-The data reach the model as the user gave them: MNIST's uint8 pixels and integer labels,
-a ``.npz``'s arrays (``x_train``, ``y_train``, optional ``sample_weight_train``, ``x_val``/
-``y_val``, ``x_test``/``y_test``; ``x_train/NAME`` members make a dict of inputs, likewise
-for targets), or a ``--data package.module:function``'s splits as Keras's ``fit`` takes them.
-Flags that only the built-in loop has are refused in one line each.
+uncompiled one with ``--loss``), trained as compiled through ``mirrorfit.fit`` on the data as
+given: MNIST's uint8 pixels and integer labels, a ``.npz``'s arrays (``x_train``, ``y_train``;
+optional ``sample_weight_train``, ``x_val``/``y_val``, ``x_test``/``y_test``; ``x_train/NAME``
+members make a dict of inputs, likewise targets) or a ``--data`` function's splits as Keras's
+``fit`` takes them. Flags only the built-in loop has are refused, one line each.
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """Watching a run: TensorBoard scalars, CPU/GPU utilisation, and a useful out-of-memory error.
-
-``ScalarWriter`` plugs into the trainer as a hook (after every compiled execution) and an epoch
-callback; it writes TensorBoard's own event files with TensorBoard's writer (no TensorFlow, so
-the JAX engine writes them too). ``CpuGpuSampler`` samples utilisation in a background thread
-(psutil for the CPU, NVML through nvidia-ml-py for GPUs when a driver is present).
+``ScalarWriter``: a trainer hook (after every compiled execution) and epoch callback writing
+TensorBoard's event files with TensorBoard's own writer (no TensorFlow: the JAX engine writes
+them too). ``CpuGpuSampler``: utilisation on a background thread (psutil for the CPU; NVML
+through nvidia-ml-py for GPUs when a driver is present).
 """
 
 from __future__ import annotations

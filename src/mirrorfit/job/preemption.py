@@ -1,16 +1,8 @@
 """SIGTERM / SIGINT during training: finish the steps in flight, save, exit 75 ("try again").
-
-Once training is set up, a signal only sets a flag; the trainer's hooks and epoch callbacks,
-and the run's own checks before test evaluation and before each export commits, act on it. So
-a signal during the last epoch's validation or checkpoint is not dropped: the run stops before
-it exports. A second Ctrl-C stops at once (the default handler is back after the first signal).
-
-Before that (loading TensorFlow and the data, calling a user's ``--data`` or ``--model``
-function, building the model) there is nothing to save, and the flag might never be looked
-at (a function that never returns), so the signal stops the run where it is: the handler
-raises :class:`Preempted`. Where the main thread waits inside C++ (no Python runs there, so no
-handler), a watchdog thread ends the process with the same line and code after
-``SETUP_GRACE_S``.
+Once training is set up, a signal sets a flag that the trainer's hooks and epoch callbacks and
+the run's checks (before test evaluation, before each export commits) act on; a second Ctrl-C
+stops at once. During set-up the handler raises :class:`Preempted`, and a watchdog ends a main
+thread waiting in C++ after ``SETUP_GRACE_S``. (why: docs/architecture.md#preemption)
 """
 
 from __future__ import annotations
@@ -53,12 +45,10 @@ class Preempted(BaseException):
 
 class PreemptionGuard:
     """Context manager that turns SIGTERM/SIGINT into :class:`Preempted` at the next safe point.
-
-    ``trainer`` is the :class:`~mirrorfit.engine.controller.Trainer` (or given later with
-    :meth:`watch`, so that the guard can cover the set-up too); ``checkpointer`` (optional)
-    saves its position first. Pass ``guard.hook`` in the trainer's hooks (after each compiled
-    execution: at most ``steps_per_execution`` steps run after the signal) and
-    ``guard.epoch_callback`` last in its callbacks; call ``guard.check()`` between later phases.
+    ``trainer`` (or later through :meth:`watch`, so the guard covers set-up too); ``checkpointer``
+    (optional) saves its position first. Pass ``guard.hook`` in the trainer's hooks (at most
+    ``steps_per_execution`` steps run after the signal) and ``guard.epoch_callback`` last in its
+    callbacks; call ``guard.check()`` between later phases.
     """
 
     def __init__(self, trainer=None, checkpointer=None) -> None:

@@ -1,17 +1,9 @@
-"""Where a training step's time goes: input, forward/backward compute, all-reduce, the rest.
-
-Each part is timed on its own with the trainer's own compiled pieces, after training, on the
-same devices:
-
-- *step, synthetic input*: the full compiled step on one cached batch (no input pipeline);
-- *compute*: each replica's forward and backward pass (micro-batches included), no all-reduce;
-- *all-reduce*: one batched all-reduce of gradient-sized tensors;
-- *input wait* = the measured steady step time minus the synthetic-input step time: the time
-  the step waited for the input pipeline (for files: reading and decoding them), whatever the
-  source, since the synthetic step reuses one batch the pipeline already made;
-- *update and overhead* = what the synthetic step takes beyond compute and all-reduce.
-
-The model and optimizer state are restored afterwards: profiling does not change the result.
+"""Where a training step's time goes: input wait, forward/backward compute, all-reduce, update and
+overhead. After training, on the same devices, each part is timed with the trainer's own
+compiled pieces: the full step on one cached batch (synthetic input), each replica's forward
+and backward pass (micro-batches included), one batched all-reduce of gradient-sized tensors.
+Input wait = steady step time in training - synthetic step; update and overhead = synthetic
+step - compute - all-reduce. State is restored after. (why: docs/architecture.md#the-step-profile)
 """
 
 from __future__ import annotations
@@ -119,9 +111,8 @@ def profile_steps(
 ) -> ProfileReport:
     """Time the parts of ``trainer``'s step on ``batches`` (training data with the trainer's
     protocol: arrays, files, synthetic). ``input_source`` says how it is read, for the report.
-
-    ``steady_step_s`` is the seconds per step measured during training (input included).
-    Each part runs about ``target_s`` seconds after one untimed warm-up call.
+    ``steady_step_s``: seconds per step in training (input included). Each part runs about
+    ``target_s`` seconds after one untimed warm-up call.
     """
     strategy, distribution = trainer.strategy, trainer.distribution
     saved = [v.numpy() for v in trainer.model.variables + trainer.optimizer.variables]

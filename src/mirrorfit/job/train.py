@@ -52,15 +52,11 @@ def run_training(
     cluster=_UNCHECKED,
     timings: dict[str, float] | None = None,
 ) -> dict[str, Any]:
-    """Train as ``config`` says; print setup, progress and summary; return the summary dict.
-
-    The summary's throughput ``train_examples_per_sec`` is steady state (examples/s, the first
-    compiled execution excluded); ``wall_time_s`` is seconds for the whole fit. ``guard``: an
-    entered :class:`PreemptionGuard` (the CLI enters one before TensorFlow loads); else one is
-    entered here. ``cluster``: what :func:`mirrorfit.job.checks.check_run` returned (the CLI
-    checks before the framework loads); else it is checked here. ``timings``: seconds of what
-    came before (the CLI's start-up and the framework's import); the summary's ``timings_s``
-    adds the run's phases to them.
+    """Train as ``config`` says; print setup, progress and summary; return the summary dict
+    (``train_examples_per_sec``: steady examples/s, first execution excluded; ``wall_time_s``: the
+    whole fit, seconds). ``guard``: an entered :class:`PreemptionGuard` (the CLI's), else one is
+    entered here; ``cluster``: :func:`mirrorfit.job.checks.check_run`'s, else checked here;
+    ``timings``: seconds of what came before (start-up, the framework's import), in ``timings_s``.
     """
     # soft_wrap: in a pipe or a log file rich would break lines at 80 columns.
     console = console or Console(stderr=True, soft_wrap=True)
