@@ -193,6 +193,34 @@ out["resumed_is_whole"] = all(
 out["backup_deleted"] = not (DIR / "bk").exists()
 
 
+# checkpoint_dir: the same stop after epoch 2 (before the checkpoint of that epoch: it is
+# written after the user's callbacks) resumes after epoch 1; the two latest are kept; a fit
+# whose epochs are all done trains none; another model's checkpoint is refused in one line.
+ckpt = DIR / "ckpt"
+kw = dict(batch_size=32, epochs=4, verbose=0, shuffle=False, checkpoint_dir=ckpt)
+try:
+    mirrorfit.fit(build(), x, y, callbacks=[Preempted()], **kw)
+except RuntimeError:
+    out["ckpt_after_stop"] = sorted(p.name for p in ckpt.iterdir())
+resumed = build()
+out["ckpt_resumed_epochs"] = len(mirrorfit.fit(resumed, x, y, **kw).history["loss"])
+out["ckpt_resumed_is_whole"] = all(
+    np.array_equal(a, b) for a, b in zip(resumed.get_weights(), whole.get_weights())
+)
+out["ckpt_kept"] = sorted(p.name for p in ckpt.iterdir())
+out["ckpt_done_epochs"] = len(mirrorfit.fit(build(), x, y, **kw).history.get("loss", []))
+other = keras.Sequential([keras.Input((8,)), keras.layers.Dense(1)])
+other.compile(optimizer="sgd", loss="mse")
+try:
+    mirrorfit.fit(other, x, y, **kw)
+except ValueError as e:
+    out["ckpt_other_model"] = str(e)
+try:
+    mirrorfit.fit(build(), x, y, **dict(kw, checkpoint_dir=DIR / "log.csv"))
+except ValueError as e:
+    out["ckpt_file"] = str(e)
+
+
 # A callback that sets the weights the evaluation uses (as SwapEMAWeights does): zeros for
 # the validation, the trained weights back after it. val_loss is then mean(y**2), and the
 # training goes on as without it.

@@ -121,6 +121,14 @@ def test_keras_callbacks(backend, tmp_path):
     assert r["own_exception"] == "'mine'"
     assert r["preempted"] == "preempted" and r["resumed_epochs"] == 2  # epochs 3 and 4
     assert r["resumed_is_whole"] and r["backup_deleted"]
+    assert r["ckpt_after_stop"] == ["epoch-000001"]
+    assert r["ckpt_resumed_epochs"] == 3 and r["ckpt_resumed_is_whole"]
+    assert r["ckpt_kept"] == ["epoch-000003", "epoch-000004"]
+    assert r["ckpt_done_epochs"] == 0
+    assert (
+        "holds a Sequential with 4 variables, not this Sequential with 2" in r["ckpt_other_model"]
+    )
+    assert "is a file; give a folder" in r["ckpt_file"]
     assert r["val_loss_of_zeros"] == [pytest.approx(r["mean_y2"], rel=1e-5)] * 2
     assert r["swap_kept_training"]
     assert r["nan_epochs"] == 1

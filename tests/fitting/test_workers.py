@@ -123,3 +123,4 @@ def test_backup_and_restore_resumes_every_worker_where_the_chief_saved(sides):
     for w in ("0-2", "1-2"):
         assert r[w]["preempted"] == "preempted" and r[w]["resumed_epochs"] == 2
         assert r[w]["resumed_is_whole"]
+        assert r[w]["ckpt_resumed_epochs"] == 3 and r[w]["ckpt_resumed_is_whole"]

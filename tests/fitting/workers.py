@@ -172,6 +172,16 @@ whole = build()
 mirrorfit.fit(whole, x, y, batch_size=32, epochs=4, verbose=0, shuffle=False)
 out["resumed_is_whole"] = same(resumed.get_weights(), whole.get_weights())
 
+# checkpoint_dir: the chief writes, every worker reads and resumes after epoch 1.
+kw = dict(batch_size=32, epochs=4, verbose=0, shuffle=False, checkpoint_dir=DIR / "ckpt")
+try:
+    mirrorfit.fit(build(), x, y, callbacks=[Preempted()], **kw)
+except RuntimeError:
+    pass
+resumed = build()
+out["ckpt_resumed_epochs"] = len(mirrorfit.fit(resumed, x, y, **kw).history["loss"])
+out["ckpt_resumed_is_whole"] = same(resumed.get_weights(), whole.get_weights())
+
 # Data that differ between the workers stop every worker in one line, before they train.
 if JOINED:
     mine = y + (1.0 if ME.startswith("1-") else 0.0)

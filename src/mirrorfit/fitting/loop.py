@@ -60,15 +60,24 @@ def fit(
     steps_per_execution=None,
     accum_steps=1,
     drop_remainder=False,
+    checkpoint_dir=None,
 ):
     """Train a compiled Keras ``model`` data-parallel, as ``model.fit(...)`` with the same
     keywords would on one device: ``batch_size`` is the global batch. mirrorfit's own:
     ``steps_per_execution`` (steps per compiled call; default the model's compiled one if
     above 1, else 50), ``accum_steps`` (micro-batches per replica per step: one all-reduce
-    per step) and ``drop_remainder`` (skip each epoch's last partial batch instead of training
-    it). Returns Keras's ``History``; the model's variables hold the trained state."""
+    per step), ``drop_remainder`` (skip each epoch's last partial batch instead of training
+    it) and ``checkpoint_dir`` (a folder: the state saved every epoch, and a later ``fit``
+    resumes from it; :mod:`mirrorfit.fitting.checkpoints`). Returns Keras's ``History``; the
+    model's variables hold the trained state."""
     run = _Run(model, steps_per_execution, accum_steps)
     callbacks = checked_callbacks(callbacks)
+    if checkpoint_dir is not None:
+        from mirrorfit.fitting import checkpoints
+
+        chief = run.workers.is_chief
+        directory = checkpoints.checked_dir(checkpoint_dir, writes=chief)
+        callbacks = [*callbacks, checkpoints.callback(directory, writes=chief)]
     epochs = _checked_int("epochs", epochs, 0)
     initial_epoch = _checked_int("initial_epoch", initial_epoch, 0)
     validation_freq = _checked_int("validation_freq", validation_freq, 1)
@@ -90,9 +99,10 @@ def fit(
     callbacks, hooks = run.callbacks(callbacks, verbose, epochs, train.steps)
     model.stop_training = False
     callbacks.on_train_begin()
-    # BackupAndRestore restored an epoch's state (its weights reach the devices at the epoch's
-    # start, with the rest of the model's variables); Keras's fit starts there too.
+    # BackupAndRestore or checkpoint_dir restored an epoch's state (its weights reach the
+    # devices at the epoch's start); Keras's fit starts there too.
     initial_epoch = run.workers.same_epoch(model._initial_epoch or initial_epoch)
+    model._initial_epoch = None  # for this fit only
     logs: dict[str, float] = {}
     with run.synced_after():
         for epoch in range(initial_epoch, epochs):
