@@ -1,9 +1,6 @@
-"""Model FLOPs, counted from the model itself, and this machine's matmul peak, measured.
-
-MFU (model FLOPs utilisation) = training FLOPs per example x examples/s / peak FLOP/s. Training
-FLOPs are 3x the forward pass (the backward pass computes two matmuls per forward one: the
-gradient with respect to the inputs and to the weights), the usual convention (Kaplan et al.;
-PaLM's MFU).
+"""Model FLOPs, counted from the model itself, and this machine's matmul peak (FLOP/s).
+MFU (model FLOPs utilisation) = training FLOPs per example x examples/s / peak FLOP/s, training
+FLOPs being 3x the forward pass (why: docs/architecture.md#the-bench).
 """
 
 from __future__ import annotations

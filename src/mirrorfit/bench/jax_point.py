@@ -1,11 +1,8 @@
-"""A bench point on the JAX engine, in its own process (``python -m mirrorfit.bench.point``
-hands a point whose ``backend`` is ``jax`` here, before Keras loads): mirrorfit's JAX engine, or
-Keras's own ``fit`` on JAX (the yardstick row: ``keras.distribution.DataParallel`` over the same
-devices, ``steps_per_execution`` as the point's), or the matmul peak measured by XLA.
-
-Throughput is measured as :mod:`mirrorfit.bench.point` measures it: wall time between the end of
-epoch 1 and the end of the last epoch. TensorFlow is not imported: on MNIST and synthetic data
-this runs where only JAX is installed.
+"""A bench point on the JAX engine, in its own process (``mirrorfit.bench.point`` hands it a point
+whose ``backend`` is ``jax``, before Keras loads): mirrorfit's JAX engine, Keras's own ``fit`` on
+JAX (the yardstick: ``keras.distribution.DataParallel`` over the same devices, the point's
+``steps_per_execution``), or XLA's matmul peak. Throughput as :mod:`mirrorfit.bench.point`
+times it. No TensorFlow: on MNIST and synthetic data this runs where only JAX is installed.
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
-"""One bench point, run in its own process: a training run, the textbook recipe, or the peak.
-
-Logical devices are fixed when TensorFlow starts, so every point is a fresh interpreter:
+"""One bench point in its own process: a training run, the textbook recipe, or the peak.
 ``python -m mirrorfit.bench.point '{"kind": "mirrorfit", ...}'`` prints one JSON line.
-Throughput is measured the same way for both sides: wall time between the end of epoch 1 and
-the end of the last epoch (epoch 1 traces and compiles), everything in between included. Both
-sides read the same data: MNIST arrays, or for any other source (``data="synthetic"``: the same
-repeated random batch; a file, folder, TFRecords or function: what
-:func:`mirrorfit.data.sources.load_data` opens) the same tf.data pipeline, given to Keras ``fit``
-as it is given to mirrorfit.
+Throughput, both sides alike: wall time from the end of epoch 1 to the end of the last epoch,
+everything in between included. Both sides read the same data: MNIST arrays, or the same
+tf.data pipeline for any other source. (why: docs/architecture.md#the-bench)
 """
 
 from __future__ import annotations

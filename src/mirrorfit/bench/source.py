@@ -1,11 +1,8 @@
 """What a bench grid trains on, opened once in the bench's own process before any point runs.
-
-MNIST and synthetic data need no framework: their shape is known (28x28 and 10 classes; the
-flags' or the model's), and MNIST's file is loaded once (NumPy: 0.3 s) and checked as `mirrorfit
-train` checks it. Any other ``--data`` is opened here with the very arguments every point's
-process will use, so that a source that cannot be read (a damaged file, labels out of range,
-too few examples for the global batch) or a model that cannot take its examples is one line and
-exit code 2 before the matmul peak or any point starts, as `mirrorfit train` refuses it.
+MNIST and synthetic data need no framework (28x28 and 10 classes; the flags' or the model's);
+MNIST's file is loaded once and checked as ``mirrorfit train`` checks it. Any other ``--data``
+is opened with the arguments every point will use: a bad source or a model that cannot take its
+examples is one line and exit 2 first. (why: docs/architecture.md#the-bench)
 """
 
 from __future__ import annotations
