@@ -6,10 +6,13 @@ update to float rounding."""
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from conftest import ROOT, _env, run_cli, run_isolated
+
+HERE = Path(__file__).parent
 
 
 def _gpus() -> int:
@@ -54,33 +57,5 @@ def test_a_bf16_run_on_the_gpu_trains_and_keeps_the_device_fed(tmp_path):
     assert summary["input_wait_share"] < 0.5  # the next block is on the device in time
 
 
-STEP = """
-import os, sys, json
-sys.modules["tensorflow"] = None
-os.environ["KERAS_BACKEND"] = "jax"
-os.environ.setdefault("XLA_FLAGS", "--xla_gpu_deterministic_ops=true")
-import numpy as np, jax
-jax.config.update("jax_default_matmul_precision", "highest")  # not TF32: float32 on both
-from mirrorfit.engine import jax as engine
-from mirrorfit.engine.jax.devices import DeviceSetup
-import keras, mirrorfit
-data = mirrorfit.load_mnist(train_examples=1024, download=False)
-out = {}
-for where in ("gpu", "cpu"):
-    setup = DeviceSetup(kind=where.upper(), devices=(f"/{where}:0",), physical=(where,),
-                        shared_cores=False, engine="JAX", handles=tuple(jax.devices(where)[:1]))
-    engine.seed(3)
-    trainer = mirrorfit.Trainer(strategy=engine.build_distribution(setup),
-                                model=mirrorfit.models.mlp, optimizer=keras.optimizers.SGD(0.05),
-                                loss=keras.losses.SparseCategoricalCrossentropy(),
-                                global_batch=128)
-    trainer.fit(mirrorfit.train_batches(data.x_train, data.y_train, global_batch=128, seed=3),
-                epochs=1)
-    out[where] = [w.ravel().tolist() for w in trainer.model.get_weights()]
-diff = max(float(np.abs(np.array(a) - np.array(b)).max()) for a, b in zip(out["gpu"], out["cpu"]))
-print(json.dumps({"diff": diff}))
-"""
-
-
 def test_one_gpu_makes_the_cpus_update_to_float_rounding():
-    assert run_isolated(STEP)["diff"] < 1e-4
+    assert run_isolated(HERE / "gpu_against_cpu_driver.py")["diff"] < 1e-4

@@ -4,6 +4,7 @@ order the TensorFlow engine reads them, and counts every evaluation example once
 """
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -11,7 +12,7 @@ from conftest import run_cli, run_isolated
 
 pytestmark = pytest.mark.slow
 
-JAX_ONLY = 'import os, sys\nsys.modules["tensorflow"] = None\nos.environ["KERAS_BACKEND"] = "jax"\n'
+HERE = Path(__file__).parent
 
 
 def test_train_on_jax_imports_no_tensorflow(tmp_path):
@@ -58,34 +59,6 @@ def test_steps_per_execution_beyond_the_epoch_pads_no_more_than_the_epoch(tmp_pa
     assert json.loads(out.read_text())["steps"] == 8
 
 
-# Runs `mirrorfit train` several times in one interpreter (test_checkpoint's driver), on JAX
-# with TensorFlow blocked; run i gets SIGTERM at the step hook ARMED[i] names.
-DRIVER = (
-    JAX_ONLY
-    + """
-import contextlib, io, json, signal, traceback
-from mirrorfit import cli
-from mirrorfit.artifacts.checkpoint import Checkpointer
-fired = set()
-real_hook = Checkpointer.step_hook
-def step_hook(self, trainer):
-    real_hook(self, trainer)
-    if ARMED.get(current) == trainer.step and current not in fired:
-        fired.add(current)
-        os.kill(os.getpid(), signal.SIGTERM)
-Checkpointer.step_hook = step_hook
-out = []
-for current, args in enumerate(RUNS):
-    err = io.StringIO()
-    with contextlib.redirect_stderr(err):
-        try:
-            code = cli.main(args)
-        except BaseException:
-            code, _ = "exception", traceback.print_exc()
-    out.append({"code": code, "err": err.getvalue()})
-print(json.dumps(out))
-"""
-)
 # Dropout (its RNG state must be checkpointed) and Adam (its slots)
 RUN = [
     "train",
@@ -109,22 +82,14 @@ RUN = [
     "0.003",
     "--no-progress",
 ]
-PREDICT = (
-    JAX_ONLY
-    + """
-import json, numpy as np, keras, mirrorfit
-x = mirrorfit.load_mnist(download=False).x_test[:1000] / 255.0
-a, b = (keras.saving.load_model(p).predict(x, verbose=0) for p in {paths!r})
-print(json.dumps({{"max_diff": float(np.abs(a - b).max()), "spread": float(a.std())}}))
-"""
-)
 
 
 def test_sigterm_mid_epoch_then_resume_predicts_as_an_uninterrupted_run(tmp_path):
     a = [*RUN, "--checkpoint-dir", str(tmp_path / "a"), "--save-keras", str(tmp_path / "a.keras")]
     b = [*RUN, "--checkpoint-dir", str(tmp_path / "b"), "--save-keras", str(tmp_path / "b.keras")]
-    program = f"RUNS = {[a, b, b]!r}\nARMED = {{1: 22}}\n" + DRIVER
-    ref, stopped, resumed = run_isolated(program)
+    # One interpreter runs all three; run 1 gets SIGTERM after step 22's hook.
+    runs, armed = json.dumps([a, b, b]), json.dumps({1: 22})
+    ref, stopped, resumed = run_isolated(HERE / "sigterm_runs_driver.py", runs, armed)
     assert ref["code"] == 0, ref["err"][-3000:]
     assert stopped["code"] == 75, stopped["err"][-3000:]  # epoch 2, step 22 of 48: mid-epoch
     assert "ckpt-000000022" in stopped["err"]
@@ -132,7 +97,7 @@ def test_sigterm_mid_epoch_then_resume_predicts_as_an_uninterrupted_run(tmp_path
     assert "at step 6" in resumed["err"]
     meta = json.loads((tmp_path / "b" / "ckpt-000000048" / "meta.json").read_text())
     assert meta["backend"] == "jax"
-    out = run_isolated(PREDICT.format(paths=[str(tmp_path / "a.keras"), str(tmp_path / "b.keras")]))
+    out = run_isolated(HERE / "predict_driver.py", tmp_path / "a.keras", tmp_path / "b.keras")
     assert out["spread"] > 0.01 and out["max_diff"] < 1e-6
 
 
@@ -165,61 +130,14 @@ def test_a_tensorflow_checkpoint_is_not_resumed_on_jax(tmp_path):
     assert "written with --backend tensorflow, this run has --backend jax" in lines[0]
 
 
-ORDER = """
-import os, sys, json
-import numpy as np
-import mirrorfit
-from mirrorfit.engine.jax.feed import Feed, plan
-data = mirrorfit.load_mnist(train_examples=640, download=False)
-batches = mirrorfit.train_batches(data.x_train, data.y_train, global_batch=32, seed=5)
-import tensorflow as tf
-tf_order = [(x, y) for x, y in batches.dataset(start_epoch=1, epochs=2, skip=3).as_numpy_iterator()]
-import jax
-from jax.sharding import NamedSharding, Mesh, PartitionSpec as P
-mesh = Mesh(np.array(jax.devices()[:1]), ("data",))
-calls = plan(steps_per_epoch=batches.steps_per_epoch, start_epoch=1, epochs=2, skip=3,
-             steps_per_execution=4)
-feed = Feed(batches, calls, block_steps=4, batch_sharding=NamedSharding(mesh, P(None, "data")))
-jax_order = []
-for _, _, n in calls:
-    xs, ys = feed.next(n)
-    jax_order += [(np.asarray(xs)[i] / 255.0, np.asarray(ys)[i]) for i in range(n)]
-feed.close()
-print(json.dumps({"n": [len(tf_order), len(jax_order)],
-                  "x": max(float(np.abs(a[0] - b[0]).max()) for a, b in zip(tf_order, jax_order)),
-                  "y": all(bool((a[1] == b[1]).all()) for a, b in zip(tf_order, jax_order))}))
-"""
-
-
 def test_the_feed_reads_the_examples_the_tensorflow_pipeline_reads_in_its_order():
-    out = run_isolated(ORDER)
+    out = run_isolated(HERE / "feed_order_driver.py")
     assert out["n"] == [17, 17]  # epoch 1 of 20 steps, less the 3 already trained
     assert out["x"] < 1e-6 and out["y"]
 
 
-EVAL = (
-    JAX_ONLY
-    + """
-import json, numpy as np, keras, mirrorfit
-from mirrorfit.engine import jax as engine
-placement = engine.build_distribution(engine.configure_devices(replicas=2))
-data = mirrorfit.load_mnist(train_examples=512, download=False)
-trainer = mirrorfit.Trainer(strategy=placement, model=mirrorfit.models.mlp,
-                            optimizer=keras.optimizers.SGD(0.1),
-                            loss=keras.losses.SparseCategoricalCrossentropy(), global_batch=64)
-trainer.fit(mirrorfit.train_batches(data.x_train, data.y_train, global_batch=64, seed=0),
-            epochs=1)
-x, y = data.x_test[:1001], data.y_test[:1001]
-result = trainer.evaluate((x, y), batch_size=63)
-probs = np.asarray(trainer.model.predict(x / 255.0, verbose=0))
-print(json.dumps({"result": result, "acc": float(np.mean(np.argmax(probs, 1) == y)),
-                  "loss": float(np.mean(-np.log(probs[np.arange(len(y)), y])))}))
-"""
-)
-
-
 def test_evaluation_counts_each_example_once_over_two_devices():
-    out = run_isolated(EVAL)
+    out = run_isolated(HERE / "uneven_eval_driver.py")
     # 15 batches of 63 (each padded to 64 for 2 devices) and one of 56
     assert out["result"]["examples"] == 1001
     assert out["result"]["accuracy"] == pytest.approx(out["acc"], abs=1e-6)

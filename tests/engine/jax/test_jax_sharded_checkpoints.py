@@ -9,12 +9,14 @@ import subprocess
 import sys
 import time
 import types
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from conftest import ROOT, _env, keras_file_weights, run_cli, run_isolated
+from conftest import BLOCKED_CLI, ROOT, _env, keras_file_weights, run_cli, run_isolated
 
+HERE = Path(__file__).parent
 TRAIN = [
     "train",
     "--backend",
@@ -33,11 +35,7 @@ TRAIN = [
     "--epochs",
     "2",
 ]
-WITHOUT_TF = [
-    "-c",
-    "import sys; sys.modules['tensorflow'] = None; from mirrorfit.cli import "
-    "main; sys.exit(main(sys.argv[1:]))",
-]
+WITHOUT_TF = [str(BLOCKED_CLI), "tensorflow"]
 
 
 def _stopped_mid_run(tmp_path, *args):
@@ -129,15 +127,9 @@ def test_a_damaged_sharded_checkpoint_is_set_aside_and_export_reads_the_previous
     assert "resuming from" in resumed.stderr and "ckpt-000000032" in resumed.stderr
     assert "Traceback" not in resumed.stderr and "WARNING" not in resumed.stderr
     # The export of step 32 predicts as the model the run saved at step 32.
-    got = run_isolated(f"""
-        import json, numpy as np, tensorflow as tf, keras
-        x = np.random.default_rng(0).random((8, 28, 28)).astype("float32")
-        served = tf.saved_model.load({str(tmp_path / "m" / "0001")!r})
-        p = served.signatures["serving_default"](images=tf.constant(x))["probabilities"]
-        want = keras.saving.load_model({str(tmp_path / "one.keras")!r}).predict(x, verbose=0)
-        print(json.dumps({{"diff": float(np.abs(p.numpy() - want).max()),
-                           "spread": float(want.std())}}))
-        """)
+    got = run_isolated(
+        HERE / "export_against_keras_driver.py", tmp_path / "m" / "0001", tmp_path / "one.keras"
+    )
     assert got["spread"] > 0.01 and got["diff"] < 1e-5, got
 
 
@@ -230,35 +222,7 @@ def test_a_failed_background_write_is_one_line_and_commits_nothing(tmp_path, err
 
 
 def test_a_flipped_byte_that_orbax_reads_is_caught_by_the_checksums(tmp_path):
-    got = run_isolated(f"""
-        import json, sys
-        sys.modules["tensorflow"] = None
-        from pathlib import Path
-        import numpy as np
-        from mirrorfit.engine.jax import orbax_state as o
-        import jax
-        folder = Path({str(tmp_path)!r})
-        tree = {{"trainable": [np.arange(4096, dtype=np.float32)], "non_trainable": [],
-                 "optimizer": [np.ones(3, np.int32)]}}
-        w = o.async_checkpointer()
-        o.write(folder, tree, w).wait()
-        host = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-        targets = {{g: [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=host) for a in arrays]
-                    for g, arrays in tree.items()}}
-        back = np.asarray(o.read(folder, targets)["trainable"][0])
-        whole = bool((back == tree["trainable"][0]).all())
-        chunk = max((p for p in (folder / "state").rglob("*") if p.is_file()
-                     and "/d/" in str(p)), key=lambda p: p.stat().st_size)
-        data = bytearray(chunk.read_bytes())
-        data[len(data) // 2] ^= 0x40
-        chunk.write_bytes(bytes(data))
-        try:
-            o.read(folder, targets)
-            said = None
-        except ValueError as e:
-            said = str(e)
-        print(json.dumps({{"whole": whole, "said": said}}))
-        """)
+    got = run_isolated(HERE / "flipped_byte_driver.py", tmp_path)
     assert got["whole"] is True
     assert got["said"] == "state/trainable/0 does not match its checksum: the data is damaged"
 

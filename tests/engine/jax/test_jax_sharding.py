@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import ROOT, _env, run_cli, keras_file_weights
+from conftest import BLOCKED_CLI, ROOT, _env, run_cli, keras_file_weights
 
 HERE = Path(__file__).parent
 
@@ -216,9 +216,8 @@ def test_two_worker_processes_split_the_state_and_train_as_one_process(tmp_path)
             "2",
             "--",
             sys.executable,
-            "-c",
-            "import sys; sys.modules['tensorflow'] = None; from mirrorfit.cli import main; "
-            "sys.exit(main(sys.argv[1:]))",
+            str(BLOCKED_CLI),
+            "tensorflow",
             "train",
             "--strategy",
             "multi-worker",

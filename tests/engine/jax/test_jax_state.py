@@ -3,6 +3,7 @@ reads state.npz with NumPy) and `mirrorfit serve` answers, over REST and gRPC, w
 predictions of the model JAX trained; a damaged state.npz is set aside like TensorFlow's."""
 
 import json
+from pathlib import Path
 
 import grpc
 import httpx
@@ -15,16 +16,7 @@ from conftest import run_cli, run_isolated
 from serving_support import Server
 
 pytestmark = pytest.mark.slow
-
-PREDICT = """
-import os, sys, json
-sys.modules["tensorflow"] = None
-os.environ["KERAS_BACKEND"] = "jax"
-import numpy as np, keras, mirrorfit
-x = mirrorfit.load_mnist(download=False).x_test[:8] / 255.0
-model = keras.saving.load_model({path!r})
-print(json.dumps({{"x": x.tolist(), "p": np.asarray(model.predict(x, verbose=0)).tolist()}}))
-"""
+HERE = Path(__file__).parent
 
 
 def test_a_jax_checkpoint_exported_and_served_answers_as_jax_predicts(tmp_path):
@@ -58,7 +50,7 @@ def test_a_jax_checkpoint_exported_and_served_answers_as_jax_predicts(tmp_path):
     )
     assert export.returncode == 0, export.stderr[-3000:]
     assert "exported step 32" in export.stdout
-    want = run_isolated(PREDICT.format(path=str(tmp_path / "mlp.keras")))
+    want = run_isolated(HERE / "jax_predictions_driver.py", tmp_path / "mlp.keras")
     x, expected = np.array(want["x"], np.float32), np.array(want["p"])
     server = Server(
         [f"--model_base_path={tmp_path / 'models' / 'mlp'}", "--model_name=mlp"], tmp_path

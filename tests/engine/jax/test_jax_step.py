@@ -6,36 +6,14 @@ Each replica count runs in a fresh interpreter (XLA's host device count is read 
 with TensorFlow blocked: the JAX engine must not import it.
 """
 
+from pathlib import Path
+
 import pytest
 
 from conftest import assert_same_weights, run_isolated, runs_by_replicas
 
-TRAIN = """
-import os, sys, json
-sys.modules["tensorflow"] = None  # the JAX engine never imports it
-os.environ["KERAS_BACKEND"] = "jax"
-import numpy as np
-from mirrorfit.engine import jax as engine
-placement = engine.build_distribution(engine.configure_devices(replicas={replicas}))
-import keras, mirrorfit
-data = mirrorfit.load_mnist(train_examples=2048, download=False)
-results = {{}}
-for name, optimizer, accum, spe in {runs!r}:
-    engine.seed(7)
-    opt = {{"sgd": keras.optimizers.SGD(0.05), "adam": keras.optimizers.Adam(1e-3)}}[optimizer]
-    trainer = mirrorfit.Trainer(strategy=placement, model=mirrorfit.models.mlp, optimizer=opt,
-                                loss=keras.losses.SparseCategoricalCrossentropy(),
-                                global_batch=128, steps_per_execution=spe, accum_steps=accum)
-    init = [w.copy() for w in trainer.model.get_weights()]
-    history = trainer.fit(mirrorfit.train_batches(data.x_train, data.y_train, global_batch=128,
-                                                  seed=3), epochs=2)
-    np.savez(f"{out}/{{name}}.npz", *trainer.model.get_weights())
-    changed = max(float(np.abs(a - b).max()) for a, b in zip(init, trainer.model.get_weights()))
-    results[name] = {{"steps": history.steps, "traced": trainer.tracing_count(),
-                      "changed": changed, "loss": history.epochs[-1]["loss"],
-                      "tensorflow": sys.modules.get("tensorflow") is not None}}
-print(json.dumps(results))
-"""
+HERE = Path(__file__).parent
+
 # name: (replicas, optimizer, accumulation steps, steps per execution)
 RUNS = {
     "one_sgd": (1, "sgd", 1, 8),
@@ -51,7 +29,7 @@ RUNS = {
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    return runs_by_replicas(TRAIN, RUNS, tmp_path_factory.mktemp("weights"))
+    return runs_by_replicas(HERE / "step_runs_driver.py", RUNS, tmp_path_factory.mktemp("weights"))
 
 
 @pytest.mark.slow
@@ -81,34 +59,9 @@ def test_steps_per_execution_does_not_change_the_result_nor_retrace(runs):
     assert five["traced"] == 1 and one["traced"] == 1
 
 
-ALL_REDUCES = """
-import os, sys, json, re
-sys.modules["tensorflow"] = None
-os.environ["KERAS_BACKEND"] = "jax"
-import numpy as np
-from mirrorfit.engine import jax as engine
-placement = engine.build_distribution(engine.configure_devices(replicas=2))
-import jax, keras, mirrorfit
-from jax.sharding import NamedSharding, PartitionSpec as P
-out = {}
-for accum in (1, 4):
-    trainer = mirrorfit.Trainer(strategy=placement, model=mirrorfit.models.cnn,
-                                optimizer=keras.optimizers.Adam(1e-3),
-                                loss=keras.losses.SparseCategoricalCrossentropy(),
-                                global_batch=32, accum_steps=accum)
-    runner = trainer.runner
-    split = NamedSharding(placement.mesh, P(None, "data"))
-    xs = jax.device_put(np.zeros((3, 32, 28, 28), np.uint8), split)
-    ys = jax.device_put(np.zeros((3, 32), np.int32), split)
-    text = runner._steps.train.lower(runner._state, xs, ys, np.int32(3)).compile().as_text()
-    out[accum] = len(re.findall(r" all-reduce(?:-start)?\\(", text))
-print(json.dumps(out))
-"""
-
-
 @pytest.mark.slow
 def test_one_all_reduce_per_optimizer_step_whatever_the_micro_batches():
-    counts = run_isolated(ALL_REDUCES)
+    counts = run_isolated(HERE / "all_reduces_driver.py")
     # the compiled loop holds one all-reduce (of all gradients at once) per step: K=4
     # micro-batches add none
     assert counts == {"1": 1, "4": 1}
@@ -136,40 +89,10 @@ def test_steps_one_call_each_wait_for_the_previous_call(monkeypatch):
     assert events == [("call", 0), ("wait", 1), ("call", 1), ("wait", 2), ("call", 2), ("wait", 3)]
 
 
-RNN = """
-import os, sys, json
-sys.modules["tensorflow"] = None
-os.environ["KERAS_BACKEND"] = "jax"
-import numpy as np
-from mirrorfit.engine import jax as engine
-placement = engine.build_distribution(engine.configure_devices(replicas={replicas}))
-import keras, mirrorfit
-data = mirrorfit.load_mnist(train_examples=256, download=False)
-out = {{}}
-for name, in {runs!r}:
-    engine.seed(3)
-    def lstm():
-        inputs = keras.Input((28, 28))
-        return keras.Model(inputs, keras.layers.Dense(10, activation="softmax")(
-            keras.layers.LSTM(16)(inputs)))
-    trainer = mirrorfit.Trainer(strategy=placement, model=lstm,
-                                optimizer=keras.optimizers.SGD(0.1),
-                                loss=keras.losses.SparseCategoricalCrossentropy(),
-                                global_batch=32, steps_per_execution=4)
-    init = [w.copy() for w in trainer.model.get_weights()]
-    trainer.fit(mirrorfit.train_batches(data.x_train, data.y_train, global_batch=32, seed=1),
-                epochs=1)
-    np.savez(f"{out}/{{name}}.npz", *trainer.model.get_weights())
-    out[name] = {{"changed": max(float(np.abs(a - b).max())
-                                 for a, b in zip(init, trainer.model.get_weights()))}}
-print(json.dumps(out))
-"""
-
-
 @pytest.mark.slow
 def test_an_lstm_trains_on_two_devices_to_the_weights_of_one(tmp_path):
     """An LSTM's zero initial state is the same on every device and its scan's carry is not:
     under shard_map's replication check the step failed to trace (any RNN, any replicas)."""
-    runs = runs_by_replicas(RNN, {"one": (1,), "two": (2,)}, tmp_path)
+    runs = runs_by_replicas(HERE / "lstm_runs_driver.py", {"one": (1,), "two": (2,)}, tmp_path)
     assert runs["one"]["changed"] > 1e-4
     assert_same_weights(runs["one"]["weights"], runs["two"]["weights"], rtol=1e-4, atol=2e-6)
