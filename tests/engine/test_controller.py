@@ -4,37 +4,19 @@ Training runs in fresh interpreters with N logical CPU devices (they must be set
 TensorFlow starts), one per replica count, and saves the trained weights for comparison here.
 """
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 from conftest import assert_same_weights, run_isolated, runs_by_replicas
 
+HERE = Path(__file__).parent
+
 # The runs of one replica count share one interpreter (TensorFlow's start-up is most of a
-# run's time); each builds its strategy, model and optimizer afresh from the same seed, so a run
-# gives the weights it would alone (the comparisons below would catch it if not).
-TRAIN = """
-import json, numpy as np, keras, mirrorfit
-setup = mirrorfit.configure_devices(replicas={replicas})
-data = mirrorfit.load_mnist(train_examples=2048, download=False)
-results = {{}}
-for name, kind, optimizer, spe in {runs!r}:
-    strategy = mirrorfit.build_strategy(setup, kind=kind)
-    keras.utils.set_random_seed(7)
-    opt = {{"sgd": keras.optimizers.SGD(0.05), "adam": keras.optimizers.Adam(1e-3)}}[optimizer]
-    trainer = mirrorfit.Trainer(strategy=strategy, model=mirrorfit.models.mlp, optimizer=opt,
-                                loss=keras.losses.SparseCategoricalCrossentropy(),
-                                global_batch=64, steps_per_execution=spe)
-    init = [w.copy() for w in trainer.model.get_weights()]
-    history = trainer.fit(mirrorfit.train_batches(data.x_train, data.y_train, global_batch=64,
-                                                  seed=3), epochs=2)
-    np.savez(f"{out}/{{name}}.npz", *trainer.model.get_weights())
-    changed = max(float(np.abs(a - b).max()) for a, b in zip(init, trainer.model.get_weights()))
-    test = trainer.evaluate((data.x_test[:3000], data.y_test[:3000]), batch_size=64)
-    results[name] = {{"steps": history.steps, "traced": trainer.tracing_count(),
-                      "changed": changed, "loss": history.epochs[-1]["loss"],
-                      "accuracy": history.epochs[-1]["accuracy"], "test": test}}
-print(json.dumps(results))
-"""
+# run's time): controller_runs_driver.py. Each builds its strategy, model and optimizer afresh
+# from the same seed, so a run gives the weights it would alone (the comparisons below would
+# catch it if not).
 # name: (replicas, strategy, optimizer, steps per execution)
 RUNS = {
     "one_sgd": (1, "auto", "sgd", 8),
@@ -50,7 +32,9 @@ RUNS = {
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """Every run of RUNS: its JSON summary plus "weights"."""
-    return runs_by_replicas(TRAIN, RUNS, tmp_path_factory.mktemp("weights"))
+    return runs_by_replicas(
+        HERE / "controller_runs_driver.py", RUNS, tmp_path_factory.mktemp("weights")
+    )
 
 
 @pytest.mark.slow
@@ -82,50 +66,18 @@ def test_steps_per_execution_does_not_change_the_result(runs):
     assert ten["traced"] == 1 and one["traced"] == 1  # step counts are tensors: no retracing
 
 
-EVAL = """
-import json, numpy as np, keras, mirrorfit
-setup = mirrorfit.configure_devices(replicas=2)
-strategy = mirrorfit.build_strategy(setup)
-data = mirrorfit.load_mnist(train_examples=512, download=False)
-trainer = mirrorfit.Trainer(strategy=strategy, model=mirrorfit.models.mlp,
-                            optimizer=keras.optimizers.SGD(0.1),
-                            loss=keras.losses.SparseCategoricalCrossentropy(), global_batch=64)
-trainer.fit(mirrorfit.train_batches(data.x_train, data.y_train, global_batch=64, seed=0),
-            epochs=1)
-x, y = data.x_test[:1001], data.y_test[:1001]
-result = trainer.evaluate((x, y), batch_size=64)
-probs = trainer.model.predict(x / 255.0, verbose=0)
-expected_acc = float(np.mean(np.argmax(probs, 1) == y))
-expected_loss = float(np.mean(-np.log(probs[np.arange(len(y)), y])))
-print(json.dumps({"result": result, "acc": expected_acc, "loss": expected_loss}))
-"""
-
-
 @pytest.mark.slow
 def test_evaluation_counts_each_example_once_when_not_divisible():
-    out = run_isolated(EVAL)
+    out = run_isolated(HERE / "uneven_eval_driver.py")
     assert out["result"]["examples"] == 1001  # 15 full batches of 64 + a partial one of 41
     assert out["result"]["accuracy"] == pytest.approx(out["acc"], abs=1e-6)
     assert out["result"]["loss"] == pytest.approx(out["loss"], rel=1e-4)
 
 
-OUTSIDE = """
-import json, keras, mirrorfit
-setup = mirrorfit.configure_devices(replicas=2)
-strategy = mirrorfit.build_strategy(setup)
-model = mirrorfit.models.mlp()  # built outside strategy.scope()
-try:
-    mirrorfit.Trainer(strategy=strategy, model=model, optimizer=keras.optimizers.SGD(0.1),
-                      loss=keras.losses.SparseCategoricalCrossentropy(), global_batch=64)
-    print(json.dumps({"error": None}))
-except mirrorfit.ConfigError as e:
-    print(json.dumps({"error": str(e)}))
-"""
-
-
 @pytest.mark.slow
 def test_model_built_outside_the_scope_is_refused_clearly():
-    assert "not created under this strategy" in run_isolated(OUTSIDE)["error"]
+    error = run_isolated(HERE / "outside_scope_driver.py")["error"]
+    assert "not created under this strategy" in error
 
 
 def test_a_position_past_the_end_of_an_epoch_is_refused_clearly():
@@ -153,61 +105,9 @@ def test_a_position_past_the_end_of_an_epoch_is_refused_clearly():
 # What the Trainer API (and mirrorfit.fit's sparse labels) refuse, on either engine: each case
 # one ValueError naming both sizes; before, JAX cut or zeroed them and both engines halved the
 # gradients of batches smaller than the trainer's global batch.
-REFUSALS = """
-import json, os
-os.environ["KERAS_BACKEND"] = "{backend}"
-import numpy as np, keras, mirrorfit
-from mirrorfit.engine import {backend} as engine
-dist = engine.build_distribution(engine.configure_devices(replicas=2))
-data = mirrorfit.load_mnist(train_examples=640, download=False)
-x, y = data.x_train, data.y_train
-
-def trainer(classes=10):
-    return mirrorfit.Trainer(strategy=dist, optimizer=keras.optimizers.SGD(0.05),
-                             model=lambda: mirrorfit.models.mlp(num_classes=classes),
-                             loss=keras.losses.SparseCategoricalCrossentropy(), global_batch=64)
-
-def batches(labels=y, batch=64):
-    return mirrorfit.train_batches(x, labels, global_batch=batch, seed=1)
-
-def legit(loss, labels, classes=4):
-    # labels a sparse categorical loss skips, or that index nothing (MSE, hinge): trained
-    t = mirrorfit.Trainer(strategy=dist, optimizer=keras.optimizers.SGD(0.01),
-                          model=lambda: mirrorfit.models.mlp(num_classes=classes), loss=loss,
-                          global_batch=64)
-    t.fit(mirrorfit.train_batches(x, labels, global_batch=64, seed=1), epochs=1)
-    t.evaluate((x[:100], labels[:100]))
-
-t, t3 = trainer(), trainer(classes=3)
-cases = {{
-    "ignore_255": lambda: legit(keras.losses.SparseCategoricalCrossentropy(ignore_class=255),
-                                np.where(y % 4 == 3, 255, y % 4).astype(np.uint8)),
-    "mse_ints": lambda: legit(lambda a, b: keras.ops.mean(
-        (keras.ops.cast(a, "float32")[:, None] - b) ** 2, axis=-1), y, classes=2),
-    "hinge": lambda: legit(lambda a, b: keras.ops.mean(keras.ops.maximum(
-        0.0, 1.0 - keras.ops.cast(a, "float32")[:, None] * b), axis=-1),
-        np.where(y % 2, 1, -1), classes=2),
-    "evaluate": lambda: t.evaluate((x[:100], y[:99])),
-    "validation": lambda: t.fit(batches(), epochs=1, validation=(x[:100], y[:99])),
-    "eval_labels": lambda: t.evaluate((x[:100], np.full(100, 99))),
-    "train_labels": lambda: t3.fit(batches(), epochs=1),
-    "batch": lambda: t.fit(batches(batch=32), epochs=1),
-    "lengths": lambda: batches(labels=y[:600]),
-}}
-out = {{}}
-for name, case in cases.items():
-    try:
-        case()
-        out[name] = "accepted"
-    except ValueError as e:
-        out[name] = str(e)
-print(json.dumps(out))
-"""
-
-
 @pytest.mark.parametrize("backend", ["jax", "tensorflow"])
 def test_data_that_would_train_something_else_is_a_value_error(backend):
-    out = run_isolated(REFUSALS.format(backend=backend))
+    out = run_isolated(HERE / "refusals_driver.py", backend)
     sizes = "x has 100 examples and y has 99; give as many labels as inputs"
     assert out["evaluate"] == f"evaluate: {sizes}"
     assert out["validation"] == f"the validation data: {sizes}"

@@ -13,10 +13,13 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from conftest import ROOT, run_isolated
+
+HERE = Path(__file__).parent
 
 SCRIPT = ROOT / "benchmarks" / "ps_mnist.py"
 
@@ -68,28 +71,7 @@ def test_a_killed_worker_s_closure_is_retried(mnist_dir):
     assert not any(_alive(pid) for pid in result["task_pids"])
 
 
-ATOMIC = """
-import json, keras, tensorflow as tf
-from mirrorfit.engine.tensorflow.parameter_server import atomic_keras_increments
-metric, counter = keras.metrics.Mean(), keras.Variable(0, dtype="int64")
-before = (keras.Variable.__dict__.get("assign_add"), keras.Variable.__dict__.get("assign_sub"))
-
-@tf.function
-def update(x):
-    with atomic_keras_increments():
-        metric.update_state(x)
-        counter.assign_add(1)
-        counter.assign_sub(3)
-
-for _ in range(2):
-    update(tf.constant([1.0, 2.0, 6.0]))
-after = (keras.Variable.__dict__.get("assign_add"), keras.Variable.__dict__.get("assign_sub"))
-print(json.dumps({"mean": float(metric.result()), "count": float(metric.count.numpy()),
-                  "counter": int(counter.numpy()), "restored": before == after}))
-"""
-
-
 def test_atomic_increments_give_keras_results_and_restore_keras():
     # One writer: the same numbers as Keras's own assign_add; the patch ends with the block.
-    result = run_isolated(ATOMIC)
+    result = run_isolated(HERE / "atomic_increments_driver.py")
     assert result == {"mean": 3.0, "count": 6.0, "counter": -4, "restored": True}
