@@ -21,43 +21,6 @@ import pytest
 
 from conftest import ROOT, _env
 
-MULTI_MODEL = '''
-import tensorflow as tf
-
-class Multi(tf.Module):
-    """Signatures for every API: two-input predict, classify and regress on tf.Examples."""
-
-    def __init__(self):
-        self.w = tf.Variable([1.0, 2.0, 3.0])
-
-    @tf.function(input_signature=[tf.TensorSpec([None, 2], tf.float32, name="a"),
-                                  tf.TensorSpec([None, 2], tf.float32, name="b")])
-    def multi(self, a, b):
-        return {"sum": a + b, "product": a * b}
-
-    @tf.function(input_signature=[tf.TensorSpec([None, 3], tf.int32, name="ids")])
-    def ints(self, ids):
-        return {"doubled": ids * 2}
-
-    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="examples")])
-    def classify(self, examples):
-        x = tf.io.parse_example(examples, {"x": tf.io.FixedLenFeature([2], tf.float32)})["x"]
-        scores = tf.nn.softmax(tf.stack([x[:, 0], x[:, 1], x[:, 0] + x[:, 1]], axis=1))
-        classes = tf.tile(tf.constant([["left", "right", "both"]]), [tf.shape(x)[0], 1])
-        return {"scores": scores, "classes": classes}
-
-    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="examples")])
-    def regress(self, examples):
-        f = tf.io.parse_example(examples, {"x": tf.io.FixedLenFeature([2], tf.float32)})["x"]
-        return {"outputs": tf.reduce_sum(f * self.w[:2], axis=1)}
-
-def save(path):
-    m = Multi()
-    tf.saved_model.save(m, path, signatures={
-        "serving_default": m.multi, "multi": m.multi, "ints": m.ints,
-        "classify_x": m.classify, "regress_x": m.regress})
-'''
-
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -82,9 +45,9 @@ def model_root(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("models")
     for seed in (1, 2):
         export_mlp(root / "mnist", seed)
-    namespace: dict = {}
-    exec(MULTI_MODEL, namespace)  # noqa: S102 - test fixture code above
-    namespace["save"](str(root / "multi" / "7"))
+    from serving_multi_model import save  # loads TensorFlow: here, not at import
+
+    save(str(root / "multi" / "7"))
     (root / "models.config").write_text(f"""
 model_config_list {{
   config {{ name: 'mnist' base_path: '{root / "mnist"}' model_platform: 'tensorflow'

@@ -1,6 +1,7 @@
 """observe: TensorBoard scalars, CPU utilisation sampling, the out-of-memory hint."""
 
 import time
+from pathlib import Path
 
 import pytest
 import tensorflow as tf
@@ -10,27 +11,13 @@ import mirrorfit
 from conftest import run_isolated
 from mirrorfit.job.observe import CpuGpuSampler, out_of_memory_hint
 
+HERE = Path(__file__).parent
+
+
 # A fresh process: configure_devices() must run before TensorFlow starts, and in this one an
 # earlier test may have started it (on a GPU host that makes setting memory growth fail).
-SCALARS = """
-import json, keras, mirrorfit
-from mirrorfit.job.observe import ScalarWriter
-data = mirrorfit.load_mnist(train_examples=1280, download=False)
-strategy = mirrorfit.build_strategy(mirrorfit.configure_devices())
-trainer = mirrorfit.Trainer(strategy=strategy, model=mirrorfit.models.mlp,
-                            optimizer=keras.optimizers.SGD(0.05),
-                            loss=keras.losses.SparseCategoricalCrossentropy(),
-                            global_batch=64, steps_per_execution=5)
-board = ScalarWriter(LOGDIR)
-trainer.fit(mirrorfit.train_batches(data.x_train, data.y_train, global_batch=64, seed=0),
-            epochs=2, validation=(data.x_val, data.y_val), hooks=[board.step_hook],
-            callbacks=[board.epoch_callback])
-print(json.dumps({}))
-"""
-
-
 def test_scalar_writer_records_training_and_epoch_scalars(tmp_path):
-    run_isolated(SCALARS.replace("LOGDIR", repr(str(tmp_path))))
+    run_isolated(HERE / "scalars_driver.py", tmp_path)
     events = EventAccumulator(str(tmp_path), size_guidance={"tensors": 0})
     events.Reload()
     tags = set(events.Tags()["tensors"])

@@ -3,68 +3,13 @@ recomputed in the backward pass, to the weights it reaches without (Keras's own 
 failed here: on TensorFlow for every model, on JAX for any model with Dropout or
 BatchNormalization). Each backend in its own process, on 2 replicas."""
 
+from pathlib import Path
+
 import pytest
 
 from conftest import assert_same_weights, run_isolated
 
-SCRIPT = """
-import os, sys, json, collections
-os.environ["KERAS_BACKEND"] = "{backend}"
-import numpy as np
-if "{backend}" == "jax":
-    sys.modules["tensorflow"] = None  # the JAX engine never imports it
-    from mirrorfit.engine import jax as engine
-    strategy = engine.build_distribution(engine.configure_devices(replicas=2))
-    seed = engine.seed
-else:
-    import mirrorfit
-    strategy = mirrorfit.build_strategy(mirrorfit.configure_devices(replicas=2))
-    import keras
-    seed = keras.utils.set_random_seed
-import keras, mirrorfit
-
-data = mirrorfit.load_mnist(train_examples=128, download=False)
-out = {{}}
-for remat in (False, True):
-    seed(5)
-    notices = []
-    trainer = mirrorfit.Trainer(strategy=strategy, model=mirrorfit.models.cnn,
-                                optimizer=keras.optimizers.SGD(0.05),
-                                loss=keras.losses.SparseCategoricalCrossentropy(),
-                                global_batch=32, remat=remat, on_notice=notices.append,
-                                precision="{precision}")
-    model = trainer.model
-    recomputed = [type(l).__name__ for l in model.layers
-                  if getattr(l.call, "_mirrorfit_remat", False)]
-    x = data.x_train[:4].astype("float32") / 255.0
-    if "{backend}" == "jax":
-        import jax
-        jaxpr = jax.make_jaxpr(lambda t, n, x: model.stateless_call(t, n, x, training=True)[0])(
-            [v.value for v in model.trainable_variables],
-            [v.value for v in model.non_trainable_variables], x)
-        marks = sum(e.primitive.name in ("remat2", "checkpoint", "remat") for e in jaxpr.eqns)
-        convs = None
-    else:
-        import tensorflow as tf
-        def grads(x):
-            with tf.GradientTape() as tape:
-                loss = tf.reduce_sum(model(x, training=True))
-            return tape.gradient(loss, model.trainable_variables)
-        def ops(fn):
-            return tf.function(fn).get_concrete_function(
-                tf.TensorSpec(x.shape)).graph.get_operations()
-        marks = sum(op.type == "IdentityN" and b"CustomGradient" in op.get_attr("_gradient_op_type")
-                    for op in ops(lambda x: model(x, training=True)))
-        convs = sum(op.type == "Conv2D" for op in ops(grads))
-    history = trainer.fit(mirrorfit.train_batches(data.x_train, data.y_train, global_batch=32,
-                                                  seed=3), epochs=1)
-    name = "remat" if remat else "plain"
-    np.savez(f"{out_dir}/{{name}}.npz", *model.get_weights())
-    out[name] = {{"recomputed": recomputed, "marks": marks, "convs": convs,
-                  "loss": history.epochs[-1]["loss"], "steps": history.steps,
-                  "notices": notices}}
-print(json.dumps(out))
-"""
+HERE = Path(__file__).parent
 
 
 @pytest.mark.slow
@@ -76,7 +21,7 @@ def test_remat_trains_the_cnn_to_the_same_weights(backend, precision, tmp_path):
     scope (float32 weights against bf16 gradients: a ReluGrad TypeError)."""
     import numpy as np
 
-    runs = run_isolated(SCRIPT.format(backend=backend, out_dir=tmp_path, precision=precision))
+    runs = run_isolated(HERE / "remat_driver.py", backend, precision, tmp_path)
     plain, remat = runs["plain"], runs["remat"]
     # The layers with weights and no other state; Dropout (its seed state) and pooling are not.
     assert remat["recomputed"] == ["Conv2D", "Conv2D", "Conv2D", "Dense", "Dense"]
