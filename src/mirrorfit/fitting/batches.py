@@ -1,14 +1,9 @@
-"""What ``mirrorfit.fit`` reads: anything Keras's ``fit`` takes (arrays, dicts and lists of
-them, ``tf.data.Dataset``, generators, ``keras.utils.PyDataset``), through Keras's own data
-adapters, as global batches of one static size.
-
-Every batch becomes a dict: ``x``, ``y`` (absent when the data has none), ``w`` (the sample
-weights, ``class_weight`` folded in, ones where none were given; nested like ``y`` where Keras
-nests them), ``mask`` (1 for a real example, 0 for padding) and ``scale`` (global batch / real
-examples, the same for every row). A partial batch is padded with zeros to the global batch, so
-the replicas keep static shapes; the loss multiplies ``w`` by ``scale`` and the metrics by
-``mask``, so the update and the metrics are those of the real examples only (Keras's own way
-with masked losses). Inputs and targets keep their dtypes.
+"""What ``mirrorfit.fit`` reads: anything Keras's ``fit`` takes, through Keras's data adapters, as
+global batches of one static size, each a dict: ``x``, ``y`` (absent without targets), ``w``
+(sample weights, ``class_weight`` folded in, ones by default; nested like ``y``), ``mask`` (1 a
+real example, 0 padding), ``scale`` (global batch / real examples). A partial batch is padded
+with zeros; the loss weights by ``w`` x ``scale``, metrics by ``mask``; dtypes are kept.
+(why: docs/keras-script.md#mirrorfitfit, "Every example, every epoch")
 """
 
 from __future__ import annotations

@@ -8,13 +8,12 @@ from mirrorfit.fitting import batches as fit_batches
 
 
 class Epochs:
-    """One epoch of batches at a time from ``source`` (a Keras data adapter).
-
-    ``steps`` (Keras's ``steps_per_epoch``): that many batches an epoch, read on from where
-    the last epoch stopped (a source that runs out ends its epoch and starts over in the next),
-    else one pass. ``pad``: batches padded to the global batch (else as the source gives them,
-    for a model's own ``train_step``). ``first``: the first batch, kept for the first epoch
-    (the model is built from it); ``size``: the global batch."""
+    """One epoch of batches at a time from ``source`` (a Keras data adapter). ``steps``
+    (``steps_per_epoch``): that many batches an epoch, read on from where the last stopped (a
+    source that runs out ends its epoch, starts over in the next), else one pass. ``pad``: pad to
+    the global batch (else as given, for a model's own ``train_step``). ``first``: the first batch,
+    kept for epoch 1 (the model is built from it); ``size``: the global batch.
+    """
 
     def __init__(
         self,

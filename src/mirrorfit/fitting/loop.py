@@ -1,19 +1,9 @@
-"""``mirrorfit.fit`` and ``mirrorfit.evaluate``: Keras's ``fit`` and ``evaluate`` for a
-compiled model, data-parallel over the devices of ``mirrorfit.setup``, on the engine Keras runs
-on.
-
-The loop is Keras's own, written over an engine runner that runs S steps a call
-(:mod:`mirrorfit.engine.jax.keras_fit`, :mod:`mirrorfit.engine.tensorflow.keras_fit`):
-callbacks through Keras's ``CallbackList`` at the points Keras's ``fit`` calls them (batch
-hooks at call boundaries), ``model.stop_training`` honoured, the device state written into the
-model before every callback that may read it and read back after (a learning rate a callback
-sets reaches the next step), validation every ``validation_freq`` epochs, Keras's ``History``
-returned.
-
-Over several workers (``mirrorfit.setup(strategy="multi-worker")``) every worker runs this loop
-on the same data: the NumPy shuffles are seeded alike, each block's batches are checked to
-agree (:mod:`mirrorfit.fitting.workers`), every callback runs on every worker, except Keras's
-writing ones and the progress bar, which run on the chief only.
+"""``mirrorfit.fit`` and ``mirrorfit.evaluate``: Keras's ``fit`` and ``evaluate`` for a compiled
+model, data-parallel over ``mirrorfit.setup``'s devices, on the engine Keras runs on. Keras's
+own loop (``CallbackList``, ``model.stop_training``, ``validation_freq``, Keras's ``History``)
+over an engine runner of S steps a call (:mod:`mirrorfit.engine.jax.keras_fit`,
+:mod:`mirrorfit.engine.tensorflow.keras_fit`); several workers: :mod:`mirrorfit.fitting.workers`.
+(why: docs/architecture.md#the-fit-loop)
 """
 
 from __future__ import annotations
@@ -62,14 +52,12 @@ def fit(
     drop_remainder=False,
     checkpoint_dir=None,
 ):
-    """Train a compiled Keras ``model`` data-parallel, as ``model.fit(...)`` with the same
-    keywords would on one device: ``batch_size`` is the global batch. mirrorfit's own:
-    ``steps_per_execution`` (steps per compiled call; default the model's compiled one if
-    above 1, else 50), ``accum_steps`` (micro-batches per replica per step: one all-reduce
-    per step), ``drop_remainder`` (skip each epoch's last partial batch instead of training
-    it) and ``checkpoint_dir`` (a folder: the state saved every epoch, and a later ``fit``
-    resumes from it; :mod:`mirrorfit.fitting.checkpoints`). Returns Keras's ``History``; the
-    model's variables hold the trained state."""
+    """Train a compiled Keras ``model`` data-parallel, as ``model.fit(...)`` would on one device
+    (``batch_size``: the global batch); plus ``steps_per_execution`` (default the compiled one if
+    above 1, else 50), ``accum_steps`` (micro-batches per replica per step), ``drop_remainder``
+    (skip each epoch's partial batch), ``checkpoint_dir`` (saved every epoch, resumed by a later
+    ``fit``). Returns Keras's ``History``; the model's variables hold the trained state.
+    """
     run = _Run(model, steps_per_execution, accum_steps)
     callbacks = checked_callbacks(callbacks)
     if checkpoint_dir is not None:

@@ -1,12 +1,8 @@
-"""The compiled model's loss and metrics on one replica's share of a padded global batch, in
-Keras ops (both engines call these inside their compiled step).
-
-Keras's own ``train_step`` is followed, with two differences that padding needs: the loss's
-sample weights are multiplied by ``scale`` (global batch / real examples), so the replicas'
-losses add up to the loss of the real examples, and every metric, weighted or not, sees padding
-with weight 0. Metric states are merged across replicas by adding each replica's change to the
-initial state: what ``tf.distribute`` does with Keras metrics (``aggregation="sum"``), so AUC,
-precision and recall are merged, not averaged.
+"""The compiled model's loss and metrics on one replica's share of a padded global batch, in Keras
+ops (both engines' compiled steps call these). As Keras's ``train_step``, except: the loss's
+sample weights are multiplied by ``scale``, so the replicas' losses add up to the real examples'
+loss, and every metric sees padding with weight 0. Metric states merge by adding each replica's
+change to the initial state (as ``tf.distribute`` does: AUC is merged, not averaged).
 """
 
 from __future__ import annotations

@@ -1,14 +1,8 @@
-"""``mirrorfit.setup``: the engine, devices and precision of a Keras script, chosen once before
-its model is built.
-
-TensorFlow's variables are mirrored only when created under a strategy, so on TensorFlow
-``setup`` makes the strategy the process's default (``tf.distribute.experimental_set_strategy``)
-and the model the script builds next is mirrored. JAX keeps the variables on the host; the mesh
-is used by :func:`mirrorfit.fit` only.
-
-``strategy="multi-worker"``: this process is one worker of a job described by ``TF_CONFIG`` (as
-``mirrorfit launch`` sets it) or SLURM, joined here; ``fit`` then trains over every worker's
-devices (docs/keras-script.md#several-workers).
+"""``mirrorfit.setup``: the engine, devices and precision of a Keras script, chosen once before its
+model is built. On TensorFlow the strategy becomes the process's default, so the model built
+next is mirrored; on JAX only :func:`mirrorfit.fit` uses the mesh. ``strategy="multi-worker"``
+joins the job ``TF_CONFIG`` or SLURM describe (docs/keras-script.md#several-workers).
+(why: docs/architecture.md#the-scripts-setup)
 """
 
 from __future__ import annotations
@@ -63,15 +57,12 @@ def setup(
     strategy: str = "auto",
     verbose: bool = False,
 ) -> Setup:
-    """Choose the engine (``backend``: ``"tensorflow"`` or ``"jax"``; default
-    ``$KERAS_BACKEND``, else TensorFlow), the devices (all GPUs, ``devices`` by name, the first
-    ``replicas``; without GPUs ``replicas`` logical CPU devices) and the precision
-    (``"fp32"``, ``"bf16"``, ``"fp16"``: Keras's dtype policy for the models built after).
-    ``shard`` (JAX): ``"none"``, ``"optimizer"`` (ZeRO-1) or ``"all"`` (FSDP), what of the
-    training state is split over the devices. ``strategy``: ``"auto"`` (this process's
-    devices) or ``"multi-worker"`` (join the job ``TF_CONFIG`` or SLURM describe; ``replicas``
-    then counts this worker's devices).
-    Call it once, before ``import keras`` builds anything; returns the :class:`Setup`."""
+    """Choose the engine (``backend``: ``"tensorflow"``/``"jax"``; default ``$KERAS_BACKEND``, else
+    TensorFlow), devices (all GPUs, ``devices`` by name, the first ``replicas``; without GPUs
+    ``replicas`` logical CPUs), precision (``"fp32"``, ``"bf16"``, ``"fp16"``), ``shard`` (JAX:
+    ``"none"``, ``"optimizer"``: ZeRO-1, ``"all"``: FSDP) and ``strategy`` (``"auto"``;
+    ``"multi-worker"``: ``replicas`` counts this worker's). Once, before Keras builds a model.
+    """
     if _current:
         raise FitError(
             "mirrorfit.setup() was already called in this process; devices can "

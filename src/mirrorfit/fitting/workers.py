@@ -1,17 +1,8 @@
-"""``mirrorfit.fit`` over several worker processes: every worker reads the same global batches
-and trains its devices' shares of them, so the workers must agree on the data, and only one of
-them writes.
-
-- NumPy's global generator (what Keras's array shuffles draw from) is seeded on every worker
-  with one value they agree on, at the start of each ``fit`` and ``evaluate``.
-- Each block of batches is checked against the other workers' before it trains: a fingerprint
-  of its first and last example per batch, in one small collective. Data that differ (another
-  order, another file, a generator of its own per worker) stop the run in one line.
-- Keras's writing callbacks (ModelCheckpoint, CSVLogger, TensorBoard, RemoteMonitor) and the
-  progress bar run on the chief only; every other callback runs on every worker (each decides
-  alike from the same merged logs: EarlyStopping stops them all at the same epoch).
-  BackupAndRestore restores on every worker (its directory must be one they all read) and
-  saves on the chief; the epoch each restored is checked to agree.
+"""``mirrorfit.fit`` over several worker processes: every worker reads the same global batches and
+trains its devices' shares, so the workers must agree on the data, and only one writes. NumPy's
+global generator is seeded alike at each ``fit``/``evaluate``; each block of batches is checked
+against the other workers' (a fingerprint per batch, one collective); Keras's writing callbacks
+and the progress bar run on the chief only. (why: docs/architecture.md#fit-over-several-workers)
 """
 
 from __future__ import annotations

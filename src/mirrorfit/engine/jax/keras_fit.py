@@ -1,18 +1,9 @@
-"""The JAX engine for ``mirrorfit.fit``: a compiled Keras model trained as it was compiled.
-
-Per replica (``shard_map`` over the mesh's ``"data"`` axis): Keras's own
-``compute_loss_and_updates`` (the model's ``compute_loss``: its compiled losses per output,
-``loss_weights``, sample weights, ``add_loss`` and regularisers) on the replica's share of the
-global batch, divided by replicas x micro-batches; the K micro-batches' gradients summed
-locally, then one ``psum`` per optimizer step and the model's own optimizer's
-``stateless_apply``. Metrics are updated per replica (:mod:`mirrorfit.fitting.metrics`) and merged
-when read. A ``train_step`` override cannot run per replica here (it applies the optimizer
-itself, before any all-reduce): :func:`check_model` says so in one line.
-
-Over several worker processes (``mirrorfit.setup(strategy="multi-worker")``) every worker holds
-the same global batches and puts its own devices' shares; the model's starting state is the
-chief's (broadcast once), and reads of per-device values are collectives every worker runs at
-the same points.
+"""The JAX engine for ``mirrorfit.fit``: a compiled Keras model trained as it was compiled. Per
+replica (``shard_map`` over the mesh's ``"data"`` axis): Keras's ``compute_loss_and_updates``
+on its share, divided by replicas x micro-batches; the K micro-batches' gradients summed, one
+``psum`` per step, the optimizer's ``stateless_apply``. Metrics per replica
+(:mod:`mirrorfit.fitting.metrics`), merged when read; a ``train_step`` override is refused
+(:func:`check_model`). (why, and several workers: docs/architecture.md#the-engines-under-fit)
 """
 
 from __future__ import annotations

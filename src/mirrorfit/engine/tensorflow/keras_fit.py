@@ -1,17 +1,9 @@
-"""The TensorFlow engine for ``mirrorfit.fit``: a compiled Keras model trained as it was
-compiled, under the strategy its variables were made in (``mirrorfit.setup``'s).
-
-Per replica, inside ``strategy.run`` in one ``tf.function`` of S steps: the forward pass, the
-model's ``compute_loss`` (its compiled losses, ``loss_weights``, sample weights, regularisers;
-Keras divides it by the replicas itself) over K micro-batches, and the model's own optimizer,
-whose ``apply_gradients`` all-reduces the gradients once per step. A model's own
-``train_step``/``test_step`` runs per replica instead, given each batch as the data gave it (not
-padded: a partial batch is split unevenly over the replicas, as Keras's own ``fit`` does under
-a strategy). The variables are the state: nothing to sync.
-
-Over several workers (``mirrorfit.setup(strategy="multi-worker")``: MultiWorkerMirroredStrategy)
-every worker holds the same global batches and gives its replicas their shares; the strategy
-made every variable from the chief's value.
+"""The TensorFlow engine for ``mirrorfit.fit``: a compiled Keras model trained as compiled,
+under ``mirrorfit.setup``'s strategy. Per replica, in ``strategy.run`` in one ``tf.function``
+of S steps: the forward pass, the model's ``compute_loss`` over K micro-batches, its
+optimizer's ``apply_gradients`` (one all-reduce a step); a ``train_step``/``test_step``
+override runs per replica instead, on unpadded batches.
+(why, and several workers: docs/architecture.md#the-engines-under-fit)
 """
 
 from __future__ import annotations
