@@ -1,14 +1,9 @@
-"""Training settings: one frozen TrainConfig, resolved and validated when it is built.
-
-Precedence: defaults < TOML file (``--config``) < command-line flags / keyword arguments.
-Every check a user can fail lives here, so the rest of the package may trust the values.
-
-Layout: ``sections.py`` holds six frozen dataclasses (distribution, data, optimisation,
-checkpoints, model, outputs), each with its fields and its own ``check()``; ``checks.py`` the
-values they allow and the checks they share. TrainConfig inherits all six, so its fields stay
-flat (``TrainConfig(batch_size=64)``, ``config.lr``, ``dataclasses.replace``); built, it runs
-the six checks, then the few that span two sections (``TrainConfig.check``). This module reads
-a TOML file and flags into it (``load_config``).
+"""Training settings: one frozen TrainConfig, resolved and checked when built (defaults < TOML
+file ``--config`` < flags / keyword arguments); every check a user can fail is here.
+TrainConfig inherits the six sections of ``sections.py`` (its fields flat: ``config.lr``) and
+runs their ``check()``, then those spanning two (``TrainConfig.check``); ``checks.py``: the
+values they allow, shared checks; ``load_config``: a TOML file and flags into a TrainConfig.
+(why: docs/architecture.md#the-configuration)
 """
 
 from __future__ import annotations

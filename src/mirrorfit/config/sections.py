@@ -1,9 +1,7 @@
-"""The six sections of :class:`~mirrorfit.config.TrainConfig`, each a frozen dataclass that
-checks its own fields: built on its own, a section runs its ``check()``; TrainConfig, which is
-all six at once, runs the six and then the few checks that span two of them.
-
-A section's helpers are module functions, not methods: TrainConfig inherits every section, so
-two methods of one name would shadow each other there.
+"""The six sections of :class:`~mirrorfit.config.TrainConfig` (distribution, data, optimisation,
+checkpoints, model, outputs), each a frozen dataclass that checks its own fields when built on
+its own (``check()``). Helpers are module functions, not methods: TrainConfig inherits every
+section, where two methods of one name would shadow each other.
 """
 
 from __future__ import annotations
