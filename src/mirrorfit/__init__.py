@@ -1,16 +1,13 @@
-"""mirrorfit: data-parallel Keras training that is correct and fast, with numbers to prove it.
+"""mirrorfit: data-parallel Keras training that is correct and fast, with numbers to prove it::
 
-Public API::
-
-    import mirrorfit
+    import keras, mirrorfit
     setup = mirrorfit.configure_devices(replicas=2)     # before TensorFlow starts
-    strategy = mirrorfit.build_strategy(setup)
-    trainer = mirrorfit.Trainer(strategy=strategy, model=mirrorfit.models.mlp,
-                                optimizer=keras.optimizers.SGD(1e-2),
-                                loss=keras.losses.SparseCategoricalCrossentropy(),
-                                global_batch=64, steps_per_execution=50,
-                                precision="bf16", accum_steps=1, jit_compile=False)
+    trainer = mirrorfit.Trainer(strategy=mirrorfit.build_strategy(setup),
+                                model=mirrorfit.models.mlp, optimizer=keras.optimizers.SGD(1e-2),
+                                loss=keras.losses.SparseCategoricalCrossentropy(), global_batch=64)
     history = trainer.fit(dataset_of_global_batches, epochs=10)
+
+More: docs/training.md#python-api; a compiled model's own fit (mirrorfit.fit): docs/keras-script.md
 """
 
 import importlib

@@ -1,9 +1,7 @@
 """The command line's flags: one argparse parser per command (train, devices, export, bench,
-serve, launch, evaluate) and their help text. What each command does with them is in
-cli/__init__.py.
-
-Standard library only: `mirrorfit --help` and a malformed flag (argparse: usage line, exit 2)
-must not wait for TensorFlow to load.
+serve, launch, evaluate) and their help text; what each command does with them is in
+cli/__init__.py. Standard library only: ``mirrorfit --help`` and a malformed flag (argparse:
+usage line, exit 2) must not wait for TensorFlow to load.
 """
 
 from __future__ import annotations
