@@ -216,9 +216,10 @@ def _cmd_devices(args: argparse.Namespace) -> int:
 
 
 def _since_process_start() -> float | None:
-    """Seconds from this process's start to now (Python, mirrorfit's CLI, the flag checks), to
-    10 ms: Linux's clock ticks since boot (psutil's create_time was up to 1 s off here, its boot
-    time being whole seconds); None where /proc does not say."""
+    """Seconds (to 10 ms) from this process's start to now (Python, mirrorfit's CLI, the flag
+    checks), from Linux's clock ticks since boot (not psutil's create_time:
+    docs/benchmarks.md#figures-behind-the-code); None where /proc does not say.
+    """
     try:
         with open("/proc/uptime", encoding="ascii") as f:
             uptime = float(f.read().split()[0])
@@ -269,9 +270,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 # Commands whose process ends once main() returns, and whose every output is written (and
-# fsynced) by then: they exit without the interpreter's teardown, which took ~1.3 s of the
-# default job here (TensorFlow's threads and objects). Not `serve` nor `launch`, and not a task
-# of a cluster, whose peers may still be talking to it.
+# fsynced) by then: they exit without the interpreter's teardown (TensorFlow's threads and
+# objects; its cost: docs/benchmarks.md#figures-behind-the-code). Not `serve` nor `launch`, and
+# not a task of a cluster, whose peers may still be talking to it.
 _FAST_EXIT = ("train", "evaluate", "export", "devices")
 
 

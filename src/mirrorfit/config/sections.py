@@ -129,7 +129,7 @@ def _check_device_counts(s: DistributionSettings) -> None:
         if getattr(s, name) is not None:
             check_positive(name, getattr(s, name))
     if s.threads_per_worker is not None and s.threads_per_worker > 1024:
-        # Each thread costs a stack; 100,000 of them took ~19 GB before TF did any work.
+        # Each thread costs a stack (what 100,000 took: docs/benchmarks.md#figures-behind-the-code).
         raise ConfigError(
             f"--threads-per-worker {s.threads_per_worker} is more threads "
             "than any host runs well; use at most 1024 (typically the "

@@ -32,7 +32,7 @@ class ProfileReport:
 
     def fractions(self) -> dict[str, float]:
         # The parts are timed again after training, against the run's own steady step: under
-        # load the retimed parts can add up to more than that step (compute 1.3x it was seen).
+        # load they can add up to more than that step (docs/benchmarks.md#figures-behind-the-code).
         parts = self.input_wait_s + self.compute_s + self.all_reduce_s + self.update_overhead_s
         total = max(self.step_s, parts, 1e-12)
         return {
