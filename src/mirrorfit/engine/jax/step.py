@@ -5,7 +5,7 @@ Per replica (a ``shard_map`` over the mesh's ``"data"`` axis, ``check_vma=False`
 micro-batches summed locally, **one** all-reduce of all gradients per optimizer step, and
 ``stateless_apply``. :func:`build_steps` returns ``train(state, xs, ys, n)`` (``n`` steps,
 state donated) and ``evaluate(...)`` (a block of batches, padding masked out).
-(why: docs/jax.md#what-it-does, docs/architecture.md#jax-step)
+(why: docs/jax.md#what-it-does, docs/architecture.md#jax-the-step)
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Run inside ``strategy.run``; ``loop.py`` compiles them. The Keras optimizer all-reduces the
 gradients once per optimizer step (K micro-batches summed locally first). ``jit_compile``
-compiles only the forward and backward pass (why: docs/architecture.md#tensorflow-step).
+compiles only the forward and backward pass (why: docs/architecture.md#tensorflow-the-step).
 """
 
 from __future__ import annotations
@@ -142,7 +142,7 @@ class ReplicaStep:
 
 def _agree_on_overflow(grads: list[tf.Tensor]) -> list[tf.Tensor]:
     """Make every replica see non-finite gradients if any replica has them (one scalar all-reduce).
-    (why: docs/architecture.md#tensorflow-step)
+    (why: docs/architecture.md#tensorflow-the-step)
     """
     local_bad = tf.cast(
         tf.logical_not(tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in grads])),
