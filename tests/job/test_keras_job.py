@@ -33,9 +33,15 @@ def test_a_compiled_regression_trains_as_compiled(backend, tmp_path):
         "--no-progress",
         "--metrics-out",
         str(out),
+        "--checkpoint-dir",
+        str(tmp_path / "ck"),
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "loss: mse (the model's compile), optimizer: Adam 0.01, metrics: mae" in proc.stderr
+    # mirrorfit.fit's checkpoints: every epoch, the three latest kept
+    assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == [
+        f"epoch-00000{i}" for i in (1, 2, 3)
+    ]
     assert "state: replicated" in proc.stderr  # what each device holds, as the loop says
     summary = json.loads(out.read_text())
     assert summary["shard"] == "none" and summary["state_bytes_per_device"] > 0
@@ -108,7 +114,10 @@ def test_loss_and_callbacks_for_an_uncompiled_model(backend, tmp_path):
 @pytest.mark.parametrize(
     "args, needle",
     [
-        (("--checkpoint-dir", "{tmp}/ck"), "--checkpoint-dir is not yet supported with a compiled"),
+        (
+            ("--checkpoint-dir", "{tmp}/ck", "--checkpoint-every", "5"),
+            "--checkpoint-every is not yet supported with a compiled",
+        ),
         (("--logdir", "{tmp}/tb"), "use Keras's TensorBoard callback in --callbacks"),
         (
             ("--backend", "tensorflow", "--strategy", "central-storage", "--replicas", "2"),

@@ -3,9 +3,9 @@ and read back by the next ``fit`` with the same DIR, which goes on from the epoc
 
 A checkpoint is a folder ``DIR/epoch-NNNNNN`` holding ``state.weights.h5`` (Keras's
 ``save_weights``: the model's variables and its optimizer's) and ``meta.json`` (the epoch, the
-model's class and weight count). It is written in a hidden temporary folder and renamed into
-place, so a run killed while writing leaves no half checkpoint; the two latest are kept. On
-several workers the chief writes and every worker reads (DIR must be one they all see).
+model's class and weight count), written in a hidden temporary folder and renamed into place:
+a run killed while writing leaves no half checkpoint. The three latest are kept. On several
+workers the chief writes and every worker reads (DIR must be one they all see).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 
 from mirrorfit.errors import FitError
 
-KEEP = 2  # checkpoints kept: the latest, and the one before in case the latest is damaged
+KEEP = 3  # checkpoints kept (as mirrorfit train keeps by default)
 _NAME = "epoch-"
 _STATE, _META = "state.weights.h5", "meta.json"
 
@@ -104,8 +104,23 @@ def restore(model, found: Path) -> int:
     return epoch
 
 
-def save(model, directory: Path, epoch: int) -> Path:
-    """Write the checkpoint of ``epoch`` (epochs done) and keep the :data:`KEEP` latest."""
+def save(model, directory: Path, epoch: int) -> Path | None:
+    """Write the checkpoint of ``epoch`` (epochs done) and keep the :data:`KEEP` latest; None,
+    with a warning, for weights that are not finite (the latest checkpoint stays the last
+    finite state, as mirrorfit train keeps it)."""
+    import warnings
+
+    import numpy as np
+
+    if not all(
+        np.isfinite(w).all() for w in model.get_weights() if np.issubdtype(w.dtype, np.floating)
+    ):
+        warnings.warn(
+            f"the weights after epoch {epoch} are not finite: no checkpoint written in "
+            f"{directory}; the latest stays {latest(directory)}",
+            stacklevel=2,
+        )
+        return None
     for stale in directory.glob("." + _NAME + "*"):  # a killed run's temporary folders
         shutil.rmtree(stale, ignore_errors=True)
     tmp = Path(tempfile.mkdtemp(prefix="." + _NAME, dir=directory))

@@ -20,7 +20,9 @@ from mirrorfit.errors import ConfigError
 # Settings of mirrorfit's own loop that this path has no counterpart for yet, and the way
 # round for each.
 _NOT_YET = {
-    "checkpoint_dir": "Keras's ModelCheckpoint in --callbacks",
+    "checkpoint_every": "--checkpoint-dir alone (a checkpoint every epoch)",
+    "keep_checkpoints": "--checkpoint-dir alone (the three latest are kept)",
+    "fresh": "another --checkpoint-dir",
     "export_dir": "--save-keras, then export that model",
     "logdir": "Keras's TensorBoard callback in --callbacks",
     "profile": "the default loop (an uncompiled model)",
@@ -233,6 +235,7 @@ def run(config: TrainConfig, console, model, *, compiled: bool, clock) -> dict[s
         validation_data=val,
         steps_per_execution=config.steps_per_execution,
         accum_steps=config.accum_steps,
+        checkpoint_dir=config.checkpoint_dir,
         **kwargs,
     )
     wall = time.perf_counter() - start
