@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -247,16 +248,21 @@ out["swap_kept_training"] = all(
 model = build()
 yn = y.copy()
 yn[40:] = np.nan
-history = mirrorfit.fit(
-    model,
-    x,
-    yn,
-    batch_size=32,
-    epochs=3,
-    verbose=0,
-    shuffle=False,
-    steps_per_execution=1,
-    callbacks=[keras.callbacks.TerminateOnNaN()],
-)
+with warnings.catch_warnings(record=True) as said:
+    warnings.simplefilter("always")
+    history = mirrorfit.fit(
+        model,
+        x,
+        yn,
+        batch_size=32,
+        epochs=3,
+        verbose=0,
+        shuffle=False,
+        steps_per_execution=1,
+        callbacks=[keras.callbacks.TerminateOnNaN()],
+        checkpoint_dir=DIR / "nan-ckpt",  # NaN weights: no checkpoint, a warning
+    )
+out["nan_warned"] = any("are not finite: no checkpoint written" in str(w.message) for w in said)
 out["nan_epochs"] = len(history.history.get("loss", []))
+out["nan_checkpoints"] = sorted(p.name for p in (DIR / "nan-ckpt").iterdir())
 (DIR / "result.json").write_text(json.dumps(out))

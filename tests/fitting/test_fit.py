@@ -132,6 +132,7 @@ def test_keras_callbacks(backend, tmp_path):
     assert r["val_loss_of_zeros"] == [pytest.approx(r["mean_y2"], rel=1e-5)] * 2
     assert r["swap_kept_training"]
     assert r["nan_epochs"] == 1
+    assert r["nan_checkpoints"] == [] and r["nan_warned"]  # no checkpoint of NaN weights
 
 
 @pytest.mark.slow
