@@ -24,77 +24,13 @@ from conftest import ROOT, _env, run_cli, keras_file_weights
 
 pytestmark = pytest.mark.slow
 
-JAX_ONLY = 'import os, sys\nsys.modules["tensorflow"] = None\nos.environ["KERAS_BACKEND"] = "jax"\n'
+HERE = Path(__file__).parent
 
-# One process of either side: under a cluster (TF_CONFIG from `mirrorfit launch`) one device
-# of a 2-process mesh, else 2 devices of one process. Each run trains the MLP, evaluates 1,001
-# test examples in batches of 63 and saves its weights; the process also reports what it
-# listens on and what agree/all_equal say.
-DRIVER = (
-    JAX_ONLY
-    + """
-import json, sys
-from pathlib import Path
-import numpy as np
-from mirrorfit.distribute.cluster import resolve_cluster
-from mirrorfit.engine import jax as engine
 
-def listening():
-    # the local addresses of this process's listening TCP sockets
-    import ipaddress
-    mine = set()
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            target = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            continue
-        if target.startswith("socket:["):
-            mine.add(target[8:-1])
-    found = []
-    for name in ("tcp", "tcp6"):
-        for line in Path(f"/proc/net/{name}").read_text().splitlines()[1:]:
-            parts = line.split()
-            if parts[3] == "0A" and parts[9] in mine:
-                raw = bytes.fromhex(parts[1].split(":")[0])
-                raw = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
-                ip = ipaddress.ip_address(raw)
-                found.append(str(getattr(ip, "ipv4_mapped", None) or ip))
-    return sorted(set(found))
-
-out = Path(sys.argv[1])
-cluster = resolve_cluster()
-setup = engine.configure_devices(replicas=None if cluster else 2, cluster=cluster,
-                                 collective_timeout_s=60)
-placement = engine.build_distribution(setup, kind="multi-worker" if cluster else "auto",
-                                      cluster=cluster)
-import keras, mirrorfit
-data = mirrorfit.load_mnist(train_examples=1024, download=False)
-report = {"worker": placement.worker_index, "workers": placement.workers,
-          "replicas": placement.replicas, "runs": {}}
-# name: (optimizer, accumulation steps, steps per execution, precision)
-RUNS = {"sgd": ("sgd", 1, 4, "fp32"), "adam": ("adam", 2, 5, "bf16")}
-for name, (opt, accum, spe, precision) in RUNS.items():
-    engine.seed(7)
-    optimizer = {"sgd": keras.optimizers.SGD(0.05), "adam": keras.optimizers.Adam(1e-3)}[opt]
-    trainer = mirrorfit.Trainer(strategy=placement, model=mirrorfit.models.mlp,
-                                optimizer=optimizer,
-                                loss=keras.losses.SparseCategoricalCrossentropy(),
-                                global_batch=64, steps_per_execution=spe, accum_steps=accum,
-                                precision=precision)
-    history = trainer.fit(mirrorfit.train_batches(data.x_train, data.y_train, global_batch=64,
-                                                  seed=3), epochs=2)
-    result = trainer.evaluate((data.x_test[:1001], data.y_test[:1001]), batch_size=63)
-    np.savez(out / f"{name}-{placement.worker_index}-{placement.workers}.npz",
-             *trainer.model.get_weights())
-    report["runs"][name] = {"steps": history.steps, "traced": trainer.tracing_count(),
-                            "loss": history.epochs[-1]["loss"], "eval": result}
-report.update(listening=listening(), agree=placement.agree(placement.worker_index == 1),
-              all_equal_rank=placement.all_equal(placement.worker_index),
-              all_equal_same=placement.all_equal(5),
-              tensorflow=sys.modules.get("tensorflow") is not None)
-print(json.dumps(report))
-"""
-)
+def _killer(victim: int, at: int, signal: str) -> list[str]:
+    """argv of `mirrorfit` in which worker ``victim`` of the first group (restart 0) sends
+    itself ``signal`` at the step hook of step ``at`` (killer_driver.py)."""
+    return [str(HERE / "killer_driver.py"), str(victim), str(at), signal]
 
 
 def _launch(*args: str, tmp: Path) -> subprocess.Popen:
@@ -132,10 +68,9 @@ def _weights(path: Path) -> list[np.ndarray]:
 
 @pytest.fixture(scope="module")
 def both_sides(tmp_path_factory):
-    """The driver on 2 launched worker processes and on 1 process with 2 devices."""
+    """two_sides_driver.py on 2 launched worker processes and on 1 process with 2 devices."""
     out = tmp_path_factory.mktemp("sides")
-    script = out / "driver.py"
-    script.write_text(DRIVER)
+    script = HERE / "two_sides_driver.py"
     proc = _launch("--workers", "2", "--", sys.executable, str(script), str(out), tmp=out)
     one = subprocess.run(
         [sys.executable, str(script), str(out)],
@@ -190,24 +125,6 @@ def test_processes_listen_on_their_own_address_and_agree_through_collectives(bot
     assert "[Gloo]" not in both_sides["log"]  # gloo's connect line, on stdout: dropped
 
 
-# `mirrorfit train`, in which the task worker 1 of the first group (MIRRORFIT_LAUNCH_RESTART 0)
-# kills itself with SIGKILL at the step hook of step KILL_AT (after the checkpoint hook): a
-# kill -9 at a known step, not a race with a poll.
-KILLER = """
-import json, os, signal, sys
-from mirrorfit.artifacts.checkpoint import Checkpointer
-first = os.environ.get("MIRRORFIT_LAUNCH_RESTART") == "0"
-me = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
-real = Checkpointer.step_hook
-def step_hook(self, trainer):
-    real(self, trainer)
-    if first and me == {victim} and trainer.step >= {at}:
-        os.kill(os.getpid(), signal.{signal})
-Checkpointer.step_hook = step_hook
-from mirrorfit.cli import run
-sys.argv = ["mirrorfit", *sys.argv[1:]]
-run()
-"""
 TRAIN = [
     "--backend",
     "jax",
@@ -242,8 +159,6 @@ def test_a_killed_worker_restarts_and_resumes_to_the_uninterrupted_weights(tmp_p
         without_tensorflow=True,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    script = tmp_path / "killer.py"
-    script.write_text(JAX_ONLY + KILLER.format(victim=1, at=20, signal="SIGKILL"))
     out = tmp_path / "out"
     out.mkdir()
     launch = _launch(
@@ -253,7 +168,7 @@ def test_a_killed_worker_restarts_and_resumes_to_the_uninterrupted_weights(tmp_p
         "1",
         "--",
         sys.executable,
-        str(script),
+        *_killer(1, 20, "SIGKILL"),  # worker 1 kills itself at step 20, once
         "train",
         "--strategy",
         "multi-worker",
@@ -301,7 +216,7 @@ def _task(
     workers: list[str],
     index: int,
     *args: str,
-    script: Path | None = None,
+    script: list[str] | None = None,
     out: Path | None = None,
     **env_extra: str,
 ) -> subprocess.Popen:
@@ -312,7 +227,7 @@ def _task(
         ),
         **env_extra,
     )
-    head = [str(script), "train"] if script else ["-m", "mirrorfit", "train"]
+    head = [*script, "train"] if script else ["-m", "mirrorfit", "train"]
     return subprocess.Popen(
         [sys.executable, *head, "--backend", "jax", "--strategy", "multi-worker", *args],
         env=env,
@@ -347,8 +262,7 @@ def test_a_worker_that_never_joins_is_named_within_the_timeout():
 
 
 def test_sigterm_to_one_worker_stops_both_at_the_same_step_with_a_checkpoint(tmp_path):
-    script = tmp_path / "sigterm_at.py"  # not signal.py: it would shadow the module
-    script.write_text(JAX_ONLY + KILLER.format(victim=1, at=12, signal="SIGTERM"))
+    script = _killer(1, 12, "SIGTERM")
     workers = _ports(2)
     args = (
         "--threads-per-worker",
@@ -387,8 +301,7 @@ def test_a_killed_chief_is_named_by_the_other_worker_in_one_line(tmp_path):
     """The chief runs JAX's coordination service: when it dies, JAX's client in the other
     worker aborts the process at once (SIGABRT, its fatal log), racing gloo's failed
     all-reduce. Either way: one line naming the chief, exit 69."""
-    script = tmp_path / "kill_at.py"
-    script.write_text(JAX_ONLY + KILLER.format(victim=0, at=12, signal="SIGKILL"))
+    script = _killer(0, 12, "SIGKILL")
     workers = _ports(2)
     args = (
         "--threads-per-worker",

@@ -23,6 +23,7 @@ import pytest
 from conftest import ROOT, _env, run_cli, run_isolated, keras_file_weights
 
 pytestmark = pytest.mark.slow
+HERE = Path(__file__).parent
 
 COMMON = (
     "--model",
@@ -190,43 +191,12 @@ def _task_pid(launcher: int, marker: str) -> int:
     raise AssertionError(f"no task with {marker} under launcher {launcher}")
 
 
-ORDER = """
-import json, os, sys
-os.environ["CUDA_VISIBLE_DEVICES"] = ""
-import numpy as np
-from mirrorfit.distribute.cluster import cluster_for
-from mirrorfit.engine.tensorflow.devices import configure_devices
-from mirrorfit.engine.tensorflow.strategy import build_distribution
-from mirrorfit.data.pipeline import train_batches
-n, batch = 200, 16   # 12 steps of 16 per epoch; 8 examples dropped each epoch
-dist = build_distribution(configure_devices(), kind="multi-worker",
-                          cluster=cluster_for("multi-worker"), collective_timeout_s=60)
-x = np.arange(n, dtype=np.uint8).reshape(n, 1) ; y = np.arange(n, dtype=np.int64)
-batches = train_batches(x, y, global_batch=batch, seed=3)
-it = iter(dist.distribute(lambda w, W: batches.dataset(epochs=2, worker=w, workers=W),
-                          per_replica=batch // dist.replicas))
-seen = [[int(v) for v in dist.strategy.experimental_local_results(next(it)[1])[0]]
-        for _ in range(2 * batches.steps_per_epoch)]
-from tensorflow.python.eager import context
-# What this worker's collective server was started with (a private TF record: if it moves,
-# only the test that reads it fails), and what the context keeps for later servers.
-server = getattr(context.context(), "_collective_ops_server_def", None)
-print(json.dumps({"worker": dist.worker_index, "seen": seen,
-                  "expected": [batches.epoch_batches(e).tolist() for e in (0, 1)],
-                  "recv_buf_max_chunk": server and
-                      server.default_session_config.experimental.recv_buf_max_chunk,
-                  "context_recv_buf_max_chunk":
-                      context.context().config.experimental.recv_buf_max_chunk}))
-"""
-
-
 @pytest.fixture(scope="module")
 def two_workers_reading(tmp_path_factory):
     """Two launched workers of a multi-worker distribution, each reading its share of two
     epochs: what each saw and the settings its collective server was started with."""
     tmp = tmp_path_factory.mktemp("order")
-    script = tmp / "order.py"
-    script.write_text(ORDER)
+    script = HERE / "worker_order_driver.py"
     proc = _launch("--workers", "2", "--", sys.executable, str(script), tmp=tmp)
     log, _ = proc.communicate(timeout=200)
     assert proc.returncode == 0, log[-4000:]
@@ -425,50 +395,11 @@ def test_a_task_whose_own_port_is_taken_says_so_at_once():
     assert elapsed < 10  # the interpreter and mirrorfit's flags: no TensorFlow, no wait
 
 
-def _listening(port: int) -> list[str]:
-    """The local addresses of the sockets listening on ``port`` (/proc/net/tcp and tcp6)."""
-    import ipaddress
-
-    found = []
-    for name in ("tcp", "tcp6"):
-        for line in Path(f"/proc/net/{name}").read_text().splitlines()[1:]:
-            local, state = line.split()[1], line.split()[3]
-            host, _, hexport = local.partition(":")
-            if state == "0A" and int(hexport, 16) == port:
-                raw = bytes.fromhex(host)
-                # the kernel writes each 32-bit word in host (little-endian) order
-                raw = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
-                ip = ipaddress.ip_address(raw)
-                found.append(str(getattr(ip, "ipv4_mapped", None) or ip))  # ::ffff:a.b.c.d
-    return found
-
-
 def test_training_servers_listen_on_their_own_address_only():
     """TF binds 0.0.0.0:PORT (`ss` showed *:port): a launched job on a laptop accepted
     TensorFlow's unauthenticated gRPC from the network. A multi-worker task (one worker: its
     strategy starts its server) and a parameter-server task's server listen on 127.0.0.1, the
     address the cluster spec gives them."""
-    import inspect
-    import textwrap
-
     workers, _ = _two_worker_config(0)
-    listing = textwrap.indent(inspect.getsource(_listening), " " * 8)
-    out = run_isolated(
-        f"""
-        import json
-        from pathlib import Path
-{listing}
-        from mirrorfit.distribute.cluster import Cluster
-        from mirrorfit.engine.tensorflow.devices import configure_devices
-        from mirrorfit.engine.tensorflow.strategy import build_distribution
-        from mirrorfit.engine.tensorflow.parameter_server import start_server
-        one = Cluster(workers=({workers[0]!r},))
-        build_distribution(configure_devices(replicas=1), kind="multi-worker", cluster=one)
-        ps = Cluster(workers=("127.0.0.1:1",), ps=({workers[1]!r},), chief="127.0.0.1:2",
-                     task_type="ps")
-        start_server(ps)
-        print(json.dumps([_listening(int(a.rpartition(":")[2])) for a in {workers!r}]))
-    """,
-        timeout=180,
-    )
+    out = run_isolated(HERE / "listen_driver.py", *workers, timeout=180)
     assert out == [["127.0.0.1"], ["127.0.0.1"]], out  # was [["::"], ...]: every interface
