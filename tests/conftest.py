@@ -1,7 +1,9 @@
 """Shared fixtures: the real MNIST file and a runner for code that needs a fresh TensorFlow.
 
 Logical CPU devices must be set before TensorFlow initialises, so anything that uses several
-replicas runs in its own interpreter (``run_isolated``), which prints one JSON line at the end.
+replicas runs in its own interpreter (``run_isolated``): a program in a file beside its test,
+``*_driver.py`` (ruff reads it, pytest does not collect it), which takes its parameters as
+arguments and prints one JSON line at the end.
 """
 
 from __future__ import annotations
@@ -11,7 +13,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -22,8 +23,8 @@ import pytest
 os.environ.setdefault("TF_FORCE_GPU_ALLOW_GROWTH", "true")
 
 ROOT = Path(__file__).resolve().parents[1]
-# ``python blocked_cli.py MODULES ARGS``: mirrorfit's CLI where importing MODULES fails.
-BLOCKED_CLI = ROOT / "tests" / "blocked_cli.py"
+# ``python blocked_cli_driver.py MODULES ARGS``: mirrorfit's CLI where importing MODULES fails.
+BLOCKED_CLI = ROOT / "tests" / "blocked_cli_driver.py"
 
 
 def _find_mnist() -> tuple[Path | None, str]:
@@ -79,17 +80,12 @@ def keras_file_weights(path: Path) -> list:
     return [w for _, w in sorted(out, key=lambda item: item[0])]
 
 
-def run_isolated(driver: Path | str, *args: object, timeout: float = 300) -> dict:
-    """Run the program ``driver`` (a file beside its test) with ``args`` (each as str()) in a
-    new Python process, as ``python DRIVER ARGS``; return the JSON object on its last stdout
-    line."""
-    program = (
-        [str(driver), *map(str, args)]
-        if isinstance(driver, Path)
-        else ["-c", textwrap.dedent(driver), *map(str, args)]
-    )
+def run_isolated(driver: Path, *args: object, timeout: float = 300) -> dict:
+    """Run the program ``driver`` (a file beside its test, ``*_driver.py``) with ``args`` (each
+    as str()) in a new Python process, as ``python DRIVER ARGS``; return the JSON object on its
+    last stdout line."""
     proc = subprocess.run(
-        [sys.executable, *program],
+        [sys.executable, str(driver), *map(str, args)],
         capture_output=True,
         text=True,
         timeout=timeout,
