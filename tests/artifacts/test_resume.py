@@ -62,7 +62,7 @@ def test_changed_settings_are_refused_by_name_before_the_state_is_read(tmp_path)
             str(tmp_path / "m.json"),
         ]
     )
-    first_run, *results, resumed = _drive(runs, "", {})
+    first_run, *results, resumed = _drive(runs, {}, {})
     assert first_run["code"] == 0, first_run["err"][-3000:]
     for (flags, expected), got in zip(refused.items(), results):
         lines = [ln for ln in got["err"].splitlines() if ln.startswith("mirrorfit: error")]
