@@ -110,12 +110,23 @@ def test_the_rate_a_scheduler_sets_is_the_rate_every_worker_steps_with(sides):
         assert r[w]["frozen_after_rate_0"]  # a rate of 0 stops the weights
 
 
-def test_data_that_differ_between_workers_stop_every_worker_in_one_line(sides):
+def test_data_that_differ_in_one_example_stop_every_worker_in_one_line(sides):
     _, _, r = sides
     for w in ("0-2", "1-2"):
         said = r[w]["differ"]
         assert said.startswith("worker(s) 1 read other batches than worker 0 at block 1")
         assert "same data in the same order" in said and "\n" not in said
+
+
+def test_what_one_worker_does_alone_does_not_set_them_apart(sides):
+    two, _, r = sides
+    # weights worker 1 set between two fits: the second started from the chief's
+    assert _apart(_weights(two / "after-set-0-2.npz"), _weights(two / "after-set-1-2.npz")) == 0
+    for w in ("0-2", "1-2"):
+        assert r[w]["stopped_after"] == 2  # worker 1's callback stopped both after epoch 2
+        assert "were called with epochs [2, 3] (worker order)" in r[w]["other_epochs"]
+    assert "is a file; give a folder" in r["1-2"]["one_refused"]
+    assert r["0-2"]["one_refused"].startswith("worker(s) 1 refused this call")
 
 
 def test_backup_and_restore_resumes_every_worker_where_the_chief_saved(sides):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import sys
+import warnings
 
 import numpy as np
 
@@ -234,8 +235,6 @@ def padding_warnings(batch_size: int, **kwargs) -> list[str]:
         [keras.Input((4,)), keras.layers.Dense(8), keras.layers.BatchNormalization()]
     )
     model.compile("sgd", "mse")
-    import warnings
-
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         data = np.ones((150, 4), "float32")
@@ -246,6 +245,23 @@ def padding_warnings(batch_size: int, **kwargs) -> list[str]:
 
 
 out["padding_warned"] = padding_warnings(32)
+
+
+class MeanSquares(keras.Sequential):
+    """A compute_loss override in keras-io's style: it ignores sample_weight."""
+
+    def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
+        return keras.ops.mean((y - y_pred) ** 2)
+
+
+own = MeanSquares([keras.Input((4,)), keras.layers.Dense(1)])
+own.compile("sgd")
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    mirrorfit.fit(
+        own, np.ones((150, 4), "float32"), np.ones((150, 1), "float32"), batch_size=32, verbose=0
+    )
+out["own_loss_warned"] = [str(w.message) for w in caught if "partial batch" in str(w.message)]
 out["padding_unwarned"] = padding_warnings(30) + padding_warnings(32, drop_remainder=True)
 with open(OUT, "w") as f:
     json.dump(out, f)

@@ -182,11 +182,44 @@ resumed = build()
 out["ckpt_resumed_epochs"] = len(mirrorfit.fit(resumed, x, y, **kw).history["loss"])
 out["ckpt_resumed_is_whole"] = same(resumed.get_weights(), whole.get_weights())
 
-# Data that differ between the workers stop every worker in one line, before they train.
+# What one worker does alone cannot set the workers apart, or leave one waiting.
 if JOINED:
-    mine = y + (1.0 if ME.startswith("1-") else 0.0)
+    one = ME.startswith("1-")
+    # Data that differ in one example in the middle of a batch stop every worker in one line.
+    mine = y.copy()
+    mine[5] += 1.0 if one else 0.0
     try:
         mirrorfit.fit(build(), x, mine, batch_size=32, epochs=1, verbose=0, shuffle=False)
     except ValueError as e:
         out["differ"] = str(e)
+
+    # Weights one worker set between two fits: the next fit starts from the chief's.
+    model = build()
+    mirrorfit.fit(model, x, y, batch_size=32, epochs=1, verbose=0, shuffle=False)
+    if one:
+        model.set_weights([w + 1.0 for w in model.get_weights()])
+    mirrorfit.fit(model, x, y, batch_size=32, epochs=1, verbose=0, shuffle=False)
+    np.savez(DIR / f"after-set-{ME}.npz", *model.get_weights())
+
+    # A callback that stops one worker stops them all at that epoch.
+    class StopOne(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            if one and epoch == 1:
+                self.model.stop_training = True
+
+    history = mirrorfit.fit(
+        build(), x, y, batch_size=32, epochs=5, verbose=0, callbacks=[StopOne()]
+    )
+    out["stopped_after"] = len(history.history["loss"])
+
+    # Other arguments, or an argument one worker refuses: every worker says so in one line.
+    try:
+        mirrorfit.fit(build(), x, y, batch_size=32, epochs=3 if one else 2, verbose=0)
+    except ValueError as e:
+        out["other_epochs"] = str(e)
+    try:
+        where = DIR / "log.csv" if one else DIR / "ckpt-ok"
+        mirrorfit.fit(build(), x, y, batch_size=32, epochs=1, verbose=0, checkpoint_dir=where)
+    except ValueError as e:
+        out["one_refused"] = str(e)
 (DIR / f"result-{ME}.json").write_text(json.dumps(out))

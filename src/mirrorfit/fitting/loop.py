@@ -58,39 +58,80 @@ def fit(
     (skip each epoch's partial batch), ``checkpoint_dir`` (saved every epoch, resumed by a later
     ``fit``). Returns Keras's ``History``; the model's variables hold the trained state.
     """
-    run = _Run(model, steps_per_execution, accum_steps)
-    callbacks = checked_callbacks(callbacks)
-    if checkpoint_dir is not None:
-        from mirrorfit.fitting import checkpoints
+    workers = _workers()
+    held = contextlib.ExitStack()  # checkpoint_dir's lock, while this fit writes there
+    try:  # what this worker refuses, every worker hears of before anything else
+        run = _Run(model, steps_per_execution, accum_steps, workers)
+        callbacks = checked_callbacks(callbacks)
+        if checkpoint_dir is not None:
+            from mirrorfit.fitting import checkpoints
 
-        chief = run.workers.is_chief
-        directory = checkpoints.checked_dir(checkpoint_dir, writes=chief)
-        callbacks = [*callbacks, checkpoints.callback(directory, writes=chief)]
-    epochs = _checked_int("epochs", epochs, 0)
-    initial_epoch = _checked_int("initial_epoch", initial_epoch, 0)
-    validation_freq = _checked_int("validation_freq", validation_freq, 1)
-    if validation_split and validation_data is None:
-        from keras.src.trainers.data_adapters.array_slicing import train_validation_split
-
-        (x, y, sample_weight), validation_data = train_validation_split(
-            (x, y, sample_weight), validation_split=validation_split
+            directory = checkpoints.checked_dir(checkpoint_dir, writes=workers.is_chief)
+            if workers.is_chief:
+                held.enter_context(checkpoints.locked(directory))
+            callbacks = [*callbacks, checkpoints.callback(directory, writes=workers.is_chief)]
+        epochs = _checked_int("epochs", epochs, 0)
+        initial_epoch = _checked_int("initial_epoch", initial_epoch, 0)
+        validation_freq = _checked_int("validation_freq", validation_freq, 1)
+        refused = None
+    except FitError as e:
+        refused = e
+    with held:
+        workers.start(
+            refused,
+            _settings(
+                epochs=epochs,
+                initial_epoch=initial_epoch,
+                batch_size=batch_size,
+                steps_per_epoch=steps_per_epoch,
+                steps_per_execution=steps_per_execution,
+                accum_steps=accum_steps,
+                validation_split=validation_split,
+                validation_data=validation_data is not None,
+                validation_steps=validation_steps,
+                validation_batch_size=validation_batch_size,
+                validation_freq=validation_freq,
+                shuffle=shuffle,
+                drop_remainder=drop_remainder,
+                checkpoint_dir=checkpoint_dir is not None,
+            ),
         )
-    adapter = _adapter(x, y, sample_weight, class_weight, batch_size, steps_per_epoch, shuffle)
-    if not drop_remainder:
-        _warn_padding_enters(model, adapter)
-    train = run.epochs(adapter, batch_size, steps_per_epoch, "train", drop_remainder=drop_remainder)
-    run.build(train.first)
-    from mirrorfit.fitting.metrics import check_sparse_labels  # Keras: loaded by now
+        if validation_split and validation_data is None:
+            from keras.src.trainers.data_adapters.array_slicing import train_validation_split
 
-    check_sparse_labels(model, y, "the training data")
-    val = _validation(run, validation_data, validation_batch_size or batch_size, validation_steps)
-    callbacks, hooks = run.callbacks(callbacks, verbose, epochs, train.steps)
+            (x, y, sample_weight), validation_data = train_validation_split(
+                (x, y, sample_weight), validation_split=validation_split
+            )
+        adapter = _adapter(x, y, sample_weight, class_weight, batch_size, steps_per_epoch, shuffle)
+        if not drop_remainder:
+            _warn_padding_enters(model, adapter)
+        train = run.epochs(
+            adapter, batch_size, steps_per_epoch, "train", drop_remainder=drop_remainder
+        )
+        run.build(train.first)
+        from mirrorfit.fitting.metrics import check_sparse_labels  # Keras: loaded by now
+
+        check_sparse_labels(model, y, "the training data")
+        val = _validation(
+            run, validation_data, validation_batch_size or batch_size, validation_steps
+        )
+        callbacks, hooks = run.callbacks(callbacks, verbose, epochs, train.steps)
+        _train(run, train, val, callbacks, hooks, (initial_epoch, epochs, validation_freq))
+        return model.history
+
+
+def _train(run, train: Epochs, val, callbacks, hooks, span: tuple[int, int, int]) -> None:
+    """``fit``'s epochs, from ``span`` = (initial epoch, epochs, validation frequency), as
+    Keras's ``fit`` runs them: its callbacks, validation and ``stop_training``."""
+    model, workers = run.model, run.workers
+    initial_epoch, epochs, validation_freq = span
     model.stop_training = False
     callbacks.on_train_begin()
     # BackupAndRestore or checkpoint_dir restored an epoch's state (its weights reach the
     # devices at the epoch's start); Keras's fit starts there too.
-    initial_epoch = run.workers.same_epoch(model._initial_epoch or initial_epoch)
+    initial_epoch = workers.same_epoch(model._initial_epoch or initial_epoch)
     model._initial_epoch = None  # for this fit only
+    run.from_chief()  # several workers: every one starts from the chief's state
     logs: dict[str, float] = {}
     with run.synced_after():
         for epoch in range(initial_epoch, epochs):
@@ -100,10 +141,43 @@ def fit(
                 logs.update({f"val_{k}": v for k, v in val_logs.items()})
             run.runner.sync()
             callbacks.on_epoch_end(epoch, logs)
+            model.stop_training = workers.agree(model.stop_training)
             if model.stop_training:
                 break
     callbacks.on_train_end(logs)
-    return model.history
+
+
+def _workers() -> Workers:
+    """The workers ``mirrorfit.setup`` joined for Keras's backend (none: this process)."""
+    import keras
+
+    chosen = current()
+    if chosen is None or chosen.backend != keras.backend.backend():
+        return Workers(None)
+    return Workers(chosen.distribution)
+
+
+def _settings(**values) -> dict[str, int]:
+    """Arguments as small ints for the workers to compare: a whole number as it is (True 1),
+    None :data:`~mirrorfit.fitting.workers.NONE`, anything else a CRC of its repr."""
+    import numbers
+    import zlib
+
+    from mirrorfit.fitting.workers import NONE
+
+    out = {}
+    for name, value in values.items():
+        if value is None:
+            out[name] = NONE
+        elif (
+            isinstance(value, numbers.Real)
+            and float(value).is_integer()
+            and 0 <= float(value) < NONE
+        ):
+            out[name] = int(float(value))
+        else:
+            out[name] = zlib.crc32(repr(value).encode()) % NONE
+    return out
 
 
 def _validation(run, data, batch_size, steps) -> Epochs | None:
@@ -132,6 +206,7 @@ def _epoch(run, train: Epochs, callbacks, hooks, epoch: int) -> dict[str, float]
         runner.train(runner.put(block.data), block.steps)
         step += block.steps
         hooks.call(callbacks.on_train_batch_end, step - 1, logs=hooks.logs("train"))
+        model.stop_training = run.workers.agree(model.stop_training)
         if model.stop_training:
             break
     if step == 0:
@@ -163,7 +238,16 @@ def evaluate(
 ):
     """``model.evaluate(...)`` data-parallel: every example counted once (a partial last batch
     padded and masked). Returns what Keras's ``evaluate`` returns."""
-    run = _Run(model, steps_per_execution, 1)
+    workers = _workers()
+    try:
+        run = _Run(model, steps_per_execution, 1, workers)
+        refused = None
+    except FitError as e:
+        refused = e
+    workers.start(
+        refused,
+        _settings(batch_size=batch_size, steps=steps, steps_per_execution=steps_per_execution),
+    )
     data = run.epochs(
         _adapter(x, y, sample_weight, None, batch_size, steps, False),
         batch_size,
@@ -172,6 +256,7 @@ def evaluate(
         where="evaluation data",
     )
     run.build(data.first)
+    run.from_chief()
     callbacks, hooks = run.callbacks(
         checked_callbacks(callbacks), verbose, 1, data.steps, history=False
     )
@@ -230,7 +315,7 @@ def _adapter(x, y, sample_weight, class_weight, batch_size, steps, shuffle):
 class _Run:
     """The model, its engine and runner, and the settings of one fit or evaluate."""
 
-    def __init__(self, model, steps_per_execution, accum_steps) -> None:
+    def __init__(self, model, steps_per_execution, accum_steps, workers: Workers) -> None:
         import keras
 
         if not isinstance(model, keras.Model):
@@ -262,10 +347,15 @@ class _Run:
         # Where the engine runs the model (None: the engine's own default), and the workers
         # it spans (None: this process alone).
         self.placement = self.engine.placement(model, chosen)
-        self.workers = Workers(chosen.distribution if chosen is not None else None)
-        self.engine.check_model(model, self.placement, self.workers.distribution)
+        self.workers = workers
+        self.engine.check_model(model, self.placement, workers.distribution)
         self.runner: Any = None  # the engine's, built from the first batch
-        self.workers.seed_numpy()  # several workers: their shuffles agree
+
+    def from_chief(self) -> None:
+        """Several workers: the model's and optimizer's state made the chief's on every one
+        (a worker may have changed its own: a restore, ``set_weights``)."""
+        if self.workers.count > 1:
+            self.runner.from_chief(self.workers.distribution)
 
     def callbacks(self, callbacks: list, verbose, epochs: int, steps, *, history: bool = True):
         """Keras's ``CallbackList`` for this worker, run in the engine's callback context, and
@@ -377,7 +467,8 @@ def _shape_refused():
 
 def _warn_padding_enters(model, adapter) -> None:
     """Warn where the padding of an epoch's partial last batch reaches what the loss and
-    metrics' zero weights do not cover: batch statistics and activity losses. Only where the
+    metrics' zero weights do not cover: batch statistics, activity losses, a ``compute_loss``
+    override that ignores ``sample_weight``. Only where the
     adapter knows its last batch (arrays); a generator's is not known ahead."""
     import keras
 
@@ -400,6 +491,10 @@ def _warn_padding_enters(model, adapter) -> None:
             if getattr(layer, "activity_regularizer", None) is not None
         }
     )
+    from mirrorfit.fitting.metrics import overrides
+
+    if overrides(model, "compute_loss"):  # Keras's own losses weigh by sample_weight
+        what.append("the model's compute_loss unless it weighs by sample_weight")
     if what:
         warnings.warn(
             f"each epoch ends on a partial batch of {real} examples, padded to the global "

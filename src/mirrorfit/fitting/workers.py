@@ -1,7 +1,7 @@
 """``mirrorfit.fit`` over several worker processes: every worker reads the same global batches and
 trains its devices' shares, so the workers must agree on the data, and only one writes. NumPy's
 global generator is seeded alike at each ``fit``/``evaluate``; each block of batches is checked
-against the other workers' (a fingerprint per batch, one collective); Keras's writing callbacks
+against the other workers' (a CRC of its batches, one collective); Keras's writing callbacks
 and the progress bar run on the chief only. (why: docs/architecture.md#fit-over-several-workers)
 """
 
@@ -15,6 +15,7 @@ import numpy as np
 from mirrorfit.errors import FitError
 
 _END = (0, 0, 0, 0)  # a worker's data ran out
+NONE = (1 << 24) - 1  # an argument given as None, among the settings the workers compare
 
 
 class Workers:
@@ -32,13 +33,39 @@ class Workers:
     def is_chief(self) -> bool:
         return getattr(self.distribution, "is_chief", True)
 
-    def seed_numpy(self) -> None:
-        """Several workers: seed NumPy's global generator with the first worker's draw."""
+    def start(self, refused: Exception | None, settings: dict[str, int]) -> None:
+        """The first collective of a ``fit``/``evaluate``: raise ``refused`` (this worker's
+        own error) on every worker, or a FitError if another worker refused or was called
+        with other ``settings`` (small non-negative ints); then seed NumPy's global generator
+        with the first worker's draw (Keras's array shuffles agree)."""
         if self.count == 1:
+            if refused is not None:
+                raise refused
             return
-        drawn = np.random.randint(0, 1 << 16, size=2)
-        first = self.distribution.gather([int(v) for v in drawn])[0]
-        np.random.seed(int(first[0]) << 16 | int(first[1]))
+        drawn = [int(v) for v in np.random.randint(0, 1 << 16, size=2)]
+        values = [min(max(int(v), 0), NONE) for v in settings.values()]
+        rows = self.distribution.gather([0 if refused is None else 1, *drawn, *values])
+        if refused is not None:
+            raise refused
+        failed = [w for w, row in enumerate(rows) if row[0]]
+        if failed:
+            raise FitError(
+                f"worker(s) {', '.join(map(str, failed))} refused this call (its log says "
+                "why); stopped here too"
+            )
+        for i, name in enumerate(settings):
+            column = [int(row[3 + i]) for row in rows]
+            if len(set(column)) > 1:
+                shown = ", ".join("None" if v == NONE else str(v) for v in column)
+                raise FitError(
+                    f"the workers were called with {name} [{shown}] (worker order); give "
+                    "every worker the same arguments"
+                )
+        np.random.seed(int(rows[0][1]) << 16 | int(rows[0][2]))
+
+    def agree(self, flag: bool) -> bool:
+        """True on every worker if ``flag`` is on any (``model.stop_training``)."""
+        return flag if self.count == 1 else bool(self.distribution.agree(bool(flag)))
 
     def on_this_worker(self, callbacks: list) -> list:
         """The callbacks this worker runs: off the chief, all but Keras's writers, and
@@ -100,15 +127,13 @@ class Workers:
 
 
 def fingerprint(data: dict, steps: int) -> tuple[int, int, int, int]:
-    """``(1, steps, crc low, crc high)``: CRC-32 of the first and last example of every batch
-    of a block (leaves ``[S, B, ...]``), 16-bit parts (the collectives carry small ints)."""
+    """``(1, steps, crc low, crc high)``: CRC-32 of every batch of a block that trains (leaves
+    ``[S, B, ...]``), in 16-bit parts (the collectives carry small ints)."""
     from keras import tree
 
     crc = 0
     for leaf in tree.flatten(data):
-        a = np.asarray(leaf)
-        if a.ndim >= 2 and a.shape[1]:
-            crc = zlib.crc32(np.ascontiguousarray(a[:steps, [0, -1]]).tobytes(), crc)
+        crc = zlib.crc32(memoryview(np.ascontiguousarray(np.asarray(leaf)[:steps])), crc)
     return (1, steps, crc & 0xFFFF, crc >> 16)
 
 

@@ -107,8 +107,6 @@ class Runner:
         from keras.optimizers import LossScaleOptimizer
 
         self._scaling = isinstance(optimizer, LossScaleOptimizer)
-        if placement.workers > 1:
-            self._from_chief()
         layout = self.layout
         self._shardings = {  # per variable: where the state of each group lives
             "trainable": [self._replicated] * len(model.trainable_variables)
@@ -119,9 +117,10 @@ class Runner:
             else [NamedSharding(self.mesh, s) for s in layout.optimizer_specs()],
         }
 
-    def _from_chief(self) -> None:
-        """Every worker starts from the chief's weights, statistics and optimizer state (as
-        TensorFlow's MultiWorkerMirroredStrategy initialises its variables): one broadcast."""
+    def from_chief(self, distribution=None) -> None:
+        """Every worker's Keras variables made the chief's (weights, statistics, optimizer
+        state), as TensorFlow's MultiWorkerMirroredStrategy makes its variables: one
+        broadcast, at the start of each fit on several workers."""
         from jax.experimental import multihost_utils
 
         from mirrorfit.engine.jax import processes
@@ -134,6 +133,7 @@ class Runner:
             )
         for var, value in zip(variables, values):
             var.assign(value)
+        self.reload()
 
     # -- state -------------------------------------------------------------------------------
     def state_bytes_per_device(self) -> int:

@@ -135,6 +135,21 @@ class Distribution:
         total = self._sum(tf.constant(table.ravel())).numpy().reshape(table.shape)
         return np.rint(total[:, 1:] / np.maximum(total[:, :1], 1)).astype(np.int64)
 
+    def from_chief(self, values: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """``values`` (host arrays) as the chief holds them, on every worker: one all-reduce
+        of them in float64, the chief's replicas adding their share, the others zeros."""
+        values = [np.asarray(v) for v in values]
+        if self.workers == 1 or not values:
+            return values
+        flat = np.concatenate([v.astype(np.float64).ravel() for v in values])
+        share = flat / self.local_replicas if self.is_chief else np.zeros_like(flat)
+        total = self._sum(tf.constant(share)).numpy()
+        out, at = [], 0
+        for v in values:
+            out.append(total[at : at + v.size].reshape(v.shape).astype(v.dtype))
+            at += v.size
+        return out
+
     @cached_property
     def _sum(self) -> Callable[[tf.Tensor], tf.Tensor]:
         """Sum of a small float64 vector over every replica, compiled once (run eagerly, a

@@ -132,6 +132,15 @@ class Runner:
 
         return REPLICATED
 
+    def from_chief(self, distribution) -> None:
+        """Every worker's variables made the chief's (weights, statistics, optimizer state):
+        one all-reduce, at the start of each fit on several workers (``distribution``)."""
+        m = self.model
+        variables = [*m.trainable_variables, *m.non_trainable_variables, *m.optimizer.variables]
+        values = distribution.from_chief([v.numpy() for v in variables])
+        for var, value in zip(variables, values):
+            var.assign(value)
+
     def reload(self) -> None:
         """Nothing: the Keras variables are the state."""
 
