@@ -202,13 +202,13 @@ kw = dict(batch_size=32, epochs=4, verbose=0, shuffle=False, checkpoint_dir=ckpt
 try:
     mirrorfit.fit(build(), x, y, callbacks=[Preempted()], **kw)
 except RuntimeError:
-    out["ckpt_after_stop"] = sorted(p.name for p in ckpt.iterdir())
+    out["ckpt_after_stop"] = sorted(p.name for p in ckpt.glob("epoch-*"))
 resumed = build()
 out["ckpt_resumed_epochs"] = len(mirrorfit.fit(resumed, x, y, **kw).history["loss"])
 out["ckpt_resumed_is_whole"] = all(
     np.array_equal(a, b) for a, b in zip(resumed.get_weights(), whole.get_weights())
 )
-out["ckpt_kept"] = sorted(p.name for p in ckpt.iterdir())
+out["ckpt_kept"] = sorted(p.name for p in ckpt.glob("epoch-*"))
 out["ckpt_done_epochs"] = len(mirrorfit.fit(build(), x, y, **kw).history.get("loss", []))
 other = keras.Sequential([keras.Input((8,)), keras.layers.Dense(1)])
 other.compile(optimizer="sgd", loss="mse")
@@ -220,6 +220,38 @@ try:
     mirrorfit.fit(build(), x, y, **dict(kw, checkpoint_dir=DIR / "log.csv"))
 except ValueError as e:
     out["ckpt_file"] = str(e)
+# Same class, same weight shapes, another activation: refused; a folder of the user's named
+# like a checkpoint is refused, not deleted; a second fit writing to the folder is refused.
+tanh = keras.Sequential(
+    [keras.Input((8,)), keras.layers.Dense(8, activation="tanh"), keras.layers.Dense(1)]
+)
+tanh.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse", metrics=["mae"])
+try:
+    mirrorfit.fit(tanh, x, y, **kw)
+except ValueError as e:
+    out["ckpt_other_layers"] = str(e)
+junk = DIR / "junk" / "epoch-000007"
+junk.mkdir(parents=True)
+(junk / "mine.txt").write_text("mine")
+try:
+    mirrorfit.fit(build(), x, y, **dict(kw, checkpoint_dir=DIR / "junk"))
+except ValueError as e:
+    out["ckpt_junk"] = str(e)
+out["ckpt_junk_kept"] = (junk / "mine.txt").read_text() == "mine"
+
+
+class SecondFit(keras.callbacks.Callback):
+    """Starts another fit on the same folder while this one holds it."""
+
+    def on_epoch_end(self, epoch, logs=None):
+        try:
+            mirrorfit.fit(build(), x, y, **dict(kw, epochs=1, checkpoint_dir=DIR / "busy"))
+        except ValueError as e:
+            out["ckpt_busy"] = str(e)
+        self.model.stop_training = True
+
+
+mirrorfit.fit(build(), x, y, callbacks=[SecondFit()], **dict(kw, checkpoint_dir=DIR / "busy"))
 
 
 # A callback that sets the weights the evaluation uses (as SwapEMAWeights does): zeros for
@@ -264,5 +296,5 @@ with warnings.catch_warnings(record=True) as said:
     )
 out["nan_warned"] = any("are not finite: no checkpoint written" in str(w.message) for w in said)
 out["nan_epochs"] = len(history.history.get("loss", []))
-out["nan_checkpoints"] = sorted(p.name for p in (DIR / "nan-ckpt").iterdir())
+out["nan_checkpoints"] = sorted(p.name for p in (DIR / "nan-ckpt").glob("epoch-*"))
 (DIR / "result.json").write_text(json.dumps(out))

@@ -126,8 +126,13 @@ def test_keras_callbacks(backend, tmp_path):
     assert r["ckpt_kept"] == ["epoch-000002", "epoch-000003", "epoch-000004"]
     assert r["ckpt_done_epochs"] == 0
     assert (
-        "holds a Sequential with 4 variables, not this Sequential with 2" in r["ckpt_other_model"]
+        "another model's checkpoint (a weight of (8, 8) float32 where this model has (8, 1)"
+        in (r["ckpt_other_model"])
     )
+    assert "its layers' classes or settings differ" in r["ckpt_other_layers"]
+    assert "holds epoch-000007, which is not a checkpoint (no meta.json)" in r["ckpt_junk"]
+    assert r["ckpt_junk_kept"]
+    assert "is being written by process" in r["ckpt_busy"]
     assert "is a file; give a folder" in r["ckpt_file"]
     assert r["val_loss_of_zeros"] == [pytest.approx(r["mean_y2"], rel=1e-5)] * 2
     assert r["swap_kept_training"]
@@ -175,4 +180,6 @@ def test_keras_usage(backend, tmp_path):
     (said,) = r["padding_warned"]
     assert "partial batch of 22 examples" in said and "BatchNormalization" in said
     assert "drop_remainder=True" in said and r["padding_unwarned"] == []
+    (said,) = r["own_loss_warned"]  # keras-io's compute_loss style ignores sample_weight
+    assert "the model's compute_loss unless it weighs by sample_weight" in said
     assert r["numpy_ints_and_one_callback"] == 2

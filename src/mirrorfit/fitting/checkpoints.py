@@ -2,14 +2,16 @@
 and read back by the next ``fit`` with the same DIR, which goes on from the epoch after it.
 
 A checkpoint is a folder ``DIR/epoch-NNNNNN`` holding ``state.weights.h5`` (Keras's
-``save_weights``: the model's variables and its optimizer's) and ``meta.json`` (the epoch, the
-model's class and weight count), written in a hidden temporary folder and renamed into place:
-a run killed while writing leaves no half checkpoint. The three latest are kept. On several
-workers the chief writes and every worker reads (DIR must be one they all see).
+``save_weights``: the model's variables and its optimizer's) and ``meta.json`` (the epoch and
+what the model must match: see :func:`_identity`), written in a hidden folder and renamed into
+place: a run killed while writing leaves no half checkpoint. The three latest are kept. One fit
+writes to DIR at a time (a lock). On several workers the chief writes and every worker reads
+(DIR must be one they all see).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -44,7 +46,42 @@ def checked_dir(value, *, writes: bool) -> Path:
                 f"checkpoint_dir={str(value)!r} is not writable; give a folder this "
                 "process can write"
             )
+    if path.is_dir():
+        strays = sorted(
+            p.name for p in path.glob(_NAME + "*") if not (p.is_dir() and (p / _META).is_file())
+        )
+        if strays:
+            raise FitError(
+                f"checkpoint_dir={str(value)!r} holds {strays[0]}, which is not a checkpoint "
+                "(no meta.json); move it out, or give another checkpoint_dir"
+            )
     return path
+
+
+@contextlib.contextmanager
+def locked(directory: Path):
+    """Hold ``directory``'s lock while a fit writes there; FitError (one line) if another
+    process holds it."""
+    import fcntl
+
+    with open(directory / ".lock", "a+", encoding="utf-8") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            f.seek(0)
+            holder = f.read().strip() or "another process"
+            raise FitError(
+                f"checkpoint_dir={str(directory)!r} is being written by {holder}; wait for it "
+                "to end, or give another checkpoint_dir"
+            ) from None
+        f.seek(0)
+        f.truncate()
+        f.write(f"process {os.getpid()}")
+        f.flush()
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def latest(directory: Path) -> Path | None:
@@ -82,26 +119,47 @@ def restore(model, found: Path) -> int:
         epoch = meta["epoch"]
         if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
             raise ValueError(f"epoch {epoch!r}")
+        if found.name != f"{_NAME}{epoch:06d}":
+            raise ValueError(f"epoch {epoch} in a folder named {found.name}")
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise FitError(
             f"{found / _META} is not a checkpoint's metadata ({type(e).__name__}: "
-            f"{str(e)[:120]}); delete {found}, or give another checkpoint_dir"
+            f"{_one_line(e)}); delete {found}, or give another checkpoint_dir"
         ) from None
     mine = _identity(model)
-    if meta.get("model") != mine["model"] or meta.get("variables") != mine["variables"]:
-        raise FitError(
-            f"{found} holds a {meta.get('model')} with {meta.get('variables')} variables, "
-            f"not this {mine['model']} with {mine['variables']}; give another checkpoint_dir"
-        )
+    reasons = {
+        "model": lambda a, b: f"a {a}; this is a {b}",
+        "optimizer": lambda a, b: f"trained with {a}; this with {b}",
+        "weights": _differs,
+        "layers": lambda a, b: "its layers' classes or settings differ from this model's",
+    }
+    for key, reason in reasons.items():
+        if meta.get(key) != mine[key]:
+            raise FitError(
+                f"{found} holds another model's checkpoint ({reason(meta.get(key), mine[key])}); "
+                "give another checkpoint_dir"
+            )
     try:
         model.load_weights(found / _STATE)
     except (OSError, ValueError, KeyError) as e:
         raise FitError(
             f"{found / _STATE} cannot be loaded into this model ({type(e).__name__}: "
-            f"{str(e).strip().splitlines()[0][:160] if str(e).strip() else ''}); delete "
-            f"{found}, or give another checkpoint_dir"
+            f"{_one_line(e)}); delete {found}, or give another checkpoint_dir"
         ) from None
     return epoch
+
+
+def _differs(theirs, mine) -> str:
+    if isinstance(theirs, list) and isinstance(mine, list):
+        for a, b in zip(theirs, mine):
+            if a != b:
+                return f"a weight of {a} where this model has {b}"
+        return f"{len(theirs)} weights where this model has {len(mine)}"
+    return f"weights {theirs} where this model has {mine}"
+
+
+def _one_line(error: Exception) -> str:
+    return " ".join(str(error).split())[:200]
 
 
 def save(model, directory: Path, epoch: int) -> Path | None:
@@ -117,7 +175,7 @@ def save(model, directory: Path, epoch: int) -> Path | None:
     ):
         warnings.warn(
             f"the weights after epoch {epoch} are not finite: no checkpoint written in "
-            f"{directory}; the latest stays {latest(directory)}",
+            f"{directory}; the latest stays {latest(directory) or 'none (no checkpoint yet)'}",
             stacklevel=2,
         )
         return None
@@ -143,4 +201,33 @@ def save(model, directory: Path, epoch: int) -> Path | None:
 
 
 def _identity(model) -> dict:
-    return {"model": type(model).__name__, "variables": len(model.weights)}
+    """What a checkpoint must match: the model's and optimizer's classes, each weight's shape
+    and dtype, and a CRC of its layers' classes and settings (names left out: Keras numbers
+    them per process)."""
+    return {
+        "model": type(model).__name__,
+        "optimizer": type(model.optimizer).__name__,
+        "weights": [f"{tuple(w.shape)} {w.dtype}" for w in model.weights],
+        "layers": _layers_crc(model),
+    }
+
+
+def _layers_crc(model) -> int:
+    import zlib
+
+    def unnamed(value):
+        if isinstance(value, dict):
+            return {k: unnamed(v) for k, v in value.items() if k != "name"}
+        if isinstance(value, (list, tuple)):
+            return [unnamed(v) for v in value]
+        return value
+
+    described = []
+    for layer in model._flatten_layers(include_self=False, recursive=True):
+        try:
+            config = unnamed(layer.get_config())
+        except Exception:  # noqa: BLE001 - a custom layer without get_config: its class only
+            config = None
+        described.append([type(layer).__name__, config])
+    text = json.dumps(described, sort_keys=True, default=lambda o: type(o).__name__)
+    return zlib.crc32(text.encode())
