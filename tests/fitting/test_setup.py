@@ -1,14 +1,19 @@
-"""``mirrorfit.setup``'s ``strategy``: what it refuses, in one line, before any framework
-starts (so these run in the test process)."""
+"""``mirrorfit.setup``: what it refuses, in one line. The strategy's refusals come before any
+framework starts (so they run in the test process); a setup after the model was built runs in
+a fresh process."""
 
 from __future__ import annotations
 
 import importlib
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 import mirrorfit
+from conftest import _env
 
 chosen = importlib.import_module("mirrorfit.fitting.setup")  # the package's setup: a function
 
@@ -52,3 +57,17 @@ def test_a_strategy_the_environment_cannot_give_is_one_line(fresh, env, kwargs, 
         mirrorfit.setup(backend="jax", **kwargs)
     assert needle in str(caught.value) and "\n" not in str(caught.value)
     assert chosen.current() is None  # nothing was set up
+
+
+@pytest.mark.parametrize("backend", ["jax", "tensorflow"])
+def test_setup_after_the_model_is_built_says_to_call_it_first(backend):
+    proc = subprocess.run(
+        [sys.executable, str(Path(__file__).parent / "late_setup_driver.py"), backend],
+        env=dict(_env(), KERAS_BACKEND=backend),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert f"REFUSED: mirrorfit.setup() came after {backend} started" in proc.stdout
+    assert "call it first in the script, before building the model" in proc.stdout

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from mirrorfit.engine import backends
 from mirrorfit.engine.device_setup import DeviceSetup
-from mirrorfit.errors import FitError
+from mirrorfit.errors import ConfigError, FitError
 from mirrorfit.models.precision import POLICIES
 
 
@@ -86,9 +86,17 @@ def setup(
         )
     cluster = _cluster(strategy)
     backends.prepare(backend, verbose=verbose)
-    made = importlib.import_module(backends.ENGINES[backend]).keras_setup(
-        replicas, tuple(devices), shard=shard, cluster=cluster
-    )
+    try:
+        made = importlib.import_module(backends.ENGINES[backend]).keras_setup(
+            replicas, tuple(devices), shard=shard, cluster=cluster
+        )
+    except ConfigError as e:
+        if "can only be configured before" not in str(e):
+            raise
+        raise FitError(
+            f"mirrorfit.setup() came after {backend} started (a model built, or an array "
+            "made, first); call it first in the script, before building the model"
+        ) from None
     import keras
 
     keras.config.set_dtype_policy(POLICIES[precision])
