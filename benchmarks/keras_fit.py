@@ -4,7 +4,9 @@ the first, which compiles). Each side is its own process; the sides rotate each 
 medians are compared:
 
 * ``train``: ``mirrorfit train`` (the default job, on ``--backend``);
-* ``fit``: ``mirrorfit.fit`` on the same model, batch and devices;
+* ``fit``: ``mirrorfit.fit`` on the same model, batch and devices, given float32 pixels / 255;
+* ``fit-u8``: the same given MNIST's uint8 pixels, a ``Rescaling(1/255)`` layer first: the
+  bytes ``mirrorfit train`` moves (it scales in the step), a quarter of float32's;
 * ``fit-2``: ``mirrorfit.fit`` on 2 logical CPU replicas;
 * ``keras-2``: the model's own ``model.fit`` on the same 2 replicas (MirroredStrategy on
   TensorFlow, ``keras.distribution.DataParallel`` on JAX).
@@ -42,9 +44,11 @@ SIDE = textwrap.dedent("""
         mirrorfit.setup(backend=backend, replicas=replicas)
     import keras, numpy as np
     data = mirrorfit.load_mnist()
-    x, y = data.x_train.astype("float32") / 255.0, data.y_train
+    u8 = side == "fit-u8"
+    x, y = (data.x_train if u8 else data.x_train.astype("float32") / 255.0), data.y_train
     keras.utils.set_random_seed(42)
-    model = keras.Sequential([keras.Input((28, 28)), keras.layers.Flatten(),
+    scale = [keras.layers.Rescaling(1 / 255)] if u8 else []
+    model = keras.Sequential([keras.Input((28, 28)), *scale, keras.layers.Flatten(),
                               keras.layers.Dense(100, activation="relu"),
                               keras.layers.Dense(10, activation="softmax")])
     model.compile(optimizer=keras.optimizers.SGD(0.01), loss="sparse_categorical_crossentropy",
@@ -101,7 +105,7 @@ def main() -> None:
     parser.add_argument("--backend", default="tensorflow", choices=("tensorflow", "jax"))
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--epochs", type=int, default=3)
-    parser.add_argument("--sides", default="train,fit,fit-2,keras-2")
+    parser.add_argument("--sides", default="train,fit,fit-u8,fit-2,keras-2")
     args = parser.parse_args()
     sides = args.sides.split(",")
     rates: dict[str, list[float]] = {s: [] for s in sides}
@@ -116,6 +120,8 @@ def main() -> None:
         print(f"  {s:8s} {med[s]:>10,.0f}")
     if "fit" in med and "train" in med:
         print(f"  fit / train     {med['fit'] / med['train']:.2f}x")
+    if "fit-u8" in med and "train" in med:
+        print(f"  fit-u8 / train  {med['fit-u8'] / med['train']:.2f}x")
     if "fit-2" in med and "keras-2" in med:
         print(f"  fit-2 / keras-2 {med['fit-2'] / med['keras-2']:.2f}x")
 
