@@ -15,6 +15,7 @@ import mirrorfit
 BACKEND, DIR = sys.argv[1], Path(sys.argv[2])
 mirrorfit.setup(backend=BACKEND, replicas=2)
 import keras  # noqa: E402
+from recording import Preempted, Rates, Scripted  # noqa: E402
 
 rng = np.random.default_rng(0)
 x = rng.normal(size=(200, 8)).astype("float32")
@@ -28,31 +29,6 @@ def build():
     )
     m.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse", metrics=["mae"])
     return m
-
-
-class Scripted(keras.callbacks.Callback):
-    """Replaces val_loss with a scripted sequence and records the weights at each epoch end."""
-
-    def __init__(self, values):
-        super().__init__()
-        self.values, self.weights = values, []
-
-    def on_epoch_end(self, epoch, logs=None):
-        logs["val_loss"] = self.values[epoch]
-        self.weights.append([w.copy() for w in self.model.get_weights()])
-
-
-class Rates(keras.callbacks.Callback):
-    def __init__(self):
-        super().__init__()
-        self.seen, self.batches, self.weights = [], [], []
-
-    def on_epoch_end(self, epoch, logs=None):
-        self.seen.append(float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate)))
-        self.weights.append([w.copy() for w in self.model.get_weights()])
-
-    def on_train_batch_end(self, batch, logs=None):
-        self.batches.append(batch)
 
 
 out: dict = {}
@@ -159,12 +135,6 @@ except KeyError as e:
 
 # BackupAndRestore: a run stopped by an error after epoch 2 resumes there, and ends with the
 # weights of a run never stopped (as Keras's fit resumes).
-class Preempted(keras.callbacks.Callback):
-    def on_epoch_end(self, epoch, logs=None):
-        if epoch == 1:
-            raise RuntimeError("preempted")
-
-
 def backed_up(extra, epochs=4):
     model = build()
     history = mirrorfit.fit(
@@ -294,7 +264,9 @@ with warnings.catch_warnings(record=True) as said:
         callbacks=[keras.callbacks.TerminateOnNaN()],
         checkpoint_dir=DIR / "nan-ckpt",  # NaN weights: no checkpoint, a warning
     )
-out["nan_warned"] = any("are not finite: no checkpoint written" in str(w.message) for w in said)
+out["nan_warned"] = any(
+    "are not finite (" in str(w.message) and "no checkpoint written" in str(w.message) for w in said
+)
 out["nan_epochs"] = len(history.history.get("loss", []))
 out["nan_checkpoints"] = sorted(p.name for p in (DIR / "nan-ckpt").glob("epoch-*"))
 (DIR / "result.json").write_text(json.dumps(out))

@@ -15,7 +15,6 @@ import contextlib
 import json
 import os
 import shutil
-import tempfile
 from pathlib import Path
 
 from mirrorfit.errors import FitError
@@ -168,30 +167,29 @@ def save(model, directory: Path, epoch: int) -> Path | None:
     finite state, as mirrorfit train keeps it)."""
     import warnings
 
-    import numpy as np
+    from mirrorfit._io import fsync_dir, fsync_tree, remove_stale_temps, temp_tag
+    from mirrorfit.artifacts.finite import first_non_finite
 
-    if not all(
-        np.isfinite(w).all() for w in model.get_weights() if np.issubdtype(w.dtype, np.floating)
-    ):
+    bad = first_non_finite(model.weights)
+    if bad is not None:
         warnings.warn(
-            f"the weights after epoch {epoch} are not finite: no checkpoint written in "
+            f"the weights after epoch {epoch} are not finite ({bad}): no checkpoint written in "
             f"{directory}; the latest stays {latest(directory) or 'none (no checkpoint yet)'}",
             stacklevel=2,
         )
         return None
-    for stale in directory.glob("." + _NAME + "*"):  # a killed run's temporary folders
-        shutil.rmtree(stale, ignore_errors=True)
-    tmp = Path(tempfile.mkdtemp(prefix="." + _NAME, dir=directory))
+    remove_stale_temps(directory, r"\." + _NAME)  # a killed run's temporary folders
+    tmp = directory / f".{_NAME}{temp_tag()}"
+    tmp.mkdir()
     model.save_weights(tmp / _STATE)
-    meta = {"epoch": epoch, **_identity(model)}
     with open(tmp / _META, "w", encoding="utf-8") as f:
-        json.dump(meta, f)
-        f.flush()
-        os.fsync(f.fileno())
+        json.dump({"epoch": epoch, **_identity(model)}, f)
+    fsync_tree(tmp)
     final = directory / f"{_NAME}{epoch:06d}"
     if final.exists():  # a run started over from epoch 0 in the same folder
         shutil.rmtree(final)
     os.replace(tmp, final)
+    fsync_dir(directory)
     done = sorted(
         p for p in directory.glob(_NAME + "*") if p.name[len(_NAME) :].isdigit() and p != final
     )
