@@ -22,6 +22,7 @@ chosen = mirrorfit.setup(
     **({"strategy": "multi-worker"} if JOINED else {"replicas": 2}),
 )
 import keras  # noqa: E402
+from recording import Preempted, Rates, Scripted  # noqa: E402
 
 ME = f"{chosen.distribution.worker_index if JOINED else 0}-{chosen.workers}"
 rng = np.random.default_rng(0)
@@ -39,24 +40,8 @@ def build():
     return m
 
 
-def weights(model) -> list:
-    return [w.copy() for w in model.get_weights()]
-
-
 def same(a, b) -> bool:
     return all(np.array_equal(p, q) for p, q in zip(a, b, strict=True))
-
-
-class Scripted(keras.callbacks.Callback):
-    """Replaces val_loss with a scripted sequence; records the weights at each epoch end."""
-
-    def __init__(self, values):
-        super().__init__()
-        self.values, self.weights = values, []
-
-    def on_epoch_end(self, epoch, logs=None):
-        logs["val_loss"] = self.values[epoch]
-        self.weights.append(weights(self.model))
 
 
 class Saves(keras.callbacks.ModelCheckpoint):
@@ -67,16 +52,6 @@ class Saves(keras.callbacks.ModelCheckpoint):
     def _save_model(self, epoch, batch, logs):
         Saves.count += 1
         super()._save_model(epoch, batch, logs)
-
-
-class Rates(keras.callbacks.Callback):
-    def __init__(self):
-        super().__init__()
-        self.seen, self.weights = [], []
-
-    def on_epoch_end(self, epoch, logs=None):
-        self.seen.append(float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate)))
-        self.weights.append(weights(self.model))
 
 
 # EarlyStopping with restore_best_weights and ModelCheckpoint(save_best_only) on the same
@@ -141,12 +116,6 @@ if chosen.is_chief:  # the chief alone saves; the workers train on after it
 # BackupAndRestore: a run stopped by an error after epoch 2 on every worker resumes there on
 # every worker (the chief saved the backup; all read it) with the weights of a run never
 # stopped.
-class Preempted(keras.callbacks.Callback):
-    def on_epoch_end(self, epoch, logs=None):
-        if epoch == 1:
-            raise RuntimeError("preempted")
-
-
 def backed_up(extra):
     model = build()
     history = mirrorfit.fit(

@@ -43,8 +43,7 @@ class Workers:
                 raise refused
             return
         drawn = [int(v) for v in np.random.randint(0, 1 << 16, size=2)]
-        values = [min(max(int(v), 0), NONE) for v in settings.values()]
-        rows = self.distribution.gather([0 if refused is None else 1, *drawn, *values])
+        rows = self.distribution.gather([0 if refused is None else 1, *drawn, *settings.values()])
         if refused is not None:
             raise refused
         failed = [w for w, row in enumerate(rows) if row[0]]
@@ -107,11 +106,11 @@ class Workers:
         self._check(_END, index + 1)
 
     def _check(self, mine: tuple[int, ...], index: int) -> None:
-        rows = self.distribution.gather(list(mine))
-        differ = [w for w, row in enumerate(rows) if tuple(int(v) for v in row) != tuple(rows[0])]
+        rows = [tuple(int(v) for v in row) for row in self.distribution.gather(list(mine))]
+        differ = [w for w, row in enumerate(rows) if row != rows[0]]
         if not differ:
             return
-        ended = [w for w, row in enumerate(rows) if tuple(int(v) for v in row) == _END]
+        ended = [w for w, row in enumerate(rows) if row == _END]
         if ended:
             raise FitError(
                 f"worker(s) {', '.join(map(str, ended))} ran out of data at block {index} of "
