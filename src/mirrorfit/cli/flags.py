@@ -13,67 +13,33 @@ from mirrorfit.serving.settings import ServeConfig
 
 
 def _train_parser(sub) -> None:
+    """The train command: its flags grouped by the sections of TrainConfig."""
     p = sub.add_parser(
         "train",
         help="train a model data-parallel",
         description="Train a Keras model data-parallel with mirrorfit's compiled "
         "multi-step loop. Flags override --config.",
     )
-    add = p.add_argument
-    add("--config", help="TOML file with any of the settings below (flags override it)")
+    p.add_argument("--config", help="TOML file with any of the settings below (flags override it)")
+    _verbose(p.add_argument)
+    # One group per section of TrainConfig (config/sections.py), in its order.
+    _train_distribution(p.add_argument_group("distribution", "where and how it runs"))
+    data = p.add_argument_group("data", "what it trains on")
+    _train_data_source(data.add_argument)
+    _train_data_shape(data.add_argument)
+    _train_optimisation(p.add_argument_group("optimisation", "batches, steps and the optimizer"))
+    _train_checkpoints(p.add_argument_group("checkpoints", "saving and resuming"))
+    _train_model(p.add_argument_group("model", "the model and its loss"))
+    _train_outputs(p.add_argument_group("outputs", "what the run writes"))
+
+
+def _train_distribution(group) -> None:
+    """train's DistributionSettings flags: engine, devices, strategy and processes."""
+    add = group.add_argument
     add(
         "--backend",
         help="tensorflow or jax (default: $KERAS_BACKEND, else tensorflow): the engine "
         "that trains (Keras 3 on that framework)",
-    )
-    _verbose(add)
-    add("--model", help="mlp (default), cnn, or package.module:function returning a Keras model")
-    add(
-        "--data",
-        help="training data: mnist (default), synthetic, FILE.npz (x_train, y_train; "
-        "optional x_val/y_val, x_test/y_test), an image FOLDER (one subfolder per class), "
-        "'train-*.tfrecord' (tf.train.Example; quote the pattern) or package.module:function",
-    )
-    add("--dataset", help="older name of --data (mnist)")
-    add(
-        "--data-dir",
-        help="--data mnist: folder holding mnist.npz, or the file (else "
-        "$MIRRORFIT_DATA, the Keras cache ~/.keras/datasets, a download)",
-    )
-    add(
-        "--image-size",
-        help="image folders and TFRecords: resize every image to H,W pixels "
-        "(default: keep the images' size, which must then be the same for all)",
-    )
-    add(
-        "--image-feature",
-        help="TFRecords: feature holding the encoded PNG/JPEG image (default image/encoded)",
-    )
-    add(
-        "--label-feature",
-        help="TFRecords: feature holding the int64 class label (default image/class/label)",
-    )
-    add(
-        "--validation-split",
-        type=float,
-        help="hold out this fraction of the training "
-        "examples for validation (drawn with --seed) when the source has no validation split",
-    )
-    add(
-        "--cache",
-        help="image folders, TFRecords, dataset functions: decode once and keep "
-        "the examples in memory, or in this folder (created; reused by later runs)",
-    )
-    add(
-        "--input-shape",
-        help="one example's shape, e.g. 224,224,3: of --data synthetic, and "
-        "of the model (keras.applications names); file data brings its own",
-    )
-    add(
-        "--num-classes",
-        type=int,
-        help="classes (the model's outputs); default: from the data "
-        "(class folders, or the largest label + 1)",
     )
     add("--replicas", type=int, help="replicas; on a CPU-only host, logical CPU devices")
     add("--devices", help="comma-separated devices to replicate over, e.g. /gpu:0,/gpu:2")
@@ -105,21 +71,93 @@ def _train_parser(sub) -> None:
         help="seconds to wait for the other workers, at "
         "start-up and in every all-reduce, before naming the one missing (default 300)",
     )
+    _train_memory_and_profile(add)
+
+
+def _train_memory_and_profile(add) -> None:
+    """train's GPU memory cap, state sharding and step profile (DistributionSettings too)."""
+    add("--gpu-memory-limit", type=int, help="cap each GPU at MB (instead of memory growth)")
+    add(
+        "--shard",
+        help="JAX: none (default; every device holds the whole state), optimizer "
+        "(ZeRO-1: the optimizer state split over the devices) or all (FSDP: the weights too)",
+    )
+    add(
+        "--profile",
+        action="store_const",
+        const=True,
+        help="after training, report where step time goes and a one-line diagnosis",
+    )
+
+
+def _train_data_source(add) -> None:
+    """train's DataSettings flags that name the data and how files are read."""
+    add(
+        "--data",
+        help="training data: mnist (default), synthetic, FILE.npz (x_train, y_train; "
+        "optional x_val/y_val, x_test/y_test), an image FOLDER (one subfolder per class), "
+        "'train-*.tfrecord' (tf.train.Example; quote the pattern) or package.module:function",
+    )
+    add("--dataset", help="older name of --data (mnist)")
+    add(
+        "--data-dir",
+        help="--data mnist: folder holding mnist.npz, or the file (else "
+        "$MIRRORFIT_DATA, the Keras cache ~/.keras/datasets, a download)",
+    )
+    add(
+        "--image-size",
+        help="image folders and TFRecords: resize every image to H,W pixels "
+        "(default: keep the images' size, which must then be the same for all)",
+    )
+    add(
+        "--image-feature",
+        help="TFRecords: feature holding the encoded PNG/JPEG image (default image/encoded)",
+    )
+    add(
+        "--label-feature",
+        help="TFRecords: feature holding the int64 class label (default image/class/label)",
+    )
+
+
+def _train_data_shape(add) -> None:
+    """train's DataSettings flags for splits, caching, shapes and example counts."""
+    add(
+        "--validation-split",
+        type=float,
+        help="hold out this fraction of the training "
+        "examples for validation (drawn with --seed) when the source has no validation split",
+    )
+    add(
+        "--cache",
+        help="image folders, TFRecords, dataset functions: decode once and keep "
+        "the examples in memory, or in this folder (created; reused by later runs)",
+    )
+    add(
+        "--input-shape",
+        help="one example's shape, e.g. 224,224,3: of --data synthetic, and "
+        "of the model (keras.applications names); file data brings its own",
+    )
+    add(
+        "--num-classes",
+        type=int,
+        help="classes (the model's outputs); default: from the data "
+        "(class folders, or the largest label + 1)",
+    )
+    add(
+        "--train-examples",
+        type=int,
+        help="train on the first N training examples (of an "
+        "image folder, whose files are sorted by class: N drawn with --seed)",
+    )
+
+
+def _train_optimisation(group) -> None:
+    """train's OptimisationSettings flags: batches, steps, optimizer, precision, seed."""
+    add = group.add_argument
     add("--batch-size", type=int, help="examples per replica per step (default 32)")
     add("--global-batch-size", type=int, help="examples per step over all replicas (instead)")
     add("--epochs", type=int, help="epochs (default 10)")
     add("--optimizer", help="sgd (default), adam, adamw, rmsprop")
-    add(
-        "--loss",
-        help="a Keras loss (mse, binary_crossentropy, ...) for an uncompiled --model "
-        "function; a compiled model trains its compile()'s",
-    )
-    add("--metrics", help="comma-separated Keras metrics, with --loss")
-    add(
-        "--callbacks",
-        help="package.module:function returning a list of Keras callbacks "
-        "(a --model function's run)",
-    )
     add("--lr", type=float, help="learning rate (default 0.01)")
     add("--steps-per-execution", type=int, help="steps per compiled call (default 50)")
     add(
@@ -138,37 +176,13 @@ def _train_parser(sub) -> None:
     add("--lr-scaling", help="none (default) or linear: lr x global batch / --base-batch")
     add("--base-batch", type=int, help="global batch --lr was chosen for (default 32)")
     add("--warmup-epochs", type=float, help="linear learning-rate warm-up epochs (default 0)")
-    add("--gpu-memory-limit", type=int, help="cap each GPU at MB (instead of memory growth)")
-    add(
-        "--remat",
-        action="store_const",
-        const=True,
-        help="recompute activations in the backward pass (less memory, more compute)",
-    )
-    add(
-        "--shard",
-        help="JAX: none (default; every device holds the whole state), optimizer "
-        "(ZeRO-1: the optimizer state split over the devices) or all (FSDP: the weights too)",
-    )
-    add("--logdir", help="write TensorBoard scalars here")
-    add(
-        "--profile",
-        action="store_const",
-        const=True,
-        help="after training, report where step time goes and a one-line diagnosis",
-    )
     add("--seed", type=int, help="seed for weights and data order (default 42)")
-    add(
-        "--train-examples",
-        type=int,
-        help="train on the first N training examples (of an "
-        "image folder, whose files are sorted by class: N drawn with --seed)",
-    )
     add("--eval-batch-size", type=int, help="global batch for evaluation")
-    add("--metrics-out", help="write a JSON summary here")
-    add(
-        "--no-progress", dest="progress", action="store_const", const=False, help="no progress bars"
-    )
+
+
+def _train_checkpoints(group) -> None:
+    """train's CheckpointSettings flags: where, how often, how many, or start over."""
+    add = group.add_argument
     add("--checkpoint-dir", help="save step-exact checkpoints here; rerunning resumes")
     add(
         "--checkpoint-every",
@@ -182,7 +196,40 @@ def _train_parser(sub) -> None:
         const=True,
         help="move existing checkpoints aside and start over instead of resuming",
     )
-    _export_flags(add)
+
+
+def _train_model(group) -> None:
+    """train's ModelSettings flags: the model, its loss, metrics, callbacks and remat."""
+    add = group.add_argument
+    add("--model", help="mlp (default), cnn, or package.module:function returning a Keras model")
+    add(
+        "--loss",
+        help="a Keras loss (mse, binary_crossentropy, ...) for an uncompiled --model "
+        "function; a compiled model trains its compile()'s",
+    )
+    add("--metrics", help="comma-separated Keras metrics, with --loss")
+    add(
+        "--callbacks",
+        help="package.module:function returning a list of Keras callbacks "
+        "(a --model function's run)",
+    )
+    add(
+        "--remat",
+        action="store_const",
+        const=True,
+        help="recompute activations in the backward pass (less memory, more compute)",
+    )
+
+
+def _train_outputs(group) -> None:
+    """train's OutputSettings flags: logs, summary, progress bars, export and saved model."""
+    add = group.add_argument
+    add("--logdir", help="write TensorBoard scalars here")
+    add("--metrics-out", help="write a JSON summary here")
+    add(
+        "--no-progress", dest="progress", action="store_const", const=False, help="no progress bars"
+    )
+    _export_flags(add)  # --allow-nan (OptimisationSettings) too: export shares these
     add("--save-keras", help="also save the trained model as FILE.keras")
 
 
@@ -268,19 +315,49 @@ def _flag_bool(text: str) -> bool:
     return value in ("true", "1")
 
 
+def _bool_flags(add, flags) -> None:
+    """TF Serving's boolean flags (--flag, --flag=true, --flag=false), from (flag, help) pairs."""
+    for flag, text in flags:
+        add(flag, type=_flag_bool, nargs="?", const=True, help=text)
+
+
 def _serve_parser(sub) -> None:
+    """The serve command: tensorflow_model_server's flags, with ServeConfig's defaults."""
     p = sub.add_parser(
         "serve",
         help="serve SavedModels with TF Serving's REST and gRPC APIs",
         description="A TensorFlow-Serving-compatible model server. Takes "
         "tensorflow_model_server's flag names.",
     )
-    add = p.add_argument
-    # The defaults are ServeConfig's (set below): written once, there.
-    _verbose(add)
+    _verbose(p.add_argument)
+    _serve_network(p.add_argument_group("network", "where it listens"))
+    _serve_models(p.add_argument_group("models", "what it serves and how versions load"))
+    _serve_batching(p.add_argument_group("batching", "merging requests into batches"))
+    _serve_limits(p.add_argument_group("limits", "how much clients can ask for and hold"))
+    _serve_runtime(p.add_argument_group("runtime", "logs, metrics, event loop and threads"))
+    _serve_ignored(p.add_argument)
+    # The defaults are ServeConfig's: written once, there.
+    p.set_defaults(
+        **{
+            f.name: f.default
+            for f in dataclasses.fields(ServeConfig)
+            if f.name != "shutdown_grace_seconds"
+        }
+    )
+
+
+def _serve_network(group) -> None:
+    """serve's ports, address and CORS."""
+    add = group.add_argument
     add("--port", type=int, help="gRPC port (8500)")
     add("--rest_api_port", type=int, help="REST port (8501; 0 turns REST off)")
     add("--host", help="address to bind (127.0.0.1; 0.0.0.0 for all)")
+    _bool_flags(add, [("--rest_api_enable_cors_support", "send CORS headers")])
+
+
+def _serve_models(group) -> None:
+    """serve's models: where they are, polling for versions, warm-up and load retries."""
+    add = group.add_argument
     add("--model_name", help="name of the model (default)")
     add("--model_base_path", help="folder of numeric version folders (0001, 0002, ...)")
     add("--model_config_file", help="text-format ModelServerConfig for several models")
@@ -295,20 +372,17 @@ def _serve_parser(sub) -> None:
         help="seconds between re-reads of --model_config_file: models added, removed, changed "
         "(0: read once); a bad file keeps the last good config",
     )
-    for flag, text in (
-        ("--enable_batching", "merge concurrent requests into batches"),
-        ("--enable_model_warmup", "warm new versions up before they take traffic"),
-        ("--rest_api_enable_cors_support", "send CORS headers"),
-        (
-            "--servable_versions_always_present",
-            "a base path with no versions keeps the loaded ones (default: unloads them), and "
-            "start-up or a config reload fails while a model has none",
-        ),
-    ):
-        add(flag, type=_flag_bool, nargs="?", const=True, help=text)
-    add("--batching_parameters_file", help="text-format BatchingParameters")
-    add("--monitoring_config_file", help="text-format MonitoringConfig (Prometheus path)")
-    add("--rest_api_timeout_in_ms", type=int)
+    _bool_flags(
+        add,
+        [
+            ("--enable_model_warmup", "warm new versions up before they take traffic"),
+            (
+                "--servable_versions_always_present",
+                "a base path with no versions keeps the loaded ones (default: unloads them), "
+                "and start-up or a config reload fails while a model has none",
+            ),
+        ],
+    )
     add(
         "--max_num_load_retries",
         type=int,
@@ -316,6 +390,19 @@ def _serve_parser(sub) -> None:
     )
     add("--load_retry_interval_micros", type=int, help="microseconds between load retries (60 s)")
     add("--saved_model_tags")
+
+
+def _serve_batching(group) -> None:
+    """serve's request batching."""
+    add = group.add_argument
+    _bool_flags(add, [("--enable_batching", "merge concurrent requests into batches")])
+    add("--batching_parameters_file", help="text-format BatchingParameters")
+
+
+def _serve_limits(group) -> None:
+    """serve's bounds on requests and on what clients can hold (docs/serving.md, its flags)."""
+    add = group.add_argument
+    add("--rest_api_timeout_in_ms", type=int)
     add(
         "--grpc_max_threads",
         type=int,
@@ -328,12 +415,16 @@ def _serve_parser(sub) -> None:
         "accepted (64 MiB)",
     )
     add("--max_rows_per_request", type=int, help="most rows (examples) in one request (1000)")
-    # bounds on what clients can hold (docs/serving.md, its flags)
     add(
         "--max_unbatched_in_flight",
         type=int,
         help="unbatched model calls running or waiting; more get 503 / UNAVAILABLE (64)",
     )
+    _serve_rest_limits(add)
+
+
+def _serve_rest_limits(add) -> None:
+    """serve's bounds on REST connections: how many, their timeouts, their buffered bytes."""
     add(
         "--rest_api_max_connections",
         type=int,
@@ -359,6 +450,12 @@ def _serve_parser(sub) -> None:
         type=int,
         help="request-body bytes held by all REST requests at once; more gets 503 (256 MiB)",
     )
+
+
+def _serve_runtime(group) -> None:
+    """serve's monitoring, log level, HTTP parser, event loop and TensorFlow threads."""
+    add = group.add_argument
+    add("--monitoring_config_file", help="text-format MonitoringConfig (Prometheus path)")
     add(
         "--rest_api_http_impl",
         choices=["auto", "h11", "httptools"],
@@ -380,7 +477,10 @@ def _serve_parser(sub) -> None:
         type=int,
         help="ops run at once (0: TensorFlow's default)",
     )
-    # accepted for compatibility with tensorflow_model_server command lines; no effect here
+
+
+def _serve_ignored(add) -> None:
+    """tensorflow_model_server flags accepted so its command lines run; hidden, no effect."""
     for flag in (
         "--rest_api_num_threads",
         "--tensorflow_session_parallelism",
@@ -389,16 +489,10 @@ def _serve_parser(sub) -> None:
         "--xla_cpu_compilation_enabled",
     ):
         add(flag, dest=f"_ignored{flag.replace('-', '_')}", help=argparse.SUPPRESS)
-    p.set_defaults(
-        **{
-            f.name: f.default
-            for f in dataclasses.fields(ServeConfig)
-            if f.name != "shutdown_grace_seconds"
-        }
-    )
 
 
 def _bench_parser(sub) -> None:
+    """The bench command: the workload, the grid's axes, the runs and the results."""
     p = sub.add_parser(
         "bench",
         help="measure a grid of configurations, each in its own process",
@@ -406,8 +500,18 @@ def _bench_parser(sub) -> None:
         "of configurations, plus the textbook recipe (Keras fit "
         "under MirroredStrategy); medians of alternated repeats.",
     )
-    add = p.add_argument
-    _verbose(add)
+    _verbose(p.add_argument)
+    workload = p.add_argument_group("model and data", "what every point trains")
+    _bench_model_data(workload.add_argument)
+    _bench_source(workload.add_argument)
+    _bench_grid(p.add_argument_group("grid", "comma-separated lists: one point per combination"))
+    _bench_runs(p.add_argument_group("runs", "how long and how often each point runs"))
+    _bench_textbook(p.add_argument_group("textbook recipe", "the yardstick rows: Keras fit"))
+    _bench_results(p.add_argument_group("results", "where they go and what they recommend"))
+
+
+def _bench_model_data(add) -> None:
+    """bench's model and data source, and the shape and classes of synthetic data."""
     add(
         "--model",
         default="mlp",
@@ -435,6 +539,10 @@ def _bench_parser(sub) -> None:
         help="--data synthetic: classes (default: the model's); "
         "other sources: as `mirrorfit train --num-classes` (default: from the data)",
     )
+
+
+def _bench_source(add) -> None:
+    """bench's flags for reading the data: where MNIST is, file sources, split and cache."""
     add("--data-dir", help="folder holding mnist.npz")
     _source_flags(add)
     add(
@@ -448,6 +556,11 @@ def _bench_parser(sub) -> None:
         help="as `mirrorfit train`: image folders, TFRecords, dataset functions "
         "decoded once, in memory or in this folder (filled once, before the points run)",
     )
+
+
+def _bench_grid(group) -> None:
+    """bench's grid axes: engines, replicas, precisions, XLA, accumulation, steps per call."""
+    add = group.add_argument
     add(
         "--backend",
         type=_csv(str, "--backend"),
@@ -465,6 +578,11 @@ def _bench_parser(sub) -> None:
     add("--xla", type=_csv(_on_off, "--xla"), default=(False,), help="off (default), on, or off,on")
     add("--accum-steps", type=_csv(int, "--accum-steps"), default=(1,), help="e.g. 1,4")
     add("--steps-per-execution", type=_csv(int, "--steps-per-execution"), default=(50,))
+
+
+def _bench_runs(group) -> None:
+    """bench's global batch, training examples, epochs and repeats of each point."""
+    add = group.add_argument
     add(
         "--global-batch-size",
         type=int,
@@ -478,6 +596,11 @@ def _bench_parser(sub) -> None:
     )
     add("--epochs", type=int, help="epochs per run, >= 2 (default: mlp 3, cnn 2)")
     add("--repeats", type=int, default=3, help="runs per point (default 3)")
+
+
+def _bench_textbook(group) -> None:
+    """bench's textbook recipe rows (Keras fit under MirroredStrategy): whether, and precisions."""
+    add = group.add_argument
     add(
         "--no-textbook",
         dest="textbook",
@@ -491,6 +614,11 @@ def _bench_parser(sub) -> None:
         help="precisions for the textbook rows (fp32; e.g. fp32,bf16 to see what Keras's own "
         "mixed precision does under fit)",
     )
+
+
+def _bench_results(group) -> None:
+    """bench's output folder and its recommendation within an accuracy tolerance."""
+    add = group.add_argument
     add("--out", default="bench-results", help="folder for bench.csv, bench.json, bench.png")
     add(
         "--recommend",
