@@ -1,23 +1,31 @@
 """``--data FOLDER``: an image folder opened for training (:func:`open_train`) and for
 ``mirrorfit evaluate`` (:func:`open_test`), and what both share: :func:`split_folders`,
-:func:`list_folder`, :func:`image_decoder`, :func:`decode_errors`. In a split layout
+:func:`list_folder`, :func:`image_decoder`, :func:`decode_errors` (TFRecords too, with
+:func:`train_decoder`, :func:`on_decode_error`, :func:`describe_decoded`). In a split layout
 training needs ``train/`` (it never takes ``test/`` for a class); evaluate needs ``test/``.
 """
 
 from __future__ import annotations
 
 import os
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import tensorflow as tf
 
 from mirrorfit.data import decode as decoding
-from mirrorfit.data.files import ImageFolder, _is_dir, files_fingerprint, list_image_folder
+from mirrorfit.data.files import (
+    FileSplit,
+    ImageFolder,
+    _is_dir,
+    files_fingerprint,
+    list_image_folder,
+)
 from mirrorfit.data.images import (
-    IndexedBatches,
     eval_files,
     fill_store,
+    indexed_batches,
     store_key,
     undecodable_files,
 )
@@ -103,86 +111,56 @@ def decode_errors(on_error):
     return explain
 
 
-def open_train(o) -> Data:
-    """An image folder for training; ``o``: :class:`mirrorfit.data.arrays.Options`."""
-    root = Path(o.spec)
-    layout = split_folders(root, o.spec)
-    if layout and "train" not in layout:
-        have = ", ".join(f"{n}/" for n in sorted(layout))
-        raise DataError(
-            f"--data {o.spec} has {have} but no train/ subfolder; training reads "
-            "train/ (one subfolder of images per class) beside them: add it, or "
-            "give a folder of class folders"
-            + ("; `mirrorfit evaluate` scores test/ alone" if "test" in layout else "")
-        )
-    folder = list_folder(root, o.spec)
-    for split in ("val", "test"):
-        check_not_empty(folder, split, o.spec)
-    train, val, test = (folder.splits.get(k) for k in ("train", "val", "test"))
-    split = o.holdout(len(train), val is not None)
-    if split is not None:
-        val, train = train.subset(split[1]), train.subset(split[0])
-    if o.first(len(train)) < len(train):  # the files are sorted by class: draw, not the first
-        chosen = np.random.default_rng([o.seed, 2 << 32]).permutation(len(train))
-        train = train.subset(np.sort(chosen[: o.train_examples]))
-    decoder = image_decoder(train.paths[0], str(train.paths[0]), o.image_size, o.spec)
+def train_decoder(o, first: str | Path | bytes, name: str) -> decoding.ImageDecoder:
+    """:func:`image_decoder` of the first training example, checked against --input-shape;
+    ``o``: :class:`mirrorfit.data.arrays.Options`."""
+    decoder = image_decoder(first, name, o.image_size, o.spec)
     o.check_shape(decoder.shape)
-    # Every class folder is a class, also one that --train-examples left without examples.
-    classes = len(folder.class_names)
-    if o.num_classes is not None:
-        if o.num_classes < classes:
-            raise DataError(
-                f"--data {o.spec} has {classes} class folders, more than "
-                f"--num-classes {o.num_classes}; raise --num-classes or drop it"
-            )
-        classes = o.num_classes
-    text = (
-        f"{folder.fingerprint}|{decoder.shape}|{decoder.resize}|{o.validation_split}|"
-        f"{o.seed if o.validation_split or o.train_examples else ''}"
-    )
-    fingerprint = files_fingerprint([], extra=text)
-    all_paths = np.concatenate([s.paths for s in (train, val, test) if s is not None])
+    return decoder
+
+
+def on_decode_error(flag: str, undecodable):
+    """The ``on_error`` of :func:`~mirrorfit.data.images.fill_store` and :func:`decode_errors`:
+    decode.explain's line, else ``undecodable(error)``'s (a pass naming what does not decode)."""
 
     def on_error(error):
-        return decoding.explain(error, o.spec) or undecodable_files(
-            all_paths, decoder, o.spec, error
-        )
+        return decoding.explain(error, flag) or undecodable(error)
 
-    def store_of(part, what):
-        if o.cache is None or part is None:
-            return None
-        items = tf.data.Dataset.from_tensor_slices(part.paths.astype(str))
-        items = items.map(lambda p: (tf.io.read_file(p), p))
-        key = store_key(fingerprint, decoder, f"folder|{what}|{len(part)}")
-        return fill_store(items, len(part), decoder, o.cache, key, on_error=on_error)
+    return on_error
 
-    batches = IndexedBatches(
-        paths=train.paths,
-        labels=train.labels,
-        decoder=decoder,
-        global_batch=o.global_batch,
-        seed=o.seed,
-        fingerprint=fingerprint,
-        store=store_of(train, "train"),
-        parallel=o.parallel,
+
+def describe_decoded(
+    source: str,
+    counts: dict[str, int],
+    unit: str,
+    classes: int,
+    decoder: decoding.ImageDecoder,
+    cache: str | None,
+    uncached: str = "",
+) -> str:
+    """A description of decoded images: ``source (N train, M val <unit>, C classes, decoded
+    to HxWxC, cached in DIR)``; ``uncached`` ends it without --cache."""
+    listed = ", ".join(f"{n:,} {split}" for split, n in counts.items())
+    shape = "x".join(map(str, decoder.shape))
+    how = f", cached in {cache}" if cache else uncached
+    return f"{source} ({listed} {unit}, {classes} classes, decoded to {shape}{how})"
+
+
+def open_train(o) -> Data:
+    """An image folder for training; ``o``: :class:`mirrorfit.data.arrays.Options`."""
+    folder = _list_for_training(Path(o.spec), o.spec)
+    train, val, test = _training_splits(folder, o)
+    decoder = train_decoder(o, train.paths[0], str(train.paths[0]))
+    classes = _classes(folder, o)
+    fingerprint = _fingerprint(folder, decoder, o)
+    parts = {k: p for k, p in (("train", train), ("val", val), ("test", test)) if p is not None}
+    all_paths = np.concatenate([p.paths for p in parts.values()])
+    on_error = on_decode_error(o.spec, partial(undecodable_files, all_paths, decoder, o.spec))
+    store_of = partial(_store, o, decoder, fingerprint, on_error)  # (split, name) -> store
+    batches = indexed_batches(
+        o, train.paths, train.labels, decoder, fingerprint, store_of(train, "train")
     )
-    evals = {
-        name: eval_files(
-            part.paths,
-            part.labels,
-            decoder,
-            batch=o.eval_batch,
-            store=store_of(part, name),
-            parallel=o.parallel,
-        )
-        for name, part in (("val", val), ("test", test))
-        if part is not None
-    }
-    counts = ", ".join(
-        f"{len(p):,} {k}"
-        for k, p in (("train", train), ("val", val), ("test", test))
-        if p is not None
-    )
+    evals = _evals(o, {"val": val, "test": test}, decoder, store_of)
     return Data(
         train=batches,
         val=evals.get("val"),
@@ -194,12 +172,103 @@ def open_train(o) -> Data:
         class_names=folder.class_names,
         fingerprint=fingerprint,
         _explain=decode_errors(on_error),
-        description=f"image folder {folder.root} ({counts} images, "
-        f"{len(folder.class_names)} classes, decoded to "
-        f"{'x'.join(map(str, decoder.shape))}"
-        + (f", cached in {o.cache}" if o.cache else "")
-        + ")",
+        description=describe_decoded(
+            f"image folder {folder.root}",
+            {k: len(p) for k, p in parts.items()},
+            "images",
+            len(folder.class_names),
+            decoder,
+            o.cache,
+        ),
     )
+
+
+def _list_for_training(root: Path, flag: str) -> ImageFolder:
+    """The folder listed for training; DataError for splits without train/, or for an empty
+    val/ or test/ (before any image is read)."""
+    layout = split_folders(root, flag)
+    if layout and "train" not in layout:
+        have = ", ".join(f"{n}/" for n in sorted(layout))
+        raise DataError(
+            f"--data {flag} has {have} but no train/ subfolder; training reads "
+            "train/ (one subfolder of images per class) beside them: add it, or "
+            "give a folder of class folders"
+            + ("; `mirrorfit evaluate` scores test/ alone" if "test" in layout else "")
+        )
+    folder = list_folder(root, flag)
+    for split in ("val", "test"):
+        check_not_empty(folder, split, flag)
+    return folder
+
+
+def _training_splits(
+    folder: ImageFolder, o
+) -> tuple[FileSplit, FileSplit | None, FileSplit | None]:
+    """(train, val, test) files after --validation-split and --train-examples (None: absent)."""
+    train, val, test = (folder.splits.get(k) for k in ("train", "val", "test"))
+    split = o.holdout(len(train), val is not None)
+    if split is not None:
+        val, train = train.subset(split[1]), train.subset(split[0])
+    if o.first(len(train)) < len(train):  # the files are sorted by class: draw, not the first
+        chosen = np.random.default_rng([o.seed, 2 << 32]).permutation(len(train))
+        train = train.subset(np.sort(chosen[: o.train_examples]))
+    return train, val, test
+
+
+def _classes(folder: ImageFolder, o) -> int:
+    """The class folders' count, or --num-classes (DataError if it is fewer)."""
+    # Every class folder is a class, also one that --train-examples left without examples.
+    classes = len(folder.class_names)
+    if o.num_classes is not None:
+        if o.num_classes < classes:
+            raise DataError(
+                f"--data {o.spec} has {classes} class folders, more than "
+                f"--num-classes {o.num_classes}; raise --num-classes or drop it"
+            )
+        classes = o.num_classes
+    return classes
+
+
+def _fingerprint(folder: ImageFolder, decoder: decoding.ImageDecoder, o) -> str:
+    """The training examples' fingerprint: the files, the decoded shape, and the split and
+    seed that chose them."""
+    text = (
+        f"{folder.fingerprint}|{decoder.shape}|{decoder.resize}|{o.validation_split}|"
+        f"{o.seed if o.validation_split or o.train_examples else ''}"
+    )
+    return files_fingerprint([], extra=text)
+
+
+def _store(
+    o, decoder: decoding.ImageDecoder, fingerprint: str, on_error, part: FileSplit | None, what: str
+) -> np.ndarray | None:
+    """``part``'s images decoded once into --cache (uint8 [images, height, width, channels]);
+    None without --cache or without ``part``."""
+    if o.cache is None or part is None:
+        return None
+    items = tf.data.Dataset.from_tensor_slices(part.paths.astype(str))
+    items = items.map(lambda p: (tf.io.read_file(p), p))
+    key = store_key(fingerprint, decoder, f"folder|{what}|{len(part)}")
+    return fill_store(items, len(part), decoder, o.cache, key, on_error=on_error)
+
+
+def _evals(
+    o, parts: dict[str, FileSplit | None], decoder: decoding.ImageDecoder, store_of
+) -> dict[str, tf.data.Dataset]:
+    """The present ``parts`` as evaluation datasets of ``o.eval_batch`` images."""
+    # Each split's cache is filled just before its dataset is made, in the order of ``parts``.
+    return {
+        name: eval_files(
+            part.paths,
+            part.labels,
+            decoder,
+            batch=o.eval_batch,
+            store=store_of(part, name),
+            parallel=o.parallel,
+        )
+        for name, part in parts.items()
+        if part is not None
+    }
 
 
 def open_test(
@@ -222,9 +291,7 @@ def open_test(
     # The first training image sets the channels (and size), as it did in training.
     decoder = image_decoder(first, str(first), image_size, spec)
 
-    def on_error(error):
-        return decoding.explain(error, spec) or undecodable_files(test.paths, decoder, spec, error)
-
+    on_error = on_decode_error(spec, partial(undecodable_files, test.paths, decoder, spec))
     classes = len(folder.class_names)
     return TestSplit(
         test=eval_files(test.paths, test.labels, decoder, batch=batch, parallel=parallel),
@@ -246,9 +313,12 @@ __all__ = [
     "SPLIT_NAMES",
     "check_not_empty",
     "decode_errors",
+    "describe_decoded",
     "image_decoder",
     "list_folder",
+    "on_decode_error",
     "open_train",
     "open_test",
     "split_folders",
+    "train_decoder",
 ]

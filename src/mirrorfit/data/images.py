@@ -119,6 +119,23 @@ class IndexedBatches:
         return finish(ds.batch(self.global_batch, drop_remainder=True))
 
 
+def indexed_batches(
+    o, paths: np.ndarray, labels: np.ndarray, decoder: ImageDecoder, fingerprint: str, store
+) -> IndexedBatches:
+    """:class:`IndexedBatches` with the run's global batch, seed and parallelism; ``o``:
+    :class:`mirrorfit.data.arrays.Options`, ``store``: as the class's (None: decode ``paths``)."""
+    return IndexedBatches(
+        paths=paths,
+        labels=labels,
+        decoder=decoder,
+        global_batch=o.global_batch,
+        seed=o.seed,
+        fingerprint=fingerprint,
+        store=store,
+        parallel=o.parallel,
+    )
+
+
 def store_reader(store: np.ndarray):
     """A function from example indices to rows of a decoded store: a gather from one constant
     for an array in memory, a NumPy call for a memory map (read from disk through the page
@@ -243,6 +260,7 @@ __all__ = [
     "IndexedBatches",
     "eval_files",
     "fill_store",
+    "indexed_batches",
     "store_reader",
     "store_key",
     "undecodable_files",

@@ -16,18 +16,19 @@ import hashlib
 import os
 import re
 from dataclasses import dataclass
-from functools import cached_property
-from typing import TYPE_CHECKING
+from functools import cached_property, partial
 
 import numpy as np
 import tensorflow as tf
 
 from mirrorfit.data.decode import ImageDecoder, find_undecodable
+from mirrorfit.data.files import files_fingerprint
+from mirrorfit.data.folders import decode_errors, describe_decoded, on_decode_error, train_decoder
+from mirrorfit.data.images import IndexedBatches, fill_store, indexed_batches, store_key
+from mirrorfit.data.opened import Data
 from mirrorfit.data.pipeline import DataOrder, epoch_order, finish, shuffle
+from mirrorfit.data.spec import tfrecord_files
 from mirrorfit.errors import DataError
-
-if TYPE_CHECKING:
-    from mirrorfit.data.opened import Data
 
 CYCLE = 4  # files read at once per worker (interleaved)
 SHUFFLE_BUFFER = 4096  # records shuffled per worker (encoded: ~1 KB each for MNIST PNGs)
@@ -421,83 +422,22 @@ __all__ = [
 def open_train(o) -> Data:
     """TFRecord files for training, streamed (or decoded once with --cache); ``o``:
     :class:`mirrorfit.data.arrays.Options`."""
-    from mirrorfit.data import decode as decoding
-    from mirrorfit.data.files import files_fingerprint
-    from mirrorfit.data.folders import decode_errors, image_decoder
-    from mirrorfit.data.images import IndexedBatches, fill_store, store_key
-    from mirrorfit.data.opened import Data
-    from mirrorfit.data.spec import tfrecord_files
-
-    files = tfrecord_files(o.spec) if any(c in o.spec for c in "*?[") else [o.spec]
-    features = f"{o.image_feature}|{o.label_feature}"
-    index = scan_records(
-        files, o.image_feature, o.label_feature, o.spec, files_fingerprint(files, extra=features)
-    )
-    n_all = len(index.labels)
-    train_mask = np.ones(n_all, bool)
-    split = o.holdout(n_all, False)
-    val_mask = None
-    if split is not None:
-        train_mask[split[1]] = False
-        val_mask = ~train_mask
-    kept = np.flatnonzero(train_mask)
-    train_mask[kept[o.first(len(kept)) :]] = False
-    decoder = image_decoder(index.first_image, f"{files[0]} record 0", o.image_size, o.spec)
-    o.check_shape(decoder.shape)
-    labels = {"train": index.labels[train_mask]}
-    if val_mask is not None:
-        labels["val"] = index.labels[val_mask]
+    index = _scan(o)
+    train_mask, val_mask = _split_masks(len(index.labels), o)
+    decoder = train_decoder(o, index.first_image, f"{index.files[0]} record 0")
+    splits = (("train", train_mask), ("val", val_mask))
+    labels = {k: index.labels[m] for k, m in splits if m is not None}
     classes = o.classes(labels)
-    parse = parse_fn(o.image_feature, o.label_feature, decoder)
-
-    def on_error(error):
-        return decoding.explain(error, o.spec) or undecodable_records(
-            index, o.image_feature, decoder, o.spec, error
-        )
-
-    mask = None if train_mask.all() else train_mask
-    if o.cache is not None:  # decoded once, then read by index (the in-memory order)
-        image_spec = {o.image_feature: tf.io.FixedLenFeature([], tf.string)}
-        items = records_in_order(index, mask).map(
-            lambda r, name: (tf.io.parse_single_example(r, image_spec)[o.image_feature], name)
-        )
-        text = f"{index.fingerprint}|{decoder.shape}|{decoder.resize}|{o.validation_split}|cached"
-        fingerprint = files_fingerprint([], extra=text)
-        key = store_key(fingerprint, decoder, f"records|{int(train_mask.sum())}|{o.seed}")
-        store = fill_store(items, int(train_mask.sum()), decoder, o.cache, key, on_error=on_error)
-        batches = IndexedBatches(
-            paths=np.array([], dtype=object),
-            labels=labels["train"],
-            decoder=decoder,
-            global_batch=o.global_batch,
-            seed=o.seed,
-            fingerprint=fingerprint,
-            store=store,
-            parallel=o.parallel,
-        )
+    find = partial(undecodable_records, index, o.image_feature, decoder, o.spec)
+    on_error = on_decode_error(o.spec, find)
+    mask = None if train_mask.all() else train_mask  # None: no record is filtered out
+    if o.cache is not None:
+        batches = _cached_batches(o, index, mask, labels["train"], decoder, on_error)
     else:
-        batches = RecordBatches(
-            index=index,
-            decoder=decoder,
-            image_feature=o.image_feature,
-            label_feature=o.label_feature,
-            global_batch=o.global_batch,
-            seed=o.seed,
-            workers=o.workers,
-            train=mask,
-            parallel=o.parallel,
-        )
-    val = (
-        None
-        if val_mask is None
-        else eval_records(index, val_mask, parse, batch=o.eval_batch, parallel=o.parallel)
-    )
-    counts = f"{int(train_mask.sum()):,} train" + (
-        f", {int(val_mask.sum()):,} val" if val_mask is not None else ""
-    )
+        batches = _streamed_batches(o, index, mask, decoder)
     return Data(
         train=batches,
-        val=val,
+        val=_held_out(o, index, val_mask, decoder),
         test=None,
         input_shape=decoder.shape,
         num_classes=classes,
@@ -505,8 +445,84 @@ def open_train(o) -> Data:
         source=o.spec,
         fingerprint=batches.order.fingerprint,
         _explain=decode_errors(on_error),
-        description=f"{len(files)} TFRecord file(s) {o.spec} ({counts} records, "
-        f"{classes} classes, decoded to {'x'.join(map(str, decoder.shape))}"
-        + (f", cached in {o.cache}" if o.cache else ", streamed")
-        + ")",
+        description=describe_decoded(
+            f"{len(index.files)} TFRecord file(s) {o.spec}",
+            {k: len(y) for k, y in labels.items()},
+            "records",
+            classes,
+            decoder,
+            o.cache,
+            ", streamed",
+        ),
     )
+
+
+def _scan(o) -> RecordIndex:
+    """:func:`scan_records` of the file --data names, or of every match of its glob (sorted)."""
+    files = tfrecord_files(o.spec) if any(c in o.spec for c in "*?[") else [o.spec]
+    features = f"{o.image_feature}|{o.label_feature}"
+    return scan_records(
+        files, o.image_feature, o.label_feature, o.spec, files_fingerprint(files, extra=features)
+    )
+
+
+def _split_masks(n: int, o) -> tuple[np.ndarray, np.ndarray | None]:
+    """(train, val) bool masks over the ``n`` records, val None without --validation-split."""
+    train = np.ones(n, bool)
+    split = o.holdout(n, False)
+    val = None
+    if split is not None:
+        train[split[1]] = False
+        val = ~train
+    # --train-examples: the first of the records left for training, in file order.
+    kept = np.flatnonzero(train)
+    train[kept[o.first(len(kept)) :]] = False
+    return train, val
+
+
+def _cached_batches(
+    o,
+    index: RecordIndex,
+    mask: np.ndarray | None,
+    labels: np.ndarray,
+    decoder: ImageDecoder,
+    on_error,
+) -> IndexedBatches:
+    """The training records (``mask``: None for all; ``labels``: theirs) decoded once into
+    --cache, then read by index (the in-memory order)."""
+    image_spec = {o.image_feature: tf.io.FixedLenFeature([], tf.string)}
+    items = records_in_order(index, mask).map(
+        lambda r, name: (tf.io.parse_single_example(r, image_spec)[o.image_feature], name)
+    )
+    text = f"{index.fingerprint}|{decoder.shape}|{decoder.resize}|{o.validation_split}|cached"
+    fingerprint = files_fingerprint([], extra=text)
+    key = store_key(fingerprint, decoder, f"records|{len(labels)}|{o.seed}")
+    store = fill_store(items, len(labels), decoder, o.cache, key, on_error=on_error)
+    return indexed_batches(o, np.array([], dtype=object), labels, decoder, fingerprint, store)
+
+
+def _streamed_batches(
+    o, index: RecordIndex, mask: np.ndarray | None, decoder: ImageDecoder
+) -> RecordBatches:
+    """The training records (``mask``: None for all) streamed from the files."""
+    return RecordBatches(
+        index=index,
+        decoder=decoder,
+        image_feature=o.image_feature,
+        label_feature=o.label_feature,
+        global_batch=o.global_batch,
+        seed=o.seed,
+        workers=o.workers,
+        train=mask,
+        parallel=o.parallel,
+    )
+
+
+def _held_out(
+    o, index: RecordIndex, val_mask: np.ndarray | None, decoder: ImageDecoder
+) -> tf.data.Dataset | None:
+    """The --validation-split records (None without it) as batches of ``o.eval_batch``."""
+    if val_mask is None:
+        return None
+    parse = parse_fn(o.image_feature, o.label_feature, decoder)
+    return eval_records(index, val_mask, parse, batch=o.eval_batch, parallel=o.parallel)
