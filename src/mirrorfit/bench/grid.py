@@ -97,69 +97,20 @@ class Grid:
     def check(self) -> None:
         """MirrorfitError, one line, for a data source, model or shape that cannot run:
         plain Python, before any process starts."""
-        kind = self.kind
-        for flag, names in (
-            ("--precision", self.precisions),
-            ("--textbook-precision", self.textbook_precisions),
-        ):
-            for name in names:
-                if name not in PRECISIONS:
-                    raise MirrorfitError(
-                        f"unknown precision {name!r} in {flag}; choose from {', '.join(PRECISIONS)}"
-                    )
-        for flag, values in (
-            ("--replicas", self.replicas),
-            ("--accum-steps", self.accum_steps),
-            ("--steps-per-execution", self.steps_per_execution),
-            ("--repeats", (self.repeats,)),
-        ):
-            if not values or min(values) < 1:
-                raise MirrorfitError(f"{flag} needs positive integers, got {tuple(values)}")
-        for backend in self.backends:
-            if backend not in BACKENDS:
-                raise MirrorfitError(
-                    f"unknown backend {backend!r} in --backend; choose from {', '.join(BACKENDS)}"
-                )
-        if not self.backends:
-            raise MirrorfitError("--backend needs at least one of tensorflow, jax")
-        if "jax" in self.backends and kind not in DATA:
-            raise MirrorfitError(
-                f"--data {self.data}: bench's JAX rows read MNIST or synthetic "
-                "data; use --backend tensorflow for other sources"
-            )
+        kind = self.kind  # a --data that names no source fails first
+        _check_precisions(self)
+        _check_counts(self)
+        _check_backends(self, kind)
         if self.data == "mnist" and (self.input_shape or self.num_classes):
             raise MirrorfitError(
                 "--input-shape and --num-classes set the synthetic data; MNIST "
                 "is 28x28 with 10 classes (use --data synthetic)"
             )
         check_model_name(self.model)
-        for flag, value in (
-            ("--global-batch-size", self.global_batch),
-            ("--train-examples", self.train_examples),
-        ):
-            if value is not None and value < 1:  # -5 would slice x[:-5]; 0 would mean "all"
-                raise MirrorfitError(f"{flag} must be 1 or more, got {value}; e.g. {flag} 64")
-        if self.num_classes is not None and self.num_classes < 2:
-            raise MirrorfitError(f"--num-classes must be 2 or more, got {self.num_classes}")
-        if self.num_classes is not None and self.num_classes > MAX_CLASSES:
-            raise MirrorfitError(
-                f"--num-classes {self.num_classes}: at most {MAX_CLASSES:,}; e.g. --num-classes 10"
-            )
-        if self.input_shape is not None and (not self.input_shape or min(self.input_shape) < 1):
-            raise MirrorfitError(
-                f"--input-shape must be positive sizes, e.g. 224,224,3; got "
-                f"{','.join(map(str, self.input_shape)) or 'nothing'}"
-            )
+        _check_sizes(self)
         self.source_config()  # the file flags, checked as `mirrorfit train` checks them
-        if kind not in DATA:  # its shape is checked against the model once it is opened
-            return
-        if self.data == "mnist" and is_application(self.model):
-            raise MirrorfitError(
-                f"--model {self.model} needs images with channels of at least "
-                "32x32 pixels; MNIST's are 28x28 grey: use --data synthetic "
-                "--input-shape 32,32,3 (or larger)"
-            )
-        check_input_shape(self.model, self.shape_and_classes()[0])
+        if kind in DATA:  # other sources' shapes are checked against the model once opened
+            _check_model_takes_data(self)
 
     def source_config(self) -> TrainConfig:
         """The data flags as `mirrorfit train` reads them: ConfigError, one line, for a source
@@ -185,86 +136,192 @@ class Grid:
         """mirrorfit points (the cross product), then the textbook recipe (Keras ``fit`` under
         MirroredStrategy) at each replica count and each of ``textbook_precisions``."""
         self.check()
-        synthetic, files = self.data == "synthetic", self.data not in DATA
-        batch, n_train, epochs = (
-            SYNTHETIC_WORKLOAD if synthetic else WORKLOADS.get(self.model, (64, None, 2))
-        )
-        if files:  # the MNIST subsets are MNIST's; other data is used whole by default
-            n_train = None
-        base = Point(
-            kind="mirrorfit",
-            model=self.model,
-            global_batch=_given(self.global_batch, batch),
-            train_examples=_given(self.train_examples, n_train),
-            epochs=_given(self.epochs, epochs),
-            data_dir=self.data_dir,
-            data=self.data,
-        )
-        if synthetic:
-            shape, classes = self.shape_and_classes()
-            base = replace(base, input_shape=shape, num_classes=classes)
-        elif files:  # the flags as given: the point's process passes them to load_data
-            flags = self.source_config()
-            base = replace(
-                base,
-                data_dir=None,
-                input_shape=flags.input_shape,
-                num_classes=flags.num_classes,
-                image_size=flags.image_size,
-                image_feature=flags.image_feature,
-                label_feature=flags.label_feature,
-                cache=flags.cache,
-                validation_split=flags.validation_split,
-            )
-        if synthetic and base.train_examples < base.global_batch:
-            raise MirrorfitError(
-                f"--train-examples {base.train_examples} (examples per "
-                f"synthetic epoch) is less than one global batch of "
-                f"{base.global_batch}"
-            )
-        if base.epochs < 2:
-            raise MirrorfitError(
-                "bench needs --epochs 2 or more: epoch 1 compiles and is not timed"
-            )
-        out = [
-            replace(
-                base,
-                backend=b,
-                replicas=r,
-                precision=p,
-                xla=x and not _compiles_every_step(b),
-                accum_steps=k,
-                steps_per_execution=s,
-            )
-            for b, r, p, x, k, s in itertools.product(
-                self.backends,
-                self.replicas,
-                self.precisions,
-                # JAX compiles every step: one row, not an "xla" twin
-                self.xla,
-                self.accum_steps,
-                self.steps_per_execution,
-            )
-        ]
-        out = list(dict.fromkeys(out))
-        for p in out:
-            split_batch(p.global_batch, p.replicas, p.accum_steps)
+        base = _with_data(self, _workload_point(self))
+        _check_workload(base, synthetic=self.data == "synthetic")
+        out = _mirrorfit_points(self, base)
         if self.textbook:  # Keras's own fit on each backend: the yardstick rows
-            spe = self.steps_per_execution[0]
-            out += [
-                replace(
-                    base,
-                    kind="textbook",
-                    backend=b,
-                    replicas=r,
-                    precision=p,
-                    steps_per_execution=spe if b == "jax" else base.steps_per_execution,
-                )
-                for b in self.backends
-                for p in self.textbook_precisions
-                for r in self.replicas
-            ]
+            out += _textbook_points(self, base)
         return out
+
+
+# Grid.check's stages, in the order it runs them (the first problem found is the one reported).
+
+
+def _check_precisions(grid: Grid) -> None:
+    """MirrorfitError for a precision name that is not one of PRECISIONS."""
+    for flag, names in (
+        ("--precision", grid.precisions),
+        ("--textbook-precision", grid.textbook_precisions),
+    ):
+        for name in names:
+            if name not in PRECISIONS:
+                raise MirrorfitError(
+                    f"unknown precision {name!r} in {flag}; choose from {', '.join(PRECISIONS)}"
+                )
+
+
+def _check_counts(grid: Grid) -> None:
+    """MirrorfitError for a count flag (replicas, accumulation, steps, repeats) below 1."""
+    for flag, values in (
+        ("--replicas", grid.replicas),
+        ("--accum-steps", grid.accum_steps),
+        ("--steps-per-execution", grid.steps_per_execution),
+        ("--repeats", (grid.repeats,)),
+    ):
+        if not values or min(values) < 1:
+            raise MirrorfitError(f"{flag} needs positive integers, got {tuple(values)}")
+
+
+def _check_backends(grid: Grid, kind: str) -> None:
+    """MirrorfitError for an unknown backend, none at all, or JAX rows on data they can't read."""
+    for backend in grid.backends:
+        if backend not in BACKENDS:
+            raise MirrorfitError(
+                f"unknown backend {backend!r} in --backend; choose from {', '.join(BACKENDS)}"
+            )
+    if not grid.backends:
+        raise MirrorfitError("--backend needs at least one of tensorflow, jax")
+    if "jax" in grid.backends and kind not in DATA:
+        raise MirrorfitError(
+            f"--data {grid.data}: bench's JAX rows read MNIST or synthetic "
+            "data; use --backend tensorflow for other sources"
+        )
+
+
+def _check_sizes(grid: Grid) -> None:
+    """MirrorfitError for a batch, example count, class count or input shape out of range."""
+    for flag, value in (
+        ("--global-batch-size", grid.global_batch),
+        ("--train-examples", grid.train_examples),
+    ):
+        if value is not None and value < 1:  # -5 would slice x[:-5]; 0 would mean "all"
+            raise MirrorfitError(f"{flag} must be 1 or more, got {value}; e.g. {flag} 64")
+    if grid.num_classes is not None and grid.num_classes < 2:
+        raise MirrorfitError(f"--num-classes must be 2 or more, got {grid.num_classes}")
+    if grid.num_classes is not None and grid.num_classes > MAX_CLASSES:
+        raise MirrorfitError(
+            f"--num-classes {grid.num_classes}: at most {MAX_CLASSES:,}; e.g. --num-classes 10"
+        )
+    if grid.input_shape is not None and (not grid.input_shape or min(grid.input_shape) < 1):
+        raise MirrorfitError(
+            f"--input-shape must be positive sizes, e.g. 224,224,3; got "
+            f"{','.join(map(str, grid.input_shape)) or 'nothing'}"
+        )
+
+
+def _check_model_takes_data(grid: Grid) -> None:
+    """MirrorfitError where the model cannot take MNIST's or the synthetic examples."""
+    if grid.data == "mnist" and is_application(grid.model):
+        raise MirrorfitError(
+            f"--model {grid.model} needs images with channels of at least "
+            "32x32 pixels; MNIST's are 28x28 grey: use --data synthetic "
+            "--input-shape 32,32,3 (or larger)"
+        )
+    check_input_shape(grid.model, grid.shape_and_classes()[0])
+
+
+# Grid.points' stages.
+
+
+def _workload_point(grid: Grid) -> Point:
+    """The point every row starts from: the model's workload (batch, examples, epochs), where
+    the flags do not set them."""
+    synthetic, files = grid.data == "synthetic", grid.data not in DATA
+    batch, n_train, epochs = (
+        SYNTHETIC_WORKLOAD if synthetic else WORKLOADS.get(grid.model, (64, None, 2))
+    )
+    if files:  # the MNIST subsets are MNIST's; other data is used whole by default
+        n_train = None
+    return Point(
+        kind="mirrorfit",
+        model=grid.model,
+        global_batch=_given(grid.global_batch, batch),
+        train_examples=_given(grid.train_examples, n_train),
+        epochs=_given(grid.epochs, epochs),
+        data_dir=grid.data_dir,
+        data=grid.data,
+    )
+
+
+def _with_data(grid: Grid, base: Point) -> Point:
+    """``base`` with the data's arguments: the synthetic shape and classes, or a file
+    source's flags; MNIST's as they are."""
+    if grid.data == "synthetic":
+        shape, classes = grid.shape_and_classes()
+        return replace(base, input_shape=shape, num_classes=classes)
+    if grid.data in DATA:
+        return base
+    flags = grid.source_config()  # the flags as given: the point's process passes them on
+    return replace(
+        base,
+        data_dir=None,
+        input_shape=flags.input_shape,
+        num_classes=flags.num_classes,
+        image_size=flags.image_size,
+        image_feature=flags.image_feature,
+        label_feature=flags.label_feature,
+        cache=flags.cache,
+        validation_split=flags.validation_split,
+    )
+
+
+def _check_workload(base: Point, *, synthetic: bool) -> None:
+    """MirrorfitError for a workload that times nothing: under one batch, or one epoch."""
+    if synthetic and base.train_examples < base.global_batch:
+        raise MirrorfitError(
+            f"--train-examples {base.train_examples} (examples per "
+            f"synthetic epoch) is less than one global batch of "
+            f"{base.global_batch}"
+        )
+    if base.epochs < 2:
+        raise MirrorfitError("bench needs --epochs 2 or more: epoch 1 compiles and is not timed")
+
+
+def _mirrorfit_points(grid: Grid, base: Point) -> list[Point]:
+    """mirrorfit's points: the cross product of the grid's settings, each once, each batch
+    checked to split over its replicas and accumulation steps."""
+    out = [
+        replace(
+            base,
+            backend=b,
+            replicas=r,
+            precision=p,
+            xla=x and not _compiles_every_step(b),
+            accum_steps=k,
+            steps_per_execution=s,
+        )
+        for b, r, p, x, k, s in itertools.product(
+            grid.backends,
+            grid.replicas,
+            grid.precisions,
+            # JAX compiles every step: one row, not an "xla" twin
+            grid.xla,
+            grid.accum_steps,
+            grid.steps_per_execution,
+        )
+    ]
+    out = list(dict.fromkeys(out))
+    for p in out:
+        split_batch(p.global_batch, p.replicas, p.accum_steps)
+    return out
+
+
+def _textbook_points(grid: Grid, base: Point) -> list[Point]:
+    """Keras's own fit at each backend, textbook precision and replica count."""
+    spe = grid.steps_per_execution[0]
+    return [
+        replace(
+            base,
+            kind="textbook",
+            backend=b,
+            replicas=r,
+            precision=p,
+            steps_per_execution=spe if b == "jax" else base.steps_per_execution,
+        )
+        for b in grid.backends
+        for p in grid.textbook_precisions
+        for r in grid.replicas
+    ]
 
 
 def failure_line(stderr: str, returncode: int) -> str:

@@ -93,8 +93,6 @@ def run_point(point: Point) -> dict:
 
 def _measure(point: Point, strategy, train: "_Train", test, steps: int) -> dict:
     """Build, train and test ``point``'s model under ``strategy``; its measurements."""
-    import keras
-
     import mirrorfit
 
     factory = mirrorfit.models.model_factory(
@@ -103,65 +101,12 @@ def _measure(point: Point, strategy, train: "_Train", test, steps: int) -> dict:
     ends: list[float] = []
     stamp = lambda *_: ends.append(time.perf_counter())  # noqa: E731 (both sides' epoch ends)
     if point.kind == "textbook":
-        from mirrorfit.models.precision import Precision
-
-        precision = Precision(point.precision)  # Keras's own mixed precision, as users do it
-        with strategy.scope():
-            with precision.building():
-                net = factory()
-            net.compile(
-                loss="sparse_categorical_crossentropy",
-                optimizer=precision.wrap_optimizer(keras.optimizers.SGD(1e-2)),
-                metrics=["accuracy"],
-            )
-        callback = keras.callbacks.LambdaCallback(on_epoch_end=stamp)
-        if train.batches is not None:  # the same tf.data pipeline mirrorfit reads
-            net.fit(
-                train.batches.dataset(epochs=point.epochs),
-                steps_per_epoch=steps,
-                epochs=point.epochs,
-                verbose=0,
-                callbacks=[callback],
-            )
-        else:
-            net.fit(
-                train.x / 255.0,
-                train.y,
-                batch_size=point.global_batch,
-                epochs=point.epochs,
-                verbose=0,
-                callbacks=[callback],
-            )
-        if test is None:
-            accuracy = None
-        elif train.x is not None:  # MNIST, as the chapter evaluates it
-            accuracy = net.evaluate(
-                test[0] / 255.0, test[1], batch_size=point.global_batch, verbose=0
-            )[1]
-        else:  # the batches mirrorfit's evaluate reads (arrays: scaled as mirrorfit scales them)
-            accuracy = net.evaluate(_eval_batches(test, point.global_batch), verbose=0)[1]
-        xla_used = False
+        net = _textbook_model(point, strategy, factory)
+        _textbook_fit(net, point, train, steps, stamp)
+        accuracy, xla_used = _textbook_accuracy(net, point, train, test), False
     else:
-        trainer = mirrorfit.Trainer(
-            strategy=strategy,
-            model=factory,
-            optimizer=keras.optimizers.SGD(learning_rate=1e-2),
-            loss=keras.losses.SparseCategoricalCrossentropy(),
-            global_batch=point.global_batch,
-            steps_per_execution=point.steps_per_execution,
-            accum_steps=point.accum_steps,
-            precision=point.precision,
-            jit_compile=point.xla,
-            on_notice=lambda msg: print(msg, file=sys.stderr),
-        )
-        batches = (
-            train.batches
-            if train.batches is not None
-            else mirrorfit.train_batches(
-                train.x, train.y, global_batch=point.global_batch, seed=point.seed
-            )
-        )
-        trainer.fit(batches, epochs=point.epochs, callbacks=[stamp])
+        trainer = _trainer(point, strategy, factory)
+        trainer.fit(_mirrorfit_batches(point, train), epochs=point.epochs, callbacks=[stamp])
         accuracy = None if test is None else trainer.evaluate(test)["accuracy"]
         xla_used = trainer.jit_compile
     examples = steps * point.global_batch * (point.epochs - 1)
@@ -170,6 +115,90 @@ def _measure(point: Point, strategy, train: "_Train", test, steps: int) -> dict:
         "test_accuracy": None if accuracy is None else float(accuracy),
         "xla_used": xla_used,
     }
+
+
+def _textbook_model(point: Point, strategy, factory):
+    """The textbook recipe's model, built and compiled under ``strategy``: Keras's own mixed
+    precision, as users do it."""
+    import keras
+
+    from mirrorfit.models.precision import Precision
+
+    precision = Precision(point.precision)
+    with strategy.scope():
+        with precision.building():
+            net = factory()
+        net.compile(
+            loss="sparse_categorical_crossentropy",
+            optimizer=precision.wrap_optimizer(keras.optimizers.SGD(1e-2)),
+            metrics=["accuracy"],
+        )
+    return net
+
+
+def _textbook_fit(net, point: Point, train: "_Train", steps: int, stamp) -> None:
+    """Keras's ``fit`` on ``train``, calling ``stamp`` at each epoch's end."""
+    import keras
+
+    callback = keras.callbacks.LambdaCallback(on_epoch_end=stamp)
+    if train.batches is not None:  # the same tf.data pipeline mirrorfit reads
+        net.fit(
+            train.batches.dataset(epochs=point.epochs),
+            steps_per_epoch=steps,
+            epochs=point.epochs,
+            verbose=0,
+            callbacks=[callback],
+        )
+    else:
+        net.fit(
+            train.x / 255.0,
+            train.y,
+            batch_size=point.global_batch,
+            epochs=point.epochs,
+            verbose=0,
+            callbacks=[callback],
+        )
+
+
+def _textbook_accuracy(net, point: Point, train: "_Train", test):
+    """Keras's ``evaluate`` of ``net`` on ``test``: its accuracy, None without test data."""
+    if test is None:
+        return None
+    if train.x is not None:  # MNIST, as the chapter evaluates it
+        return net.evaluate(test[0] / 255.0, test[1], batch_size=point.global_batch, verbose=0)[1]
+    # the batches mirrorfit's evaluate reads (arrays: scaled as mirrorfit scales them)
+    return net.evaluate(_eval_batches(test, point.global_batch), verbose=0)[1]
+
+
+def _trainer(point: Point, strategy, factory):
+    """mirrorfit's Trainer for ``point`` under ``strategy`` (the textbook's optimizer and loss)."""
+    import keras
+
+    import mirrorfit
+
+    return mirrorfit.Trainer(
+        strategy=strategy,
+        model=factory,
+        optimizer=keras.optimizers.SGD(learning_rate=1e-2),
+        loss=keras.losses.SparseCategoricalCrossentropy(),
+        global_batch=point.global_batch,
+        steps_per_execution=point.steps_per_execution,
+        accum_steps=point.accum_steps,
+        precision=point.precision,
+        jit_compile=point.xla,
+        on_notice=lambda msg: print(msg, file=sys.stderr),
+    )
+
+
+def _mirrorfit_batches(point: Point, train: "_Train"):
+    """The global batches mirrorfit trains on: ``train``'s own, or the MNIST arrays'."""
+    if train.batches is not None:
+        return train.batches
+    import mirrorfit
+
+    return mirrorfit.train_batches(
+        train.x, train.y, global_batch=point.global_batch, seed=point.seed
+    )
 
 
 @dataclass

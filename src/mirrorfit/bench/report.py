@@ -54,60 +54,74 @@ def build_rows(
     """Aggregate each point's runs. Scaling efficiency = speedup / ideal speedup, where the ideal
     is N on N independent devices and 1 on logical devices sharing one CPU's cores."""
     stats = {p: _stats(results) for p, results in runs}
-    rows = []
-    for point, _ in runs:
-        s = stats[point]
-        notes = [s["error"]] if s["error"] else []
-        one = _find(stats, point, replicas=1)
-        book = (
-            None
-            if point.kind == "textbook"
-            else next(
-                (
-                    stats[p]
-                    for p in stats
-                    if p.kind == "textbook"
-                    and p.replicas == point.replicas
-                    and p.precision == "fp32"
-                    and p.backend == point.backend
-                ),
-                None,
-            )
-        )
-        rate = s["median"]
-        speedup = (
-            _ratio(s, one, notes, "vs 1 replica") if point.replicas > 1 else (1.0 if rate else None)
-        )
-        ideal = 1 if shared_cores else point.replicas
-        dtype = COMPUTE_DTYPES[point.precision]
-        if s["spread"] is not None and s["spread"] > WIDE_SPREAD:
-            notes.append(f"noisy: runs spread {s['spread']:.0%}")
-        rows.append(
-            Row(
-                label=point.label,
-                kind=point.kind,
-                replicas=point.replicas,
-                precision=point.precision,
-                xla=point.xla,
-                accum_steps=point.accum_steps,
-                steps_per_execution=point.steps_per_execution,
-                global_batch=point.global_batch,
-                runs=s["runs"],
-                examples_per_sec=rate,
-                min_examples_per_sec=s["min"],
-                max_examples_per_sec=s["max"],
-                spread=s["spread"],
-                step_time_ms=1e3 * point.global_batch / rate if rate else None,
-                speedup_vs_1=speedup,
-                scaling_efficiency=speedup / ideal if speedup else None,
-                mfu=train_flops * rate / peak[point.backend][dtype] if rate else None,
-                backend=point.backend,
-                test_accuracy=s["accuracy"],
-                vs_textbook=_ratio(s, book, notes, "vs the textbook") if book else None,
-                note="; ".join(notes),
-            )
-        )
-    return rows
+    return [_row(point, stats, peak, train_flops, shared_cores) for point, _ in runs]
+
+
+def _row(point: Point, stats: dict, peak: dict, train_flops: int, shared_cores: bool) -> Row:
+    """``point``'s row: its runs' median rate (examples/s), its ratios to its 1-replica and
+    textbook twins and to the matmul peak, and notes on failures, noise and overlaps."""
+    s = stats[point]
+    notes = [s["error"]] if s["error"] else []
+    book = None if point.kind == "textbook" else _textbook_twin(stats, point)
+    rate = s["median"]
+    speedup = _speedup(point, s, stats, notes)
+    ideal = 1 if shared_cores else point.replicas
+    dtype = COMPUTE_DTYPES[point.precision]
+    if s["spread"] is not None and s["spread"] > WIDE_SPREAD:
+        notes.append(f"noisy: runs spread {s['spread']:.0%}")
+    return Row(
+        **_config_columns(point),
+        runs=s["runs"],
+        examples_per_sec=rate,
+        min_examples_per_sec=s["min"],
+        max_examples_per_sec=s["max"],
+        spread=s["spread"],
+        step_time_ms=1e3 * point.global_batch / rate if rate else None,
+        speedup_vs_1=speedup,
+        scaling_efficiency=speedup / ideal if speedup else None,
+        mfu=train_flops * rate / peak[point.backend][dtype] if rate else None,
+        test_accuracy=s["accuracy"],
+        # last: its "overlaps" note follows the others
+        vs_textbook=_ratio(s, book, notes, "vs the textbook") if book else None,
+        note="; ".join(notes),
+    )
+
+
+def _config_columns(point: Point) -> dict:
+    """The row's columns that say which configuration it measured."""
+    return {
+        "label": point.label,
+        "kind": point.kind,
+        "replicas": point.replicas,
+        "precision": point.precision,
+        "xla": point.xla,
+        "accum_steps": point.accum_steps,
+        "steps_per_execution": point.steps_per_execution,
+        "global_batch": point.global_batch,
+        "backend": point.backend,
+    }
+
+
+def _textbook_twin(stats: dict, point: Point) -> dict | None:
+    """The stats of the float32 textbook point at ``point``'s replicas and backend, if run."""
+    return next(
+        (
+            stats[p]
+            for p in stats
+            if p.kind == "textbook"
+            and p.replicas == point.replicas
+            and p.precision == "fp32"
+            and p.backend == point.backend
+        ),
+        None,
+    )
+
+
+def _speedup(point: Point, s: dict, stats: dict, notes: list[str]) -> float | None:
+    """Median rate over the same point's on 1 replica: 1.0 at 1 replica, None without rates."""
+    if point.replicas > 1:
+        return _ratio(s, _find(stats, point, replicas=1), notes, "vs 1 replica")
+    return 1.0 if s["median"] else None
 
 
 def _stats(results: list[dict]) -> dict:
