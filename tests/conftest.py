@@ -16,6 +16,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from preloaded import Preloaded, keras_backend
 
 # On a GPU host, TensorFlow would reserve all of a GPU's memory in the first process that touches
 # it; the suite runs two test processes (pytest-xdist) and their subprocesses side by side.
@@ -55,6 +56,12 @@ if MNIST_DIR is not None:  # this process and every subprocess find the same fil
     os.environ["MIRRORFIT_DATA"] = str(MNIST_DIR)
 
 
+# What the preloaded imports read from the environment: a request that differs gets a new process.
+_PRELOADED = Preloaded(
+    import_time=("JAX_", "TF_", "XLA_", "CUDA_", "OMP_", "OPENBLAS_", "MKL_", "PYTHON")
+)
+
+
 def _env() -> dict[str, str]:
     env = dict(
         os.environ,
@@ -80,18 +87,20 @@ def keras_file_weights(path: Path) -> list:
     return [w for _, w in sorted(out, key=lambda item: item[0])]
 
 
-def run_isolated(driver: Path, *args: object, timeout: float = 300) -> dict:
+def run_isolated(
+    driver: Path,
+    *args: object,
+    timeout: float = 300,
+    fresh: bool = False,
+    keras_backend: str | None = None,
+) -> dict:
     """Run the program ``driver`` (a file beside its test, ``*_driver.py``) with ``args`` (each
     as str()) in a new Python process, as ``python DRIVER ARGS``; return the JSON object on its
-    last stdout line."""
-    proc = subprocess.run(
-        [sys.executable, str(driver), *map(str, args)],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=_env(),
-        cwd=ROOT,
-    )
+    last stdout line. ``fresh``: a new interpreter, not a fork of a preloaded one (a program
+    that checks what its imports load); ``keras_backend``: the backend the driver's Keras runs
+    on, where preloaded.keras_backend cannot tell from its arguments."""
+    argv = [str(driver), *map(str, args)]
+    proc = _python(argv, timeout=timeout, fresh=fresh, backend=keras_backend)
     if proc.returncode != 0:
         raise AssertionError(f"subprocess failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -131,20 +140,40 @@ def run_cli(
     timeout: float = 600,
     without_tensorflow: bool = False,
     without: tuple[str, ...] = (),
+    fresh: bool = False,
 ) -> subprocess.CompletedProcess:
-    """Run ``mirrorfit ARGS`` as a user would (new process, real console script entry).
+    """Run ``mirrorfit ARGS`` as a user would (a new process, ``python -m mirrorfit.cli``).
 
     ``without_tensorflow``: in a process where importing TensorFlow fails, so that an error
     that still comes back as mirrorfit's one line was found before TensorFlow loads.
-    ``without``: the same for these top-level modules (an install without an extra)."""
+    ``without``: the same for these top-level modules (an install without an extra).
+    ``fresh``: a new interpreter, not a fork of the preloaded one."""
     blocked = [*(["tensorflow"] if without_tensorflow else []), *without]
-    entry = [str(BLOCKED_CLI), ",".join(blocked)] if blocked else ["-m", "mirrorfit.cli"]
+    if not blocked:
+        return _python(["-m", "mirrorfit.cli", *args], timeout=timeout, fresh=fresh)
+    # JAX's preloaded interpreter has not imported TensorFlow; any other block needs a new one
+    on_jax = blocked == ["tensorflow"] and keras_backend(list(args), _env()) == "jax"
+    argv = [str(BLOCKED_CLI), ",".join(blocked), *args]
+    return _python(argv, timeout=timeout, fresh=fresh or not on_jax, backend="jax")
+
+
+def _python(
+    argv: list[str], *, timeout: float, fresh: bool, backend: str | None = None
+) -> subprocess.CompletedProcess:
+    """``python ARGV`` in the tests' environment, from the repository root: a fork of this
+    test process's preloaded interpreter for ``backend`` (tests/preloaded.py) unless ``fresh``,
+    that one is busy or was started with other import-time settings; else a new interpreter."""
+    env = _env()
+    if not fresh and os.environ.get("MIRRORFIT_TESTS_PRELOAD", "1") != "0":
+        done = _PRELOADED.run(argv, env, ROOT, timeout, backend)
+        if done is not None:
+            return done
     return subprocess.run(
-        [sys.executable, *entry, *args],
+        [sys.executable, *argv],
         capture_output=True,
         text=True,
         timeout=timeout,
-        env=_env(),
+        env=env,
         cwd=ROOT,
     )
 
@@ -172,6 +201,18 @@ def permissions_apply() -> list[str]:
             f"{(probe.stderr or 'no setpriv').strip()}"
         )
     return prefix
+
+
+@pytest.fixture(autouse=True)
+def _keras_backend_as_it_was():
+    """mirrorfit.setup and the CLI set $KERAS_BACKEND in this process: put it back after each
+    test, so that later tests' subprocesses get the suite's environment, not a leftover."""
+    before = os.environ.get("KERAS_BACKEND")
+    yield
+    if before is None:
+        os.environ.pop("KERAS_BACKEND", None)
+    else:
+        os.environ["KERAS_BACKEND"] = before
 
 
 @pytest.fixture(scope="session")

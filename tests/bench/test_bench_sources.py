@@ -81,6 +81,7 @@ def test_sources_that_cannot_be_read_fail_before_any_process_starts(tmp_path):
         tmp_path / "out",
         tmp_path / "empty",
         timeout=300,
+        fresh=True,  # it reports whether TensorFlow loaded
     )
     for name, (_, needle) in cases.items():
         rc, err, tensorflow_loaded = out[name]

@@ -1,0 +1,74 @@
+"""The suite's preloaded interpreters (tests/preloaded.py): a forked program sees what a new
+process would, and a program whose Keras would run on another backend fails instead of passing."""
+
+import json
+import subprocess
+import time
+
+import pytest
+from conftest import ROOT, _env
+from preloaded import Preloaded, keras_backend
+
+HERE = ROOT / "tests"
+PROBE = str(HERE / "preloaded_probe_driver.py")
+
+
+@pytest.fixture(scope="module")
+def preloaded():
+    return Preloaded(import_time=("JAX_", "TF_", "XLA_", "PYTHON"))
+
+
+def test_a_forked_program_gets_its_argv_env_cwd_streams_and_exit_code(preloaded, monkeypatch):
+    monkeypatch.setenv("PRELOADED_PROBE", "seen")
+    env = _env()
+    for code in (0, 7):
+        proc = preloaded.run([PROBE, str(code)], env, ROOT, 120, backend="jax")
+        assert proc is not None and proc.returncode == code, proc
+        seen = json.loads(proc.stdout.splitlines()[-1])
+        assert seen == dict(
+            argv=[PROBE, str(code)], cwd=str(ROOT), probe="seen", path0=str(HERE), main="__main__"
+        )
+        assert proc.stderr == "to stderr\n"
+
+
+def test_a_program_that_asks_for_another_keras_backend_fails(preloaded):
+    """TensorFlow's interpreter has Keras on TensorFlow: a program there that asks for JAX
+    would have had it in a new process."""
+    for asks, code in (("tensorflow", 0), ("jax", 3)):
+        proc = preloaded.run([PROBE, "0", asks], _env(), ROOT, 120, backend="tensorflow")
+        assert proc is not None and proc.returncode == code, proc
+    assert "Keras ran on tensorflow, not jax" in proc.stderr
+
+
+def test_a_program_past_its_timeout_is_killed(preloaded, tmp_path):
+    sleeper = tmp_path / "sleep_driver.py"
+    sleeper.write_text("import time\ntime.sleep(60)\n")
+    start = time.monotonic()
+    with pytest.raises(subprocess.TimeoutExpired):
+        preloaded.run([str(sleeper)], _env(), ROOT, 2, backend="jax")
+    assert time.monotonic() - start < 30
+    proc = preloaded.run([PROBE, "0"], _env(), ROOT, 120, backend="jax")  # still serves
+    assert proc is not None and proc.returncode == 0, proc
+
+
+def test_other_import_time_settings_get_a_new_process(preloaded, monkeypatch):
+    assert preloaded.run([PROBE, "0"], _env(), ROOT, 120, backend="jax") is not None
+    monkeypatch.setenv("JAX_ENABLE_X64", "1")
+    assert preloaded.run([PROBE, "0"], _env(), ROOT, 120, backend="jax") is None
+
+
+@pytest.mark.parametrize(
+    "argv, env, backend",
+    [
+        (["-m", "mirrorfit.cli", "train", "--backend", "jax"], {}, "jax"),
+        (["-m", "mirrorfit.cli", "train", "--backend=jax"], {}, "jax"),
+        (["-m", "mirrorfit.cli", "train"], {"KERAS_BACKEND": "jax"}, "jax"),
+        (["-m", "mirrorfit.cli", "train"], {}, "tensorflow"),
+        ([PROBE, "jax", "x"], {}, "jax"),
+        ([PROBE, "tensorflow"], {"KERAS_BACKEND": "jax"}, "tensorflow"),
+        ([PROBE, "0"], {"KERAS_BACKEND": "jax"}, "jax"),
+        ([str(HERE / "engine" / "jax" / "uneven_eval_driver.py")], {}, "jax"),  # blocks TF
+    ],
+)
+def test_the_backend_a_program_will_use(argv, env, backend):
+    assert keras_backend(argv, env) == backend
