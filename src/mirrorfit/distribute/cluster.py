@@ -48,59 +48,11 @@ class Cluster:
         # Lists from JSON become tuples, so the value stays hashable and immutable.
         object.__setattr__(self, "workers", tuple(self.workers))
         object.__setattr__(self, "ps", tuple(self.ps))
-        where = self.source
-        if self.source not in SOURCES:
-            raise ConfigError(f"cluster source {self.source!r} is not one of {', '.join(SOURCES)}")
-        if self.task_type not in TASK_TYPES:
-            hint = (
-                "; mirrorfit has no side-car evaluator: drop that task, the chief evaluates"
-                if self.task_type == "evaluator"
-                else ""
-            )
-            raise ConfigError(
-                f"{where}: task type {self.task_type!r} is not one of {', '.join(TASK_TYPES)}{hint}"
-            )
-        if not self.workers and self.chief is None:
-            raise ConfigError(
-                f"{where}: the cluster has no worker; list at least one "
-                "'host:port' under cluster.worker"
-            )
-        if self.ps and self.chief is None:
-            raise ConfigError(
-                f"{where}: parameter servers need a chief task to coordinate "
-                "them; add cluster.chief with one 'host:port'"
-            )
-        if self.ps and not self.workers:
-            raise ConfigError(
-                f"{where}: parameter servers but no worker to compute the steps; "
-                "list at least one 'host:port' under cluster.worker"
-            )
-        jobs = {
-            "chief": () if self.chief is None else (self.chief,),
-            "worker": self.workers,
-            "ps": self.ps,
-        }
-        seen: dict[str, str] = {}
-        for job, addresses in jobs.items():
-            for i, address in enumerate(addresses):
-                _check_address(address, f"{where} cluster.{job}[{i}]")
-                if address in seen:
-                    raise ConfigError(
-                        f"{where}: {address!r} is both {seen[address]} and "
-                        f"{job} {i}; give every task its own host:port"
-                    )
-                seen[address] = f"{job} {i}"
-        index = self.task_index
-        if isinstance(index, bool) or not isinstance(index, int):
-            raise ConfigError(f"{where}: task index {index!r} is not an integer; e.g. 0")
-        if not 0 <= index < len(jobs[self.task_type]):
-            count = len(jobs[self.task_type])
-            valid = f"0..{count - 1}" if count else "none: the job is empty"
-            raise ConfigError(
-                f"{where}: task {self.task_type} {index} is not in the cluster "
-                f"({count} {self.task_type} task(s), valid indices {valid}); "
-                "fix task.index or the cluster's list"
-            )
+        _check_roles(self.source, self.task_type)
+        _check_shape(self.source, self.workers, self.ps, self.chief)
+        jobs = _all_jobs(self.chief, self.workers, self.ps)
+        _check_addresses(self.source, jobs)
+        _check_task_index(self.source, self.task_type, self.task_index, len(jobs[self.task_type]))
 
     @property
     def mode(self) -> str:
@@ -204,11 +156,7 @@ class Cluster:
 
     def _jobs(self) -> dict[str, tuple[str, ...]]:
         """The non-empty jobs, in TF's order of roles: chief, worker, ps."""
-        jobs = {
-            "chief": () if self.chief is None else (self.chief,),
-            "worker": self.workers,
-            "ps": self.ps,
-        }
+        jobs = _all_jobs(self.chief, self.workers, self.ps)
         return {job: tasks for job, tasks in jobs.items() if tasks}
 
 
@@ -229,6 +177,28 @@ def resolve_cluster(environ: Mapping[str, str] | None = None) -> Cluster | None:
 
 
 def _from_tf_config(text: str) -> Cluster:
+    """The Cluster ``TF_CONFIG`` (``text``, not blank) describes; ConfigError if malformed."""
+    cluster, task = _tf_config_parts(_tf_config_object(text))
+    jobs = _tf_config_jobs(cluster)
+    chiefs = jobs.get("chief", [])
+    if len(chiefs) > 1:
+        raise ConfigError(
+            f"TF_CONFIG cluster.chief lists {len(chiefs)} tasks {chiefs}; a job "
+            "has at most one chief (make the others workers)"
+        )
+    index = _tf_config_index(task)
+    return Cluster(
+        workers=tuple(jobs.get("worker", ())),
+        ps=tuple(jobs.get("ps", ())),
+        chief=chiefs[0] if chiefs else None,
+        task_type=task["type"],
+        task_index=index,
+        source="TF_CONFIG",
+    )
+
+
+def _tf_config_object(text: str) -> dict:
+    """``TF_CONFIG`` parsed: a JSON object, else ConfigError."""
     try:
         raw = json.loads(text)
     except ValueError as e:  # JSONDecodeError, or an integer past int()'s 4,300 digits
@@ -240,6 +210,11 @@ def _from_tf_config(text: str) -> Cluster:
             f"TF_CONFIG must be a JSON object, got {text.strip()[:60]!r}; set it "
             f"like {_TF_CONFIG_EXAMPLE}"
         )
+    return raw
+
+
+def _tf_config_parts(raw: dict) -> tuple[dict, dict]:
+    """(``cluster``, ``task``) of a TF_CONFIG object: both present, and the RPC layer gRPC."""
     cluster, task = raw.get("cluster"), raw.get("task")
     if not isinstance(cluster, dict) or not cluster:
         raise ConfigError(
@@ -254,6 +229,11 @@ def _from_tf_config(text: str) -> Cluster:
     rpc = raw.get("rpc_layer", "grpc")
     if rpc not in ("grpc", "", None):
         raise ConfigError(f'TF_CONFIG rpc_layer {rpc!r} is not supported; use "grpc" or drop it')
+    return cluster, task
+
+
+def _tf_config_jobs(cluster: dict) -> dict[str, list[str]]:
+    """TF_CONFIG's ``cluster``, checked: jobs of TASK_TYPES only, each a list of strings."""
     jobs: dict[str, list[str]] = {}
     for job, tasks in cluster.items():
         if job not in TASK_TYPES:
@@ -267,12 +247,11 @@ def _from_tf_config(text: str) -> Cluster:
                 f'TF_CONFIG cluster.{job} must be a list of "host:port" strings, got {tasks!r}'
             )
         jobs[job] = tasks
-    chiefs = jobs.get("chief", [])
-    if len(chiefs) > 1:
-        raise ConfigError(
-            f"TF_CONFIG cluster.chief lists {len(chiefs)} tasks {chiefs}; a job "
-            "has at most one chief (make the others workers)"
-        )
+    return jobs
+
+
+def _tf_config_index(task: dict) -> int:
+    """``task.index`` (default 0) as an int; ConfigError if it is not one."""
     index = task.get("index", 0)
     # templated manifests give "1"
     if (
@@ -284,14 +263,79 @@ def _from_tf_config(text: str) -> Cluster:
         index = int(index)
     if isinstance(index, bool) or not isinstance(index, int):
         raise ConfigError(f"TF_CONFIG task.index {index!r:.60} is not an integer; e.g. 0")
-    return Cluster(
-        workers=tuple(jobs.get("worker", ())),
-        ps=tuple(jobs.get("ps", ())),
-        chief=chiefs[0] if chiefs else None,
-        task_type=task["type"],
-        task_index=index,
-        source="TF_CONFIG",
-    )
+    return index
+
+
+def _all_jobs(
+    chief: str | None, workers: tuple[str, ...], ps: tuple[str, ...]
+) -> dict[str, tuple[str, ...]]:
+    """Every job, empty ones too, in TF's order of roles: chief, worker, ps."""
+    return {"chief": () if chief is None else (chief,), "worker": workers, "ps": ps}
+
+
+def _check_roles(source: str, task_type: str) -> None:
+    """ConfigError for a source other than SOURCES or a task type other than TASK_TYPES."""
+    if source not in SOURCES:
+        raise ConfigError(f"cluster source {source!r} is not one of {', '.join(SOURCES)}")
+    if task_type not in TASK_TYPES:
+        hint = (
+            "; mirrorfit has no side-car evaluator: drop that task, the chief evaluates"
+            if task_type == "evaluator"
+            else ""
+        )
+        raise ConfigError(
+            f"{source}: task type {task_type!r} is not one of {', '.join(TASK_TYPES)}{hint}"
+        )
+
+
+def _check_shape(
+    where: str, workers: tuple[str, ...], ps: tuple[str, ...], chief: str | None
+) -> None:
+    """ConfigError for a job with no task to compute, or parameter servers without a chief to
+    coordinate them or workers to compute."""
+    if not workers and chief is None:
+        raise ConfigError(
+            f"{where}: the cluster has no worker; list at least one "
+            "'host:port' under cluster.worker"
+        )
+    if ps and chief is None:
+        raise ConfigError(
+            f"{where}: parameter servers need a chief task to coordinate "
+            "them; add cluster.chief with one 'host:port'"
+        )
+    if ps and not workers:
+        raise ConfigError(
+            f"{where}: parameter servers but no worker to compute the steps; "
+            "list at least one 'host:port' under cluster.worker"
+        )
+
+
+def _check_addresses(where: str, jobs: dict[str, tuple[str, ...]]) -> None:
+    """ConfigError for an address that is not ``host:port`` or that two tasks share."""
+    seen: dict[str, str] = {}
+    for job, addresses in jobs.items():
+        for i, address in enumerate(addresses):
+            _check_address(address, f"{where} cluster.{job}[{i}]")
+            if address in seen:
+                raise ConfigError(
+                    f"{where}: {address!r} is both {seen[address]} and "
+                    f"{job} {i}; give every task its own host:port"
+                )
+            seen[address] = f"{job} {i}"
+
+
+def _check_task_index(where: str, task_type: str, index: object, count: int) -> None:
+    """ConfigError unless ``index`` is an int in ``0..count - 1`` (``count``: tasks of
+    ``task_type``)."""
+    if isinstance(index, bool) or not isinstance(index, int):
+        raise ConfigError(f"{where}: task index {index!r} is not an integer; e.g. 0")
+    if not 0 <= index < count:
+        valid = f"0..{count - 1}" if count else "none: the job is empty"
+        raise ConfigError(
+            f"{where}: task {task_type} {index} is not in the cluster "
+            f"({count} {task_type} task(s), valid indices {valid}); "
+            "fix task.index or the cluster's list"
+        )
 
 
 def _check_address(address: object, where: str) -> None:
@@ -305,32 +349,60 @@ def _check_address(address: object, where: str) -> None:
         raise ConfigError(f"{where} {address!r}: port {m.group(2)} is not in 1..65535; {fix}")
 
 
-__all__ = ["Cluster", "resolve_cluster", "cluster_for", "DEFAULT_COLLECTIVE_TIMEOUT_S"]
+__all__ = [
+    "Cluster",
+    "resolve_cluster",
+    "cluster_for",
+    "check_strategy",
+    "CLI_WORDS",
+    "DEFAULT_COLLECTIVE_TIMEOUT_S",
+]
 
 
 def cluster_for(strategy: str, environ: Mapping[str, str] | None = None) -> Cluster | None:
     """The cluster this process belongs to, for ``--strategy multi-worker`` or
     ``parameter-server`` (None for the one-process strategies); ConfigError when such a
     strategy finds no cluster, or one laid out for the other."""
-    cluster = resolve_cluster(environ)
+    return check_strategy(strategy, resolve_cluster(environ))
+
+
+# check_strategy's refusals as the CLI words them: str.format templates of {strategy},
+# {source}, {cluster} (its describe()) and {mode}. mirrorfit.setup() has its own (strategy=...).
+CLI_WORDS = {
+    "alone": "{source} describes a cluster ({cluster}) but --strategy {strategy} trains alone; "
+    "pass --strategy {mode}, or unset TF_CONFIG for a one-process run",
+    "missing": "--strategy {strategy} needs a cluster: set TF_CONFIG, run under SLURM with srun, "
+    "or start it with `mirrorfit launch --workers N -- mirrorfit train --strategy {strategy} ...`",
+    "mismatch": "--strategy {strategy}, but the cluster ({cluster}) is laid out for {mode}; "
+    "use --strategy {mode}",
+}
+
+
+def check_strategy(
+    strategy: str,
+    cluster: Cluster | None,
+    words: Mapping[str, str] = CLI_WORDS,
+    error: type[ConfigError] = ConfigError,
+) -> Cluster | None:
+    """``cluster`` for strategy ``"multi-worker"`` or ``"parameter-server"``, None for any other
+    (one process); ``error``, worded by ``words`` (see CLI_WORDS), when the two disagree."""
     if strategy not in ("multi-worker", "parameter-server"):
         if cluster is not None and cluster.num_workers + len(cluster.ps) > 1:
             # Every task would train its own copy and write the same outputs.
-            raise ConfigError(
-                f"{cluster.source} describes a cluster ({cluster.describe()}) but "
-                f"--strategy {strategy} trains alone; pass --strategy "
-                f"{cluster.mode}, or unset TF_CONFIG for a one-process run"
-            )
+            raise error(words["alone"].format(**_wording_fields(strategy, cluster)))
         return None
     if cluster is None:
-        raise ConfigError(
-            f"--strategy {strategy} needs a cluster: set TF_CONFIG, run under "
-            f"SLURM with srun, or start it with `mirrorfit launch --workers N -- "
-            f"mirrorfit train --strategy {strategy} ...`"
-        )
+        raise error(words["missing"].format(strategy=strategy))
     if cluster.mode != strategy:
-        raise ConfigError(
-            f"--strategy {strategy}, but the cluster ({cluster.describe()}) is "
-            f"laid out for {cluster.mode}; use --strategy {cluster.mode}"
-        )
+        raise error(words["mismatch"].format(**_wording_fields(strategy, cluster)))
     return cluster
+
+
+def _wording_fields(strategy: str, cluster: Cluster) -> dict[str, str]:
+    """The fields of a check_strategy template, for ``cluster``."""
+    return {
+        "strategy": strategy,
+        "source": cluster.source,
+        "cluster": cluster.describe(),
+        "mode": cluster.mode,
+    }

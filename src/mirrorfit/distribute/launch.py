@@ -63,22 +63,39 @@ _PARSER_TEXT = dict(
 
 
 def _add_arguments(p: argparse.ArgumentParser) -> None:
-    add = p.add_argument
-    add(
+    """The flags of ``mirrorfit launch``, in ``--help``'s order, then COMMAND."""
+    _add_task_counts(p)
+    _add_restart_flags(p)
+    _add_cpu_flags(p)
+    p.add_argument(
+        "task_command",
+        nargs=argparse.REMAINDER,
+        metavar="-- COMMAND ...",
+        help="the command every task runs, after --",
+    )
+
+
+def _add_task_counts(p: argparse.ArgumentParser) -> None:
+    """``--workers`` and ``--ps``: how many tasks of each job to start."""
+    p.add_argument(
         "--workers",
         type=int,
         required=True,
         metavar="N",
         help="worker tasks (>= 1); without --ps, worker 0 is the chief",
     )
-    add(
+    p.add_argument(
         "--ps",
         type=int,
         default=0,
         metavar="M",
         help="parameter-server tasks (default 0); M >= 1 also starts a chief task, the coordinator",
     )
-    add(
+
+
+def _add_restart_flags(p: argparse.ArgumentParser) -> None:
+    """``--max-restarts`` and ``--grace-s`` (seconds): restarting and stopping the tasks."""
+    p.add_argument(
         "--max-restarts",
         type=int,
         default=DEFAULT_MAX_RESTARTS,
@@ -87,7 +104,7 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
         "pass --checkpoint-dir to COMMAND so training resumes (default "
         f"{DEFAULT_MAX_RESTARTS})",
     )
-    add(
+    p.add_argument(
         "--grace-s",
         type=float,
         default=DEFAULT_GRACE_S,
@@ -95,25 +112,23 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
         help="seconds between SIGTERM and SIGKILL when stopping tasks (default "
         f"{DEFAULT_GRACE_S:g})",
     )
-    add(
+
+
+def _add_cpu_flags(p: argparse.ArgumentParser) -> None:
+    """``--oversubscribe`` and ``--bind-cpus``: how the tasks share this host's CPUs."""
+    p.add_argument(
         "--oversubscribe",
         action="store_true",
         help=f"start more than {TASKS_PER_CPU} tasks per CPU this launcher may use (at least "
         f"{MIN_TASK_BOUND} are always allowed); without it such a job is refused",
     )
-    add(
+    p.add_argument(
         "--bind-cpus",
         choices=("auto", "none"),
         default="auto",
         help="auto (default): without --ps, bind each worker to its own share of the cores "
         "this launcher may run on (hyperthreads of a core together), if there are at "
         "least as many cores as workers; none: let the OS place them",
-    )
-    add(
-        "task_command",
-        nargs=argparse.REMAINDER,
-        metavar="-- COMMAND ...",
-        help="the command every task runs, after --",
     )
 
 

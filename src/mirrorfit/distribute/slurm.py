@@ -24,11 +24,29 @@ def from_slurm(env: Mapping[str, str]) -> tuple[tuple[str, ...], int] | None:
     """(every task's "host:port", this task's rank) of the ``srun`` step this process runs in,
     or None outside one (or for a step of one task); ConfigError for an inconsistent one.
     :func:`mirrorfit.distribute.cluster.resolve_cluster` makes the Cluster."""
+    ntasks = _step_tasks(env)
+    if ntasks is None:
+        return None
+    rank = _slurm_int(env, "SLURM_PROCID", minimum=0)
+    hosts, per_node, tpn_var = _step_nodes(env, ntasks)
+    base = _port_base(env)
+    addresses = _block_layout(dict(zip(hosts, per_node)), ntasks, tpn_var, env[tpn_var])
+    if rank >= ntasks:
+        raise ConfigError(
+            f"SLURM: SLURM_PROCID={rank} is not below SLURM_STEP_NUM_TASKS={ntasks}; run under srun"
+        )
+    _check_ports(base, addresses)
+    _check_this_task(env, rank, *addresses[rank])
+    return tuple(f"{h}:{base + k}" for h, k in addresses), rank
+
+
+def _step_tasks(env: Mapping[str, str]) -> int | None:
+    """Tasks of the ``srun`` step (``SLURM_STEP_NUM_TASKS``, at most MAX_SLURM_TASKS), or None
+    outside a step or for a step of one task."""
     # The step variables are set by srun for each task it starts (what SlurmClusterResolver
     # reads). The job-level SLURM_NTASKS alone is also set in the batch script itself, where
     # one process runs: treating that as task 0 of N would wait forever for the others.
-    ntasks_text = env.get("SLURM_STEP_NUM_TASKS")
-    if ntasks_text is None:
+    if env.get("SLURM_STEP_NUM_TASKS") is None:
         return None
     ntasks = _slurm_int(env, "SLURM_STEP_NUM_TASKS", minimum=1)
     if ntasks == 1:
@@ -38,7 +56,12 @@ def from_slurm(env: Mapping[str, str]) -> tuple[tuple[str, ...], int] | None:
             f"SLURM: SLURM_STEP_NUM_TASKS={ntasks} is more than mirrorfit's cap "
             f"of {MAX_SLURM_TASKS} tasks per job; run fewer tasks (srun -n)"
         )
-    rank = _slurm_int(env, "SLURM_PROCID", minimum=0)
+    return ntasks
+
+
+def _step_nodes(env: Mapping[str, str], ntasks: int) -> tuple[list[str], list[int], str]:
+    """(the step's node names, tasks on each, the tasks-per-node variable's name), from the
+    first node list and tasks-per-node list set; both bounded by ``ntasks``."""
     nodes_var = _first_set(env, "SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")
     tpn_var = _first_set(env, "SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE")
     bound = f"SLURM_STEP_NUM_TASKS={ntasks} (each node of a step runs at least one task)"
@@ -49,32 +72,46 @@ def from_slurm(env: Mapping[str, str]) -> tuple[tuple[str, ...], int] | None:
             f"SLURM: {nodes_var} names {len(hosts)} node(s) but {tpn_var}="
             f"{_shown(env[tpn_var])} gives {len(per_node)}; run under srun"
         )
-    base = (
-        _slurm_int(env, SLURM_PORT_BASE_ENV, minimum=1)
-        if SLURM_PORT_BASE_ENV in env
-        else SLURM_PORT_BASE
-    )
+    return hosts, per_node, tpn_var
+
+
+def _port_base(env: Mapping[str, str]) -> int:
+    """The port of local task 0 on each node: ``MIRRORFIT_SLURM_PORT_BASE``, else 8888."""
+    if SLURM_PORT_BASE_ENV in env:
+        return _slurm_int(env, SLURM_PORT_BASE_ENV, minimum=1)
+    return SLURM_PORT_BASE
+
+
+def _block_layout(
+    placed: dict[str, int], ntasks: int, tpn_var: str, tpn_text: str
+) -> list[tuple[str, int]]:
+    """(node, local task) of every task in rank order, from ``placed`` (tasks per node name);
+    ConfigError unless it places exactly ``ntasks``."""
     # As SlurmClusterResolver: nodes sorted by name, consecutive ports on each node, and
     # SLURM_PROCID r is the r-th address (SLURM's default block distribution). Counted before
     # the addresses are made: a per-node count like "99999999" would make that many.
-    placed = dict(zip(hosts, per_node))
     if sum(placed.values()) != ntasks:
         raise ConfigError(
             f"SLURM: SLURM_STEP_NUM_TASKS={ntasks} but {tpn_var}="
-            f"{_shown(env[tpn_var])} places {sum(placed.values())} task(s); run "
+            f"{_shown(tpn_text)} places {sum(placed.values())} task(s); run "
             "under srun"
         )
-    addresses = [(host, k) for host, n in sorted(placed.items()) for k in range(n)]
-    if rank >= ntasks:
-        raise ConfigError(
-            f"SLURM: SLURM_PROCID={rank} is not below SLURM_STEP_NUM_TASKS={ntasks}; run under srun"
-        )
+    return [(host, k) for host, n in sorted(placed.items()) for k in range(n)]
+
+
+def _check_ports(base: int, addresses: list[tuple[str, int]]) -> None:
+    """ConfigError if the highest port (``base`` + the last local task's number) is past 65535."""
     if base + max(k for _, k in addresses) > 65535:
         raise ConfigError(
             f"SLURM: port base {base} + tasks per node exceeds 65535; set "
             f"{SLURM_PORT_BASE_ENV} lower, e.g. 8888"
         )
-    host, local = addresses[rank]
+
+
+def _check_this_task(env: Mapping[str, str], rank: int, host: str, local: int) -> None:
+    """ConfigError if SLURM says this task runs elsewhere (``SLURMD_NODENAME``,
+    ``SLURM_LOCALID``) than the block layout puts it (``host``, local task ``local``)."""
+    # Short names only: either side may be fully qualified (n1.cluster vs n1).
     node, localid = env.get("SLURMD_NODENAME"), env.get("SLURM_LOCALID")
     if (
         node
@@ -86,7 +123,6 @@ def from_slurm(env: Mapping[str, str]) -> tuple[tuple[str, ...], int] | None:
             f"block layout puts it on {host} as {local}; use srun's default "
             "--distribution=block"
         )
-    return tuple(f"{h}:{base + k}" for h, k in addresses), rank
 
 
 def expand_hostlist(
@@ -104,8 +140,26 @@ def expand_hostlist(
         f"{name}={_shown(hostlist)} is not a SLURM hostlist like "
         "'node[01-04],gpu7'; run under srun, which sets it"
     )
+    plan = [run for part in _split_hostlist(hostlist, bad) for run in _part_runs(part, bad)]
+    _check_count(sum(hi - lo + 1 for *_, lo, hi in plan), max_hosts, bound, name, hostlist)
+    _check_name_lengths(plan, name, hostlist)
+    return [
+        prefix + ("" if width is None else str(i).zfill(width))
+        for prefix, width, lo, hi in plan
+        for i in range(lo, hi + 1)
+    ]
+
+
+# One run of host names: (prefix, digits of the zero-padded number or None for a plain name,
+# first number, last number).
+_Run = tuple[str, int | None, int, int]
+
+
+def _split_hostlist(hostlist: str, bad: ConfigError) -> list[str]:
+    """``"o[3-4,6],m5"`` -> ``["o[3-4,6]", "m5"]``: split at the commas outside brackets;
+    ``bad`` for nested or unbalanced brackets or a blank list."""
     parts, current, depth = [], "", 0
-    for c in hostlist:  # split at commas outside brackets ("o[3-4,6],m5")
+    for c in hostlist:
         if c == "[":
             depth += 1
         elif c == "]":
@@ -120,25 +174,33 @@ def expand_hostlist(
     parts.append(current)
     if depth or not hostlist.strip():
         raise bad
-    plan: list[tuple[str, int | None, int, int]] = []  # (prefix, digits or None, first, last)
-    for part in parts:
-        m = re.fullmatch(r"([^,\[\]\s]*)(?:\[([^\]]+)\])?", part)
-        if m is None or not part:
+    return parts
+
+
+def _part_runs(part: str, bad: ConfigError) -> list[_Run]:
+    """``"o[03-04,6]"`` -> ``[("o", 2, 3, 4), ("o", 1, 6, 6)]``, ``"m5"`` -> ``[("m5", None, 0,
+    0)]``; ``bad`` for anything else (a range only at the end of a name, as TF's grammar)."""
+    m = re.fullmatch(r"([^,\[\]\s]*)(?:\[([^\]]+)\])?", part)
+    if m is None or not part:
+        raise bad
+    prefix, ranges = m.group(1), m.group(2)
+    if ranges is None:
+        return [(prefix, None, 0, 0)]
+    runs: list[_Run] = []
+    for piece in ranges.split(","):
+        lo, _, hi = piece.partition("-")
+        hi = hi or lo
+        # 64 digits: past int()'s 4300-digit limit would be a ValueError, not one line
+        if not all(t.isascii() and t.isdecimal() and len(t) <= 64 for t in (lo, hi)) or int(
+            hi
+        ) < int(lo):
             raise bad
-        prefix, ranges = m.group(1), m.group(2)
-        if ranges is None:
-            plan.append((prefix, None, 0, 0))
-            continue
-        for piece in ranges.split(","):
-            lo, _, hi = piece.partition("-")
-            hi = hi or lo
-            # 64 digits: past int()'s 4300-digit limit would be a ValueError, not one line
-            if not all(t.isascii() and t.isdecimal() and len(t) <= 64 for t in (lo, hi)) or int(
-                hi
-            ) < int(lo):
-                raise bad
-            plan.append((prefix, len(lo), int(lo), int(hi)))  # zero padding kept: len(lo)
-    _check_count(sum(hi - lo + 1 for *_, lo, hi in plan), max_hosts, bound, name, hostlist)
+        runs.append((prefix, len(lo), int(lo), int(hi)))  # zero padding kept: len(lo)
+    return runs
+
+
+def _check_name_lengths(plan: list[_Run], name: str, hostlist: str) -> None:
+    """ConfigError if a run would make a host name over MAX_HOST_NAME characters."""
     # A host name is at most 255 characters (DNS): a long prefix times many names is gigabytes.
     if any(
         len(prefix) + max(width or 0, len(str(hi))) > MAX_HOST_NAME for prefix, width, _, hi in plan
@@ -147,11 +209,6 @@ def expand_hostlist(
             f"{name}={_shown(hostlist)} makes a host name longer than "
             f"{MAX_HOST_NAME} characters; fix {name} or run under srun"
         )
-    return [
-        prefix + ("" if width is None else str(i).zfill(width))
-        for prefix, width, lo, hi in plan
-        for i in range(lo, hi + 1)
-    ]
 
 
 def expand_tasks_per_node(

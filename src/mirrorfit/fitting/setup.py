@@ -112,11 +112,23 @@ def setup(
     return _current[-1]
 
 
+# distribute.cluster.check_strategy's refusals in this API's words (the CLI's say --strategy):
+# the same str.format fields as its CLI_WORDS.
+_STRATEGY_WORDS = {
+    "alone": "{source} describes a cluster ({cluster}) but strategy='auto' trains alone; "
+    "pass strategy='multi-worker', or unset TF_CONFIG for a one-process run",
+    "missing": "strategy='multi-worker' needs a cluster: start the script with `mirrorfit "
+    "launch --workers N -- python SCRIPT`, set TF_CONFIG, or run it under SLURM's srun",
+    "mismatch": "strategy='multi-worker', but the cluster ({cluster}) has parameter servers, "
+    "which mirrorfit.fit does not train with; describe workers only",
+}
+
+
 def _cluster(strategy: str):
     """The job this process joins (``strategy="multi-worker"``), else None; FitError where
     the environment disagrees (a cluster in TF_CONFIG with ``"auto"``: every task would train
     its own copy)."""
-    from mirrorfit.distribute.cluster import resolve_cluster
+    from mirrorfit.distribute.cluster import check_strategy, resolve_cluster
     from mirrorfit.errors import ConfigError
 
     if strategy not in ("auto", "multi-worker"):
@@ -128,25 +140,7 @@ def _cluster(strategy: str):
         cluster = resolve_cluster()
     except ConfigError as e:
         raise FitError(str(e)) from None
-    if strategy == "auto":
-        if cluster is not None and cluster.num_workers + len(cluster.ps) > 1:
-            raise FitError(
-                f"{cluster.source} describes a cluster ({cluster.describe()}) but "
-                "strategy='auto' trains alone; pass strategy='multi-worker', or unset "
-                "TF_CONFIG for a one-process run"
-            )
-        return None
-    if cluster is None:
-        raise FitError(
-            "strategy='multi-worker' needs a cluster: start the script with `mirrorfit "
-            "launch --workers N -- python SCRIPT`, set TF_CONFIG, or run it under SLURM's srun"
-        )
-    if cluster.mode != "multi-worker":
-        raise FitError(
-            f"strategy='multi-worker', but the cluster ({cluster.describe()}) has parameter "
-            "servers, which mirrorfit.fit does not train with; describe workers only"
-        )
-    return cluster
+    return check_strategy(strategy, cluster, _STRATEGY_WORDS, error=FitError)
 
 
 def use(chosen: Setup) -> None:
