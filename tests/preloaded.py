@@ -1,9 +1,9 @@
 """A Python that has imported the frameworks, and forks a fresh process per program it is asked
 to run: the suite's subprocesses skip the import (seconds of CPU each) and are otherwise new.
 
-TensorFlow's import imports Keras, which fixes its backend then: TensorFlow's Python has Keras
-on TensorFlow, JAX's has not imported Keras. A request goes to the one its program will use
-(:func:`keras_backend`); a child of TensorFlow's that asks for another backend exits 3.
+Keras fixes its backend when it is imported (TensorFlow's import imports it), so there is one
+such Python per backend, Keras preloaded on it. A request goes to the one its program will use
+(:func:`keras_backend`); a child that sets ``$KERAS_BACKEND`` to another backend exits 3.
 
 ``python preloaded.py MODULES`` imports MODULES (comma-separated, e.g. ``numpy,jax,tensorflow``),
 then reads one JSON request per stdin line: ``{"argv": [...], "env": {...}, "cwd": ..., "out":
@@ -63,11 +63,11 @@ def _run(request: dict) -> int:
 
 
 def _same_backend(code: int) -> int:
-    """``code``, or 3 where Keras was preloaded on another backend than the program asked for
-    by ``$KERAS_BACKEND`` (in a new process it would have run there): never a silent pass."""
+    """``code``, or 3 where the program set ``$KERAS_BACKEND`` to another backend than the
+    preloaded Keras's (in a new process it would have run there): never a silent pass."""
     keras = sys.modules.get("keras")
-    wanted = os.environ.get("KERAS_BACKEND") or "tensorflow"
-    if not _PRELOADED_KERAS or keras is None or keras.backend.backend() == wanted:
+    wanted = os.environ.get("KERAS_BACKEND")
+    if keras is None or not wanted or keras.backend.backend() == wanted:
         return code
     loaded = keras.backend.backend()
     print(
@@ -94,24 +94,29 @@ def _serve() -> int | None:
 
 
 # what each backend's interpreter imports: not starts (no device, backend or thread pool)
-MODULES = {"tensorflow": ("numpy", "jax", "tensorflow"), "jax": ("numpy", "jax")}
+MODULES = {"tensorflow": ("numpy", "jax", "tensorflow"), "jax": ("numpy", "jax", "keras")}
 _BLOCKS_TENSORFLOW = 'sys.modules["tensorflow"] = None'
 
 
 def keras_backend(argv: list[str], env: dict[str, str]) -> str:
-    """The Keras backend ``python ARGV`` will use: ``--backend X``, else jax for a program that
-    blocks TensorFlow, else its first argument "jax" or "tensorflow", else ``$KERAS_BACKEND``,
-    else Keras's default (tensorflow)."""
-    for i, arg in enumerate(argv):
-        if arg == "--backend" and i + 1 < len(argv):
-            return argv[i + 1]
-        if arg.startswith("--backend="):
-            return arg.split("=", 1)[1]
+    """The Keras backend ``python ARGV`` will use: the last ``--backend X`` (as argparse
+    reads it), else its first argument "jax" or "tensorflow", else jax for a program that
+    blocks TensorFlow, else ``$KERAS_BACKEND``, else Keras's default (tensorflow)."""
+    flag = None
+    for arg, following in zip(argv, [*argv[1:], None]):
+        if arg == "--backend" and following is not None:
+            flag = following
+        elif arg.startswith("--backend="):
+            flag = arg.split("=", 1)[1]
+    if flag is not None:
+        return flag
+    named = [arg for arg in argv if arg in MODULES]
+    if named:
+        return named[0]
     program = Path(argv[0])
     if program.suffix == ".py" and _BLOCKS_TENSORFLOW in program.read_text(encoding="utf-8"):
         return "jax"
-    named = [arg for arg in argv if arg in MODULES]
-    return named[0] if named else env.get("KERAS_BACKEND") or "tensorflow"
+    return env.get("KERAS_BACKEND") or "tensorflow"
 
 
 class Preloaded:
@@ -204,12 +209,9 @@ class Preloaded:
         return line.decode()
 
 
-_PRELOADED_KERAS = False  # set in the interpreter that imported Keras before any fork
-
 if __name__ == "__main__":
     for name in filter(None, sys.argv[1].split(",")):
         __import__(name)
-    _PRELOADED_KERAS = "keras" in sys.modules
     code = _serve()
     if code is not None:  # a child ends as the program would: atexit handlers, threads joined
         sys.exit(code)

@@ -31,13 +31,14 @@ def test_a_forked_program_gets_its_argv_env_cwd_streams_and_exit_code(preloaded,
         assert proc.stderr == "to stderr\n"
 
 
-def test_a_program_that_asks_for_another_keras_backend_fails(preloaded):
-    """TensorFlow's interpreter has Keras on TensorFlow: a program there that asks for JAX
+@pytest.mark.parametrize("backend, other", [("tensorflow", "jax"), ("jax", "tensorflow")])
+def test_a_program_that_asks_for_another_keras_backend_fails(preloaded, backend, other):
+    """Each interpreter has Keras on its backend: a program there that asks for another one
     would have had it in a new process."""
-    for asks, code in (("tensorflow", 0), ("jax", 3)):
-        proc = preloaded.run([PROBE, "0", asks], _env(), ROOT, 120, backend="tensorflow")
+    for asks, code in ((backend, 0), (other, 3)):
+        proc = preloaded.run([PROBE, "0", asks], _env(), ROOT, 120, backend=backend)
         assert proc is not None and proc.returncode == code, proc
-    assert "Keras ran on tensorflow, not jax" in proc.stderr
+    assert f"Keras ran on {backend}, not {other}" in proc.stderr
 
 
 def test_a_program_past_its_timeout_is_killed(preloaded, tmp_path):
@@ -62,6 +63,12 @@ def test_other_import_time_settings_get_a_new_process(preloaded, monkeypatch):
     [
         (["-m", "mirrorfit.cli", "train", "--backend", "jax"], {}, "jax"),
         (["-m", "mirrorfit.cli", "train", "--backend=jax"], {}, "jax"),
+        (
+            ["-m", "mirrorfit.cli", "train", "--backend", "jax", "--backend", "tensorflow"],
+            {},
+            "tensorflow",
+        ),
+        ([str(HERE / "models" / "remat_driver.py"), "tensorflow", "fp32"], {}, "tensorflow"),
         (["-m", "mirrorfit.cli", "train"], {"KERAS_BACKEND": "jax"}, "jax"),
         (["-m", "mirrorfit.cli", "train"], {}, "tensorflow"),
         ([PROBE, "jax", "x"], {}, "jax"),
