@@ -23,6 +23,26 @@ from preloaded import Preloaded, keras_backend
 # (It also overrides --no-memory-growth in the suite's runs: no test checks that setting on a GPU.)
 os.environ.setdefault("TF_FORCE_GPU_ALLOW_GROWTH", "true")
 
+
+def _share_jax_compilations() -> None:
+    """One JAX compilation cache for this run's processes (the test processes inherit it from
+    pytest's first, which removes it at exit): the suite compiles the same small steps in
+    hundreds of processes. The executables are XLA's own, reloaded, so results are unchanged;
+    set JAX_COMPILATION_CACHE_DIR to keep one across runs instead."""
+    if os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+        return
+    import atexit
+    import shutil
+
+    folder = tempfile.mkdtemp(prefix="mirrorfit-tests-jax-cache-")
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = folder
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.1")
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+
+
+_share_jax_compilations()
+
 ROOT = Path(__file__).resolve().parents[1]
 # ``python blocked_cli_driver.py MODULES ARGS``: mirrorfit's CLI where importing MODULES fails.
 BLOCKED_CLI = ROOT / "tests" / "blocked_cli_driver.py"
