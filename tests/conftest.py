@@ -25,20 +25,28 @@ os.environ.setdefault("TF_FORCE_GPU_ALLOW_GROWTH", "true")
 
 
 def _share_jax_compilations() -> None:
-    """One JAX compilation cache for this run's processes (the test processes inherit it from
-    pytest's first, which removes it at exit): the suite compiles the same small steps in
-    hundreds of processes. The executables are XLA's own, reloaded, so results are unchanged;
-    set JAX_COMPILATION_CACHE_DIR to keep one across runs instead."""
-    if os.environ.get("JAX_COMPILATION_CACHE_DIR"):
-        return
-    import atexit
-    import shutil
+    """One JAX compilation cache per test process for the processes it starts (in a folder
+    that pytest's first process makes and removes at exit): the suite compiles the same small
+    steps in hundreds of processes. The executables are XLA's own, reloaded, so results are
+    unchanged. Set JAX_COMPILATION_CACHE_DIR to keep one across runs instead."""
+    base = os.environ.get("MIRRORFIT_TESTS_JAX_CACHE")
+    if base is None:
+        if os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+            return
+        import atexit
+        import shutil
 
-    folder = tempfile.mkdtemp(prefix="mirrorfit-tests-jax-cache-")
-    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+        base = os.environ["MIRRORFIT_TESTS_JAX_CACHE"] = tempfile.mkdtemp(
+            prefix="mirrorfit-tests-jax-cache-"
+        )
+        atexit.register(shutil.rmtree, base, ignore_errors=True)
+        os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.1")
+        os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+    # Per test process: JAX writes an entry in place, and another test process's reader could
+    # see it half written (a warning on stderr, where tests read one line).
+    folder = os.path.join(base, os.environ.get("PYTEST_XDIST_WORKER", "main"))
+    os.makedirs(folder, exist_ok=True)
     os.environ["JAX_COMPILATION_CACHE_DIR"] = folder
-    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.1")
-    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
 
 _share_jax_compilations()

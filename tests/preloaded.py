@@ -41,6 +41,10 @@ def _run(request: dict) -> int:
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
+    if "numpy" in sys.modules:  # NumPy's global generator would be the same in every child
+        sys.modules["numpy"].random.seed()
+    exit_now = os._exit  # mirrorfit's CLI ends with os._exit: checked on that way out too
+    os._exit = lambda code: exit_now(_same_backend(code))
     argv = request["argv"]
     try:
         if argv[0] == "-m":
@@ -56,6 +60,9 @@ def _run(request: dict) -> int:
             return _same_backend(e.code or 0)
         print(e.code, file=sys.stderr)
         return _same_backend(1)
+    except KeyboardInterrupt:  # as the interpreter would: killed by SIGINT
+        traceback.print_exc()
+        return -signal.SIGINT
     except BaseException:  # as the interpreter would: the traceback on stderr, exit code 1
         traceback.print_exc()
         return _same_backend(1)
@@ -88,9 +95,22 @@ def _serve() -> int | None:
         if pid == 0:
             return _run(request)
         print(pid, flush=True)
-        _, status = os.waitpid(pid, 0)
+        try:
+            _, status = os.waitpid(pid, 0)
+        except BaseException:  # Ctrl-C or a kill of this one: not an orphan left running
+            os.killpg(pid, signal.SIGKILL)
+            raise
+        _kill_group(pid)  # what the program left behind, as a new process's end would
         print(os.waitstatus_to_exitcode(status), flush=True)
     return None
+
+
+def _kill_group(pid: int) -> None:
+    """SIGKILL what is left of the process group ``pid`` (none: nothing to do)."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 # what each backend's interpreter imports: not starts (no device, backend or thread pool)
@@ -117,6 +137,10 @@ def keras_backend(argv: list[str], env: dict[str, str]) -> str:
     if program.suffix == ".py" and _BLOCKS_TENSORFLOW in program.read_text(encoding="utf-8"):
         return "jax"
     return env.get("KERAS_BACKEND") or "tensorflow"
+
+
+def _read(path: Path) -> str:
+    return path.read_text(errors="replace") if path.exists() else ""
 
 
 class Preloaded:
@@ -182,17 +206,26 @@ class Preloaded:
         with tempfile.TemporaryDirectory(prefix="mirrorfit-preloaded-") as folder:
             out, err = Path(folder, "out"), Path(folder, "err")
             request = dict(argv=argv, env=env, cwd=str(cwd), out=str(out), err=str(err))
-            proc.stdin.write(json.dumps(request).encode() + b"\n")
-            pid = int(self._line(proc, None))
             try:
-                code = int(self._line(proc, timeout))
-            except subprocess.TimeoutExpired:
-                os.killpg(pid, signal.SIGKILL)
-                self._line(proc, None)
-                raise subprocess.TimeoutExpired(argv, timeout) from None
-            return subprocess.CompletedProcess(
-                argv, code, out.read_text(errors="replace"), err.read_text(errors="replace")
-            )
+                proc.stdin.write(json.dumps(request).encode() + b"\n")
+                pid = int(self._line(proc, 120))
+                code = self._exit_code(proc, pid, timeout)
+            except BaseException as e:  # out of step with the interpreter: start a new one
+                proc.kill()
+                proc.wait()
+                if isinstance(e, subprocess.TimeoutExpired):
+                    raise subprocess.TimeoutExpired(argv, timeout, _read(out), _read(err)) from None
+                raise
+            return subprocess.CompletedProcess(argv, code, _read(out), _read(err))
+
+    def _exit_code(self, proc: subprocess.Popen, pid: int, timeout: float) -> int:
+        """The child's exit code; past ``timeout`` seconds, its group killed, TimeoutExpired."""
+        try:
+            return int(self._line(proc, timeout))
+        except subprocess.TimeoutExpired:
+            if pid > 1:
+                _kill_group(pid)
+            raise
 
     def _line(self, proc: subprocess.Popen, timeout: float | None) -> str:
         """The interpreter's next reply line, waiting at most ``timeout`` seconds."""
@@ -213,5 +246,10 @@ if __name__ == "__main__":
     for name in filter(None, sys.argv[1].split(",")):
         __import__(name)
     code = _serve()
+    if code is not None and code < 0:  # KeyboardInterrupt: killed by SIGINT, as Python ends
+        sys.stdout.flush()
+        sys.stderr.flush()
+        signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
     if code is not None:  # a child ends as the program would: atexit handlers, threads joined
         sys.exit(code)

@@ -2,6 +2,7 @@
 process would, and a program whose Keras would run on another backend fails instead of passing."""
 
 import json
+import os
 import subprocess
 import time
 
@@ -41,15 +42,55 @@ def test_a_program_that_asks_for_another_keras_backend_fails(preloaded, backend,
     assert f"Keras ran on {backend}, not {other}" in proc.stderr
 
 
-def test_a_program_past_its_timeout_is_killed(preloaded, tmp_path):
-    sleeper = tmp_path / "sleep_driver.py"
-    sleeper.write_text("import time\ntime.sleep(60)\n")
+def _program(tmp_path, text: str) -> str:
+    path = tmp_path / "program.py"
+    path.write_text(text)
+    return str(path)
+
+
+def test_a_program_past_its_timeout_is_killed_and_its_output_kept(preloaded, tmp_path):
+    sleeper = _program(tmp_path, "import time\nprint('started', flush=True)\ntime.sleep(60)\n")
     start = time.monotonic()
-    with pytest.raises(subprocess.TimeoutExpired):
-        preloaded.run([str(sleeper)], _env(), ROOT, 2, backend="jax")
-    assert time.monotonic() - start < 30
+    with pytest.raises(subprocess.TimeoutExpired) as e:
+        preloaded.run([sleeper], _env(), ROOT, 2, backend="jax")
+    assert time.monotonic() - start < 30 and e.value.output == "started\n"
     proc = preloaded.run([PROBE, "0"], _env(), ROOT, 120, backend="jax")  # still serves
     assert proc is not None and proc.returncode == 0, proc
+
+
+def test_what_a_program_leaves_behind_is_killed(preloaded, tmp_path):
+    program = _program(
+        tmp_path, "import subprocess\nprint(subprocess.Popen(['sleep', '60']).pid)\n"
+    )
+    proc = preloaded.run([program], _env(), ROOT, 60, backend="jax")
+    assert proc is not None and proc.returncode == 0, proc
+    left = int(proc.stdout)
+    for _ in range(50):  # killed, then reaped by init
+        try:
+            os.kill(left, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"process {left} outlived the program that started it")
+
+
+@pytest.mark.parametrize(
+    "text, code",
+    [
+        ("raise KeyboardInterrupt", -2),  # as Python ends on Ctrl-C: killed by SIGINT
+        ("import os\nos.environ['KERAS_BACKEND'] = 'tensorflow'\nos._exit(0)", 3),
+        ("import sys\nsys.exit('bad')", 1),
+    ],
+)
+def test_every_way_out_gives_a_new_process_s_exit_code(preloaded, tmp_path, text, code):
+    proc = preloaded.run([_program(tmp_path, text)], _env(), ROOT, 60, backend="jax")
+    assert proc is not None and proc.returncode == code, proc
+
+
+def test_children_do_not_share_numpy_s_global_random_state(preloaded, tmp_path):
+    program = _program(tmp_path, "import numpy\nprint(numpy.random.randint(1 << 30))\n")
+    draws = {preloaded.run([program], _env(), ROOT, 60, backend="jax").stdout for _ in range(3)}
+    assert len(draws) == 3, draws
 
 
 def test_other_import_time_settings_get_a_new_process(preloaded, monkeypatch):
