@@ -22,15 +22,19 @@ def _train_parser(sub) -> None:
     )
     p.add_argument("--config", help="TOML file with any of the settings below (flags override it)")
     _verbose(p.add_argument)
-    # One group per section of TrainConfig (config/sections.py), in its order.
-    _train_distribution(p.add_argument_group("distribution", "where and how it runs"))
+    # One group per section of TrainConfig (config/sections.py); the model and data first.
+    _train_model(p.add_argument_group("model", "the model and its loss"))
     data = p.add_argument_group("data", "what it trains on")
     _train_data_source(data.add_argument)
     _train_data_shape(data.add_argument)
-    _train_optimisation(p.add_argument_group("optimisation", "batches, steps and the optimizer"))
+    _train_distribution(p.add_argument_group("distribution", "where and how it runs"))
+    _train_optimisation(
+        p.add_argument_group(
+            "optimisation", "batches, steps, optimizer, learning rate, precision, XLA, seed"
+        )
+    )
     _train_checkpoints(p.add_argument_group("checkpoints", "saving and resuming"))
-    _train_model(p.add_argument_group("model", "the model and its loss"))
-    _train_outputs(p.add_argument_group("outputs", "what the run writes"))
+    _train_outputs(p.add_argument_group("outputs", "what the run writes and reports"))
 
 
 def _train_distribution(group) -> None:
@@ -71,22 +75,16 @@ def _train_distribution(group) -> None:
         help="seconds to wait for the other workers, at "
         "start-up and in every all-reduce, before naming the one missing (default 300)",
     )
-    _train_memory_and_profile(add)
+    _train_memory(add)
 
 
-def _train_memory_and_profile(add) -> None:
-    """train's GPU memory cap, state sharding and step profile (DistributionSettings too)."""
+def _train_memory(add) -> None:
+    """train's GPU memory cap and state sharding (DistributionSettings too)."""
     add("--gpu-memory-limit", type=int, help="cap each GPU at MB (instead of memory growth)")
     add(
         "--shard",
         help="JAX: none (default; every device holds the whole state), optimizer "
         "(ZeRO-1: the optimizer state split over the devices) or all (FSDP: the weights too)",
-    )
-    add(
-        "--profile",
-        action="store_const",
-        const=True,
-        help="after training, report where step time goes and a one-line diagnosis",
     )
 
 
@@ -178,6 +176,7 @@ def _train_optimisation(group) -> None:
     add("--warmup-epochs", type=float, help="linear learning-rate warm-up epochs (default 0)")
     add("--seed", type=int, help="seed for weights and data order (default 42)")
     add("--eval-batch-size", type=int, help="global batch for evaluation")
+    _allow_nan(add)
 
 
 def _train_checkpoints(group) -> None:
@@ -229,7 +228,13 @@ def _train_outputs(group) -> None:
     add(
         "--no-progress", dest="progress", action="store_const", const=False, help="no progress bars"
     )
-    _export_flags(add)  # --allow-nan (OptimisationSettings) too: export shares these
+    add(
+        "--profile",
+        action="store_const",
+        const=True,
+        help="after training, report where step time goes and a one-line diagnosis",
+    )
+    _export_flags(add)
     add("--save-keras", help="also save the trained model as FILE.keras")
 
 
@@ -275,6 +280,9 @@ def _export_flags(add) -> None:
         const=True,
         help="exported signature takes raw uint8 pixels and scales them itself",
     )
+
+
+def _allow_nan(add) -> None:
     add(
         "--allow-nan",
         action="store_const",
@@ -651,6 +659,7 @@ def build_parser() -> argparse.ArgumentParser:
     _verbose(exp.add_argument)
     exp.add_argument("--model", help=_USER_MODEL_HELP)
     _export_flags(exp.add_argument)
+    _allow_nan(exp.add_argument)
     _bench_parser(sub)
     _serve_parser(sub)
     from mirrorfit.distribute.launch import add_launch_parser  # standard library only
