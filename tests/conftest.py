@@ -86,7 +86,10 @@ if MNIST_DIR is not None:  # this process and every subprocess find the same fil
 
 # What the preloaded imports read from the environment: a request that differs gets a new process.
 _PRELOADED = Preloaded(
-    import_time=("JAX_", "TF_", "XLA_", "CUDA_", "OMP_", "OPENBLAS_", "MKL_", "PYTHON")
+    import_time=(
+        *("JAX_", "TF_", "XLA_", "CUDA_", "OMP_", "OPENBLAS_", "MKL_", "PYTHON"),
+        *("KERAS_HOME", "HOME", "LANG", "LC_", "LD_", "MALLOC_", "GLIBC_TUNABLES"),
+    )
 )
 
 
@@ -123,7 +126,8 @@ def run_isolated(
     keras_backend: str | None = None,
 ) -> dict:
     """Run the program ``driver`` (a file beside its test, ``*_driver.py``) with ``args`` (each
-    as str()) in a new Python process, as ``python DRIVER ARGS``; return the JSON object on its
+    as str()) in a process of its own, as ``python DRIVER ARGS`` (a fork of a preloaded
+    interpreter, else a new one: :func:`_python`); return the JSON object on its
     last stdout line. ``fresh``: a new interpreter, not a fork of a preloaded one (a program
     that checks what its imports load); ``keras_backend``: the backend the driver's Keras runs
     on, where preloaded.keras_backend cannot tell from its arguments."""
@@ -170,7 +174,8 @@ def run_cli(
     without: tuple[str, ...] = (),
     fresh: bool = False,
 ) -> subprocess.CompletedProcess:
-    """Run ``mirrorfit ARGS`` as a user would (a new process, ``python -m mirrorfit.cli``).
+    """Run ``mirrorfit ARGS`` as a user would, ``python -m mirrorfit.cli ARGS`` in a process of
+    its own (a fork of a preloaded interpreter, else a new one: :func:`_python`).
 
     ``without_tensorflow``: in a process where importing TensorFlow fails, so that an error
     that still comes back as mirrorfit's one line was found before TensorFlow loads.
