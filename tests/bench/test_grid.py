@@ -225,6 +225,35 @@ def test_run_grid_measures_each_backends_peak():
     assert seen[:2] == seen[-2:] == [("peak", "tensorflow"), ("peak", "jax")]
 
 
+@pytest.mark.parametrize(
+    "precisions, textbook, dtypes",
+    [
+        (("fp32",), (), ("float32",)),
+        (("bf16", "fp32"), (), ("float32", "bfloat16")),
+        (("fp32",), ("fp16",), ("float32", "float16")),
+    ],
+)
+def test_the_peak_measures_the_dtypes_the_points_compute_in(precisions, textbook, dtypes):
+    """Each dtype's matmul takes seconds to measure: none that no row's MFU divides by."""
+    asked = []
+
+    def runner(point):
+        if point.kind == "peak":
+            asked.append(point.dtypes)
+            return dict.fromkeys(point.dtypes, 1.0)
+        return {"examples_per_sec": 1.0, "test_accuracy": 0.9}
+
+    grid = Grid(
+        replicas=(1,),
+        precisions=precisions,
+        repeats=1,
+        textbook=bool(textbook),
+        textbook_precisions=textbook or ("fp32",),
+    )
+    peak, _ = run_grid(grid, runner=runner)
+    assert asked == [dtypes, dtypes] and tuple(peak["tensorflow"]) == dtypes
+
+
 def test_run_grid_keeps_the_best_of_two_peak_measurements():
     """A peak measured while the machine was busy is not the denominator of MFU."""
     peaks = iter([{"float32": 1.0, "bfloat16": 4.0}, {"float32": 3.0, "bfloat16": 2.0}])

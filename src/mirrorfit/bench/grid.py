@@ -20,6 +20,7 @@ from mirrorfit.config import MAX_CLASSES, PRECISIONS, TrainConfig, load_config
 from mirrorfit.data.spec import source_kind
 from mirrorfit.engine.backends import BACKENDS, split_batch
 from mirrorfit.errors import MirrorfitError
+from mirrorfit.models.precision import COMPUTE_DTYPES
 from mirrorfit.models.names import (
     IMAGENET_CLASSES,
     check_input_shape,
@@ -381,10 +382,14 @@ def run_grid(
 def _measure_peaks(
     grid: Grid, runner: Callable[[Point], dict], on_run: Callable[[Point, dict], None]
 ) -> dict:
-    """Each backend's matmul peak (FLOP/s by dtype): its MFU's denominator."""
+    """Each backend's matmul peak (FLOP/s by dtype, those its points compute in): its MFU's
+    denominator."""
+    points = grid.points()
     peak = {}
     for backend in grid.backends:
-        peak_point = Point(kind="peak", backend=backend)
+        used = {COMPUTE_DTYPES[p.precision] for p in points if p.backend == backend}
+        dtypes = tuple(d for d in COMPUTE_DTYPES.values() if d in used)
+        peak_point = Point(kind="peak", backend=backend, dtypes=dtypes)
         peak[backend] = runner(peak_point)
         on_run(peak_point, peak[backend])
         if "error" in peak[backend]:

@@ -19,7 +19,7 @@ def run_jax_point(point) -> dict:
 
     setup = engine.configure_devices(replicas=point.replicas, keep_freed_memory=True)
     if point.kind == "peak":
-        return {dtype: matmul_peak_flops(dtype) for dtype in ("float32", "bfloat16", "float16")}
+        return {dtype: matmul_peak_flops(dtype) for dtype in point.dtypes}
     placement = engine.build_distribution(setup)
     engine.seed(point.seed)
     x, y, test, steps = _arrays(point)

@@ -41,9 +41,11 @@ class Point:
     label_feature: str = "image/class/label"
     cache: str | None = None
     validation_split: float | None = None
+    dtypes: tuple[str, ...] = ("float32", "bfloat16", "float16")  # peak: the dtypes to measure
 
     def __post_init__(self) -> None:
-        for name in ("input_shape", "image_size"):  # from JSON as lists; a Point is a dict key
+        # from JSON as lists; a Point is a dict key
+        for name in ("input_shape", "image_size", "dtypes"):
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, tuple(getattr(self, name)))
 
@@ -77,7 +79,7 @@ def run_point(point: Point) -> dict:
     if point.kind == "peak":
         from mirrorfit.bench.flops import matmul_peak_flops
 
-        return {dtype: matmul_peak_flops(dtype) for dtype in ("float32", "bfloat16", "float16")}
+        return {dtype: matmul_peak_flops(dtype) for dtype in point.dtypes}
     import keras
 
     import mirrorfit
