@@ -4,6 +4,10 @@ Logical CPU devices must be set before TensorFlow initialises, so anything that 
 replicas runs in its own interpreter (``run_isolated``): a program in a file beside its test,
 ``*_driver.py`` (ruff reads it, pytest does not collect it), which takes its parameters as
 arguments and prints one JSON line at the end.
+
+Every Python program the suite starts (and those they start) is forked from a preloaded
+interpreter where that is sound (tests/forkserver.py); ``MIRRORFIT_TESTS_PRELOAD=0`` in a
+program's environment, or ``fresh=True`` here, starts a new interpreter instead.
 """
 
 from __future__ import annotations
@@ -15,13 +19,17 @@ import sys
 import tempfile
 from pathlib import Path
 
+import forked
 import pytest
-from preloaded import Preloaded, keras_backend
+from forkserver import OFF, SOCKETS
 
 # On a GPU host, TensorFlow would reserve all of a GPU's memory in the first process that touches
 # it; the suite runs two test processes (pytest-xdist) and their subprocesses side by side.
 # (It also overrides --no-memory-growth in the suite's runs: no test checks that setting on a GPU.)
 os.environ.setdefault("TF_FORCE_GPU_ALLOW_GROWTH", "true")
+# TensorFlow's C++ start-up lines off in the suite's processes (read when TensorFlow loads:
+# the same value for the preloaded interpreters and the programs forked from them)
+os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
 
 
 def _share_jax_compilations() -> None:
@@ -84,22 +92,33 @@ if MNIST_DIR is not None:  # this process and every subprocess find the same fil
     os.environ["MIRRORFIT_DATA"] = str(MNIST_DIR)
 
 
-# What the preloaded imports read from the environment: a request that differs gets a new process.
-_PRELOADED = Preloaded(
-    import_time=(
-        *("JAX_", "TF_", "XLA_", "CUDA_", "OMP_", "OPENBLAS_", "MKL_", "PYTHON"),
-        *("KERAS_HOME", "HOME", "LANG", "LC_", "LD_", "MALLOC_", "GLIBC_TUNABLES"),
-    )
-)
+def _fork_python_programs() -> None:
+    """Fork the Python programs this test process starts (tests/forkserver.py), from servers
+    it starts on first use, their sockets in a folder removed at exit."""
+    if os.environ.get(OFF) == "0":
+        return
+    import atexit
+    import shutil
+
+    folder = os.environ[SOCKETS] = tempfile.mkdtemp(prefix="mirrorfit-forkservers-")
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    forked.install(start_servers=True)
+
+
+_fork_python_programs()
 
 
 def _env() -> dict[str, str]:
-    env = dict(
+    return dict(
         os.environ,
-        TF_CPP_MIN_LOG_LEVEL="3",
         PYTHONPATH=os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]),
     )
-    return env
+
+
+def fresh_env(env: dict[str, str] | None = None) -> dict[str, str]:
+    """``env`` (default: the tests' environment) for a new interpreter, not a fork of a
+    preloaded one: for a program that checks what its imports load."""
+    return dict(_env() if env is None else env, **{OFF: "0"})
 
 
 def keras_file_weights(path: Path) -> list:
@@ -118,21 +137,12 @@ def keras_file_weights(path: Path) -> list:
     return [w for _, w in sorted(out, key=lambda item: item[0])]
 
 
-def run_isolated(
-    driver: Path,
-    *args: object,
-    timeout: float = 300,
-    fresh: bool = False,
-    keras_backend: str | None = None,
-) -> dict:
+def run_isolated(driver: Path, *args: object, timeout: float = 300, fresh: bool = False) -> dict:
     """Run the program ``driver`` (a file beside its test, ``*_driver.py``) with ``args`` (each
-    as str()) in a process of its own, as ``python DRIVER ARGS`` (a fork of a preloaded
-    interpreter, else a new one: :func:`_python`); return the JSON object on its
-    last stdout line. ``fresh``: a new interpreter, not a fork of a preloaded one (a program
-    that checks what its imports load); ``keras_backend``: the backend the driver's Keras runs
-    on, where preloaded.keras_backend cannot tell from its arguments."""
-    argv = [str(driver), *map(str, args)]
-    proc = _python(argv, timeout=timeout, fresh=fresh, backend=keras_backend)
+    as str()) in a process of its own, as ``python DRIVER ARGS`` (:func:`_python`); return the
+    JSON object on its last stdout line. ``fresh``: a new interpreter, not a fork of a
+    preloaded one (a program that checks what its imports load)."""
+    proc = _python([str(driver), *map(str, args)], timeout=timeout, fresh=fresh)
     if proc.returncode != 0:
         raise AssertionError(f"subprocess failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -175,7 +185,7 @@ def run_cli(
     fresh: bool = False,
 ) -> subprocess.CompletedProcess:
     """Run ``mirrorfit ARGS`` as a user would, ``python -m mirrorfit.cli ARGS`` in a process of
-    its own (a fork of a preloaded interpreter, else a new one: :func:`_python`).
+    its own (:func:`_python`).
 
     ``without_tensorflow``: in a process where importing TensorFlow fails, so that an error
     that still comes back as mirrorfit's one line was found before TensorFlow loads.
@@ -184,23 +194,14 @@ def run_cli(
     blocked = [*(["tensorflow"] if without_tensorflow else []), *without]
     if not blocked:
         return _python(["-m", "mirrorfit.cli", *args], timeout=timeout, fresh=fresh)
-    # JAX's preloaded interpreter has not imported TensorFlow; any other block needs a new one
-    on_jax = blocked == ["tensorflow"] and keras_backend(list(args), _env()) == "jax"
     argv = [str(BLOCKED_CLI), ",".join(blocked), *args]
-    return _python(argv, timeout=timeout, fresh=fresh or not on_jax, backend="jax")
+    return _python(argv, timeout=timeout, fresh=fresh)
 
 
-def _python(
-    argv: list[str], *, timeout: float, fresh: bool, backend: str | None = None
-) -> subprocess.CompletedProcess:
-    """``python ARGV`` in the tests' environment, from the repository root: a fork of this
-    test process's preloaded interpreter for ``backend`` (tests/preloaded.py) unless ``fresh``,
-    that one is busy or was started with other import-time settings; else a new interpreter."""
-    env = _env()
-    if not fresh and os.environ.get("MIRRORFIT_TESTS_PRELOAD", "1") != "0":
-        done = _PRELOADED.run(argv, env, ROOT, timeout, backend)
-        if done is not None:
-            return done
+def _python(argv: list[str], *, timeout: float, fresh: bool) -> subprocess.CompletedProcess:
+    """``python ARGV`` in the tests' environment, from the repository root: forked from a
+    preloaded interpreter where that is sound (tests/forkserver.py) unless ``fresh``."""
+    env = fresh_env() if fresh else _env()
     return subprocess.run(
         [sys.executable, *argv],
         capture_output=True,

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import ROOT, _env, run_cli, run_isolated
+from conftest import ROOT, _env, fresh_env, run_cli, run_isolated
 
 pytestmark = pytest.mark.slow
 HERE = Path(__file__).parent
@@ -209,7 +209,7 @@ def test_sigterm_while_tensorflow_loads_is_honoured(tmp_path):
     ]
     proc = subprocess.Popen(
         [sys.executable, "-m", "mirrorfit.cli", *cmd],
-        env=_env(),
+        env=fresh_env(),  # a new process: TensorFlow not loaded yet
         cwd=ROOT,
         stderr=subprocess.PIPE,
         text=True,

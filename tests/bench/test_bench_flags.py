@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import mirrorfit.bench
-from conftest import ROOT, _env
+from conftest import ROOT, fresh_env
 from data_fixtures import mnist, write_png_folder
 from mirrorfit.cli import main
 from mirrorfit.config import MAX_IMAGE_SIDE
@@ -152,7 +152,7 @@ def test_flag_checks_and_help_come_before_tensorflow_loads(tmp_path):
         capture_output=True,
         text=True,
         timeout=120,
-        env=_env(),
+        env=fresh_env(),
         cwd=ROOT,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]

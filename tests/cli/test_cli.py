@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import BLOCKED_CLI, ROOT, run_cli
+from conftest import BLOCKED_CLI, ROOT, fresh_env, run_cli
 
 HERE = Path(__file__).parent
 
@@ -338,7 +338,12 @@ def test_cli_sets_tf_log_level_before_tensorflow_loads():
     """TF reads TF_CPP_MIN_LOG_LEVEL once, at import: the CLI module must not import it."""
     code = "import sys, mirrorfit.cli; print('tensorflow' in sys.modules)"
     proc = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        env=fresh_env(),
     )
     assert proc.stdout.strip() == "False", proc.stderr[-2000:]
 

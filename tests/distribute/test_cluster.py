@@ -11,6 +11,7 @@ import time
 import tracemalloc
 
 import pytest
+from conftest import fresh_env
 
 from mirrorfit.distribute.cluster import Cluster, resolve_cluster
 from mirrorfit.distribute.slurm import MAX_SLURM_TASKS, expand_hostlist, expand_tasks_per_node
@@ -40,7 +41,9 @@ def test_module_does_not_import_tensorflow():
         "import sys, mirrorfit.distribute.cluster, mirrorfit.distribute.launch; "
         "print('tensorflow' in sys.modules)"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=fresh_env()
+    )
     assert out.stdout.strip() == "False"
 
 

@@ -11,7 +11,7 @@ import keras
 import numpy as np
 import pytest
 
-from conftest import run_isolated
+from conftest import fresh_env, run_isolated
 from mirrorfit.errors import ConfigError
 from mirrorfit.models.names import APPLICATIONS, check_input_shape, check_model_name
 from mirrorfit.models.build import model_factory
@@ -148,6 +148,7 @@ def test_config_takes_application_names_without_loading_tensorflow():
         capture_output=True,
         text=True,
         check=True,
+        env=fresh_env(),
     ).stdout.splitlines()
     assert "did you mean 'ResNet50'" in out[0] and out[1] == "False"
 

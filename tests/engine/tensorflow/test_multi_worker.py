@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import ROOT, _env, run_cli, run_isolated, keras_file_weights
+from conftest import ROOT, _env, fresh_env, keras_file_weights, run_cli, run_isolated
 
 pytestmark = pytest.mark.slow
 HERE = Path(__file__).parent
@@ -42,11 +42,13 @@ SGD = ("--optimizer", "sgd", "--epochs", "2")
 ADAM = ("--optimizer", "adam", "--lr", "0.001", "--epochs", "3")
 
 
-def _launch(*args: str, tmp: Path, timeout: float = 400) -> subprocess.Popen:
+def _launch(*args: str, tmp: Path, fresh: bool = False) -> subprocess.Popen:
+    """``mirrorfit launch ARGS``; ``fresh``: new interpreters, not forks (tasks whose parent
+    is the launcher)."""
     env = dict(_env(), TMPDIR=str(tmp))  # the workers' scratch checkpoints go here
     return subprocess.Popen(
         [sys.executable, "-m", "mirrorfit", "launch", *args],
-        env=env,
+        env=fresh_env(env) if fresh else env,
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -161,6 +163,7 @@ def test_a_killed_worker_restarts_and_resumes_to_the_uninterrupted_weights(refer
         "--collective-timeout",
         "60",
         tmp=tmp_path,
+        fresh=True,  # _task_pid finds the task by its parent and environment
     )
     deadline = time.monotonic() + 300
     while not list((out / "ckpt").glob("ckpt-00000001[6-9]")):  # mid-run: 96 steps in all

@@ -1,0 +1,346 @@
+"""Python processes for the suite, forked from a Python that has imported the frameworks: a
+program the tests (or a program under test, such as ``mirrorfit launch``) start as
+``python -m MODULE ...``, ``python FILE.py ...`` or ``python -c CODE ...`` skips the imports
+(seconds of CPU each) and is otherwise a new process: its own pid, argv, environment, folder,
+streams, process group or session, CPU affinity and exit status.
+
+Keras fixes its backend when it is imported, so there is one server per backend, Keras
+preloaded on it (:data:`MODULES`); a program goes to the one it will use
+(:func:`keras_backend`), and a child whose Keras runs on another backend exits 3. The test
+process starts the servers on first use; they end when it does.
+
+How: :func:`install` patches ``subprocess.Popen`` (in the test process and in every forked
+child) so that a Python program is asked of a server over a Unix socket, the child's three
+standard streams passed along (SCM_RIGHTS). The server forks, replies the child's pid, and
+later its wait status, which ``Popen.wait``/``poll`` read. Anything else (other programs,
+interpreter options, ``preexec_fn``, ``pass_fds``, other users, another session, another
+import-time environment, ``MIRRORFIT_TESTS_PRELOAD=0``) starts a new process as before.
+Importing is not starting: no device, thread pool or backend of TensorFlow or JAX exists
+before the fork, so each child still sets its own devices.
+"""
+
+from __future__ import annotations
+
+import atexit
+import gc
+import json
+import os
+import runpy
+import select
+import signal
+import socket
+import sys
+import threading
+import traceback
+from pathlib import Path
+
+MODULES = {"tensorflow": ("numpy", "jax", "tensorflow"), "jax": ("numpy", "jax", "keras")}
+# Prefixes of the variables the preloaded imports read: a request that differs gets a new
+# process. (PYTHONPATH and PYTHONUNBUFFERED are applied in the child instead.)
+IMPORT_TIME = (
+    *("JAX_", "TF_", "XLA_", "CUDA_", "OMP_", "OPENBLAS_", "MKL_", "PYTHON"),
+    *("KERAS_HOME", "HOME", "LANG", "LC_", "LD_", "MALLOC_", "GLIBC_TUNABLES"),
+)
+_APPLIED_IN_CHILD = ("PYTHONPATH", "PYTHONUNBUFFERED")
+# match a prefix, but read later: when a cluster is resolved, when CUDA starts (not on import)
+_READ_LATER = ("TF_CONFIG", "CUDA_VISIBLE_DEVICES")
+SOCKETS = "MIRRORFIT_TESTS_FORKSERVERS"  # the folder of the servers' sockets, <backend>.sock
+OFF = "MIRRORFIT_TESTS_PRELOAD"  # "0": new processes only
+BACKEND = "MIRRORFIT_TESTS_KERAS_BACKEND"  # the backend a program runs on, where argv can't tell
+_BLOCKS_TENSORFLOW = 'sys.modules["tensorflow"] = None'
+_BLOCKED_CLI = "blocked_cli_driver.py"
+_EXIT = os._exit  # a child's own is wrapped to check its backend on that way out
+
+
+def keras_backend(argv: list[str], env: dict[str, str]) -> str:
+    """The Keras backend ``python ARGV`` will use: $MIRRORFIT_TESTS_KERAS_BACKEND, else the
+    last ``--backend X`` (as argparse reads it), else its first argument "jax" or
+    "tensorflow", else jax for a program that blocks TensorFlow, else ``$KERAS_BACKEND``,
+    else Keras's default (tensorflow)."""
+    if env.get(BACKEND):
+        return env[BACKEND]
+    flag = None
+    for arg, following in zip(argv, [*argv[1:], None]):
+        if arg == "--backend" and following is not None:
+            flag = following
+        elif arg.startswith("--backend="):
+            flag = arg.split("=", 1)[1]
+    if flag is not None:
+        return flag
+    named = [arg for arg in argv if arg in MODULES]
+    if named:
+        return named[0]
+    program = Path(argv[0] if argv else "")
+    if program.suffix == ".py" and _BLOCKS_TENSORFLOW in program.read_text(encoding="utf-8"):
+        return "jax"
+    return env.get("KERAS_BACKEND") or "tensorflow"
+
+
+def server_for(argv: list[str], env: dict[str, str], cwd: str) -> str | None:
+    """The backend whose server may run ``python ARGV`` (argv after ``python``), or None."""
+    if env.get(OFF) == "0" or not argv or argv[0] not in ("-m", "-c") and argv[0][:1] == "-":
+        return None
+    if argv[0] in ("-m", "-c"):
+        return keras_backend(argv[2:], env) if len(argv) > 1 else None
+    program = Path(cwd, argv[0])
+    if not program.is_file():
+        return None  # python's own message for a missing file
+    if program.name != _BLOCKED_CLI or len(argv) < 2:
+        return keras_backend([str(program), *argv[1:]], env)
+    # mirrorfit's CLI where importing these modules fails: sound on JAX's server for
+    # tensorflow alone (it has not imported it), else in a new process only
+    backend = keras_backend(argv[2:], env)
+    return backend if argv[1] == "tensorflow" and backend == "jax" else None
+
+
+# ---- the server ------------------------------------------------------------------------
+
+
+def serve(backend: str, path: str) -> int | None:
+    """Import the backend's modules, listen on ``path`` and fork a child per request until
+    stdin ends; return None there, or in a child the program's exit code."""
+    from forked import install
+
+    for name in MODULES[backend]:
+        __import__(name)
+    gc.freeze()  # what is imported stays out of the children's collections (and unwritten)
+    install()  # a child's own Python programs are forked too
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(64)
+    started = dict(os.environ)
+    entries = started.get("PYTHONPATH", "").split(os.pathsep) if started.get("PYTHONPATH") else []
+    started_tail = sys.path[1 + len(entries) :]  # sys.path past PYTHONPATH's entries
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    print("ready", flush=True)
+    children: dict[int, socket.socket] = {}
+    while True:
+        ready = select.select([0, wake_r, listener], [], [])[0]
+        if 0 in ready and not os.read(0, 4096):
+            return None  # the test process ended
+        if wake_r in ready:
+            os.read(wake_r, 4096)
+            _reap(children)
+        if listener in ready:
+            conn = listener.accept()[0]
+            child = _accept(conn, started, children)
+            if child is not None:  # in the forked child: leave the server's loop
+                os.close(wake_r)
+                os.close(wake_w)
+                listener.close()  # the object's: a bare os.close would close a reused fd later
+                return _run(*child, started_tail)
+
+
+def _reap(children: dict[int, socket.socket]) -> None:
+    """Send each ended child's wait status to the socket that asked for it."""
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        conn = children.pop(pid, None)
+        if conn is not None:
+            try:
+                conn.sendall(f"{status}\n".encode())
+            except OSError:
+                pass  # the asker has gone: nobody waits for this status
+            conn.close()
+
+
+def _accept(conn: socket.socket, started: dict, children: dict) -> tuple | None:
+    """Read one request and fork for it; in the child, return (request, fds)."""
+    fds: list[int] = []
+    try:
+        conn.settimeout(30)
+        request, fds = _receive(conn)
+        why = _refusal(request, started)
+        if why:
+            conn.sendall(f"refuse {why}\n".encode())
+            raise ValueError(why)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+    except (OSError, ValueError):
+        for fd in fds:
+            os.close(fd)
+        conn.close()
+        return None
+    if pid == 0:
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        for other in [conn, *children.values()]:
+            other.close()
+        return request, fds
+    for fd in fds:
+        os.close(fd)
+    children[pid] = conn
+    try:
+        conn.sendall(f"pid {pid}\n".encode())
+    except OSError:
+        pass
+    return None
+
+
+def _receive(conn: socket.socket) -> tuple[dict, list[int]]:
+    head, fds, _, _ = socket.recv_fds(conn, 16, 3)
+    while len(head) < 16:
+        more = conn.recv(16 - len(head))
+        if not more:
+            raise ValueError("short request")
+        head += more
+    body = b""
+    size = int(head)
+    while len(body) < size:
+        more = conn.recv(size - len(body))
+        if not more:
+            raise ValueError("short request")
+        body += more
+    if len(fds) != 3:
+        for fd in fds:
+            os.close(fd)
+        raise ValueError("three streams expected")
+    return json.loads(body), fds
+
+
+def _refusal(request: dict, started: dict) -> str:
+    """Why this server cannot run the request ("" where it can)."""
+    env = request["env"]
+    keys = {k for k in (*env, *started) if k.startswith(IMPORT_TIME)}
+    keys -= {*_APPLIED_IN_CHILD, *_READ_LATER}
+    differs = sorted(k for k in keys if env.get(k) != started.get(k))
+    if differs:
+        return "import-time settings differ: " + ",".join(differs)
+    if not request["session"] and request["sid"] != os.getsid(0):
+        return "another session"
+    shadowed = _shadowed(env.get("PYTHONPATH", ""), started.get("PYTHONPATH", ""), request["cwd"])
+    if shadowed:
+        return "its PYTHONPATH has its own " + ",".join(shadowed)
+    return ""
+
+
+def _shadowed(path: str, started: str, cwd: str) -> list[str]:
+    """The modules imported here that a folder on ``path`` (from ``cwd``) but not on
+    ``started`` (two PYTHONPATH values) would have given a new process instead (a stand-in
+    tensorflow)."""
+    loaded = {name.partition(".")[0] for name in sys.modules} - {"forked", "forkserver"}
+    before = {os.path.abspath(p) for p in started.split(os.pathsep) if p}
+    folders = {os.path.join(cwd, p) for p in path.split(os.pathsep) if path} - before
+    found = set()
+    for folder in folders:
+        try:
+            names = os.listdir(folder)
+        except OSError:
+            continue
+        found |= {n.removesuffix(".py") for n in names} & loaded
+    return sorted(found)
+
+
+def _run(request: dict, fds: list[int], path_tail: list[str]) -> int:
+    """In the child: become ``python ARGV`` as the request says and return its exit code."""
+    if request["session"]:
+        os.setsid()
+    else:
+        os.setpgid(0, request["pgid"])  # the asker's group, as a child of the asker would be
+    for fd, target in zip(fds, (0, 1, 2)):
+        if fd != target:
+            os.dup2(fd, target)
+    for fd in set(fds) - {0, 1, 2}:
+        os.close(fd)
+    os.sched_setaffinity(0, request["cpus"])
+    os.umask(request["umask"])
+    os.chdir(request["cwd"])
+    env = request["env"]
+    os.environ.clear()
+    os.environ.update(env)
+    _python_settings(env, path_tail)
+    if "numpy" in sys.modules:  # NumPy's global generator would be the same in every child
+        sys.modules["numpy"].random.seed()
+    exit_now = os._exit  # mirrorfit's CLI ends with os._exit: checked on that way out too
+    os._exit = lambda code: exit_now(_same_backend(code))
+    return _same_backend(_main(request["argv"]))
+
+
+def _python_settings(env: dict[str, str], path_tail: list[str]) -> None:
+    """What a new interpreter would take from PYTHONPATH (``path_tail``: sys.path past its
+    entries) and PYTHONUNBUFFERED, and its streams' buffering for what they now are."""
+    entries = env["PYTHONPATH"].split(os.pathsep) if env.get("PYTHONPATH") else []
+    sys.path[1:] = [*(os.path.abspath(p) if p else os.getcwd() for p in entries), *path_tail]
+    unbuffered = bool(env.get("PYTHONUNBUFFERED"))
+    sys.stdout.reconfigure(line_buffering=os.isatty(1), write_through=unbuffered)
+    sys.stderr.reconfigure(write_through=unbuffered)
+
+
+def _main(argv: list[str]) -> int:
+    """Run ``python ARGV`` in this process; its exit code (-N: ended by signal N)."""
+    try:
+        if argv[0] == "-m":
+            sys.argv = [argv[1], *argv[2:]]
+            sys.path[0] = os.getcwd()
+            runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+        elif argv[0] == "-c":
+            sys.argv = ["-c", *argv[2:]]
+            sys.path[0] = ""
+            exec(compile(argv[1], "<string>", "exec"), {"__name__": "__main__"})
+        else:
+            sys.argv = list(argv)
+            sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))
+            runpy.run_path(argv[0], run_name="__main__")
+    except SystemExit as e:
+        if e.code is None or isinstance(e.code, int):
+            return e.code or 0
+        print(e.code, file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:  # as the interpreter would: killed by SIGINT
+        traceback.print_exc()
+        return -signal.SIGINT
+    except BaseException:  # as the interpreter would: the traceback on stderr, exit code 1
+        traceback.print_exc()
+        return 1
+    return 0
+
+
+def _same_backend(code: int) -> int:
+    """``code``, or 3 where the program set ``$KERAS_BACKEND`` to another backend than the
+    preloaded Keras's (in a new process it would have run there): never a silent pass."""
+    keras = sys.modules.get("keras")
+    wanted = os.environ.get("KERAS_BACKEND")
+    if keras is None or not wanted or keras.backend.backend() == wanted:
+        return code
+    loaded = keras.backend.backend()
+    print(
+        f"forkserver.py: this program's Keras ran on {loaded}, not {wanted}: set "
+        f"{BACKEND}={wanted} in its environment (or {OFF}=0 for a new process)",
+        file=sys.stderr,
+        flush=True,
+    )
+    return 3
+
+
+def _end(code: int) -> None:
+    """End a child as Python ends a program: its threads joined, atexit handlers run, its
+    objects collected (an unclosed file flushed), streams flushed; killed by the signal for a
+    negative code. Not the interpreter's teardown of the preloaded modules: about a second of
+    CPU per child for TensorFlow, that a new process running a light program never pays."""
+    getattr(threading, "_shutdown", lambda: None)()
+    atexit._run_exitfuncs()
+    gc.collect()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    if code < 0:  # KeyboardInterrupt: killed by SIGINT, as Python ends
+        signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+    _EXIT(code & 0xFF)
+
+
+if __name__ == "__main__":
+    code = serve(sys.argv[1], sys.argv[2])
+    if code is not None:
+        _end(code)
