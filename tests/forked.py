@@ -46,10 +46,12 @@ def _execute_child(
 ):  # fmt: skip
     plain = not (shell or executable or preexec_fn or pass_fds or gids) and umask < 0
     plain = plain and gid is None and uid is None and process_group == -1
-    conn = None
-    if plain and isinstance(args, (list, tuple)) and all(isinstance(a, str) for a in args):
+    conn, argv = None, []
+    if plain and isinstance(args, (list, tuple)):
+        argv = [os.fspath(a) if isinstance(a, os.PathLike) else a for a in args]
+    if argv and all(isinstance(a, str) for a in argv):
         streams = (p2cread, c2pwrite, errwrite)
-        conn = _ask(self, list(args), cwd, env, start_new_session, streams)
+        conn = _ask(self, argv, cwd, env, start_new_session, streams)
     if conn is None:
         return _ORIGINAL["_execute_child"](
             self, args, executable, preexec_fn, close_fds, pass_fds, cwd, env, startupinfo,
@@ -146,7 +148,7 @@ def _status(popen, block: bool) -> int | None:
         chunk = conn.recv(64)
         if not chunk:  # the server ended before the child: no status to read
             print(f"forked.py: no exit status for pid {popen.pid}", file=sys.stderr)
-            popen._fork_reply += b"%d\n" % _LOST
+            popen._fork_reply = b"%d\n" % _LOST
         popen._fork_reply += chunk
     conn.close()
     return int(popen._fork_reply.split(b"\n")[0])
