@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import select
+import signal
 import socket
 import subprocess
 import sys
@@ -44,7 +45,7 @@ def _execute_child(
     creationflags, shell, p2cread, p2cwrite, c2pread, c2pwrite, errread, errwrite,
     restore_signals, gid, gids, uid, umask, start_new_session, process_group,
 ):  # fmt: skip
-    plain = not (shell or executable or preexec_fn or pass_fds or gids) and umask < 0
+    plain = not (shell or executable or preexec_fn or pass_fds or gids) and umask < 0 and close_fds
     plain = plain and gid is None and uid is None and process_group == -1
     conn, argv = None, []
     if plain and isinstance(args, (list, tuple)):
@@ -88,6 +89,7 @@ def _ask(popen, args, cwd, env, session: bool, streams) -> socket.socket | None:
         sid=os.getsid(0),
         cpus=sorted(os.sched_getaffinity(0)),
         umask=_umask(),
+        ignored=_ignored_signals(),
     )
     body = json.dumps(request).encode()
     fds = [fd if fd != -1 else default for fd, default in zip(streams, (0, 1, 2))]
@@ -127,6 +129,19 @@ def _line(conn: socket.socket) -> str:
             raise ConnectionError("the server closed the connection")
         line += byte
     return line.decode().strip()
+
+
+def _ignored_signals() -> list[int]:
+    """The signals this process ignores (a child inherits that across exec), but SIGPIPE and
+    SIGXFSZ, which Python ignores in every process anyway."""
+    out = []
+    for number in set(signal.valid_signals()) - {signal.SIGPIPE, signal.SIGXFSZ}:
+        try:
+            if signal.getsignal(number) == signal.SIG_IGN:
+                out.append(int(number))
+        except (ValueError, OSError):
+            pass
+    return sorted(out)
 
 
 def _umask() -> int:

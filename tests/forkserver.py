@@ -15,8 +15,9 @@ standard streams passed along (SCM_RIGHTS). The server forks, replies the child'
 later its wait status, which ``Popen.wait``/``poll`` read. Anything else (other programs,
 interpreter options, ``preexec_fn``, ``pass_fds``, other users, another session, another
 import-time environment, ``MIRRORFIT_TESTS_PRELOAD=0``) starts a new process as before.
-Importing is not starting: no device, thread pool or backend of TensorFlow or JAX exists
-before the fork, so each child still sets its own devices.
+Importing is not starting: no device, runtime or backend of TensorFlow or JAX exists before
+the fork (only the few idle threads the imports start, which a child does not inherit), so
+each child still sets its own devices.
 """
 
 from __future__ import annotations
@@ -39,11 +40,12 @@ MODULES = {"tensorflow": ("numpy", "jax", "tensorflow"), "jax": ("numpy", "jax",
 # process. (PYTHONPATH and PYTHONUNBUFFERED are applied in the child instead.)
 IMPORT_TIME = (
     *("JAX_", "TF_", "XLA_", "CUDA_", "OMP_", "OPENBLAS_", "MKL_", "PYTHON"),
-    *("KERAS_HOME", "HOME", "LANG", "LC_", "LD_", "MALLOC_", "GLIBC_TUNABLES"),
+    *("KERAS_", "HOME", "LANG", "LC_", "LD_", "MALLOC_", "GLIBC_TUNABLES"),
 )
 _APPLIED_IN_CHILD = ("PYTHONPATH", "PYTHONUNBUFFERED")
 # match a prefix, but read later: when a cluster is resolved, when CUDA starts (not on import)
-_READ_LATER = ("TF_CONFIG", "CUDA_VISIBLE_DEVICES")
+# (KERAS_BACKEND picks the server, and a child that changes it exits 3)
+_READ_LATER = ("TF_CONFIG", "CUDA_VISIBLE_DEVICES", "KERAS_BACKEND")
 SOCKETS = "MIRRORFIT_TESTS_FORKSERVERS"  # the folder of the servers' sockets, <backend>.sock
 OFF = "MIRRORFIT_TESTS_PRELOAD"  # "0": new processes only
 BACKEND = "MIRRORFIT_TESTS_KERAS_BACKEND"  # the backend a program runs on, where argv can't tell
@@ -67,6 +69,12 @@ def keras_backend(argv: list[str], env: dict[str, str]) -> str:
             flag = arg.split("=", 1)[1]
     if flag is not None:
         return flag
+    for arg in argv:  # a bench point: python -m mirrorfit.bench.point '{"backend": ...}'
+        if arg.startswith("{") and '"backend"' in arg:
+            try:
+                return json.loads(arg)["backend"]
+            except (ValueError, TypeError, KeyError):
+                pass
     named = [arg for arg in argv if arg in MODULES]
     if named:
         return named[0]
@@ -96,11 +104,12 @@ def server_for(argv: list[str], env: dict[str, str], cwd: str) -> str | None:
 # ---- the server ------------------------------------------------------------------------
 
 
-def serve(backend: str, path: str) -> int | None:
+def serve(backend: str, path: str) -> tuple[int, bool] | None:
     """Import the backend's modules, listen on ``path`` and fork a child per request until
-    stdin ends; return None there, or in a child the program's exit code."""
+    stdin ends; return None there, or in a child what :func:`_run` returns."""
     from forked import install
 
+    started = dict(os.environ)  # before the imports: Keras's sets a variable
     for name in MODULES[backend]:
         __import__(name)
     gc.freeze()  # what is imported stays out of the children's collections (and unwritten)
@@ -108,7 +117,6 @@ def serve(backend: str, path: str) -> int | None:
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
     listener.listen(64)
-    started = dict(os.environ)
     entries = started.get("PYTHONPATH", "").split(os.pathsep) if started.get("PYTHONPATH") else []
     started_tail = sys.path[1 + len(entries) :]  # sys.path past PYTHONPATH's entries
     wake_r, wake_w = os.pipe()
@@ -217,16 +225,19 @@ def _refusal(request: dict, started: dict) -> str:
         return "import-time settings differ: " + ",".join(differs)
     if not request["session"] and request["sid"] != os.getsid(0):
         return "another session"
-    shadowed = _shadowed(env.get("PYTHONPATH", ""), started.get("PYTHONPATH", ""), request["cwd"])
+    argv, cwd = request["argv"], request["cwd"]
+    path0 = cwd if argv[0] in ("-m", "-c") else os.path.dirname(os.path.join(cwd, argv[0]))
+    path = os.pathsep.join([path0, env.get("PYTHONPATH", "")])
+    shadowed = _shadowed(path, started.get("PYTHONPATH", ""), cwd)
     if shadowed:
         return "its PYTHONPATH has its own " + ",".join(shadowed)
     return ""
 
 
 def _shadowed(path: str, started: str, cwd: str) -> list[str]:
-    """The modules imported here that a folder on ``path`` (from ``cwd``) but not on
-    ``started`` (two PYTHONPATH values) would have given a new process instead (a stand-in
-    tensorflow)."""
+    """The modules imported here that a folder on ``path`` (from ``cwd``: the program's own
+    folder, then its PYTHONPATH) but not on ``started`` (the server's PYTHONPATH) would have
+    given a new process instead (a stand-in tensorflow)."""
     loaded = {name.partition(".")[0] for name in sys.modules} - {"forked", "forkserver"}
     before = {os.path.abspath(p) for p in started.split(os.pathsep) if p}
     folders = {os.path.join(cwd, p) for p in path.split(os.pathsep) if path} - before
@@ -240,8 +251,9 @@ def _shadowed(path: str, started: str, cwd: str) -> list[str]:
     return sorted(found)
 
 
-def _run(request: dict, fds: list[int], path_tail: list[str]) -> int:
-    """In the child: become ``python ARGV`` as the request says and return its exit code."""
+def _run(request: dict, fds: list[int], path_tail: list[str]) -> tuple[int, bool]:
+    """In the child: become ``python ARGV`` as the request says; return its exit code and
+    whether it ended on Ctrl-C (KeyboardInterrupt)."""
     if request["session"]:
         os.setsid()
     else:
@@ -251,6 +263,8 @@ def _run(request: dict, fds: list[int], path_tail: list[str]) -> int:
             os.dup2(fd, target)
     for fd in set(fds) - {0, 1, 2}:
         os.close(fd)
+    for number in request["ignored"]:  # dispositions that survive exec; handlers do not
+        signal.signal(number, signal.SIG_IGN)
     os.sched_setaffinity(0, request["cpus"])
     os.umask(request["umask"])
     os.chdir(request["cwd"])
@@ -258,11 +272,14 @@ def _run(request: dict, fds: list[int], path_tail: list[str]) -> int:
     os.environ.clear()
     os.environ.update(env)
     _python_settings(env, path_tail)
+    if "tempfile" in sys.modules:  # TensorFlow's import fixed it from the server's TMPDIR
+        sys.modules["tempfile"].tempdir = None
     if "numpy" in sys.modules:  # NumPy's global generator would be the same in every child
         sys.modules["numpy"].random.seed()
     exit_now = os._exit  # mirrorfit's CLI ends with os._exit: checked on that way out too
     os._exit = lambda code: exit_now(_same_backend(code))
-    return _same_backend(_main(request["argv"]))
+    code, interrupted = _main(request["argv"])
+    return _same_backend(code), interrupted
 
 
 def _python_settings(env: dict[str, str], path_tail: list[str]) -> None:
@@ -275,8 +292,8 @@ def _python_settings(env: dict[str, str], path_tail: list[str]) -> None:
     sys.stderr.reconfigure(write_through=unbuffered)
 
 
-def _main(argv: list[str]) -> int:
-    """Run ``python ARGV`` in this process; its exit code (-N: ended by signal N)."""
+def _main(argv: list[str]) -> tuple[int, bool]:
+    """Run ``python ARGV`` in this process; its exit code, and whether Ctrl-C ended it."""
     try:
         if argv[0] == "-m":
             sys.argv = [argv[1], *argv[2:]]
@@ -292,16 +309,16 @@ def _main(argv: list[str]) -> int:
             runpy.run_path(argv[0], run_name="__main__")
     except SystemExit as e:
         if e.code is None or isinstance(e.code, int):
-            return e.code or 0
+            return e.code or 0, False
         print(e.code, file=sys.stderr)
-        return 1
+        return 1, False
     except KeyboardInterrupt:  # as the interpreter would: killed by SIGINT
         traceback.print_exc()
-        return -signal.SIGINT
+        return 1, True
     except BaseException:  # as the interpreter would: the traceback on stderr, exit code 1
         traceback.print_exc()
-        return 1
-    return 0
+        return 1, False
+    return 0, False
 
 
 def _same_backend(code: int) -> int:
@@ -321,11 +338,15 @@ def _same_backend(code: int) -> int:
     return 3
 
 
-def _end(code: int) -> None:
-    """End a child as Python ends a program: its threads joined, atexit handlers run, its
-    objects collected (an unclosed file flushed), streams flushed; killed by the signal for a
-    negative code. Not the interpreter's teardown of the preloaded modules: about a second of
-    CPU per child for TensorFlow, that a new process running a light program never pays."""
+def _end(code: int, interrupted: bool) -> None:
+    """End a child as Python ends a program: killed by SIGINT after Ctrl-C, else ``code``.
+    Where the program started TensorFlow's or JAX's runtime, with the interpreter's whole
+    teardown, as a new process would. Else without the teardown of the preloaded modules
+    (about a second of CPU per child for TensorFlow, that a new process running a light program
+    never pays): its threads joined, atexit handlers run, its objects collected (an unclosed
+    file flushed), streams flushed."""
+    if not interrupted and _runtime_started():
+        sys.exit(code)
     getattr(threading, "_shutdown", lambda: None)()
     atexit._run_exitfuncs()
     gc.collect()
@@ -334,13 +355,25 @@ def _end(code: int) -> None:
             stream.flush()
         except (OSError, ValueError):
             pass
-    if code < 0:  # KeyboardInterrupt: killed by SIGINT, as Python ends
-        signal.signal(-code, signal.SIG_DFL)
-        os.kill(os.getpid(), -code)
+    if interrupted:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
     _EXIT(code & 0xFF)
 
 
+def _runtime_started() -> bool:
+    """Whether this process started TensorFlow's eager runtime or a JAX backend (True where
+    it cannot tell)."""
+    context = sys.modules.get("tensorflow.python.eager.context")
+    if context is not None:
+        current = getattr(context, "context_safe", lambda: True)()
+        if current is not None and getattr(current, "_initialized", True):
+            return True
+    bridge = sys.modules.get("jax._src.xla_bridge")
+    return bridge is not None and bool(getattr(bridge, "_backends", True))
+
+
 if __name__ == "__main__":
-    code = serve(sys.argv[1], sys.argv[2])
-    if code is not None:
-        _end(code)
+    child = serve(sys.argv[1], sys.argv[2])
+    if child is not None:
+        _end(*child)

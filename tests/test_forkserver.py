@@ -110,6 +110,7 @@ def test_a_forked_program_s_own_python_programs_are_forked_too(tmp_path):
         ("raise KeyboardInterrupt", -2),  # as Python ends on Ctrl-C: killed by SIGINT
         ("import os\nos.environ['KERAS_BACKEND'] = 'tensorflow'\nos._exit(0)", 3),
         ("sys.exit('bad')", 1),
+        ("sys.exit(-1)", 255),  # an exit code, not a signal
     ],
 )
 def test_every_way_out_gives_a_new_process_s_exit_code(tmp_path, text, code):
@@ -131,6 +132,25 @@ def test_a_forked_program_ends_as_python_ends_a_program(tmp_path):
         env = dict(_env(), MIRRORFIT_TESTS_KERAS_BACKEND=server)
         proc = subprocess.run(_program(tmp_path, text), capture_output=True, env=env, timeout=60)
         assert proc.returncode == 0 and out.read_text() == "thread atexit ", (server, proc)
+
+
+def test_a_forked_program_gets_its_tmpdir_ignored_signals_and_own_folder_s_modules(tmp_path):
+    """TensorFlow's import fixes tempfile's folder, a SIG_IGN outlives exec, and a module
+    beside the program comes before an installed one of that name."""
+    text = (
+        "import signal, tempfile\n"
+        "print(tempfile.gettempdir(), signal.getsignal(signal.SIGUSR1) == signal.SIG_IGN)\n"
+    )
+    env = dict(_env(), TMPDIR=str(tmp_path), MIRRORFIT_TESTS_KERAS_BACKEND="tensorflow")
+    previous = signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    try:
+        proc = subprocess.run(_program(tmp_path, text), capture_output=True, text=True, env=env)
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    assert proc.stdout == f"{tmp_path} True\n", proc
+    (tmp_path / "numpy.py").write_text("print('the program folder numpy')\n")
+    proc = subprocess.run(_program(tmp_path, "import numpy\n"), capture_output=True, text=True)
+    assert proc.stdout == "the program folder numpy\n", proc
 
 
 def test_children_do_not_share_numpy_s_global_random_state(tmp_path):
@@ -163,6 +183,7 @@ def test_children_do_not_share_numpy_s_global_random_state(tmp_path):
         ([BLOCKED, "tensorflow", "train", "--backend", "jax"], {}, "jax"),
         ([BLOCKED, "tensorflow", "train"], {}, None),
         ([BLOCKED, "jax", "train", "--backend", "jax"], {}, None),
+        (["-m", "mirrorfit.bench.point", '{"kind": "peak", "backend": "jax"}'], {}, "jax"),
         (["-u", PROBE], {}, None),  # interpreter options: a new process
         ([str(HERE / "no_such_driver.py")], {}, None),
     ],
