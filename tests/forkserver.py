@@ -195,24 +195,25 @@ def _accept(conn: socket.socket, started: dict, children: dict) -> tuple | None:
 
 
 def _receive(conn: socket.socket) -> tuple[dict, list[int]]:
+    """A request: its length in 16 bytes with the three stream fds, then its JSON."""
     head, fds, _, _ = socket.recv_fds(conn, 16, 3)
-    while len(head) < 16:
-        more = conn.recv(16 - len(head))
-        if not more:
-            raise ValueError("short request")
-        head += more
-    body = b""
-    size = int(head)
-    while len(body) < size:
-        more = conn.recv(size - len(body))
-        if not more:
-            raise ValueError("short request")
-        body += more
+    body = _exactly(conn, int(_exactly(conn, 16, head)))
     if len(fds) != 3:
         for fd in fds:
             os.close(fd)
         raise ValueError("three streams expected")
     return json.loads(body), fds
+
+
+def _exactly(conn: socket.socket, size: int, start: bytes = b"") -> bytes:
+    """``size`` bytes from ``conn``, ``start`` the first of them."""
+    data = start
+    while len(data) < size:
+        more = conn.recv(size - len(data))
+        if not more:
+            raise ValueError("short request")
+        data += more
+    return data
 
 
 def _refusal(request: dict, started: dict) -> str:
@@ -227,10 +228,10 @@ def _refusal(request: dict, started: dict) -> str:
         return "another session"
     argv, cwd = request["argv"], request["cwd"]
     path0 = cwd if argv[0] in ("-m", "-c") else os.path.dirname(os.path.join(cwd, argv[0]))
-    path = os.pathsep.join([path0, env.get("PYTHONPATH", "")])
+    path = os.pathsep.join([path0, env["PYTHONPATH"]]) if env.get("PYTHONPATH") else path0
     shadowed = _shadowed(path, started.get("PYTHONPATH", ""), cwd)
     if shadowed:
-        return "its PYTHONPATH has its own " + ",".join(shadowed)
+        return "its folder or PYTHONPATH has its own " + ",".join(shadowed)
     return ""
 
 
@@ -240,7 +241,7 @@ def _shadowed(path: str, started: str, cwd: str) -> list[str]:
     given a new process instead (a stand-in tensorflow)."""
     loaded = {name.partition(".")[0] for name in sys.modules} - {"forked", "forkserver"}
     before = {os.path.abspath(p) for p in started.split(os.pathsep) if p}
-    folders = {os.path.join(cwd, p) for p in path.split(os.pathsep) if path} - before
+    folders = {os.path.abspath(os.path.join(cwd, p)) for p in path.split(os.pathsep)} - before
     found = set()
     for folder in folders:
         try:

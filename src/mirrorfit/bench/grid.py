@@ -366,25 +366,27 @@ def run_grid(
     results])]). ``on_run`` sees each result as it comes, the peaks' included (for progress).
     """
     # Twice, the best kept: a peak measured while the machine is busy would put MFU above 1.
-    peak = _measure_peaks(grid, runner, on_run)
     points = grid.points()
+    peak = _measure_peaks(grid, points, runner, on_run)
     runs: dict[Point, list[dict]] = {p: [] for p in points}
     for rep in range(grid.repeats):
         for point in points if rep % 2 == 0 else points[::-1]:
             result = runner(point)
             runs[point].append(result)
             on_run(point, result)
-    again = _measure_peaks(grid, runner, on_run)
+    again = _measure_peaks(grid, points, runner, on_run)
     peak = {b: {d: max(v, again[b].get(d, 0.0)) for d, v in peak[b].items()} for b in peak}
     return peak, [(p, runs[p]) for p in points]
 
 
 def _measure_peaks(
-    grid: Grid, runner: Callable[[Point], dict], on_run: Callable[[Point, dict], None]
+    grid: Grid,
+    points: list[Point],
+    runner: Callable[[Point], dict],
+    on_run: Callable[[Point, dict], None],
 ) -> dict:
-    """Each backend's matmul peak (FLOP/s by dtype, those its points compute in): its MFU's
-    denominator."""
-    points = grid.points()
+    """Each backend's matmul peak (FLOP/s by dtype, those its ``points`` compute in): its
+    MFU's denominator."""
     peak = {}
     for backend in grid.backends:
         used = {COMPUTE_DTYPES[p.precision] for p in points if p.backend == backend}

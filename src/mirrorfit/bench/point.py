@@ -13,6 +13,8 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 
+from mirrorfit.models.precision import COMPUTE_DTYPES
+
 
 @dataclass(frozen=True)
 class Point:
@@ -41,7 +43,7 @@ class Point:
     label_feature: str = "image/class/label"
     cache: str | None = None
     validation_split: float | None = None
-    dtypes: tuple[str, ...] = ("float32", "bfloat16", "float16")  # peak: the dtypes to measure
+    dtypes: tuple[str, ...] = tuple(COMPUTE_DTYPES.values())  # peak: the dtypes to measure
 
     def __post_init__(self) -> None:
         # from JSON as lists; a Point is a dict key
