@@ -119,9 +119,9 @@ def _ports(n: int) -> list[str]:
     return [f"127.0.0.1:{port}" for port in free_ports(n)]
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("backend", ["jax", "tensorflow"])
-def test_workers_with_different_seeds_both_exit_2_naming_the_seed(backend):
+def _two_workers(backend: str, per_worker: list[list[str]]) -> list[tuple[int, str]]:
+    """``mirrorfit train`` as two multi-worker tasks under hand-made TF_CONFIGs, worker i with
+    ``per_worker[i]`` added: (exit code, stderr) of each."""
     workers = _ports(2)
     procs = []
     for index in (0, 1):
@@ -131,21 +131,10 @@ def test_workers_with_different_seeds_both_exit_2_naming_the_seed(backend):
                 {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}}
             ),
         )
+        argv = ["train", "--backend", backend, "--strategy", "multi-worker", *RUN]
         procs.append(
             subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "mirrorfit",
-                    "train",
-                    "--backend",
-                    backend,
-                    "--strategy",
-                    "multi-worker",
-                    *RUN,
-                    "--seed",
-                    str(index + 1),
-                ],
+                [sys.executable, "-m", "mirrorfit", *argv, *per_worker[index]],
                 env=env,
                 cwd=ROOT,
                 stdout=subprocess.PIPE,
@@ -154,13 +143,55 @@ def test_workers_with_different_seeds_both_exit_2_naming_the_seed(backend):
             )
         )
     errs = [p.communicate(timeout=300)[1] for p in procs]
-    for index, (proc, err) in enumerate(zip(procs, errs)):
-        assert proc.returncode == 2, err[-3000:]
+    return [(p.returncode, err) for p, err in zip(procs, errs)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["jax", "tensorflow"])
+def test_workers_with_different_seeds_both_exit_2_naming_the_seed(backend):
+    for index, (code, err) in enumerate(_two_workers(backend, [["--seed", "1"], ["--seed", "2"]])):
+        assert code == 2, err[-3000:]
         assert err.strip().splitlines()[-1] == (
             f"mirrorfit: error: worker {index}: the workers disagree on --seed (worker 0: "
             "--seed 1, worker 1: --seed 2); give every worker the same --seed, or they train "
             "different models"
         )
+
+
+def _npz(path: Path, shift: int) -> str:
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 255, size=(1024, 8, 8), dtype=np.uint8)
+    y = rng.integers(0, 10, size=1024)
+    y[:shift] = (y[:shift] + 1) % 10  # the same shapes and classes, other labels
+    np.savez(path, x_train=x, y_train=y)
+    return str(path)
+
+
+def test_a_summary_of_array_data_holds_their_bytes(tmp_path):
+    from mirrorfit.data.sources import load_data
+
+    def data(spec):
+        return load_data(spec, global_batch=64, seed=0, workers=2, eval_batch=64)
+
+    assert agreement.data_summary(data(_npz(tmp_path / "a.npz", 0))) != agreement.data_summary(
+        data(_npz(tmp_path / "b.npz", 20))
+    )
+    same = agreement.data_summary(data(_npz(tmp_path / "c.npz", 0)))
+    assert same == agreement.data_summary(data(_npz(tmp_path / "a.npz", 0)))  # not the path
+    assert "the training data's content" in same
+
+
+@pytest.mark.slow
+def test_workers_reading_other_labels_both_exit_2_naming_the_data(tmp_path):
+    """Worker 1's copy of the data has 20 labels changed: on main both trained on, exit 0 (the
+    counts and shapes agreed); now both stop before the first step."""
+    files = [_npz(tmp_path / "w0.npz", 0), _npz(tmp_path / "w1.npz", 20)]
+    ran = _two_workers("jax", [["--model", "mlp", "--data", f] for f in files])
+    for index, (code, err) in enumerate(ran):
+        assert code == 2, err[-3000:]
+        last = err.strip().splitlines()[-1]
+        assert f"worker {index}: the workers disagree on the training data's content" in last
+        assert "give every worker the same data (copies of it)" in last
 
 
 @pytest.mark.slow

@@ -10,6 +10,7 @@ import dataclasses
 import hashlib
 
 from mirrorfit.config import TrainConfig
+from mirrorfit.data.spec import KINDS
 from mirrorfit.errors import ConfigError
 
 # What may differ from worker to worker: where this process finds things or writes its own
@@ -65,12 +66,16 @@ def must_match(config: TrainConfig, replicas: int, local_replicas: int) -> dict[
 
 def data_summary(data) -> dict[str, str]:
     """What the workers' training data must share, whatever their paths: its examples, the
-    shape of one and the classes (its content is not compared: copies on two hosts differ in
-    their files' times)."""
-    return {
+    shape of one and the classes, and the hash of its bytes where the source's fingerprint
+    is one (arrays: MNIST, a .npz, a function's; not files, whose fingerprint holds their
+    times, which differ between two hosts' copies)."""
+    summary = {
         "the training data": f"{data.train_examples} examples of shape "
         f"{tuple(data.input_shape)}, {data.num_classes} classes"
     }
+    if not KINDS[data.kind].files:
+        summary["the training data's content"] = f"hash {data.fingerprint}"
+    return summary
 
 
 def check_agreement(settings: dict[str, str], dist) -> None:
@@ -101,9 +106,10 @@ def check_agreement(settings: dict[str, str], dist) -> None:
     texts = dist.gather(list(_encode(settings[flag])))
     each = ", ".join(f"worker {w}: {flag} {_decode(row)}" for w, row in enumerate(texts))
     also = f" (they differ in {', '.join(differ[1:])} too)" if len(differ) > 1 else ""
+    same = f"the same {flag}" if flag.startswith("--") else "the same data (copies of it)"
     raise ConfigError(
         f"{dist.task}: the workers disagree on {flag} ({each}){also}; give every "
-        f"worker the same {flag}, or they train different models"
+        f"worker {same}, or they train different models"
     )
 
 
