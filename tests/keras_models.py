@@ -41,6 +41,29 @@ def chapter_cnn():
     return model
 
 
+def digits(input_shape=(28, 28), num_classes=10):
+    """A user's MNIST classifier, compiled with its own optimizer and loss."""
+    model = keras.Sequential(
+        [
+            keras.Input(input_shape),
+            keras.layers.Rescaling(1 / 255),
+            keras.layers.Flatten(),
+            keras.layers.Dense(num_classes, activation="softmax"),
+        ]
+    )
+    model.compile(
+        optimizer=keras.optimizers.Adam(1e-3),
+        loss="sparse_categorical_crossentropy",
+        metrics=["accuracy"],
+    )
+    return model
+
+
+def digits_for_the_data(input_shape, num_classes):
+    """The same, with no defaults: mirrorfit builds it for the data's shape and classes."""
+    return digits(input_shape, num_classes)
+
+
 def regression_data():
     rng = np.random.default_rng(0)
     x = rng.normal(size=(500, 8)).astype("float32")

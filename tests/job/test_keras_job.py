@@ -51,6 +51,33 @@ def test_a_compiled_regression_trains_as_compiled(backend, tmp_path):
     assert history["loss"][-1] < history["loss"][0] / 2  # float targets, kept float
 
 
+def test_a_compiled_model_built_for_the_datas_shape_trains_as_compiled(tmp_path):
+    """A function with no defaults for input_shape/num_classes gets the data's and, compiled,
+    trains as compiled: the same history as the same model with defaults (on main it trained
+    as the built-in model, with SGD and the built-in loss, exit 0)."""
+    histories = {}
+    for fn in ("digits", "digits_for_the_data"):
+        out = tmp_path / f"{fn}.json"
+        proc = run_cli(
+            "train",
+            "--backend",
+            "jax",
+            "--model",
+            f"keras_models:{fn}",
+            "--epochs",
+            "1",
+            "--no-progress",
+            "--metrics-out",
+            str(out),
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert "(trained through mirrorfit.fit)" in proc.stderr, proc.stderr[-3000:]
+        assert "optimizer: Adam 0.001" in proc.stderr
+        histories[fn] = json.loads(out.read_text())["history"]
+    assert histories["digits_for_the_data"] == histories["digits"]
+    assert histories["digits"]["accuracy"][0] > 0.8
+
+
 def test_the_chapters_cnn_on_uint8_learns_with_its_state_split(mnist_dir, tmp_path):
     out = tmp_path / "m.json"
     proc = run_cli(

@@ -20,7 +20,7 @@ from mirrorfit.job.checks import check_run
 from mirrorfit.engine import backends
 from mirrorfit.engine.progress import EpochProgress
 from mirrorfit.engine.controller import Trainer
-from mirrorfit.errors import ClusterError, ConfigError
+from mirrorfit.errors import ClusterError
 from mirrorfit.models.build import model_factory
 from mirrorfit.job.observe import CpuGpuSampler, ScalarWriter, out_of_memory_hint
 from mirrorfit.job.preemption import PreemptionGuard
@@ -129,7 +129,10 @@ def _train(
     if not dist.is_chief:  # only the chief talks; the others say only what goes wrong
         console = Console(stderr=True, soft_wrap=True, quiet=True)
     clock.lap("devices")
-    compiled = _compiled_user_model(config, engine, setup, dist)
+    data = None
+    if _built_for_the_data(config):  # a --model function that takes the data's shape
+        data = _run_data(config, dist, clock)
+    compiled = _compiled_user_model(config, engine, setup, dist, data)
     if compiled is not None:  # the Keras user's way: trained as compiled (job/keras_job.py)
         from mirrorfit.job import keras_job
 
@@ -138,10 +141,8 @@ def _train(
         if dist.workers > 1:
             console.print(f"strategy: {dist.describe()}")
         return keras_job.run(config, console, compiled[0], compiled=compiled[1], clock=clock)
-    _, global_batch = config.batch_sizes(dist.replicas)
-    data = load_run_data(config, global_batch, dist)
-    check_agreement(data_summary(data), dist)
-    clock.lap("data")
+    if data is None:
+        data = _run_data(config, dist, clock)
     # The model is built for the data: its input shape and classes (mlp/cnn take MNIST's when
     # the data is MNIST, as before).
     factory = model_factory(
@@ -163,6 +164,25 @@ def _train(
         clock=clock,
     )
     return finish(run, _fit(run))
+
+
+def _run_data(config: TrainConfig, dist, clock: _Clock):
+    """The run's data, checked to be every worker's."""
+    _, global_batch = config.batch_sizes(dist.replicas)
+    data = load_run_data(config, global_batch, dist)
+    check_agreement(data_summary(data), dist)
+    clock.lap("data")
+    return data
+
+
+def _built_for_the_data(config: TrainConfig) -> bool:
+    """Whether ``--model`` is a function with a required ``input_shape``/``num_classes`` that
+    the flags do not give: it is built for the data's, so the data open first."""
+    from mirrorfit.models.build import needs_data_shape
+
+    return ":" in config.model and needs_data_shape(
+        config.model, config.input_shape, config.num_classes
+    )
 
 
 def _devices(config: TrainConfig, engine, cluster, console: Console, guard: PreemptionGuard):
@@ -325,27 +345,21 @@ def _fit(run: Run):
     return history
 
 
-def _compiled_user_model(config: TrainConfig, engine, setup, dist):
+def _compiled_user_model(config: TrainConfig, engine, setup, dist, data):
     """A ``--model package.module:function`` that returns a compiled model (or is given
-    ``--loss``), built here under the strategy: ``(model, compiled)``; None for the default
-    loop (a built-in model, or a function that needs the data's shape to build)."""
+    ``--loss``), built here under the strategy (for ``data``'s shape and classes where the
+    function needs them and the flags do not say): ``(model, compiled)``; None for the
+    default loop (a built-in model, or an uncompiled one without ``--loss``)."""
     from mirrorfit.job import keras_job
-    from mirrorfit.models.build import needs_data_shape
     from mirrorfit.models.precision import as_precision
 
-    if ":" not in config.model or needs_data_shape(
-        config.model, config.input_shape, config.num_classes
-    ):
-        if config.loss is not None:
-            raise ConfigError(
-                f"--loss: --model {config.model} needs the data's shape to "
-                "build; give --input-shape (and --num-classes), or give the "
-                "function defaults"
-            )
+    if ":" not in config.model:
         return None
     engine.seed(config.seed)
     factory = model_factory(
-        config.model, input_shape=config.input_shape, num_classes=config.num_classes
+        config.model,
+        input_shape=data.input_shape if data is not None else config.input_shape,
+        num_classes=data.num_classes if data is not None else config.num_classes,
     )
     strategy = getattr(dist, "strategy", None)
 
