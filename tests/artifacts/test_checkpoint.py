@@ -522,16 +522,20 @@ def test_checkpoints_are_fsynced_before_the_rename(tmp_path, monkeypatch):
     assert done[-1] == str(tmp_path)  # the folder, after the rename
 
 
-@pytest.mark.parametrize("damage", ["state.data", "state.index", "meta.json"])
+@pytest.mark.parametrize("damage", ["state.data", "state.index", "meta.json", "meta.json's epoch"])
 def test_restore_falls_back_past_a_corrupt_newest_checkpoint(tmp_path, batches, damage):
     from mirrorfit.artifacts.checkpoint import Checkpointer
 
     trainer = _trainer()
     ckpt = Checkpointer(tmp_path, trainer=trainer, model_spec="tiny", data=batches.order)
     trainer.fit(batches, epochs=2, callbacks=[ckpt.epoch_callback])
-    (victim,) = (tmp_path / "ckpt-000000016").glob(f"{damage}*")
+    file = damage.split("'")[0]
+    (victim,) = (tmp_path / "ckpt-000000016").glob(file + "*")
     data = victim.read_bytes()  # a power loss: the end never reached the disk, or garbage
-    victim.write_bytes(data[: len(data) // 2] if damage != "state.data" else b"\1" * len(data))
+    if damage == "meta.json's epoch":  # valid JSON and schema: only its checksum tells
+        victim.write_text(json.dumps({**json.loads(data), "epoch": 1}))
+    else:
+        victim.write_bytes(data[: len(data) // 2] if damage != "state.data" else b"\1" * len(data))
 
     notices, trainer = [], _trainer()
     ckpt = Checkpointer(
@@ -588,6 +592,7 @@ def test_hand_edited_epoch_logs_and_a_newer_format_are_one_line_naming_the_file(
 
     from mirrorfit.artifacts.checkpoint import CheckpointError, Checkpointer, load_model
     from mirrorfit.artifacts.checkpoint_meta import encode_epoch_logs
+    from mirrorfit.artifacts.checksums import sealed
 
     first = _trainer()
     ckpt = Checkpointer(tmp_path, trainer=first, model_spec="tiny", data=batches.order)
@@ -600,8 +605,10 @@ def test_hand_edited_epoch_logs_and_a_newer_format_are_one_line_naming_the_file(
         "examples_per_sec": 900.0,
     }
 
-    def restore(epoch_logs, raw=None):
-        text = json.dumps({**meta, "epoch": 0, "step_in_epoch": 8, "epoch_logs": epoch_logs})
+    def restore(epoch_logs, raw=None):  # resealed: the checks behind the checksum
+        text = json.dumps(
+            sealed({**meta, "epoch": 0, "step_in_epoch": 8, "epoch_logs": epoch_logs})
+        )
         file.write_text(text if raw is None else text.replace('"epoch_logs": null', raw))
         return Checkpointer(
             tmp_path, trainer=_trainer(), model_spec="tiny", data=batches.order

@@ -9,6 +9,8 @@ import keras
 import numpy as np
 import pytest
 
+from mirrorfit.artifacts.checksums import sealed
+
 from test_checkpoint import _drive, _trainer
 
 pytestmark = pytest.mark.slow
@@ -330,7 +332,7 @@ def test_a_run_stopped_before_an_epochs_end_runs_that_end_once_on_resume(tmp_pat
 
     # A checkpoint that did not keep the metrics: its epoch's end reports NaN, not zeros.
     file = tmp_path / "no_logs" / f"ckpt-{steps:09d}" / "meta.json"
-    file.write_text(json.dumps({**json.loads(file.read_text()), "epoch_logs": None}))
+    file.write_text(json.dumps(sealed({**json.loads(file.read_text()), "epoch_logs": None})))
     last = _trainer()
     Checkpointer(
         tmp_path / "no_logs", trainer=last, model_spec="tiny", data=batches.order
@@ -382,7 +384,7 @@ def test_a_hand_edited_data_value_of_another_type_is_shown_as_such(tmp_path, bat
     path = Checkpointer(tmp_path, trainer=_trainer(), model_spec="tiny", data=batches.order).save()
     meta = json.loads((path / "meta.json").read_text())
     meta["data"]["global_batch"] = str(meta["data"]["global_batch"])
-    (path / "meta.json").write_text(json.dumps(meta))
+    (path / "meta.json").write_text(json.dumps(sealed(meta)))  # resealed: behind the checksum
     ckpt = Checkpointer(tmp_path, trainer=_trainer(), model_spec="tiny", data=batches.order)
     with pytest.raises(CheckpointError, match="trained with global batch '32', this run has 32"):
         ckpt.restore_latest()

@@ -183,3 +183,31 @@ def test_keras_usage(backend, tmp_path):
     (said,) = r["own_loss_warned"]  # keras-io's compute_loss style ignores sample_weight
     assert "the model's compute_loss unless it weighs by sample_weight" in said
     assert r["numpy_ints_and_one_callback"] == 2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["jax", "tensorflow"])
+def test_a_damaged_newest_checkpoint_is_set_aside_and_the_previous_restored(backend, tmp_path):
+    """On main a flipped bit was restored and trained on without a word, and a cut file was
+    refused although an older checkpoint was there (tests/fitting/resume.py)."""
+    proc = _run([str(HERE / "resume.py"), backend, str(tmp_path)])
+    output, _ = proc.communicate(timeout=400)
+    assert proc.returncode == 0, output[-3000:]
+    r = json.loads((tmp_path / "result.json").read_text())
+    for name, why in (
+        ("flipped", "state.weights.h5 does not match its checksum"),
+        ("cut", "state.weights.h5 has "),
+    ):
+        assert name + "_error" not in r, r.get(name + "_error")
+        ((said,),) = [r[name + "_warnings"]]
+        assert f"epoch-000002 cannot be read ({why}" in said, said
+        assert "moved it to corrupt-epoch-000002-" in said
+        assert "resuming from the previous one, epoch-000001" in said
+        assert r[name + "_epochs_run"] == 2 and r[name + "_equal_whole"]
+        folder = r[name + "_folder"]
+        assert [n for n in folder if n.startswith("epoch-")] == [
+            f"epoch-00000{i}" for i in (1, 2, 3)
+        ]
+        assert len([n for n in folder if n.startswith("corrupt-epoch-000002-")]) == 1
+    assert "was trained with Adam learning_rate=0.01; this model is compiled with " in r["other_lr"]
+    assert "learning_rate=0.0001" in r["other_lr"] and "\n" not in r["other_lr"]

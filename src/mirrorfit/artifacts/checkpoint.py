@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from mirrorfit import _io
+from mirrorfit.artifacts.checksums import file_sums, sealed
 from mirrorfit.artifacts.checkpoint_meta import (
     EPOCH_END_KEYS,
     FORMAT,
@@ -32,6 +33,7 @@ from mirrorfit.artifacts.checkpoint_meta import (
     check_backend,
     check_data,
     check_epoch_logs,
+    check_files,
     StructureError,
     check_identity,
     check_settings,
@@ -40,6 +42,7 @@ from mirrorfit.artifacts.checkpoint_meta import (
     list_checkpoints,
     read_meta,
     require_checkpoints,
+    set_aside,
 )
 from mirrorfit.data.pipeline import DataOrder
 from mirrorfit.engine.backends import ENGINES
@@ -163,6 +166,11 @@ class Checkpointer:
             check_data(path, meta, self.data, self.flags)
             check_epoch_logs(path, meta, {*self.trainer.train_logs(), *EPOCH_END_KEYS})
             try:
+                check_files(path, meta)
+            except CheckpointError as e:
+                unreadable.append((path, e.reason))
+                continue
+            try:
                 self._state.read(path)
             except StructureError as e:  # the files were read: their structure differs
                 raise CheckpointError(
@@ -195,8 +203,7 @@ class Checkpointer:
         if not self.writer:
             return
         for path, why in unreadable:
-            aside = _unused(self.directory, f"corrupt-{path.name}-{time.strftime('%Y%m%d-%H%M%S')}")
-            os.rename(path, aside)
+            aside = set_aside(path)
             self._on_notice(
                 f"checkpoint {path.name} cannot be read ({why}); moved it to "
                 f"{aside.name} and resuming from the previous one, {good.name}"
@@ -278,6 +285,7 @@ class Checkpointer:
             _finished(pending)
             if not self.writer:
                 return
+            meta = sealed({**meta, "files": file_sums(tmp)})
             (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
             _io.fsync_tree(tmp)  # TF's and Orbax's files too
             os.rename(tmp, final)
@@ -342,6 +350,8 @@ class Checkpointer:
             old.get(k) == meta[k] for k in ("epoch", "step_in_epoch", "step")
         ):
             return
+        if "files" in old:  # the same state files: their sums stand
+            meta = sealed({**meta, "files": old["files"]})
         # A full disk is one line naming the file; the old meta.json stays whole.
         _io.write_bytes_atomic(path / "meta.json", json.dumps(meta, indent=1).encode())
 
@@ -436,15 +446,6 @@ def _why(error: Exception) -> str:
     return f"{type(error).__name__}: {first}" if first else type(error).__name__
 
 
-def _unused(folder: Path, name: str) -> Path:
-    """``folder / name``, or ``name-2``, ``name-3``... if taken (two set-asides in a second)."""
-    path, n = folder / name, 1
-    while os.path.lexists(path):
-        n += 1
-        path = folder / f"{name}-{n}"
-    return path
-
-
 def _unreadable(path: Path, why: str, *, training: bool = True) -> "CheckpointError":
     instead = "pass --fresh to start over or " if training else ""
     return CheckpointError(
@@ -478,7 +479,11 @@ def load_model(
             continue
         net = _build_checked(path, meta["identity"], model)
         try:
+            check_files(path, meta)
             _read_model(path, meta, net)
+        except CheckpointError as e:
+            unreadable.append((path, e.reason))
+            continue
         except Exception as e:  # TF raises OpError, ValueError, IndexError... on bad files
             unreadable.append((path, _why(e)))
             continue

@@ -15,12 +15,15 @@ import stat
 from pathlib import Path
 from typing import Any, Mapping
 
+from mirrorfit.artifacts.checksums import files_problem, seal_problem
 from mirrorfit.errors import MirrorfitError
 
 # 2: adds "data", "flags", "examples_in_epoch"; 3: "settings", data "fingerprint"; 4:
 # "epoch_logs" (see checkpoint.Checkpointer.save), and an epoch-end save at the step of a step
-# hook's checkpoint rewrites its position to the next epoch's start.
-FORMAT = 4
+# hook's checkpoint rewrites its position to the next epoch's start; 5: "files" and "crc",
+# the checksums of every file (artifacts/checksums.py).
+FORMAT = 5
+SEALED = 5  # the first format whose checkpoints carry checksums
 _NAME = re.compile(r"ckpt-([0-9]+)")  # fullmatch, ASCII: \d and $ take "٣" and a newline
 # What each DataOrder field is called in a message.
 LABELS = {
@@ -63,7 +66,7 @@ def read_meta(path: Path) -> dict:
     not become a traceback later); CheckpointError naming the file if it is unusable."""
     file, meta = path / "meta.json", None
     try:
-        special = _special_file(path)  # before anything in it is opened
+        special = special_file(path)  # before anything in it is opened
     except OSError as e:
         special = f"{type(e).__name__} listing it"
     if special:
@@ -90,13 +93,32 @@ def read_meta(path: Path) -> dict:
             f"checkpoint {file} is corrupt or missing ({problem}); pass --fresh to start over",
             reason=f"meta.json: {problem}",
         )
+    sealed = meta.get("format", 1) >= SEALED and seal_problem(meta)
+    if sealed:
+        raise CheckpointError(
+            f"checkpoint {file} is corrupt ({sealed}); pass --fresh to start over",
+            reason=sealed,
+        )
     return meta
+
+
+def check_files(path: Path, meta: dict) -> None:
+    """CheckpointError (damage: set aside) when a file of checkpoint ``path`` is missing, cut
+    short or not the bytes it was written with; free for formats before checksums."""
+    if meta.get("format", 1) < SEALED:
+        return
+    problem = files_problem(path, meta.get("files"))
+    if problem:
+        raise CheckpointError(
+            f"checkpoint {path} is corrupt ({problem}); pass --fresh to start over",
+            reason=problem,
+        )
 
 
 MAX_META_BYTES = 1 << 20  # meta.json is a few KB; a hand-made one may not take the memory
 
 
-def _special_file(path: Path) -> str | None:
+def special_file(path: Path) -> str | None:
     """What makes checkpoint folder ``path`` unreadable without blocking or reading without
     bound: an entry (links followed) that is no plain file or folder (opening a FIFO waits for
     a writer forever; /dev/zero never ends), or a meta.json over MAX_META_BYTES."""
@@ -353,3 +375,22 @@ def require_checkpoints(directory: str | Path) -> list[Path]:
             f"no checkpoint in {directory}; train with --checkpoint-dir {directory} first"
         )
     return found
+
+
+def set_aside(path: Path) -> Path:
+    """Move checkpoint folder ``path`` out of the way as ``corrupt-NAME-TIME`` beside it (kept
+    for whoever wants to look at it, never read again as a checkpoint); the new path."""
+    import time
+
+    aside = _unused(path.parent, f"corrupt-{path.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    os.rename(path, aside)
+    return aside
+
+
+def _unused(folder: Path, name: str) -> Path:
+    """``folder / name``, or ``name-2``, ``name-3``... if taken (two set-asides in a second)."""
+    path, n = folder / name, 1
+    while os.path.lexists(path):
+        n += 1
+        path = folder / f"{name}-{n}"
+    return path

@@ -64,12 +64,19 @@ def fit(
         run = _Run(model, steps_per_execution, accum_steps, workers)
         callbacks = checked_callbacks(callbacks)
         if checkpoint_dir is not None:
-            from mirrorfit.fitting import checkpoints
+            from mirrorfit.artifacts import epoch_checkpoint as checkpoints
 
             directory = checkpoints.checked_dir(checkpoint_dir, writes=workers.is_chief)
             if workers.is_chief:
                 held.enter_context(checkpoints.locked(directory))
-            callbacks = [*callbacks, checkpoints.callback(directory, writes=workers.is_chief)]
+            callbacks = [
+                *callbacks,
+                checkpoints.callback(
+                    directory,
+                    writes=workers.is_chief,
+                    optimizer=checkpoints.optimizer_settings(model),
+                ),
+            ]
         epochs = _checked_int("epochs", epochs, 0)
         initial_epoch = _checked_int("initial_epoch", initial_epoch, 0)
         validation_freq = _checked_int("validation_freq", validation_freq, 1)

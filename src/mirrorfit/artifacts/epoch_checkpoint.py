@@ -2,9 +2,11 @@
 and read back by the next ``fit`` with the same DIR, which goes on from the epoch after it.
 
 A checkpoint is a folder ``DIR/epoch-NNNNNN`` holding ``state.weights.h5`` (Keras's
-``save_weights``: the model's variables and its optimizer's) and ``meta.json`` (the epoch and
-what the model must match: see :func:`_identity`), written in a hidden folder and renamed into
-place: a run killed while writing leaves no half checkpoint. The three latest are kept. One fit
+``save_weights``: the model's variables and its optimizer's) and ``meta.json`` (the epoch, what
+the model must match: see :func:`_identity`, and the checksums of both files), written in a
+hidden folder and renamed into place: a run killed while writing leaves no half checkpoint. A
+damaged newest checkpoint (a flipped bit, a cut file) is set aside as ``corrupt-epoch-...``,
+named in one warning, and the one before it restored. The three latest are kept. One fit
 writes to DIR at a time (a lock). On several workers the chief writes and every worker reads
 (DIR must be one they all see).
 """
@@ -15,11 +17,15 @@ import contextlib
 import json
 import os
 import shutil
+import warnings
 from pathlib import Path
 
+from mirrorfit.artifacts.checksums import file_sums, files_problem, seal_problem, sealed
+from mirrorfit.artifacts.checkpoint_meta import set_aside, special_file
 from mirrorfit.errors import FitError
 
 KEEP = 3  # checkpoints kept (as mirrorfit train keeps by default)
+FORMAT = 2  # 2: meta.json holds "format", "files" and "crc" (artifacts/checksums.py)
 _NAME = "epoch-"
 _STATE, _META = "state.weights.h5", "meta.json"
 
@@ -83,48 +89,97 @@ def locked(directory: Path):
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def latest(directory: Path) -> Path | None:
-    """The newest complete checkpoint in ``directory``, or None."""
+def checkpoints(directory: Path) -> list[Path]:
+    """The complete checkpoints in ``directory``, oldest first."""
     found = sorted(
         (int(p.name[len(_NAME) :]), p)
         for p in directory.glob(_NAME + "*")
         if p.name[len(_NAME) :].isdigit() and (p / _META).is_file()
     )
-    return found[-1][1] if found else None
+    return [p for _, p in found]
 
 
-def callback(directory: Path, *, writes: bool):
+def callback(directory: Path, *, writes: bool, optimizer: dict | None):
     """The Keras callback that restores at ``on_train_begin`` and (``writes``: the chief)
-    saves at every ``on_epoch_end``."""
+    saves at every ``on_epoch_end``. ``optimizer``: the model's optimizer settings as it was
+    compiled (:func:`optimizer_settings`, read before anything trained or restored)."""
     import keras
 
     class Checkpoints(keras.callbacks.Callback):
         def on_train_begin(self, logs=None):
-            found = latest(directory)
-            if found is not None:
-                self.model._initial_epoch = restore(self.model, found)
+            epoch = restore_newest(self.model, directory, optimizer, writes=writes)
+            if epoch is not None:
+                self.model._initial_epoch = epoch
 
         def on_epoch_end(self, epoch, logs=None):
             if writes:
-                save(self.model, directory, epoch + 1)
+                save(self.model, directory, epoch + 1, optimizer)
 
     return Checkpoints()
 
 
-def restore(model, found: Path) -> int:
-    """Load the checkpoint ``found`` into ``model``; the epoch to start from."""
+def restore_newest(model, directory: Path, optimizer: dict | None, *, writes: bool) -> int | None:
+    """Restore the newest readable checkpoint of ``directory`` into ``model``: the epoch to
+    start from, None without one. A damaged one is passed over (``writes``: set aside, with a
+    warning naming it) for the one before; FitError if none can be read, or if one is of
+    another model or optimizer settings (not damage: an older one is no better)."""
+    damaged: list[tuple[Path, str]] = []
+    for found in reversed(checkpoints(directory)):
+        meta, why = _read_meta(found)
+        if why is None:
+            _check_identity(model, found, meta, optimizer)
+            why = files_problem(found, meta.get("files")) if meta.get("format") else None
+        if why is None:
+            why = _load(model, found)
+        if why is not None:
+            damaged.append((found, why))
+            continue
+        for path, reason in damaged:
+            aside = set_aside(path) if writes else path
+            warnings.warn(
+                f"checkpoint {path} cannot be read ({reason}); "
+                + (f"moved it to {aside.name} and " if writes else "")
+                + f"resuming from the previous one, {found.name}",
+                stacklevel=2,
+            )
+        return meta["epoch"]
+    if damaged:
+        path, reason = damaged[0]
+        raise FitError(
+            f"checkpoint {path} cannot be read ({reason}); delete it to fall back to an "
+            "older one, or give another checkpoint_dir"
+        )
+    return None
+
+
+def _read_meta(found: Path) -> tuple[dict, str | None]:
+    """``found``'s meta.json and what makes it unusable (None: nothing)."""
     try:
+        special = special_file(found)
+        if special:
+            return {}, special
         meta = json.loads((found / _META).read_text(encoding="utf-8"))
+        if not isinstance(meta, dict):
+            raise ValueError("not an object")
         epoch = meta["epoch"]
         if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
             raise ValueError(f"epoch {epoch!r}")
         if found.name != f"{_NAME}{epoch:06d}":
             raise ValueError(f"epoch {epoch} in a folder named {found.name}")
+        fmt = meta.get("format")
+        if isinstance(fmt, int) and fmt > FORMAT:  # not damage: an older one is no better
+            raise FitError(
+                f"checkpoint {found} was written by a newer mirrorfit (format {fmt}, this one "
+                f"reads up to {FORMAT}); upgrade mirrorfit, or give another checkpoint_dir"
+            )
+        if fmt is not None and fmt != FORMAT:
+            raise ValueError(f"format {fmt!r}")
     except (OSError, ValueError, KeyError, TypeError) as e:
-        raise FitError(
-            f"{found / _META} is not a checkpoint's metadata ({type(e).__name__}: "
-            f"{_one_line(e)}); delete {found}, or give another checkpoint_dir"
-        ) from None
+        return {}, f"meta.json: {type(e).__name__}: {_one_line(e)}"
+    return meta, seal_problem(meta) if "format" in meta else None
+
+
+def _check_identity(model, found: Path, meta: dict, optimizer: dict | None) -> None:
     mine = _identity(model)
     reasons = {
         "model": lambda a, b: f"a {a}; this is a {b}",
@@ -138,14 +193,43 @@ def restore(model, found: Path) -> int:
                 f"{found} holds another model's checkpoint ({reason(meta.get(key), mine[key])}); "
                 "give another checkpoint_dir"
             )
+    theirs = meta.get("optimizer_settings")
+    if optimizer is None or not isinstance(theirs, dict) or theirs == optimizer:
+        return
+    name = next(k for k in sorted({*theirs, *optimizer}) if theirs.get(k) != optimizer.get(k))
+    was, now = _shown(theirs.get(name)), _shown(optimizer.get(name))
+    raise FitError(
+        f"{found} was trained with {mine['optimizer']} {name}={was}; this model is compiled "
+        f"with {name}={now}, and a resume would train on with the checkpoint's (the "
+        "optimizer's state holds it); compile the model as the checkpoint was to resume, or "
+        "give another checkpoint_dir to start over with these settings"
+    )
+
+
+def _shown(value) -> str:
+    return f"{value:.6g}" if isinstance(value, float) else repr(value)
+
+
+def _load(model, found: Path) -> str | None:
+    """Read ``found``'s state into ``model``; what failed, or None."""
     try:
         model.load_weights(found / _STATE)
     except (OSError, ValueError, KeyError) as e:
-        raise FitError(
-            f"{found / _STATE} cannot be loaded into this model ({type(e).__name__}: "
-            f"{_one_line(e)}); delete {found}, or give another checkpoint_dir"
-        ) from None
-    return epoch
+        return f"{_STATE}: {type(e).__name__}: {_one_line(e)}"
+    return None
+
+
+def optimizer_settings(model) -> dict | None:
+    """The settings of ``model``'s optimizer as JSON values (its class's ``get_config`` but
+    the name), or None where it has trained already: its settings (a learning rate a callback
+    lowered) are then no longer the ones it was compiled with."""
+    from keras import ops
+
+    opt = model.optimizer
+    if int(ops.convert_to_numpy(opt.iterations)) > 0:
+        return None
+    config = {k: v for k, v in opt.get_config().items() if k != "name"}
+    return json.loads(json.dumps(config, sort_keys=True, default=lambda o: type(o).__name__))
 
 
 def _differs(theirs, mine) -> str:
@@ -161,20 +245,19 @@ def _one_line(error: Exception) -> str:
     return " ".join(str(error).split())[:200]
 
 
-def save(model, directory: Path, epoch: int) -> Path | None:
+def save(model, directory: Path, epoch: int, optimizer: dict | None = None) -> Path | None:
     """Write the checkpoint of ``epoch`` (epochs done) and keep the :data:`KEEP` latest; None,
     with a warning, for weights that are not finite (the latest checkpoint stays the last
     finite state, as mirrorfit train keeps it)."""
-    import warnings
-
     from mirrorfit._io import fsync_dir, fsync_tree, remove_stale_temps, temp_tag
     from mirrorfit.artifacts.finite import first_non_finite
 
     bad = first_non_finite(model.weights)
     if bad is not None:
+        newest = checkpoints(directory)
         warnings.warn(
             f"the weights after epoch {epoch} are not finite ({bad}): no checkpoint written in "
-            f"{directory}; the latest stays {latest(directory) or 'none (no checkpoint yet)'}",
+            f"{directory}; the latest stays {newest[-1] if newest else 'none (no checkpoint yet)'}",
             stacklevel=2,
         )
         return None
@@ -182,17 +265,18 @@ def save(model, directory: Path, epoch: int) -> Path | None:
     tmp = directory / f".{_NAME}{temp_tag()}"
     tmp.mkdir()
     model.save_weights(tmp / _STATE)
+    meta = {"format": FORMAT, "epoch": epoch, **_identity(model), "files": file_sums(tmp)}
+    if optimizer is not None:
+        meta["optimizer_settings"] = optimizer
     with open(tmp / _META, "w", encoding="utf-8") as f:
-        json.dump({"epoch": epoch, **_identity(model)}, f)
+        json.dump(sealed(meta), f)
     fsync_tree(tmp)
     final = directory / f"{_NAME}{epoch:06d}"
     if final.exists():  # a run started over from epoch 0 in the same folder
         shutil.rmtree(final)
     os.replace(tmp, final)
     fsync_dir(directory)
-    done = sorted(
-        p for p in directory.glob(_NAME + "*") if p.name[len(_NAME) :].isdigit() and p != final
-    )
+    done = [p for p in checkpoints(directory) if p != final]
     for old in done[: max(0, len(done) - (KEEP - 1))]:
         shutil.rmtree(old, ignore_errors=True)
     return final

@@ -1,0 +1,80 @@
+"""mirrorfit.fit(checkpoint_dir=) as a user resumes it, on 2 replicas: a newest checkpoint with
+one flipped exponent bit of a bias, or cut in half, is set aside with one warning and the one
+before it restored, ending where an uninterrupted run ends; a model compiled with another
+learning rate is refused by name. Run as ``python resume.py BACKEND DIR`` (DIR/result.json).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+import mirrorfit
+
+BACKEND, DIR = sys.argv[1], Path(sys.argv[2])
+mirrorfit.setup(backend=BACKEND, replicas=2)
+import h5py  # noqa: E402
+import keras  # noqa: E402
+
+rng = np.random.default_rng(0)
+x = rng.normal(size=(256, 8)).astype("float32")
+y = (x @ rng.normal(size=(8, 1))).astype("float32")
+kw = dict(batch_size=32, verbose=0, shuffle=False)
+out: dict = {}
+
+
+def build(lr=0.01):
+    keras.utils.set_random_seed(1)
+    model = keras.Sequential(
+        [keras.Input((8,)), keras.layers.Dense(8, activation="tanh"), keras.layers.Dense(1)]
+    )
+    model.compile(optimizer=keras.optimizers.Adam(lr), loss="mse")
+    return model
+
+
+def flip_a_bias_exponent(file: Path) -> None:
+    """Bit 30 (the exponent's top) of the first float32 of a bias, in place."""
+    with h5py.File(file, "r") as f:
+        found = []
+        f.visititems(lambda n, o: found.append(o.id.get_offset()) if n.endswith("vars/1") else None)
+    offset = found[0]
+    raw = bytearray(file.read_bytes())
+    raw[offset + 3] ^= 0x40  # little-endian float32: byte 3 holds the sign and exponent
+    file.write_bytes(bytes(raw))
+
+
+def cut_in_half(file: Path) -> None:
+    data = file.read_bytes()
+    file.write_bytes(data[: len(data) // 2])
+
+
+whole = build()
+mirrorfit.fit(whole, x, y, epochs=3, **kw)
+for name, damage in (("flipped", flip_a_bias_exponent), ("cut", cut_in_half)):
+    folder = DIR / name
+    mirrorfit.fit(build(), x, y, epochs=2, checkpoint_dir=folder, **kw)
+    damage(folder / "epoch-000002" / "state.weights.h5")
+    resumed = build()
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        try:
+            history = mirrorfit.fit(resumed, x, y, epochs=3, checkpoint_dir=folder, **kw)
+            out[f"{name}_epochs_run"] = len(history.history["loss"])
+        except ValueError as e:
+            out[f"{name}_error"] = str(e)
+    out[f"{name}_warnings"] = [str(w.message) for w in said if "cannot be read" in str(w.message)]
+    out[f"{name}_equal_whole"] = all(
+        np.array_equal(a, b) for a, b in zip(resumed.get_weights(), whole.get_weights())
+    )
+    out[f"{name}_folder"] = sorted(p.name for p in folder.iterdir())
+
+# Recompiled with another learning rate: refused by name (it used to train on at the old one).
+try:
+    mirrorfit.fit(build(lr=1e-4), x, y, epochs=4, checkpoint_dir=DIR / "flipped", **kw)
+except ValueError as e:
+    out["other_lr"] = str(e)
+(DIR / "result.json").write_text(json.dumps(out))
