@@ -40,6 +40,7 @@ _EXPORTS = {
     "MirrorfitError": "mirrorfit.errors",
     "FitError": "mirrorfit.errors",
     "DivergedError": "mirrorfit.errors",
+    "Preempted": "mirrorfit.job.preemption",
     "Precision": "mirrorfit.models.precision",
     "LinearWarmup": "mirrorfit.models.schedules",
     "learning_rate": "mirrorfit.models.schedules",

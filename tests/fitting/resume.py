@@ -77,4 +77,27 @@ try:
     mirrorfit.fit(build(lr=1e-4), x, y, epochs=4, checkpoint_dir=DIR / "flipped", **kw)
 except ValueError as e:
     out["other_lr"] = str(e)
+
+# NaN targets from the 3rd batch on: DivergedError after the first call whose loss is NaN,
+# naming where and the newest checkpoint (none of NaN weights is written); allow_nan=True
+# trains on as Keras's fit does.
+y_nan = y.copy()
+y_nan[64:] = np.nan
+for allow in (False, True):
+    try:
+        history = mirrorfit.fit(
+            build(),
+            x,
+            y_nan,
+            epochs=2,
+            steps_per_execution=2,
+            checkpoint_dir=DIR / f"nan-{allow}",
+            checkpoint_every=2,
+            allow_nan=allow,
+            **kw,
+        )
+        out[f"nan_{allow}_epochs"] = len(history.history["loss"])
+    except mirrorfit.DivergedError as e:
+        out[f"nan_{allow}_error"] = str(e)
+    out[f"nan_{allow}_checkpoints"] = sorted(p.name for p in (DIR / f"nan-{allow}").iterdir())
 (DIR / "result.json").write_text(json.dumps(out))

@@ -211,3 +211,69 @@ def test_a_damaged_newest_checkpoint_is_set_aside_and_the_previous_restored(back
         assert len([n for n in folder if n.startswith("corrupt-epoch-000002-")]) == 1
     assert "was trained with Adam learning_rate=0.01; this model is compiled with " in r["other_lr"]
     assert "learning_rate=0.0001" in r["other_lr"] and "\n" not in r["other_lr"]
+    # a NaN loss: stopped after the call that saw it, its last finite checkpoint named
+    assert r["nan_False_error"].startswith("the training loss is nan after step 4 of epoch 1 ")
+    assert (
+        "(last finite: " in r["nan_False_error"]
+        and "after step 2 of epoch 1)" in (r["nan_False_error"])
+    )
+    assert r["nan_False_error"].endswith(
+        "epoch-000000-step-000002; try a lower learning rate, or allow_nan=True (--allow-nan) "
+        "to train on as Keras does"
+    )
+    assert r["nan_True_epochs"] == 2 and "nan_True_error" not in r
+
+
+def _preempt_runs(backend: str, out: Path, launched: bool) -> dict:
+    """tests/fitting/preempt.py's three runs (whole, stopped, resumed), alone or under
+    ``mirrorfit launch --workers 2``: each run's results and weights, by mode and worker."""
+    workers = (0, 1) if launched else (0,)
+    for mode in ("whole", "stopped", "resumed"):
+        argv = [str(HERE / "preempt.py"), backend, str(out), mode]
+        if launched:
+            argv = ["-m", "mirrorfit", "launch", "--workers", "2", "--", sys.executable, *argv]
+        proc = _run(argv)
+        output, _ = proc.communicate(timeout=400)
+        assert proc.returncode == 0, output[-3000:]
+    return {
+        (mode, w): (
+            json.loads((out / f"{mode}-{w}.json").read_text()),
+            [a for _, a in sorted(np.load(out / f"{mode}-{w}.npz").items())],
+        )
+        for mode in ("whole", "stopped", "resumed")
+        for w in workers
+    }
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "backend, launched", [("jax", False), ("tensorflow", False), ("jax", True)]
+)
+def test_sigterm_mid_epoch_then_a_rerun_ends_with_the_uninterrupted_weights(
+    backend, launched, tmp_path
+):
+    """checkpoint_every's checkpoint inside an epoch, and a resume there with the epoch's
+    shuffle, give the weights of a run never stopped, bit for bit (on main fit had neither:
+    a signal ended the process, and a rerun lost the epoch it landed in)."""
+    runs = _preempt_runs(backend, tmp_path, launched)
+    for w in (0, 1) if launched else (0,):
+        stopped, _ = runs["stopped", w]
+        assert stopped["preempted"].startswith("SIGTERM: saved ") or (
+            launched and stopped["preempted"].startswith("another worker's signal: saved ")
+        ), stopped
+        assert stopped["preempted"].endswith(
+            "epoch-000001-step-000010 at epoch 2, step 10; rerun with the same checkpoint_dir "
+            "to resume"
+        )
+        assert w == 1 or stopped["checkpoints"] == [  # the chief's listing, after its save
+            "epoch-000001-step-000004",
+            "epoch-000001-step-000008",
+            "epoch-000001-step-000010",
+        ]
+        resumed, weights = runs["resumed", w]
+        whole, expected = runs["whole", w]
+        assert len(resumed["history"]["loss"]) == 2  # epochs 2 and 3, as Keras's resume
+        assert resumed["history"]["loss"][-1] == whole["history"]["loss"][-1]
+        assert len(weights) == len(expected) == 4
+        for a, b in zip(weights, expected):
+            np.testing.assert_array_equal(a, b)

@@ -172,7 +172,7 @@ def test_a_compiled_model_that_diverges_stops_too(tmp_path):
     assert (
         proc.stderr.strip().splitlines()[-1].startswith("mirrorfit: error: the training loss is ")
     )
-    assert "after batch 2 of epoch 1 (" in proc.stderr and "; stopped; try a lower" in proc.stderr
+    assert "after step 2 of epoch 1 (" in proc.stderr and "; stopped; try a lower" in proc.stderr
     assert not (tmp_path / "m.keras").exists()
 
 

@@ -1,14 +1,16 @@
-"""``mirrorfit.fit(checkpoint_dir=DIR)``: the model's state written at the end of every epoch,
-and read back by the next ``fit`` with the same DIR, which goes on from the epoch after it.
+"""``mirrorfit.fit(checkpoint_dir=DIR, checkpoint_every=N)``: the model's state written at the
+end of every epoch (and every N optimizer steps), and read back by the next ``fit`` with the
+same DIR, which goes on from there: the epoch after it, or the step inside an epoch.
 
-A checkpoint is a folder ``DIR/epoch-NNNNNN`` holding ``state.weights.h5`` (Keras's
-``save_weights``: the model's variables and its optimizer's) and ``meta.json`` (the epoch, what
-the model must match: see :func:`_identity`, and the checksums of both files), written in a
-hidden folder and renamed into place: a run killed while writing leaves no half checkpoint. A
-damaged newest checkpoint (a flipped bit, a cut file) is set aside as ``corrupt-epoch-...``,
-named in one warning, and the one before it restored. The three latest are kept. One fit
-writes to DIR at a time (a lock). On several workers the chief writes and every worker reads
-(DIR must be one they all see).
+A checkpoint is a folder ``DIR/epoch-EEEEEE`` (E epochs done) or ``epoch-EEEEEE-step-SSSSSS``
+(and S steps of the next), holding ``state.weights.h5`` (Keras's ``save_weights``: the
+model's variables and its optimizer's) and ``meta.json`` (the position, NumPy's generator as
+that epoch began (its shuffle), what the model must match: see :func:`_identity`, and the
+checksums of both files), written in a hidden folder and renamed into place: a run killed
+while writing leaves no half checkpoint. A damaged newest checkpoint (a flipped bit, a cut
+file) is set aside as ``corrupt-epoch-...``, named in one warning, and the one before it
+restored. The three latest are kept. One fit writes to DIR at a time (a lock). On several
+workers the chief writes and every worker reads (DIR must be one they all see).
 """
 
 from __future__ import annotations
@@ -16,8 +18,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 from mirrorfit.artifacts.checksums import file_sums, files_problem, seal_problem, sealed
@@ -25,9 +29,30 @@ from mirrorfit.artifacts.checkpoint_meta import set_aside, special_file
 from mirrorfit.errors import FitError
 
 KEEP = 3  # checkpoints kept (as mirrorfit train keeps by default)
-FORMAT = 2  # 2: meta.json holds "format", "files" and "crc" (artifacts/checksums.py)
+# 2: meta.json holds "format", "files" and "crc" (artifacts/checksums.py), "step_in_epoch"
+# and "rng"
+FORMAT = 2
 _NAME = "epoch-"
+_FOLDER = re.compile(r"epoch-([0-9]{6,9})(?:-step-([0-9]{6,9}))?", re.ASCII)  # fullmatch
+
+
+@dataclass(frozen=True)
+class Position:
+    """Where a fit stands: ``epoch`` epochs done and ``step`` optimizer steps of the next;
+    ``rng``: NumPy's global generator as that next epoch began (what its shuffle draws from),
+    None where unknown (a checkpoint of format 1)."""
+
+    epoch: int
+    step: int = 0
+    rng: dict | None = None
+
+    @property
+    def name(self) -> str:
+        return f"{_NAME}{self.epoch:06d}" + (f"-step-{self.step:06d}" if self.step else "")
+
+
 _STATE, _META = "state.weights.h5", "meta.json"
+_SEEDS = "seeds.npz"  # the variables save_weights leaves out: the layers' seed generators
 
 
 def checked_dir(value, *, writes: bool) -> Path:
@@ -91,36 +116,133 @@ def locked(directory: Path):
 
 def checkpoints(directory: Path) -> list[Path]:
     """The complete checkpoints in ``directory``, oldest first."""
-    found = sorted(
-        (int(p.name[len(_NAME) :]), p)
-        for p in directory.glob(_NAME + "*")
-        if p.name[len(_NAME) :].isdigit() and (p / _META).is_file()
-    )
-    return [p for _, p in found]
+    found = []
+    for p in directory.glob(_NAME + "*"):
+        named = _FOLDER.fullmatch(p.name)
+        if named and (p / _META).is_file():
+            found.append(((int(named[1]), int(named[2] or 0)), p))
+    return [p for _, p in sorted(found)]
 
 
-def callback(directory: Path, *, writes: bool, optimizer: dict | None):
-    """The Keras callback that restores at ``on_train_begin`` and (``writes``: the chief)
-    saves at every ``on_epoch_end``. ``optimizer``: the model's optimizer settings as it was
-    compiled (:func:`optimizer_settings`, read before anything trained or restored)."""
-    import keras
+def rng_state() -> dict:
+    """NumPy's global generator's state as JSON values."""
+    import numpy as np
 
-    class Checkpoints(keras.callbacks.Callback):
-        def on_train_begin(self, logs=None):
-            epoch = restore_newest(self.model, directory, optimizer, writes=writes)
-            if epoch is not None:
-                self.model._initial_epoch = epoch
-
-        def on_epoch_end(self, epoch, logs=None):
-            if writes:
-                save(self.model, directory, epoch + 1, optimizer)
-
-    return Checkpoints()
+    _, keys, pos, has_gauss, gauss = np.random.get_state()
+    return {"keys": keys.tolist(), "pos": pos, "has_gauss": has_gauss, "gauss": gauss}
 
 
-def restore_newest(model, directory: Path, optimizer: dict | None, *, writes: bool) -> int | None:
-    """Restore the newest readable checkpoint of ``directory`` into ``model``: the epoch to
-    start from, None without one. A damaged one is passed over (``writes``: set aside, with a
+def set_rng_state(found: Path, state: dict) -> None:
+    """NumPy's global generator set to ``state`` (:func:`rng_state`'s); FitError if it is not
+    one (a hand-made meta.json)."""
+    import numpy as np
+
+    try:
+        keys = np.asarray(state["keys"], dtype=np.int64)
+        if keys.shape != (624,) or keys.min() < 0 or keys.max() >= 1 << 32:
+            raise ValueError("keys")
+        np.random.set_state(
+            (
+                "MT19937",
+                keys.astype(np.uint32),
+                int(state["pos"]),
+                int(state["has_gauss"]),
+                float(state["gauss"]),
+            )
+        )
+    except (KeyError, TypeError, ValueError, OverflowError) as e:
+        raise FitError(
+            f"{found / _META} holds no NumPy generator state ({type(e).__name__}); delete "
+            f"{found}, or give another checkpoint_dir"
+        ) from None
+
+
+class Saver:
+    """``fit``'s checkpoints in ``directory``: a Keras callback that restores at
+    ``on_train_begin`` (:attr:`restored`, the position the run goes on from) and saves at
+    every ``on_epoch_end``; the loop calls :meth:`after_steps` after each call of steps and
+    :meth:`save` on a signal. ``writes``: this process keeps what it saves (the chief);
+    ``every``: optimizer steps between saves inside an epoch (0: epoch ends only);
+    ``optimizer``: :func:`optimizer_settings` as compiled."""
+
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        writes: bool,
+        every: int,
+        optimizer: dict | None,
+        allow_nan: bool = False,
+    ):
+        import keras
+
+        self.directory, self.writes, self.every = directory, writes, every
+        self.allow_nan = allow_nan
+        self.optimizer = optimizer
+        self.restored: Position | None = None
+        self.last: Path | None = None  # the newest checkpoint, once known
+        self._epoch_rng: dict | None = None
+        self._steps_done = 0  # this fit's optimizer steps, for `every`
+        saver = self
+
+        class Checkpoints(keras.callbacks.Callback):
+            def on_train_begin(self, logs=None):
+                saver.restored = restore_newest(self.model, directory, optimizer, writes=writes)
+                if saver.restored is not None:
+                    self.model._initial_epoch = saver.restored.epoch
+                    if saver.restored.rng is not None:
+                        set_rng_state(directory, saver.restored.rng)
+                found = checkpoints(directory)
+                saver.last = found[-1] if found else None
+
+            def on_epoch_end(self, epoch, logs=None):
+                saver.save(self.model, Position(epoch + 1, 0, rng_state()))
+
+        self.callback = Checkpoints()
+
+    def epoch_begins(self) -> None:
+        """Called before an epoch draws its shuffle: the generator state its checkpoints keep."""
+        self._epoch_rng = rng_state()
+
+    def after_steps(self, model, sync, epoch: int, step: int, steps: int, last: bool) -> None:
+        """After a call of ``steps`` optimizer steps that reached ``step`` of ``epoch``: a
+        checkpoint where ``every`` steps have passed (``sync()`` first puts the devices' state
+        in the model), but not after the epoch's ``last`` call (its end saves)."""
+        before = self._steps_done
+        self._steps_done += steps
+        if self.every and not last and self._steps_done // self.every > before // self.every:
+            sync()
+            self.save(model, self.position(epoch, step))
+
+    def position(self, epoch: int, step: int) -> Position:
+        return Position(epoch, step, self._epoch_rng)
+
+    def save(self, model, position: Position) -> Path | None:
+        """Write the checkpoint at ``position`` (the chief); every worker notes its path."""
+        if not self.allow_nan:
+            from mirrorfit.artifacts.finite import first_non_finite
+
+            bad = first_non_finite(model.weights)
+            if bad is not None:
+                from mirrorfit.errors import DivergedError
+
+                kept = f"the newest stays {self.last}" if self.last else "none was written"
+                raise DivergedError(
+                    f"at {position.name} the weights are not finite ({bad}): not "
+                    f"checkpointed, {kept}; try a lower learning rate, or allow_nan=True "
+                    "(--allow-nan) to train on as Keras does"
+                )
+        path = save(model, self.directory, position, self.optimizer, writes=self.writes)
+        if path is not None:
+            self.last = path
+        return path
+
+
+def restore_newest(
+    model, directory: Path, optimizer: dict | None, *, writes: bool
+) -> Position | None:
+    """Restore the newest readable checkpoint of ``directory`` into ``model``: the position to
+    go on from, None without one. A damaged one is passed over (``writes``: set aside, with a
     warning naming it) for the one before; FitError if none can be read, or if one is of
     another model or optimizer settings (not damage: an older one is no better)."""
     damaged: list[tuple[Path, str]] = []
@@ -142,7 +264,8 @@ def restore_newest(model, directory: Path, optimizer: dict | None, *, writes: bo
                 + f"resuming from the previous one, {found.name}",
                 stacklevel=2,
             )
-        return meta["epoch"]
+        rng = meta.get("rng")
+        return Position(meta["epoch"], meta.get("step_in_epoch", 0), rng)
     if damaged:
         path, reason = damaged[0]
         raise FitError(
@@ -161,11 +284,12 @@ def _read_meta(found: Path) -> tuple[dict, str | None]:
         meta = json.loads((found / _META).read_text(encoding="utf-8"))
         if not isinstance(meta, dict):
             raise ValueError("not an object")
-        epoch = meta["epoch"]
-        if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
-            raise ValueError(f"epoch {epoch!r}")
-        if found.name != f"{_NAME}{epoch:06d}":
-            raise ValueError(f"epoch {epoch} in a folder named {found.name}")
+        epoch, step = meta["epoch"], meta.get("step_in_epoch", 0)
+        for value in (epoch, step):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"epoch {epoch!r}, step {step!r}")
+        if found.name != Position(epoch, step).name:
+            raise ValueError(f"epoch {epoch}, step {step} in a folder named {found.name}")
         fmt = meta.get("format")
         if isinstance(fmt, int) and fmt > FORMAT:  # not damage: an older one is no better
             raise FitError(
@@ -212,11 +336,35 @@ def _shown(value) -> str:
 
 def _load(model, found: Path) -> str | None:
     """Read ``found``'s state into ``model``; what failed, or None."""
+    import numpy as np
+
     try:
         model.load_weights(found / _STATE)
     except (OSError, ValueError, KeyError) as e:
         return f"{_STATE}: {type(e).__name__}: {_one_line(e)}"
+    if not (found / _SEEDS).is_file():
+        return None  # format 1: no seeds kept
+    seeds = _seed_variables(model)
+    try:
+        with np.load(found / _SEEDS, allow_pickle=False) as f:
+            values = [f[f"arr_{i}"] for i in range(len(f.files))]
+    except (OSError, ValueError, KeyError) as e:
+        return f"{_SEEDS}: {type(e).__name__}: {_one_line(e)}"
+    if [v.shape for v in values] != [tuple(s.shape) for s in seeds]:
+        raise FitError(
+            f"{found} holds {len(values)} seed generator states, not this model's "
+            f"{len(seeds)}; give another checkpoint_dir"
+        )
+    for var, value in zip(seeds, values):
+        var.assign(value)
     return None
+
+
+def _seed_variables(model) -> list:
+    """The model's variables ``save_weights`` leaves out (its layers' seed generators, which
+    draw Dropout's masks), in a fixed order."""
+    weights = {id(w) for w in model.weights}
+    return [v for v in model.non_trainable_variables if id(v) not in weights]
 
 
 def optimizer_settings(model) -> dict | None:
@@ -245,18 +393,25 @@ def _one_line(error: Exception) -> str:
     return " ".join(str(error).split())[:200]
 
 
-def save(model, directory: Path, epoch: int, optimizer: dict | None = None) -> Path | None:
-    """Write the checkpoint of ``epoch`` (epochs done) and keep the :data:`KEEP` latest; None,
-    with a warning, for weights that are not finite (the latest checkpoint stays the last
-    finite state, as mirrorfit train keeps it)."""
+def save(
+    model, directory: Path, position: Position, optimizer: dict | None, *, writes: bool = True
+) -> Path | None:
+    """Write the checkpoint at ``position`` and keep the :data:`KEEP` latest (``writes``: else
+    only its path is returned); None, with a warning, for weights that are not finite (the
+    latest checkpoint stays the last finite state, as mirrorfit train keeps it)."""
+    import numpy as np
+
     from mirrorfit._io import fsync_dir, fsync_tree, remove_stale_temps, temp_tag
     from mirrorfit.artifacts.finite import first_non_finite
 
+    final = directory / position.name
+    if not writes:
+        return final
     bad = first_non_finite(model.weights)
     if bad is not None:
         newest = checkpoints(directory)
         warnings.warn(
-            f"the weights after epoch {epoch} are not finite ({bad}): no checkpoint written in "
+            f"the weights at {position.name} are not finite ({bad}): no checkpoint written in "
             f"{directory}; the latest stays {newest[-1] if newest else 'none (no checkpoint yet)'}",
             stacklevel=2,
         )
@@ -265,13 +420,20 @@ def save(model, directory: Path, epoch: int, optimizer: dict | None = None) -> P
     tmp = directory / f".{_NAME}{temp_tag()}"
     tmp.mkdir()
     model.save_weights(tmp / _STATE)
-    meta = {"format": FORMAT, "epoch": epoch, **_identity(model), "files": file_sums(tmp)}
+    np.savez(tmp / _SEEDS, *[np.asarray(v.value) for v in _seed_variables(model)])
+    meta = {
+        "format": FORMAT,
+        "epoch": position.epoch,
+        "step_in_epoch": position.step,
+        "rng": position.rng,
+        **_identity(model),
+        "files": file_sums(tmp),
+    }
     if optimizer is not None:
         meta["optimizer_settings"] = optimizer
     with open(tmp / _META, "w", encoding="utf-8") as f:
         json.dump(sealed(meta), f)
     fsync_tree(tmp)
-    final = directory / f"{_NAME}{epoch:06d}"
     if final.exists():  # a run started over from epoch 0 in the same folder
         shutil.rmtree(final)
     os.replace(tmp, final)

@@ -26,11 +26,18 @@ def arrays_of(source) -> tuple | None:
 
 
 def array_blocks(
-    source, arrays: tuple, batch_size: int, size: int, *, drop_remainder: bool = False
+    source,
+    arrays: tuple,
+    batch_size: int,
+    size: int,
+    *,
+    drop_remainder: bool = False,
+    skip: int = 0,
 ):
     """One epoch of blocks of up to ``size`` padded global batches (see
     :func:`mirrorfit.fitting.batches.padded`), in Keras's order: a fresh permutation each
-    epoch where the adapter shuffles (``np.random``, as Keras draws it)."""
+    epoch where the adapter shuffles (``np.random``, as Keras draws it); from batch ``skip``
+    on (the permutation is drawn whole all the same)."""
     import keras
     from keras import tree
 
@@ -43,7 +50,7 @@ def array_blocks(
     floatx = keras.config.floatx()
     row_bytes = sum(a[:1].nbytes for a in tree.flatten((x, y, w)) if a is not None)
     size = max(1, min(size, BLOCK_BYTES // max(1, row_bytes * batch_size)))
-    for first in range(0, batches, size):
+    for first in range(skip, batches, size):
         steps = min(size, batches - first)
         start, stop = first * batch_size, min(n, (first + steps) * batch_size)
         index = np.zeros(size * batch_size, np.int64)

@@ -51,17 +51,22 @@ class Epochs:
             return fit_batches.padded(data, self.size, where=self.where)
         return fit_batches.as_given(data, self.size, where=self.where)
 
-    def blocks(self, size: int):
-        """The next epoch as blocks of up to ``size`` batches: gathered from NumPy arrays a
-        block at a time where the source is arrays, else batch by batch."""
+    def blocks(self, size: int, skip: int = 0):
+        """The next epoch as blocks of up to ``size`` batches, its first ``skip`` batches left
+        out (trained before a resume): gathered from NumPy arrays a block at a time where the
+        source is arrays, else batch by batch."""
+        import itertools
+
         from mirrorfit.fitting.arrays import array_blocks, arrays_of
         from mirrorfit.fitting.blocks import blocks
 
         arrays = arrays_of(self.source) if self.pad and not self.steps_given else None
         if arrays is None:
-            return blocks(self.epoch(), size)
+            return blocks(itertools.islice(self.epoch(), skip, None), size)
         self._pending = []  # the first batch was read for building only
-        return array_blocks(self.source, arrays, self.size, size, drop_remainder=self.drop)
+        return array_blocks(
+            self.source, arrays, self.size, size, drop_remainder=self.drop, skip=skip
+        )
 
     def epoch(self):
         """The batches of the next epoch (a generator)."""

@@ -17,6 +17,7 @@ from typing import Any
 
 from mirrorfit.engine.backends import ENGINES
 from mirrorfit.errors import FitError
+from mirrorfit.fitting import controller
 from mirrorfit.fitting.blocks import prefetched
 from mirrorfit.fitting.epochs import Epochs
 from mirrorfit.fitting.hooks import callback_list, checked_callbacks
@@ -51,32 +52,35 @@ def fit(
     accum_steps=1,
     drop_remainder=False,
     checkpoint_dir=None,
+    checkpoint_every=0,
+    allow_nan=False,
 ):
     """Train a compiled Keras ``model`` data-parallel, as ``model.fit(...)`` would on one device
     (``batch_size``: the global batch); plus ``steps_per_execution`` (default the compiled one if
     above 1, else 50), ``accum_steps`` (micro-batches per replica per step), ``drop_remainder``
-    (skip each epoch's partial batch), ``checkpoint_dir`` (saved every epoch, resumed by a later
-    ``fit``). Returns Keras's ``History``; the model's variables hold the trained state.
+    (skip each epoch's partial batch), ``checkpoint_dir`` (saved every epoch and every
+    ``checkpoint_every`` optimizer steps, resumed by a later ``fit``, inside an epoch too),
+    ``allow_nan`` (train on through a non-finite loss or weights, as Keras does; by default
+    DivergedError). SIGTERM/SIGINT: a checkpoint, then ``mirrorfit.Preempted``. Returns Keras's
+    ``History``; the model's variables hold the trained state.
     """
     workers = _workers()
     held = contextlib.ExitStack()  # checkpoint_dir's lock, while this fit writes there
+    saver = None
     try:  # what this worker refuses, every worker hears of before anything else
         run = _Run(model, steps_per_execution, accum_steps, workers)
         callbacks = checked_callbacks(callbacks)
+        checkpoint_every = _checked_int("checkpoint_every", checkpoint_every, 0)
+        if not isinstance(allow_nan, bool):
+            raise FitError(f"allow_nan={allow_nan!r}: give True or False")
         if checkpoint_dir is not None:
-            from mirrorfit.artifacts import epoch_checkpoint as checkpoints
-
-            directory = checkpoints.checked_dir(checkpoint_dir, writes=workers.is_chief)
-            if workers.is_chief:
-                held.enter_context(checkpoints.locked(directory))
-            callbacks = [
-                *callbacks,
-                checkpoints.callback(
-                    directory,
-                    writes=workers.is_chief,
-                    optimizer=checkpoints.optimizer_settings(model),
-                ),
-            ]
+            saver = _saver(model, checkpoint_dir, checkpoint_every, allow_nan, workers, held)
+            callbacks = [*callbacks, saver.callback]
+        elif checkpoint_every:
+            raise FitError(
+                f"checkpoint_every={checkpoint_every} needs a checkpoint_dir to write to; give "
+                "one, or leave checkpoint_every out"
+            )
         epochs = _checked_int("epochs", epochs, 0)
         initial_epoch = _checked_int("initial_epoch", initial_epoch, 0)
         validation_freq = _checked_int("validation_freq", validation_freq, 1)
@@ -101,6 +105,8 @@ def fit(
                 shuffle=shuffle,
                 drop_remainder=drop_remainder,
                 checkpoint_dir=checkpoint_dir is not None,
+                checkpoint_every=checkpoint_every,
+                allow_nan=allow_nan,
             ),
         )
         if validation_split and validation_data is None:
@@ -123,35 +129,25 @@ def fit(
             run, validation_data, validation_batch_size or batch_size, validation_steps
         )
         callbacks, hooks = run.callbacks(callbacks, verbose, epochs, train.steps)
-        _train(run, train, val, callbacks, hooks, (initial_epoch, epochs, validation_freq))
+        span = controller.Span(initial_epoch, epochs, validation_freq)
+        controller.train(run, train, val, callbacks, hooks, span, saver, allow_nan)
         return model.history
 
 
-def _train(run, train: Epochs, val, callbacks, hooks, span: tuple[int, int, int]) -> None:
-    """``fit``'s epochs, from ``span`` = (initial epoch, epochs, validation frequency), as
-    Keras's ``fit`` runs them: its callbacks, validation and ``stop_training``."""
-    model, workers = run.model, run.workers
-    initial_epoch, epochs, validation_freq = span
-    model.stop_training = False
-    callbacks.on_train_begin()
-    # BackupAndRestore or checkpoint_dir restored an epoch's state (its weights reach the
-    # devices at the epoch's start); Keras's fit starts there too.
-    initial_epoch = workers.same_epoch(model._initial_epoch or initial_epoch)
-    model._initial_epoch = None  # for this fit only
-    run.from_chief()  # several workers: every one starts from the chief's state
-    logs: dict[str, float] = {}
-    with run.synced_after():
-        for epoch in range(initial_epoch, epochs):
-            logs = _epoch(run, train, callbacks, hooks, epoch)
-            if val is not None and (epoch + 1) % validation_freq == 0:
-                val_logs = _evaluate(run, val, callbacks, hooks)
-                logs.update({f"val_{k}": v for k, v in val_logs.items()})
-            run.runner.sync()
-            callbacks.on_epoch_end(epoch, logs)
-            model.stop_training = workers.agree(model.stop_training)
-            if model.stop_training:
-                break
-    callbacks.on_train_end(logs)
+def _saver(model, checkpoint_dir, every: int, allow_nan: bool, workers, held):
+    """checkpoint_dir's Saver, its folder checked and (the chief) locked in ``held``."""
+    from mirrorfit.artifacts import epoch_checkpoint as checkpoints
+
+    directory = checkpoints.checked_dir(checkpoint_dir, writes=workers.is_chief)
+    if workers.is_chief:
+        held.enter_context(checkpoints.locked(directory))
+    return checkpoints.Saver(
+        directory,
+        writes=workers.is_chief,
+        every=every,
+        optimizer=checkpoints.optimizer_settings(model),
+        allow_nan=allow_nan,
+    )
 
 
 def _workers() -> Workers:
@@ -201,29 +197,6 @@ def _validation(run, data, batch_size, steps) -> Epochs | None:
     return run.epochs(adapter, batch_size, steps, "test", where="validation data")
 
 
-def _epoch(run, train: Epochs, callbacks, hooks, epoch: int) -> dict[str, float]:
-    """One training epoch, its batch hooks at call boundaries; the epoch's merged logs."""
-    model, runner = run.model, run.runner
-    model.reset_metrics()
-    callbacks.on_epoch_begin(epoch)
-    runner.load()  # what a callback changed (a learning rate) reaches the step
-    step = 0
-    for block in run.agreed(train.blocks(run.steps_per_execution)):
-        hooks.call(callbacks.on_train_batch_begin, step)
-        runner.train(runner.put(block.data), block.steps)
-        step += block.steps
-        hooks.call(callbacks.on_train_batch_end, step - 1, logs=hooks.logs("train"))
-        model.stop_training = run.workers.agree(model.stop_training)
-        if model.stop_training:
-            break
-    if step == 0:
-        raise FitError(
-            "the training data gave no batch this epoch; give at least "
-            "one example (or fewer steps_per_epoch than it holds)"
-        )
-    return runner.logs()
-
-
 def runner_of(model):
     """The engine runner the last ``fit`` or ``evaluate`` of ``model`` used; None before."""
     cached = model.__dict__.get("_mirrorfit_runner")
@@ -267,28 +240,11 @@ def evaluate(
     callbacks, hooks = run.callbacks(
         checked_callbacks(callbacks), verbose, 1, data.steps, history=False
     )
-    logs = _evaluate(run, data, callbacks, hooks)
+    logs = controller.evaluate(run, data, callbacks, hooks)
     if return_dict:
         return logs
     values = list(logs.values())
     return values[0] if len(values) == 1 else values
-
-
-def _evaluate(run, data: Epochs, callbacks, hooks) -> dict[str, float]:
-    runner = run.runner
-    runner.reset_metrics()
-    hooks.edge(callbacks.on_test_begin)
-    step = 0
-    for block in run.agreed(data.blocks(run.steps_per_execution)):
-        hooks.call(callbacks.on_test_batch_begin, step)
-        runner.evaluate(runner.put(block.data), block.steps)
-        step += block.steps
-        hooks.call(callbacks.on_test_batch_end, step - 1, logs=hooks.logs("test"))
-    if step == 0:
-        raise FitError(f"the {data.where} gave no batch; give at least one example")
-    logs = runner.logs()
-    hooks.edge(callbacks.on_test_end, logs)
-    return logs
 
 
 def _adapter(x, y, sample_weight, class_weight, batch_size, steps, shuffle):

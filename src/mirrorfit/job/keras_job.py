@@ -20,7 +20,6 @@ from mirrorfit.errors import ConfigError
 # Settings of mirrorfit's own loop that this path has no counterpart for yet, and the way
 # round for each.
 _NOT_YET = {
-    "checkpoint_every": "--checkpoint-dir alone (a checkpoint every epoch)",
     "keep_checkpoints": "--checkpoint-dir alone (the three latest are kept)",
     "fresh": "another --checkpoint-dir",
     "export_dir": "--save-keras, then export that model",
@@ -211,8 +210,6 @@ def run(config: TrainConfig, console, model, *, compiled: bool, clock) -> dict[s
     console.print(describe(config, model, compiled))
     clock.lap("data")
     callbacks = [state_shown(console), *user_callbacks(config.callbacks)]
-    if not config.allow_nan:
-        callbacks = [stop_on_nan(config.progress), *callbacks]
     kwargs = {}
     if isinstance(train, tuple):
         kwargs.update(
@@ -236,6 +233,8 @@ def run(config: TrainConfig, console, model, *, compiled: bool, clock) -> dict[s
         steps_per_execution=config.steps_per_execution,
         accum_steps=config.accum_steps,
         checkpoint_dir=config.checkpoint_dir,
+        checkpoint_every=config.checkpoint_every,
+        allow_nan=config.allow_nan,
         **kwargs,
     )
     wall = time.perf_counter() - start
@@ -301,50 +300,6 @@ def state_shown(console):
             console.print(state_line(runner_of(self.model)))
 
     return StateShown()
-
-
-def stop_on_nan(progress: bool):
-    """Keras's TerminateOnNaN, but the run ends with mirrorfit's DivergedError (exit 65) after
-    the call of steps whose loss is NaN or infinite, not with ``done`` and exit 0. The check
-    runs at call boundaries (``--steps-per-execution`` batches): the line names the boundary
-    and the last finite loss. ``progress``: Keras's bar is on the screen (its line is ended
-    first, so that the error gets a line of its own)."""
-    import math
-    import sys
-
-    import keras
-
-    from mirrorfit.errors import DivergedError
-
-    class StopOnNaN(keras.callbacks.TerminateOnNaN):
-        epoch, last = 0, None
-
-        def on_epoch_begin(self, epoch, logs=None):
-            self.epoch = epoch
-
-        def on_batch_end(self, batch, logs=None):
-            loss = (logs or {}).get("loss")
-            if loss is None:
-                return
-            where = f"batch {batch + 1} of epoch {self.epoch + 1}"
-            if math.isfinite(loss):
-                self.last = (loss, where)
-                return
-            if progress:
-                sys.stdout.write("\n")
-                sys.stdout.flush()
-            last = (
-                f"last finite: {self.last[0]:.6g} after {self.last[1]}"
-                if self.last
-                else "not finite at the first check"
-            )
-            raise DivergedError(
-                f"the training loss is {loss} after {where} ({last}); "
-                "stopped; try a lower learning rate, or --allow-nan to train "
-                "on as Keras does"
-            )
-
-    return StopOnNaN()
 
 
 def _replicas(model) -> int:

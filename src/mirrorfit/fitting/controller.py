@@ -1,0 +1,124 @@
+"""``fit``'s controller: the epochs over the engine runner's calls of S steps, as Keras's ``fit``
+runs them (callbacks, validation, ``stop_training``), with the position a checkpoint keeps
+(epochs done, steps into the next, the shuffle's generator), checkpoints every N steps and at
+epoch ends, a resume from inside an epoch, and the guards between calls (a signal, a
+non-finite loss or weight). (why: docs/keras-script.md#preemption-and-divergence)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mirrorfit.errors import FitError
+from mirrorfit.fitting.epochs import Epochs
+from mirrorfit.fitting.guards import Divergence, Signals, preempted
+
+
+@dataclass(frozen=True)
+class Span:
+    """The epochs to run: ``initial_epoch`` up to ``epochs``, validating every ``freq``."""
+
+    initial_epoch: int
+    epochs: int
+    freq: int
+
+
+def train(run, data: Epochs, val, callbacks, hooks, span: Span, saver, allow_nan: bool) -> None:
+    """Train ``run``'s model over ``data``'s epochs; ``saver``: the checkpoint_dir's
+    :class:`~mirrorfit.artifacts.epoch_checkpoint.Saver`, or None."""
+    model, workers = run.model, run.workers
+    model.stop_training = False
+    guard = Divergence(allow_nan, lambda: saver.last if saver is not None else None)
+    with Signals() as signals:
+        callbacks.on_train_begin()
+        # BackupAndRestore or checkpoint_dir restored an epoch's state (its weights reach the
+        # devices at the epoch's start); Keras's fit starts there too, checkpoint_dir inside
+        # the epoch where it was saved there.
+        start = model._initial_epoch or span.initial_epoch
+        skip = saver.restored.step if saver is not None and saver.restored is not None else 0
+        start = workers.same_epoch(start)
+        model._initial_epoch = None  # for this fit only
+        run.from_chief()  # several workers: every one starts from the chief's state
+        logs: dict[str, float] = {}
+        with run.synced_after():
+            for epoch in range(start, span.epochs):
+                logs = _epoch(run, data, callbacks, hooks, (epoch, skip), saver, guard, signals)
+                skip = 0
+                if val is not None and (epoch + 1) % span.freq == 0:
+                    val_logs = evaluate(run, val, callbacks, hooks)
+                    logs.update({f"val_{k}": v for k, v in val_logs.items()})
+                run.runner.sync()
+                guard.check_weights(model, epoch, logs.get("loss"))
+                callbacks.on_epoch_end(epoch, logs)
+                _stop_on_signal(run, signals, saver, epoch + 1, 0, saved=True)
+                model.stop_training = workers.agree(model.stop_training)
+                if model.stop_training:
+                    break
+    callbacks.on_train_end(logs)
+
+
+def _epoch(run, data: Epochs, callbacks, hooks, at, saver, guard, signals) -> dict[str, float]:
+    """One training epoch ``at`` = (epoch, steps already trained), its batch hooks at call
+    boundaries, the guards and checkpoints after each call; the epoch's merged logs."""
+    model, runner = run.model, run.runner
+    epoch, step = at
+    model.reset_metrics()
+    callbacks.on_epoch_begin(epoch)
+    runner.load()  # what a callback changed (a learning rate) reaches the step
+    if saver is not None:
+        saver.epoch_begins()  # before the epoch draws its shuffle
+    trained = False
+    for block in run.agreed(data.blocks(run.steps_per_execution, skip=step)):
+        hooks.call(callbacks.on_train_batch_begin, step)
+        runner.train(runner.put(block.data), block.steps)
+        step, trained = step + block.steps, True
+        logs = hooks.logs("train") if guard.allow else runner.logs()
+        guard.check_loss(logs, epoch, step)
+        last = data.steps is not None and step >= data.steps
+        if saver is not None:
+            saver.after_steps(model, runner.sync, epoch, step, block.steps, last)
+        hooks.call(callbacks.on_train_batch_end, step - 1, logs=logs)
+        if not last:
+            _stop_on_signal(run, signals, saver, epoch, step, saved=False)
+        model.stop_training = run.workers.agree(model.stop_training)
+        if model.stop_training:
+            break
+    if not trained and step == 0:
+        raise FitError(
+            "the training data gave no batch this epoch; give at least "
+            "one example (or fewer steps_per_epoch than it holds)"
+        )
+    return runner.logs()
+
+
+def _stop_on_signal(run, signals: Signals, saver, epoch: int, step: int, *, saved: bool) -> None:
+    """After a signal on any worker: a checkpoint at (``epoch``, ``step``) unless ``saved``
+    there already (an epoch's end), then :class:`Preempted` on every worker."""
+    if not run.workers.agree(signals.name is not None):
+        return
+    path = None
+    if saver is not None:
+        if saved:
+            path = saver.last
+        else:
+            run.runner.sync()
+            path = saver.save(run.model, saver.position(epoch, step))
+    raise preempted(signals.name or "another worker's signal", path, epoch, step)
+
+
+def evaluate(run, data: Epochs, callbacks, hooks) -> dict[str, float]:
+    """One pass of ``data`` through the runner's evaluation, with the test callbacks."""
+    runner = run.runner
+    runner.reset_metrics()
+    hooks.edge(callbacks.on_test_begin)
+    step = 0
+    for block in run.agreed(data.blocks(run.steps_per_execution)):
+        hooks.call(callbacks.on_test_batch_begin, step)
+        runner.evaluate(runner.put(block.data), block.steps)
+        step += block.steps
+        hooks.call(callbacks.on_test_batch_end, step - 1, logs=hooks.logs("test"))
+    if step == 0:
+        raise FitError(f"the {data.where} gave no batch; give at least one example")
+    logs = runner.logs()
+    hooks.edge(callbacks.on_test_end, logs)
+    return logs

@@ -1,0 +1,106 @@
+"""What stops a ``mirrorfit.fit`` between two calls of steps: SIGTERM/SIGINT (a checkpoint,
+then :class:`~mirrorfit.job.preemption.Preempted`) and numbers that are no longer finite
+(:class:`~mirrorfit.errors.DivergedError`, unless ``allow_nan``). The CLI's guarantees, the
+same for a Keras script. (why: docs/keras-script.md#preemption-and-divergence)
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import threading
+from pathlib import Path
+
+from mirrorfit.errors import DivergedError
+from mirrorfit.job.preemption import Preempted
+
+
+class Signals:
+    """While entered (in the main thread; elsewhere Python delivers no signal), SIGTERM and
+    SIGINT set :attr:`name` instead of ending the process; a second Ctrl-C ends it at once.
+    The handlers before are put back on exit."""
+
+    def __init__(self) -> None:
+        self.name: str | None = None
+        self._previous: dict = {}
+
+    def __enter__(self) -> "Signals":
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self._previous[sig] = signal.signal(sig, self._on_signal)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def _on_signal(self, signum, frame) -> None:
+        if self.name is None:
+            self.name = signal.Signals(signum).name
+            # os.write: print() from a handler can re-enter a half-done write to stderr.
+            os.write(
+                2,
+                f"mirrorfit: {self.name}: finishing the steps in flight, then saving a "
+                "checkpoint where fit has a checkpoint_dir; Ctrl-C again stops at once\n".encode(),
+            )
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def preempted(name: str, path: Path | None, epoch: int, step: int) -> Preempted:
+    """The exception ``fit`` raises after a signal: where it stopped, and what was saved."""
+    error = Preempted(name, path, epoch, step)
+    where = f"epoch {epoch + 1}, step {step}"
+    error.args = (
+        f"{name}: saved {path} at {where}; rerun with the same checkpoint_dir to resume"
+        if path is not None
+        else f"{name} at {where}: nothing saved (no checkpoint_dir), so a rerun starts over; "
+        "give a checkpoint_dir to make the run resumable",
+    )
+    return error
+
+
+class Divergence:
+    """The loss after each call of steps and the weights at each epoch's end, checked finite:
+    DivergedError naming where and the newest checkpoint (``last()``: its path or None)."""
+
+    def __init__(self, allow: bool, last) -> None:
+        self.allow, self._last_checkpoint = allow, last
+        self.finite: tuple[float, str] | None = None  # the last finite loss, and where
+
+    def check_loss(self, logs: dict, epoch: int, step: int) -> None:
+        losses = [v for k, v in logs.items() if k == "loss" or k.endswith("_loss")]
+        if self.allow or not losses:
+            return
+        where = f"step {step} of epoch {epoch + 1}"
+        bad = [v for v in losses if not math.isfinite(v)]
+        if not bad:
+            self.finite = (logs.get("loss", losses[0]), where)
+            return
+        last = (
+            f"last finite: {self.finite[0]:.6g} after {self.finite[1]}"
+            if self.finite
+            else "not finite at the first check"
+        )
+        raise DivergedError(
+            f"the training loss is {bad[0]} after {where} ({last}); stopped{self._kept()}; "
+            "try a lower learning rate, or allow_nan=True (--allow-nan) to train on as Keras "
+            "does"
+        )
+
+    def check_weights(self, model, epoch: int, loss) -> None:
+        if self.allow:
+            return
+        from mirrorfit.artifacts.finite import first_non_finite
+
+        bad = first_non_finite(model.weights)
+        if bad is not None:
+            raise DivergedError(
+                f"after epoch {epoch + 1} the weights are not finite ({bad}) though the loss "
+                f"is {loss}; stopped{self._kept()}; look for NaN or infinite values in the "
+                "data, or pass allow_nan=True (--allow-nan) to train on as Keras does"
+            )
+
+    def _kept(self) -> str:
+        path = self._last_checkpoint()
+        return f"; the newest checkpoint is {path}" if path else ""
