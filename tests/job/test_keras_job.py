@@ -138,11 +138,50 @@ def test_loss_and_callbacks_for_an_uncompiled_model(backend, tmp_path):
     assert len(json.loads(out.read_text())["history"]["loss"]) == 1  # the callback stopped it
 
 
+def test_keep_fresh_train_examples_and_logdir_reach_a_compiled_model(tmp_path):
+    """--keep-checkpoints, --fresh, --train-examples and --logdir were refused with a compiled
+    --model ("not yet supported"); they reach mirrorfit.fit now."""
+    ck, tb, out = tmp_path / "ck", tmp_path / "tb", tmp_path / "m.json"
+    common = [
+        "train",
+        "--backend",
+        "jax",
+        "--model",
+        "keras_models:regression",
+        "--data",
+        "keras_models:regression_data",
+        "--global-batch-size",
+        "50",
+        "--no-progress",
+        "--checkpoint-dir",
+        str(ck),
+        "--checkpoint-every",
+        "2",
+        "--keep-checkpoints",
+        "2",
+        "--steps-per-execution",
+        "2",
+    ]
+    proc = run_cli(*common, "--epochs", "2", "--train-examples", "200", "--logdir", str(tb))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    # 200 examples are 4 steps an epoch: step 2 of each, and each end; the 2 latest kept
+    assert sorted(p.name for p in ck.glob("epoch-*")) == [
+        "epoch-000001-step-000002",
+        "epoch-000002",
+    ]
+    assert list(tb.glob("events.out.tfevents.*"))
+    proc = run_cli(*common, "--epochs", "1", "--fresh", "--metrics-out", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert len(json.loads(out.read_text())["history"]["loss"]) == 1  # started over
+    (aside,) = ck.glob("discarded-*")
+    assert sorted(p.name for p in aside.iterdir()) == ["epoch-000001-step-000002", "epoch-000002"]
+
+
 @pytest.mark.parametrize(
     "args, needle",
     [
-        (("--remat",), "--remat is not yet supported with a compiled"),
-        (("--logdir", "{tmp}/tb"), "use Keras's TensorBoard callback in --callbacks"),
+        (("--remat",), "--remat does not apply to a compiled --model (trained through"),
+        (("--warmup-epochs", "1"), "the compiled optimizer's learning rate wins"),
         (
             ("--backend", "tensorflow", "--strategy", "central-storage", "--replicas", "2"),
             "--strategy central-storage is not supported with a compiled --model",

@@ -41,6 +41,7 @@ from mirrorfit.artifacts.checkpoint_meta import (
     encode_epoch_logs,
     list_checkpoints,
     read_meta,
+    discard,
     require_checkpoints,
     set_aside,
 )
@@ -358,22 +359,7 @@ class Checkpointer:
     def discard(self) -> Path | None:
         """Move existing checkpoints aside (``--fresh``); nothing is deleted. Returns where.
         Only the writer (the chief) moves anything."""
-        found = self.checkpoints()
-        if not found or not self.writer:
-            return None
-        for n in range(1, 1000):  # --fresh twice in one second: a new name, not an error
-            aside = self.directory / (
-                f"discarded-{time.strftime('%Y%m%d-%H%M%S')}" + (f"-{n}" if n > 1 else "")
-            )
-            try:
-                aside.mkdir()
-                break
-            except FileExistsError:
-                continue
-        for p in found:
-            os.rename(p, aside / p.name)
-        _io.fsync_dir(self.directory)
-        return aside
+        return discard(self.directory, self.checkpoints()) if self.writer else None
 
     def clean_partial(self) -> list[Path]:
         """Remove temp folders left by a write that was killed (not those of a live writer)."""

@@ -394,3 +394,27 @@ def _unused(folder: Path, name: str) -> Path:
         n += 1
         path = folder / f"{name}-{n}"
     return path
+
+
+def discard(directory: Path, found: list[Path]) -> Path | None:
+    """Move the checkpoints ``found`` in ``directory`` into a new ``discarded-TIME`` folder
+    there (``--fresh``, ``fit(fresh=True)``); nothing is deleted. Returns it (None: none)."""
+    import time
+
+    from mirrorfit._io import fsync_dir
+
+    if not found:
+        return None
+    for n in range(1, 1000):  # --fresh twice in one second: a new name, not an error
+        aside = directory / (
+            f"discarded-{time.strftime('%Y%m%d-%H%M%S')}" + (f"-{n}" if n > 1 else "")
+        )
+        try:
+            aside.mkdir()
+            break
+        except FileExistsError:
+            continue
+    for p in found:
+        os.rename(p, aside / p.name)
+    fsync_dir(directory)
+    return aside

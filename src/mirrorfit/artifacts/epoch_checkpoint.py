@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mirrorfit.artifacts.checksums import file_sums, files_problem, seal_problem, sealed
-from mirrorfit.artifacts.checkpoint_meta import set_aside, special_file
+from mirrorfit.artifacts.checkpoint_meta import discard, set_aside, special_file
 from mirrorfit.errors import FitError
 
 KEEP = 3  # checkpoints kept (as mirrorfit train keeps by default)
@@ -173,11 +173,15 @@ class Saver:
         every: int,
         optimizer: dict | None,
         allow_nan: bool = False,
+        keep: int = KEEP,
+        fresh: bool = False,
     ):
         import keras
 
         self.directory, self.writes, self.every = directory, writes, every
-        self.allow_nan = allow_nan
+        self.allow_nan, self.keep = allow_nan, keep
+        if fresh and writes:  # before the workers' first collective: none restores them
+            discard(directory, checkpoints(directory))
         self.optimizer = optimizer
         self.restored: Position | None = None
         self.last: Path | None = None  # the newest checkpoint, once known
@@ -232,7 +236,9 @@ class Saver:
                     f"checkpointed, {kept}; try a lower learning rate, or allow_nan=True "
                     "(--allow-nan) to train on as Keras does"
                 )
-        path = save(model, self.directory, position, self.optimizer, writes=self.writes)
+        path = save(
+            model, self.directory, position, self.optimizer, writes=self.writes, keep=self.keep
+        )
         if path is not None:
             self.last = path
         return path
@@ -394,9 +400,15 @@ def _one_line(error: Exception) -> str:
 
 
 def save(
-    model, directory: Path, position: Position, optimizer: dict | None, *, writes: bool = True
+    model,
+    directory: Path,
+    position: Position,
+    optimizer: dict | None,
+    *,
+    writes: bool = True,
+    keep: int = KEEP,
 ) -> Path | None:
-    """Write the checkpoint at ``position`` and keep the :data:`KEEP` latest (``writes``: else
+    """Write the checkpoint at ``position`` and keep the ``keep`` latest (``writes``: else
     only its path is returned); None, with a warning, for weights that are not finite (the
     latest checkpoint stays the last finite state, as mirrorfit train keeps it)."""
     import numpy as np
@@ -439,7 +451,7 @@ def save(
     os.replace(tmp, final)
     fsync_dir(directory)
     done = [p for p in checkpoints(directory) if p != final]
-    for old in done[: max(0, len(done) - (KEEP - 1))]:
+    for old in done[: max(0, len(done) - (keep - 1))]:
         shutil.rmtree(old, ignore_errors=True)
     return final
 

@@ -53,13 +53,16 @@ def fit(
     drop_remainder=False,
     checkpoint_dir=None,
     checkpoint_every=0,
+    keep_checkpoints=3,
+    fresh=False,
     allow_nan=False,
 ):
     """Train a compiled Keras ``model`` data-parallel, as ``model.fit(...)`` would on one device
     (``batch_size``: the global batch); plus ``steps_per_execution`` (default the compiled one if
     above 1, else 50), ``accum_steps`` (micro-batches per replica per step), ``drop_remainder``
     (skip each epoch's partial batch), ``checkpoint_dir`` (saved every epoch and every
-    ``checkpoint_every`` optimizer steps, resumed by a later ``fit``, inside an epoch too),
+    ``checkpoint_every`` optimizer steps, the ``keep_checkpoints`` latest kept, resumed by a
+    later ``fit``, inside an epoch too; ``fresh``: existing ones moved aside, not resumed),
     ``allow_nan`` (train on through a non-finite loss or weights, as Keras does; by default
     DivergedError). SIGTERM/SIGINT: a checkpoint, then ``mirrorfit.Preempted``. Returns Keras's
     ``History``; the model's variables hold the trained state.
@@ -70,16 +73,19 @@ def fit(
     try:  # what this worker refuses, every worker hears of before anything else
         run = _Run(model, steps_per_execution, accum_steps, workers)
         callbacks = checked_callbacks(callbacks)
-        checkpoint_every = _checked_int("checkpoint_every", checkpoint_every, 0)
-        if not isinstance(allow_nan, bool):
-            raise FitError(f"allow_nan={allow_nan!r}: give True or False")
+        checkpointing = {
+            "every": _checked_int("checkpoint_every", checkpoint_every, 0),
+            "keep": _checked_int("keep_checkpoints", keep_checkpoints, 1),
+            "fresh": _checked_bool("fresh", fresh),
+            "allow_nan": _checked_bool("allow_nan", allow_nan),
+        }
         if checkpoint_dir is not None:
-            saver = _saver(model, checkpoint_dir, checkpoint_every, allow_nan, workers, held)
+            saver = _saver(model, checkpoint_dir, checkpointing, workers, held)
             callbacks = [*callbacks, saver.callback]
-        elif checkpoint_every:
+        elif checkpoint_every or fresh:
             raise FitError(
-                f"checkpoint_every={checkpoint_every} needs a checkpoint_dir to write to; give "
-                "one, or leave checkpoint_every out"
+                f"checkpoint_every={checkpoint_every!r}, fresh={fresh!r}: they need a "
+                "checkpoint_dir; give one, or leave them out"
             )
         epochs = _checked_int("epochs", epochs, 0)
         initial_epoch = _checked_int("initial_epoch", initial_epoch, 0)
@@ -106,6 +112,8 @@ def fit(
                 drop_remainder=drop_remainder,
                 checkpoint_dir=checkpoint_dir is not None,
                 checkpoint_every=checkpoint_every,
+                keep_checkpoints=keep_checkpoints,
+                fresh=fresh,
                 allow_nan=allow_nan,
             ),
         )
@@ -134,8 +142,9 @@ def fit(
         return model.history
 
 
-def _saver(model, checkpoint_dir, every: int, allow_nan: bool, workers, held):
-    """checkpoint_dir's Saver, its folder checked and (the chief) locked in ``held``."""
+def _saver(model, checkpoint_dir, settings: dict, workers, held):
+    """checkpoint_dir's Saver (``settings``: every, keep, fresh, allow_nan), its folder
+    checked and (the chief) locked in ``held``."""
     from mirrorfit.artifacts import epoch_checkpoint as checkpoints
 
     directory = checkpoints.checked_dir(checkpoint_dir, writes=workers.is_chief)
@@ -144,9 +153,8 @@ def _saver(model, checkpoint_dir, every: int, allow_nan: bool, workers, held):
     return checkpoints.Saver(
         directory,
         writes=workers.is_chief,
-        every=every,
         optimizer=checkpoints.optimizer_settings(model),
-        allow_nan=allow_nan,
+        **settings,
     )
 
 
@@ -466,6 +474,15 @@ def _warn_padding_enters(model, adapter) -> None:
             "to train on whole batches only",
             stacklevel=3,
         )
+
+
+def _checked_bool(name: str, value) -> bool:
+    """``value`` if it is a bool (NumPy's too); FitError for anything else (a string "no")."""
+    import numpy as np
+
+    if not isinstance(value, (bool, np.bool_)):
+        raise FitError(f"{name}={value!r}: give True or False")
+    return bool(value)
 
 
 def _checked_int(name: str, value, minimum: int) -> int:

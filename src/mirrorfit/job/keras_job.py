@@ -17,19 +17,20 @@ import numpy as np
 from mirrorfit.config import TrainConfig
 from mirrorfit.errors import ConfigError
 
-# Settings of mirrorfit's own loop that this path has no counterpart for yet, and the way
-# round for each.
-_NOT_YET = {
-    "keep_checkpoints": "--checkpoint-dir alone (the three latest are kept)",
-    "fresh": "another --checkpoint-dir",
-    "export_dir": "--save-keras, then export that model",
-    "logdir": "Keras's TensorBoard callback in --callbacks",
-    "profile": "the default loop (an uncompiled model)",
-    "xla": "the JAX backend (which compiles every step)",
-    "remat": "the default loop (an uncompiled model)",
-    "train_examples": "a --data function returning fewer examples",
-    "warmup_epochs": "a learning-rate schedule in the model's compile()",
-    "cache": "a --data function returning a cached tf.data.Dataset",
+# Settings of mirrorfit's own loop that do not reach a compiled model, why, and the way round.
+_NOT_APPLIED = {
+    "export_dir": "its SavedModel signature is the built-in models' (images -> probabilities); "
+    "use --save-keras, then the model's own export()",
+    "profile": "it measures the built-in loop's parts, not yet mirrorfit.fit's; use "
+    "mirrorfit bench --model",
+    "xla": "mirrorfit.fit's TensorFlow step is not XLA-compiled yet; use --backend jax, which "
+    "compiles every step",
+    "remat": "it wraps the built-in models' layers, not yet a compiled model's; use the "
+    "default loop (an uncompiled model)",
+    "warmup_epochs": "the compiled optimizer's learning rate wins; give a schedule in the "
+    "model's compile()",
+    "cache": "the data are the arrays the source gives, already in memory; return a cached "
+    "tf.data.Dataset from a --data function",
 }
 
 
@@ -41,12 +42,12 @@ def wanted(config: TrainConfig, model) -> bool:
 def check(config: TrainConfig) -> None:
     """One line for a flag this path cannot honour (before anything trains)."""
     defaults = TrainConfig.__dataclass_fields__
-    for name, instead in _NOT_YET.items():
+    for name, why in _NOT_APPLIED.items():
         if getattr(config, name) != defaults[name].default:
             flag = "--" + name.replace("_", "-")
             raise ConfigError(
-                f"{flag} is not yet supported with a compiled --model (trained "
-                f"through mirrorfit.fit); use {instead}"
+                f"{flag} does not apply to a compiled --model (trained through "
+                f"mirrorfit.fit): {why}"
             )
     if config.strategy == "parameter-server":
         raise ConfigError(
@@ -209,7 +210,11 @@ def run(config: TrainConfig, console, model, *, compiled: bool, clock) -> dict[s
     train, val, test = data["train"], data.get("val"), data.get("test")
     console.print(describe(config, model, compiled))
     clock.lap("data")
+    if config.train_examples is not None:
+        train = _first(train, config.train_examples)
     callbacks = [state_shown(console), *user_callbacks(config.callbacks)]
+    if config.logdir:
+        callbacks.append(epoch_scalars(config.logdir if _chief() else None))
     kwargs = {}
     if isinstance(train, tuple):
         kwargs.update(
@@ -234,6 +239,8 @@ def run(config: TrainConfig, console, model, *, compiled: bool, clock) -> dict[s
         accum_steps=config.accum_steps,
         checkpoint_dir=config.checkpoint_dir,
         checkpoint_every=config.checkpoint_every,
+        keep_checkpoints=config.keep_checkpoints,
+        fresh=config.fresh,
         allow_nan=config.allow_nan,
         **kwargs,
     )
@@ -285,6 +292,38 @@ def run(config: TrainConfig, console, model, *, compiled: bool, clock) -> dict[s
 
         write_json_atomic(config.metrics_out, summary)
     return summary
+
+
+def _first(split, n: int):
+    """The first ``n`` examples of a training split (arrays, or a dict of them)."""
+    from keras import tree
+
+    if not isinstance(split, tuple):
+        raise ConfigError(
+            "--train-examples takes the first N of arrays; the --data function returns a "
+            "dataset: return fewer examples from it instead"
+        )
+    return tuple(tree.map_structure(lambda a: a[:n], part) for part in split)
+
+
+def epoch_scalars(logdir: str | None):
+    """A callback writing each epoch's logs as TensorBoard scalars under ``logdir`` (``epoch/``
+    then the key), with TensorBoard's own writer (no TensorFlow needed); None: write nothing
+    (the workers but the chief)."""
+    import keras
+
+    from mirrorfit.job.observe import ScalarWriter
+
+    writer = ScalarWriter(logdir)
+
+    class EpochScalars(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            writer.epoch_callback(epoch, dict(logs or {}))
+
+        def on_train_end(self, logs=None):
+            writer.close()
+
+    return EpochScalars()
 
 
 def state_shown(console):
