@@ -39,12 +39,12 @@ def wanted(config: TrainConfig, model) -> bool:
     return bool(getattr(model, "compiled", False)) or config.loss is not None
 
 
-def check(config: TrainConfig) -> None:
+def check(config: TrainConfig, engine) -> None:
     """One line for a flag this path cannot honour (before anything trains)."""
     defaults = TrainConfig.__dataclass_fields__
     for name, why in _NOT_APPLIED.items():
-        if name == "xla" and config.backend == "jax":
-            continue  # JAX compiles every step with XLA already
+        if name == "xla" and engine.COMPILES_EVERY_STEP:
+            continue  # XLA compiles every step already
         if getattr(config, name) != defaults[name].default:
             flag = "--" + name.replace("_", "-")
             raise ConfigError(

@@ -370,7 +370,7 @@ def _compiled_user_model(config: TrainConfig, engine, setup, dist, data):
         model = factory()
     if not keras_job.wanted(config, model):
         return None
-    keras_job.check(config)
+    keras_job.check(config, engine)
     compiled = bool(getattr(model, "compiled", False))
     from mirrorfit.fitting.setup import Setup, use
 
