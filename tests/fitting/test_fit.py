@@ -277,3 +277,37 @@ def test_sigterm_mid_epoch_then_a_rerun_ends_with_the_uninterrupted_weights(
         assert len(weights) == len(expected) == 4
         for a, b in zip(weights, expected):
             np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["jax", "tensorflow"])
+def test_what_keras_takes_trains_and_what_it_should_not_is_one_line(backend, tmp_path):
+    """tests/fitting/strict.py. On main: float64 or integer sample weights were a TypeError on
+    TensorFlow; x=None an IndexError; class_weight with a class no label holds, or a string or
+    fractional key, and validation_split=1.5 trained without a word; fractional labels for a
+    sparse loss were cut to integers (accuracy 0)."""
+    proc = _run([str(HERE / "strict.py"), backend, str(tmp_path / "r.json")])
+    output, _ = proc.communicate(timeout=400)
+    assert proc.returncode == 0, output[-3000:]
+    r = json.loads((tmp_path / "r.json").read_text())
+    trains = (
+        "float64_sample_weight",
+        "int_sample_weight",
+        "evaluate_float64_sample_weight",
+        "y_none_own_loss",
+        "integral_float_labels",
+    )
+    assert {k: r[k] for k in trains} == dict.fromkeys(trains)
+    assert r["float64_equals_float32"] and r["own_loss_falls"]
+    refused = {
+        "x_none": "x=None: give the inputs",
+        "y_none_compiled_loss": "y=None, but the model is compiled with a loss",
+        "class_weight_absent_class": "class_weight names class 7, which no training label holds",
+        "class_weight_string_key": "class_weight has the key '0'; its keys are class indices",
+        "class_weight_fractional_key": "class_weight has the key 0.5; its keys are class",
+        "validation_split_above_1": "validation_split=1.5: give a fraction of the data",
+        "fractional_sparse_labels": "has the label 2.5 (at 0) for a sparse categorical loss",
+    }
+    for name, needle in refused.items():
+        assert r[name] is not None and needle in r[name], (name, r[name])
+        assert "\n" not in r[name]

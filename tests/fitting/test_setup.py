@@ -71,3 +71,43 @@ def test_setup_after_the_model_is_built_says_to_call_it_first(backend):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert f"REFUSED: mirrorfit.setup() came after {backend} started" in proc.stdout
     assert "call it first in the script, before building the model" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    "kwargs, needle",
+    [
+        ({"backend": "torch"}, "backend='torch': mirrorfit trains on 'tensorflow' or 'jax'"),
+        ({"devices": "/cpu:0"}, "devices='/cpu:0': give a list of device names"),
+        ({"replicas": True}, "replicas=True: give a whole number of at least 1"),
+        ({"precision": ["fp32"]}, "precision=['fp32']: choose one of"),
+        ({"shard": None}, "shard=None: choose 'none'"),
+    ],
+)
+def test_arguments_setup_cannot_use_are_a_value_error_in_its_words(kwargs, needle):
+    """On main: backend='torch' raised ConfigError (no ValueError) saying --backend; a string
+    of devices was split into characters; replicas=True was taken for 1; a list of
+    precisions was a TypeError."""
+    with pytest.raises(ValueError) as caught:
+        mirrorfit.setup(**{"backend": "jax", **kwargs})
+    assert needle in str(caught.value), str(caught.value)
+    assert "--" not in str(caught.value) and "\n" not in str(caught.value)
+    assert chosen.current() is None
+
+
+def test_an_unknown_keras_backend_is_named_in_this_apis_words(fresh):
+    fresh.setenv("KERAS_BACKEND", "torch")
+    with pytest.raises(ValueError, match=r"^KERAS_BACKEND='torch': mirrorfit trains on"):
+        mirrorfit.setup()
+
+
+def test_keras_loaded_on_the_other_backend_is_named_in_this_apis_words():
+    import keras
+
+    loaded = keras.backend.backend()
+    other = "jax" if loaded == "tensorflow" else "tensorflow"
+    with pytest.raises(ValueError) as caught:
+        mirrorfit.setup(backend=other)
+    assert str(caught.value) == (
+        f"backend={other!r}, but Keras was already imported with the {loaded} backend; pass "
+        f"backend={loaded!r}, or call mirrorfit.setup(backend={other!r}) before importing keras"
+    )

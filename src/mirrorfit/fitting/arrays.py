@@ -67,8 +67,10 @@ def array_blocks(
         counts = np.clip(real - np.arange(size) * batch_size, 1, batch_size)
         data = {
             "x": tree.map_structure(gather, x),
+            # floatx, as batches.padded casts them (NumPy's np.ones is float64; ints too)
             "w": tree.map_structure(
-                gather, w if w is not None else ones_like_targets(y, n, floatx)
+                lambda a: gather(a).astype(floatx, copy=False),
+                w if w is not None else ones_like_targets(y, n, floatx),
             ),
             "mask": mask.reshape(size, batch_size),
             "scale": np.repeat((batch_size / counts).astype(floatx)[:, None], batch_size, axis=1),

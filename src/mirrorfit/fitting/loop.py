@@ -117,12 +117,14 @@ def fit(
                 allow_nan=allow_nan,
             ),
         )
+        _check_fraction("validation_split", validation_split)
         if validation_split and validation_data is None:
             from keras.src.trainers.data_adapters.array_slicing import train_validation_split
 
             (x, y, sample_weight), validation_data = train_validation_split(
                 (x, y, sample_weight), validation_split=validation_split
             )
+        _check_targets(model, x, y)
         adapter = _adapter(x, y, sample_weight, class_weight, batch_size, steps_per_epoch, shuffle)
         if not drop_remainder:
             _warn_padding_enters(model, adapter)
@@ -268,6 +270,14 @@ def _adapter(x, y, sample_weight, class_weight, batch_size, steps, shuffle):
                 "strings); give numeric arrays (tokenise text first, or pass a "
                 "tf.data.Dataset of strings to a model that takes them)"
             )
+    if x is None:
+        raise FitError(
+            "x=None: give the inputs (arrays, a dict of them, a tf.data.Dataset, a generator "
+            "or a keras.utils.PyDataset)"
+        )
+    from mirrorfit.fitting.metrics import check_class_weight
+
+    check_class_weight(class_weight, y)
     if steps is not None:
         steps = _checked_int("steps_per_epoch / validation_steps / steps", steps, 1)
     if batch_size is not None:
@@ -474,6 +484,30 @@ def _warn_padding_enters(model, adapter) -> None:
             "to train on whole batches only",
             stacklevel=3,
         )
+
+
+def _check_targets(model, x, y) -> None:
+    """FitError for arrays without targets given to a model whose compiled loss needs them
+    (a model that is its own loss, add_loss or compute_loss, trains on ``y=None``)."""
+    import numpy as np
+    from keras import tree
+
+    from mirrorfit.fitting.metrics import overrides
+
+    arrays = x is not None and all(isinstance(a, np.ndarray) for a in tree.flatten(x))
+    if y is None and arrays and model.loss is not None and not overrides(model, "compute_loss"):
+        raise FitError(
+            "y=None, but the model is compiled with a loss, which needs targets; give y, or "
+            "compile without a loss a model that adds its own (add_loss)"
+        )
+
+
+def _check_fraction(name: str, value) -> None:
+    """FitError unless ``value`` is a fraction in [0, 1) (Keras's split takes 1.5 as well)."""
+    import numbers
+
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 <= float(value) < 1:
+        raise FitError(f"{name}={value!r}: give a fraction of the data, at least 0 and below 1")
 
 
 def _checked_bool(name: str, value) -> bool:

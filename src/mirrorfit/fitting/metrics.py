@@ -11,6 +11,8 @@ import keras
 import numpy as np
 from keras import ops, tree
 
+from mirrorfit.errors import FitError
+
 
 def loss_weights(batch: dict, *, masked: bool = False):
     """The sample weights the loss takes: ``w x scale`` (0 for padding). ``masked``: the
@@ -125,17 +127,61 @@ def check_sparse_labels(model, y, where: str) -> None:
     from mirrorfit.data.arrays import check_class_labels, is_sparse_categorical
 
     for name, loss, labels, classes in _per_output(model, y):
-        if (
-            not is_sparse_categorical(loss)
-            or not isinstance(labels, np.ndarray)
-            or labels.dtype.kind not in "iu"
-        ):
+        if not is_sparse_categorical(loss) or not isinstance(labels, np.ndarray):
             continue
-        check_class_labels(
-            labels,
-            f"{where}'s {name}" if name else where,
-            classes,
-            getattr(loss, "ignore_class", None),
+        named = f"{where}'s {name}" if name else where
+        if labels.dtype.kind == "f":  # Keras's sparse loss casts them: 1.5 would be class 1
+            fractional = np.flatnonzero(labels != np.floor(labels))
+            if fractional.size:
+                i = int(fractional[0])
+                raise FitError(
+                    f"{named} has the label {float(labels.flat[i])!r} (at {i}) for a sparse "
+                    "categorical loss, which takes class indices and would cut it to "
+                    f"{int(labels.flat[i])}; give integer labels, or probabilities with "
+                    "a categorical loss"
+                )
+            labels = labels.astype(np.int64)
+        elif labels.dtype.kind not in "iu":
+            continue
+        check_class_labels(labels, named, classes, getattr(loss, "ignore_class", None))
+
+
+def check_class_weight(class_weight, y) -> None:
+    """FitError for a ``class_weight`` Keras would take and use wrongly or not at all: keys
+    that are not whole class indices (a string, 0.5), a class the labels never hold, or a
+    weight that is not a finite number >= 0."""
+    import numbers
+
+    if class_weight is None:
+        return
+    if not isinstance(class_weight, dict) or not class_weight:
+        raise FitError(
+            f"class_weight={class_weight!r}: give a dict of class index -> weight, e.g. "
+            "{0: 1.0, 1: 5.0}"
+        )
+    for key, weight in class_weight.items():
+        if isinstance(key, bool) or not isinstance(key, numbers.Integral) or key < 0:
+            raise FitError(
+                f"class_weight has the key {key!r}; its keys are class indices, whole "
+                "numbers 0, 1, ... as the labels hold them"
+            )
+        if isinstance(weight, bool) or not (
+            isinstance(weight, numbers.Real) and np.isfinite(weight) and weight >= 0
+        ):
+            raise FitError(f"class_weight[{key}] is {weight!r}; give a finite weight of at least 0")
+    labels = np.asarray(y) if isinstance(y, np.ndarray) else None
+    if labels is None or labels.size == 0:
+        return  # a dataset's or generator's labels are seen only while they are read
+    if labels.ndim > 1 and labels.shape[-1] > 1:  # one-hot, as Keras reads it
+        present = set(np.unique(np.argmax(labels, axis=-1)).tolist())
+    else:
+        present = set(np.unique(labels).tolist())
+    absent = sorted(k for k in class_weight if int(k) not in present)
+    if absent:
+        raise FitError(
+            f"class_weight names class {absent[0]}, which no training label holds (the "
+            f"labels hold {len(present)} classes); drop it, or check the keys index the "
+            "classes as the labels do"
         )
 
 

@@ -68,12 +68,19 @@ def setup(
             "mirrorfit.setup() was already called in this process; devices can "
             "be chosen only once, before the framework starts"
         )
-    if precision not in POLICIES:
+    if not isinstance(precision, str) or precision not in POLICIES:
         raise FitError(f"precision={precision!r}: choose one of {', '.join(POLICIES)}")
-    if replicas is not None and (not isinstance(replicas, int) or replicas < 1):
+    if replicas is not None and (
+        isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1
+    ):
         raise FitError(f"replicas={replicas!r}: give a whole number of at least 1")
-    backend = backends.resolve(backend)
-    if shard not in backends.SHARD_MODES:
+    if isinstance(devices, str) or not all(isinstance(d, str) for d in devices):
+        raise FitError(
+            f"devices={devices!r}: give a list of device names, e.g. devices=['/gpu:0', "
+            "'/gpu:1'] (mirrorfit.list_devices() names them)"
+        )
+    backend = _backend(backend)
+    if not isinstance(shard, str) or shard not in backends.SHARD_MODES:
         raise FitError(
             f"shard={shard!r}: choose 'none' (every device holds the whole state), "
             "'optimizer' (ZeRO-1: the optimizer state split over the devices) or "
@@ -85,7 +92,17 @@ def setup(
             "use backend='jax', or shard='none'"
         )
     cluster = _cluster(strategy)
-    backends.prepare(backend, verbose=verbose)
+    try:
+        backends.prepare(backend, verbose=verbose)
+    except ConfigError:  # Keras was imported with the other backend: this API's words
+        import keras
+
+        loaded = keras.backend.backend()
+        raise FitError(
+            f"backend={backend!r}, but Keras was already imported with the {loaded} backend; "
+            f"pass backend={loaded!r}, or call mirrorfit.setup(backend={backend!r}) before "
+            "importing keras"
+        ) from None
     try:
         made = importlib.import_module(backends.ENGINES[backend]).keras_setup(
             replicas, tuple(devices), shard=shard, cluster=cluster
@@ -112,6 +129,22 @@ def setup(
     return _current[-1]
 
 
+def _backend(value) -> str:
+    """``backend`` (else $KERAS_BACKEND, else TensorFlow) as one of the engines; FitError in
+    this API's words (the CLI's say --backend)."""
+    import os
+
+    choices = " or ".join(repr(b) for b in backends.BACKENDS)
+    if value is None and os.environ.get("KERAS_BACKEND", backends.DEFAULT) not in backends.BACKENDS:
+        raise FitError(
+            f"KERAS_BACKEND={os.environ['KERAS_BACKEND']!r}: mirrorfit trains on {choices}; "
+            "pass backend='jax' (or 'tensorflow'), or set KERAS_BACKEND to one of them"
+        )
+    if value is not None and (not isinstance(value, str) or value not in backends.BACKENDS):
+        raise FitError(f"backend={value!r}: mirrorfit trains on {choices}; e.g. backend='jax'")
+    return backends.resolve(value)
+
+
 # distribute.cluster.check_strategy's refusals in this API's words (the CLI's say --strategy):
 # the same str.format fields as its CLI_WORDS.
 _STRATEGY_WORDS = {
@@ -131,7 +164,7 @@ def _cluster(strategy: str):
     from mirrorfit.distribute.cluster import check_strategy, resolve_cluster
     from mirrorfit.errors import ConfigError
 
-    if strategy not in ("auto", "multi-worker"):
+    if not isinstance(strategy, str) or strategy not in ("auto", "multi-worker"):
         raise FitError(
             f"strategy={strategy!r}: choose 'auto' (this process's devices) or "
             "'multi-worker' (the job TF_CONFIG or SLURM describe)"

@@ -1,0 +1,99 @@
+"""``mirrorfit.fit``/``evaluate`` given what Keras's ``fit`` takes and what it should not: each
+case trains (the result checked) or raises one ValueError line. Run as ``python strict.py
+BACKEND OUT.json`` (2 logical CPU devices); OUT holds each case's message, or None."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import numpy as np
+
+import mirrorfit
+
+BACKEND, OUT = sys.argv[1], sys.argv[2]
+mirrorfit.setup(backend=BACKEND, replicas=2)
+import keras  # noqa: E402
+
+rng = np.random.default_rng(0)
+x = rng.normal(size=(96, 4)).astype("float32")
+labels = rng.integers(0, 3, size=96)
+kw = dict(batch_size=32, epochs=1, verbose=0, shuffle=False)
+out: dict = {}
+
+
+def classifier():
+    keras.utils.set_random_seed(1)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, activation="softmax")])
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="sparse_categorical_crossentropy")
+    return model
+
+
+class OwnLoss(keras.Model):
+    """A model whose loss is its own (add_loss), compiled without one: y=None trains it."""
+
+    def __init__(self):
+        super().__init__()
+        self.dense = keras.layers.Dense(1)
+
+    def call(self, inputs):
+        out = self.dense(inputs)
+        self.add_loss(keras.ops.mean(keras.ops.square(out - 1.0)))
+        return out
+
+
+def weights_after(sample_weight):
+    model = classifier()
+    mirrorfit.fit(model, x, labels, sample_weight=sample_weight, **kw)
+    return model.get_weights()
+
+
+def own_loss():
+    model = OwnLoss()
+    model.compile(optimizer=keras.optimizers.SGD(0.1))
+    return mirrorfit.fit(model, x, None, epochs=3, batch_size=32, verbose=0).history["loss"]
+
+
+cases = {
+    "float64_sample_weight": lambda: weights_after(np.linspace(0.5, 1.5, 96)),
+    "int_sample_weight": lambda: weights_after(np.ones(96, np.int64)),
+    "evaluate_float64_sample_weight": lambda: mirrorfit.evaluate(
+        classifier(), x, labels, sample_weight=np.ones(96), batch_size=32, verbose=0
+    ),
+    "x_none": lambda: mirrorfit.fit(classifier(), None, labels, **kw),
+    "y_none_own_loss": own_loss,
+    "y_none_compiled_loss": lambda: mirrorfit.fit(classifier(), x, None, **kw),
+    "class_weight_absent_class": lambda: mirrorfit.fit(
+        classifier(), x, labels, class_weight={0: 1.0, 1: 1.0, 2: 1.0, 7: 2.0}, **kw
+    ),
+    "class_weight_string_key": lambda: mirrorfit.fit(
+        classifier(), x, labels, class_weight={"0": 1.0}, **kw
+    ),
+    "class_weight_fractional_key": lambda: mirrorfit.fit(
+        classifier(), x, labels, class_weight={0.5: 1.0}, **kw
+    ),
+    "validation_split_above_1": lambda: mirrorfit.fit(
+        classifier(), x, labels, validation_split=1.5, **kw
+    ),
+    "fractional_sparse_labels": lambda: mirrorfit.fit(classifier(), x, labels + 0.5, **kw),
+    "integral_float_labels": lambda: mirrorfit.fit(classifier(), x, labels.astype("float32"), **kw),
+}
+results: dict = {}
+for name, call in cases.items():
+    try:
+        results[name] = call()
+        out[name] = None
+    except ValueError as e:
+        out[name] = str(e)
+out["float64_equals_float32"] = out["float64_sample_weight"] is None and all(
+    np.array_equal(a, b)
+    for a, b in zip(
+        results["float64_sample_weight"],
+        weights_after(np.linspace(0.5, 1.5, 96).astype("float32")),
+    )
+)
+if out["y_none_own_loss"] is None:
+    losses = results["y_none_own_loss"]
+    out["own_loss_falls"] = losses[-1] < losses[0]
+with open(OUT, "w") as f:
+    json.dump(out, f)
