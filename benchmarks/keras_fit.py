@@ -7,6 +7,8 @@ medians are compared:
 * ``fit``: ``mirrorfit.fit`` on the same model, batch and devices, given float32 pixels / 255;
 * ``fit-u8``: the same given MNIST's uint8 pixels, a ``Rescaling(1/255)`` layer first: the
   bytes ``mirrorfit train`` moves (it scales in the step), a quarter of float32's;
+* ``fit-nan``: ``fit`` with ``allow_nan=True``: without the divergence guard's read of the
+  loss after every call of steps (what that guard costs);
 * ``fit-2``: ``mirrorfit.fit`` on 2 logical CPU replicas;
 * ``keras-2``: the model's own ``model.fit`` on the same 2 replicas (MirroredStrategy on
   TensorFlow, ``keras.distribution.DataParallel`` on JAX).
@@ -61,7 +63,7 @@ SIDE = textwrap.dedent("""
     if side == "keras-2":
         model.fit(x, y, **kw)
     else:
-        mirrorfit.fit(model, x, y, **kw)
+        mirrorfit.fit(model, x, y, **kw, **({"allow_nan": True} if side == "fit-nan" else {}))
     steady = sum(times[1:])
     print(json.dumps({"examples_per_sec": len(x) * (len(times) - 1) / steady}))
 """)
@@ -122,6 +124,8 @@ def main() -> None:
         print(f"  fit / train     {med['fit'] / med['train']:.2f}x")
     if "fit-u8" in med and "train" in med:
         print(f"  fit-u8 / train  {med['fit-u8'] / med['train']:.2f}x")
+    if "fit" in med and "fit-nan" in med:
+        print(f"  fit / fit-nan   {med['fit'] / med['fit-nan']:.2f}x (the divergence guard)")
     if "fit-2" in med and "keras-2" in med:
         print(f"  fit-2 / keras-2 {med['fit-2'] / med['keras-2']:.2f}x")
 

@@ -78,3 +78,32 @@ class StopAfterOne(keras.callbacks.Callback):
 
 def stop_after_one():
     return [StopAfterOne()]
+
+
+def two_outputs():
+    """Two outputs, two losses: MNIST's one label array cannot feed it."""
+    inputs = keras.Input((28, 28))
+    flat = keras.layers.Flatten()(inputs)
+    model = keras.Model(
+        inputs,
+        [keras.layers.Dense(10, activation="softmax")(flat), keras.layers.Dense(1)(flat)],
+    )
+    model.compile("adam", ["sparse_categorical_crossentropy", "mse"])
+    return model
+
+
+def for_32x32():
+    model = keras.Sequential(
+        [keras.Input((32, 32)), keras.layers.Flatten(), keras.layers.Dense(10, "softmax")]
+    )
+    model.compile("adam", "sparse_categorical_crossentropy")
+    return model
+
+
+def mse_on_labels():
+    """MSE against a 10-way output, fed MNIST's integer labels."""
+    model = keras.Sequential(
+        [keras.Input((28, 28)), keras.layers.Flatten(), keras.layers.Dense(10, "softmax")]
+    )
+    model.compile("adam", "mse")
+    return model

@@ -269,3 +269,23 @@ def test_data_the_model_cannot_take_is_one_line(backend, mnist_dir):
     assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert lines[0].startswith("mirrorfit: error: the model cannot take the training data:")
     assert "Expected shape (None, 8)" in lines[0] and "(32, 28, 28)" in lines[0], lines[0]
+
+
+@pytest.mark.parametrize("backend", ["jax", "tensorflow"])
+@pytest.mark.parametrize(
+    "model, needle",
+    [
+        ("two_outputs", "the model has 2 outputs and the training data one target array"),
+        ("for_32x32", "the training data has examples of shape (28, 28) but the model takes"),
+        ("mse_on_labels", "has targets of shape () per example and the model's output (10,)"),
+    ],
+)
+def test_a_compiled_model_the_data_cannot_feed_is_one_line(backend, model, needle, mnist_dir):
+    """On main each was a Keras or JAX traceback, exit 1 (issue 49)."""
+    proc = run_cli(
+        "train", "--backend", backend, "--model", f"keras_models:{model}", "--no-progress"
+    )
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("mirrorfit: error: ") and needle in last, last
+    assert "Traceback" not in proc.stderr

@@ -131,10 +131,12 @@ def fit(
         train = run.epochs(
             adapter, batch_size, steps_per_epoch, "train", drop_remainder=drop_remainder
         )
-        run.build(train.first)
-        from mirrorfit.fitting.metrics import check_sparse_labels  # Keras: loaded by now
+        from mirrorfit.fitting import metrics
 
-        check_sparse_labels(model, y, "the training data")
+        metrics.check_input_shapes(model, x, "the training data")  # before the build
+        metrics.check_target_shapes(model, y, "the training data")  # which computes a loss
+        run.build(train.first)
+        metrics.check_sparse_labels(model, y, "the training data")
         val = _validation(
             run, validation_data, validation_batch_size or batch_size, validation_steps
         )
@@ -199,10 +201,12 @@ def _validation(run, data, batch_size, steps) -> Epochs | None:
         return None
     from keras.src.trainers.data_adapters.data_adapter_utils import unpack_x_y_sample_weight
 
-    from mirrorfit.fitting.metrics import check_sparse_labels
+    from mirrorfit.fitting import metrics
 
     x, y, w = unpack_x_y_sample_weight(data)
-    check_sparse_labels(run.model, y, "the validation data")
+    metrics.check_input_shapes(run.model, x, "the validation data")
+    metrics.check_target_shapes(run.model, y, "the validation data")
+    metrics.check_sparse_labels(run.model, y, "the validation data")
     adapter = _adapter(x, y, w, None, batch_size, steps, False)
     return run.epochs(adapter, batch_size, steps, "test", where="validation data")
 

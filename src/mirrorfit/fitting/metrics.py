@@ -185,6 +185,101 @@ def check_class_weight(class_weight, y) -> None:
         )
 
 
+# Keras's losses that compare each target with its output value by value: targets of another
+# shape are broadcast against the output (MSE on integer labels of a 10-way output) or fail
+# deep in the framework. Keyed by how compile() may name them.
+_ELEMENTWISE = frozenset(
+    {
+        "mse", "mae", "mape", "msle", "mean_squared_error", "mean_absolute_error",
+        "mean_absolute_percentage_error", "mean_squared_logarithmic_error",
+        "categorical_crossentropy", "binary_crossentropy", "kl_divergence", "huber",
+        "log_cosh", "hinge", "squared_hinge", "categorical_hinge", "poisson",
+        "binary_focal_crossentropy", "categorical_focal_crossentropy",
+        "MeanSquaredError", "MeanAbsoluteError", "MeanAbsolutePercentageError",
+        "MeanSquaredLogarithmicError", "CategoricalCrossentropy", "BinaryCrossentropy",
+        "KLDivergence", "Huber", "LogCosh", "Hinge", "SquaredHinge", "CategoricalHinge",
+        "Poisson", "BinaryFocalCrossentropy", "CategoricalFocalCrossentropy",
+    }
+)  # fmt: skip
+
+
+def check_target_shapes(model, y, where: str) -> None:
+    """FitError for NumPy targets a compiled Keras loss cannot pair with the model's outputs:
+    one array for a model of several outputs and one loss, or targets of another shape than
+    the output for a loss that compares them value by value (a rank apart with a last axis of
+    1 is fine: Keras squeezes it). Losses of the user's own are not judged."""
+    loss = getattr(model, "loss", None)
+    outputs = getattr(model, "outputs", None) or []
+    if len(outputs) > 1 and isinstance(y, np.ndarray):
+        raise FitError(
+            f"the model has {len(outputs)} outputs and {where} one target array; give one "
+            "target per output (a list in output order, or a dict keyed by output name)"
+        )
+    if not isinstance(loss, (dict, list, tuple)) and len(outputs) > 1:
+        return
+    for name, fn, labels, _ in _per_output(model, y):
+        shape = _output_shape_of(model, name)
+        kind = fn if isinstance(fn, str) else getattr(fn, "__name__", type(fn).__name__)
+        if kind not in _ELEMENTWISE or not isinstance(labels, np.ndarray) or shape is None:
+            continue
+        have, want = tuple(labels.shape[1:]), tuple(shape[1:])
+        if _pairs(have, want):
+            continue
+        hint = (
+            "one-hot targets (keras.utils.to_categorical) or a sparse categorical loss for "
+            "class indices"
+            if labels.dtype.kind in "iu" and len(have) < len(want)
+            else "targets of the output's shape, or a model whose output has theirs"
+        )
+        whose = f"{where}'s {name}" if name else where
+        raise FitError(
+            f"{whose} has targets of shape {have} per example "
+            f"and the model's output {want}, which the loss {kind} compares value by value; "
+            f"give {hint}"
+        )
+
+
+def check_input_shapes(model, x, where: str) -> None:
+    """FitError for NumPy inputs of another example shape than the model's declared input
+    (one input; a model without a declared input is built from the data, so not judged)."""
+    inputs = getattr(model, "inputs", None) or []
+    if len(inputs) != 1 or not isinstance(x, np.ndarray):
+        return
+    want, have = tuple(inputs[0].shape[1:]), tuple(x.shape[1:])
+    if len(want) != len(have) or any(w is not None and w != h for w, h in zip(want, have)):
+        shown = tuple("?" if w is None else w for w in want)
+        raise FitError(
+            f"{where} has examples of shape {have} but the model takes {shown}; give data of "
+            "the model's input shape, or a model built for the data"
+        )
+
+
+def _pairs(have: tuple, want: tuple) -> bool:
+    """Whether targets of example shape ``have`` pair with outputs of ``want`` (None: any)."""
+
+    def same(a, b):
+        return len(a) == len(b) and all(w is None or h == w for h, w in zip(a, b))
+
+    return (
+        same(have, want)
+        or (len(have) + 1 == len(want) and want[-1] == 1 and same(have, want[:-1]))
+        or (len(have) == len(want) + 1 and have[-1] == 1 and same(have[:-1], want))
+    )
+
+
+def _output_shape_of(model, name: str | None):
+    """The output shape (batch first) ``_per_output``'s ``name`` stands for, or None."""
+    shapes = _output_shapes(model)
+    if shapes is None:
+        return None
+    if name is None:
+        return shapes if not (shapes and isinstance(shapes[0], (list, tuple))) else None
+    key = name.removeprefix("output ")
+    if isinstance(shapes, dict):
+        return shapes.get(key)
+    return shapes[int(key)] if key.isdigit() and int(key) < len(shapes) else None
+
+
 def ignores_a_class(model) -> bool:
     """Whether a compiled loss skips a label (``ignore_class``): like a masked output, its loss
     averages over each replica's counted labels."""
