@@ -160,8 +160,8 @@ def set_rng_state(found: Path, state: dict) -> None:
 class Saver:
     """``fit``'s checkpoints in ``directory``: a Keras callback that restores at
     ``on_train_begin`` (:attr:`restored`, the position the run goes on from) and saves at
-    every ``on_epoch_end``; the loop calls :meth:`after_steps` after each call of steps and
-    :meth:`save` on a signal. ``writes``: this process keeps what it saves (the chief);
+    every ``on_epoch_end``; the loop asks :meth:`due` after each call of steps and calls
+    :meth:`save` then, and on a signal. ``writes``: this process keeps what it saves (the chief);
     ``every``: optimizer steps between saves inside an epoch (0: epoch ends only);
     ``optimizer``: :func:`optimizer_settings` as compiled."""
 
@@ -208,15 +208,14 @@ class Saver:
         """Called before an epoch draws its shuffle: the generator state its checkpoints keep."""
         self._epoch_rng = rng_state()
 
-    def after_steps(self, model, sync, epoch: int, step: int, steps: int, last: bool) -> None:
-        """After a call of ``steps`` optimizer steps that reached ``step`` of ``epoch``: a
-        checkpoint where ``every`` steps have passed (``sync()`` first puts the devices' state
-        in the model), but not after the epoch's ``last`` call (its end saves)."""
+    def due(self, steps: int, last: bool) -> bool:
+        """After a call of ``steps`` optimizer steps: whether ``every`` steps have passed since
+        the last save inside an epoch (not after the epoch's ``last`` call: its end saves)."""
         before = self._steps_done
         self._steps_done += steps
-        if self.every and not last and self._steps_done // self.every > before // self.every:
-            sync()
-            self.save(model, self.position(epoch, step))
+        return (
+            bool(self.every) and not last and self._steps_done // self.every > before // self.every
+        )
 
     def position(self, epoch: int, step: int) -> Position:
         return Position(epoch, step, self._epoch_rng)

@@ -28,7 +28,9 @@ def train(run, data: Epochs, val, callbacks, hooks, span: Span, saver, allow_nan
     :class:`~mirrorfit.artifacts.epoch_checkpoint.Saver`, or None."""
     model, workers = run.model, run.workers
     model.stop_training = False
-    guard = Divergence(allow_nan, lambda: saver.last if saver is not None else None)
+    guard = Divergence(
+        allow_nan, lambda: saver.last if saver is not None else None, every_call=workers.count > 1
+    )
     with Signals() as signals:
         callbacks.on_train_begin()
         # BackupAndRestore or checkpoint_dir restored an epoch's state (its weights reach the
@@ -72,17 +74,21 @@ def _epoch(run, data: Epochs, callbacks, hooks, at, saver, guard, signals) -> di
         hooks.call(callbacks.on_train_batch_begin, step)
         runner.train(runner.put(block.data), block.steps)
         step, trained = step + block.steps, True
-        logs = hooks.logs("train") if guard.allow else runner.logs()
-        guard.check_loss(logs, epoch, step)
+        guard.after_call(runner, epoch, step)
+        logs = hooks.logs("train")
         last = data.steps is not None and step >= data.steps
-        if saver is not None:
-            saver.after_steps(model, runner.sync, epoch, step, block.steps, last)
+        if saver is not None and saver.due(block.steps, last):
+            guard.check_now(runner, epoch, step)  # never a checkpoint of a diverged step
+            runner.sync()
+            saver.save(model, saver.position(epoch, step))
         hooks.call(callbacks.on_train_batch_end, step - 1, logs=logs)
         if not last:
-            _stop_on_signal(run, signals, saver, epoch, step, saved=False)
+            _stop_on_signal(run, signals, saver, epoch, step, saved=False, guard=guard)
         model.stop_training = run.workers.agree(model.stop_training)
         if model.stop_training:
             break
+    if trained:
+        guard.check_now(runner, epoch, step)
     if not trained and step == 0:
         raise FitError(
             "the training data gave no batch this epoch; give at least "
@@ -91,7 +97,9 @@ def _epoch(run, data: Epochs, callbacks, hooks, at, saver, guard, signals) -> di
     return runner.logs()
 
 
-def _stop_on_signal(run, signals: Signals, saver, epoch: int, step: int, *, saved: bool) -> None:
+def _stop_on_signal(
+    run, signals: Signals, saver, epoch: int, step: int, *, saved: bool, guard=None
+) -> None:
     """After a signal on any worker: a checkpoint at (``epoch``, ``step``) unless ``saved``
     there already (an epoch's end), then :class:`Preempted` on every worker."""
     if not run.workers.agree(signals.name is not None):
@@ -101,6 +109,8 @@ def _stop_on_signal(run, signals: Signals, saver, epoch: int, step: int, *, save
         if saved:
             path = saver.last
         else:
+            if guard is not None:
+                guard.check_now(run.runner, epoch, step)
             run.runner.sync()
             path = saver.save(run.model, saver.position(epoch, step))
     raise preempted(signals.name or "another worker's signal", path, epoch, step)

@@ -10,6 +10,7 @@ import math
 import os
 import signal
 import threading
+import time
 from pathlib import Path
 
 from mirrorfit.errors import DivergedError
@@ -64,18 +65,49 @@ class Divergence:
     """The loss after each call of steps and the weights at each epoch's end, checked finite:
     DivergedError naming where and the newest checkpoint (``last()``: its path or None)."""
 
-    def __init__(self, allow: bool, last) -> None:
-        self.allow, self._last_checkpoint = allow, last
-        self.finite: tuple[float, str] | None = None  # the last finite loss, and where
+    # Seconds between two reads of the loss inside an epoch: each read waits for the devices,
+    # which cost a small model 10% of its speed when done after every call (measured:
+    # benchmarks/keras_fit.py, fit against fit-nan); the epoch's end and every checkpoint
+    # read it too.
+    INTERVAL_S = 0.5
 
-    def check_loss(self, logs: dict, epoch: int, step: int) -> None:
-        losses = [v for k, v in logs.items() if k == "loss" or k.endswith("_loss")]
-        if self.allow or not losses:
+    def __init__(self, allow: bool, last, *, every_call: bool = False) -> None:
+        # every_call: several workers, whose reads are collectives at the same calls (a clock
+        # would choose other calls on each)
+        self.allow, self._last_checkpoint, self._every_call = allow, last, every_call
+        self.finite: tuple[float, str] | None = None  # the last finite loss, and where
+        self._pending = None  # (read the loss, epoch, step) of a call, not yet checked
+        self._noted_at = -math.inf
+
+    def after_call(self, runner, epoch: int, step: int) -> None:
+        """After a call of steps that reached ``step`` was dispatched: the loss noted at an
+        earlier call checked (the devices have moved on by now), and this one's noted where
+        :data:`INTERVAL_S` has passed (several workers: every call)."""
+        self.check_pending()
+        now = time.monotonic()
+        if not self.allow and (self._every_call or now - self._noted_at >= self.INTERVAL_S):
+            self._pending, self._noted_at = (runner.loss_later(), epoch, step), now
+
+    def check_now(self, runner, epoch: int, step: int) -> None:
+        """The loss after ``step`` checked now (before a checkpoint, at an epoch's end)."""
+        self.check_pending()
+        if not self.allow:
+            self.check_loss(runner.loss_later()(), epoch, step)
+
+    def check_pending(self) -> None:
+        if self._pending is not None:
+            read, epoch, step = self._pending
+            self._pending = None
+            self.check_loss(read(), epoch, step)
+
+    def check_loss(self, loss: float | None, epoch: int, step: int) -> None:
+        """DivergedError if the mean training ``loss`` after ``step`` of ``epoch`` is not
+        finite (None: no loss is tracked, nothing to check)."""
+        if self.allow or loss is None:
             return
         where = f"step {step} of epoch {epoch + 1}"
-        bad = [v for v in losses if not math.isfinite(v)]
-        if not bad:
-            self.finite = (logs.get("loss", losses[0]), where)
+        if math.isfinite(loss):
+            self.finite = (loss, where)
             return
         last = (
             f"last finite: {self.finite[0]:.6g} after {self.finite[1]}"
@@ -83,7 +115,7 @@ class Divergence:
             else "not finite at the first check"
         )
         raise DivergedError(
-            f"the training loss is {bad[0]} after {where} ({last}); stopped{self._kept()}; "
+            f"the training loss is {loss} after {where} ({last}); stopped{self._kept()}; "
             "try a lower learning rate, or allow_nan=True (--allow-nan) to train on as Keras "
             "does"
         )

@@ -112,6 +112,19 @@ def merged(initial: list, per_replica: list) -> list:
     return out
 
 
+def loss_tracker_indices(model) -> list[int] | None:
+    """Where Keras's loss tracker (a Mean: total, count) sits in ``model.metrics_variables``,
+    or None (a model without one)."""
+    tracker = getattr(model, "_loss_tracker", None)
+    if tracker is None or len(tracker.variables) != 2:
+        return None
+    ids = [id(v) for v in model.metrics_variables]
+    try:
+        return [ids.index(id(v)) for v in tracker.variables]
+    except ValueError:
+        return None
+
+
 def results(model) -> dict[str, float]:
     """The model's metric results as floats (Keras's ``get_metrics_result``)."""
     import numpy as np

@@ -215,6 +215,28 @@ class Runner:
             var.assign(value)
         return fit_metrics.results(self.model)
 
+    def loss_later(self):
+        """A function returning the mean training loss as it is now (None where Keras's loss
+        tracker counted nothing), read when it is called, with NumPy alone: the divergence
+        guard reads each call's after the next call is on its way, and a Keras ``result()``
+        per call would cost more than a small model's step. Every worker calls it in the same
+        order (several workers: a collective)."""
+        where = fit_metrics.loss_tracker_indices(self.model)
+        if where is None:
+            return lambda: None
+        # Copies, dispatched now (no wait): the next call donates the state's own buffers.
+        values = [jnp.copy(self.state.metrics[i]) for i in where]
+        initial = [self._initial_metrics[i] for i in where]
+
+        def read() -> float | None:
+            pair = values
+            if self.placement.workers > 1:  # every device's values, on every worker
+                pair = self.placement.replicated(pair)
+            total, count = fit_metrics.merged(initial, [np.asarray(v) for v in pair])
+            return float(total / count) if count else None
+
+        return read
+
     # -- the compiled calls ------------------------------------------------------------------
     def put(self, block: dict):
         """A block of padded global batches (leaves ``[L, B, ...]``) on the devices (several

@@ -153,6 +153,17 @@ class Runner:
     def logs(self) -> dict[str, float]:
         return fit_metrics.results(self.model)
 
+    def loss_later(self):
+        """The mean training loss now (None where Keras's loss tracker counted nothing), for
+        a later call (the JAX runner's way): a call of steps has run when it returns here, so
+        it is read now, from the tracker's variables alone."""
+        tracker = getattr(self.model, "_loss_tracker", None)
+        if tracker is None:
+            return lambda: None
+        total, count = (float(v.numpy()) for v in tracker.variables)
+        loss = total / count if count else None
+        return lambda: loss
+
     def put(self, block: dict):
         """Each replica's contiguous share of every batch of the block (leaves ``[S, B, ...]``;
         a batch of B not divisible by the replicas, only given to a model's own step, is split
