@@ -78,6 +78,83 @@ try:
 except ValueError as e:
     out["other_lr"] = str(e)
 
+# Hand-made meta.json (resealed): a newer format is refused, not set aside; a nesting too deep
+# for Python's JSON reader, or a generator state that is none, is damage: set aside.
+from mirrorfit.artifacts.checksums import sealed  # noqa: E402
+
+
+def edited(name: str, change) -> Path:
+    folder = DIR / name
+    mirrorfit.fit(build(), x, y, epochs=2, checkpoint_dir=folder, **kw)
+    meta_file = folder / "epoch-000002" / "meta.json"
+    change(meta_file, json.loads(meta_file.read_text()))
+    return folder
+
+
+def resumed_from(folder: Path) -> str:
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        try:
+            mirrorfit.fit(build(), x, y, epochs=3, checkpoint_dir=folder, **kw)
+        except ValueError as e:
+            return f"refused: {e}"
+    return " | ".join(str(w.message) for w in said if "cannot be read" in str(w.message))
+
+
+newer = edited("newer", lambda f, m: f.write_text(json.dumps(sealed({**m, "format": 3}))))
+out["newer"] = resumed_from(newer)
+out["newer_kept"] = (newer / "epoch-000002").is_dir()
+deep = edited("deep", lambda f, m: f.write_text("[" * 100_000 + "]" * 100_000))
+out["deep"] = resumed_from(deep)
+rng = edited("rng", lambda f, m: f.write_text(json.dumps(sealed({**m, "rng": "garbage"}))))
+out["rng"] = resumed_from(rng)
+
+# fresh=True in a call refused for another argument moves nothing aside.
+try:
+    mirrorfit.fit(build(), x, y, epochs=-1, checkpoint_dir=newer, fresh=True, **kw)
+except ValueError:
+    pass
+out["fresh_refused_kept"] = (newer / "epoch-000002").is_dir()
+
+
+# A checkpoint inside epoch 1 (step 6): a resume with another batch size is refused by name;
+# one with initial_epoch=1 goes on inside epoch 1 (the checkpoint's position wins), and ends
+# where the run never stopped ends.
+class Crash(keras.callbacks.Callback):
+    def on_train_batch_end(self, batch, logs=None):
+        if batch + 1 == 6:
+            raise RuntimeError("crash")
+
+
+inside = DIR / "inside"
+try:
+    mirrorfit.fit(
+        build(),
+        x,
+        y,
+        epochs=3,
+        checkpoint_dir=inside,
+        checkpoint_every=2,
+        steps_per_execution=2,
+        callbacks=[Crash()],
+        **kw,
+    )
+except RuntimeError:
+    pass
+out["inside"] = sorted(p.name for p in inside.glob("epoch-*"))
+try:
+    mirrorfit.fit(build(), x, y, **{**kw, "batch_size": 64}, epochs=3, checkpoint_dir=inside)
+except ValueError as e:
+    out["inside_other_batch"] = str(e)
+late = build()
+history = mirrorfit.fit(
+    late, x, y, epochs=3, initial_epoch=1, checkpoint_dir=inside, steps_per_execution=2, **kw
+)
+out["inside_epochs_run"] = len(history.history["loss"])
+out["inside_equal_whole"] = all(
+    np.array_equal(a, b) for a, b in zip(late.get_weights(), whole.get_weights())
+)
+
 # NaN targets from the 3rd batch on: DivergedError after the first call whose loss is NaN,
 # naming where and the newest checkpoint (none of NaN weights is written); allow_nan=True
 # trains on as Keras's fit does.

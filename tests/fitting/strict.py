@@ -76,6 +76,18 @@ cases = {
         classifier(), x, labels, validation_split=1.5, **kw
     ),
     "fractional_sparse_labels": lambda: mirrorfit.fit(classifier(), x, labels + 0.5, **kw),
+    "nan_sparse_labels": lambda: mirrorfit.fit(
+        classifier(), x, np.where(labels == 1, np.nan, labels), **kw
+    ),
+    "one_hot_for_sparse_loss": lambda: mirrorfit.fit(
+        classifier(), x, np.eye(3, dtype="int32")[labels], **kw
+    ),
+    "evaluate_label_out_of_range": lambda: mirrorfit.evaluate(
+        classifier(), x, labels * 7, batch_size=32, verbose=0
+    ),
+    "evaluate_input_shape": lambda: mirrorfit.evaluate(
+        classifier(), x[:, :3], labels, batch_size=32, verbose=0
+    ),
     "integral_float_labels": lambda: mirrorfit.fit(classifier(), x, labels.astype("float32"), **kw),
 }
 results: dict = {}

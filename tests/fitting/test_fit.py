@@ -222,6 +222,18 @@ def test_a_damaged_newest_checkpoint_is_set_aside_and_the_previous_restored(back
         "to train on as Keras does"
     )
     assert r["nan_True_epochs"] == 2 and "nan_True_error" not in r
+    # hand-made meta.json: newer refused and kept; too deep or a bad generator state set aside
+    assert r["newer"].startswith("refused: checkpoint ") and "written by a newer" in r["newer"]
+    assert r["newer_kept"] and r["fresh_refused_kept"]
+    assert "epoch-000002 cannot be read (meta.json: RecursionError" in r["deep"], r["deep"]
+    assert "epoch-000002 cannot be read (meta.json: ValueError: rng is no" in r["rng"], r["rng"]
+    # inside an epoch: another batch size refused by name; initial_epoch does not skip it
+    assert r["inside"][-1] == "epoch-000000-step-000006", r["inside"]
+    assert (
+        "stopped 6 steps into epoch 1 with batch_size=32; this fit has batch_size=64"
+        in (r["inside_other_batch"])
+    )
+    assert r["inside_epochs_run"] == 3 and r["inside_equal_whole"]
 
 
 def _preempt_runs(backend: str, out: Path, launched: bool) -> dict:
@@ -307,6 +319,10 @@ def test_what_keras_takes_trains_and_what_it_should_not_is_one_line(backend, tmp
         "class_weight_fractional_key": "class_weight has the key 0.5; its keys are class",
         "validation_split_above_1": "validation_split=1.5: give a fraction of the data",
         "fractional_sparse_labels": "has the label 2.5 (at 0) for a sparse categorical loss",
+        "nan_sparse_labels": "has the label nan (at ",
+        "one_hot_for_sparse_loss": "for a sparse categorical loss, which takes one class index",
+        "evaluate_label_out_of_range": "the evaluation data has label 14, but the model has 3",
+        "evaluate_input_shape": "the evaluation data has examples of shape (3,) but the model",
     }
     for name, needle in refused.items():
         assert r[name] is not None and needle in r[name], (name, r[name])

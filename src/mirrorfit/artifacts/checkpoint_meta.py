@@ -77,7 +77,7 @@ def read_meta(path: Path) -> dict:
     try:
         meta = json.loads(file.read_text())
         problem = _schema_problem(meta)
-    except (OSError, ValueError) as e:  # UnicodeDecodeError and JSONDecodeError too
+    except (OSError, ValueError, RecursionError) as e:  # UnicodeDecodeError, JSONDecodeError
         problem = type(e).__name__
     if isinstance(meta, dict) and _count(meta.get("format")) and meta["format"] > FORMAT:
         # Before the schema, which a newer format may change. Not corrupt: falling back to an

@@ -50,9 +50,15 @@ def seal_problem(meta: dict[str, Any]) -> str | None:
 
 def files_problem(folder: Path, files: Any) -> str | None:
     """The first file of ``files`` (:func:`file_sums`' form) that is missing, of another size
-    or whose bytes do not match their CRC-32 in ``folder``; None when all match."""
+    or whose bytes do not match their CRC-32 in ``folder``, or a file there it does not list;
+    None when all match."""
     if not isinstance(files, dict) or not files:
         return "meta.json lists no files"
+    for root, _, names in os.walk(folder):
+        for name in names:
+            rel = Path(root, name).relative_to(folder).as_posix()
+            if rel != META and rel not in files:
+                return f"{rel} is not among the files meta.json lists"
     for rel, want in files.items():
         if not (isinstance(rel, str) and isinstance(want, list) and len(want) == 2):
             return "meta.json's file list is malformed"

@@ -132,29 +132,29 @@ def rng_state() -> dict:
     return {"keys": keys.tolist(), "pos": pos, "has_gauss": has_gauss, "gauss": gauss}
 
 
-def set_rng_state(found: Path, state: dict) -> None:
-    """NumPy's global generator set to ``state`` (:func:`rng_state`'s); FitError if it is not
-    one (a hand-made meta.json)."""
+def set_rng_state(state: dict) -> None:
+    """NumPy's global generator set to ``state`` (:func:`rng_state`'s, checked when its
+    checkpoint was read)."""
+    import numpy as np
+
+    np.random.set_state(_rng_tuple(state))
+
+
+def _rng_tuple(state) -> tuple:
+    """``state`` as ``np.random.set_state`` takes it; ValueError if it is not one (a hand-made
+    meta.json: damage, set aside)."""
     import numpy as np
 
     try:
         keys = np.asarray(state["keys"], dtype=np.int64)
         if keys.shape != (624,) or keys.min() < 0 or keys.max() >= 1 << 32:
             raise ValueError("keys")
-        np.random.set_state(
-            (
-                "MT19937",
-                keys.astype(np.uint32),
-                int(state["pos"]),
-                int(state["has_gauss"]),
-                float(state["gauss"]),
-            )
-        )
+        pos, has_gauss, gauss = state["pos"], state["has_gauss"], float(state["gauss"])
+        if not (isinstance(pos, int) and 0 <= pos <= 624 and has_gauss in (0, 1)):
+            raise ValueError("pos or has_gauss")
     except (KeyError, TypeError, ValueError, OverflowError) as e:
-        raise FitError(
-            f"{found / _META} holds no NumPy generator state ({type(e).__name__}); delete "
-            f"{found}, or give another checkpoint_dir"
-        ) from None
+        raise ValueError(f"rng is no NumPy generator state ({type(e).__name__})") from None
+    return ("MT19937", keys.astype(np.uint32), pos, int(has_gauss), gauss)
 
 
 class Saver:
@@ -179,9 +179,8 @@ class Saver:
         import keras
 
         self.directory, self.writes, self.every = directory, writes, every
-        self.allow_nan, self.keep = allow_nan, keep
-        if fresh and writes:  # before the workers' first collective: none restores them
-            discard(directory, checkpoints(directory))
+        self.allow_nan, self.keep, self.fresh = allow_nan, keep, fresh
+        self.data: dict = {}  # what a resume inside an epoch must match (set_data)
         self.optimizer = optimizer
         self.restored: Position | None = None
         self.last: Path | None = None  # the newest checkpoint, once known
@@ -191,11 +190,13 @@ class Saver:
 
         class Checkpoints(keras.callbacks.Callback):
             def on_train_begin(self, logs=None):
-                saver.restored = restore_newest(self.model, directory, optimizer, writes=writes)
+                saver.restored = restore_newest(
+                    self.model, directory, optimizer, writes=writes, data=saver.data
+                )
                 if saver.restored is not None:
                     self.model._initial_epoch = saver.restored.epoch
                     if saver.restored.rng is not None:
-                        set_rng_state(directory, saver.restored.rng)
+                        set_rng_state(saver.restored.rng)
                 found = checkpoints(directory)
                 saver.last = found[-1] if found else None
 
@@ -203,6 +204,21 @@ class Saver:
                 saver.save(self.model, Position(epoch + 1, 0, rng_state()))
 
         self.callback = Checkpoints()
+
+    def begin(self, barrier) -> None:
+        """Before ``on_train_begin`` restores, once every argument was checked: ``fresh``'s
+        checkpoints moved aside by the chief, then ``barrier()`` (every worker; none restores
+        them meanwhile)."""
+        if self.fresh:
+            if self.writes:
+                discard(self.directory, checkpoints(self.directory))
+            barrier()
+
+    def set_data(self, **data) -> None:
+        """What fixes the batches of an epoch (the global batch, steps, shuffle, ...): a
+        checkpoint inside an epoch holds it, and a resume there with other values is refused
+        (its position would name other examples)."""
+        self.data = json.loads(json.dumps(data, default=str))
 
     def epoch_begins(self) -> None:
         """Called before an epoch draws its shuffle: the generator state its checkpoints keep."""
@@ -236,7 +252,13 @@ class Saver:
                     "(--allow-nan) to train on as Keras does"
                 )
         path = save(
-            model, self.directory, position, self.optimizer, writes=self.writes, keep=self.keep
+            model,
+            self.directory,
+            position,
+            self.optimizer,
+            writes=self.writes,
+            keep=self.keep,
+            data=self.data,
         )
         if path is not None:
             self.last = path
@@ -244,7 +266,7 @@ class Saver:
 
 
 def restore_newest(
-    model, directory: Path, optimizer: dict | None, *, writes: bool
+    model, directory: Path, optimizer: dict | None, *, writes: bool, data: dict | None = None
 ) -> Position | None:
     """Restore the newest readable checkpoint of ``directory`` into ``model``: the position to
     go on from, None without one. A damaged one is passed over (``writes``: set aside, with a
@@ -255,6 +277,7 @@ def restore_newest(
         meta, why = _read_meta(found)
         if why is None:
             _check_identity(model, found, meta, optimizer)
+            _check_data(found, meta, data)
             why = files_problem(found, meta.get("files")) if meta.get("format") else None
         if why is None:
             why = _load(model, found)
@@ -296,15 +319,18 @@ def _read_meta(found: Path) -> tuple[dict, str | None]:
         if found.name != Position(epoch, step).name:
             raise ValueError(f"epoch {epoch}, step {step} in a folder named {found.name}")
         fmt = meta.get("format")
-        if isinstance(fmt, int) and fmt > FORMAT:  # not damage: an older one is no better
-            raise FitError(
-                f"checkpoint {found} was written by a newer mirrorfit (format {fmt}, this one "
-                f"reads up to {FORMAT}); upgrade mirrorfit, or give another checkpoint_dir"
-            )
-        if fmt is not None and fmt != FORMAT:
+        newer = isinstance(fmt, int) and not isinstance(fmt, bool) and fmt > FORMAT
+        if fmt is not None and fmt != FORMAT and not newer:
             raise ValueError(f"format {fmt!r}")
-    except (OSError, ValueError, KeyError, TypeError) as e:
+        if meta.get("rng") is not None:
+            _rng_tuple(meta["rng"])
+    except (OSError, ValueError, KeyError, TypeError, RecursionError) as e:
         return {}, f"meta.json: {type(e).__name__}: {_one_line(e)}"
+    if newer:  # not damage: an older checkpoint is no better, and this one is not read
+        raise FitError(
+            f"checkpoint {found} was written by a newer mirrorfit (format {fmt}, this one "
+            f"reads up to {FORMAT}); upgrade mirrorfit, or give another checkpoint_dir"
+        )
     return meta, seal_problem(meta) if "format" in meta else None
 
 
@@ -335,6 +361,24 @@ def _check_identity(model, found: Path, meta: dict, optimizer: dict | None) -> N
     )
 
 
+def _check_data(found: Path, meta: dict, data: dict | None) -> None:
+    """FitError for a resume inside an epoch whose batches would differ from the ones the
+    checkpoint's position counts (another batch size, data, shuffle, ...). Between epochs any
+    may change, as under Keras."""
+    theirs = meta.get("data")
+    if not meta.get("step_in_epoch") or not isinstance(theirs, dict) or data is None:
+        return
+    for name in sorted({*theirs, *data}):
+        if theirs.get(name) != data.get(name):
+            raise FitError(
+                f"{found} stopped {meta['step_in_epoch']} steps into epoch "
+                f"{meta['epoch'] + 1} with {name}={_shown(theirs.get(name))}; this fit has "
+                f"{name}={_shown(data.get(name))}, so the rest of that epoch would be other "
+                "batches; give what the run had, or delete the step checkpoints to resume "
+                "from the epoch's end (or fresh=True to start over)"
+            )
+
+
 def _shown(value) -> str:
     return f"{value:.6g}" if isinstance(value, float) else repr(value)
 
@@ -355,11 +399,10 @@ def _load(model, found: Path) -> str | None:
             values = [f[f"arr_{i}"] for i in range(len(f.files))]
     except (OSError, ValueError, KeyError) as e:
         return f"{_SEEDS}: {type(e).__name__}: {_one_line(e)}"
-    if [v.shape for v in values] != [tuple(s.shape) for s in seeds]:
-        raise FitError(
-            f"{found} holds {len(values)} seed generator states, not this model's "
-            f"{len(seeds)}; give another checkpoint_dir"
-        )
+    theirs = [(v.shape, v.dtype.name) for v in values]
+    mine = [(tuple(s.shape), np.dtype(s.dtype).name) for s in seeds]
+    if theirs != mine:
+        return f"{_SEEDS} holds seed generator states {theirs}, this model has {mine}"
     for var, value in zip(seeds, values):
         var.assign(value)
     return None
@@ -406,6 +449,7 @@ def save(
     *,
     writes: bool = True,
     keep: int = KEEP,
+    data: dict | None = None,
 ) -> Path | None:
     """Write the checkpoint at ``position`` and keep the ``keep`` latest (``writes``: else
     only its path is returned); None, with a warning, for weights that are not finite (the
@@ -442,6 +486,8 @@ def save(
     }
     if optimizer is not None:
         meta["optimizer_settings"] = optimizer
+    if data:
+        meta["data"] = data
     with open(tmp / _META, "w", encoding="utf-8") as f:
         json.dump(sealed(meta), f)
     fsync_tree(tmp)

@@ -32,13 +32,18 @@ def train(run, data: Epochs, val, callbacks, hooks, span: Span, saver, allow_nan
         allow_nan, lambda: saver.last if saver is not None else None, every_call=workers.count > 1
     )
     with Signals() as signals:
+        if saver is not None:
+            saver.begin(lambda: workers.agree(False))
         callbacks.on_train_begin()
         # BackupAndRestore or checkpoint_dir restored an epoch's state (its weights reach the
         # devices at the epoch's start); Keras's fit starts there too, checkpoint_dir inside
         # the epoch where it was saved there.
-        start = model._initial_epoch or span.initial_epoch
-        skip = saver.restored.step if saver is not None and saver.restored is not None else 0
+        restored = saver.restored if saver is not None else None
+        start = restored.epoch if restored is not None else None
+        if start is None:  # BackupAndRestore's, or fit's own (Keras's fit: the same `or`)
+            start = model._initial_epoch or span.initial_epoch
         start = workers.same_epoch(start)
+        skip = restored.step if restored is not None else 0
         model._initial_epoch = None  # for this fit only
         run.from_chief()  # several workers: every one starts from the chief's state
         logs: dict[str, float] = {}
@@ -52,7 +57,8 @@ def train(run, data: Epochs, val, callbacks, hooks, span: Span, saver, allow_nan
                 run.runner.sync()
                 guard.check_weights(model, epoch, logs.get("loss"))
                 callbacks.on_epoch_end(epoch, logs)
-                _stop_on_signal(run, signals, saver, epoch + 1, 0, saved=True)
+                if epoch + 1 < span.epochs:  # after the last, the run has ended: it returns
+                    _stop_on_signal(run, signals, saver, epoch + 1, 0, saved=True)
                 model.stop_training = workers.agree(model.stop_training)
                 if model.stop_training:
                     break

@@ -144,6 +144,12 @@ def check_sparse_labels(model, y, where: str) -> None:
             continue
         named = f"{where}'s {name}" if name else where
         if labels.dtype.kind == "f":  # Keras's sparse loss casts them: 1.5 would be class 1
+            if not np.isfinite(labels).all():
+                i = int(np.flatnonzero(~np.isfinite(labels))[0])
+                raise FitError(
+                    f"{named} has the label {float(labels.flat[i])!r} (at {i}) for a sparse "
+                    "categorical loss, which takes class indices; give finite integer labels"
+                )
             fractional = np.flatnonzero(labels != np.floor(labels))
             if fractional.size:
                 i = int(fractional[0])
@@ -230,9 +236,21 @@ def check_target_shapes(model, y, where: str) -> None:
         )
     if not isinstance(loss, (dict, list, tuple)) and len(outputs) > 1:
         return
+    from mirrorfit.data.arrays import is_sparse_categorical
+
     for name, fn, labels, _ in _per_output(model, y):
         shape = _output_shape_of(model, name)
         kind = fn if isinstance(fn, str) else getattr(fn, "__name__", type(fn).__name__)
+        if is_sparse_categorical(fn) and isinstance(labels, np.ndarray) and shape is not None:
+            have, want = tuple(labels.shape[1:]), tuple(shape[1:])
+            if want and want[-1] != 1 and len(have) == len(want) and _pairs(have, want):
+                whose = f"{where}'s {name}" if name else where
+                raise FitError(
+                    f"{whose} has targets of shape {have} per example, the output's own, for "
+                    "a sparse categorical loss, which takes one class index per example; give "
+                    "class indices (np.argmax of one-hot rows), or categorical crossentropy "
+                    "for one-hot targets"
+                )
         if kind not in _ELEMENTWISE or not isinstance(labels, np.ndarray) or shape is None:
             continue
         have, want = tuple(labels.shape[1:]), tuple(shape[1:])

@@ -70,10 +70,18 @@ def setup(
         )
     if not isinstance(precision, str) or precision not in POLICIES:
         raise FitError(f"precision={precision!r}: choose one of {', '.join(POLICIES)}")
-    if replicas is not None and (
-        isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1
-    ):
-        raise FitError(f"replicas={replicas!r}: give a whole number of at least 1")
+    if replicas is not None:
+        import operator
+
+        given = replicas
+        try:
+            if isinstance(replicas, bool):
+                raise TypeError
+            replicas = operator.index(replicas)  # NumPy's integers too, as fit takes them
+        except TypeError:
+            replicas = 0
+        if replicas < 1:
+            raise FitError(f"replicas={given!r}: give a whole number of at least 1")
     if isinstance(devices, str) or not all(isinstance(d, str) for d in devices):
         raise FitError(
             f"devices={devices!r}: give a list of device names, e.g. devices=['/gpu:0', "
@@ -109,7 +117,7 @@ def setup(
         )
     except ConfigError as e:
         if "can only be configured before" not in str(e):
-            raise
+            raise FitError(str(e)) from None
         raise FitError(
             f"mirrorfit.setup() came after {backend} started (a model built, or an array "
             "made, first); call it first in the script, before building the model"
