@@ -50,6 +50,12 @@ elif mode == "always-fail":
     if name == "worker1":
         sys.exit(int(sys.argv[3]))
     time.sleep(30)
+elif mode == "refused-late":  # worker 0 refuses a flag, tearing down for a second; worker 1,
+    # having lost it, exits first with a peer's failure (69)
+    if name == "worker1":
+        sys.exit(69)
+    time.sleep(1)
+    sys.exit(2)
 elif mode == "ps":
     (d / name).touch()
     if name == "chief":

@@ -304,6 +304,27 @@ def test_usage_errors_and_diverged_runs_are_not_retried(task, capsys, rc, why):
     assert f"worker 1 exited with code {rc} ({why}, which a restart would repeat)" in err
 
 
+def test_a_usage_error_seen_with_its_peers_lost_contact_decides_the_exit_code():
+    """Both workers of a group refusing a flag: the chief exited 2, worker 1 then lost it (69);
+    seen in the same look, the 69 was handled first and restarted the group (issue 49)."""
+    ended = [(69, False), (2, True)]  # (exit code, chief) in the order the poll found them
+    ended.sort(key=lambda t: launch._handling_order(*t))
+    assert ended[0] == (2, True)
+    assert sorted([(0, True), (2, False)], key=lambda t: launch._handling_order(*t))[0][0] == 0
+    assert sorted([(1, True), (1, False)], key=lambda t: launch._handling_order(*t))[0] == (
+        1,
+        False,
+    )
+
+
+def test_a_usage_error_after_its_peers_lost_contact_is_still_2_and_not_restarted(task, capsys):
+    code, out, err = run(
+        ["--workers", "2", "--max-restarts", "2", "--", *task("refused-late")], capsys
+    )
+    assert code == 2 and err.count("starting 2 task(s)") == 1, err
+    assert "worker 0 exited with code 2 (a usage error, which a restart would repeat)" in err
+
+
 def test_parameter_server_layout_and_the_chiefs_exit_code(task, capsys):
     start = time.monotonic()
     code, out, err = run(["--workers", "2", "--ps", "1", "--", *task("ps")], capsys)

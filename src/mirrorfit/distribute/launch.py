@@ -39,6 +39,7 @@ DEFAULT_GRACE_S = 10.0  # seconds a task gets between SIGTERM and SIGKILL
 DEFAULT_MAX_RESTARTS = 0
 LOOPBACK = "127.0.0.1"
 _POLL_S = 0.05  # how often task exits and signals are checked
+_SETTLE_S = 2.0  # after a restartable failure: how long a peer's refusal may still come
 
 
 def add_launch_parser(subparsers) -> argparse.ArgumentParser:
@@ -394,9 +395,7 @@ class Launcher:
             if self._signals:
                 return False, self._forward_signal(tasks, chief)
             exited = [t for t in tasks if not t.handled and t.poll() is not None]
-            # A chief that succeeded ends the job whatever else ended with it; a chief failing
-            # right after a worker died is usually the consequence: report the worker.
-            exited.sort(key=lambda t: (0 if t.proc.returncode == 0 else 2) if t is chief else 1)
+            exited.sort(key=lambda t: _handling_order(t.proc.returncode, t is chief))
             for task in exited:
                 task.handled = True
                 task.join_output()  # its last lines (a traceback) come before ours
@@ -411,6 +410,10 @@ class Launcher:
             time.sleep(_POLL_S)
 
     def _on_failure(self, task: _Task, rc: int, tasks: list[_Task]) -> tuple[bool, int] | None:
+        if rc not in (EXIT_USAGE, EXIT_DIVERGED):
+            cause = self._refusal_soon(task, tasks)
+            if cause is not None:  # this task's failure is its consequence (a lost peer)
+                task, rc = cause, cause.proc.returncode
         what = f"{task.name} exited with {_describe(rc)}"
         everyone = f"all {len(tasks)} task(s)"
         if rc in (EXIT_USAGE, EXIT_DIVERGED):
@@ -439,6 +442,23 @@ class Launcher:
         self._say(f"{what}; restarting {everyone} ({count})")
         self._stop(tasks)
         return True, 0
+
+    def _refusal_soon(self, failed: _Task, tasks: list[_Task]) -> _Task | None:
+        """Another task that ends with a usage error or a diverged run within
+        :data:`_SETTLE_S` of ``failed``'s failure: a task that refused may still be tearing
+        down (TensorFlow's takes about a second) when its peer, having lost it, ends first."""
+        deadline = time.monotonic() + _SETTLE_S
+        while time.monotonic() < deadline and not self._signals:
+            others = [t for t in tasks if t is not failed and not t.handled]
+            for t in others:
+                if t.poll() in (EXIT_USAGE, EXIT_DIVERGED):
+                    t.handled = True
+                    t.join_output()
+                    return t
+            if all(t.poll() is not None for t in others):
+                return None
+            time.sleep(_POLL_S)
+        return None
 
     def _finish(self, tasks: list[_Task], chief: _Task) -> int:
         """The chief succeeded: multi-worker peers get ``grace_s`` to end by themselves; tasks
@@ -555,6 +575,19 @@ def _describe(rc: int) -> str:
         return f"{signal.Signals(-rc).name} ({rc})"
     except ValueError:
         return f"signal {-rc} ({rc})"
+
+
+def _handling_order(rc: int, chief: bool) -> int:
+    """Which of the tasks that ended since the last look is handled first (lowest): a chief
+    that succeeded ends the job whatever else ended with it; then a usage error or a diverged
+    run, whoever's (its peer's "stopped answering" is its consequence, and must not restart
+    the group: a usage error is 2 every time); then a worker's failure; a chief failing right
+    after a worker died is usually the consequence: the worker is reported."""
+    if chief and rc == 0:
+        return 0
+    if rc in (EXIT_USAGE, EXIT_DIVERGED):
+        return 1
+    return 3 if chief else 2
 
 
 def _exit_code(rc: int | None) -> int:
