@@ -515,20 +515,10 @@ def _what_batches(train: Epochs, adapter, shuffle, run, x, y) -> dict:
         "examples": getattr(adapter, "_num_samples", None),
     }
     if arrays:  # ~0.1 s for MNIST's 47 MB, once per fit with a checkpoint_dir
-        data["data"] = _arrays_hash(leaves)
+        from mirrorfit.data.pipeline import fingerprint
+
+        data["data"] = fingerprint(*leaves)
     return data
-
-
-def _arrays_hash(leaves) -> str:
-    import hashlib
-
-    import numpy as np
-
-    h = hashlib.blake2b(digest_size=8)
-    for a in leaves:
-        h.update(f"{a.dtype.str}{a.shape}".encode())
-        h.update(np.ascontiguousarray(a).data)
-    return h.hexdigest()
 
 
 def _warn_checkpoints_at_calls(every: int, steps_per_execution: int) -> None:
