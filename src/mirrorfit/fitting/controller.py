@@ -57,7 +57,7 @@ def train(run, data: Epochs, val, callbacks, hooks, span: Span, saver, allow_nan
                 run.runner.sync()
                 guard.check_weights(model, epoch, logs.get("loss"))
                 callbacks.on_epoch_end(epoch, logs)
-                if epoch + 1 < span.epochs:  # after the last, the run has ended: it returns
+                if epoch + 1 < span.epochs:  # after the last, training has ended: it returns
                     _stop_on_signal(run, signals, saver, epoch + 1, 0, saved=True)
                 model.stop_training = workers.agree(model.stop_training)
                 if model.stop_training:
