@@ -237,21 +237,32 @@ class Saver:
         return Position(epoch, step, self._epoch_rng)
 
     def save(self, model, position: Position) -> Path | None:
-        """Write the checkpoint at ``position`` (the chief); every worker notes its path."""
-        if not self.allow_nan:
-            from mirrorfit.artifacts.finite import first_non_finite
+        """Write the checkpoint at ``position`` (the chief); every worker notes its path.
+        Weights that are not finite are never written: DivergedError, or with ``allow_nan`` a
+        warning (the latest checkpoint stays the last finite state, as mirrorfit train keeps
+        it) and None."""
+        from mirrorfit.artifacts.finite import first_non_finite
 
-            bad = first_non_finite(model.weights)
-            if bad is not None:
-                from mirrorfit.errors import DivergedError
+        bad = first_non_finite(model.weights) if self.writes or not self.allow_nan else None
+        if bad is not None and not self.allow_nan:
+            from mirrorfit.errors import DivergedError
 
-                kept = f"the newest stays {self.last}" if self.last else "none was written"
-                raise DivergedError(
-                    f"at {position.name} the weights are not finite ({bad}): not "
-                    f"checkpointed, {kept}; try a lower learning rate, or allow_nan=True "
-                    "(--allow-nan) to train on as Keras does"
-                )
-        path = save(
+            kept = f"the newest stays {self.last}" if self.last else "none was written"
+            raise DivergedError(
+                f"at {position.name} the weights are not finite ({bad}): not "
+                f"checkpointed, {kept}; try a lower learning rate, or allow_nan=True "
+                "(--allow-nan) to train on as Keras does"
+            )
+        if bad is not None:
+            newest = checkpoints(self.directory)
+            warnings.warn(
+                f"the weights at {position.name} are not finite ({bad}): no checkpoint written "
+                f"in {self.directory}; the latest stays "
+                f"{newest[-1] if newest else 'none (no checkpoint yet)'}",
+                stacklevel=2,
+            )
+            return None
+        self.last = save(
             model,
             self.directory,
             position,
@@ -260,9 +271,7 @@ class Saver:
             keep=self.keep,
             data=self.data,
         )
-        if path is not None:
-            self.last = path
-        return path
+        return self.last
 
 
 def restore_newest(
@@ -450,27 +459,16 @@ def save(
     writes: bool = True,
     keep: int = KEEP,
     data: dict | None = None,
-) -> Path | None:
+) -> Path:
     """Write the checkpoint at ``position`` and keep the ``keep`` latest (``writes``: else
-    only its path is returned); None, with a warning, for weights that are not finite (the
-    latest checkpoint stays the last finite state, as mirrorfit train keeps it)."""
+    only its path is returned); its weights were checked finite (:meth:`Saver.save`)."""
     import numpy as np
 
     from mirrorfit._io import fsync_dir, fsync_tree, remove_stale_temps, temp_tag
-    from mirrorfit.artifacts.finite import first_non_finite
 
     final = directory / position.name
     if not writes:
         return final
-    bad = first_non_finite(model.weights)
-    if bad is not None:
-        newest = checkpoints(directory)
-        warnings.warn(
-            f"the weights at {position.name} are not finite ({bad}): no checkpoint written in "
-            f"{directory}; the latest stays {newest[-1] if newest else 'none (no checkpoint yet)'}",
-            stacklevel=2,
-        )
-        return None
     remove_stale_temps(directory, r"\." + _NAME)  # a killed run's temporary folders
     tmp = directory / f".{_NAME}{temp_tag()}"
     tmp.mkdir()
