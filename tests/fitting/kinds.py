@@ -86,6 +86,18 @@ def kind_logits():
     return m, (x, y), {}
 
 
+def kind_xla():
+    """Compiled with jit_compile=True: XLA on both sides (TensorFlow's auto is off on a CPU)."""
+    m, data, extra = kind_logits()
+    m.compile(
+        optimizer="adam",
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=[keras.metrics.SparseCategoricalAccuracy(name="acc")],
+        jit_compile=True,
+    )
+    return m, data, extra
+
+
 def kind_transformer():
     x = rng.integers(1, 50, size=(N, 12)).astype("int32")
     y = (x[:, 0] > 25).astype("int32")
@@ -242,7 +254,11 @@ def train(kind: str) -> tuple[dict, list]:
     else:
         history = model.fit(x, y, validation_data=(x, y), **common).history
         evaluated = model.evaluate(x, y, batch_size=batch, verbose=0, return_dict=True, **weights)
-    return {"history": history, "evaluate": evaluated}, model.get_weights()
+    if MODE == "mirrorfit":  # what the step was compiled with (JAX: every step, with XLA)
+        xla = getattr(mirrorfit.fitting.loop.runner_of(model), "jit_compile", True)
+    else:
+        xla = model.jit_compile
+    return {"history": history, "evaluate": evaluated, "xla": bool(xla)}, model.get_weights()
 
 
 results, arrays = {}, {}

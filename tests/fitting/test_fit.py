@@ -37,6 +37,7 @@ KINDS = (
     "sample_weights",
     "subclassed",
     "transformer",
+    "xla",
 )
 # Keras's own per-output loss means on TensorFlow miscount a partial last batch (measured:
 # flag_loss 0.777 reported where the mean over the examples is 0.807); the total loss and the
@@ -83,6 +84,7 @@ def test_matches_model_fit_on_one_device(trained, kind):
     ours, theirs = results["mirrorfit"][kind], results["keras"][kind]
     assert "error" not in ours, ours.get("trace")
     assert "error" not in theirs, theirs.get("trace")
+    assert ours["xla"] == theirs["xla"] == (kind == "xla" or backend == "jax")
     names = sorted(k for k in weights["keras"] if k.startswith(kind + "/"))
     assert names and names == sorted(k for k in weights["mirrorfit"] if k.startswith(kind + "/"))
     for name in names:

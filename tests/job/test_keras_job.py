@@ -180,8 +180,15 @@ def test_keep_fresh_train_examples_and_logdir_reach_a_compiled_model(tmp_path):
 @pytest.mark.parametrize(
     "args, needle",
     [
-        (("--remat",), "--remat does not apply to a compiled --model (trained through"),
-        (("--warmup-epochs", "1"), "the compiled optimizer's learning rate wins"),
+        (
+            ("--profile", "--backend", "tensorflow"),
+            "--profile does not apply to a compiled --model: it times the parts",
+        ),
+        (("--warmup-epochs", "1"), "give a schedule with a warm-up there"),
+        (
+            ("--export-dir", "{tmp}/e", "--export-preprocessing", "--backend", "tensorflow"),
+            "--export-preprocessing does not apply to a compiled --model: the export takes",
+        ),
         (
             ("--backend", "tensorflow", "--strategy", "central-storage", "--replicas", "2"),
             "--strategy central-storage is not supported with a compiled --model",
@@ -219,6 +226,86 @@ def test_bad_keras_flags_are_refused_before_tensorflow_loads(args, needle):
     proc = run_cli("train", *args, without_tensorflow=True)
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert needle in proc.stderr
+
+
+def test_xla_remat_and_export_reach_a_compiled_model(tmp_path):
+    """--xla, --remat, --export-dir and --eval-batch-size were refused or dropped with a compiled
+    --model; now each applies, and XLA and recomputation leave the result as it was."""
+    import numpy as np
+
+    runs = {}
+    for name, extra in {
+        "plain": (),
+        "accelerated": ("--xla", "--remat", "--export-dir", str(tmp_path / "models" / "reg")),
+    }.items():
+        out = tmp_path / f"{name}.json"
+        proc = run_cli(
+            "train",
+            "--backend",
+            "tensorflow",
+            "--replicas",
+            "2",
+            "--model",
+            "keras_models:regression",
+            "--data",
+            "keras_models:regression_data",
+            "--epochs",
+            "2",
+            "--global-batch-size",
+            "64",
+            "--eval-batch-size",
+            "30",
+            "--no-progress",
+            "--metrics-out",
+            str(out),
+            *extra,
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        runs[name] = json.loads(out.read_text())
+    plain, fast = runs["plain"], runs["accelerated"]
+    assert (plain["xla"], fast["xla"]) == (False, True)
+    assert (plain["remat_layers"], len(fast["remat_layers"])) == ([], 2)  # both Dense layers
+    for key, values in plain["history"].items():
+        np.testing.assert_allclose(fast["history"][key], values, rtol=1e-4, err_msg=key)
+    # the model's own signature, versioned, served as TF Serving serves it
+    import tensorflow as tf
+
+    assert fast["export_path"].endswith("0001")
+    loaded = tf.saved_model.load(fast["export_path"])
+    (spec,) = loaded.signatures["serving_default"].structured_input_signature[1].values()
+    assert spec.shape.as_list() == [None, 8] and spec.dtype == tf.float32
+
+
+def test_flags_compile_an_uncompiled_model_with_scaling_and_warmup(tmp_path):
+    """An uncompiled --model gets the built-in model's optimizer: --lr-scaling and
+    --warmup-epochs were dropped silently (the rate was --lr, flat)."""
+    proc = run_cli(
+        "train",
+        "--backend",
+        "jax",
+        "--model",
+        "keras_models:uncompiled",
+        "--data",
+        "keras_models:regression_data",
+        "--loss",
+        "mse",
+        "--lr",
+        "0.01",
+        "--lr-scaling",
+        "linear",
+        "--base-batch",
+        "32",
+        "--global-batch-size",
+        "64",
+        "--warmup-epochs",
+        "1",
+        "--epochs",
+        "2",
+        "--no-progress",
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    # 400 examples in batches of 64: 7 steps an epoch; from 0.01 to 0.01 x 64/32
+    assert "optimizer: SGD 0.01 -> 0.02 over 7 warm-up steps" in proc.stderr
 
 
 def test_a_compiled_model_trains_on_two_workers(tmp_path):

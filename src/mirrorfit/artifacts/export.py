@@ -90,13 +90,10 @@ def export_saved_model(
     archive.add_endpoint(
         "serving_default", serve, input_signature=[tf.TensorSpec(shape, dtype, name=INPUT_NAME)]
     )
-    _next_version(base)  # refuse before the write if no number is left
-    _io.remove_stale_temps(base, re.escape(".tmp-"))
-    tmp = base / f".tmp-{_io.temp_tag()}"  # not mkdtemp: its 0700 hides the version from a
-    tmp.mkdir()  # server running as another user
-    names_dir = tempfile.mkdtemp() if class_names else None
-    try:
-        if class_names:
+    names_dir = Path(tempfile.mkdtemp()) if class_names else None
+
+    def write(folder: Path) -> None:
+        if class_names and names_dir is not None:
             _add_class_names(
                 archive,
                 probabilities,
@@ -104,18 +101,51 @@ def export_saved_model(
                 dtype,
                 list(class_names),
                 int(model.output_shape[-1]),
-                Path(names_dir),
+                names_dir,
             )
+        archive.write_out(str(folder), verbose=False)
+        if class_names:
+            _mark_classify(folder)
+
+    try:
+        return _write_version(base, write, before_commit)
+    finally:
+        if names_dir:
+            shutil.rmtree(names_dir, ignore_errors=True)
+
+
+def export_keras_model(
+    model: keras.Model, base: str | Path, *, before_commit: Callable[[], None] | None = None
+) -> Path:
+    """Write a user's ``model`` as the next numeric version under ``base``, with the signature
+    Keras's own ``model.export()`` gives it (``serving_default``: the model's inputs, by name,
+    as it was trained on them -> its outputs); return its path. StorageError if the disk is
+    full."""
+    from keras.src.export.saved_model import export_saved_model as keras_export
+
+    base = check_export_dir(base)
+    base.mkdir(parents=True, exist_ok=True)
+    return _write_version(
+        base, lambda folder: keras_export(model, str(folder), verbose=False), before_commit
+    )
+
+
+def _write_version(
+    base: Path, write: Callable[[Path], None], before_commit: Callable[[], None] | None
+) -> Path:
+    """``write(folder)`` into a hidden folder under ``base``, synced, then renamed to the next
+    version: a version appears whole or not at all."""
+    _next_version(base)  # refuse before the write if no number is left
+    _io.remove_stale_temps(base, re.escape(".tmp-"))
+    tmp = base / f".tmp-{_io.temp_tag()}"  # not mkdtemp: its 0700 hides the version from a
+    tmp.mkdir()  # server running as another user
+    try:
         with _io.disk_full_hint(f"the export under {base}", "no version was added"):
-            archive.write_out(str(tmp), verbose=False)
-            if class_names:
-                _mark_classify(tmp)
+            write(tmp)
             _io.fsync_tree(tmp)  # TF does not fsync: a power loss could leave half a version
         return _commit(tmp, base, before_commit)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)  # nothing left behind if it did not commit
-        if names_dir:
-            shutil.rmtree(names_dir, ignore_errors=True)
 
 
 def _add_class_names(

@@ -395,6 +395,7 @@ class _Run:
         key = (
             id(self.placement),
             self.accum_steps,
+            bool(model.jit_compile),
             id(model.optimizer),
             id(model._compile_loss),
             id(model._compile_metrics),
@@ -403,7 +404,12 @@ class _Run:
         if cached is not None and cached[0] == key:
             self.runner = cached[1]
         else:
-            self.runner = self.engine.Runner(model, self.placement, accum_steps=self.accum_steps)
+            self.runner = self.engine.Runner(
+                model,
+                self.placement,
+                accum_steps=self.accum_steps,
+                jit_compile=bool(model.jit_compile),  # Keras's "auto": on where a GPU is
+            )
             # Past Keras's attribute tracking: the runner is not part of the model's state.
             object.__setattr__(model, "_mirrorfit_runner", (key, self.runner))
             from mirrorfit.fitting.metrics import ignores_a_class, masked_outputs

@@ -17,21 +17,17 @@ import numpy as np
 from mirrorfit.config import TrainConfig
 from mirrorfit.errors import ConfigError
 
-# Settings of mirrorfit's own loop that do not reach a compiled model, why, and the way round.
+# Settings that cannot reach a model the user compiled, why, and the way round.
 _NOT_APPLIED = {
-    "export_dir": "its SavedModel signature is the built-in models' (images -> probabilities); "
-    "use --save-keras, then the model's own export()",
-    "profile": "it measures the built-in loop's parts, not yet mirrorfit.fit's; use "
-    "mirrorfit bench --model",
-    "xla": "mirrorfit.fit's TensorFlow step is not XLA-compiled yet; use --backend jax, which "
-    "compiles every step",
-    "remat": "it wraps the built-in models' layers, not yet a compiled model's; use the "
-    "default loop (an uncompiled model)",
-    "warmup_epochs": "the compiled optimizer's learning rate wins; give a schedule in the "
-    "model's compile()",
-    "cache": "the data are the arrays the source gives, already in memory; return a cached "
-    "tf.data.Dataset from a --data function",
+    "profile": "it times the parts of mirrorfit's own step (its forward pass, all-reduce and "
+    "update apart), which a compiled model's step does not have; use mirrorfit bench --model",
+    "cache": "the data reach the model as the source gives them, already in memory; return "
+    "a cached tf.data.Dataset from a --data function",
+    "export_preprocessing": "the export takes the inputs as the model trained on them; put "
+    "the scaling in the model (a keras.layers.Rescaling layer)",
 }
+# Settings of the optimizer mirrorfit builds, which a model's own compile() replaces.
+_OPTIMIZER_FLAGS = ("optimizer", "lr", "lr_scaling", "base_batch", "warmup_epochs")
 
 
 def wanted(config: TrainConfig, model) -> bool:
@@ -39,22 +35,29 @@ def wanted(config: TrainConfig, model) -> bool:
     return bool(getattr(model, "compiled", False)) or config.loss is not None
 
 
-def check(config: TrainConfig, engine) -> None:
+def check(config: TrainConfig, engine, model) -> None:
     """One line for a flag this path cannot honour (before anything trains)."""
-    defaults = TrainConfig.__dataclass_fields__
     for name, why in _NOT_APPLIED.items():
-        if name == "xla" and engine.COMPILES_EVERY_STEP:
-            continue  # XLA compiles every step already
-        if getattr(config, name) != defaults[name].default:
-            flag = "--" + name.replace("_", "-")
+        if _given(config, name):
+            raise ConfigError(f"{_flag(name)} does not apply to a compiled --model: {why}")
+    if getattr(model, "compiled", False) and _given(config, "warmup_epochs"):
+        raise ConfigError(
+            "--warmup-epochs does not apply to a compiled --model: its optimizer's learning "
+            "rate is the compile's; give a schedule with a warm-up there (e.g. "
+            "keras.optimizers.schedules.CosineDecay(..., warmup_target=, warmup_steps=))"
+        )
+    if config.xla and not engine.COMPILES_EVERY_STEP:
+        unsupported = [layer.name for layer in model._flatten_layers() if not layer.supports_jit]
+        if unsupported:
             raise ConfigError(
-                f"{flag} does not apply to a compiled --model (trained through "
-                f"mirrorfit.fit): {why}"
+                f"--xla: the layer {unsupported[0]} of the model says XLA cannot compile it "
+                "(supports_jit is False); drop --xla"
             )
     if config.strategy == "parameter-server":
         raise ConfigError(
-            "--strategy parameter-server is not supported with a compiled --model "
-            "(trained through mirrorfit.fit); use --strategy multi-worker"
+            "--strategy parameter-server is not supported with a compiled --model: Keras 3 "
+            "trains a compiled model only in sync (its fit refuses "
+            "ParameterServerStrategy); use --strategy multi-worker"
         )
     if config.strategy == "central-storage":
         # Keras's train step updates the metrics in each replica; a central-storage metric is
@@ -65,6 +68,32 @@ def check(config: TrainConfig, engine) -> None:
             "--model: Keras's own train step would double its metrics every step;"
             " use --strategy mirrored"
         )
+
+
+def _given(config: TrainConfig, name: str) -> bool:
+    return getattr(config, name) != TrainConfig.__dataclass_fields__[name].default
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def compile_from_flags(config: TrainConfig, model, *, global_batch: int, examples: int) -> None:
+    """``--loss`` and ``--metrics`` with the optimizer of ``--optimizer``, ``--lr``,
+    ``--lr-scaling``/``--base-batch`` and ``--warmup-epochs`` (over ``examples`` per epoch in
+    batches of ``global_batch``), for a model not compiled: as the built-in model's."""
+    from mirrorfit.job.train import build_optimizer
+    from mirrorfit.models.schedules import learning_rate
+
+    steps = -(-examples // global_batch)  # the partial last batch is a step too
+    lr = learning_rate(
+        config.lr,
+        global_batch=global_batch,
+        base_batch=config.base_batch,
+        scaling=config.lr_scaling,
+        warmup_steps=round(config.warmup_epochs * steps),
+    )
+    compile_uncompiled(config, model, build_optimizer(config.optimizer, lr))
 
 
 def compile_uncompiled(config: TrainConfig, model, optimizer) -> None:
@@ -83,9 +112,17 @@ def describe(config: TrainConfig, model, compiled: bool) -> str:
     """What trains, for the start screen: ``loss: mse (the model's compile), ...``."""
     import keras
 
+    from mirrorfit.models.schedules import LinearWarmup
+
     opt = model.optimizer
     lr = opt.learning_rate
     rate = f"{float(keras.ops.convert_to_numpy(lr)):g}" if not callable(lr) else "a schedule"
+    schedule = getattr(opt, "_learning_rate", None)
+    if isinstance(schedule, LinearWarmup):
+        rate = (
+            f"{schedule.initial_lr:g} -> {schedule.target_lr:g} over "
+            f"{schedule.warmup_steps} warm-up steps"
+        )
     loss = model.loss
     names = (
         ", ".join(f"{k}: {_name(v)}" for k, v in loss.items())
@@ -106,8 +143,10 @@ def describe(config: TrainConfig, model, compiled: bool) -> str:
         f"loss: {names} ({where}), optimizer: {type(opt).__name__} {rate}, "
         f"metrics: {', '.join(map(str, _flat(metrics))) or 'none'}"
     )
-    if compiled and (config.loss or config.metrics):
-        line += "; the compile wins over --loss/--metrics"
+    if compiled:
+        given = [_flag(n) for n in ("loss", "metrics", *_OPTIMIZER_FLAGS) if _given(config, n)]
+        if given:
+            line += f"; the compile wins over {', '.join(given)}"
     return line
 
 
@@ -202,18 +241,32 @@ def _member(arrays: dict, key: str):
     return named or None
 
 
-def run(config: TrainConfig, console, model, *, compiled: bool, clock) -> dict[str, Any]:
-    """Train ``model`` as compiled on ``config``'s data; print and return the summary."""
+def run(
+    config: TrainConfig, console, model, *, compiled: bool, scope, guard, clock
+) -> dict[str, Any]:
+    """Train ``model`` as compiled on ``config``'s data (compiled here from the flags when
+    ``compiled`` is False, in ``scope()``); print and return the summary. ``guard``: the job's
+    PreemptionGuard, checked before the export commits."""
     import mirrorfit
     from mirrorfit.fitting.loop import fit, runner_of
     from mirrorfit.job.finish import state_fields
 
     data = splits(config)
     train, val, test = data["train"], data.get("val"), data.get("test")
-    console.print(describe(config, model, compiled))
-    clock.lap("data")
     if config.train_examples is not None:
         train = _first(train, config.train_examples)
+    _, global_batch = config.batch_sizes(_replicas(model))
+    if not compiled:
+        with scope():
+            compile_from_flags(
+                config,
+                model,
+                global_batch=global_batch,
+                examples=_examples(train, config, config.validation_split if val is None else 0),
+            )
+    recomputed = _accelerate(config, model, console)
+    console.print(describe(config, model, compiled))
+    clock.lap("data")
     callbacks = [state_shown(console), *user_callbacks(config.callbacks)]
     if config.logdir:
         callbacks.append(epoch_scalars(config.logdir if _chief() else None))
@@ -228,11 +281,12 @@ def run(config: TrainConfig, console, model, *, compiled: bool, clock) -> dict[s
         kwargs["x"] = train
     if val is None and config.validation_split:
         kwargs["validation_split"] = config.validation_split
-    _, global_batch = config.batch_sizes(_replicas(model))
     start = time.perf_counter()
+    eval_batch = config.eval_batch_size or global_batch
     history = fit(
         model,
         batch_size=global_batch,
+        validation_batch_size=eval_batch,
         epochs=config.epochs,
         verbose=1 if config.progress else 0,
         callbacks=callbacks,
@@ -256,6 +310,8 @@ def run(config: TrainConfig, console, model, *, compiled: bool, clock) -> dict[s
         "epochs": len(history.history.get("loss", [])),
         "wall_time_s": wall,
         "history": history.history,
+        "xla": bool(getattr(runner_of(model), "jit_compile", True)),  # JAX: every step
+        "remat_layers": recomputed,
         **state_fields(runner_of(model), config.shard),
     }
     if test is not None:
@@ -269,7 +325,7 @@ def run(config: TrainConfig, console, model, *, compiled: bool, clock) -> dict[s
             }
         )
         summary["test"] = mirrorfit.evaluate(
-            model, tx, batch_size=global_batch, verbose=0, return_dict=True, **rest
+            model, tx, batch_size=eval_batch, verbose=0, return_dict=True, **rest
         )
     last = {k: v[-1] for k, v in history.history.items()}
     console.print(
@@ -288,12 +344,53 @@ def run(config: TrainConfig, console, model, *, compiled: bool, clock) -> dict[s
         refuse_non_finite(model, "the trained model", allow=config.allow_nan)
         model.save(config.save_keras)
         console.print(f"saved {config.save_keras}")
+    if config.export_dir and chief:
+        from mirrorfit.artifacts.export import export_keras_model
+        from mirrorfit.artifacts.finite import refuse_non_finite
+
+        refuse_non_finite(model, "the trained model", allow=config.allow_nan)
+        path = export_keras_model(model, config.export_dir, before_commit=guard.check_local)
+        summary["export_path"] = str(path)
+        console.print(f"exported SavedModel version {path}")
     summary["timings_s"] = clock.timings
     if config.metrics_out and chief:
         from mirrorfit._io import write_json_atomic
 
         write_json_atomic(config.metrics_out, summary)
     return summary
+
+
+def _accelerate(config: TrainConfig, model, console) -> list[str]:
+    """--remat (the qualifying layers recompute their activations: their names returned) and
+    --xla (TensorFlow: each replica's forward and backward pass compiled; JAX compiles every
+    step) on the model."""
+    import keras
+
+    recomputed = []
+    if config.remat:
+        from mirrorfit.models.remat import rematerialize
+
+        recomputed = rematerialize(model, lambda msg: console.print(f"[yellow]{msg}[/]"))
+    if config.xla and keras.backend.backend() == "tensorflow":
+        model.jit_compile = True  # what mirrorfit.fit compiles with, as Keras's fit does
+    return recomputed
+
+
+def _examples(train, config: TrainConfig, validation_split: float) -> int:
+    """Examples per epoch of the training split (arrays, a dict of them), less the last
+    ``validation_split`` of them as Keras's fit splits it off; 0 for a dataset (a warm-up over
+    one is refused: its length is unknown here)."""
+    from keras import tree
+
+    if not isinstance(train, tuple):
+        if config.warmup_epochs:
+            raise ConfigError(
+                "--warmup-epochs counts the steps of an epoch of arrays; the --data function "
+                "returns a dataset: compile the model with a warm-up schedule instead"
+            )
+        return 0
+    n = len(tree.flatten(train[0])[0])
+    return int(n * (1.0 - validation_split))
 
 
 def _first(split, n: int):

@@ -140,7 +140,10 @@ def _train(
         console.print(f"devices: {setup.describe()}")
         if dist.workers > 1:
             console.print(f"strategy: {dist.describe()}")
-        return keras_job.run(config, console, compiled[0], compiled=compiled[1], clock=clock)
+        model, was_compiled, scope = compiled
+        return keras_job.run(
+            config, console, model, compiled=was_compiled, scope=scope, guard=guard, clock=clock
+        )
     if data is None:
         data = _run_data(config, dist, clock)
     # The model is built for the data: its input shape and classes (mlp/cnn take MNIST's when
@@ -348,8 +351,9 @@ def _fit(run: Run):
 def _compiled_user_model(config: TrainConfig, engine, setup, dist, data):
     """A ``--model package.module:function`` that returns a compiled model (or is given
     ``--loss``), built here under the strategy (for ``data``'s shape and classes where the
-    function needs them and the flags do not say): ``(model, compiled)``; None for the
-    default loop (a built-in model, or an uncompiled one without ``--loss``)."""
+    function needs them and the flags do not say): ``(model, compiled, scope)``, ``scope()``
+    the strategy's scope to compile it in; None for the default loop (a built-in model, or an
+    uncompiled one without ``--loss``)."""
     from mirrorfit.job import keras_job
     from mirrorfit.models.precision import as_precision
 
@@ -370,7 +374,7 @@ def _compiled_user_model(config: TrainConfig, engine, setup, dist, data):
         model = factory()
     if not keras_job.wanted(config, model):
         return None
-    keras_job.check(config, engine)
+    keras_job.check(config, engine, model)
     compiled = bool(getattr(model, "compiled", False))
     from mirrorfit.fitting.setup import Setup, use
 
@@ -384,12 +388,7 @@ def _compiled_user_model(config: TrainConfig, engine, setup, dist, data):
             distribution=dist if dist.workers > 1 else None,
         )
     )
-    if not compiled:
-        with scope():
-            keras_job.compile_uncompiled(
-                config, model, build_optimizer(config.optimizer, config.lr)
-            )
-    return model, compiled
+    return model, compiled, scope
 
 
 def _settings(config: TrainConfig) -> dict[str, Any]:

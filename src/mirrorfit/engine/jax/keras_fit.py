@@ -89,7 +89,9 @@ def scope(placement):
 class Runner:
     """Model state on the mesh of ``placement`` and the compiled calls over it."""
 
-    def __init__(self, model, placement, *, accum_steps: int = 1) -> None:
+    def __init__(self, model, placement, *, accum_steps: int = 1, jit_compile: bool = True) -> None:
+        # jit_compile: every call is one compiled program whatever it says (Keras's
+        # jit_compile=False runs JAX's step uncompiled, for debugging only)
         self.model, self.placement = model, placement
         self.mesh, self.replicas = placement.mesh, placement.replicas
         self.accum_steps = accum_steps

@@ -98,7 +98,7 @@ def check_variables(model, strategy) -> None:
 class Runner:
     """The compiled train and eval calls for ``model`` under ``strategy``."""
 
-    def __init__(self, model, strategy, *, accum_steps: int = 1) -> None:
+    def __init__(self, model, strategy, *, accum_steps: int = 1, jit_compile: bool = False) -> None:
         self.model, self.strategy, self.accum_steps = model, strategy, accum_steps
         self.replicas = strategy.num_replicas_in_sync
         self._own_train = fit_metrics.overrides(model, "train_step")
@@ -110,6 +110,15 @@ class Runner:
         self._own_loss = fit_metrics.overrides(model, "compute_loss")
         # A model's own step may need AutoGraph (Python control flow on tensors), as under
         # Keras's fit; mirrorfit's own is written without it.
+        # XLA (the model's jit_compile, or --xla): each replica's forward and backward pass
+        # compiled, as the built-in step does; not the optimizer's update, whose all-reduce
+        # reaches the other replicas' variables (which XLA refuses: Keras's own fit fails so).
+        self.jit_compile = bool(jit_compile) and not self._own_train
+        self._gradients = (
+            tf.function(self._micro_gradients, jit_compile=True)
+            if self.jit_compile
+            else self._micro_gradients
+        )
         self._train = tf.function(self._looped(self._replica_train), autograph=self._own_train)
         self._evaluate = tf.function(self._looped(self._replica_eval), autograph=self._own_test)
 
@@ -208,17 +217,23 @@ class Runner:
             part = tf.nest.map_structure(
                 lambda a, j=j: tf.reshape(a, [k, -1] + a.shape[1:].as_list())[j], batch
             )
-            with tf.GradientTape() as tape:
-                y_pred = self._call(part["x"], True)
-                loss = self._compute_loss(part, y_pred, True)
-                scaled = model.optimizer.scale_loss(loss / k)
-            grads = tape.gradient(scaled, weights)
-            grads = [tf.zeros_like(w) if g is None else g for g, w in zip(grads, weights)]
+            grads, y_pred, loss = self._gradients(part)
             total = grads if total is None else [t + g for t, g in zip(total, grads)]
             fit_metrics.update(model, part, y_pred, unscale_loss_for_distribution(loss))
         if isinstance(model.optimizer, _loss_scale_optimizer()):
             total = _agree_on_overflow(total)
         model.optimizer.apply_gradients(zip(total, weights))
+
+    def _micro_gradients(self, part):
+        """One micro-batch's (gradients of its share of the step's loss, predictions, loss)."""
+        model, weights = self.model, self.model.trainable_weights
+        with tf.GradientTape() as tape:
+            y_pred = self._call(part["x"], True)
+            loss = self._compute_loss(part, y_pred, True)
+            scaled = model.optimizer.scale_loss(loss / self.accum_steps)
+        grads = tape.gradient(scaled, weights)
+        grads = [tf.zeros_like(w) if g is None else g for g, w in zip(grads, weights)]
+        return grads, y_pred, loss
 
     def _replica_eval(self, block, i):
         model = self.model
