@@ -7,6 +7,7 @@ opened once here to check it) -> flops (model FLOPs and the measured matmul peak
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from rich.console import Console
@@ -45,7 +46,10 @@ def run_bench(
     source, engine = _open_source(grid, points[0])
     # soft_wrap: a message is one line in a log (a long path wrapped at 80 columns split it)
     console = console or Console(stderr=True, soft_wrap=True)
-    flops = _train_flops(grid, source)
+    flops, compiled = _train_flops(grid, source)
+    if compiled:  # the user's compile trains it, on both sides
+        grid = replace(grid, compiled=True)
+        points = grid.points()
     gpus = [d for d in engine.list_devices() if d["type"] == "GPU"]
     devices = _devices(gpus)
     _announce(console, grid, source, len(points), flops)
@@ -75,9 +79,9 @@ def _open_source(grid: Grid, first: Point):
     return source or open_source(grid, first), engine
 
 
-def _train_flops(grid: Grid, source) -> int:
+def _train_flops(grid: Grid, source) -> tuple[int, bool]:
     """The grid's model's training FLOPs per example on ``source`` (MirrorfitError, one line,
-    where the model cannot take its examples)."""
+    where the model cannot take its examples), and whether the model comes compiled."""
     from mirrorfit.bench.source import check_model_fits
     from mirrorfit.models.build import model_factory  # after the engine: Keras picks it once
 
@@ -88,7 +92,7 @@ def _train_flops(grid: Grid, source) -> int:
         from mirrorfit.bench.jax_point import train_flops_per_example
     else:  # TensorFlow's op statistics
         from mirrorfit.bench.flops import train_flops_per_example
-    return train_flops_per_example(model)
+    return train_flops_per_example(model), bool(getattr(model, "compiled", False))
 
 
 def _devices(gpus: list) -> str:
@@ -114,6 +118,11 @@ def _announce(console: Console, grid: Grid, source, n_points: int, flops: int) -
         f"{grid.repeats} repeats, each its own process; {flops / 1e6:,.2f} MFLOP per "
         "training example"
     )
+    if grid.compiled:
+        console.print(
+            f"{escape(grid.model)} is compiled: every point trains it as compiled, through "
+            "mirrorfit.fit or (textbook) the model's own fit, on the data as given"
+        )
 
 
 def _run_points(console: Console, grid: Grid, n_points: int) -> tuple[dict, list]:

@@ -76,6 +76,9 @@ class Grid:
     label_feature: str = "image/class/label"
     cache: str | None = None
     validation_split: float | None = None
+    # The --model function's model is compiled (run_bench sets it once it has built one):
+    # every point trains it as compiled, through mirrorfit.fit or the model's own fit.
+    compiled: bool = False
 
     @property
     def kind(self) -> str:
@@ -241,6 +244,7 @@ def _workload_point(grid: Grid) -> Point:
         epochs=_given(grid.epochs, epochs),
         data_dir=grid.data_dir,
         data=grid.data,
+        compiled=grid.compiled,
     )
 
 

@@ -44,6 +44,7 @@ class Point:
     cache: str | None = None
     validation_split: float | None = None
     dtypes: tuple[str, ...] = tuple(COMPUTE_DTYPES.values())  # peak: the dtypes to measure
+    compiled: bool = False  # the --model function compiles its model: trained as compiled
 
     def __post_init__(self) -> None:
         # from JSON as lists; a Point is a dict key
@@ -74,6 +75,10 @@ def run_point(point: Point) -> dict:
     """Run ``point`` in this (fresh) process; return its measurements (examples/s; test
     accuracy, None on synthetic data, which has nothing to learn, and on a source without a
     test split)."""
+    if point.compiled and point.kind != "peak":  # both sides through the model's compile
+        from mirrorfit.bench.fit_point import run_fit_point
+
+        return run_fit_point(point)
     if point.backend == "jax":  # before Keras loads: its backend is chosen once
         from mirrorfit.bench.jax_point import run_jax_point
 
