@@ -55,9 +55,9 @@ def check(config: TrainConfig, engine, model) -> None:
             )
     if config.strategy == "parameter-server":
         raise ConfigError(
-            "--strategy parameter-server is not supported with a compiled --model: Keras 3 "
-            "trains a compiled model only in sync (its fit refuses "
-            "ParameterServerStrategy); use --strategy multi-worker"
+            "--strategy parameter-server is not supported with a compiled --model: "
+            "mirrorfit.fit trains in sync, and Keras 3's own fit has no parameter-server "
+            "training (no ClusterCoordinator); use --strategy multi-worker"
         )
     if config.strategy == "central-storage":
         # Keras's train step updates the metrics in each replica; a central-storage metric is
