@@ -91,6 +91,9 @@ def test_unknown_key_names_it_and_suggests(tmp_path):
         ("seed = 4294967296", "--seed must be an integer from 0 to 2\\*\\*32 - 1.*got 4294967296"),
         ("seed = -1", "--seed must be an integer from 0"),
         ("checkpoint-every = -1", "--checkpoint-every must be >= 0"),
+        # without a folder it was ignored, exit 0 and no checkpoint (fit refused it)
+        ("checkpoint-every = 5", "--checkpoint-every 5 needs --checkpoint-dir DIR"),
+        ("fresh = true", "--fresh needs --checkpoint-dir DIR"),
         ("epochs = [", "not valid TOML"),
         ("train = 3", "'train' must be a \\[train\\] table"),
     ],

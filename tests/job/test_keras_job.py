@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import sys
 
+import numpy as np
 import pytest
 
 from conftest import run_cli
@@ -306,6 +307,86 @@ def test_flags_compile_an_uncompiled_model_with_scaling_and_warmup(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     # 400 examples in batches of 64: 7 steps an epoch; from 0.01 to 0.01 x 64/32
     assert "optimizer: SGD 0.01 -> 0.02 over 7 warm-up steps" in proc.stderr
+
+
+def _weights(keras_file) -> dict:
+    """Every array of a saved .keras file's weights, by its path in the file."""
+    import io
+    import zipfile
+
+    import h5py
+
+    out: dict = {}
+    with zipfile.ZipFile(keras_file) as z, h5py.File(io.BytesIO(z.read("model.weights.h5"))) as f:
+
+        def keep(name, obj):  # returns None: h5py walks on
+            if isinstance(obj, h5py.Dataset):
+                out[name] = obj[()]
+
+        f.visititems(keep)
+    return out
+
+
+def test_a_killed_sharded_bf16_accumulating_run_resumes_to_the_uninterrupted_one(
+    mnist_dir, tmp_path
+):
+    """A compiled model (Adam) with --shard all --accum-steps 2 --precision bf16
+    --checkpoint-every 10, killed (SIGKILL: no save of its own) in its second epoch and run
+    again, ends with the weights of a run never stopped, bit for bit."""
+    common = [
+        "train",
+        "--backend",
+        "jax",
+        "--replicas",
+        "2",
+        "--model",
+        "keras_models:digits",
+        "--data-dir",
+        str(mnist_dir),
+        "--train-examples",
+        "1280",
+        "--global-batch-size",
+        "64",
+        "--epochs",
+        "2",
+        "--shard",
+        "all",
+        "--accum-steps",
+        "2",
+        "--precision",
+        "bf16",
+        "--steps-per-execution",
+        "5",
+        "--checkpoint-every",
+        "10",
+        "--no-progress",
+    ]
+    whole = run_cli(
+        *common,
+        "--checkpoint-dir",
+        str(tmp_path / "whole"),
+        "--save-keras",
+        str(tmp_path / "whole.keras"),
+    )
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    ck = ["--checkpoint-dir", str(tmp_path / "ck")]
+    killed = run_cli(*common, *ck, "--callbacks", "keras_models:killed_in_epoch_two")
+    assert killed.returncode == -9, killed.stderr[-3000:]
+    # epoch 1's steps 10 and 20 (its end), then step 10 of epoch 2; killed after step 15
+    assert sorted(p.name for p in (tmp_path / "ck").glob("epoch-*")) == [
+        "epoch-000000-step-000010",
+        "epoch-000001",
+        "epoch-000001-step-000010",
+    ]
+    resumed = run_cli(*common, *ck, "--save-keras", str(tmp_path / "resumed.keras"))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "epoch-000001-step-000010" in resumed.stderr  # where it resumed, said
+    expected, got = _weights(tmp_path / "whole.keras"), _weights(tmp_path / "resumed.keras")
+    # the Dense kernel and bias, and Adam's step count, rate and moments
+    assert set(got) == set(expected) and len(expected) == 8
+    assert expected["optimizer/vars/0"] == 40  # 2 epochs of 20 steps
+    for name, value in expected.items():
+        np.testing.assert_array_equal(got[name], value, err_msg=name)
 
 
 def test_a_compiled_model_trains_on_two_workers(tmp_path):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import re
 import shutil
@@ -52,6 +53,8 @@ class Position:
 
 
 _STATE, _META = "state.weights.h5", "meta.json"
+# Where a fit resumed from, at INFO (`mirrorfit train` shows it on its start screen).
+log = logging.getLogger("mirrorfit.fit")
 _SEEDS = "seeds.npz"  # the variables save_weights leaves out: the layers' seed generators
 
 
@@ -194,6 +197,13 @@ class Saver:
                     self.model, directory, optimizer, writes=writes, data=saver.data
                 )
                 if saver.restored is not None:
+                    at = saver.restored
+                    log.info(
+                        "resuming from %s (epoch %d, step %d)",
+                        directory / at.name,
+                        at.epoch + 1,
+                        at.step,
+                    )
                     self.model._initial_epoch = saver.restored.epoch
                     if saver.restored.rng is not None:
                         set_rng_state(saver.restored.rng)

@@ -362,6 +362,12 @@ class CheckpointSettings(Section):
         if isinstance(every, bool) or not isinstance(every, int) or every < 0:
             raise ConfigError(f"--checkpoint-every must be >= 0 steps, got {every!r}")
         check_positive("keep_checkpoints", self.keep_checkpoints)
+        if self.checkpoint_dir is None and (every or self.fresh):
+            given = f"--checkpoint-every {every}" if every else "--fresh"
+            raise ConfigError(
+                f"{given} needs --checkpoint-dir DIR (where the checkpoints go); give one, "
+                "or leave it out"
+            )
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ members make a dict of inputs, likewise targets) or a ``--data`` function's spli
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import time
 from typing import Any
@@ -248,7 +249,7 @@ def run(
     ``compiled`` is False, in ``scope()``); print and return the summary. ``guard``: the job's
     PreemptionGuard, checked before the export commits."""
     import mirrorfit
-    from mirrorfit.fitting.loop import fit, runner_of
+    from mirrorfit.fitting.loop import runner_of
     from mirrorfit.job.finish import state_fields
 
     data = splits(config)
@@ -283,23 +284,8 @@ def run(
         kwargs["validation_split"] = config.validation_split
     start = time.perf_counter()
     eval_batch = config.eval_batch_size or global_batch
-    history = fit(
-        model,
-        batch_size=global_batch,
-        validation_batch_size=eval_batch,
-        epochs=config.epochs,
-        verbose=1 if config.progress else 0,
-        callbacks=callbacks,
-        validation_data=val,
-        steps_per_execution=config.steps_per_execution,
-        accum_steps=config.accum_steps,
-        checkpoint_dir=config.checkpoint_dir,
-        checkpoint_every=config.checkpoint_every,
-        keep_checkpoints=config.keep_checkpoints,
-        fresh=config.fresh,
-        allow_nan=config.allow_nan,
-        **kwargs,
-    )
+    with _said(console):
+        history = _fit(config, model, global_batch, eval_batch, callbacks, val, kwargs)
     wall = time.perf_counter() - start
     clock.lap("fit")
     summary = {
@@ -358,6 +344,50 @@ def run(
 
         write_json_atomic(config.metrics_out, summary)
     return summary
+
+
+def _fit(config: TrainConfig, model, global_batch: int, eval_batch: int, callbacks, val, data):
+    """``mirrorfit.fit`` with the flags' settings; Keras's History."""
+    from mirrorfit.fitting.loop import fit
+
+    return fit(
+        model,
+        batch_size=global_batch,
+        validation_batch_size=eval_batch,
+        epochs=config.epochs,
+        verbose=1 if config.progress else 0,
+        callbacks=callbacks,
+        validation_data=val,
+        steps_per_execution=config.steps_per_execution,
+        accum_steps=config.accum_steps,
+        checkpoint_dir=config.checkpoint_dir,
+        checkpoint_every=config.checkpoint_every,
+        keep_checkpoints=config.keep_checkpoints,
+        fresh=config.fresh,
+        allow_nan=config.allow_nan,
+        **data,
+    )
+
+
+@contextlib.contextmanager
+def _said(console):
+    """``mirrorfit.fit``'s notes (where it resumed: ``mirrorfit.fit`` logs them at INFO) on the
+    start screen, while it runs."""
+    import logging
+
+    class Said(logging.Handler):
+        def emit(self, record):
+            console.print(record.getMessage(), markup=False, highlight=False)
+
+    log, handler = logging.getLogger("mirrorfit.fit"), Said(logging.INFO)
+    level = log.level
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(level)
 
 
 def _accelerate(config: TrainConfig, model, console) -> list[str]:
