@@ -156,6 +156,7 @@ BACKEND_NAMED = {
     "mirrorfit.bench": (1, "FLOPs are counted by the first backend the user listed"),
     "mirrorfit.bench.grid": (2, "the data JAX rows read; Keras's own fit rows, per backend"),
     "mirrorfit.bench.point": (2, "a row's label and the process it runs in, per backend"),
+    "mirrorfit.bench.fit_point": (2, "the yardstick's placement and steps per call, per backend"),
     "mirrorfit.cli": (1, "bench --backend tensorflow without TensorFlow installed"),
     "mirrorfit.data.sources": (1, "a missing module's name, not a backend"),
 }

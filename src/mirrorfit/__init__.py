@@ -45,7 +45,7 @@ _EXPORTS = {
     "LinearWarmup": "mirrorfit.models.schedules",
     "learning_rate": "mirrorfit.models.schedules",
     "build_strategy": "mirrorfit.engine.tensorflow.strategy",
-    "build_optimizer": "mirrorfit.job.train",
+    "build_optimizer": "mirrorfit.models.schedules",
     "run_training": "mirrorfit.job.train",
     "setup": "mirrorfit.fitting",
     "fit": "mirrorfit.fitting",

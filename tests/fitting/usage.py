@@ -1,5 +1,5 @@
 """How a Keras user calls mirrorfit.fit beyond the kinds of model: generators and PyDataset
-read as Keras reads them, a model's own train_step (TensorFlow) or its refusal (JAX), batch
+read as Keras reads them, a model's own train_step (each backend's form), batch
 callbacks that change the learning rate, evaluate at other batch sizes, and bad arguments.
 Run as ``python usage.py BACKEND OUT.json`` in a fresh process (2 logical CPU devices)."""
 
@@ -91,36 +91,60 @@ out["pydataset_epoch_ends"] = data.ends
 out["pydataset_val"] = "val_loss" in history.history
 
 
-# A model's own train_step in keras-io's form; on full batches it is the same update.
+# A model's own train_step in keras-io's form for each backend (a GradientTape on TensorFlow,
+# Keras's stateless train_step(state, data) on JAX): the same update as Keras's own step.
 class OwnStep(keras.Model):
-    def train_step(self, data):
-        import tensorflow as tf
+    if BACKEND == "tensorflow":
 
-        x, y = data
-        with tf.GradientTape() as tape:
-            y_pred = self(x, training=True)
-            loss = self.compute_loss(y=y, y_pred=y_pred)
-        grads = tape.gradient(loss, self.trainable_variables)
-        self.optimizer.apply_gradients(zip(grads, self.trainable_variables))
-        for m in self.metrics:
-            m.update_state(loss) if m.name == "loss" else m.update_state(y, y_pred)
-        return {m.name: m.result() for m in self.metrics}
+        def train_step(self, data):
+            import tensorflow as tf
+
+            x, y = data
+            with tf.GradientTape() as tape:
+                y_pred = self(x, training=True)
+                loss = self.compute_loss(y=y, y_pred=y_pred)
+            grads = tape.gradient(loss, self.trainable_variables)
+            self.optimizer.apply_gradients(zip(grads, self.trainable_variables))
+            for m in self.metrics:
+                m.update_state(loss) if m.name == "loss" else m.update_state(y, y_pred)
+            return {m.name: m.result() for m in self.metrics}
+
+    else:
+
+        def train_step(self, state, data):
+            import jax
+
+            trainable, non_trainable, optimizer, metrics = state
+            x, y = data
+            grad = jax.value_and_grad(self.compute_loss_and_updates, has_aux=True)
+            (loss, (unscaled, y_pred, non_trainable, metrics)), grads = grad(
+                trainable, non_trainable, metrics, x, y, None, True, optimizer
+            )
+            trainable, optimizer = self.optimizer.stateless_apply(optimizer, grads, trainable)
+            logs, metrics = self._update_metrics_variables(metrics, unscaled, x, y, y_pred, None)
+            return logs, (trainable, non_trainable, optimizer, metrics)
 
 
-if BACKEND == "tensorflow":
-    own, plain = mlp(OwnStep), mlp(keras.Model)
-    plain.set_weights(own.get_weights())
-    mirrorfit.fit(own, x, y, batch_size=32, epochs=2, verbose=0, shuffle=False)
-    mirrorfit.fit(plain, x, y, batch_size=32, epochs=2, verbose=0, shuffle=False)
-    out["own_step_same"] = same(own.get_weights(), plain.get_weights())
-    partial = mlp(OwnStep)
-    history = mirrorfit.fit(partial, x[:100], y[:100], batch_size=32, epochs=1, verbose=0)
-    out["own_step_partial"] = bool(np.isfinite(history.history["loss"][0]))
-else:
-    try:
-        mirrorfit.fit(mlp(OwnStep), x, y, verbose=0)
-    except ValueError as e:
-        out["own_step_refused"] = str(e)
+own, plain = mlp(OwnStep), mlp(keras.Model)
+plain.set_weights(own.get_weights())
+mirrorfit.fit(own, x, y, batch_size=32, epochs=2, verbose=0, shuffle=False)
+mirrorfit.fit(plain, x, y, batch_size=32, epochs=2, verbose=0, shuffle=False)
+out["own_step_same"] = same(own.get_weights(), plain.get_weights())
+partial = mlp(OwnStep)
+history = mirrorfit.fit(partial, x[:100], y[:100], batch_size=32, epochs=1, verbose=0)
+out["own_step_partial"] = bool(np.isfinite(history.history["loss"][0]))
+
+
+class OtherBackendsStep(keras.Model):  # the other backend's form of the override
+    if BACKEND == "jax":
+
+        def train_step(self, data):
+            return {}
+
+    else:
+
+        def train_step(self, state, data):
+            return {}, state
 
 
 # A batch callback that sets the rate to 0 after the first call: later calls leave the weights.
@@ -181,6 +205,7 @@ for name, call in {
     "zero_steps": lambda: mirrorfit.fit(mlp(), x, y, steps_per_epoch=0, verbose=0),
     "not_callback": lambda: mirrorfit.fit(mlp(), x, y, verbose=0, callbacks=[print]),
     "float_epochs": lambda: mirrorfit.fit(mlp(), x, y, epochs=1.5, verbose=0),
+    "other_backends_step": lambda: mirrorfit.fit(mlp(OtherBackendsStep), x, y, verbose=0),
     "strings": lambda: mirrorfit.fit(
         mlp(), np.array([["a"] * 4] * 8, dtype=object), y[:8], verbose=0
     ),

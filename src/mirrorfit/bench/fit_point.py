@@ -40,7 +40,7 @@ def run_fit_point(point) -> dict:
     if point.kind == "mirrorfit":
         import mirrorfit
 
-        if point.xla and point.backend == "tensorflow":
+        if point.xla:  # TensorFlow's XLA; JAX compiles every step anyway
             model.jit_compile = True
         mirrorfit.fit(
             model,
@@ -62,7 +62,7 @@ def run_fit_point(point) -> dict:
             with scope():
                 return m.evaluate(*args, **kwargs)
 
-        xla = bool(model.jit_compile) or point.backend == "jax"
+        xla = bool(model.jit_compile)  # Keras's "auto": on under JAX, and on TF with a GPU
     accuracy = None
     if test is not None:
         logs = evaluate(model, *test, batch_size=point.global_batch, verbose=0, return_dict=True)

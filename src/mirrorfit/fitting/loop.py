@@ -404,7 +404,7 @@ class _Run:
         if cached is not None and cached[0] == key:
             self.runner = cached[1]
         else:
-            self.runner = self.engine.Runner(
+            self.runner = self.engine.runner(
                 model,
                 self.placement,
                 accum_steps=self.accum_steps,

@@ -53,6 +53,36 @@ def overrides(model, name: str) -> bool:
     return getattr(type(model), name) is not getattr(keras.Model, name)
 
 
+def pythonified(logs: dict, to_numpy) -> dict:
+    """A step's logs as Keras's fit hands them on: numbers as Python floats or ints, arrays as
+    lists, a nested dict's keys (a compiled metrics' ``result()``) flattened into the logs."""
+    out: dict = {}
+    for key, value in logs.items():
+        if isinstance(value, dict):
+            out.update(pythonified(value, to_numpy))
+            continue
+        value = np.asarray(to_numpy(value))
+        out[key] = value.item() if value.size == 1 else value.tolist()
+    return out
+
+
+def own_step_arguments(model) -> dict[str, int]:
+    """The positional arguments (``self`` not counted) of each ``train_step``/``test_step``
+    the model defines itself: 1 in TensorFlow's form ``(data)``, 2 in JAX's ``(state,
+    data)``; a step taking ``*args`` is left out."""
+    import inspect
+
+    found = {}
+    for step in ("train_step", "test_step"):
+        if not overrides(model, step):
+            continue
+        params = list(inspect.signature(getattr(model, step)).parameters.values())
+        if not any(p.kind == p.VAR_POSITIONAL for p in params):
+            kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+            found[step] = sum(p.kind in kinds for p in params)
+    return found
+
+
 def update(model, batch: dict, y_pred, replica_loss) -> None:
     """Update the model's loss tracker and compiled metrics (stateful Keras objects: on JAX
     call it inside a ``StatelessScope``). ``batch``: this replica's share; ``replica_loss``:

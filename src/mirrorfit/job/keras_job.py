@@ -83,8 +83,7 @@ def compile_from_flags(config: TrainConfig, model, *, global_batch: int, example
     """``--loss`` and ``--metrics`` with the optimizer of ``--optimizer``, ``--lr``,
     ``--lr-scaling``/``--base-batch`` and ``--warmup-epochs`` (over ``examples`` per epoch in
     batches of ``global_batch``), for a model not compiled: as the built-in model's."""
-    from mirrorfit.job.train import build_optimizer
-    from mirrorfit.models.schedules import learning_rate
+    from mirrorfit.models.schedules import build_optimizer, learning_rate
 
     steps = -(-examples // global_batch)  # the partial last batch is a step too
     lr = learning_rate(
@@ -394,15 +393,13 @@ def _accelerate(config: TrainConfig, model, console) -> list[str]:
     """--remat (the qualifying layers recompute their activations: their names returned) and
     --xla (TensorFlow: each replica's forward and backward pass compiled; JAX compiles every
     step) on the model."""
-    import keras
-
     recomputed = []
     if config.remat:
         from mirrorfit.models.remat import rematerialize
 
         recomputed = rematerialize(model, lambda msg: console.print(f"[yellow]{msg}[/]"))
-    if config.xla and keras.backend.backend() == "tensorflow":
-        model.jit_compile = True  # what mirrorfit.fit compiles with, as Keras's fit does
+    if config.xla:  # what mirrorfit.fit compiles with, as Keras's fit does (JAX: always)
+        model.jit_compile = True
     return recomputed
 
 

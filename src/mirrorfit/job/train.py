@@ -24,22 +24,11 @@ from mirrorfit.errors import ClusterError
 from mirrorfit.models.build import model_factory
 from mirrorfit.job.observe import CpuGpuSampler, ScalarWriter, out_of_memory_hint
 from mirrorfit.job.preemption import PreemptionGuard
-from mirrorfit.models.schedules import LinearWarmup, learning_rate
+from mirrorfit.models.schedules import LinearWarmup, build_optimizer, learning_rate
 from mirrorfit.job.agreement import check_agreement, data_summary, must_match
 from mirrorfit.job.divergence import DivergenceGuard
 from mirrorfit.job.data import check_model_fits, data_errors, data_flags, load_run_data
 from mirrorfit.job.finish import Run, finish, state_line
-
-_OPTIMIZERS = {"sgd": "SGD", "adam": "Adam", "adamw": "AdamW", "rmsprop": "RMSprop"}
-
-
-def build_optimizer(name: str, lr):
-    """A Keras optimizer by name (sgd, adam, adamw, rmsprop) with learning rate ``lr`` (a float
-    or a Keras schedule)."""
-    import keras
-
-    return getattr(keras.optimizers, _OPTIMIZERS[name.lower()])(learning_rate=lr)
-
 
 _UNCHECKED = object()  # run_training's cluster: not given, so checked here
 

@@ -11,6 +11,13 @@ import numpy as np
 from mirrorfit.errors import ConfigError
 
 LR_SCALINGS = ("none", "linear")
+_OPTIMIZERS = {"sgd": "SGD", "adam": "Adam", "adamw": "AdamW", "rmsprop": "RMSprop"}
+
+
+def build_optimizer(name: str, lr):
+    """A Keras optimizer by name (sgd, adam, adamw, rmsprop) with learning rate ``lr`` (a float
+    or a Keras schedule): what ``--optimizer`` and ``--lr`` make."""
+    return getattr(keras.optimizers, _OPTIMIZERS[name.lower()])(learning_rate=lr)
 
 
 def scaled_lr(lr: float, *, global_batch: int, base_batch: int, scaling: str = "none") -> float:
@@ -69,4 +76,4 @@ def learning_rate(
     )
 
 
-__all__ = ["LR_SCALINGS", "LinearWarmup", "learning_rate", "scaled_lr"]
+__all__ = ["LR_SCALINGS", "LinearWarmup", "build_optimizer", "learning_rate", "scaled_lr"]

@@ -2,8 +2,9 @@
 replica (``shard_map`` over the mesh's ``"data"`` axis): Keras's ``compute_loss_and_updates``
 on its share, divided by replicas x micro-batches; the K micro-batches' gradients summed, one
 ``psum`` per step, the optimizer's ``stateless_apply``. Metrics per replica
-(:mod:`mirrorfit.fitting.metrics`), merged when read; a ``train_step`` override is refused
-(:func:`check_model`). (why, and several workers: docs/architecture.md#the-engines-under-fit)
+(:mod:`mirrorfit.fitting.metrics`), merged when read. A model's own ``train_step`` or
+``test_step`` runs over the global batch instead (:mod:`~mirrorfit.engine.jax.keras_override`).
+(why, and several workers: docs/architecture.md#the-engines-under-fit)
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from mirrorfit.engine.jax import layer_gather
+from mirrorfit.engine.jax.keras_override import OverrideRunner, runs_whole
+from mirrorfit.engine.jax.keras_override import check as check_override
 from mirrorfit.engine.jax.placement import AXIS
 from mirrorfit.engine.jax.sharding import (
     build_layout,
@@ -24,7 +27,6 @@ from mirrorfit.engine.jax.sharding import (
     state_bytes_per_device,
 )
 from mirrorfit.engine.jax.step import _has_convolution, _Train, stacked
-from mirrorfit.errors import FitError
 from mirrorfit.fitting import metrics as fit_metrics
 
 
@@ -36,21 +38,9 @@ class State(NamedTuple):
 
 
 def check_model(model, placement=None, distribution=None) -> None:
-    """FitError (a ValueError) for what this engine cannot run per replica."""
-    for name, instead in (
-        (
-            "train_step",
-            "override compute_loss(x, y, y_pred, sample_weight) "
-            "instead, which mirrorfit runs on every replica",
-        ),
-        ("test_step", "override compute_loss or compute_metrics instead"),
-    ):
-        if fit_metrics.overrides(model, name):
-            raise FitError(
-                f"{type(model).__name__} overrides {name}, which the JAX engine "
-                f"cannot run per replica; {instead}, or use backend "
-                "'tensorflow'"
-            )
+    """FitError (a ValueError) for what this engine cannot run the model with."""
+    if runs_whole(model):
+        check_override(model, placement, distribution)
 
 
 def placement(model, chosen=None):
@@ -68,8 +58,17 @@ def replicas(placement) -> int:
 
 
 def pads(model, step: str) -> bool:
-    """Batches are always padded here (a model's own train_step is refused)."""
-    return True
+    """Whether ``step`` batches are padded: not for a model with its own train_step or
+    test_step, which gets every batch as the data gave it."""
+    return not runs_whole(model)
+
+
+def runner(model, placement, **settings):
+    """The runner for ``model``: mirrorfit's per-replica step, or the model's own over the
+    global batch (:mod:`mirrorfit.engine.jax.keras_override`)."""
+    if runs_whole(model):
+        return OverrideRunner(model, placement, **settings)
+    return Runner(model, placement, **settings)
 
 
 def callback_context(placement):

@@ -77,6 +77,13 @@ def check_model(model, strategy, distribution=None) -> None:
             "mirrorfit.setup(strategy='multi-worker') instead, then build and compile the "
             "model (mirrorfit.fit checks that the workers' batches agree through it)"
         )
+    for step, given in fit_metrics.own_step_arguments(model).items():
+        if given != 1:  # a TypeError from inside the step, else
+            raise FitError(
+                f"{type(model).__name__}.{step} takes {given} arguments; on TensorFlow Keras "
+                f"calls {step}(self, data) (keras.io's guide 'Customizing what happens in "
+                "fit() with TensorFlow'); write that, or use backend 'jax'"
+            )
     check_variables(model, strategy)
 
 
@@ -93,6 +100,11 @@ def check_variables(model, strategy) -> None:
             "mirrorfit.setup(); call mirrorfit.setup(...) first, then build and "
             "compile the model"
         )
+
+
+def runner(model, strategy, **settings) -> Runner:
+    """The runner for ``model``: its own train_step/test_step too run per replica."""
+    return Runner(model, strategy, **settings)
 
 
 class Runner:
@@ -119,8 +131,15 @@ class Runner:
             if self.jit_compile
             else self._micro_gradients
         )
-        self._train = tf.function(self._looped(self._replica_train), autograph=self._own_train)
-        self._evaluate = tf.function(self._looped(self._replica_eval), autograph=self._own_test)
+        self._train = tf.function(
+            self._looped(self._replica_train, self._own_train), autograph=self._own_train
+        )
+        self._evaluate = tf.function(
+            self._looped(self._replica_eval, self._own_test), autograph=self._own_test
+        )
+        # A model's own train_step/test_step: the logs its last step returned are the logs,
+        # every key as it named it (Keras's fit reports them so); None: the metrics' results.
+        self._step_logs: dict | None = None
 
     def load(self) -> None:
         """Nothing to place (the variables are the strategy's): checked they are."""
@@ -158,8 +177,11 @@ class Runner:
 
     def reset_metrics(self) -> None:
         self.model.reset_metrics()
+        self._step_logs = None
 
     def logs(self) -> dict[str, float]:
+        if self._step_logs is not None:
+            return dict(self._step_logs)
         return fit_metrics.results(self.model)
 
     def loss_later(self):
@@ -188,29 +210,54 @@ class Runner:
         return self.strategy.experimental_distribute_values_from_function(piece)
 
     def train(self, block, steps: int) -> None:
-        self._train(block, tf.constant(steps, tf.int32))
+        with _as_one_device(self.model, self.replicas, self._own_train):
+            self._step_logs = _python(self._train(block, tf.constant(steps, tf.int32)))
 
     def evaluate(self, block, batches: int) -> None:
-        self._evaluate(block, tf.constant(batches, tf.int32))
+        with _as_one_device(self.model, self.replicas, self._own_test):
+            self._step_logs = _python(self._evaluate(block, tf.constant(batches, tf.int32)))
 
-    def _looped(self, replica_fn):
-        """``run(block, n)``: ``replica_fn(block, i)`` on every replica for i < n."""
+    def _looped(self, replica_fn, returns_logs: bool):
+        """``run(block, n)``: ``replica_fn(block, i)`` on every replica for i < n; with
+        ``returns_logs``, the logs the last step returned (:meth:`_over_replicas`), else
+        None."""
 
         def run(block, n):
-            def body(i):
-                self.strategy.run(replica_fn, args=(block, i))
-                return (i + 1,)
+            if not returns_logs:
 
-            tf.while_loop(lambda i: i < n, body, (tf.constant(0, tf.int32),))
+                def body(i):
+                    self.strategy.run(replica_fn, args=(block, i))
+                    return (i + 1,)
+
+                tf.while_loop(lambda i: i < n, body, (tf.constant(0, tf.int32),))
+                return None
+
+            def step(i):
+                logs = self.strategy.run(replica_fn, args=(block, i))
+                return tf.nest.map_structure(self._over_replicas, dict(logs))
+
+            logs = step(tf.constant(0, tf.int32))  # n >= 1: its structure for the loop
+            _, logs = tf.while_loop(
+                lambda i, _: i < n, lambda i, _: (i + 1, step(i)), (tf.constant(1, tf.int32), logs)
+            )
+            return logs
 
         return run
+
+    def _over_replicas(self, value):
+        """A value a model's own step returned on each replica, as one: a float's mean (a
+        tracker's result read inside a replica is that replica's, over its own equal share of
+        the batches), else the first replica's."""
+        first = tf.convert_to_tensor(self.strategy.experimental_local_results(value)[0])
+        if first.dtype.is_floating:
+            return self.strategy.reduce(tf.distribute.ReduceOp.MEAN, value, axis=None)
+        return first
 
     def _replica_train(self, block, i):
         model = self.model
         batch = tf.nest.map_structure(lambda a: a[i], block)
         if self._own_train:
-            model.train_step(batch["data"])
-            return
+            return model.train_step(batch["data"])
         k, weights = self.accum_steps, model.trainable_weights
         total = None
         for j in range(k):  # K is small: unrolled
@@ -239,8 +286,7 @@ class Runner:
         model = self.model
         batch = tf.nest.map_structure(lambda a: a[i], block)
         if self._own_test:
-            model.test_step(batch["data"])
-            return
+            return model.test_step(batch["data"])
         y_pred = self._call(batch["x"], False)
         loss = self._compute_loss(batch, y_pred, False)
         fit_metrics.update(model, batch, y_pred, unscale_loss_for_distribution(loss))
@@ -268,6 +314,67 @@ class Runner:
         if self.model._call_has_training_arg:
             return self.model(x, training=training)
         return self.model(x)
+
+
+@contextlib.contextmanager
+def _as_one_device(model, replicas: int, own_step: bool):
+    """Around a call of a model's own step (where it is traced): Keras's losses not divided
+    by the replicas, and every optimizer of the model averaging its gradients over the
+    replicas instead of summing them. Each replica's loss is then the mean over its share of
+    the batch, and the update and the logged losses are one device's, for a step written as
+    for one device (a mean loss, then ``apply_gradients``), with Keras's losses or without."""
+    if not own_step or replicas == 1:
+        yield
+        return
+    from keras.src.losses import loss as loss_module
+
+    optimizers = _optimizers(model)
+    divided = loss_module.scale_loss_for_distribution
+    loss_module.scale_loss_for_distribution = lambda value: value
+    for opt in optimizers:  # past Keras's attribute tracking: not part of the state
+        object.__setattr__(opt, "_all_reduce_sum_gradients", _averaging(opt, replicas))
+    try:
+        yield
+    finally:
+        loss_module.scale_loss_for_distribution = divided
+        for opt in optimizers:
+            object.__delattr__(opt, "_all_reduce_sum_gradients")
+
+
+def _optimizers(model) -> list:
+    """The model's optimizers: the compiled one and any it holds (a GAN's two), with the
+    optimizers they wrap (a loss-scale optimizer's inner one)."""
+    import keras
+
+    found = [model.optimizer, *vars(model).values()]
+    found += [getattr(o, "inner_optimizer", None) for o in found]
+    unique = {id(o): o for o in found if isinstance(o, keras.optimizers.Optimizer)}
+    return list(unique.values())
+
+
+def _averaging(opt, replicas: int):
+    """``opt``'s all-reduce of its gradients, divided by ``replicas``: their mean."""
+    summing = type(opt)._all_reduce_sum_gradients
+
+    def averaged(grads_and_vars):
+        out = []
+        for g, v in summing(opt, grads_and_vars):
+            if isinstance(g, tf.IndexedSlices):
+                g = tf.IndexedSlices(g.values / replicas, g.indices, g.dense_shape)
+            elif g is not None:
+                g = g / replicas
+            out.append((g, v))
+        return out
+
+    return averaged
+
+
+def _python(logs) -> dict | None:
+    """A step's logs as Python numbers (arrays as lists; a dict's keys, of compiled metrics,
+    flattened), as Keras's fit hands them on."""
+    if logs is None:
+        return None
+    return fit_metrics.pythonified(logs, lambda v: v.numpy())
 
 
 def _loss_scale_optimizer():

@@ -1,0 +1,203 @@
+"""The JAX engine for a model with its own ``train_step`` or ``test_step``: Keras's stateless
+``train_step(state, data)`` / ``test_step(state, data)`` run over the **global** batch, as one
+compiled program per call of S steps. The batch is split on the mesh's data axis and the state
+replicated; XLA's partitioner inserts the collectives (Keras's ``DataParallel`` way), so the
+user's step sees what it sees on one device: its mean is over the global batch, and its update
+is one device's. (why not per replica: docs/architecture.md#a-models-own-step-on-jax)
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from mirrorfit.engine.jax.placement import AXIS
+from mirrorfit.engine.jax.sharding import peak_device_bytes, state_bytes_per_device
+from mirrorfit.errors import FitError
+from mirrorfit.fitting import metrics as fit_metrics
+
+
+def runs_whole(model) -> bool:
+    """Whether ``model`` defines its own ``train_step`` or ``test_step`` (run here)."""
+    return fit_metrics.overrides(model, "train_step") or fit_metrics.overrides(model, "test_step")
+
+
+def check(model, placement, distribution=None) -> None:
+    """FitError (a ValueError), one line, for what a model's own step cannot run with."""
+    name = type(model).__name__
+    for step, given in fit_metrics.own_step_arguments(model).items():
+        if given != 2:  # a TypeError from inside the step, else
+            raise FitError(
+                f"{name}.{step} takes {given} argument(s); on JAX Keras calls {step}(self, "
+                "state, data) and takes (logs, state) back (keras.io's guide 'Customizing "
+                "what happens in fit() with JAX'); write that, or use backend 'tensorflow'"
+            )
+    if getattr(placement, "shard", "none") != "none":
+        raise FitError(
+            f"{name} has its own train_step/test_step, which runs over the global batch with "
+            f"the state replicated; shard={placement.shard!r} splits the state for mirrorfit's "
+            "own step only: use shard='none', or override compute_loss instead"
+        )
+    if distribution is not None and distribution.workers > 1:
+        raise FitError(
+            f"{name} has its own train_step/test_step, which the JAX engine runs in one "
+            "process only; train it on one worker, or use backend='tensorflow'"
+        )
+
+
+class OverrideRunner:
+    """The model's state, replicated on the mesh of ``placement``, and its own steps compiled
+    over the global batch. The same methods as :class:`mirrorfit.engine.jax.keras_fit.Runner`."""
+
+    def __init__(self, model, placement, *, accum_steps: int = 1, jit_compile: bool = True) -> None:
+        if accum_steps != 1:
+            raise FitError(
+                f"accum_steps={accum_steps}: {type(model).__name__}'s own train_step takes the "
+                "whole batch, which mirrorfit cannot split into micro-batches; leave "
+                "accum_steps at 1"
+            )
+        self.model, self.placement = model, placement
+        self.mesh, self.replicas = placement.mesh, placement.replicas
+        self.accum_steps = 1
+        self._replicated = NamedSharding(self.mesh, P())
+        self._split = NamedSharding(self.mesh, P(None, AXIS))
+        self._calls: dict = {}
+        self._logs = None  # the last step's, as arrays
+        if not model.optimizer.built:
+            model.optimizer.build(model.trainable_variables)
+
+    # -- state -------------------------------------------------------------------------------
+    def load(self) -> None:
+        """The Keras variables as the devices' state, the metrics reset."""
+        self.model.reset_metrics()
+        self._initial_metrics = [np.asarray(v.value) for v in self.model.metrics_variables]
+        self.reload()
+        self.reset_metrics()
+
+    def reload(self) -> None:
+        """The model's and optimizer's variables as the devices' state again."""
+        m = self.model
+        self.state = [
+            self._put([v.value for v in variables])
+            for variables in (
+                m.trainable_variables,
+                m.non_trainable_variables,
+                m.optimizer.variables,
+            )
+        ]
+
+    def sync(self) -> None:
+        """The devices' state into the Keras variables."""
+        m = self.model
+        groups = (
+            m.trainable_variables,
+            m.non_trainable_variables,
+            m.optimizer.variables,
+            m.metrics_variables,
+        )
+        for variables, values in zip(groups, [*self.state, self.metrics]):
+            for var, value in zip(variables, values):
+                var.assign(np.asarray(value))
+
+    def reset_metrics(self) -> None:
+        self.metrics = self._put(self._initial_metrics)
+        self._logs = None
+
+    def logs(self) -> dict:
+        """The logs the last step returned, every key as the step named it (Keras's fit hands
+        them on so); before any step, the metrics' results."""
+        if self._logs is None:
+            for var, value in zip(self.model.metrics_variables, self.metrics):
+                var.assign(np.asarray(value))
+            return fit_metrics.results(self.model)
+        return fit_metrics.pythonified(self._logs, np.asarray)
+
+    def loss_later(self):
+        """The ``loss`` the last step returned, read when called (None without one)."""
+        loss = None if self._logs is None else self._logs.get("loss")
+        if loss is None or isinstance(loss, dict) or np.size(loss) != 1:
+            return lambda: None
+        loss = jnp.copy(loss)  # the next call donates the state, not the logs: kept anyway
+        return lambda: float(np.asarray(loss))
+
+    def state_bytes_per_device(self) -> int:
+        return state_bytes_per_device([a for group in self.state for a in group])
+
+    def peak_device_bytes(self) -> int | None:
+        return peak_device_bytes(self.mesh.local_devices)
+
+    def describe_sharding(self) -> str:
+        return (
+            f"replicated: every device holds the whole state; the model's own step runs over "
+            f"the global batch, split over {self.replicas} devices"
+        )
+
+    def from_chief(self, distribution=None) -> None:  # one process only (check)
+        """Nothing: one process."""
+
+    # -- the compiled calls ------------------------------------------------------------------
+    def put(self, block: dict):
+        """A block of batches as given (leaves ``[S, B, ...]``) on the devices: split on the
+        batch axis, or, a partial batch the devices do not divide, whole on each."""
+        rows = jax.tree.leaves(block)[0].shape[1]
+        return jax.device_put(block, self._split if rows % self.replicas == 0 else self._replicated)
+
+    def train(self, block, steps: int) -> None:
+        call = self._call("train", block)
+        self.state, self.metrics, self._logs = call(
+            self.state, self.metrics, block, np.int32(steps)
+        )
+
+    def evaluate(self, block, batches: int) -> None:
+        call = self._call("test", block)
+        self.metrics, self._logs = call(self.state, self.metrics, block, np.int32(batches))
+
+    def _call(self, kind: str, block):
+        key = (kind, jax.tree.structure(block))
+        if key not in self._calls:
+            fn = self._train_steps if kind == "train" else self._test_steps
+            donate = (0, 1) if kind == "train" else (1,)
+            self._calls[key] = jax.jit(fn, out_shardings=self._replicated, donate_argnums=donate)
+        return self._calls[key]
+
+    def _train_steps(self, state, metrics, block, steps):
+        model = self.model
+
+        def step(i, carry):
+            (trainable, non_trainable, optimizer), metrics, _ = carry
+            data = jax.tree.map(lambda a: a[i], block["data"])
+            logs, new = model.train_step((trainable, non_trainable, optimizer, metrics), data)
+            return [list(new[0]), list(new[1]), list(new[2])], list(new[3]), _arrays(logs)
+
+        return _looped(step, (state, metrics), steps)
+
+    def _test_steps(self, state, metrics, block, batches):
+        model = self.model
+        trainable, non_trainable, _ = state
+
+        def step(i, carry):
+            _, metrics, _ = carry
+            data = jax.tree.map(lambda a: a[i], block["data"])
+            logs, new = model.test_step((trainable, non_trainable, metrics), data)
+            return None, list(new[2]), _arrays(logs)
+
+        _, metrics, logs = _looped(step, (None, metrics), batches)
+        return metrics, logs
+
+    def _put(self, values) -> list:
+        return [jax.device_put(jnp.asarray(v), self._replicated) for v in values]
+
+
+def _looped(step, carry, n):
+    """``step(i, carry)`` for i < n (n >= 1): the last carry, with the logs it returned."""
+    first = step(0, (*carry, None))
+    return jax.lax.fori_loop(1, n, step, first)
+
+
+def _arrays(logs) -> dict:
+    return jax.tree.map(jnp.asarray, dict(logs))
+
+
+__all__ = ["OverrideRunner", "check", "runs_whole"]
