@@ -1,5 +1,6 @@
 """keras-io's VAE (its own train_step, three trackers whose logs it renames, a SeedGenerator
-drawing in a Sampling layer), in each backend's form, trained on 1,024 MNIST images by
+drawing in a Sampling layer), in each backend's form, and on TensorFlow its GAN (no call(),
+two optimizers, a Keras loss inside the step), trained on 1,024 MNIST images by
 ``mirrorfit.fit`` on 2 replicas (``mirrorfit``) or by its own ``fit`` on one device
 (``keras``). Run as ``python own_steps.py BACKEND MODE OUT`` in a fresh process; writes OUT
 (JSON: the history, the weights' sums)."""
@@ -114,5 +115,68 @@ vae = VAE()
 vae.compile(optimizer=keras.optimizers.Adam(1e-3))
 fit = mirrorfit.fit if MODE == "mirrorfit" else type(vae).fit
 history = fit(vae, x, batch_size=64, epochs=3, verbose=0, shuffle=False).history
+results = {"history": history}
+
+
+class GAN(keras.Model):  # keras-io's "Customizing what happens in fit()" GAN, no call()
+    def __init__(self, discriminator, generator, latent_dim):
+        super().__init__()
+        self.discriminator, self.generator = discriminator, generator
+        self.latent_dim = latent_dim
+        self.seed_generator = keras.random.SeedGenerator(1337)
+        self.d_loss_tracker = keras.metrics.Mean(name="d_loss")
+        self.g_loss_tracker = keras.metrics.Mean(name="g_loss")
+
+    @property
+    def metrics(self):
+        return [self.d_loss_tracker, self.g_loss_tracker]
+
+    def compile(self, d_optimizer, g_optimizer, loss_fn):
+        super().compile()
+        self.d_optimizer, self.g_optimizer, self.loss_fn = d_optimizer, g_optimizer, loss_fn
+
+    def train_step(self, real_images):
+        import tensorflow as tf
+
+        n = ops.shape(real_images)[0]
+        z = keras.random.normal((n, self.latent_dim), seed=self.seed_generator)
+        images = ops.concatenate([self.generator(z), real_images], axis=0)
+        labels = ops.concatenate([ops.ones((n, 1)), ops.zeros((n, 1))], axis=0)
+        with tf.GradientTape() as tape:
+            d_loss = self.loss_fn(labels, self.discriminator(images))
+        d_weights = self.discriminator.trainable_weights
+        self.d_optimizer.apply_gradients(zip(tape.gradient(d_loss, d_weights), d_weights))
+        z = keras.random.normal((n, self.latent_dim), seed=self.seed_generator)
+        with tf.GradientTape() as tape:
+            g_loss = self.loss_fn(ops.zeros((n, 1)), self.discriminator(self.generator(z)))
+        g_weights = self.generator.trainable_weights
+        self.g_optimizer.apply_gradients(zip(tape.gradient(g_loss, g_weights), g_weights))
+        self.d_loss_tracker.update_state(d_loss)
+        self.g_loss_tracker.update_state(g_loss)
+        return {"d_loss": self.d_loss_tracker.result(), "g_loss": self.g_loss_tracker.result()}
+
+
+if BACKEND == "tensorflow":
+    keras.utils.set_random_seed(1)
+    discriminator = keras.Sequential(
+        [
+            keras.Input((28, 28)),
+            layers.Flatten(),
+            layers.Dense(32, activation="relu"),
+            layers.Dense(1),
+        ]
+    )
+    generator = keras.Sequential(
+        [keras.Input((8,)), layers.Dense(32, activation="relu"), layers.Dense(28 * 28)]
+        + [layers.Reshape((28, 28))]
+    )
+    gan = GAN(discriminator, generator, 8)
+    gan.compile(
+        keras.optimizers.Adam(1e-3),
+        keras.optimizers.Adam(1e-3),
+        keras.losses.BinaryCrossentropy(from_logits=True),
+    )
+    fit = mirrorfit.fit if MODE == "mirrorfit" else type(gan).fit
+    results["gan"] = fit(gan, x, batch_size=64, epochs=3, verbose=0, shuffle=False).history
 with open(OUT, "w") as f:
-    json.dump({"history": history}, f)
+    json.dump(results, f)

@@ -389,7 +389,15 @@ class _Run:
         model = self.model
         data = first["data"] if "data" in first else (first["x"], first.get("y"), first["w"])
         with self.engine.scope(self.placement), _shape_refused():
-            model._symbolic_build(data_batch=data)
+            try:
+                model._symbolic_build(data_batch=data)
+            except RuntimeError as e:
+                if not _without_call(model, e):
+                    raise
+                # A model with its own train_step and no call() (keras-io's DCGAN): its step
+                # calls its parts, built already; Keras's own fit on one device never builds
+                # it either.
+                model.built = True
         # One runner per model and compile: its compiled calls are kept for the next fit or
         # evaluate (Keras keeps its train_function the same way); a new compile() makes anew.
         key = (
@@ -446,6 +454,14 @@ class _Run:
             run.model.optimizer.finalize_variable_values(run.model.trainable_weights)
 
         return around()
+
+
+def _without_call(model, error: RuntimeError) -> bool:
+    """Whether Keras's build failed because ``model`` has no ``call()`` and runs its own
+    ``train_step``, which does not need one."""
+    from mirrorfit.fitting.metrics import overrides
+
+    return isinstance(error.__context__, NotImplementedError) and overrides(model, "train_step")
 
 
 @contextlib.contextmanager
