@@ -153,6 +153,9 @@ def test_keras_usage(backend, tmp_path):
     assert r["generator_epochs"] == 3 and r["generator_loss_grows"]  # read on, not restarted
     assert r["pydataset_epoch_ends"] == 3 and r["pydataset_val"]
     assert r["own_step_same"] and r["own_step_partial"]  # JAX: refused on main
+    keras_loss, our_loss = r["bool_input_evaluate"]  # Keras's own: an error on TF on main
+    assert keras_loss == pytest.approx(our_loss, rel=1e-5)
+    assert r["bool_input_predict"] == [64, 1]
     assert r["batch_rate_moved_first"] and r["batch_rate_frozen_after"]
     assert r["final_rate"] == 0.0
     for evaluated in r["evaluate"]:  # batch 16, 32, 64 after a fit that validated at 64

@@ -147,6 +147,28 @@ class OtherBackendsStep(keras.Model):  # the other backend's form of the overrid
             return {}, state
 
 
+# Keras's own evaluate and predict after mirrorfit.fit, on a bool input (KerasHub's
+# padding_mask): under the strategy Keras reduced the batch to a MEAN first, which failed.
+tokens = keras.Input((6,), dtype="int32", name="tokens")
+mask = keras.Input((6,), dtype="bool", name="padding_mask")
+hidden = keras.layers.Embedding(20, 4)(tokens) * keras.ops.expand_dims(
+    keras.ops.cast(mask, "float32"), -1
+)
+masked = keras.Model(
+    [tokens, mask], keras.layers.Dense(1)(keras.layers.GlobalAveragePooling1D()(hidden))
+)
+masked.compile("adam", "mse")
+rng = np.random.default_rng(3)
+xm = {"tokens": rng.integers(0, 20, (64, 6)), "padding_mask": rng.random((64, 6)) > 0.2}
+ym = rng.random((64, 1)).astype("float32")
+mirrorfit.fit(masked, xm, ym, batch_size=32, verbose=0)
+out["bool_input_evaluate"] = [
+    float(masked.evaluate(xm, ym, batch_size=32, verbose=0)),
+    float(mirrorfit.evaluate(masked, xm, ym, batch_size=32, verbose=0)),
+]
+out["bool_input_predict"] = list(masked.predict(xm, batch_size=32, verbose=0).shape)
+
+
 # A batch callback that sets the rate to 0 after the first call: later calls leave the weights.
 class StopLearning(keras.callbacks.Callback):
     def __init__(self):

@@ -144,6 +144,7 @@ class Runner:
     def load(self) -> None:
         """Nothing to place (the variables are the strategy's): checked they are."""
         check_variables(self.model, self.strategy)
+        _no_rebuild_once_built(self.model)
 
     def state_bytes_per_device(self) -> int:
         from mirrorfit.engine.tensorflow.runner import whole_state_bytes
@@ -367,6 +368,26 @@ def _averaging(opt, replicas: int):
         return out
 
     return averaged
+
+
+def _no_rebuild_once_built(model) -> None:
+    """Keras's own ``evaluate``/``predict`` under a strategy first reduce a batch to a MEAN to
+    build the model from it, built or not, and a MEAN of a bool input (KerasHub's
+    ``padding_mask``) fails ("Value for attr 'T' of bool"). Once the model, its compiled loss
+    and its metrics are built, that build would do nothing: skipped, so Keras's own calls
+    keep working after ``mirrorfit.setup``."""
+    if "_maybe_symbolic_build" in vars(model):
+        return
+    keras_build = model._maybe_symbolic_build
+
+    def maybe_symbolic_build(iterator=None, data_batch=None):
+        built = all(layer.built for layer in model._flatten_layers()) and all(
+            part is None or part.built for part in (model._compile_metrics, model._compile_loss)
+        )
+        if not built:
+            keras_build(iterator=iterator, data_batch=data_batch)
+
+    object.__setattr__(model, "_maybe_symbolic_build", maybe_symbolic_build)
 
 
 def _python(logs) -> dict | None:
