@@ -156,6 +156,10 @@ def test_keras_usage(backend, tmp_path):
     keras_loss, our_loss = r["bool_input_evaluate"]  # Keras's own: an error on TF on main
     assert keras_loss == pytest.approx(our_loss, rel=1e-5)
     assert r["bool_input_predict"] == [64, 1]
+    if backend == "tensorflow":
+        assert r["unseeded"] is True
+    else:  # Keras's own refusal under a JAX trace, naming SeedGenerator
+        assert "SeedGenerator" in r["unseeded"]
     assert r["batch_rate_moved_first"] and r["batch_rate_frozen_after"]
     assert r["final_rate"] == 0.0
     for evaluated in r["evaluate"]:  # batch 16, 32, 64 after a fit that validated at 64

@@ -169,6 +169,25 @@ out["bool_input_evaluate"] = [
 out["bool_input_predict"] = list(masked.predict(xm, batch_size=32, verbose=0).shape)
 
 
+# An unseeded random op in a layer (the VAE's Sampling as keras-io first wrote it): Keras's
+# own fit trains it on TensorFlow (on main, mirrorfit failed: "tf.function only supports
+# singleton tf.Variables"), and refuses it on JAX, as Keras's own fit does.
+class Noise(keras.layers.Layer):
+    def call(self, inputs, training=False):
+        if training:
+            return inputs + 0.01 * keras.random.normal(keras.ops.shape(inputs))
+        return inputs
+
+
+noisy = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8), Noise(), keras.layers.Dense(1)])
+noisy.compile("sgd", "mse")
+try:
+    history = mirrorfit.fit(noisy, x, y, batch_size=32, epochs=2, verbose=0)
+    out["unseeded"] = bool(np.isfinite(history.history["loss"]).all())
+except ValueError as e:
+    out["unseeded"] = str(e)
+
+
 # A batch callback that sets the rate to 0 after the first call: later calls leave the weights.
 class StopLearning(keras.callbacks.Callback):
     def __init__(self):

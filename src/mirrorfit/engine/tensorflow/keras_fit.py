@@ -137,6 +137,10 @@ class Runner:
         self._evaluate = tf.function(
             self._looped(self._replica_eval, self._own_test), autograph=self._own_test
         )
+        # Keras keeps its global seed generator (unseeded random ops) per thread, and each
+        # replica traces in a thread of its own: each would make one inside the traced step,
+        # which tf.function refuses. Made here once, and handed to every replica's thread.
+        self._seeds = _global_seed_generator()
         # A model's own train_step/test_step: the logs its last step returned are the logs,
         # every key as it named it (Keras's fit reports them so); None: the metrics' results.
         self._step_logs: dict | None = None
@@ -255,6 +259,7 @@ class Runner:
         return first
 
     def _replica_train(self, block, i):
+        _use_seed_generator(self._seeds)
         model = self.model
         batch = tf.nest.map_structure(lambda a: a[i], block)
         if self._own_train:
@@ -284,6 +289,7 @@ class Runner:
         return grads, y_pred, loss
 
     def _replica_eval(self, block, i):
+        _use_seed_generator(self._seeds)
         model = self.model
         batch = tf.nest.map_structure(lambda a: a[i], block)
         if self._own_test:
@@ -368,6 +374,20 @@ def _averaging(opt, replicas: int):
         return out
 
     return averaged
+
+
+def _global_seed_generator():
+    from keras.src.random.seed_generator import global_seed_generator
+
+    return global_seed_generator()
+
+
+def _use_seed_generator(generator) -> None:
+    """This thread's Keras global seed generator made ``generator``."""
+    from keras.src.backend.common import global_state
+    from keras.src.random.seed_generator import GLOBAL_SEED_GENERATOR
+
+    global_state.set_global_attribute(GLOBAL_SEED_GENERATOR, generator)
 
 
 def _no_rebuild_once_built(model) -> None:
