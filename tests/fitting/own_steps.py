@@ -1,9 +1,11 @@
 """keras-io's VAE (its own train_step, three trackers whose logs it renames, a SeedGenerator
 drawing in a Sampling layer), in each backend's form, and on TensorFlow its GAN (no call(),
 two optimizers, a Keras loss inside the step), trained on 1,024 MNIST images by
-``mirrorfit.fit`` on 2 replicas (``mirrorfit``) or by its own ``fit`` on one device
-(``keras``). Run as ``python own_steps.py BACKEND MODE OUT`` in a fresh process; writes OUT
-(JSON: the history, the weights' sums)."""
+``mirrorfit.fit`` on 2 replicas (``mirrorfit``), by its own ``fit`` on one device
+(``keras``) or by its own ``fit`` on the same 2 replicas (``keras-2``: MirroredStrategy on
+TensorFlow, ``DataParallel`` on JAX; benchmarks/own_step.py times it against ``mirrorfit``).
+Run as ``python own_steps.py BACKEND MODE OUT [EXAMPLES EPOCHS]`` in a fresh process; writes
+OUT (JSON: the histories, and each model's steady examples/s, every epoch but the first)."""
 
 from __future__ import annotations
 
@@ -14,12 +16,46 @@ import sys
 import mirrorfit
 
 BACKEND, MODE, OUT = sys.argv[1:4]
-if MODE == "mirrorfit":
-    mirrorfit.setup(backend=BACKEND, replicas=2)
+EXAMPLES, EPOCHS = (int(a) for a in sys.argv[4:6]) if len(sys.argv) > 4 else (1024, 3)
+if MODE == "mirrorfit" or (MODE == "keras-2" and BACKEND == "tensorflow"):
+    mirrorfit.setup(backend=BACKEND, replicas=2)  # keras-2: Keras's fit under its strategy
 else:
     os.environ["KERAS_BACKEND"] = BACKEND
+    if MODE == "keras-2":
+        os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
 import keras  # noqa: E402
 from keras import layers, ops  # noqa: E402
+
+if MODE == "keras-2" and BACKEND == "jax":
+    keras.distribution.set_distribution(keras.distribution.DataParallel())
+
+
+class Clock(keras.callbacks.Callback):
+    """Steady examples/s: every epoch but the first (which compiles)."""
+
+    def on_train_begin(self, logs=None):
+        self.times = []
+
+    def on_epoch_begin(self, epoch, logs=None):
+        import time
+
+        self.start = time.perf_counter()
+
+    def on_epoch_end(self, epoch, logs=None):
+        import time
+
+        self.times.append(time.perf_counter() - self.start)
+
+    def rate(self) -> float | None:
+        return EXAMPLES * (len(self.times) - 1) / sum(self.times[1:]) if self.times[1:] else None
+
+
+def trained(model, x) -> dict:
+    """The model's history and steady examples/s, fit as MODE says."""
+    clock = Clock()
+    fit = mirrorfit.fit if MODE == "mirrorfit" else type(model).fit
+    kwargs = dict(batch_size=64, epochs=EPOCHS, verbose=0, shuffle=False, callbacks=[clock])
+    return {"history": fit(model, x, **kwargs).history, "examples_per_sec": clock.rate()}
 
 
 class Sampling(layers.Layer):
@@ -108,14 +144,12 @@ class VAE(keras.Model):
             return logs, (trainable, non_trainable, optimizer, metrics)
 
 
-data = mirrorfit.load_mnist(train_examples=1024, download=False)
+data = mirrorfit.load_mnist(train_examples=EXAMPLES, download=False)
 x = (data.x_train / 255.0).astype("float32")
 keras.utils.set_random_seed(1)
 vae = VAE()
 vae.compile(optimizer=keras.optimizers.Adam(1e-3))
-fit = mirrorfit.fit if MODE == "mirrorfit" else type(vae).fit
-history = fit(vae, x, batch_size=64, epochs=3, verbose=0, shuffle=False).history
-results = {"history": history}
+results = {"vae": trained(vae, x)}
 
 
 class GAN(keras.Model):  # keras-io's "Customizing what happens in fit()" GAN, no call()
@@ -176,7 +210,6 @@ if BACKEND == "tensorflow":
         keras.optimizers.Adam(1e-3),
         keras.losses.BinaryCrossentropy(from_logits=True),
     )
-    fit = mirrorfit.fit if MODE == "mirrorfit" else type(gan).fit
-    results["gan"] = fit(gan, x, batch_size=64, epochs=3, verbose=0, shuffle=False).history
+    results["gan"] = trained(gan, x)
 with open(OUT, "w") as f:
     json.dump(results, f)

@@ -360,7 +360,7 @@ def test_keras_ios_vae_and_gan_train_on_their_own_steps_as_on_one_device(backend
         output, _ = proc.communicate(timeout=400)
         assert proc.returncode == 0, output[-3000:]
     results = {m: json.loads(outs[m].read_text()) for m in outs}
-    ours, theirs = results["mirrorfit"]["history"], results["keras"]["history"]
+    ours, theirs = (results[m]["vae"]["history"] for m in ("mirrorfit", "keras"))
     assert set(ours) == set(theirs) == {"loss", "reconstruction_loss", "kl_loss"}
     if backend == "jax":
         for key, values in theirs.items():
@@ -371,7 +371,7 @@ def test_keras_ios_vae_and_gan_train_on_their_own_steps_as_on_one_device(backend
         # keras-io's GAN: no call() (on main: "Unable to automatically build the model"), two
         # optimizers, a Keras loss in the step (on main: divided by the replicas, half of it).
         # The noise is drawn per replica and the game amplifies it (measured: at most 2.1% off)
-        ours, theirs = results["mirrorfit"]["gan"], results["keras"]["gan"]
+        ours, theirs = (results[m]["gan"]["history"] for m in ("mirrorfit", "keras"))
         assert set(ours) == set(theirs) == {"d_loss", "g_loss"}
         for key, values in theirs.items():
             np.testing.assert_allclose(ours[key], values, rtol=0.06, err_msg=key)
