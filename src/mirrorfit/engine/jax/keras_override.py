@@ -3,7 +3,7 @@
 compiled program per call of S steps. The batch is split on the mesh's data axis and the state
 replicated; XLA's partitioner inserts the collectives (Keras's ``DataParallel`` way), so the
 user's step sees what it sees on one device: its mean is over the global batch, and its update
-is one device's. (why not per replica: docs/architecture.md#a-models-own-step-on-jax)
+is one device's. (why not per replica: docs/architecture.md#the-engines-under-fit)
 """
 
 from __future__ import annotations
