@@ -389,6 +389,30 @@ def test_a_killed_sharded_bf16_accumulating_run_resumes_to_the_uninterrupted_one
         np.testing.assert_array_equal(got[name], value, err_msg=name)
 
 
+def test_an_uncompiled_model_on_an_npz_without_validation_compiles_from_flags(tmp_path):
+    """The warm-up's step count read --validation-split, None when not given: a TypeError."""
+    rng = np.random.default_rng(0)
+    data = tmp_path / "d.npz"
+    np.savez(
+        data, x_train=rng.normal(size=(64, 8)).astype("float32"), y_train=rng.normal(size=(64, 1))
+    )
+    proc = run_cli(
+        "train",
+        "--backend",
+        "jax",
+        "--model",
+        "keras_models:uncompiled",
+        "--loss",
+        "mse",
+        "--data",
+        str(data),
+        "--epochs",
+        "1",
+        "--no-progress",
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
 def test_a_compiled_model_trains_on_two_workers(tmp_path):
     out, saved = tmp_path / "m.json", tmp_path / "r.keras"
     proc = run_cli(

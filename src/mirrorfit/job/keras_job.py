@@ -262,7 +262,7 @@ def run(
                 config,
                 model,
                 global_batch=global_batch,
-                examples=_examples(train, config, config.validation_split if val is None else 0),
+                examples=_examples(train, config, _held_out(config, val)),
             )
     recomputed = _accelerate(config, model, console)
     console.print(describe(config, model, compiled))
@@ -401,6 +401,11 @@ def _accelerate(config: TrainConfig, model, console) -> list[str]:
     if config.xla:  # what mirrorfit.fit compiles with, as Keras's fit does (JAX: always)
         model.jit_compile = True
     return recomputed
+
+
+def _held_out(config: TrainConfig, val) -> float:
+    """The share of the training split fit holds out: --validation-split without val data."""
+    return 0.0 if val is not None else config.validation_split or 0.0
 
 
 def _examples(train, config: TrainConfig, validation_split: float) -> int:

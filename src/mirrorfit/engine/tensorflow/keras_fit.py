@@ -114,6 +114,12 @@ class Runner:
         self.model, self.strategy, self.accum_steps = model, strategy, accum_steps
         self.replicas = strategy.num_replicas_in_sync
         self._own_train = fit_metrics.overrides(model, "train_step")
+        if self._own_train and accum_steps > 1:
+            raise FitError(
+                f"accum_steps={accum_steps}: {type(model).__name__}'s own train_step takes the "
+                "whole batch, which mirrorfit cannot split into micro-batches; leave "
+                "accum_steps at 1"
+            )
         self._own_test = fit_metrics.overrides(model, "test_step")
         self._output_losses = fit_metrics.output_loss_indices(model)
         self._masked = fit_metrics.masked_outputs(model)
@@ -353,7 +359,9 @@ def _optimizers(model) -> list:
     optimizers they wrap (a loss-scale optimizer's inner one)."""
     import keras
 
-    found = [model.optimizer, *vars(model).values()]
+    held = list(vars(model).values())
+    found = [model.optimizer, *held]
+    found += [o for v in held if isinstance(v, (list, tuple)) for o in v]  # a list of them
     found += [getattr(o, "inner_optimizer", None) for o in found]
     unique = {id(o): o for o in found if isinstance(o, keras.optimizers.Optimizer)}
     return list(unique.values())
