@@ -123,26 +123,17 @@ def _shape(point) -> tuple[tuple[int, ...], int]:
 
 
 def _arrays(point):
-    """(x, y, test (x, y) or None), as given to a compiled model."""
+    """(x, y, test (x, y) or None), as given to a compiled model: MNIST's arrays, or the
+    synthetic batch repeated (the JAX rows' data)."""
     import numpy as np
 
+    from mirrorfit.bench.jax_point import _arrays as arrays
+
+    x, y, test, steps = arrays(point)
     if point.data == "synthetic":
-        from mirrorfit.data.synthetic import synthetic_batches
-
-        steps = max(1, (point.train_examples or point.global_batch) // point.global_batch)
-        batches = synthetic_batches(
-            input_shape=point.input_shape,
-            num_classes=point.num_classes,
-            global_batch=point.global_batch,
-            steps_per_epoch=steps,
-            seed=point.seed,
-        )
-        xb, yb = batches.host_batch()
+        xb, yb = x.host_batch()
         return np.concatenate([xb] * steps), np.concatenate([yb] * steps), None
-    from mirrorfit.data.mnist import load_mnist
-
-    data = load_mnist(point.data_dir, train_examples=point.train_examples, download=False)
-    return data.x_train, data.y_train, (data.x_test, data.y_test)
+    return x, y, test
 
 
 def _accuracy(logs: dict) -> float | None:
