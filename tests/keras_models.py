@@ -24,6 +24,27 @@ def uncompiled():
     return keras.Sequential([keras.Input((8,)), keras.layers.Dense(1)])
 
 
+def normalized(compiled=True):
+    """The regression with BatchNormalization after its hidden layer (SGD, seeded)."""
+    keras.utils.set_random_seed(2)
+    model = keras.Sequential(
+        [
+            keras.Input((8,)),
+            keras.layers.Dense(16),
+            keras.layers.BatchNormalization(momentum=0.5),
+            keras.layers.ReLU(),
+            keras.layers.Dense(1),
+        ]
+    )
+    if compiled:
+        model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+    return model
+
+
+def normalized_uncompiled():
+    return normalized(compiled=False)
+
+
 def chapter_cnn():
     """Hands-On ML's way: uint8 pixels in, Rescaling(1/255) first."""
     model = keras.Sequential(

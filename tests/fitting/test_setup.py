@@ -81,6 +81,7 @@ def test_setup_after_the_model_is_built_says_to_call_it_first(backend):
         ({"replicas": True}, "replicas=True: give a whole number of at least 1"),
         ({"precision": ["fp32"]}, "precision=['fp32']: choose one of"),
         ({"shard": None}, "shard=None: choose 'none'"),
+        ({"sync_batchnorm": "yes"}, "sync_batchnorm='yes': give True or False"),
     ],
 )
 def test_arguments_setup_cannot_use_are_a_value_error_in_its_words(kwargs, needle):

@@ -86,6 +86,13 @@ def _train_memory(add) -> None:
         help="JAX: none (default; every device holds the whole state), optimizer "
         "(ZeRO-1: the optimizer state split over the devices) or all (FSDP: the weights too)",
     )
+    add(
+        "--sync-batchnorm",
+        action="store_const",
+        const=True,
+        help="BatchNormalization's batch statistics over the global batch (every replica's "
+        "share), as on one device, not over each replica's",
+    )
 
 
 def _train_data_source(add) -> None:

@@ -71,6 +71,7 @@ class DistributionSettings(Section):
     threads_per_worker: int | None = None  # TF intra/inter-op threads of this process
     collective_timeout: float = DEFAULT_COLLECTIVE_TIMEOUT_S  # seconds: start-up, collectives
     shard: str = "none"  # JAX: none, optimizer (ZeRO-1) or all (FSDP): what is split over devices
+    sync_batchnorm: bool = False  # BatchNormalization's statistics over every replica's share
     profile: bool = False  # break down the engine's step (TensorFlow, one process)
 
     def check(self) -> None:

@@ -128,7 +128,7 @@ def fit(
         _check_targets(model, x, y)
         adapter = _adapter(x, y, sample_weight, class_weight, batch_size, steps_per_epoch, shuffle)
         if not drop_remainder:
-            _warn_padding_enters(model, adapter)
+            _warn_padding_enters(model, adapter, synced=run.sync_batchnorm)
         train = run.epochs(
             adapter, batch_size, steps_per_epoch, "train", drop_remainder=drop_remainder
         )
@@ -137,6 +137,7 @@ def fit(
         metrics.check_input_shapes(model, x, "the training data")  # before the build
         metrics.check_target_shapes(model, y, "the training data")  # which computes a loss
         run.build(train.first)
+        _warn_batchnorm_per_replica(run, train.size)
         metrics.check_sparse_labels(model, y, "the training data")
         val = _validation(
             run, validation_data, validation_batch_size or batch_size, validation_steps
@@ -341,6 +342,7 @@ class _Run:
         # Where the engine runs the model (None: the engine's own default), and the workers
         # it spans (None: this process alone).
         self.placement = self.engine.placement(model, chosen)
+        self.sync_batchnorm = bool(chosen is not None and chosen.sync_batchnorm)
         self.workers = workers
         self.engine.check_model(model, self.placement, workers.distribution)
         self.runner: Any = None  # the engine's, built from the first batch
@@ -404,6 +406,7 @@ class _Run:
             id(self.placement),
             self.accum_steps,
             bool(model.jit_compile),
+            self.sync_batchnorm,
             id(model.optimizer),
             id(model._compile_loss),
             id(model._compile_metrics),
@@ -417,6 +420,7 @@ class _Run:
                 self.placement,
                 accum_steps=self.accum_steps,
                 jit_compile=bool(model.jit_compile),  # Keras's "auto": on where a GPU is
+                sync_batchnorm=self.sync_batchnorm,
             )
             # Past Keras's attribute tracking: the runner is not part of the model's state.
             object.__setattr__(model, "_mirrorfit_runner", (key, self.runner))
@@ -481,7 +485,28 @@ def _shape_refused():
         ) from None
 
 
-def _warn_padding_enters(model, adapter) -> None:
+def _warn_batchnorm_per_replica(run, batch_size: int) -> None:
+    """Warn where BatchNormalization's batch statistics are each replica's share's, not the
+    global batch's as on one device (``sync_batchnorm`` off, several replicas)."""
+    from mirrorfit.fitting import batchnorm
+
+    replicas = run.engine.replicas(run.placement)
+    if replicas == 1 or run.sync_batchnorm or not getattr(run.runner, "per_replica", True):
+        return
+    names = [layer.name for layer in batchnorm.per_replica(run.model)]
+    if names:
+        share = batch_size // (replicas * run.accum_steps)
+        warnings.warn(
+            f"BatchNormalization ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''}) "
+            f"computes its batch statistics over each replica's {share} examples, not the "
+            f"global batch of {batch_size} as on one device; mirrorfit.setup("
+            "sync_batchnorm=True) (mirrorfit train --sync-batchnorm) computes them over "
+            "every replica",
+            stacklevel=3,
+        )
+
+
+def _warn_padding_enters(model, adapter, *, synced: bool = False) -> None:
     """Warn where the padding of an epoch's partial last batch reaches what the loss and
     metrics' zero weights do not cover: batch statistics, activity losses, a ``compute_loss``
     override that ignores ``sample_weight``. Only where the
@@ -499,7 +524,7 @@ def _warn_padding_enters(model, adapter) -> None:
         {
             "BatchNormalization's statistics"
             for layer in layers
-            if isinstance(layer, keras.layers.BatchNormalization)
+            if isinstance(layer, keras.layers.BatchNormalization) and not synced
         }
         | {
             "activity regularizers"

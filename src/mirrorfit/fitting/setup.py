@@ -28,6 +28,7 @@ class Setup:
     placement: object = field(repr=False)
     precision: str = "fp32"
     distribution: object = field(default=None, repr=False)
+    sync_batchnorm: bool = False
 
     @property
     def replicas(self) -> int:
@@ -55,13 +56,16 @@ def setup(
     precision: str = "fp32",
     shard: str = "none",
     strategy: str = "auto",
+    sync_batchnorm: bool = False,
     verbose: bool = False,
 ) -> Setup:
     """Choose the engine (``backend``: ``"tensorflow"``/``"jax"``; default ``$KERAS_BACKEND``, else
     TensorFlow), devices (all GPUs, ``devices`` by name, the first ``replicas``; without GPUs
     ``replicas`` logical CPUs), precision (``"fp32"``, ``"bf16"``, ``"fp16"``), ``shard`` (JAX:
     ``"none"``, ``"optimizer"``: ZeRO-1, ``"all"``: FSDP) and ``strategy`` (``"auto"``;
-    ``"multi-worker"``: ``replicas`` counts this worker's). Once, before Keras builds a model.
+    ``"multi-worker"``: ``replicas`` counts this worker's) and ``sync_batchnorm`` (every
+    BatchNormalization layer's batch statistics over the global batch, as on one device, not
+    over each replica's share). Once, before Keras builds a model.
     """
     if _current:
         raise FitError(
@@ -82,6 +86,8 @@ def setup(
             replicas = 0
         if replicas < 1:
             raise FitError(f"replicas={given!r}: give a whole number of at least 1")
+    if not isinstance(sync_batchnorm, bool):
+        raise FitError(f"sync_batchnorm={sync_batchnorm!r}: give True or False")
     if isinstance(devices, str) or not all(isinstance(d, str) for d in devices):
         raise FitError(
             f"devices={devices!r}: give a list of device names, e.g. devices=['/gpu:0', "
@@ -132,6 +138,7 @@ def setup(
             placement=made[1],
             precision=precision,
             distribution=made[2] if cluster is not None else None,
+            sync_batchnorm=sync_batchnorm,
         )
     )
     return _current[-1]

@@ -36,6 +36,18 @@ def wanted(config: TrainConfig, model) -> bool:
     return bool(getattr(model, "compiled", False)) or config.loss is not None
 
 
+def check_default_loop(config: TrainConfig, model) -> None:
+    """One line for a flag the built-in loop cannot honour on an uncompiled ``--model``."""
+    from mirrorfit.fitting import batchnorm
+
+    if config.sync_batchnorm and batchnorm.layers(model):
+        raise ConfigError(
+            "--sync-batchnorm: the model is not compiled, and the built-in loop computes "
+            "BatchNormalization's statistics per replica; compile the model in its function, "
+            "or give --loss, to train it through mirrorfit.fit, which synchronizes them"
+        )
+
+
 def check(config: TrainConfig, engine, model) -> None:
     """One line for a flag this path cannot honour (before anything trains)."""
     for name, why in _NOT_APPLIED.items():

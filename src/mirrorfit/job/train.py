@@ -362,6 +362,7 @@ def _compiled_user_model(config: TrainConfig, engine, setup, dist, data):
     with scope(), as_precision(config.precision).building():
         model = factory()
     if not keras_job.wanted(config, model):
+        keras_job.check_default_loop(config, model)
         return None
     keras_job.check(config, engine, model)
     compiled = bool(getattr(model, "compiled", False))
@@ -375,6 +376,7 @@ def _compiled_user_model(config: TrainConfig, engine, setup, dist, data):
             placement=strategy or dist,
             precision=config.precision,
             distribution=dist if dist.workers > 1 else None,
+            sync_batchnorm=config.sync_batchnorm,
         )
     )
     return model, compiled, scope

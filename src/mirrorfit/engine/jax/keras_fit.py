@@ -27,6 +27,7 @@ from mirrorfit.engine.jax.sharding import (
     state_bytes_per_device,
 )
 from mirrorfit.engine.jax.step import _has_convolution, _Train, stacked
+from mirrorfit.fitting import batchnorm
 from mirrorfit.fitting import metrics as fit_metrics
 
 
@@ -88,10 +89,19 @@ def scope(placement):
 class Runner:
     """Model state on the mesh of ``placement`` and the compiled calls over it."""
 
-    def __init__(self, model, placement, *, accum_steps: int = 1, jit_compile: bool = True) -> None:
+    def __init__(
+        self,
+        model,
+        placement,
+        *,
+        accum_steps: int = 1,
+        jit_compile: bool = True,
+        sync_batchnorm: bool = False,
+    ) -> None:
         # jit_compile: every call is one compiled program whatever it says (Keras's
         # jit_compile=False runs JAX's step uncompiled, for debugging only)
         self.model, self.placement = model, placement
+        self.sync_batchnorm = sync_batchnorm and batchnorm.synchronize(model) > 0
         self.mesh, self.replicas = placement.mesh, placement.replicas
         self.accum_steps = accum_steps
         self._replicated = NamedSharding(self.mesh, P())
@@ -319,15 +329,16 @@ class Runner:
         total = [jnp.zeros_like(t) for t in trainable]
         for j in range(k):  # unrolled: K is small, and XLA's CPU convolutions stay fast
             part = jax.tree.map(lambda a, j=j: a[j], micro)
-            (_, (unscaled, y_pred, non_trainable, metrics)), g = grad(
-                trainable,
-                non_trainable,
-                metrics,
-                optimizer,
-                part,
-                True,
-                stored if kept_sharded else None,
-            )
+            with self._batchnorm_across(part):
+                (_, (unscaled, y_pred, non_trainable, metrics)), g = grad(
+                    trainable,
+                    non_trainable,
+                    metrics,
+                    optimizer,
+                    part,
+                    True,
+                    stored if kept_sharded else None,
+                )
             metrics = self._update_metrics(metrics, part, y_pred, unscaled)
             total = [t + d for t, d in zip(total, g)]
         if layout is None:
@@ -343,6 +354,15 @@ class Runner:
         return State(
             mine if kept_sharded else layout.gathered(mine), non_trainable, optimizer, metrics
         )
+
+    def _batchnorm_across(self, part):
+        """Where synchronized: batch statistics summed over the mesh's data axis (every
+        worker's devices), the padding rows left out."""
+        import contextlib
+
+        if not self.sync_batchnorm:
+            return contextlib.nullcontext()
+        return batchnorm.across(lambda values: jax.lax.psum(values, AXIS), part["mask"])
 
     def _train_per_device(self, state: State, block, _unused, steps, *, one: bool = False):
         state = State(

@@ -51,7 +51,19 @@ class OverrideRunner:
     """The model's state, replicated on the mesh of ``placement``, and its own steps compiled
     over the global batch. The same methods as :class:`mirrorfit.engine.jax.keras_fit.Runner`."""
 
-    def __init__(self, model, placement, *, accum_steps: int = 1, jit_compile: bool = True) -> None:
+    per_replica = False  # one program over the global batch
+
+    def __init__(
+        self,
+        model,
+        placement,
+        *,
+        accum_steps: int = 1,
+        jit_compile: bool = True,
+        sync_batchnorm: bool = False,
+    ) -> None:
+        # sync_batchnorm: the step sees the global batch, so its statistics are the global
+        # batch's already
         if accum_steps != 1:
             raise FitError(
                 f"accum_steps={accum_steps}: {type(model).__name__}'s own train_step takes the "

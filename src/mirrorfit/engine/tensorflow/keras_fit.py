@@ -15,6 +15,7 @@ from keras.src.losses.loss import unscale_loss_for_distribution
 
 from mirrorfit.engine.tensorflow.step import _agree_on_overflow
 from mirrorfit.errors import FitError
+from mirrorfit.fitting import batchnorm
 from mirrorfit.fitting import metrics as fit_metrics
 
 
@@ -110,8 +111,17 @@ def runner(model, strategy, **settings) -> Runner:
 class Runner:
     """The compiled train and eval calls for ``model`` under ``strategy``."""
 
-    def __init__(self, model, strategy, *, accum_steps: int = 1, jit_compile: bool = False) -> None:
+    def __init__(
+        self,
+        model,
+        strategy,
+        *,
+        accum_steps: int = 1,
+        jit_compile: bool = False,
+        sync_batchnorm: bool = False,
+    ) -> None:
         self.model, self.strategy, self.accum_steps = model, strategy, accum_steps
+        self.sync_batchnorm = sync_batchnorm and batchnorm.synchronize(model) > 0
         self.replicas = strategy.num_replicas_in_sync
         self._own_train = fit_metrics.overrides(model, "train_step")
         if self._own_train and accum_steps > 1:
@@ -132,6 +142,12 @@ class Runner:
         # compiled, as the built-in step does; not the optimizer's update, whose all-reduce
         # reaches the other replicas' variables (which XLA refuses: Keras's own fit fails so).
         self.jit_compile = bool(jit_compile) and not self._own_train
+        if self.jit_compile and self.sync_batchnorm:
+            raise FitError(
+                "sync_batchnorm with jit_compile=True: on TensorFlow a replica's XLA-compiled "
+                "pass cannot all-reduce its batch statistics (TensorFlow refuses a merge_call "
+                "there); compile with jit_compile=False (no --xla), or use backend='jax'"
+            )
         self._gradients = (
             tf.function(self._micro_gradients, jit_compile=True)
             if self.jit_compile
@@ -269,7 +285,8 @@ class Runner:
         model = self.model
         batch = tf.nest.map_structure(lambda a: a[i], block)
         if self._own_train:
-            return model.train_step(batch["data"])
+            with self._batchnorm_across(None):
+                return model.train_step(batch["data"])
         k, weights = self.accum_steps, model.trainable_weights
         total = None
         for j in range(k):  # K is small: unrolled
@@ -286,13 +303,25 @@ class Runner:
     def _micro_gradients(self, part):
         """One micro-batch's (gradients of its share of the step's loss, predictions, loss)."""
         model, weights = self.model, self.model.trainable_weights
-        with tf.GradientTape() as tape:
+        with tf.GradientTape() as tape, self._batchnorm_across(part["mask"]):
             y_pred = self._call(part["x"], True)
             loss = self._compute_loss(part, y_pred, True)
             scaled = model.optimizer.scale_loss(loss / self.accum_steps)
         grads = tape.gradient(scaled, weights)
         grads = [tf.zeros_like(w) if g is None else g for g, w in zip(grads, weights)]
         return grads, y_pred, loss
+
+    def _batchnorm_across(self, rows):
+        """Where synchronized: batch statistics summed over every replica of every worker
+        (``rows``: 0 for padding)."""
+        if not self.sync_batchnorm:
+            return contextlib.nullcontext()
+
+        def all_sum(values):
+            context = tf.distribute.get_replica_context()
+            return context.all_reduce(tf.distribute.ReduceOp.SUM, values)
+
+        return batchnorm.across(all_sum, rows)
 
     def _replica_eval(self, block, i):
         _use_seed_generator(self._seeds)
