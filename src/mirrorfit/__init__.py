@@ -50,6 +50,7 @@ _EXPORTS = {
     "setup": "mirrorfit.fitting",
     "fit": "mirrorfit.fitting",
     "evaluate": "mirrorfit.fitting",
+    "predict": "mirrorfit.fitting",
     "Setup": "mirrorfit.fitting",
 }
 

@@ -72,6 +72,35 @@ def runner(model, placement, **settings):
     return Runner(model, placement, **settings)
 
 
+class Predictor:
+    """The model's ``predict_step`` (its own where it overrides it) over a batch split on the
+    data axis of this process's devices, the weights replicated, compiled once per input
+    shape; ``replicas``: the rows a batch must be a multiple of."""
+
+    def __init__(self, model, placement):
+        from jax.sharding import Mesh
+
+        devices = list(placement.mesh.local_devices)  # several workers: each predicts its own
+        self._mesh = Mesh(np.array(devices), (AXIS,))
+        self._model = model
+        self._step = jax.jit(lambda state, x: model.predict_step(state, (x,))[0])
+        self._state = None
+        self.replicas = len(devices)
+
+    def begin(self) -> None:
+        """Read the model's weights onto the devices (once per ``predict``: they may have
+        changed since the last one)."""
+        model = self._model
+        values = (
+            [v.value for v in model.trainable_variables],
+            [v.value for v in model.non_trainable_variables],
+        )
+        self._state = jax.device_put(values, NamedSharding(self._mesh, P()))
+
+    def __call__(self, x):
+        return self._step(self._state, jax.device_put(x, NamedSharding(self._mesh, P(AXIS))))
+
+
 def callback_context(placement):
     """Around every callback hook: nothing here (a variable a callback makes is the host's)."""
     import contextlib

@@ -62,6 +62,34 @@ def callback_context(strategy):
         tf.distribute.experimental_set_strategy(strategy)
 
 
+class Predictor:
+    """The model's ``predict_step`` (its own where it overrides it) per replica of this
+    worker, each on its contiguous equal share of the batch, the outputs in order;
+    ``replicas``: the rows a batch must be a multiple of."""
+
+    def __init__(self, model, strategy):
+        self._strategy = strategy
+        self.replicas = len(strategy.extended.worker_devices)  # several workers: each its own
+        self._run = tf.function(
+            lambda values: strategy.run(model.predict_step, args=(values,)),
+            reduce_retracing=True,
+        )
+
+    def begin(self) -> None:
+        """Nothing to read: the compiled function reads the model's variables."""
+
+    def __call__(self, x):
+        share = tf.nest.flatten(x)[0].shape[0] // self.replicas
+
+        def piece(context):
+            first = (context.replica_id_in_sync_group % self.replicas) * share
+            return (tf.nest.map_structure(lambda a: tf.constant(a[first : first + share]), x),)
+
+        values = self._strategy.experimental_distribute_values_from_function(piece)
+        parts = self._strategy.experimental_local_results(self._run(values))
+        return tf.nest.map_structure(lambda *a: tf.concat(a, 0).numpy(), *parts)
+
+
 def check_model(model, strategy, distribution=None) -> None:
     """FitError (a ValueError) for a model whose variables were not made under the strategy,
     a parameter-server strategy, or a multi-worker one not made by ``mirrorfit.setup``
