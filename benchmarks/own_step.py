@@ -1,7 +1,7 @@
 """Models with their own train_step through mirrorfit.fit against their own model.fit on the
 same 2 logical CPU replicas (MirroredStrategy on TensorFlow, keras.distribution.DataParallel on
-JAX): keras-io's VAE on both engines, its GAN (no call(), two optimizers) on TensorFlow, on
-MNIST, batch 64. The models are tests/fitting/own_steps.py's (the test checks their results
+JAX): keras-io's VAE and its GAN (no call(), two optimizers) on both engines, on MNIST,
+batch 64. The models are tests/fitting/own_steps.py's (the test checks their results
 against one device's). Each side is its own process; the sides alternate each repeat; steady
 examples/s (every epoch but the first, which compiles), medians compared.
 

@@ -1,14 +1,16 @@
 """keras-io's VAE (its own train_step, three trackers whose logs it renames, a SeedGenerator
-drawing in a Sampling layer), in each backend's form, and on TensorFlow its GAN (no call(),
-two optimizers, a Keras loss inside the step), trained on 1,024 MNIST images by
-``mirrorfit.fit`` on 2 replicas (``mirrorfit``), by its own ``fit`` on one device
-(``keras``) or by its own ``fit`` on the same 2 replicas (``keras-2``: MirroredStrategy on
-TensorFlow, ``DataParallel`` on JAX; benchmarks/own_step.py times it against ``mirrorfit``).
-Run as ``python own_steps.py BACKEND MODE OUT [EXAMPLES EPOCHS]`` in a fresh process; writes
-OUT (JSON: the histories, and each model's steady examples/s, every epoch but the first)."""
+drawing in a Sampling layer) and GAN (no call(), two optimizers, a Keras loss inside the step),
+in each backend's form (the JAX GAN carries its two optimizers as JAX GANs do for Keras's own
+fit), trained on 1,024 MNIST images by ``mirrorfit.fit`` on 2 replicas (``mirrorfit``), by its
+own ``fit`` on one device (``keras``) or by its own ``fit`` on the same 2 replicas
+(``keras-2``: MirroredStrategy on TensorFlow, ``DataParallel`` on JAX; benchmarks/own_step.py
+times it against ``mirrorfit``). Run as ``python own_steps.py BACKEND MODE OUT [EXAMPLES
+EPOCHS]`` in a fresh process; writes OUT (JSON: the histories, and each model's steady
+examples/s, every epoch but the first)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -169,49 +171,134 @@ class GAN(keras.Model):  # keras-io's "Customizing what happens in fit()" GAN, n
         super().compile()
         self.d_optimizer, self.g_optimizer, self.loss_fn = d_optimizer, g_optimizer, loss_fn
 
-    def train_step(self, real_images):
-        import tensorflow as tf
-
-        n = ops.shape(real_images)[0]
-        z = keras.random.normal((n, self.latent_dim), seed=self.seed_generator)
-        images = ops.concatenate([self.generator(z), real_images], axis=0)
-        labels = ops.concatenate([ops.ones((n, 1)), ops.zeros((n, 1))], axis=0)
-        with tf.GradientTape() as tape:
-            d_loss = self.loss_fn(labels, self.discriminator(images))
-        d_weights = self.discriminator.trainable_weights
-        self.d_optimizer.apply_gradients(zip(tape.gradient(d_loss, d_weights), d_weights))
-        z = keras.random.normal((n, self.latent_dim), seed=self.seed_generator)
-        with tf.GradientTape() as tape:
-            g_loss = self.loss_fn(ops.zeros((n, 1)), self.discriminator(self.generator(z)))
-        g_weights = self.generator.trainable_weights
-        self.g_optimizer.apply_gradients(zip(tape.gradient(g_loss, g_weights), g_weights))
+    def logs(self, d_loss, g_loss):
         self.d_loss_tracker.update_state(d_loss)
         self.g_loss_tracker.update_state(g_loss)
         return {"d_loss": self.d_loss_tracker.result(), "g_loss": self.g_loss_tracker.result()}
 
+    if BACKEND == "tensorflow":
 
-if BACKEND == "tensorflow":
-    keras.utils.set_random_seed(1)
-    discriminator = keras.Sequential(
-        [
-            keras.Input((28, 28)),
-            layers.Flatten(),
-            layers.Dense(32, activation="relu"),
-            layers.Dense(1),
-        ]
-    )
-    generator = keras.Sequential(
-        [keras.Input((8,)), layers.Dense(32, activation="relu"), layers.Dense(28 * 28)]
-        + [layers.Reshape((28, 28))]
-    )
-    gan = GAN(discriminator, generator, 8)
-    gan.compile(
-        keras.optimizers.Adam(1e-3),
-        keras.optimizers.Adam(1e-3),
-        keras.losses.BinaryCrossentropy(from_logits=True),
-    )
-    if MODE == "keras-2":  # Keras's fit under a strategy builds it first, which needs a call()
-        gan.built = True  # what its message asks: "build it yourself"
-    results["gan"] = trained(gan, x)
+        def train_step(self, real_images):
+            import tensorflow as tf
+
+            n = ops.shape(real_images)[0]
+            z = keras.random.normal((n, self.latent_dim), seed=self.seed_generator)
+            images = ops.concatenate([self.generator(z), real_images], axis=0)
+            labels = ops.concatenate([ops.ones((n, 1)), ops.zeros((n, 1))], axis=0)
+            with tf.GradientTape() as tape:
+                d_loss = self.loss_fn(labels, self.discriminator(images))
+            d_weights = self.discriminator.trainable_weights
+            self.d_optimizer.apply_gradients(zip(tape.gradient(d_loss, d_weights), d_weights))
+            z = keras.random.normal((n, self.latent_dim), seed=self.seed_generator)
+            with tf.GradientTape() as tape:
+                g_loss = self.loss_fn(ops.zeros((n, 1)), self.discriminator(self.generator(z)))
+            g_weights = self.generator.trainable_weights
+            self.g_optimizer.apply_gradients(zip(tape.gradient(g_loss, g_weights), g_weights))
+            return self.logs(d_loss, g_loss)
+
+    else:  # the same step, stateless; the two optimizers' variables ride in Keras's state
+        # slot for the optimizer, as JAX GANs written for Keras's own fit carry them (they
+        # override Keras's _get_jax_state and jax_state_sync, which Keras's fit calls)
+
+        def _get_jax_state(self, *args, **kwargs):
+            with self.both_optimizers():
+                return super()._get_jax_state(*args, **kwargs)
+
+        def jax_state_sync(self):
+            with self.both_optimizers():
+                super().jax_state_sync()
+
+        def _get_state_sharding_spec(self):  # under keras.distribution (DataParallel)
+            with self.both_optimizers():
+                return super()._get_state_sharding_spec()
+
+        @contextlib.contextmanager
+        def both_optimizers(self):
+            """Keras's state helpers read ``self.optimizer.variables``: both optimizers'."""
+            kept = self.optimizer
+            self.optimizer = Both(self.d_optimizer, self.g_optimizer)
+            try:
+                yield
+            finally:
+                self.optimizer = kept
+
+        def train_step(self, state, real_images):
+            import jax
+
+            trainable, non_trainable, optimizer, metrics = state
+            d_part, g_part = self.parts(trainable)
+            d_opt = optimizer[: len(self.d_optimizer.variables)]
+            g_opt = optimizer[len(self.d_optimizer.variables) :]
+            n = real_images.shape[0]
+            mapping = list(zip(self.non_trainable_variables, non_trainable))
+            with keras.StatelessScope(state_mapping=mapping) as scope:
+                z1 = keras.random.normal((n, self.latent_dim), seed=self.seed_generator)
+                z2 = keras.random.normal((n, self.latent_dim), seed=self.seed_generator)
+            non_trainable = [scope.get_current_value(v) for v in self.non_trainable_variables]
+            fake, _ = self.generator.stateless_call(g_part, [], z1)
+            images = ops.concatenate([fake, real_images], axis=0)
+            labels = ops.concatenate([ops.ones((n, 1)), ops.zeros((n, 1))], axis=0)
+
+            def d_loss_of(d_part):
+                return self.loss_fn(
+                    labels, self.discriminator.stateless_call(d_part, [], images)[0]
+                )
+
+            def g_loss_of(g_part):
+                fake, _ = self.generator.stateless_call(g_part, [], z2)
+                judged, _ = self.discriminator.stateless_call(d_part, [], fake)
+                return self.loss_fn(ops.zeros((n, 1)), judged)
+
+            d_loss, d_grads = jax.value_and_grad(d_loss_of)(d_part)
+            d_part, d_opt = self.d_optimizer.stateless_apply(d_opt, d_grads, d_part)
+            g_loss, g_grads = jax.value_and_grad(g_loss_of)(g_part)
+            g_part, g_opt = self.g_optimizer.stateless_apply(g_opt, g_grads, g_part)
+            mapping = list(zip(self.metrics_variables, metrics))
+            with keras.StatelessScope(state_mapping=mapping) as scope:
+                logs = self.logs(d_loss, g_loss)
+            metrics = [scope.get_current_value(v) for v in self.metrics_variables]
+            state = (list(d_part) + list(g_part), non_trainable, list(d_opt) + list(g_opt), metrics)
+            return logs, state
+
+        def parts(self, trainable):
+            """The discriminator's and the generator's shares of the model's trainable values
+            (the discriminator's variables come first: it was set first)."""
+            d = len(self.discriminator.trainable_variables)
+            return trainable[:d], trainable[d:]
+
+
+class Both:
+    """Two optimizers seen as one by Keras's state helpers: their variables, in order."""
+
+    def __init__(self, first, second):
+        self.variables = [*first.variables, *second.variables]
+
+
+keras.utils.set_random_seed(1)
+discriminator = keras.Sequential(
+    [
+        keras.Input((28, 28)),
+        layers.Flatten(),
+        layers.Dense(32, activation="relu"),
+        layers.Dense(1),
+    ]
+)
+generator = keras.Sequential(
+    [keras.Input((8,)), layers.Dense(32, activation="relu"), layers.Dense(28 * 28)]
+    + [layers.Reshape((28, 28))]
+)
+gan = GAN(discriminator, generator, 8)
+gan.compile(
+    keras.optimizers.Adam(1e-3),
+    keras.optimizers.Adam(1e-3),
+    keras.losses.BinaryCrossentropy(from_logits=True),
+)
+if BACKEND == "jax":
+    gan.d_optimizer.build(discriminator.trainable_variables)
+    gan.g_optimizer.build(generator.trainable_variables)
+    gan.built = True  # its optimizers built: Keras's fit would build it, which needs a call()
+elif MODE == "keras-2":  # Keras's fit under a strategy builds it first, which needs a call()
+    gan.built = True  # what its message asks: "build it yourself"
+results["gan"] = trained(gan, x)
 with open(OUT, "w") as f:
     json.dump(results, f)

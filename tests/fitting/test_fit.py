@@ -348,10 +348,12 @@ def test_what_keras_takes_trains_and_what_it_should_not_is_one_line(backend, tmp
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["jax", "tensorflow"])
 def test_keras_ios_vae_and_gan_train_on_their_own_steps_as_on_one_device(backend, tmp_path):
-    """tests/fitting/own_steps.py: keras-io's VAE, its own train_step, 2 replicas against its
-    own fit on one device. The History holds the step's own keys (on main: TensorFlow showed
-    the trackers' names, "total_loss" for "loss"; JAX refused the model). JAX runs the step
-    over the global batch: the same random draws, one device's losses to float rounding.
+    """tests/fitting/own_steps.py: keras-io's VAE and GAN, their own train_step, 2 replicas
+    against their own fit on one device. The History holds the step's own keys (on main:
+    TensorFlow showed the trackers' names, "total_loss" for "loss"; JAX refused the model).
+    JAX runs the step over the global batch: the same random draws, one device's losses to
+    float rounding; the GAN's two optimizers ride in Keras's state through the hooks Keras's
+    own fit calls (on main: its optimizer state was the compiled RMSprop's, a shape error).
     TensorFlow runs it per replica: each draws its own half of the noise, so the losses agree
     to the noise (measured: 17.010 against 17.018 after 3 epochs)."""
     outs = {mode: tmp_path / f"{mode}.json" for mode in ("keras", "mirrorfit")}
@@ -368,13 +370,15 @@ def test_keras_ios_vae_and_gan_train_on_their_own_steps_as_on_one_device(backend
     else:
         for key in ("loss", "reconstruction_loss"):
             np.testing.assert_allclose(ours[key], theirs[key], rtol=0.02, err_msg=key)
-        # keras-io's GAN: no call() (on main: "Unable to automatically build the model"), two
-        # optimizers, a Keras loss in the step (on main: divided by the replicas, half of it).
-        # The noise is drawn per replica and the game amplifies it (measured: at most 2.1% off)
-        ours, theirs = (results[m]["gan"]["history"] for m in ("mirrorfit", "keras"))
-        assert set(ours) == set(theirs) == {"d_loss", "g_loss"}
-        for key, values in theirs.items():
-            np.testing.assert_allclose(ours[key], values, rtol=0.06, err_msg=key)
+    # keras-io's GAN: no call() (on main: "Unable to automatically build the model"), two
+    # optimizers, a Keras loss in the step (on main, TensorFlow: divided by the replicas).
+    ours, theirs = (results[m]["gan"]["history"] for m in ("mirrorfit", "keras"))
+    assert set(ours) == set(theirs) == {"d_loss", "g_loss"}
+    # TensorFlow draws the noise per replica and the game amplifies it (measured: at most
+    # 2.1% off); JAX draws one device's noise (measured: equal to every digit)
+    rtol = 1e-4 if backend == "jax" else 0.06
+    for key, values in theirs.items():
+        np.testing.assert_allclose(ours[key], values, rtol=rtol, err_msg=key)
 
 
 @pytest.mark.slow

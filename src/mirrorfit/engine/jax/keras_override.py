@@ -90,28 +90,24 @@ class OverrideRunner:
 
     def reload(self) -> None:
         """The model's and optimizer's variables as the devices' state again."""
-        m = self.model
-        self.state = [
-            self._put([v.value for v in variables])
-            for variables in (
-                m.trainable_variables,
-                m.non_trainable_variables,
-                m.optimizer.variables,
-            )
-        ]
+        # Read and written back through the hooks Keras's own fit calls: a model with several
+        # optimizers (a GAN's two) overrides them to carry every optimizer's variables.
+        state = self.model._get_jax_state(  # noqa: SLF001 (the hook such models override)
+            trainable_variables=True, non_trainable_variables=True, optimizer_variables=True
+        )
+        self.state = [self._put(group) for group in state]
 
     def sync(self) -> None:
         """The devices' state into the Keras variables."""
         m = self.model
-        groups = (
-            m.trainable_variables,
-            m.non_trainable_variables,
-            m.optimizer.variables,
-            m.metrics_variables,
-        )
-        for variables, values in zip(groups, [*self.state, self.metrics]):
-            for var, value in zip(variables, values):
-                var.assign(np.asarray(value))
+        groups = ("trainable_variables", "non_trainable_variables", "optimizer_variables")
+        values = [*self.state, self.metrics]
+        m._jax_state = {  # noqa: SLF001 (what Keras's own fit hands jax_state_sync)
+            name: [np.asarray(v) for v in group]
+            for name, group in zip((*groups, "metrics_variables"), values)
+        }
+        m._jax_state_synced = False  # noqa: SLF001
+        m.jax_state_sync()
 
     def reset_metrics(self) -> None:
         self.metrics = self._put(self._initial_metrics)
