@@ -158,6 +158,10 @@ class Engine(Protocol):
         """``mirrorfit.setup``'s (DeviceSetup, placement, distribution) for a Keras script;
         with ``cluster``, this worker joined to it (the distribution: None without one)."""
 
+    def creating_variables(self, placement) -> Any:
+        """A context in which the Keras variables made are placed as ``placement`` holds
+        them (on their shards, where the engine splits them at creation)."""
+
     def build_distribution(self, setup, **settings) -> Distribution: ...
 
     def list_devices(self) -> list[Mapping[str, str]]: ...

@@ -357,7 +357,7 @@ def _compiled_user_model(config: TrainConfig, engine, setup, dist, data):
     strategy = getattr(dist, "strategy", None)
 
     def scope():  # a fresh context each time: a strategy's scope() is entered once
-        return strategy.scope() if strategy is not None else contextlib.nullcontext()
+        return strategy.scope() if strategy is not None else engine.creating_variables(dist)
 
     with scope(), as_precision(config.precision).building():
         model = factory()

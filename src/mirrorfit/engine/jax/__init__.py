@@ -46,6 +46,7 @@ def seed(value: int) -> None:
 def keras_setup(replicas: int | None, devices: tuple[str, ...], shard: str = "none", cluster=None):
     """``mirrorfit.setup``'s devices and mesh for a Keras script: (DeviceSetup, Placement,
     Placement or None); ``cluster``: joined first, the mesh over every worker's devices."""
+    from mirrorfit.engine.jax import created_sharded
     from mirrorfit.engine.jax.devices import configure_devices
     from mirrorfit.engine.jax.placement import build_placement
 
@@ -53,7 +54,23 @@ def keras_setup(replicas: int | None, devices: tuple[str, ...], shard: str = "no
     placement = build_placement(
         chosen, kind="multi-worker" if cluster else "auto", cluster=cluster, shard=shard
     )
+    made = created_sharded.distribution(placement)
+    if made is not None:  # the model the script builds next is created on its shards
+        import keras
+
+        keras.distribution.set_distribution(made)
     return chosen, placement, placement if cluster is not None else None
+
+
+def creating_variables(placement):
+    """A context in which the Keras variables made are placed as ``placement`` holds them:
+    on their shards under ``shard="all"`` (:mod:`~mirrorfit.engine.jax.created_sharded`)."""
+    import contextlib
+
+    from mirrorfit.engine.jax import created_sharded
+
+    made = created_sharded.distribution(placement)
+    return contextlib.nullcontext() if made is None else made.scope()
 
 
 def peer_failure(error: BaseException) -> bool:

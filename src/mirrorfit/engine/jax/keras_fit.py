@@ -89,13 +89,19 @@ class Predictor:
 
     def begin(self) -> None:
         """Read the model's weights onto the devices (once per ``predict``: they may have
-        changed since the last one)."""
+        changed since the last one): whole on each, or as split where made on their shards."""
         model = self._model
-        values = (
-            [v.value for v in model.trainable_variables],
-            [v.value for v in model.non_trainable_variables],
+        replicated = NamedSharding(self._mesh, P())
+
+        def placed(variable):
+            held = getattr(variable.value, "sharding", None)
+            on_mesh = isinstance(held, NamedSharding) and held.mesh == self._mesh
+            return jax.device_put(variable.value, held if on_mesh else replicated)
+
+        self._state = (
+            [placed(v) for v in model.trainable_variables],
+            [placed(v) for v in model.non_trainable_variables],
         )
-        self._state = jax.device_put(values, NamedSharding(self._mesh, P()))
 
     def __call__(self, x):
         return self._step(self._state, jax.device_put(x, NamedSharding(self._mesh, P(AXIS))))
@@ -209,16 +215,14 @@ class Runner:
         """The model's and optimizer's variables as the devices' state again (a callback may
         have changed them); the metrics so far are kept."""
         m, put = self.model, self.placement.put
+        # device to device where the variables are on the devices (created on their shards:
+        # no whole copy anywhere); put copies, so the next call's donation leaves them be
         self.state = self.state._replace(
-            trainable=put(
-                [np.asarray(v.value) for v in m.trainable_variables], self._shardings["trainable"]
-            ),
+            trainable=put([v.value for v in m.trainable_variables], self._shardings["trainable"]),
             non_trainable=put(
                 stacked([v.value for v in m.non_trainable_variables], self.replicas), self._split
             ),
-            optimizer=put(
-                [np.asarray(v.value) for v in m.optimizer.variables], self._shardings["optimizer"]
-            ),
+            optimizer=put([v.value for v in m.optimizer.variables], self._shardings["optimizer"]),
         )
         self._synced, self._statistics = True, None
 

@@ -109,14 +109,15 @@ class Placement:
         return NamedSharding(self.mesh, P(*spec))
 
     def put(self, values: Sequence, sharding) -> list:
-        """Host arrays, the same on every process, as arrays of ``sharding`` (one, or one per
-        value): each process puts its own devices' pieces (``jax.device_put`` checks across
-        processes that the values agree, a hidden collective every time)."""
+        """Host (or, in one process, device) arrays, the same on every process, as arrays of
+        ``sharding`` (one, or one per value): each process puts its own devices' pieces
+        (``jax.device_put`` checks across processes that the values agree, a hidden
+        collective every time)."""
         import jax
 
         shardings = sharding if isinstance(sharding, (list, tuple)) else [sharding] * len(values)
-        if self.workers == 1:
-            return jax.device_put(list(values), list(shardings))
+        if self.workers == 1:  # copies: a device array given stays its holder's
+            return jax.device_put(list(values), list(shardings), may_alias=False)
         return [_from_host(np.asarray(v), s) for v, s in zip(values, shardings)]
 
     def replicated(self, values: Sequence) -> list:

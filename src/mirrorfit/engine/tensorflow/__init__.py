@@ -75,6 +75,13 @@ def _saving_makes_no_variables() -> None:
             global_state.set_global_attribute(f"saving_attr_{key}_{kind}", skip)
 
 
+def creating_variables(placement):
+    """Nothing here: the model is built under the strategy's scope, which places it."""
+    import contextlib
+
+    return contextlib.nullcontext()
+
+
 def peer_failure(error: BaseException) -> bool:
     """Whether ``error`` is a collective that failed because another task went away."""
     import sys

@@ -1,0 +1,54 @@
+"""Keras variables created on their shards under ``shard="all"``: a Keras distribution whose
+variable layouts follow mirrorfit's shape rule (:func:`~mirrorfit.engine.jax.sharding.
+shard_axis`), so that no device holds a whole split weight, at build, during ``fit`` or after
+it, and the model's own variables are the sharded state. Keras places each variable when it
+is made (a large one is initialised on its shards; a small one whole first, then split).
+(why a distribution: docs/keras-script.md#a-model-larger-than-one-device)
+"""
+
+from __future__ import annotations
+
+from keras.distribution import DataParallel, DeviceMesh, TensorLayout
+
+from mirrorfit.engine.jax.placement import AXIS
+from mirrorfit.engine.jax.sharding import shard_axis
+
+
+class ShapeSharded(DataParallel):
+    """``DataParallel``'s mesh over the placement's devices, each trainable variable split
+    along the axis :func:`shard_axis` picks for it (the optimizer's slots follow their
+    variable, as Keras makes them), every other variable whole on each device. Keras's own
+    ``predict``/``evaluate``/``fit`` get each batch whole on every device, which any batch
+    size fits (their data stay as the framework gives them)."""
+
+    def __init__(self, placement):
+        devices = list(placement.mesh.devices.flat)
+        mesh = DeviceMesh(shape=(len(devices),), axis_names=[AXIS], devices=devices)
+        super().__init__(device_mesh=mesh, auto_shard_dataset=False)
+        self._replicas = len(devices)
+
+    def get_variable_layout(self, variable):
+        if getattr(variable, "_layout", None) is not None:  # given (an optimizer's slot)
+            return variable._layout
+        spec: list = [None] * len(variable.shape)
+        if variable.trainable:
+            constrained = getattr(variable, "constraint", None) is not None
+            axis = shard_axis(variable.shape, self._replicas, constrained=constrained)
+            if axis is not None:
+                spec[axis] = AXIS
+        return TensorLayout(spec, self.device_mesh)
+
+    def get_data_layout(self, data_shape):
+        return TensorLayout([None] * len(data_shape), self.device_mesh)
+
+
+def distribution(placement) -> ShapeSharded | None:
+    """The Keras distribution that creates variables on their shards under ``shard="all"``
+    in one process; None elsewhere: the state is split for the step only (several workers:
+    each process builds its model whole, split when the run starts)."""
+    if getattr(placement, "shard", "none") == "all" and placement.workers == 1:
+        return ShapeSharded(placement)
+    return None
+
+
+__all__ = ["ShapeSharded", "distribution"]

@@ -1,0 +1,97 @@
+"""A wide model (Dense 2048 x 2048, BatchNormalization, Adam) built after
+``mirrorfit.setup(backend="jax", replicas=4, shard=SHARD)`` and trained 2 epochs by
+``mirrorfit.fit``: the largest share of each weight one device holds, read from the arrays'
+shards, after build, in callbacks during ``fit`` and after it; the largest bytes of live
+arrays one device holds (JAX's own accounting); the weights; Keras's own ``predict``,
+``evaluate``, ``save``/``load_model`` and ``load_weights`` on the result.
+Run as ``python created_sharded_driver.py SHARD FOLDER``; prints the figures as JSON."""
+
+from __future__ import annotations
+
+import gc
+import json
+import sys
+
+sys.modules["tensorflow"] = None  # the JAX engine never imports it
+
+import numpy as np  # noqa: E402
+
+import mirrorfit  # noqa: E402
+
+SHARD, FOLDER = sys.argv[1], sys.argv[2]
+mirrorfit.setup(backend="jax", replicas=4, shard=SHARD)
+import jax  # noqa: E402
+import keras  # noqa: E402
+
+
+def share(variable) -> float:
+    """The largest fraction of ``variable`` one device holds."""
+    value = variable.value
+    return max(s.data.size for s in value.addressable_shards) / value.size
+
+
+def shares(variables) -> dict:
+    return {v.path: share(v) for v in variables}
+
+
+def most_live_bytes() -> int:
+    """The largest sum over one device of the live arrays' bytes it holds."""
+    gc.collect()  # what only a reference cycle holds is not held
+    held: dict = {}
+    for array in jax.live_arrays():
+        for piece in array.addressable_shards:
+            held[piece.device] = held.get(piece.device, 0) + piece.data.nbytes
+    return max(held.values())
+
+
+class Watch(keras.callbacks.Callback):
+    def on_train_begin(self, logs=None):
+        self.seen: list = []
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.seen.append(shares(self.model.weights))
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.seen.append(shares(self.model.weights))
+
+
+keras.utils.set_random_seed(0)
+model = keras.Sequential(
+    [
+        keras.Input((256,)),
+        keras.layers.Dense(2048, activation="relu"),
+        keras.layers.BatchNormalization(),
+        keras.layers.Dense(2048, activation="relu"),
+        keras.layers.Dense(10),
+    ]
+)
+built = shares(model.weights)
+model.compile(keras.optimizers.Adam(1e-3), "sparse_categorical_crossentropy", metrics=["accuracy"])
+rng = np.random.default_rng(0)
+x = rng.random((512, 256), dtype=np.float32)
+y = rng.integers(0, 10, 512)
+watch = Watch()
+history = mirrorfit.fit(model, x, y, batch_size=64, epochs=2, verbose=0, callbacks=[watch])
+live = most_live_bytes()  # the model's variables and the state fit keeps for the next call
+predicted = model.predict(x[:37], verbose=0)
+model.save(f"{FOLDER}/model.keras")
+model.save_weights(f"{FOLDER}/model.weights.h5")
+model.load_weights(f"{FOLDER}/model.weights.h5")
+loaded = keras.models.load_model(f"{FOLDER}/model.keras")
+out = {
+    "built": built,
+    "during": watch.seen,
+    "after": shares(model.weights),
+    "optimizer": shares(model.optimizer.variables),
+    "after_load_weights": shares(model.weights),
+    "most_live_bytes": live,
+    "loss": history.history["loss"],
+    "weights": [w.tolist() for w in model.get_weights()],
+    "predict_apart": float(np.abs(mirrorfit.predict(model, x[:37], verbose=0) - predicted).max()),
+    "evaluate": [
+        model.evaluate(x, y, verbose=0),
+        mirrorfit.evaluate(model, x, y, verbose=0),
+    ],
+    "loaded_apart": float(np.abs(loaded.predict(x[:37], verbose=0) - predicted).max()),
+}
+print(json.dumps(out))
