@@ -73,6 +73,7 @@ y = rng.integers(0, 10, 512)
 watch = Watch()
 history = mirrorfit.fit(model, x, y, batch_size=64, epochs=2, verbose=0, callbacks=[watch])
 live = most_live_bytes()  # the model's variables and the state fit keeps for the next call
+reported = model.__dict__["_mirrorfit_runner"][1].state_bytes_per_device()  # --metrics-out's
 predicted = model.predict(x[:37], verbose=0)
 model.save(f"{FOLDER}/model.keras")
 model.save_weights(f"{FOLDER}/model.weights.h5")
@@ -85,6 +86,7 @@ out = {
     "optimizer": shares(model.optimizer.variables),
     "after_load_weights": shares(model.weights),
     "most_live_bytes": live,
+    "state_bytes_per_device": reported,
     "loss": history.history["loss"],
     "weights": [w.tolist() for w in model.get_weights()],
     "predict_apart": float(np.abs(mirrorfit.predict(model, x[:37], verbose=0) - predicted).max()),

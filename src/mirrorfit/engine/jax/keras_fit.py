@@ -23,6 +23,7 @@ from mirrorfit.engine.jax.placement import AXIS
 from mirrorfit.engine.jax.sharding import (
     build_layout,
     describe_unsplit,
+    held_by_model,
     peak_device_bytes,
     state_bytes_per_device,
 )
@@ -183,9 +184,12 @@ class Runner:
 
     # -- state -------------------------------------------------------------------------------
     def state_bytes_per_device(self) -> int:
-        """Bytes of weights, statistics and optimizer state the fullest device holds."""
+        """Bytes the fullest device holds of the training state and of the model's own
+        variables (weights, statistics, optimizer state: a whole copy on one device counts
+        there), read from the arrays' shards."""
         s = self.state
-        return state_bytes_per_device([*s.trainable, *s.non_trainable, *s.optimizer])
+        state = [*s.trainable, *s.non_trainable, *s.optimizer]
+        return state_bytes_per_device([*state, *held_by_model(self.model)])
 
     def peak_device_bytes(self) -> int | None:
         """The devices' peak memory in use so far, where the platform reports it (GPUs)."""

@@ -14,7 +14,11 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from mirrorfit.engine.jax.placement import AXIS
-from mirrorfit.engine.jax.sharding import peak_device_bytes, state_bytes_per_device
+from mirrorfit.engine.jax.sharding import (
+    held_by_model,
+    peak_device_bytes,
+    state_bytes_per_device,
+)
 from mirrorfit.errors import FitError
 from mirrorfit.fitting import metrics as fit_metrics
 
@@ -131,7 +135,8 @@ class OverrideRunner:
         return lambda: float(np.asarray(loss))
 
     def state_bytes_per_device(self) -> int:
-        return state_bytes_per_device([a for group in self.state for a in group])
+        state = [a for group in self.state for a in group]
+        return state_bytes_per_device([*state, *held_by_model(self.model)])  # as keras_fit's
 
     def peak_device_bytes(self) -> int | None:
         return peak_device_bytes(self.mesh.local_devices)

@@ -293,9 +293,10 @@ def describe_unsplit(mode: str, replicas: int) -> str:
 
 
 def state_bytes_per_device(arrays: Sequence) -> int:
-    """The most bytes of ``arrays`` (JAX arrays) any one of this process's devices holds."""
+    """The most bytes of ``arrays`` (JAX arrays; one held twice counts once) any one of this
+    process's devices holds, read from their shards."""
     held: dict = {}
-    for array in arrays:
+    for array in {id(a): a for a in arrays}.values():
         for shard in array.addressable_shards:
             held[shard.device] = held.get(shard.device, 0) + shard.data.nbytes
     return max(held.values(), default=0)
@@ -319,6 +320,16 @@ def _non_finite_counter():
         return jnp.sum(~jnp.isfinite(a), dtype=jnp.int32)
 
     return jax.jit(lambda xs: [count(a) for a in xs])
+
+
+def held_by_model(model) -> list:
+    """The arrays of the model's own Keras variables (weights, statistics, metrics) and of its
+    optimizer's, where they live between calls (whole on a device, or on their shards)."""
+    import jax
+
+    optimizer = getattr(model, "optimizer", None)
+    variables = [*model.variables, *(optimizer.variables if optimizer is not None else [])]
+    return [v.value for v in variables if isinstance(v.value, jax.Array)]
 
 
 def peak_device_bytes(devices) -> int | None:
@@ -345,6 +356,7 @@ __all__ = [
     "shard_axis",
     "check_optimizer",
     "state_bytes_per_device",
+    "held_by_model",
     "peak_device_bytes",
     "non_finite_counts",
 ]
