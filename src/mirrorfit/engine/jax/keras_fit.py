@@ -27,7 +27,7 @@ from mirrorfit.engine.jax.sharding import (
     peak_device_bytes,
     state_bytes_per_device,
 )
-from mirrorfit.engine.jax.step import _has_convolution, _Train, stacked
+from mirrorfit.engine.jax.step import _has_convolution, _psum_flat, _Train, stacked
 from mirrorfit.fitting import batchnorm
 from mirrorfit.fitting import metrics as fit_metrics
 
@@ -144,6 +144,10 @@ class Runner:
         self._split = NamedSharding(self.mesh, P(AXIS))
         self._batches = NamedSharding(self.mesh, P(None, AXIS))
         self._train = self._evaluate = self._statistics = None
+        # One psum of the tuple on one process; across processes gloo takes a tuple's arrays
+        # one by one, so one buffer there (as engine/jax/step.py's, same figures)
+        processes = {d.process_index for d in self.mesh.devices.flat}
+        self._all_reduce = _psum_flat if len(processes) > 1 else _psum
         self._output_losses = fit_metrics.output_loss_indices(model)
         self._masked = fit_metrics.masked_outputs(model)
         self._synced = True
@@ -379,11 +383,11 @@ class Runner:
             metrics = self._update_metrics(metrics, part, y_pred, unscaled)
             total = [t + d for t, d in zip(total, g)]
         if layout is None:
-            total = jax.lax.psum(total, AXIS)  # the step's one all-reduce
+            total = self._all_reduce(total)  # the step's one all-reduce
             trainable, optimizer = self.model.optimizer.stateless_apply(optimizer, total, trainable)
             return State(trainable, non_trainable, optimizer, metrics)
         # sharded (engine/jax/sharding.py): each device updates its slices
-        total = layout.reduced(total, lambda values: jax.lax.psum(values, AXIS))
+        total = layout.reduced(total, self._all_reduce)
         if self._scaling:
             total = layout.all_finite(total)
         mine = stored if kept_sharded else layout.local(trainable)
@@ -477,3 +481,7 @@ class Runner:
         return _has_convolution(
             jax.make_jaxpr(lambda t, n, x: model.stateless_call(t, n, x, **kwargs)[0])(t, n, x)
         )
+
+
+def _psum(values: list) -> list:
+    return jax.lax.psum(values, AXIS)
