@@ -47,6 +47,8 @@ def test_a_compiled_regression_trains_as_compiled(backend, tmp_path):
     summary = json.loads(out.read_text())
     assert summary["shard"] == "none" and summary["state_bytes_per_device"] > 0
     assert summary["replicas"] == 2  # as mirrorfit's own loop reports it
+    assert summary["train_examples_per_sec"] > 0  # as the built-in loop's (on main: absent)
+    assert "examples/s steady, loss" in proc.stderr
     history = summary["history"]
     assert set(history) == {"loss", "mae", "val_loss", "val_mae"}
     assert history["loss"][-1] < history["loss"][0] / 2  # float targets, kept float

@@ -262,6 +262,7 @@ def run(
     import mirrorfit
     from mirrorfit.fitting.loop import runner_of
     from mirrorfit.job.finish import state_fields
+    from mirrorfit.job.steady_rate import steady_rate
 
     data = splits(config)
     train, val, test = data["train"], data.get("val"), data.get("test")
@@ -279,7 +280,9 @@ def run(
     recomputed = _accelerate(config, model, console)
     console.print(describe(config, model, compiled))
     clock.lap("data")
-    callbacks = [state_shown(console), *user_callbacks(config.callbacks)]
+    examples = _examples(train, config, _held_out(config, val))
+    rate = steady_rate(examples, global_batch)
+    callbacks = [state_shown(console), rate, *user_callbacks(config.callbacks)]
     if config.logdir:
         callbacks.append(epoch_scalars(config.logdir if _chief() else None))
     kwargs = {}
@@ -306,6 +309,7 @@ def run(
         "replicas": _replicas(model),
         "epochs": len(history.history.get("loss", [])),
         "wall_time_s": wall,
+        "train_examples_per_sec": rate.rate(),  # steady: the first call's compile left out
         "history": history.history,
         "xla": bool(getattr(runner_of(model), "jit_compile", True)),  # JAX: every step
         "remat_layers": recomputed,
@@ -325,8 +329,10 @@ def run(
             model, tx, batch_size=eval_batch, verbose=0, return_dict=True, **rest
         )
     last = {k: v[-1] for k, v in history.history.items()}
+    steady = summary["train_examples_per_sec"]
     console.print(
         "done: "
+        + (f"{steady:,.0f} examples/s steady, " if steady else "")
         + ", ".join(f"{k} {v:.4g}" for k, v in last.items())
         + (
             "; test " + ", ".join(f"{k} {v:.4g}" for k, v in summary["test"].items())
