@@ -47,8 +47,16 @@ def test_predict_is_the_models_own_and_keras_calls_keep_working(backend, tmp_pat
     assert errors["no_x"].startswith("x=None")
     assert "takes a keras.Model, not object" in errors["not_model"]
     assert set(r["own_calls"]) == set(DTYPES)
+    # Keras's own export on JAX 0.11 (Python 3.12's pin) writes StableHLO that TensorFlow
+    # 2.21 cannot read (measured: "Cannot deserialize computation"), without
+    # mirrorfit too; JAX 0.10's it reads
+    skewed = r.get("jax_version", [0, 0]) >= [0, 11]
     for dtype, calls in r["own_calls"].items():
         keras_loss, our_loss = calls["evaluate"]
         assert keras_loss == pytest.approx(our_loss, rel=1e-5), dtype
-        for name in ("predict_vs_ours", "loaded_apart", "exported_apart"):
+        for name in ("predict_vs_ours", "loaded_apart"):
             assert calls[name] < 1e-5, (dtype, name)
+        if skewed:
+            assert "annot deserialize computation" in calls["exported_apart"]
+        else:
+            assert calls["exported_apart"] < 1e-5, dtype
