@@ -96,4 +96,12 @@ out = {
     ],
     "loaded_apart": float(np.abs(loaded.predict(x[:37], verbose=0) - predicted).max()),
 }
+# An optimizer a slice cannot be updated with: a ValueError naming the argument and the flag
+factored = keras.Sequential([keras.Input((64,)), keras.layers.Dense(64)])
+factored.compile(keras.optimizers.Adafactor(), "mse")
+try:
+    mirrorfit.fit(factored, x[:, :64], x[:, :64], verbose=0)
+    out["factored"] = None
+except ValueError as e:
+    out["factored"] = str(e)
 print(json.dumps(out))

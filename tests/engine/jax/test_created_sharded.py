@@ -51,3 +51,7 @@ def test_shard_all_creates_holds_and_returns_the_weights_split(tmp_path):
     assert split["predict_apart"] < 1e-5 and split["loaded_apart"] < 1e-5
     keras_figures, ours = split["evaluate"]
     np.testing.assert_allclose(keras_figures, ours, rtol=1e-6)
+    # on main: a ConfigError (not a ValueError) worded for --shard alone
+    assert split["factored"].startswith("shard='all' (--shard all) cannot split the state of")
+    assert split["factored"].endswith("or shard='none' (--shard none)")
+    assert whole["factored"] is None  # none: Adafactor trains

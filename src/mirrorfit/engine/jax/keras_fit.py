@@ -28,6 +28,7 @@ from mirrorfit.engine.jax.sharding import (
     state_bytes_per_device,
 )
 from mirrorfit.engine.jax.step import _has_convolution, _psum_flat, _Train, stacked
+from mirrorfit.errors import ConfigError, FitError
 from mirrorfit.fitting import batchnorm
 from mirrorfit.fitting import metrics as fit_metrics
 
@@ -154,7 +155,10 @@ class Runner:
         optimizer = model.optimizer
         if not optimizer.built:
             optimizer.build(model.trainable_variables)
-        self.layout = build_layout(placement.shard, model, optimizer, self.replicas)
+        try:
+            self.layout = build_layout(placement.shard, model, optimizer, self.replicas)
+        except ConfigError as e:  # worded for the flag; a ValueError naming both here
+            raise FitError(_both_doors(str(e), placement.shard)) from None
         from keras.optimizers import LossScaleOptimizer
 
         self._scaling = isinstance(optimizer, LossScaleOptimizer)
@@ -485,3 +489,9 @@ class Runner:
 
 def _psum(values: list) -> list:
     return jax.lax.psum(values, AXIS)
+
+
+def _both_doors(message: str, shard: str) -> str:
+    """A --shard refusal worded for mirrorfit.setup's argument and the flag alike."""
+    message = message.replace("--shard none", "shard='none' (--shard none)")
+    return message.replace("--shard", f"shard={shard!r} (--shard {shard})", 1)
