@@ -199,6 +199,8 @@ def test_keras_usage(backend, tmp_path):
     (said,) = r["own_loss_warned"]  # keras-io's compute_loss style ignores sample_weight
     assert "the model's compute_loss unless it weighs by sample_weight" in said
     assert r["numpy_ints_and_one_callback"] == 2
+    last_val_loss, first_150 = r["validation_steps"]  # the same 3 batches every epoch
+    assert last_val_loss == pytest.approx(first_150, rel=1e-5)
 
 
 @pytest.mark.slow

@@ -10,7 +10,9 @@ from mirrorfit.fitting import batches as fit_batches
 class Epochs:
     """One epoch of batches at a time from ``source`` (a Keras data adapter). ``steps``
     (``steps_per_epoch``): that many batches an epoch, read on from where the last stopped (a
-    source that runs out ends its epoch, starts over in the next), else one pass. ``pad``: pad to
+    source that runs out ends its epoch, starts over in the next), else one pass; ``restart``:
+    every pass from the start, as Keras's ``evaluate`` resets its iterator (``fit``'s
+    validation with ``validation_steps`` scores the same batches each epoch). ``pad``: pad to
     the global batch (else as given, for a model's own ``train_step``). ``first``: the first batch,
     kept for epoch 1 (the model is built from it); ``size``: the global batch.
     """
@@ -25,9 +27,11 @@ class Epochs:
         accum_steps: int = 1,
         drop_remainder: bool = False,
         pad: bool = True,
+        restart: bool = False,
         where: str = "training data",
     ) -> None:
         self.source, self.steps_given, self.drop = source, steps, drop_remainder
+        self.restart = restart
         self.pad, self.where = pad, where
         self.steps = steps or source.num_batches
         iterator = self._iterator()
@@ -71,7 +75,7 @@ class Epochs:
     def epoch(self):
         """The batches of the next epoch (a generator)."""
         self.source.on_epoch_begin()
-        if not self._pending and (self._carry is None or not self.steps_given):
+        if not self._pending and (self._carry is None or not self.steps_given or self.restart):
             self._carry = self._iterator()
         return self._generate()
 

@@ -213,7 +213,7 @@ def _validation(run, data, batch_size, steps) -> Epochs | None:
     metrics.check_target_shapes(run.model, y, "the validation data")
     metrics.check_sparse_labels(run.model, y, "the validation data")
     adapter = _adapter(x, y, w, None, batch_size, steps, False)
-    return run.epochs(adapter, batch_size, steps, "test", where="validation data")
+    return run.epochs(adapter, batch_size, steps, "test", restart=True, where="validation data")
 
 
 def runner_of(model):
