@@ -95,6 +95,7 @@ for name, bad in {
     "bool_steps": {"steps": True},
     "no_x": {"x": None},
     "not_model": {"model": object()},
+    "not_callback": {"callbacks": ["abc"]},
 }.items():
     arguments = {"model": unbuilt, "x": x, **bad}
     try:

@@ -46,6 +46,7 @@ def test_predict_is_the_models_own_and_keras_calls_keep_working(backend, tmp_pat
     assert errors["bool_steps"].startswith("steps=True")
     assert errors["no_x"].startswith("x=None")
     assert "takes a keras.Model, not object" in errors["not_model"]
+    assert "not a keras.callbacks.Callback" in errors["not_callback"]  # an AttributeError
     assert set(r["own_calls"]) == set(DTYPES)
     # Keras's own export on JAX 0.11 (Python 3.12's pin) writes StableHLO that TensorFlow
     # 2.21 cannot read (measured: "Cannot deserialize computation"), without

@@ -13,6 +13,7 @@ import numpy as np
 
 from mirrorfit.engine.backends import ENGINES
 from mirrorfit.errors import FitError
+from mirrorfit.fitting.hooks import checked_callbacks
 from mirrorfit.fitting.setup import current
 
 
@@ -43,7 +44,7 @@ def predict(model, x, batch_size=None, verbose="auto", steps=None, callbacks=Non
     batches = adapter.get_numpy_iterator()
     total = steps if steps is not None else adapter.num_batches
     callback_list = keras.callbacks.CallbackList(
-        list(callbacks or []),
+        checked_callbacks(callbacks),
         add_progbar=verbose != 0,
         verbose=1 if verbose == "auto" else verbose,
         epochs=1,
@@ -94,7 +95,8 @@ def _predictor(model, engine, placement):
 
 def _predicted(predictor, inputs):
     """``predictor(inputs)`` with the batch padded to a whole number of rows per replica
-    (zeros), the outputs' padding rows cut off."""
+    (copies of its last row: a value of any dtype, strings too, that no mask empties), the
+    outputs' padding rows cut off."""
     import keras
 
     leaves = keras.tree.flatten(inputs)
@@ -102,7 +104,7 @@ def _predicted(predictor, inputs):
     extra = -rows % predictor.replicas
     if extra:
         inputs = keras.tree.map_structure(
-            lambda a: np.concatenate([a, np.zeros((extra, *a.shape[1:]), a.dtype)]), inputs
+            lambda a: np.concatenate([a, np.repeat(a[-1:], extra, axis=0)]), inputs
         )
     return keras.tree.map_structure(lambda a: np.asarray(a)[:rows], predictor(inputs))
 
