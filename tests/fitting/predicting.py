@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
+import warnings
 
 import numpy as np
 
@@ -69,6 +70,22 @@ own(x[:1])
 compare("own_predict_step", own, x, batch_size=8)
 out["own_keys"] = sorted(mirrorfit.predict(own, x, verbose=0))
 
+
+class Noisy(keras.layers.Layer):  # a seeded draw at inference: its state moves every batch
+    def __init__(self):
+        super().__init__()
+        self.seed = keras.random.SeedGenerator(3)
+
+    def call(self, inputs):
+        return inputs + keras.random.normal(keras.ops.shape(inputs), seed=self.seed)
+
+
+noisy = [keras.Sequential([keras.Input((6,)), Noisy()]) for _ in range(2)]
+drawn = mirrorfit.predict(noisy[0], x[:32], batch_size=8, verbose=0)
+out["apart"]["seeded_draws"] = float(np.abs(drawn - noisy[1].predict(x[:32], 8, verbose=0)).max())
+out["seed_states"] = [[v.numpy().tolist() for v in m.non_trainable_variables] for m in noisy]
+out["draws_differ"] = float(np.abs(drawn[:8] - drawn[8:16]).max())
+
 unbuilt = keras.Sequential([keras.layers.Dense(4), keras.layers.BatchNormalization()])
 compare("unbuilt", unbuilt, x)
 compare("dataset", unbuilt, tf.data.Dataset.from_tensor_slices(x).batch(10))
@@ -87,6 +104,13 @@ batches = Batches()
 mirrorfit.predict(unbuilt, x, batch_size=16, callbacks=[batches], verbose=0)
 out["callback_batches"] = batches.seen
 
+unbuilt.run_eagerly = True  # not honoured (every step compiled): said, not ignored
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    mirrorfit.predict(unbuilt, x, verbose=0)
+unbuilt.run_eagerly = False
+out["eager_warnings"] = [str(w.message) for w in caught if "run_eagerly" in str(w.message)]
+
 out["errors"] = {}
 for name, bad in {
     "zero_batch": {"batch_size": 0},
@@ -96,6 +120,7 @@ for name, bad in {
     "no_x": {"x": None},
     "not_model": {"model": object()},
     "not_callback": {"callbacks": ["abc"]},
+    "ragged": {"x": tf.ragged.constant([[1.0] * 6, [2.0] * 5])},
 }.items():
     arguments = {"model": unbuilt, "x": x, **bad}
     try:

@@ -53,5 +53,20 @@ out = {
     "loss": history["loss"],
     "warnings": [str(w.message) for w in caught],
 }
+if MODE == "synced":  # a BatchNormalization over a reshaped batch axis (rows = pixels)
+    flat = keras.Sequential(
+        [
+            keras.Input((6, 6, 2)),
+            layers.Lambda(lambda t: keras.ops.reshape(t, (-1, 2)), output_shape=(2,)),
+            layers.BatchNormalization(name="pixels"),
+            layers.Lambda(lambda t: keras.ops.reshape(t, (-1, 72)), output_shape=(72,)),
+            layers.Dense(3, activation="softmax"),
+        ]
+    )
+    flat.compile(optimizer=keras.optimizers.SGD(0.1), loss="sparse_categorical_crossentropy")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        mirrorfit.fit(flat, x, y, batch_size=32, epochs=1, shuffle=False, verbose=0)
+    out["reshaped_warnings"] = [str(w.message) for w in caught if "'pixels'" in str(w.message)]
 with open(OUT, "w") as f:
     json.dump(out, f)

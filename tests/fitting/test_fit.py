@@ -29,6 +29,7 @@ KINDS = (
     "compute_loss",
     "dict_two_outputs",
     "logits",
+    "masked_pooling",
     "one_hot",
     "partial_batch",
     "regression",
@@ -329,6 +330,8 @@ def test_what_keras_takes_trains_and_what_it_should_not_is_one_line(backend, tmp
     )
     assert {k: r[k] for k in trains} == dict.fromkeys(trains)
     assert r["float64_equals_float32"] and r["own_loss_falls"]
+    ours, keras_own = r["odd_evaluate_batch"]
+    assert ours == pytest.approx(keras_own, rel=1e-6)
     refused = {
         "x_none": "x=None: give the inputs",
         "y_none_compiled_loss": "y=None, but the model is compiled with a loss",
@@ -341,6 +344,7 @@ def test_what_keras_takes_trains_and_what_it_should_not_is_one_line(backend, tmp
         "one_hot_for_sparse_loss": "for a sparse categorical loss, which takes one class index",
         "evaluate_label_out_of_range": "the evaluation data has label 14, but the model has 3",
         "evaluate_input_shape": "the evaluation data has examples of shape (3,) but the model",
+        "ragged_x": "x holds a tf.RaggedTensor, which mirrorfit would split as a zero-padded",
     }
     for name, needle in refused.items():
         assert r[name] is not None and needle in r[name], (name, r[name])
@@ -381,6 +385,10 @@ def test_keras_ios_vae_and_gan_train_on_their_own_steps_as_on_one_device(backend
     rtol = 1e-4 if backend == "jax" else 0.06
     for key, values in theirs.items():
         np.testing.assert_allclose(ours[key], values, rtol=rtol, err_msg=key)
+    if backend == "jax":  # without the hooks: one line before training (Keras's: a traceback)
+        refused = results["mirrorfit"]["hookless"]
+        assert refused.startswith("Hookless holds optimizers of its own (d_optimizer, g_opt")
+        assert "\n" not in refused
 
 
 @pytest.mark.slow
@@ -410,3 +418,6 @@ def test_synchronized_batchnorm_is_one_devices(backend, tmp_path):
     said = [w for w in r["per-replica"]["warnings"] if "BatchNormalization (" in w]
     assert len(said) == 1 and "sync_batchnorm=True" in said[0] and "16 examples" in said[0]
     assert not [w for w in r["synced"]["warnings"] if "BatchNormalization" in w]
+    # its rows are not the batch's: which are padding is not known, and it says so
+    (said,) = set(r["synced"]["reshaped_warnings"])
+    assert "takes 576 rows per replica where its share of the batch has 16" in said

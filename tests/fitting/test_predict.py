@@ -37,8 +37,14 @@ def test_predict_is_the_models_own_and_keras_calls_keep_working(backend, tmp_pat
     assert r["shapes"]["two_outputs"] == [[37, 3], [37, 1]]  # the partial batch's rows kept
     assert r["shapes"]["steps"] == [[16, 3], [16, 1]]
     assert r["shapes"]["int_and_bool"] == [[11, 2]]
+    # a SeedGenerator's state carried from batch to batch and back to the model, as Keras's
+    assert r["seed_states"][0] == r["seed_states"][1] == [[3, 4]]
+    assert r["draws_differ"] > 0.1
     assert r["own_keys"] == ["logits", "probs"]  # the model's own predict_step's outputs
     assert r["callback_batches"] == [[0, 16], [1, 16], [2, 5]]
+    assert [w[:48] for w in r["eager_warnings"]] == [
+        "model.run_eagerly=True: mirrorfit compiles every"
+    ]
     errors = r["errors"]
     assert errors["zero_batch"].startswith("batch_size=0: give a whole number")
     assert errors["float_batch"].startswith("batch_size=2.5")
@@ -47,6 +53,7 @@ def test_predict_is_the_models_own_and_keras_calls_keep_working(backend, tmp_pat
     assert errors["no_x"].startswith("x=None")
     assert "takes a keras.Model, not object" in errors["not_model"]
     assert "not a keras.callbacks.Callback" in errors["not_callback"]  # an AttributeError
+    assert errors["ragged"].startswith("x holds a tf.RaggedTensor")
     assert set(r["own_calls"]) == set(DTYPES)
     # Keras's own export on JAX 0.11 (Python 3.12's pin) writes StableHLO that TensorFlow
     # 2.21 cannot read (measured: "Cannot deserialize computation"), without

@@ -33,11 +33,12 @@ def array_blocks(
     *,
     drop_remainder: bool = False,
     skip: int = 0,
+    zeros: bool = False,
 ):
     """One epoch of blocks of up to ``size`` padded global batches (see
     :func:`mirrorfit.fitting.batches.padded`), in Keras's order: a fresh permutation each
     epoch where the adapter shuffles (``np.random``, as Keras draws it); from batch ``skip``
-    on (the permutation is drawn whole all the same)."""
+    on (the permutation is drawn whole all the same); ``zeros`` as ``padded``'s."""
     import keras
     from keras import tree
 
@@ -56,10 +57,17 @@ def array_blocks(
         index = np.zeros(size * batch_size, np.int64)
         index[: stop - start] = order[start:stop]
         real = stop - start
+        index[real:] = order[stop - 1]  # padding: the last example, as batches.padded's
 
-        def gather(a, index=index, real=real):
+        def gather(a, index=index, real=real, zeros=zeros):
             out = a[index]
-            out[real:] = 0  # padding is zeros, as batches.padded makes it
+            if zeros:
+                out[real:] = 0
+            return out.reshape((size, batch_size) + a.shape[1:])
+
+        def weights(a, index=index, real=real):
+            out = a[index].astype(floatx, copy=False)
+            out[real:] = 0  # padding weighs nothing
             return out.reshape((size, batch_size) + a.shape[1:])
 
         mask = np.zeros(size * batch_size, floatx)
@@ -69,8 +77,7 @@ def array_blocks(
             "x": tree.map_structure(gather, x),
             # floatx, as batches.padded casts them (NumPy's np.ones is float64; ints too)
             "w": tree.map_structure(
-                lambda a: gather(a).astype(floatx, copy=False),
-                w if w is not None else ones_like_targets(y, n, floatx),
+                weights, w if w is not None else ones_like_targets(y, n, floatx)
             ),
             "mask": mask.reshape(size, batch_size),
             "scale": np.repeat((batch_size / counts).astype(floatx)[:, None], batch_size, axis=1),

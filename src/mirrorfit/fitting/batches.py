@@ -2,7 +2,8 @@
 global batches of one static size, each a dict: ``x``, ``y`` (absent without targets), ``w``
 (sample weights, ``class_weight`` folded in, ones by default; nested like ``y``), ``mask`` (1 a
 real example, 0 padding), ``scale`` (global batch / real examples). A partial batch is padded
-with zeros; the loss weights by ``w`` x ``scale``, metrics by ``mask``; dtypes are kept.
+with copies of its last example (zeros for a model whose outputs carry a Keras mask), weight 0;
+the loss weights by ``w`` x ``scale``, metrics by ``mask``; dtypes are kept.
 (why: docs/keras-script.md#mirrorfitfit, "Every example, every epoch")
 """
 
@@ -13,6 +14,22 @@ import numpy as np
 from mirrorfit.errors import FitError
 
 KEYS = ("x", "y", "w", "mask", "scale")
+
+
+def check_not_ragged(name: str, part) -> None:
+    """FitError for a ``tf.RaggedTensor`` in ``part`` (an array structure or a
+    ``tf.data.Dataset``): Keras's adapters hand its batches on as zero-padded rectangles, which
+    a model written for ragged input would compute on silently."""
+    from keras import tree
+
+    spec = getattr(part, "element_spec", None)
+    leaves = tree.flatten(spec if spec is not None else part)
+    if any(type(a).__name__ in ("RaggedTensor", "RaggedTensorSpec") for a in leaves):
+        raise FitError(
+            f"{name} holds a tf.RaggedTensor, which mirrorfit would split as a zero-padded "
+            "rectangle; give x.to_tensor() (with a mask, e.g. Embedding(mask_zero=True)), "
+            "or use the model's own fit/predict for ragged input"
+        )
 
 
 def check_batch_size(batch_size, replicas: int, accum_steps: int = 1) -> int:
@@ -38,9 +55,12 @@ def check_batch_size(batch_size, replicas: int, accum_steps: int = 1) -> int:
     return batch_size
 
 
-def padded(data, batch_size: int, *, where: str = "training data") -> dict | None:
+def padded(
+    data, batch_size: int, *, where: str = "training data", zeros: bool = False
+) -> dict | None:
     """One batch of ``(x, y, sample_weight)`` NumPy structures as the dict above, padded to
-    ``batch_size`` rows; None for a batch of 0 examples."""
+    ``batch_size`` rows; None for a batch of 0 examples. ``zeros``: pad ``x`` and ``y`` with
+    zeros, not copies of the last example."""
     import keras
     from keras import tree
 
@@ -52,14 +72,15 @@ def padded(data, batch_size: int, *, where: str = "training data") -> dict | Non
     if w is None:
         w = ones_like_targets(y, n, floatx)
     w = tree.map_structure(lambda a: np.asarray(a, floatx), w)
+    fill = _pad if zeros else _pad_last
     out = {
-        "x": tree.map_structure(lambda a: _pad(a, batch_size), x),
+        "x": tree.map_structure(lambda a: fill(a, batch_size), x),
         "w": tree.map_structure(lambda a: _pad(a, batch_size), w),
         "mask": _pad(np.ones((n,), floatx), batch_size),
         "scale": np.full((batch_size,), batch_size / n, floatx),
     }
     if y is not None:
-        out["y"] = tree.map_structure(lambda a: _pad(a, batch_size), y)
+        out["y"] = tree.map_structure(lambda a: fill(a, batch_size), y)
     return out
 
 
@@ -101,6 +122,15 @@ def _pad(a, rows: int) -> np.ndarray:
     if a.shape[0] == rows:
         return a
     return np.concatenate([a, np.zeros((rows - a.shape[0], *a.shape[1:]), a.dtype)])
+
+
+def _pad_last(a, rows: int) -> np.ndarray:
+    # A real example passes the model without 0/0 (a masked mean over a row that is all
+    # mask_zero tokens is NaN, and NaN x weight 0 is NaN), whatever its dtype
+    a = np.asarray(a)
+    if a.shape[0] == rows:
+        return a
+    return np.concatenate([a, np.repeat(a[-1:], rows - a.shape[0], axis=0)])
 
 
 def as_given(data, batch_size: int, *, where: str = "training data") -> dict | None:

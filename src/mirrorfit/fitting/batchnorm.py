@@ -29,12 +29,15 @@ def layers(model) -> list:
 
 
 def per_replica(model) -> list:
-    """The BatchNormalization layers that compute their moments per replica: not
-    synchronized by :func:`synchronize`, nor by Keras (``synchronized=True``, TensorFlow)."""
+    """The BatchNormalization layers that compute their moments per replica: trainable (a
+    frozen one normalises with its moving statistics), not synchronized by
+    :func:`synchronize`, nor by Keras (``synchronized=True``, TensorFlow)."""
     return [
         layer
         for layer in layers(model)
-        if not getattr(layer, "synchronized", False) and "_moments" not in vars(layer)
+        if layer.trainable
+        and not getattr(layer, "synchronized", False)
+        and "_moments" not in vars(layer)
     ]
 
 
@@ -75,6 +78,16 @@ def _moments(layer, inputs, mask):
     if rows is not None and inputs.shape[0] == rows.shape[0]:
         weights = weights * ops.reshape(
             ops.cast(rows, inputs.dtype), (-1,) + (1,) * (len(inputs.shape) - 1)
+        )
+    elif rows is not None:  # a reshaped batch axis: which row is padding is not known
+        import warnings
+
+        warnings.warn(
+            f"BatchNormalization {layer.name!r} takes {inputs.shape[0]} rows per replica where "
+            f"its share of the batch has {rows.shape[0]} (a reshaped batch axis): its "
+            "synchronized statistics count the padding of a partial last batch; pass "
+            "drop_remainder=True, or a batch size that divides the data",
+            stacklevel=2,
         )
     if mask is not None:  # Keras's mask: one per position, channels last (as Keras's own)
         weights = weights * ops.expand_dims(ops.cast(mask, inputs.dtype), -1)

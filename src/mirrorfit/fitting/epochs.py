@@ -14,7 +14,10 @@ class Epochs:
     every pass from the start, as Keras's ``evaluate`` resets its iterator (``fit``'s
     validation with ``validation_steps`` scores the same batches each epoch). ``pad``: pad to
     the global batch (else as given, for a model's own ``train_step``). ``first``: the first batch,
-    kept for epoch 1 (the model is built from it); ``size``: the global batch.
+    kept for epoch 1 (the model is built from it); ``size``: the global batch; ``zeros``: pad
+    with zeros, not copies of the last example (a model whose outputs carry a Keras mask:
+    zeros are masked steps, left out of each replica's count); ``round_up``: a batch size that
+    does not split over the replicas is padded to one that does (evaluation: no update).
     """
 
     def __init__(
@@ -28,9 +31,12 @@ class Epochs:
         drop_remainder: bool = False,
         pad: bool = True,
         restart: bool = False,
+        zeros: bool = False,
+        round_up: bool = False,
         where: str = "training data",
     ) -> None:
         self.source, self.steps_given, self.drop = source, steps, drop_remainder
+        self.zeros = zeros
         self.restart = restart
         self.pad, self.where = pad, where
         self.steps = steps or source.num_batches
@@ -40,11 +46,11 @@ class Epochs:
         except StopIteration:
             raise FitError(f"the {where} is empty; give at least one example") from None
         self._pending, self._carry = [first], iterator
-        self.size = fit_batches.check_batch_size(
-            batch_size or source.batch_size or fit_batches.rows(first, where=where),
-            replicas,
-            accum_steps,
-        )
+        given = batch_size or source.batch_size or fit_batches.rows(first, where=where)
+        if pad and round_up:  # padding weighs 0 in every metric: 7 is scored as 7 of 8
+            given = fit_batches.check_batch_size(given, 1)
+            given += -given % replicas
+        self.size = fit_batches.check_batch_size(given, replicas, accum_steps)
         self.first = self._made(first)
 
     def _iterator(self):
@@ -52,7 +58,7 @@ class Epochs:
 
     def _made(self, data) -> dict | None:
         if self.pad:
-            return fit_batches.padded(data, self.size, where=self.where)
+            return fit_batches.padded(data, self.size, where=self.where, zeros=self.zeros)
         return fit_batches.as_given(data, self.size, where=self.where)
 
     def blocks(self, size: int, skip: int = 0):
@@ -69,7 +75,13 @@ class Epochs:
             return blocks(itertools.islice(self.epoch(), skip, None), size)
         self._pending = []  # the first batch was read for building only
         return array_blocks(
-            self.source, arrays, self.size, size, drop_remainder=self.drop, skip=skip
+            self.source,
+            arrays,
+            self.size,
+            size,
+            drop_remainder=self.drop,
+            skip=skip,
+            zeros=self.zeros,
         )
 
     def epoch(self):

@@ -277,7 +277,10 @@ def _adapter(x, y, sample_weight, class_weight, batch_size, steps, shuffle):
     from keras import tree
     from keras.src.trainers.data_adapters import get_data_adapter
 
+    from mirrorfit.fitting.batches import check_not_ragged
+
     for name, part in (("x", x), ("y", y), ("sample_weight", sample_weight)):
+        check_not_ragged(name, part)
         if any(isinstance(a, np.ndarray) and a.dtype == object for a in tree.flatten(part)):
             raise FitError(
                 f"{name} holds an array of Python objects (dtype object, e.g. "
@@ -375,6 +378,8 @@ class _Run:
     def epochs(self, source, batch_size, steps, step: str, **kwargs) -> Epochs:
         """The epochs of ``source`` as the runner takes them (``step``: ``train`` or
         ``test``: padded, unless the model's own ``train_step``/``test_step`` runs)."""
+        from mirrorfit.fitting.metrics import masked_outputs
+
         return Epochs(
             source,
             batch_size,
@@ -382,6 +387,8 @@ class _Run:
             replicas=self.engine.replicas(self.placement),
             accum_steps=self.accum_steps if step == "train" else 1,
             pad=self.engine.pads(self.model, step),
+            zeros=masked_outputs(self.model),
+            round_up=step == "test",
             **kwargs,
         )
 
@@ -411,6 +418,7 @@ class _Run:
             id(model._compile_loss),
             id(model._compile_metrics),
         )
+        warn_compiled_anyway(model)
         cached = model.__dict__.get("_mirrorfit_runner")
         if cached is not None and cached[0] == key:
             self.runner = cached[1]
@@ -485,6 +493,18 @@ def _shape_refused():
         ) from None
 
 
+def warn_compiled_anyway(model) -> None:
+    """Warn where the model asks for eager steps (``run_eagerly=True``): mirrorfit compiles
+    every step over the replicas all the same."""
+    if getattr(model, "run_eagerly", False):
+        warnings.warn(
+            "model.run_eagerly=True: mirrorfit compiles every step all the same (one program "
+            "over the replicas), so Python in call() or a step runs once, at tracing; to step "
+            "through it eagerly, use the model's own fit/predict on one device",
+            stacklevel=3,
+        )
+
+
 def _warn_batchnorm_per_replica(run, batch_size: int) -> None:
     """Warn where BatchNormalization's batch statistics are each replica's share's, not the
     global batch's as on one device (``sync_batchnorm`` off, several replicas)."""
@@ -524,7 +544,9 @@ def _warn_padding_enters(model, adapter, *, synced: bool = False) -> None:
         {
             "BatchNormalization's statistics"
             for layer in layers
-            if isinstance(layer, keras.layers.BatchNormalization) and not synced
+            if isinstance(layer, keras.layers.BatchNormalization)
+            and layer.trainable  # a frozen one normalises with its moving statistics
+            and not synced
         }
         | {
             "activity regularizers"
@@ -532,16 +554,17 @@ def _warn_padding_enters(model, adapter, *, synced: bool = False) -> None:
             if getattr(layer, "activity_regularizer", None) is not None
         }
     )
-    from mirrorfit.fitting.metrics import overrides
+    from mirrorfit.fitting.metrics import masked_outputs, overrides
 
     if overrides(model, "compute_loss"):  # Keras's own losses weigh by sample_weight
         what.append("the model's compute_loss unless it weighs by sample_weight")
     if what:
+        fill = "zeros" if masked_outputs(model) else "copies of its last example"
         warnings.warn(
             f"each epoch ends on a partial batch of {real} examples, padded to the global "
-            f"batch with zeros, which reach {' and '.join(what)} (the loss and metrics "
-            "weigh them 0); pass drop_remainder=True, or a batch size that divides the data, "
-            "to train on whole batches only",
+            f"batch with {fill}, which reach {' and '.join(what)} (the loss and metrics "
+            "weigh them 0); pass drop_remainder=True, or a batch size that divides the "
+            "data, to train on whole batches only",
             stacklevel=3,
         )
 

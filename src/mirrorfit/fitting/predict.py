@@ -13,7 +13,9 @@ import numpy as np
 
 from mirrorfit.engine.backends import ENGINES
 from mirrorfit.errors import FitError
+from mirrorfit.fitting.batches import check_not_ragged
 from mirrorfit.fitting.hooks import checked_callbacks
+from mirrorfit.fitting.loop import warn_compiled_anyway
 from mirrorfit.fitting.setup import current
 
 
@@ -40,6 +42,8 @@ def predict(model, x, batch_size=None, verbose="auto", steps=None, callbacks=Non
     engine = importlib.import_module(f"{ENGINES[backend]}.keras_fit")
     chosen = current()
     placement = engine.placement(model, chosen if chosen and chosen.backend == backend else None)
+    check_not_ragged("x", x)
+    warn_compiled_anyway(model)
     adapter = get_data_adapter(x, batch_size=batch_size, steps_per_epoch=steps, shuffle=False)
     batches = adapter.get_numpy_iterator()
     total = steps if steps is not None else adapter.num_batches
@@ -65,6 +69,8 @@ def predict(model, x, batch_size=None, verbose="auto", steps=None, callbacks=Non
         out = _predicted(predictor, inputs)
         outputs.append(out)
         callback_list.on_predict_batch_end(step, {"outputs": out})
+    if predictor is not None:
+        predictor.end()
     callback_list.on_predict_end()
     if not outputs:
         raise FitError("x gave no batch to predict; give at least one example")

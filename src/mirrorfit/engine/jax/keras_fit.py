@@ -77,7 +77,9 @@ def runner(model, placement, **settings):
 class Predictor:
     """The model's ``predict_step`` (its own where it overrides it) over a batch split on the
     data axis of this process's devices, the weights replicated, compiled once per input
-    shape; ``replicas``: the rows a batch must be a multiple of."""
+    shape; ``replicas``: the rows a batch must be a multiple of. The non-trainable state a
+    step changes (a ``SeedGenerator``'s) is carried to the next batch and written back to the
+    model at ``end``, as Keras's ``predict`` does."""
 
     def __init__(self, model, placement):
         from jax.sharding import Mesh
@@ -85,7 +87,7 @@ class Predictor:
         devices = list(placement.mesh.local_devices)  # several workers: each predicts its own
         self._mesh = Mesh(np.array(devices), (AXIS,))
         self._model = model
-        self._step = jax.jit(lambda state, x: model.predict_step(state, (x,))[0])
+        self._step = jax.jit(lambda state, x: model.predict_step(state, (x,)))
         self._state = None
         self.replicas = len(devices)
 
@@ -106,7 +108,16 @@ class Predictor:
         )
 
     def __call__(self, x):
-        return self._step(self._state, jax.device_put(x, NamedSharding(self._mesh, P(AXIS))))
+        x = jax.device_put(x, NamedSharding(self._mesh, P(AXIS)))
+        outputs, non_trainable = self._step(self._state, x)
+        self._state = (self._state[0], non_trainable)
+        return outputs
+
+    def end(self) -> None:
+        """Write the carried non-trainable state back to the model's variables."""
+        for variable, value in zip(self._model.non_trainable_variables, self._state[1]):
+            variable.assign(value)
+        self._state = None
 
 
 def callback_context(placement):

@@ -38,6 +38,7 @@ def check(model, placement, distribution=None) -> None:
                 "state, data) and takes (logs, state) back (keras.io's guide 'Customizing "
                 "what happens in fit() with JAX'); write that, or use backend 'tensorflow'"
             )
+    _check_optimizers_carried(model)
     if getattr(placement, "shard", "none") != "none":
         raise FitError(
             f"{name} has its own train_step/test_step, which runs over the global batch with "
@@ -48,6 +49,27 @@ def check(model, placement, distribution=None) -> None:
         raise FitError(
             f"{name} has its own train_step/test_step, which the JAX engine runs in one "
             "process only; train it on one worker, or use backend='tensorflow'"
+        )
+
+
+def _check_optimizers_carried(model) -> None:
+    """FitError for optimizers of the model's own (a GAN's two) that Keras's JAX state does not
+    carry: it holds ``model.optimizer``'s variables only, unless the model overrides
+    ``_get_jax_state`` (Keras's own ``fit`` fails there in a long traceback, or never advances
+    those optimizers' state)."""
+    import keras
+
+    own = sorted(
+        key
+        for key, value in vars(model).items()
+        if isinstance(value, keras.optimizers.Optimizer) and value is not model.optimizer
+    )
+    if own and not fit_metrics.overrides(model, "_get_jax_state"):
+        raise FitError(
+            f"{type(model).__name__} holds optimizers of its own ({', '.join(own)}), whose "
+            "variables Keras's JAX state does not carry into its train_step; override "
+            "_get_jax_state and jax_state_sync to carry them (docs/keras-script.md, 'Per "
+            "engine'), or use backend='tensorflow'"
         )
 
 

@@ -78,6 +78,9 @@ class Predictor:
     def begin(self) -> None:
         """Nothing to read: the compiled function reads the model's variables."""
 
+    def end(self) -> None:
+        """Nothing to write: the compiled function updates the model's variables."""
+
     def __call__(self, x):
         share = tf.nest.flatten(x)[0].shape[0] // self.replicas
 
