@@ -200,6 +200,25 @@ try:
     mirrorfit.fit(tanh, x, y, **kw)
 except ValueError as e:
     out["ckpt_other_layers"] = str(e)
+
+
+def residual(from_input: bool):
+    """The same layers, weights and settings; the residual from the input or from ``d1``."""
+    inputs = keras.Input((8,))
+    d1 = keras.layers.Dense(8, activation="relu")(inputs)
+    added = keras.layers.Add()([keras.layers.Dense(8)(d1), inputs if from_input else d1])
+    model = keras.Model(inputs, keras.layers.Dense(1)(added))
+    model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")
+    return model
+
+
+wired = dict(kw, checkpoint_dir=DIR / "wired", epochs=1)
+mirrorfit.fit(residual(False), x, y, **wired)
+out["ckpt_same_wiring_epochs"] = mirrorfit.fit(residual(False), x, y, **dict(wired, epochs=2)).epoch
+try:
+    mirrorfit.fit(residual(True), x, y, **dict(wired, epochs=3))
+except ValueError as e:
+    out["ckpt_other_wiring"] = str(e)
 junk = DIR / "junk" / "epoch-000007"
 junk.mkdir(parents=True)
 (junk / "mine.txt").write_text("mine")

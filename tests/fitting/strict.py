@@ -118,6 +118,39 @@ out["odd_evaluate_batch"] = [
     mirrorfit.evaluate(odd, x, labels, batch_size=7, verbose=0),
     odd.evaluate(x, labels, batch_size=7, verbose=0),
 ]
+
+
+def two_outputs():
+    keras.utils.set_random_seed(1)
+    inputs = keras.Input((4,))
+    hidden = keras.layers.Dense(4, activation="relu")(inputs)
+    model = keras.Model(
+        inputs,
+        {
+            "value": keras.layers.Dense(1, name="value")(hidden),
+            "kind": keras.layers.Dense(3, activation="softmax", name="kind")(hidden),
+        },
+    )
+    model.compile(
+        optimizer="sgd",
+        loss={"value": "mse", "kind": "sparse_categorical_crossentropy"},
+        metrics={"value": ["mae"], "kind": ["accuracy"]},
+    )
+    return model
+
+
+# evaluate's list in Keras's order (on main: the logs' order, o1_mae where o1_loss is), and
+# targets as a list for dict outputs, as Keras takes them (on main: a TypeError)
+targets = [labels.astype("float32")[:, None], labels]  # sorted keys: kind, value
+both = two_outputs()
+out["two_outputs_evaluate"] = [
+    mirrorfit.evaluate(
+        both, x, {"kind": targets[0], "value": targets[1]}, batch_size=32, verbose=0
+    ),
+    both.evaluate(x, {"kind": targets[0], "value": targets[1]}, batch_size=32, verbose=0),
+    mirrorfit.evaluate(both, x, targets, batch_size=32, verbose=0),
+    both.evaluate(x, targets, batch_size=32, verbose=0),
+]
 if out["y_none_own_loss"] is None:
     losses = results["y_none_own_loss"]
     out["own_loss_falls"] = losses[-1] < losses[0]

@@ -133,6 +133,9 @@ def test_keras_callbacks(backend, tmp_path):
         in (r["ckpt_other_model"])
     )
     assert "its layers' classes or settings differ" in r["ckpt_other_layers"]
+    # the same layers connected otherwise (on main: resumed without a word)
+    assert r["ckpt_same_wiring_epochs"] == [1]
+    assert "its layers are connected otherwise than this model's" in r["ckpt_other_wiring"]
     assert "holds epoch-000007, which is not a checkpoint (no meta.json)" in r["ckpt_junk"]
     assert r["ckpt_junk_kept"]
     assert "is being written by process" in r["ckpt_busy"]
@@ -332,6 +335,9 @@ def test_what_keras_takes_trains_and_what_it_should_not_is_one_line(backend, tmp
     assert r["float64_equals_float32"] and r["own_loss_falls"]
     ours, keras_own = r["odd_evaluate_batch"]
     assert ours == pytest.approx(keras_own, rel=1e-6)
+    ours, keras_own, ours_listed, keras_listed = r["two_outputs_evaluate"]
+    assert len(ours) == 5 and ours == pytest.approx(keras_own, rel=1e-6)
+    assert ours_listed == pytest.approx(keras_listed, rel=1e-6)
     refused = {
         "x_none": "x=None: give the inputs",
         "y_none_compiled_loss": "y=None, but the model is compiled with a loss",
@@ -385,6 +391,9 @@ def test_keras_ios_vae_and_gan_train_on_their_own_steps_as_on_one_device(backend
     rtol = 1e-4 if backend == "jax" else 0.06
     for key, values in theirs.items():
         np.testing.assert_allclose(ours[key], values, rtol=rtol, err_msg=key)
+    # per replica on TensorFlow, and said so (its logs are the replicas' averaged)
+    said = results["mirrorfit"]["gan"]["per_replica"]
+    assert len(said) == (1 if backend == "tensorflow" else 0)
     if backend == "jax":  # without the hooks: one line before training (Keras's: a traceback)
         refused = results["mirrorfit"]["hookless"]
         assert refused.startswith("Hookless holds optimizers of its own (d_optimizer, g_opt")

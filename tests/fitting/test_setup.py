@@ -112,3 +112,21 @@ def test_keras_loaded_on_the_other_backend_is_named_in_this_apis_words():
         f"backend={other!r}, but Keras was already imported with the {loaded} backend; pass "
         f"backend={loaded!r}, or call mirrorfit.setup(backend={other!r}) before importing keras"
     )
+
+
+def test_the_api_loads_no_framework_before_setup():
+    """``import mirrorfit`` and reaching ``setup``/``fit``/``evaluate``/``predict`` import
+    neither Keras nor TensorFlow nor JAX: setup must set the devices before they start (once,
+    an import in predict.py loaded Keras when ``mirrorfit.setup`` was reached). A fresh
+    process: what an import loads is the point."""
+    program = (
+        "import sys, json, mirrorfit\n"
+        "mirrorfit.setup, mirrorfit.fit, mirrorfit.evaluate, mirrorfit.predict\n"
+        "print(json.dumps(sorted({'keras', 'tensorflow', 'jax'} & set(sys.modules))))\n"
+    )
+    env = {**_env(), "MIRRORFIT_TESTS_PRELOAD": "0"}  # not a forked, preloaded interpreter
+    proc = subprocess.run(
+        [sys.executable, "-c", program], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout.splitlines()[-1]) == []

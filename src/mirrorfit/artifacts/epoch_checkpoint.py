@@ -360,8 +360,11 @@ def _check_identity(model, found: Path, meta: dict, optimizer: dict | None) -> N
         "optimizer": lambda a, b: f"trained with {a}; this with {b}",
         "weights": _differs,
         "layers": lambda a, b: "its layers' classes or settings differ from this model's",
+        "wiring": lambda a, b: "its layers are connected otherwise than this model's",
     }
     for key, reason in reasons.items():
+        if key == "wiring" and key not in meta:  # written before it was recorded
+            continue
         if meta.get(key) != mine[key]:
             raise FitError(
                 f"{found} holds another model's checkpoint ({reason(meta.get(key), mine[key])}); "
@@ -511,14 +514,37 @@ def save(
 
 def _identity(model) -> dict:
     """What a checkpoint must match: the model's and optimizer's classes, each weight's shape
-    and dtype, and a CRC of its layers' classes and settings (names left out: Keras numbers
-    them per process)."""
+    and dtype, a CRC of its layers' classes and settings (names left out: Keras numbers
+    them per process) and one of how a functional model's layers are connected."""
     return {
         "model": type(model).__name__,
         "optimizer": type(model.optimizer).__name__,
         "weights": [f"{tuple(w.shape)} {w.dtype}" for w in model.weights],
         "layers": _layers_crc(model),
+        "wiring": _wiring_crc(model),
     }
+
+
+def _wiring_crc(model) -> int | None:
+    """A CRC of a functional model's graph: for every call of a layer, the layers (by their
+    place in the model) whose outputs it takes, in order; None for a model without one
+    (Sequential's order is its layers' CRC already; a subclassed model's is its code)."""
+    import zlib
+
+    operations = getattr(model, "_operations", None)
+    by_depth = getattr(model, "_nodes_by_depth", None)
+    if not operations or not isinstance(by_depth, dict):
+        return None
+    place = {id(op): i for i, op in enumerate(operations)}
+    calls = []
+    for depth in sorted(by_depth):
+        for node in by_depth[depth]:
+            takes = [
+                [place.get(id(t._keras_history.operation)), t._keras_history.tensor_index]
+                for t in node.arguments.keras_tensors
+            ]
+            calls.append([place.get(id(node.operation)), takes])
+    return zlib.crc32(json.dumps(sorted(calls, key=json.dumps)).encode())
 
 
 def _layers_crc(model) -> int:

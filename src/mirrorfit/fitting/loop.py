@@ -126,6 +126,7 @@ def fit(
                 (x, y, sample_weight), validation_split=validation_split
             )
         _check_targets(model, x, y)
+        y, sample_weight = _as_outputs(model, y), _as_outputs(model, sample_weight)
         adapter = _adapter(x, y, sample_weight, class_weight, batch_size, steps_per_epoch, shuffle)
         if not drop_remainder:
             _warn_padding_enters(model, adapter, synced=run.sync_batchnorm)
@@ -209,6 +210,7 @@ def _validation(run, data, batch_size, steps) -> Epochs | None:
     from mirrorfit.fitting import metrics
 
     x, y, w = unpack_x_y_sample_weight(data)
+    y, w = _as_outputs(run.model, y), _as_outputs(run.model, w)
     metrics.check_input_shapes(run.model, x, "the validation data")
     metrics.check_target_shapes(run.model, y, "the validation data")
     metrics.check_sparse_labels(run.model, y, "the validation data")
@@ -249,6 +251,7 @@ def evaluate(
     )
     from mirrorfit.fitting import metrics
 
+    y, sample_weight = _as_outputs(model, y), _as_outputs(model, sample_weight)
     data = run.epochs(
         _adapter(x, y, sample_weight, None, batch_size, steps, False),
         batch_size,
@@ -267,8 +270,13 @@ def evaluate(
     logs = controller.evaluate(run, data, callbacks, hooks)
     if return_dict:
         return logs
-    values = list(logs.values())
-    return values[0] if len(values) == 1 else values
+    return model._flatten_metrics_in_order(logs)  # Keras's order: metrics_names, then sorted
+
+
+def _as_outputs(model, part):
+    from mirrorfit.fitting.metrics import as_outputs
+
+    return as_outputs(model, part)
 
 
 def _adapter(x, y, sample_weight, class_weight, batch_size, steps, shuffle):

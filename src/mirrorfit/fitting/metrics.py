@@ -300,6 +300,22 @@ def check_target_shapes(model, y, where: str) -> None:
         )
 
 
+def as_outputs(model, part):
+    """``part`` (targets or sample weights) given as a list for a model whose outputs are a
+    dict: that dict, the entries in its keys' sorted order, as Keras's compiled loss packs
+    targets (its sample weights it does not: a list of them, which mirrorfit always passes,
+    failed there)."""
+    if not isinstance(part, (list, tuple)):
+        return part
+    try:
+        outputs = model.output
+    except (AttributeError, ValueError):  # a subclassed model: not known
+        return part
+    if isinstance(outputs, dict) and len(outputs) == len(part):
+        return dict(zip(sorted(outputs), part))
+    return part
+
+
 def check_input_shapes(model, x, where: str) -> None:
     """FitError for NumPy inputs of another example shape than the model's declared input
     (one input; a model without a declared input is built from the data, so not judged)."""

@@ -42,7 +42,10 @@ def predict(model, x, batch_size=None, verbose="auto", steps=None, callbacks=Non
     engine = importlib.import_module(f"{ENGINES[backend]}.keras_fit")
     chosen = current()
     placement = engine.placement(model, chosen if chosen and chosen.backend == backend else None)
+    from mirrorfit.fitting.metrics import check_input_shapes  # imports Keras: after setup
+
     check_not_ragged("x", x)
+    check_input_shapes(model, x, "x")
     warn_compiled_anyway(model)
     adapter = get_data_adapter(x, batch_size=batch_size, steps_per_epoch=steps, shuffle=False)
     batches = adapter.get_numpy_iterator()

@@ -162,6 +162,16 @@ class Runner:
                 "accum_steps at 1"
             )
         self._own_test = fit_metrics.overrides(model, "test_step")
+        if (self._own_train or self._own_test) and self.replicas > 1:
+            import warnings
+
+            warnings.warn(
+                f"{type(model).__name__}'s own train_step/test_step runs per replica on "
+                "TensorFlow: the logs it returns are the replicas' values averaged (a mean over "
+                "unequal shares of a partial batch, a maximum, a count or a sum is not one "
+                "device's); backend='jax' runs it over the global batch",
+                stacklevel=2,
+            )
         self._output_losses = fit_metrics.output_loss_indices(model)
         self._masked = fit_metrics.masked_outputs(model)
         # Keras's own losses divide by the replicas under a strategy; a compute_loss override
