@@ -82,6 +82,12 @@ def test_setup_after_the_model_is_built_says_to_call_it_first(backend):
         ({"precision": ["fp32"]}, "precision=['fp32']: choose one of"),
         ({"shard": None}, "shard=None: choose 'none'"),
         ({"sync_batchnorm": "yes"}, "sync_batchnorm='yes': give True or False"),
+        ({"model_parallel": 0}, "model_parallel=0: give the devices each weight is split"),
+        ({"model_parallel": True}, "model_parallel=True: give the devices each weight"),
+        (
+            {"backend": "tensorflow", "model_parallel": 2},
+            "model_parallel=2 splits the weights on the JAX engine only",
+        ),
     ],
 )
 def test_arguments_setup_cannot_use_are_a_value_error_in_its_words(kwargs, needle):

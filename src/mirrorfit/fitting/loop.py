@@ -394,7 +394,7 @@ class _Run:
             steps,
             replicas=self.engine.replicas(self.placement),
             accum_steps=self.accum_steps if step == "train" else 1,
-            pad=self.engine.pads(self.model, step),
+            pad=self.engine.pads(self.model, step, self.placement),
             zeros=masked_outputs(self.model),
             round_up=step == "test",
             **kwargs,

@@ -57,6 +57,7 @@ def setup(
     shard: str = "none",
     strategy: str = "auto",
     sync_batchnorm: bool = False,
+    model_parallel: int = 1,
     verbose: bool = False,
 ) -> Setup:
     """Choose the engine (``backend``: ``"tensorflow"``/``"jax"``; default ``$KERAS_BACKEND``, else
@@ -65,7 +66,9 @@ def setup(
     ``"none"``, ``"optimizer"``: ZeRO-1, ``"all"``: FSDP) and ``strategy`` (``"auto"``;
     ``"multi-worker"``: ``replicas`` counts this worker's) and ``sync_batchnorm`` (every
     BatchNormalization layer's batch statistics over the global batch, as on one device, not
-    over each replica's share). Once, before Keras builds a model.
+    over each replica's share) and ``model_parallel`` (JAX: the devices each weight is split
+    over, a 2-D mesh of ``replicas / model_parallel`` data groups). Once, before Keras builds
+    a model.
     """
     if _current:
         raise FitError(
@@ -94,6 +97,20 @@ def setup(
             "'/gpu:1'] (mirrorfit.list_devices() names them)"
         )
     backend = _backend(backend)
+    if (
+        isinstance(model_parallel, bool)
+        or not isinstance(model_parallel, int)
+        or model_parallel < 1
+    ):
+        raise FitError(
+            f"model_parallel={model_parallel!r}: give the devices each weight is split over, a "
+            "whole number of at least 1 (1: every device holds whole weights)"
+        )
+    if model_parallel > 1 and backend != "jax":
+        raise FitError(
+            f"model_parallel={model_parallel} splits the weights on the JAX engine only; "
+            "use backend='jax', or model_parallel=1"
+        )
     if not isinstance(shard, str) or shard not in backends.SHARD_MODES:
         raise FitError(
             f"shard={shard!r}: choose 'none' (every device holds the whole state), "
@@ -118,8 +135,9 @@ def setup(
             "importing keras"
         ) from None
     try:
+        grid = {"model_parallel": model_parallel} if model_parallel > 1 else {}
         made = importlib.import_module(backends.ENGINES[backend]).keras_setup(
-            replicas, tuple(devices), shard=shard, cluster=cluster
+            replicas, tuple(devices), shard=shard, cluster=cluster, **grid
         )
     except ConfigError as e:
         if "can only be configured before" not in str(e):

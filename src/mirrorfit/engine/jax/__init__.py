@@ -43,16 +43,27 @@ def seed(value: int) -> None:
     np.random.seed(value)
 
 
-def keras_setup(replicas: int | None, devices: tuple[str, ...], shard: str = "none", cluster=None):
+def keras_setup(
+    replicas: int | None,
+    devices: tuple[str, ...],
+    shard: str = "none",
+    cluster=None,
+    model_parallel: int = 1,
+):
     """``mirrorfit.setup``'s devices and mesh for a Keras script: (DeviceSetup, Placement,
-    Placement or None); ``cluster``: joined first, the mesh over every worker's devices."""
+    Placement or None); ``cluster``: joined first, the mesh over every worker's devices;
+    ``model_parallel``: a 2-D mesh, each weight split over that many devices."""
     from mirrorfit.engine.jax import created_sharded
     from mirrorfit.engine.jax.devices import configure_devices
     from mirrorfit.engine.jax.placement import build_placement
 
     chosen = configure_devices(replicas=replicas, devices=devices, cluster=cluster)
     placement = build_placement(
-        chosen, kind="multi-worker" if cluster else "auto", cluster=cluster, shard=shard
+        chosen,
+        kind="multi-worker" if cluster else "auto",
+        cluster=cluster,
+        shard=shard,
+        model_parallel=model_parallel,
     )
     made = created_sharded.distribution(placement)
     if made is not None:  # the model the script builds next is created on its shards

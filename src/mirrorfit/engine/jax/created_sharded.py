@@ -9,8 +9,9 @@ is made (a large one is initialised on its shards; a small one whole first, then
 from __future__ import annotations
 
 from keras.distribution import DataParallel, DeviceMesh, TensorLayout
+from keras.src.distribution.distribution_lib import Distribution  # not exported by Keras
 
-from mirrorfit.engine.jax.placement import AXIS
+from mirrorfit.engine.jax.placement import AXIS, MODEL_AXIS
 from mirrorfit.engine.jax.sharding import shard_axis
 
 
@@ -42,13 +43,57 @@ class ShapeSharded(DataParallel):
         return TensorLayout([None] * len(data_shape), self.device_mesh)
 
 
-def distribution(placement) -> ShapeSharded | None:
+class GridSharded(Distribution):
+    """The 2-D mesh of ``model_parallel`` (``data`` x ``model``): each trainable variable split
+    along the axis :func:`shard_axis` picks for the ``model`` axis's size, over that axis
+    (whole on every data group), the rest whole on each device. Batches stay whole for Keras's
+    own calls, as :class:`ShapeSharded`'s; ``mirrorfit.fit`` splits them on ``data``."""
+
+    def __init__(self, placement):
+        grid = placement.grid
+        mesh = DeviceMesh(
+            shape=tuple(grid.devices.shape),
+            axis_names=[AXIS, MODEL_AXIS],
+            devices=grid.devices,
+        )
+        super().__init__(mesh, batch_dim_name=AXIS, auto_shard_dataset=False)
+        self._split = placement.model_parallel
+
+    @property
+    def num_model_replicas(self):
+        return self.device_mesh.shape[0]
+
+    def get_variable_layout(self, variable):
+        if getattr(variable, "_layout", None) is not None:  # given (an optimizer's slot)
+            return variable._layout
+        spec: list = [None] * len(variable.shape)
+        if variable.trainable:
+            constrained = getattr(variable, "constraint", None) is not None
+            axis = shard_axis(variable.shape, self._split, constrained=constrained)
+            if axis is not None:
+                spec[axis] = MODEL_AXIS
+        return TensorLayout(spec, self.device_mesh)
+
+    def get_data_layout(self, data_shape):
+        return TensorLayout([None] * len(data_shape), self.device_mesh)
+
+    def get_tensor_layout(self, path):
+        return None
+
+    def distribute_dataset(self, dataset):
+        return dataset
+
+
+def distribution(placement) -> Distribution | None:
     """The Keras distribution that creates variables on their shards under ``shard="all"``
-    in one process; None elsewhere: the state is split for the step only (several workers:
-    each process builds its model whole, split when the run starts)."""
+    or ``model_parallel`` in one process; None elsewhere: the state is split for the step
+    only (several workers: each process builds its model whole, split when the run
+    starts)."""
+    if getattr(placement, "model_parallel", 1) > 1:
+        return GridSharded(placement)
     if getattr(placement, "shard", "none") == "all" and placement.workers == 1:
         return ShapeSharded(placement)
     return None
 
 
-__all__ = ["ShapeSharded", "distribution"]
+__all__ = ["GridSharded", "ShapeSharded", "distribution"]

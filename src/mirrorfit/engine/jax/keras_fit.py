@@ -57,21 +57,27 @@ def placement(model, chosen=None):
 
 
 def replicas(placement) -> int:
-    return placement.replicas
+    """The groups a batch is split over: every device, or each data group of a 2-D mesh."""
+    return placement.data_parallel
 
 
-def pads(model, step: str) -> bool:
+def pads(model, step: str, placement=None) -> bool:
     """Whether ``step`` batches are padded: not for a model with its own train_step or
-    test_step, which gets every batch as the data gave it."""
-    return not runs_whole(model)
+    test_step, nor on a 2-D mesh, where the step gets every batch as the data gave it."""
+    return not _whole_batch(model, placement)
 
 
 def runner(model, placement, **settings):
     """The runner for ``model``: mirrorfit's per-replica step, or the model's own over the
-    global batch (:mod:`mirrorfit.engine.jax.keras_override`)."""
-    if runs_whole(model):
+    global batch (:mod:`mirrorfit.engine.jax.keras_override`): where it overrides it, or on a
+    2-D mesh, whose weights the compiler splits (Keras's ``ModelParallel`` way)."""
+    if _whole_batch(model, placement):
         return OverrideRunner(model, placement, **settings)
     return Runner(model, placement, **settings)
+
+
+def _whole_batch(model, placement) -> bool:
+    return runs_whole(model) or getattr(placement, "model_parallel", 1) > 1
 
 
 class Predictor:
@@ -84,12 +90,14 @@ class Predictor:
     def __init__(self, model, placement):
         from jax.sharding import Mesh
 
-        devices = list(placement.mesh.local_devices)  # several workers: each predicts its own
-        self._mesh = Mesh(np.array(devices), (AXIS,))
+        if getattr(placement, "model_parallel", 1) > 1:  # the weights stay split, as made
+            self._mesh, self.replicas = placement.grid, placement.data_parallel
+        else:
+            devices = list(placement.mesh.local_devices)  # several workers: each its own
+            self._mesh, self.replicas = Mesh(np.array(devices), (AXIS,)), len(devices)
         self._model = model
         self._step = jax.jit(lambda state, x: model.predict_step(state, (x,)))
         self._state = None
-        self.replicas = len(devices)
 
     def begin(self) -> None:
         """Read the model's weights onto the devices (once per ``predict``: they may have

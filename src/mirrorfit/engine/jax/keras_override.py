@@ -90,17 +90,26 @@ class OverrideRunner:
     ) -> None:
         # sync_batchnorm: the step sees the global batch, so its statistics are the global
         # batch's already
+        self.grid = getattr(placement, "model_parallel", 1) > 1
         if accum_steps != 1:
+            whose = (
+                "on a 2-D mesh (model_parallel) the step"
+                if self.grid and not runs_whole(model)
+                else f"{type(model).__name__}'s own train_step"
+            )
             raise FitError(
-                f"accum_steps={accum_steps}: {type(model).__name__}'s own train_step takes the "
-                "whole batch, which mirrorfit cannot split into micro-batches; leave "
-                "accum_steps at 1"
+                f"accum_steps={accum_steps}: {whose} takes the whole batch, which mirrorfit "
+                "cannot split into micro-batches; leave accum_steps at 1"
             )
         self.model, self.placement = model, placement
-        self.mesh, self.replicas = placement.mesh, placement.replicas
+        # a 2-D mesh: the batch split over its data groups, each weight as it was made (over
+        # the model axis); XLA's partitioner inserts both kinds of collectives
+        self.mesh = placement.grid if self.grid else placement.mesh
+        self.replicas = placement.data_parallel
         self.accum_steps = 1
         self._replicated = NamedSharding(self.mesh, P())
         self._split = NamedSharding(self.mesh, P(None, AXIS))
+        self._state_shardings: list = []
         self._calls: dict = {}
         self._logs = None  # the last step's, as arrays
         if not model.optimizer.built:
@@ -121,7 +130,10 @@ class OverrideRunner:
         state = self.model._get_jax_state(  # noqa: SLF001 (the hook such models override)
             trainable_variables=True, non_trainable_variables=True, optimizer_variables=True
         )
-        self.state = [self._put(group) for group in state]
+        self._state_shardings = [[self._sharding_of(v) for v in group] for group in state]
+        self.state = [
+            self._put(group, shardings) for group, shardings in zip(state, self._state_shardings)
+        ]
 
     def sync(self) -> None:
         """The devices' state into the Keras variables."""
@@ -164,6 +176,11 @@ class OverrideRunner:
         return peak_device_bytes(self.mesh.local_devices)
 
     def describe_sharding(self) -> str:
+        if self.grid:
+            return (
+                f"a 2-D mesh: each weight split over the {self.placement.model_parallel} "
+                f"devices of a model group, the global batch over {self.replicas} data groups"
+            )
         return (
             f"replicated: every device holds the whole state; the model's own step runs over "
             f"the global batch, split over {self.replicas} devices"
@@ -175,7 +192,7 @@ class OverrideRunner:
     # -- the compiled calls ------------------------------------------------------------------
     def put(self, block: dict):
         """A block of batches as given (leaves ``[S, B, ...]``) on the devices: split on the
-        batch axis, or, a partial batch the devices do not divide, whole on each."""
+        batch axis, or, a partial batch the data groups do not divide, whole on each."""
         rows = jax.tree.leaves(block)[0].shape[1]
         return jax.device_put(block, self._split if rows % self.replicas == 0 else self._replicated)
 
@@ -194,7 +211,11 @@ class OverrideRunner:
         if key not in self._calls:
             fn = self._train_steps if kind == "train" else self._test_steps
             donate = (0, 1) if kind == "train" else (1,)
-            self._calls[key] = jax.jit(fn, out_shardings=self._replicated, donate_argnums=donate)
+            # the state leaves as it came (split where it was made split); the rest whole
+            out = self._replicated
+            if kind == "train":
+                out = (self._state_shardings, self._replicated, self._replicated)
+            self._calls[key] = jax.jit(fn, out_shardings=out, donate_argnums=donate)
         return self._calls[key]
 
     def _train_steps(self, state, metrics, block, steps):
@@ -221,8 +242,21 @@ class OverrideRunner:
         _, metrics, logs = _looped(step, (None, metrics), batches)
         return metrics, logs
 
-    def _put(self, values) -> list:
-        return [jax.device_put(jnp.asarray(v), self._replicated) for v in values]
+    def _put(self, values, shardings=None) -> list:
+        """Copies of ``values`` on the devices (never the Keras variables' own buffers,
+        which the next call would donate): whole on each, or as ``shardings`` say."""
+        shardings = shardings or [self._replicated] * len(values)
+        return [
+            jax.device_put(jnp.asarray(v), s, may_alias=False) for v, s in zip(values, shardings)
+        ]
+
+    def _sharding_of(self, value):
+        """Where a value of the state lives: as made, where it was made on this mesh (split
+        over its model axis), else whole on every device."""
+        held = getattr(value, "sharding", None)
+        if isinstance(held, NamedSharding) and held.mesh == self.mesh:
+            return held
+        return self._replicated
 
 
 def _looped(step, carry, n):

@@ -21,6 +21,7 @@ from mirrorfit.engine.jax.devices import DeviceSetup
 from mirrorfit.errors import ConfigError
 
 AXIS = "data"  # the mesh axis the batch is split along
+MODEL_AXIS = "model"  # the second axis of a 2-D mesh (model_parallel > 1): weights split on it
 
 
 @dataclass(frozen=True)
@@ -39,7 +40,23 @@ class Placement:
     task: str = "local"
     cluster: object | None = None
     shard: str = "none"  # what of the state is split over the mesh (engine.jax.sharding)
+    model_parallel: int = 1  # devices a weight is split over (a 2-D mesh: data x model)
     backend = "jax"  # which engine runs it (mirrorfit.engine.controller picks the runner by it)
+
+    @cached_property
+    def grid(self):
+        """The 2-D mesh (``data`` x ``model``) of ``model_parallel``: the same devices, each
+        run of ``model_parallel`` neighbours one group that splits the weights."""
+        from jax.sharding import Mesh
+
+        devices = np.array(list(self.mesh.devices.flat))
+        shape = (self.replicas // self.model_parallel, self.model_parallel)
+        return Mesh(devices.reshape(shape), (AXIS, MODEL_AXIS))
+
+    @property
+    def data_parallel(self) -> int:
+        """The groups a batch is split over (``replicas / model_parallel``)."""
+        return self.replicas // self.model_parallel
 
     @property
     def lockstep(self) -> bool:
@@ -229,12 +246,14 @@ def build_placement(
     communication: str = "auto",
     cluster=None,
     shard: str = "none",
+    model_parallel: int = 1,
     **_,
 ) -> Placement:
     """The mesh over ``setup``'s devices for strategy ``kind`` (``multi-worker``: over every
     process's, ``cluster``'s job joined by ``configure_devices(cluster=...)``); ConfigError,
     one line, for a strategy or collective setting that only the TensorFlow engine has.
-    ``shard``: ``none``, ``optimizer`` or ``all`` (:mod:`mirrorfit.engine.jax.sharding`)."""
+    ``shard``: ``none``, ``optimizer`` or ``all`` (:mod:`mirrorfit.engine.jax.sharding`);
+    ``model_parallel``: the devices each weight is split over (a 2-D mesh)."""
     from dataclasses import replace
 
     check_settings(
@@ -244,7 +263,31 @@ def build_placement(
         communication=communication,
         shard=shard,
     )
-    return replace(_build(setup, kind, cluster), shard=shard)
+    placement = replace(_build(setup, kind, cluster), shard=shard)
+    _check_model_parallel(placement, model_parallel)
+    return replace(placement, model_parallel=model_parallel)
+
+
+def _check_model_parallel(placement: Placement, model_parallel: int) -> None:
+    """ConfigError for a 2-D mesh the placement cannot make."""
+    if model_parallel == 1:
+        return
+    if placement.replicas % model_parallel:
+        raise ConfigError(
+            f"model_parallel={model_parallel} does not divide the {placement.replicas} "
+            "replicas into groups; give a divisor of the replicas"
+        )
+    if placement.workers > 1:
+        raise ConfigError(
+            f"model_parallel={model_parallel} splits the weights over one process's devices; "
+            "a job of several workers trains with model_parallel=1"
+        )
+    if placement.shard != "none":
+        raise ConfigError(
+            f"model_parallel={model_parallel} splits the weights over the model axis already; "
+            f"shard={placement.shard!r} beside it (ZeRO over the data axis) is not built yet: "
+            "use shard='none'"
+        )
 
 
 def _build(setup: DeviceSetup, kind: str, cluster) -> Placement:

@@ -28,7 +28,7 @@ def replicas(strategy) -> int:
     return strategy.num_replicas_in_sync
 
 
-def pads(model, step: str) -> bool:
+def pads(model, step: str, strategy=None) -> bool:
     """Whether ``step`` (``train``/``test``) batches are padded: not for a model's own
     ``train_step``/``test_step``, which gets the batch as the data gave it."""
     return not fit_metrics.overrides(model, f"{step}_step")
