@@ -27,7 +27,7 @@ from mirrorfit.engine.jax.sharding import (
     peak_device_bytes,
     state_bytes_per_device,
 )
-from mirrorfit.engine.jax.step import _has_convolution, _psum_flat, _Train, stacked
+from mirrorfit.engine.jax.step import _has_convolution, _Train, all_reduce, stacked
 from mirrorfit.errors import ConfigError, FitError
 from mirrorfit.fitting import batchnorm
 from mirrorfit.fitting import metrics as fit_metrics
@@ -164,10 +164,7 @@ class Runner:
         self._split = NamedSharding(self.mesh, P(AXIS))
         self._batches = NamedSharding(self.mesh, P(None, AXIS))
         self._train = self._evaluate = self._statistics = None
-        # One psum of the tuple on one process; across processes gloo takes a tuple's arrays
-        # one by one, so one buffer there (as engine/jax/step.py's, same figures)
-        processes = {d.process_index for d in self.mesh.devices.flat}
-        self._all_reduce = _psum_flat if len(processes) > 1 else _psum
+        self._all_reduce = all_reduce(self.mesh)  # as the built-in step's (why: step.py)
         self._output_losses = fit_metrics.output_loss_indices(model)
         self._masked = fit_metrics.masked_outputs(model)
         self._synced = True
@@ -504,10 +501,6 @@ class Runner:
         return _has_convolution(
             jax.make_jaxpr(lambda t, n, x: model.stateless_call(t, n, x, **kwargs)[0])(t, n, x)
         )
-
-
-def _psum(values: list) -> list:
-    return jax.lax.psum(values, AXIS)
 
 
 def _both_doors(message: str, shard: str) -> str:

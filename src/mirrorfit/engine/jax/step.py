@@ -102,13 +102,7 @@ class Spec:
 
     @property
     def psum(self) -> Callable:
-        # The step's one all-reduce: one psum of all the gradients (XLA emits one
-        # all-reduce of a tuple). Not of one flattened buffer on one process (far slower on
-        # XLA's CPU client); across processes gloo takes a tuple's arrays one by one, so
-        # there, one buffer (docs/benchmarks.md#figures-behind-the-code).
-        if len({d.process_index for d in self.mesh.devices.flat}) > 1:
-            return _psum_flat
-        return functools.partial(jax.lax.psum, axis_name=AXIS)
+        return all_reduce(self.mesh)
 
 
 def per_example_loss(spec: Spec, y, y_pred):
@@ -338,6 +332,16 @@ class _Train:
         if not self._choose(state, xs):
             return self._looped.lower(state, xs, ys, num_steps)
         return self._single.lower(state, xs, ys, np.int32(0))
+
+
+def all_reduce(mesh) -> Callable:
+    """The step's one all-reduce of a list of arrays over ``mesh``'s data axis: one psum of
+    them all (XLA emits one all-reduce of a tuple), not of one flattened buffer on one process
+    (far slower on XLA's CPU client); across processes gloo takes a tuple's arrays one by one,
+    so there, one buffer (docs/benchmarks.md#figures-behind-the-code)."""
+    if len({d.process_index for d in mesh.devices.flat}) > 1:
+        return _psum_flat
+    return functools.partial(jax.lax.psum, axis_name=AXIS)
 
 
 def _psum_flat(values: list) -> list:
