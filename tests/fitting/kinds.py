@@ -259,6 +259,62 @@ def kind_masked_pooling():
     return m, (x, y), {}
 
 
+class KerasLossesInComputeLoss(keras.Model):
+    """keras-io's Distiller's form: a compute_loss override calling Keras loss objects (on
+    TensorFlow, each divides by the replicas; once, its loss was halved there)."""
+
+    def __init__(self, inputs, outputs):
+        super().__init__(inputs, outputs)
+        self.hard = keras.losses.MeanSquaredError()
+        self.soft = keras.losses.MeanAbsoluteError()
+
+    def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
+        return 0.7 * self.hard(y, y_pred, sample_weight) + 0.3 * self.soft(y, y_pred, sample_weight)
+
+
+def kind_keras_losses_in_compute_loss():
+    inputs = keras.Input((8,))
+    h = layers.Dense(8, activation="relu")(inputs)
+    m = KerasLossesInComputeLoss(inputs, layers.Dense(1)(h))
+    m.compile(optimizer=keras.optimizers.SGD(0.05), metrics=["mae"])
+    return m, data_regression(), {}
+
+
+class SuperTestStep(keras.Model):
+    """A test_step that adds to Keras's own (on TensorFlow its loss once read x replicas)."""
+
+    if BACKEND == "jax":
+
+        def test_step(self, state, data):
+            return super().test_step(state, data)
+
+    else:
+
+        def test_step(self, data):
+            return super().test_step(data)
+
+
+def kind_super_test_step():
+    inputs = keras.Input((8,))
+    m = SuperTestStep(inputs, layers.Dense(1)(layers.Dense(8, activation="relu")(inputs)))
+    m.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse", metrics=["mae"])
+    return m, data_regression(), {"batch_size": 40}  # 5 whole batches: equal shares
+
+
+def kind_clipnorm():
+    # each gradient clipped to norm 0.05: on one device, the whole batch's gradient (Keras
+    # clips each replica's under a strategy, before its all-reduce)
+    m, data, _ = kind_regression()
+    m.compile(optimizer=keras.optimizers.SGD(0.05, clipnorm=0.05), loss="mse", metrics=["mae"])
+    return m, data, {}
+
+
+def kind_global_clipnorm():
+    m, data, _ = kind_regression()
+    m.compile(optimizer=keras.optimizers.Adam(1e-2, global_clipnorm=0.1), loss="mse")
+    return m, data, {}
+
+
 KINDS = {name[5:]: fn for name, fn in sorted(globals().items()) if name.startswith("kind_")}
 
 

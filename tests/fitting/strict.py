@@ -54,6 +54,12 @@ def own_loss():
     return mirrorfit.fit(model, x, None, epochs=3, batch_size=32, verbose=0).history["loss"]
 
 
+def with_optimizer(optimizer):
+    model = classifier()
+    model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy")
+    return model
+
+
 def ragged_dataset():
     import tensorflow as tf
 
@@ -97,6 +103,12 @@ cases = {
     ),
     "integral_float_labels": lambda: mirrorfit.fit(classifier(), x, labels.astype("float32"), **kw),
     "ragged_x": lambda: mirrorfit.fit(classifier(), ragged_dataset(), **kw),
+    "ema": lambda: mirrorfit.fit(
+        with_optimizer(keras.optimizers.Adam(use_ema=True)), x, labels, **kw
+    ),
+    "keras_accumulation": lambda: mirrorfit.fit(
+        with_optimizer(keras.optimizers.SGD(gradient_accumulation_steps=2)), x, labels, **kw
+    ),
 }
 results: dict = {}
 for name, call in cases.items():

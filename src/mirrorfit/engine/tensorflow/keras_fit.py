@@ -162,6 +162,11 @@ class Runner:
                 "accum_steps at 1"
             )
         self._own_test = fit_metrics.overrides(model, "test_step")
+        if self.replicas > 1:
+            _check_optimizer(model.optimizer)
+        # Keras clips each replica's gradients before its all-reduce: the replicas' sum is
+        # reduced first here, so the clip sees the whole batch's gradients, as on one device
+        self._reduce_first = not self._own_train and self.replicas > 1 and _clips(model.optimizer)
         if (self._own_train or self._own_test) and self.replicas > 1:
             import warnings
 
@@ -174,9 +179,6 @@ class Runner:
             )
         self._output_losses = fit_metrics.output_loss_indices(model)
         self._masked = fit_metrics.masked_outputs(model)
-        # Keras's own losses divide by the replicas under a strategy; a compute_loss override
-        # (Keras's documented examples) returns its examples' loss undivided.
-        self._own_loss = fit_metrics.overrides(model, "compute_loss")
         # A model's own step may need AutoGraph (Python control flow on tensors), as under
         # Keras's fit; mirrorfit's own is written without it.
         # XLA (the model's jit_compile, or --xla): each replica's forward and backward pass
@@ -278,7 +280,7 @@ class Runner:
         return self.strategy.experimental_distribute_values_from_function(piece)
 
     def train(self, block, steps: int) -> None:
-        with _as_one_device(self.model, self.replicas, self._own_train):
+        with _as_one_device(self.model, self.replicas, self._own_train, self._reduce_first):
             self._step_logs = _python(self._train(block, tf.constant(steps, tf.int32)))
 
     def evaluate(self, block, batches: int) -> None:
@@ -337,6 +339,10 @@ class Runner:
             grads, y_pred, loss = self._gradients(part)
             total = grads if total is None else [t + g for t, g in zip(total, grads)]
             fit_metrics.update(model, part, y_pred, unscale_loss_for_distribution(loss))
+        if self._reduce_first:  # the optimizer's own all-reduce then passes them on
+            total = tf.distribute.get_replica_context().all_reduce(
+                tf.distribute.ReduceOp.SUM, total
+            )
         if isinstance(model.optimizer, _loss_scale_optimizer()):
             total = _agree_on_overflow(total)
         model.optimizer.apply_gradients(zip(total, weights))
@@ -375,8 +381,8 @@ class Runner:
         fit_metrics.update(model, batch, y_pred, unscale_loss_for_distribution(loss))
 
     def _compute_loss(self, batch, y_pred, training: bool):
-        """The model's compute_loss on this replica's share (Keras divides by the replicas),
-        its per-output loss means counting real examples only."""
+        """The model's compute_loss on this replica's share, divided by the replicas, its
+        per-output loss means counting real examples only."""
         model = self.model
         tracked = [model.metrics_variables[i] for i in self._output_losses]
         before = [tf.identity(v.value) for v in tracked]
@@ -389,9 +395,9 @@ class Runner:
         )
         for var, old in zip(tracked, before):
             var.assign(fit_metrics.reweighted(old, var.value, batch["scale"]))
-        if self._own_loss:  # the loss of this replica's examples, as on one device
-            loss = loss / self.replicas
-        return loss
+        # undivided by Keras (_as_one_device), Keras's losses and a compute_loss override's
+        # own arithmetic alike (a Distiller's Keras losses were divided twice): divided here
+        return loss / self.replicas
 
     def _call(self, x, training: bool):
         if self.model._call_has_training_arg:
@@ -400,28 +406,68 @@ class Runner:
 
 
 @contextlib.contextmanager
-def _as_one_device(model, replicas: int, own_step: bool):
-    """Around a call of a model's own step (where it is traced): Keras's losses not divided
-    by the replicas, and every optimizer of the model averaging its gradients over the
-    replicas instead of summing them. Each replica's loss is then the mean over its share of
-    the batch, and the update and the logged losses are one device's, for a step written as
-    for one device (a mean loss, then ``apply_gradients``), with Keras's losses or without."""
-    if not own_step or replicas == 1:
+def _as_one_device(model, replicas: int, own_step: bool, reduced: bool = False):
+    """Around a call of the steps (where they are traced): Keras's losses neither divided by
+    the replicas nor multiplied back (each replica's loss is the mean over its share, with
+    Keras's losses or a ``compute_loss`` of the user's own arithmetic alike: the runner
+    divides the total once), and, for a model's own step, every optimizer of the model
+    averaging its gradients over the replicas instead of summing them. The update and the
+    logged losses are then one device's, for a step written as for one device (a mean loss,
+    then ``apply_gradients``; ``super().test_step``). ``reduced``: the step all-reduces the
+    gradients itself, every optimizer's own all-reduce passes them on."""
+    if replicas == 1:
         yield
         return
     from keras.src.losses import loss as loss_module
 
-    optimizers = _optimizers(model)
-    divided = loss_module.scale_loss_for_distribution
-    loss_module.scale_loss_for_distribution = lambda value: value
+    kept = (loss_module.scale_loss_for_distribution, loss_module.unscale_loss_for_distribution)
+    loss_module.scale_loss_for_distribution = _unchanged
+    loss_module.unscale_loss_for_distribution = _unchanged
+    optimizers = _optimizers(model) if own_step or reduced else []
     for opt in optimizers:  # past Keras's attribute tracking: not part of the state
-        object.__setattr__(opt, "_all_reduce_sum_gradients", _averaging(opt, replicas))
+        passed = _passed_on if reduced else _averaging(opt, replicas)
+        object.__setattr__(opt, "_all_reduce_sum_gradients", passed)
     try:
         yield
     finally:
-        loss_module.scale_loss_for_distribution = divided
+        loss_module.scale_loss_for_distribution = kept[0]
+        loss_module.unscale_loss_for_distribution = kept[1]
         for opt in optimizers:
             object.__delattr__(opt, "_all_reduce_sum_gradients")
+
+
+def _unchanged(value):
+    return value
+
+
+def _passed_on(grads_and_vars):
+    return list(grads_and_vars)
+
+
+def _clips(optimizer) -> bool:
+    """Whether the optimizer (or the one a loss-scale optimizer wraps) clips gradients."""
+    inner = getattr(optimizer, "inner_optimizer", optimizer)
+    names = ("clipnorm", "clipvalue", "global_clipnorm")
+    return any(getattr(o, n, None) is not None for o in (optimizer, inner) for n in names)
+
+
+def _check_optimizer(optimizer) -> None:
+    """FitError for an optimizer setting TensorFlow's replicas cannot run (a merge_call
+    inside Keras's cond, a multi-line RuntimeError)."""
+    inner = getattr(optimizer, "inner_optimizer", optimizer)
+    name = type(inner).__name__
+    if getattr(inner, "use_ema", False):
+        raise FitError(
+            f"{name}(use_ema=True): TensorFlow's replicas cannot run Keras's EMA update (a "
+            "merge_call inside a cond); use backend='jax', which runs it, or drop use_ema"
+        )
+    if getattr(inner, "gradient_accumulation_steps", None):
+        raise FitError(
+            f"{name}(gradient_accumulation_steps={inner.gradient_accumulation_steps}): "
+            "TensorFlow's replicas cannot run Keras's accumulation (a merge_call inside a "
+            "cond); drop it and pass mirrorfit.fit(accum_steps=N) (--accum-steps N), which "
+            "accumulates per replica with one all-reduce per step"
+        )
 
 
 def _optimizers(model) -> list:
