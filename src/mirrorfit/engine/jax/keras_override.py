@@ -136,16 +136,18 @@ class OverrideRunner:
         ]
 
     def sync(self) -> None:
-        """The devices' state into the Keras variables."""
+        """The devices' state into the Keras variables: the same arrays, no copy (done after
+        every call, so the variables hold the state's live buffers between calls, as Keras's
+        own fit leaves them: one copy of the state on the devices, not two)."""
         m = self.model
         groups = ("trainable_variables", "non_trainable_variables", "optimizer_variables")
         values = [*self.state, self.metrics]
         m._jax_state = {  # noqa: SLF001 (what Keras's own fit hands jax_state_sync)
-            name: [np.asarray(v) for v in group]
-            for name, group in zip((*groups, "metrics_variables"), values)
+            name: list(group) for name, group in zip((*groups, "metrics_variables"), values)
         }
         m._jax_state_synced = False  # noqa: SLF001
         m.jax_state_sync()
+        m._jax_state = None  # noqa: SLF001 (the next call donates these buffers)
 
     def reset_metrics(self) -> None:
         self.metrics = self._put(self._initial_metrics)
@@ -201,10 +203,12 @@ class OverrideRunner:
         self.state, self.metrics, self._logs = call(
             self.state, self.metrics, block, np.int32(steps)
         )
+        self.sync()  # the call donated the buffers the variables held
 
     def evaluate(self, block, batches: int) -> None:
         call = self._call("test", block)
         self.metrics, self._logs = call(self.state, self.metrics, block, np.int32(batches))
+        self.sync()
 
     def _call(self, kind: str, block):
         key = (kind, jax.tree.structure(block))

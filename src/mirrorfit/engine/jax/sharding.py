@@ -293,13 +293,17 @@ def describe_unsplit(mode: str, replicas: int) -> str:
 
 
 def state_bytes_per_device(arrays: Sequence) -> int:
-    """The most bytes of ``arrays`` (JAX arrays; one held twice counts once) any one of this
-    process's devices holds, read from their shards."""
+    """The most bytes of ``arrays`` (JAX arrays) any one of this process's devices holds,
+    read from their shards, each buffer once (two arrays over one buffer: a variable and the
+    state it was read from)."""
     held: dict = {}
-    for array in {id(a): a for a in arrays}.values():
+    for array in arrays:
         for shard in array.addressable_shards:
-            held[shard.device] = held.get(shard.device, 0) + shard.data.nbytes
-    return max(held.values(), default=0)
+            held[(shard.device, shard.data.unsafe_buffer_pointer())] = shard.data.nbytes
+    per_device: dict = {}
+    for (device, _), size in held.items():
+        per_device[device] = per_device.get(device, 0) + size
+    return max(per_device.values(), default=0)
 
 
 def non_finite_counts(arrays: Sequence) -> list[int]:
