@@ -315,6 +315,36 @@ def kind_global_clipnorm():
     return m, data, {}
 
 
+class MeanOfSquares(keras.Model):
+    """keras-io's compute_loss style: a mean of its own that ignores sample_weight, so the
+    padding of a partial batch would enter it (padded once: 2e-2 off one device's weights)."""
+
+    def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
+        return ops.mean(ops.square(y - y_pred))
+
+
+def kind_unweighted_compute_loss():
+    inputs = keras.Input((8,))
+    m = MeanOfSquares(inputs, layers.Dense(1)(layers.Dense(8, activation="relu")(inputs)))
+    m.compile(optimizer=keras.optimizers.SGD(0.05), metrics=["mae"])
+    return m, data_regression(), {}
+
+
+def kind_sum_reduction():
+    # a sum over the batch: each replica's sum, averaged, was half of it (on both engines)
+    m, data, _ = kind_regression()
+    loss = keras.losses.MeanSquaredError(reduction="sum")
+    m.compile(optimizer=keras.optimizers.SGD(1e-3), loss=loss, metrics=["mae"])
+    return m, data, {}
+
+
+def kind_mean_with_sample_weight():
+    m, (x, y), _ = kind_regression()
+    loss = keras.losses.MeanSquaredError(reduction="mean_with_sample_weight")
+    m.compile(optimizer=keras.optimizers.SGD(0.05), loss=loss, metrics=["mae"])
+    return m, (x, y), {"sample_weight": rng.uniform(0.1, 2.0, size=(N,)).astype("float32")}
+
+
 KINDS = {name[5:]: fn for name, fn in sorted(globals().items()) if name.startswith("kind_")}
 
 

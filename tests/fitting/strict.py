@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import sys
+import warnings
 
 import numpy as np
 
@@ -162,6 +163,46 @@ out["two_outputs_evaluate"] = [
     both.evaluate(x, {"kind": targets[0], "value": targets[1]}, batch_size=32, verbose=0),
     mirrorfit.evaluate(both, x, targets, batch_size=32, verbose=0),
     both.evaluate(x, targets, batch_size=32, verbose=0),
+]
+
+
+class LargestError(keras.metrics.Metric):
+    """A running maximum: not a sum, so adding the replicas' changes is not one device's."""
+
+    def __init__(self, name="largest_error", **kwargs):
+        super().__init__(name=name, **kwargs)
+        self.largest = self.add_variable(shape=(), initializer="zeros", name="largest")
+
+    def update_state(self, y_true, y_pred, sample_weight=None):
+        self.largest.assign(keras.ops.maximum(self.largest, keras.ops.max(1.0 - y_pred)))
+
+    def result(self):
+        return keras.ops.convert_to_tensor(self.largest)
+
+
+watched = classifier()
+watched.compile(
+    optimizer="sgd",
+    loss="sparse_categorical_crossentropy",
+    metrics=[LargestError(), "accuracy"],
+)
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    mirrorfit.fit(watched, x, labels, **kw)
+out["own_metric_warnings"] = [str(w.message) for w in caught if "own" in str(w.message)]
+
+
+# an activity regularizer: the padding of a partial evaluation batch enters its loss (said,
+# as for training)
+by_hand_in = keras.Input((4,))
+penalised = keras.layers.Dense(1, activity_regularizer=keras.regularizers.L2(1e-2))(by_hand_in)
+by_hand = keras.Model(by_hand_in, penalised)
+by_hand.compile(optimizer="sgd", loss="mse")
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    mirrorfit.evaluate(by_hand, x[:90], labels[:90, None], batch_size=32, verbose=0)
+out["evaluation_padding_warnings"] = [
+    str(w.message) for w in caught if "partial batch" in str(w.message)
 ]
 if out["y_none_own_loss"] is None:
     losses = results["y_none_own_loss"]

@@ -27,7 +27,7 @@ def check_not_ragged(name: str, part) -> None:
     if any(type(a).__name__ in ("RaggedTensor", "RaggedTensorSpec") for a in leaves):
         raise FitError(
             f"{name} holds a tf.RaggedTensor, which mirrorfit would split as a zero-padded "
-            "rectangle; give x.to_tensor() (with a mask, e.g. Embedding(mask_zero=True)), "
+            "rectangle; give it as .to_tensor() (with a mask, e.g. Embedding(mask_zero=True)), "
             "or use the model's own fit/predict for ragged input"
         )
 

@@ -50,7 +50,15 @@ class Epochs:
         if pad and round_up:  # padding weighs 0 in every metric: 7 is scored as 7 of 8
             given = fit_batches.check_batch_size(given, 1)
             given += -given % replicas
-        self.size = fit_batches.check_batch_size(given, replicas, accum_steps)
+        if not pad and accum_steps == 1:  # as given: split as evenly as it goes, or whole
+            self.size = fit_batches.check_batch_size(given, 1)
+            if self.size < replicas:
+                raise FitError(
+                    f"batch_size={self.size} is smaller than the {replicas} replicas, which "
+                    f"would leave one with no example; give at least {replicas}"
+                )
+        else:
+            self.size = fit_batches.check_batch_size(given, replicas, accum_steps)
         self.first = self._made(first)
 
     def _iterator(self):

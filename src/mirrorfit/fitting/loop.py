@@ -128,7 +128,7 @@ def fit(
         _check_targets(model, x, y)
         y, sample_weight = _as_outputs(model, y), _as_outputs(model, sample_weight)
         adapter = _adapter(x, y, sample_weight, class_weight, batch_size, steps_per_epoch, shuffle)
-        if not drop_remainder:
+        if not drop_remainder and run.pads("train"):
             _warn_padding_enters(model, adapter, synced=run.sync_batchnorm)
         train = run.epochs(
             adapter, batch_size, steps_per_epoch, "train", drop_remainder=drop_remainder
@@ -209,12 +209,17 @@ def _validation(run, data, batch_size, steps) -> Epochs | None:
 
     from mirrorfit.fitting import metrics
 
+    from mirrorfit.fitting.batches import check_not_ragged
+
+    check_not_ragged("validation_data", data)
     x, y, w = unpack_x_y_sample_weight(data)
     y, w = _as_outputs(run.model, y), _as_outputs(run.model, w)
     metrics.check_input_shapes(run.model, x, "the validation data")
     metrics.check_target_shapes(run.model, y, "the validation data")
     metrics.check_sparse_labels(run.model, y, "the validation data")
     adapter = _adapter(x, y, w, None, batch_size, steps, False)
+    if run.pads("test"):
+        _warn_padding_enters(run.model, adapter, where="validation data")
     return run.epochs(adapter, batch_size, steps, "test", restart=True, where="validation data")
 
 
@@ -252,8 +257,11 @@ def evaluate(
     from mirrorfit.fitting import metrics
 
     y, sample_weight = _as_outputs(model, y), _as_outputs(model, sample_weight)
+    adapter = _adapter(x, y, sample_weight, None, batch_size, steps, False)
+    if run.pads("test"):
+        _warn_padding_enters(model, adapter, where="evaluation data")
     data = run.epochs(
-        _adapter(x, y, sample_weight, None, batch_size, steps, False),
+        adapter,
         batch_size,
         steps,
         "test",
@@ -383,18 +391,24 @@ class _Run:
         """``blocks`` made ahead on a thread; on several workers, checked to agree."""
         return self.workers.agreed(prefetched(blocks))
 
+    def pads(self, step: str) -> bool:
+        """Whether ``step``'s batches are padded (the engine's choice of runner decides,
+        one for both steps: the run's micro-batches count for evaluation too)."""
+        return self.engine.pads(self.model, step, self.placement, self.accum_steps)
+
     def epochs(self, source, batch_size, steps, step: str, **kwargs) -> Epochs:
         """The epochs of ``source`` as the runner takes them (``step``: ``train`` or
         ``test``: padded, unless the model's own ``train_step``/``test_step`` runs)."""
         from mirrorfit.fitting.metrics import masked_outputs
 
+        accum = self.accum_steps if step == "train" else 1
         return Epochs(
             source,
             batch_size,
             steps,
             replicas=self.engine.replicas(self.placement),
-            accum_steps=self.accum_steps if step == "train" else 1,
-            pad=self.engine.pads(self.model, step, self.placement),
+            accum_steps=accum,
+            pad=self.pads(step),
             zeros=masked_outputs(self.model),
             round_up=step == "test",
             **kwargs,
@@ -442,6 +456,7 @@ class _Run:
             object.__setattr__(model, "_mirrorfit_runner", (key, self.runner))
             from mirrorfit.fitting.metrics import ignores_a_class, masked_outputs
 
+            _warn_own_metrics(model, self.runner)
             if masked_outputs(model) or ignores_a_class(model):
                 warnings.warn(
                     "the model's outputs are masked (mask_zero, Masking, a loss's "
@@ -501,6 +516,22 @@ def _shape_refused():
         ) from None
 
 
+def _warn_own_metrics(model, runner) -> None:
+    """Warn where a compiled metric of the user's own class is updated per replica, its
+    state then added up over the replicas (a model's own step on JAX sees the global batch)."""
+    from mirrorfit.fitting.metrics import own_metric_names
+
+    names = own_metric_names(model)
+    if names and getattr(runner, "per_replica", True) and runner.replicas > 1:
+        warnings.warn(
+            f"the metric {names[0]}{' (and others)' if len(names) > 1 else ''} is a class of "
+            "your own: each replica updates it on its share and the replicas' changes to its "
+            "state are added up (as under Keras's own strategies), right for sums and counts, "
+            "not for a maximum or a last value; compute those in a callback over predict",
+            stacklevel=4,
+        )
+
+
 def warn_compiled_anyway(model) -> None:
     """Warn where the model asks for eager steps (``run_eagerly=True``): mirrorfit compiles
     every step over the replicas all the same."""
@@ -534,11 +565,12 @@ def _warn_batchnorm_per_replica(run, batch_size: int) -> None:
         )
 
 
-def _warn_padding_enters(model, adapter, *, synced: bool = False) -> None:
+def _warn_padding_enters(model, adapter, *, synced: bool = False, where: str = "") -> None:
     """Warn where the padding of an epoch's partial last batch reaches what the loss and
-    metrics' zero weights do not cover: batch statistics, activity losses, a ``compute_loss``
-    override that ignores ``sample_weight``. Only where the
-    adapter knows its last batch (arrays); a generator's is not known ahead."""
+    metrics' zero weights do not cover: batch statistics (training), activity losses, a
+    ``compute_loss`` override that ignores ``sample_weight``. Only where the adapter knows
+    its last batch (arrays); a generator's is not known ahead. ``where``: the evaluation or
+    validation data (no statistics, no drop_remainder), else the training data."""
     import keras
 
     try:
@@ -555,6 +587,7 @@ def _warn_padding_enters(model, adapter, *, synced: bool = False) -> None:
             if isinstance(layer, keras.layers.BatchNormalization)
             and layer.trainable  # a frozen one normalises with its moving statistics
             and not synced
+            and not where  # evaluation normalises with the moving statistics
         }
         | {
             "activity regularizers"
@@ -568,11 +601,20 @@ def _warn_padding_enters(model, adapter, *, synced: bool = False) -> None:
         what.append("the model's compute_loss unless it weighs by sample_weight")
     if what:
         fill = "zeros" if masked_outputs(model) else "copies of its last example"
+        ending = (
+            f"the {where} ends on a partial batch"
+            if where
+            else "each epoch ends on a partial batch"
+        )
+        way = (
+            "a batch size that divides the data scores whole batches only"
+            if where
+            else "pass drop_remainder=True, or a batch size that divides the data, to train "
+            "on whole batches only"
+        )
         warnings.warn(
-            f"each epoch ends on a partial batch of {real} examples, padded to the global "
-            f"batch with {fill}, which reach {' and '.join(what)} (the loss and metrics "
-            "weigh them 0); pass drop_remainder=True, or a batch size that divides the "
-            "data, to train on whole batches only",
+            f"{ending} of {real} examples, padded to the global batch with {fill}, which "
+            f"reach {' and '.join(what)} (the loss and metrics weigh them 0); {way}",
             stacklevel=3,
         )
 

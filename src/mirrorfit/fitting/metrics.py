@@ -66,6 +66,34 @@ def pythonified(logs: dict, to_numpy) -> dict:
     return out
 
 
+def whole_batch_reductions(model) -> list[str]:
+    """The reductions of the compiled losses that a mean over each replica's share, averaged
+    over the replicas, does not give: ``sum`` (a sum, not a mean) and
+    ``mean_with_sample_weight`` (divided by the share's weights, which differ between
+    replicas). Keras's default, ``sum_over_batch_size``, averages."""
+    from keras import tree
+
+    loss = getattr(model, "loss", None)
+    found = []
+    for fn in tree.flatten(loss) if loss is not None else []:
+        reduction = getattr(fn, "reduction", "sum_over_batch_size")
+        if reduction in ("sum", "mean_with_sample_weight") and reduction not in found:
+            found.append(reduction)
+    return found
+
+
+def check_reductions(model, why: str) -> None:
+    """FitError for a compiled loss reduction a per-replica step cannot give (``why``: what
+    would give it)."""
+    found = whole_batch_reductions(model)
+    if found:
+        raise FitError(
+            f"the compiled loss has reduction={found[0]!r}, which each replica's step would "
+            f"apply to its own share (the replicas' {found[0]}s averaged are not the global "
+            f"batch's); {why}, or compile the loss with reduction='sum_over_batch_size'"
+        )
+
+
 def own_step_arguments(model) -> dict[str, int]:
     """The positional arguments (``self`` not counted) of each ``train_step``/``test_step``
     the model defines itself: 1 in TensorFlow's form ``(data)``, 2 in JAX's ``(state,
@@ -140,6 +168,19 @@ def merged(initial: list, per_replica: list) -> list:
         delta = (values - init[None]).sum(axis=0) if values.shape[0] else 0
         out.append((init + delta).astype(values.dtype))
     return out
+
+
+def own_metric_names(model) -> list[str]:
+    """The compiled metrics of classes the user wrote (not Keras's), whose state
+    :func:`merged` adds up over the replicas: right for Keras's sums and counts, not known
+    for a class of the user's own (a running maximum would be summed)."""
+    found = []
+    for metric in getattr(model, "metrics", []):
+        for inner in getattr(metric, "metrics", None) or [metric]:  # CompileMetrics' own
+            module = type(inner).__module__
+            if not module.startswith(("keras.", "keras_hub.")) and inner.variables:
+                found.append(inner.name)
+    return found
 
 
 def loss_tracker_indices(model) -> list[int] | None:

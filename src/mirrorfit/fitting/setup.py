@@ -8,6 +8,7 @@ joins the job ``TF_CONFIG`` or SLURM describe (docs/keras-script.md#several-work
 from __future__ import annotations
 
 import importlib
+import numbers
 from dataclasses import dataclass, field
 
 from mirrorfit.engine import backends
@@ -97,6 +98,8 @@ def setup(
             "'/gpu:1'] (mirrorfit.list_devices() names them)"
         )
     backend = _backend(backend)
+    if isinstance(model_parallel, numbers.Integral) and not isinstance(model_parallel, bool):
+        model_parallel = int(model_parallel)  # NumPy's integers too
     if (
         isinstance(model_parallel, bool)
         or not isinstance(model_parallel, int)

@@ -61,23 +61,37 @@ def replicas(placement) -> int:
     return placement.data_parallel
 
 
-def pads(model, step: str, placement=None) -> bool:
-    """Whether ``step`` batches are padded: not for a model with its own train_step or
-    test_step, nor on a 2-D mesh, where the step gets every batch as the data gave it."""
-    return not _whole_batch(model, placement)
+def pads(model, step: str, placement=None, accum_steps: int = 1) -> bool:
+    """Whether ``step`` batches are padded: not where the step runs over the global batch
+    as the data gave it (:func:`_whole_batch`)."""
+    return not _whole_batch(model, placement, accum_steps)
 
 
 def runner(model, placement, **settings):
     """The runner for ``model``: mirrorfit's per-replica step, or the model's own over the
-    global batch (:mod:`mirrorfit.engine.jax.keras_override`): where it overrides it, or on a
-    2-D mesh, whose weights the compiler splits (Keras's ``ModelParallel`` way)."""
-    if _whole_batch(model, placement):
+    global batch (:mod:`mirrorfit.engine.jax.keras_override`, :func:`_whole_batch`)."""
+    if _whole_batch(model, placement, settings.get("accum_steps", 1)):
         return OverrideRunner(model, placement, **settings)
     return Runner(model, placement, **settings)
 
 
-def _whole_batch(model, placement) -> bool:
-    return runs_whole(model) or getattr(placement, "model_parallel", 1) > 1
+def _whole_batch(model, placement, accum_steps: int = 1) -> bool:
+    """Whether the model's step runs over the global batch as given, one compiled program
+    (Keras's ``DataParallel`` way): its own train_step/test_step; a 2-D mesh; and, where that
+    program can run (state whole, one worker, no micro-batches), a loss no per-replica mean
+    gives: a ``compute_loss`` of the user's own (keras-io's Distiller ignores
+    ``sample_weight``, so padding would enter it) or a ``sum`` /
+    ``mean_with_sample_weight`` reduction."""
+    if runs_whole(model) or getattr(placement, "model_parallel", 1) > 1:
+        return True
+    own_loss = fit_metrics.overrides(model, "compute_loss")
+    if not own_loss and not fit_metrics.whole_batch_reductions(model):
+        return False
+    return (
+        accum_steps == 1
+        and getattr(placement, "shard", "none") == "none"
+        and getattr(placement, "workers", 1) == 1
+    )
 
 
 class Predictor:
@@ -157,6 +171,11 @@ class Runner:
         # jit_compile: every call is one compiled program whatever it says (Keras's
         # jit_compile=False runs JAX's step uncompiled, for debugging only)
         self.model, self.placement = model, placement
+        if placement.replicas > 1:
+            fit_metrics.check_reductions(
+                model,
+                "with shard='none', one worker and accum_steps=1 it runs over the global batch",
+            )
         self.sync_batchnorm = sync_batchnorm and batchnorm.synchronize(model) > 0
         self.mesh, self.replicas = placement.mesh, placement.replicas
         self.accum_steps = accum_steps

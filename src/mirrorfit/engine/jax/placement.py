@@ -275,7 +275,8 @@ def _check_model_parallel(placement: Placement, model_parallel: int) -> None:
     if placement.replicas % model_parallel:
         raise ConfigError(
             f"model_parallel={model_parallel} does not divide the {placement.replicas} "
-            "replicas into groups; give a divisor of the replicas"
+            "replicas into groups; give a divisor of the replicas (replicas=, e.g. "
+            f"replicas={model_parallel * 2} on logical CPU devices)"
         )
     if placement.workers > 1:
         raise ConfigError(

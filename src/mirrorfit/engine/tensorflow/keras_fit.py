@@ -28,10 +28,27 @@ def replicas(strategy) -> int:
     return strategy.num_replicas_in_sync
 
 
-def pads(model, step: str, strategy=None) -> bool:
-    """Whether ``step`` (``train``/``test``) batches are padded: not for a model's own
-    ``train_step``/``test_step``, which gets the batch as the data gave it."""
-    return not fit_metrics.overrides(model, f"{step}_step")
+def pads(model, step: str, strategy=None, accum_steps: int = 1) -> bool:
+    """Whether ``step`` (``train``/``test``) batches are padded: not where Keras's step runs
+    per replica on the batch as the data gave it (:func:`_keras_step`)."""
+    return not _keras_step(model, step, accum_steps)
+
+
+def _plain_steps(model) -> bool:
+    """Whether the model's train_step and test_step are Keras's own."""
+    return not (
+        fit_metrics.overrides(model, "train_step") or fit_metrics.overrides(model, "test_step")
+    )
+
+
+def _keras_step(model, step: str, accum_steps: int) -> bool:
+    """Whether ``step`` runs as the model's ``train_step``/``test_step`` per replica, on its
+    share of the batch as given: its own, or Keras's calling a ``compute_loss`` of the user's
+    own (which may ignore ``sample_weight``, so padding would enter it; keras-io's
+    Distiller) where no micro-batches split it."""
+    if fit_metrics.overrides(model, f"{step}_step"):
+        return True
+    return fit_metrics.overrides(model, "compute_loss") and accum_steps == 1
 
 
 def scope(strategy):
@@ -154,27 +171,32 @@ class Runner:
         self.model, self.strategy, self.accum_steps = model, strategy, accum_steps
         self.sync_batchnorm = sync_batchnorm and batchnorm.synchronize(model) > 0
         self.replicas = strategy.num_replicas_in_sync
-        self._own_train = fit_metrics.overrides(model, "train_step")
+        self._own_train = _keras_step(model, "train", accum_steps)
         if self._own_train and accum_steps > 1:
             raise FitError(
                 f"accum_steps={accum_steps}: {type(model).__name__}'s own train_step takes the "
                 "whole batch, which mirrorfit cannot split into micro-batches; leave "
                 "accum_steps at 1"
             )
-        self._own_test = fit_metrics.overrides(model, "test_step")
+        self._own_test = _keras_step(model, "test", accum_steps)
         if self.replicas > 1:
             _check_optimizer(model.optimizer)
+            if not self._own_train:
+                fit_metrics.check_reductions(
+                    model, "backend='jax' computes it over the global batch"
+                )
         # Keras clips each replica's gradients before its all-reduce: the replicas' sum is
         # reduced first here, so the clip sees the whole batch's gradients, as on one device
         self._reduce_first = not self._own_train and self.replicas > 1 and _clips(model.optimizer)
         if (self._own_train or self._own_test) and self.replicas > 1:
             import warnings
 
+            whose = "train_step/test_step" if not _plain_steps(model) else "compute_loss"
             warnings.warn(
-                f"{type(model).__name__}'s own train_step/test_step runs per replica on "
-                "TensorFlow: the logs it returns are the replicas' values averaged (a mean over "
-                "unequal shares of a partial batch, a maximum, a count or a sum is not one "
-                "device's); backend='jax' runs it over the global batch",
+                f"{type(model).__name__}'s own {whose} runs per replica on TensorFlow: the "
+                "logs its step returns are the replicas' values averaged (a mean over unequal "
+                "shares of a partial batch, a maximum, a count or a sum is not one device's); "
+                "backend='jax' runs it over the global batch",
                 stacklevel=2,
             )
         self._output_losses = fit_metrics.output_loss_indices(model)
@@ -427,6 +449,8 @@ def _as_one_device(model, replicas: int, own_step: bool, reduced: bool = False):
     for opt in optimizers:  # past Keras's attribute tracking: not part of the state
         passed = _passed_on if reduced else _averaging(opt, replicas)
         object.__setattr__(opt, "_all_reduce_sum_gradients", passed)
+        if not reduced and _clips_itself(opt):  # clipped after the average, not per replica
+            object.__setattr__(opt, "_clip_gradients", _unchanged)
     try:
         yield
     finally:
@@ -434,6 +458,8 @@ def _as_one_device(model, replicas: int, own_step: bool, reduced: bool = False):
         loss_module.unscale_loss_for_distribution = kept[1]
         for opt in optimizers:
             object.__delattr__(opt, "_all_reduce_sum_gradients")
+            if "_clip_gradients" in vars(opt):
+                object.__delattr__(opt, "_clip_gradients")
 
 
 def _unchanged(value):
@@ -442,6 +468,13 @@ def _unchanged(value):
 
 def _passed_on(grads_and_vars):
     return list(grads_and_vars)
+
+
+def _clips_itself(optimizer) -> bool:
+    return any(
+        getattr(optimizer, n, None) is not None
+        for n in ("clipnorm", "clipvalue", "global_clipnorm")
+    )
 
 
 def _clips(optimizer) -> bool:
@@ -484,8 +517,10 @@ def _optimizers(model) -> list:
 
 
 def _averaging(opt, replicas: int):
-    """``opt``'s all-reduce of its gradients, divided by ``replicas``: their mean."""
+    """``opt``'s all-reduce of its gradients, divided by ``replicas``: their mean, clipped
+    after it where the optimizer clips (its own clipping, before, is then off)."""
     summing = type(opt)._all_reduce_sum_gradients
+    clips = _clips_itself(opt)
 
     def averaged(grads_and_vars):
         out = []
@@ -495,6 +530,9 @@ def _averaging(opt, replicas: int):
             elif g is not None:
                 g = g / replicas
             out.append((g, v))
+        if clips:
+            clipped = type(opt)._clip_gradients(opt, [g for g, _ in out])
+            out = [(g, v) for g, (_, v) in zip(clipped, out)]
         return out
 
     return averaged
