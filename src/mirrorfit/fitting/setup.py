@@ -109,7 +109,7 @@ def setup(
             f"model_parallel={model_parallel!r}: give the devices each weight is split over, a "
             "whole number of at least 1 (1: every device holds whole weights)"
         )
-    if model_parallel > 1 and backend != "jax":
+    if model_parallel > 1 and backend not in backends.SPLITS_STATE:
         raise FitError(
             f"model_parallel={model_parallel} splits the weights on the JAX engine only; "
             "use backend='jax', or model_parallel=1"

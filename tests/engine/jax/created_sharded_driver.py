@@ -8,7 +8,6 @@ Run as ``python created_sharded_driver.py SHARD FOLDER``; prints the figures as 
 
 from __future__ import annotations
 
-import gc
 import json
 import sys
 
@@ -20,8 +19,8 @@ import mirrorfit  # noqa: E402
 
 SHARD, FOLDER = sys.argv[1], sys.argv[2]
 mirrorfit.setup(backend="jax", replicas=4, shard=SHARD)
-import jax  # noqa: E402
 import keras  # noqa: E402
+from device_bytes import most_live_bytes  # noqa: E402 (beside this file)
 
 
 def share(variable) -> float:
@@ -32,21 +31,6 @@ def share(variable) -> float:
 
 def shares(variables) -> dict:
     return {v.path: share(v) for v in variables}
-
-
-def most_live_bytes() -> int:
-    """The largest sum over one device of the live buffers it holds, each counted once: a
-    split array's pieces, once read (``addressable_shards``' data), are live arrays of their
-    own over the same buffers."""
-    gc.collect()  # what only a reference cycle holds is not held
-    held: dict = {}
-    for array in jax.live_arrays():
-        for piece in array.addressable_shards:
-            held[(piece.device, piece.data.unsafe_buffer_pointer())] = piece.data.nbytes
-    per_device: dict = {}
-    for (device, _), size in held.items():
-        per_device[device] = per_device.get(device, 0) + size
-    return max(per_device.values())
 
 
 class Watch(keras.callbacks.Callback):

@@ -11,7 +11,6 @@ it."""
 
 from __future__ import annotations
 
-import gc
 import json
 import os
 import sys
@@ -32,6 +31,7 @@ else:
     mirrorfit.setup(backend="jax", replicas=4, **kwargs)
 import jax  # noqa: E402
 import keras  # noqa: E402
+from device_bytes import most_live_bytes  # noqa: E402 (beside this file)
 import keras_hub  # noqa: E402
 
 if MODE == "keras-mp":
@@ -51,21 +51,6 @@ class Clock(keras.callbacks.Callback):
 
     def rate(self) -> float:
         return EXAMPLES * (len(self.times) - 1) / (self.times[-1] - self.times[0])
-
-
-def most_live_bytes() -> int:
-    """The largest sum over one device of the live buffers it holds, each counted once: a
-    split array's pieces, once read (``addressable_shards``' data), are live arrays of their
-    own over the same buffers."""
-    gc.collect()  # what only a reference cycle holds is not held
-    held: dict = {}
-    for array in jax.live_arrays():
-        for piece in array.addressable_shards:
-            held[(piece.device, piece.data.unsafe_buffer_pointer())] = piece.data.nbytes
-    per_device: dict = {}
-    for (device, _), size in held.items():
-        per_device[device] = per_device.get(device, 0) + size
-    return max(per_device.values())
 
 
 keras.utils.set_random_seed(0)

@@ -29,15 +29,7 @@ class ShapeSharded(DataParallel):
         self._replicas = len(devices)
 
     def get_variable_layout(self, variable):
-        if getattr(variable, "_layout", None) is not None:  # given (an optimizer's slot)
-            return variable._layout
-        spec: list = [None] * len(variable.shape)
-        if variable.trainable:
-            constrained = getattr(variable, "constraint", None) is not None
-            axis = shard_axis(variable.shape, self._replicas, constrained=constrained)
-            if axis is not None:
-                spec[axis] = AXIS
-        return TensorLayout(spec, self.device_mesh)
+        return _by_shape(variable, self.device_mesh, AXIS, self._replicas)
 
     def get_data_layout(self, data_shape):
         return TensorLayout([None] * len(data_shape), self.device_mesh)
@@ -64,15 +56,7 @@ class GridSharded(Distribution):
         return self.device_mesh.shape[0]
 
     def get_variable_layout(self, variable):
-        if getattr(variable, "_layout", None) is not None:  # given (an optimizer's slot)
-            return variable._layout
-        spec: list = [None] * len(variable.shape)
-        if variable.trainable:
-            constrained = getattr(variable, "constraint", None) is not None
-            axis = shard_axis(variable.shape, self._split, constrained=constrained)
-            if axis is not None:
-                spec[axis] = MODEL_AXIS
-        return TensorLayout(spec, self.device_mesh)
+        return _by_shape(variable, self.device_mesh, MODEL_AXIS, self._split)
 
     def get_data_layout(self, data_shape):
         return TensorLayout([None] * len(data_shape), self.device_mesh)
@@ -82,6 +66,21 @@ class GridSharded(Distribution):
 
     def distribute_dataset(self, dataset):
         return dataset
+
+
+def _by_shape(variable, mesh, axis_name: str, devices: int) -> TensorLayout:
+    """A trainable variable's layout by the shape rule: split over ``axis_name``'s
+    ``devices`` along the axis :func:`shard_axis` picks, else whole; one given already (an
+    optimizer's slot, made like its variable) kept."""
+    if getattr(variable, "_layout", None) is not None:
+        return variable._layout
+    spec: list = [None] * len(variable.shape)
+    if variable.trainable:
+        constrained = getattr(variable, "constraint", None) is not None
+        axis = shard_axis(variable.shape, devices, constrained=constrained)
+        if axis is not None:
+            spec[axis] = axis_name
+    return TensorLayout(spec, mesh)
 
 
 def distribution(placement) -> Distribution | None:
