@@ -6,7 +6,7 @@ or Keras's own ``fit`` under ``keras.distribution.ModelParallel`` with the backb
 ``get_layout_map`` on a 2 x 2 mesh (``keras-mp``). Run as ``python hub_lm.py MODE OUT
 [EXAMPLES EPOCHS OPTIMIZER]``; writes OUT.json (history, steady examples/s over every epoch
 but the first, the largest live bytes one device holds after fit, how many weights are
-split) and OUT.npz (the weights). tests/engine/jax/test_grid.py and benchmarks/hub_lm.py use
+split) and OUT.npz (the weights). tests/engine/jax/test_jax_mesh.py and benchmarks/hub_lm.py use
 it."""
 
 from __future__ import annotations
