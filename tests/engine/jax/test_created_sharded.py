@@ -38,16 +38,15 @@ def test_shard_all_creates_holds_and_returns_the_weights_split(tmp_path):
     assert sum(s == 0.25 for s in slots.values()) == len(slots) - 2  # dense_2/bias's two
     assert all(s == 1.0 for s in whole["after"].values())  # none: whole, as before
     # counted from the devices, each buffer once: the model's and its optimizer's variables
-    # and the state fit keeps for the next call, each split (measured: 0.56x; 0.27x was read
-    # before the count took a split array's pieces once)
-    assert split["most_live_bytes"] < 0.6 * whole["most_live_bytes"]
+    # are the state fit keeps for the next call, one split copy (measured: 0.25x; 0.56x
+    # before, when fit kept a second split copy and its slice optimizer's buffers)
+    assert split["most_live_bytes"] < 0.3 * whole["most_live_bytes"]
     # what --metrics-out reports counts the model's own variables too (on main: the state
     # alone, blind to the whole copy on device 0), and no more than is live
     for run in runs.values():
         assert 0 < run["state_bytes_per_device"] <= run["most_live_bytes"]
-    # each buffer once (measured: 0.50x, the two split copies; 0.25x was read before none's
-    # variables and the state read from them counted once)
-    assert split["state_bytes_per_device"] < 0.55 * whole["state_bytes_per_device"]
+    # each buffer once (measured: 0.25x; 0.50x with the two split copies)
+    assert split["state_bytes_per_device"] < 0.3 * whole["state_bytes_per_device"]
     np.testing.assert_allclose(split["loss"], whole["loss"], rtol=1e-6)
     for ours, theirs in zip(split["weights"], whole["weights"]):
         np.testing.assert_allclose(ours, theirs, rtol=0, atol=1e-6)  # measured: equal

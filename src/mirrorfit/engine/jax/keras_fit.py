@@ -186,7 +186,7 @@ class Runner:
         self._all_reduce = all_reduce(self.mesh)  # as the built-in step's (why: step.py)
         self._output_losses = fit_metrics.output_loss_indices(model)
         self._masked = fit_metrics.masked_outputs(model)
-        self._synced = True
+        self._synced, self._aliased = True, False
         optimizer = model.optimizer
         if not optimizer.built:
             optimizer.build(model.trainable_variables)
@@ -262,22 +262,48 @@ class Runner:
         """The model's and optimizer's variables as the devices' state again (a callback may
         have changed them); the metrics so far are kept."""
         m, put = self.model, self.placement.put
-        # device to device where the variables are on the devices (created on their shards:
-        # no whole copy anywhere); put copies, so the next call's donation leaves them be
+        trainable = [v.value for v in m.trainable_variables]
+        optimizer = [v.value for v in m.optimizer.variables]
+        # Created on their shards (shard="all", one process): the variables' own buffers are
+        # the state, and each call's result is written back into them (:meth:`_shared`): one
+        # split copy on the devices, as Keras's own fit keeps. Else copies (put copies), so
+        # the next call's donation leaves the variables be.
+        self._aliased = self.placement.workers == 1 and all(
+            _held_as(values, self._shardings[group])
+            for values, group in ((trainable, "trainable"), (optimizer, "optimizer"))
+        )
+        if not self._aliased:
+            trainable = put(trainable, self._shardings["trainable"])
+            optimizer = put(optimizer, self._shardings["optimizer"])
         self.state = self.state._replace(
-            trainable=put([v.value for v in m.trainable_variables], self._shardings["trainable"]),
+            trainable=trainable,
             non_trainable=put(
                 stacked([v.value for v in m.non_trainable_variables], self.replicas), self._split
             ),
-            optimizer=put([v.value for v in m.optimizer.variables], self._shardings["optimizer"]),
+            optimizer=optimizer,
         )
         self._synced, self._statistics = True, None
+
+    def _shared(self) -> None:
+        """The state's weights and optimizer slots written into the Keras variables, the same
+        buffers (where :meth:`reload` found them on their shards): the call donated the ones
+        the variables held."""
+        m, s = self.model, self.state
+        for var, value in zip(m.trainable_variables, s.trainable):
+            var.assign(value)  # the same sharding: Keras keeps the array as it is
+        for var, value in zip(m.optimizer.variables, s.optimizer):
+            var.assign(value)
 
     def sync(self) -> None:
         """The devices' state into the Keras variables (a callback reads or saves them)."""
         if self._synced:
             return
         s, m = self.state, self.model
+        for var, value in zip(m.non_trainable_variables, self.placement.averaged(s.non_trainable)):
+            var.assign(np.asarray(value))
+        self._synced = True
+        if self._aliased:  # the variables hold the state's own buffers (_shared)
+            return
         trainable, optimizer = s.trainable, s.optimizer
         if self.layout is not None and self.placement.workers > 1:
             # split over processes: made whole first, a collective every worker runs here
@@ -285,11 +311,8 @@ class Runner:
             optimizer = self.placement.replicated(optimizer)
         for var, value in zip(m.trainable_variables, trainable):
             var.assign(np.asarray(value))
-        for var, value in zip(m.non_trainable_variables, self.placement.averaged(s.non_trainable)):
-            var.assign(np.asarray(value))
         for var, value in zip(m.optimizer.variables, optimizer):
             var.assign(np.asarray(value))
-        self._synced = True
 
     def reset_metrics(self) -> None:
         self.state = self.state._replace(
@@ -342,6 +365,8 @@ class Runner:
             self._train = self._build_train(block)
         self.state = self._train(self.state, block, None, np.int32(steps))
         self._synced, self._statistics = False, None
+        if self._aliased:
+            self._shared()
 
     def evaluate(self, block, batches: int) -> None:
         """Update the metrics with the first ``batches`` batches of ``block``."""
@@ -520,6 +545,15 @@ class Runner:
         return _has_convolution(
             jax.make_jaxpr(lambda t, n, x: model.stateless_call(t, n, x, **kwargs)[0])(t, n, x)
         )
+
+
+def _held_as(values, shardings) -> bool:
+    """Whether every array of ``values`` is laid out as ``shardings`` say (device arrays
+    only)."""
+    return all(
+        isinstance(v, jax.Array) and v.sharding.is_equivalent_to(s, v.ndim)
+        for v, s in zip(values, shardings)
+    )
 
 
 def _both_doors(message: str, shard: str) -> str:

@@ -243,6 +243,11 @@ def build_layout(mode: str, model, optimizer, replicas: int) -> Layout | None:
             f"{len(local.variables)} variables for the slices and "
             f"{len(optimizer.variables)} for the whole; use --shard none"
         )
+    # The copy only ever runs stateless (every variable mapped to the step's values): the
+    # buffers its build made, a slice of every weight and its slots, would be held for nothing.
+    for v in [*placeholders, *local.variables]:
+        if v.ndim and hasattr(v.value, "delete"):  # a JAX array (a test may build on TF)
+            v.value.delete()
     gathered = 0
     if mode == "all":
         from mirrorfit.engine.jax.layer_gather import prepare
