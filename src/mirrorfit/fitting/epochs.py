@@ -18,6 +18,7 @@ class Epochs:
     with zeros, not copies of the last example (a model whose outputs carry a Keras mask:
     zeros are masked steps, left out of each replica's count); ``round_up``: a batch size that
     does not split over the replicas is padded to one that does (evaluation: no update).
+    ``read_again``: the Keras adapters' class names that epoch 1 reads anew after the build.
     """
 
     def __init__(
@@ -34,8 +35,10 @@ class Epochs:
         zeros: bool = False,
         round_up: bool = False,
         where: str = "training data",
+        read_again: frozenset = frozenset(),
     ) -> None:
         self.source, self.steps_given, self.drop = source, steps, drop_remainder
+        self.read_again = read_again
         self.zeros = zeros
         self.restart = restart
         self.pad, self.where = pad, where
@@ -95,6 +98,10 @@ class Epochs:
     def epoch(self):
         """The batches of the next epoch (a generator)."""
         self.source.on_epoch_begin()
+        if self._pending and type(self.source).__name__ in self.read_again:
+            # the first batch was read to build the model; epoch 1 reads the source anew (a
+            # shuffle drawn again), as Keras's fit does on this engine
+            self._pending, self._carry = [], None
         if not self._pending and (self._carry is None or not self.steps_given or self.restart):
             self._carry = self._iterator()
         return self._generate()

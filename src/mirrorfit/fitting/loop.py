@@ -411,6 +411,7 @@ class _Run:
             pad=self.pads(step),
             zeros=masked_outputs(self.model),
             round_up=step == "test",
+            read_again=self.engine.READ_AGAIN,
             **kwargs,
         )
 

@@ -40,6 +40,11 @@ class State(NamedTuple):
     metrics: list  # per device
 
 
+# The Keras data adapters epoch 1 reads anew after the first batch built the model, as Keras's
+# JAX fit does (its EpochIterator.reset()): a shuffle is drawn again, the epochs in its orders.
+READ_AGAIN = frozenset({"ArrayDataAdapter", "TFDatasetAdapter"})
+
+
 def check_model(model, placement=None, distribution=None) -> None:
     """FitError (a ValueError) for what this engine cannot run the model with."""
     if runs_whole(model):

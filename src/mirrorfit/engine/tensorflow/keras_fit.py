@@ -19,6 +19,12 @@ from mirrorfit.fitting import batchnorm
 from mirrorfit.fitting import metrics as fit_metrics
 
 
+# The Keras data adapters epoch 1 reads anew after the first batch built the model: arrays
+# (mirrorfit draws each epoch's permutation); Keras's TensorFlow fit reads a tf.data source's
+# first pass for epoch 1.
+READ_AGAIN = frozenset({"ArrayDataAdapter"})
+
+
 def placement(model, chosen=None):
     """The strategy the model was built under (``mirrorfit.setup``'s, made the default)."""
     return model.distribute_strategy
