@@ -87,6 +87,12 @@ def _train_memory(add) -> None:
         "(ZeRO-1: the optimizer state split over the devices) or all (FSDP: the weights too)",
     )
     add(
+        "--model-parallel",
+        type=int,
+        help="JAX, a compiled --model: split each weight over N devices, a 2-D mesh of "
+        "replicas/N data groups (--shard then splits over the data groups too)",
+    )
+    add(
         "--sync-batchnorm",
         action="store_const",
         const=True,

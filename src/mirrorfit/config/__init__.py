@@ -70,6 +70,12 @@ class TrainConfig(
                 "--xla cannot compile steps whose variables live on parameter "
                 "servers; drop --xla or use --strategy multi-worker"
             )
+        if self.model_parallel > 1 and ":" not in self.model:
+            raise ConfigError(
+                f"--model-parallel {self.model_parallel} splits the weights of a compiled "
+                f"--model package.module:function (trained as compiled); the built-in "
+                f"{self.model} trains data-parallel: drop --model-parallel"
+            )
         if self.backend is not None:  # an engine that writes no SavedModel
             backends.check_settings(self.backend, export_dir=self.export_dir)
         if self.replicas is not None:  # the batch against an explicit --replicas, no devices

@@ -71,6 +71,7 @@ class DistributionSettings(Section):
     threads_per_worker: int | None = None  # TF intra/inter-op threads of this process
     collective_timeout: float = DEFAULT_COLLECTIVE_TIMEOUT_S  # seconds: start-up, collectives
     shard: str = "none"  # JAX: none, optimizer (ZeRO-1) or all (FSDP): what is split over devices
+    model_parallel: int = 1  # JAX: the devices each weight is split over (a data x model mesh)
     sync_batchnorm: bool = False  # BatchNormalization's statistics over every replica's share
     profile: bool = False  # break down the engine's step (TensorFlow, one process)
 
@@ -90,6 +91,7 @@ class DistributionSettings(Section):
             communication=self.communication,
             profile=self.profile,
             shard=self.shard,
+            model_parallel=self.model_parallel,
         )
         _check_strategy_flags(self)
         _check_device_counts(self)
@@ -126,7 +128,7 @@ def _check_strategy_flags(s: DistributionSettings) -> None:
 
 
 def _check_device_counts(s: DistributionSettings) -> None:
-    for name in ("replicas", "gpu_memory_limit", "threads_per_worker"):
+    for name in ("replicas", "gpu_memory_limit", "threads_per_worker", "model_parallel"):
         if getattr(s, name) is not None:
             check_positive(name, getattr(s, name))
     if s.threads_per_worker is not None and s.threads_per_worker > 1024:

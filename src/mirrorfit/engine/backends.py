@@ -124,6 +124,7 @@ def check_settings(
     profile: bool = False,
     shard: str = "none",
     export_dir: str | None = None,
+    model_parallel: int = 1,
 ) -> None:
     """ConfigError, one line, for a setting ``backend``'s engine does not have."""
     if export_dir and backend not in EXPORTS:
@@ -143,6 +144,11 @@ def check_settings(
             raise ConfigError(
                 f"--shard {shard} splits the training state over the devices "
                 "on the JAX engine only; add --backend jax, or drop --shard"
+            )
+        if model_parallel != 1:
+            raise ConfigError(
+                f"--model-parallel {model_parallel} splits the weights over the devices on "
+                "the JAX engine only; add --backend jax, or drop --model-parallel"
             )
         return
     if strategy in TF_ONLY_STRATEGIES:

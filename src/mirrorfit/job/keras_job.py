@@ -40,6 +40,12 @@ def check_default_loop(config: TrainConfig, model) -> None:
     """One line for a flag the built-in loop cannot honour on an uncompiled ``--model``."""
     from mirrorfit.fitting import batchnorm
 
+    if config.model_parallel > 1:
+        raise ConfigError(
+            f"--model-parallel {config.model_parallel}: the model is not compiled, and the "
+            "built-in loop trains data-parallel only; compile the model in its function, or "
+            "give --loss, to train it through mirrorfit.fit on the 2-D mesh"
+        )
     if config.sync_batchnorm and batchnorm.layers(model):
         raise ConfigError(
             "--sync-batchnorm: the model is not compiled, and the built-in loop computes "

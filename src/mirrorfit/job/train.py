@@ -208,6 +208,8 @@ def _devices(config: TrainConfig, engine, cluster, console: Console, guard: Pree
         communication=config.communication,
         collective_timeout_s=config.collective_timeout,
         shard=config.shard,
+        # a 2-D mesh where asked for (JAX: the config refuses it elsewhere)
+        **({"model_parallel": config.model_parallel} if config.model_parallel > 1 else {}),
     )
     guard.reclaim()  # the strategy may have installed TF's own SIGTERM handler
     guard.watch(None, agree=dist.agree)

@@ -8,11 +8,13 @@ is made (a large one is initialised on its shards; a small one whole first, then
 
 from __future__ import annotations
 
+import math
+
 from keras.distribution import DataParallel, DeviceMesh, TensorLayout
 from keras.src.distribution.distribution_lib import Distribution  # not exported by Keras
 
 from mirrorfit.engine.jax.placement import AXIS, MODEL_AXIS
-from mirrorfit.engine.jax.sharding import shard_axis
+from mirrorfit.engine.jax.sharding import MIN_ELEMENTS, shard_axis
 
 
 class ShapeSharded(DataParallel):
@@ -38,8 +40,11 @@ class ShapeSharded(DataParallel):
 class GridSharded(Distribution):
     """The 2-D mesh of ``model_parallel`` (``data`` x ``model``): each trainable variable split
     along the axis :func:`shard_axis` picks for the ``model`` axis's size, over that axis
-    (whole on every data group), the rest whole on each device. Batches stay whole for Keras's
-    own calls, as :class:`ShapeSharded`'s; ``mirrorfit.fit`` splits them on ``data``."""
+    (whole on every data group), the rest whole on each device. ZeRO beside it, over the
+    ``data`` axis, along another axis the same rule picks for the data groups: under
+    ``shard="all"`` the weights (and so their optimizer slots), under ``"optimizer"`` the
+    slots alone (:func:`spread_slots`). Batches stay whole for Keras's own calls, as
+    :class:`ShapeSharded`'s; ``mirrorfit.fit`` splits them on ``data``."""
 
     def __init__(self, placement):
         grid = placement.grid
@@ -49,14 +54,35 @@ class GridSharded(Distribution):
             devices=grid.devices,
         )
         super().__init__(mesh, batch_dim_name=AXIS, auto_shard_dataset=False)
-        self._split = placement.model_parallel
+        self._split, self._groups = placement.model_parallel, placement.data_parallel
+        self.shard = placement.shard
 
     @property
     def num_model_replicas(self):
         return self.device_mesh.shape[0]
 
     def get_variable_layout(self, variable):
-        return _by_shape(variable, self.device_mesh, MODEL_AXIS, self._split)
+        given = getattr(variable, "_layout", None) is not None  # a slot: as its variable
+        layout = _by_shape(variable, self.device_mesh, MODEL_AXIS, self._split)
+        if self.shard == "all" and variable.trainable and not given:
+            constrained = getattr(variable, "constraint", None) is not None
+            return self.over_data(layout, variable.shape, constrained=constrained)
+        return layout
+
+    def over_data(self, layout: TensorLayout, shape, *, constrained: bool = False):
+        """``layout`` split over the ``data`` axis too, along an axis the model axis leaves
+        whole that the shape rule picks for the data groups (Keras's layouts name one mesh
+        axis per array axis); as it was where none qualifies, or it is split so already."""
+        axes = list(layout.axes)
+        if AXIS in axes or self._groups == 1 or constrained or math.prod(shape) < MIN_ELEMENTS:
+            return layout
+        # shard_axis's rule (the first axis the count divides) over the axes left whole
+        free = (d for d, (n, a) in enumerate(zip(shape, axes)) if a is None)
+        at = next((d for d in free if shape[d] % self._groups == 0), None)
+        if at is None:
+            return layout
+        axes[at] = AXIS
+        return TensorLayout(axes, self.device_mesh)
 
     def get_data_layout(self, data_shape):
         return TensorLayout([None] * len(data_shape), self.device_mesh)
@@ -83,6 +109,24 @@ def _by_shape(variable, mesh, axis_name: str, devices: int) -> TensorLayout:
     return TensorLayout(spec, mesh)
 
 
+def spread_slots(optimizer) -> None:
+    """Under ``shard="optimizer"`` on the 2-D mesh: each optimizer slot (made as its variable,
+    split over the model axis) split over the data axis too, re-placed device to device."""
+    import keras
+
+    grid = keras.distribution.distribution()
+    if not isinstance(grid, GridSharded) or grid.shard != "optimizer":
+        return
+    for variable in optimizer.variables:
+        layout = getattr(variable, "_layout", None)
+        if not variable.shape or not isinstance(layout, TensorLayout):
+            continue
+        wider = grid.over_data(layout, variable.shape)
+        if wider is not layout:
+            variable._layout = wider  # noqa: SLF001 (Keras places a variable by it)
+            variable.assign(variable.value)  # re-placed as the layout now says
+
+
 def distribution(placement) -> Distribution | None:
     """The Keras distribution that creates variables on their shards under ``shard="all"``
     or ``model_parallel`` in one process; None elsewhere: the state is split for the step
@@ -95,4 +139,4 @@ def distribution(placement) -> Distribution | None:
     return None
 
 
-__all__ = ["GridSharded", "ShapeSharded", "distribution"]
+__all__ = ["GridSharded", "ShapeSharded", "distribution", "spread_slots"]

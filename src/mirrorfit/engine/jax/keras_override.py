@@ -114,6 +114,10 @@ class OverrideRunner:
         self._logs = None  # the last step's, as arrays
         if not model.optimizer.built:
             model.optimizer.build(model.trainable_variables)
+        if self.grid:  # ZeRO over the data axis beside the mesh (shard="optimizer")
+            from mirrorfit.engine.jax.created_sharded import spread_slots
+
+            spread_slots(model.optimizer)
 
     # -- state -------------------------------------------------------------------------------
     def load(self) -> None:
@@ -179,9 +183,14 @@ class OverrideRunner:
 
     def describe_sharding(self) -> str:
         if self.grid:
+            zero = {
+                "optimizer": "; the optimizer state split over the data groups too",
+                "all": "; the weights and optimizer state split over the data groups too",
+            }.get(self.placement.shard, "")
             return (
                 f"a 2-D mesh: each weight split over the {self.placement.model_parallel} "
                 f"devices of a model group, the global batch over {self.replicas} data groups"
+                + zero
             )
         return (
             f"replicated: every device holds the whole state; the model's own step runs over "

@@ -283,12 +283,6 @@ def _check_model_parallel(placement: Placement, model_parallel: int) -> None:
             f"model_parallel={model_parallel} splits the weights over one process's devices; "
             "a job of several workers trains with model_parallel=1"
         )
-    if placement.shard != "none":
-        raise ConfigError(
-            f"model_parallel={model_parallel} splits the weights over the model axis already; "
-            f"shard={placement.shard!r} beside it (ZeRO over the data axis) is not built yet: "
-            "use shard='none'"
-        )
 
 
 def _build(setup: DeviceSetup, kind: str, cluster) -> Placement:
