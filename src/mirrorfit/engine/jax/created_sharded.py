@@ -109,12 +109,11 @@ def _by_shape(variable, mesh, axis_name: str, devices: int) -> TensorLayout:
     return TensorLayout(spec, mesh)
 
 
-def spread_slots(optimizer) -> None:
-    """Under ``shard="optimizer"`` on the 2-D mesh: each optimizer slot (made as its variable,
-    split over the model axis) split over the data axis too, re-placed device to device."""
-    import keras
-
-    grid = keras.distribution.distribution()
+def spread_slots(optimizer, placement) -> None:
+    """Under ``shard="optimizer"`` on the 2-D mesh of ``placement``: each optimizer slot (made
+    as its variable, split over the model axis) split over the data axis too, re-placed
+    device to device."""
+    grid = distribution(placement)
     if not isinstance(grid, GridSharded) or grid.shard != "optimizer":
         return
     for variable in optimizer.variables:

@@ -117,7 +117,7 @@ class OverrideRunner:
         if self.grid:  # ZeRO over the data axis beside the mesh (shard="optimizer")
             from mirrorfit.engine.jax.created_sharded import spread_slots
 
-            spread_slots(model.optimizer)
+            spread_slots(model.optimizer, placement)
 
     # -- state -------------------------------------------------------------------------------
     def load(self) -> None:
@@ -135,8 +135,10 @@ class OverrideRunner:
             trainable_variables=True, non_trainable_variables=True, optimizer_variables=True
         )
         self._state_shardings = [[self._sharding_of(v) for v in group] for group in state]
+        seen: set = set()
         self.state = [
-            self._put(group, shardings) for group, shardings in zip(state, self._state_shardings)
+            self._put(group, shardings, seen)
+            for group, shardings in zip(state, self._state_shardings)
         ]
 
     def sync(self) -> None:
@@ -255,13 +257,26 @@ class OverrideRunner:
         _, metrics, logs = _looped(step, (None, metrics), batches)
         return metrics, logs
 
-    def _put(self, values, shardings=None) -> list:
-        """Copies of ``values`` on the devices (never the Keras variables' own buffers,
-        which the next call would donate): whole on each, or as ``shardings`` say."""
+    def _put(self, values, shardings=None, seen: set | None = None) -> list:
+        """``values`` on the devices, whole on each or as ``shardings`` say. With ``seen``
+        (the ids of the arrays taken so far), an array already so placed is taken as it is:
+        the Keras variable's own buffer, which the next call donates and :meth:`sync` then
+        replaces (no second copy at an epoch's start); else, or twice, a copy."""
         shardings = shardings or [self._replicated] * len(values)
-        return [
-            jax.device_put(jnp.asarray(v), s, may_alias=False) for v, s in zip(values, shardings)
-        ]
+        out = []
+        for v, s in zip(values, shardings):
+            own = (
+                seen is not None
+                and isinstance(v, jax.Array)
+                and id(v) not in seen
+                and v.sharding.is_equivalent_to(s, v.ndim)
+            )
+            if own:
+                seen.add(id(v))
+                out.append(v)
+            else:
+                out.append(jax.device_put(jnp.asarray(v), s, may_alias=False))
+        return out
 
     def _sharding_of(self, value):
         """Where a value of the state lives: as made, where it was made on this mesh (split
