@@ -89,7 +89,8 @@ def test_the_cycle_check_finds_a_cycle():
 
 def test_only_the_entry_points_sit_at_the_top():
     top = sorted(p.name for p in (SRC / "mirrorfit").glob("*.py"))
-    assert top == ["__init__.py", "__main__.py", "_io.py", "errors.py"]  # config/ is a package
+    # config/ is a package; _frameworks.py is what every layer asks before a framework starts
+    assert top == ["__init__.py", "__main__.py", "_frameworks.py", "_io.py", "errors.py"]
 
 
 # Where a framework may be imported, and why: its engine's folder, and the modules whose job
@@ -153,6 +154,7 @@ def test_frameworks_are_imported_only_where_they_must_be():
 # the engine package's attributes), not which one it is. The exceptions, where the user names
 # the backend itself: module -> (comparisons, why).
 BACKEND_NAMED = {
+    "mirrorfit._frameworks": (1, "whether TensorFlow's module is loaded: its start-up lines"),
     "mirrorfit.bench": (1, "FLOPs are counted by the first backend the user listed"),
     "mirrorfit.bench.grid": (2, "the data JAX rows read; Keras's own fit rows, per backend"),
     "mirrorfit.bench.point": (2, "a row's label and the process it runs in, per backend"),
@@ -183,3 +185,26 @@ def test_no_backend_comparisons_outside_the_engines():
         if n
     }
     assert found == {name: n for name, (n, _) in BACKEND_NAMED.items()}
+
+
+# The packages data flows through first (docs/architecture.md): they import nothing of the
+# packages that run on them. The exceptions, each a module the one-loop merge retires or
+# moves: module -> (what it imports above, why).
+BELOW = ("mirrorfit.data", "mirrorfit.models", "mirrorfit.artifacts")
+ABOVE = ("mirrorfit.engine", "mirrorfit.fitting", "mirrorfit.job", "mirrorfit.cli")
+CLIMBS = {
+    "mirrorfit.artifacts.checkpoint": (
+        {"mirrorfit.engine.backends", "mirrorfit.engine.controller", "mirrorfit.job.preemption"},
+        "mirrorfit train's own checkpoint format: each engine's files, its loop's position",
+    ),
+    "mirrorfit.artifacts.evaluate": ({"mirrorfit.job.data"}, "the evaluate command's data"),
+}
+
+
+def test_the_lower_packages_do_not_reach_up():
+    climbs = {
+        module: {d for d in deps if d.startswith(ABOVE)}
+        for module, deps in import_graph().items()
+        if module.startswith(BELOW)
+    }
+    assert {m: d for m, d in climbs.items() if d} == {m: d for m, (d, _) in CLIMBS.items()}

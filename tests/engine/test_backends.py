@@ -78,19 +78,6 @@ def test_tensorflow_only_settings_are_refused_on_jax_before_anything_loads(flags
     assert lines[0].startswith("mirrorfit: error: ") and says in lines[0], lines[0]
 
 
-def test_startup_lines_are_dropped_by_the_log_level():
-    # what TensorFlow 2.21 printed here before its logging was set up
-    preamble = "WARNING: All log messages before absl::InitializeLog() is called are written"
-    info = "I0000 00:00:1796136414.784719    2667 port.cc:153] oneDNN custom operations are on."
-    error = (
-        "E0000 00:00:1796136418.752657    2667 cuda_platform.cc:52] failed call to cuInit: INTERNAL"
-    )
-    for line, shown_up_to in ((preamble, 1), (info, 0), (error, 2), ("a Python warning", 3)):
-        assert [backends._hidden(line, level) for level in range(4)] == [
-            level > shown_up_to for level in range(4)
-        ], line
-
-
 @pytest.mark.slow
 def test_the_first_screen_of_a_run_has_no_tensorflow_cpp_lines(tmp_path):
     env = {k: v for k, v in _env().items() if k != "TF_CPP_MIN_LOG_LEVEL"}

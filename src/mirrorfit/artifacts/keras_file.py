@@ -10,7 +10,7 @@ from typing import Callable
 
 from mirrorfit import _io
 from mirrorfit.artifacts.output_paths import check_keras_path
-from mirrorfit.engine.backends import tensorflow_start_filtered
+from mirrorfit._frameworks import tensorflow_start_filtered
 
 
 def save_keras(model, path: str | Path, *, before_commit: Callable[[], None] | None = None) -> Path:

@@ -10,7 +10,7 @@ import importlib
 
 class _TensorFlow:
     def __getattr__(self, name: str):
-        from mirrorfit.engine.backends import tensorflow_start_filtered
+        from mirrorfit._frameworks import tensorflow_start_filtered
 
         with tensorflow_start_filtered():  # its start-up lines, as the TF engine's
             module = importlib.import_module("tensorflow")

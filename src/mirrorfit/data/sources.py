@@ -12,7 +12,7 @@ import importlib
 from mirrorfit.data.arrays import Options
 from mirrorfit.data.opened import Data
 from mirrorfit.data.spec import kind_of
-from mirrorfit.engine.backends import install_hint, tensorflow_start_filtered
+from mirrorfit._frameworks import install_hint, tensorflow_start_filtered
 from mirrorfit.errors import DataError
 
 

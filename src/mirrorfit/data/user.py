@@ -21,7 +21,7 @@ import numpy as np
 from mirrorfit.data._tf import is_dataset, tf
 from mirrorfit.data.arrays import check_pair
 from mirrorfit.data.pipeline import DataOrder, finish, shuffle, worker_slice
-from mirrorfit.engine.backends import tensorflow_start_filtered
+from mirrorfit._frameworks import tensorflow_start_filtered
 from mirrorfit.errors import DataError
 
 if TYPE_CHECKING:

@@ -7,7 +7,6 @@ Plain Python, imported before any framework. (why: docs/architecture.md#the-seam
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import os
 import re
@@ -15,7 +14,11 @@ import sys
 from types import ModuleType
 from typing import Any
 
-from mirrorfit.engine._fd_filter import filtered
+from mirrorfit._frameworks import (
+    install_hint,
+    installed,
+    tensorflow_start_filtered,
+)
 from mirrorfit.errors import ConfigError
 
 BACKENDS = ("tensorflow", "jax")
@@ -37,14 +40,6 @@ TF_ONLY_STRATEGIES = {
     "central-storage": "keeps variables on one device for TensorFlow's replicas",
     "parameter-server": "needs TensorFlow's ParameterServerStrategy",
 }
-# TensorFlow's own start-up lines, written to stderr before its logging is set up: an absl
-# line (severity I/W/E/F, date, time, thread, file:line]), absl's preamble, and the CPU-feature
-# notice's second line.
-_STARTUP_LINE = re.compile(
-    r"(?:([IWEF])\d{4} [\d:.]+ +\d+ \S+:\d+\]"
-    r"|WARNING: All log messages before absl::InitializeLog\(\)"
-    r"|To enable the following instructions:)"
-)
 
 
 def resolve(value: str | None) -> str:
@@ -60,22 +55,6 @@ def resolve(value: str | None) -> str:
             f"{where} {value!r}: mirrorfit trains on {' or '.join(BACKENDS)}; e.g. --backend jax"
         )
     return value
-
-
-def installed(framework: str) -> bool:
-    """Whether ``framework`` (a top-level package) is installed, without importing it."""
-    import importlib.util
-
-    try:
-        return importlib.util.find_spec(framework) is not None
-    except (ImportError, ValueError, AttributeError):  # a broken or blocked package
-        return False
-
-
-def install_hint(extra: str) -> str:
-    """The command that adds ``extra``, one of pyproject.toml's optional dependencies
-    (tensorflow, jax, serve, bench), to an install of mirrorfit."""
-    return f"pip install 'mirrorfit[{extra}]'"
 
 
 def split_batch(global_batch: int, replicas: int, accum_steps: int = 1) -> int:
@@ -199,7 +178,7 @@ def prepare(backend: str, *, verbose: bool = False) -> None:
 
 def import_framework(backend: str) -> None:
     """Import ``backend``'s framework now, its start-up lines on stderr filtered by
-    ``TF_CPP_MIN_LOG_LEVEL`` (see :func:`_startup_lines_filtered`)."""
+    ``TF_CPP_MIN_LOG_LEVEL`` (see :mod:`mirrorfit._frameworks`)."""
     if backend == "tensorflow":
         import_tensorflow("--backend tensorflow (the default, unless $KERAS_BACKEND says jax)")
     elif backend == "jax":
@@ -261,44 +240,6 @@ def _broken(error: Exception, needed_by: str | None) -> str:
         f"TensorFlow is installed but does not load ({said}); reinstall it (pip install "
         f"--force-reinstall tensorflow==2.21.0){jax}"
     )
-
-
-def tensorflow_start_filtered():
-    """A block in which TensorFlow may load (imported by something else: a data module,
-    TensorBoard's writer), its start-up lines filtered by ``TF_CPP_MIN_LOG_LEVEL``."""
-    if "tensorflow" in sys.modules:
-        return contextlib.nullcontext()
-    return _startup_lines_filtered(_log_level())
-
-
-def _log_level() -> int:
-    try:
-        return int(os.environ.get("TF_CPP_MIN_LOG_LEVEL", "0"))
-    except ValueError:
-        return 0
-
-
-@contextlib.contextmanager
-def _startup_lines_filtered(level: int):
-    """Run the block with file descriptor 2 in a temporary file, then write back what the
-    log level ``level`` shows: TensorFlow writes its first lines before its logging is set up,
-    where TF_CPP_MIN_LOG_LEVEL does not reach them (absl's preamble and oneDNN's notice are
-    INFO and WARNING lines, twice: a profiler library carries a second copy of TensorFlow's
-    logging). Everything else (a Python warning, a real error) is written back as it was."""
-    if level < 1:
-        yield
-        return
-    with filtered(2, lambda line: _hidden(line, level)):
-        yield
-
-
-def _hidden(line: str, level: int) -> bool:
-    """Whether TF_CPP_MIN_LOG_LEVEL ``level`` hides ``line`` of TensorFlow's start-up."""
-    match = _STARTUP_LINE.match(line)
-    if match is None:
-        return False
-    severity = match.group(1) or "W"  # absl's preamble and the CPU notice's 2nd line: WARNING
-    return {"I": 0, "W": 1, "E": 2, "F": 3}[severity] < level
 
 
 def loaded() -> list[ModuleType]:

@@ -27,7 +27,7 @@ class ScalarWriter:
     worker must) but write nothing: what the workers other than the chief do."""
 
     def __init__(self, logdir: str | None) -> None:
-        from mirrorfit.engine.backends import install_hint, tensorflow_start_filtered
+        from mirrorfit._frameworks import install_hint, tensorflow_start_filtered
 
         # TensorBoard's writer loads TensorFlow where it is installed (for its file system),
         # on the JAX engine too: its start-up lines filtered as the TF engine's are.

@@ -13,7 +13,7 @@ from typing import Callable
 
 import keras
 
-from mirrorfit.engine.backends import tensorflow_start_filtered
+from mirrorfit._frameworks import tensorflow_start_filtered
 from mirrorfit.errors import ConfigError, FitError
 from mirrorfit.models.names import (
     IMAGENET_CLASSES,

@@ -208,7 +208,7 @@ _STRAGGLERS_S = 2.0
 def _quiet() -> Iterator[None]:
     """Orbax's reads with that noise, and its warnings (absl's logger), held back: the
     error raised says what is wrong, once."""
-    from mirrorfit.engine._fd_filter import filtered
+    from mirrorfit._frameworks import filtered
 
     absl = logging.getLogger("absl")
     level = absl.level

@@ -305,7 +305,7 @@ def gloo_lines_dropped() -> Iterator[None]:
     """Run the block with file descriptor 1 in a temporary file, then write back all but
     gloo's "[Gloo] Rank 0 is connected to 1 peer ranks..." lines: gloo prints one, to stdout,
     when a process first meets the others in a collective (the block)."""
-    from mirrorfit.engine._fd_filter import filtered
+    from mirrorfit._frameworks import filtered
 
     with filtered(1, lambda line: line.startswith("[Gloo]")):
         yield
