@@ -90,3 +90,53 @@ def test_evaluate_takes_no_tfrecord_feature_flags(capsys):
         _parse("evaluate", "--image-feature", "img")
     assert exit_.value.code == 2
     assert "unrecognized arguments: --image-feature" in capsys.readouterr().err
+
+
+def _train_actions():
+    import argparse
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return [a for a in sub.choices["train"]._actions if a.dest not in ("help", "config", "verbose")]
+
+
+def test_each_train_flag_is_a_setting_of_its_type_and_each_setting_a_flag():
+    import dataclasses
+
+    from mirrorfit.config import TrainConfig
+
+    fields = {f.name: f for f in dataclasses.fields(TrainConfig)}
+    actions = _train_actions()
+    assert {a.dest for a in actions} == set(fields)
+    for action in actions:  # a number flag parses to the field's type (TOML checks the same)
+        default = fields[action.dest].default
+        if action.type is not None and default is not None:
+            assert isinstance(default, action.type), action.dest
+
+
+def test_no_train_help_writes_its_default_by_hand():
+    """The help ends with the setting's default, added from TrainConfig (on main 30 helps
+    wrote theirs, "(default 32)", beside config/sections.py's)."""
+    from mirrorfit.cli.flags import config_default
+    from mirrorfit.config import TrainConfig
+
+    for action in _train_actions():
+        shown = config_default(TrainConfig.__dataclass_fields__[action.dest].default)
+        if action.nargs == 0 or shown is None:
+            continue
+        assert action.help.endswith(f" (default {shown})"), action.dest
+        assert "default" not in action.help.removesuffix(f" (default {shown})"), action.dest
+
+
+def test_the_docs_table_of_train_flags_is_the_parsers():
+    from pathlib import Path
+
+    from mirrorfit.cli.flags import train_table
+
+    docs = (Path(__file__).parents[2] / "docs" / "training.md").read_text(encoding="utf-8")
+    start = docs.index("<!-- train flags: from mirrorfit.cli.flags.train_table -->\n")
+    end = docs.index("<!-- end of train flags -->")
+    held = docs[start:end].split("\n", 1)[1]
+    assert held == train_table(), (
+        "docs/training.md's table of train flags and the parser part; paste train_table()'s"
+    )

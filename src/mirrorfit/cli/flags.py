@@ -12,6 +12,53 @@ import dataclasses
 from mirrorfit.serving.settings import ServeConfig
 
 
+class _FromConfig:
+    """A group's ``add_argument`` for ``train``: each flag a TrainConfig field (its dest), its
+    help ending with the field's default, so no default is written twice (tests/cli/
+    test_flags.py refuses a help that says it by hand)."""
+
+    def __init__(self, group) -> None:
+        self._add = group.add_argument
+
+    def __call__(self, *names: str, help: str, **kwargs):
+        from mirrorfit.config import TrainConfig
+
+        dest = kwargs.get("dest") or names[0].lstrip("-").replace("-", "_")
+        field = TrainConfig.__dataclass_fields__[dest]  # KeyError: a flag with no setting
+        shown = config_default(field.default)
+        if kwargs.get("action") != "store_const" and shown is not None:
+            help = f"{help} (default {shown})"
+        return self._add(*names, help=help, **kwargs)
+
+
+def config_default(value) -> str | None:
+    """A setting's default as help and docs show it; None: nothing to show (unset, off)."""
+    if value is None or value is False or value == ():
+        return None
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def train_table() -> str:
+    """The Markdown table of every ``mirrorfit train`` flag with its default and help, by
+    group, as docs/training.md holds it (tests/cli/test_flags.py compares the two)."""
+    from mirrorfit.config import TrainConfig
+
+    parser = argparse.ArgumentParser(prog="mirrorfit")
+    _train_parser(parser.add_subparsers())
+    train = parser._subparsers._group_actions[0].choices["train"]  # type: ignore[union-attr]
+    rows = ["| flag | section | default | what it sets |", "| --- | --- | --- | --- |"]
+    for group in train._action_groups[2:]:  # after positionals and options: the sections
+        for action in group._group_actions:
+            field = TrainConfig.__dataclass_fields__[action.dest]
+            shown = config_default(field.default) if action.nargs != 0 else None
+            help = (action.help or "").replace(f" (default {shown})", "").replace("|", "\\|")
+            flags = ", ".join(f"`{name}`" for name in action.option_strings)
+            rows.append(f"| {flags} | {group.title} | {shown or ''} | {help} |")
+    return "\n".join(rows) + "\n"
+
+
 def _train_parser(sub) -> None:
     """The train command: its flags grouped by the sections of TrainConfig."""
     p = sub.add_parser(
@@ -24,9 +71,9 @@ def _train_parser(sub) -> None:
     _verbose(p.add_argument)
     # One group per section of TrainConfig (config/sections.py); the model and data first.
     _train_model(p.add_argument_group("model", "the model and its loss"))
-    data = p.add_argument_group("data", "what it trains on")
-    _train_data_source(data.add_argument)
-    _train_data_shape(data.add_argument)
+    data = _FromConfig(p.add_argument_group("data", "what it trains on"))
+    _train_data_source(data)
+    _train_data_shape(data)
     _train_distribution(p.add_argument_group("distribution", "where and how it runs"))
     _train_optimisation(
         p.add_argument_group(
@@ -39,7 +86,7 @@ def _train_parser(sub) -> None:
 
 def _train_distribution(group) -> None:
     """train's DistributionSettings flags: engine, devices, strategy and processes."""
-    add = group.add_argument
+    add = _FromConfig(group)
     add(
         "--backend",
         help="tensorflow or jax (default: $KERAS_BACKEND, else tensorflow): the engine "
@@ -57,12 +104,12 @@ def _train_distribution(group) -> None:
     )
     add(
         "--strategy",
-        help="auto (default), single, mirrored, central-storage, multi-worker "
+        help="auto, single, mirrored, central-storage, multi-worker "
         "(one replica set per process; TF_CONFIG, SLURM or `mirrorfit launch`), "
         "parameter-server",
     )
-    add("--cross-device-ops", help="auto (default), nccl, hierarchical, reduce-to-one")
-    add("--communication", help="multi-worker all-reduce: auto (default), ring, nccl")
+    add("--cross-device-ops", help="auto, nccl, hierarchical, reduce-to-one")
+    add("--communication", help="multi-worker all-reduce: auto, ring, nccl")
     add(
         "--threads-per-worker",
         type=int,
@@ -73,7 +120,7 @@ def _train_distribution(group) -> None:
         "--collective-timeout",
         type=float,
         help="seconds to wait for the other workers, at "
-        "start-up and in every all-reduce, before naming the one missing (default 300)",
+        "start-up and in every all-reduce, before naming the one missing",
     )
     _train_memory(add)
 
@@ -83,7 +130,7 @@ def _train_memory(add) -> None:
     add("--gpu-memory-limit", type=int, help="cap each GPU at MB (instead of memory growth)")
     add(
         "--shard",
-        help="JAX: none (default; every device holds the whole state), optimizer "
+        help="JAX: none (every device holds the whole state), optimizer "
         "(ZeRO-1: the optimizer state split over the devices) or all (FSDP: the weights too)",
     )
     add(
@@ -105,7 +152,7 @@ def _train_data_source(add) -> None:
     """train's DataSettings flags that name the data and how files are read."""
     add(
         "--data",
-        help="training data: mnist (default), synthetic, FILE.npz (x_train, y_train; "
+        help="training data: mnist, synthetic, FILE.npz (x_train, y_train; "
         "optional x_val/y_val, x_test/y_test), an image FOLDER (one subfolder per class), "
         "'train-*.tfrecord' (tf.train.Example; quote the pattern) or package.module:function",
     )
@@ -122,12 +169,9 @@ def _train_data_source(add) -> None:
     )
     add(
         "--image-feature",
-        help="TFRecords: feature holding the encoded PNG/JPEG image (default image/encoded)",
+        help="TFRecords: feature holding the encoded PNG/JPEG image",
     )
-    add(
-        "--label-feature",
-        help="TFRecords: feature holding the int64 class label (default image/class/label)",
-    )
+    add("--label-feature", help="TFRecords: feature holding the int64 class label")
 
 
 def _train_data_shape(add) -> None:
@@ -164,44 +208,44 @@ def _train_data_shape(add) -> None:
 
 def _train_optimisation(group) -> None:
     """train's OptimisationSettings flags: batches, steps, optimizer, precision, seed."""
-    add = group.add_argument
-    add("--batch-size", type=int, help="examples per replica per step (default 32)")
+    add = _FromConfig(group)
+    add("--batch-size", type=int, help="examples per replica per step")
     add("--global-batch-size", type=int, help="examples per step over all replicas (instead)")
-    add("--epochs", type=int, help="epochs (default 10)")
-    add("--optimizer", help="sgd (default), adam, adamw, rmsprop")
-    add("--lr", type=float, help="learning rate (default 0.01)")
-    add("--steps-per-execution", type=int, help="steps per compiled call (default 50)")
+    add("--epochs", type=int, help="epochs")
+    add("--optimizer", help="sgd, adam, adamw, rmsprop")
+    add("--lr", type=float, help="learning rate")
+    add("--steps-per-execution", type=int, help="steps per compiled call")
     add(
         "--accum-steps",
         type=int,
         help="micro-batches per replica per optimizer step; the "
-        "effective global batch is batch x replicas x K (default 1)",
+        "effective global batch is batch x replicas x K",
     )
-    add("--precision", help="fp32 (default), bf16 or fp16 (dynamic loss scaling)")
+    add("--precision", help="fp32, bf16 or fp16 (dynamic loss scaling)")
     add(
         "--xla",
         action="store_const",
         const=True,
         help="compile each replica's forward/backward pass with XLA",
     )
-    add("--lr-scaling", help="none (default) or linear: lr x global batch / --base-batch")
-    add("--base-batch", type=int, help="global batch --lr was chosen for (default 32)")
-    add("--warmup-epochs", type=float, help="linear learning-rate warm-up epochs (default 0)")
-    add("--seed", type=int, help="seed for weights and data order (default 42)")
+    add("--lr-scaling", help="none or linear: lr x global batch / --base-batch")
+    add("--base-batch", type=int, help="global batch --lr was chosen for")
+    add("--warmup-epochs", type=float, help="linear learning-rate warm-up epochs")
+    add("--seed", type=int, help="seed for weights and data order")
     add("--eval-batch-size", type=int, help="global batch for evaluation")
     _allow_nan(add)
 
 
 def _train_checkpoints(group) -> None:
     """train's CheckpointSettings flags: where, how often, how many, or start over."""
-    add = group.add_argument
+    add = _FromConfig(group)
     add("--checkpoint-dir", help="save step-exact checkpoints here; rerunning resumes")
     add(
         "--checkpoint-every",
         type=int,
-        help="also checkpoint every N steps (default: epoch ends only)",
+        help="also checkpoint every N steps (0: at epoch ends only)",
     )
-    add("--keep-checkpoints", type=int, help="how many recent checkpoints to keep (default 3)")
+    add("--keep-checkpoints", type=int, help="how many recent checkpoints to keep")
     add(
         "--fresh",
         action="store_const",
@@ -212,8 +256,8 @@ def _train_checkpoints(group) -> None:
 
 def _train_model(group) -> None:
     """train's ModelSettings flags: the model, its loss, metrics, callbacks and remat."""
-    add = group.add_argument
-    add("--model", help="mlp (default), cnn, or package.module:function returning a Keras model")
+    add = _FromConfig(group)
+    add("--model", help="mlp, cnn, or package.module:function returning a Keras model")
     add(
         "--loss",
         help="a Keras loss (mse, binary_crossentropy, ...) for an uncompiled --model "
@@ -235,7 +279,7 @@ def _train_model(group) -> None:
 
 def _train_outputs(group) -> None:
     """train's OutputSettings flags: logs, summary, progress bars, export and saved model."""
-    add = group.add_argument
+    add = _FromConfig(group)
     add("--logdir", help="write TensorBoard scalars here")
     add("--metrics-out", help="write a JSON summary here")
     add(
