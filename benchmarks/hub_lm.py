@@ -1,6 +1,7 @@
 """A KerasHub causal LM with LoRA (Gemma from its config, random weights: tests/engine/jax/
 hub_lm.py) fine-tuned on 4 logical CPU devices: ``mirrorfit.fit`` with the state whole on
-every device (``none``), split (``all``) and on a 2 x 2 data x model mesh (``grid``), beside
+every device (``none``), split (``all``) and on a 2 x 2 data x model mesh (``grid``; with ZeRO
+over its data axis: ``grid-optimizer``, ``grid-all``), beside
 Keras's own ``fit`` under ``ModelParallel`` with the backbone's ``get_layout_map`` on the same
 2 x 2 mesh (``keras-mp``). Each side is its own process; the order turns each repeat; steady
 examples/s (every epoch but the first) and the largest live bytes one device holds after fit
@@ -22,7 +23,7 @@ import tempfile
 from pathlib import Path
 
 PROGRAM = Path(__file__).resolve().parents[1] / "tests" / "engine" / "jax" / "hub_lm.py"
-SIDES = ("none", "all", "grid", "keras-mp")
+SIDES = ("none", "all", "grid", "grid-optimizer", "grid-all", "keras-mp")
 
 
 def run_side(side: str, examples: int, epochs: int, optimizer: str) -> dict:

@@ -577,6 +577,7 @@ def test_model_parallel_trains_a_compiled_model_on_a_2d_mesh(tmp_path):
     assert "state: a 2-D mesh: each weight split over the 2 devices of a model group" in stderr
     assert "the weights and optimizer state split over the data groups too" in stderr
     flat, zero = runs["flat"][1], runs["zero"][1]
+    assert (flat["model_parallel"], grid["model_parallel"]) == (1, 2)
     assert "the optimizer state split over the data groups too" in runs["zero"][0]
     # Adam: the kernel split in 4 under all; in 2 and its two slots in 4 under optimizer
     # (what the flag printed before the slots followed it from the command line: the slots

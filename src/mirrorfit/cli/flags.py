@@ -136,8 +136,9 @@ def _train_memory(add) -> None:
     add(
         "--model-parallel",
         type=int,
-        help="JAX, a compiled --model: split each weight over N devices, a 2-D mesh of "
-        "replicas/N data groups (--shard then splits over the data groups too)",
+        help="JAX, a compiled --model: split each weight over N devices (a divisor of "
+        "--replicas), a 2-D mesh of replicas/N data groups (--shard then splits over the data "
+        "groups too)",
     )
     add(
         "--sync-batchnorm",

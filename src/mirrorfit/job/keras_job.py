@@ -313,6 +313,7 @@ def run(
         "backend": config.backend,
         "global_batch_size": global_batch,
         "replicas": _replicas(model),
+        "model_parallel": config.model_parallel,
         "epochs": len(history.history.get("loss", [])),
         "wall_time_s": wall,
         "train_examples_per_sec": rate.rate(),  # steady: the first call's compile left out

@@ -3,7 +3,8 @@
 CPU devices, as MODE says: ``mirrorfit.fit`` under ``mirrorfit.setup(backend="jax",
 replicas=4)`` with ``shard`` ``none`` or ``all``, or ``model_parallel=2`` (``grid``: 2 x 2);
 or Keras's own ``fit`` under ``keras.distribution.ModelParallel`` with the backbone's
-``get_layout_map`` on a 2 x 2 mesh (``keras-mp``). Run as ``python hub_lm.py MODE OUT
+``get_layout_map`` on a 2 x 2 mesh (``keras-mp``); ``grid-optimizer`` / ``grid-all``: the mesh with
+ZeRO over its data axis. Run as ``python hub_lm.py MODE OUT
 [EXAMPLES EPOCHS OPTIMIZER]``; writes OUT.json (history, steady examples/s over every epoch
 but the first, the largest live bytes one device holds after fit, how many weights are
 split) and OUT.npz (the weights). tests/engine/jax/test_jax_mesh.py and benchmarks/hub_lm.py use
@@ -27,7 +28,12 @@ if MODE == "keras-mp":
 else:
     import mirrorfit
 
-    kwargs = {"all": {"shard": "all"}, "grid": {"model_parallel": 2}}.get(MODE, {})
+    kwargs = {
+        "all": {"shard": "all"},
+        "grid": {"model_parallel": 2},
+        "grid-optimizer": {"model_parallel": 2, "shard": "optimizer"},
+        "grid-all": {"model_parallel": 2, "shard": "all"},
+    }.get(MODE, {})
     mirrorfit.setup(backend="jax", replicas=4, **kwargs)
 import jax  # noqa: E402
 import keras  # noqa: E402

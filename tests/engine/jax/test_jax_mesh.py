@@ -54,8 +54,8 @@ def test_a_data_by_model_mesh_splits_the_weights_and_trains_as_data_parallel(tmp
 def test_a_mesh_the_devices_cannot_make_is_one_line(tmp_path):
     refused = run_isolated(HERE / "grid_driver.py", "3", tmp_path)["refused"]
     assert refused[0].startswith(
-        "model_parallel=3 does not divide the 4 replicas into groups; give a divisor of the "
-        "replicas (replicas=, e.g. replicas=6"
+        "model_parallel=3 (--model-parallel 3) does not divide the 4 replicas into groups; "
+        "give a divisor of the replicas, or more replicas (e.g. replicas=6, --replicas 6"
     )
     assert refused[1].startswith("model_parallel=0: give the devices each weight is split")
 

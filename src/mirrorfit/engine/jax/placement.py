@@ -274,14 +274,16 @@ def _check_model_parallel(placement: Placement, model_parallel: int) -> None:
         return
     if placement.replicas % model_parallel:
         raise ConfigError(
-            f"model_parallel={model_parallel} does not divide the {placement.replicas} "
-            "replicas into groups; give a divisor of the replicas (replicas=, e.g. "
-            f"replicas={model_parallel * 2} on logical CPU devices)"
+            f"model_parallel={model_parallel} (--model-parallel {model_parallel}) does not "
+            f"divide the {placement.replicas} replicas into groups; give a divisor of the "
+            f"replicas, or more replicas (e.g. replicas={model_parallel * 2}, --replicas "
+            f"{model_parallel * 2}, on logical CPU devices)"
         )
     if placement.workers > 1:
         raise ConfigError(
-            f"model_parallel={model_parallel} splits the weights over one process's devices; "
-            "a job of several workers trains with model_parallel=1"
+            f"model_parallel={model_parallel} (--model-parallel {model_parallel}) splits the "
+            "weights over one process's devices; a job of several workers trains with "
+            "model_parallel=1"
         )
 
 
