@@ -87,9 +87,18 @@ def _find_mnist() -> tuple[Path | None, str]:
     return folder, ""
 
 
-MNIST_DIR, _MNIST_MISSING = _find_mnist()
-if MNIST_DIR is not None:  # this process and every subprocess find the same file
-    os.environ["MIRRORFIT_DATA"] = str(MNIST_DIR)
+_MNIST: list[tuple[Path | None, str]] = []  # what _find_mnist said, once per process
+
+
+def mnist_folder() -> Path | None:
+    """The folder holding the real MNIST, found (or downloaded) on first use in this process,
+    and ``$MIRRORFIT_DATA`` set to it: this process and every program it starts find the same
+    file. None where it cannot be had (:func:`mnist_dir` then fails the tests that need it)."""
+    if not _MNIST:
+        _MNIST.append(_find_mnist())
+        if _MNIST[0][0] is not None:
+            os.environ["MIRRORFIT_DATA"] = str(_MNIST[0][0])
+    return _MNIST[0][0]
 
 
 def _fork_python_programs() -> None:
@@ -249,11 +258,19 @@ def _keras_backend_as_it_was():
         os.environ["KERAS_BACKEND"] = before
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _mnist_for_every_program() -> None:
+    """MNIST found (or downloaded) before a test process's first test, not when the suite is
+    imported: the programs the tests start read it through ``$MIRRORFIT_DATA``."""
+    mnist_folder()
+
+
 @pytest.fixture(scope="session")
 def mnist_dir() -> Path:
-    if MNIST_DIR is None:
-        pytest.fail(f"real MNIST not found: {_MNIST_MISSING}")
-    return MNIST_DIR
+    folder = mnist_folder()
+    if folder is None:
+        pytest.fail(f"real MNIST not found: {_MNIST[0][1]}")
+    return folder
 
 
 def pytest_collection_modifyitems(config, items):

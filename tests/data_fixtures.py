@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from conftest import MNIST_DIR
+from conftest import mnist_folder
 
 IMAGE = "image/encoded"
 LABEL = "image/class/label"
@@ -21,7 +21,10 @@ LABEL = "image/class/label"
 
 def mnist(n: int, *, offset: int = 0, split: str = "train") -> tuple[np.ndarray, np.ndarray]:
     """``n`` real MNIST images (uint8 28x28) and labels from ``offset`` of the split."""
-    with np.load(MNIST_DIR / "mnist.npz") as f:
+    folder = mnist_folder()
+    if folder is None:
+        raise FileNotFoundError("real MNIST not found (tests/conftest.py's mnist_folder)")
+    with np.load(folder / "mnist.npz") as f:
         return (
             f[f"x_{split}"][offset : offset + n],
             f[f"y_{split}"][offset : offset + n].astype(np.int64),

@@ -20,7 +20,7 @@ from mirrorfit import cli
 from mirrorfit.distribute.cluster import resolve_cluster
 from mirrorfit.distribute.launch import check_launch_args
 
-from conftest import MNIST_DIR
+from conftest import mnist_folder
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
@@ -82,7 +82,7 @@ def check_command(argv: list[str]) -> None:
         return
     assert args.command == "train"
     if args.data_dir and os.path.normpath(args.data_dir) in CLUSTER_DATA:
-        args.data_dir = str(MNIST_DIR)
+        args.data_dir = str(mnist_folder())
     cli.train_config(args)  # what _cmd_train does first
 
 

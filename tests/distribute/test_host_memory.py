@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import MNIST_DIR
+from conftest import mnist_folder
 
 HERE = Path(__file__).parent
 
@@ -97,7 +97,7 @@ def test_mirrorfit_train_keeps_freed_memory():
             **os.environ,
             "CUDA_VISIBLE_DEVICES": "",
             "TF_CPP_MIN_LOG_LEVEL": "3",
-            "MIRRORFIT_DATA": str(MNIST_DIR),
+            "MIRRORFIT_DATA": str(mnist_folder()),
         },
         timeout=300,
         check=True,
