@@ -42,7 +42,7 @@ class State(NamedTuple):
 
 # The Keras data adapters epoch 1 reads anew after the first batch built the model, as Keras's
 # JAX fit does (its EpochIterator.reset()): a shuffle is drawn again, the epochs in its orders.
-READ_AGAIN = frozenset({"ArrayDataAdapter", "TFDatasetAdapter"})
+READ_AGAIN = frozenset({"ArrayDataAdapter", "TFDatasetAdapter", "PyDatasetAdapter"})
 
 
 def check_model(model, placement=None, distribution=None) -> None:
@@ -267,8 +267,11 @@ class Runner:
         """The model's and optimizer's variables as the devices' state again (a callback may
         have changed them); the metrics so far are kept."""
         m, put = self.model, self.placement.put
-        trainable = [v.value for v in m.trainable_variables]
-        optimizer = [v.value for v in m.optimizer.variables]
+        # one buffer an entry: two variables may hold one array (``b.assign(a)``), and a
+        # buffer donated twice crashes XLA (Keras's own fit: "donate the same buffer twice")
+        trainable, optimizer = _distinct(
+            [v.value for v in m.trainable_variables], [v.value for v in m.optimizer.variables]
+        )
         # Created on their shards (shard="all", one process): the variables' own buffers are
         # the state, and each call's result is written back into them (:meth:`_shared`): one
         # split copy on the devices, as Keras's own fit keeps. Else copies (put copies), so
@@ -550,6 +553,21 @@ class Runner:
         return _has_convolution(
             jax.make_jaxpr(lambda t, n, x: model.stateless_call(t, n, x, **kwargs)[0])(t, n, x)
         )
+
+
+def _distinct(*groups: list) -> list[list]:
+    """``groups`` with each array that appeared before (the same object) replaced by a copy."""
+    seen: set = set()
+    out = []
+    for group in groups:
+        kept = []
+        for value in group:
+            if id(value) in seen:
+                value = jnp.array(value, copy=True)
+            seen.add(id(value))
+            kept.append(value)
+        out.append(kept)
+    return out
 
 
 def _held_as(values, shardings) -> bool:
