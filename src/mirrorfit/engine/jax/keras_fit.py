@@ -23,6 +23,7 @@ from mirrorfit.engine.jax.placement import AXIS
 from mirrorfit.engine.jax.sharding import (
     build_layout,
     describe_unsplit,
+    distinct_arrays,
     held_by_model,
     peak_device_bytes,
     state_bytes_per_device,
@@ -269,7 +270,7 @@ class Runner:
         m, put = self.model, self.placement.put
         # one buffer an entry: two variables may hold one array (``b.assign(a)``), and a
         # buffer donated twice crashes XLA (Keras's own fit: "donate the same buffer twice")
-        trainable, optimizer = _distinct(
+        trainable, optimizer = distinct_arrays(
             [v.value for v in m.trainable_variables], [v.value for v in m.optimizer.variables]
         )
         # Created on their shards (shard="all", one process): the variables' own buffers are
@@ -553,21 +554,6 @@ class Runner:
         return _has_convolution(
             jax.make_jaxpr(lambda t, n, x: model.stateless_call(t, n, x, **kwargs)[0])(t, n, x)
         )
-
-
-def _distinct(*groups: list) -> list[list]:
-    """``groups`` with each array that appeared before (the same object) replaced by a copy."""
-    seen: set = set()
-    out = []
-    for group in groups:
-        kept = []
-        for value in group:
-            if id(value) in seen:
-                value = jnp.array(value, copy=True)
-            seen.add(id(value))
-            kept.append(value)
-        out.append(kept)
-    return out
 
 
 def _held_as(values, shardings) -> bool:

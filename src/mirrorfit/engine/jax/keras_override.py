@@ -15,6 +15,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from mirrorfit.engine.jax.placement import AXIS
 from mirrorfit.engine.jax.sharding import (
+    distinct_arrays,
     held_by_model,
     peak_device_bytes,
     state_bytes_per_device,
@@ -134,10 +135,10 @@ class OverrideRunner:
         state = self.model._get_jax_state(  # noqa: SLF001 (the hook such models override)
             trainable_variables=True, non_trainable_variables=True, optimizer_variables=True
         )
+        state = distinct_arrays(*state)
         self._state_shardings = [[self._sharding_of(v) for v in group] for group in state]
-        seen: set = set()
         self.state = [
-            self._put(group, shardings, seen)
+            self._put(group, shardings, own=True)
             for group, shardings in zip(state, self._state_shardings)
         ]
 
@@ -257,26 +258,18 @@ class OverrideRunner:
         _, metrics, logs = _looped(step, (None, metrics), batches)
         return metrics, logs
 
-    def _put(self, values, shardings=None, seen: set | None = None) -> list:
-        """``values`` on the devices, whole on each or as ``shardings`` say. With ``seen``
-        (the ids of the arrays taken so far), an array already so placed is taken as it is:
-        the Keras variable's own buffer, which the next call donates and :meth:`sync` then
-        replaces (no second copy at an epoch's start); else, or twice, a copy."""
+    def _put(self, values, shardings=None, *, own: bool = False) -> list:
+        """``values`` on the devices, whole on each or as ``shardings`` say. ``own``: an array
+        already so placed is taken as it is, the Keras variable's own buffer, which the next
+        call donates and :meth:`sync` then replaces (no second copy at an epoch's start; the
+        values distinct arrays); else a copy."""
         shardings = shardings or [self._replicated] * len(values)
-        out = []
-        for v, s in zip(values, shardings):
-            own = (
-                seen is not None
-                and isinstance(v, jax.Array)
-                and id(v) not in seen
-                and v.sharding.is_equivalent_to(s, v.ndim)
-            )
-            if own:
-                seen.add(id(v))
-                out.append(v)
-            else:
-                out.append(jax.device_put(jnp.asarray(v), s, may_alias=False))
-        return out
+        return [
+            v
+            if own and isinstance(v, jax.Array) and v.sharding.is_equivalent_to(s, v.ndim)
+            else jax.device_put(jnp.asarray(v), s, may_alias=False)
+            for v, s in zip(values, shardings)
+        ]
 
     def _sharding_of(self, value):
         """Where a value of the state lives: as made, where it was made on this mesh (split

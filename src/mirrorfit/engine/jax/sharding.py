@@ -331,6 +331,25 @@ def _non_finite_counter():
     return jax.jit(lambda xs: [count(a) for a in xs])
 
 
+def distinct_arrays(*groups: list) -> list[list]:
+    """``groups`` of arrays with each one that appeared before (the same object) replaced by a
+    copy: two Keras variables may hold one array (``b.assign(a)``), and a buffer donated twice
+    crashes XLA (Keras's own fit refuses it: "donate the same buffer twice")."""
+    import jax.numpy as jnp
+
+    seen: set = set()
+    out = []
+    for group in groups:
+        kept = []
+        for value in group:
+            if id(value) in seen:
+                value = jnp.array(value, copy=True)
+            seen.add(id(value))
+            kept.append(value)
+        out.append(kept)
+    return out
+
+
 def held_by_model(model) -> list:
     """The arrays of the model's own Keras variables (weights, statistics, metrics) and of its
     optimizer's, where they live between calls (whole on a device, or on their shards)."""
