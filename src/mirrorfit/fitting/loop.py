@@ -452,6 +452,7 @@ class _Run:
                 accum_steps=self.accum_steps,
                 jit_compile=bool(model.jit_compile),  # Keras's "auto": on where a GPU is
                 sync_batchnorm=self.sync_batchnorm,
+                sample=first.get("x"),
             )
             # Past Keras's attribute tracking: the runner is not part of the model's state.
             object.__setattr__(model, "_mirrorfit_runner", (key, self.runner))

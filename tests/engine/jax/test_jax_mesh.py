@@ -89,6 +89,8 @@ def test_a_keras_hub_lm_with_lora_trains_alike_whole_split_and_on_the_mesh(tmp_p
         for key, values in whole["history"].items():
             np.testing.assert_allclose(result["history"][key], values, rtol=1e-5, err_msg=key)
     # counted from the devices (each buffer once): the mesh's model holds one copy of its
-    # split state, as Keras's own fit leaves it (measured 0.25x of none's; 0.51x before its
-    # variables were the state itself)
-    assert runs["grid"][0]["live_bytes"] <= 0.3 * whole["live_bytes"]
+    # state split over the model axis of 2, as Keras's own fit leaves it (measured 0.50x of
+    # none's); shard="all" splits it over all 4 devices, the frozen backbone too (measured
+    # 0.25x; 0.62x while each device held the frozen weights whole as statistics)
+    assert runs["grid"][0]["live_bytes"] <= 0.55 * whole["live_bytes"]
+    assert runs["all"][0]["live_bytes"] <= 0.3 * whole["live_bytes"]

@@ -9,6 +9,7 @@ on its share, divided by replicas x micro-batches; the K micro-batches' gradient
 
 from __future__ import annotations
 
+import dataclasses
 from typing import NamedTuple
 
 import jax
@@ -26,6 +27,7 @@ from mirrorfit.engine.jax.sharding import (
     distinct_arrays,
     held_by_model,
     peak_device_bytes,
+    shard_axis,
     state_bytes_per_device,
 )
 from mirrorfit.engine.jax.step import _has_convolution, _Train, all_reduce, stacked
@@ -36,7 +38,7 @@ from mirrorfit.fitting import metrics as fit_metrics
 
 class State(NamedTuple):
     trainable: list  # replicated
-    non_trainable: list  # per device (stacked on a first axis)
+    non_trainable: list  # the statistics a step writes: per device (stacked on a first axis)
     optimizer: list  # replicated
     metrics: list  # per device
 
@@ -73,12 +75,41 @@ def pads(model, step: str, placement=None, accum_steps: int = 1) -> bool:
     return not _whole_batch(model, placement, accum_steps)
 
 
-def runner(model, placement, **settings):
+def runner(model, placement, *, sample=None, **settings):
     """The runner for ``model``: mirrorfit's per-replica step, or the model's own over the
-    global batch (:mod:`mirrorfit.engine.jax.keras_override`, :func:`_whole_batch`)."""
+    global batch (:mod:`mirrorfit.engine.jax.keras_override`, :func:`_whole_batch`).
+    ``sample``: the first batch's inputs, which tell the frozen weights (:func:`frozen`)."""
     if _whole_batch(model, placement, settings.get("accum_steps", 1)):
         return OverrideRunner(model, placement, **settings)
-    return Runner(model, placement, **settings)
+    return Runner(model, placement, sample=sample, **settings)
+
+
+def frozen(model, sample, replicas: int) -> list[bool]:
+    """Per non-trainable variable of ``model``: whether a training step leaves it as it is (a
+    frozen layer's weights, a LoRA layer's kernel) rather than writing it (batch norm's
+    moving statistics, a dropout's seed), read from one trace of the model's forward pass
+    on ``sample``'s shapes (each replica's share). All False where it cannot be traced: each
+    device then keeps them as statistics, as before."""
+    variables = model.non_trainable_variables
+    if sample is None or not variables:
+        return [False] * len(variables)
+
+    def spec(a):
+        a = np.asarray(a) if not hasattr(a, "dtype") else a
+        return jax.ShapeDtypeStruct((max(1, a.shape[0] // replicas), *a.shape[1:]), a.dtype)
+
+    kwargs = {"training": True} if model._call_has_training_arg else {}
+    try:
+        closed = jax.make_jaxpr(lambda t, n, x: model.stateless_call(t, n, x, **kwargs)[1])(
+            [jax.ShapeDtypeStruct(v.shape, v.dtype) for v in model.trainable_variables],
+            [jax.ShapeDtypeStruct(v.shape, v.dtype) for v in variables],
+            jax.tree.map(spec, sample),
+        )
+    except Exception:  # noqa: BLE001 - a model that traces only in its own way: as before
+        return [False] * len(variables)
+    given = closed.jaxpr.invars[len(model.trainable_variables) :]
+    returned = closed.jaxpr.outvars
+    return [len(returned) == len(variables) and r is g for r, g in zip(returned, given)]
 
 
 def _whole_batch(model, placement, accum_steps: int = 1) -> bool:
@@ -173,6 +204,7 @@ class Runner:
         accum_steps: int = 1,
         jit_compile: bool = True,
         sync_batchnorm: bool = False,
+        sample=None,
     ) -> None:
         # jit_compile: every call is one compiled program whatever it says (Keras's
         # jit_compile=False runs JAX's step uncompiled, for debugging only)
@@ -212,6 +244,45 @@ class Runner:
             if layout is None
             else [NamedSharding(self.mesh, s) for s in layout.optimizer_specs()],
         }
+        self._frozen = frozen(model, sample, self.replicas)
+        self._frozen_specs = [self._frozen_spec(v) for v in self._frozen_variables()]
+        self._frozen_shardings = [NamedSharding(self.mesh, s) for s in self._frozen_specs]
+        self.frozen_values: list = []
+        if any(self._frozen_specs):  # split: gathered where their layers run, as the weights
+            variables = self._frozen_variables()
+            axes = [len(s) - 1 if s else None for s in self._frozen_specs]
+            gathered = layer_gather.prepare(
+                model,
+                [*(layout.variables if layout else ()), *variables],
+                [*(layout.trainable if layout else ()), *axes],
+                frozen=variables,
+            )
+            if layout is not None:
+                self.layout = dataclasses.replace(layout, gathered_layers=gathered)
+
+    def _with_frozen(self):
+        return zip(self.model.non_trainable_variables, self._frozen)
+
+    def _frozen_spec(self, variable):
+        """Where a frozen weight lives: whole on every device, or under ``shard="all"`` split
+        along the axis the weights' rule picks (a LoRA model's frozen backbone, whose
+        weights are most of its state, split as its trainable ones are)."""
+        if getattr(self.placement, "shard", "none") != "all":
+            return P()
+        axis = shard_axis(variable.shape, self.replicas)
+        return P() if axis is None else P(*([None] * axis), AXIS)
+
+    def _frozen_variables(self) -> list:
+        return [v for v, f in self._with_frozen() if f]
+
+    def _statistics_of(self, variables: list) -> list:
+        """Of the model's non-trainable ``variables`` (or their values), those a step writes."""
+        return [v for v, f in zip(variables, self._frozen) if not f]
+
+    def _merged(self, statistics: list, frozen_values: list) -> list:
+        """The model's non-trainable values in its order, from the two groups."""
+        statistics, frozen_values = iter(statistics), iter(frozen_values)
+        return [next(frozen_values) if f else next(statistics) for f in self._frozen]
 
     def from_chief(self, distribution=None) -> None:
         """Every worker's Keras variables made the chief's (weights, statistics, optimizer
@@ -237,7 +308,7 @@ class Runner:
         variables (weights, statistics, optimizer state: a whole copy on one device counts
         there), read from the arrays' shards."""
         s = self.state
-        state = [*s.trainable, *s.non_trainable, *s.optimizer]
+        state = [*s.trainable, *s.non_trainable, *s.optimizer, *self.frozen_values]
         return state_bytes_per_device([*state, *held_by_model(self.model)])
 
     def peak_device_bytes(self) -> int | None:
@@ -284,11 +355,17 @@ class Runner:
         if not self._aliased:
             trainable = put(trainable, self._shardings["trainable"])
             optimizer = put(optimizer, self._shardings["optimizer"])
+        # Frozen weights are read, never written or donated: the variables' own arrays where
+        # they are laid out so already (created on their shards), else one copy laid out so.
+        values = [v.value for v in self._frozen_variables()]
+        self.frozen_values = [
+            v if self.placement.workers == 1 and _held_as([v], [s]) else put([v], s)[0]
+            for v, s in zip(values, self._frozen_shardings)
+        ]
+        statistics = self._statistics_of(m.non_trainable_variables)
         self.state = self.state._replace(
             trainable=trainable,
-            non_trainable=put(
-                stacked([v.value for v in m.non_trainable_variables], self.replicas), self._split
-            ),
+            non_trainable=put(stacked([v.value for v in statistics], self.replicas), self._split),
             optimizer=optimizer,
         )
         self._synced, self._statistics = True, None
@@ -308,7 +385,8 @@ class Runner:
         if self._synced:
             return
         s, m = self.state, self.model
-        for var, value in zip(m.non_trainable_variables, self.placement.averaged(s.non_trainable)):
+        statistics = self._statistics_of(m.non_trainable_variables)
+        for var, value in zip(statistics, self.placement.averaged(s.non_trainable)):
             var.assign(np.asarray(value))
         self._synced = True
         if self._aliased:  # the variables hold the state's own buffers (_shared)
@@ -372,7 +450,7 @@ class Runner:
         """``steps`` optimizer steps over the first ``steps`` batches of ``block``."""
         if self._train is None:
             self._train = self._build_train(block)
-        self.state = self._train(self.state, block, None, np.int32(steps))
+        self.state = self._train(self.state, block, self.frozen_values, np.int32(steps))
         self._synced, self._statistics = False, None
         if self._aliased:
             self._shared()
@@ -391,20 +469,44 @@ class Runner:
                 self._split,
             )
         metrics = self._evaluate(
-            self.state.metrics, self.state.trainable, self._statistics, block, np.int32(batches)
+            self.state.metrics,
+            self.state.trainable,
+            self._statistics,
+            self.frozen_values,
+            block,
+            np.int32(batches),
         )
         self.state = self.state._replace(metrics=metrics)
 
     def _loss(
-        self, trainable, non_trainable, metrics, optimizer, batch, training: bool, stored=None
+        self,
+        trainable,
+        non_trainable,
+        frozen_values,
+        metrics,
+        optimizer,
+        batch,
+        training: bool,
+        stored=None,
     ):
-        """``stored``: the split weights under --shard all, gathered layer by layer."""
+        """``stored``: the split weights under --shard all, gathered layer by layer;
+        ``frozen_values``: the frozen weights as this device holds them (a split one is
+        gathered whole here). Returns the statistics alone of the non-trainable values."""
         model, layout = self.model, self.layout
         before = metrics
-        with layer_gather.weights(layout, trainable, stored) as values:
+        whole = [
+            v if len(spec) == 0 else jax.lax.all_gather(v, AXIS, axis=len(spec) - 1, tiled=True)
+            for v, spec in zip(frozen_values, self._frozen_specs)
+        ]
+        split_frozen = [
+            (var, v, len(spec) - 1)
+            for var, v, spec in zip(self._frozen_variables(), frozen_values, self._frozen_specs)
+            if len(spec)
+        ]
+        with layer_gather.weights(layout, trainable, stored, split_frozen) as values:
             loss, (unscaled, y_pred, non_trainable, metrics) = model.compute_loss_and_updates(
                 values,
-                non_trainable,
+                self._merged(non_trainable, whole),
                 metrics,
                 batch["x"],
                 batch.get("y"),
@@ -419,6 +521,7 @@ class Runner:
         metrics = list(metrics)
         for i in self._output_losses:
             metrics[i] = fit_metrics.reweighted(before[i], metrics[i], batch["scale"])
+        non_trainable = self._statistics_of(non_trainable)
         return loss / (self.replicas * self.accum_steps), (unscaled, y_pred, non_trainable, metrics)
 
     def _update_metrics(self, metrics, batch, y_pred, unscaled):
@@ -432,7 +535,7 @@ class Runner:
             for r, v in zip(refs, metrics)
         ]
 
-    def _step(self, state: State, batch: dict) -> State:
+    def _step(self, state: State, batch: dict, frozen_values: list) -> State:
         """One optimizer step on this device's share of one global batch."""
         k, layout = self.accum_steps, self.layout
         stored, non_trainable, optimizer, metrics = state
@@ -447,6 +550,7 @@ class Runner:
                 (_, (unscaled, y_pred, non_trainable, metrics)), g = grad(
                     trainable,
                     non_trainable,
+                    frozen_values,
                     metrics,
                     optimizer,
                     part,
@@ -478,7 +582,7 @@ class Runner:
             return contextlib.nullcontext()
         return batchnorm.across(lambda values: jax.lax.psum(values, AXIS), part["mask"])
 
-    def _train_per_device(self, state: State, block, _unused, steps, *, one: bool = False):
+    def _train_per_device(self, state: State, block, frozen_values, steps, *, one: bool = False):
         state = State(
             state.trainable,
             [a[0] for a in state.non_trainable],
@@ -487,7 +591,7 @@ class Runner:
         )
 
         def body(i, state):
-            return self._step(state, jax.tree.map(lambda a: a[i], block))
+            return self._step(state, jax.tree.map(lambda a: a[i], block), frozen_values)
 
         state = body(steps, state) if one else jax.lax.fori_loop(0, steps, body, state)
         return State(
@@ -497,13 +601,13 @@ class Runner:
             [a[None] for a in state.metrics],
         )
 
-    def _eval_per_device(self, metrics, trainable, non_trainable, block, batches):
+    def _eval_per_device(self, metrics, trainable, non_trainable, frozen_values, block, batches):
         non_trainable = [a[0] for a in non_trainable]
 
         def body(i, metrics):
             batch = jax.tree.map(lambda a: a[i], block)
             _, (unscaled, y_pred, _, metrics) = self._loss(
-                trainable, non_trainable, metrics, None, batch, False
+                trainable, non_trainable, frozen_values, metrics, None, batch, False
             )
             return self._update_metrics(metrics, batch, y_pred, unscaled)
 
@@ -517,9 +621,11 @@ class Runner:
                 specs = State(
                     self.layout.trainable_specs(), P(AXIS), self.layout.optimizer_specs(), P(AXIS)
                 )
-            in_specs, out_specs = (specs, P(None, AXIS), P(), P()), specs
+            in_specs, out_specs = (specs, P(None, AXIS), self._frozen_specs, P()), specs
         else:
-            in_specs, out_specs = (P(AXIS), P(), P(AXIS), P(None, AXIS), P()), P(AXIS)
+            frozen_specs = self._frozen_specs
+            in_specs = (P(AXIS), P(), P(AXIS), frozen_specs, P(None, AXIS), P())
+            out_specs = P(AXIS)
         # check_vma off, as in engine/jax/step.py: an RNN's constant initial state against its
         # per-device carry; gradients stay per device until the one psum.
         return jax.shard_map(
@@ -548,8 +654,8 @@ class Runner:
             ),
             block["x"],
         )
-        t = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in state.trainable]
-        n = [jax.ShapeDtypeStruct(a.shape[1:], a.dtype) for a in state.non_trainable]
+        t = [jax.ShapeDtypeStruct(v.shape, v.dtype) for v in model.trainable_variables]
+        n = [jax.ShapeDtypeStruct(v.shape, v.dtype) for v in model.non_trainable_variables]
         kwargs = {"training": True} if model._call_has_training_arg else {}
         return _has_convolution(
             jax.make_jaxpr(lambda t, n, x: model.stateless_call(t, n, x, **kwargs)[0])(t, n, x)

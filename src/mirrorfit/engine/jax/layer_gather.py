@@ -17,24 +17,38 @@ import jax.numpy as jnp
 from mirrorfit.engine.jax.placement import AXIS
 from mirrorfit.models.remat import stateless_keras_layer
 
-# The split weights of the trace being built: {id(variable): (shard, axis, probe)}; None
-# outside a step.
+# The split weights of the trace being built: {id(variable): (shard, axis, probe)} (a frozen
+# weight's probe None: it takes no gradient); None outside a step.
 _SHARDS: contextvars.ContextVar[dict | None] = contextvars.ContextVar(
     "mirrorfit_shards", default=None
 )
 
 
-def prepare(model, variables, axes) -> int:
+def prepare(model, variables, axes, frozen=()) -> int:
     """Wrap the ``call`` of each qualifying layer of ``model`` that holds one of
-    ``variables`` split along ``axes`` (None: replicated). Returns how many layers."""
+    ``variables`` split along ``axes`` (None: replicated). ``frozen``: the non-trainable
+    variables a step never writes (a LoRA layer's kernel), which a qualifying layer may
+    hold. Returns how many layers."""
     split = {id(v) for v, a in zip(variables, axes) if a is not None}
+    fixed = {id(v) for v in frozen}
     count = 0
     for layer in _called_by_models(model):
-        if stateless_keras_layer(layer) and any(id(v) in split for v in layer.trainable_variables):
+        if _qualifies(layer, fixed) and any(id(v) in split for v in layer.variables):
             if not getattr(layer.call, "_mirrorfit_gathers", False):
                 layer.call = _gathered_call(layer, layer.call)
             count += 1
     return count
+
+
+def _qualifies(layer, frozen: set) -> bool:
+    """One of Keras's own layers with no sublayers whose call writes nothing of its own."""
+    if stateless_keras_layer(layer):
+        return True
+    return (
+        type(layer).__module__.startswith("keras.")
+        and not any(True for _ in layer._flatten_layers(include_self=False, recursive=False))
+        and all(id(v) in frozen for v in layer.non_trainable_variables)
+    )
 
 
 def _called_by_models(model):
@@ -70,12 +84,15 @@ def probes(shards, axes, replicas: int) -> list:
 
 
 @contextlib.contextmanager
-def gathering(variables, shards, axes, probes):
+def gathering(variables, shards, axes, probes, frozen=()):
     """Within: wrapped layers gather ``variables``' split values from ``shards``, their
-    gradients taken for ``probes``."""
-    token = _SHARDS.set(
-        {id(v): (s, a, p) for v, s, a, p in zip(variables, shards, axes, probes) if a is not None}
-    )
+    gradients taken for ``probes``; and ``frozen`` ``(variable, shard, axis)``'s, which
+    take none."""
+    held = {
+        id(v): (s, a, p) for v, s, a, p in zip(variables, shards, axes, probes) if a is not None
+    }
+    held.update((id(v), (s, a, None)) for v, s, a in frozen)
+    token = _SHARDS.set(held)
     try:
         yield
     finally:
@@ -83,14 +100,16 @@ def gathering(variables, shards, axes, probes):
 
 
 @contextlib.contextmanager
-def weights(layout, weights, shards):
+def weights(layout, weights, shards, frozen=()):
     """The values to map the model's trainable variables to in a step's forward pass, with
-    the wrapped layers gathering inside. ``shards`` None (weights stored whole): ``weights``
+    the wrapped layers gathering inside (``frozen``: split frozen weights, ``(variable,
+    shard, axis)``, gathered there too). ``shards`` None (weights stored whole): ``weights``
     as they are; else ``weights`` are :func:`probes`."""
     if shards is None:
-        yield weights
+        with gathering((), (), (), (), frozen) if frozen else contextlib.nullcontext():
+            yield weights
         return
-    with gathering(layout.variables, shards, layout.trainable, weights):
+    with gathering(layout.variables, shards, layout.trainable, weights, frozen):
         yield mapped(shards, weights, layout.trainable)
 
 
@@ -128,6 +147,7 @@ def _gathered_call(layer, call):
     def gathers(*args, **kwargs):
         shards, scope = _SHARDS.get(), get_stateless_scope()
         variables = list(layer.trainable_variables)
+        fixed = list(layer.non_trainable_variables)  # frozen: _qualifies
         if (
             shards is None
             or scope is None
@@ -142,10 +162,17 @@ def _gathered_call(layer, call):
         ]
         if any(v is None for v in values):
             return call(*args, **kwargs)
+        fixed_split = [shards.get(id(v)) for v in fixed]
+        fixed_pieces = [
+            scope.get_current_value(v) if s is None else s[0] for v, s in zip(fixed, fixed_split)
+        ]
+        if any(v is None for v in fixed_pieces):
+            return call(*args, **kwargs)
         autocast = get_autocast_scope()
 
-        def run(weights, inputs):
-            with StatelessScope(state_mapping=list(zip(variables, weights))):
+        def run(weights, fixed_values, inputs):
+            mapping = list(zip([*variables, *fixed], [*weights, *fixed_values]))
+            with StatelessScope(state_mapping=mapping):
                 if autocast is None:
                     return call(*inputs, **kwargs)
                 with type(autocast)(autocast.dtype):
@@ -157,33 +184,43 @@ def _gathered_call(layer, call):
                 for w, piece, s in zip(weights, pieces, split)
             ]
 
+        def whole_fixed(pieces, anchor):  # the frozen ones: no probe, no gradient
+            return [
+                p if s is None else _gather_after(p, s[1], anchor)
+                for p, s in zip(pieces, fixed_split)
+            ]
+
         # The shards are arguments, not closed over: the backward rule of a layer called in
         # a loop or a branch (keras.ops.fori_loop, cond) runs outside the trace they belong to.
         @jax.custom_vjp
-        def apply(weights, pieces, inputs):
-            return run(whole(weights, pieces, inputs), inputs)
+        def apply(weights, pieces, fixed_pieces, inputs):
+            return run(whole(weights, pieces, inputs), whole_fixed(fixed_pieces, inputs), inputs)
 
-        def forward(weights, pieces, inputs):
+        def forward(weights, pieces, fixed_pieces, inputs):
             # the split weights' gathered values are not kept for the backward pass, which
             # gathers them again from the shards (their probes are kept too: zeros XLA never
             # writes out)
-            return apply(weights, pieces, inputs), (weights, pieces, inputs)
+            saved = (weights, pieces, fixed_pieces, inputs)
+            return apply(weights, pieces, fixed_pieces, inputs), saved
 
         def backward(saved, cotangent):
-            weights, pieces, inputs = saved
+            weights, pieces, fixed_pieces, inputs = saved
             full = whole(weights, pieces, cotangent)
+            fixed_full = whole_fixed(fixed_pieces, cotangent)
             floats = [
                 jnp.issubdtype(jnp.asarray(x).dtype, jnp.inexact) for x in jax.tree.leaves(inputs)
             ]
-            _, vjp = jax.vjp(lambda w, i: run(w, i), full, inputs)
+            _, vjp = jax.vjp(lambda w, i: run(w, fixed_full, i), full, inputs)
             weight_grads, input_grads = vjp(cotangent)
             leaves, tree = jax.tree.flatten(input_grads)
             leaves = [g if f else None for g, f in zip(leaves, floats)]
             # no gradient for the shards: the probes carry the split weights' gradients
-            return weight_grads, [None] * len(pieces), jax.tree.unflatten(tree, leaves)
+            nothing = [None] * len(pieces), [None] * len(fixed_pieces)
+            return weight_grads, *nothing, jax.tree.unflatten(tree, leaves)
 
         apply.defvjp(forward, backward)
-        return apply(values, [None if s is None else s[0] for s in split], args)
+        pieces = [None if s is None else s[0] for s in split]
+        return apply(values, pieces, fixed_pieces, args)
 
     gathers._mirrorfit_gathers = True  # applied once, however often it is asked
     return gathers

@@ -157,8 +157,10 @@ def check_variables(model, strategy) -> None:
         )
 
 
-def runner(model, strategy, **settings) -> Runner:
-    """The runner for ``model``: its own train_step/test_step too run per replica."""
+def runner(model, strategy, *, sample=None, **settings) -> Runner:
+    """The runner for ``model``: its own train_step/test_step too run per replica.
+    (``sample``, the first batch's inputs: the variables are the state here, so nothing
+    needs telling apart.)"""
     return Runner(model, strategy, **settings)
 
 
