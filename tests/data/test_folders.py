@@ -209,3 +209,18 @@ def test_a_link_to_itself_beside_the_class_folders_is_no_class(tmp_path):
     os.symlink("x", tmp_path / "x")
     data = load_data(str(tmp_path), global_batch=2)
     assert data.num_classes == 2
+
+
+def test_decoding_into_memory_more_than_it_holds_is_one_line(tmp_path, monkeypatch):
+    """--cache memory (and a compiled --model's images, decoded once) is checked against the
+    memory available before any image is decoded: one line naming the size and the fix."""
+    import psutil
+
+    write_png_folder(tmp_path / "digits", *mnist(40))
+    small = psutil.virtual_memory()._replace(available=40 * 28 * 28)  # 40 images' bytes
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: small)
+    with pytest.raises(DataError, match=r"more than this machine's memory can hold .* --cache F"):
+        load_data(str(tmp_path / "digits"), global_batch=10, cache="memory")
+    monkeypatch.undo()
+    data = load_data(str(tmp_path / "digits"), global_batch=10, cache="memory")
+    assert data.train.store.shape == (40, 28, 28, 1)

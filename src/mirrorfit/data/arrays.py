@@ -39,6 +39,7 @@ class Options:
     num_classes: int | None
     model: str
     parallel: bool
+    raw: bool = False  # evaluation batches' pixels as decoded (uint8), not scaled to [0, 1]
 
     def first(self, n: int) -> int:
         """How many training examples to keep of ``n`` (``--train-examples``)."""

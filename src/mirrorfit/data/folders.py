@@ -265,6 +265,7 @@ def _evals(
             batch=o.eval_batch,
             store=store_of(part, name),
             parallel=o.parallel,
+            raw=o.raw,
         )
         for name, part in parts.items()
         if part is not None

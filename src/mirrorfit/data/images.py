@@ -161,9 +161,11 @@ def eval_files(
     batch: int,
     store: np.ndarray | None = None,
     parallel: bool = True,
+    raw: bool = False,
 ) -> tf.data.Dataset:
     """Every example once, in order, as a dataset of global batches (the last one partial),
-    decoded in parallel, or read from a decoded ``store``."""
+    decoded in parallel, or read from a decoded ``store``; ``raw``: uint8 pixels as decoded,
+    not scaled to [0, 1]."""
     calls = tf.data.AUTOTUNE if parallel else None
     if store is not None:
         rows = tf.data.Dataset.range(len(labels)).batch(batch)
@@ -171,14 +173,14 @@ def eval_files(
         ds = rows.map(
             lambda i: (read(i), tf.gather(y, i)), num_parallel_calls=calls, deterministic=True
         )
-        return finish(ds)
+        return finish(ds, scaled=raw)
     ds = tf.data.Dataset.from_tensor_slices((paths.astype(str), labels))
     ds = ds.map(
         lambda p, y: (decoder(tf.io.read_file(p), p), y),
         num_parallel_calls=calls,
         deterministic=True,
     )
-    return finish(ds.batch(batch))
+    return finish(ds.batch(batch), scaled=raw)
 
 
 def undecodable_files(
@@ -203,6 +205,7 @@ def fill_store(
     """
     shape = (count, *decoder.shape)
     if cache == "memory":
+        _check_fits_in_memory(int(np.prod(shape, dtype=np.int64)))
         store = np.empty(shape, np.uint8)
         _decode_into(store, items, decoder, on_error)
         return store
@@ -234,6 +237,20 @@ def fill_store(
         if tmp.exists():
             tmp.unlink()
     return np.load(final, mmap_mode="r")
+
+
+def _check_fits_in_memory(size: int) -> None:
+    """DataError, before any image is decoded, when ``size`` bytes of decoded images would
+    take more than 3/4 of the memory available now."""
+    import psutil
+
+    available = psutil.virtual_memory().available
+    if size > 0.75 * available:
+        raise DataError(
+            f"the decoded images take {size / 2**30:.2f} GiB, more than this machine's "
+            f"memory can hold ({available / 2**30:.2f} GiB available); give --cache FOLDER "
+            "to decode them once into a file there, read through a memory map"
+        )
 
 
 def _decode_into(

@@ -259,8 +259,8 @@ def _to_float(x: tf.Tensor, y: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
 
 def finish(ds: tf.data.Dataset, *, scaled: bool = False) -> tf.data.Dataset:
     """Batches as the devices take them: uint8 pixels scaled to [0, 1] (other dtypes cast to
-    float32; ``scaled``: already done), no automatic sharding (each worker's share is chosen
-    by the source), prefetched."""
+    float32; ``scaled``: already done, or not wanted), no automatic sharding (each worker's
+    share is chosen by the source), prefetched."""
     if not scaled:
         ds = ds.map(_to_float, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     options = tf.data.Options()

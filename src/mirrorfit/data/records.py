@@ -379,13 +379,19 @@ def records_in_order(index: RecordIndex, want: np.ndarray | None) -> tf.data.Dat
 
 
 def eval_records(
-    index: RecordIndex, want: np.ndarray | None, parse, *, batch: int, parallel: bool = True
+    index: RecordIndex,
+    want: np.ndarray | None,
+    parse,
+    *,
+    batch: int,
+    parallel: bool = True,
+    raw: bool = False,
 ) -> tf.data.Dataset:
     """Every wanted record once, in file order, as a dataset of global batches (the last one
-    partial), decoded in parallel."""
+    partial), decoded in parallel; ``raw``: uint8 pixels as decoded, not scaled to [0, 1]."""
     calls = tf.data.AUTOTUNE if parallel else None
     ds = records_in_order(index, want).map(parse, num_parallel_calls=calls, deterministic=True)
-    return finish(ds.batch(batch))
+    return finish(ds.batch(batch), scaled=raw)
 
 
 def undecodable_records(
@@ -525,4 +531,4 @@ def _held_out(
     if val_mask is None:
         return None
     parse = parse_fn(o.image_feature, o.label_feature, decoder)
-    return eval_records(index, val_mask, parse, batch=o.eval_batch, parallel=o.parallel)
+    return eval_records(index, val_mask, parse, batch=o.eval_batch, parallel=o.parallel, raw=o.raw)

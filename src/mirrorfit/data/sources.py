@@ -34,10 +34,13 @@ def load_data(
     num_classes: int | None = None,
     model: str = "mlp",
     parallel: bool = True,
+    raw: bool = False,
 ) -> Data:
     """Open ``spec`` (a ``--data`` value) for a run with ``global_batch`` examples per step
     over ``workers`` workers; ``eval_batch`` is the global batch of evaluation (default
-    ``global_batch``). The other arguments are the flags of the same names."""
+    ``global_batch``); ``raw``: evaluation batches of uint8 pixels as decoded, for a
+    compiled model that takes them so (else scaled to [0, 1]). The other arguments are the
+    flags of the same names."""
     kind = kind_of(spec)
     o = Options(
         spec=spec,
@@ -57,6 +60,7 @@ def load_data(
         num_classes=num_classes,
         model=model,
         parallel=parallel,
+        raw=raw,
     )
     try:
         with tensorflow_start_filtered():  # image folders and TFRecords load TensorFlow

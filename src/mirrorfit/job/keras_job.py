@@ -2,8 +2,10 @@
 uncompiled one with ``--loss``), trained as compiled through ``mirrorfit.fit`` on the data as
 given: MNIST's uint8 pixels and integer labels, a ``.npz``'s arrays (``x_train``, ``y_train``;
 optional ``sample_weight_train``, ``x_val``/``y_val``, ``x_test``/``y_test``; ``x_train/NAME``
-members make a dict of inputs, likewise targets) or a ``--data`` function's splits as Keras's
-``fit`` takes them. Flags only the built-in loop has are refused, one line each.
+members make a dict of inputs, likewise targets), a ``--data`` function's splits as Keras's
+``fit`` takes them, an image folder's or TFRecords' images decoded once into uint8 arrays
+(in memory, or a memory map in ``--cache FOLDER``), or synthetic uint8 images of the model's
+input shape. Flags only the built-in loop has are refused, one line each.
 """
 
 from __future__ import annotations
@@ -22,8 +24,6 @@ from mirrorfit.errors import ConfigError
 _NOT_APPLIED = {
     "profile": "it times the parts of mirrorfit's own step (its forward pass, all-reduce and "
     "update apart), which a compiled model's step does not have; use mirrorfit bench --model",
-    "cache": "the data reach the model as the source gives them, already in memory; return "
-    "a cached tf.data.Dataset from a --data function",
     "export_preprocessing": "the export takes the inputs as the model trained on them; put "
     "the scaling in the model (a keras.layers.Rescaling layer)",
 }
@@ -59,6 +59,13 @@ def check(config: TrainConfig, engine, model) -> None:
     for name, why in _NOT_APPLIED.items():
         if _given(config, name):
             raise ConfigError(f"{_flag(name)} does not apply to a compiled --model: {why}")
+    if config.cache is not None and not _decoded(config):
+        raise ConfigError(
+            f"--cache does not apply to a compiled --model with --data {config.data or 'mnist'}: "
+            "the arrays reach the model as the source gives them, already in memory (it "
+            "keeps an image folder's or TFRecords' decoded images); return a cached "
+            "tf.data.Dataset from a --data function"
+        )
     if getattr(model, "compiled", False) and _given(config, "warmup_epochs"):
         raise ConfigError(
             "--warmup-epochs does not apply to a compiled --model: its optimizer's learning "
@@ -207,9 +214,20 @@ def user_callbacks(spec: str | None) -> list:
     return list(callbacks)
 
 
-def splits(config: TrainConfig) -> dict[str, Any]:
+def _decoded(config: TrainConfig) -> str | None:
+    """The kind of ``--data`` when mirrorfit's readers make its arrays (an image folder,
+    TFRecords, synthetic images), else None."""
+    from mirrorfit.data.spec import kind_of
+
+    kind = kind_of(config.data or "mnist").name
+    return kind if kind in ("folder", "tfrecord", "synthetic") else None
+
+
+def splits(config: TrainConfig, model=None, global_batch: int = 1) -> dict[str, Any]:
     """``{"train": (x, y[, w]), "val": ..., "test": ...}`` as the data hold them."""
     data = config.data or "mnist"
+    if _decoded(config):
+        return decoded_splits(config, model, global_batch)
     if data == "mnist":
         from mirrorfit.data.mnist import VALIDATION_SIZE, locate_mnist
 
@@ -226,10 +244,65 @@ def splits(config: TrainConfig) -> dict[str, Any]:
         from mirrorfit.data.user import call_user_function
 
         return call_user_function(data, check=())
-    raise ConfigError(
-        f"--data {data} is not yet supported with a compiled --model; give "
-        "mnist, FILE.npz or package.module:function"
+    raise ConfigError(  # kind_of named every other kind: not reached
+        f"--data {data}: give mnist, FILE.npz, an image FOLDER, 'train-*.tfrecord', "
+        "synthetic or package.module:function"
     )
+
+
+def decoded_splits(config: TrainConfig, model, global_batch: int) -> dict[str, Any]:
+    """An image folder's or TFRecords' splits as uint8 pixel arrays and int32 labels, decoded
+    once (in memory, or a memory map in ``--cache FOLDER``; after --train-examples and
+    --validation-split, as the built-in loop takes them), or ``synthetic``: random uint8
+    images of the model's input shape (or --input-shape) and labels of its classes."""
+    from mirrorfit.data.sources import load_data
+
+    opened = load_data(
+        config.data,
+        global_batch=global_batch,
+        seed=config.seed,
+        eval_batch=config.eval_batch_size or global_batch,
+        data_dir=config.data_dir,
+        train_examples=config.train_examples,
+        validation_split=config.validation_split,
+        image_size=config.image_size,
+        image_feature=config.image_feature,
+        label_feature=config.label_feature,
+        cache=config.cache or "memory",
+        input_shape=config.input_shape or _input_shape(model),
+        num_classes=config.num_classes or _classes(model),
+        model=config.model,
+        raw=True,
+    )
+    train = opened.train
+    if opened.kind == "synthetic":  # --train-examples of them, exactly
+        from mirrorfit.data.synthetic import SYNTHETIC_STEPS
+
+        examples = config.train_examples or SYNTHETIC_STEPS * global_batch
+        return {"train": train.arrays(examples, split=0), "description": opened.description}
+    out = {"train": (train.store, train.labels), "description": opened.description}
+    for name in ("val", "test"):
+        batches = getattr(opened, name)
+        if batches is not None:
+            pairs = list(batches.as_numpy_iterator())
+            out[name] = tuple(np.concatenate([p[i] for p in pairs]) for i in (0, 1))
+    return out
+
+
+def _input_shape(model) -> tuple[int, ...] | None:
+    """One example's shape as the model takes it (one input, every size known), else None."""
+    shape = getattr(model, "input_shape", None)
+    if isinstance(shape, tuple) and len(shape) > 1 and all(isinstance(d, int) for d in shape[1:]):
+        return tuple(shape[1:])
+    return None
+
+
+def _classes(model) -> int | None:
+    """The model's classes: its one output's last axis (at least 2), else None."""
+    shape = getattr(model, "output_shape", None)
+    if isinstance(shape, tuple) and shape and isinstance(shape[-1], int) and shape[-1] > 1:
+        return shape[-1]
+    return None
 
 
 def _npz_splits(path: str) -> dict[str, Any]:
@@ -270,11 +343,15 @@ def run(
     from mirrorfit.job.finish import state_fields
     from mirrorfit.job.steady_rate import steady_rate
 
-    data = splits(config)
-    train, val, test = data["train"], data.get("val"), data.get("test")
-    if config.train_examples is not None:
-        train = _first(train, config.train_examples)
     _, global_batch = config.batch_sizes(_replicas(model))
+    data = splits(config, model, global_batch)
+    train, val, test = data["train"], data.get("val"), data.get("test")
+    if "description" in data:
+        console.print(f"data: {data['description']}")
+    decoded = _decoded(config)  # its reader took --train-examples (and a file's split)
+    split_off = decoded in ("folder", "tfrecord")
+    if config.train_examples is not None and not decoded:
+        train = _first(train, config.train_examples)
     if not compiled:
         with scope():
             compile_from_flags(
@@ -300,7 +377,7 @@ def run(
         )
     else:
         kwargs["x"] = train
-    if val is None and config.validation_split:
+    if val is None and config.validation_split and not split_off:
         kwargs["validation_split"] = config.validation_split
     start = time.perf_counter()
     eval_batch = config.eval_batch_size or global_batch
