@@ -37,7 +37,7 @@ def test_bench_grids_are_comma_separated():
     )
     assert args["replicas"] == (1, 2, 4)
     assert args["xla"] == (False, True)
-    assert args["precision"] == ("fp32", "bf16")
+    assert args["precisions"] == ("fp32", "bf16")
     assert args["input_shape"] == (32, 32, 3)
     defaults = _parse("bench")
     assert (defaults["replicas"], defaults["xla"], defaults["accum_steps"]) == (
@@ -140,3 +140,44 @@ def test_the_docs_table_of_train_flags_is_the_parsers():
     assert held == train_table(), (
         "docs/training.md's table of train flags and the parser part; paste train_table()'s"
     )
+
+
+def test_each_bench_flag_is_a_grid_field_with_its_default():
+    """bench's flags are generated from mirrorfit.bench.Grid's fields (on main 24 flags
+    restated their defaults, 9 of them twice more in their help): no flags give Grid()."""
+    import argparse
+    import dataclasses
+
+    from mirrorfit.bench.grid import Grid
+    from mirrorfit.cli.flags import _grid_default
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    bench = sub.choices["bench"]
+    results = {"help", "verbose", "out", "recommend", "tolerance"}
+    actions = [a for a in bench._actions if a.dest not in results]
+    names = {f.name for f in dataclasses.fields(Grid)}
+    assert {a.dest for a in actions} == names - {"compiled"}  # set by run_bench, not a flag
+    args = _parse("bench")
+    assert Grid(**{n: args[n] for n in names - {"compiled"}}) == Grid()
+    for action in actions:
+        shown = _grid_default(Grid.__dataclass_fields__[action.dest].default)
+        if action.nargs == 0 or shown is None:
+            continue
+        assert action.help.endswith(f" (default {shown})"), action.dest
+        assert "default" not in action.help.removesuffix(f" (default {shown})"), action.dest
+
+
+def test_each_evaluate_flag_takes_its_default_from_evaluate_artifact():
+    """evaluate's flags are evaluate_artifact's parameters (--metrics-out aside): their
+    defaults are its (on main --data wrote "mnist" beside the function's)."""
+    import inspect
+
+    from mirrorfit.artifacts.evaluate import evaluate_artifact
+
+    parameters = inspect.signature(evaluate_artifact).parameters
+    args = _parse("evaluate")
+    flags = {k: v for k, v in args.items() if k not in ("command", "verbose", "metrics_out")}
+    assert set(flags) <= set(parameters)
+    assert flags == {name: parameters[name].default for name in flags}
+    assert args["data"] == "mnist"

@@ -16,7 +16,14 @@ from rich.progress import Progress
 
 from mirrorfit.bench.grid import DATA, Grid, run_grid
 from mirrorfit.bench.point import Point
-from mirrorfit.bench.report import Row, build_rows, recommend, table_text, write_outputs
+from mirrorfit.bench.report import (
+    TOLERANCE,
+    Row,
+    build_rows,
+    recommend,
+    table_text,
+    write_outputs,
+)
 
 
 def check_tolerance(tolerance: float) -> None:
@@ -28,7 +35,7 @@ def check_tolerance(tolerance: float) -> None:
     if not math.isfinite(tolerance) or tolerance < 0:
         raise MirrorfitError(
             f"--tolerance must be a finite accuracy difference >= 0, got "
-            f"{tolerance}; e.g. --tolerance 0.005"
+            f"{tolerance}; e.g. --tolerance {TOLERANCE}"
         )
 
 
@@ -36,7 +43,7 @@ def run_bench(
     grid: Grid,
     *,
     out_dir: str | Path,
-    tolerance: float = 0.005,
+    tolerance: float = TOLERANCE,
     show_recommendation: bool = False,
     console: Console | None = None,
 ) -> dict:

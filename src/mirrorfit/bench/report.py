@@ -13,6 +13,9 @@ from mirrorfit import _io
 from mirrorfit.bench.point import Point
 from mirrorfit.models.precision import COMPUTE_DTYPES
 
+# The recommendation's default accuracy tolerance (against float32), and results folder.
+TOLERANCE = 0.005
+RESULTS = "bench-results"
 # A point whose runs spread (max - min) by more than this fraction of the median is flagged.
 WIDE_SPREAD = 0.10
 

@@ -8,6 +8,7 @@ flags; our own MirrorfitError gets the same exit code with one clear line.
 from __future__ import annotations
 
 import argparse
+from dataclasses import fields
 import os
 import sys
 import time
@@ -54,30 +55,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     from mirrorfit.bench import Grid, check_tolerance, run_bench
 
     check_tolerance(args.tolerance)
-    grid = Grid(
-        model=args.model,
-        backends=args.backend,
-        replicas=args.replicas,
-        precisions=args.precision,
-        xla=args.xla,
-        accum_steps=args.accum_steps,
-        steps_per_execution=args.steps_per_execution,
-        global_batch=args.global_batch_size,
-        train_examples=args.train_examples,
-        epochs=args.epochs,
-        repeats=args.repeats,
-        textbook=args.textbook,
-        textbook_precisions=args.textbook_precision,
-        data_dir=args.data_dir,
-        data=args.data,
-        input_shape=args.input_shape,
-        num_classes=args.num_classes,
-        image_size=args.image_size,
-        image_feature=args.image_feature,
-        label_feature=args.label_feature,
-        cache=args.cache,
-        validation_split=args.validation_split,
-    )
+    # each flag's dest is a field of Grid (cli/flags.py: _FromGrid)
+    grid = Grid(**{f.name: getattr(args, f.name) for f in fields(Grid) if hasattr(args, f.name)})
     # model, data, shape, batch and epoch problems are reported before anything runs
     grid.points()
     if "tensorflow" in grid.backends and not backends.installed("tensorflow"):

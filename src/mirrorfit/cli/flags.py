@@ -31,6 +31,54 @@ class _FromConfig:
         return self._add(*names, help=help, **kwargs)
 
 
+class _FromGrid:
+    """A group's ``add_argument`` for ``bench``: each flag a field of :class:`mirrorfit.bench.
+    Grid` (its dest), its default the field's, its help ending with it as a grid is written
+    (``1,2``; ``off``), so no default is written twice."""
+
+    def __init__(self, group) -> None:
+        self._add = group.add_argument
+
+    def __call__(self, *names: str, help: str, **kwargs):
+        from mirrorfit.bench.grid import Grid
+
+        flag = names[0].lstrip("-").replace("-", "_")
+        dest = kwargs.setdefault("dest", flag)
+        default = Grid.__dataclass_fields__[dest].default  # KeyError: a flag with no field
+        kwargs["default"] = default
+        shown = _grid_default(default)
+        if kwargs.get("action") is None:
+            kwargs.setdefault("metavar", flag.upper())  # the flag's name, not the field's
+            if shown is not None:
+                help = f"{help} (default {shown})"
+        return self._add(*names, help=help, **kwargs)
+
+
+class _FromSignature:
+    """An ``add_argument`` whose flags are parameters of ``fn`` (``evaluate``'s of
+    :func:`mirrorfit.artifacts.evaluate.evaluate_artifact`): each one's default the
+    parameter's, its help ending with it."""
+
+    def __init__(self, add, fn) -> None:
+        import inspect
+
+        self._add, self._parameters = add, inspect.signature(fn).parameters
+
+    def __call__(self, *names: str, help: str, **kwargs):
+        dest = kwargs.get("dest") or names[0].lstrip("-").replace("-", "_")
+        default = self._parameters[dest].default  # KeyError: a flag with no parameter
+        shown = config_default(default)
+        help = help if shown is None else f"{help} (default {shown})"
+        return self._add(*names, help=help, default=default, **kwargs)
+
+
+def _grid_default(value) -> str | None:
+    """A grid field's default as its flag is written: ``1,2``, ``off``; None: not shown."""
+    if isinstance(value, (tuple, list)):
+        return ",".join(("on" if v else "off") if isinstance(v, bool) else str(v) for v in value)
+    return config_default(value)
+
+
 def config_default(value) -> str | None:
     """A setting's default as help and docs show it; None: nothing to show (unset, off)."""
     if value is None or value is False or value == ():
@@ -318,16 +366,8 @@ def _source_flags(add, *, records: bool = True) -> None:
     )
     if not records:
         return
-    add(
-        "--image-feature",
-        default="image/encoded",
-        help="TFRecords: feature holding the encoded PNG/JPEG image (default image/encoded)",
-    )
-    add(
-        "--label-feature",
-        default="image/class/label",
-        help="TFRecords: feature holding the int64 class label (default image/class/label)",
-    )
+    add("--image-feature", help="TFRecords: feature holding the encoded PNG/JPEG image")
+    add("--label-feature", help="TFRecords: feature holding the int64 class label")
 
 
 def _export_flags(add) -> None:
@@ -558,7 +598,8 @@ def _serve_ignored(add) -> None:
 
 
 def _bench_parser(sub) -> None:
-    """The bench command: the workload, the grid's axes, the runs and the results."""
+    """The bench command: the workload, the grid's axes, the runs and the results. Each flag
+    but the results' is a field of :class:`mirrorfit.bench.Grid`, with its default."""
     p = sub.add_parser(
         "bench",
         help="measure a grid of configurations, each in its own process",
@@ -567,12 +608,16 @@ def _bench_parser(sub) -> None:
         "under MirroredStrategy); medians of alternated repeats.",
     )
     _verbose(p.add_argument)
-    workload = p.add_argument_group("model and data", "what every point trains")
-    _bench_model_data(workload.add_argument)
-    _bench_source(workload.add_argument)
-    _bench_grid(p.add_argument_group("grid", "comma-separated lists: one point per combination"))
-    _bench_runs(p.add_argument_group("runs", "how long and how often each point runs"))
-    _bench_textbook(p.add_argument_group("textbook recipe", "the yardstick rows: Keras fit"))
+    workload = _FromGrid(p.add_argument_group("model and data", "what every point trains"))
+    _bench_model_data(workload)
+    _bench_source(workload)
+    _bench_grid(
+        _FromGrid(p.add_argument_group("grid", "comma-separated lists: one point per combination"))
+    )
+    _bench_runs(_FromGrid(p.add_argument_group("runs", "how long and how often each point runs")))
+    _bench_textbook(
+        _FromGrid(p.add_argument_group("textbook recipe", "the yardstick rows: Keras fit"))
+    )
     _bench_results(p.add_argument_group("results", "where they go and what they recommend"))
 
 
@@ -580,14 +625,12 @@ def _bench_model_data(add) -> None:
     """bench's model and data source, and the shape and classes of synthetic data."""
     add(
         "--model",
-        default="mlp",
-        help="mlp (default), cnn, a keras.applications name "
+        help="mlp, cnn, a keras.applications name "
         "(ResNet50, MobileNetV2, ...; random weights) or package.module:function",
     )
     add(
         "--data",
-        default="mnist",
-        help="mnist (default), synthetic (random batches made "
+        help="mnist, synthetic (random batches made "
         "once and repeated, so no input pipeline limits the figures), or any --data of "
         "`mirrorfit train`: FILE.npz, an image FOLDER, 'train-*.tfrecord' (quote the pattern), "
         "package.module:function; both sides of every point read its tf.data pipeline, and "
@@ -624,33 +667,36 @@ def _bench_source(add) -> None:
     )
 
 
-def _bench_grid(group) -> None:
+def _bench_grid(add) -> None:
     """bench's grid axes: engines, replicas, precisions, XLA, accumulation, steps per call."""
-    add = group.add_argument
     add(
         "--backend",
+        dest="backends",
         type=_csv(str, "--backend"),
-        default=("tensorflow",),
-        help="engines to compare: tensorflow (default), jax, or tensorflow,jax (each with "
+        help="engines to compare: tensorflow, jax, or tensorflow,jax (each with "
         "Keras's own fit on it as the yardstick rows)",
     )
-    add("--replicas", type=_csv(int, "--replicas"), default=(1, 2), help="e.g. 1,2 (default)")
+    add("--replicas", type=_csv(int, "--replicas"), help="replica counts, e.g. 1,2,4")
     add(
         "--precision",
+        dest="precisions",
         type=_csv(str, "--precision"),
-        default=("fp32", "bf16", "fp16"),
-        help="e.g. fp32,bf16,fp16 (default)",
+        help="precisions, e.g. fp32,bf16,fp16",
     )
-    add("--xla", type=_csv(_on_off, "--xla"), default=(False,), help="off (default), on, or off,on")
-    add("--accum-steps", type=_csv(int, "--accum-steps"), default=(1,), help="e.g. 1,4")
-    add("--steps-per-execution", type=_csv(int, "--steps-per-execution"), default=(50,))
+    add("--xla", type=_csv(_on_off, "--xla"), help="off, on, or off,on")
+    add("--accum-steps", type=_csv(int, "--accum-steps"), help="micro-batches, e.g. 1,4")
+    add(
+        "--steps-per-execution",
+        type=_csv(int, "--steps-per-execution"),
+        help="optimizer steps per compiled call, e.g. 10,50",
+    )
 
 
-def _bench_runs(group) -> None:
+def _bench_runs(add) -> None:
     """bench's global batch, training examples, epochs and repeats of each point."""
-    add = group.add_argument
     add(
         "--global-batch-size",
+        dest="global_batch",
         type=int,
         help="effective global batch (default: mlp 64, cnn 100; synthetic data 32)",
     )
@@ -661,12 +707,11 @@ def _bench_runs(group) -> None:
         "synthetic data: examples per epoch, 160)",
     )
     add("--epochs", type=int, help="epochs per run, >= 2 (default: mlp 3, cnn 2)")
-    add("--repeats", type=int, default=3, help="runs per point (default 3)")
+    add("--repeats", type=int, help="runs per point")
 
 
-def _bench_textbook(group) -> None:
+def _bench_textbook(add) -> None:
     """bench's textbook recipe rows (Keras fit under MirroredStrategy): whether, and precisions."""
-    add = group.add_argument
     add(
         "--no-textbook",
         dest="textbook",
@@ -675,23 +720,34 @@ def _bench_textbook(group) -> None:
     )
     add(
         "--textbook-precision",
+        dest="textbook_precisions",
         type=_csv(str, "--textbook-precision"),
-        default=("fp32",),
-        help="precisions for the textbook rows (fp32; e.g. fp32,bf16 to see what Keras's own "
+        help="precisions for the textbook rows (e.g. fp32,bf16 to see what Keras's own "
         "mixed precision does under fit)",
     )
 
 
 def _bench_results(group) -> None:
     """bench's output folder and its recommendation within an accuracy tolerance."""
+    from mirrorfit.bench.report import RESULTS, TOLERANCE
+
     add = group.add_argument
-    add("--out", default="bench-results", help="folder for bench.csv, bench.json, bench.png")
+    add(
+        "--out",
+        default=RESULTS,
+        help=f"folder for bench.csv, bench.json, bench.png (default {RESULTS})",
+    )
     add(
         "--recommend",
         action="store_true",
         help="name the fastest configuration whose accuracy stays within --tolerance of float32",
     )
-    add("--tolerance", type=float, default=0.005, help="accuracy tolerance (default 0.005)")
+    add(
+        "--tolerance",
+        type=float,
+        default=TOLERANCE,
+        help=f"accuracy tolerance (default {TOLERANCE})",
+    )
 
 
 _USER_MODEL_HELP = (
@@ -723,19 +779,27 @@ def build_parser() -> argparse.ArgumentParser:
     from mirrorfit.distribute.launch import add_launch_parser  # standard library only
 
     add_launch_parser(sub)
+    _evaluate_parser(sub)
+    return parser
+
+
+def _evaluate_parser(sub) -> None:
+    """The evaluate command: each flag but --metrics-out a parameter of evaluate_artifact,
+    with its default."""
+    from mirrorfit.artifacts.evaluate import evaluate_artifact  # standard library only
+
     ev = sub.add_parser("evaluate", help="test accuracy and loss of a checkpoint or export")
-    ev.add_argument("--checkpoint-dir")
+    add = _FromSignature(ev.add_argument, evaluate_artifact)
+    add("--checkpoint-dir", help="the training run's checkpoint folder (its newest step)")
     _verbose(ev.add_argument)
-    ev.add_argument("--model", help=_USER_MODEL_HELP)
-    ev.add_argument("--saved-model", help="models/NAME (newest version) or models/NAME/0001")
-    ev.add_argument(
+    add("--model", help=_USER_MODEL_HELP)
+    add("--saved-model", help="models/NAME (newest version) or models/NAME/0001")
+    add(
         "--data",
-        default="mnist",
-        help="test data: mnist (default), FILE.npz "
+        help="test data: mnist, FILE.npz "
         "with x_test/y_test, an image FOLDER with a test/ subfolder (one subfolder "
         "per class), or package.module:function returning a test split",
     )
-    ev.add_argument("--data-dir", help="--data mnist: folder holding mnist.npz, or the file")
-    _source_flags(ev.add_argument, records=False)
-    ev.add_argument("--metrics-out")
-    return parser
+    add("--data-dir", help="--data mnist: folder holding mnist.npz, or the file")
+    _source_flags(add, records=False)
+    ev.add_argument("--metrics-out", help="write the figures to this JSON file")
