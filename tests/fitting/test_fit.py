@@ -248,6 +248,13 @@ def test_a_damaged_newest_checkpoint_is_set_aside_and_the_previous_restored(back
             f"epoch-00000{i}" for i in (1, 2, 3)
         ]
         assert len([n for n in folder if n.startswith("corrupt-epoch-000002-")]) == 1
+    # a LoRA model resumed as it stopped (on main its adapters restarted from zeros: 1.0 off, JAX)
+    assert r["lora_apart"] == 0.0
+    assert "lora.npz" in r["lora_files"]
+    assert r["lora_without_file"].endswith(
+        "holds its LoRA layers' weights only as Keras's save_weights merges them (a resume "
+        "would start the adapters again from zeros); give another checkpoint_dir to start over"
+    )
     assert "was trained with Adam learning_rate=0.01; this model is compiled with " in r["other_lr"]
     assert "learning_rate=0.0001" in r["other_lr"] and "\n" not in r["other_lr"]
     # a NaN loss: stopped after the call that saw it, its last finite checkpoint named

@@ -4,13 +4,16 @@ same DIR, which goes on from there: the epoch after it, or the step inside an ep
 
 A checkpoint is a folder ``DIR/epoch-EEEEEE`` (E epochs done) or ``epoch-EEEEEE-step-SSSSSS``
 (and S steps of the next), holding ``state.weights.h5`` (Keras's ``save_weights``: the
-model's variables and its optimizer's) and ``meta.json`` (the position, NumPy's generator as
-that epoch began (its shuffle), what the model must match: see :func:`_identity`, and the
-checksums of both files), written in a hidden folder and renamed into place: a run killed
-while writing leaves no half checkpoint. A damaged newest checkpoint (a flipped bit, a cut
-file) is set aside as ``corrupt-epoch-...``, named in one warning, and the one before it
-restored. The three latest are kept. One fit writes to DIR at a time (a lock). On several
-workers the chief writes and every worker reads (DIR must be one they all see).
+model's variables and its optimizer's), the variables it leaves out or alters as they are
+(``seeds.npz``: the seed generators; ``lora.npz``: the weights of LoRA layers, whose adapters
+Keras's save merges into the kernel and loads back as zeros) and ``meta.json`` (the position,
+NumPy's generator as that epoch began (its shuffle), what the model must match: see
+:func:`_identity`, and the checksums of the other files), written in a hidden folder and
+renamed into place: a run killed while writing leaves no half checkpoint. A damaged newest
+checkpoint (a flipped bit, a cut file) is set aside as ``corrupt-epoch-...``, named in one
+warning, and the one before it restored. The three latest are kept. One fit writes to DIR at
+a time (a lock). On several workers the chief writes and every worker reads (DIR must be one
+they all see).
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ _STATE, _META = "state.weights.h5", "meta.json"
 # Where a fit resumed from, at INFO (`mirrorfit train` shows it on its start screen).
 log = logging.getLogger("mirrorfit.fit")
 _SEEDS = "seeds.npz"  # the variables save_weights leaves out: the layers' seed generators
+_LORA = "lora.npz"  # the weights of LoRA layers as they are (save_weights merges them)
 
 
 def checked_dir(value, *, writes: bool) -> Path:
@@ -407,27 +411,58 @@ def _shown(value) -> str:
 
 def _load(model, found: Path) -> str | None:
     """Read ``found``'s state into ``model``; what failed, or None."""
-    import numpy as np
-
+    adapted = _lora_variables(model)
+    if adapted and not (found / _LORA).is_file():  # not damage: written before it was kept
+        raise FitError(
+            f"{found} holds its LoRA layers' weights only as Keras's save_weights merges "
+            "them (a resume would start the adapters again from zeros); give another "
+            "checkpoint_dir to start over"
+        )
     try:
         model.load_weights(found / _STATE)
     except (OSError, ValueError, KeyError) as e:
         return f"{_STATE}: {type(e).__name__}: {_one_line(e)}"
     if not (found / _SEEDS).is_file():
         return None  # format 1: no seeds kept
-    seeds = _seed_variables(model)
+    why = _assign_from(found / _SEEDS, _seed_variables(model), "seed generator states")
+    if why is None and adapted:
+        why = _assign_from(found / _LORA, adapted, "LoRA layers' weights")
+    return why
+
+
+def _assign_from(path: Path, variables: list, what: str) -> str | None:
+    """Assign ``path``'s arrays (``np.savez``'s order) to ``variables``; what failed, or None."""
+    import numpy as np
+
     try:
-        with np.load(found / _SEEDS, allow_pickle=False) as f:
+        with np.load(path, allow_pickle=False) as f:
             values = [f[f"arr_{i}"] for i in range(len(f.files))]
     except (OSError, ValueError, KeyError) as e:
-        return f"{_SEEDS}: {type(e).__name__}: {_one_line(e)}"
+        return f"{path.name}: {type(e).__name__}: {_one_line(e)}"
+    # NumPy writes the dtypes it does not know (bfloat16) as raw bytes of their size
+    values = [
+        v.view(np.dtype(var.dtype)) if v.dtype.kind == "V" else v
+        for v, var in zip(values, variables)
+    ]
     theirs = [(v.shape, v.dtype.name) for v in values]
-    mine = [(tuple(s.shape), np.dtype(s.dtype).name) for s in seeds]
+    mine = [(tuple(s.shape), np.dtype(s.dtype).name) for s in variables]
     if theirs != mine:
-        return f"{_SEEDS} holds seed generator states {theirs}, this model has {mine}"
-    for var, value in zip(seeds, values):
+        return f"{path.name} holds {what} {theirs}, this model has {mine}"
+    for var, value in zip(variables, values):
         var.assign(value)
     return None
+
+
+def _lora_variables(model) -> list:
+    """The weights of the model's LoRA layers (``enable_lora``), in a fixed order: Keras's
+    ``save_weights`` stores their kernel with the adapters merged in, and its load sets the
+    adapters to zeros."""
+    return [
+        v
+        for layer in model._flatten_layers(include_self=False, recursive=True)
+        if getattr(layer, "lora_enabled", False)
+        for v in layer.weights
+    ]
 
 
 def _seed_variables(model) -> list:
@@ -487,6 +522,9 @@ def save(
     tmp.mkdir()
     model.save_weights(tmp / _STATE)
     np.savez(tmp / _SEEDS, *[np.asarray(v.value) for v in _seed_variables(model)])
+    adapted = _lora_variables(model)
+    if adapted:
+        np.savez(tmp / _LORA, *[np.asarray(v.value) for v in adapted])
     meta = {
         "format": FORMAT,
         "epoch": position.epoch,
