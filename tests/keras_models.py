@@ -147,3 +147,17 @@ class _KilledInEpochTwo(keras.callbacks.Callback):
 
 def killed_in_epoch_two():
     return [_KilledInEpochTwo()]
+
+
+def rgb_32x32():
+    """A classifier of 32x32 RGB images, compiled."""
+    return digits((32, 32, 3), 10)
+
+
+def two_image_inputs():
+    """Two image inputs, concatenated: one image per example cannot feed it."""
+    a, b = keras.Input((28, 28, 1)), keras.Input((28, 28, 1))
+    flat = keras.layers.Flatten()(keras.layers.Concatenate()([a, b]))
+    model = keras.Model([a, b], keras.layers.Dense(10, activation="softmax")(flat))
+    model.compile("adam", "sparse_categorical_crossentropy")
+    return model

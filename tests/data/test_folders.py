@@ -8,7 +8,7 @@ import pytest
 
 from data_fixtures import mnist, png, write_png_folder
 from mirrorfit.data.sources import load_data
-from mirrorfit.errors import DataError
+from mirrorfit.errors import ConfigError, DataError
 
 
 def _image():
@@ -224,3 +224,13 @@ def test_decoding_into_memory_more_than_it_holds_is_one_line(tmp_path, monkeypat
     monkeypatch.undo()
     data = load_data(str(tmp_path / "digits"), global_batch=10, cache="memory")
     assert data.train.store.shape == (40, 28, 28, 1)
+
+
+def test_a_cache_folder_that_cannot_be_made_is_one_line(tmp_path):
+    """/proc refuses a folder even to root, whom os.access lets through (on 078ee79: a
+    FileNotFoundError traceback)."""
+    write_png_folder(tmp_path / "digits", *mnist(20))
+    with pytest.raises(Exception) as raised:
+        load_data(str(tmp_path / "digits"), global_batch=10, cache="/proc/mirrorfit-cache")
+    assert isinstance(raised.value, (DataError, ConfigError)), repr(raised.value)
+    assert "--cache /proc/mirrorfit-cache" in str(raised.value)

@@ -652,6 +652,37 @@ def test_image_folders_and_tfrecords_reach_a_compiled_model_as_their_arrays(tmp_
     assert len(held["history"]["val_loss"]) == 2
 
 
+@pytest.mark.parametrize(
+    "model, needle",
+    [
+        (
+            "rgb_32x32",
+            "the --model takes examples of shape (32, 32, 3); --data {data}'s images are "
+            "(28, 28, 1): --image-size 32,32 resizes the images; they decode to 1 channel(s): "
+            "give images of the model's or a model built for them",
+        ),
+        (
+            "two_image_inputs",
+            "--data {data} gives one image per example; the --model takes 2 inputs: give the "
+            "inputs as an .npz",
+        ),
+    ],
+)
+def test_images_a_compiled_model_cannot_take_are_one_line(model, needle, tmp_path):
+    """A model for 32x32 RGB, or of two inputs, on a folder of 28x28 grayscale digits: one
+    line naming what fits, before any image is decoded (on 078ee79 the RGB model's line told
+    to drop an --input-shape never given, and the two inputs were a traceback, exit 1)."""
+    from data_fixtures import mnist, write_png_folder
+
+    data = tmp_path / "digits"
+    write_png_folder(data, *mnist(60))
+    proc = run_cli(
+        "train", "--backend", "jax", "--model", f"keras_models:{model}", "--data", str(data)
+    )
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert needle.format(data=data) in proc.stderr and "Traceback" not in proc.stderr
+
+
 def test_synthetic_data_reaches_a_compiled_model_in_its_input_shape(tmp_path):
     """--data synthetic: random uint8 images of the model's input shape and labels of its
     classes, --train-examples of them (on main: "not yet supported", exit 2)."""

@@ -8,6 +8,7 @@ NumPy only: the JAX engine opens array sources here without TensorFlow.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -40,6 +41,8 @@ class Options:
     model: str
     parallel: bool
     raw: bool = False  # evaluation batches' pixels as decoded (uint8), not scaled to [0, 1]
+    # called with the images' decoded shape before any is decoded (a compiled model's check)
+    on_shape: Callable[[tuple[int, ...]], None] | None = None
 
     def first(self, n: int) -> int:
         """How many training examples to keep of ``n`` (``--train-examples``)."""

@@ -116,6 +116,8 @@ def train_decoder(o, first: str | Path | bytes, name: str) -> decoding.ImageDeco
     ``o``: :class:`mirrorfit.data.arrays.Options`."""
     decoder = image_decoder(first, name, o.image_size, o.spec)
     o.check_shape(decoder.shape)
+    if o.on_shape is not None:
+        o.on_shape(decoder.shape)
     return decoder
 
 

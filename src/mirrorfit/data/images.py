@@ -210,7 +210,13 @@ def fill_store(
         _decode_into(store, items, decoder, on_error)
         return store
     folder = Path(cache)
-    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # os.access said yes (root), the file system says no
+        raise DataError(
+            f"--cache {cache} cannot be made ({e.strerror or type(e).__name__}); give a "
+            "folder this process can write, or --cache memory"
+        ) from None
     final = folder / f"mirrorfit-cache-{key}.npy"
     if final.is_file():
         try:

@@ -35,11 +35,13 @@ def load_data(
     model: str = "mlp",
     parallel: bool = True,
     raw: bool = False,
+    on_shape=None,
 ) -> Data:
     """Open ``spec`` (a ``--data`` value) for a run with ``global_batch`` examples per step
     over ``workers`` workers; ``eval_batch`` is the global batch of evaluation (default
     ``global_batch``); ``raw``: evaluation batches of uint8 pixels as decoded, for a
-    compiled model that takes them so (else scaled to [0, 1]). The other arguments are the
+    compiled model that takes them so (else scaled to [0, 1]); ``on_shape``: called with an
+    image source's decoded shape before any image is decoded. The other arguments are the
     flags of the same names."""
     kind = kind_of(spec)
     o = Options(
@@ -61,6 +63,7 @@ def load_data(
         model=model,
         parallel=parallel,
         raw=raw,
+        on_shape=on_shape,
     )
     try:
         with tensorflow_start_filtered():  # image folders and TFRecords load TensorFlow

@@ -11,6 +11,7 @@ input shape. Flags only the built-in loop has are refused, one line each.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import time
 from typing import Any
@@ -257,6 +258,9 @@ def decoded_splits(config: TrainConfig, model, global_batch: int) -> dict[str, A
     images of the model's input shape (or --input-shape) and labels of its classes."""
     from mirrorfit.data.sources import load_data
 
+    synthetic = _decoded(config) == "synthetic"
+    if not synthetic:
+        _check_one_input(config, model)
     opened = load_data(
         config.data,
         global_batch=global_batch,
@@ -269,10 +273,12 @@ def decoded_splits(config: TrainConfig, model, global_batch: int) -> dict[str, A
         image_feature=config.image_feature,
         label_feature=config.label_feature,
         cache=config.cache or "memory",
-        input_shape=config.input_shape or _input_shape(model),
-        num_classes=config.num_classes or _classes(model),
+        # synthetic images take the model's shape and classes; files bring their own
+        input_shape=config.input_shape or (_input_shape(model) if synthetic else None),
+        num_classes=config.num_classes or (_classes(model) if synthetic else None),
         model=config.model,
         raw=True,
+        on_shape=None if synthetic else functools.partial(_check_takes, config, model),
     )
     train = opened.train
     if opened.kind == "synthetic":  # --train-examples of them, exactly
@@ -287,6 +293,38 @@ def decoded_splits(config: TrainConfig, model, global_batch: int) -> dict[str, A
             pairs = list(batches.as_numpy_iterator())
             out[name] = tuple(np.concatenate([p[i] for p in pairs]) for i in (0, 1))
     return out
+
+
+def _check_one_input(config: TrainConfig, model) -> None:
+    """ConfigError unless ``model`` takes one input: images and their labels are all an image
+    folder or TFRecords give."""
+    inputs = getattr(model, "inputs", None) or []
+    if len(inputs) > 1:
+        raise ConfigError(
+            f"--data {config.data} gives one image per example; the --model takes "
+            f"{len(inputs)} inputs: give the inputs as an .npz (x_train/NAME members) or "
+            "a --data function, or a model of one input"
+        )
+
+
+def _check_takes(config: TrainConfig, model, shape: tuple[int, ...]) -> None:
+    """ConfigError, naming the fix, where the model's declared input is not the images'
+    (height, width, channels) once decoded."""
+    want = _input_shape(model)
+    if want is None or want == tuple(shape):
+        return
+    fixes = []
+    if len(want) == 3 and want[:2] != tuple(shape[:2]):
+        fixes.append(f"--image-size {want[0]},{want[1]} resizes the images")
+    if len(want) != 3 or want[2] != shape[2]:
+        fixes.append(
+            f"they decode to {shape[2]} channel(s): give images of the model's or a model "
+            "built for them"
+        )
+    raise ConfigError(
+        f"the --model takes examples of shape {want}; --data {config.data}'s images are "
+        f"{tuple(shape)}: " + "; ".join(fixes)
+    )
 
 
 def _input_shape(model) -> tuple[int, ...] | None:
