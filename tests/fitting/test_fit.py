@@ -184,6 +184,13 @@ def test_keras_usage(backend, tmp_path):
     assert r["final_rate"] == 0.0
     for evaluated in r["evaluate"]:  # batch 16, 32, 64 after a fit that validated at 64
         np.testing.assert_allclose(evaluated, r["evaluate_keras"], rtol=1e-5)
+    theirs, ours = r["refrozen_evaluate"]
+    np.testing.assert_allclose(ours, theirs, rtol=1e-5)
+    assert r["refrozen_fit"].startswith(
+        "the model has 2 trainable weights, 4 when it was compiled (a layer's trainable was set "
+        "after compile()); call model.compile(...) again"
+    )
+    assert r["refrozen_kept"]  # recompiled: the frozen layer stays as it was
     e = r["errors"]
     assert "not compiled" in e["uncompiled"]
     assert "batch_size=33" in e["odd_batch"] and "multiple of 2" in e["odd_batch"]

@@ -282,6 +282,25 @@ for name, call in {
     except ValueError as e:
         errors[name] = str(e)
 out["errors"] = errors
+
+# A layer frozen after compile: evaluate runs on (as Keras's own), fit is refused until the
+# next compile, which applies it (on 078ee79: a device_put traceback on JAX).
+refrozen = mlp()
+mirrorfit.fit(refrozen, x, y, verbose=0)
+refrozen.layers[0].trainable = False
+out["refrozen_evaluate"] = [
+    mirrorfit.evaluate(refrozen, x, y, verbose=0),
+    refrozen.evaluate(x, y, verbose=0),
+]
+try:
+    mirrorfit.fit(refrozen, x, y, verbose=0)
+    out["refrozen_fit"] = None
+except ValueError as e:
+    out["refrozen_fit"] = str(e)
+refrozen.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse", metrics=["mae"])
+kept = np.asarray(refrozen.layers[0].kernel.value).copy()
+mirrorfit.fit(refrozen, x, y, verbose=0)
+out["refrozen_kept"] = bool(np.array_equal(kept, np.asarray(refrozen.layers[0].kernel.value)))
 h = mirrorfit.fit(
     mlp(),
     x,

@@ -137,7 +137,7 @@ def fit(
 
         metrics.check_input_shapes(model, x, "the training data")  # before the build
         metrics.check_target_shapes(model, y, "the training data")  # which computes a loss
-        run.build(train.first)
+        run.build(train.first, fits=True)
         _warn_batchnorm_per_replica(run, train.size)
         metrics.check_sparse_labels(model, y, "the training data")
         val = _validation(
@@ -415,9 +415,10 @@ class _Run:
             **kwargs,
         )
 
-    def build(self, first: dict) -> None:
+    def build(self, first: dict, *, fits: bool = False) -> None:
         """Build the model, its compiled loss and metrics and its optimizer from the first
-        batch (as Keras's fit does), then the runner."""
+        batch (as Keras's fit does), then the runner (``fits``: to train: refused where the
+        trainable weights changed since the compile; evaluating makes a runner anew)."""
         model = self.model
         data = first["data"] if "data" in first else (first["x"], first.get("y"), first["w"])
         with self.engine.scope(self.placement), _shape_refused():
@@ -443,7 +444,12 @@ class _Run:
         )
         warn_compiled_anyway(model)
         cached = model.__dict__.get("_mirrorfit_runner")
-        if cached is not None and cached[0] == key:
+        trainable = tuple(id(v) for v in model.trainable_variables)
+        same = cached is not None and cached[0] == key  # this compile's runner
+        compiled_with = cached[2] if same else trainable  # the trainable weights of its first
+        if fits:
+            _check_same_trainable(compiled_with, trainable)
+        if same and cached[3] == trainable:
             self.runner = cached[1]
         else:
             self.runner = self.engine.runner(
@@ -455,7 +461,8 @@ class _Run:
                 sample=first.get("x"),
             )
             # Past Keras's attribute tracking: the runner is not part of the model's state.
-            object.__setattr__(model, "_mirrorfit_runner", (key, self.runner))
+            entry = (key, self.runner, compiled_with, trainable)
+            object.__setattr__(model, "_mirrorfit_runner", entry)
             from mirrorfit.fitting.metrics import ignores_a_class, masked_outputs
 
             _warn_own_metrics(model, self.runner)
@@ -668,6 +675,17 @@ def _check_targets(model, x, y) -> None:
         raise FitError(
             "y=None, but the model is compiled with a loss, which needs targets; give y, or "
             "compile without a loss a model that adds its own (add_loss)"
+        )
+
+
+def _check_same_trainable(then: tuple, now: tuple) -> None:
+    """FitError where the model's trainable weights changed since its compile (a layer's
+    ``trainable`` set between two fits), which Keras applies only at the next compile."""
+    if then != now:
+        raise FitError(
+            f"the model has {len(now)} trainable weights, {len(then)} when it was compiled "
+            "(a layer's trainable was set after compile()); call model.compile(...) again "
+            "for the change to apply, as Keras needs"
         )
 
 
