@@ -161,3 +161,18 @@ def two_image_inputs():
     model = keras.Model([a, b], keras.layers.Dense(10, activation="softmax")(flat))
     model.compile("adam", "sparse_categorical_crossentropy")
     return model
+
+
+def resnet50(input_shape=(224, 224, 3), num_classes=1000):
+    """keras.applications' ResNet50 (random weights) as a user compiles it: SGD with momentum,
+    sparse categorical crossentropy, accuracy (benchmarks/gpu_check.sh: through
+    mirrorfit.fit in bf16)."""
+    model = keras.applications.ResNet50(
+        weights=None, input_shape=tuple(input_shape), classes=num_classes
+    )
+    model.compile(
+        optimizer=keras.optimizers.SGD(0.1, momentum=0.9),
+        loss="sparse_categorical_crossentropy",
+        metrics=["accuracy"],
+    )
+    return model
