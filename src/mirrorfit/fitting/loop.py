@@ -277,7 +277,7 @@ def evaluate(
     )
     logs = controller.evaluate(run, data, callbacks, hooks)
     if return_dict:
-        return logs
+        return dict(sorted(logs.items()))  # as Keras's pythonify_logs orders them
     return model._flatten_metrics_in_order(logs)  # Keras's order: metrics_names, then sorted
 
 
