@@ -28,6 +28,15 @@ _HOST = f"{zlib.crc32(socket.gethostname().encode()):08x}"
 _TAG = r"(?P<host>[0-9a-f]{8})-(?P<pid>[0-9]+)-[0-9a-f]{32}"
 
 
+def file_crc(path: str | Path) -> int:
+    """CRC-32 of a file's bytes, read a MiB at a time."""
+    crc = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            crc = zlib.crc32(chunk, crc)
+    return crc
+
+
 def write_bytes_atomic(path: str | Path, data: bytes) -> None:
     """Write ``data`` so readers see the old file or the whole new one, never half."""
     path = Path(path)

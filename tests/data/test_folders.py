@@ -234,3 +234,20 @@ def test_a_cache_folder_that_cannot_be_made_is_one_line(tmp_path):
         load_data(str(tmp_path / "digits"), global_batch=10, cache="/proc/mirrorfit-cache")
     assert isinstance(raised.value, (DataError, ConfigError)), repr(raised.value)
     assert "--cache /proc/mirrorfit-cache" in str(raised.value)
+
+
+def test_a_damaged_cache_is_decoded_again_with_a_warning(tmp_path):
+    """A cache .npy whose pixels were overwritten (its header intact) was trained on as zeros
+    (found at 078ee79); its CRC, written beside it, now sends it back to the decoder."""
+    write_png_folder(tmp_path / "digits", *mnist(40))
+    cache = tmp_path / "cache"
+    first = load_data(str(tmp_path / "digits"), global_batch=10, cache=str(cache))
+    decoded = np.array(first.train.store)
+    (stored,) = cache.glob("mirrorfit-cache-*.npy")
+    pixels = np.load(stored, mmap_mode="r+")
+    pixels[:] = 0
+    pixels.flush()
+    del pixels
+    with pytest.warns(UserWarning, match=r"does not match its checksum .*decoding the images"):
+        again = load_data(str(tmp_path / "digits"), global_batch=10, cache=str(cache))
+    assert decoded.any() and np.array_equal(np.asarray(again.train.store), decoded)

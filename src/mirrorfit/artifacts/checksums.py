@@ -13,8 +13,9 @@ import zlib
 from pathlib import Path
 from typing import Any
 
+from mirrorfit import _io
+
 META = "meta.json"
-_CHUNK = 1 << 20
 
 
 def file_sums(folder: Path) -> dict[str, list[int]]:
@@ -27,7 +28,7 @@ def file_sums(folder: Path) -> dict[str, list[int]]:
             path = Path(root, name)
             rel = path.relative_to(folder).as_posix()
             if rel != META:
-                sums[rel] = [path.stat().st_size, _crc(path)]
+                sums[rel] = [path.stat().st_size, _io.file_crc(path)]
     return sums
 
 
@@ -69,19 +70,11 @@ def files_problem(folder: Path, files: Any) -> str | None:
             size = path.stat().st_size
             if size != want[0]:
                 return f"{rel} has {size} bytes, {want[0]} when written"
-            if _crc(path) != want[1]:
+            if _io.file_crc(path) != want[1]:
                 return f"{rel} does not match its checksum: the data is damaged"
         except OSError as e:
             return f"{rel}: {e.strerror or type(e).__name__}"
     return None
-
-
-def _crc(path: Path) -> int:
-    crc = 0
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            crc = zlib.crc32(chunk, crc)
-    return crc
 
 
 def _meta_crc(body: dict[str, Any]) -> int:

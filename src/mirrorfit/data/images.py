@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import warnings
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -218,10 +219,11 @@ def fill_store(
             "folder this process can write, or --cache memory"
         ) from None
     final = folder / f"mirrorfit-cache-{key}.npy"
+    sums = final.with_name(final.name + ".crc32")  # of the whole file, written with it
     if final.is_file():
         try:
             store = np.load(final, mmap_mode="r")
-            if store.shape == shape and store.dtype == np.uint8:
+            if store.shape == shape and store.dtype == np.uint8 and _intact(final, sums, cache):
                 return store
         except (OSError, ValueError):
             pass  # damaged or foreign: written again below
@@ -237,12 +239,30 @@ def fill_store(
             del store
             with open(tmp, "rb+") as f:
                 os.fsync(f.fileno())
+            crc = _io.file_crc(tmp)
             os.replace(tmp, final)
+            _io.write_bytes_atomic(sums, str(crc).encode())
         _io.fsync_dir(folder)
     finally:
         if tmp.exists():
             tmp.unlink()
     return np.load(final, mmap_mode="r")
+
+
+def _intact(store: Path, sums: Path, cache: str) -> bool:
+    """Whether ``store`` matches the CRC written beside it; a warning where it does not (or
+    has none: an earlier mirrorfit's, or cut off before it): it is decoded again."""
+    try:
+        intact = int(sums.read_text()) == _io.file_crc(store)
+    except (OSError, ValueError):
+        intact = False
+    if not intact:
+        warnings.warn(
+            f"--cache {cache}: {store.name} does not match its checksum (or has none); "
+            "decoding the images into it again",
+            stacklevel=2,
+        )
+    return intact
 
 
 def _check_fits_in_memory(size: int) -> None:
