@@ -120,8 +120,13 @@ def test_no_train_help_writes_its_default_by_hand():
     from mirrorfit.cli.flags import config_default
     from mirrorfit.config import TrainConfig
 
-    for action in _train_actions():
-        shown = config_default(TrainConfig.__dataclass_fields__[action.dest].default)
+    _assert_helps_end_with_defaults(_train_actions(), TrainConfig, config_default)
+
+
+def _assert_helps_end_with_defaults(actions, source, shown_as) -> None:
+    """Each flag's help ends with its field's default in ``source``, written nowhere else."""
+    for action in actions:
+        shown = shown_as(source.__dataclass_fields__[action.dest].default)
         if action.nargs == 0 or shown is None:
             continue
         assert action.help.endswith(f" (default {shown})"), action.dest
@@ -160,12 +165,7 @@ def test_each_bench_flag_is_a_grid_field_with_its_default():
     assert {a.dest for a in actions} == names - {"compiled"}  # set by run_bench, not a flag
     args = _parse("bench")
     assert Grid(**{n: args[n] for n in names - {"compiled"}}) == Grid()
-    for action in actions:
-        shown = _grid_default(Grid.__dataclass_fields__[action.dest].default)
-        if action.nargs == 0 or shown is None:
-            continue
-        assert action.help.endswith(f" (default {shown})"), action.dest
-        assert "default" not in action.help.removesuffix(f" (default {shown})"), action.dest
+    _assert_helps_end_with_defaults(actions, Grid, _grid_default)
 
 
 def test_each_evaluate_flag_takes_its_default_from_evaluate_artifact():

@@ -22,12 +22,14 @@ def load_run_data(config: TrainConfig, global_batch: int, dist) -> Data:
     """``--data`` for this run. Each worker reads its own share (WORKER_SHARE), else one
     process reads whole global batches (workers=1 for the order)."""
     workers = dist.workers if dist.input_split == WORKER_SHARE else 1
-    return load_data(
-        config.data,
-        global_batch=global_batch,
+    return load_data(config.data, global_batch=global_batch, workers=workers, **source(config))
+
+
+def source(config: TrainConfig) -> dict[str, Any]:
+    """The flags of ``config`` that open ``--data``, as :func:`load_data` takes them."""
+    return dict(
         seed=config.seed,
-        workers=workers,
-        eval_batch=config.eval_batch_size or global_batch,
+        eval_batch=config.eval_batch_size,
         data_dir=config.data_dir,
         train_examples=config.train_examples,
         validation_split=config.validation_split,

@@ -257,6 +257,7 @@ def decoded_splits(config: TrainConfig, model, global_batch: int) -> dict[str, A
     --validation-split, as the built-in loop takes them), or ``synthetic``: random uint8
     images of the model's input shape (or --input-shape) and labels of its classes."""
     from mirrorfit.data.sources import load_data
+    from mirrorfit.job.data import source
 
     synthetic = _decoded(config) == "synthetic"
     if not synthetic:
@@ -264,19 +265,13 @@ def decoded_splits(config: TrainConfig, model, global_batch: int) -> dict[str, A
     opened = load_data(
         config.data,
         global_batch=global_batch,
-        seed=config.seed,
-        eval_batch=config.eval_batch_size or global_batch,
-        data_dir=config.data_dir,
-        train_examples=config.train_examples,
-        validation_split=config.validation_split,
-        image_size=config.image_size,
-        image_feature=config.image_feature,
-        label_feature=config.label_feature,
-        cache=config.cache or "memory",
-        # synthetic images take the model's shape and classes; files bring their own
-        input_shape=config.input_shape or (_input_shape(model) if synthetic else None),
-        num_classes=config.num_classes or (_classes(model) if synthetic else None),
-        model=config.model,
+        **{
+            **source(config),
+            "cache": config.cache or "memory",
+            # synthetic images take the model's shape and classes; files bring their own
+            "input_shape": config.input_shape or (_input_shape(model) if synthetic else None),
+            "num_classes": config.num_classes or (_classes(model) if synthetic else None),
+        },
         raw=True,
         on_shape=None if synthetic else functools.partial(_check_takes, config, model),
     )
