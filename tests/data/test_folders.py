@@ -251,3 +251,15 @@ def test_a_damaged_cache_is_decoded_again_with_a_warning(tmp_path):
     with pytest.warns(UserWarning, match=r"does not match its checksum .*decoding the images"):
         again = load_data(str(tmp_path / "digits"), global_batch=10, cache=str(cache))
     assert decoded.any() and np.array_equal(np.asarray(again.train.store), decoded)
+
+
+def test_a_folder_where_the_cache_checksum_goes_is_one_line(tmp_path):
+    """A folder named like the store's .crc32 file was an IsADirectoryError traceback."""
+    write_png_folder(tmp_path / "digits", *mnist(20))
+    cache = tmp_path / "cache"
+    load_data(str(tmp_path / "digits"), global_batch=10, cache=str(cache))
+    (sums,) = cache.glob("*.crc32")
+    sums.unlink()
+    sums.mkdir()
+    with pytest.warns(UserWarning), pytest.raises(DataError, match=r"cannot write .*\.crc32"):
+        load_data(str(tmp_path / "digits"), global_batch=10, cache=str(cache))

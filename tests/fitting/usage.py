@@ -292,11 +292,20 @@ out["refrozen_evaluate"] = [
     mirrorfit.evaluate(refrozen, x, y, verbose=0),
     refrozen.evaluate(x, y, verbose=0),
 ]
-try:
-    mirrorfit.fit(refrozen, x, y, verbose=0)
-    out["refrozen_fit"] = None
-except ValueError as e:
-    out["refrozen_fit"] = str(e)
+out["refrozen_fit"] = []
+for again in (  # the second and third got past a check of the runner's cache key
+    lambda: mirrorfit.fit(refrozen, x, y, verbose=0),
+    lambda: mirrorfit.fit(refrozen, x, y, verbose=0, accum_steps=2),
+    lambda: (  # recompiled, but with the optimizer built for the old weights
+        refrozen.compile(optimizer=refrozen.optimizer, loss="mse", metrics=["mae"]),
+        mirrorfit.fit(refrozen, x, y, verbose=0),
+    ),
+):
+    try:
+        again()
+        out["refrozen_fit"].append(None)
+    except ValueError as e:
+        out["refrozen_fit"].append(str(e))
 refrozen.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse", metrics=["mae"])
 kept = np.asarray(refrozen.layers[0].kernel.value).copy()
 mirrorfit.fit(refrozen, x, y, verbose=0)

@@ -659,7 +659,13 @@ def test_image_folders_and_tfrecords_reach_a_compiled_model_as_their_arrays(tmp_
             "rgb_32x32",
             "the --model takes examples of shape (32, 32, 3); --data {data}'s images are "
             "(28, 28, 1): --image-size 32,32 resizes the images; they decode to 1 channel(s): "
-            "give images of the model's or a model built for them",
+            "give images of the model's channels, or a model built for theirs",
+        ),
+        (
+            "digits",  # Input((28, 28)): the same values without the channel axis
+            "the --model takes examples of shape (28, 28); --data {data}'s images are "
+            "(28, 28, 1): take keras.Input((28, 28, 1)) in the model, then "
+            "keras.layers.Reshape((28, 28)) (or Flatten)",
         ),
         (
             "two_image_inputs",

@@ -241,7 +241,13 @@ def fill_store(
                 os.fsync(f.fileno())
             crc = _io.file_crc(tmp)
             os.replace(tmp, final)
-            _io.write_bytes_atomic(sums, str(crc).encode())
+            try:
+                _io.write_bytes_atomic(sums, str(crc).encode())
+            except OSError as e:  # a folder in its place: the next run decodes again
+                raise DataError(
+                    f"--cache {cache}: cannot write {sums} ({e.strerror or type(e).__name__}); "
+                    "remove what is there, or give another --cache folder"
+                ) from None
         _io.fsync_dir(folder)
     finally:
         if tmp.exists():

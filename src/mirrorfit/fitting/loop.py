@@ -445,11 +445,9 @@ class _Run:
         warn_compiled_anyway(model)
         cached = model.__dict__.get("_mirrorfit_runner")
         trainable = tuple(id(v) for v in model.trainable_variables)
-        same = cached is not None and cached[0] == key  # this compile's runner
-        compiled_with = cached[2] if same else trainable  # the trainable weights of its first
         if fits:
-            _check_same_trainable(compiled_with, trainable)
-        if same and cached[3] == trainable:
+            _check_optimizer_built_for(model)
+        if cached is not None and cached[0] == key and cached[2] == trainable:
             self.runner = cached[1]
         else:
             self.runner = self.engine.runner(
@@ -461,8 +459,7 @@ class _Run:
                 sample=first.get("x"),
             )
             # Past Keras's attribute tracking: the runner is not part of the model's state.
-            entry = (key, self.runner, compiled_with, trainable)
-            object.__setattr__(model, "_mirrorfit_runner", entry)
+            object.__setattr__(model, "_mirrorfit_runner", (key, self.runner, trainable))
             from mirrorfit.fitting.metrics import ignores_a_class, masked_outputs
 
             _warn_own_metrics(model, self.runner)
@@ -678,15 +675,32 @@ def _check_targets(model, x, y) -> None:
         )
 
 
-def _check_same_trainable(then: tuple, now: tuple) -> None:
-    """FitError where the model's trainable weights changed since its compile (a layer's
-    ``trainable`` set between two fits), which Keras applies only at the next compile."""
-    if then != now:
-        raise FitError(
-            f"the model has {len(now)} trainable weights, {len(then)} when it was compiled "
-            "(a layer's trainable was set after compile()); call model.compile(...) again "
-            "for the change to apply, as Keras needs"
-        )
+def _check_optimizer_built_for(model) -> None:
+    """FitError where the model's trainable weights are not those its optimizer was built for
+    (a layer's ``trainable`` set after a fit, without a compile with a new optimizer): its
+    slots would update other weights, or none."""
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is None or not optimizer.built:
+        return
+    then, now = list(optimizer._trainable_variables), list(model.trainable_variables)
+    if [id(v) for v in then] == [id(v) for v in now]:
+        return
+    held = {id(v) for v in then}
+    added = [v for v in now if id(v) not in held]
+    change = f"{added[0].path} trains now" if added else f"{_gone(then, now).path} no longer trains"
+    raise FitError(
+        f"the model's trainable weights are not those its optimizer was built for ({change}: "
+        "a layer's trainable set after it trained); compile the model again with a new "
+        "optimizer, e.g. model.compile(optimizer=keras.optimizers.Adam(1e-5), ...), as Keras "
+        "needs for the change to apply"
+    )
+
+
+def _gone(then: list, now: list):
+    """The first of ``then`` not in ``now`` (or out of its place there)."""
+    held = {id(v) for v in now}
+    missing = [v for v in then if id(v) not in held]
+    return missing[0] if missing else then[0]
 
 
 def _check_fraction(name: str, value) -> None:

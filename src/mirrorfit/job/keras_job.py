@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
+import math
 import time
 from typing import Any
 
@@ -305,17 +306,23 @@ def _check_one_input(config: TrainConfig, model) -> None:
 def _check_takes(config: TrainConfig, model, shape: tuple[int, ...]) -> None:
     """ConfigError, naming the fix, where the model's declared input is not the images'
     (height, width, channels) once decoded."""
-    want = _input_shape(model)
-    if want is None or want == tuple(shape):
+    want, shape = _input_shape(model), tuple(shape)
+    if want is None or want == shape:
         return
     fixes = []
-    if len(want) == 3 and want[:2] != tuple(shape[:2]):
-        fixes.append(f"--image-size {want[0]},{want[1]} resizes the images")
-    if len(want) != 3 or want[2] != shape[2]:
+    if math.prod(want) == math.prod(shape):  # the same values in another layout
         fixes.append(
-            f"they decode to {shape[2]} channel(s): give images of the model's or a model "
-            "built for them"
+            f"take keras.Input({shape}) in the model, then keras.layers.Reshape({want}) "
+            "(or Flatten)"
         )
+    else:
+        if len(want) == 3 and want[:2] != shape[:2]:
+            fixes.append(f"--image-size {want[0]},{want[1]} resizes the images")
+        if len(want) != 3 or want[2] != shape[2]:
+            fixes.append(
+                f"they decode to {shape[2]} channel(s): give images of the model's channels, "
+                "or a model built for theirs"
+            )
     raise ConfigError(
         f"the --model takes examples of shape {want}; --data {config.data}'s images are "
         f"{tuple(shape)}: " + "; ".join(fixes)
