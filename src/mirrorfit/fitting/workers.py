@@ -1,7 +1,7 @@
 """``mirrorfit.fit`` over several worker processes: every worker reads the same global batches and
 trains its devices' shares, so the workers must agree on the data, and only one writes. NumPy's
-global generator is seeded alike at each ``fit``/``evaluate``; each block of batches is checked
-against the other workers' (a CRC of its batches, one collective); Keras's writing callbacks
+global generator is set to the chief's at each ``fit``/``evaluate``; each block of batches is
+checked against the other workers' (a CRC of its batches, one collective); Keras's writing callbacks
 and the progress bar run on the chief only. (why: docs/architecture.md#fit-over-several-workers)
 """
 
@@ -36,14 +36,14 @@ class Workers:
     def start(self, refused: Exception | None, settings: dict[str, int]) -> None:
         """The first collective of a ``fit``/``evaluate``: raise ``refused`` (this worker's
         own error) on every worker, or a FitError if another worker refused or was called
-        with other ``settings`` (small non-negative ints); then seed NumPy's global generator
-        with the first worker's draw (Keras's array shuffles agree)."""
+        with other ``settings`` (small non-negative ints); then set NumPy's global generator
+        to the chief's, so Keras's array shuffles draw what one process would have drawn."""
         if self.count == 1:
             if refused is not None:
                 raise refused
             return
-        drawn = [int(v) for v in np.random.randint(0, 1 << 16, size=2)]
-        rows = self.distribution.gather([0 if refused is None else 1, *drawn, *settings.values()])
+        state = _numpy_state()
+        rows = self.distribution.gather([0 if refused is None else 1, *settings.values(), *state])
         if refused is not None:
             raise refused
         failed = [w for w, row in enumerate(rows) if row[0]]
@@ -53,14 +53,14 @@ class Workers:
                 "why); stopped here too"
             )
         for i, name in enumerate(settings):
-            column = [int(row[3 + i]) for row in rows]
+            column = [int(row[1 + i]) for row in rows]
             if len(set(column)) > 1:
                 shown = ", ".join("None" if v == NONE else str(v) for v in column)
                 raise FitError(
                     f"the workers were called with {name} [{shown}] (worker order); give "
                     "every worker the same arguments"
                 )
-        np.random.seed(int(rows[0][1]) << 16 | int(rows[0][2]))
+        _set_numpy_state(rows[0][1 + len(settings) :])
 
     def agree(self, flag: bool) -> bool:
         """True on every worker if ``flag`` is on any (``model.stop_training``)."""
@@ -120,9 +120,25 @@ class Workers:
         raise FitError(
             f"worker(s) {', '.join(map(str, differ))} read other batches than worker 0 at "
             f"block {index} of this epoch; give every worker the same data in the same order "
-            "(mirrorfit.fit seeds NumPy's shuffles alike; seed a generator or tf.data shuffle "
-            "of your own alike, or pass shuffle=False)"
+            "(mirrorfit.fit gives NumPy's shuffles the chief's generator; seed a generator "
+            "or tf.data shuffle of your own alike, or pass shuffle=False)"
         )
+
+
+def _numpy_state() -> list[int]:
+    """NumPy's global (legacy MT19937) generator as 16-bit ints: its 624 keys, the position,
+    and the cached Gaussian (a flag and the float64's four parts)."""
+    _, keys, pos, has_gauss, gauss = np.random.get_state()
+    parts = [np.asarray(keys, np.uint32).view(np.uint16), np.asarray([gauss]).view(np.uint16)]
+    return [*map(int, parts[0]), pos, has_gauss, *map(int, parts[1])]
+
+
+def _set_numpy_state(values) -> None:
+    """NumPy's global generator from :func:`_numpy_state`'s ints (the chief's)."""
+    values = np.asarray(values, np.int64)
+    keys = values[:1248].astype(np.uint16).view(np.uint32)
+    gauss = float(values[1250:1254].astype(np.uint16).view(np.float64)[0])
+    np.random.set_state(("MT19937", keys, int(values[1248]), int(values[1249]), gauss))
 
 
 def fingerprint(data: dict, steps: int) -> tuple[int, int, int, int]:
