@@ -132,7 +132,9 @@ def mse_on_labels():
 
 class _KilledInEpochTwo(keras.callbacks.Callback):
     """SIGKILL once the call ending at step 15 of the second epoch is done: no checkpoint of
-    the signal's, only those written before."""
+    the signal's, only those written before. A split state's checkpoints commit in the
+    background: the kill waits (up to 60 s) for the one at step 10 of that epoch to be in
+    place in the run's --checkpoint-dir, as a kill landing later would find it."""
 
     def on_epoch_begin(self, epoch, logs=None):
         self.epoch = epoch
@@ -141,7 +143,16 @@ class _KilledInEpochTwo(keras.callbacks.Callback):
         if self.epoch == 1 and batch >= 14:
             import os
             import signal
+            import sys
+            import time
+            from pathlib import Path
 
+            folder = Path(sys.argv[sys.argv.index("--checkpoint-dir") + 1])
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                if (folder / "epoch-000001-step-000010" / "meta.json").is_file():
+                    break
+                time.sleep(0.05)
             os.kill(os.getpid(), signal.SIGKILL)
 
 

@@ -1,6 +1,7 @@
 """``mirrorfit.fit(checkpoint_dir=D, checkpoint_every=N)`` stopped by SIGTERM inside an epoch,
 then run again: the run a Keras script's user reruns after a preemption. Run as ``python
-preempt.py BACKEND DIR MODE``, MODE one of:
+preempt.py BACKEND DIR MODE [SHARD]`` (SHARD: ``mirrorfit.setup``'s, default none; not none:
+a first layer wide enough to split, its checkpoints Orbax's), MODE one of:
 
 - ``whole``: 3 epochs uninterrupted, shuffled; weights to DIR/whole-W.npz;
 - ``stopped``: the same into DIR/ckpt, SIGTERM sent to this process after step 10 of epoch 2
@@ -24,9 +25,12 @@ import numpy as np
 import mirrorfit
 
 BACKEND, DIR, MODE = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
+SHARD = sys.argv[4] if len(sys.argv) > 4 else "none"
 JOINED = bool(os.environ.get("TF_CONFIG"))
 chosen = mirrorfit.setup(
-    backend=BACKEND, **({"strategy": "multi-worker"} if JOINED else {"replicas": 2})
+    backend=BACKEND,
+    shard=SHARD,
+    **({"strategy": "multi-worker"} if JOINED else {"replicas": 2}),
 )
 import keras  # noqa: E402
 
@@ -57,7 +61,7 @@ keras.utils.set_random_seed(7)
 model = keras.Sequential(
     [
         keras.Input((8,)),
-        keras.layers.Dense(16, activation="relu"),
+        keras.layers.Dense(16 if SHARD == "none" else 128, activation="relu"),
         keras.layers.Dropout(0.2),  # its seed generator's state is in the checkpoint too
         keras.layers.Dense(1),
     ]
@@ -80,5 +84,8 @@ try:
 except mirrorfit.Preempted as e:
     out["preempted"] = str(e)
 out["checkpoints"] = sorted(p.name for p in (DIR / "ckpt").glob("epoch-*"))
+out["files"] = sorted(  # the newest checkpoint's
+    p.name for p in (sorted((DIR / "ckpt").glob("epoch-*")) or [DIR])[-1].iterdir()
+)
 np.savez(DIR / f"{MODE}-{W}.npz", *model.get_weights())
 (DIR / f"{MODE}-{W}.json").write_text(json.dumps(out))

@@ -235,6 +235,33 @@ def test_keras_usage(backend, tmp_path):
 
 
 @pytest.mark.slow
+def test_a_split_state_is_checkpointed_by_orbax_and_read_by_other_runs(tmp_path):
+    """tests/fitting/split_resume.py: shard="all" on 2 JAX devices writes Orbax's state/ (on
+    main: Keras's save_weights of the whole weights); a flipped byte of its array data is set
+    aside and the checkpoint before it resumed to the uninterrupted weights; shard="none"
+    resumes it; TensorFlow refuses it in one line."""
+    for mode in ("all", "tensorflow", "none"):  # none writes an epoch 3 TensorFlow would read
+        backend = "tensorflow" if mode == "tensorflow" else "jax"
+        proc = _run([str(HERE / "split_resume.py"), backend, str(tmp_path), mode])
+        output, _ = proc.communicate(timeout=400)
+        assert proc.returncode == 0, output[-3000:]
+    r = {m: json.loads((tmp_path / f"result-{m}.json").read_text()) for m in ("all", "none")}
+    split = r["all"]
+    assert split["files"] == ["checksums.json", "meta.json", "seeds.npz", "state"]
+    ((said,),) = [split["warnings"]]
+    assert "epoch-000002 cannot be read (state/" in said and "does not match" in said, said
+    assert "resuming from the previous one, epoch-000001" in said
+    assert split["epochs_run"] == 2 and split["equal_whole"]
+    assert len([n for n in split["folder"] if n.startswith("corrupt-epoch-000002-")]) == 1
+    assert r["none"]["epochs_run"] == 1 and not r["none"]["warnings"]
+    with np.load(tmp_path / "whole.npz") as a, np.load(tmp_path / "none.npz") as b:
+        for k in a.files:  # the whole state's step sums the halves otherwise: float rounding
+            np.testing.assert_allclose(b[k], a[k], rtol=0, atol=1e-6)
+    refused = json.loads((tmp_path / "result-tensorflow.json").read_text())["refused"]
+    assert "holds a state split over JAX devices (state/" in refused and "\n" not in refused
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["jax", "tensorflow"])
 def test_a_damaged_newest_checkpoint_is_set_aside_and_the_previous_restored(backend, tmp_path):
     """On main a flipped bit was restored and trained on without a word, and a cut file was
@@ -292,12 +319,12 @@ def test_a_damaged_newest_checkpoint_is_set_aside_and_the_previous_restored(back
     assert r["inside_epochs_run"] == 3 and r["inside_equal_whole"]
 
 
-def _preempt_runs(backend: str, out: Path, launched: bool) -> dict:
+def _preempt_runs(backend: str, out: Path, launched: bool, shard: str = "none") -> dict:
     """tests/fitting/preempt.py's three runs (whole, stopped, resumed), alone or under
     ``mirrorfit launch --workers 2``: each run's results and weights, by mode and worker."""
     workers = (0, 1) if launched else (0,)
     for mode in ("whole", "stopped", "resumed"):
-        argv = [str(HERE / "preempt.py"), backend, str(out), mode]
+        argv = [str(HERE / "preempt.py"), backend, str(out), mode, shard]
         if launched:
             argv = ["-m", "mirrorfit", "launch", "--workers", "2", "--", sys.executable, *argv]
         proc = _run(argv)
@@ -315,15 +342,26 @@ def _preempt_runs(backend: str, out: Path, launched: bool) -> dict:
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "backend, launched", [("jax", False), ("tensorflow", False), ("jax", True)]
+    "backend, launched, shard",
+    [
+        ("jax", False, "none"),
+        ("tensorflow", False, "none"),
+        ("jax", True, "none"),
+        ("jax", False, "all"),
+        ("jax", True, "all"),
+    ],
 )
 def test_sigterm_mid_epoch_then_a_rerun_ends_with_the_uninterrupted_weights(
-    backend, launched, tmp_path
+    backend, launched, shard, tmp_path
 ):
     """checkpoint_every's checkpoint inside an epoch, and a resume there with the epoch's
     shuffle, give the weights of a run never stopped, bit for bit (on main fit had neither:
-    a signal ended the process, and a rerun lost the epoch it landed in)."""
-    runs = _preempt_runs(backend, tmp_path, launched)
+    a signal ended the process, and a rerun lost the epoch it landed in). A split state
+    (shard="all") is written by Orbax, each process its shards (on main: Keras's
+    save_weights of the whole weights, by the chief)."""
+    runs = _preempt_runs(backend, tmp_path, launched, shard)
+    state = ["checksums.json", "state"] if shard != "none" else ["state.weights.h5"]
+    assert sorted(runs["stopped", 0][0]["files"]) == sorted(["meta.json", "seeds.npz", *state])
     for w in (0, 1) if launched else (0,):
         stopped, _ = runs["stopped", w]
         assert stopped["preempted"].startswith("SIGTERM: saved ") or (

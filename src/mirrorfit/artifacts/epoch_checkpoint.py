@@ -4,9 +4,12 @@ same DIR, which goes on from there: the epoch after it, or the step inside an ep
 
 A checkpoint is a folder ``DIR/epoch-EEEEEE`` (E epochs done) or ``epoch-EEEEEE-step-SSSSSS``
 (and S steps of the next), holding ``state.weights.h5`` (Keras's ``save_weights``: the
-model's variables and its optimizer's), the variables it leaves out or alters as they are
-(``seeds.npz``: the seed generators; ``lora.npz``: the weights of LoRA layers, whose adapters
-Keras's save merges into the kernel and loads back as zeros) and ``meta.json`` (the position,
+model's variables and its optimizer's) or, where the JAX engine splits the state over the
+devices (``shard="optimizer"|"all"``), ``state/`` (Orbax: each process writes its own shards
+in the background, committed when complete; the engine's ``checkpoint_state``), the variables
+it leaves out or alters as they are (``seeds.npz``: the seed generators; ``lora.npz``: the
+weights of LoRA layers, whose adapters Keras's save merges into the kernel and loads back as
+zeros) and ``meta.json`` (the position,
 NumPy's generator as that epoch began (its shuffle), what the model must match: see
 :func:`_identity`, and the checksums of the other files), written in a hidden folder and
 renamed into place: a run killed while writing leaves no half checkpoint. A damaged newest
@@ -24,12 +27,19 @@ import logging
 import os
 import re
 import shutil
+import threading
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 from mirrorfit.artifacts.checksums import file_sums, files_problem, seal_problem, sealed
-from mirrorfit.artifacts.checkpoint_meta import discard, set_aside, special_file
+from mirrorfit.artifacts.checkpoint_meta import (
+    CheckpointError,
+    StructureError,
+    discard,
+    set_aside,
+    special_file,
+)
 from mirrorfit.errors import FitError
 
 KEEP = 3  # checkpoints kept (as mirrorfit train keeps by default)
@@ -60,6 +70,8 @@ _STATE, _META = "state.weights.h5", "meta.json"
 log = logging.getLogger("mirrorfit.fit")
 _SEEDS = "seeds.npz"  # the variables save_weights leaves out: the layers' seed generators
 _LORA = "lora.npz"  # the weights of LoRA layers as they are (save_weights merges them)
+_SPLIT = "state"  # a split JAX state: Orbax's folder (engine/jax/fit_state.py)
+_JOIN_S = 300.0  # seconds a fit's end waits for a checkpoint still being written
 
 
 def checked_dir(value, *, writes: bool) -> Path:
@@ -193,12 +205,19 @@ class Saver:
         self.last: Path | None = None  # the newest checkpoint, once known
         self._epoch_rng: dict | None = None
         self._steps_done = 0  # this fit's optimizer steps, for `every`
+        self.state = None  # the engine's checkpoint_state (use)
+        self._pending: _Commit | None = None  # a save still being written in the background
         saver = self
 
         class Checkpoints(keras.callbacks.Callback):
             def on_train_begin(self, logs=None):
                 saver.restored = restore_newest(
-                    self.model, directory, optimizer, writes=writes, data=saver.data
+                    self.model,
+                    directory,
+                    optimizer,
+                    writes=writes,
+                    data=saver.data,
+                    state=saver.state,
                 )
                 if saver.restored is not None:
                     at = saver.restored
@@ -227,6 +246,26 @@ class Saver:
             if self.writes:
                 discard(self.directory, checkpoints(self.directory))
             barrier()
+
+    def use(self, state) -> None:
+        """The engine's reader and writer of the state it splits over the devices (its
+        ``checkpoint_state``, once the runner is built), or None: Keras's ``save_weights``."""
+        self.state = state
+
+    def wait(self) -> None:
+        """Block until a checkpoint still being written in the background is committed;
+        raise what failed (StorageError for a full disk, CheckpointError otherwise)."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.join()
+            pending.result()
+
+    def join(self) -> None:
+        """Let a checkpoint still being written in the background end (at most
+        :data:`_JOIN_S`: on several workers it waits for theirs, and one may have died); what
+        failed is raised by the next :meth:`wait`. On the way out of a failed fit too."""
+        if self._pending is not None:
+            self._pending.join(timeout=_JOIN_S)
 
     def set_data(self, **data) -> None:
         """What fixes the batches of an epoch (the global batch, steps, shuffle, ...): a
@@ -276,7 +315,8 @@ class Saver:
                 stacklevel=2,
             )
             return None
-        self.last = save(
+        self.wait()  # the previous save, committed first
+        self.last, self._pending = save(
             model,
             self.directory,
             position,
@@ -284,15 +324,23 @@ class Saver:
             writes=self.writes,
             keep=self.keep,
             data=self.data,
+            state=self.state,
         )
         return self.last
 
 
 def restore_newest(
-    model, directory: Path, optimizer: dict | None, *, writes: bool, data: dict | None = None
+    model,
+    directory: Path,
+    optimizer: dict | None,
+    *,
+    writes: bool,
+    data: dict | None = None,
+    state=None,
 ) -> Position | None:
-    """Restore the newest readable checkpoint of ``directory`` into ``model``: the position to
-    go on from, None without one. A damaged one is passed over (``writes``: set aside, with a
+    """Restore the newest readable checkpoint of ``directory`` into ``model`` (a split state
+    through ``state``, the engine's ``checkpoint_state``): the position to go on from, None
+    without one. A damaged one is passed over (``writes``: set aside, with a
     warning naming it) for the one before; FitError if none can be read, or if one is of
     another model or optimizer settings (not damage: an older one is no better)."""
     damaged: list[tuple[Path, str]] = []
@@ -303,7 +351,7 @@ def restore_newest(
             _check_data(found, meta, data)
             why = files_problem(found, meta.get("files")) if meta.get("format") else None
         if why is None:
-            why = _load(model, found)
+            why = _load(model, found, state)
         if why is not None:
             damaged.append((found, why))
             continue
@@ -409,8 +457,13 @@ def _shown(value) -> str:
     return f"{value:.6g}" if isinstance(value, float) else repr(value)
 
 
-def _load(model, found: Path) -> str | None:
-    """Read ``found``'s state into ``model``; what failed, or None."""
+def _load(model, found: Path, state=None) -> str | None:
+    """Read ``found``'s state into ``model`` (a split one through ``state``); what failed, or
+    None."""
+    split = found / _SPLIT
+    if split.exists() or split.is_symlink():
+        why = _load_split(found, state)
+        return why if why is not None else _load_seeds(model, found)
     adapted = _lora_variables(model)
     if adapted and not (found / _LORA).is_file():  # not damage: written before it was kept
         raise FitError(
@@ -424,10 +477,35 @@ def _load(model, found: Path) -> str | None:
         return f"{_STATE}: {type(e).__name__}: {_one_line(e)}"
     if not (found / _SEEDS).is_file():
         return None  # format 1: no seeds kept
-    why = _assign_from(found / _SEEDS, _seed_variables(model), "seed generator states")
+    why = _load_seeds(model, found)
     if why is None and adapted:
         why = _assign_from(found / _LORA, adapted, "LoRA layers' weights")
     return why
+
+
+def _load_seeds(model, found: Path) -> str | None:
+    return _assign_from(found / _SEEDS, _seed_variables(model), "seed generator states")
+
+
+def _load_split(found: Path, state) -> str | None:
+    """A split JAX state (``state/``) read through the engine's ``state``; what failed, or
+    None. FitError where this run cannot read one (not damage)."""
+    if state is None:
+        raise FitError(
+            f"{found} holds a state split over JAX devices (state/, written by a fit under "
+            "shard='optimizer' or 'all'), which this run cannot read; resume it with the JAX "
+            "backend and a model trained by mirrorfit's step, or give another checkpoint_dir"
+        )
+    try:
+        state.read(found)
+    except StructureError as e:
+        raise FitError(
+            f"{found} holds another model's checkpoint ({_one_line(e)}); give another "
+            "checkpoint_dir"
+        ) from None
+    except (OSError, ValueError, KeyError) as e:
+        return f"{_SPLIT}/: {type(e).__name__}: {_one_line(e)}"
+    return None
 
 
 def _assign_from(path: Path, variables: list, what: str) -> str | None:
@@ -507,47 +585,113 @@ def save(
     writes: bool = True,
     keep: int = KEEP,
     data: dict | None = None,
-) -> Path:
-    """Write the checkpoint at ``position`` and keep the ``keep`` latest (``writes``: else
-    only its path is returned); its weights were checked finite (:meth:`Saver.save`)."""
+    state=None,
+) -> tuple[Path, "_Commit | None"]:
+    """Write the checkpoint at ``position`` and keep the ``keep`` latest (``writes``: else only
+    its path is returned, but a split state over several processes, whose shards every process
+    writes); its weights were checked finite (:meth:`Saver.save`). Returns its path and, where
+    ``state`` splits the state (Orbax, in the background), the commit still running (its
+    ``result`` raises what failed), else None: committed."""
     import numpy as np
 
-    from mirrorfit._io import fsync_dir, fsync_tree, remove_stale_temps, temp_tag
+    from mirrorfit._io import remove_stale_temps, temp_tag
 
     final = directory / position.name
-    if not writes:
-        return final
-    remove_stale_temps(directory, r"\." + _NAME)  # a killed run's temporary folders
-    tmp = directory / f".{_NAME}{temp_tag()}"
-    tmp.mkdir()
-    model.save_weights(tmp / _STATE)
-    np.savez(tmp / _SEEDS, *[np.asarray(v.value) for v in _seed_variables(model)])
-    adapted = _lora_variables(model)
-    if adapted:
-        np.savez(tmp / _LORA, *[np.asarray(v.value) for v in adapted])
+    split = state is not None and state.split
+    collective = split and state.collective
+    if not writes and not collective:
+        return final, None
+    # One name every process knows (a position is saved once per run) or this writer's own.
+    tmp = directory / (f".{final.name}.tmp-shared" if collective else f".{_NAME}{temp_tag()}")
+    if writes:
+        remove_stale_temps(directory, r"\." + _NAME)  # a killed run's temporary folders
+        shutil.rmtree(tmp, ignore_errors=True)  # a crashed run's, at this position
+        tmp.mkdir()
+    try:
+        pending = state.write(tmp) if split else None
+        if writes:
+            if not split:
+                model.save_weights(tmp / _STATE)
+            np.savez(tmp / _SEEDS, *[np.asarray(v.value) for v in _seed_variables(model)])
+            adapted = _lora_variables(model)
+            if adapted and not split:  # Orbax keeps them as they are
+                np.savez(tmp / _LORA, *[np.asarray(v.value) for v in adapted])
+    except BaseException:
+        if writes:
+            shutil.rmtree(tmp, ignore_errors=True)  # a failed write leaves nothing behind
+        raise
     meta = {
         "format": FORMAT,
         "epoch": position.epoch,
         "step_in_epoch": position.step,
         "rng": position.rng,
         **_identity(model),
-        "files": file_sums(tmp),
+        **({"optimizer_settings": optimizer} if optimizer is not None else {}),
+        **({"data": data} if data else {}),
     }
-    if optimizer is not None:
-        meta["optimizer_settings"] = optimizer
-    if data:
-        meta["data"] = data
-    with open(tmp / _META, "w", encoding="utf-8") as f:
-        json.dump(sealed(meta), f)
-    fsync_tree(tmp)
-    if final.exists():  # a run started over from epoch 0 in the same folder
-        shutil.rmtree(final)
-    os.replace(tmp, final)
-    fsync_dir(directory)
-    done = [p for p in checkpoints(directory) if p != final]
-    for old in done[: max(0, len(done) - (keep - 1))]:
-        shutil.rmtree(old, ignore_errors=True)
-    return final
+    commit = _Commit(tmp, final, meta, pending, keep=keep if writes else None)
+    if pending is None:
+        commit.run()
+        commit.result()
+        return final, None
+    commit.start()
+    return final, commit
+
+
+class _Commit(threading.Thread):
+    """After the state files are complete (``pending``: an engine's background write, or
+    None): meta.json with the files' checksums, fsync, the rename that commits the
+    checkpoint (until then the one before is the newest), then pruning to ``keep``; None:
+    not the writer (it waits for its own shards only). In this thread (:meth:`run`) or a
+    background one; :meth:`result` raises what failed."""
+
+    def __init__(self, tmp: Path, final: Path, meta: dict, pending, *, keep: int | None):
+        super().__init__(name=f"mirrorfit-commit-{final.name}", daemon=False)
+        self.tmp, self.final, self.meta, self.pending, self.keep = tmp, final, meta, pending, keep
+        self._error: BaseException | None = None
+
+    def run(self) -> None:
+        from mirrorfit._io import disk_full_hint
+
+        try:
+            with disk_full_hint(f"checkpoint {self.final}", "the previous checkpoint is kept"):
+                self._commit()
+        except BaseException as e:  # noqa: BLE001 - raised by result(), in the caller's thread
+            self._error = e
+            if self.keep is not None:
+                shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def _commit(self) -> None:
+        from mirrorfit._io import fsync_dir, fsync_tree
+
+        if self.pending is not None:
+            self.pending.wait()
+        if self.keep is None:
+            return
+        tmp, final, directory = self.tmp, self.final, self.final.parent
+        with open(tmp / _META, "w", encoding="utf-8") as f:
+            json.dump(sealed({**self.meta, "files": file_sums(tmp)}), f)
+        fsync_tree(tmp)
+        if final.exists():  # a run started over from epoch 0 in the same folder
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        fsync_dir(directory)
+        done = [p for p in checkpoints(directory) if p != final]
+        for old in done[: max(0, len(done) - (self.keep - 1))]:
+            shutil.rmtree(old, ignore_errors=True)
+
+    def result(self) -> None:
+        from mirrorfit.errors import MirrorfitError
+
+        error, self._error = self._error, None
+        if error is None:
+            return
+        if isinstance(error, (MirrorfitError, KeyboardInterrupt, SystemExit)):
+            raise error
+        raise CheckpointError(
+            f"saving checkpoint {self.final} failed ({type(error).__name__}: "
+            f"{_one_line(error)}); the previous checkpoint is kept"
+        ) from error
 
 
 def _identity(model) -> dict:

@@ -31,6 +31,15 @@ def train(run, data: Epochs, val, callbacks, hooks, span: Span, saver, allow_nan
     guard = Divergence(
         allow_nan, lambda: saver.last if saver is not None else None, every_call=workers.count > 1
     )
+    try:
+        _train(run, data, val, callbacks, hooks, span, saver, guard)
+    finally:  # a checkpoint still committing in the background ends before fit returns
+        if saver is not None:
+            saver.join()
+
+
+def _train(run, data: Epochs, val, callbacks, hooks, span: Span, saver, guard) -> None:
+    model, workers = run.model, run.workers
     with Signals() as signals:
         if saver is not None:
             saver.begin(lambda: workers.agree(False))
@@ -62,6 +71,8 @@ def train(run, data: Epochs, val, callbacks, hooks, span: Span, saver, allow_nan
                 model.stop_training = workers.agree(model.stop_training)
                 if model.stop_training:
                     break
+        if saver is not None:
+            saver.wait()  # the last checkpoint, committed (it may write in the background)
     callbacks.on_train_end(logs)
 
 
@@ -119,6 +130,7 @@ def _stop_on_signal(
                 guard.check_now(run.runner, epoch, step)
             run.runner.sync()
             path = saver.save(run.model, saver.position(epoch, step))
+        saver.wait()  # committed before the rerun looks for it
     raise preempted(signals.name or "another worker's signal", path, epoch, step)
 
 

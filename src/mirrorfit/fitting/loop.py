@@ -144,6 +144,7 @@ def fit(
             run, validation_data, validation_batch_size or batch_size, validation_steps
         )
         if saver is not None:
+            saver.use(run.engine.checkpoint_state(run.runner))
             saver.set_data(**_what_batches(train, adapter, shuffle, run, x, y))
             _warn_checkpoints_at_calls(saver.every, run.steps_per_execution)
         callbacks, hooks = run.callbacks(callbacks, verbose, epochs, train.steps)

@@ -84,6 +84,15 @@ def runner(model, placement, *, sample=None, **settings):
     return Runner(model, placement, sample=sample, **settings)
 
 
+def checkpoint_state(runner):
+    """``checkpoint_dir``'s reader of an Orbax state, and its writer where ``runner`` splits
+    the state (:class:`~mirrorfit.engine.jax.fit_state.FitState`); None for a model's own
+    step (whole: Keras's ``save_weights``)."""
+    from mirrorfit.engine.jax.fit_state import FitState
+
+    return FitState(runner) if isinstance(runner, Runner) else None
+
+
 def frozen(model, sample, replicas: int) -> list[bool]:
     """Per non-trainable variable of ``model``: whether a training step leaves it as it is (a
     frozen layer's weights, a LoRA layer's kernel) rather than writing it (batch norm's

@@ -435,6 +435,12 @@ class Runner:
         return self.model(x)
 
 
+def checkpoint_state(runner) -> None:
+    """None: ``checkpoint_dir`` writes this engine's state with Keras's ``save_weights`` (the
+    variables are whole on every replica)."""
+    return None
+
+
 @contextlib.contextmanager
 def _as_one_device(model, replicas: int, own_step: bool, reduced: bool = False):
     """Around a call of the steps (where they are traced): Keras's losses neither divided by
