@@ -133,6 +133,41 @@ def test_cli_export_and_evaluate_agree_with_training(tmp_path, mnist_dir):
     assert missing.returncode == 2 and "no checkpoint in" in missing.stderr
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("shard", ["none", "all"])
+def test_cli_exports_a_compiled_models_checkpoint(tmp_path, mnist_dir, shard):
+    """A compiled --model trained on JAX (whose --export-dir is refused, pointing at mirrorfit
+    export) exports from its checkpoint: Keras's save_weights under none, Orbax's split state
+    under all. On main: "no checkpoint in DIR; train with --checkpoint-dir DIR first"."""
+    d, models = tmp_path / "ckpt", tmp_path / "models" / "digits"
+    trained = run_cli(
+        *("train", "--backend", "jax", "--replicas", "2", "--shard", shard),
+        *("--model", "keras_models:digits", "--data-dir", str(mnist_dir)),
+        *("--train-examples", "640", "--epochs", "1", "--checkpoint-dir", str(d)),
+        *("--save-keras", str(tmp_path / "trained.keras"), "--no-progress"),
+    )
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    held = sorted(p.name for p in (d / "epoch-000001").iterdir())
+    assert ("state" in held) == (shard == "all") and ("state.weights.h5" in held) != (
+        shard == "all"
+    )
+    unnamed = run_cli("export", "--checkpoint-dir", str(d), "--export-dir", str(models))
+    assert unnamed.returncode == 2 and "pass --model package.module:function" in unnamed.stderr
+    scored = run_cli("evaluate", "--checkpoint-dir", str(d), "--model", "keras_models:digits")
+    assert scored.returncode == 2 and "a compiled --model's checkpoints" in scored.stderr
+    exp = run_cli(
+        *("export", "--checkpoint-dir", str(d), "--model", "keras_models:digits"),
+        *("--export-dir", str(models)),
+    )
+    assert exp.returncode == 0, exp.stderr[-3000:]
+    assert "exported epoch-000001 of" in exp.stdout
+    x = _pixels(8).astype(np.float32)
+    expected = keras.saving.load_model(tmp_path / "trained.keras")(x).numpy()
+    served = tf.saved_model.load(str(models / "0001")).signatures["serving_default"]
+    (got,) = served(**{served.structured_input_signature[1].popitem()[0]: x}).values()
+    np.testing.assert_allclose(got.numpy(), expected, rtol=1e-5, atol=1e-6)
+
+
 # -- names, full disks, crashes, power loss (issue 10) -----------------------------------------
 def _fsync_recorder(monkeypatch):
     """Record the path of everything fsynced (and the order), still fsyncing it."""

@@ -27,6 +27,7 @@ from mirrorfit import _io
 from mirrorfit.artifacts.checksums import file_sums, sealed
 from mirrorfit.artifacts.checkpoint_meta import (
     EPOCH_END_KEYS,
+    FIT_FOLDER,
     FORMAT,
     CheckpointError,
     NewerFormatError,
@@ -454,6 +455,8 @@ def load_model(
 
     directory = Path(directory)
     found = require_checkpoints(directory)
+    if FIT_FOLDER.fullmatch(found[0].name):
+        return _load_fit_model(directory, model, on_notice)
     unreadable: list[tuple[Path, str]] = []
     for path in reversed(found):
         try:
@@ -479,6 +482,34 @@ def load_model(
             )
         return net, meta
     raise _unreadable(*unreadable[0], training=False)  # export, evaluate: no --fresh
+
+
+def _load_fit_model(directory: Path, asked: str | None, on_notice):
+    """The model of ``mirrorfit.fit``'s newest readable checkpoint in ``directory`` (a compiled
+    ``--model``'s: its meta.json names no model, so ``asked`` must), and its meta with
+    ``where``, the checkpoint's name."""
+    from mirrorfit.artifacts import epoch_checkpoint
+    from mirrorfit.models.build import model_factory
+
+    if asked is None or ":" not in asked:
+        raise CheckpointError(
+            f"{directory} holds mirrorfit.fit's checkpoints (epoch-NNNNNN: a compiled --model's), "
+            "which do not say what model they hold; pass --model package.module:function, the "
+            "one that trained them"
+        )
+    net = model_factory(asked)()
+
+    def read_split(folder: Path, model) -> None:  # a state split over JAX devices: Orbax's
+        importlib.import_module(f"{ENGINES['jax']}.state").read_model(folder, model)
+
+    path, meta = epoch_checkpoint.read_newest(net, directory, read_split, on_notice)
+    return net, {**meta, "where": path.name}
+
+
+def position_of(meta: dict) -> str:
+    """Where a checkpoint :func:`load_model` read stands, for messages: ``step N`` (mirrorfit
+    train's) or its folder's name (``mirrorfit.fit``'s)."""
+    return meta.get("where") or f"step {meta['step']}"
 
 
 def _read_model(path: Path, meta: dict, model) -> None:

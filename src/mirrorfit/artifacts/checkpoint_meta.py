@@ -348,9 +348,25 @@ def list_checkpoints(directory: Path) -> list[Path]:
     return sorted(found, key=lambda p: int(_NAME.fullmatch(p.name).group(1)))
 
 
+# mirrorfit.fit's checkpoints (artifacts/epoch_checkpoint.py): epoch-EEEEEE[-step-SSSSSS]
+FIT_FOLDER = re.compile(r"epoch-([0-9]{6,9})(?:-step-([0-9]{6,9}))?", re.ASCII)  # fullmatch
+
+
+def fit_checkpoints(directory: Path) -> list[Path]:
+    """``mirrorfit.fit``'s complete checkpoints in ``directory`` (with a meta.json), oldest
+    first."""
+    found = []
+    for p in Path(directory).glob("epoch-*"):
+        named = FIT_FOLDER.fullmatch(p.name)
+        if named and (p / "meta.json").is_file():
+            found.append(((int(named[1]), int(named[2] or 0)), p))
+    return [p for _, p in sorted(found)]
+
+
 def require_checkpoints(directory: str | Path) -> list[Path]:
-    """:func:`list_checkpoints`, or CheckpointError, one line, when there is none (or the folder
-    cannot be read). Plain Python: ``export`` and ``evaluate`` call it before TensorFlow loads."""
+    """:func:`list_checkpoints`, else ``mirrorfit.fit``'s (:func:`fit_checkpoints`: a compiled
+    ``--model``'s), or CheckpointError, one line, when there is none (or the folder cannot be
+    read). Plain Python: ``export`` and ``evaluate`` call it before TensorFlow loads."""
     directory = Path(directory)
     try:
         if not stat.S_ISDIR(os.stat(directory).st_mode):
@@ -358,7 +374,7 @@ def require_checkpoints(directory: str | Path) -> list[Path]:
                 f"--checkpoint-dir {directory} is a file; give the folder "
                 "that training wrote its checkpoints to"
             )
-        found = list_checkpoints(directory)
+        found = list_checkpoints(directory) or fit_checkpoints(directory)
     except FileNotFoundError:
         found = []
         if os.path.islink(directory):

@@ -25,7 +25,6 @@ import contextlib
 import json
 import logging
 import os
-import re
 import shutil
 import threading
 import warnings
@@ -37,6 +36,7 @@ from mirrorfit.artifacts.checkpoint_meta import (
     CheckpointError,
     StructureError,
     discard,
+    fit_checkpoints,
     set_aside,
     special_file,
 )
@@ -47,7 +47,6 @@ KEEP = 3  # checkpoints kept (as mirrorfit train keeps by default)
 # and "rng"
 FORMAT = 2
 _NAME = "epoch-"
-_FOLDER = re.compile(r"epoch-([0-9]{6,9})(?:-step-([0-9]{6,9}))?", re.ASCII)  # fullmatch
 
 
 @dataclass(frozen=True)
@@ -133,14 +132,7 @@ def locked(directory: Path):
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def checkpoints(directory: Path) -> list[Path]:
-    """The complete checkpoints in ``directory``, oldest first."""
-    found = []
-    for p in directory.glob(_NAME + "*"):
-        named = _FOLDER.fullmatch(p.name)
-        if named and (p / _META).is_file():
-            found.append(((int(named[1]), int(named[2] or 0)), p))
-    return [p for _, p in sorted(found)]
+checkpoints = fit_checkpoints  # the complete checkpoints in a folder, oldest first
 
 
 def rng_state() -> dict:
@@ -405,7 +397,14 @@ def _read_meta(found: Path) -> tuple[dict, str | None]:
     return meta, seal_problem(meta) if "format" in meta else None
 
 
-def _check_identity(model, found: Path, meta: dict, optimizer: dict | None) -> None:
+def _check_identity(
+    model,
+    found: Path,
+    meta: dict,
+    optimizer: dict | None,
+    ignore: tuple[str, ...] = (),
+    fix: str = "give another checkpoint_dir",
+) -> None:
     mine = _identity(model)
     reasons = {
         "model": lambda a, b: f"a {a}; this is a {b}",
@@ -415,12 +414,12 @@ def _check_identity(model, found: Path, meta: dict, optimizer: dict | None) -> N
         "wiring": lambda a, b: "its layers are connected otherwise than this model's",
     }
     for key, reason in reasons.items():
-        if key == "wiring" and key not in meta:  # written before it was recorded
+        if key in ignore or (key == "wiring" and key not in meta):  # wiring: not yet recorded
             continue
         if meta.get(key) != mine[key]:
             raise FitError(
                 f"{found} holds another model's checkpoint ({reason(meta.get(key), mine[key])}); "
-                "give another checkpoint_dir"
+                f"{fix}"
             )
     theirs = meta.get("optimizer_settings")
     if optimizer is None or not isinstance(theirs, dict) or theirs == optimizer:
@@ -506,6 +505,53 @@ def _load_split(found: Path, state) -> str | None:
     except (OSError, ValueError, KeyError) as e:
         return f"{_SPLIT}/: {type(e).__name__}: {_one_line(e)}"
     return None
+
+
+def read_newest(model, directory: Path, read_split, on_notice) -> tuple[Path, dict]:
+    """The newest readable checkpoint of ``directory`` read into ``model`` (built from the
+    ``--model`` that trained it, compiled or not) for ``mirrorfit export``: its identity and
+    checksums checked, its weights read (a split state by ``read_split(folder, model)``); a
+    damaged one passed over (``on_notice`` says so) for the one before. Returns its folder and
+    meta.json; FitError for another model's, CheckpointError if none can be read."""
+    damaged: list[tuple[Path, str]] = []
+    for found in reversed(checkpoints(directory)):
+        meta, why = _read_meta(found)
+        if why is None:
+            ignore = () if model.optimizer is not None else ("optimizer",)
+            _check_identity(model, found, meta, None, ignore, "pass the --model that trained it")
+            why = files_problem(found, meta.get("files")) if meta.get("format") else None
+        if why is None:
+            why = _read_weights(model, found, read_split)
+        if why is not None:
+            damaged.append((found, why))
+            continue
+        for path, reason in damaged:
+            on_notice(
+                f"checkpoint {path.name} cannot be read ({reason}); using the previous one, "
+                f"{found.name}"
+            )
+        return found, meta
+    path, reason = damaged[0]
+    raise CheckpointError(f"checkpoint {path} cannot be read ({reason}); restore or delete it")
+
+
+def _read_weights(model, found: Path, read_split) -> str | None:
+    """``found``'s weights into ``model`` (not its optimizer's state, unless compiled);
+    what failed, or None."""
+    if (found / _SPLIT).exists() or (found / _SPLIT).is_symlink():
+        try:
+            read_split(found, model)
+        except StructureError as e:
+            raise FitError(
+                f"{found} holds another model's checkpoint ({_one_line(e)}); pass the --model "
+                "that trained it"
+            ) from None
+        except (OSError, ValueError, KeyError) as e:
+            return f"{_SPLIT}/: {type(e).__name__}: {_one_line(e)}"
+        return None
+    if model.optimizer is not None and not model.optimizer.built:
+        model.optimizer.build(model.trainable_variables)  # the file holds its state too
+    return _load(model, found)
 
 
 def _assign_from(path: Path, variables: list, what: str) -> str | None:

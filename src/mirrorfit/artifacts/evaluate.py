@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from mirrorfit.artifacts.checkpoint_meta import require_checkpoints
+from mirrorfit.artifacts.checkpoint_meta import FIT_FOLDER, require_checkpoints
 from mirrorfit.config import load_config
 from mirrorfit.data.spec import KINDS, kind_of
 from mirrorfit.errors import ConfigError, DataError
@@ -41,7 +41,14 @@ def check_evaluate_flags(
             f"--data {data} has no test split to evaluate on: {kind.no_test} (or use --data mnist)"
         )
     if checkpoint_dir:  # the flags' values first, then what they point at
-        require_checkpoints(checkpoint_dir)
+        found = require_checkpoints(checkpoint_dir)
+        if FIT_FOLDER.fullmatch(found[0].name):
+            raise ConfigError(
+                f"--checkpoint-dir {checkpoint_dir} holds a compiled --model's checkpoints "
+                "(mirrorfit.fit's), whose inputs are the model's own, not the test images "
+                "scaled to [0, 1] that mirrorfit evaluate feeds; score it with "
+                "mirrorfit.evaluate(model, x, y), or read the test figures train's summary gives"
+            )
     else:
         _check_saved_model(saved_model)
     return config
@@ -166,10 +173,10 @@ def evaluate_artifact(
     from mirrorfit.job.data import data_errors
 
     if checkpoint_dir:
-        from mirrorfit.artifacts.checkpoint import load_model
+        from mirrorfit.artifacts.checkpoint import load_model, position_of
 
         net, meta = load_model(checkpoint_dir, model=model)
-        source = f"{checkpoint_dir} (step {meta['step']})"
+        source = f"{checkpoint_dir} ({position_of(meta)})"
         predict = lambda x: net(x, training=False).numpy()  # noqa: E731
         takes, outputs = tuple(net.inputs[0].shape[1:]), net.outputs[0].shape[-1]
     else:

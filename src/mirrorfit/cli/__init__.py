@@ -121,14 +121,23 @@ def _cmd_export(args: argparse.Namespace) -> int:
     check_export_dir(args.export_dir)  # before TensorFlow loads and the model with it
     require_checkpoints(args.checkpoint_dir)
     backends.import_tensorflow("mirrorfit export (it writes a TensorFlow SavedModel)")
-    from mirrorfit.artifacts.checkpoint import load_model
-    from mirrorfit.artifacts.export import export_saved_model
+    from mirrorfit.artifacts.checkpoint import load_model, position_of
+    from mirrorfit.artifacts.export import export_keras_model, export_saved_model
     from mirrorfit.artifacts.finite import refuse_non_finite
 
     model, meta = load_model(args.checkpoint_dir, model=args.model)
-    refuse_non_finite(
-        model, f"step {meta['step']} of {args.checkpoint_dir}", allow=bool(args.allow_nan)
-    )
+    where = f"{position_of(meta)} of {args.checkpoint_dir}"
+    refuse_non_finite(model, where, allow=bool(args.allow_nan))
+    if "where" in meta:  # mirrorfit.fit's: a compiled model, exported as Keras exports it
+        if args.export_preprocessing:
+            raise MirrorfitError(
+                "--export-preprocessing does not apply to a compiled --model's checkpoint: "
+                "the export takes the inputs as the model trained on them; put the scaling "
+                "in the model (a keras.layers.Rescaling layer)"
+            )
+        path = export_keras_model(model, args.export_dir)
+        print(f"exported {where} as {path}")
+        return 0
     names = meta.get("class_names")  # absent in checkpoints of older versions
     if names is not None and not (
         isinstance(names, list) and names and all(isinstance(n, str) for n in names)
@@ -140,7 +149,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
     path = export_saved_model(
         model, args.export_dir, preprocessing=bool(args.export_preprocessing), class_names=names
     )
-    print(f"exported step {meta['step']} of {args.checkpoint_dir} as {path}")
+    print(f"exported {where} as {path}")
     return 0
 
 
