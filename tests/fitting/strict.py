@@ -61,6 +61,14 @@ def with_optimizer(optimizer):
     return model
 
 
+def two_inputs():
+    a, b = keras.Input((x.shape[1],), name="left"), keras.Input((x.shape[1],), name="right")
+    out = keras.layers.Dense(3, activation="softmax")(keras.layers.Concatenate()([a, b]))
+    model = keras.Model([a, b], out)
+    model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
+    return model
+
+
 def ragged_dataset():
     import tensorflow as tf
 
@@ -75,6 +83,7 @@ cases = {
         classifier(), x, labels, sample_weight=np.ones(96), batch_size=32, verbose=0
     ),
     "x_none": lambda: mirrorfit.fit(classifier(), None, labels, **kw),
+    "two_inputs_one_array": lambda: mirrorfit.fit(two_inputs(), x, labels, **kw),
     "y_none_own_loss": own_loss,
     "y_none_compiled_loss": lambda: mirrorfit.fit(classifier(), x, None, **kw),
     "class_weight_absent_class": lambda: mirrorfit.fit(

@@ -425,6 +425,8 @@ def test_what_keras_takes_trains_and_what_it_should_not_is_one_line(backend, tmp
     assert ours_listed == pytest.approx(keras_listed, rel=1e-6)
     refused = {
         "x_none": "x=None: give the inputs",
+        "two_inputs_one_array": "the model has 2 inputs (left, right) and the training data "
+        "one array; give one array per input",
         "y_none_compiled_loss": "y=None, but the model is compiled with a loss",
         "class_weight_absent_class": "class_weight names class 7, which no training label holds",
         "class_weight_string_key": "class_weight has the key '0'; its keys are class indices",

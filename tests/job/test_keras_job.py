@@ -689,6 +689,20 @@ def test_images_a_compiled_model_cannot_take_are_one_line(model, needle, tmp_pat
     assert needle.format(data=data) in proc.stderr and "Traceback" not in proc.stderr
 
 
+def test_a_model_of_two_inputs_on_one_array_of_images_is_one_line(mnist_dir):
+    """MNIST's one image per example for a model of two inputs (on main: Keras's ValueError
+    from the build as a traceback, exit 1)."""
+    proc = run_cli(
+        *("train", "--backend", "jax", "--model", "keras_models:two_image_inputs"),
+        *("--data-dir", str(mnist_dir), "--train-examples", "256"),
+    )
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "the model has 2 inputs (input_layer, input_layer_1) and the training data one " in (
+        proc.stderr
+    )
+    assert "Traceback" not in proc.stderr
+
+
 def test_synthetic_data_reaches_a_compiled_model_in_its_input_shape(tmp_path):
     """--data synthetic: random uint8 images of the model's input shape and labels of its
     classes, --train-examples of them (on main: "not yet supported", exit 2)."""

@@ -358,9 +358,25 @@ def as_outputs(model, part):
 
 
 def check_input_shapes(model, x, where: str) -> None:
-    """FitError for NumPy inputs of another example shape than the model's declared input
-    (one input; a model without a declared input is built from the data, so not judged)."""
+    """FitError for NumPy inputs of another count than the model's declared inputs, or (one
+    input) of another example shape (a model without a declared input is built from the
+    data, so not judged)."""
     inputs = getattr(model, "inputs", None) or []
+    given = (
+        1
+        if isinstance(x, np.ndarray)
+        else len(x)
+        if isinstance(x, (list, tuple)) and all(isinstance(a, np.ndarray) for a in x)
+        else None
+    )
+    if len(inputs) > 1 and given is not None and given != len(inputs):
+        names = ", ".join(_input_name(t) for t in inputs)
+        raise FitError(
+            f"the model has {len(inputs)} inputs ({names}) and {where} "
+            + ("one array" if given == 1 else f"{given} arrays")
+            + "; give one array per input (a list in input order, or a dict keyed by input "
+            "name)"
+        )
     if len(inputs) != 1 or not isinstance(x, np.ndarray):
         return
     want, have = tuple(inputs[0].shape[1:]), tuple(x.shape[1:])
@@ -370,6 +386,12 @@ def check_input_shapes(model, x, where: str) -> None:
             f"{where} has examples of shape {have} but the model takes {shown}; give data of "
             "the model's input shape, or a model built for the data"
         )
+
+
+def _input_name(tensor) -> str:
+    """An input's name as Keras keys it (its InputLayer's), else the tensor's."""
+    history = getattr(tensor, "_keras_history", None)
+    return getattr(getattr(history, "operation", None), "name", None) or tensor.name
 
 
 def _pairs(have: tuple, want: tuple) -> bool:
