@@ -137,14 +137,16 @@ def test_cli_export_and_evaluate_agree_with_training(tmp_path, mnist_dir):
 @pytest.mark.parametrize("shard", ["none", "all"])
 def test_cli_exports_a_compiled_models_checkpoint(tmp_path, mnist_dir, shard):
     """A compiled --model trained on JAX (whose --export-dir is refused, pointing at mirrorfit
-    export) exports from its checkpoint: Keras's save_weights under none, Orbax's split state
-    under all. On main: "no checkpoint in DIR; train with --checkpoint-dir DIR first"."""
+    export) exports from its checkpoint, and evaluate scores it as train did: Keras's
+    save_weights under none, Orbax's split state under all. On main both said "no checkpoint
+    in DIR; train with --checkpoint-dir DIR first"."""
     d, models = tmp_path / "ckpt", tmp_path / "models" / "digits"
     trained = run_cli(
         *("train", "--backend", "jax", "--replicas", "2", "--shard", shard),
         *("--model", "keras_models:digits", "--data-dir", str(mnist_dir)),
         *("--train-examples", "640", "--epochs", "1", "--checkpoint-dir", str(d)),
         *("--save-keras", str(tmp_path / "trained.keras"), "--no-progress"),
+        *("--metrics-out", str(tmp_path / "m.json")),
     )
     assert trained.returncode == 0, trained.stderr[-3000:]
     held = sorted(p.name for p in (d / "epoch-000001").iterdir())
@@ -153,8 +155,17 @@ def test_cli_exports_a_compiled_models_checkpoint(tmp_path, mnist_dir, shard):
     )
     unnamed = run_cli("export", "--checkpoint-dir", str(d), "--export-dir", str(models))
     assert unnamed.returncode == 2 and "pass --model package.module:function" in unnamed.stderr
-    scored = run_cli("evaluate", "--checkpoint-dir", str(d), "--model", "keras_models:digits")
-    assert scored.returncode == 2 and "a compiled --model's checkpoints" in scored.stderr
+    scored = run_cli(
+        *("evaluate", "--checkpoint-dir", str(d), "--model", "keras_models:digits"),
+        *("--data-dir", str(mnist_dir), "--metrics-out", str(tmp_path / "e.json")),
+    )
+    assert scored.returncode == 0, scored.stderr[-3000:]
+    # scored by its compile on the test split as train fed it (uint8 pixels): train's figures
+    test = json.loads((tmp_path / "m.json").read_text())["test"]
+    figures = json.loads((tmp_path / "e.json").read_text())
+    assert figures["examples"] == 10000
+    assert figures["test_accuracy"] == pytest.approx(test["accuracy"], abs=1e-4)
+    assert figures["test_loss"] == pytest.approx(test["loss"], rel=1e-4)
     exp = run_cli(
         *("export", "--checkpoint-dir", str(d), "--model", "keras_models:digits"),
         *("--export-dir", str(models)),

@@ -363,6 +363,13 @@ def fit_checkpoints(directory: Path) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
+def fits_checkpoints(directory: str | Path) -> bool:
+    """Whether ``directory``'s checkpoints are ``mirrorfit.fit``'s (a compiled ``--model``'s),
+    not ``mirrorfit train``'s built-in loop's. Plain Python."""
+    found = require_checkpoints(directory)
+    return bool(FIT_FOLDER.fullmatch(found[0].name))
+
+
 def require_checkpoints(directory: str | Path) -> list[Path]:
     """:func:`list_checkpoints`, else ``mirrorfit.fit``'s (:func:`fit_checkpoints`: a compiled
     ``--model``'s), or CheckpointError, one line, when there is none (or the folder cannot be

@@ -12,11 +12,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from mirrorfit.artifacts.checkpoint_meta import FIT_FOLDER, require_checkpoints
+from mirrorfit.artifacts.checkpoint_meta import require_checkpoints
 from mirrorfit.config import load_config
 from mirrorfit.data.spec import KINDS, kind_of
 from mirrorfit.errors import ConfigError, DataError
 from mirrorfit.artifacts.version_names import parse_version
+
+EVAL_BATCH = 500  # examples per evaluation batch
 
 
 def check_evaluate_flags(
@@ -41,14 +43,7 @@ def check_evaluate_flags(
             f"--data {data} has no test split to evaluate on: {kind.no_test} (or use --data mnist)"
         )
     if checkpoint_dir:  # the flags' values first, then what they point at
-        found = require_checkpoints(checkpoint_dir)
-        if FIT_FOLDER.fullmatch(found[0].name):
-            raise ConfigError(
-                f"--checkpoint-dir {checkpoint_dir} holds a compiled --model's checkpoints "
-                "(mirrorfit.fit's), whose inputs are the model's own, not the test images "
-                "scaled to [0, 1] that mirrorfit evaluate feeds; score it with "
-                "mirrorfit.evaluate(model, x, y), or read the test figures train's summary gives"
-            )
+        require_checkpoints(checkpoint_dir)
     else:
         _check_saved_model(saved_model)
     return config
@@ -152,7 +147,7 @@ def evaluate_artifact(
     data: str = "mnist",
     data_dir: str | None = None,
     image_size: str | tuple[int, int] | None = None,
-    batch_size: int = 500,
+    batch_size: int = EVAL_BATCH,
     model: str | None = None,
 ) -> dict[str, Any]:
     """Accuracy and mean cross-entropy over every example of ``data``'s test split (a ``--data``

@@ -155,6 +155,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
 def _cmd_evaluate(args: argparse.Namespace) -> int:
     from mirrorfit import _io
+    from mirrorfit.artifacts.checkpoint_meta import fits_checkpoints
     from mirrorfit.artifacts.evaluate import check_evaluate_flags
     from mirrorfit.artifacts.output_paths import check_output_file
 
@@ -165,17 +166,28 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
         data_dir=args.data_dir,
         image_size=args.image_size,
     )
-    check_evaluate_flags(**flags)  # before TensorFlow loads (seconds): a bad flag fails at once
+    config = check_evaluate_flags(**flags)  # before TensorFlow loads: a bad flag fails at once
     check_output_file("--metrics-out", args.metrics_out)  # not after scoring it all
     backends.import_tensorflow("mirrorfit evaluate")
-    from mirrorfit.artifacts.evaluate import evaluate_artifact
-
-    result = evaluate_artifact(**flags, model=args.model)
     on = "" if args.data == "mnist" else f" of --data {args.data}"
-    print(
-        f"{result['source']}: test accuracy {result['test_accuracy']:.4f}, "
-        f"loss {result['test_loss']:.4f} on {result['examples']} examples{on}"
-    )
+    if args.checkpoint_dir and fits_checkpoints(args.checkpoint_dir):  # a compiled --model's
+        from mirrorfit.job.evaluate_compiled import evaluate_checkpoint
+
+        from mirrorfit.artifacts.evaluate import EVAL_BATCH
+
+        result = evaluate_checkpoint(config, args.checkpoint_dir, args.model, EVAL_BATCH)
+        figures = ", ".join(
+            f"{k.removeprefix('test_')} {v:.4f}" for k, v in result.items() if k.startswith("test_")
+        )
+        print(f"{result['source']}: test {figures} on {result['examples']} examples{on}")
+    else:
+        from mirrorfit.artifacts.evaluate import evaluate_artifact
+
+        result = evaluate_artifact(**flags, model=args.model)
+        print(
+            f"{result['source']}: test accuracy {result['test_accuracy']:.4f}, "
+            f"loss {result['test_loss']:.4f} on {result['examples']} examples{on}"
+        )
     if args.metrics_out:
         _io.write_json_atomic(args.metrics_out, result)
     return 0
