@@ -80,6 +80,26 @@ def digits(input_shape=(28, 28), num_classes=10):
     return model
 
 
+def digits_dropout(input_shape=(28, 28), num_classes=10):
+    """The same with Dropout (its seed generator's state: uint32 on JAX, int64 on TensorFlow)."""
+    model = keras.Sequential(
+        [
+            keras.Input(input_shape),
+            keras.layers.Rescaling(1 / 255),
+            keras.layers.Flatten(),
+            keras.layers.Dropout(0.2),
+            keras.layers.Dense(num_classes, activation="softmax"),
+        ]
+    )
+    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    return model
+
+
+def digits_unbuilt():
+    """A Sequential without an Input, built from the first batch, not compiled."""
+    return keras.Sequential([keras.layers.Flatten(), keras.layers.Dense(10, "softmax")])
+
+
 def digits_for_the_data(input_shape, num_classes):
     """The same, with no defaults: mirrorfit builds it for the data's shape and classes."""
     return digits(input_shape, num_classes)

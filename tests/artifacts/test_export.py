@@ -139,11 +139,12 @@ def test_cli_exports_a_compiled_models_checkpoint(tmp_path, mnist_dir, shard):
     """A compiled --model trained on JAX (whose --export-dir is refused, pointing at mirrorfit
     export) exports from its checkpoint, and evaluate scores it as train did: Keras's
     save_weights under none, Orbax's split state under all. On main both said "no checkpoint
-    in DIR; train with --checkpoint-dir DIR first"."""
+    in DIR; train with --checkpoint-dir DIR first"; on f2d4a0f its Dropout's seed state
+    (uint32 on JAX, int64 where TensorFlow rebuilds it) stopped the export."""
     d, models = tmp_path / "ckpt", tmp_path / "models" / "digits"
     trained = run_cli(
         *("train", "--backend", "jax", "--replicas", "2", "--shard", shard),
-        *("--model", "keras_models:digits", "--data-dir", str(mnist_dir)),
+        *("--model", "keras_models:digits_dropout", "--data-dir", str(mnist_dir)),
         *("--train-examples", "640", "--epochs", "1", "--checkpoint-dir", str(d)),
         *("--save-keras", str(tmp_path / "trained.keras"), "--no-progress"),
         *("--metrics-out", str(tmp_path / "m.json")),
@@ -156,7 +157,7 @@ def test_cli_exports_a_compiled_models_checkpoint(tmp_path, mnist_dir, shard):
     unnamed = run_cli("export", "--checkpoint-dir", str(d), "--export-dir", str(models))
     assert unnamed.returncode == 2 and "pass --model package.module:function" in unnamed.stderr
     scored = run_cli(
-        *("evaluate", "--checkpoint-dir", str(d), "--model", "keras_models:digits"),
+        *("evaluate", "--checkpoint-dir", str(d), "--model", "keras_models:digits_dropout"),
         *("--data-dir", str(mnist_dir), "--metrics-out", str(tmp_path / "e.json")),
     )
     assert scored.returncode == 0, scored.stderr[-3000:]
@@ -167,7 +168,7 @@ def test_cli_exports_a_compiled_models_checkpoint(tmp_path, mnist_dir, shard):
     assert figures["test_accuracy"] == pytest.approx(test["accuracy"], abs=1e-4)
     assert figures["test_loss"] == pytest.approx(test["loss"], rel=1e-4)
     exp = run_cli(
-        *("export", "--checkpoint-dir", str(d), "--model", "keras_models:digits"),
+        *("export", "--checkpoint-dir", str(d), "--model", "keras_models:digits_dropout"),
         *("--export-dir", str(models)),
     )
     assert exp.returncode == 0, exp.stderr[-3000:]
@@ -177,6 +178,57 @@ def test_cli_exports_a_compiled_models_checkpoint(tmp_path, mnist_dir, shard):
     served = tf.saved_model.load(str(models / "0001")).signatures["serving_default"]
     (got,) = served(**{served.structured_input_signature[1].popitem()[0]: x}).values()
     np.testing.assert_allclose(got.numpy(), expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "model, flags",
+    [
+        # built for --input-shape/--num-classes: rebuilt for them (on f2d4a0f: "holds another
+        # model's checkpoint", the (784, 10) kernel of its defaults)
+        ("digits", ("--data", "synthetic", "--input-shape", "8,8", "--num-classes", "3")),
+        # no Input, not compiled (--loss): built for the shape it trained on (on f2d4a0f: an
+        # AttributeError traceback, then "2 weights where this model has 0")
+        ("digits_unbuilt", ("--loss", "sparse_categorical_crossentropy")),
+    ],
+)
+def test_cli_exports_a_model_built_for_its_data(tmp_path, mnist_dir, model, flags):
+    d, models = tmp_path / "ckpt", tmp_path / "models" / "m"
+    source = () if "synthetic" in flags else ("--data-dir", str(mnist_dir))
+    trained = run_cli(
+        *("train", "--backend", "jax", "--model", f"keras_models:{model}", *flags, *source),
+        *("--train-examples", "256", "--epochs", "1"),
+        *("--checkpoint-dir", str(d), "--save-keras", str(tmp_path / "t.keras")),
+    )
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    exp = run_cli(
+        *("export", "--checkpoint-dir", str(d), "--model", f"keras_models:{model}"),
+        *("--export-dir", str(models)),
+    )
+    assert exp.returncode == 0, exp.stderr[-3000:]
+    trained_model = keras.saving.load_model(tmp_path / "t.keras")
+    x = np.random.default_rng(1).integers(0, 256, (4, *trained_model.inputs[0].shape[1:]))
+    x = x.astype(np.float32)
+    served = tf.saved_model.load(str(models / "0001")).signatures["serving_default"]
+    (got,) = served(**{served.structured_input_signature[1].popitem()[0]: x}).values()
+    np.testing.assert_allclose(got.numpy(), trained_model(x).numpy(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_cli_exports_the_textbook_cnn_trained_sharded_on_jax(tmp_path, mnist_dir):
+    """The built-in CNN's Dropout keeps its seed state as uint32 on JAX; TensorFlow rebuilds
+    it as int64. On f2d4a0f the export of its --shard all checkpoint said "state/non_trainable/0
+    is uint32, not seed_generator/seed_generator_state's int64; delete that folder"."""
+    d = tmp_path / "ckpt"
+    trained = run_cli(
+        *("train", "--backend", "jax", "--model", "cnn", "--shard", "all", "--replicas", "2"),
+        *("--data-dir", str(mnist_dir), "--train-examples", "256", "--epochs", "1"),
+        *("--checkpoint-dir", str(d), "--no-progress"),
+    )
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    exp = run_cli("export", "--checkpoint-dir", str(d), "--export-dir", str(tmp_path / "m"))
+    assert exp.returncode == 0, exp.stderr[-3000:]
+    assert (tmp_path / "m" / "0001" / "saved_model.pb").is_file()
 
 
 # -- names, full disks, crashes, power loss (issue 10) -----------------------------------------

@@ -5,8 +5,10 @@ tensorflow for the last):
 
 - ``all``: 3 epochs whole (DIR/whole.npz); 2 epochs into DIR/flipped with one byte of the
   newest checkpoint's array data flipped, then resumed to 3 (set aside, the one before used);
-  2 epochs into DIR/cross for the other modes;
-- ``none``: DIR/cross resumed to 3 epochs with the state whole (``shard="none"``);
+  2 epochs into DIR/cross and DIR/cross2 for the other modes;
+- ``optimizer``: DIR/cross resumed to 3 epochs with the optimizer's state split alone
+  (DIR/optimizer.npz), and its own 2 epochs in DIR/own resumed to 3 (DIR/own.npz);
+- ``none``: DIR/cross2 resumed to 3 epochs with the state whole (``shard="none"``);
 - ``tensorflow``: DIR/cross resumed on TensorFlow: refused in one line.
 """
 
@@ -74,9 +76,14 @@ if MODE == "all":
         np.array_equal(a, b) for a, b in zip(model.get_weights(), whole.get_weights())
     )
     out["folder"] = sorted(p.name for p in folder.iterdir())
-    mirrorfit.fit(build(), x, y, epochs=2, checkpoint_dir=DIR / "cross", **kw)
+    for name in ("cross", "cross2"):
+        mirrorfit.fit(build(), x, y, epochs=2, checkpoint_dir=DIR / name, **kw)
+elif MODE == "optimizer":
+    np.savez(DIR / "optimizer.npz", *resumed(DIR / "cross").get_weights())
+    mirrorfit.fit(build(), x, y, epochs=2, checkpoint_dir=DIR / "own", **kw)
+    np.savez(DIR / "own.npz", *resumed(DIR / "own").get_weights())
 elif MODE == "none":
-    model = resumed(DIR / "cross")
+    model = resumed(DIR / "cross2")
     np.savez(DIR / "none.npz", *model.get_weights())
 else:
     try:

@@ -84,6 +84,7 @@ cases = {
     ),
     "x_none": lambda: mirrorfit.fit(classifier(), None, labels, **kw),
     "two_inputs_one_array": lambda: mirrorfit.fit(two_inputs(), x, labels, **kw),
+    "one_input_two_arrays": lambda: mirrorfit.fit(classifier(), [x * 0, x], labels, **kw),
     "y_none_own_loss": own_loss,
     "y_none_compiled_loss": lambda: mirrorfit.fit(classifier(), x, None, **kw),
     "class_weight_absent_class": lambda: mirrorfit.fit(

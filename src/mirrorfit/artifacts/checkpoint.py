@@ -497,7 +497,14 @@ def _load_fit_model(directory: Path, asked: str | None, on_notice):
             "which do not say what model they hold; pass --model package.module:function, the "
             "one that trained them"
         )
-    net = model_factory(asked)()
+    # Built for the shapes it trained with (recorded in meta.json), where its function takes
+    # them: --input-shape/--num-classes, or the data's; the identity check refuses a mismatch.
+    inputs, outputs = epoch_checkpoint.model_shapes(directory)
+    one_in = inputs[0][1:] if inputs and len(inputs) == 1 else None
+    one_out = outputs[0][-1] if outputs and len(outputs) == 1 and outputs[0] else None
+    net = model_factory(asked, input_shape=one_in, num_classes=one_out)()
+    if not net.built and inputs and len(inputs) == 1:  # no Input: built from the data
+        net.build(tuple(inputs[0]))
 
     def read_split(folder: Path, model) -> None:  # a state split over JAX devices: Orbax's
         importlib.import_module(f"{ENGINES['jax']}.state").read_model(folder, model)

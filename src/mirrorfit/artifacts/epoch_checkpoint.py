@@ -456,9 +456,9 @@ def _shown(value) -> str:
     return f"{value:.6g}" if isinstance(value, float) else repr(value)
 
 
-def _load(model, found: Path, state=None) -> str | None:
-    """Read ``found``'s state into ``model`` (a split one through ``state``); what failed, or
-    None."""
+def _load(model, found: Path, state=None, seeds: bool = True) -> str | None:
+    """Read ``found``'s state into ``model`` (a split one through ``state``; ``seeds``: the
+    seed generators' too); what failed, or None."""
     split = found / _SPLIT
     if split.exists() or split.is_symlink():
         why = _load_split(found, state)
@@ -474,7 +474,7 @@ def _load(model, found: Path, state=None) -> str | None:
         model.load_weights(found / _STATE)
     except (OSError, ValueError, KeyError) as e:
         return f"{_STATE}: {type(e).__name__}: {_one_line(e)}"
-    if not (found / _SEEDS).is_file():
+    if not seeds or not (found / _SEEDS).is_file():
         return None  # format 1: no seeds kept
     why = _load_seeds(model, found)
     if why is None and adapted:
@@ -517,7 +517,7 @@ def read_newest(model, directory: Path, read_split, on_notice) -> tuple[Path, di
     for found in reversed(checkpoints(directory)):
         meta, why = _read_meta(found)
         if why is None:
-            ignore = () if model.optimizer is not None else ("optimizer",)
+            ignore = () if _optimizer(model) is not None else ("optimizer",)
             _check_identity(model, found, meta, None, ignore, "pass the --model that trained it")
             why = files_problem(found, meta.get("files")) if meta.get("format") else None
         if why is None:
@@ -535,6 +535,38 @@ def read_newest(model, directory: Path, read_split, on_notice) -> tuple[Path, di
     raise CheckpointError(f"checkpoint {path} cannot be read ({reason}); restore or delete it")
 
 
+def _optimizer(model):
+    """The model's optimizer, None before a compile (an uncompiled model has no attribute)."""
+    return getattr(model, "optimizer", None)
+
+
+def model_shapes(directory: Path) -> tuple[list | None, list | None]:
+    """(input shapes, output shapes), batch axis first, of the model whose checkpoints
+    ``directory`` holds, as its newest readable meta.json records them; None where it does
+    not (a model without declared inputs, a checkpoint written before they were kept)."""
+    for found in reversed(checkpoints(directory)):
+        meta, why = _read_meta(found)
+        if why is None:
+            shapes = meta.get("shapes") if isinstance(meta.get("shapes"), dict) else {}
+            return shapes.get("inputs"), shapes.get("outputs")
+    return None, None
+
+
+def _shapes(model) -> dict:
+    """The model's input and output shapes (batch axis first: None), for ``mirrorfit export``
+    to rebuild it for them; empty where it declares none (a subclassed model)."""
+    try:
+        inputs, outputs = model.inputs, model.outputs
+    except (AttributeError, ValueError):
+        return {}
+    if not inputs or not outputs:
+        return {}
+    return {
+        "inputs": [list(t.shape) for t in inputs],
+        "outputs": [list(t.shape) for t in outputs],
+    }
+
+
 def _read_weights(model, found: Path, read_split) -> str | None:
     """``found``'s weights into ``model`` (not its optimizer's state, unless compiled);
     what failed, or None."""
@@ -549,9 +581,12 @@ def _read_weights(model, found: Path, read_split) -> str | None:
         except (OSError, ValueError, KeyError) as e:
             return f"{_SPLIT}/: {type(e).__name__}: {_one_line(e)}"
         return None
-    if model.optimizer is not None and not model.optimizer.built:
-        model.optimizer.build(model.trainable_variables)  # the file holds its state too
-    return _load(model, found)
+    optimizer = _optimizer(model)
+    if optimizer is not None and not optimizer.built:
+        optimizer.build(model.trainable_variables)  # the file holds its state too
+    # not the seed generators': they draw no value at inference, and the engines keep them in
+    # other dtypes (JAX uint32, TensorFlow int64)
+    return _load(model, found, seeds=False)
 
 
 def _assign_from(path: Path, variables: list, what: str) -> str | None:
@@ -651,7 +686,10 @@ def save(
     tmp = directory / (f".{final.name}.tmp-shared" if collective else f".{_NAME}{temp_tag()}")
     if writes:
         remove_stale_temps(directory, r"\." + _NAME)  # a killed run's temporary folders
-        shutil.rmtree(tmp, ignore_errors=True)  # a crashed run's, at this position
+        # several workers' shared ones: no other fit writes here (the lock), and this one's
+        # earlier saves are committed (Saver.save waits)
+        for stale in directory.glob(f".{_NAME}*.tmp-shared"):
+            shutil.rmtree(stale, ignore_errors=True)
         tmp.mkdir()
     try:
         pending = state.write(tmp) if split else None
@@ -672,10 +710,13 @@ def save(
         "step_in_epoch": position.step,
         "rng": position.rng,
         **_identity(model),
+        **({"shapes": _shapes(model)} if _shapes(model) else {}),
         **({"optimizer_settings": optimizer} if optimizer is not None else {}),
         **({"data": data} if data else {}),
     }
-    commit = _Commit(tmp, final, meta, pending, keep=keep if writes else None)
+    before = [p for p in checkpoints(directory) if p != final]
+    kept = f"the previous checkpoint {before[-1]} is kept" if before else "none was written"
+    commit = _Commit(tmp, final, meta, pending, keep=keep if writes else None, kept=kept)
     if pending is None:
         commit.run()
         commit.result()
@@ -691,16 +732,17 @@ class _Commit(threading.Thread):
     not the writer (it waits for its own shards only). In this thread (:meth:`run`) or a
     background one; :meth:`result` raises what failed."""
 
-    def __init__(self, tmp: Path, final: Path, meta: dict, pending, *, keep: int | None):
+    def __init__(self, tmp: Path, final: Path, meta: dict, pending, *, keep: int | None, kept: str):
         super().__init__(name=f"mirrorfit-commit-{final.name}", daemon=False)
         self.tmp, self.final, self.meta, self.pending, self.keep = tmp, final, meta, pending, keep
+        self.kept = kept  # what stays the newest if this one fails
         self._error: BaseException | None = None
 
     def run(self) -> None:
         from mirrorfit._io import disk_full_hint
 
         try:
-            with disk_full_hint(f"checkpoint {self.final}", "the previous checkpoint is kept"):
+            with disk_full_hint(f"checkpoint {self.final}", self.kept):
                 self._commit()
         except BaseException as e:  # noqa: BLE001 - raised by result(), in the caller's thread
             self._error = e
@@ -736,7 +778,7 @@ class _Commit(threading.Thread):
             raise error
         raise CheckpointError(
             f"saving checkpoint {self.final} failed ({type(error).__name__}: "
-            f"{_one_line(error)}); the previous checkpoint is kept"
+            f"{_one_line(error)}); {self.kept}"
         ) from error
 
 
@@ -746,7 +788,7 @@ def _identity(model) -> dict:
     them per process) and one of how a functional model's layers are connected."""
     return {
         "model": type(model).__name__,
-        "optimizer": type(model.optimizer).__name__,
+        "optimizer": type(_optimizer(model)).__name__,
         "weights": [f"{tuple(w.shape)} {w.dtype}" for w in model.weights],
         "layers": _layers_crc(model),
         "wiring": _wiring_crc(model),

@@ -369,10 +369,12 @@ def check_input_shapes(model, x, where: str) -> None:
         if isinstance(x, (list, tuple)) and all(isinstance(a, np.ndarray) for a in x)
         else None
     )
-    if len(inputs) > 1 and given is not None and given != len(inputs):
+    if inputs and given is not None and given != len(inputs):
         names = ", ".join(_input_name(t) for t in inputs)
+        # one input and a list of several: Keras's own fit takes the first with a warning
         raise FitError(
-            f"the model has {len(inputs)} inputs ({names}) and {where} "
+            f"the model has {len(inputs)} input{'s' if len(inputs) > 1 else ''} ({names}) "
+            f"and {where} "
             + ("one array" if given == 1 else f"{given} arrays")
             + "; give one array per input (a list in input order, or a dict keyed by input "
             "name)"

@@ -89,16 +89,17 @@ class FitState:
 
     def _adopt(self, arrays: dict[str, list]) -> None:
         """Restored arrays into the variables: one process, as laid out where the variable
-        holds its value so already (created on its shards), else whole on the host; several
-        processes, made whole first (a collective every worker runs)."""
+        holds its value so already (created on its shards), else gathered whole onto the
+        host; several processes, made whole on every device first (a collective every worker
+        runs), then this process's copy."""
         placement = self.runner.placement
         for group, variables in self._variables().items():
             values = arrays[group]
             if placement.workers > 1:
-                values = placement.replicated(values)
+                values = [local_value(v) for v in placement.replicated(values)]
             for var, value in zip(variables, values):
                 keep = placement.workers == 1 and _laid_out_alike(var.value, value)
-                var.assign(value if keep else local_value(value))
+                var.assign(value if keep else np.asarray(value))
 
 
 def _laid_out_alike(held, value) -> bool:

@@ -239,7 +239,10 @@ def read_model(folder: Path, model) -> None:
     }
     saved = saved_shapes(folder)
     wanted = {
-        g: [jax.ShapeDtypeStruct(tuple(map(int, v.shape)), np.dtype(v.dtype)) for v in vs]
+        g: [
+            jax.ShapeDtypeStruct(tuple(map(int, v.shape)), _read_as(v, saved[g], i))
+            for i, v in enumerate(vs)
+        ]
         for g, vs in variables.items()
     }
     wanted["optimizer"] = [jax.ShapeDtypeStruct(s, d) for s, d in saved["optimizer"]]
@@ -254,6 +257,17 @@ def read_model(folder: Path, model) -> None:
     for group, vs in variables.items():  # checked first, assigned after
         for v, value in zip(vs, values[group]):
             v.assign(np.asarray(value))
+
+
+def _read_as(variable, saved: list, i: int) -> np.dtype:
+    """The dtype to read array ``i`` of a group as: the variable's, but an integer saved as
+    another that casts to it safely (a seed generator's state: uint32 on JAX, int64 where
+    TensorFlow rebuilds the model), which its assign then casts."""
+    want = np.dtype(variable.dtype)
+    have = saved[i][1] if i < len(saved) else want
+    if want.kind in "iu" and have.kind in "iu" and np.can_cast(have, want, "safe"):
+        return have
+    return want
 
 
 __all__ = [
