@@ -218,6 +218,27 @@ def test_a_data_function_that_imports_tensorflow_keeps_its_cpp_lines_quiet():
     assert not ABSL_LINE.search(proc.stderr), proc.stderr[:2000]
 
 
+@pytest.mark.slow
+def test_a_compiled_models_checkpoints_keep_tensorflows_cpp_lines_quiet(tmp_path):
+    """checkpoint_dir compares its layers' configs, whose serialisation asks Keras whether
+    TensorFlow is there, which loads it: on 7142fc8 its oneDNN and CUDA lines (4) printed
+    mid-epoch of a JAX run."""
+    env = {k: v for k, v in _env().items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "mirrorfit.cli", "train", "--backend", "jax"]
+        + ["--model", "keras_models:digits", "--train-examples", "256", "--epochs", "1"]
+        + ["--checkpoint-dir", str(tmp_path / "c"), "--no-progress"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert (tmp_path / "c" / "epoch-000001").is_dir()
+    assert not ABSL_LINE.search(proc.stderr), proc.stderr[:2000]
+
+
 @pytest.mark.parametrize("flags", [(), ("--backend", "tensorflow")])
 def test_without_tensorflow_train_says_what_to_install_in_one_line(flags, monkeypatch):
     """A JAX-only install (docs/jax.md): `mirrorfit train` was a ModuleNotFoundError traceback

@@ -31,6 +31,7 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
+from mirrorfit._frameworks import tensorflow_start_filtered
 from mirrorfit.artifacts.checksums import file_sums, files_problem, seal_problem, sealed
 from mirrorfit.artifacts.checkpoint_meta import (
     CheckpointError,
@@ -471,7 +472,8 @@ def _load(model, found: Path, state=None, seeds: bool = True) -> str | None:
             "checkpoint_dir to start over"
         )
     try:
-        model.load_weights(found / _STATE)
+        with tensorflow_start_filtered():  # Keras's h5 reader may load TensorFlow
+            model.load_weights(found / _STATE)
     except (OSError, ValueError, KeyError) as e:
         return f"{_STATE}: {type(e).__name__}: {_one_line(e)}"
     if not seeds or not (found / _SEEDS).is_file():
@@ -695,7 +697,8 @@ def save(
         pending = state.write(tmp) if split else None
         if writes:
             if not split:
-                model.save_weights(tmp / _STATE)
+                with tensorflow_start_filtered():  # Keras's h5 writer may load TensorFlow
+                    model.save_weights(tmp / _STATE)
             np.savez(tmp / _SEEDS, *[np.asarray(v.value) for v in _seed_variables(model)])
             adapted = _lora_variables(model)
             if adapted and not split:  # Orbax keeps them as they are
@@ -827,12 +830,16 @@ def _layers_crc(model) -> int:
             return [unnamed(v) for v in value]
         return value
 
-    described = []
-    for layer in model._flatten_layers(include_self=False, recursive=True):
+    def config_of(layer):
         try:
-            config = unnamed(layer.get_config())
+            return unnamed(layer.get_config())
         except Exception:  # noqa: BLE001 - a custom layer without get_config: its class only
-            config = None
-        described.append([type(layer).__name__, config])
+            return None
+
+    with tensorflow_start_filtered():  # get_config's serialisation asks whether TF is there
+        described = [
+            [type(layer).__name__, config_of(layer)]
+            for layer in model._flatten_layers(include_self=False, recursive=True)
+        ]
     text = json.dumps(described, sort_keys=True, default=lambda o: type(o).__name__)
     return zlib.crc32(text.encode())
