@@ -315,6 +315,7 @@ def test_saved_models_that_are_not_mirrorfit_exports_are_one_line(
     for name, needle in (
         ("junk", "0001 is not a readable SavedModel ("),
         ("foreign", "has no serving_default signature taking 'images'"),
+        ("foreign", "a compiled --model's export takes its own inputs: evaluate its checkpoint"),
     ):
         code, _, errors = _main(
             capsys, "--saved-model", tmp_path / name, "--data", "evaluate_fixture:load"

@@ -99,8 +99,10 @@ def _saved_model_predict(path: Path):
     if spec is None or OUTPUT_NAME not in fn.structured_outputs:
         raise ConfigError(
             f"the SavedModel at {path} has no serving_default signature taking "
-            f"'{INPUT_NAME}' and giving '{OUTPUT_NAME}' (mirrorfit export's); "
-            "export it with mirrorfit export"
+            f"'{INPUT_NAME}' and giving '{OUTPUT_NAME}' (what mirrorfit export gives the "
+            "built-in models); a compiled --model's export takes its own inputs: evaluate "
+            "its checkpoint, mirrorfit evaluate --checkpoint-dir DIR --model "
+            "package.module:function"
         )
     out = fn.structured_outputs[OUTPUT_NAME]
     # Evaluate feeds a batch of float32 pixels in [0, 1] (uint8 when the model scales them
