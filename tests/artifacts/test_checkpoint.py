@@ -706,3 +706,24 @@ def test_a_checkpoint_file_that_is_no_plain_file_is_set_aside_not_read(tmp_path,
     assert restored.step == 8
     assert len(notices) == 1 and "ckpt-000000016 cannot be read" in notices[0], notices
     assert ("is not a plain file" if "MiB" not in special else "over 1 MiB") in notices[0]
+
+
+def test_recorded_model_shapes_are_hints_within_bounds():
+    """export rebuilds a compiled --model for the shapes fit's meta.json records; a hostile
+    meta.json must not have a huge model built before the identity check refuses it."""
+    from mirrorfit.artifacts.checkpoint import _plausible
+
+    assert _plausible([[None, 28, 28]]) and _plausible([[32, 224, 224, 3]])
+    assert _plausible([[None, 30000]], outputs=True)
+    for hostile in (
+        [[None, 100_000, 100_000]],  # a side past MAX_IMAGE_SIDE
+        [[None, 8192, 8192, 8]],  # 2**29 values
+        [[None, 1.5]],
+        [[None, True]],
+        [[None]],
+        [[None, 28, 28], [None, 28, 28]],  # two inputs: not passed
+        "(None, 28, 28)",
+        None,
+    ):
+        assert not _plausible(hostile), hostile
+    assert not _plausible([[None, 2_000_000]], outputs=True)  # past MAX_CLASSES

@@ -500,17 +500,40 @@ def _load_fit_model(directory: Path, asked: str | None, on_notice):
     # Built for the shapes it trained with (recorded in meta.json), where its function takes
     # them: --input-shape/--num-classes, or the data's; the identity check refuses a mismatch.
     inputs, outputs = epoch_checkpoint.model_shapes(directory)
-    one_in = inputs[0][1:] if inputs and len(inputs) == 1 else None
-    one_out = outputs[0][-1] if outputs and len(outputs) == 1 and outputs[0] else None
+    one_in = inputs[0][1:] if _plausible(inputs) else None
+    one_out = outputs[0][-1] if _plausible(outputs, outputs=True) else None
     net = model_factory(asked, input_shape=one_in, num_classes=one_out)()
-    if not net.built and inputs and len(inputs) == 1:  # no Input: built from the data
-        net.build(tuple(inputs[0]))
+    if not net.built and one_in is not None:  # no Input: built from the data, as it was
+        batch = inputs[0][0]  # the first batch's size, which its InputLayer's config keeps
+        net.build((batch if type(batch) is int and batch > 0 else None, *one_in))
 
     def read_split(folder: Path, model) -> None:  # a state split over JAX devices: Orbax's
         importlib.import_module(f"{ENGINES['jax']}.state").read_model(folder, model)
 
     path, meta = epoch_checkpoint.read_newest(net, directory, read_split, on_notice)
     return net, {**meta, "where": path.name}
+
+
+def _plausible(shapes, *, outputs: bool = False) -> bool:
+    """Whether meta.json's recorded shapes (a hint, not trusted: the identity check decides)
+    are one shape: a batch axis and up to 4 sizes (inputs: each at most MAX_IMAGE_SIDE, 2**26
+    values in all; outputs: the last at most MAX_CLASSES), so that a hostile one cannot have
+    a huge model built before the check refuses it."""
+    import math
+
+    from mirrorfit.config.checks import MAX_IMAGE_SIDE
+    from mirrorfit.data.spec import MAX_CLASSES
+
+    if not isinstance(shapes, list) or len(shapes) != 1 or not isinstance(shapes[0], list):
+        return False
+    sizes = shapes[0][1:]
+    if not 1 <= len(sizes) <= 4:
+        return False
+    if outputs:
+        return type(sizes[-1]) is int and 1 <= sizes[-1] <= MAX_CLASSES
+    return all(type(n) is int and 1 <= n <= MAX_IMAGE_SIDE for n in sizes) and (
+        math.prod(sizes) <= 1 << 26
+    )
 
 
 def position_of(meta: dict) -> str:
