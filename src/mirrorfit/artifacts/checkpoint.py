@@ -17,7 +17,6 @@ import os
 import shutil
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +24,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 from mirrorfit import _io
 from mirrorfit.artifacts.checksums import file_sums, sealed
+from mirrorfit.artifacts.commit import Commit
+from mirrorfit.artifacts.commit import why as _why
 from mirrorfit.artifacts.checkpoint_meta import (
     EPOCH_END_KEYS,
     FIT_FOLDER,
@@ -49,7 +50,7 @@ from mirrorfit.artifacts.checkpoint_meta import (
 from mirrorfit.data.pipeline import DataOrder
 from mirrorfit.engine.backends import ENGINES
 from mirrorfit.engine.controller import Position
-from mirrorfit.errors import DivergedError, MirrorfitError
+from mirrorfit.errors import DivergedError
 
 # Re-exported: callers take the preemption pieces from here, beside the checkpoints they save.
 from mirrorfit.job.preemption import EXIT_PREEMPTED, Preempted, PreemptionGuard  # noqa: F401
@@ -140,7 +141,7 @@ class Checkpointer:
         self.writer = writer
         self._state = trainer.runner.checkpoint_state()  # the engine's files
         self._last_saved_step = -1
-        self._pending: _Commit | None = None  # a save still being written in the background
+        self._pending: Commit | None = None  # a save still being written in the background
 
     # -- reading ---------------------------------------------------------------------------
     def checkpoints(self) -> list[Path]:
@@ -262,7 +263,11 @@ class Checkpointer:
             if self.writer:
                 shutil.rmtree(tmp, ignore_errors=True)  # a failed write leaves nothing behind
             raise
-        commit = _Commit(self, tmp, final, meta, pending, keep)
+        commit = Commit(
+            final,
+            lambda: self._commit(tmp, final, meta, pending),
+            keep,
+        )
         if pending is None:
             commit.run()
             commit.result()
@@ -383,37 +388,6 @@ class Checkpointer:
         self.save()
 
 
-class _Commit(threading.Thread):
-    """:meth:`Checkpointer._commit` of one save, in this thread (:meth:`run`) or a background
-    one; :meth:`result` raises what failed, as one line."""
-
-    def __init__(
-        self, checkpointer: Checkpointer, tmp: Path, final: Path, meta: dict, pending, keep: str
-    ) -> None:
-        super().__init__(name=f"mirrorfit-commit-{final.name}", daemon=False)
-        self._args = (checkpointer, tmp, final, meta, pending)
-        self._keep = keep
-        self._error: BaseException | None = None
-
-    def run(self) -> None:
-        checkpointer, tmp, final, meta, pending = self._args
-        try:
-            with _io.disk_full_hint(f"checkpoint {final}", self._keep):
-                checkpointer._commit(tmp, final, meta, pending)
-        except BaseException as e:  # noqa: BLE001 - raised by result(), in the caller's thread
-            self._error = e
-
-    def result(self) -> None:
-        error, self._error = self._error, None
-        if error is None:
-            return
-        if isinstance(error, (MirrorfitError, KeyboardInterrupt, SystemExit)):
-            raise error
-        raise CheckpointError(
-            f"saving checkpoint {self._args[2]} failed ({_why(error)}); {self._keep}"
-        ) from error
-
-
 def _remove(path: Path) -> None:
     """Whatever is at ``path``: a folder's tree, or a file or link (not what it points to)."""
     if path.is_symlink() or (path.exists() and not path.is_dir()):
@@ -426,11 +400,6 @@ def _finished(pending) -> None:
     """Wait for an engine's background write, if it returned one."""
     if pending is not None:
         pending.wait()
-
-
-def _why(error: Exception) -> str:
-    first = str(error).strip().splitlines()[0][:200] if str(error).strip() else ""
-    return f"{type(error).__name__}: {first}" if first else type(error).__name__
 
 
 def _unreadable(path: Path, why: str, *, training: bool = True) -> "CheckpointError":

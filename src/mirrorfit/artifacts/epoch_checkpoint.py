@@ -26,12 +26,12 @@ import json
 import logging
 import os
 import shutil
-import threading
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 from mirrorfit._frameworks import tensorflow_start_filtered
+from mirrorfit.artifacts.commit import Commit
 from mirrorfit.artifacts.checksums import file_sums, files_problem, seal_problem, sealed
 from mirrorfit.artifacts.checkpoint_meta import (
     CheckpointError,
@@ -199,7 +199,7 @@ class Saver:
         self._epoch_rng: dict | None = None
         self._steps_done = 0  # this fit's optimizer steps, for `every`
         self.state = None  # the engine's checkpoint_state (use)
-        self._pending: _Commit | None = None  # a save still being written in the background
+        self._pending: Commit | None = None  # a save still being written in the background
         saver = self
 
         class Checkpoints(keras.callbacks.Callback):
@@ -669,7 +669,7 @@ def save(
     keep: int = KEEP,
     data: dict | None = None,
     state=None,
-) -> tuple[Path, "_Commit | None"]:
+) -> tuple[Path, Commit | None]:
     """Write the checkpoint at ``position`` and keep the ``keep`` latest (``writes``: else only
     its path is returned, but a split state over several processes, whose shards every process
     writes); its weights were checked finite (:meth:`Saver.save`). Returns its path and, where
@@ -719,7 +719,13 @@ def save(
     }
     before = [p for p in checkpoints(directory) if p != final]
     kept = f"the previous checkpoint {before[-1]} is kept" if before else "none was written"
-    commit = _Commit(tmp, final, meta, pending, keep=keep if writes else None, kept=kept)
+    keeps = keep if writes else None
+    commit = Commit(
+        final,
+        lambda: _commit(tmp, final, meta, pending, keeps),
+        kept,
+        cleanup=lambda: shutil.rmtree(tmp, ignore_errors=True) if writes else None,
+    )
     if pending is None:
         commit.run()
         commit.result()
@@ -728,61 +734,28 @@ def save(
     return final, commit
 
 
-class _Commit(threading.Thread):
+def _commit(tmp: Path, final: Path, meta: dict, pending, keep: int | None) -> None:
     """After the state files are complete (``pending``: an engine's background write, or
     None): meta.json with the files' checksums, fsync, the rename that commits the
     checkpoint (until then the one before is the newest), then pruning to ``keep``; None:
-    not the writer (it waits for its own shards only). In this thread (:meth:`run`) or a
-    background one; :meth:`result` raises what failed."""
+    not the writer (it waits for its own shards only)."""
+    from mirrorfit._io import fsync_dir, fsync_tree
 
-    def __init__(self, tmp: Path, final: Path, meta: dict, pending, *, keep: int | None, kept: str):
-        super().__init__(name=f"mirrorfit-commit-{final.name}", daemon=False)
-        self.tmp, self.final, self.meta, self.pending, self.keep = tmp, final, meta, pending, keep
-        self.kept = kept  # what stays the newest if this one fails
-        self._error: BaseException | None = None
-
-    def run(self) -> None:
-        from mirrorfit._io import disk_full_hint
-
-        try:
-            with disk_full_hint(f"checkpoint {self.final}", self.kept):
-                self._commit()
-        except BaseException as e:  # noqa: BLE001 - raised by result(), in the caller's thread
-            self._error = e
-            if self.keep is not None:
-                shutil.rmtree(self.tmp, ignore_errors=True)
-
-    def _commit(self) -> None:
-        from mirrorfit._io import fsync_dir, fsync_tree
-
-        if self.pending is not None:
-            self.pending.wait()
-        if self.keep is None:
-            return
-        tmp, final, directory = self.tmp, self.final, self.final.parent
-        with open(tmp / _META, "w", encoding="utf-8") as f:
-            json.dump(sealed({**self.meta, "files": file_sums(tmp)}), f)
-        fsync_tree(tmp)
-        if final.exists():  # a run started over from epoch 0 in the same folder
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        fsync_dir(directory)
-        done = [p for p in checkpoints(directory) if p != final]
-        for old in done[: max(0, len(done) - (self.keep - 1))]:
-            shutil.rmtree(old, ignore_errors=True)
-
-    def result(self) -> None:
-        from mirrorfit.errors import MirrorfitError
-
-        error, self._error = self._error, None
-        if error is None:
-            return
-        if isinstance(error, (MirrorfitError, KeyboardInterrupt, SystemExit)):
-            raise error
-        raise CheckpointError(
-            f"saving checkpoint {self.final} failed ({type(error).__name__}: "
-            f"{_one_line(error)}); {self.kept}"
-        ) from error
+    if pending is not None:
+        pending.wait()
+    if keep is None:
+        return
+    directory = final.parent
+    with open(tmp / _META, "w", encoding="utf-8") as f:
+        json.dump(sealed({**meta, "files": file_sums(tmp)}), f)
+    fsync_tree(tmp)
+    if final.exists():  # a run started over from epoch 0 in the same folder
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    fsync_dir(directory)
+    done = [p for p in checkpoints(directory) if p != final]
+    for old in done[: max(0, len(done) - (keep - 1))]:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def _identity(model) -> dict:
