@@ -95,6 +95,20 @@ def digits_dropout(input_shape=(28, 28), num_classes=10):
     return model
 
 
+def digits_saturated(input_shape=(28, 28), num_classes=10):
+    """Raw uint8 pixels into a softmax, no scaling: its outputs saturate, where a backend's
+    crossentropy shows (clipped at 1e-7 on JAX, from the logits on TensorFlow)."""
+    model = keras.Sequential(
+        [
+            keras.Input(input_shape),
+            keras.layers.Flatten(),
+            keras.layers.Dense(num_classes, activation="softmax"),
+        ]
+    )
+    model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    return model
+
+
 def digits_unbuilt():
     """A Sequential without an Input, built from the first batch, not compiled."""
     return keras.Sequential([keras.layers.Flatten(), keras.layers.Dense(10, "softmax")])

@@ -180,6 +180,31 @@ def test_cli_exports_a_compiled_models_checkpoint(tmp_path, mnist_dir, shard):
     np.testing.assert_allclose(got.numpy(), expected, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("backend", ["jax", "tensorflow"])
+def test_evaluate_scores_a_compiled_models_checkpoint_on_its_backend(tmp_path, mnist_dir, backend):
+    """A saturated softmax's loss is the backend's own (clipped on JAX, from the logits on
+    TensorFlow): evaluate scores on the backend that trained it, as train's own test figures.
+    On 73c34ab a JAX run's checkpoint was scored on TensorFlow, a loss several times train's."""
+    d = tmp_path / "ckpt"
+    trained = run_cli(
+        *("train", "--backend", backend, "--model", "keras_models:digits_saturated"),
+        *("--data-dir", str(mnist_dir), "--train-examples", "256", "--epochs", "1"),
+        *("--checkpoint-dir", str(d), "--metrics-out", str(tmp_path / "m.json")),
+    )
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    assert json.loads((d / "epoch-000001" / "meta.json").read_text())["backend"] == backend
+    scored = run_cli(
+        *("evaluate", "--checkpoint-dir", str(d), "--model", "keras_models:digits_saturated"),
+        *("--data-dir", str(mnist_dir), "--metrics-out", str(tmp_path / "e.json")),
+        fresh=True,  # which backend it loads is the point: not a preloaded one
+    )
+    assert scored.returncode == 0, scored.stderr[-3000:]
+    test = json.loads((tmp_path / "m.json").read_text())["test"]
+    figures = json.loads((tmp_path / "e.json").read_text())
+    assert figures["test_loss"] == pytest.approx(test["loss"], rel=1e-4)
+    assert figures["test_accuracy"] == pytest.approx(test["accuracy"], abs=1e-4)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "model, flags",

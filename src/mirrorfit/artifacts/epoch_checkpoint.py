@@ -546,12 +546,25 @@ def model_shapes(directory: Path) -> tuple[list | None, list | None]:
     """(input shapes, output shapes), batch axis first, of the model whose checkpoints
     ``directory`` holds, as its newest readable meta.json records them; None where it does
     not (a model without declared inputs, a checkpoint written before they were kept)."""
+    meta = _newest_meta(directory)
+    shapes = meta.get("shapes") if isinstance(meta.get("shapes"), dict) else {}
+    return shapes.get("inputs"), shapes.get("outputs")
+
+
+def recorded_backend(directory: Path) -> str | None:
+    """The Keras backend that wrote ``directory``'s newest readable checkpoint (as meta.json
+    records it), None where it does not say (written before it was kept). Plain Python."""
+    backend = _newest_meta(directory).get("backend")
+    return backend if isinstance(backend, str) else None
+
+
+def _newest_meta(directory: Path) -> dict:
+    """The meta.json of ``directory``'s newest readable checkpoint, {} where none is."""
     for found in reversed(checkpoints(directory)):
         meta, why = _read_meta(found)
         if why is None:
-            shapes = meta.get("shapes") if isinstance(meta.get("shapes"), dict) else {}
-            return shapes.get("inputs"), shapes.get("outputs")
-    return None, None
+            return meta
+    return {}
 
 
 def _shapes(model) -> dict:
@@ -675,6 +688,7 @@ def save(
     writes); its weights were checked finite (:meth:`Saver.save`). Returns its path and, where
     ``state`` splits the state (Orbax, in the background), the commit still running (its
     ``result`` raises what failed), else None: committed."""
+    import keras
     import numpy as np
 
     from mirrorfit._io import remove_stale_temps, temp_tag
@@ -709,6 +723,7 @@ def save(
         raise
     meta = {
         "format": FORMAT,
+        "backend": keras.backend.backend(),  # what evaluate scores it on (losses differ)
         "epoch": position.epoch,
         "step_in_epoch": position.step,
         "rng": position.rng,

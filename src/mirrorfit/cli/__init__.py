@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import fields
 import os
+from pathlib import Path
 import sys
 import time
 import unicodedata
@@ -168,9 +169,13 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     )
     config = check_evaluate_flags(**flags)  # before TensorFlow loads: a bad flag fails at once
     check_output_file("--metrics-out", args.metrics_out)  # not after scoring it all
+    compiled = bool(args.checkpoint_dir) and fits_checkpoints(args.checkpoint_dir)
+    backends.prepare(
+        _scored_on(args.checkpoint_dir) if compiled else "tensorflow", verbose=args.verbose
+    )
     backends.import_tensorflow("mirrorfit evaluate")
     on = "" if args.data == "mnist" else f" of --data {args.data}"
-    if args.checkpoint_dir and fits_checkpoints(args.checkpoint_dir):  # a compiled --model's
+    if compiled:  # a compiled --model's
         from mirrorfit.job.evaluate_compiled import evaluate_checkpoint
 
         from mirrorfit.artifacts.evaluate import EVAL_BATCH
@@ -191,6 +196,23 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     if args.metrics_out:
         _io.write_json_atomic(args.metrics_out, result)
     return 0
+
+
+def _scored_on(checkpoint_dir: str) -> str:
+    """The backend a compiled model's checkpoints are scored on: the one that trained them
+    (its loss is the backend's own: a saturated softmax's crossentropy is clipped on JAX,
+    exact on TensorFlow), else TensorFlow (a checkpoint written before it was recorded)."""
+    from mirrorfit.artifacts.epoch_checkpoint import recorded_backend
+
+    backend = recorded_backend(Path(checkpoint_dir))
+    if backend is None:
+        return "tensorflow"
+    if backend not in backends.BACKENDS:
+        raise MirrorfitError(
+            f"{checkpoint_dir}: meta.json names the backend {backend[:40]!r}, not one of "
+            f"{', '.join(backends.BACKENDS)}; restore the file"
+        )
+    return backend
 
 
 def _cmd_launch(args: argparse.Namespace) -> int:
@@ -241,7 +263,7 @@ def _one_line(text: str) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``mirrorfit`` console script; returns the exit code."""
     args = _parser().parse_args(argv)
-    if args.command not in ("train", "devices", "bench", "launch"):  # those choose a backend
+    if args.command not in ("train", "devices", "bench", "launch", "evaluate"):  # those choose one
         # TensorFlow's C++ log (and Keras's backend) are set when it loads, so nothing
         # imported above may import it (the package's names load lazily for this reason).
         backends.prepare("tensorflow", verbose=args.verbose)
