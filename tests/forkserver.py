@@ -23,6 +23,7 @@ each child still sets its own devices.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import gc
 import json
 import os
@@ -57,7 +58,8 @@ _EXIT = os._exit  # a child's own is wrapped to check its backend on that way ou
 def keras_backend(argv: list[str], env: dict[str, str]) -> str:
     """The Keras backend ``python ARGV`` will use: $MIRRORFIT_TESTS_KERAS_BACKEND, else the
     last ``--backend X`` (as argparse reads it), else its first argument "jax" or
-    "tensorflow", else jax for a program that blocks TensorFlow, else ``$KERAS_BACKEND``,
+    "tensorflow", else the one that wrote the checkpoints ``evaluate --checkpoint-dir`` scores,
+    else jax for a program that blocks TensorFlow, else ``$KERAS_BACKEND``,
     else Keras's default (tensorflow)."""
     if env.get(BACKEND):
         return env[BACKEND]
@@ -69,6 +71,12 @@ def keras_backend(argv: list[str], env: dict[str, str]) -> str:
             flag = arg.split("=", 1)[1]
     if flag is not None:
         return flag
+    if "evaluate" in argv and "--checkpoint-dir" in argv[:-1]:  # the one that wrote it
+        from mirrorfit.artifacts.epoch_checkpoint import recorded_backend
+
+        folder = Path(argv[argv.index("--checkpoint-dir") + 1])
+        with contextlib.suppress(OSError):
+            return recorded_backend(folder) or "tensorflow"
     for arg in argv:  # a bench point: python -m mirrorfit.bench.point '{"backend": ...}'
         if arg.startswith("{") and '"backend"' in arg:
             try:

@@ -196,7 +196,6 @@ def test_evaluate_scores_a_compiled_models_checkpoint_on_its_backend(tmp_path, m
     scored = run_cli(
         *("evaluate", "--checkpoint-dir", str(d), "--model", "keras_models:digits_saturated"),
         *("--data-dir", str(mnist_dir), "--metrics-out", str(tmp_path / "e.json")),
-        fresh=True,  # which backend it loads is the point: not a preloaded one
     )
     assert scored.returncode == 0, scored.stderr[-3000:]
     test = json.loads((tmp_path / "m.json").read_text())["test"]

@@ -114,6 +114,15 @@ cases = {
     ),
     "integral_float_labels": lambda: mirrorfit.fit(classifier(), x, labels.astype("float32"), **kw),
     "ragged_x": lambda: mirrorfit.fit(classifier(), ragged_dataset(), **kw),
+    # a traceback ("Data cardinality is ambiguous", "Invalid dtype: str32"), or complex inputs
+    # cast to their real part without a word, on d64421a
+    "rows_differ": lambda: mirrorfit.fit(classifier(), x, labels[:90], **kw),
+    "string_labels": lambda: mirrorfit.fit(classifier(), x, labels.astype(str), **kw),
+    "complex_x": lambda: mirrorfit.fit(classifier(), x.astype("complex64"), labels, **kw),
+    "evaluate_rows_differ": lambda: mirrorfit.evaluate(
+        classifier(), x, labels, sample_weight=np.ones(95), batch_size=32, verbose=0
+    ),
+    "evaluate_y_none": lambda: mirrorfit.evaluate(classifier(), x, batch_size=32, verbose=0),
     "ema": lambda: mirrorfit.fit(
         with_optimizer(keras.optimizers.Adam(use_ema=True)), x, labels, **kw
     ),

@@ -447,6 +447,11 @@ def test_what_keras_takes_trains_and_what_it_should_not_is_one_line(backend, tmp
         "evaluate_label_out_of_range": "the evaluation data has label 14, but the model has 3",
         "evaluate_input_shape": "the evaluation data has examples of shape (3,) but the model",
         "ragged_x": "x holds a tf.RaggedTensor, which mirrorfit would split as a zero-padded",
+        "rows_differ": "the arrays have different numbers of rows (x 96, y 90); every input",
+        "string_labels": "y holds strings (dtype <U21), which Keras cannot take; give real",
+        "complex_x": "x holds complex numbers (dtype complex64), which Keras would cast;",
+        "evaluate_rows_differ": "different numbers of rows (x 96, y 96, sample_weight 95)",
+        "evaluate_y_none": "y=None, but the model is compiled with a loss, which needs targets",
     }
     for name, needle in refused.items():
         assert r[name] is not None and needle in r[name], (name, r[name])

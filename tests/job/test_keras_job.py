@@ -709,3 +709,73 @@ def test_synthetic_data_reaches_a_compiled_model_in_its_input_shape(tmp_path):
     got = _trained(tmp_path, "synthetic", "--data", "synthetic", "--train-examples", "300")
     assert len(got["history"]["loss"]) == 2
     assert all(np.isfinite(got["history"]["loss"]))
+
+
+def _npz_cases(folder) -> dict[str, str]:
+    """.npz files a compiled --model cannot train or be scored on, and what each says."""
+    rng = np.random.default_rng(0)
+    x, y = rng.integers(0, 256, (300, 28, 28), dtype=np.uint8), rng.integers(0, 10, 300)
+    cases = {
+        "no_y_test": (dict(x_test=x[:50]), "its test split: no labels (y), but the model"),
+        "rows_differ": (
+            dict(x_test=x[:50], y_test=y[:40]),
+            "its test split: the arrays have different numbers of rows (x 50, y 40)",
+        ),
+        "string_labels": (
+            dict(x_test=x[:50], y_test=y[:50].astype(str)),
+            "its test split: y holds strings (dtype <U21)",
+        ),
+        "complex_train": (
+            dict(x_train=x.astype(np.complex64)),
+            "its train split: x holds complex numbers (dtype complex64), which Keras would cast",
+        ),
+        # on d64421a this weight was read as the labels
+        "weights_without_labels": (
+            dict(y_train=None, sample_weight_train=np.ones(300)),
+            "its train split: no labels (y), but the model is compiled with a loss",
+        ),
+    }
+    needles = {}
+    for name, (arrays, needle) in cases.items():
+        members = {"x_train": x, "y_train": y, **arrays}
+        np.savez(folder / f"{name}.npz", **{k: v for k, v in members.items() if v is not None})
+        needles[name] = needle
+    return needles
+
+
+@pytest.mark.parametrize("backend", ["jax", "tensorflow"])
+def test_npz_splits_a_compiled_model_cannot_take_are_one_line_before_training(backend, tmp_path):
+    """Each split is checked before anything trains: on d64421a a test split without labels,
+    of rows that disagree or of strings was a traceback after the whole training, complex
+    pixels were cast to their real part without a word, and a sample_weight_train beside no
+    y_train trained as the labels."""
+    for name, needle in _npz_cases(tmp_path).items():
+        proc = run_cli(
+            *("train", "--backend", backend, "--model", "keras_models:digits"),
+            *("--data", str(tmp_path / f"{name}.npz"), "--epochs", "1", "--no-progress"),
+        )
+        assert proc.returncode == 2, (name, proc.stderr[-3000:])
+        last = proc.stderr.strip().splitlines()[-1]
+        assert (
+            last.startswith(f"mirrorfit: error: --data {tmp_path / name}.npz, ") and needle in last
+        ), last
+        assert "Traceback" not in proc.stderr and "done:" not in proc.stdout, name
+
+
+def test_evaluate_refuses_npz_test_splits_it_cannot_score_in_one_line(tmp_path, mnist_dir):
+    d = tmp_path / "ckpt"
+    trained = run_cli(
+        *("train", "--backend", "jax", "--model", "keras_models:digits"),
+        *("--data-dir", str(mnist_dir), "--train-examples", "128", "--epochs", "1"),
+        *("--checkpoint-dir", str(d), "--no-progress"),
+    )
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    needles = _npz_cases(tmp_path)
+    for name in ("no_y_test", "rows_differ", "string_labels"):
+        proc = run_cli(
+            *("evaluate", "--checkpoint-dir", str(d), "--model", "keras_models:digits"),
+            *("--data", str(tmp_path / f"{name}.npz")),
+        )
+        assert proc.returncode == 2, (name, proc.stderr[-3000:])
+        last = proc.stderr.strip().splitlines()[-1]
+        assert needles[name] in last and "Traceback" not in proc.stderr, last

@@ -32,6 +32,53 @@ def check_not_ragged(name: str, part) -> None:
         )
 
 
+_NOT_NUMBERS = {"U": "strings", "S": "bytes", "c": "complex numbers", "M": "dates", "m": "times"}
+
+
+def check_targets_given(model, x, y) -> None:
+    """FitError for arrays without targets given to a model whose compiled loss needs them
+    (a model that is its own loss, add_loss or compute_loss, trains on ``y=None``)."""
+    from keras import tree
+
+    from mirrorfit.fitting.metrics import overrides
+
+    arrays = x is not None and all(isinstance(a, np.ndarray) for a in tree.flatten(x))
+    if y is None and arrays and model.loss is not None and not overrides(model, "compute_loss"):
+        raise FitError(
+            "y=None, but the model is compiled with a loss, which needs targets; give y, or "
+            "compile without a loss a model that adds its own (add_loss)"
+        )
+
+
+def check_arrays(x, y, sample_weight) -> None:
+    """FitError for arrays that Keras would cast to other numbers (complex ones to their real
+    part) or stop on in a traceback (strings; rows that disagree, "Data cardinality is
+    ambiguous"), naming the part and the fix."""
+    from keras import tree
+
+    lengths = {}
+    for name, part in (("x", x), ("y", y), ("sample_weight", sample_weight)):
+        for a in tree.flatten(part) if part is not None else ():
+            kind = getattr(getattr(a, "dtype", None), "kind", None)
+            if kind in _NOT_NUMBERS:
+                text = kind in "US"
+                fix = "tokenise text, encode labels as integers" if text else "convert them"
+                raise FitError(
+                    f"{name} holds {_NOT_NUMBERS[kind]} (dtype {a.dtype}), which Keras "
+                    f"{'cannot take' if text else 'would cast'}; give real numbers ({fix})"
+                )
+            shape = getattr(a, "shape", None)
+            if shape is not None and len(shape) and isinstance(shape[0], int):
+                lengths.setdefault(name, set()).add(shape[0])
+    sizes = set().union(*lengths.values()) if lengths else set()
+    if len(sizes) > 1:
+        said = ", ".join(f"{n} {'/'.join(map(str, sorted(v)))}" for n, v in lengths.items())
+        raise FitError(
+            f"the arrays have different numbers of rows ({said}); every input, target and "
+            "weight needs one row per example"
+        )
+
+
 def check_batch_size(batch_size, replicas: int, accum_steps: int = 1) -> int:
     """The global batch as an int; FitError unless it splits evenly into replicas x
     micro-batches."""

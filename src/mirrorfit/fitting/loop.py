@@ -18,6 +18,7 @@ from typing import Any
 from mirrorfit.engine.backends import ENGINES
 from mirrorfit.errors import FitError
 from mirrorfit.fitting import controller
+from mirrorfit.fitting.batches import check_targets_given
 from mirrorfit.fitting.blocks import prefetched
 from mirrorfit.fitting.epochs import Epochs
 from mirrorfit.fitting.hooks import callback_list, checked_callbacks
@@ -125,7 +126,7 @@ def fit(
             (x, y, sample_weight), validation_data = train_validation_split(
                 (x, y, sample_weight), validation_split=validation_split
             )
-        _check_targets(model, x, y)
+        check_targets_given(model, x, y)
         y, sample_weight = _as_outputs(model, y), _as_outputs(model, sample_weight)
         adapter = _adapter(x, y, sample_weight, class_weight, batch_size, steps_per_epoch, shuffle)
         if not drop_remainder and run.pads("train"):
@@ -257,6 +258,7 @@ def evaluate(
     )
     from mirrorfit.fitting import metrics
 
+    check_targets_given(model, x, y)
     y, sample_weight = _as_outputs(model, y), _as_outputs(model, sample_weight)
     adapter = _adapter(x, y, sample_weight, None, batch_size, steps, False)
     if run.pads("test"):
@@ -294,7 +296,7 @@ def _adapter(x, y, sample_weight, class_weight, batch_size, steps, shuffle):
     from keras import tree
     from keras.src.trainers.data_adapters import get_data_adapter
 
-    from mirrorfit.fitting.batches import check_not_ragged
+    from mirrorfit.fitting.batches import check_arrays, check_not_ragged
 
     for name, part in (("x", x), ("y", y), ("sample_weight", sample_weight)):
         check_not_ragged(name, part)
@@ -309,6 +311,7 @@ def _adapter(x, y, sample_weight, class_weight, batch_size, steps, shuffle):
             "x=None: give the inputs (arrays, a dict of them, a tf.data.Dataset, a generator "
             "or a keras.utils.PyDataset)"
         )
+    check_arrays(x, y, sample_weight)
     from mirrorfit.fitting.metrics import check_class_weight
 
     check_class_weight(class_weight, y)
@@ -657,22 +660,6 @@ def _warn_checkpoints_at_calls(every: int, steps_per_execution: int) -> None:
             f"{steps_per_execution} steps at most often; pass steps_per_execution={every} "
             "for checkpoints that often",
             stacklevel=3,
-        )
-
-
-def _check_targets(model, x, y) -> None:
-    """FitError for arrays without targets given to a model whose compiled loss needs them
-    (a model that is its own loss, add_loss or compute_loss, trains on ``y=None``)."""
-    import numpy as np
-    from keras import tree
-
-    from mirrorfit.fitting.metrics import overrides
-
-    arrays = x is not None and all(isinstance(a, np.ndarray) for a in tree.flatten(x))
-    if y is None and arrays and model.loss is not None and not overrides(model, "compute_loss"):
-        raise FitError(
-            "y=None, but the model is compiled with a loss, which needs targets; give y, or "
-            "compile without a loss a model that adds its own (add_loss)"
         )
 
 

@@ -241,11 +241,11 @@ def splits(config: TrainConfig, model=None, global_batch: int = 1) -> dict[str, 
                 "test": (f["x_test"], f["y_test"]),
             }
     if data.endswith(".npz"):
-        return _npz_splits(data)
+        return _checked_splits(data, model, _npz_splits(data))
     if ":" in data:
         from mirrorfit.data.user import call_user_function
 
-        return call_user_function(data, check=())
+        return _checked_splits(data, model, call_user_function(data, check=()))
     raise ConfigError(  # kind_of named every other kind: not reached
         f"--data {data}: give mnist, FILE.npz, an image FOLDER, 'train-*.tfrecord', "
         "synthetic or package.module:function"
@@ -358,10 +358,40 @@ def _npz_splits(path: str) -> dict[str, Any]:
     for split in ("train", "val", "test"):
         parts = [_member(arrays, f"{kind}_{split}") for kind in ("x", "y", "sample_weight")]
         if parts[0] is None:
+            lone = [f"{kind}_{split}" for kind, p in zip(("y", "sample_weight"), parts[1:]) if p]
+            if lone:  # not silently left out
+                raise ConfigError(
+                    f"--data {path} has {lone[0]} but no x_{split}; add x_{split}, or "
+                    f"remove {lone[0]}"
+                )
             continue
-        out[split] = tuple(p for p in parts if p is not None)
+        out[split] = tuple(parts)  # (x, y, sample_weight), None where absent
     if "train" not in out:
         raise ConfigError(f"--data {path} has no x_train (or x_train/NAME members)")
+    return out
+
+
+def _checked_splits(data: str, model, out: dict) -> dict:
+    """``out``, where every split of arrays can feed ``model``: numbers, one row per example
+    in each of its arrays, targets where its compiled loss needs them; else ConfigError
+    naming the split, before anything trains (the test split was read after training)."""
+    from mirrorfit.errors import FitError
+    from mirrorfit.fitting.batches import check_arrays, check_targets_given
+
+    for name in ("train", "val", "test"):
+        part = out.get(name)
+        if not isinstance(part, tuple):
+            continue
+        x, y, w = (*part, None, None)[:3]
+        try:
+            check_arrays(x, y, w)
+            if model is not None and getattr(model, "compiled", False):
+                check_targets_given(model, x, y)
+            elif model is not None and y is None:  # to be compiled with --loss, which needs y
+                raise FitError("no labels (y), which --loss needs; give them")
+        except FitError as e:
+            said = str(e).replace("y=None, but", "no labels (y), but")
+            raise ConfigError(f"--data {data}, its {name} split: {said}") from None
     return out
 
 
