@@ -275,9 +275,16 @@ def _evals(
 
 
 def open_test(
-    spec: str, *, batch: int, image_size: tuple[int, int] | None = None, parallel: bool = True, **_
+    spec: str,
+    *,
+    batch: int,
+    image_size: tuple[int, int] | None = None,
+    parallel: bool = True,
+    raw: bool = False,
+    **_,
 ) -> TestSplit | None:
-    """The folder's test/ subfolder, for ``mirrorfit evaluate`` (None: it has none)."""
+    """The folder's test/ subfolder, for ``mirrorfit evaluate`` (None: it has none); ``raw``:
+    uint8 pixels as decoded (a compiled model's), not scaled to [0, 1]."""
     root = Path(spec)
     layout = split_folders(root, spec)
     if "test" not in layout:
@@ -297,7 +304,9 @@ def open_test(
     on_error = on_decode_error(spec, partial(undecodable_files, test.paths, decoder, spec))
     classes = len(folder.class_names)
     return TestSplit(
-        test=eval_files(test.paths, test.labels, decoder, batch=batch, parallel=parallel),
+        test=eval_files(
+            test.paths, test.labels, decoder, batch=batch, parallel=parallel, raw=raw
+        ),
         input_shape=decoder.shape,
         num_classes=classes,
         kind="folder",

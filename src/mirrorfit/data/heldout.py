@@ -26,15 +26,24 @@ def load_test(
     data_dir: str | None = None,
     image_size: tuple[int, int] | None = None,
     parallel: bool = True,
+    raw: bool = False,
 ) -> TestSplit:
     """``spec``'s test split (a ``--data`` value), in batches of ``batch`` examples (the last
-    one partial); ``data_dir`` and ``image_size`` are the flags of the same names."""
+    one partial); ``data_dir`` and ``image_size`` are the flags of the same names; ``raw``:
+    an image folder's pixels as decoded (uint8), not scaled to [0, 1]."""
     kind = kind_of(spec)
     opener = getattr(importlib.import_module(kind.module), "open_test", None)
     test = (
         None
         if opener is None
-        else opener(spec, batch=batch, data_dir=data_dir, image_size=image_size, parallel=parallel)
+        else opener(
+            spec,
+            batch=batch,
+            data_dir=data_dir,
+            image_size=image_size,
+            parallel=parallel,
+            raw=raw,
+        )
     )
     if test is None:
         raise DataError(

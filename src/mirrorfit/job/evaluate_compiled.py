@@ -23,7 +23,6 @@ def evaluate_checkpoint(
     from keras import tree
 
     from mirrorfit.artifacts.checkpoint import load_model, position_of
-    from mirrorfit.job.keras_job import splits
 
     net, meta = load_model(checkpoint_dir, model=model)
     if not getattr(net, "compiled", False):
@@ -33,7 +32,7 @@ def evaluate_checkpoint(
             "its function"
         )
     data = config.data or "mnist"
-    test = splits(config, net, batch_size).get("test")
+    test = _test_split(config, net, batch_size)
     if test is None:
         raise DataError(f"--data {data} has no test split to evaluate on; give one that has")
     x, y, w = (*test, None, None)[:3] if isinstance(test, tuple) else (test, None, None)
@@ -46,3 +45,46 @@ def evaluate_checkpoint(
         "examples": int(len(tree.flatten(x)[0])),
         **{f"test_{name}": float(value) for name, value in figures.items()},
     }
+
+
+def _test_split(config: TrainConfig, model, batch: int):
+    """The test split as ``mirrorfit train`` gives it to ``model``, read without the train
+    split (a folder of test/ alone, an .npz of x_test/y_test), or None where there is none."""
+    from mirrorfit.job import keras_job
+
+    data = config.data or "mnist"
+    kind = keras_job.decoded_kind(config)
+    if kind == "folder":
+        return _folder_test(config, model, batch)
+    if kind is None and data.endswith(".npz"):
+        found = keras_job.npz_splits(data, train=False)
+        return keras_job.checked_splits(data, model, found).get("test")
+    if kind is None:
+        return keras_job.splits(config, model, batch).get("test")
+    return None  # TFRecords and synthetic data hold no test split
+
+
+def _folder_test(config: TrainConfig, model, batch: int):
+    """An image folder's test/ as uint8 pixels and int32 labels, decoded once."""
+    import sys
+
+    import numpy as np
+
+    from mirrorfit.data.heldout import load_test
+    from mirrorfit.job import keras_job
+    from mirrorfit.job.data import data_errors
+
+    keras_job.check_one_input(config, model)
+    opened = load_test(config.data, batch=batch, image_size=config.image_size, raw=True)
+    keras_job.check_takes(config, model, opened.input_shape)
+    outputs = keras_job.classes_of(model)
+    if opened.alone and outputs is not None and opened.num_classes != outputs:
+        print(
+            f"mirrorfit: note: --data {config.data} has test/ alone: its {opened.num_classes} "
+            f"class folders are labels 0-{opened.num_classes - 1} by name, for a model of "
+            f"{outputs} outputs; if it lacks one of training's classes, put train/ beside it",
+            file=sys.stderr,
+        )
+    with data_errors(opened):  # an image that does not decode: one line naming the file
+        pairs = list(opened.test.as_numpy_iterator())
+    return tuple(np.concatenate([p[i] for p in pairs]) for i in (0, 1))

@@ -61,7 +61,7 @@ def check(config: TrainConfig, engine, model) -> None:
     for name, why in _NOT_APPLIED.items():
         if _given(config, name):
             raise ConfigError(f"{_flag(name)} does not apply to a compiled --model: {why}")
-    if config.cache is not None and not _decoded(config):
+    if config.cache is not None and not decoded_kind(config):
         raise ConfigError(
             f"--cache does not apply to a compiled --model with --data {config.data or 'mnist'}: "
             "the arrays reach the model as the source gives them, already in memory (it "
@@ -216,7 +216,7 @@ def user_callbacks(spec: str | None) -> list:
     return list(callbacks)
 
 
-def _decoded(config: TrainConfig) -> str | None:
+def decoded_kind(config: TrainConfig) -> str | None:
     """The kind of ``--data`` when mirrorfit's readers make its arrays (an image folder,
     TFRecords, synthetic images), else None."""
     from mirrorfit.data.spec import kind_of
@@ -228,7 +228,7 @@ def _decoded(config: TrainConfig) -> str | None:
 def splits(config: TrainConfig, model=None, global_batch: int = 1) -> dict[str, Any]:
     """``{"train": (x, y[, w]), "val": ..., "test": ...}`` as the data hold them."""
     data = config.data or "mnist"
-    if _decoded(config):
+    if decoded_kind(config):
         return decoded_splits(config, model, global_batch)
     if data == "mnist":
         from mirrorfit.data.mnist import VALIDATION_SIZE, locate_mnist
@@ -241,11 +241,11 @@ def splits(config: TrainConfig, model=None, global_batch: int = 1) -> dict[str, 
                 "test": (f["x_test"], f["y_test"]),
             }
     if data.endswith(".npz"):
-        return _checked_splits(data, model, _npz_splits(data))
+        return checked_splits(data, model, npz_splits(data))
     if ":" in data:
         from mirrorfit.data.user import call_user_function
 
-        return _checked_splits(data, model, call_user_function(data, check=()))
+        return checked_splits(data, model, call_user_function(data, check=()))
     raise ConfigError(  # kind_of named every other kind: not reached
         f"--data {data}: give mnist, FILE.npz, an image FOLDER, 'train-*.tfrecord', "
         "synthetic or package.module:function"
@@ -260,9 +260,9 @@ def decoded_splits(config: TrainConfig, model, global_batch: int) -> dict[str, A
     from mirrorfit.data.sources import load_data
     from mirrorfit.job.data import source
 
-    synthetic = _decoded(config) == "synthetic"
+    synthetic = decoded_kind(config) == "synthetic"
     if not synthetic:
-        _check_one_input(config, model)
+        check_one_input(config, model)
     opened = load_data(
         config.data,
         global_batch=global_batch,
@@ -271,10 +271,10 @@ def decoded_splits(config: TrainConfig, model, global_batch: int) -> dict[str, A
             "cache": config.cache or "memory",
             # synthetic images take the model's shape and classes; files bring their own
             "input_shape": config.input_shape or (_input_shape(model) if synthetic else None),
-            "num_classes": config.num_classes or (_classes(model) if synthetic else None),
+            "num_classes": config.num_classes or (classes_of(model) if synthetic else None),
         },
         raw=True,
-        on_shape=None if synthetic else functools.partial(_check_takes, config, model),
+        on_shape=None if synthetic else functools.partial(check_takes, config, model),
     )
     train = opened.train
     if opened.kind == "synthetic":  # --train-examples of them, exactly
@@ -291,7 +291,7 @@ def decoded_splits(config: TrainConfig, model, global_batch: int) -> dict[str, A
     return out
 
 
-def _check_one_input(config: TrainConfig, model) -> None:
+def check_one_input(config: TrainConfig, model) -> None:
     """ConfigError unless ``model`` takes one input: images and their labels are all an image
     folder or TFRecords give."""
     inputs = getattr(model, "inputs", None) or []
@@ -303,7 +303,7 @@ def _check_one_input(config: TrainConfig, model) -> None:
         )
 
 
-def _check_takes(config: TrainConfig, model, shape: tuple[int, ...]) -> None:
+def check_takes(config: TrainConfig, model, shape: tuple[int, ...]) -> None:
     """ConfigError, naming the fix, where the model's declared input is not the images'
     (height, width, channels) once decoded."""
     want, shape = _input_shape(model), tuple(shape)
@@ -337,7 +337,7 @@ def _input_shape(model) -> tuple[int, ...] | None:
     return None
 
 
-def _classes(model) -> int | None:
+def classes_of(model) -> int | None:
     """The model's classes: its one output's last axis (at least 2), else None."""
     shape = getattr(model, "output_shape", None)
     if isinstance(shape, tuple) and shape and isinstance(shape[-1], int) and shape[-1] > 1:
@@ -345,7 +345,7 @@ def _classes(model) -> int | None:
     return None
 
 
-def _npz_splits(path: str) -> dict[str, Any]:
+def npz_splits(path: str, *, train: bool = True) -> dict[str, Any]:
     try:
         with np.load(path, allow_pickle=False) as f:
             arrays = {k: f[k] for k in f.files}
@@ -366,12 +366,12 @@ def _npz_splits(path: str) -> dict[str, Any]:
                 )
             continue
         out[split] = tuple(parts)  # (x, y, sample_weight), None where absent
-    if "train" not in out:
+    if train and "train" not in out:
         raise ConfigError(f"--data {path} has no x_train (or x_train/NAME members)")
     return out
 
 
-def _checked_splits(data: str, model, out: dict) -> dict:
+def checked_splits(data: str, model, out: dict) -> dict:
     """``out``, where every split of arrays can feed ``model``: numbers, one row per example
     in each of its arrays, targets where its compiled loss needs them; else ConfigError
     naming the split, before anything trains (the test split was read after training)."""
@@ -418,7 +418,7 @@ def run(
     train, val, test = data["train"], data.get("val"), data.get("test")
     if "description" in data:
         console.print(f"data: {data['description']}")
-    decoded = _decoded(config)  # its reader took --train-examples (and a file's split)
+    decoded = decoded_kind(config)  # its reader took --train-examples (and a file's split)
     split_off = decoded in ("folder", "tfrecord")
     if config.train_examples is not None and not decoded:
         train = _first(train, config.train_examples)
