@@ -114,6 +114,11 @@ def digits_unbuilt():
     return keras.Sequential([keras.layers.Flatten(), keras.layers.Dense(10, "softmax")])
 
 
+def conv_unbuilt():
+    """A Sequential of Conv2D without an Input, built from its first batch."""
+    return keras.Sequential([keras.layers.Conv2D(4, 3), keras.layers.Flatten()])
+
+
 def digits_for_the_data(input_shape, num_classes):
     """The same, with no defaults: mirrorfit builds it for the data's shape and classes."""
     return digits(input_shape, num_classes)

@@ -2,6 +2,7 @@
 what the model predicts; `mirrorfit export` and `mirrorfit evaluate` on the CLI."""
 
 import json
+import shutil
 import threading
 
 import keras
@@ -474,3 +475,43 @@ def test_class_names_go_into_the_export_and_serve_answers_with_them(tmp_path):
         assert row["classes"] == names
     finally:
         server.stop()
+
+
+def test_a_model_the_checkpoints_shapes_cannot_rebuild_is_one_line(tmp_path, mnist_dir):
+    """Checkpoints without the recorded shapes (before 2026-12-05, or a meta.json damaged and
+    resealed) cannot rebuild a model built for its data: one line naming the checkpoints, not
+    the model (on 5758da4: "the function raised TypeError: ... missing 1 required positional
+    argument", or "holds another model's checkpoint (2 weights where this model has 0)"). A
+    model that cannot be built for the recorded shape: one line (a Keras traceback)."""
+    from mirrorfit.artifacts.checksums import sealed
+
+    d = tmp_path / "ckpt"
+    trained = run_cli(
+        *("train", "--backend", "jax", "--model", "keras_models:digits_unbuilt"),
+        *("--loss", "sparse_categorical_crossentropy", "--data-dir", str(mnist_dir)),
+        *("--train-examples", "64", "--epochs", "1", "--checkpoint-dir", str(d)),
+    )
+    assert trained.returncode == 0, trained.stderr[-3000:]
+
+    def exported(model: str, where) -> str:
+        proc = run_cli(
+            *("export", "--checkpoint-dir", str(where), "--model", f"keras_models:{model}"),
+            *("--export-dir", str(tmp_path / "models" / model)),
+        )
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+        return proc.stderr.strip().splitlines()[-1]
+
+    said = exported("conv_unbuilt", d)
+    assert "--model keras_models:conv_unbuilt cannot be built for the input shape (28, 28)" in said
+    old = tmp_path / "old"
+    shutil.copytree(d, old)
+    meta_file = old / "epoch-000001" / "meta.json"
+    meta = json.loads(meta_file.read_text())
+    del meta["shapes"], meta["crc"]
+    meta_file.write_text(json.dumps(sealed(meta)))
+    for model, needle in (
+        ("digits_for_the_data", "which --model keras_models:digits_for_the_data needs"),
+        ("digits_unbuilt", "and --model keras_models:digits_unbuilt declares no keras.Input"),
+    ):
+        said = exported(model, old)
+        assert f"the checkpoints in {old} do not record the shapes" in said and needle in said

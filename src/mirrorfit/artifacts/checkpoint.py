@@ -458,7 +458,7 @@ def _load_fit_model(directory: Path, asked: str | None, on_notice):
     ``--model``'s: its meta.json names no model, so ``asked`` must), and its meta with
     ``where``, the checkpoint's name."""
     from mirrorfit.artifacts import epoch_checkpoint
-    from mirrorfit.models.build import model_factory
+    from mirrorfit.models.build import model_factory, needs_data_shape
 
     if asked is None or ":" not in asked:
         raise CheckpointError(
@@ -471,10 +471,32 @@ def _load_fit_model(directory: Path, asked: str | None, on_notice):
     inputs, outputs = epoch_checkpoint.model_shapes(directory)
     one_in = inputs[0][1:] if _plausible(inputs) else None
     one_out = outputs[0][-1] if _plausible(outputs, outputs=True) else None
-    net = model_factory(asked, input_shape=one_in, num_classes=one_out)()
-    if not net.built and one_in is not None:  # no Input: built from the data, as it was
+    unknown = (
+        f"the checkpoints in {directory} do not record the shapes the model trained on (a "
+        "meta.json of mirrorfit before 2026-12-05, or a damaged one)"
+    )
+    build = model_factory(asked, input_shape=one_in, num_classes=one_out)  # imports it
+    if needs_data_shape(asked, one_in, one_out):
+        raise CheckpointError(
+            f"{unknown}, which --model {asked} needs (its input_shape or num_classes has no "
+            "default); give them defaults, the values training gave"
+        )
+    net = build()
+    if not net.built and one_in is None:
+        raise CheckpointError(
+            f"{unknown}, and --model {asked} declares no keras.Input to build it from; "
+            "start the model with keras.Input(shape), the shape it trained on"
+        )
+    if not net.built:  # no Input: built from the data, as it was
         batch = inputs[0][0]  # the first batch's size, which its InputLayer's config keeps
-        net.build((batch if type(batch) is int and batch > 0 else None, *one_in))
+        try:
+            net.build((batch if type(batch) is int and batch > 0 else None, *one_in))
+        except Exception as e:  # Keras raises ValueError, TypeError... for a shape it refuses
+            raise CheckpointError(
+                f"--model {asked} cannot be built for the input shape {tuple(one_in)} that "
+                f"{directory}'s meta.json records ({_why(e)}); pass the "
+                "--model that trained it, or restore the file"
+            ) from None
 
     def read_split(folder: Path, model) -> None:  # a state split over JAX devices: Orbax's
         importlib.import_module(f"{ENGINES['jax']}.state").read_model(folder, model)

@@ -304,9 +304,7 @@ def open_test(
     on_error = on_decode_error(spec, partial(undecodable_files, test.paths, decoder, spec))
     classes = len(folder.class_names)
     return TestSplit(
-        test=eval_files(
-            test.paths, test.labels, decoder, batch=batch, parallel=parallel, raw=raw
-        ),
+        test=eval_files(test.paths, test.labels, decoder, batch=batch, parallel=parallel, raw=raw),
         input_shape=decoder.shape,
         num_classes=classes,
         kind="folder",
