@@ -122,6 +122,7 @@ cases = {
     "evaluate_rows_differ": lambda: mirrorfit.evaluate(
         classifier(), x, labels, sample_weight=np.ones(95), batch_size=32, verbose=0
     ),
+    "dict_of_other_names": lambda: mirrorfit.fit(classifier(), {"a": x}, labels, **kw),
     "evaluate_y_none": lambda: mirrorfit.evaluate(classifier(), x, batch_size=32, verbose=0),
     "ema": lambda: mirrorfit.fit(
         with_optimizer(keras.optimizers.Adam(use_ema=True)), x, labels, **kw

@@ -451,6 +451,8 @@ def test_what_keras_takes_trains_and_what_it_should_not_is_one_line(backend, tmp
         "string_labels": "y holds strings (dtype <U21), which Keras cannot take; give real",
         "complex_x": "x holds complex numbers (dtype complex64), which Keras would cast;",
         "evaluate_rows_differ": "different numbers of rows (x 96, y 96, sample_weight 95)",
+        # Keras's multi-line "The structure of `inputs` doesn't match" on 0b4205a
+        "dict_of_other_names": "the training data is a dict with the key(s) 'a'; the model's",
         "evaluate_y_none": "y=None, but the model is compiled with a loss, which needs targets",
     }
     for name, needle in refused.items():

@@ -362,6 +362,16 @@ def check_input_shapes(model, x, where: str) -> None:
     input) of another example shape (a model without a declared input is built from the
     data, so not judged)."""
     inputs = getattr(model, "inputs", None) or []
+    if inputs and isinstance(x, dict):
+        names = [_input_name(t) for t in inputs]
+        missing = [n for n in names if n not in x]
+        if missing:
+            keys = ", ".join(repr(k) for k in list(x)[:5])
+            raise FitError(
+                f"{where} is a dict with the key(s) {keys or 'none'}; the model's inputs are "
+                f"named {', '.join(map(repr, names))} (no {missing[0]!r}): key the arrays by "
+                "input name, or give them as a list in input order"
+            )
     given = (
         1
         if isinstance(x, np.ndarray)
