@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from dataclasses import dataclass
 from typing import Iterable, Iterator
 
@@ -51,9 +52,10 @@ def _stack(pending: list[dict], size: int, tree) -> Block:
 _END = object()
 
 
-def prefetched(items: Iterable, depth: int = 2) -> Iterator:
+def prefetched(items: Iterable, depth: int = 2, on_wait=None) -> Iterator:
     """``items`` made on a daemon thread, ``depth`` ahead; its exception re-raised here. The
-    thread ends when the consumer stops early (its queue is never left blocking)."""
+    thread ends when the consumer stops early (its queue is never left blocking).
+    ``on_wait(seconds)``: told how long the consumer waited for each item."""
     q: queue.Queue = queue.Queue(maxsize=depth)
     stop = threading.Event()
 
@@ -79,7 +81,10 @@ def prefetched(items: Iterable, depth: int = 2) -> Iterator:
     thread.start()
     try:
         while True:
+            began = time.perf_counter()
             item = q.get()
+            if on_wait is not None:
+                on_wait(time.perf_counter() - began)
             if item is _END:
                 return
             if isinstance(item, BaseException):

@@ -87,7 +87,7 @@ def _epoch(run, data: Epochs, callbacks, hooks, at, saver, guard, signals) -> di
     if saver is not None:
         saver.epoch_begins()  # before the epoch draws its shuffle
     trained = False
-    for block in run.agreed(data.blocks(run.steps_per_execution, skip=step)):
+    for block in run.agreed(data.blocks(run.steps_per_execution, skip=step), train=True):
         hooks.call(callbacks.on_train_batch_begin, step)
         runner.train(runner.put(block.data), block.steps)
         step, trained = step + block.steps, True

@@ -225,6 +225,14 @@ def _validation(run, data, batch_size, steps) -> Epochs | None:
     return run.epochs(adapter, batch_size, steps, "test", restart=True, where="validation data")
 
 
+_INPUT_WAIT = "_mirrorfit_input_wait_s"
+
+
+def input_wait_s(model) -> float:
+    """Seconds the training loop waited for input blocks over every ``fit`` of ``model``."""
+    return model.__dict__.get(_INPUT_WAIT, 0.0)
+
+
 def runner_of(model):
     """The engine runner the last ``fit`` or ``evaluate`` of ``model`` used; None before."""
     cached = model.__dict__.get("_mirrorfit_runner")
@@ -391,9 +399,14 @@ class _Run:
             history=history,
         )
 
-    def agreed(self, blocks):
-        """``blocks`` made ahead on a thread; on several workers, checked to agree."""
-        return self.workers.agreed(prefetched(blocks))
+    def agreed(self, blocks, *, train: bool = False):
+        """``blocks`` made ahead on a thread; on several workers, checked to agree. ``train``:
+        the time the loop waits for them counts in :func:`input_wait_s`."""
+        return self.workers.agreed(prefetched(blocks, on_wait=self._waited if train else None))
+
+    def _waited(self, seconds: float) -> None:
+        held = self.model.__dict__
+        held[_INPUT_WAIT] = held.get(_INPUT_WAIT, 0.0) + seconds
 
     def pads(self, step: str) -> bool:
         """Whether ``step``'s batches are padded (the engine's choice of runner decides,

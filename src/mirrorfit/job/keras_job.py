@@ -270,7 +270,7 @@ def decoded_splits(config: TrainConfig, model, global_batch: int) -> dict[str, A
             **source(config),
             "cache": config.cache or "memory",
             # synthetic images take the model's shape and classes; files bring their own
-            "input_shape": config.input_shape or (_input_shape(model) if synthetic else None),
+            "input_shape": config.input_shape or (input_shape_of(model) if synthetic else None),
             "num_classes": config.num_classes or (classes_of(model) if synthetic else None),
         },
         raw=True,
@@ -306,7 +306,7 @@ def check_one_input(config: TrainConfig, model) -> None:
 def check_takes(config: TrainConfig, model, shape: tuple[int, ...]) -> None:
     """ConfigError, naming the fix, where the model's declared input is not the images'
     (height, width, channels) once decoded."""
-    want, shape = _input_shape(model), tuple(shape)
+    want, shape = input_shape_of(model), tuple(shape)
     if want is None or want == shape:
         return
     fixes = []
@@ -329,7 +329,7 @@ def check_takes(config: TrainConfig, model, shape: tuple[int, ...]) -> None:
     )
 
 
-def _input_shape(model) -> tuple[int, ...] | None:
+def input_shape_of(model) -> tuple[int, ...] | None:
     """One example's shape as the model takes it (one input, every size known), else None."""
     shape = getattr(model, "input_shape", None)
     if isinstance(shape, tuple) and len(shape) > 1 and all(isinstance(d, int) for d in shape[1:]):
@@ -408,9 +408,10 @@ def run(
     """Train ``model`` as compiled on ``config``'s data (compiled here from the flags when
     ``compiled`` is False, in ``scope()``); print and return the summary. ``guard``: the job's
     PreemptionGuard, checked before the export commits."""
-    import mirrorfit
-    from mirrorfit.fitting.loop import runner_of
+    from mirrorfit.fitting.loop import input_wait_s, runner_of
+    from mirrorfit.job import fit_summary
     from mirrorfit.job.finish import state_fields
+    from mirrorfit.job.fit_summary import epoch_record
     from mirrorfit.job.steady_rate import steady_rate
 
     _, global_batch = config.batch_sizes(_replicas(model))
@@ -435,7 +436,8 @@ def run(
     clock.lap("data")
     examples = _examples(train, config, _held_out(config, val))
     rate = steady_rate(examples, global_batch)
-    callbacks = [state_shown(console), rate, *user_callbacks(config.callbacks)]
+    record = epoch_record(console, config.epochs, lines=not config.progress)
+    callbacks = [state_shown(console), rate, record, *user_callbacks(config.callbacks)]
     if config.logdir:
         callbacks.append(epoch_scalars(config.logdir if _chief() else None))
     kwargs = {}
@@ -455,45 +457,27 @@ def run(
         history = _fit(config, model, global_batch, eval_batch, callbacks, val, kwargs)
     wall = time.perf_counter() - start
     clock.lap("fit")
-    summary = {
-        "model": config.model,
-        "backend": config.backend,
-        "global_batch_size": global_batch,
-        "replicas": _replicas(model),
-        "model_parallel": config.model_parallel,
-        "epochs": len(history.history.get("loss", [])),
+    fields = {
         "wall_time_s": wall,
+        "train_examples": examples or None,  # None: a dataset of unknown length
         "train_examples_per_sec": rate.rate(),  # steady: the first call's compile left out
-        "history": history.history,
         "xla": bool(getattr(runner_of(model), "jit_compile", True)),  # JAX: every step
         "remat_layers": recomputed,
         **state_fields(runner_of(model), config.shard),
     }
+    if record.train_s:  # the share of training time the loop waited for its input
+        fields["input_wait_share"] = min(1.0, input_wait_s(model) / record.train_s)
+    if "description" in data:
+        fields["description"] = data["description"]
     if test is not None:
-        tx = test if not isinstance(test, tuple) else test[0]
-        rest = (
-            {}
-            if not isinstance(test, tuple)
-            else {
-                "y": test[1] if len(test) > 1 else None,
-                "sample_weight": test[2] if len(test) > 2 else None,
-            }
-        )
-        summary["test"] = mirrorfit.evaluate(
-            model, tx, batch_size=eval_batch, verbose=0, return_dict=True, **rest
-        )
-    last = {k: v[-1] for k, v in history.history.items()}
-    steady = summary["train_examples_per_sec"]
-    console.print(
-        "done: "
-        + (f"{steady:,.0f} examples/s steady, " if steady else "")
-        + ", ".join(f"{k} {v:.4g}" for k, v in last.items())
-        + (
-            "; test " + ", ".join(f"{k} {v:.4g}" for k, v in summary["test"].items())
-            if "test" in summary
-            else ""
-        )
+        t0 = time.perf_counter()
+        fields["test"] = _evaluate(model, test, eval_batch)
+        fields["test_eval_time_s"] = time.perf_counter() - t0
+        fields["test_examples"] = _rows(test)
+    summary = fit_summary.summary(
+        config, model, history, steps_before=record.steps_before, **fields
     )
+    console.print(fit_summary.done_line(summary))
     chief = _chief()  # several workers: the chief writes
     if config.save_keras and chief:
         from mirrorfit.artifacts.finite import refuse_non_finite
@@ -515,6 +499,25 @@ def run(
 
         write_json_atomic(config.metrics_out, summary)
     return summary
+
+
+def _evaluate(model, test, batch: int) -> dict[str, float]:
+    """The compile's figures over the test split, by name."""
+    import mirrorfit
+
+    x, y, w = (*test, None, None)[:3] if isinstance(test, tuple) else (test, None, None)
+    return mirrorfit.evaluate(
+        model, x, y, sample_weight=w, batch_size=batch, verbose=0, return_dict=True
+    )
+
+
+def _rows(split) -> int | None:
+    """Examples in a split of arrays (None: a dataset)."""
+    from keras import tree
+
+    if not isinstance(split, tuple):
+        return None
+    return int(len(tree.flatten(split[0])[0]))
 
 
 def _fit(config: TrainConfig, model, global_batch: int, eval_batch: int, callbacks, val, data):
