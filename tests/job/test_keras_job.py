@@ -183,10 +183,6 @@ def test_keep_fresh_train_examples_and_logdir_reach_a_compiled_model(tmp_path):
 @pytest.mark.parametrize(
     "args, needle",
     [
-        (
-            ("--profile", "--backend", "tensorflow"),
-            "--profile does not apply to a compiled --model: it times the parts",
-        ),
         (("--warmup-epochs", "1"), "give a schedule with a warm-up there"),
         (
             ("--export-dir", "{tmp}/e", "--export-preprocessing", "--backend", "tensorflow"),

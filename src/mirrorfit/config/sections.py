@@ -89,7 +89,9 @@ class DistributionSettings(Section):
             strategy=self.strategy,
             cross_device_ops=self.cross_device_ops,
             communication=self.communication,
-            profile=self.profile,
+            # a built-in model's loop (a --model function's compiled model: both engines;
+            # TrainConfig holds the model beside this section)
+            profile=self.profile and ":" not in getattr(self, "model", ""),
             shard=self.shard,
             model_parallel=self.model_parallel,
         )

@@ -148,9 +148,10 @@ def check_settings(
         )
     if profile:
         raise ConfigError(
-            "--profile breaks down TensorFlow's step; under --backend jax the "
-            "summary reports the input wait (input_wait_share) without it: drop "
-            "--profile, or use --backend tensorflow"
+            "--profile breaks down the built-in models' step on TensorFlow; under "
+            "--backend jax the summary reports the input wait (input_wait_share) without "
+            "it: drop --profile, use --backend tensorflow, or train a compiled --model "
+            "package.module:function (profiled on both backends)"
         )
 
 

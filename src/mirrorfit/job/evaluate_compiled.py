@@ -73,11 +73,12 @@ def _folder_test(config: TrainConfig, model, batch: int):
     from mirrorfit.data.heldout import load_test
     from mirrorfit.job import keras_job
     from mirrorfit.job.data import data_errors
+    from mirrorfit.models.shapes import classes_of
 
     keras_job.check_one_input(config, model)
     opened = load_test(config.data, batch=batch, image_size=config.image_size, raw=True)
     keras_job.check_takes(config, model, opened.input_shape)
-    outputs = keras_job.classes_of(model)
+    outputs = classes_of(model)
     if opened.alone and outputs is not None and opened.num_classes != outputs:
         print(
             f"mirrorfit: note: --data {config.data} has test/ alone: its {opened.num_classes} "

@@ -142,7 +142,7 @@ def _data(config: TrainConfig, model, description: str | None) -> dict:
     """The built-in loop's ``data`` record: the source, its kind, and the shapes the model
     took (its input's, its classes)."""
     from mirrorfit.data.spec import kind_of
-    from mirrorfit.job.keras_job import classes_of, input_shape_of
+    from mirrorfit.models.shapes import classes_of, input_shape_of
 
     source = config.data or "mnist"
     shape = input_shape_of(model)

@@ -21,11 +21,10 @@ import numpy as np
 
 from mirrorfit.config import TrainConfig
 from mirrorfit.errors import ConfigError
+from mirrorfit.models.shapes import classes_of, input_shape_of
 
 # Settings that cannot reach a model the user compiled, why, and the way round.
 _NOT_APPLIED = {
-    "profile": "it times the parts of mirrorfit's own step (its forward pass, all-reduce and "
-    "update apart), which a compiled model's step does not have; use mirrorfit bench --model",
     "export_preprocessing": "the export takes the inputs as the model trained on them; put "
     "the scaling in the model (a keras.layers.Rescaling layer)",
 }
@@ -40,8 +39,10 @@ def wanted(config: TrainConfig, model) -> bool:
 
 def check_default_loop(config: TrainConfig, model) -> None:
     """One line for a flag the built-in loop cannot honour on an uncompiled ``--model``."""
+    from mirrorfit.engine import backends
     from mirrorfit.fitting import batchnorm
 
+    backends.check_settings(config.backend, profile=config.profile)
     if config.model_parallel > 1:
         raise ConfigError(
             f"--model-parallel {config.model_parallel}: the model is not compiled, and the "
@@ -67,6 +68,13 @@ def check(config: TrainConfig, engine, model) -> None:
             "the arrays reach the model as the source gives them, already in memory (it "
             "keeps an image folder's or TFRecords' decoded images); return a cached "
             "tf.data.Dataset from a --data function"
+        )
+    from mirrorfit.fitting.metrics import overrides
+
+    if config.profile and overrides(model, "train_step"):
+        raise ConfigError(
+            f"--profile: {type(model).__name__}'s own train_step is one piece, which the "
+            "profile cannot time in parts; time the model with mirrorfit bench --model"
         )
     if getattr(model, "compiled", False) and _given(config, "warmup_epochs"):
         raise ConfigError(
@@ -329,22 +337,6 @@ def check_takes(config: TrainConfig, model, shape: tuple[int, ...]) -> None:
     )
 
 
-def input_shape_of(model) -> tuple[int, ...] | None:
-    """One example's shape as the model takes it (one input, every size known), else None."""
-    shape = getattr(model, "input_shape", None)
-    if isinstance(shape, tuple) and len(shape) > 1 and all(isinstance(d, int) for d in shape[1:]):
-        return tuple(shape[1:])
-    return None
-
-
-def classes_of(model) -> int | None:
-    """The model's classes: its one output's last axis (at least 2), else None."""
-    shape = getattr(model, "output_shape", None)
-    if isinstance(shape, tuple) and shape and isinstance(shape[-1], int) and shape[-1] > 1:
-        return shape[-1]
-    return None
-
-
 def npz_splits(path: str, *, train: bool = True) -> dict[str, Any]:
     try:
         with np.load(path, allow_pickle=False) as f:
@@ -412,6 +404,7 @@ def run(
     from mirrorfit.job import fit_summary
     from mirrorfit.job.finish import state_fields
     from mirrorfit.job.fit_summary import epoch_record
+    from mirrorfit.job.observe import CpuGpuSampler
     from mirrorfit.job.steady_rate import steady_rate
 
     _, global_batch = config.batch_sizes(_replicas(model))
@@ -453,7 +446,8 @@ def run(
         kwargs["validation_split"] = config.validation_split
     start = time.perf_counter()
     eval_batch = config.eval_batch_size or global_batch
-    with _said(console):
+    usage = CpuGpuSampler() if config.profile else contextlib.nullcontext()
+    with _said(console), usage:
         history = _fit(config, model, global_batch, eval_batch, callbacks, val, kwargs)
     wall = time.perf_counter() - start
     clock.lap("fit")
@@ -478,6 +472,11 @@ def run(
         config, model, history, steps_before=record.steps_before, **fields
     )
     console.print(fit_summary.done_line(summary))
+    if config.profile:
+        waited = input_wait_s(model) / max(1, summary["steps_this_run"])
+        report = _profile(config, model, kwargs, global_batch, rate.rate(), waited, usage)
+        summary["profile"] = report.as_dict()
+        console.print(report.describe())
     chief = _chief()  # several workers: the chief writes
     if config.save_keras and chief:
         from mirrorfit.artifacts.finite import refuse_non_finite
@@ -499,6 +498,43 @@ def run(
 
         write_json_atomic(config.metrics_out, summary)
     return summary
+
+
+def _profile(config: TrainConfig, model, data: dict, global_batch: int, steady, waited, usage):
+    """--profile: where a step's time went (fitting/profile.py), as the built-in loop's
+    report's fields; ``steady``: the run's steady examples/s (None: unknown), ``waited``:
+    seconds per step the loop waited for its input, ``usage``: its CPU/GPU sampler."""
+    from mirrorfit.fitting.loop import runner_of
+    from mirrorfit.fitting.profile import time_parts
+    from mirrorfit.job.profile_report import ProfileReport
+
+    arrays = {k: data.get(k) for k in ("x", "y", "sample_weight")}
+    parts = time_parts(
+        model,
+        **arrays,
+        batch_size=global_batch,
+        steps_per_execution=config.steps_per_execution,
+        accum_steps=config.accum_steps,
+    )
+    step_s = global_batch / steady if steady else parts["step_s"]
+    # the wait the loop measured (not all the step's time beyond the cached one: the loop's
+    # own per-call work, callbacks included, is overhead)
+    wait = min(waited, max(0.0, step_s - parts["step_s"]))
+    sampled = usage.summary()
+    report = ProfileReport(
+        step_s=step_s,
+        input_wait_s=wait,
+        compute_s=parts["compute_s"],
+        all_reduce_s=parts["all_reduce_s"],
+        update_overhead_s=max(0.0, step_s - wait - parts["compute_s"] - parts["all_reduce_s"]),
+        input_batch_s=parts["input_batch_s"],
+        cpu_percent=sampled.get("cpu_percent"),
+        gpu_percent=sampled.get("gpu_percent"),
+        precision=config.precision,
+        xla=bool(getattr(runner_of(model), "jit_compile", True)),
+        input_source="arrays in memory",
+    )
+    return report
 
 
 def _evaluate(model, test, batch: int) -> dict[str, float]:

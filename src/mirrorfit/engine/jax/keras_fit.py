@@ -84,6 +84,11 @@ def runner(model, placement, *, sample=None, **settings):
     return Runner(model, placement, sample=sample, **settings)
 
 
+def ready(value) -> None:
+    """Wait for arrays put on the devices (JAX puts them asynchronously)."""
+    jax.block_until_ready(value)
+
+
 def checkpoint_state(runner):
     """``checkpoint_dir``'s reader of an Orbax state, and its writer where ``runner`` splits
     the state (:class:`~mirrorfit.engine.jax.fit_state.FitState`); None for a model's own
@@ -230,6 +235,7 @@ class Runner:
         self._split = NamedSharding(self.mesh, P(AXIS))
         self._batches = NamedSharding(self.mesh, P(None, AXIS))
         self._train = self._evaluate = self._statistics = None
+        self._compute = self._reduce = None  # --profile's calls, made when first asked
         self._all_reduce = all_reduce(self.mesh)  # as the built-in step's (why: step.py)
         self._output_losses = fit_metrics.output_loss_indices(model)
         self._masked = fit_metrics.masked_outputs(model)
@@ -487,6 +493,78 @@ class Runner:
         )
         self.state = self.state._replace(metrics=metrics)
 
+    # -- --profile: the step's parts apart ----------------------------------------------------
+    def compute_only(self, block, steps: int) -> None:
+        """``steps`` steps' forward and backward passes (every micro-batch) on every device,
+        without the all-reduce or the update (under ``shard="all"`` the weights' gathers
+        included); returns when they are done."""
+        if self._compute is None:
+            in_specs, _ = self._train_specs()  # laid out as the training call's
+            self._compute = jax.jit(
+                jax.shard_map(
+                    self._gradients_per_device,
+                    mesh=self.mesh,
+                    in_specs=in_specs,
+                    out_specs=P(AXIS),
+                    check_vma=False,
+                )
+            )
+        total = self._compute(self.state, block, self.frozen_values, np.int32(steps))
+        jax.block_until_ready(total)
+
+    def _gradients_per_device(self, state: State, block, frozen_values, steps):
+        layout, k = self.layout, self.accum_steps
+        kept_sharded = layout is not None and layout.mode == "all"
+        stored = state.trainable
+        trainable = layout.step_weights(stored) if kept_sharded else stored
+        non_trainable, metrics = [a[0] for a in state.non_trainable], [a[0] for a in state.metrics]
+        grad = jax.value_and_grad(self._loss, has_aux=True)
+
+        def body(i, total):
+            micro = jax.tree.map(lambda a: a[i].reshape((k, -1) + a.shape[2:]), block)
+            for j in range(k):  # the result is consumed: nothing is pruned away
+                part = jax.tree.map(lambda a, j=j: a[j], micro)
+                with self._batchnorm_across(part):
+                    _, g = grad(
+                        trainable,
+                        non_trainable,
+                        frozen_values,
+                        metrics,
+                        state.optimizer,
+                        part,
+                        True,
+                        stored if kept_sharded else None,
+                    )
+                total = total + sum(jnp.sum(d.astype(jnp.float32)) for d in g)
+            return total
+
+        return jax.lax.fori_loop(0, steps, body, jnp.float32(0))[None]
+
+    def all_reduce_only(self, steps: int) -> None:
+        """``steps`` of the step's all-reduces (or reduce-scatters, where the state is split)
+        of gradient-sized arrays over the devices; returns when they are done."""
+        if self._reduce is None:
+            shapes = [(v.shape, v.dtype) for v in self.model.trainable_variables]
+
+            def per_device(steps):
+                def body(i, total):
+                    grads = [jnp.full(shape, i, dtype) for shape, dtype in shapes]
+                    summed = (
+                        self._all_reduce(grads)
+                        if self.layout is None
+                        else self.layout.reduced(grads, self._all_reduce)
+                    )
+                    return total + sum(jnp.sum(r.astype(jnp.float32)) for r in summed)
+
+                return jax.lax.fori_loop(0, steps, body, jnp.float32(0))[None]
+
+            self._reduce = jax.jit(
+                jax.shard_map(
+                    per_device, mesh=self.mesh, in_specs=P(), out_specs=P(AXIS), check_vma=False
+                )
+            )
+        jax.block_until_ready(self._reduce(np.int32(steps)))
+
     def _loss(
         self,
         trainable,
@@ -623,14 +701,19 @@ class Runner:
         metrics = jax.lax.fori_loop(0, batches, body, [a[0] for a in metrics])
         return [a[None] for a in metrics]
 
+    def _train_specs(self) -> tuple:
+        """(in_specs, out_specs) of a training call over the mesh: (state, block, frozen
+        values, steps) in, the state out."""
+        specs = State(P(), P(AXIS), P(), P(AXIS))
+        if self.layout is not None:
+            specs = State(
+                self.layout.trainable_specs(), P(AXIS), self.layout.optimizer_specs(), P(AXIS)
+            )
+        return (specs, P(None, AXIS), self._frozen_specs, P()), specs
+
     def _over_mesh(self, per_device, *, train: bool = True):
         if train:
-            specs = State(P(), P(AXIS), P(), P(AXIS))
-            if self.layout is not None:
-                specs = State(
-                    self.layout.trainable_specs(), P(AXIS), self.layout.optimizer_specs(), P(AXIS)
-                )
-            in_specs, out_specs = (specs, P(None, AXIS), self._frozen_specs, P()), specs
+            in_specs, out_specs = self._train_specs()
         else:
             frozen_specs = self._frozen_specs
             in_specs = (P(AXIS), P(), P(AXIS), frozen_specs, P(None, AXIS), P())

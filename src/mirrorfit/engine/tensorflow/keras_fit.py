@@ -232,6 +232,7 @@ class Runner:
         self._evaluate = tf.function(
             self._looped(self._replica_eval, self._own_test), autograph=self._own_test
         )
+        self._compute = self._reduce = None  # --profile's calls, made when first asked
         # Keras keeps its global seed generator (unseeded random ops) per thread, and each
         # replica traces in a thread of its own: each would make one inside the traced step,
         # which tf.function refuses. Made here once, and handed to every replica's thread.
@@ -316,6 +317,59 @@ class Runner:
     def evaluate(self, block, batches: int) -> None:
         with _as_one_device(self.model, self.replicas, self._own_test):
             self._step_logs = _python(self._evaluate(block, tf.constant(batches, tf.int32)))
+
+    # -- --profile: the step's parts apart ----------------------------------------------------
+    def compute_only(self, block, steps: int) -> None:
+        """``steps`` steps' forward and backward passes (every micro-batch) on every replica,
+        without the all-reduce or the update; returns when they are done."""
+        if self._compute is None:
+
+            def replica(block, i):
+                _use_seed_generator(self._seeds)
+                batch, k = tf.nest.map_structure(lambda a: a[i], block), self.accum_steps
+                total = tf.constant(0.0)
+                for j in range(k):  # the result is consumed: nothing is pruned away
+                    part = tf.nest.map_structure(
+                        lambda a, j=j: tf.reshape(a, [k, -1] + a.shape[1:].as_list())[j], batch
+                    )
+                    grads, _, _ = self._gradients(part)
+                    total += tf.add_n([tf.reduce_sum(tf.cast(g, tf.float32)) for g in grads])
+                return total
+
+            self._compute = tf.function(self._summed(replica, with_block=True))
+        with _as_one_device(self.model, self.replicas, self._own_train, self._reduce_first):
+            self._compute(block, tf.constant(steps, tf.int32)).numpy()
+
+    def all_reduce_only(self, steps: int) -> None:
+        """``steps`` all-reduces of gradient-sized tensors over the replicas (as the step's
+        own); returns when they are done."""
+        if self._reduce is None:
+            weights = self.model.trainable_weights
+
+            def replica(i):
+                values = [tf.fill(w.shape, tf.cast(i, w.dtype)) for w in weights]
+                reduced = tf.distribute.get_replica_context().all_reduce(
+                    tf.distribute.ReduceOp.SUM, values
+                )
+                return tf.add_n([tf.reduce_sum(tf.cast(r, tf.float32)) for r in reduced])
+
+            self._reduce = tf.function(self._summed(replica, with_block=False))
+        self._reduce(None, tf.constant(steps, tf.int32)).numpy()
+
+    def _summed(self, replica_fn, *, with_block: bool):
+        """``run(block, n)``: the sum over n calls and the replicas of ``replica_fn``'s scalar
+        (``replica_fn(block, i)``, or ``replica_fn(i)``)."""
+
+        def run(block, n):
+            def body(i, total):
+                args = (block, i) if with_block else (i,)
+                out = self.strategy.run(replica_fn, args=args)
+                return i + 1, total + tf.add_n(self.strategy.experimental_local_results(out))
+
+            start = (tf.constant(0, tf.int32), tf.constant(0.0))
+            return tf.while_loop(lambda i, _: i < n, body, start)[1]
+
+        return run
 
     def _looped(self, replica_fn, returns_logs: bool):
         """``run(block, n)``: ``replica_fn(block, i)`` on every replica for i < n; with
@@ -433,6 +487,10 @@ class Runner:
         if self.model._call_has_training_arg:
             return self.model(x, training=training)
         return self.model(x)
+
+
+def ready(value) -> None:
+    """Nothing: TensorFlow's values are on the devices when ``put`` returns."""
 
 
 def checkpoint_state(runner) -> None:
