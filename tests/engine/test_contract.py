@@ -66,3 +66,26 @@ def test_each_engine_provides_the_contract(backend):
         cls = _load(spec)
         missing = sorted(n for n in _members(protocol) if not _provides(cls, n))
         assert not missing, f"{spec} lacks {missing} of {protocol.__name__}"
+
+
+FIT_RUNNERS = {
+    "tensorflow": ("mirrorfit.engine.tensorflow.keras_fit:Runner",),
+    "jax": (
+        "mirrorfit.engine.jax.keras_fit:Runner",
+        "mirrorfit.engine.jax.keras_override:OverrideRunner",
+    ),
+}
+
+
+@pytest.mark.parametrize("backend", sorted(FIT_RUNNERS))
+def test_each_engine_provides_mirrorfit_fits_contract(backend):
+    """The same at run time for what mirrorfit.fit drives (mypy checks the signatures: each
+    engine's __init__ assigns its keras_fit module to a FitEngine and its runners to
+    type[FitRunner], and CI's mypy reads those files)."""
+    fit = importlib.import_module(f"{backends.ENGINES[backend]}.keras_fit")
+    for name in _members(contract.FitEngine):
+        assert hasattr(fit, name), f"{backend}: keras_fit has no {name}"
+    for spec in FIT_RUNNERS[backend]:
+        cls = _load(spec)
+        missing = sorted(n for n in _members(contract.FitRunner) if not _provides(cls, n))
+        assert not missing, f"{spec} lacks {missing} of FitRunner"

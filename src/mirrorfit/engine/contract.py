@@ -179,4 +179,100 @@ class Engine(Protocol):
         once, without the framework's teardown."""
 
 
-__all__ = ["Distribution", "TrainIterator", "Runner", "CheckpointState", "Engine"]
+class FitRunner(Protocol):
+    """What ``mirrorfit.fit``'s loop (``fitting/``) drives: a compiled model's compiled calls on
+    the engine's placement, built by :meth:`FitEngine.runner`. A block is a dict of global
+    batches (leaves ``[S, B, ...]``: ``x``, ``y``, ``w``, ``mask``, ``scale``, or ``data`` for
+    a model's own step); the model's Keras variables are the state between :meth:`sync` and
+    :meth:`reload`."""
+
+    replicas: int
+    jit_compile: bool
+
+    def load(self) -> None:
+        """The Keras variables as the devices' state, the metrics reset (an epoch's start)."""
+
+    def reload(self) -> None:
+        """The variables as the devices' state again (a callback changed them), metrics kept."""
+
+    def sync(self) -> None:
+        """The devices' state into the Keras variables (a callback reads or saves them)."""
+
+    def from_chief(self, distribution) -> None:
+        """Every worker's state made the chief's (several workers)."""
+
+    def reset_metrics(self) -> None: ...
+
+    def logs(self) -> dict[str, float]:
+        """The metrics so far (reading them waits for the calls made)."""
+
+    def loss_later(self) -> Callable[[], float | None]:
+        """A reader of the mean training loss so far, for later (no wait now)."""
+
+    def put(self, block: dict) -> Any:
+        """A block on the devices, each replica's share where it is used."""
+
+    def train(self, block: Any, steps: int) -> None:
+        """``steps`` optimizer steps over the first ``steps`` batches of a put block."""
+
+    def evaluate(self, block: Any, batches: int) -> None:
+        """The metrics updated with the first ``batches`` batches of a put block."""
+
+    def compute_only(self, block: Any, steps: int) -> None:
+        """--profile: ``steps`` steps' forward and backward passes alone; waits for them."""
+
+    def all_reduce_only(self, steps: int) -> None:
+        """--profile: ``steps`` of the step's all-reduces of gradient-sized arrays; waits."""
+
+    def state_bytes_per_device(self) -> int: ...
+
+    def peak_device_bytes(self) -> int | None: ...
+
+    def describe_sharding(self) -> str: ...
+
+
+class FitEngine(Protocol):
+    """An engine's ``keras_fit`` module (``mirrorfit.engine.<name>.keras_fit``): what
+    ``mirrorfit.fit`` needs of it."""
+
+    READ_AGAIN: frozenset[str]  # Keras adapters whose first epoch is read anew after the build
+
+    def placement(self, model: Any, chosen: Any = None, /) -> Any:
+        """Where the engine runs ``model``: ``chosen`` (``mirrorfit.setup``'s), else its own."""
+
+    def replicas(self, placement: Any, /) -> int: ...
+
+    def pads(self, model: Any, step: str, placement: Any = None, accum_steps: int = 1, /) -> bool:
+        """Whether ``step``'s batches are padded to the global batch (else given as they are,
+        to a model's own step)."""
+
+    def check_model(self, model: Any, placement: Any, distribution: Any = None, /) -> None:
+        """FitError for a model the engine cannot train on ``placement``."""
+
+    def runner(
+        self, model: Any, placement: Any, *, sample: Any = None, **settings: Any
+    ) -> FitRunner:
+        """The runner for ``model``: ``accum_steps``, ``jit_compile``, ``sync_batchnorm``."""
+
+    def scope(self, placement: Any, /) -> Any:
+        """A context in which the model builds its variables as ``placement`` holds them."""
+
+    def callback_context(self, placement: Any, /) -> Any:
+        """The context a Keras callback runs in (TensorFlow: the strategy's, cross-replica)."""
+
+    def checkpoint_state(self, runner: Any, /) -> CheckpointState | None:
+        """Orbax's split state where the engine splits it, else None (``save_weights``)."""
+
+    def ready(self, value: Any, /) -> None:
+        """Wait for a put block to be on the devices."""
+
+
+__all__ = [
+    "Distribution",
+    "TrainIterator",
+    "Runner",
+    "CheckpointState",
+    "Engine",
+    "FitRunner",
+    "FitEngine",
+]

@@ -13,9 +13,10 @@ import importlib
 import operator
 import re
 import warnings
-from typing import Any
+from typing import cast
 
 from mirrorfit.engine.backends import ENGINES
+from mirrorfit.engine.contract import FitEngine, FitRunner
 from mirrorfit.errors import FitError
 from mirrorfit.fitting import controller
 from mirrorfit.fitting.batches import check_targets_given
@@ -367,7 +368,7 @@ class _Run:
                 f"Keras runs on {self.backend} (set KERAS_BACKEND or "
                 "mirrorfit.setup)"
             )
-        self.engine = importlib.import_module(_ENGINES[self.backend])
+        self.engine = cast(FitEngine, importlib.import_module(_ENGINES[self.backend]))
         chosen = current()
         chosen = chosen if chosen is not None and chosen.backend == self.backend else None
         # Where the engine runs the model (None: the engine's own default), and the workers
@@ -376,7 +377,7 @@ class _Run:
         self.sync_batchnorm = bool(chosen is not None and chosen.sync_batchnorm)
         self.workers = workers
         self.engine.check_model(model, self.placement, workers.distribution)
-        self.runner: Any = None  # the engine's, built from the first batch
+        self.runner: FitRunner = cast(FitRunner, None)  # the engine's, built by build()
 
     def from_chief(self) -> None:
         """Several workers: the model's and optimizer's state made the chief's on every one

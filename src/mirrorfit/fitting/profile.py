@@ -42,6 +42,8 @@ def time_parts(
     run = _Run(model, steps_per_execution, accum_steps, _workers())
     adapter = _adapter(x, y, sample_weight, None, batch_size, None, False)
     data = run.epochs(adapter, batch_size, None, "train")
+    if data.first is None:
+        raise FitError("the training data gave no batch to profile; give at least one example")
     run.build(data.first, fits=True)
     runner = run.runner
     blocks = iter(data.blocks(run.steps_per_execution))

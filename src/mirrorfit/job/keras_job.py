@@ -71,6 +71,12 @@ def check(config: TrainConfig, engine, model) -> None:
         )
     from mirrorfit.fitting.metrics import overrides
 
+    if config.profile and config.model_parallel > 1:
+        raise ConfigError(
+            "--profile with --model-parallel: the step is one program XLA partitions over "
+            "the 2-D mesh, which the profile cannot time in parts; profile without "
+            "--model-parallel, or time it with mirrorfit bench --model"
+        )
     if config.profile and overrides(model, "train_step"):
         raise ConfigError(
             f"--profile: {type(model).__name__}'s own train_step is one piece, which the "

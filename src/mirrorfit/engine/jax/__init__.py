@@ -5,6 +5,7 @@ between calls) -> ``state`` (checkpoint files). Imports no TensorFlow.
 """
 
 import importlib
+from typing import TYPE_CHECKING
 
 # The engine's interface (mirrorfit.engine.backends), loaded on first use: its modules import
 # the framework, and some callers need only a part (``mirrorfit export`` reads a JAX
@@ -122,3 +123,12 @@ __all__ = [
     "in_job",
     "COMPILES_EVERY_STEP",
 ]
+
+
+if TYPE_CHECKING:  # mypy checks this engine's fit module and runners against the contract
+    from mirrorfit.engine.contract import FitEngine, FitRunner
+    from mirrorfit.engine.jax import keras_fit, keras_override
+
+    _fit: FitEngine = keras_fit
+    _runner: type[FitRunner] = keras_fit.Runner
+    _override_runner: type[FitRunner] = keras_override.OverrideRunner

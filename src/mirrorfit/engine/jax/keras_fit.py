@@ -210,6 +210,8 @@ def scope(placement):
 class Runner:
     """Model state on the mesh of ``placement`` and the compiled calls over it."""
 
+    jit_compile = True  # every call, as JAX compiles it
+
     def __init__(
         self,
         model,

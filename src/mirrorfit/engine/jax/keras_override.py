@@ -79,6 +79,7 @@ class OverrideRunner:
     over the global batch. The same methods as :class:`mirrorfit.engine.jax.keras_fit.Runner`."""
 
     per_replica = False  # one program over the global batch
+    jit_compile = True  # every call, as JAX compiles it
 
     def __init__(
         self,
@@ -221,6 +222,24 @@ class OverrideRunner:
         call = self._call("test", block)
         self.metrics, self._logs = call(self.state, self.metrics, block, np.int32(batches))
         self.sync()
+
+    def compute_only(self, block, steps: int) -> None:
+        raise self._one_piece()
+
+    def all_reduce_only(self, steps: int) -> None:
+        raise self._one_piece()
+
+    def _one_piece(self) -> FitError:
+        """--profile: this step has no parts to time apart."""
+        whose = (
+            "the step on a 2-D mesh (model_parallel), which XLA partitions,"
+            if self.grid and not runs_whole(self.model)
+            else f"{type(self.model).__name__}'s own train_step"
+        )
+        return FitError(
+            f"{whose} is one piece, which the profile cannot time in parts; time it with "
+            "mirrorfit bench --model"
+        )
 
     def _call(self, kind: str, block):
         key = (kind, jax.tree.structure(block))

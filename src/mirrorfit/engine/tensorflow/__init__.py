@@ -4,6 +4,7 @@ thread pools) -> ``strategy`` (tf.distribute by name, as one ``distribution.Dist
 ``loop`` (S steps in one tf.function) -> ``runner`` (everything built under the strategy)."""
 
 import importlib
+from typing import TYPE_CHECKING
 
 # The engine's interface (mirrorfit.engine.backends), loaded on first use: its modules import
 # the framework, and some callers need only a part (``mirrorfit export`` reads a JAX
@@ -119,3 +120,11 @@ __all__ = [
     "in_job",
     "COMPILES_EVERY_STEP",
 ]
+
+
+if TYPE_CHECKING:  # mypy checks this engine's fit module and runner against the contract
+    from mirrorfit.engine.contract import FitEngine, FitRunner
+    from mirrorfit.engine.tensorflow import keras_fit
+
+    _fit: FitEngine = keras_fit
+    _runner: type[FitRunner] = keras_fit.Runner

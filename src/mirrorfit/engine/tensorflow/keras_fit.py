@@ -157,11 +157,11 @@ def check_variables(model, strategy) -> None:
         )
 
 
-def runner(model, strategy, *, sample=None, **settings) -> Runner:
+def runner(model, placement, *, sample=None, **settings) -> Runner:
     """The runner for ``model``: its own train_step/test_step too run per replica.
     (``sample``, the first batch's inputs: the variables are the state here, so nothing
     needs telling apart.)"""
-    return Runner(model, strategy, **settings)
+    return Runner(model, placement, **settings)
 
 
 class Runner:
