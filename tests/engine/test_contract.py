@@ -11,6 +11,7 @@ import inspect
 import pytest
 
 from mirrorfit.engine import backends, contract
+from mirrorfit.errors import ConfigError
 
 # Per engine: (its distribution class, its runner class, its checkpoint files' class, what its
 # runner's train_iterator returns).
@@ -89,3 +90,42 @@ def test_each_engine_provides_mirrorfit_fits_contract(backend):
         cls = _load(spec)
         missing = sorted(n for n in _members(contract.FitRunner) if not _provides(cls, n))
         assert not missing, f"{spec} lacks {missing} of FitRunner"
+
+
+def test_each_engine_declares_its_capabilities_without_a_framework():
+    from conftest import _python
+
+    for backend in backends.BACKENDS:
+        can = backends.capabilities(backend)
+        assert isinstance(can, contract.Capabilities) and "auto" in can.strategies
+    # Reading the declarations loads no framework (the settings check runs before one): a
+    # fresh interpreter, as the test is about what an import loads.
+    proc = _python(
+        [
+            "-c",
+            "import sys; from mirrorfit.engine import backends; "
+            "[backends.check_settings(b, shard='all') for b in ('jax',)]; "
+            "[backends.capabilities(b) for b in backends.BACKENDS]; "
+            "print(sorted(m for m in ('tensorflow', 'jax', 'keras') if m in sys.modules))",
+        ],
+        timeout=120,
+        fresh=True,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_the_settings_check_reads_the_engines_declaration(monkeypatch):
+    package = importlib.import_module(backends.ENGINES["tensorflow"])
+    backends.check_settings("tensorflow", strategy="parameter-server", export_dir="m")
+    narrower = dataclasses.replace(
+        package.CAPABILITIES, strategies=("auto",), exports_saved_model=False
+    )
+    monkeypatch.setattr(package, "CAPABILITIES", narrower)
+    with pytest.raises(ConfigError, match="--export-dir writes a TensorFlow SavedModel"):
+        backends.check_settings("tensorflow", export_dir="m")
+    with pytest.raises(ConfigError, match="--strategy parameter-server needs") as e:
+        backends.check_settings("tensorflow", strategy="parameter-server")
+    assert "with --backend tensorflow use --strategy auto" in str(e.value)
+    # no engine runs it now: the message offers none
+    assert "--backend jax" not in str(e.value)

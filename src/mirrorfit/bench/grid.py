@@ -407,11 +407,9 @@ def _measure_peaks(
 
 def _compiles_every_step(backend: str) -> bool:
     """Whether ``backend``'s engine compiles every step (no "xla" twin row for it)."""
-    import importlib
+    from mirrorfit.engine.backends import capabilities
 
-    from mirrorfit.engine.backends import ENGINES
-
-    return importlib.import_module(ENGINES[backend]).COMPILES_EVERY_STEP
+    return capabilities(backend).compiles_every_step
 
 
 __all__ = ["Grid", "WORKLOADS", "SYNTHETIC_WORKLOAD", "DATA", "run_grid", "spawn"]

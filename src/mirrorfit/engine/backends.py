@@ -12,13 +12,14 @@ import os
 import re
 import sys
 from types import ModuleType
-from typing import Any
+from typing import Any, Callable
 
 from mirrorfit._frameworks import (
     install_hint,
     installed,
     tensorflow_start_filtered,
 )
+from mirrorfit.engine.contract import Capabilities
 from mirrorfit.errors import ConfigError
 
 BACKENDS = ("tensorflow", "jax")
@@ -31,15 +32,33 @@ GLOBAL_BATCH, WORKER_SHARE, COORDINATOR = "global-batch", "worker-share", "coord
 DEFAULT = "tensorflow"
 # What of the training state --shard splits over the devices (the JAX engine's sharding module)
 SHARD_MODES = ("none", "optimizer", "all")
-# The engines that split the training state over the devices (--shard optimizer|all), and
-# those that write a SavedModel themselves (--export-dir): one entry per engine.
-SPLITS_STATE = frozenset({"jax"})
-EXPORTS = frozenset({"tensorflow"})
-# Strategies and flags that exist on TensorFlow only, and why (the JAX engine refuses them).
-TF_ONLY_STRATEGIES = {
+# Why a strategy needs what an engine that lacks it does not have (the refusal's words).
+STRATEGY_NEEDS = {
     "central-storage": "keeps variables on one device for TensorFlow's replicas",
     "parameter-server": "needs TensorFlow's ParameterServerStrategy",
 }
+
+
+def capabilities(backend: str) -> Capabilities:
+    """What ``backend``'s engine declares it can do (its package's ``CAPABILITIES``; plain
+    Python, no framework loaded)."""
+    return importlib.import_module(ENGINES[backend]).CAPABILITIES
+
+
+def read_model(backend: str, folder, model) -> None:
+    """The model's variables from checkpoint ``folder`` as ``backend``'s engine wrote it (its
+    ``state.read_model``; a JAX checkpoint reads with NumPy, so TensorFlow's ``mirrorfit
+    export`` takes it). ValueError for a backend no engine has (a damaged meta.json)."""
+    if backend not in ENGINES:
+        raise ValueError(
+            f"meta.json names backend {str(backend)[:40]!r}, not one of {', '.join(ENGINES)}"
+        )
+    importlib.import_module(f"{ENGINES[backend]}.state").read_model(folder, model)
+
+
+def _engines_that(can: Callable[[Capabilities], bool]) -> str:
+    """The engines whose capabilities ``can``, as a flag: ``--backend jax``."""
+    return " or ".join(f"--backend {b}" for b in BACKENDS if can(capabilities(b)))
 
 
 def resolve(value: str | None) -> str:
@@ -105,8 +124,10 @@ def check_settings(
     export_dir: str | None = None,
     model_parallel: int = 1,
 ) -> None:
-    """ConfigError, one line, for a setting ``backend``'s engine does not have."""
-    if export_dir and backend not in EXPORTS:
+    """ConfigError, one line, for a setting ``backend``'s engine does not have (its package's
+    :class:`~mirrorfit.engine.contract.Capabilities`)."""
+    can = capabilities(backend)
+    if export_dir and not can.exports_saved_model:
         raise ConfigError(
             f"--export-dir writes a TensorFlow SavedModel; with --backend {backend} "
             "save --checkpoint-dir DIR and export it where TensorFlow is "
@@ -118,40 +139,39 @@ def check_settings(
             "state), optimizer (ZeRO-1: the optimizer state split over the "
             "devices) or all (FSDP: the weights too)"
         )
-    if backend not in SPLITS_STATE:
-        if shard != "none":
-            raise ConfigError(
-                f"--shard {shard} splits the training state over the devices "
-                "on the JAX engine only; add --backend jax, or drop --shard"
-            )
-        if model_parallel != 1:
-            raise ConfigError(
-                f"--model-parallel {model_parallel} splits the weights over the devices on "
-                "the JAX engine only; add --backend jax, or drop --model-parallel"
-            )
-        return
-    if strategy in TF_ONLY_STRATEGIES:
+    splitting = _engines_that(lambda c: c.splits_state)
+    if shard != "none" and not can.splits_state:
         raise ConfigError(
-            f"--strategy {strategy} {TF_ONLY_STRATEGIES[strategy]}; with "
-            "--backend jax use --strategy auto (data parallel over the devices) "
-            "or multi-worker (over processes), or --backend tensorflow"
+            f"--shard {shard} splits the training state over the devices "
+            f"on the JAX engine only; add {splitting}, or drop --shard"
         )
-    if cross_device_ops != "auto":
+    if model_parallel != 1 and not can.splits_state:
+        raise ConfigError(
+            f"--model-parallel {model_parallel} splits the weights over the devices on "
+            f"the JAX engine only; add {splitting}, or drop --model-parallel"
+        )
+    if strategy not in can.strategies:
+        raise ConfigError(
+            f"--strategy {strategy} {STRATEGY_NEEDS[strategy]}; with --backend {backend} use "
+            "--strategy auto (data parallel over the devices) or multi-worker (over "
+            f"processes), or {_engines_that(lambda c: strategy in c.strategies)}"
+        )
+    if cross_device_ops != "auto" and not can.chooses_collectives:
         raise ConfigError(
             f"--cross-device-ops {cross_device_ops} chooses TensorFlow's "
-            "collectives; under --backend jax XLA does the all-reduce: drop it"
+            f"collectives; under --backend {backend} XLA does the all-reduce: drop it"
         )
-    if communication != "auto":
+    if communication != "auto" and not can.chooses_collectives:
         raise ConfigError(
             f"--communication {communication} chooses TensorFlow's multi-worker "
-            "collectives: drop it with --backend jax"
+            f"collectives: drop it with --backend {backend}"
         )
-    if profile:
+    if profile and not can.profiles_built_in_step:
         raise ConfigError(
             "--profile breaks down the built-in models' step on TensorFlow; under "
-            "--backend jax the summary reports the input wait (input_wait_share) without "
-            "it: drop --profile, use --backend tensorflow, or train a compiled --model "
-            "package.module:function (profiled on both backends)"
+            f"--backend {backend} the summary reports the input wait (input_wait_share) "
+            "without it: drop --profile, use --backend tensorflow, or train a compiled "
+            "--model package.module:function (profiled on both backends)"
         )
 
 
@@ -269,8 +289,9 @@ def load(backend: str) -> ModuleType:
 
 __all__ = [
     "BACKENDS",
-    "SPLITS_STATE",
-    "EXPORTS",
+    "STRATEGY_NEEDS",
+    "capabilities",
+    "read_model",
     "ENGINES",
     "DEFAULT",
     "resolve",

@@ -8,7 +8,21 @@ compiled calls. An engine is a package under ``mirrorfit/engine/`` named in
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Protocol, Sequence
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What an engine can do, declared in its package (``CAPABILITIES``) and read by the settings
+    check before the framework loads (:func:`mirrorfit.engine.backends.check_settings`)."""
+
+    strategies: tuple[str, ...]  # the --strategy values it runs ("auto" among them)
+    splits_state: bool  # --shard optimizer|all and --model-parallel
+    exports_saved_model: bool  # writes a SavedModel itself (--export-dir)
+    compiles_every_step: bool  # the whole step is always compiled (--xla is what it does)
+    chooses_collectives: bool  # --cross-device-ops and --communication
+    profiles_built_in_step: bool  # --profile of a built-in model's step
 
 
 class Distribution(Protocol):
@@ -141,7 +155,7 @@ class Engine(Protocol):
     """The engine package itself (``mirrorfit.engine.<name>``)."""
 
     Runner: Callable[..., Runner]
-    COMPILES_EVERY_STEP: bool  # the whole step is always compiled (JAX), not only with --xla
+    CAPABILITIES: Capabilities
 
     def configure_devices(self, **settings) -> Any:
         """The devices to replicate over (a :class:`~mirrorfit.engine.device_setup.

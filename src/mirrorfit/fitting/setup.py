@@ -109,7 +109,7 @@ def setup(
             f"model_parallel={model_parallel!r}: give the devices each weight is split over, a "
             "whole number of at least 1 (1: every device holds whole weights)"
         )
-    if model_parallel > 1 and backend not in backends.SPLITS_STATE:
+    if model_parallel > 1 and not backends.capabilities(backend).splits_state:
         raise FitError(
             f"model_parallel={model_parallel} splits the weights on the JAX engine only; "
             "use backend='jax', or model_parallel=1"
@@ -120,7 +120,7 @@ def setup(
             "'optimizer' (ZeRO-1: the optimizer state split over the devices) or "
             "'all' (FSDP: the weights too)"
         )
-    if shard != "none" and backend not in backends.SPLITS_STATE:
+    if shard != "none" and not backends.capabilities(backend).splits_state:
         raise FitError(
             f"shard={shard!r} splits the training state on the JAX engine only; "
             "use backend='jax', or shard='none'"

@@ -88,7 +88,7 @@ def check(config: TrainConfig, engine, model) -> None:
             "rate is the compile's; give a schedule with a warm-up there (e.g. "
             "keras.optimizers.schedules.CosineDecay(..., warmup_target=, warmup_steps=))"
         )
-    if config.xla and not engine.COMPILES_EVERY_STEP:
+    if config.xla and not engine.CAPABILITIES.compiles_every_step:
         unsupported = [layer.name for layer in model._flatten_layers() if not layer.supports_jit]
         if unsupported:
             raise ConfigError(

@@ -27,7 +27,8 @@ from mirrorfit.job.preemption import PreemptionGuard
 from mirrorfit.models.schedules import LinearWarmup, build_optimizer, learning_rate
 from mirrorfit.job.agreement import check_agreement, data_summary, must_match
 from mirrorfit.job.divergence import DivergenceGuard
-from mirrorfit.job.data import check_model_fits, data_errors, data_flags, load_run_data
+from mirrorfit.data.file_errors import data_errors
+from mirrorfit.job.data import check_model_fits, data_flags, load_run_data
 from mirrorfit.job.finish import Run, finish, state_line
 
 _UNCHECKED = object()  # run_training's cluster: not given, so checked here
@@ -235,7 +236,13 @@ def _trainer(config: TrainConfig, engine, setup, dist, data, factory, console: C
         scaling=config.lr_scaling,
         warmup_steps=round(config.warmup_epochs * data.train.steps_per_epoch),
     )
-    xla = "on (every step, JAX)" if engine.COMPILES_EVERY_STEP else "on" if config.xla else "off"
+    xla = (
+        "on (every step, JAX)"
+        if engine.CAPABILITIES.compiles_every_step
+        else "on"
+        if config.xla
+        else "off"
+    )
     console.print(
         f"precision: {config.precision}, XLA: {xla}, "
         f"learning rate: {_describe_lr(lr)}" + (", rematerialisation on" if config.remat else "")

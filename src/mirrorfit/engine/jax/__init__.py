@@ -7,6 +7,8 @@ between calls) -> ``state`` (checkpoint files). Imports no TensorFlow.
 import importlib
 from typing import TYPE_CHECKING
 
+from mirrorfit.engine.contract import Capabilities
+
 # The engine's interface (mirrorfit.engine.backends), loaded on first use: its modules import
 # the framework, and some callers need only a part (``mirrorfit export`` reads a JAX
 # checkpoint's arrays with NumPy, on a machine that may have no JAX).
@@ -112,7 +114,14 @@ def in_job() -> bool:
     return processes.joined() is not None
 
 
-COMPILES_EVERY_STEP = True  # XLA compiles the whole step always (--xla is what it does)
+CAPABILITIES = Capabilities(
+    strategies=("auto", "single", "mirrored", "multi-worker"),
+    splits_state=True,  # --shard, --model-parallel (sharding.py, placement.py)
+    exports_saved_model=False,  # a SavedModel needs TensorFlow: `mirrorfit export` writes it
+    compiles_every_step=True,  # XLA compiles the whole step always (--xla is what it does)
+    chooses_collectives=False,  # XLA does the all-reduce
+    profiles_built_in_step=False,  # the built-in step is one jitted program
+)
 
 __all__ = [
     *_EXPORTS,
@@ -121,7 +130,7 @@ __all__ = [
     "peer_failure",
     "stopped_answering",
     "in_job",
-    "COMPILES_EVERY_STEP",
+    "CAPABILITIES",
 ]
 
 

@@ -6,6 +6,8 @@ thread pools) -> ``strategy`` (tf.distribute by name, as one ``distribution.Dist
 import importlib
 from typing import TYPE_CHECKING
 
+from mirrorfit.engine.contract import Capabilities
+
 # The engine's interface (mirrorfit.engine.backends), loaded on first use: its modules import
 # the framework, and some callers need only a part (``mirrorfit export`` reads a JAX
 # checkpoint's arrays with NumPy, on a machine that may have no JAX).
@@ -109,7 +111,21 @@ def in_job() -> bool:
     return False
 
 
-COMPILES_EVERY_STEP = False  # --xla compiles each replica's step; without it, tf.function
+CAPABILITIES = Capabilities(
+    strategies=(
+        "auto",
+        "single",
+        "mirrored",
+        "central-storage",
+        "multi-worker",
+        "parameter-server",
+    ),
+    splits_state=False,
+    exports_saved_model=True,
+    compiles_every_step=False,  # --xla compiles each replica's step; without it, tf.function
+    chooses_collectives=True,  # --cross-device-ops, --communication
+    profiles_built_in_step=True,
+)
 
 __all__ = [
     *_EXPORTS,
@@ -118,7 +134,7 @@ __all__ = [
     "peer_failure",
     "stopped_answering",
     "in_job",
-    "COMPILES_EVERY_STEP",
+    "CAPABILITIES",
 ]
 
 
