@@ -31,7 +31,7 @@ class DataError(MirrorfitError):
 class DataEndedError(DataError):
     """The training data ran out before the epoch's planned steps: a source that yields
     fewer examples than it held when counted (said in the source's words by
-    ``job.data.data_errors``)."""
+    ``data.file_errors.data_errors``)."""
 
 
 class StorageError(MirrorfitError):

@@ -9,6 +9,8 @@ import keras
 import numpy as np
 import pytest
 
+from mirrorfit.engine import backends
+
 from mirrorfit.artifacts.checksums import sealed
 
 from test_checkpoint import _drive, _trainer
@@ -177,7 +179,7 @@ def test_hand_edited_metadata_is_one_line_naming_the_file(tmp_path, edit, proble
     (path / "meta.json").write_text(json.dumps({**meta, **edit}))
     for attempt in (
         Checkpointer(tmp_path, trainer=trainer, model_spec="tiny").restore_latest,
-        lambda: load_model(tmp_path, model="tiny"),
+        lambda: load_model(tmp_path, read_state=backends.read_model, model="tiny"),
     ):
         with pytest.raises(
             CheckpointError,
@@ -197,10 +199,10 @@ def test_a_checkpoint_does_not_choose_the_code_that_runs(tmp_path):
         "would be imported and run; pass --model "
         "user_models:tiny to allow it",
     ):
-        load_model(tmp_path)
+        load_model(tmp_path, read_state=backends.read_model)
     with pytest.raises(CheckpointError, match="pass --model user_models:tiny$"):
-        load_model(tmp_path, model="mlp")
-    model, meta = load_model(tmp_path, model="user_models:tiny")
+        load_model(tmp_path, read_state=backends.read_model, model="mlp")
+    model, meta = load_model(tmp_path, read_state=backends.read_model, model="user_models:tiny")
     assert model.name == "tiny" and meta["step"] == 0
 
 

@@ -173,7 +173,7 @@ def test_each_evaluate_flag_takes_its_default_from_evaluate_artifact():
     defaults are its (on main --data wrote "mnist" beside the function's)."""
     import inspect
 
-    from mirrorfit.artifacts.evaluate import evaluate_artifact
+    from mirrorfit.job.evaluate import evaluate_artifact
 
     parameters = inspect.signature(evaluate_artifact).parameters
     args = _parse("evaluate")

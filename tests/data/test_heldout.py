@@ -138,7 +138,7 @@ def test_an_endless_test_dataset_of_unknown_length_stops_with_one_line(user_modu
 
     import tensorflow as tf
 
-    from mirrorfit.artifacts.evaluate import _batches
+    from mirrorfit.job.evaluate import _batches
     from mirrorfit.data import user
 
     assert user.MAX_UNKNOWN_TEST >= 1_000_000  # real test sets fit

@@ -14,7 +14,6 @@ from mirrorfit.engine.tensorflow.distribution import Distribution
 from mirrorfit.errors import DataError
 from mirrorfit.job.data import (
     check_model_fits,
-    data_errors,
     data_flags,
     input_source,
     load_run_data,
@@ -90,24 +89,6 @@ def test_a_model_that_does_not_take_the_data_is_one_line(
     assert "\n" not in str(error.value)
     for needle in needles:
         assert needle in str(error.value)
-
-
-def test_a_file_gone_while_training_is_one_line_naming_the_source(data):
-    folder = dataclasses.replace(data, kind="folder", source="/data/photos")
-    with pytest.raises(
-        DataError,
-        match=r"--data /data/photos: a file went missing while "
-        r"training \(/data/photos/a/1.png; no such file\)",
-    ):
-        with data_errors(folder):
-            raise tf.errors.NotFoundError(None, None, "/data/photos/a/1.png; no such file\nmore")
-    # data held in memory has no files to lose, and an error no source explains stays as it is
-    with pytest.raises(tf.errors.NotFoundError):
-        with data_errors(data):
-            raise tf.errors.NotFoundError(None, None, "gone")
-    with pytest.raises(tf.errors.InvalidArgumentError):
-        with data_errors(data):
-            raise tf.errors.InvalidArgumentError(None, None, "bad")
 
 
 def test_data_flags_name_streamed_tfrecords_worker_count(data):

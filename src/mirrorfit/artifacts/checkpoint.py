@@ -11,7 +11,6 @@ why: docs/architecture.md#checkpoints)
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import json
 import os
 import shutil
@@ -48,12 +47,8 @@ from mirrorfit.artifacts.checkpoint_meta import (
     set_aside,
 )
 from mirrorfit.data.pipeline import DataOrder
-from mirrorfit.engine.backends import ENGINES
-from mirrorfit.engine.controller import Position
+from mirrorfit.artifacts.position import Position
 from mirrorfit.errors import DivergedError
-
-# Re-exported: callers take the preemption pieces from here, beside the checkpoints they save.
-from mirrorfit.job.preemption import EXIT_PREEMPTED, Preempted, PreemptionGuard  # noqa: F401
 
 __all__ = [
     "CheckpointError",
@@ -411,21 +406,28 @@ def _unreadable(path: Path, why: str, *, training: bool = True) -> "CheckpointEr
     )
 
 
+# Reads a model's variables from a checkpoint folder as the named engine wrote them:
+# read_state(backend, folder, model) (mirrorfit.engine.backends.read_model).
+ReadState = Callable[[str, Path, Any], None]
+
+
 def load_model(
     directory: str | Path,
     *,
+    read_state: ReadState,
     model: str | None = None,
     on_notice: Callable[[str], None] = lambda m: print(m, file=sys.stderr),
 ):
     """The model of the newest readable checkpoint in ``directory``, rebuilt outside any strategy,
-    and its meta; only the model's variables are read. A user model is imported only when
-    ``model`` names it too (a checkpoint folder must not choose which code runs).
+    and its meta; only the model's variables are read, by ``read_state``. A user model is
+    imported only when ``model`` names it too (a checkpoint folder must not choose which code
+    runs).
     """
 
     directory = Path(directory)
     found = require_checkpoints(directory)
     if FIT_FOLDER.fullmatch(found[0].name):
-        return _load_fit_model(directory, model, on_notice)
+        return _load_fit_model(directory, model, read_state, on_notice)
     unreadable: list[tuple[Path, str]] = []
     for path in reversed(found):
         try:
@@ -438,7 +440,8 @@ def load_model(
         net = _build_checked(path, meta["identity"], model)
         try:
             check_files(path, meta)
-            _read_model(path, meta, net)
+            # format < 3 checkpoints name no backend: TensorFlow's
+            read_state(meta.get("backend", "tensorflow"), path, net)
         except CheckpointError as e:
             unreadable.append((path, e.reason))
             continue
@@ -453,7 +456,7 @@ def load_model(
     raise _unreadable(*unreadable[0], training=False)  # export, evaluate: no --fresh
 
 
-def _load_fit_model(directory: Path, asked: str | None, on_notice):
+def _load_fit_model(directory: Path, asked: str | None, read_state: ReadState, on_notice):
     """The model of ``mirrorfit.fit``'s newest readable checkpoint in ``directory`` (a compiled
     ``--model``'s: its meta.json names no model, so ``asked`` must), and its meta with
     ``where``, the checkpoint's name."""
@@ -499,7 +502,7 @@ def _load_fit_model(directory: Path, asked: str | None, on_notice):
             ) from None
 
     def read_split(folder: Path, model) -> None:  # a state split over JAX devices: Orbax's
-        importlib.import_module(f"{ENGINES['jax']}.state").read_model(folder, model)
+        read_state("jax", folder, model)
 
     path, meta = epoch_checkpoint.read_newest(net, directory, read_split, on_notice)
     return net, {**meta, "where": path.name}
@@ -531,17 +534,6 @@ def position_of(meta: dict) -> str:
     """Where a checkpoint :func:`load_model` read stands, for messages: ``step N`` (mirrorfit
     train's) or its folder's name (``mirrorfit.fit``'s)."""
     return meta.get("where") or f"step {meta['step']}"
-
-
-def _read_model(path: Path, meta: dict, model) -> None:
-    """The model's variables from checkpoint ``path``, by the reader of the engine that wrote
-    it (a JAX checkpoint reads with NumPy, so TensorFlow's ``mirrorfit export`` takes it)."""
-    backend = meta.get("backend", "tensorflow")  # format < 3 checkpoints: TensorFlow's
-    if backend not in ENGINES:
-        raise ValueError(
-            f"meta.json names backend {str(backend)[:40]!r}, not one of {', '.join(ENGINES)}"
-        )
-    importlib.import_module(f"{ENGINES[backend]}.state").read_model(path, model)
 
 
 def _build_checked(path: Path, ident: dict, asked: str | None):

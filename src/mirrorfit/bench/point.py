@@ -285,7 +285,7 @@ def _explained(source):
     one-line DataError `mirrorfit train` gives, for the report's error column."""
     if source is None:
         return contextlib.nullcontext()
-    from mirrorfit.job.data import data_errors
+    from mirrorfit.data.file_errors import data_errors
 
     return data_errors(source)
 

@@ -126,7 +126,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
     from mirrorfit.artifacts.export import export_keras_model, export_saved_model
     from mirrorfit.artifacts.finite import refuse_non_finite
 
-    model, meta = load_model(args.checkpoint_dir, model=args.model)
+    model, meta = load_model(args.checkpoint_dir, read_state=backends.read_model, model=args.model)
     where = f"{position_of(meta)} of {args.checkpoint_dir}"
     refuse_non_finite(model, where, allow=bool(args.allow_nan))
     if "where" in meta:  # mirrorfit.fit's: a compiled model, exported as Keras exports it
@@ -157,7 +157,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
 def _cmd_evaluate(args: argparse.Namespace) -> int:
     from mirrorfit import _io
     from mirrorfit.artifacts.checkpoint_meta import fits_checkpoints
-    from mirrorfit.artifacts.evaluate import check_evaluate_flags
+    from mirrorfit.job.evaluate import check_evaluate_flags
     from mirrorfit.artifacts.output_paths import check_output_file
 
     flags = dict(
@@ -178,7 +178,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     if compiled:  # a compiled --model's
         from mirrorfit.job.evaluate_compiled import evaluate_checkpoint
 
-        from mirrorfit.artifacts.evaluate import EVAL_BATCH
+        from mirrorfit.job.evaluate import EVAL_BATCH
 
         result = evaluate_checkpoint(config, args.checkpoint_dir, args.model, EVAL_BATCH)
         figures = ", ".join(
@@ -186,7 +186,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
         )
         print(f"{result['source']}: test {figures} on {result['examples']} examples{on}")
     else:
-        from mirrorfit.artifacts.evaluate import evaluate_artifact
+        from mirrorfit.job.evaluate import evaluate_artifact
 
         result = evaluate_artifact(**flags, model=args.model)
         print(

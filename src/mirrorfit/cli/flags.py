@@ -56,7 +56,7 @@ class _FromGrid:
 
 class _FromSignature:
     """An ``add_argument`` whose flags are parameters of ``fn`` (``evaluate``'s of
-    :func:`mirrorfit.artifacts.evaluate.evaluate_artifact`): each one's default the
+    :func:`mirrorfit.job.evaluate.evaluate_artifact`): each one's default the
     parameter's, its help ending with it."""
 
     def __init__(self, add, fn) -> None:
@@ -786,7 +786,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _evaluate_parser(sub) -> None:
     """The evaluate command: each flag but --metrics-out a parameter of evaluate_artifact,
     with its default."""
-    from mirrorfit.artifacts.evaluate import evaluate_artifact  # standard library only
+    from mirrorfit.job.evaluate import evaluate_artifact  # standard library only
 
     ev = sub.add_parser("evaluate", help="test accuracy and loss of a checkpoint or export")
     add = _FromSignature(ev.add_argument, evaluate_artifact)

@@ -11,9 +11,10 @@ from __future__ import annotations
 import importlib
 import math
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
+from mirrorfit.artifacts.position import Position
 from mirrorfit.engine.backends import ENGINES
 from mirrorfit.engine.progress import EpochProgress
 from mirrorfit.data.pipeline import check_lengths
@@ -28,37 +29,6 @@ Hook = Callable[["Trainer"], None]
 # Training data: mirrorfit.train_batches(...) (seeded epochs), a --data source's training
 # batches, or (TensorFlow) a tf.data.Dataset of one epoch of global batches.
 TrainData = Any
-
-
-@dataclass(frozen=True)
-class Position:
-    """Where training is, in optimizer steps (units of the global batch)."""
-
-    epoch: int = 0  # epochs completed (their steps, validation and callbacks)
-    step_in_epoch: int = 0  # steps completed in the current epoch
-    step: int = 0  # optimizer steps completed in all
-    # At an epoch's last step, before that epoch's end (validation, callbacks) ran: its training
-    # logs. A checkpoint saved there keeps them, so that a run resumed from it ends that epoch
-    # with the metrics it trained with.
-    epoch_logs: Mapping[str, float] | None = field(default=None, hash=False)
-    # At an epoch's last step: that epoch's end counts as done. Only a checkpoint of format < 4
-    # says so: its epoch-end save kept the step hook's position, so it cannot tell.
-    ended: bool = False
-
-    def advanced(self, steps: int) -> "Position":
-        return replace(
-            self,
-            step_in_epoch=self.step_in_epoch + steps,
-            step=self.step + steps,
-            epoch_logs=None,
-            ended=False,
-        )
-
-    def at_epoch_end(self, logs: Mapping[str, float]) -> "Position":
-        return replace(self, epoch_logs=dict(logs))
-
-    def epoch_done(self, epoch: int) -> "Position":
-        return replace(self, epoch=epoch, step_in_epoch=0, epoch_logs=None, ended=False)
 
 
 @dataclass

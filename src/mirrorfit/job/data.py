@@ -1,21 +1,17 @@
 """The training run's data: open --data for this process, check the model takes its examples,
-turn tf.data's errors about its files into one line, and name what it is made of (the flags
-behind its order, for checkpoints; how it is read, for the profile). For job.train; evaluate
-and bench use :func:`data_errors` too. TensorFlow is looked at only when loaded (it reads file
-sources under both engines).
+and name what it is made of (the flags behind its order, for checkpoints; how it is read, for
+the profile). For job.train; tf.data's errors about the files: :mod:`mirrorfit.data.file_errors`.
 """
 
 from __future__ import annotations
 
-import contextlib
-import sys
 from typing import Any
 
 from mirrorfit.config import TrainConfig
 from mirrorfit.data.sources import Data, load_data
 from mirrorfit.data.spec import KINDS
 from mirrorfit.engine.backends import WORKER_SHARE
-from mirrorfit.errors import DataEndedError, DataError
+from mirrorfit.errors import DataError
 
 
 def load_run_data(config: TrainConfig, global_batch: int, dist) -> Data:
@@ -41,38 +37,6 @@ def source(config: TrainConfig) -> dict[str, Any]:
         num_classes=config.num_classes,
         model=config.model,
     )
-
-
-@contextlib.contextmanager
-def data_errors(data: Data):
-    """A tf.data error about the source's files (an image that does not decode, or has another
-    size; a file gone) as one line naming the file, not a traceback."""
-    try:
-        yield
-    except Exception as e:
-        tf = sys.modules.get("tensorflow")  # a tf.data error needs TensorFlow loaded
-        ended = tf is not None and isinstance(e, tf.errors.OutOfRangeError)
-        if ended or isinstance(e, DataEndedError):  # counted N examples, then gave fewer
-            raise DataError(
-                f"--data {data.source}: the data ended before the epoch did: it "
-                f"yielded fewer examples than the {data.train_examples:,} counted "
-                "when it was opened; it must give the same examples on every "
-                "pass"
-            ) from None
-        if tf is None or not isinstance(e, tf.errors.OpError):
-            raise
-        if isinstance(e, (tf.errors.InvalidArgumentError, tf.errors.DataLossError)):
-            found = data.explain(e)
-            if found is None:
-                raise
-            raise found from None
-        if not isinstance(e, tf.errors.NotFoundError) or not KINDS[data.kind].files:
-            raise
-        first = (str(getattr(e, "message", e)).strip().splitlines() or [""])[0][:300]
-        raise DataError(
-            f"--data {data.source}: a file went missing while training "
-            f"({first}); restore it, or rerun to list the files again"
-        ) from None
 
 
 def check_model_fits(model, data: Data, config: TrainConfig) -> None:

@@ -23,8 +23,9 @@ def evaluate_checkpoint(
     from keras import tree
 
     from mirrorfit.artifacts.checkpoint import load_model, position_of
+    from mirrorfit.engine import backends
 
-    net, meta = load_model(checkpoint_dir, model=model)
+    net, meta = load_model(checkpoint_dir, read_state=backends.read_model, model=model)
     if not getattr(net, "compiled", False):
         raise ConfigError(
             f"--model {model} returns a model that is not compiled (trained with --loss); "
@@ -72,7 +73,7 @@ def _folder_test(config: TrainConfig, model, batch: int):
 
     from mirrorfit.data.heldout import load_test
     from mirrorfit.job import keras_job
-    from mirrorfit.job.data import data_errors
+    from mirrorfit.data.file_errors import data_errors
     from mirrorfit.models.shapes import classes_of
 
     keras_job.check_one_input(config, model)

@@ -14,7 +14,8 @@ from mirrorfit.config import TrainConfig, to_dict
 from mirrorfit.job.divergence import check_updates
 from mirrorfit.job.observe import out_of_memory_hint
 from mirrorfit.job.preemption import PreemptionGuard
-from mirrorfit.job.data import data_errors, input_source
+from mirrorfit.data.file_errors import data_errors
+from mirrorfit.job.data import input_source
 
 
 def state_line(runner) -> str:

@@ -167,12 +167,13 @@ def evaluate_artifact(
     import numpy as np
 
     from mirrorfit.data.heldout import load_test
-    from mirrorfit.job.data import data_errors
+    from mirrorfit.data.file_errors import data_errors
 
     if checkpoint_dir:
         from mirrorfit.artifacts.checkpoint import load_model, position_of
+        from mirrorfit.engine import backends
 
-        net, meta = load_model(checkpoint_dir, model=model)
+        net, meta = load_model(checkpoint_dir, read_state=backends.read_model, model=model)
         source = f"{checkpoint_dir} ({position_of(meta)})"
         predict = lambda x: net(x, training=False).numpy()  # noqa: E731
         takes, outputs = tuple(net.inputs[0].shape[1:]), net.outputs[0].shape[-1]

@@ -1,4 +1,4 @@
-"""Run by tests/artifacts/test_evaluate.py: ``python evaluate_runs_driver.py RUNS FOLDER``. In
+"""Run by tests/job/test_evaluate.py: ``python evaluate_runs_driver.py RUNS FOLDER``. In
 one fresh interpreter, runs the CLI (``cli.main``) on each argv of RUNS (a JSON object, name:
 argv), in order. Prints one JSON line: per name, [exit code, stderr, stdout]; and per
 FOLDER/NAME.json of train, ckpt and saved, "NAME.json": its contents (null: not written)."""
