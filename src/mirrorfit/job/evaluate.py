@@ -184,15 +184,7 @@ def evaluate_artifact(
         config.data, batch=batch_size, data_dir=config.data_dir, image_size=config.image_size
     )
     _check_fits(opened, takes, outputs, source, data)
-    if opened.alone and outputs is not None and opened.num_classes != outputs:
-        # Not an error (train --num-classes makes more outputs), but a test/ lacking a class
-        # folder shifts the labels of the classes after it: say how labels were numbered.
-        print(
-            f"mirrorfit: note: --data {data} has test/ alone: its {opened.num_classes} class "
-            f"folders are labels 0-{opened.num_classes - 1} by name, for a model of "
-            f"{outputs} outputs; if it lacks one of training's classes, put train/ beside it",
-            file=sys.stderr,
-        )
+    note_test_alone(opened, outputs, data)
     picked, correct, seen = [], [], 0
     with data_errors(opened):  # an image that does not decode: one line naming the file
         for x, y in _batches(opened, data):
@@ -275,6 +267,20 @@ def _batches(opened, data: str):
                 "fix the dataset the function returns"
             ) from None
         yield x, y
+
+
+def note_test_alone(opened, outputs: int | None, data: str) -> None:
+    """Where a folder has ``test/`` alone and its class count differs from the model's
+    ``outputs``: a note on stderr saying how its labels were numbered."""
+    if opened.alone and outputs is not None and opened.num_classes != outputs:
+        # Not an error (train --num-classes makes more outputs), but a test/ lacking a class
+        # folder shifts the labels of the classes after it: say how labels were numbered.
+        print(
+            f"mirrorfit: note: --data {data} has test/ alone: its {opened.num_classes} class "
+            f"folders are labels 0-{opened.num_classes - 1} by name, for a model of "
+            f"{outputs} outputs; if it lacks one of training's classes, put train/ beside it",
+            file=sys.stderr,
+        )
 
 
 def _check_fits(opened, takes: tuple, outputs: int | None, source: str, data: str) -> None:

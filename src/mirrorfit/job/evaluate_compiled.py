@@ -67,26 +67,19 @@ def _test_split(config: TrainConfig, model, batch: int):
 
 def _folder_test(config: TrainConfig, model, batch: int):
     """An image folder's test/ as uint8 pixels and int32 labels, decoded once."""
-    import sys
-
     import numpy as np
 
+    from mirrorfit.data.file_errors import data_errors
     from mirrorfit.data.heldout import load_test
     from mirrorfit.job import keras_job
-    from mirrorfit.data.file_errors import data_errors
+    from mirrorfit.job.evaluate import note_test_alone
     from mirrorfit.models.shapes import classes_of
 
     keras_job.check_one_input(config, model)
     opened = load_test(config.data, batch=batch, image_size=config.image_size, raw=True)
     keras_job.check_takes(config, model, opened.input_shape)
     outputs = classes_of(model)
-    if opened.alone and outputs is not None and opened.num_classes != outputs:
-        print(
-            f"mirrorfit: note: --data {config.data} has test/ alone: its {opened.num_classes} "
-            f"class folders are labels 0-{opened.num_classes - 1} by name, for a model of "
-            f"{outputs} outputs; if it lacks one of training's classes, put train/ beside it",
-            file=sys.stderr,
-        )
+    note_test_alone(opened, outputs, config.data)
     with data_errors(opened):  # an image that does not decode: one line naming the file
         pairs = list(opened.test.as_numpy_iterator())
     return tuple(np.concatenate([p[i] for p in pairs]) for i in (0, 1))
