@@ -8,6 +8,7 @@ Run as ``python created_sharded_driver.py SHARD FOLDER``; prints the figures as 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 
@@ -31,6 +32,37 @@ def share(variable) -> float:
 
 def shares(variables) -> dict:
     return {v.path: share(v) for v in variables}
+
+
+@contextlib.contextmanager
+def whole_on_one_device(shapes: set):
+    """Within it: a list of the arrays JAX made on one device alone with one of ``shapes``
+    (a whole copy of a weight that is split), each as it was made by ``jax.device_put``,
+    ``jnp.asarray`` or ``jnp.array`` (what Keras's assign and conversions call)."""
+    import jax
+
+    made: list = []
+
+    def watched(fn):
+        def call(*args, **kwargs):
+            out = fn(*args, **kwargs)
+            for leaf in jax.tree_util.tree_leaves(out):
+                if (
+                    isinstance(leaf, jax.Array)
+                    and len(leaf.sharding.device_set) == 1
+                    and tuple(leaf.shape) in shapes
+                ):
+                    made.append(tuple(leaf.shape))
+            return out
+
+        return call
+
+    saved = jax.device_put, jax.numpy.asarray, jax.numpy.array
+    jax.device_put, jax.numpy.asarray, jax.numpy.array = map(watched, saved)
+    try:
+        yield made
+    finally:
+        jax.device_put, jax.numpy.asarray, jax.numpy.array = saved
 
 
 class Watch(keras.callbacks.Callback):
@@ -66,14 +98,25 @@ reported = model.__dict__["_mirrorfit_runner"][1].state_bytes_per_device()  # --
 predicted = model.predict(x[:37], verbose=0)
 model.save(f"{FOLDER}/model.keras")
 model.save_weights(f"{FOLDER}/model.weights.h5")
-model.load_weights(f"{FOLDER}/model.weights.h5")
-loaded = keras.models.load_model(f"{FOLDER}/model.keras")
+split = {tuple(w.shape) for w in model.weights if share(w) < 1}
+with whole_on_one_device(split) as whole_copies:  # while the weights load from the files
+    model.load_weights(f"{FOLDER}/model.weights.h5")
+    loaded = keras.models.load_model(f"{FOLDER}/model.keras")
+# The same load as Keras alone makes it (the watch sees what mirrorfit spares)
+Variable = sys.modules["keras.src.backend.jax.core"].JaxVariable
+ours = Variable._convert_to_tensor
+Variable._convert_to_tensor = getattr(Variable, "_keras_convert_to_tensor", ours)
+with whole_on_one_device(split) as keras_copies:
+    model.load_weights(f"{FOLDER}/model.weights.h5")
+Variable._convert_to_tensor = ours
 out = {
     "built": built,
     "during": watch.seen,
     "after": shares(model.weights),
     "optimizer": shares(model.optimizer.variables),
     "after_load_weights": shares(model.weights),
+    "whole_copies_while_loading": len(whole_copies),
+    "keras_whole_copies_while_loading": len(keras_copies),
     "most_live_bytes": live,
     "state_bytes_per_device": reported,
     "loss": history.history["loss"],

@@ -51,6 +51,10 @@ def test_shard_all_creates_holds_and_returns_the_weights_split(tmp_path):
     for ours, theirs in zip(split["weights"], whole["weights"]):
         np.testing.assert_allclose(ours, theirs, rtol=0, atol=1e-6)  # measured: equal
     assert split["predict_apart"] < 1e-5 and split["loaded_apart"] < 1e-5
+    # Loaded sharded: load_weights and load_model put each split weight from the host into
+    # its shards; Keras alone converts each whole onto device 0 first, then splits it.
+    assert split["whole_copies_while_loading"] == 0
+    assert split["keras_whole_copies_while_loading"] >= 3  # the two kernels and a bias
     keras_figures, ours = split["evaluate"]
     np.testing.assert_allclose(keras_figures, ours, rtol=1e-6)
     # on main: a ConfigError (not a ValueError) worded for --shard alone

@@ -3,6 +3,8 @@ variable layouts follow mirrorfit's shape rule (:func:`~mirrorfit.engine.jax.sha
 shard_axis`), so that no device holds a whole split weight, at build, during ``fit`` or after
 it, and the model's own variables are the sharded state. Keras places each variable when it
 is made (a large one is initialised on its shards; a small one whole first, then split).
+Weights loaded into such a model (``load_weights``, ``load_model``, ``set_weights``) go from
+the host straight into their shards (:func:`_load_onto_shards`).
 (why a distribution: docs/keras-script.md#a-model-larger-than-one-device)
 """
 
@@ -10,7 +12,10 @@ from __future__ import annotations
 
 import math
 
+import jax
+import numpy as np
 from keras.distribution import DataParallel, DeviceMesh, TensorLayout
+from keras.src.backend.jax import core as keras_jax
 from keras.src.distribution.distribution_lib import Distribution  # not exported by Keras
 
 from mirrorfit.engine.jax.placement import AXIS, MODEL_AXIS
@@ -132,10 +137,42 @@ def distribution(placement) -> Distribution | None:
     only (several workers: each process builds its model whole, split when the run
     starts)."""
     if getattr(placement, "model_parallel", 1) > 1:
+        _load_onto_shards()
         return GridSharded(placement)
     if getattr(placement, "shard", "none") == "all" and placement.workers == 1:
+        _load_onto_shards()
         return ShapeSharded(placement)
     return None
+
+
+def _load_onto_shards() -> None:
+    """From now on, a NumPy value assigned to a Keras variable that has a layout (what
+    ``load_weights`` reads from a ``.weights.h5``, ``set_weights``' arrays) goes from the host
+    into the variable's shards, each device getting its slice. Keras converts it first, whole,
+    onto the default device, then splits it: a whole copy of every split weight on device 0
+    while a model larger than one device loads. Variables without a layout are as Keras
+    makes them. Idempotent."""
+    if getattr(keras_jax.JaxVariable, "_mirrorfit_onto_shards", False):
+        return
+    convert = keras_jax.JaxVariable._convert_to_tensor
+
+    def _convert_to_tensor(self, value, dtype=None):
+        layout = getattr(self, "_layout", None)
+        if (
+            layout is None
+            or not isinstance(value, np.ndarray)
+            or value.shape != tuple(self.shape)  # Keras's own message names the shapes
+            or not jax.dtypes.issubdtype(value.dtype, np.number)  # Keras's own conversion
+            or jax.dtypes.issubdtype(value.dtype, np.complexfloating)
+        ):
+            return convert(self, value, dtype=dtype)
+        sharding = layout.backend_layout if isinstance(layout, TensorLayout) else layout
+        host = value.astype(jax.numpy.dtype(dtype or self.dtype), copy=False)
+        return jax.device_put(host, sharding)
+
+    keras_jax.JaxVariable._keras_convert_to_tensor = convert  # Keras's own, kept
+    keras_jax.JaxVariable._convert_to_tensor = _convert_to_tensor
+    keras_jax.JaxVariable._mirrorfit_onto_shards = True
 
 
 __all__ = ["GridSharded", "ShapeSharded", "distribution", "spread_slots"]
