@@ -486,9 +486,11 @@ def run(
     chief = _chief()  # several workers: the chief writes
     if config.save_keras and chief:
         from mirrorfit.artifacts.finite import refuse_non_finite
+        from mirrorfit.artifacts.keras_file import save_keras
 
         refuse_non_finite(model, "the trained model", allow=config.allow_nan)
-        model.save(config.save_keras)
+        # as the built-in models' file: atomic, durable, TensorFlow's start-up lines filtered
+        save_keras(model, config.save_keras, before_commit=guard.check_local)
         console.print(f"saved {config.save_keras}")
     if config.export_dir and chief:
         from mirrorfit.artifacts.export import export_keras_model
