@@ -29,6 +29,7 @@ import shutil
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from mirrorfit._frameworks import tensorflow_start_filtered
 from mirrorfit.artifacts.commit import Commit
@@ -336,35 +337,52 @@ def restore_newest(
     without one. A damaged one is passed over (``writes``: set aside, with a
     warning naming it) for the one before; FitError if none can be read, or if one is of
     another model or optimizer settings (not damage: an older one is no better)."""
-    damaged: list[tuple[Path, str]] = []
-    for found in reversed(checkpoints(directory)):
-        meta, why = _read_meta(found)
-        if why is None:
-            _check_identity(model, found, meta, optimizer)
-            _check_data(found, meta, data)
-            why = files_problem(found, meta.get("files")) if meta.get("format") else None
-        if why is None:
-            why = _load(model, found, state)
-        if why is not None:
-            damaged.append((found, why))
-            continue
-        for path, reason in damaged:
-            aside = set_aside(path) if writes else path
-            warnings.warn(
-                f"checkpoint {path} cannot be read ({reason}); "
-                + (f"moved it to {aside.name} and " if writes else "")
-                + f"resuming from the previous one, {found.name}",
-                stacklevel=2,
-            )
-        rng = meta.get("rng")
-        return Position(meta["epoch"], meta.get("step_in_epoch", 0), rng)
-    if damaged:
+
+    def check(found: Path, meta: dict) -> None:
+        _check_identity(model, found, meta, optimizer)
+        _check_data(found, meta, data)
+
+    found, meta, damaged = _first_readable(directory, check, lambda f: _load(model, f, state))
+    if found is None:
+        if not damaged:
+            return None
         path, reason = damaged[0]
         raise FitError(
             f"checkpoint {path} cannot be read ({reason}); delete it to fall back to an "
             "older one, or give another checkpoint_dir"
         )
-    return None
+    for path, reason in damaged:
+        aside = set_aside(path) if writes else path
+        warnings.warn(
+            f"checkpoint {path} cannot be read ({reason}); "
+            + (f"moved it to {aside.name} and " if writes else "")
+            + f"resuming from the previous one, {found.name}",
+            stacklevel=2,
+        )
+    return Position(meta["epoch"], meta.get("step_in_epoch", 0), meta.get("rng"))
+
+
+def _first_readable(
+    directory: Path,
+    check: Callable[[Path, dict], None],
+    read: Callable[[Path], str | None],
+) -> tuple[Path | None, dict, list[tuple[Path, str]]]:
+    """Newest first, the first checkpoint of ``directory`` whose meta.json, ``check`` (which
+    raises for what is not damage: another model's), checksums and ``read`` (what made it
+    unreadable, None: read) all pass: (its folder, its meta, [(folder, why)] of the newer ones
+    passed over as damaged); (None, {}, those) where none passes."""
+    damaged: list[tuple[Path, str]] = []
+    for found in reversed(checkpoints(directory)):
+        meta, why = _read_meta(found)
+        if why is None:
+            check(found, meta)
+            why = files_problem(found, meta.get("files")) if meta.get("format") else None
+        if why is None:
+            why = read(found)
+        if why is None:
+            return found, meta, damaged
+        damaged.append((found, why))
+    return None, {}, damaged
 
 
 def _read_meta(found: Path) -> tuple[dict, str | None]:
@@ -515,26 +533,23 @@ def read_newest(model, directory: Path, read_split, on_notice) -> tuple[Path, di
     checksums checked, its weights read (a split state by ``read_split(folder, model)``); a
     damaged one passed over (``on_notice`` says so) for the one before. Returns its folder and
     meta.json; FitError for another model's, CheckpointError if none can be read."""
-    damaged: list[tuple[Path, str]] = []
-    for found in reversed(checkpoints(directory)):
-        meta, why = _read_meta(found)
-        if why is None:
-            ignore = () if _optimizer(model) is not None else ("optimizer",)
-            _check_identity(model, found, meta, None, ignore, "pass the --model that trained it")
-            why = files_problem(found, meta.get("files")) if meta.get("format") else None
-        if why is None:
-            why = _read_weights(model, found, read_split)
-        if why is not None:
-            damaged.append((found, why))
-            continue
-        for path, reason in damaged:
-            on_notice(
-                f"checkpoint {path.name} cannot be read ({reason}); using the previous one, "
-                f"{found.name}"
-            )
-        return found, meta
-    path, reason = damaged[0]
-    raise CheckpointError(f"checkpoint {path} cannot be read ({reason}); restore or delete it")
+    ignore = () if _optimizer(model) is not None else ("optimizer",)
+
+    def check(found: Path, meta: dict) -> None:
+        _check_identity(model, found, meta, None, ignore, "pass the --model that trained it")
+
+    found, meta, damaged = _first_readable(
+        directory, check, lambda f: _read_weights(model, f, read_split)
+    )
+    if found is None:
+        path, reason = damaged[0]
+        raise CheckpointError(f"checkpoint {path} cannot be read ({reason}); restore or delete it")
+    for path, reason in damaged:
+        on_notice(
+            f"checkpoint {path.name} cannot be read ({reason}); using the previous one, "
+            f"{found.name}"
+        )
+    return found, meta
 
 
 def _optimizer(model):
