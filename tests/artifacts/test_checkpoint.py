@@ -665,10 +665,10 @@ def test_hand_edited_epoch_logs_and_a_newer_format_are_one_line_naming_the_file(
         Checkpointer(tmp_path, trainer=_trainer(), model_spec="tiny").restore_latest()
     assert "ckpt-000000016" in str(e.value) and "--fresh" in str(e.value)
     assert newer.is_dir()  # not set aside as corrupt
-    with pytest.raises(CheckpointError, match="written by a newer mirrorfit"):
-        load_model(
-            tmp_path, read_state=backends.read_model, on_notice=pytest.fail
-        )  # export, evaluate: nor there
+    with pytest.raises(CheckpointError, match="written by a newer mirrorfit") as e:
+        load_model(tmp_path, read_state=backends.read_model, on_notice=pytest.fail)
+    # export, evaluate: nor there, and no --fresh (which they do not take) in the advice
+    assert "--fresh" not in str(e.value) and "pass another --checkpoint-dir" in str(e.value)
 
 
 @pytest.mark.parametrize(

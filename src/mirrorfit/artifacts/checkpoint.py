@@ -431,7 +431,7 @@ def load_model(
     unreadable: list[tuple[Path, str]] = []
     for path in reversed(found):
         try:
-            meta = read_meta(path)
+            meta = read_meta(path, training=False)
         except NewerFormatError:
             raise  # not damage: an older checkpoint is not the one asked for
         except CheckpointError as e:

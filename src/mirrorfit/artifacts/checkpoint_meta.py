@@ -61,9 +61,10 @@ class NewerFormatError(CheckpointError):
     """A checkpoint written by a newer mirrorfit (its meta format is unknown here)."""
 
 
-def read_meta(path: Path) -> dict:
+def read_meta(path: Path, *, training: bool = True) -> dict:
     """The metadata of checkpoint folder ``path``, its whole schema checked (a hand edit must
-    not become a traceback later); CheckpointError naming the file if it is unusable."""
+    not become a traceback later); CheckpointError naming the file if it is unusable
+    (``training``: its advice for a run that resumes, else for export and evaluate)."""
     file, meta = path / "meta.json", None
     try:
         special = special_file(path)  # before anything in it is opened
@@ -84,8 +85,12 @@ def read_meta(path: Path) -> dict:
         # older checkpoint, or reading it as ours, would be wrong; restore does not fall back.
         raise NewerFormatError(
             f"checkpoint {file} was written by a newer mirrorfit (meta format "
-            f"{meta['format']}, this one reads up to {FORMAT}): upgrade mirrorfit to resume "
-            "from it, or pass --fresh to start over",
+            f"{meta['format']}, this one reads up to {FORMAT}): upgrade mirrorfit to "
+            + (
+                "resume from it, or pass --fresh to start over"
+                if training
+                else "read it, or pass another --checkpoint-dir"
+            ),
             reason=f"meta.json: format {meta['format']}",
         )
     if problem:

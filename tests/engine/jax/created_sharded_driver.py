@@ -109,6 +109,11 @@ Variable._convert_to_tensor = getattr(Variable, "_keras_convert_to_tensor", ours
 with whole_on_one_device(split) as keras_copies:
     model.load_weights(f"{FOLDER}/model.weights.h5")
 Variable._convert_to_tensor = ours
+# A NumPy subclass (a masked array) goes through Keras's own conversion, as without mirrorfit
+kernel = model.layers[0].kernel
+held = np.asarray(kernel.value)
+kernel.assign(np.ma.masked_array(held, mask=held > 0))
+masked_apart = float(np.abs(np.asarray(kernel.value) - held).max())
 out = {
     "built": built,
     "during": watch.seen,
@@ -117,6 +122,7 @@ out = {
     "after_load_weights": shares(model.weights),
     "whole_copies_while_loading": len(whole_copies),
     "keras_whole_copies_while_loading": len(keras_copies),
+    "masked_apart": masked_apart,
     "most_live_bytes": live,
     "state_bytes_per_device": reported,
     "loss": history.history["loss"],

@@ -55,6 +55,7 @@ def test_shard_all_creates_holds_and_returns_the_weights_split(tmp_path):
     # its shards; Keras alone converts each whole onto device 0 first, then splits it.
     assert split["whole_copies_while_loading"] == 0
     assert split["keras_whole_copies_while_loading"] >= 3  # the two kernels and a bias
+    assert split["masked_apart"] == 0.0  # on cdbafe7: JAX refused a masked array
     keras_figures, ours = split["evaluate"]
     np.testing.assert_allclose(keras_figures, ours, rtol=1e-6)
     # on main: a ConfigError (not a ValueError) worded for --shard alone

@@ -160,7 +160,7 @@ def _load_onto_shards() -> None:
         layout = getattr(self, "_layout", None)
         if (
             layout is None
-            or not isinstance(value, np.ndarray)
+            or type(value) is not np.ndarray  # a masked array, a matrix: as Keras takes them
             or value.shape != tuple(self.shape)  # Keras's own message names the shapes
             or not jax.dtypes.issubdtype(value.dtype, np.number)  # Keras's own conversion
             or jax.dtypes.issubdtype(value.dtype, np.complexfloating)
