@@ -82,7 +82,14 @@ def _epoch(run, data: Epochs, callbacks, hooks, at, saver, guard, signals) -> di
     model, runner = run.model, run.runner
     epoch, step = at
     model.reset_metrics()
+    # Resumed inside the epoch: the checkpoint's learning rate already holds what this epoch's
+    # on_epoch_begin set (and its batch callbacks since); a schedule of the current rate
+    # (LearningRateScheduler(lambda e, lr: lr * 0.5)) would apply twice. Its callbacks run
+    # as in the first try, and the rate is the checkpoint's again after them.
+    held = _held_rate(model) if step else None
     callbacks.on_epoch_begin(epoch)
+    if held is not None:
+        held[0].assign(held[1])
     runner.load()  # what a callback changed (a learning rate) reaches the step
     if saver is not None:
         saver.epoch_begins()  # before the epoch draws its shuffle
@@ -112,6 +119,19 @@ def _epoch(run, data: Epochs, callbacks, hooks, at, saver, guard, signals) -> di
             "one example (or fewer steps_per_epoch than it holds)"
         )
     return runner.logs()
+
+
+def _held_rate(model):
+    """(the optimizer's learning-rate variable, its value now), None where the rate is a
+    schedule or a function of the step, which no callback sets."""
+    import keras
+
+    optimizer = getattr(model, "optimizer", None)
+    optimizer = getattr(optimizer, "inner_optimizer", optimizer)  # LossScaleOptimizer's
+    rate = getattr(optimizer, "_learning_rate", None)
+    if not isinstance(rate, keras.Variable):
+        return None
+    return rate, keras.ops.convert_to_numpy(rate)
 
 
 def _stop_on_signal(
