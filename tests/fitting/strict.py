@@ -76,6 +76,7 @@ def ragged_dataset():
     return tf.data.Dataset.from_tensor_slices((rows, [0, 1, 2, 0])).batch(2)
 
 
+rows = np.arange(len(x))[:, None]
 cases = {
     "float64_sample_weight": lambda: weights_after(np.linspace(0.5, 1.5, 96)),
     "int_sample_weight": lambda: weights_after(np.ones(96, np.int64)),
@@ -124,6 +125,14 @@ cases = {
     ),
     "dict_of_other_names": lambda: mirrorfit.fit(classifier(), {"a": x}, labels, **kw),
     "evaluate_y_none": lambda: mirrorfit.evaluate(classifier(), x, batch_size=32, verbose=0),
+    # trained 4 steps into NaN weights, then DivergedError blaming the rate, on 5cdf61e
+    "nan_x": lambda: mirrorfit.fit(classifier(), np.where(rows == 5, np.nan, x), labels, **kw),
+    "inf_sample_weight": lambda: mirrorfit.fit(
+        classifier(), x, labels, sample_weight=np.where(rows[:, 0] == 3, np.inf, 1.0), **kw
+    ),
+    "nan_x_allowed": lambda: mirrorfit.fit(
+        classifier(), np.where(rows == 5, np.nan, x), labels, allow_nan=True, **kw
+    ),
     "ema": lambda: mirrorfit.fit(
         with_optimizer(keras.optimizers.Adam(use_ema=True)), x, labels, **kw
     ),

@@ -301,8 +301,9 @@ def test_a_damaged_newest_checkpoint_is_set_aside_and_the_previous_restored(back
     )
     assert "was trained with Adam learning_rate=0.01; this model is compiled with " in r["other_lr"]
     assert "learning_rate=0.0001" in r["other_lr"] and "\n" not in r["other_lr"]
-    # a NaN loss: stopped after the call that saw it, its last finite checkpoint named
-    assert r["nan_False_error"].startswith("the training loss is nan after step 4 of epoch 1 ")
+    # a loss past float32's range: stopped after the call that saw it, its last finite
+    # checkpoint named
+    assert r["nan_False_error"].startswith("the training loss is inf after step 4 of epoch 1 ")
     assert (
         "(last finite: " in r["nan_False_error"]
         and "after step 2 of epoch 1)" in (r["nan_False_error"])
@@ -409,6 +410,7 @@ def test_what_keras_takes_trains_and_what_it_should_not_is_one_line(backend, tmp
         "evaluate_float64_sample_weight",
         "y_none_own_loss",
         "integral_float_labels",
+        "nan_x_allowed",
     )
     assert {k: r[k] for k in trains} == dict.fromkeys(trains)
     assert r["float64_equals_float32"] and r["own_loss_falls"]
@@ -454,6 +456,8 @@ def test_what_keras_takes_trains_and_what_it_should_not_is_one_line(backend, tmp
         # Keras's multi-line "The structure of `inputs` doesn't match" on 0b4205a
         "dict_of_other_names": "the training data is a dict with the key(s) 'a'; the model's",
         "evaluate_y_none": "y=None, but the model is compiled with a loss, which needs targets",
+        "nan_x": "x holds nan (row 5); the loss of the batch holding it would be NaN",
+        "inf_sample_weight": "sample_weight holds inf (row 3)",
     }
     for name, needle in refused.items():
         assert r[name] is not None and needle in r[name], (name, r[name])

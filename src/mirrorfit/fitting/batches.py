@@ -79,6 +79,33 @@ def check_arrays(x, y, sample_weight) -> None:
         )
 
 
+def check_finite(x, y, sample_weight) -> None:
+    """FitError for a NaN or an infinity in NumPy training arrays (inputs, targets, weights):
+    the loss of the first batch holding one is NaN, and the weights with it, which the
+    divergence guard would only see after the call, blaming the learning rate. Read in
+    blocks of rows, so that a memory map is not held whole."""
+    from keras import tree
+
+    for name, part in (("x", x), ("y", y), ("sample_weight", sample_weight)):
+        parts = tree.flatten_with_path(part) if part is not None else ()
+        for path, a in parts:
+            if not isinstance(a, np.ndarray) or a.dtype.kind != "f" or not a.ndim:
+                continue
+            rows = max(1, (1 << 22) // max(1, a[0].size))  # about 4M values a block
+            for start in range(0, len(a), rows):
+                bad = ~np.isfinite(a[start : start + rows])
+                if bad.any():
+                    row = start + int(np.argwhere(bad)[0][0])
+                    key = "".join(f"[{k!r}]" for k in path)
+                    value = a[start : start + rows][bad][0]
+                    raise FitError(
+                        f"{name}{key} holds {value} (row {row}); the loss of the batch "
+                        "holding it would be NaN, and the weights after it: clean the data "
+                        "(drop the row, or np.nan_to_num), or pass allow_nan=True "
+                        "(--allow-nan) to train on as Keras does"
+                    )
+
+
 def check_batch_size(batch_size, replicas: int, accum_steps: int = 1) -> int:
     """The global batch as an int; FitError unless it splits evenly into replicas x
     micro-batches."""

@@ -19,7 +19,7 @@ from mirrorfit.engine.backends import ENGINES
 from mirrorfit.engine.contract import FitEngine, FitRunner
 from mirrorfit.errors import FitError
 from mirrorfit.fitting import controller
-from mirrorfit.fitting.batches import check_targets_given
+from mirrorfit.fitting.batches import check_finite, check_targets_given
 from mirrorfit.fitting.blocks import prefetched
 from mirrorfit.fitting.epochs import Epochs
 from mirrorfit.fitting.hooks import callback_list, checked_callbacks
@@ -142,6 +142,8 @@ def fit(
         run.build(train.first, fits=True)
         _warn_batchnorm_per_replica(run, train.size)
         metrics.check_sparse_labels(model, y, "the training data")
+        if not checkpointing["allow_nan"]:  # after the labels' own check, which says more
+            check_finite(x, y, sample_weight)
         val = _validation(
             run, validation_data, validation_batch_size or batch_size, validation_steps
         )
