@@ -124,6 +124,8 @@ cases = {
         classifier(), x, labels, sample_weight=np.ones(95), batch_size=32, verbose=0
     ),
     "dict_of_other_names": lambda: mirrorfit.fit(classifier(), {"a": x}, labels, **kw),
+    # Keras's "could not convert string to float: 'wrong'" on c48e21a
+    "targets_dict_one_output": lambda: mirrorfit.fit(classifier(), x, {"wrong": labels}, **kw),
     "evaluate_y_none": lambda: mirrorfit.evaluate(classifier(), x, batch_size=32, verbose=0),
     # trained 4 steps into NaN weights, then DivergedError blaming the rate, on 5cdf61e
     "nan_x": lambda: mirrorfit.fit(classifier(), np.where(rows == 5, np.nan, x), labels, **kw),
@@ -193,6 +195,11 @@ out["two_outputs_evaluate"] = [
     mirrorfit.evaluate(both, x, targets, batch_size=32, verbose=0),
     both.evaluate(x, targets, batch_size=32, verbose=0),
 ]
+try:  # a dict of outputs given a key it lacks
+    mirrorfit.fit(two_outputs(), x, {"kind": targets[0], "valeu": targets[1]}, **kw)
+    out["targets_dict_other_keys"] = None
+except ValueError as e:
+    out["targets_dict_other_keys"] = str(e)
 
 
 class LargestError(keras.metrics.Metric):

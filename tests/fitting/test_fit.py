@@ -458,6 +458,10 @@ def test_what_keras_takes_trains_and_what_it_should_not_is_one_line(backend, tmp
         "evaluate_y_none": "y=None, but the model is compiled with a loss, which needs targets",
         "nan_x": "x holds nan (row 5); the loss of the batch holding it would be NaN",
         "inf_sample_weight": "sample_weight holds inf (row 3)",
+        "targets_dict_one_output": "the training data's targets are a dict (key(s) 'wrong'), "
+        "but the model's outputs are not a dict",
+        "targets_dict_other_keys": "targets are a dict with the key(s) 'kind', 'valeu'; the "
+        "model's outputs are named 'value', 'kind': key the targets by those names",
     }
     for name, needle in refused.items():
         assert r[name] is not None and needle in r[name], (name, r[name])

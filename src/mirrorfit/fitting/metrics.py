@@ -300,6 +300,8 @@ def check_target_shapes(model, y, where: str) -> None:
     1 is fine: Keras squeezes it). Losses of the user's own are not judged."""
     loss = getattr(model, "loss", None)
     outputs = getattr(model, "outputs", None) or []
+    if isinstance(y, dict) and outputs:
+        _check_target_keys(model, y, where)
     if len(outputs) > 1 and isinstance(y, np.ndarray):
         raise FitError(
             f"the model has {len(outputs)} outputs and {where} one target array; give one "
@@ -338,6 +340,34 @@ def check_target_shapes(model, y, where: str) -> None:
             f"{whose} has targets of shape {have} per example "
             f"and the model's output {want}, which the loss {kind} compares value by value; "
             f"give {hint}"
+        )
+
+
+def _check_target_keys(model, y: dict, where: str) -> None:
+    """FitError for targets given as a dict that Keras's compiled loss cannot match: keys other
+    than a dict of outputs' own, or any dict for outputs that are one tensor or a list (Keras:
+    "could not convert string to float" with the key). A step of the model's own reads its
+    targets as it likes: not judged."""
+    if overrides(model, "train_step") or overrides(model, "compute_loss"):
+        return
+    # a functional model's outputs as declared (a dict, a list, one tensor); a Sequential's
+    # is one tensor (its .output raises until it is called)
+    structure = getattr(model, "_outputs_struct", None)
+    if structure is None and not isinstance(model, keras.Sequential):
+        return
+    keys = ", ".join(repr(k) for k in list(y)[:5]) or "none"
+    if not isinstance(structure, dict):
+        count = len(model.outputs)
+        wanted = "one array" if count == 1 else f"a list of {count} arrays in output order"
+        raise FitError(
+            f"{where}'s targets are a dict (key(s) {keys}), but the model's outputs are not a "
+            f"dict, which Keras's loss matches targets to by key; give {wanted}"
+        )
+    if set(structure) != set(y):
+        names = ", ".join(map(repr, structure))
+        raise FitError(
+            f"{where}'s targets are a dict with the key(s) {keys}; the model's outputs are "
+            f"named {names}: key the targets by those names"
         )
 
 
