@@ -94,6 +94,8 @@ def test_unknown_key_names_it_and_suggests(tmp_path):
         # without a folder it was ignored, exit 0 and no checkpoint (fit refused it)
         ("checkpoint-every = 5", "--checkpoint-every 5 needs --checkpoint-dir DIR"),
         ("fresh = true", "--fresh needs --checkpoint-dir DIR"),
+        # without a SavedModel to shape it was ignored, exit 0 (a hostile pass, cdbafe7)
+        ("export-preprocessing = true", "--export-preprocessing shapes the SavedModel that "),
         ("epochs = [", "not valid TOML"),
         ("train = 3", "'train' must be a \\[train\\] table"),
     ],

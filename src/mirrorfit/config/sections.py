@@ -409,8 +409,8 @@ class ModelSettings(Section):
 
 @dataclass(frozen=True)
 class OutputSettings(Section):
-    """What the run writes and reports. Nothing to check when built: whether the paths can be
-    written is mirrorfit.config.check_outputs's question, asked before a run."""
+    """What the run writes and reports. Whether the paths can be written is
+    mirrorfit.config.check_outputs's question, asked before a run."""
 
     logdir: str | None = None  # TensorBoard scalars
     metrics_out: str | None = None
@@ -418,6 +418,13 @@ class OutputSettings(Section):
     export_dir: str | None = None  # models/NAME: the next numeric version is written there
     export_preprocessing: bool = False
     save_keras: str | None = None
+
+    def check(self) -> None:
+        if self.export_preprocessing and not self.export_dir:
+            raise ConfigError(
+                "--export-preprocessing shapes the SavedModel that --export-dir writes; give "
+                "--export-dir models/NAME, or leave it out"
+            )
 
 
 # TrainConfig's order: its fields section by section, and its checks in this order too (the
