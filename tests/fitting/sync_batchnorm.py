@@ -1,9 +1,10 @@
 """A model with BatchNormalization (a convolution's, over batch x height x width, and a
 Dense layer's), compiled with SGD, trained one epoch with ``shuffle=False`` on 100 examples in
 global batches of 32 (the last one partial): by ``mirrorfit.fit`` on 2 replicas with
-``sync_batchnorm`` (``synced``) or without (``per-replica``, the warning recorded), or by its
-own ``fit`` on one device (``keras``). Run as ``python sync_batchnorm.py BACKEND MODE OUT``;
-writes OUT (JSON: weights, moving means and variances, history, warnings)."""
+``sync_batchnorm`` (``synced``) or without (``per-replica``, the warning recorded), on one
+replica (``one``), or by its own ``fit`` on one device (``keras``). Run as ``python
+sync_batchnorm.py BACKEND MODE OUT``; writes OUT (JSON: weights, moving means and variances,
+history, warnings)."""
 
 from __future__ import annotations
 
@@ -19,8 +20,10 @@ import mirrorfit
 BACKEND, MODE, OUT = sys.argv[1:4]
 if MODE == "keras":
     os.environ["KERAS_BACKEND"] = BACKEND
-else:
-    mirrorfit.setup(backend=BACKEND, replicas=2, sync_batchnorm=MODE == "synced")
+else:  # "one": one replica, as Keras's own fit is (not synchronized)
+    mirrorfit.setup(
+        backend=BACKEND, replicas=1 if MODE == "one" else 2, sync_batchnorm=MODE == "synced"
+    )
 import keras  # noqa: E402
 from keras import layers  # noqa: E402
 

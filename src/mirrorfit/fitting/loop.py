@@ -131,6 +131,7 @@ def fit(
         y, sample_weight = _as_outputs(model, y), _as_outputs(model, sample_weight)
         adapter = _adapter(x, y, sample_weight, class_weight, batch_size, steps_per_epoch, shuffle)
         if not drop_remainder and run.pads("train"):
+            run.leave_padding_out_of_batchnorm(adapter)
             _warn_padding_enters(model, adapter, synced=run.sync_batchnorm)
         train = run.epochs(
             adapter, batch_size, steps_per_epoch, "train", drop_remainder=drop_remainder
@@ -410,6 +411,31 @@ class _Run:
     def _waited(self, seconds: float) -> None:
         held = self.model.__dict__
         held[_INPUT_WAIT] = held.get(_INPUT_WAIT, 0.0) + seconds
+
+    def leave_padding_out_of_batchnorm(self, adapter) -> None:
+        """On one replica, where an epoch ends on a partial batch: BatchNormalization's
+        moments over its real rows, as Keras's fit on one device computes them over the short
+        batch (the synchronized computation over one replica, which leaves the padding out;
+        a Keras user measured a BatchNormalization model 0.16 from its own fit without it).
+        Not under the model's jit_compile where the engine cannot synchronize there."""
+        from mirrorfit.engine import backends
+        from mirrorfit.fitting import batchnorm
+
+        try:
+            partial = adapter.partial_batch_size
+        except NotImplementedError:  # a generator's last batch is not known ahead
+            return
+        if (
+            partial
+            and not self.sync_batchnorm
+            and self.engine.replicas(self.placement) == 1
+            and (
+                not self.model.jit_compile
+                or backends.capabilities(self.backend).syncs_batchnorm_under_xla
+            )
+            and batchnorm.per_replica(self.model)
+        ):
+            self.sync_batchnorm = True
 
     def pads(self, step: str) -> bool:
         """Whether ``step``'s batches are padded (the engine's choice of runner decides,
