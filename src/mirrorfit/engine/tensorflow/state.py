@@ -41,6 +41,7 @@ class CheckpointState:
     def read(self, folder: Path) -> None:
         """StructureError when the files hold other objects; TensorFlow's own error (OpError,
         ValueError, ...) when they cannot be read."""
+        _read_every_tensor(folder)
         try:
             self._checkpoint.read(str(folder / PREFIX)).assert_existing_objects_matched()
         except AssertionError as e:  # said as TensorFlow said it, first line
@@ -53,9 +54,20 @@ class CheckpointState:
 def read_model(folder: Path, model) -> None:
     """The model's variables of a TensorFlow checkpoint folder, into ``model`` (``mirrorfit
     export`` and ``evaluate``: the optimizer's are not read)."""
+    _read_every_tensor(folder)
     tf.train.Checkpoint(model=model).read(
         str(folder / PREFIX)
     ).expect_partial().assert_existing_objects_matched()
+
+
+def _read_every_tensor(folder: Path) -> None:
+    """Read each tensor of the checkpoint once (TensorFlow's DataLossError, NotFoundError...
+    for bytes it cannot read), before a restore: a restore that fails half-way leaves values
+    it did not assign, which TensorFlow lists later in a WARNING line each (a damaged file's
+    one-line error came with six)."""
+    reader = tf.train.load_checkpoint(str(folder / PREFIX))
+    for name in reader.get_variable_to_shape_map():
+        reader.get_tensor(name)
 
 
 __all__ = ["CheckpointState", "StructureError", "read_model", "PREFIX"]
