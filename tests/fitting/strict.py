@@ -8,6 +8,7 @@ import json
 import sys
 import warnings
 
+import ml_dtypes
 import numpy as np
 
 import mirrorfit
@@ -195,6 +196,55 @@ out["two_outputs_evaluate"] = [
     mirrorfit.evaluate(both, x, targets, batch_size=32, verbose=0),
     both.evaluate(x, targets, batch_size=32, verbose=0),
 ]
+
+
+def list_outputs():
+    keras.utils.set_random_seed(1)
+    inputs = keras.Input((4,))
+    value = keras.layers.Dense(1, name="value")(inputs)
+    kind = keras.layers.Dense(3, activation="softmax", name="kind")(inputs)
+    model = keras.Model(inputs, [value, kind])
+    model.compile(optimizer="sgd", loss=["mse", "sparse_categorical_crossentropy"])
+    return model
+
+
+def one_loss_of_two():
+    keras.utils.set_random_seed(1)
+    inputs = keras.Input((4,))
+    model = keras.Model(
+        inputs,
+        {
+            "value": keras.layers.Dense(1, name="value")(inputs),
+            "kind": keras.layers.Dense(3, activation="softmax", name="kind")(inputs),
+        },
+    )
+    model.compile(optimizer="sgd", loss={"value": "mse"})  # "kind" trains no loss
+    return model
+
+
+# a review of 93ce16d: targets for the outputs that have a loss (Keras's fit trains them; that
+# commit refused them), and targets keyed by a list of outputs' names (Keras trains them by
+# name; mirrorfit failed with KeyError: 0 before): both train, the latter as the list does
+listed = list_outputs()
+mirrorfit.fit(listed, x, [targets[0], labels], **kw)
+named = list_outputs()
+mirrorfit.fit(named, x, {"kind": labels, "value": targets[0]}, **kw)
+out["targets_dict_by_output_names_apart"] = max(
+    float(np.abs(a - b).max()) for a, b in zip(named.get_weights(), listed.get_weights())
+)
+for name, call in {
+    "targets_dict_one_loss": lambda: mirrorfit.fit(
+        one_loss_of_two(), x, {"value": targets[0]}, **kw
+    ),
+    "nan_x_bfloat16": lambda: mirrorfit.fit(
+        classifier(), np.where(rows == 5, np.nan, x).astype(ml_dtypes.bfloat16), labels, **kw
+    ),
+}.items():
+    try:
+        call()
+        out[name] = None
+    except ValueError as e:
+        out[name] = str(e)
 try:  # a dict of outputs given a key it lacks
     mirrorfit.fit(two_outputs(), x, {"kind": targets[0], "valeu": targets[1]}, **kw)
     out["targets_dict_other_keys"] = None

@@ -414,6 +414,7 @@ def test_what_keras_takes_trains_and_what_it_should_not_is_one_line(backend, tmp
     )
     assert {k: r[k] for k in trains} == dict.fromkeys(trains)
     assert r["float64_equals_float32"] and r["own_loss_falls"]
+    assert r["targets_dict_one_loss"] is None and r["targets_dict_by_output_names_apart"] == 0.0
     # Keras's EMA and own accumulation: JAX runs them; TensorFlow's replicas cannot (on main: a
     # multi-line merge_call RuntimeError), so one line naming the way round
     if backend == "jax":
@@ -458,8 +459,9 @@ def test_what_keras_takes_trains_and_what_it_should_not_is_one_line(backend, tmp
         "evaluate_y_none": "y=None, but the model is compiled with a loss, which needs targets",
         "nan_x": "x holds nan (row 5); the loss of the batch holding it would be NaN",
         "inf_sample_weight": "sample_weight holds inf (row 3)",
-        "targets_dict_one_output": "the training data's targets are a dict (key(s) 'wrong'), "
-        "but the model's outputs are not a dict",
+        "nan_x_bfloat16": "x holds nan (row 5)",  # trained into a DivergedError on 8738aa6
+        "targets_dict_one_output": "the training data's targets are a dict (key(s) 'wrong') "
+        "for a model of one output",
         "targets_dict_other_keys": "targets are a dict with the key(s) 'kind', 'valeu'; the "
         "model's outputs are named 'value', 'kind': key the targets by those names",
     }

@@ -79,6 +79,11 @@ def check_arrays(x, y, sample_weight) -> None:
         )
 
 
+def _floats(dtype) -> bool:
+    """Whether ``dtype`` holds floats: NumPy's, and ml_dtypes' bfloat16 and float8 (kind "V")."""
+    return dtype.kind == "f" or dtype.name.startswith(("bfloat", "float"))
+
+
 def check_finite(x, y, sample_weight) -> None:
     """FitError for a NaN or an infinity in NumPy training arrays (inputs, targets, weights):
     the loss of the first batch holding one is NaN, and the weights with it, which the
@@ -89,7 +94,7 @@ def check_finite(x, y, sample_weight) -> None:
     for name, part in (("x", x), ("y", y), ("sample_weight", sample_weight)):
         parts = tree.flatten_with_path(part) if part is not None else ()
         for path, a in parts:
-            if not isinstance(a, np.ndarray) or a.dtype.kind != "f" or not a.ndim:
+            if not isinstance(a, np.ndarray) or not a.ndim or not _floats(a.dtype):
                 continue
             rows = max(1, (1 << 22) // max(1, a[0].size))  # about 4M values a block
             for start in range(0, len(a), rows):

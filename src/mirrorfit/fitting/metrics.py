@@ -343,11 +343,26 @@ def check_target_shapes(model, y, where: str) -> None:
         )
 
 
+def _listed_by_output_name(model, part: dict):
+    """``part`` keyed by the layer names of a model whose outputs are a list: that list, in
+    output order, as Keras's own fit matches them; as it is otherwise (a dict of outputs, a
+    step of the model's own, keys that are not every output's name)."""
+    structure = getattr(model, "_outputs_struct", None)
+    if not isinstance(structure, (list, tuple)) or overrides(model, "train_step"):
+        return part
+    names = list(getattr(model, "output_names", None) or [])
+    if len(names) != len(structure) or len(names) < 2 or set(part) != set(names):
+        return part
+    return [part[name] for name in names]
+
+
 def _check_target_keys(model, y: dict, where: str) -> None:
-    """FitError for targets given as a dict that Keras's compiled loss cannot match: keys other
-    than a dict of outputs' own, or any dict for outputs that are one tensor or a list (Keras:
-    "could not convert string to float" with the key). A step of the model's own reads its
-    targets as it likes: not judged."""
+    """FitError for targets given as a dict that Keras's compiled loss cannot match: a key no
+    output has (a dict of outputs' keys; a list of outputs' layer names, which
+    :func:`as_outputs` turned into a list when every one was given), or any dict for one output
+    (Keras: "could not convert string to float" with the key). Outputs left out of a dict of
+    outputs are Keras's to judge (one without a loss needs none). A step of the model's own
+    reads its targets as it likes: not judged."""
     if overrides(model, "train_step") or overrides(model, "compute_loss"):
         return
     # a functional model's outputs as declared (a dict, a list, one tensor); a Sequential's
@@ -356,19 +371,26 @@ def _check_target_keys(model, y: dict, where: str) -> None:
     if structure is None and not isinstance(model, keras.Sequential):
         return
     keys = ", ".join(repr(k) for k in list(y)[:5]) or "none"
-    if not isinstance(structure, dict):
-        count = len(model.outputs)
-        wanted = "one array" if count == 1 else f"a list of {count} arrays in output order"
+    if isinstance(structure, dict):
+        if set(y) - set(structure):
+            names = ", ".join(map(repr, structure))
+            raise FitError(
+                f"{where}'s targets are a dict with the key(s) {keys}; the model's outputs "
+                f"are named {names}: key the targets by those names"
+            )
+        return
+    count = len(model.outputs)
+    if count == 1:
         raise FitError(
-            f"{where}'s targets are a dict (key(s) {keys}), but the model's outputs are not a "
-            f"dict, which Keras's loss matches targets to by key; give {wanted}"
+            f"{where}'s targets are a dict (key(s) {keys}) for a model of one output, which "
+            "Keras's loss takes as one array; give the array"
         )
-    if set(structure) != set(y):
-        names = ", ".join(map(repr, structure))
-        raise FitError(
-            f"{where}'s targets are a dict with the key(s) {keys}; the model's outputs are "
-            f"named {names}: key the targets by those names"
-        )
+    names = ", ".join(map(repr, model.output_names))
+    raise FitError(
+        f"{where}'s targets are a dict with the key(s) {keys}; the model's {count} outputs are "
+        f"named {names}: key the targets by every one of those names, or give a list in "
+        "output order"
+    )
 
 
 def as_outputs(model, part):
@@ -376,6 +398,8 @@ def as_outputs(model, part):
     dict: that dict, the entries in its keys' sorted order, as Keras's compiled loss packs
     targets (its sample weights it does not: a list of them, which mirrorfit always passes,
     failed there)."""
+    if isinstance(part, dict):
+        return _listed_by_output_name(model, part)
     if not isinstance(part, (list, tuple)):
         return part
     try:
