@@ -139,16 +139,16 @@ def check_settings(
             "state), optimizer (ZeRO-1: the optimizer state split over the "
             "devices) or all (FSDP: the weights too)"
         )
-    splitting = _engines_that(lambda c: c.splits_state)
     if shard != "none" and not can.splits_state:
         raise ConfigError(
-            f"--shard {shard} splits the training state over the devices "
-            f"on the JAX engine only; add {splitting}, or drop --shard"
+            f"--shard {shard} splits the training state over the devices on the JAX engine "
+            f"only; add {_engines_that(lambda c: c.splits_state)}, or drop --shard"
         )
     if model_parallel != 1 and not can.splits_state:
         raise ConfigError(
-            f"--model-parallel {model_parallel} splits the weights over the devices on "
-            f"the JAX engine only; add {splitting}, or drop --model-parallel"
+            f"--model-parallel {model_parallel} splits the weights over the devices on the JAX "
+            f"engine only; add {_engines_that(lambda c: c.splits_state)}, or drop "
+            "--model-parallel"
         )
     if strategy not in can.strategies:
         raise ConfigError(
