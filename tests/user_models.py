@@ -73,3 +73,67 @@ def sized(input_shape=(28, 28), num_classes=10):
         ],
         name="sized",
     )
+
+
+def compiled_adam():
+    """A model compiled as Keras users do (Adam, its own loss, Dropout), its pixels scaled in
+    the model: trained as compiled on MNIST's uint8 arrays."""
+    model = keras.Sequential(
+        [
+            keras.Input((28, 28)),
+            keras.layers.Rescaling(1 / 255),
+            keras.layers.Flatten(),
+            keras.layers.Dense(32, activation="relu"),
+            keras.layers.Dropout(0.2),
+            keras.layers.Dense(10, activation="softmax"),
+        ],
+        name="compiled_adam",
+    )
+    model.compile(
+        optimizer=keras.optimizers.Adam(1e-3),
+        loss="sparse_categorical_crossentropy",
+        metrics=["accuracy"],
+    )
+    return model
+
+
+class _TerminateOnce(keras.callbacks.Callback):
+    """SIGTERM to this process after the call that reaches batch 5 of epoch 2, once: where the file
+    ``$MIRRORFIT_TEST_STOP_MARK`` does not exist yet (it is made on sending)."""
+
+    def __init__(self):
+        super().__init__()
+        self.epoch = 0
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = epoch
+
+    def on_train_batch_end(self, batch, logs=None):
+        import os
+        import signal
+        from pathlib import Path
+
+        mark = Path(os.environ["MIRRORFIT_TEST_STOP_MARK"])
+        if self.epoch == 1 and batch + 1 >= 5 and not mark.exists():
+            mark.write_text("sent")
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+def terminate_once():
+    """--callbacks: :class:`_TerminateOnce`."""
+    return [_TerminateOnce()]
+
+
+class _OwnStep(keras.Sequential):
+    """A model with its own train_step (keras.io's 'Customizing what happens in fit()')."""
+
+    def train_step(self, data):
+        return super().train_step(data)
+
+
+def own_train_step():
+    model = _OwnStep(
+        [keras.Input((28, 28)), keras.layers.Flatten(), keras.layers.Dense(10)], name="own"
+    )
+    model.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(True))
+    return model

@@ -22,7 +22,8 @@ class Setup:
     """What :func:`setup` chose: ``backend``, the device setup, the engine's placement
     (a ``tf.distribute.Strategy`` or a JAX ``Placement``), the precision's name and the
     ``distribution`` (TensorFlow's ``Distribution`` or the JAX ``Placement``: the workers, this
-    one's place among them, and their small collectives; None: this process alone)."""
+    one's place among them, and their small collectives; None: this process alone), and the
+    workers a parameter-server chief schedules its steps on (``scheduled_on``; 0: none)."""
 
     backend: str
     devices: DeviceSetup
@@ -30,6 +31,7 @@ class Setup:
     precision: str = "fp32"
     distribution: object = field(default=None, repr=False)
     sync_batchnorm: bool = False
+    scheduled_on: int = 0
 
     @property
     def replicas(self) -> int:
@@ -38,7 +40,7 @@ class Setup:
 
     @property
     def workers(self) -> int:
-        return getattr(self.distribution, "workers", 1)
+        return self.scheduled_on or getattr(self.distribution, "workers", 1)
 
     @property
     def is_chief(self) -> bool:

@@ -95,11 +95,11 @@ def check(config: TrainConfig, engine, model) -> None:
                 f"--xla: the layer {unsupported[0]} of the model says XLA cannot compile it "
                 "(supports_jit is False); drop --xla"
             )
-    if config.strategy == "parameter-server":
+    if config.strategy == "parameter-server" and config.profile:
         raise ConfigError(
-            "--strategy parameter-server is not supported with a compiled --model: "
-            "mirrorfit.fit trains in sync, and Keras 3's own fit has no parameter-server "
-            "training (no ClusterCoordinator); use --strategy multi-worker"
+            "--profile with --strategy parameter-server: the steps are scheduled on whichever "
+            "worker is free, which the profile cannot time in parts; time the model with "
+            "mirrorfit bench --model"
         )
     if config.strategy == "central-storage":
         # Keras's train step updates the metrics in each replica; a central-storage metric is

@@ -377,6 +377,7 @@ def _compiled_user_model(config: TrainConfig, engine, setup, dist, data):
     compiled = bool(getattr(model, "compiled", False))
     from mirrorfit.fitting.setup import Setup, use
 
+    scheduled = dist.kind == "parameter-server"
     # what mirrorfit.fit runs on: TensorFlow's strategy (the model was built under it), JAX's mesh
     use(
         Setup(
@@ -384,8 +385,10 @@ def _compiled_user_model(config: TrainConfig, engine, setup, dist, data):
             devices=setup,
             placement=strategy or dist,
             precision=config.precision,
-            distribution=dist if dist.workers > 1 else None,
+            # several workers in step; parameter servers' chief runs the loop alone
+            distribution=dist if dist.workers > 1 and not scheduled else None,
             sync_batchnorm=config.sync_batchnorm,
+            scheduled_on=dist.workers if scheduled else 0,
         )
     )
     return model, compiled, scope

@@ -13,6 +13,7 @@ import contextlib
 import tensorflow as tf
 from keras.src.losses.loss import unscale_loss_for_distribution
 
+from mirrorfit.engine.tensorflow import coordinated_fit
 from mirrorfit.engine.tensorflow.step import _agree_on_overflow
 from mirrorfit.errors import FitError
 from mirrorfit.fitting import batchnorm
@@ -120,12 +121,8 @@ def check_model(model, strategy, distribution=None) -> None:
     """FitError (a ValueError) for a model whose variables were not made under the strategy,
     a parameter-server strategy, or a multi-worker one not made by ``mirrorfit.setup``
     (``distribution``: its workers and their collectives)."""
-    if isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy):
-        raise FitError(
-            "mirrorfit.fit does not train under ParameterServerStrategy; use "
-            "mirrorfit.setup(strategy='multi-worker'), or mirrorfit train --strategy "
-            "parameter-server's built-in loop (docs/multi-worker.md)"
-        )
+    if coordinated_fit.coordinated(strategy):
+        coordinated_fit.check_model(model, strategy)
     if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy) and distribution is None:
         raise FitError(
             "the model was built under a MultiWorkerMirroredStrategy of your own; call "
@@ -158,9 +155,11 @@ def check_variables(model, strategy) -> None:
 
 
 def runner(model, placement, *, sample=None, **settings) -> Runner:
-    """The runner for ``model``: its own train_step/test_step too run per replica.
-    (``sample``, the first batch's inputs: the variables are the state here, so nothing
-    needs telling apart.)"""
+    """The runner for ``model``: its own train_step/test_step too run per replica; under
+    parameter servers, scheduled (:mod:`.coordinated_fit`). (``sample``, the first batch's
+    inputs: the variables are the state here, so nothing needs telling apart.)"""
+    if coordinated_fit.coordinated(placement):
+        return _ScheduledRunner(model, placement, **settings)
     return Runner(model, placement, **settings)
 
 
@@ -179,6 +178,7 @@ class Runner:
         self.model, self.strategy, self.accum_steps = model, strategy, accum_steps
         self.sync_batchnorm = sync_batchnorm and batchnorm.synchronize(model) > 0
         self.replicas = strategy.num_replicas_in_sync
+        self._divisor = self.replicas  # of each replica's loss: its share of the step's
         self._own_train = _keras_step(model, "train", accum_steps)
         if self._own_train and accum_steps > 1:
             raise FitError(
@@ -478,15 +478,26 @@ class Runner:
             training=training,
         )
         for var, old in zip(tracked, before):
-            var.assign(fit_metrics.reweighted(old, var.value, batch["scale"]))
+            self._reweigh(var, old, batch["scale"])
         # undivided by Keras (_as_one_device), Keras's losses and a compute_loss override's
         # own arithmetic alike (a Distiller's Keras losses were divided twice): divided here
-        return loss / self.replicas
+        return loss / self._divisor
+
+    def _reweigh(self, var, before, scale) -> None:
+        var.assign(fit_metrics.reweighted(before, var.value, scale))
+
+    def _unscaled(self):
+        """:func:`_as_one_device` for Keras's own steps, not the model's."""
+        return _as_one_device(self.model, self.replicas, False)
 
     def _call(self, x, training: bool):
         if self.model._call_has_training_arg:
             return self.model(x, training=training)
         return self.model(x)
+
+
+class _ScheduledRunner(coordinated_fit.Scheduled, Runner):
+    """The runner under parameter servers (:class:`.coordinated_fit.Scheduled`)."""
 
 
 def ready(value) -> None:
