@@ -97,6 +97,33 @@ def compiled_adam():
     return model
 
 
+def compiled_iou(metrics: bool = True):
+    """:func:`compiled_adam` without Dropout, with MeanIoU (a metric that assigns its state:
+    v.assign(v + x))."""
+    model = keras.Sequential(
+        [
+            keras.Input((28, 28)),
+            keras.layers.Rescaling(1 / 255),
+            keras.layers.Flatten(),
+            keras.layers.Dense(32, activation="relu"),
+            keras.layers.Dense(10, activation="softmax"),
+        ],
+        name="compiled_iou",
+    )
+    iou = keras.metrics.MeanIoU(num_classes=10, sparse_y_pred=False)
+    model.compile(
+        optimizer=keras.optimizers.Adam(1e-3),
+        loss="sparse_categorical_crossentropy",
+        metrics=["accuracy", *([iou] if metrics else [])],
+    )
+    return model
+
+
+def compiled_counted():
+    """:func:`compiled_iou` with accuracy alone (a metric of increments)."""
+    return compiled_iou(metrics=False)
+
+
 class _TerminateOnce(keras.callbacks.Callback):
     """SIGTERM to this process after the call that reaches batch 5 of epoch 2, once: where the file
     ``$MIRRORFIT_TEST_STOP_MARK`` does not exist yet (it is made on sending)."""

@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import run_cli
+from conftest import keras_file_weights, run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -187,10 +187,6 @@ def test_keep_fresh_train_examples_and_logdir_reach_a_compiled_model(tmp_path):
         (
             ("--export-dir", "{tmp}/e", "--export-preprocessing", "--backend", "tensorflow"),
             "--export-preprocessing does not apply to a compiled --model: the export takes",
-        ),
-        (
-            ("--backend", "tensorflow", "--strategy", "central-storage", "--replicas", "2"),
-            "--strategy central-storage is not supported with a compiled --model",
         ),
     ],
 )
@@ -775,3 +771,63 @@ def test_evaluate_refuses_npz_test_splits_it_cannot_score_in_one_line(tmp_path, 
         assert proc.returncode == 2, (name, proc.stderr[-3000:])
         last = proc.stderr.strip().splitlines()[-1]
         assert needles[name] in last and "Traceback" not in proc.stderr, last
+
+
+def _central_or_mirrored(tmp_path, strategy: str, model: str):
+    out = tmp_path / strategy
+    out.mkdir()
+    proc = run_cli(
+        "train",
+        "--backend",
+        "tensorflow",
+        "--model",
+        model,
+        "--strategy",
+        strategy,
+        "--replicas",
+        "2",
+        "--epochs",
+        "1",
+        "--train-examples",
+        "2000",
+        "--batch-size",
+        "64",
+        "--no-progress",
+        "--metrics-out",
+        str(out / "m.json"),
+        "--save-keras",
+        str(out / "m.keras"),
+    )
+    return proc, out
+
+
+def test_central_storage_trains_a_compiled_model_as_mirrored_does(tmp_path):
+    """One copy of each variable, Keras's metric increments made one op each: the weights and
+    every figure of the mirrored run (before, each metric was summed over the replicas)."""
+    runs = {}
+    for strategy in ("mirrored", "central-storage"):
+        proc, out = _central_or_mirrored(tmp_path, strategy, "user_models:compiled_counted")
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        runs[strategy] = (
+            json.loads((out / "m.json").read_text()),
+            keras_file_weights(out / "m.keras"),
+        )
+    (mirrored, w1), (central, w2) = runs["mirrored"], runs["central-storage"]
+    assert central["strategy"] == "CentralStorageStrategy"
+    for key in ("final_train_loss", "final_train_accuracy", "val_accuracy", "test_accuracy"):
+        assert central[key] == pytest.approx(mirrored[key], rel=1e-6), key
+    for a, b in zip(w1, w2):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize(
+    "model, needle",
+    [
+        ("compiled_iou", "the metric mean_io_u (MeanIoU) updates its state with an assign"),
+        ("compiled_adam", "seed_generator_state: a layer that draws random numbers"),
+    ],
+)
+def test_central_storage_refuses_what_one_shared_copy_breaks(model, needle, tmp_path):
+    proc, _ = _central_or_mirrored(tmp_path, "central-storage", f"user_models:{model}")
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert needle in proc.stderr and "Traceback" not in proc.stderr

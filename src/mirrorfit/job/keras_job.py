@@ -101,15 +101,6 @@ def check(config: TrainConfig, engine, model) -> None:
             "worker is free, which the profile cannot time in parts; time the model with "
             "mirrorfit bench --model"
         )
-    if config.strategy == "central-storage":
-        # Keras's train step updates the metrics in each replica; a central-storage metric is
-        # one variable, and Keras's assign_add (an assign of v + x) summed over the replicas
-        # doubles it every step (the loss read inf, then NaN).
-        raise ConfigError(
-            "--strategy central-storage is not supported with a compiled "
-            "--model: Keras's own train step would double its metrics every step;"
-            " use --strategy mirrored"
-        )
 
 
 def _given(config: TrainConfig, name: str) -> bool:

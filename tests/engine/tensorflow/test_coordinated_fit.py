@@ -106,3 +106,12 @@ def test_a_model_with_its_own_train_step_is_refused_in_one_line(tmp_path):
     assert code == 2 and summary is None, log[-3000:]
     assert "_OwnStep's own train_step under parameter servers" in log
     assert "Traceback" not in log
+
+
+def test_a_metric_that_assigns_its_state_is_refused_with_two_workers(tmp_path):
+    code, log, summary, _ = _train(
+        tmp_path, "iou", "--model", "user_models:compiled_iou", workers=2
+    )
+    assert code == 2 and summary is None, log[-3000:]
+    assert "the metric mean_io_u (MeanIoU) updates its state with an assign" in log
+    assert "lose each other's updates" in log and "Traceback" not in log

@@ -43,6 +43,33 @@ def check_model(model, strategy) -> None:
         )
 
 
+def check_increments_only(model, why: str) -> None:
+    """FitError for a metric of the model that updates its state with an assign (Keras's
+    Precision, Recall, AUC, IoU, R2Score, F-scores: ``v.assign(v + x)``) rather than only the
+    increments of a ``Mean``, a ``Sum`` or a wrapped function (accuracy, mae, ...), which
+    :func:`atomic_keras_increments` makes one op: where one copy of each
+    variable is shared (``why``), such an assign is silently wrong."""
+    from keras.src.metrics.reduction_metrics import Mean, MeanMetricWrapper, Sum
+
+    counted = (Mean.update_state, Sum.update_state, MeanMetricWrapper.update_state)
+    for metric in _leaf_metrics(model.metrics):
+        if type(metric).update_state not in counted:
+            raise FitError(
+                f"the metric {metric.name} ({type(metric).__name__}) updates its state with "
+                f"an assign, and {why}; compute it after training (mirrorfit evaluate, or "
+                "model.evaluate), or train with --strategy mirrored / multi-worker"
+            )
+
+
+def _leaf_metrics(metrics):
+    for metric in metrics:
+        inner = getattr(metric, "metrics", None)
+        if isinstance(inner, (list, tuple)):  # Keras's compiled metrics: a container
+            yield from _leaf_metrics(inner)
+        else:
+            yield metric
+
+
 class Scheduled:
     """Over :class:`~mirrorfit.engine.tensorflow.keras_fit.Runner` (which mixes it in, as
     ``keras_fit.runner`` picks it): the runner's step, scheduled. ``train`` splits a call's
@@ -64,6 +91,10 @@ class Scheduled:
         super().__init__(model, strategy, **{**settings, "jit_compile": False})  # type: ignore[call-arg]
         self.coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)  # the one
         self.workers = strategy.extended._num_workers  # noqa: SLF001 (no public count)
+        if self.workers > 1:
+            check_increments_only(
+                model, "under parameter servers two workers' assigns lose each other's updates"
+            )
         self._scheduled = tf.function(self._worker_steps, autograph=False)
         self._on_chief = tf.function(self._chief_batches, autograph=False)
 

@@ -179,6 +179,12 @@ class Runner:
         self.sync_batchnorm = sync_batchnorm and batchnorm.synchronize(model) > 0
         self.replicas = strategy.num_replicas_in_sync
         self._divisor = self.replicas  # of each replica's loss: its share of the step's
+        self._central = isinstance(strategy, tf.distribute.experimental.CentralStorageStrategy)
+        if self._central and self.replicas > 1:
+            coordinated_fit.check_increments_only(
+                model, "under central storage the replicas' assigns to one copy add up"
+            )
+            _check_no_seed_state(model)
         self._own_train = _keras_step(model, "train", accum_steps)
         if self._own_train and accum_steps > 1:
             raise FitError(
@@ -311,12 +317,25 @@ class Runner:
         return self.strategy.experimental_distribute_values_from_function(piece)
 
     def train(self, block, steps: int) -> None:
-        with _as_one_device(self.model, self.replicas, self._own_train, self._reduce_first):
+        with (
+            _as_one_device(self.model, self.replicas, self._own_train, self._reduce_first),
+            self._increments(),
+        ):
             self._step_logs = _python(self._train(block, tf.constant(steps, tf.int32)))
 
     def evaluate(self, block, batches: int) -> None:
-        with _as_one_device(self.model, self.replicas, self._own_test):
+        with _as_one_device(self.model, self.replicas, self._own_test), self._increments():
             self._step_logs = _python(self._evaluate(block, tf.constant(batches, tf.int32)))
+
+    def _increments(self):
+        """Where the replicas share one copy of each variable (central storage), Keras's
+        ``assign_add`` (an assign of v + x, which the strategy would sum over the replicas:
+        every metric doubled) made one ``tf.Variable.assign_add`` while the steps trace."""
+        if not self._central:
+            return contextlib.nullcontext()
+        from mirrorfit.engine.tensorflow.parameter_server import atomic_keras_increments
+
+        return atomic_keras_increments()
 
     # -- --profile: the step's parts apart ----------------------------------------------------
     def compute_only(self, block, steps: int) -> None:
@@ -484,7 +503,11 @@ class Runner:
         return loss / self._divisor
 
     def _reweigh(self, var, before, scale) -> None:
-        var.assign(fit_metrics.reweighted(before, var.value, scale))
+        after = fit_metrics.reweighted(before, var.value, scale)
+        if self._central:  # an increment: the replicas' assigns would be summed
+            var.assign_add(after - var.value)
+        else:
+            var.assign(after)
 
     def _unscaled(self):
         """:func:`_as_one_device` for Keras's own steps, not the model's."""
@@ -494,6 +517,18 @@ class Runner:
         if self.model._call_has_training_arg:
             return self.model(x, training=training)
         return self.model(x)
+
+
+def _check_no_seed_state(model) -> None:
+    """FitError for a layer that draws random numbers (Dropout's seed state) under central
+    storage: every replica would advance its one shared copy, which TensorFlow refuses."""
+    seeded = [v.path for v in model.variables if v.name == "seed_generator_state"]
+    if seeded:
+        raise FitError(
+            f"{seeded[0]}: a layer that draws random numbers (Dropout, a noise layer) keeps "
+            "its seed state in one copy under central storage, which every replica would "
+            "advance; train it with --strategy mirrored"
+        )
 
 
 class _ScheduledRunner(coordinated_fit.Scheduled, Runner):
