@@ -164,3 +164,31 @@ def own_train_step():
     )
     model.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(True))
     return model
+
+
+class _OwnLoss(keras.Sequential):
+    """A model with its own compute_loss (keras.io's pattern: the compiled loss, plus an L2
+    penalty on the first kernel), trained by Keras's own train_step."""
+
+    def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
+        loss = super().compute_loss(x, y, y_pred, sample_weight, training=training)
+        return loss + 1e-4 * keras.ops.sum(keras.ops.square(self.layers[2].kernel))
+
+
+def own_compute_loss():
+    model = _OwnLoss(
+        [
+            keras.Input((28, 28)),
+            keras.layers.Rescaling(1 / 255),
+            keras.layers.Flatten(),
+            keras.layers.Dense(32, activation="relu"),
+            keras.layers.Dense(10, activation="softmax"),
+        ],
+        name="own_loss",
+    )
+    model.compile(
+        optimizer=keras.optimizers.Adam(1e-3),
+        loss="sparse_categorical_crossentropy",
+        metrics=["accuracy"],
+    )
+    return model

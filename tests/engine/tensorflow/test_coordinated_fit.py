@@ -115,3 +115,17 @@ def test_a_metric_that_assigns_its_state_is_refused_with_two_workers(tmp_path):
     assert code == 2 and summary is None, log[-3000:]
     assert "the metric mean_io_u (MeanIoU) updates its state with an assign" in log
     assert "lose each other's updates" in log and "Traceback" not in log
+
+
+def test_a_model_with_its_own_compute_loss_trains_as_in_one_process(tmp_path):
+    """Keras's own train_step, calling the model's compute_loss, runs in the scheduled steps:
+    with one worker, a one-process run's weights and figures."""
+    model = ("--model", "user_models:own_compute_loss")
+    code, log, one, whole = _train(tmp_path, "whole", *model)
+    assert code == 0, log[-4000:]
+    code, log, ps, weights = _train(tmp_path, "ps", *model, workers=1)
+    assert code == 0, log[-4000:]
+    for key in ("final_train_loss", "final_train_accuracy", "test_loss", "test_accuracy"):
+        assert ps[key] == one[key], key
+    for a, b in zip(weights, whole):
+        np.testing.assert_array_equal(a, b)

@@ -84,6 +84,8 @@ class Scheduled:
     _replica_train: Callable
     _replica_eval: Callable
     _unscaled: Callable
+    _own_train: bool
+    _own_test: bool
 
     def __init__(self, model, strategy, **settings) -> None:
         # XLA cannot compile a step against variables on another task (Keras's "auto" turns it
@@ -95,8 +97,9 @@ class Scheduled:
             check_increments_only(
                 model, "under parameter servers two workers' assigns lose each other's updates"
             )
-        self._scheduled = tf.function(self._worker_steps, autograph=False)
-        self._on_chief = tf.function(self._chief_batches, autograph=False)
+        # autograph for a model's own compute_loss, as the Runner's own calls
+        self._scheduled = tf.function(self._worker_steps, autograph=self._own_train)
+        self._on_chief = tf.function(self._chief_batches, autograph=self._own_test)
 
     def put(self, block: dict):
         """The block as tensors on the chief; a closure takes its steps' slice to its worker."""
@@ -107,7 +110,7 @@ class Scheduled:
         bounds = [c * steps // closures for c in range(closures + 1)]
         # Traced at the first schedule, on the chief: Keras's increments (the metrics, the
         # optimizer's iterations) recorded as one atomic op each, on the ps.
-        with self._unscaled(), atomic_keras_increments():
+        with self._unscaled("train"), atomic_keras_increments():
             for lo, hi in zip(bounds, bounds[1:]):
                 part = tf.nest.map_structure(lambda a, lo=lo, hi=hi: a[lo:hi], block)
                 n = tf.constant(hi - lo, tf.int32)
@@ -118,7 +121,7 @@ class Scheduled:
         self.coordinator.join()
         self._divisor = 1  # one replica, the chief's: the batch whole
         try:
-            with self._unscaled():
+            with self._unscaled("test"):
                 self._on_chief(block, tf.constant(batches, tf.int32))
         finally:
             self._divisor = self.replicas
@@ -146,12 +149,14 @@ class Scheduled:
         return self._replica_train(self._share(block), i)
 
     def _share(self, block):
-        """This replica's contiguous share of every batch (several GPUs on one worker)."""
+        """This replica's contiguous share of every batch (several GPUs on one worker; a batch
+        not divisible by them, only given to a model's own step, split as evenly as it goes)."""
         if self.replicas == 1:
             return block
         r = tf.distribute.get_replica_context().replica_id_in_sync_group
-        rows = tf.nest.flatten(block)[0].shape[1] // self.replicas
-        return tf.nest.map_structure(lambda a: a[:, r * rows : (r + 1) * rows], block)
+        rows = tf.nest.flatten(block)[0].shape[1]
+        lo, hi = r * rows // self.replicas, (r + 1) * rows // self.replicas
+        return tf.nest.map_structure(lambda a: a[:, lo:hi], block)
 
     def _chief_batches(self, block, n):
         # Not strategy.run: that is for scheduled functions; the chief is one replica here.

@@ -317,14 +317,11 @@ class Runner:
         return self.strategy.experimental_distribute_values_from_function(piece)
 
     def train(self, block, steps: int) -> None:
-        with (
-            _as_one_device(self.model, self.replicas, self._own_train, self._reduce_first),
-            self._increments(),
-        ):
+        with self._unscaled("train"), self._increments():
             self._step_logs = _python(self._train(block, tf.constant(steps, tf.int32)))
 
     def evaluate(self, block, batches: int) -> None:
-        with _as_one_device(self.model, self.replicas, self._own_test), self._increments():
+        with self._unscaled("test"), self._increments():
             self._step_logs = _python(self._evaluate(block, tf.constant(batches, tf.int32)))
 
     def _increments(self):
@@ -509,9 +506,11 @@ class Runner:
         else:
             var.assign(after)
 
-    def _unscaled(self):
-        """:func:`_as_one_device` for Keras's own steps, not the model's."""
-        return _as_one_device(self.model, self.replicas, False)
+    def _unscaled(self, step: str):
+        """:func:`_as_one_device` around ``step`` (``train``/``test``)'s calls."""
+        if step == "train":
+            return _as_one_device(self.model, self.replicas, self._own_train, self._reduce_first)
+        return _as_one_device(self.model, self.replicas, self._own_test)
 
     def _call(self, x, training: bool):
         if self.model._call_has_training_arg:
