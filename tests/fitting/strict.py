@@ -133,6 +133,10 @@ cases = {
     "inf_sample_weight": lambda: mirrorfit.fit(
         classifier(), x, labels, sample_weight=np.where(rows[:, 0] == 3, np.inf, 1.0), **kw
     ),
+    # val_loss nan for every epoch, without a word, on 7266387
+    "nan_validation_x": lambda: mirrorfit.fit(
+        classifier(), x, labels, validation_data=(np.where(rows == 7, np.nan, x), labels), **kw
+    ),
     "nan_x_allowed": lambda: mirrorfit.fit(
         classifier(), np.where(rows == 5, np.nan, x), labels, allow_nan=True, **kw
     ),

@@ -84,11 +84,18 @@ def _floats(dtype) -> bool:
     return dtype.kind == "f" or dtype.name.startswith(("bfloat", "float"))
 
 
-def check_finite(x, y, sample_weight) -> None:
+_HARM = {
+    "": "the loss of the batch holding it would be NaN, and the weights after it",
+    "validation_data's ": "val_loss would be NaN (and a callback watching it, silently wrong)",
+}
+
+
+def check_finite(x, y, sample_weight, where: str = "") -> None:
     """FitError for a NaN or an infinity in NumPy training arrays (inputs, targets, weights):
     the loss of the first batch holding one is NaN, and the weights with it, which the
-    divergence guard would only see after the call, blaming the learning rate. Read in
-    blocks of rows, so that a memory map is not held whole."""
+    divergence guard would only see after the call, blaming the learning rate; ``where``:
+    ``"validation_data's "`` for the validation arrays. Read in blocks of rows, so that a
+    memory map is not held whole."""
     from keras import tree
 
     for name, part in (("x", x), ("y", y), ("sample_weight", sample_weight)):
@@ -104,10 +111,9 @@ def check_finite(x, y, sample_weight) -> None:
                     key = "".join(f"[{k!r}]" for k in path)
                     value = a[start : start + rows][bad][0]
                     raise FitError(
-                        f"{name}{key} holds {value} (row {row}); the loss of the batch "
-                        "holding it would be NaN, and the weights after it: clean the data "
-                        "(drop the row, or np.nan_to_num), or pass allow_nan=True "
-                        "(--allow-nan) to train on as Keras does"
+                        f"{where}{name}{key} holds {value} (row {row}); {_HARM[where]}: "
+                        "clean the data (drop the row, or np.nan_to_num), or pass "
+                        "allow_nan=True (--allow-nan) to train on as Keras does"
                     )
 
 

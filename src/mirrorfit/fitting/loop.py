@@ -146,7 +146,11 @@ def fit(
         if not checkpointing["allow_nan"]:  # after the labels' own check, which says more
             check_finite(x, y, sample_weight)
         val = _validation(
-            run, validation_data, validation_batch_size or batch_size, validation_steps
+            run,
+            validation_data,
+            validation_batch_size or batch_size,
+            validation_steps,
+            allow_nan=checkpointing["allow_nan"],
         )
         if saver is not None:
             saver.use(run.engine.checkpoint_state(run.runner))
@@ -207,8 +211,9 @@ def _settings(**values) -> dict[str, int]:
     return out
 
 
-def _validation(run, data, batch_size, steps) -> Epochs | None:
-    """The validation epochs of ``fit``'s ``validation_data``, or None."""
+def _validation(run, data, batch_size, steps, *, allow_nan: bool) -> Epochs | None:
+    """The validation epochs of ``fit``'s ``validation_data``, or None (its NumPy arrays
+    checked finite unless ``allow_nan``)."""
     if data is None:
         return None
     from keras.src.trainers.data_adapters.data_adapter_utils import unpack_x_y_sample_weight
@@ -223,6 +228,8 @@ def _validation(run, data, batch_size, steps) -> Epochs | None:
     metrics.check_input_shapes(run.model, x, "the validation data")
     metrics.check_target_shapes(run.model, y, "the validation data")
     metrics.check_sparse_labels(run.model, y, "the validation data")
+    if not allow_nan:
+        check_finite(x, y, w, where="validation_data's ")
     adapter = _adapter(x, y, w, None, batch_size, steps, False)
     if run.pads("test"):
         _warn_padding_enters(run.model, adapter, where="validation data")
