@@ -119,6 +119,24 @@ def compiled_iou(metrics: bool = True):
     return model
 
 
+def compiled_batchnorm():
+    """:func:`compiled_iou` with BatchNormalization after its hidden layer, accuracy alone."""
+    model = keras.Sequential(
+        [
+            keras.Input((28, 28)),
+            keras.layers.Rescaling(1 / 255),
+            keras.layers.Flatten(),
+            keras.layers.Dense(32),
+            keras.layers.BatchNormalization(),
+            keras.layers.ReLU(),
+            keras.layers.Dense(10, activation="softmax"),
+        ],
+        name="compiled_batchnorm",
+    )
+    model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    return model
+
+
 def compiled_counted():
     """:func:`compiled_iou` with accuracy alone (a metric of increments)."""
     return compiled_iou(metrics=False)

@@ -137,6 +137,9 @@ cases = {
     "nan_validation_x": lambda: mirrorfit.fit(
         classifier(), x, labels, validation_data=(np.where(rows == 7, np.nan, x), labels), **kw
     ),
+    "nan_in_validation_split": lambda: mirrorfit.fit(
+        classifier(), np.where(rows == 90, np.nan, x), labels, validation_split=0.25, **kw
+    ),
     "nan_x_allowed": lambda: mirrorfit.fit(
         classifier(), np.where(rows == 5, np.nan, x), labels, allow_nan=True, **kw
     ),

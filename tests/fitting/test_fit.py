@@ -459,7 +459,8 @@ def test_what_keras_takes_trains_and_what_it_should_not_is_one_line(backend, tmp
         "evaluate_y_none": "y=None, but the model is compiled with a loss, which needs targets",
         "nan_x": "x holds nan (row 5); the loss of the batch holding it would be NaN",
         "inf_sample_weight": "sample_weight holds inf (row 3)",
-        "nan_validation_x": "validation_data's x holds nan (row 7); val_loss would be NaN",
+        "nan_validation_x": "the validation data's x holds nan (row 7); val_loss would be NaN",
+        "nan_in_validation_split": "validation_split's rows: x holds nan (row 90); val_loss",
         "nan_x_bfloat16": "x holds nan (row 5)",  # trained into a DivergedError on 8738aa6
         "targets_dict_one_output": "the training data's targets are a dict (key(s) 'wrong') "
         "for a model of one output",

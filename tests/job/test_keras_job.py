@@ -824,7 +824,8 @@ def test_central_storage_trains_a_compiled_model_as_mirrored_does(tmp_path):
     "model, needle",
     [
         ("compiled_iou", "the metric mean_io_u (MeanIoU) updates its state with an assign"),
-        ("compiled_adam", "seed_generator_state: a layer that draws random numbers"),
+        ("compiled_adam", "seed_generator_state: under central storage the step's replicas"),
+        ("compiled_batchnorm", "moving_mean: under central storage the step's replicas"),
     ],
 )
 def test_central_storage_refuses_what_one_shared_copy_breaks(model, needle, tmp_path):

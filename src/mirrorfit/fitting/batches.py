@@ -84,18 +84,18 @@ def _floats(dtype) -> bool:
     return dtype.kind == "f" or dtype.name.startswith(("bfloat", "float"))
 
 
-_HARM = {
-    "": "the loss of the batch holding it would be NaN, and the weights after it",
-    "validation_data's ": "val_loss would be NaN (and a callback watching it, silently wrong)",
-}
-
-
-def check_finite(x, y, sample_weight, where: str = "") -> None:
+def check_finite(x, y, sample_weight, *, validation: str = "", first_row: int = 0) -> None:
     """FitError for a NaN or an infinity in NumPy training arrays (inputs, targets, weights):
     the loss of the first batch holding one is NaN, and the weights with it, which the
-    divergence guard would only see after the call, blaming the learning rate; ``where``:
-    ``"validation_data's "`` for the validation arrays. Read in blocks of rows, so that a
-    memory map is not held whole."""
+    divergence guard would only see after the call, blaming the learning rate.
+    ``validation``: the validation arrays, named so (``"the validation data's "``), their
+    rows counted from ``first_row``. Read in blocks of rows, so that a memory map is not held
+    whole."""
+    harm = (
+        "the loss of the batch holding it would be NaN, and the weights after it"
+        if not validation
+        else "val_loss would be NaN or meaningless, and a callback watching it misled"
+    )
     from keras import tree
 
     for name, part in (("x", x), ("y", y), ("sample_weight", sample_weight)):
@@ -111,7 +111,8 @@ def check_finite(x, y, sample_weight, where: str = "") -> None:
                     key = "".join(f"[{k!r}]" for k in path)
                     value = a[start : start + rows][bad][0]
                     raise FitError(
-                        f"{where}{name}{key} holds {value} (row {row}); {_HARM[where]}: "
+                        f"{validation}{name}{key} holds {value} (row {first_row + row}); "
+                        f"{harm}: "
                         "clean the data (drop the row, or np.nan_to_num), or pass "
                         "allow_nan=True (--allow-nan) to train on as Keras does"
                     )

@@ -121,12 +121,15 @@ def fit(
             ),
         )
         _check_fraction("validation_split", validation_split)
+        held_out = None  # where validation_split's rows begin in x
         if validation_split and validation_data is None:
+            from keras import tree
             from keras.src.trainers.data_adapters.array_slicing import train_validation_split
 
             (x, y, sample_weight), validation_data = train_validation_split(
                 (x, y, sample_weight), validation_split=validation_split
             )
+            held_out = len(tree.flatten(x)[0])
         check_targets_given(model, x, y)
         y, sample_weight = _as_outputs(model, y), _as_outputs(model, sample_weight)
         adapter = _adapter(x, y, sample_weight, class_weight, batch_size, steps_per_epoch, shuffle)
@@ -151,6 +154,7 @@ def fit(
             validation_batch_size or batch_size,
             validation_steps,
             allow_nan=checkpointing["allow_nan"],
+            held_out=held_out,
         )
         if saver is not None:
             saver.use(run.engine.checkpoint_state(run.runner))
@@ -211,9 +215,12 @@ def _settings(**values) -> dict[str, int]:
     return out
 
 
-def _validation(run, data, batch_size, steps, *, allow_nan: bool) -> Epochs | None:
+def _validation(
+    run, data, batch_size, steps, *, allow_nan: bool, held_out: int | None = None
+) -> Epochs | None:
     """The validation epochs of ``fit``'s ``validation_data``, or None (its NumPy arrays
-    checked finite unless ``allow_nan``)."""
+    checked finite unless ``allow_nan``; ``held_out``: the row of ``x`` where the rows
+    ``validation_split`` holds out begin, None: given as ``validation_data``)."""
     if data is None:
         return None
     from keras.src.trainers.data_adapters.data_adapter_utils import unpack_x_y_sample_weight
@@ -229,7 +236,10 @@ def _validation(run, data, batch_size, steps, *, allow_nan: bool) -> Epochs | No
     metrics.check_target_shapes(run.model, y, "the validation data")
     metrics.check_sparse_labels(run.model, y, "the validation data")
     if not allow_nan:
-        check_finite(x, y, w, where="validation_data's ")
+        if held_out is None:
+            check_finite(x, y, w, validation="the validation data's ")
+        else:
+            check_finite(x, y, w, validation="validation_split's rows: ", first_row=held_out)
     adapter = _adapter(x, y, w, None, batch_size, steps, False)
     if run.pads("test"):
         _warn_padding_enters(run.model, adapter, where="validation data")

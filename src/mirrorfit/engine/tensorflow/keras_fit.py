@@ -184,7 +184,7 @@ class Runner:
             coordinated_fit.check_increments_only(
                 model, "under central storage the replicas' assigns to one copy add up"
             )
-            _check_no_seed_state(model)
+            _check_central_state(model)
         self._own_train = _keras_step(model, "train", accum_steps)
         if self._own_train and accum_steps > 1:
             raise FitError(
@@ -265,6 +265,8 @@ class Runner:
     def describe_sharding(self) -> str:
         from mirrorfit.engine.tensorflow.runner import REPLICATED
 
+        if self._central:
+            return "one copy, central storage (every replica reads it each step)"
         return REPLICATED
 
     def from_chief(self, distribution) -> None:
@@ -518,15 +520,22 @@ class Runner:
         return self.model(x)
 
 
-def _check_no_seed_state(model) -> None:
-    """FitError for a layer that draws random numbers (Dropout's seed state) under central
-    storage: every replica would advance its one shared copy, which TensorFlow refuses."""
-    seeded = [v.path for v in model.variables if v.name == "seed_generator_state"]
-    if seeded:
+def _check_central_state(model) -> None:
+    """FitError for state the step writes besides the weights under central storage (a
+    layer's seed state: Dropout, noise and augmentation layers; BatchNormalization's moving
+    statistics): every replica would write its one shared copy, which TensorFlow refuses
+    (an aggregation error from inside the step)."""
+    import keras
+
+    written = [v.path for v in model.variables if v.name == "seed_generator_state"]
+    for layer in model._flatten_layers():
+        if isinstance(layer, keras.layers.BatchNormalization) and layer.built:
+            written.append(layer.moving_mean.path)
+    if written:
         raise FitError(
-            f"{seeded[0]}: a layer that draws random numbers (Dropout, a noise layer) keeps "
-            "its seed state in one copy under central storage, which every replica would "
-            "advance; train it with --strategy mirrored"
+            f"{written[0]}: under central storage the step's replicas would each write this "
+            "one shared copy (a layer's seed state, or BatchNormalization's moving "
+            "statistics), which TensorFlow refuses; train it with --strategy mirrored"
         )
 
 
