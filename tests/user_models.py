@@ -137,9 +137,60 @@ def compiled_batchnorm():
     return model
 
 
+class _MeanConfidence(keras.metrics.Mean):
+    """A metric of the user's own: a Mean whose update_state is its own, adding only."""
+
+    def update_state(self, y_true, y_pred, sample_weight=None):
+        return super().update_state(keras.ops.max(y_pred, axis=-1), sample_weight)
+
+
 def compiled_counted():
-    """:func:`compiled_iou` with accuracy alone (a metric of increments)."""
-    return compiled_iou(metrics=False)
+    """:func:`compiled_iou` with metrics of increments: accuracy and a Mean of its own."""
+    model = compiled_iou(metrics=False)
+    model.compile(
+        optimizer=keras.optimizers.Adam(1e-3),
+        loss="sparse_categorical_crossentropy",
+        metrics=["accuracy", _MeanConfidence(name="confidence")],
+    )
+    return model
+
+
+def compiled_jit():
+    """:func:`compiled_counted`, compiled with jit_compile=True."""
+    model = compiled_iou(metrics=False)
+    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", jit_compile=True)
+    return model
+
+
+def two_targets():
+    """--data: 28x28 inputs and a target per output of :func:`compiled_two_outputs`, 250
+    training rows (a partial last batch at 64) and 50 for validation."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    x = rng.random((300, 28, 28)).astype("float32")
+    y = rng.integers(0, 10, 300)
+    targets = {"a": y, "b": (y + 1) % 10}
+    train = (x[:250], {k: v[:250] for k, v in targets.items()})
+    return train, (x[250:], {k: v[250:] for k, v in targets.items()})
+
+
+def compiled_two_outputs():
+    """Two outputs, a loss each: per-output loss means in the logs."""
+    inputs = keras.Input((28, 28))
+    hidden = keras.layers.Dense(16, activation="relu")(keras.layers.Flatten()(inputs))
+    model = keras.Model(
+        inputs,
+        {
+            "a": keras.layers.Dense(10, activation="softmax", name="a")(hidden),
+            "b": keras.layers.Dense(10, activation="softmax", name="b")(hidden),
+        },
+    )
+    model.compile(
+        optimizer="sgd",
+        loss={"a": "sparse_categorical_crossentropy", "b": "sparse_categorical_crossentropy"},
+    )
+    return model
 
 
 class _TerminateOnce(keras.callbacks.Callback):

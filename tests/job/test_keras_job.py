@@ -773,11 +773,12 @@ def test_evaluate_refuses_npz_test_splits_it_cannot_score_in_one_line(tmp_path, 
         assert needles[name] in last and "Traceback" not in proc.stderr, last
 
 
-def _central_or_mirrored(tmp_path, strategy: str, model: str):
+def _central_or_mirrored(tmp_path, strategy: str, model: str, *args: str):
     out = tmp_path / strategy
     out.mkdir()
     proc = run_cli(
         "train",
+        *args,
         "--backend",
         "tensorflow",
         "--model",
@@ -816,19 +817,39 @@ def test_central_storage_trains_a_compiled_model_as_mirrored_does(tmp_path):
     assert central["strategy"] == "CentralStorageStrategy"
     for key in ("final_train_loss", "final_train_accuracy", "val_accuracy", "test_accuracy"):
         assert central[key] == pytest.approx(mirrored[key], rel=1e-6), key
+    # a metric of the user's own that only adds (a Mean's update_state of its own): not
+    # refused (a check by class refused it), and the same
+    for key in ("confidence", "val_confidence"):
+        assert central["history"][key] == pytest.approx(mirrored["history"][key], rel=1e-6)
     for a, b in zip(w1, w2):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
 
 
 @pytest.mark.parametrize(
-    "model, needle",
+    "model, args, needle",
     [
-        ("compiled_iou", "the metric mean_io_u (MeanIoU) updates its state with an assign"),
-        ("compiled_adam", "seed_generator_state: under central storage the step's replicas"),
-        ("compiled_batchnorm", "moving_mean: under central storage the step's replicas"),
+        ("compiled_iou", (), "the metric mean_io_u (MeanIoU) updates its state with an assign"),
+        ("compiled_adam", (), "seed_generator_state: under central storage the step's replicas"),
+        ("compiled_batchnorm", (), "moving_mean: under central storage the step's replicas"),
+        ("compiled_counted", ("--precision", "fp16"), "fp16's loss scaling under central"),
+        (
+            "compiled_two_outputs",
+            ("--data", "user_models:two_targets"),
+            "a model of several outputs (a, b) under central storage",
+        ),
     ],
 )
-def test_central_storage_refuses_what_one_shared_copy_breaks(model, needle, tmp_path):
-    proc, _ = _central_or_mirrored(tmp_path, "central-storage", f"user_models:{model}")
+def test_central_storage_refuses_what_one_shared_copy_breaks(model, args, needle, tmp_path):
+    """Each was a traceback (exit 1) or, for two outputs, per-output losses off (1.72711 for
+    mirrored's 1.72591)."""
+    proc, _ = _central_or_mirrored(tmp_path, "central-storage", f"user_models:{model}", *args)
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert needle in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_central_storage_trains_a_jit_compiled_model_without_xla_and_says_so(tmp_path):
+    """Was an InvalidArgumentError traceback: XLA cannot reach the one copy's device."""
+    proc, out = _central_or_mirrored(tmp_path, "central-storage", "user_models:compiled_jit")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "is compiled with jit_compile (or --xla): off under central storage" in proc.stderr
+    assert json.loads((out / "m.json").read_text())["xla"] is False

@@ -9,6 +9,7 @@ itself, every example once, as the built-in loop does
 
 from __future__ import annotations
 
+import contextlib
 from typing import TYPE_CHECKING, Any
 
 import tensorflow as tf
@@ -43,22 +44,51 @@ def check_model(model, strategy) -> None:
         )
 
 
-def check_increments_only(model, why: str) -> None:
-    """FitError for a metric of the model that updates its state with an assign (Keras's
-    Precision, Recall, AUC, IoU, R2Score, F-scores: ``v.assign(v + x)``) rather than only the
-    increments of a ``Mean``, a ``Sum`` or a wrapped function (accuracy, mae, ...), which
-    :func:`atomic_keras_increments` makes one op: where one copy of each
-    variable is shared (``why``), such an assign is silently wrong."""
-    from keras.src.metrics.reduction_metrics import Mean, MeanMetricWrapper, Sum
+@contextlib.contextmanager
+def increments_only(model, why: str):
+    """Around tracing the steps where one copy of each variable is shared (``why``): Keras's
+    increments made one op each (:func:`atomic_keras_increments`), and FitError for a metric
+    of the model that updates its state with an assign instead (Keras's Precision, Recall,
+    AUC, IoU, R2Score, F-scores: ``v.assign(v + x)``), which would be silently wrong there;
+    found by what the metric does while the step traces, before the step runs."""
+    import keras
+    from keras.src.backend.common.stateless_scope import in_stateless_scope
 
-    counted = (Mean.update_state, Sum.update_state, MeanMetricWrapper.update_state)
-    for metric in _leaf_metrics(model.metrics):
-        if type(metric).update_state not in counted:
+    owners = {id(v): m for m in _leaf_metrics(model.metrics) for v in m.variables}
+    keras_assign = keras.Variable.assign
+
+    def assign(self, value):
+        metric = owners.get(id(self))
+        if metric is not None and not in_stateless_scope():
             raise FitError(
                 f"the metric {metric.name} ({type(metric).__name__}) updates its state with "
                 f"an assign, and {why}; compute it after training (mirrorfit evaluate, or "
                 "model.evaluate), or train with --strategy mirrored / multi-worker"
             )
+        return keras_assign(self, value)
+
+    keras.Variable.assign = assign
+    try:
+        with atomic_keras_increments():
+            yield
+    finally:
+        keras.Variable.assign = keras_assign
+
+
+def without_xla(model, asked: bool, where: str) -> bool:
+    """False, with a warning where the model asked for XLA: ``where`` (central storage,
+    parameter servers) keeps the variables on another device than the step's, which XLA
+    cannot compile against (the config refuses --xla there)."""
+    if asked:
+        import warnings
+
+        warnings.warn(
+            f"{type(model).__name__} is compiled with jit_compile (or --xla): off under "
+            f"{where}, whose variables live on another device than the step's, which XLA "
+            "cannot compile against",
+            stacklevel=3,
+        )
+    return False
 
 
 def _leaf_metrics(metrics):
@@ -86,16 +116,21 @@ class Scheduled:
     _unscaled: Callable
     _own_train: bool
     _own_test: bool
+    workers: int
 
     def __init__(self, model, strategy, **settings) -> None:
-        # XLA cannot compile a step against variables on another task (Keras's "auto" turns it
-        # on where a GPU is): off, as the config refuses --xla with parameter servers.
-        super().__init__(model, strategy, **{**settings, "jit_compile": False})  # type: ignore[call-arg]
+        jit = without_xla(model, settings.get("jit_compile", False), "parameter servers")
+        super().__init__(model, strategy, **{**settings, "jit_compile": jit})  # type: ignore[call-arg]
         self.coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)  # the one
         self.workers = strategy.extended._num_workers  # noqa: SLF001 (no public count)
-        if self.workers > 1:
-            check_increments_only(
-                model, "under parameter servers two workers' assigns lose each other's updates"
+        if self.workers > 1 and fit_metrics.output_loss_indices(model):
+            # Each worker's padding correction of a per-output loss would read the others'
+            # updates of the one shared mean.
+            raise FitError(
+                f"a model of several outputs ({', '.join(model.output_names)}) under "
+                "parameter servers with several workers: its per-output losses are means "
+                "that every worker updates in one shared copy, which mirrorfit cannot correct "
+                "for a partial batch's padding; train it with --strategy multi-worker"
             )
         # autograph for a model's own compute_loss, as the Runner's own calls
         self._scheduled = tf.function(self._worker_steps, autograph=self._own_train)
@@ -110,7 +145,7 @@ class Scheduled:
         bounds = [c * steps // closures for c in range(closures + 1)]
         # Traced at the first schedule, on the chief: Keras's increments (the metrics, the
         # optimizer's iterations) recorded as one atomic op each, on the ps.
-        with self._unscaled("train"), atomic_keras_increments():
+        with self._unscaled("train"), self._increments():
             for lo, hi in zip(bounds, bounds[1:]):
                 part = tf.nest.map_structure(lambda a, lo=lo, hi=hi: a[lo:hi], block)
                 n = tf.constant(hi - lo, tf.int32)
@@ -125,6 +160,13 @@ class Scheduled:
                 self._on_chief(block, tf.constant(batches, tf.int32))
         finally:
             self._divisor = self.replicas
+
+    def _increments(self):
+        if self.workers == 1:  # one writer at a time: Keras's own assigns are right
+            return atomic_keras_increments()
+        return increments_only(
+            self.model, "under parameter servers two workers' assigns lose each other's updates"
+        )
 
     def describe_sharding(self) -> str:
         return "on the ps tasks (one copy, the workers read it each step)"
@@ -167,5 +209,6 @@ class Scheduled:
         tf.while_loop(lambda i: i < n, body, (tf.constant(0, tf.int32),))
 
     def _reweigh(self, var, before, scale) -> None:
-        # An increment, not an assign: another worker's update may land in between.
-        var.assign_add(fit_metrics.reweighted(before, var.value, scale) - var.value)
+        # An increment, not an assign (and one read): a ps variable is read anew each time.
+        now = var.value
+        var.assign_add(fit_metrics.reweighted(before, now, scale) - now)
