@@ -670,3 +670,30 @@ def test_sigterm_is_honoured_after_a_data_function_took_it():
         proc.wait()
     assert proc.returncode == 75, err[-2000:]
     assert "nothing saved (no --checkpoint-dir)" in err and time.monotonic() - t0 < 30
+
+
+def test_a_signal_while_fit_is_held_inside_the_framework_says_so_and_exits_75():
+    """The watchdog ended such a run with "preempted by SIGTERM before training started"
+    (found with a parameter-server worker gone, the chief held in the coordinator's join)."""
+    import signal
+
+    from conftest import _env
+
+    proc = subprocess.Popen(
+        [sys.executable, str(HERE / "held_guard_driver.py")],
+        cwd=ROOT,
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout.readline().strip() == "held"
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 75, err[-2000:]
+    assert "mirrorfit: SIGTERM while training, the process held inside TensorFlow or JAX" in err
+    assert "before training started" not in err and "Traceback" not in err

@@ -444,6 +444,7 @@ def run(
     start = time.perf_counter()
     eval_batch = config.eval_batch_size or global_batch
     usage = CpuGpuSampler() if config.profile else contextlib.nullcontext()
+    guard.fitting()  # fit saves on a signal itself, from here on
     with _said(console), usage:
         history = _fit(config, model, global_batch, eval_batch, callbacks, val, kwargs)
     wall = time.perf_counter() - start

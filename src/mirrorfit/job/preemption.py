@@ -57,6 +57,7 @@ class PreemptionGuard:
         self.signal_name: str | None = None
         self._previous: dict[int, Any] = {}
         self._handed_over = False
+        self._fitting = False
         self._watchdog = None
 
     def __enter__(self) -> "PreemptionGuard":
@@ -77,6 +78,12 @@ class PreemptionGuard:
     def setting_up(self) -> bool:
         """No trainer is watched yet: nothing to save, so a signal stops the run at once."""
         return self.trainer is None and not self._handed_over
+
+    def fitting(self) -> None:
+        """``mirrorfit.fit`` trains from now on, and saves on a signal itself: a signal the
+        process cannot act on (its main thread held inside TensorFlow or JAX) is no longer
+        "before training started" for the watchdog."""
+        self._fitting = True
 
     def hand_over(self) -> None:
         """Signals are another part's from now on (a parameter-server task that only serves
@@ -176,11 +183,14 @@ class _Watchdog:
             time.sleep(SETUP_GRACE_S)
             if self.guard.setting_up and not self.closed:  # stuck where no handler runs
                 name = self.guard.signal_name or signal.Signals(data[0]).name
-                os.write(
-                    2,
-                    f"mirrorfit: preempted by {name} before training started; rerun "
-                    "the same command\n".encode(),
+                said = (
+                    f"preempted by {name} before training started; rerun the same command"
+                    if not self.guard._fitting  # noqa: SLF001 (its own guard's)
+                    else f"{name} while training, the process held inside TensorFlow or JAX "
+                    "(a collective, or workers that stopped answering): stopped without a "
+                    "new checkpoint; rerun the same command to resume from the newest one"
                 )
+                os.write(2, f"mirrorfit: {said}\n".encode())
                 os._exit(EXIT_PREEMPTED)
 
     def close(self) -> None:
