@@ -207,8 +207,3 @@ class Scheduled:
             return (i + 1,)
 
         tf.while_loop(lambda i: i < n, body, (tf.constant(0, tf.int32),))
-
-    def _reweigh(self, var, before, scale) -> None:
-        # An increment, not an assign (and one read): a ps variable is read anew each time.
-        now = var.value
-        var.assign_add(fit_metrics.reweighted(before, now, scale) - now)

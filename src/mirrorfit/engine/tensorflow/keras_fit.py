@@ -494,18 +494,11 @@ class Runner:
             sample_weight=fit_metrics.loss_weights(batch, masked=self._masked),
             training=training,
         )
-        for var, old in zip(tracked, before):
-            self._reweigh(var, old, batch["scale"])
+        for var, old in zip(tracked, before):  # several outputs: refused where shared
+            var.assign(fit_metrics.reweighted(old, var.value, batch["scale"]))
         # undivided by Keras (_as_one_device), Keras's losses and a compute_loss override's
         # own arithmetic alike (a Distiller's Keras losses were divided twice): divided here
         return loss / self._divisor
-
-    def _reweigh(self, var, before, scale) -> None:
-        after = fit_metrics.reweighted(before, var.value, scale)
-        if self._central:  # an increment: the replicas' assigns would be summed
-            var.assign_add(after - var.value)
-        else:
-            var.assign(after)
 
     def _unscaled(self, step: str):
         """:func:`_as_one_device` around ``step`` (``train``/``test``)'s calls."""
