@@ -853,3 +853,18 @@ def test_central_storage_trains_a_jit_compiled_model_without_xla_and_says_so(tmp
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "is compiled with jit_compile (or --xla): off under central storage" in proc.stderr
     assert json.loads((out / "m.json").read_text())["xla"] is False
+
+
+def test_central_storage_on_one_replica_refuses_nothing_of_that(tmp_path):
+    """One replica writes its one copy alone: an assigning metric trains, as it did before
+    the watch for them (which refused it here for a while)."""
+    out = tmp_path / "one"
+    out.mkdir()
+    proc = run_cli(
+        "train",
+        *("--backend", "tensorflow", "--model", "user_models:compiled_iou"),
+        *("--strategy", "central-storage", "--replicas", "1", "--epochs", "1"),
+        *("--train-examples", "1000", "--no-progress", "--metrics-out", str(out / "m.json")),
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads((out / "m.json").read_text())["history"]["mean_io_u"][0] > 0

@@ -329,7 +329,7 @@ class Runner:
         ``assign_add`` (an assign of v + x, which the strategy would sum over the replicas:
         every metric doubled) made one ``tf.Variable.assign_add`` while the steps trace, and a
         metric that assigns its state refused."""
-        if not self._central:
+        if not self._central or self.replicas == 1:  # one replica: Keras's assigns are right
             return contextlib.nullcontext()
         return coordinated_fit.increments_only(
             self.model, "under central storage the replicas' assigns to one copy add up"
