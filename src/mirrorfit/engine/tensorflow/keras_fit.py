@@ -13,7 +13,7 @@ import contextlib
 import tensorflow as tf
 from keras.src.losses.loss import unscale_loss_for_distribution
 
-from mirrorfit.engine.tensorflow import coordinated_fit
+from mirrorfit.engine.tensorflow import coordinated_fit, shared_copy
 from mirrorfit.engine.tensorflow.step import _agree_on_overflow
 from mirrorfit.errors import FitError
 from mirrorfit.fitting import batchnorm
@@ -182,7 +182,7 @@ class Runner:
         self._central = isinstance(strategy, tf.distribute.experimental.CentralStorageStrategy)
         if self._central and self.replicas > 1:
             _check_central_state(model)
-            jit_compile = coordinated_fit.without_xla(model, jit_compile, "central storage")
+            jit_compile = shared_copy.without_xla(model, jit_compile, "central storage")
         self._own_train = _keras_step(model, "train", accum_steps)
         if self._own_train and accum_steps > 1:
             raise FitError(
@@ -331,7 +331,7 @@ class Runner:
         metric that assigns its state refused."""
         if not self._central or self.replicas == 1:  # one replica: Keras's assigns are right
             return contextlib.nullcontext()
-        return coordinated_fit.increments_only(
+        return shared_copy.increments_only(
             self.model, "under central storage the replicas' assigns to one copy add up"
         )
 
