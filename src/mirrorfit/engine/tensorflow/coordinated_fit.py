@@ -13,7 +13,10 @@ from typing import TYPE_CHECKING, Any
 
 import tensorflow as tf
 
-from mirrorfit.engine.tensorflow.parameter_server import atomic_keras_increments
+from mirrorfit.engine.tensorflow.parameter_server import (
+    atomic_keras_increments,
+    check_no_partitioner,
+)
 from mirrorfit.engine.tensorflow.shared_copy import increments_only, without_xla
 from mirrorfit.errors import FitError
 from mirrorfit.fitting import metrics as fit_metrics
@@ -37,11 +40,7 @@ def check_model(model, strategy) -> None:
                 "on whichever worker is free, and the logs it returns stay there; use "
                 "--strategy multi-worker (mirrorfit.setup(strategy='multi-worker'))"
             )
-    if getattr(strategy.extended, "_variable_partitioner", None) is not None:
-        raise FitError(
-            "ParameterServerStrategy with a variable_partitioner cannot train Keras 3 models "
-            "on TF 2.21 (benchmarks/repro/ps_keras3_partitioner.py); build it without one"
-        )
+    check_no_partitioner(strategy, FitError)
 
 
 class Scheduled:

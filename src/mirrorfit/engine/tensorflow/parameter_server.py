@@ -146,6 +146,18 @@ class CoordinatedLoops:
         return self.train_steps.experimental_get_tracing_count()
 
 
+def check_no_partitioner(strategy, error: type[Exception] = ValueError) -> None:
+    """``error`` for a ParameterServerStrategy with a ``variable_partitioner``, which Keras 3
+    cannot train (why: docs/architecture.md#tensorflow-parameter-servers)."""
+    if getattr(strategy.extended, "_variable_partitioner", None) is not None:
+        raise error(
+            "ParameterServerStrategy with a variable_partitioner cannot train Keras 3 "
+            "models on TF 2.21 (ShardedVariable has no .handle for GradientTape, and "
+            "the Keras optimizer cannot update it; benchmarks/repro/"
+            "ps_keras3_partitioner.py); build the strategy without one"
+        )
+
+
 def coordinated_loops(
     strategy: tf.distribute.Strategy,
     coordinator: tf.distribute.coordinator.ClusterCoordinator,
@@ -156,13 +168,7 @@ def coordinated_loops(
     ``ParameterServerStrategy``: training scheduled on the workers, evaluation on the chief.
     ``train_fn`` is one optimizer step on one worker's batch (its "global batch").
     """
-    if getattr(strategy.extended, "_variable_partitioner", None) is not None:
-        raise ValueError(
-            "ParameterServerStrategy with a variable_partitioner cannot train Keras 3 "
-            "models on TF 2.21 (ShardedVariable has no .handle for GradientTape, and "
-            "the Keras optimizer cannot update it; benchmarks/repro/"
-            "ps_keras3_partitioner.py); build the strategy without one"
-        )
+    check_no_partitioner(strategy)
     # PSS exposes no public worker count (strategy.cluster_resolver is None for it).
     num_workers = strategy.extended._num_workers
 
