@@ -426,7 +426,9 @@ def run(
     clock.lap("data")
     examples = _examples(train, config, _held_out(config, val))
     rate = steady_rate(examples, global_batch)
-    record = epoch_record(console, config.epochs, lines=not config.progress)
+    # Keras's bar where it redraws in place; elsewhere (CI, | tee, a log) a line per epoch
+    bar = config.progress and (console.is_interactive or console.is_jupyter)
+    record = epoch_record(console, config.epochs, lines=not bar)
     callbacks = [state_shown(console), rate, record, *user_callbacks(config.callbacks)]
     if config.logdir:
         callbacks.append(epoch_scalars(config.logdir if _chief() else None))
@@ -446,7 +448,7 @@ def run(
     usage = CpuGpuSampler() if config.profile else contextlib.nullcontext()
     guard.fitting()  # fit saves on a signal itself, from here on
     with _said(console), usage:
-        history = _fit(config, model, global_batch, eval_batch, callbacks, val, kwargs)
+        history = _fit(config, model, global_batch, eval_batch, callbacks, val, kwargs, bar)
     wall = time.perf_counter() - start
     clock.lap("fit")
     fields = {
@@ -556,7 +558,7 @@ def _rows(split) -> int | None:
     return int(len(tree.flatten(split[0])[0]))
 
 
-def _fit(config: TrainConfig, model, global_batch: int, eval_batch: int, callbacks, val, data):
+def _fit(config: TrainConfig, model, global_batch: int, eval_batch: int, callbacks, val, data, bar):
     """``mirrorfit.fit`` with the flags' settings; Keras's History."""
     from mirrorfit.fitting.loop import fit
 
@@ -565,7 +567,7 @@ def _fit(config: TrainConfig, model, global_batch: int, eval_batch: int, callbac
         batch_size=global_batch,
         validation_batch_size=eval_batch,
         epochs=config.epochs,
-        verbose=1 if config.progress else 0,
+        verbose=1 if bar else 0,
         callbacks=callbacks,
         validation_data=val,
         steps_per_execution=config.steps_per_execution,
