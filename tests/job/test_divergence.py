@@ -127,11 +127,22 @@ def test_nan_weights_under_a_finite_loss_stop_at_the_epoch_end(backend, saved, t
 
 
 @pytest.mark.parametrize("backend", ["jax", "tensorflow"])
-def test_an_fp16_run_whose_every_update_was_skipped_fails(backend):
+@pytest.mark.parametrize(
+    "model",
+    [
+        ("mlp",),
+        # through mirrorfit.fit, whose Keras LossScaleOptimizer skips the steps
+        ("user_models:sized", "--loss", "sparse_categorical_crossentropy"),
+    ],
+    ids=["built-in", "compiled"],
+)
+def test_an_fp16_run_whose_every_update_was_skipped_fails(backend, model):
     proc = run_cli(
         "train",
         "--backend",
         backend,
+        "--model",
+        *model,
         "--data",
         "data_fixtures:overflowing_source",
         "--precision",
@@ -144,11 +155,11 @@ def test_an_fp16_run_whose_every_update_was_skipped_fails(backend):
         "--allow-nan",
     )
     assert proc.returncode == 65, proc.stderr[-3000:]
-    assert proc.stderr.strip().splitlines()[-1] == (
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith(
         "mirrorfit: error: every one of the 20 optimizer steps was skipped for non-finite fp16 "
-        "gradients: the weights never changed; scale the inputs down, try --precision bf16 or "
-        "fp32, or a lower --lr"
-    )
+        "gradients: the weights never changed; scale the inputs down, try "
+    ), last
 
 
 def test_a_compiled_model_that_diverges_stops_too(tmp_path):

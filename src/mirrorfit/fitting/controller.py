@@ -55,6 +55,7 @@ def _train(run, data: Epochs, val, callbacks, hooks, span: Span, saver, guard) -
         skip = restored.step if restored is not None else 0
         model._initial_epoch = None  # for this fit only
         run.from_chief()  # several workers: every one starts from the chief's state
+        guard.updates_begin(model)
         logs: dict[str, float] = {}
         with run.synced_after():
             for epoch in range(start, span.epochs):
@@ -73,6 +74,7 @@ def _train(run, data: Epochs, val, callbacks, hooks, span: Span, saver, guard) -
                     break
         if saver is not None:
             saver.wait()  # the last checkpoint, committed (it may write in the background)
+        guard.check_updates(model)
     callbacks.on_train_end(logs)
 
 
@@ -98,6 +100,7 @@ def _epoch(run, data: Epochs, callbacks, hooks, at, saver, guard, signals) -> di
         hooks.call(callbacks.on_train_batch_begin, step)
         runner.train(runner.put(block.data), block.steps)
         step, trained = step + block.steps, True
+        guard.steps += block.steps
         guard.after_call(runner, epoch, step)
         logs = hooks.logs("train")
         last = data.steps is not None and step >= data.steps

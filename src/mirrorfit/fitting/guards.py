@@ -78,6 +78,25 @@ class Divergence:
         self.finite: tuple[float, str] | None = None  # the last finite loss, and where
         self._pending = None  # (read the loss, epoch, step) of a call, not yet checked
         self._noted_at = -math.inf
+        self.steps = 0  # optimizer steps trained by this fit
+        self._applied_before: int | None = None  # fp16: the optimizer's applied steps
+
+    def updates_begin(self, model) -> None:
+        """Note the steps a loss-scaled (fp16) optimizer has applied, before training."""
+        self._applied_before = _applied_steps(model)
+
+    def check_updates(self, model) -> None:
+        """DivergedError where fp16's loss scaling skipped every step this fit trained (each
+        one's gradients overflowed): the weights are the ones it began with. Even with
+        ``allow_nan``: no value is NaN, and nothing trained."""
+        if self._applied_before is None or not self.steps:
+            return
+        if _applied_steps(model) == self._applied_before:
+            raise DivergedError(
+                f"every one of the {self.steps} optimizer steps was skipped for non-finite "
+                "fp16 gradients: the weights never changed; scale the inputs down, try bf16 "
+                "or float32 (--precision), or a lower learning rate"
+            )
 
     def after_call(self, runner, epoch: int, step: int) -> None:
         """After a call of steps that reached ``step`` was dispatched: the loss noted at an
@@ -136,3 +155,13 @@ class Divergence:
     def _kept(self) -> str:
         path = self._last_checkpoint()
         return f"; the newest checkpoint is {path}" if path else ""
+
+
+def _applied_steps(model) -> int | None:
+    """The steps a loss-scaled optimizer applied (its inner optimizer's count: a skipped step
+    does not count), or None for any other optimizer."""
+    optimizer = getattr(model, "optimizer", None)
+    inner = getattr(optimizer, "inner_optimizer", None)
+    if inner is None:
+        return None
+    return int(inner.iterations.numpy())
