@@ -242,3 +242,12 @@ def resnet50(input_shape=(224, 224, 3), num_classes=1000):
         metrics=["accuracy"],
     )
     return model
+
+
+def compiled_mlp(input_shape=(28, 28), num_classes=10):
+    """mirrorfit's own MLP, compiled in a user's function (as a Keras script uses it)."""
+    from mirrorfit.models import mlp
+
+    model = mlp(input_shape, num_classes)
+    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    return model

@@ -182,6 +182,28 @@ def test_cli_exports_a_compiled_models_checkpoint(tmp_path, mnist_dir, shard):
 
 
 @pytest.mark.parametrize("backend", ["jax", "tensorflow"])
+def test_a_built_in_models_fit_checkpoint_exports_without_model(tmp_path, mnist_dir, backend):
+    """mirrorfit's mlp trained through mirrorfit.fit (compiled in a user's function): its
+    checkpoint records the model's name, so export rebuilds it as the old format's did, with
+    no --model (no user code runs: a built-in model). On 2aa0a29: "pass --model"."""
+    d, models = tmp_path / "ckpt", tmp_path / "models" / "mlp"
+    trained = run_cli(
+        *("train", "--backend", backend, "--model", "keras_models:compiled_mlp"),
+        *("--data-dir", str(mnist_dir), "--train-examples", "640", "--epochs", "1"),
+        *("--checkpoint-dir", str(d), "--save-keras", str(tmp_path / "trained.keras")),
+        "--no-progress",
+    )
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    exp = run_cli("export", "--checkpoint-dir", str(d), "--export-dir", str(models))
+    assert exp.returncode == 0, exp.stderr[-3000:]
+    x = _pixels(8).astype(np.float32)
+    expected = keras.saving.load_model(tmp_path / "trained.keras")(x).numpy()
+    served = tf.saved_model.load(str(models / "0001")).signatures["serving_default"]
+    (got,) = served(**{served.structured_input_signature[1].popitem()[0]: x}).values()
+    np.testing.assert_allclose(got.numpy(), expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("backend", ["jax", "tensorflow"])
 def test_evaluate_scores_a_compiled_models_checkpoint_on_its_backend(tmp_path, mnist_dir, backend):
     """A saturated softmax's loss is the backend's own (clipped on JAX, from the logits on
     TensorFlow): evaluate scores on the backend that trained it, as train's own test figures.

@@ -457,17 +457,21 @@ def load_model(
 
 
 def _load_fit_model(directory: Path, asked: str | None, read_state: ReadState, on_notice):
-    """The model of ``mirrorfit.fit``'s newest readable checkpoint in ``directory`` (a compiled
-    ``--model``'s: its meta.json names no model, so ``asked`` must), and its meta with
-    ``where``, the checkpoint's name."""
+    """The model of ``mirrorfit.fit``'s newest readable checkpoint in ``directory`` (a user's
+    ``--model`` is named by ``asked``: a checkpoint folder does not choose which code runs; a
+    built-in one is found by the model's recorded name), and its meta with ``where``, the
+    checkpoint's name."""
     from mirrorfit.artifacts import epoch_checkpoint
     from mirrorfit.models.build import model_factory, needs_data_shape
+    from mirrorfit.models.names import built_in_named
 
-    if asked is None or ":" not in asked:
+    if asked is None:
+        asked = built_in_named(epoch_checkpoint.recorded_name(directory))
+    if asked is None:
         raise CheckpointError(
-            f"{directory} holds mirrorfit.fit's checkpoints (epoch-NNNNNN: a compiled --model's), "
-            "which do not say what model they hold; pass --model package.module:function, the "
-            "one that trained them"
+            f"{directory} holds mirrorfit.fit's checkpoints (epoch-NNNNNN), which do not say "
+            "what model they hold; pass --model package.module:function, the one that "
+            "trained them"
         )
     # Built for the shapes it trained with (recorded in meta.json), where its function takes
     # them: --input-shape/--num-classes, or the data's; the identity check refuses a mismatch.

@@ -566,6 +566,12 @@ def model_shapes(directory: Path) -> tuple[list | None, list | None]:
     return shapes.get("inputs"), shapes.get("outputs")
 
 
+def recorded_name(directory: Path) -> object:
+    """The Keras name of the model whose checkpoints ``directory`` holds (its newest readable
+    meta.json's; None before it was kept). A hint: the identity check decides."""
+    return _newest_meta(directory).get("name")
+
+
 def recorded_backend(directory: Path) -> str | None:
     """The Keras backend that wrote ``directory``'s newest readable checkpoint (as meta.json
     records it), None where it does not say (written before it was kept). Plain Python."""
@@ -743,6 +749,7 @@ def save(
         "step_in_epoch": position.step,
         "rng": position.rng,
         **_identity(model),
+        "name": model.name,  # a built-in model's (mlp): what export rebuilds without --model
         **({"shapes": _shapes(model)} if _shapes(model) else {}),
         **({"optimizer_settings": optimizer} if optimizer is not None else {}),
         **({"data": data} if data else {}),

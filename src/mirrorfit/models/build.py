@@ -198,7 +198,10 @@ def _user_model(
 
 def needs_data_shape(spec: str, input_shape, num_classes) -> bool:
     """Whether a ``--model package.module:function`` has a required ``input_shape`` or
-    ``num_classes`` parameter the flags do not give (mirrorfit passes the data's then)."""
+    ``num_classes`` parameter the flags do not give (mirrorfit passes the data's then); a
+    built-in model's have defaults."""
+    if ":" not in spec:
+        return False
     module_name, _, attr = spec.partition(":")
     try:
         with tensorflow_start_filtered():

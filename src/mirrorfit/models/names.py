@@ -111,6 +111,13 @@ def check_model_name(spec: str) -> None:
     )
 
 
+def built_in_named(name: object) -> str | None:
+    """The built-in ``--model`` whose Keras model is named ``name`` (``mlp``, ``cnn``, an
+    application's lower-case name: ``resnet50``), or None."""
+    by_lower = {n.lower(): n for n in REFERENCE + APPLICATIONS}
+    return by_lower.get(name) if isinstance(name, str) else None
+
+
 def _suggestion(spec: str) -> str:
     # Case-blind: "resnet50" is one letter case away from ResNet50, which difflib would
     # score as five edits.
