@@ -145,6 +145,25 @@ def shrinking_dataset_source():
     )
 
 
+def shrinking_later_source():
+    """A dataset of single examples that yields all of them on its first two passes, then a
+    third of them."""
+    import tensorflow as tf
+
+    x, y = mnist(_n())
+    passes = [0]
+
+    def examples():
+        passes[0] += 1
+        n = len(x) if passes[0] <= 2 else len(x) // 3
+        yield from zip(x[:n], y[:n])
+
+    return tf.data.Dataset.from_generator(
+        examples,
+        output_signature=(tf.TensorSpec(x.shape[1:], tf.uint8), tf.TensorSpec((), tf.int64)),
+    )
+
+
 def scalar_examples_source():
     """Examples that are single numbers: x of shape (N,)."""
     x = np.random.default_rng(0).random(64).astype(np.float32)

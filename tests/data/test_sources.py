@@ -419,6 +419,32 @@ def test_a_dataset_that_yields_less_than_it_counted_is_one_line(backend, monkeyp
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["tensorflow", "jax"])
+def test_a_compiled_model_reads_a_functions_examples_and_refuses_a_shrinking_pass(
+    backend, monkeypatch
+):
+    """A compiled --model on a function's dataset of single examples (docs/data.md): batched
+    to the global batch (on 2aa0a29, "a batch of the training data has arrays of different
+    lengths"); an epoch that then reads fewer batches than the first is one line (Keras's fit
+    trains the shorter epoch, unsaid)."""
+    monkeypatch.setenv("DATA_FIXTURE_N", "512")
+    proc = run_cli(
+        *("train", "--backend", backend, "--model", "keras_models:compiled_mlp"),
+        *("--epochs", "3", "--no-progress", "--batch-size", "64"),
+        *("--data", "data_fixtures:shrinking_later_source"),
+    )
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert proc.returncode == 2 and lines, proc.stderr[-3000:]
+    assert "epoch 1/3: accuracy" in proc.stderr  # 8 batches of 64 trained
+    assert "warn" not in proc.stderr.lower()  # Keras's on shuffle=True with a dataset
+    assert lines[-1] == (
+        "mirrorfit: error: the training data ended after 3 batches this pass, 8 in the first: "
+        "it must give the same examples on every pass (a generator of a changing source, a "
+        "random filter); give steps_per_epoch to read a fixed count of batches each epoch"
+    ), proc.stderr[-3000:]
+
+
 def test_a_functions_single_number_examples_are_data_and_empty_ones_are_refused():
     """x of shape (N,) from a function trained before the array checks were shared with .npz
     files (which need (N, ...)): kept. A dataset of (0,)-shaped examples was a

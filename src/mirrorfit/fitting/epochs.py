@@ -43,6 +43,7 @@ class Epochs:
         self.restart = restart
         self.pad, self.where = pad, where
         self.steps = steps or source.num_batches
+        self._passed: int | None = None  # batches in a whole pass of a source of unknown length
         iterator = self._iterator()
         try:
             first = next(iterator)
@@ -71,6 +72,22 @@ class Epochs:
         if self.pad:
             return fit_batches.padded(data, self.size, where=self.where, zeros=self.zeros)
         return fit_batches.as_given(data, self.size, where=self.where)
+
+    def _check_length(self, count: int) -> None:
+        """FitError where a source of unknown length (a generator, a dataset of unknown
+        cardinality) ended a pass after another count of batches than its first pass: its
+        epochs would train on different examples, unsaid (Keras's fit runs each to its end)."""
+        if self.steps_given or self.source.num_batches is not None:
+            return
+        if self._passed is None:
+            self._passed = count
+        elif count != self._passed:
+            raise FitError(
+                f"the {self.where} ended after {count} batches this pass, {self._passed} "
+                "in the first: it must give the same examples on every pass (a generator "
+                "of a changing source, a random filter); give steps_per_epoch to read a "
+                "fixed count of batches each epoch"
+            )
 
     def blocks(self, size: int, skip: int = 0):
         """The next epoch as blocks of up to ``size`` batches, its first ``skip`` batches left
@@ -117,6 +134,7 @@ class Epochs:
                         data = next(self._carry)
                     except StopIteration:
                         self._carry = None
+                        self._check_length(count)
                         return
                 batch = self._made(data)
                 if batch is None or (self.drop and fit_batches.rows_of(batch) < self.size):

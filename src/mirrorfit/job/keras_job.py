@@ -182,6 +182,29 @@ def describe(config: TrainConfig, model, compiled: bool) -> str:
     return line
 
 
+def batch_line(config: TrainConfig, replicas: int) -> str:
+    """``batch: 16 per replica x 2 replicas x 4 accumulation steps = 128 global
+    (effective), 10 steps per execution``, as the start screen says it."""
+    per_replica, global_batch = config.batch_sizes(replicas)
+    accum = f" x {config.accum_steps} accumulation steps" if config.accum_steps > 1 else ""
+    return (
+        f"batch: {per_replica} per replica x {replicas} replicas{accum} = {global_batch} "
+        f"global (effective), {config.steps_per_execution} steps per execution"
+    )
+
+
+def precision_line(config: TrainConfig, model, recomputed: list[str]) -> str:
+    """``precision: bf16, XLA: on`` (and remat), as the start screen says it."""
+    from mirrorfit.engine import backends
+
+    if backends.capabilities(config.backend).compiles_every_step:
+        xla = "on (every step, JAX)"
+    else:  # the model's compile (jit_compile=True) or --xla
+        xla = "on" if getattr(model, "jit_compile", False) is True else "off"
+    remat = f", rematerialisation on ({len(recomputed)} layers)" if recomputed else ""
+    return f"precision: {config.precision}, XLA: {xla}{remat}"
+
+
 def _name(thing) -> str:
     return (
         thing
@@ -230,8 +253,13 @@ def decoded_kind(config: TrainConfig) -> str | None:
     return kind if kind in ("folder", "tfrecord", "synthetic") else None
 
 
-def splits(config: TrainConfig, model=None, global_batch: int = 1) -> dict[str, Any]:
-    """``{"train": (x, y[, w]), "val": ..., "test": ...}`` as the data hold them."""
+def splits(
+    config: TrainConfig, model=None, global_batch: int = 1, eval_batch: int | None = None
+) -> dict[str, Any]:
+    """``{"train": (x, y[, w]), "val": ..., "test": ...}`` as the data hold them; a --data
+    function's dataset of single examples in batches of ``global_batch`` (``eval_batch``
+    for val and test, default ``global_batch``)."""
+    eval_batch = eval_batch or global_batch
     data = config.data or "mnist"
     if decoded_kind(config):
         return decoded_splits(config, model, global_batch)
@@ -250,7 +278,9 @@ def splits(config: TrainConfig, model=None, global_batch: int = 1) -> dict[str, 
     if ":" in data:
         from mirrorfit.data.user import call_user_function
 
-        return checked_splits(data, model, call_user_function(data, check=()))
+        found = call_user_function(data, check=())
+        batches = {"train": global_batch, "val": eval_batch, "test": eval_batch}
+        return checked_splits(data, model, {k: _batched(v, batches[k]) for k, v in found.items()})
     raise ConfigError(  # kind_of named every other kind: not reached
         f"--data {data}: give mnist, FILE.npz, an image FOLDER, 'train-*.tfrecord', "
         "synthetic or package.module:function"
@@ -384,6 +414,21 @@ def checked_splits(data: str, model, out: dict) -> dict:
     return out
 
 
+def _batched(split, batch: int):
+    """``split``, a dataset of single examples (docs/data.md: what a --data function returns)
+    in batches of ``batch``; one already in batches (each component's first axis unknown, as
+    ``.batch()`` leaves it) and arrays as they are."""
+    spec = getattr(split, "element_spec", None)
+    if spec is None:
+        return split
+    from keras import tree
+
+    shapes = [s.shape for s in tree.flatten(spec)]
+    if shapes and all(s.rank and s[0] is None for s in shapes):
+        return split  # batched by the function, as Keras's fit takes a dataset
+    return split.batch(batch)
+
+
 def _member(arrays: dict, key: str):
     if key in arrays:
         return arrays[key]
@@ -405,7 +450,7 @@ def run(
     from mirrorfit.job.steady_rate import steady_rate
 
     _, global_batch = config.batch_sizes(_replicas(model))
-    data = splits(config, model, global_batch)
+    data = splits(config, model, global_batch, config.eval_batch_size)
     train, val, test = data["train"], data.get("val"), data.get("test")
     if "description" in data:
         console.print(f"data: {data['description']}")
@@ -423,6 +468,8 @@ def run(
             )
     recomputed = _accelerate(config, model, console)
     console.print(describe(config, model, compiled))
+    console.print(batch_line(config, _replicas(model)))
+    console.print(precision_line(config, model, recomputed))
     clock.lap("data")
     examples = _examples(train, config, _held_out(config, val))
     rate = steady_rate(examples, global_batch)
@@ -564,6 +611,8 @@ def _fit(config: TrainConfig, model, global_batch: int, eval_batch: int, callbac
 
     return fit(
         model,
+        # a dataset comes in its own order (Keras's fit warns that it ignores shuffle=True)
+        shuffle=not hasattr(data["x"], "element_spec"),
         batch_size=global_batch,
         validation_batch_size=eval_batch,
         epochs=config.epochs,
