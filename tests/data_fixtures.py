@@ -164,6 +164,19 @@ def shrinking_later_source():
     )
 
 
+def batched_dataset_source():
+    """Splits as tf.data datasets the function batched itself: 64 a batch, 100 for val/test."""
+    import tensorflow as tf
+
+    x, y = mnist(_n())
+    cut = len(x) * 3 // 4
+    return {
+        "train": tf.data.Dataset.from_tensor_slices((x[:cut], y[:cut])).batch(64),
+        "val": tf.data.Dataset.from_tensor_slices((x[cut:], y[cut:])).batch(100),
+        "test": tf.data.Dataset.from_tensor_slices((x[cut:], y[cut:])).batch(100),
+    }
+
+
 def scalar_examples_source():
     """Examples that are single numbers: x of shape (N,)."""
     x = np.random.default_rng(0).random(64).astype(np.float32)

@@ -440,9 +440,26 @@ def test_a_compiled_model_reads_a_functions_examples_and_refuses_a_shrinking_pas
     assert "warn" not in proc.stderr.lower()  # Keras's on shuffle=True with a dataset
     assert lines[-1] == (
         "mirrorfit: error: the training data ended after 3 batches this pass, 8 in the first: "
-        "it must give the same examples on every pass (a generator of a changing source, a "
-        "random filter); give steps_per_epoch to read a fixed count of batches each epoch"
+        "it must give the same examples on every pass (a Python generator is used up after "
+        "one pass; a changing source or a random filter gives other counts); give "
+        "steps_per_epoch to read a fixed count of batches each epoch (from a generator that "
+        "never ends)"
     ), proc.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_a_compiled_model_trains_on_a_functions_own_batches(monkeypatch):
+    """A dataset the --data function batched itself (64) trains in its batches, as Keras's fit
+    takes it, whatever --batch-size says; on e3acabe, "a batch of the training data holds 64
+    examples, more than batch_size=32"."""
+    monkeypatch.setenv("DATA_FIXTURE_N", "512")
+    proc = run_cli(
+        *("train", "--model", "keras_models:compiled_mlp", "--epochs", "1", "--no-progress"),
+        *("--data", "data_fixtures:batched_dataset_source"),
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "batch: the --data dataset's own batches, split over 1 replicas" in proc.stderr
+    assert "done: 6 steps" in proc.stderr  # 384 examples in batches of 64
 
 
 def test_a_functions_single_number_examples_are_data_and_empty_ones_are_refused():

@@ -7,6 +7,9 @@ from mirrorfit.errors import FitError
 from mirrorfit.fitting import batches as fit_batches
 
 
+_END = object()  # the source's iterator ran out
+
+
 class Epochs:
     """One epoch of batches at a time from ``source`` (a Keras data adapter). ``steps``
     (``steps_per_epoch``): that many batches an epoch, read on from where the last stopped (a
@@ -84,9 +87,10 @@ class Epochs:
         elif count != self._passed:
             raise FitError(
                 f"the {self.where} ended after {count} batches this pass, {self._passed} "
-                "in the first: it must give the same examples on every pass (a generator "
-                "of a changing source, a random filter); give steps_per_epoch to read a "
-                "fixed count of batches each epoch"
+                "in the first: it must give the same examples on every pass (a Python "
+                "generator is used up after one pass; a changing source or a random filter "
+                "gives other counts); give steps_per_epoch to read a fixed count of batches "
+                "each epoch (from a generator that never ends)"
             )
 
     def blocks(self, size: int, skip: int = 0):
@@ -130,9 +134,8 @@ class Epochs:
                 if self._pending:
                     data = self._pending.pop()
                 else:
-                    try:
-                        data = next(self._carry)
-                    except StopIteration:
+                    data = next(self._carry, _END)
+                    if data is _END:
                         self._carry = None
                         self._check_length(count)
                         return

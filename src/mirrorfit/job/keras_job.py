@@ -182,9 +182,15 @@ def describe(config: TrainConfig, model, compiled: bool) -> str:
     return line
 
 
-def batch_line(config: TrainConfig, replicas: int) -> str:
+def batch_line(config: TrainConfig, replicas: int, *, own: bool = False) -> str:
     """``batch: 16 per replica x 2 replicas x 4 accumulation steps = 128 global
-    (effective), 10 steps per execution``, as the start screen says it."""
+    (effective), 10 steps per execution``, as the start screen says it; ``own``: the data's
+    own batches (a dataset batched by a --data function)."""
+    if own:
+        return (
+            f"batch: the --data dataset's own batches, split over {replicas} replicas, "
+            f"{config.steps_per_execution} steps per execution"
+        )
     per_replica, global_batch = config.batch_sizes(replicas)
     accum = f" x {config.accum_steps} accumulation steps" if config.accum_steps > 1 else ""
     return (
@@ -418,15 +424,21 @@ def _batched(split, batch: int):
     """``split``, a dataset of single examples (docs/data.md: what a --data function returns)
     in batches of ``batch``; one already in batches (each component's first axis unknown, as
     ``.batch()`` leaves it) and arrays as they are."""
+    if getattr(split, "element_spec", None) is None or _in_batches(split):
+        return split  # batched by the function, as Keras's fit takes a dataset
+    return split.batch(batch)
+
+
+def _in_batches(split) -> bool:
+    """Whether ``split`` is a dataset of batches: each component's first axis unknown, as
+    ``.batch()`` leaves it (its batch size is then the dataset's, as in Keras's fit)."""
     spec = getattr(split, "element_spec", None)
     if spec is None:
-        return split
+        return False
     from keras import tree
 
     shapes = [s.shape for s in tree.flatten(spec)]
-    if shapes and all(s.rank and s[0] is None for s in shapes):
-        return split  # batched by the function, as Keras's fit takes a dataset
-    return split.batch(batch)
+    return bool(shapes) and all(s.rank and s[0] is None for s in shapes)
 
 
 def _member(arrays: dict, key: str):
@@ -468,7 +480,7 @@ def run(
             )
     recomputed = _accelerate(config, model, console)
     console.print(describe(config, model, compiled))
-    console.print(batch_line(config, _replicas(model)))
+    console.print(batch_line(config, _replicas(model), own=_in_batches(train)))
     console.print(precision_line(config, model, recomputed))
     clock.lap("data")
     examples = _examples(train, config, _held_out(config, val))
@@ -592,7 +604,13 @@ def _evaluate(model, test, batch: int) -> dict[str, float]:
 
     x, y, w = (*test, None, None)[:3] if isinstance(test, tuple) else (test, None, None)
     return mirrorfit.evaluate(
-        model, x, y, sample_weight=w, batch_size=batch, verbose=0, return_dict=True
+        model,
+        x,
+        y,
+        sample_weight=w,
+        batch_size=None if _in_batches(x) else batch,
+        verbose=0,
+        return_dict=True,
     )
 
 
@@ -613,8 +631,9 @@ def _fit(config: TrainConfig, model, global_batch: int, eval_batch: int, callbac
         model,
         # a dataset comes in its own order (Keras's fit warns that it ignores shuffle=True)
         shuffle=not hasattr(data["x"], "element_spec"),
-        batch_size=global_batch,
-        validation_batch_size=eval_batch,
+        # a dataset batched by the --data function: its own batches, as Keras's fit
+        batch_size=None if _in_batches(data["x"]) else global_batch,
+        validation_batch_size=None if _in_batches(val) else eval_batch,
         epochs=config.epochs,
         verbose=1 if bar else 0,
         callbacks=callbacks,
