@@ -196,6 +196,15 @@ def test_a_built_in_models_fit_checkpoint_exports_without_model(tmp_path, mnist_
     assert trained.returncode == 0, trained.stderr[-3000:]
     exp = run_cli("export", "--checkpoint-dir", str(d), "--export-dir", str(models))
     assert exp.returncode == 0, exp.stderr[-3000:]
+    # evaluate scores by the compile, which the checkpoint does not keep: one line saying so
+    # (on e3acabe: "--model None returns a model that is not compiled (trained with --loss)")
+    scored = run_cli("evaluate", "--checkpoint-dir", str(d), "--data-dir", str(mnist_dir))
+    assert scored.returncode == 2, scored.stderr[-3000:]
+    assert scored.stderr.strip() == (
+        f"mirrorfit: error: {d} holds mirrorfit's mlp, trained through mirrorfit.fit with a "
+        "compile the checkpoint does not keep; mirrorfit evaluate scores a model by its "
+        "compile: pass --model package.module:function returning it compiled as it trained"
+    )
     x = _pixels(8).astype(np.float32)
     expected = keras.saving.load_model(tmp_path / "trained.keras")(x).numpy()
     served = tf.saved_model.load(str(models / "0001")).signatures["serving_default"]

@@ -162,6 +162,20 @@ def test_an_fp16_run_whose_every_update_was_skipped_fails(backend, model):
     ), last
 
 
+def test_an_fp16_loss_that_overflows_names_the_inputs_not_only_the_rate():
+    """Inputs past float16's range: a lower learning rate cannot help, and the line says so
+    (a Keras user's trial of e3acabe read only "try a lower learning rate")."""
+    proc = run_cli(
+        *("train", "--model", "user_models:sized", "--loss", "sparse_categorical_crossentropy"),
+        *("--data", "data_fixtures:overflowing_source", "--precision", "fp16"),
+        *("--epochs", "1", "--steps-per-execution", "5", "--no-progress"),
+    )
+    assert proc.returncode == 65, proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert "the training loss is nan" in last, last
+    assert "try a lower learning rate; under fp16, inputs scaled down or bf16 (--precision)" in last
+
+
 def test_a_compiled_model_that_diverges_stops_too(tmp_path):
     proc = run_cli(
         "train",

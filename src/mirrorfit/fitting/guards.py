@@ -80,10 +80,12 @@ class Divergence:
         self._noted_at = -math.inf
         self.steps = 0  # optimizer steps trained by this fit
         self._applied_before: int | None = None  # fp16: the optimizer's applied steps
+        self._fp16 = False
 
     def updates_begin(self, model) -> None:
         """Note the steps a loss-scaled (fp16) optimizer has applied, before training."""
         self._applied_before = _applied_steps(model)
+        self._fp16 = self._applied_before is not None
 
     def check_updates(self, model) -> None:
         """DivergedError where fp16's loss scaling skipped every step this fit trained (each
@@ -133,10 +135,12 @@ class Divergence:
             if self.finite
             else "not finite at the first check"
         )
+        # fp16 holds at most 65504: larger inputs or activations are inf, whatever the rate
+        fp16 = "; under fp16, inputs scaled down or bf16 (--precision)" if self._fp16 else ""
         raise DivergedError(
             f"the training loss is {loss} after {where} ({last}); stopped{self._kept()}; "
-            "try a lower learning rate, or allow_nan=True (--allow-nan) to train on as Keras "
-            "does"
+            f"try a lower learning rate{fp16}, or allow_nan=True (--allow-nan) to train on "
+            "as Keras does"
         )
 
     def check_weights(self, model, epoch: int, loss) -> None:

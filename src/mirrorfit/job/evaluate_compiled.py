@@ -26,6 +26,13 @@ def evaluate_checkpoint(
     from mirrorfit.engine import backends
 
     net, meta = load_model(checkpoint_dir, read_state=backends.read_model, model=model)
+    if not getattr(net, "compiled", False) and model is None:
+        raise ConfigError(
+            f"{checkpoint_dir} holds mirrorfit's {net.name}, trained through mirrorfit.fit "
+            "with a compile the checkpoint does not keep; mirrorfit evaluate scores a model "
+            "by its compile: pass --model package.module:function returning it compiled "
+            "as it trained"
+        )
     if not getattr(net, "compiled", False):
         raise ConfigError(
             f"--model {model} returns a model that is not compiled (trained with --loss); "
