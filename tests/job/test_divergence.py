@@ -136,29 +136,26 @@ def test_nan_weights_under_a_finite_loss_stop_at_the_epoch_end(backend, saved, t
     ],
     ids=["built-in", "compiled"],
 )
-def test_an_fp16_run_whose_every_update_was_skipped_fails(backend, model):
-    proc = run_cli(
-        "train",
-        "--backend",
-        backend,
-        "--model",
-        *model,
-        "--data",
-        "data_fixtures:overflowing_source",
-        "--precision",
-        "fp16",
-        "--epochs",
-        "1",
-        "--steps-per-execution",
-        "5",
-        "--no-progress",
-        "--allow-nan",
+def test_an_fp16_run_whose_every_update_was_skipped_fails(backend, model, tmp_path):
+    """Exit 65, and again on the rerun that resumes from its checkpoint (a hostile pass of
+    e3acabe: the compiled model's rerun resumed past the last epoch and exited 0)."""
+    args = (
+        *("train", "--backend", backend, "--model", *model),
+        *("--data", "data_fixtures:overflowing_source", "--precision", "fp16", "--epochs", "1"),
+        *("--steps-per-execution", "5", "--no-progress", "--allow-nan"),
+        *("--checkpoint-dir", str(tmp_path / "ck")),
     )
+    proc = run_cli(*args)
     assert proc.returncode == 65, proc.stderr[-3000:]
+    rerun = run_cli(*args)
+    assert rerun.returncode == 65, rerun.stderr[-3000:]
+    assert "skipped" in rerun.stderr.strip().splitlines()[-1], rerun.stderr[-3000:]
+    if model[0] != "mlp":  # the optimizer compiled, not Keras's wrapper (LossScaleOptimizer)
+        assert "optimizer: SGD 0.01 with fp16 loss scaling, " in proc.stderr, proc.stderr
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith(
         "mirrorfit: error: every one of the 20 optimizer steps was skipped for non-finite fp16 "
-        "gradients: the weights never changed; scale the inputs down, try "
+        "gradients: the weights never changed; scale the inputs down, "
     ), last
 
 

@@ -469,9 +469,9 @@ def _load_fit_model(directory: Path, asked: str | None, read_state: ReadState, o
         asked = built_in_named(epoch_checkpoint.recorded_name(directory))
     if asked is None:
         raise CheckpointError(
-            f"{directory} holds mirrorfit.fit's checkpoints (epoch-NNNNNN), which do not say "
-            "what model they hold; pass --model package.module:function, the one that "
-            "trained them"
+            f"{directory} holds mirrorfit.fit's checkpoints (epoch-NNNNNN) of a model that "
+            "is not one of mirrorfit's own (or whose newest readable meta.json does not "
+            "name one); pass --model package.module:function, the one that trained them"
         )
     # Built for the shapes it trained with (recorded in meta.json), where its function takes
     # them: --input-shape/--num-classes, or the data's; the identity check refuses a mismatch.

@@ -55,7 +55,7 @@ def _train(run, data: Epochs, val, callbacks, hooks, span: Span, saver, guard) -
         skip = restored.step if restored is not None else 0
         model._initial_epoch = None  # for this fit only
         run.from_chief()  # several workers: every one starts from the chief's state
-        guard.updates_begin(model)
+        guard.updates_begin(model, resumed=restored is not None and bool(restored.epoch or skip))
         logs: dict[str, float] = {}
         with run.synced_after():
             for epoch in range(start, span.epochs):

@@ -85,11 +85,12 @@ class Epochs:
         if self._passed is None:
             self._passed = count
         elif count != self._passed:
+            steps = "validation_steps" if "validation" in self.where else "steps_per_epoch"
             raise FitError(
                 f"the {self.where} ended after {count} batches this pass, {self._passed} "
                 "in the first: it must give the same examples on every pass (a Python "
                 "generator is used up after one pass; a changing source or a random filter "
-                "gives other counts); give steps_per_epoch to read a fixed count of batches "
+                f"gives other counts); give {steps} to read a fixed count of batches "
                 "each epoch (from a generator that never ends)"
             )
 

@@ -81,23 +81,40 @@ class Divergence:
         self.steps = 0  # optimizer steps trained by this fit
         self._applied_before: int | None = None  # fp16: the optimizer's applied steps
         self._fp16 = False
+        self._resumed = False
 
-    def updates_begin(self, model) -> None:
-        """Note the steps a loss-scaled (fp16) optimizer has applied, before training."""
+    def updates_begin(self, model, *, resumed: bool = False) -> None:
+        """Note the steps a loss-scaled (fp16) optimizer has applied, before training;
+        ``resumed``: from a checkpoint of steps trained (a rerun after every step was skipped
+        has none left to train, and must still fail)."""
+        from mirrorfit.fitting.metrics import overrides
+
         self._applied_before = _applied_steps(model)
         self._fp16 = self._applied_before is not None
+        self._resumed = resumed
+        if overrides(model, "train_step"):  # its own step may step its own optimizers (GANs)
+            self._applied_before = None
 
     def check_updates(self, model) -> None:
         """DivergedError where fp16's loss scaling skipped every step this fit trained (each
         one's gradients overflowed): the weights are the ones it began with. Even with
         ``allow_nan``: no value is NaN, and nothing trained."""
-        if self._applied_before is None or not self.steps:
+        if self._applied_before is None:
             return
-        if _applied_steps(model) == self._applied_before:
+        applied = _applied_steps(model)
+        fix = (
+            "the weights never changed; scale the inputs down, train in bf16 or fp32 "
+            "(setup(precision=), --precision), or with a lower learning rate"
+        )
+        if self.steps and applied == self._applied_before:
             raise DivergedError(
                 f"every one of the {self.steps} optimizer steps was skipped for non-finite "
-                "fp16 gradients: the weights never changed; scale the inputs down, try bf16 "
-                "or float32 (--precision), or a lower learning rate"
+                f"fp16 gradients: {fix}"
+            )
+        if not self.steps and self._resumed and applied == 0:
+            raise DivergedError(
+                "the checkpoint resumed from was trained without one optimizer step applied "
+                f"(each one skipped for non-finite fp16 gradients): {fix}"
             )
 
     def after_call(self, runner, epoch: int, step: int) -> None:

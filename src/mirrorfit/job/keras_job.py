@@ -14,6 +14,7 @@ import contextlib
 import functools
 import importlib
 import math
+import sys
 import time
 from typing import Any
 
@@ -171,8 +172,12 @@ def describe(config: TrainConfig, model, compiled: bool) -> str:
     if loss is None:  # compiled without a loss: the model's own add_loss trains it
         names = "none, the model's add_loss"
     where = "the model's compile" if compiled else "--loss"
+    kind = type(opt).__name__
+    inner = getattr(opt, "inner_optimizer", None)  # fp16: Keras wraps the compiled one
+    if inner is not None:
+        kind, rate = type(inner).__name__, f"{rate} with fp16 loss scaling"
     line = (
-        f"loss: {names} ({where}), optimizer: {type(opt).__name__} {rate}, "
+        f"loss: {names} ({where}), optimizer: {kind} {rate}, "
         f"metrics: {', '.join(map(str, _flat(metrics))) or 'none'}"
     )
     if compiled:
@@ -286,7 +291,11 @@ def splits(
 
         found = call_user_function(data, check=())
         batches = {"train": global_batch, "val": eval_batch, "test": eval_batch}
-        return checked_splits(data, model, {k: _batched(v, batches[k]) for k, v in found.items()})
+        found = {
+            k: _batched(v, batches[k], model, shuffle_seed=config.seed if k == "train" else None)
+            for k, v in found.items()
+        }
+        return checked_splits(data, model, found)
     raise ConfigError(  # kind_of named every other kind: not reached
         f"--data {data}: give mnist, FILE.npz, an image FOLDER, 'train-*.tfrecord', "
         "synthetic or package.module:function"
@@ -420,25 +429,35 @@ def checked_splits(data: str, model, out: dict) -> dict:
     return out
 
 
-def _batched(split, batch: int):
+def _batched(split, batch: int, model, *, shuffle_seed: int | None = None):
     """``split``, a dataset of single examples (docs/data.md: what a --data function returns)
-    in batches of ``batch``; one already in batches (each component's first axis unknown, as
-    ``.batch()`` leaves it) and arrays as they are."""
-    if getattr(split, "element_spec", None) is None or _in_batches(split):
+    in batches of ``batch`` (the training split first through a 10,000-example shuffle
+    buffer seeded with ``shuffle_seed``, reshuffled each epoch); one already in batches, and
+    arrays, as they are."""
+    if getattr(split, "element_spec", None) is None or _in_batches(split, model):
         return split  # batched by the function, as Keras's fit takes a dataset
+    if shuffle_seed is not None:
+        split = split.shuffle(10_000, seed=shuffle_seed, reshuffle_each_iteration=True)
     return split.batch(batch)
 
 
-def _in_batches(split) -> bool:
-    """Whether ``split`` is a dataset of batches: each component's first axis unknown, as
-    ``.batch()`` leaves it (its batch size is then the dataset's, as in Keras's fit)."""
+def _in_batches(split, model=None) -> bool:
+    """Whether ``split`` is a dataset of batches, not of single examples: its inputs have
+    the rank of the model's declared input (a batch axis first), or, where the model
+    declares none, each component's first axis is unknown, as ``.batch()`` leaves it. A
+    rank it does not know is taken as batches: Keras's fit takes a dataset so."""
     spec = getattr(split, "element_spec", None)
     if spec is None:
         return False
     from keras import tree
 
-    shapes = [s.shape for s in tree.flatten(spec)]
-    return bool(shapes) and all(s.rank and s[0] is None for s in shapes)
+    specs = tree.flatten(spec)
+    inputs = getattr(model, "inputs", None) or []
+    if specs and len(inputs) == 1:  # x is the first component: (x, y[, w]) or x alone
+        rank = specs[0].shape.rank
+        return rank is None or rank >= len(inputs[0].shape)
+    shapes = [s.shape for s in specs]
+    return bool(shapes) and all(s.rank is None or (s.rank and s[0] is None) for s in shapes)
 
 
 def _member(arrays: dict, key: str):
@@ -480,13 +499,16 @@ def run(
             )
     recomputed = _accelerate(config, model, console)
     console.print(describe(config, model, compiled))
-    console.print(batch_line(config, _replicas(model), own=_in_batches(train)))
+    console.print(batch_line(config, _replicas(model), own=_in_batches(train, model)))
     console.print(precision_line(config, model, recomputed))
     clock.lap("data")
     examples = _examples(train, config, _held_out(config, val))
     rate = steady_rate(examples, global_batch)
     # Keras's bar where it redraws in place; elsewhere (CI, | tee, a log) a line per epoch
-    bar = config.progress and (console.is_interactive or console.is_jupyter)
+    # (Keras draws it on stdout, the lines go to stderr: both must be a terminal)
+    bar = config.progress and (
+        console.is_jupyter or (console.is_interactive and sys.stdout.isatty())
+    )
     record = epoch_record(console, config.epochs, lines=not bar)
     callbacks = [state_shown(console), rate, record, *user_callbacks(config.callbacks)]
     if config.logdir:
@@ -608,7 +630,7 @@ def _evaluate(model, test, batch: int) -> dict[str, float]:
         x,
         y,
         sample_weight=w,
-        batch_size=None if _in_batches(x) else batch,
+        batch_size=None if _in_batches(x, model) else batch,
         verbose=0,
         return_dict=True,
     )
@@ -632,8 +654,8 @@ def _fit(config: TrainConfig, model, global_batch: int, eval_batch: int, callbac
         # a dataset comes in its own order (Keras's fit warns that it ignores shuffle=True)
         shuffle=not hasattr(data["x"], "element_spec"),
         # a dataset batched by the --data function: its own batches, as Keras's fit
-        batch_size=None if _in_batches(data["x"]) else global_batch,
-        validation_batch_size=None if _in_batches(val) else eval_batch,
+        batch_size=None if _in_batches(data["x"], model) else global_batch,
+        validation_batch_size=None if _in_batches(val, model) else eval_batch,
         epochs=config.epochs,
         verbose=1 if bar else 0,
         callbacks=callbacks,
