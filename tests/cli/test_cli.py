@@ -3,6 +3,7 @@ exit code 2, nothing written."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -383,6 +384,40 @@ def test_piped_output_prints_each_epoch_once_and_no_warnings(tmp_path, mnist_dir
     assert "━" not in out  # rich's bar, or Keras's
     for warning in ("Warning", "GeneratorDataset", "W0000"):
         assert warning not in out, out
+
+
+def test_a_compiled_models_bar_stays_out_of_a_redirected_stdout(mnist_dir):
+    """`mirrorfit train ... > log` at a terminal: Keras draws its bar on stdout, so it is not
+    drawn; the epoch line reaches the terminal (stderr). On 0072240 the log held the
+    bar's escape codes and the terminal no epoch line (a hostile pass of e3acabe)."""
+    import pty
+
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mirrorfit.cli", "train", "--model", "user_models:compiled_adam"]
+        + ["--data-dir", str(mnist_dir), "--train-examples", "256", "--batch-size", "64"]
+        + ["--epochs", "1"],
+        stdout=subprocess.PIPE,
+        stderr=slave,
+        env={**_env(), "TERM": "xterm"},
+        cwd=ROOT,
+    )
+    os.close(slave)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(master, 4096)
+        except OSError:  # the child closed the terminal
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(master)
+    log = proc.communicate(timeout=300)[0].decode(errors="replace")
+    terminal = re.sub(r"\x1b\[[0-9;]*m", "", b"".join(chunks).decode(errors="replace"))
+    assert proc.returncode == 0, terminal[-3000:]
+    assert "━" not in log and "Epoch 1/1" not in log, log
+    assert "epoch 1/1" in terminal, terminal[-3000:]
 
 
 @pytest.mark.slow

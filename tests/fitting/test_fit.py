@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import _env
+from conftest import _env, run_isolated
 
 HERE = Path(__file__).resolve().parent
 KINDS = (
@@ -513,6 +513,14 @@ def test_keras_ios_vae_and_gan_train_on_their_own_steps_as_on_one_device(backend
         refused = results["mirrorfit"]["hookless"]
         assert refused.startswith("Hookless holds optimizers of its own (d_optimizer, g_opt")
         assert "\n" not in refused
+
+
+@pytest.mark.slow
+def test_an_fp16_model_stepping_its_own_optimizer_is_not_called_skipped():
+    """The fp16 'every step skipped' check reads compile()'s optimizer; a model whose own
+    train_step steps another one (keras.io's GANs) is left to its own step."""
+    found = run_isolated(HERE / "own_optimizer_fp16_driver.py")
+    assert found == {"error": None, "applied": 10, "changed": True}, found
 
 
 @pytest.mark.slow
