@@ -177,6 +177,14 @@ def batched_dataset_source():
     }
 
 
+def drop_batched_source():
+    """The training split batched by the function with drop_remainder (its first axis fixed)."""
+    import tensorflow as tf
+
+    x, y = mnist(_n())
+    return tf.data.Dataset.from_tensor_slices((x[:400], y[:400])).batch(64, drop_remainder=True)
+
+
 def scalar_examples_source():
     """Examples that are single numbers: x of shape (N,)."""
     x = np.random.default_rng(0).random(64).astype(np.float32)

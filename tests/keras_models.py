@@ -251,3 +251,12 @@ def compiled_mlp(input_shape=(28, 28), num_classes=10):
     model = mlp(input_shape, num_classes)
     model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=["accuracy"])
     return model
+
+
+def compiled_without_input(num_classes=10):
+    """A compiled Sequential that declares no keras.Input (built on its first batch)."""
+    model = keras.Sequential(
+        [keras.layers.Flatten(), keras.layers.Dense(num_classes, activation="softmax")]
+    )
+    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    return model

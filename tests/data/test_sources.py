@@ -437,6 +437,8 @@ def test_a_compiled_model_reads_a_functions_examples_and_refuses_a_shrinking_pas
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert proc.returncode == 2 and lines, proc.stderr[-3000:]
     assert "epoch 1/3: accuracy" in proc.stderr  # 8 batches of 64 trained
+    # batched here, not the function's own (3c2a390 said "own batches")
+    assert "batch: 64 per replica x 1 replicas = 64 global (effective)" in proc.stderr
     assert "warn" not in proc.stderr.lower()  # Keras's on shuffle=True with a dataset
     assert lines[-1] == (
         "mirrorfit: error: the training data ended after 3 batches this pass, 8 in the first: "
@@ -448,18 +450,26 @@ def test_a_compiled_model_reads_a_functions_examples_and_refuses_a_shrinking_pas
 
 
 @pytest.mark.slow
-def test_a_compiled_model_trains_on_a_functions_own_batches(monkeypatch):
+@pytest.mark.parametrize(
+    "model,data,steps",
+    [
+        ("keras_models:compiled_mlp", "batched_dataset_source", 6),  # 384 in batches of 64
+        # no keras.Input, drop_remainder: batched again by 3c2a390 (a rank error)
+        ("keras_models:compiled_without_input", "drop_batched_source", 6),
+    ],
+)
+def test_a_compiled_model_trains_on_a_functions_own_batches(monkeypatch, model, data, steps):
     """A dataset the --data function batched itself (64) trains in its batches, as Keras's fit
     takes it, whatever --batch-size says; on e3acabe, "a batch of the training data holds 64
     examples, more than batch_size=32"."""
     monkeypatch.setenv("DATA_FIXTURE_N", "512")
     proc = run_cli(
-        *("train", "--model", "keras_models:compiled_mlp", "--epochs", "1", "--no-progress"),
-        *("--data", "data_fixtures:batched_dataset_source"),
+        *("train", "--model", model, "--epochs", "1", "--no-progress"),
+        *("--data", f"data_fixtures:{data}"),
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "batch: the --data dataset's own batches, split over 1 replicas" in proc.stderr
-    assert "done: 6 steps" in proc.stderr  # 384 examples in batches of 64
+    assert f"done: {steps} steps" in proc.stderr
 
 
 def test_a_functions_single_number_examples_are_data_and_empty_ones_are_refused():

@@ -291,11 +291,12 @@ def splits(
 
         found = call_user_function(data, check=())
         batches = {"train": global_batch, "val": eval_batch, "test": eval_batch}
+        own = tuple(k for k, v in found.items() if k in batches and _in_batches(v, model))
         found = {
             k: _batched(v, batches[k], model, shuffle_seed=config.seed if k == "train" else None)
             for k, v in found.items()
         }
-        return checked_splits(data, model, found)
+        return {**checked_splits(data, model, found), "own_batches": own}
     raise ConfigError(  # kind_of named every other kind: not reached
         f"--data {data}: give mnist, FILE.npz, an image FOLDER, 'train-*.tfrecord', "
         "synthetic or package.module:function"
@@ -441,22 +442,35 @@ def _batched(split, batch: int, model, *, shuffle_seed: int | None = None):
     return split.batch(batch)
 
 
+def _dataset(split) -> bool:
+    return getattr(split, "element_spec", None) is not None
+
+
 def _in_batches(split, model=None) -> bool:
     """Whether ``split`` is a dataset of batches, not of single examples: its inputs have
-    the rank of the model's declared input (a batch axis first), or, where the model
-    declares none, each component's first axis is unknown, as ``.batch()`` leaves it. A
-    rank it does not know is taken as batches: Keras's fit takes a dataset so."""
+    the rank of the model's declared inputs (a batch axis first); else, for a model that
+    declares none, single examples where the labels are scalars, batches where every
+    component's first axis is unknown (as ``.batch()`` leaves it). A rank it does not know is
+    taken as batches: Keras's fit takes a dataset so."""
     spec = getattr(split, "element_spec", None)
     if spec is None:
         return False
     from keras import tree
 
-    specs = tree.flatten(spec)
+    x, y = (spec[0], spec[1]) if isinstance(spec, tuple) and len(spec) > 1 else (spec, None)
+    xs = tree.flatten(x)
     inputs = getattr(model, "inputs", None) or []
-    if specs and len(inputs) == 1:  # x is the first component: (x, y[, w]) or x alone
-        rank = specs[0].shape.rank
+    if xs and len(inputs) == len(xs):  # the model declares its inputs: compare their ranks
+        rank = xs[0].shape.rank
         return rank is None or rank >= len(inputs[0].shape)
-    shapes = [s.shape for s in specs]
+    if xs and xs[0].shape.rank is None:
+        return True
+    if y is not None and not isinstance(y, (tuple, list, dict)) and xs:
+        if y.shape.rank == 0:
+            return False  # one scalar label: single examples (a batch's labels have an axis)
+        if y.shape.rank == 1 and xs[0].shape.rank and xs[0].shape[0] == y.shape[0]:
+            return True  # sparse labels beside their inputs, one per row: a batch
+    shapes = [s.shape for s in tree.flatten(spec)]
     return bool(shapes) and all(s.rank is None or (s.rank and s[0] is None) for s in shapes)
 
 
@@ -499,7 +513,8 @@ def run(
             )
     recomputed = _accelerate(config, model, console)
     console.print(describe(config, model, compiled))
-    console.print(batch_line(config, _replicas(model), own=_in_batches(train, model)))
+    own = "train" in data.get("own_batches", ())  # batched by the --data function
+    console.print(batch_line(config, _replicas(model), own=own))
     console.print(precision_line(config, model, recomputed))
     clock.lap("data")
     examples = _examples(train, config, _held_out(config, val))
@@ -630,7 +645,7 @@ def _evaluate(model, test, batch: int) -> dict[str, float]:
         x,
         y,
         sample_weight=w,
-        batch_size=None if _in_batches(x, model) else batch,
+        batch_size=None if _dataset(x) else batch,
         verbose=0,
         return_dict=True,
     )
@@ -654,8 +669,10 @@ def _fit(config: TrainConfig, model, global_batch: int, eval_batch: int, callbac
         # a dataset comes in its own order (Keras's fit warns that it ignores shuffle=True)
         shuffle=not hasattr(data["x"], "element_spec"),
         # a dataset batched by the --data function: its own batches, as Keras's fit
-        batch_size=None if _in_batches(data["x"], model) else global_batch,
-        validation_batch_size=None if _in_batches(val, model) else eval_batch,
+        # every dataset reaching fit is in batches (a function's single examples were
+        # batched by splits()): its own, as Keras's fit takes them
+        batch_size=None if _dataset(data["x"]) else global_batch,
+        validation_batch_size=None if _dataset(val) else eval_batch,
         epochs=config.epochs,
         verbose=1 if bar else 0,
         callbacks=callbacks,
