@@ -435,7 +435,7 @@ def _batched(split, batch: int, model, *, shuffle_seed: int | None = None):
     in batches of ``batch`` (the training split first through a 10,000-example shuffle
     buffer seeded with ``shuffle_seed``, reshuffled each epoch); one already in batches, and
     arrays, as they are."""
-    if getattr(split, "element_spec", None) is None or _in_batches(split, model):
+    if not _dataset(split) or _in_batches(split, model):
         return split  # batched by the function, as Keras's fit takes a dataset
     if shuffle_seed is not None:
         split = split.shuffle(10_000, seed=shuffle_seed, reshuffle_each_iteration=True)
@@ -443,6 +443,7 @@ def _batched(split, batch: int, model, *, shuffle_seed: int | None = None):
 
 
 def _dataset(split) -> bool:
+    """Whether ``split`` is a tf.data dataset (read without importing TensorFlow)."""
     return getattr(split, "element_spec", None) is not None
 
 
@@ -667,7 +668,7 @@ def _fit(config: TrainConfig, model, global_batch: int, eval_batch: int, callbac
     return fit(
         model,
         # a dataset comes in its own order (Keras's fit warns that it ignores shuffle=True)
-        shuffle=not hasattr(data["x"], "element_spec"),
+        shuffle=not _dataset(data["x"]),
         # a dataset batched by the --data function: its own batches, as Keras's fit
         # every dataset reaching fit is in batches (a function's single examples were
         # batched by splits()): its own, as Keras's fit takes them
