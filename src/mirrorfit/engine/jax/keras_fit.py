@@ -361,17 +361,24 @@ class Runner:
         trainable, optimizer = distinct_arrays(
             [v.value for v in m.trainable_variables], [v.value for v in m.optimizer.variables]
         )
-        # Created on their shards (shard="all", one process): the variables' own buffers are
-        # the state, and each call's result is written back into them (:meth:`_shared`): one
-        # split copy on the devices, as Keras's own fit keeps. Else copies (put copies), so
-        # the next call's donation leaves the variables be.
-        self._aliased = self.placement.workers == 1 and all(
+        # In one process the variables' own buffers are the state, and each call's result is
+        # written back into them (:meth:`_shared`): one copy on the devices, as Keras's own
+        # fit keeps (not a whole second one on device 0 beside the state). Made on their
+        # shards (shard="all"), they are laid out so already; else laid out so here, once.
+        # Several processes: copies (put copies), so the next call's donation leaves the
+        # variables be.
+        one = self.placement.workers == 1
+        self._aliased = one and all(
             _held_as(values, self._shardings[group])
             for values, group in ((trainable, "trainable"), (optimizer, "optimizer"))
         )
         if not self._aliased:
             trainable = put(trainable, self._shardings["trainable"])
             optimizer = put(optimizer, self._shardings["optimizer"])
+            if one:
+                self.state = self.state._replace(trainable=trainable, optimizer=optimizer)
+                self._shared()
+                self._aliased = True
         # Frozen weights are read, never written or donated: the variables' own arrays where
         # they are laid out so already (created on their shards), else one copy laid out so.
         values = [v.value for v in self._frozen_variables()]
