@@ -543,7 +543,7 @@ def run(
     start = time.perf_counter()
     eval_batch = config.eval_batch_size or global_batch
     usage = CpuGpuSampler() if config.profile else contextlib.nullcontext()
-    guard.fitting()  # fit saves on a signal itself, from here on
+    guard.fitting(workers=_workers())  # fit saves on a signal itself, from here on
     with _said(console), usage:
         history = _fit(config, model, global_batch, eval_batch, callbacks, val, kwargs, bar)
     wall = time.perf_counter() - start
@@ -797,6 +797,12 @@ def _replicas(model) -> int:
     from mirrorfit.fitting.setup import current
 
     return current().replicas
+
+
+def _workers() -> int:
+    from mirrorfit.fitting.setup import current
+
+    return current().workers
 
 
 def _chief() -> bool:

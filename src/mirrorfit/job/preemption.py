@@ -58,6 +58,7 @@ class PreemptionGuard:
         self._previous: dict[int, Any] = {}
         self._handed_over = False
         self._fitting = False
+        self._fit_workers = 1
         self._watchdog = None
 
     def __enter__(self) -> "PreemptionGuard":
@@ -79,11 +80,13 @@ class PreemptionGuard:
         """No trainer is watched yet: nothing to save, so a signal stops the run at once."""
         return self.trainer is None and not self._handed_over
 
-    def fitting(self) -> None:
-        """``mirrorfit.fit`` trains from now on, and saves on a signal itself: a signal the
-        process cannot act on (its main thread held inside TensorFlow or JAX) is no longer
-        "before training started" for the watchdog."""
-        self._fitting = True
+    def fitting(self, *, workers: int = 1) -> None:
+        """``mirrorfit.fit`` trains from now on, on ``workers`` processes, and saves on a
+        signal itself once the call in flight returns. One process: the watchdog leaves it
+        be (a call may take longer than the grace: a CNN's on CPUs did). Several: a signal
+        the process cannot act on (its main thread held in a collective of workers that
+        stopped answering) still ends it after the grace."""
+        self._fitting, self._fit_workers = True, workers
 
     def hand_over(self) -> None:
         """Signals are another part's from now on (a parameter-server task that only serves
@@ -178,10 +181,10 @@ class _Watchdog:
             if not data:  # closed
                 os.close(self._read)
                 return
-            if not {signal.SIGTERM, signal.SIGINT} & set(data) or not self.guard.setting_up:
+            if not {signal.SIGTERM, signal.SIGINT} & set(data) or not self._acts():
                 continue
             time.sleep(SETUP_GRACE_S)
-            if self.guard.setting_up and not self.closed:  # stuck where no handler runs
+            if self._acts() and not self.closed:  # stuck where no handler runs
                 name = self.guard.signal_name or signal.Signals(data[0]).name
                 said = (
                     f"preempted by {name} before training started; rerun the same command"
@@ -192,6 +195,13 @@ class _Watchdog:
                 )
                 os.write(2, f"mirrorfit: {said}\n".encode())
                 os._exit(EXIT_PREEMPTED)
+
+    def _acts(self) -> bool:
+        """Whether a signal not acted on within the grace ends the process: while setting up,
+        and while mirrorfit.fit trains on several workers."""
+        guard = self.guard
+        one_fit = guard._fitting and guard._fit_workers == 1  # noqa: SLF001 (its own guard's)
+        return guard.setting_up and not one_fit
 
     def close(self) -> None:
         self.closed = True
