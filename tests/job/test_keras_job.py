@@ -868,3 +868,32 @@ def test_central_storage_on_one_replica_refuses_nothing_of_that(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads((out / "m.json").read_text())["history"]["mean_io_u"][0] > 0
+
+
+@pytest.mark.parametrize("backend", ["jax", "tensorflow"])
+def test_an_fp16_compiled_model_reports_its_loss_scale_and_skipped_steps(
+    backend, mnist_dir, tmp_path
+):
+    """--metrics-out's skipped_steps was null for a compiled --model (Keras's loss scaling
+    counts only the applied steps): now the steps trained less those applied, with the loss
+    scale, and each epoch's line says both, after its examples/s."""
+    m = tmp_path / "m.json"
+    proc = run_cli(
+        *("train", "--backend", backend, "--model", "keras_models:compiled_mlp"),
+        *("--data-dir", str(mnist_dir), "--precision", "fp16", "--train-examples", "640"),
+        *("--epochs", "2", "--no-progress", "--metrics-out", str(m)),
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads(m.read_text())
+    assert summary["loss_scale"] > 0 and isinstance(summary["skipped_steps"], int)
+    # Keras starts the scale at 2**15: the first steps' gradients overflow in fp16
+    assert summary["steps"] + summary["skipped_steps"] == 2 * 640 // 32, summary
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("epoch ")]
+    assert len(lines) == 2 and all(" examples/s loss scale " in ln for ln in lines), lines
+    assert (
+        lines[-1]
+        .split(" loss scale ")[1]
+        .split(",")[1]
+        .strip()
+        .startswith(f"{summary['skipped_steps']} skipped")
+    ), lines

@@ -12,19 +12,33 @@ from typing import Any
 from mirrorfit.config import TrainConfig, to_dict
 
 
-def epoch_record(console, epochs: int, *, lines: bool):
+def epoch_record(
+    console, epochs: int, *, lines: bool, fp16: bool = False, examples: int = 0, batch: int = 0
+):
     """A Keras callback: ``steps_before``, the optimizer's steps as the first epoch of this
     process begins (after a resume's restore), and with ``lines`` a line printed at each
     epoch's end, ``epoch 2/5: loss 0.3127 accuracy 0.9100 val_loss ... (4.1 s)``, as the
-    built-in loop's ``--no-progress`` prints it."""
+    built-in loop's ``--no-progress`` prints it. With ``fp16`` it counts the steps trained
+    (``skipped(model)``: those fp16's loss scaling skipped) and the line ends with
+    ``loss scale 32768, 3 skipped``; with ``examples`` (an epoch's; 0: unknown) and
+    ``batch`` (the global batch) the examples/s of the steps the epoch trained in this
+    process, validation left out (the first epoch's compile in)."""
     import keras
 
     class EpochRecord(keras.callbacks.Callback):
         steps_before: int | None = None
         train_s = 0.0  # the epochs' seconds, validation left out
+        trained = 0  # steps this process trained (counted with fp16, or a rate to show)
+        epoch_steps = 0  # of them, this epoch's
+
+        def skipped(self, model) -> int:
+            """Steps this process trained whose update fp16's scaling skipped (Keras's
+            LossScaleOptimizer counts only the applied ones)."""
+            applied = optimizer_steps(model) - (self.steps_before or 0)
+            return max(0, self.trained - applied)
 
         def on_epoch_begin(self, epoch, logs=None):
-            self.began, self.validated = time.perf_counter(), 0.0
+            self.began, self.validated, self.epoch_steps = time.perf_counter(), 0.0, 0
             if self.steps_before is None:
                 self.steps_before = optimizer_steps(self.model)
 
@@ -36,20 +50,39 @@ def epoch_record(console, epochs: int, *, lines: bool):
 
         def on_epoch_end(self, epoch, logs=None):
             seconds = time.perf_counter() - self.began
-            self.train_s += seconds - self.validated
+            trained = seconds - self.validated
+            self.train_s += trained
             if lines:
                 shown = (logs or {}).items()
                 figures = " ".join(f"{k} {v:.4f}" for k, v in shown if _number(v))
-                console.print(f"epoch {epoch + 1}/{epochs}: {figures} ({seconds:.1f} s)")
+                scaled = ""
+                if fp16:
+                    scale = _loss_scale(self.model)
+                    scaled = f" loss scale {scale:g}, {self.skipped(self.model)} skipped"
+                done = min(self.epoch_steps * batch, examples or 0)  # a partial last batch
+                rate = f" {done / trained:,.0f} examples/s" if done and trained > 0 else ""
+                console.print(
+                    f"epoch {epoch + 1}/{epochs}: {figures}{rate}{scaled} ({seconds:.1f} s)"
+                )
 
-    return EpochRecord()
+    class CountedRecord(EpochRecord):
+        def on_train_batch_begin(self, batch, logs=None):
+            self.first = batch  # mirrorfit.fit calls it per call of several steps
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.trained += batch - self.first + 1
+            self.epoch_steps += batch - self.first + 1
+
+    return CountedRecord() if fp16 or (lines and examples) else EpochRecord()
 
 
-def summary(config: TrainConfig, model, history, *, steps_before: int | None, **fields) -> dict:
+def summary(
+    config: TrainConfig, model, history, *, steps_before: int | None, skipped: int = 0, **fields
+) -> dict:
     """--metrics-out's record: ``fields`` (what the run measured: ``wall_time_s``,
     ``train_examples_per_sec``, ``train_examples``, ``test``, ``test_eval_time_s``, ...) with
     what the model, its optimizer and the setup say. ``steps_before``: the optimizer's steps
-    when this process began (a resumed run's)."""
+    when this process began (a resumed run's); ``skipped``: the steps fp16's scaling skipped."""
     from mirrorfit.fitting.setup import current
 
     setup = current()
@@ -83,7 +116,7 @@ def summary(config: TrainConfig, model, history, *, steps_before: int | None, **
         "history": history.history,
         "learning_rate": _learning_rate(model),
         "loss_scale": _loss_scale(model),
-        "skipped_steps": None,  # Keras's LossScaleOptimizer does not count them
+        "skipped_steps": skipped,
         "data": _data(config, model, fields.pop("description", None)),
         "config": to_dict(config),
         **fields,

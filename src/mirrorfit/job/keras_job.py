@@ -475,6 +475,11 @@ def _in_batches(split, model=None) -> bool:
     return bool(shapes) and all(s.rank is None or (s.rank and s[0] is None) for s in shapes)
 
 
+def _loss_scaled(model) -> bool:
+    """Whether ``model`` trains with fp16's loss scaling (Keras's LossScaleOptimizer)."""
+    return getattr(getattr(model, "optimizer", None), "inner_optimizer", None) is not None
+
+
 def _member(arrays: dict, key: str):
     if key in arrays:
         return arrays[key]
@@ -525,7 +530,10 @@ def run(
     bar = config.progress and (
         console.is_jupyter or (console.is_interactive and sys.stdout.isatty())
     )
-    record = epoch_record(console, config.epochs, lines=not bar)
+    fp16 = _loss_scaled(model)
+    record = epoch_record(
+        console, config.epochs, lines=not bar, fp16=fp16, examples=examples, batch=global_batch
+    )
     callbacks = [state_shown(console), rate, record, *user_callbacks(config.callbacks)]
     if config.logdir:
         callbacks.append(epoch_scalars(config.logdir if _chief() else None))
@@ -566,7 +574,12 @@ def run(
         fields["test_eval_time_s"] = time.perf_counter() - t0
         fields["test_examples"] = _rows(test)
     summary = fit_summary.summary(
-        config, model, history, steps_before=record.steps_before, **fields
+        config,
+        model,
+        history,
+        steps_before=record.steps_before,
+        skipped=record.skipped(model) if fp16 else 0,
+        **fields,
     )
     console.print(fit_summary.done_line(summary))
     if config.profile:
