@@ -28,7 +28,7 @@ def epoch_record(
     class EpochRecord(keras.callbacks.Callback):
         steps_before: int | None = None
         train_s = 0.0  # the epochs' seconds, validation left out
-        trained = 0  # steps this process trained (counted with fp16, or a rate to show)
+        trained = 0  # steps this process trained
         epoch_steps = 0  # of them, this epoch's
 
         def skipped(self, model) -> int:
@@ -48,6 +48,13 @@ def epoch_record(
         def on_test_end(self, logs=None):
             self.validated += time.perf_counter() - self.test_began
 
+        def on_train_batch_begin(self, batch, logs=None):
+            self.first = batch  # mirrorfit.fit calls it per call of several steps
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.trained += batch - self.first + 1
+            self.epoch_steps += batch - self.first + 1
+
         def on_epoch_end(self, epoch, logs=None):
             seconds = time.perf_counter() - self.began
             trained = seconds - self.validated
@@ -65,15 +72,7 @@ def epoch_record(
                     f"epoch {epoch + 1}/{epochs}: {figures}{rate}{scaled} ({seconds:.1f} s)"
                 )
 
-    class CountedRecord(EpochRecord):
-        def on_train_batch_begin(self, batch, logs=None):
-            self.first = batch  # mirrorfit.fit calls it per call of several steps
-
-        def on_train_batch_end(self, batch, logs=None):
-            self.trained += batch - self.first + 1
-            self.epoch_steps += batch - self.first + 1
-
-    return CountedRecord() if fp16 or (lines and examples) else EpochRecord()
+    return EpochRecord()
 
 
 def summary(
