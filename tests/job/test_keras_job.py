@@ -916,3 +916,44 @@ def test_a_compiled_models_optimizer_state_split_holds_less_than_replicated(tmp_
         held[shard] = json.loads(m.read_text())["state_bytes_per_device"]
     # the weights whole on each device, Adam's two slots split over two: 2/3 of none's
     assert held["optimizer"] < 0.7 * held["none"], held
+
+
+@pytest.mark.parametrize("backend", ["jax", "tensorflow"])
+def test_a_data_functions_dataset_resumes_at_an_epoch_in_that_epochs_order(
+    backend, tmp_path, monkeypatch
+):
+    """A --data function's dataset of single examples is shuffled with --seed, reshuffled each
+    epoch; a run stopped after epoch 1 and resumed trains epoch 2 on the order the run never
+    stopped drew for it, so it ends with the same weights (on 4a4c: epoch 1's order again)."""
+    monkeypatch.setenv("DATA_FIXTURE_N", "640")
+    common = [
+        "train",
+        "--backend",
+        backend,
+        "--model",
+        "keras_models:digits",
+        "--data",
+        "data_fixtures:dataset_source",
+        "--global-batch-size",
+        "64",
+        "--no-progress",
+    ]
+    whole = run_cli(
+        *common,
+        "--epochs",
+        "2",
+        "--checkpoint-dir",
+        str(tmp_path / "whole"),
+        "--save-keras",
+        str(tmp_path / "whole.keras"),
+    )
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    ck = ["--checkpoint-dir", str(tmp_path / "ck")]
+    first = run_cli(*common, *ck, "--epochs", "1")
+    assert first.returncode == 0, first.stderr[-3000:]
+    resumed = run_cli(*common, *ck, "--epochs", "2", "--save-keras", str(tmp_path / "r.keras"))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    expected, got = _weights(tmp_path / "whole.keras"), _weights(tmp_path / "r.keras")
+    assert set(got) == set(expected)
+    for name, value in expected.items():
+        np.testing.assert_array_equal(got[name], value, err_msg=name)

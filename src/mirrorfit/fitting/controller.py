@@ -49,9 +49,12 @@ def _train(run, data: Epochs, val, callbacks, hooks, span: Span, saver, guard) -
         # the epoch where it was saved there.
         restored = saver.restored if saver is not None else None
         start = restored.epoch if restored is not None else None
+        backed_up = model._initial_epoch  # BackupAndRestore's
         if start is None:  # BackupAndRestore's, or fit's own (Keras's fit: the same `or`)
             start = model._initial_epoch or span.initial_epoch
         start = workers.same_epoch(start)
+        if restored is not None or backed_up:  # a resume; fit's initial_epoch reads as Keras's
+            data.resume_at(start)
         skip = restored.step if restored is not None else 0
         model._initial_epoch = None  # for this fit only
         run.from_chief()  # several workers: every one starts from the chief's state

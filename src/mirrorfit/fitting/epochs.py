@@ -117,6 +117,20 @@ class Epochs:
             zeros=self.zeros,
         )
 
+    def resume_at(self, epoch: int) -> None:
+        """Resumed at ``epoch`` in a new process: a tf.data dataset's iterators that the epochs
+        before it made are made again and dropped unread, so that a seeded shuffle that
+        reshuffles each pass (``reshuffle_each_iteration``: each iterator draws the next seed)
+        gives this epoch the order the stopped run drew for it, not epoch 1's."""
+        if not epoch or self.steps_given or type(self.source).__name__ != "TFDatasetAdapter":
+            return  # arrays keep their generator's state in the checkpoint
+        dataset = self.source.get_tf_dataset()
+        # a run never stopped reads epoch 1 from the build's iterator, or (read_again) anew
+        again = type(self.source).__name__ in self.read_again
+        for _ in range(epoch if again else epoch - 1):
+            iter(dataset)  # drawn and dropped: its seed is the epoch's
+        self._pending, self._carry = [], None  # the build's batch was read for building only
+
     def epoch(self):
         """The batches of the next epoch (a generator)."""
         self.source.on_epoch_begin()
