@@ -77,6 +77,12 @@ def ragged_dataset():
     return tf.data.Dataset.from_tensor_slices((rows, [0, 1, 2, 0])).batch(2)
 
 
+def batched_dataset():
+    import tensorflow as tf
+
+    return tf.data.Dataset.from_tensor_slices((x, labels)).batch(32)
+
+
 rows = np.arange(len(x))[:, None]
 cases = {
     "float64_sample_weight": lambda: weights_after(np.linspace(0.5, 1.5, 96)),
@@ -100,6 +106,10 @@ cases = {
     ),
     "validation_split_above_1": lambda: mirrorfit.fit(
         classifier(), x, labels, validation_split=1.5, **kw
+    ),
+    # Keras's "only supported for tensors or NumPy arrays", no way round, on d90347f
+    "validation_split_of_a_dataset": lambda: mirrorfit.fit(
+        classifier(), batched_dataset(), validation_split=0.25, epochs=1, verbose=0
     ),
     "fractional_sparse_labels": lambda: mirrorfit.fit(classifier(), x, labels + 0.5, **kw),
     "nan_sparse_labels": lambda: mirrorfit.fit(

@@ -444,6 +444,8 @@ def test_what_keras_takes_trains_and_what_it_should_not_is_one_line(backend, tmp
         "class_weight_string_key": "class_weight has the key '0'; its keys are class indices",
         "class_weight_fractional_key": "class_weight has the key 0.5; its keys are class",
         "validation_split_above_1": "validation_split=1.5: give a fraction of the data",
+        "validation_split_of_a_dataset": "validation_split=0.25 holds out the last rows of "
+        "arrays; x is a _BatchDataset: give validation_data",
         "fractional_sparse_labels": "has the label 2.5 (at 0) for a sparse categorical loss",
         "nan_sparse_labels": "has the label nan (at ",
         "one_hot_for_sparse_loss": "for a sparse categorical loss, which takes one class index",

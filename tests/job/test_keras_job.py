@@ -957,3 +957,29 @@ def test_a_data_functions_dataset_resumes_at_an_epoch_in_that_epochs_order(
     assert set(got) == set(expected)
     for name, value in expected.items():
         np.testing.assert_array_equal(got[name], value, err_msg=name)
+
+
+def test_a_validation_split_of_a_data_functions_dataset_is_one_line(tmp_path):
+    """Keras's fit splits only arrays: --validation-split with a --data function's dataset is
+    refused in one line naming the way round, before anything trains (on d90347f: Keras's
+    ValueError, a traceback, exit 1)."""
+    proc = run_cli(
+        "train",
+        "--backend",
+        "jax",
+        "--model",
+        "keras_models:digits",
+        "--data",
+        "data_fixtures:dataset_source",
+        "--validation-split",
+        "0.1",
+        "--checkpoint-dir",
+        str(tmp_path / "ck"),
+    )
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert (
+        "--validation-split 0.1 holds out the last rows of arrays; --data "
+        "data_fixtures:dataset_source gives its training split as a tf.data dataset: return "
+        "a validation split from the function too, or drop --validation-split"
+    ) in proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "ck").exists()

@@ -124,8 +124,17 @@ def fit(
         held_out = None  # where validation_split's rows begin in x
         if validation_split and validation_data is None:
             from keras import tree
-            from keras.src.trainers.data_adapters.array_slicing import train_validation_split
+            from keras.src.trainers.data_adapters.array_slicing import (
+                can_slice_array,
+                train_validation_split,
+            )
 
+            if not all(can_slice_array(a) for a in tree.flatten((x, y, sample_weight))):
+                raise FitError(
+                    f"validation_split={validation_split!r} holds out the last rows of arrays; "
+                    f"x is a {type(x).__name__}: give validation_data (the held-out examples "
+                    "apart), or arrays"
+                )
             (x, y, sample_weight), validation_data = train_validation_split(
                 (x, y, sample_weight), validation_split=validation_split
             )

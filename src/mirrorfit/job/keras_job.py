@@ -547,6 +547,12 @@ def run(
     else:
         kwargs["x"] = train
     if val is None and config.validation_split and not split_off:
+        if _dataset(train):  # Keras's fit splits only arrays
+            raise ConfigError(
+                f"--validation-split {config.validation_split} holds out the last rows of "
+                f"arrays; --data {config.data} gives its training split as a tf.data dataset: "
+                "return a validation split from the function too, or drop --validation-split"
+            )
         kwargs["validation_split"] = config.validation_split
     start = time.perf_counter()
     eval_batch = config.eval_batch_size or global_batch
