@@ -765,9 +765,13 @@ class Runner:
 
 def _held_as(values, shardings) -> bool:
     """Whether every array of ``values`` is laid out as ``shardings`` say (device arrays
-    only)."""
+    only), in a sharding of the same kind: on one device an array of its own (not a mesh's
+    NamedSharding) is laid out alike, but jit compiles the step again for the first call's
+    result, which is the mesh's."""
     return all(
-        isinstance(v, jax.Array) and v.sharding.is_equivalent_to(s, v.ndim)
+        isinstance(v, jax.Array)
+        and type(v.sharding) is type(s)
+        and v.sharding.is_equivalent_to(s, v.ndim)
         for v, s in zip(values, shardings)
     )
 
