@@ -115,6 +115,13 @@ def arrays_source():
     return {"train": (x, y), "test": mnist(500, split="test")}
 
 
+def sorted_arrays_source():
+    """Training arrays in label order (all 0s, then all 1s, ...), no validation split."""
+    x, y = mnist(_n())
+    order = np.argsort(y, kind="stable")
+    return {"train": (x[order], y[order]), "test": mnist(500, split="test")}
+
+
 def dataset_source():
     import tensorflow as tf
 

@@ -507,6 +507,8 @@ def run(
         console.print(f"data: {data['description']}")
     decoded = decoded_kind(config)  # its reader took --train-examples (and a file's split)
     split_off = decoded in ("folder", "tfrecord")
+    if config.validation_split and not split_off:
+        train, val = _split_off(config, train, val)
     if config.train_examples is not None and not decoded:
         train = _first(train, config.train_examples)
     if not compiled:
@@ -515,7 +517,7 @@ def run(
                 config,
                 model,
                 global_batch=global_batch,
-                examples=_examples(train, config, _held_out(config, val)),
+                examples=_examples(train, config),
             )
     recomputed = _accelerate(config, model, console)
     console.print(describe(config, model, compiled))
@@ -523,7 +525,7 @@ def run(
     console.print(batch_line(config, _replicas(model), own=own))
     console.print(precision_line(config, model, recomputed))
     clock.lap("data")
-    examples = _examples(train, config, _held_out(config, val))
+    examples = _examples(train, config)
     rate = steady_rate(examples, global_batch)
     # Keras's bar where it redraws in place; elsewhere (CI, | tee, a log) a line per epoch
     # (Keras draws it on stdout, the lines go to stderr: both must be a terminal)
@@ -546,14 +548,6 @@ def run(
         )
     else:
         kwargs["x"] = train
-    if val is None and config.validation_split and not split_off:
-        if _dataset(train):  # Keras's fit splits only arrays
-            raise ConfigError(
-                f"--validation-split {config.validation_split} holds out the last rows of "
-                f"arrays; --data {config.data} gives its training split as a tf.data dataset: "
-                "return a validation split from the function too, or drop --validation-split"
-            )
-        kwargs["validation_split"] = config.validation_split
     start = time.perf_counter()
     eval_batch = config.eval_batch_size or global_batch
     usage = CpuGpuSampler() if config.profile else contextlib.nullcontext()
@@ -743,15 +737,9 @@ def _accelerate(config: TrainConfig, model, console) -> list[str]:
     return recomputed
 
 
-def _held_out(config: TrainConfig, val) -> float:
-    """The share of the training split fit holds out: --validation-split without val data."""
-    return 0.0 if val is not None else config.validation_split or 0.0
-
-
-def _examples(train, config: TrainConfig, validation_split: float) -> int:
-    """Examples per epoch of the training split (arrays, a dict of them), less the last
-    ``validation_split`` of them as Keras's fit splits it off; 0 for a dataset (a warm-up over
-    one is refused: its length is unknown here)."""
+def _examples(train, config: TrainConfig) -> int:
+    """Examples per epoch of the training split (arrays, a dict of them); 0 for a dataset (a
+    warm-up over one is refused: its length is unknown here)."""
     from keras import tree
 
     if not isinstance(train, tuple):
@@ -761,8 +749,35 @@ def _examples(train, config: TrainConfig, validation_split: float) -> int:
                 "returns a dataset: compile the model with a warm-up schedule instead"
             )
         return 0
-    n = len(tree.flatten(train[0])[0])
-    return int(n * (1.0 - validation_split))
+    return len(tree.flatten(train[0])[0])
+
+
+def _split_off(config: TrainConfig, train, val) -> tuple:
+    """(train, val): ``--validation-split``'s share of the training arrays, drawn with
+    ``--seed`` as the data readers draw it (docs/data.md), not Keras's last rows (on data in
+    label order they would be one class). A dataset, or data with a validation split of its
+    own, is refused."""
+    from keras import tree
+
+    from mirrorfit.data.files import holdout
+
+    fraction = config.validation_split
+    if val is not None:
+        raise ConfigError(
+            f"--data {config.data or 'mnist'} has its own validation split; drop --validation-split"
+        )
+    if not isinstance(train, tuple):
+        raise ConfigError(
+            f"--validation-split {fraction} holds out examples of arrays; --data {config.data} "
+            "gives its training split as a tf.data dataset: return a validation split from "
+            "the function too, or drop --validation-split"
+        )
+
+    def rows(index):
+        return tuple(tree.map_structure(lambda a: a[index], part) for part in train)
+
+    kept, held = holdout(len(tree.flatten(train[0])[0]), fraction, config.seed)
+    return rows(kept), rows(held)
 
 
 def _first(split, n: int):
