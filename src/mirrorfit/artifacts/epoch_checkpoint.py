@@ -340,6 +340,7 @@ def restore_newest(
 
     def check(found: Path, meta: dict) -> None:
         _check_identity(model, found, meta, optimizer)
+        _check_engine(model, found, meta)
         _check_data(found, meta, data)
 
     found, meta, damaged = _first_readable(directory, check, lambda f: _load(model, f, state))
@@ -451,6 +452,34 @@ def _check_identity(
         "optimizer's state holds it); compile the model as the checkpoint was to resume, or "
         "give another checkpoint_dir to start over with these settings"
     )
+
+
+def _check_engine(model, found: Path, meta: dict) -> None:
+    """FitError for a resume on another Keras backend, or with other dtype policies (another
+    precision): a run goes on as it began, as mirrorfit train's earlier loop refused them."""
+    import keras
+
+    theirs, mine = meta.get("backend"), keras.backend.backend()
+    if isinstance(theirs, str) and theirs != mine:
+        raise FitError(
+            f"{found} was written on the {theirs} backend; this fit runs on {mine}: resume "
+            f"on {theirs} (backend={theirs!r}, --backend {theirs}), or give another "
+            "checkpoint_dir to start over"
+        )
+    theirs, mine = meta.get("dtype_policies"), _policies(model)
+    if isinstance(theirs, list) and theirs != mine:
+        was, now = ", ".join(map(str, theirs)), ", ".join(mine)
+        raise FitError(
+            f"{found} was trained with the dtype policy {was}; this model's is {now}: resume "
+            "with the precision it had (mirrorfit.setup(precision=), --precision), or give "
+            "another checkpoint_dir to start over"
+        )
+
+
+def _policies(model) -> list[str]:
+    """The dtype policies of the model's layers, sorted (one with the global policy)."""
+    layers = model._flatten_layers(include_self=False, recursive=True)
+    return sorted({layer.dtype_policy.name for layer in layers})
 
 
 def _check_data(found: Path, meta: dict, data: dict | None) -> None:
@@ -749,6 +778,7 @@ def save(
         "step_in_epoch": position.step,
         "rng": position.rng,
         **_identity(model),
+        "dtype_policies": _policies(model),  # a resume keeps the precision (_check_engine)
         "name": model.name,  # a built-in model's (mlp): what export rebuilds without --model
         **({"shapes": _shapes(model)} if _shapes(model) else {}),
         **({"optimizer_settings": optimizer} if optimizer is not None else {}),
