@@ -172,7 +172,23 @@ def test_keep_fresh_train_examples_and_logdir_reach_a_compiled_model(tmp_path):
         "epoch-000001-step-000002",
         "epoch-000002",
     ]
-    assert list(tb.glob("events.out.tfevents.*"))
+    # the built-in loop's scalars: each call's (2 steps) and each epoch's, examples/s too
+    # (on 1c298fd: epoch/ only)
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(tb), size_guidance={"tensors": 0})
+    events.Reload()
+    tags = set(events.Tags()["tensors"])
+    assert {
+        "train/loss",
+        "train/mae",
+        "train/learning_rate",
+        "train/examples_per_sec",
+        "epoch/val_loss",
+        "epoch/examples_per_sec",
+    } <= tags, tags
+    assert [e.step for e in events.Tensors("train/loss")] == [2, 4, 6, 8]
+    assert len(events.Tensors("train/examples_per_sec")) == 3  # none from the compiling call
     proc = run_cli(*common, "--epochs", "1", "--fresh", "--metrics-out", str(out))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert len(json.loads(out.read_text())["history"]["loss"]) == 1  # started over

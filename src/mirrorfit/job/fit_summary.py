@@ -22,7 +22,7 @@ def epoch_record(
     (``skipped(model)``: those fp16's loss scaling skipped) and the line ends with
     ``loss scale 32768, 3 skipped``; with ``examples`` (an epoch's; 0: unknown) and
     ``batch`` (the global batch) the examples/s of the steps the epoch trained in this
-    process, validation left out (the first epoch's compile in)."""
+    process, validation left out (the first epoch's compile in), also kept as ``rate``."""
     import keras
 
     class EpochRecord(keras.callbacks.Callback):
@@ -30,6 +30,7 @@ def epoch_record(
         train_s = 0.0  # the epochs' seconds, validation left out
         trained = 0  # steps this process trained
         epoch_steps = 0  # of them, this epoch's
+        rate: float | None = None  # the last epoch's examples/s (None: unknown)
 
         def skipped(self, model) -> int:
             """Steps this process trained whose update fp16's scaling skipped (Keras's
@@ -59,15 +60,16 @@ def epoch_record(
             seconds = time.perf_counter() - self.began
             trained = seconds - self.validated
             self.train_s += trained
+            done = min(self.epoch_steps * batch, examples or 0)  # a partial last batch
+            self.rate = done / trained if done and trained > 0 else None
             if lines:
                 shown = (logs or {}).items()
                 figures = " ".join(f"{k} {v:.4f}" for k, v in shown if _number(v))
                 scaled = ""
                 if fp16:
-                    scale = _loss_scale(self.model)
+                    scale = loss_scale_now(self.model)
                     scaled = f" loss scale {scale:g}, {self.skipped(self.model)} skipped"
-                done = min(self.epoch_steps * batch, examples or 0)  # a partial last batch
-                rate = f" {done / trained:,.0f} examples/s" if done and trained > 0 else ""
+                rate = f" {self.rate:,.0f} examples/s" if self.rate is not None else ""
                 console.print(
                     f"epoch {epoch + 1}/{epochs}: {figures}{rate}{scaled} ({seconds:.1f} s)"
                 )
@@ -113,8 +115,8 @@ def summary(
         "test_loss": test.get("loss"),
         "test_accuracy": test.get("accuracy"),
         "history": history.history,
-        "learning_rate": _learning_rate(model),
-        "loss_scale": _loss_scale(model),
+        "learning_rate": learning_rate_now(model),
+        "loss_scale": loss_scale_now(model),
         "skipped_steps": skipped,
         "data": _data(config, model, fields.pop("description", None)),
         "config": to_dict(config),
@@ -150,7 +152,7 @@ def optimizer_steps(model) -> int:
     return int(keras.ops.convert_to_numpy(optimizer.iterations))
 
 
-def _learning_rate(model) -> float | None:
+def learning_rate_now(model) -> float | None:
     """The optimizer's learning rate now (a schedule's at its current step)."""
     import keras
 
@@ -162,7 +164,7 @@ def _learning_rate(model) -> float | None:
         return None
 
 
-def _loss_scale(model) -> float | None:
+def loss_scale_now(model) -> float | None:
     """fp16's dynamic loss scale (Keras's LossScaleOptimizer), else None."""
     import keras
 

@@ -538,7 +538,7 @@ def run(
     )
     callbacks = [state_shown(console), rate, record, *user_callbacks(config.callbacks)]
     if config.logdir:
-        callbacks.append(epoch_scalars(config.logdir if _chief() else None))
+        callbacks.append(scalars(config.logdir if _chief() else None, global_batch, record))
     kwargs = {}
     if isinstance(train, tuple):
         kwargs.update(
@@ -792,24 +792,46 @@ def _first(split, n: int):
     return tuple(tree.map_structure(lambda a: a[:n], part) for part in split)
 
 
-def epoch_scalars(logdir: str | None):
-    """A callback writing each epoch's logs as TensorBoard scalars under ``logdir`` (``epoch/``
-    then the key), with TensorBoard's own writer (no TensorFlow needed); None: write nothing
-    (the workers but the chief)."""
+def scalars(logdir: str | None, global_batch: int, record):
+    """A callback writing TensorBoard scalars under ``logdir`` as the built-in loop writes
+    them, with TensorBoard's own writer (no TensorFlow needed): after each compiled call
+    (x axis: the optimizer step) its logs as ``train/NAME``, the learning rate, fp16's loss
+    scale and the examples/s; each epoch's logs as ``epoch/NAME``, with its examples/s from
+    ``record`` (fit_summary.epoch_record, called before this). None: write nothing (the
+    workers but the chief)."""
     import keras
 
+    from mirrorfit.job.fit_summary import learning_rate_now, loss_scale_now, optimizer_steps
     from mirrorfit.job.observe import ScalarWriter
 
     writer = ScalarWriter(logdir)
 
-    class EpochScalars(keras.callbacks.Callback):
+    class Scalars(keras.callbacks.Callback):
+        step: int | None = None  # the optimizer steps done (a resume's restored ones too)
+
+        def on_epoch_begin(self, epoch, logs=None):
+            if self.step is None:  # after a resume's restore
+                self.step = optimizer_steps(self.model)
+
+        def on_train_batch_begin(self, batch, logs=None):
+            self.first = batch  # mirrorfit.fit calls it per call of several steps
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.step = (self.step or 0) + batch - self.first + 1
+            values = dict(logs or {})
+            scale = loss_scale_now(self.model)
+            if scale is not None:
+                values["loss_scale"] = scale
+            writer.after_call(self.step, values, learning_rate_now(self.model), global_batch)
+
         def on_epoch_end(self, epoch, logs=None):
-            writer.epoch_callback(epoch, dict(logs or {}))
+            rate = {} if record.rate is None else {"examples_per_sec": record.rate}
+            writer.epoch_callback(epoch, {**(logs or {}), **rate})
 
         def on_train_end(self, logs=None):
             writer.close()
 
-    return EpochScalars()
+    return Scalars()
 
 
 def state_shown(console):

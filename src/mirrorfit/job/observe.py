@@ -60,20 +60,26 @@ class ScalarWriter:
         )
 
     def step_hook(self, trainer) -> None:
-        now = time.perf_counter()
         logs = trainer.train_logs()
-        values = {
-            f"train/{name}": logs[name]
-            for name in ("loss", "accuracy", "loss_scale")
-            if name in logs
-        }
-        values["train/learning_rate"] = trainer.learning_rate()
-        if self._last is not None and trainer.step > self._last[0]:
+        kept = {k: logs[k] for k in ("loss", "accuracy", "loss_scale") if k in logs}
+        self.after_call(trainer.step, kept, trainer.learning_rate(), trainer.global_batch)
+
+    def after_call(
+        self, step: int, logs: dict[str, float], learning_rate: float | None, global_batch: int
+    ) -> None:
+        """The scalars of a compiled execution that ended at optimizer step ``step``: each of
+        ``logs`` as ``train/NAME``, the learning rate, and the examples/s (``global_batch`` a
+        step) since the previous execution ended."""
+        now = time.perf_counter()
+        values = {f"train/{name}": value for name, value in logs.items()}
+        if learning_rate is not None:
+            values["train/learning_rate"] = learning_rate
+        if self._last is not None and step > self._last[0]:
             # the first execution traces and compiles: no rate from it
-            rate = (trainer.step - self._last[0]) * trainer.global_batch / (now - self._last[1])
+            rate = (step - self._last[0]) * global_batch / (now - self._last[1])
             values["train/examples_per_sec"] = rate
-        self._write(trainer.step, values)
-        self._last = (trainer.step, time.perf_counter())
+        self._write(step, values)
+        self._last = (step, time.perf_counter())
 
     def epoch_callback(self, epoch: int, logs: dict[str, float]) -> None:
         self._write(epoch, {f"epoch/{name}": value for name, value in logs.items()})
