@@ -1050,3 +1050,40 @@ def test_a_validation_split_of_arrays_is_drawn_with_the_seed(backend, tmp_path, 
     history = json.loads(out.read_text())["history"]
     assert history["val_accuracy"][-1] > 0.6, history
     assert abs(history["val_accuracy"][-1] - history["accuracy"][-1]) < 0.15, history
+
+
+def test_train_examples_and_cache_reach_a_data_functions_dataset(tmp_path, monkeypatch):
+    """--train-examples takes the first N of a --data function's dataset of examples and
+    --cache keeps them in a folder, as the built-in loop reads one (on 43a9f36 both were
+    refused for a compiled --model); what they cannot apply to is one line."""
+    monkeypatch.setenv("DATA_FIXTURE_N", "640")
+    cache = tmp_path / "cache"
+    common = ["train", "--backend", "jax", "--model", "keras_models:digits", "--no-progress"]
+    common += ["--global-batch-size", "64", "--epochs", "2"]
+    proc = run_cli(
+        *common,
+        *("--data", "data_fixtures:dataset_source", "--train-examples", "300"),
+        *("--cache", str(cache)),
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "done: 10 steps" in proc.stderr  # 300 examples in batches of 64: 5 a epoch
+    assert list(cache.glob("mirrorfit-*.index"))  # tf.data's cache files
+    refused = {
+        ("data_fixtures:dataset_source", "--train-examples", "1000"): (
+            "--train-examples 1000 is more than the 640 training examples of --data "
+            "data_fixtures:dataset_source"
+        ),
+        ("data_fixtures:batched_dataset_source", "--cache", str(cache)): (
+            "--cache applies to a dataset of single examples; --data "
+            "data_fixtures:batched_dataset_source returns its training split in batches: "
+            "cache them in the function instead"
+        ),
+        ("data_fixtures:arrays_source", "--cache", str(cache)): (
+            "--cache keeps a dataset's examples; --data data_fixtures:arrays_source returns "
+            "arrays, which are in memory already: drop --cache"
+        ),
+    }
+    for (data, *flags), line in refused.items():
+        proc = run_cli(*common, "--data", data, *flags)
+        assert proc.returncode == 2, proc.stderr[-3000:]
+        assert proc.stderr.strip().splitlines()[-1] == f"mirrorfit: error: {line}"

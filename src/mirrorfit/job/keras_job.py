@@ -63,12 +63,12 @@ def check(config: TrainConfig, engine, model) -> None:
     for name, why in _NOT_APPLIED.items():
         if _given(config, name):
             raise ConfigError(f"{_flag(name)} does not apply to a compiled --model: {why}")
-    if config.cache is not None and not decoded_kind(config):
+    if config.cache is not None and not decoded_kind(config) and ":" not in (config.data or ""):
         raise ConfigError(
             f"--cache does not apply to a compiled --model with --data {config.data or 'mnist'}: "
             "the arrays reach the model as the source gives them, already in memory (it "
-            "keeps an image folder's or TFRecords' decoded images); return a cached "
-            "tf.data.Dataset from a --data function"
+            "keeps an image folder's or TFRecords' decoded images, and a --data function's "
+            "dataset of examples)"
         )
     from mirrorfit.fitting.metrics import overrides
 
@@ -292,6 +292,8 @@ def splits(
         found = call_user_function(data, check=())
         batches = {"train": global_batch, "val": eval_batch, "test": eval_batch}
         own = tuple(k for k, v in found.items() if k in batches and _in_batches(v, model))
+        if "train" in found:
+            found["train"] = _examples_kept(config, found["train"], own="train" in own)
         found = {
             k: _batched(v, batches[k], model, shuffle_seed=config.seed if k == "train" else None)
             for k, v in found.items()
@@ -430,6 +432,47 @@ def checked_splits(data: str, model, out: dict) -> dict:
     return out
 
 
+def _examples_kept(config: TrainConfig, train, *, own: bool):
+    """A --data function's training dataset of single examples after ``--train-examples``
+    (its first N) and ``--cache`` (tf.data's, in memory or files in the folder, named for
+    the function, the count and the examples' spec), as the built-in loop reads one. Arrays
+    and a dataset in the function's own batches are returned as they are (--cache and, for
+    the batches, --train-examples refused: they are in memory, or not examples)."""
+    if not _dataset(train):
+        if config.cache is not None:
+            raise ConfigError(
+                f"--cache keeps a dataset's examples; --data {config.data} returns arrays, "
+                "which are in memory already: drop --cache"
+            )
+        return train  # --train-examples: the first N of them (_first)
+    if own and (config.cache is not None or config.train_examples is not None):
+        flag = "--cache" if config.cache is not None else "--train-examples"
+        raise ConfigError(
+            f"{flag} applies to a dataset of single examples; --data {config.data} returns "
+            f"its training split in batches: {'cache' if flag == '--cache' else 'take'} them "
+            "in the function instead"
+        )
+    count = int(train.cardinality())  # < 0: unknown (a filter, a generator)
+    if config.train_examples is not None:
+        if 0 <= count < config.train_examples:
+            raise ConfigError(
+                f"--train-examples {config.train_examples} is more than the {count} "
+                f"training examples of --data {config.data}"
+            )
+        train, count = train.take(config.train_examples), config.train_examples
+    if config.cache == "memory":
+        return train.cache()
+    if config.cache is not None:
+        from pathlib import Path
+
+        from mirrorfit.data.user import dataset_fingerprint
+
+        Path(config.cache).mkdir(parents=True, exist_ok=True)
+        name = f"mirrorfit-{dataset_fingerprint(config.data, train, count)}"
+        return train.cache(str(Path(config.cache) / name))
+    return train
+
+
 def _batched(split, batch: int, model, *, shuffle_seed: int | None = None):
     """``split``, a dataset of single examples (docs/data.md: what a --data function returns)
     in batches of ``batch`` (the training split first through a 10,000-example shuffle
@@ -509,8 +552,8 @@ def run(
     split_off = decoded in ("folder", "tfrecord")
     if config.validation_split and not split_off:
         train, val = _split_off(config, train, val)
-    if config.train_examples is not None and not decoded:
-        train = _first(train, config.train_examples)
+    if config.train_examples is not None and not decoded and not _dataset(train):
+        train = _first(train, config.train_examples)  # a dataset's were taken (splits)
     if not compiled:
         with scope():
             compile_from_flags(
@@ -784,11 +827,6 @@ def _first(split, n: int):
     """The first ``n`` examples of a training split (arrays, or a dict of them)."""
     from keras import tree
 
-    if not isinstance(split, tuple):
-        raise ConfigError(
-            "--train-examples takes the first N of arrays; the --data function returns a "
-            "dataset: return fewer examples from it instead"
-        )
     return tuple(tree.map_structure(lambda a: a[:n], part) for part in split)
 
 
