@@ -122,6 +122,30 @@ def sorted_arrays_source():
     return {"train": (x[order], y[order]), "test": mnist(500, split="test")}
 
 
+def test_read_stops_source():
+    """Training arrays, and a test dataset whose first read sends this process SIGTERM (once:
+    the file $STOP_MARK is written then), as a preemption during the final evaluation."""
+    import signal
+
+    import tensorflow as tf
+
+    x, y = mnist(_n())
+    tx, ty = mnist(200, split="test")
+    mark = Path(os.environ["STOP_MARK"])
+
+    def examples():
+        if not mark.exists():
+            mark.write_text("stopped")
+            os.kill(os.getpid(), signal.SIGTERM)
+        yield from zip(tx, ty)
+
+    spec = (tf.TensorSpec(tx.shape[1:], tx.dtype), tf.TensorSpec((), ty.dtype))
+    return {
+        "train": (x, y),
+        "test": tf.data.Dataset.from_generator(examples, output_signature=spec),
+    }
+
+
 def dataset_source():
     import tensorflow as tf
 

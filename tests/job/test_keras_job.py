@@ -1087,3 +1087,29 @@ def test_train_examples_and_cache_reach_a_data_functions_dataset(tmp_path, monke
         proc = run_cli(*common, "--data", data, *flags)
         assert proc.returncode == 2, proc.stderr[-3000:]
         assert proc.stderr.strip().splitlines()[-1] == f"mirrorfit: error: {line}"
+
+
+def test_a_signal_after_training_stops_saying_where_a_rerun_resumes(tmp_path, monkeypatch):
+    """SIGTERM while the test split is scored, after fit returned: exit 75 with a line that
+    says training ended and where the rerun resumes, which trains nothing more and writes
+    the results (on e47d169: "SIGTERM before training started", and the rerun said nothing of
+    a resume)."""
+    monkeypatch.setenv("DATA_FIXTURE_N", "256")
+    monkeypatch.setenv("STOP_MARK", str(tmp_path / "stopped"))
+    ck, out = tmp_path / "ck", tmp_path / "m.json"
+    args = ["train", "--backend", "jax", "--model", "keras_models:digits", "--no-progress"]
+    args += ["--data", "data_fixtures:test_read_stops_source", "--epochs", "1"]
+    args += ["--checkpoint-dir", str(ck), "--metrics-out", str(out)]
+    stopped = run_cli(*args)
+    assert stopped.returncode == 75, stopped.stderr[-3000:]
+    assert stopped.stderr.strip().splitlines()[-1] == (
+        "mirrorfit: preempted by SIGTERM after training ended, before its results were "
+        f"written: the last epoch is saved in {ck}; rerun the same command to write them (it "
+        "resumes there and trains no more)"
+    )
+    assert not out.exists()
+    again = run_cli(*args)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "epoch 1/1" not in again.stderr  # nothing trained again
+    summary = json.loads(out.read_text())
+    assert summary["steps_this_run"] == 0 and "accuracy" in summary["test"]

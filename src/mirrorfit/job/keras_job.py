@@ -598,6 +598,7 @@ def run(
     with _said(console), usage:
         history = _fit(config, model, global_batch, eval_batch, callbacks, val, kwargs, bar)
     wall = time.perf_counter() - start
+    guard.trained(config.checkpoint_dir)  # a signal now stops at the next check, said so
     clock.lap("fit")
     fields = {
         "wall_time_s": wall,
@@ -616,6 +617,7 @@ def run(
         fields["test"] = _evaluate(model, test, eval_batch)
         fields["test_eval_time_s"] = time.perf_counter() - t0
         fields["test_examples"] = _rows(test)
+        guard.check_local()
     summary = fit_summary.summary(
         config,
         model,

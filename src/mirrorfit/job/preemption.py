@@ -27,20 +27,29 @@ class Preempted(BaseException):
     as KeyboardInterrupt: a user function's ``except Exception`` must not swallow it."""
 
     def __init__(
-        self, signal_name: str, path: Path | None, epoch: int | None, step: int | None
+        self,
+        signal_name: str,
+        path: Path | None,
+        epoch: int | None,
+        step: int | None,
+        *,
+        text: str | None = None,
     ) -> None:
-        where = f"global step {step} ({epoch} epoch(s) done)"
-        if step is None:
-            text = f"{signal_name} before training started; rerun the same command"
-        elif path is None:
-            text = (
-                f"{signal_name} at {where}: nothing saved (no --checkpoint-dir), so a rerun "
-                "starts over; pass --checkpoint-dir to make runs resumable"
-            )
-        else:
-            text = f"{signal_name}: saved {path} at {where}; rerun the same command to resume"
-        super().__init__(text)
+        super().__init__(text or _where(signal_name, path, epoch, step))
         self.signal_name, self.path = signal_name, path
+
+
+def _where(signal_name: str, path: Path | None, epoch: int | None, step: int | None) -> str:
+    """The line of a preemption at ``step`` (None: before training), saved at ``path``."""
+    where = f"global step {step} ({epoch} epoch(s) done)"
+    if step is None:
+        return f"{signal_name} before training started; rerun the same command"
+    if path is None:
+        return (
+            f"{signal_name} at {where}: nothing saved (no --checkpoint-dir), so a rerun "
+            "starts over; pass --checkpoint-dir to make runs resumable"
+        )
+    return f"{signal_name}: saved {path} at {where}; rerun the same command to resume"
 
 
 class PreemptionGuard:
@@ -59,6 +68,7 @@ class PreemptionGuard:
         self._handed_over = False
         self._fitting = False
         self._fit_workers = 1
+        self._trained: str | None = None  # after fit: where its last checkpoint is ("": none)
         self._watchdog = None
 
     def __enter__(self) -> "PreemptionGuard":
@@ -77,8 +87,9 @@ class PreemptionGuard:
 
     @property
     def setting_up(self) -> bool:
-        """No trainer is watched yet: nothing to save, so a signal stops the run at once."""
-        return self.trainer is None and not self._handed_over
+        """No trainer is watched yet and fit has not returned: nothing to save, so a signal
+        stops the run at once (during fit its own handlers save and stop it)."""
+        return self.trainer is None and not self._handed_over and self._trained is None
 
     def fitting(self, *, workers: int = 1) -> None:
         """``mirrorfit.fit`` trains from now on, on ``workers`` processes, and saves on a
@@ -87,6 +98,12 @@ class PreemptionGuard:
         the process cannot act on (its main thread held in a collective of workers that
         stopped answering) still ends it after the grace."""
         self._fitting, self._fit_workers = True, workers
+
+    def trained(self, checkpoint_dir: str | None) -> None:
+        """``mirrorfit.fit`` returned, its last checkpoint (if any) in ``checkpoint_dir``: a
+        signal from now on stops the run at the next :meth:`check` (the evaluation, the
+        files written after it), saying where a rerun resumes."""
+        self._trained = checkpoint_dir or ""
 
     def hand_over(self) -> None:
         """Signals are another part's from now on (a parameter-server task that only serves
@@ -139,6 +156,8 @@ class PreemptionGuard:
 
     def _stop(self, name: str) -> None:
         t = self.trainer
+        if t is None and self._trained is not None:
+            raise Preempted(name, None, None, None, text=_after_training(name, self._trained))
         if t is None:
             raise Preempted(name, None, None, None)
         path = None
@@ -152,6 +171,20 @@ class PreemptionGuard:
 
     def epoch_callback(self, epoch: int, logs: dict) -> None:
         self.check()
+
+
+def _after_training(name: str, checkpoint_dir: str) -> str:
+    if not checkpoint_dir:
+        return (
+            f"{name} after training ended, before its results were written: nothing saved "
+            "(no --checkpoint-dir), so a rerun trains again; pass --checkpoint-dir to make "
+            "runs resumable"
+        )
+    return (
+        f"{name} after training ended, before its results were written: the last epoch is "
+        f"saved in {checkpoint_dir}; rerun the same command to write them (it resumes there "
+        "and trains no more)"
+    )
 
 
 class _Watchdog:
@@ -200,8 +233,8 @@ class _Watchdog:
         """Whether a signal not acted on within the grace ends the process: while setting up,
         and while mirrorfit.fit trains on several workers."""
         guard = self.guard
-        one_fit = guard._fitting and guard._fit_workers == 1  # noqa: SLF001 (its own guard's)
-        return guard.setting_up and not one_fit
+        fitting = guard._fitting  # noqa: SLF001 (its own guard's)
+        return (guard.setting_up and not fitting) or (fitting and guard._fit_workers > 1)  # noqa: SLF001
 
     def close(self) -> None:
         self.closed = True
