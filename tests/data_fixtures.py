@@ -122,6 +122,14 @@ def sorted_arrays_source():
     return {"train": (x[order], y[order]), "test": mnist(500, split="test")}
 
 
+def sorted_dataset_source():
+    """sorted_arrays_source's examples as a dataset of single examples."""
+    import tensorflow as tf
+
+    found = sorted_arrays_source()
+    return {**found, "train": tf.data.Dataset.from_tensor_slices(found["train"])}
+
+
 def test_read_stops_source():
     """Training arrays, and a test dataset whose first read sends this process SIGTERM (once:
     the file $STOP_MARK is written then), as a preemption during the final evaluation."""

@@ -148,6 +148,30 @@ def _check_split(spec: str, name: str, split: Any) -> None:
     )
 
 
+def dataset_held_out(
+    ds: tf.data.Dataset, fraction: float, seed: int
+) -> tuple[tf.data.Dataset, tf.data.Dataset]:
+    """(train, val) of a dataset of examples: ``--validation-split fraction``'s examples
+    drawn with ``seed`` (:func:`mirrorfit.data.files.holdout`; the examples counted in one
+    pass), each in the dataset's order."""
+    from mirrorfit.data.files import holdout
+
+    n = len(labels_of(ds))
+    return _split_by(ds, holdout(n, fraction, seed)[1], n)
+
+
+def _split_by(
+    ds: tf.data.Dataset, held: np.ndarray, n: int
+) -> tuple[tf.data.Dataset, tf.data.Dataset]:
+    """(the examples of ``ds`` (``n`` of them) not at the indices ``held``, those at them),
+    each in order."""
+    mask = np.zeros(n, bool)
+    mask[held] = True
+    keep = tf.constant(mask)
+    val = ds.enumerate().filter(lambda i, _: keep[i]).map(lambda i, e: e)
+    return ds.enumerate().filter(lambda i, _: ~keep[i]).map(lambda i, e: e), val
+
+
 def labels_of(ds: tf.data.Dataset) -> np.ndarray:
     """Every label of a dataset of examples, in order (int64): one pass over it at start, to
     count the examples and check the labels' range (the inputs are computed, not kept)."""
@@ -274,12 +298,10 @@ def open_train(o) -> Data:
     val = splits.get("val")
     split = o.holdout(len(labels["train"]), val is not None)
     if split is not None:
-        mask = np.zeros(len(labels["train"]), bool)
-        mask[split[1]] = True
-        keep = tf.constant(mask)
-        val = train.enumerate().filter(lambda i, _: keep[i]).map(lambda i, e: e)
-        train = train.enumerate().filter(lambda i, _: ~keep[i]).map(lambda i, e: e)
-        labels = {"train": labels["train"][~mask], "val": labels["train"][mask]}
+        train, val = _split_by(train, split[1], len(labels["train"]))
+        held = np.zeros(len(labels["train"]), bool)
+        held[split[1]] = True
+        labels = {"train": labels["train"][~held], "val": labels["train"][held]}
     n = o.first(len(labels["train"]))
     labels["train"] = labels["train"][:n]
     evals = {}

@@ -272,7 +272,9 @@ def splits(
     for val and test, default ``global_batch``)."""
     eval_batch = eval_batch or global_batch
     data = config.data or "mnist"
-    if decoded_kind(config):
+    if decoded_kind(config) == "synthetic":
+        return _held_out(config, decoded_splits(config, model, global_batch))
+    if decoded_kind(config):  # the reader held out --validation-split's examples
         return decoded_splits(config, model, global_batch)
     if data == "mnist":
         from mirrorfit.data.mnist import VALIDATION_SIZE, locate_mnist
@@ -285,13 +287,14 @@ def splits(
                 "test": (f["x_test"], f["y_test"]),
             }
     if data.endswith(".npz"):
-        return checked_splits(data, model, npz_splits(data))
+        return checked_splits(data, model, _held_out(config, npz_splits(data)))
     if ":" in data:
         from mirrorfit.data.user import call_user_function
 
         found = call_user_function(data, check=())
         batches = {"train": global_batch, "val": eval_batch, "test": eval_batch}
         own = tuple(k for k, v in found.items() if k in batches and _in_batches(v, model))
+        found = _held_out(config, found, own="train" in own)
         if "train" in found:
             found["train"] = _examples_kept(config, found["train"], own="train" in own)
         found = {
@@ -549,9 +552,6 @@ def run(
     if "description" in data:
         console.print(f"data: {data['description']}")
     decoded = decoded_kind(config)  # its reader took --train-examples (and a file's split)
-    split_off = decoded in ("folder", "tfrecord")
-    if config.validation_split and not split_off:
-        train, val = _split_off(config, train, val)
     if config.train_examples is not None and not decoded and not _dataset(train):
         train = _first(train, config.train_examples)  # a dataset's were taken (splits)
     if not compiled:
@@ -797,32 +797,40 @@ def _examples(train, config: TrainConfig) -> int:
     return len(tree.flatten(train[0])[0])
 
 
-def _split_off(config: TrainConfig, train, val) -> tuple:
-    """(train, val): ``--validation-split``'s share of the training arrays, drawn with
-    ``--seed`` as the data readers draw it (docs/data.md), not Keras's last rows (on data in
-    label order they would be one class). A dataset, or data with a validation split of its
-    own, is refused."""
+def _held_out(config: TrainConfig, found: dict, *, own: bool = False) -> dict:
+    """``found`` with ``--validation-split``'s share of its training examples as its "val",
+    drawn with ``--seed`` as the data readers draw it (docs/data.md), not Keras's last rows
+    (on data in label order they would be one class): rows of arrays, or examples of a
+    dataset (counted in one pass). Data with a validation split of its own, or a dataset in
+    the function's own batches (``own``), is refused."""
     from keras import tree
 
     from mirrorfit.data.files import holdout
 
-    fraction = config.validation_split
-    if val is not None:
+    fraction, train = config.validation_split, found.get("train")
+    if not fraction or train is None:
+        return found
+    if found.get("val") is not None:
         raise ConfigError(
             f"--data {config.data or 'mnist'} has its own validation split; drop --validation-split"
         )
-    if not isinstance(train, tuple):
-        raise ConfigError(
-            f"--validation-split {fraction} holds out examples of arrays; --data {config.data} "
-            "gives its training split as a tf.data dataset: return a validation split from "
-            "the function too, or drop --validation-split"
-        )
+    if _dataset(train):
+        if own:
+            raise ConfigError(
+                f"--validation-split {fraction} holds out examples; --data {config.data} "
+                "returns its training split in batches: return a validation split from the "
+                "function too, or drop --validation-split"
+            )
+        from mirrorfit.data.user import dataset_held_out
+
+        train, val = dataset_held_out(train, fraction, config.seed)
+        return {**found, "train": train, "val": val}
 
     def rows(index):
         return tuple(tree.map_structure(lambda a: a[index], part) for part in train)
 
     kept, held = holdout(len(tree.flatten(train[0])[0]), fraction, config.seed)
-    return rows(kept), rows(held)
+    return {**found, "train": rows(kept), "val": rows(held)}
 
 
 def _first(split, n: int):
