@@ -1,36 +1,59 @@
 """mirrorfit.fit's checkpoints (artifacts/epoch_checkpoint.py) resumed as the run began: a
-resume on another backend or at another precision is one line naming the way back."""
+resume on another backend, at another precision or with another flag that fixes the run is
+one line naming the way back, in the API's words and the CLI's."""
 
 from __future__ import annotations
 
-from conftest import run_cli
+from pathlib import Path
+
+from conftest import run_cli, run_isolated
+
+HERE = Path(__file__).parent
 
 
-def test_a_resume_on_another_backend_or_precision_is_one_line(tmp_path):
-    """A compiled model's run (bf16 on JAX) resumed at fp32, or on TensorFlow, went on
-    without a word on 1c298fd (exit 0); the earlier loop refused both by name."""
+def test_the_api_refuses_a_resume_on_another_backend_or_precision(tmp_path):
+    """fit(checkpoint_dir=) of a bf16 run on JAX, resumed at fp32 or on TensorFlow, went on
+    without a word on 1c298fd (the layer-settings CRC leaves the dtype policy's name out)."""
     d = tmp_path / "ck"
-    base = ["train", "--model", "keras_models:digits", "--train-examples", "256"]
-    base += ["--global-batch-size", "64", "--no-progress", "--checkpoint-dir", str(d)]
-    jax_bf16 = ["--backend", "jax", "--precision", "bf16"]
-    first = run_cli(*base, *jax_bf16, "--epochs", "1")
-    assert first.returncode == 0, first.stderr[-3000:]
-    refused = {
-        ("--backend", "jax", "--precision", "fp32"): (
-            f"{d}/epoch-000001 was trained with the dtype policy mixed_bfloat16; this "
-            "model's is float32: resume with the precision it had (mirrorfit.setup("
-            "precision=), --precision), or give another checkpoint_dir to start over"
-        ),
-        ("--backend", "tensorflow", "--precision", "bf16"): (
-            f"{d}/epoch-000001 was written on the jax backend; this fit runs on tensorflow: "
-            "resume on jax (backend='jax', --backend jax), or give another checkpoint_dir "
-            "to start over"
+    assert run_isolated(HERE / "engine_resume_driver.py", "jax", "bf16", 1, d)["refused"] is None
+    at_fp32 = run_isolated(HERE / "engine_resume_driver.py", "jax", "fp32", 2, d)["refused"]
+    assert at_fp32 == (
+        f"{d}/epoch-000001 was trained with the dtype policy mixed_bfloat16; this model's is "
+        "float32: resume with the precision it had (mirrorfit.setup(precision=), "
+        "--precision), or give another checkpoint_dir to start over"
+    )
+    on_tf = run_isolated(HERE / "engine_resume_driver.py", "tensorflow", "bf16", 2, d)["refused"]
+    assert on_tf == (
+        f"{d}/epoch-000001 was written on the jax backend; this fit runs on tensorflow: resume "
+        "on jax (backend='jax', --backend jax), or give another checkpoint_dir to start over"
+    )
+    assert run_isolated(HERE / "engine_resume_driver.py", "jax", "bf16", 2, d)["refused"] is None
+
+
+def test_mirrorfit_train_names_the_changed_flag(tmp_path):
+    """A compiled --model's run resumed with another --precision, --backend or --model: the
+    earlier loop's line, naming the flag and its value (on 1c298fd the first two went on,
+    exit 0)."""
+    d = tmp_path / "ck"
+    base = ["train", "--train-examples", "256", "--global-batch-size", "64", "--no-progress"]
+    base += ["--checkpoint-dir", str(d)]
+    first = ["--model", "keras_models:digits", "--backend", "jax", "--precision", "bf16"]
+    assert run_cli(*base, *first, "--epochs", "1").returncode == 0
+    changed = {
+        ("--precision", "fp32"): ("--precision bf16", "--precision fp32"),
+        ("--backend", "tensorflow"): ("--backend jax", "--backend tensorflow"),
+        ("--model", "keras_models:digits_dropout"): (
+            "--model keras_models:digits",
+            "--model keras_models:digits_dropout",
         ),
     }
-    for flags, line in refused.items():
-        proc = run_cli(*base, *flags, "--epochs", "2")
+    for flags, (was, now) in changed.items():
+        proc = run_cli(*base, *first, *flags, "--epochs", "2")  # the last flag wins
         assert proc.returncode == 2, (flags, proc.stderr[-3000:])
-        assert proc.stderr.strip().splitlines()[-1] == f"mirrorfit: error: {line}", flags
-    again = run_cli(*base, *jax_bf16, "--epochs", "2")
+        assert proc.stderr.strip().splitlines()[-1] == (
+            f"mirrorfit: error: checkpoint {d}/epoch-000001 was written with {was}, this run "
+            f"has {now}: resume with {was}, or pass --fresh to start over"
+        ), flags
+    again = run_cli(*base, *first, "--epochs", "2")
     assert again.returncode == 0, again.stderr[-3000:]
     assert "resuming from" in again.stderr

@@ -266,6 +266,26 @@ def check_backend(path: Path, meta: dict, ours: str) -> None:
         )
 
 
+def settings_of(config) -> dict[str, Any]:
+    """The flags of ``config`` (a TrainConfig) that fix what the checkpointed state means:
+    another model, optimizer, learning-rate schedule or precision would not continue the same
+    run (and Keras would keep the old rate: the learning rate is an optimizer variable), so a
+    resume with any of them changed is refused by name, whichever loop trains. Free to
+    change: --epochs, --steps-per-execution, --xla, --remat, --checkpoint-every and the
+    outputs."""
+    linear = config.lr_scaling == "linear"
+    return {
+        "--model": config.model,
+        "--optimizer": config.optimizer.lower(),
+        "--lr": config.lr,
+        "--lr-scaling": config.lr_scaling,
+        "--base-batch": config.base_batch if linear else None,
+        "--warmup-epochs": config.warmup_epochs,
+        "--precision": config.precision,
+        "--backend": config.backend,
+    }
+
+
 def check_settings(path: Path, meta: dict, ours: Mapping[str, Any]) -> None:
     """Refuse a run whose settings differ from those ``path`` was written with, naming each
     changed flag, its original value, and --fresh."""

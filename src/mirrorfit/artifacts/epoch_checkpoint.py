@@ -37,6 +37,7 @@ from mirrorfit.artifacts.checksums import file_sums, files_problem, seal_problem
 from mirrorfit.artifacts.checkpoint_meta import (
     CheckpointError,
     StructureError,
+    check_settings,
     discard,
     fit_checkpoints,
     set_aside,
@@ -339,6 +340,8 @@ def restore_newest(
     another model or optimizer settings (not damage: an older one is no better)."""
 
     def check(found: Path, meta: dict) -> None:
+        if _settings(model):  # mirrorfit train's: a changed flag named as the CLI names it
+            check_settings(found, meta, model.mirrorfit_settings)
         _check_identity(model, found, meta, optimizer)
         _check_engine(model, found, meta)
         _check_data(found, meta, data)
@@ -474,6 +477,11 @@ def _check_engine(model, found: Path, meta: dict) -> None:
             "with the precision it had (mirrorfit.setup(precision=), --precision), or give "
             "another checkpoint_dir to start over"
         )
+
+
+def _settings(model) -> bool:
+    """Whether ``model`` carries mirrorfit train's flags (``mirrorfit_settings``)."""
+    return isinstance(getattr(model, "mirrorfit_settings", None), dict)
 
 
 def _policies(model) -> list[str]:
@@ -779,6 +787,8 @@ def save(
         "rng": position.rng,
         **_identity(model),
         "dtype_policies": _policies(model),  # a resume keeps the precision (_check_engine)
+        # mirrorfit train's flags that fix the run (checkpoint_meta.settings_of)
+        **({"settings": model.mirrorfit_settings} if _settings(model) else {}),
         "name": model.name,  # a built-in model's (mlp): what export rebuilds without --model
         **({"shapes": _shapes(model)} if _shapes(model) else {}),
         **({"optimizer_settings": optimizer} if optimizer is not None else {}),

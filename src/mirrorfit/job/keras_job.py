@@ -594,6 +594,10 @@ def run(
     start = time.perf_counter()
     eval_batch = config.eval_batch_size or global_batch
     usage = CpuGpuSampler() if config.profile else contextlib.nullcontext()
+    from mirrorfit.artifacts.checkpoint_meta import settings_of
+
+    # its checkpoints record the flags, and a resume with one changed is refused by its name
+    model.mirrorfit_settings = settings_of(config)
     guard.fitting(workers=_workers())  # fit saves on a signal itself, from here on
     with _said(console), usage:
         history = _fit(config, model, global_batch, eval_batch, callbacks, val, kwargs, bar)

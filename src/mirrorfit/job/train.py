@@ -14,6 +14,7 @@ from typing import Any
 from rich.console import Console
 
 from mirrorfit.artifacts.checkpoint import Checkpointer
+from mirrorfit.artifacts.checkpoint_meta import settings_of
 from mirrorfit.config import TrainConfig
 from mirrorfit.distribute._cpu_binding import threads_note
 from mirrorfit.job.checks import check_run
@@ -280,7 +281,7 @@ def _checkpointer(run: Run) -> Checkpointer | None:
         keep=config.keep_checkpoints,
         data=data.train.order,
         flags=data_flags(config, dist, data),
-        settings=_settings(config),
+        settings=settings_of(config),
         on_notice=lambda msg: run.console.print(f"[yellow]{msg}[/]"),
         writer=dist.is_chief,
         class_names=data.class_names,
@@ -392,25 +393,6 @@ def _compiled_user_model(config: TrainConfig, engine, setup, dist, data):
         )
     )
     return model, compiled, scope
-
-
-def _settings(config: TrainConfig) -> dict[str, Any]:
-    """The flags that fix what the checkpointed state means: another model, optimizer,
-    learning-rate schedule or precision would not continue the same run (and Keras would keep
-    the old rate: the learning rate is an optimizer variable), so a resume with any of them
-    changed is refused by name. Free to change: --epochs, --steps-per-execution, --xla,
-    --remat, --checkpoint-every and the outputs."""
-    linear = config.lr_scaling == "linear"
-    return {
-        "--model": config.model,
-        "--optimizer": config.optimizer.lower(),
-        "--lr": config.lr,
-        "--lr-scaling": config.lr_scaling,
-        "--base-batch": config.base_batch if linear else None,
-        "--warmup-epochs": config.warmup_epochs,
-        "--precision": config.precision,
-        "--backend": config.backend,
-    }
 
 
 def _describe_lr(lr) -> str:
