@@ -385,7 +385,7 @@ def test_a_thousand_hostile_requests_leave_the_server_as_it_was(hardened, channe
 
 REST_LIMIT_S = 1.0  # the header and body timeouts of the module's REST server
 MAX_CONNECTIONS = 16
-GRPC_MAX_THREADS = 3  # gRPC requests in progress at once
+GRPC_MAX_THREADS = 2  # gRPC requests in progress at once: as many as the model pool runs
 
 
 def _save_slow(path: Path) -> None:
@@ -497,13 +497,26 @@ def test_unbatched_overload_answers_503_not_an_endless_queue(rest_server):
     assert codes == [200, 200, 503, 503, 503, 503], [r.text for r in answers]
     busy = next(r for r in answers if r.status_code == 503)
     assert "--max_unbatched_in_flight" in busy.json()["error"]
-    # the bound is the service's, shared with gRPC
-    with grpc.insecure_channel(rest_server.grpc_target) as channel:
-        stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
-        request = _request("slow", "x", tf.make_tensor_proto(np.ones((1, 1), np.float32)))
-        with concurrent.futures.ThreadPoolExecutor(3) as pool:
-            codes = sorted(pool.map(lambda _: _code(stub, request), range(3)), key=str)
-    assert codes.count(grpc.StatusCode.UNAVAILABLE) == 1 and codes.count(OK) == 2, codes
+    # the bound is the service's, shared with gRPC: two REST calls hold both slots for their
+    # second, and a gRPC call meanwhile is refused by the pool (gRPC's own bound is not reached)
+    request = _request("slow", "x", tf.make_tensor_proto(np.ones((1, 1), np.float32)))
+    with (
+        grpc.insecure_channel(rest_server.grpc_target) as channel,
+        concurrent.futures.ThreadPoolExecutor(2) as pool,
+    ):
+        clients = [httpx.Client(timeout=30) for _ in range(2)]
+        for c in clients:
+            c.get(f"{rest_server.url}/readyz")
+        held = [
+            pool.submit(c.post, f"{rest_server.url}/v1/models/slow:predict", json=body)
+            for c in clients
+        ]
+        time.sleep(0.3)
+        code = _code(prediction_service_pb2_grpc.PredictionServiceStub(channel), request)
+        assert [f.result().status_code for f in held] == [200, 200]
+        for c in clients:
+            c.close()
+    assert code == grpc.StatusCode.UNAVAILABLE, code
     assert (
         httpx.post(f"{rest_server.url}/v1/models/slow:predict", json=body, timeout=30).status_code
         == 200
@@ -604,10 +617,12 @@ def test_grpc_requests_in_progress_are_bounded(rest_server):
     ):
         stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
         codes = list(pool.map(lambda _: _code(stub, request), range(8)))
-    # two run (--max_unbatched_in_flight=2); a third in progress is refused by the model pool;
-    # the others never got in (they were unlimited: each could hold a 64 MiB message)
-    assert codes.count(OK) == 2 and grpc.StatusCode.RESOURCE_EXHAUSTED in codes, codes
-    assert set(codes) <= {OK, grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED}
+    # two are in progress (--grpc_max_threads=2) for a second each; one more arriving meanwhile
+    # is refused by gRPC before its message is read (they were unlimited: each could hold a
+    # 64 MiB message). With a third gRPC slot, the refusal depended on two refused requests
+    # overlapping, which a loaded machine did not always give.
+    assert codes.count(OK) >= 2 and grpc.StatusCode.RESOURCE_EXHAUSTED in codes, codes
+    assert set(codes) <= {OK, grpc.StatusCode.RESOURCE_EXHAUSTED}, codes
 
 
 # --- classify / regress: checked before any example is built ------------------------------------
