@@ -154,6 +154,13 @@ def test_read_stops_source():
     }
 
 
+def counted_arrays_source():
+    """arrays_source, counting its calls in the file $CALLS."""
+    calls = Path(os.environ["CALLS"])
+    calls.write_text(str(int(calls.read_text()) + 1 if calls.exists() else 1))
+    return arrays_source()
+
+
 def dataset_source():
     import tensorflow as tf
 
@@ -163,24 +170,6 @@ def dataset_source():
         tf.data.Dataset.from_tensor_slices((x, y)),
         None,
         tf.data.Dataset.from_tensor_slices((tx, ty)),
-    )
-
-
-def shrinking_dataset_source():
-    """A dataset that yields all its examples when counted, then a third of them."""
-    import tensorflow as tf
-
-    x, y = mnist(_n())
-    passes = [0]
-
-    def examples():
-        passes[0] += 1
-        n = len(x) if passes[0] == 1 else len(x) // 3
-        yield from zip(x[:n], y[:n])
-
-    return tf.data.Dataset.from_generator(
-        examples,
-        output_signature=(tf.TensorSpec(x.shape[1:], tf.uint8), tf.TensorSpec((), tf.int64)),
     )
 
 
@@ -319,3 +308,10 @@ def one_nan_source():
     x = x.astype(np.float32)
     x[3, 10, 10] = np.nan
     return x, y
+
+
+def one_nan_dataset_source():
+    """:func:`one_nan_source` as a tf.data dataset of single examples (not read ahead)."""
+    import tensorflow as tf
+
+    return tf.data.Dataset.from_tensor_slices(one_nan_source())

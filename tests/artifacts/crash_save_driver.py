@@ -1,5 +1,6 @@
 """Run by tests/artifacts/test_checkpoint.py: ``python crash_save_driver.py FOLDER MODE``, on
 FOLDER holding a checkpoint of the MLP (Adam, 256 MNIST examples, global batch 32). MODE
+``first``: trains one epoch and saves it (the checkpoint the others start from). MODE
 ``crash``: resumes, trains one more epoch and SIGKILLs itself at the save's commit point (the
 rename). MODE ``restore``: restores the newest checkpoint and prints one JSON line: its step
 and epoch, and whether the weights came back (not all zero)."""
@@ -26,7 +27,12 @@ trainer = mirrorfit.Trainer(
     global_batch=32,
 )
 ckpt = Checkpointer(folder, trainer=trainer, model_spec="mlp")
-if mode == "crash":
+if mode == "first":
+    trainer.fit(
+        mirrorfit.train_batches(data.x_train, data.y_train, global_batch=32, seed=0), epochs=1
+    )
+    ckpt.save()
+elif mode == "crash":
     ckpt.restore_latest()
     trainer.fit(
         mirrorfit.train_batches(data.x_train, data.y_train, global_batch=32, seed=0),

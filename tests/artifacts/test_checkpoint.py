@@ -257,32 +257,23 @@ def test_a_second_ctrl_c_stops_at_once(tmp_path):
     assert not (tmp_path / "c").exists()  # it did not go on to save
 
 
-def test_kill_9_during_a_save_leaves_the_previous_checkpoint_loadable(tmp_path):
-    d = tmp_path / "ckpt"
-    run_cli(
-        "train",
-        "--train-examples",
-        "256",
-        "--epochs",
-        "1",
-        "--global-batch-size",
-        "32",
-        "--optimizer",
-        "adam",
-        "--lr",
-        "0.001",
-        "--checkpoint-dir",
-        str(d),
-        "--no-progress",
-    )
-    assert [p.name for p in d.iterdir()] == ["ckpt-000000008"]
-    crashed = subprocess.run(
-        [sys.executable, str(HERE / "crash_save_driver.py"), str(d), "crash"],
+def _crash_save(folder: Path, mode: str) -> subprocess.CompletedProcess:
+    """crash_save_driver.py in MODE on ``folder``, in a process of its own (it kills itself)."""
+    return subprocess.run(
+        [sys.executable, str(HERE / "crash_save_driver.py"), str(folder), mode],
         env=_env(),
         cwd=ROOT,
         capture_output=True,
         text=True,
     )
+
+
+def test_kill_9_during_a_save_leaves_the_previous_checkpoint_loadable(tmp_path):
+    d = tmp_path / "ckpt"
+    first = _crash_save(d, "first")
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert [p.name for p in d.iterdir()] == ["ckpt-000000008"]
+    crashed = _crash_save(d, "crash")
     assert crashed.returncode == -signal.SIGKILL
     assert any(p.name.startswith(".ckpt-000000016.tmp") for p in d.iterdir())  # half-written
     after = run_isolated(HERE / "crash_save_driver.py", d, "restore")
@@ -359,11 +350,10 @@ def test_checkpoint_of_another_model_is_refused_clearly(tmp_path):
         str(d),
         "--no-progress",
     )
-    assert wider.returncode == 2  # said "weight shapes differ", naming no flag
+    assert wider.returncode == 2  # names the weight that differs
     assert (
-        "trained with num classes 10, this run's model has 12 (from --num-classes or the "
-        "data): resume with --num-classes 10 and the data it was trained on, or pass "
-        "--fresh"
+        "epoch-000001 holds another model's checkpoint (a weight of (100, 10) float32 where "
+        "this model has (100, 12) float32); give another checkpoint_dir"
     ) in wider.stderr, wider.stderr[-2000:]
 
 
@@ -616,8 +606,10 @@ def test_export_rebuilds_a_checkpoint_at_the_shape_and_classes_it_was_trained_wi
     assert proc.returncode == 0, proc.stderr[-3000:]
     proc = run_cli("export", "--checkpoint-dir", str(ckpt), "--export-dir", str(models))
     assert proc.returncode == 0, proc.stderr[-3000:]
-    meta = json.loads(sorted(ckpt.glob("ckpt-*"))[-1].joinpath("meta.json").read_text())
-    assert (meta["identity"]["input_shape"], meta["identity"]["num_classes"]) == ([32, 32, 3], 5)
+    meta = json.loads(sorted(ckpt.glob("epoch-*"))[-1].joinpath("meta.json").read_text())
+    assert meta["built_in"] and meta["name"] == "cnn"
+    assert meta["shapes"]["inputs"][0][1:] == [32, 32, 3]
+    assert meta["shapes"]["outputs"][0][-1] == 5
 
 
 def test_hand_edited_epoch_logs_and_a_newer_format_are_one_line_naming_the_file(tmp_path, batches):
@@ -765,3 +757,22 @@ def test_recorded_model_shapes_are_hints_within_bounds():
     ):
         assert not _plausible(hostile), hostile
     assert not _plausible([[None, 2_000_000]], outputs=True)  # past MAX_CLASSES
+
+
+@pytest.mark.parametrize("command", ["export", "evaluate"])
+def test_a_folder_of_both_loops_checkpoints_is_one_line_before_tensorflow(command, tmp_path):
+    """A folder holding the earlier loop's ckpt-* beside mirrorfit.fit's epoch-*: which run is
+    the newer cannot be told, so neither is read (on the one-loop branch's 6c5b388 export read
+    the stale ckpt-*, exit 0)."""
+    d = tmp_path / "mixed"
+    (d / "ckpt-000000008").mkdir(parents=True)
+    (d / "epoch-000001").mkdir()
+    (d / "epoch-000001" / "meta.json").write_text("{}")
+    target = ("--export-dir", str(tmp_path / "e")) if command == "export" else ()
+    proc = run_cli(command, "--checkpoint-dir", str(d), *target, without_tensorflow=True)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert proc.stderr.strip() == (
+        f"mirrorfit: error: {d} holds checkpoints of two runs, ckpt-000000008 (the earlier "
+        "loop's) and epoch-000001 (mirrorfit.fit's); move the run you do not mean to another "
+        "folder"
+    )

@@ -546,3 +546,22 @@ def test_a_model_the_checkpoints_shapes_cannot_rebuild_is_one_line(tmp_path, mni
     ):
         said = exported(model, old)
         assert f"the checkpoints in {old} do not record the shapes" in said and needle in said
+
+
+@pytest.mark.slow
+def test_an_application_named_otherwise_by_keras_exports_without_model(tmp_path):
+    """keras.applications.MobileNetV2 names its model mobilenetv2_1.00_224: the checkpoint
+    records the --model it was given, so export rebuilds it without --model (on the one-loop
+    branch's 6c5b388: "pass --model package.module:function")."""
+    d, models = tmp_path / "ckpt", tmp_path / "models" / "m"
+    trained = run_cli(
+        *("train", "--backend", "jax", "--model", "MobileNetV2", "--data", "synthetic"),
+        *("--input-shape", "32,32,3", "--num-classes", "3", "--train-examples", "32"),
+        *("--global-batch-size", "16", "--epochs", "1", "--checkpoint-dir", str(d)),
+        "--no-progress",
+    )
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    assert json.loads((d / "epoch-000001" / "meta.json").read_text())["built_in"] == "MobileNetV2"
+    exp = run_cli("export", "--checkpoint-dir", str(d), "--export-dir", str(models))
+    assert exp.returncode == 0, exp.stderr[-3000:]
+    assert (models / "0001" / "saved_model.pb").is_file()

@@ -131,7 +131,7 @@ def test_checkpoint_and_saved_model_score_a_folders_test_split_as_training_did(t
         (
             "mnist",
             "--data mnist gives examples of shape 28x28 but the model of "
-            f"{ckpt} (step 20) takes 28x28x1",
+            f"{ckpt} (epoch-000001) takes 28x28x1",
         ),
         ("resized", "gives examples of shape 32x32x1 but the model of"),
         ("no_test", "has no test split to evaluate on: the file has no x_test/y_test"),

@@ -1108,3 +1108,16 @@ def test_a_signal_after_training_stops_saying_where_a_rerun_resumes(tmp_path, mo
     assert "epoch 1/1" not in again.stderr  # nothing trained again
     summary = json.loads(out.read_text())
     assert summary["steps_this_run"] == 0 and "accuracy" in summary["test"]
+
+
+def test_a_built_in_models_data_function_is_called_once(tmp_path, monkeypatch):
+    """The built-in models open --data to be built for it, and train through keras_job: the
+    function's splits are read from the one call (on the branch's 6c5b388: called twice)."""
+    monkeypatch.setenv("DATA_FIXTURE_N", "256")
+    monkeypatch.setenv("CALLS", str(tmp_path / "calls"))
+    proc = run_cli(
+        *("train", "--backend", "jax", "--model", "mlp", "--epochs", "1", "--no-progress"),
+        *("--data", "data_fixtures:counted_arrays_source"),
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (tmp_path / "calls").read_text() == "1"

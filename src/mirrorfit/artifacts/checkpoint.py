@@ -39,6 +39,7 @@ from mirrorfit.artifacts.checkpoint_meta import (
     check_identity,
     check_settings,
     decode_epoch_logs,
+    fit_checkpoints,
     encode_epoch_logs,
     list_checkpoints,
     read_meta,
@@ -150,6 +151,8 @@ class Checkpointer:
         read.
         """
         unreadable: list[tuple[Path, str]] = []  # (checkpoint, why), newest first
+        if fit_checkpoints(self.directory):  # alone, or beside this loop's: never resumed
+            raise CheckpointError(_of_fit(self.directory, self.identity["model"]))
         for path in reversed(self.checkpoints()):
             try:
                 meta = read_meta(path)
@@ -360,7 +363,8 @@ class Checkpointer:
     def discard(self) -> Path | None:
         """Move existing checkpoints aside (``--fresh``); nothing is deleted. Returns where.
         Only the writer (the chief) moves anything."""
-        return discard(self.directory, self.checkpoints()) if self.writer else None
+        found = self.checkpoints() + fit_checkpoints(self.directory)
+        return discard(self.directory, found) if self.writer else None
 
     def clean_partial(self) -> list[Path]:
         """Remove temp folders left by a write that was killed (not those of a live writer)."""
@@ -395,6 +399,21 @@ def _finished(pending) -> None:
     """Wait for an engine's background write, if it returned one."""
     if pending is not None:
         pending.wait()
+
+
+def _of_fit(directory: Path, spec: str | None) -> str:
+    """The line for a folder of mirrorfit.fit's checkpoints that this loop's run would resume."""
+    from mirrorfit.artifacts import epoch_checkpoint
+
+    name = epoch_checkpoint.recorded_built_in(directory)
+    if name is not None:
+        by = f"--model {name}"
+    else:
+        by = "a compiled --model (mirrorfit.fit's epoch-NNNNNN checkpoints)"
+    return (
+        f"{directory} was written with {by}, this run has --model {spec}: resume with "
+        f"{by.split(' (')[0]}, or pass --fresh"
+    )
 
 
 def _unreadable(path: Path, why: str, *, training: bool = True) -> "CheckpointError":
@@ -465,8 +484,10 @@ def _load_fit_model(directory: Path, asked: str | None, read_state: ReadState, o
     from mirrorfit.models.build import model_factory, needs_data_shape
     from mirrorfit.models.names import built_in_named
 
+    recorded = epoch_checkpoint.recorded_built_in(directory)
+    built = recorded is not None and (asked is None or ":" not in asked)  # mirrorfit's own
     if asked is None:
-        asked = built_in_named(epoch_checkpoint.recorded_name(directory))
+        asked = recorded or built_in_named(epoch_checkpoint.recorded_name(directory))
     if asked is None:
         raise CheckpointError(
             f"{directory} holds mirrorfit.fit's checkpoints (epoch-NNNNNN) of a model that "
@@ -508,8 +529,13 @@ def _load_fit_model(directory: Path, asked: str | None, read_state: ReadState, o
     def read_split(folder: Path, model) -> None:  # a state split over JAX devices: Orbax's
         read_state("jax", folder, model)
 
+    pixels = built and epoch_checkpoint.recorded_pixels(directory)
+    if pixels:  # trained behind a Rescaling of uint8 pixels: read as it trained
+        from mirrorfit.models.build import inner_model, taking_pixels
+
+        net = taking_pixels(net)
     path, meta = epoch_checkpoint.read_newest(net, directory, read_split, on_notice)
-    return net, {**meta, "where": path.name}
+    return (inner_model(net) if pixels else net), {**meta, "where": path.name}
 
 
 def _plausible(shapes, *, outputs: bool = False) -> bool:

@@ -406,7 +406,8 @@ def require_checkpoints(directory: str | Path) -> list[Path]:
                 f"--checkpoint-dir {directory} is a file; give the folder "
                 "that training wrote its checkpoints to"
             )
-        found = list_checkpoints(directory) or fit_checkpoints(directory)
+        train_loop, fit = list_checkpoints(directory), fit_checkpoints(directory)
+        found = train_loop or fit
     except FileNotFoundError:
         found = []
         if os.path.islink(directory):
@@ -421,6 +422,12 @@ def require_checkpoints(directory: str | Path) -> list[Path]:
     if not found:
         raise CheckpointError(
             f"no checkpoint in {directory}; train with --checkpoint-dir {directory} first"
+        )
+    if train_loop and fit:  # which is the newer run cannot be told: never the stale one
+        raise CheckpointError(
+            f"{directory} holds checkpoints of two runs, {train_loop[-1].name} (the earlier "
+            f"loop's) and {fit[-1].name} (mirrorfit.fit's); move the run you do not mean "
+            "to another folder"
         )
     return found
 

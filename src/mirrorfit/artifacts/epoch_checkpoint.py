@@ -40,6 +40,7 @@ from mirrorfit.artifacts.checkpoint_meta import (
     check_settings,
     discard,
     fit_checkpoints,
+    list_checkpoints,
     set_aside,
     special_file,
 )
@@ -239,7 +240,8 @@ class Saver:
         them meanwhile)."""
         if self.fresh:
             if self.writes:
-                discard(self.directory, checkpoints(self.directory))
+                found = list_checkpoints(self.directory) + checkpoints(self.directory)
+                discard(self.directory, found)
             barrier()
 
     def use(self, state) -> None:
@@ -346,6 +348,12 @@ def restore_newest(
         _check_engine(model, found, meta)
         _check_data(found, meta, data)
 
+    if list_checkpoints(directory):  # alone, or beside fit's: which is newer cannot be told
+        raise FitError(
+            f"checkpoint_dir {directory} holds checkpoints of mirrorfit train's earlier loop "
+            "(ckpt-NNNNNNNNN), which this one does not resume; give another checkpoint_dir, "
+            "or fresh=True (--fresh) to set them aside and start over"
+        )
     found, meta, damaged = _first_readable(directory, check, lambda f: _load(model, f, state))
     if found is None:
         if not damaged:
@@ -603,10 +611,37 @@ def model_shapes(directory: Path) -> tuple[list | None, list | None]:
     return shapes.get("inputs"), shapes.get("outputs")
 
 
+def _class_names(model) -> bool:
+    names = getattr(model, "class_names", None)
+    return isinstance(names, list) and bool(names) and all(isinstance(n, str) for n in names)
+
+
 def recorded_name(directory: Path) -> object:
     """The Keras name of the model whose checkpoints ``directory`` holds (its newest readable
     meta.json's; None before it was kept). A hint: the identity check decides."""
     return _newest_meta(directory).get("name")
+
+
+def recorded_built_in(directory: Path) -> str | None:
+    """The ``--model`` of mirrorfit's own (``mlp``, ``ResNet50``) whose checkpoints
+    ``directory`` holds, as its newest readable meta.json records it; None: a user's model.
+    Plain Python."""
+    from mirrorfit.models.names import built_in_named
+
+    return built_in_named(_newest_meta(directory).get("built_in"))
+
+
+def recorded_pixels(directory: Path) -> bool:
+    """Whether ``directory``'s newest readable checkpoint is of a built-in model that took
+    uint8 pixels through models.build.taking_pixels. Plain Python."""
+    return _newest_meta(directory).get("pixels") is True
+
+
+def _built_in(model) -> str | None:
+    """The --model of mirrorfit's own that ``model`` is (set by mirrorfit train), else None."""
+    from mirrorfit.models.names import built_in_named
+
+    return built_in_named(getattr(model, "mirrorfit_built_in", None))
 
 
 def recorded_backend(directory: Path) -> str | None:
@@ -790,6 +825,12 @@ def save(
         # mirrorfit train's flags that fix the run (checkpoint_meta.settings_of)
         **({"settings": model.mirrorfit_settings} if _settings(model) else {}),
         "name": model.name,  # a built-in model's (mlp): what export rebuilds without --model
+        # mirrorfit train's own model (mlp, cnn; its --model), trained on [0, 1] pixels: scored
+        # and exported as one, with the data's class names
+        **({"built_in": _built_in(model)} if _built_in(model) else {}),
+        # ...behind a Rescaling of uint8 pixels (models.build.taking_pixels)
+        **({"pixels": True} if getattr(model, "mirrorfit_pixels", False) is True else {}),
+        **({"class_names": list(model.class_names)} if _class_names(model) else {}),
         **({"shapes": _shapes(model)} if _shapes(model) else {}),
         **({"optimizer_settings": optimizer} if optimizer is not None else {}),
         **({"data": data} if data else {}),

@@ -129,7 +129,9 @@ def _cmd_export(args: argparse.Namespace) -> int:
     model, meta = load_model(args.checkpoint_dir, read_state=backends.read_model, model=args.model)
     where = f"{position_of(meta)} of {args.checkpoint_dir}"
     refuse_non_finite(model, where, allow=bool(args.allow_nan))
-    if "where" in meta:  # mirrorfit.fit's: a compiled model, exported as Keras exports it
+    if "where" in meta and not _built_in_checkpoint(
+        args.checkpoint_dir, args.model
+    ):  # a compiled model, exported as Keras exports it
         if args.export_preprocessing:
             raise MirrorfitError(
                 "--export-preprocessing does not apply to a compiled --model's checkpoint: "
@@ -169,9 +171,11 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     )
     config = check_evaluate_flags(**flags)  # before TensorFlow loads: a bad flag fails at once
     check_output_file("--metrics-out", args.metrics_out)  # not after scoring it all
-    compiled = bool(args.checkpoint_dir) and fits_checkpoints(args.checkpoint_dir)
+    fits = bool(args.checkpoint_dir) and fits_checkpoints(args.checkpoint_dir)
+    # a built-in model's (mlp, cnn) is scored as the built-in models are, a user's by its compile
+    compiled = fits and not _built_in_checkpoint(args.checkpoint_dir, args.model)
     backends.prepare(
-        _scored_on(args.checkpoint_dir) if compiled else "tensorflow", verbose=args.verbose
+        _scored_on(args.checkpoint_dir) if fits else "tensorflow", verbose=args.verbose
     )
     backends.import_tensorflow("mirrorfit evaluate")
     on = "" if args.data == "mnist" else f" of --data {args.data}"
@@ -196,6 +200,16 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     if args.metrics_out:
         _io.write_json_atomic(args.metrics_out, result)
     return 0
+
+
+def _built_in_checkpoint(checkpoint_dir: str, model: str | None) -> bool:
+    """Whether mirrorfit.fit's checkpoints in ``checkpoint_dir`` are of a model mirrorfit
+    train built (mlp, cnn: trained on [0, 1] pixels), as meta.json records it (``--model``
+    must name the same one)."""
+    from mirrorfit.artifacts.epoch_checkpoint import recorded_built_in
+
+    built_in = recorded_built_in(Path(checkpoint_dir)) is not None
+    return built_in and (model is None or ":" not in model)
 
 
 def _scored_on(checkpoint_dir: str) -> str:

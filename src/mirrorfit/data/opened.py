@@ -48,6 +48,9 @@ class Data(_Explains):
     source: str  # the file, folder, pattern or function --data resolved to
     class_names: tuple[str, ...] | None = None
     _explain: Explain | None = field(default=None, repr=False, compare=False)
+    # a --data function's splits as it returned them: read again by a run through
+    # mirrorfit.fit (job/keras_job.py), not by calling the function a second time
+    returned: dict | None = field(default=None, repr=False, compare=False)
 
     @property
     def train_examples(self) -> int:

@@ -8,6 +8,7 @@ uint8 pixels (scaled to [0, 1]) or any number type (cast to float32).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib
 from dataclasses import dataclass
@@ -288,9 +289,10 @@ def open_train(o) -> Data:
             raise DataError(
                 f"--data {o.spec} returned NumPy arrays, already in memory; drop --cache"
             )
-        return from_arrays(
+        data = from_arrays(
             o, {k: tuple(v) for k, v in splits.items()}, source=o.spec, what=f"{o.spec} (arrays)"
         )
+        return dataclasses.replace(data, returned=splits)
     train = splits["train"]
     if not is_dataset(train):
         train = tf.data.Dataset.from_tensor_slices(tuple(train))
@@ -327,6 +329,7 @@ def open_train(o) -> Data:
         cache=o.cache,
     )
     return Data(
+        returned=splits,
         train=batches,
         val=evals.get("val"),
         test=evals.get("test"),

@@ -170,12 +170,14 @@ def evaluate_artifact(
     from mirrorfit.data.file_errors import data_errors
 
     if checkpoint_dir:
+        from keras import ops
+
         from mirrorfit.artifacts.checkpoint import load_model, position_of
         from mirrorfit.engine import backends
 
         net, meta = load_model(checkpoint_dir, read_state=backends.read_model, model=model)
         source = f"{checkpoint_dir} ({position_of(meta)})"
-        predict = lambda x: net(x, training=False).numpy()  # noqa: E731
+        predict = lambda x: ops.convert_to_numpy(net(np.asarray(x), training=False))  # noqa: E731
         takes, outputs = tuple(net.inputs[0].shape[1:]), net.outputs[0].shape[-1]
     else:
         path, predict, takes, outputs = _saved_model_predict(Path(saved_model))

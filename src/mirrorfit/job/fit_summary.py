@@ -186,8 +186,14 @@ def _data(config: TrainConfig, model, description: str | None) -> dict:
         "description": description,
         "input_shape": list(shape) if shape else None,
         "num_classes": classes_of(model),
-        "class_names": None,
+        "class_names": _names(model),
     }
+
+
+def _names(model) -> list[str] | None:
+    """The data's class names a built-in model trained on (an image folder's), else None."""
+    names = getattr(model, "class_names", None)
+    return list(names) if names else None
 
 
 def _strategy_name(setup) -> str:

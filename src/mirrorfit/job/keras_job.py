@@ -35,7 +35,14 @@ _OPTIMIZER_FLAGS = ("optimizer", "lr", "lr_scaling", "base_batch", "warmup_epoch
 
 def wanted(config: TrainConfig, model) -> bool:
     """Whether a built ``--model`` goes this way: compiled, or ``--loss`` given."""
-    return bool(getattr(model, "compiled", False)) or config.loss is not None
+    return bool(getattr(model, "compiled", False)) or config.loss is not None or built_in(config)
+
+
+def built_in(config: TrainConfig) -> bool:
+    """Whether ``--model`` is one of mirrorfit's (mlp, cnn, a keras.applications name): it
+    trains with sparse categorical crossentropy and accuracy, on uint8 pixels scaled to
+    float32 in [0, 1] (other inputs as given)."""
+    return ":" not in config.model
 
 
 def check_default_loop(config: TrainConfig, model) -> None:
@@ -61,7 +68,7 @@ def check_default_loop(config: TrainConfig, model) -> None:
 def check(config: TrainConfig, engine, model) -> None:
     """One line for a flag this path cannot honour (before anything trains)."""
     for name, why in _NOT_APPLIED.items():
-        if _given(config, name):
+        if _given(config, name) and not built_in(config):
             raise ConfigError(f"{_flag(name)} does not apply to a compiled --model: {why}")
     if config.cache is not None and not decoded_kind(config) and ":" not in (config.data or ""):
         raise ConfigError(
@@ -131,9 +138,11 @@ def compile_from_flags(config: TrainConfig, model, *, global_batch: int, example
 
 def compile_uncompiled(config: TrainConfig, model, optimizer) -> None:
     """``--loss`` and ``--metrics`` with ``--optimizer``/``--lr`` for a model not compiled."""
-    metrics = [m for m in (config.metrics or "").split(",") if m]
+    loss, metrics = config.loss, [m for m in (config.metrics or "").split(",") if m]
+    if built_in(config):
+        loss, metrics = "sparse_categorical_crossentropy", ["accuracy"]
     try:
-        model.compile(optimizer=optimizer, loss=config.loss, metrics=metrics)
+        model.compile(optimizer=optimizer, loss=loss, metrics=metrics)
     except (ValueError, TypeError) as e:
         raise ConfigError(
             f"--loss {config.loss} / --metrics {config.metrics}: Keras refused "
@@ -172,6 +181,8 @@ def describe(config: TrainConfig, model, compiled: bool) -> str:
     if loss is None:  # compiled without a loss: the model's own add_loss trains it
         names = "none, the model's add_loss"
     where = "the model's compile" if compiled else "--loss"
+    if built_in(config):
+        where = f"{config.model}'s"
     kind = type(opt).__name__
     inner = getattr(opt, "inner_optimizer", None)  # fp16: Keras wraps the compiled one
     if inner is not None:
@@ -265,9 +276,14 @@ def decoded_kind(config: TrainConfig) -> str | None:
 
 
 def splits(
-    config: TrainConfig, model=None, global_batch: int = 1, eval_batch: int | None = None
+    config: TrainConfig,
+    model=None,
+    global_batch: int = 1,
+    eval_batch: int | None = None,
+    returned: dict | None = None,
 ) -> dict[str, Any]:
-    """``{"train": (x, y[, w]), "val": ..., "test": ...}`` as the data hold them; a --data
+    """``{"train": (x, y[, w]), "val": ..., "test": ...}`` as the data hold them (a --data
+    function's as it ``returned`` them where it was called already); a --data
     function's dataset of single examples in batches of ``global_batch`` (``eval_batch``
     for val and test, default ``global_batch``)."""
     eval_batch = eval_batch or global_batch
@@ -291,7 +307,7 @@ def splits(
     if ":" in data:
         from mirrorfit.data.user import call_user_function
 
-        found = call_user_function(data, check=())
+        found = dict(returned) if returned is not None else call_user_function(data, check=())
         batches = {"train": global_batch, "val": eval_batch, "test": eval_batch}
         own = tuple(k for k, v in found.items() if k in batches and _in_batches(v, model))
         found = _held_out(config, found, own="train" in own)
@@ -338,7 +354,11 @@ def decoded_splits(config: TrainConfig, model, global_batch: int) -> dict[str, A
 
         examples = config.train_examples or SYNTHETIC_STEPS * global_batch
         return {"train": train.arrays(examples, split=0), "description": opened.description}
-    out = {"train": (train.store, train.labels), "description": opened.description}
+    out = {
+        "train": (train.store, train.labels),
+        "description": opened.description,
+        "class_names": opened.class_names,
+    }
     for name in ("val", "test"):
         batches = getattr(opened, name)
         if batches is not None:
@@ -521,6 +541,15 @@ def _in_batches(split, model=None) -> bool:
     return bool(shapes) and all(s.rank is None or (s.rank and s[0] is None) for s in shapes)
 
 
+def _pixels(split) -> bool:
+    """Whether a training split's inputs are uint8 pixels (arrays, or a dataset of them)."""
+    spec = getattr(split, "element_spec", None)
+    if isinstance(spec, tuple):
+        return getattr(spec[0], "dtype", None) == "uint8"
+    x = split[0] if isinstance(split, tuple) and split else None
+    return isinstance(x, np.ndarray) and x.dtype == np.uint8
+
+
 def _loss_scaled(model) -> bool:
     """Whether ``model`` trains with fp16's loss scaling (Keras's LossScaleOptimizer)."""
     return getattr(getattr(model, "optimizer", None), "inner_optimizer", None) is not None
@@ -534,7 +563,15 @@ def _member(arrays: dict, key: str):
 
 
 def run(
-    config: TrainConfig, console, model, *, compiled: bool, scope, guard, clock
+    config: TrainConfig,
+    console,
+    model,
+    *,
+    compiled: bool,
+    scope,
+    guard,
+    clock,
+    returned: dict | None = None,
 ) -> dict[str, Any]:
     """Train ``model`` as compiled on ``config``'s data (compiled here from the flags when
     ``compiled`` is False, in ``scope()``); print and return the summary. ``guard``: the job's
@@ -547,7 +584,13 @@ def run(
     from mirrorfit.job.steady_rate import steady_rate
 
     _, global_batch = config.batch_sizes(_replicas(model))
-    data = splits(config, model, global_batch, config.eval_batch_size)
+    data = splits(config, model, global_batch, config.eval_batch_size, returned)
+    if built_in(config) and _pixels(data["train"]):
+        from mirrorfit.models.build import taking_pixels
+
+        with scope():  # uint8 pixels scaled in the model: no float32 copy of the data
+            model = taking_pixels(model)
+        model.mirrorfit_pixels = True  # its checkpoints say so: export and evaluate unwrap it
     train, val, test = data["train"], data.get("val"), data.get("test")
     if "description" in data:
         console.print(f"data: {data['description']}")
@@ -598,6 +641,10 @@ def run(
 
     # its checkpoints record the flags, and a resume with one changed is refused by its name
     model.mirrorfit_settings = settings_of(config)
+    if built_in(config):  # its checkpoints say so, and keep the class names for export
+        model.mirrorfit_built_in = config.model  # as given: ResNet50 is named resnet50
+        if data.get("class_names"):
+            model.class_names = list(data["class_names"])
     guard.fitting(workers=_workers())  # fit saves on a signal itself, from here on
     with _said(console), usage:
         history = _fit(config, model, global_batch, eval_batch, callbacks, val, kwargs, bar)
@@ -650,7 +697,10 @@ def run(
         from mirrorfit.artifacts.finite import refuse_non_finite
 
         refuse_non_finite(model, "the trained model", allow=config.allow_nan)
-        path = export_keras_model(model, config.export_dir, before_commit=guard.check_local)
+        if built_in(config):  # the signature TF Serving clients of mirrorfit's models know
+            path = _export_built_in(config, model, data.get("class_names"), guard)
+        else:
+            path = export_keras_model(model, config.export_dir, before_commit=guard.check_local)
         summary["export_path"] = str(path)
         console.print(f"exported SavedModel version {path}")
     summary["timings_s"] = clock.timings
@@ -659,6 +709,26 @@ def run(
 
         write_json_atomic(config.metrics_out, summary)
     return summary
+
+
+def _export_built_in(config: TrainConfig, model, class_names, guard):
+    """A built-in model's SavedModel: float32 images in [0, 1], or raw uint8 pixels with
+    --export-preprocessing; class names where the data has them. Written from a copy built
+    outside the strategy (an export loads with none)."""
+    from mirrorfit.artifacts.export import export_saved_model
+    from mirrorfit.models.build import model_factory
+
+    plain = model_factory(
+        config.model, input_shape=input_shape_of(model), num_classes=classes_of(model)
+    )()
+    plain.set_weights(model.get_weights())  # a taking_pixels wrapper's are its model's
+    return export_saved_model(
+        plain,
+        config.export_dir,
+        preprocessing=config.export_preprocessing,
+        class_names=class_names,
+        before_commit=guard.check_local,
+    )
 
 
 def _profile(config: TrainConfig, model, data: dict, global_batch: int, steady, waited, usage):
@@ -762,14 +832,16 @@ def _said(console):
             console.print(record.getMessage(), markup=False, highlight=False)
 
     log, handler = logging.getLogger("mirrorfit.fit"), Said(logging.INFO)
-    level = log.level
+    level, propagate = log.level, log.propagate
     log.addHandler(handler)
     log.setLevel(logging.INFO)
+    log.propagate = False  # said once: not again by a root handler a library set up
     try:
         yield
     finally:
         log.removeHandler(handler)
         log.setLevel(level)
+        log.propagate = propagate
 
 
 def _accelerate(config: TrainConfig, model, console) -> list[str]:

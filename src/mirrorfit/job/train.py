@@ -127,13 +127,23 @@ def _train(
     if compiled is not None:  # the Keras user's way: trained as compiled (job/keras_job.py)
         from mirrorfit.job import keras_job
 
-        console.print(f"[bold]mirrorfit[/] {config.model} (trained through mirrorfit.fit)")
+        if data is not None and ":" not in config.model:  # a built-in model: as before
+            console.print(f"[bold]mirrorfit[/] {config.model} on {data.description}")
+        else:
+            console.print(f"[bold]mirrorfit[/] {config.model} (trained through mirrorfit.fit)")
         console.print(f"devices: {setup.describe()}")
         if dist.workers > 1:
             console.print(f"strategy: {dist.describe()}")
         model, was_compiled, scope = compiled
         return keras_job.run(
-            config, console, model, compiled=was_compiled, scope=scope, guard=guard, clock=clock
+            config,
+            console,
+            model,
+            compiled=was_compiled,
+            scope=scope,
+            guard=guard,
+            clock=clock,
+            returned=data.returned if data is not None else None,  # its function called once
         )
     if data is None:
         data = _run_data(config, dist, clock)
@@ -174,7 +184,7 @@ def _built_for_the_data(config: TrainConfig) -> bool:
     the flags do not give: it is built for the data's, so the data open first."""
     from mirrorfit.models.build import needs_data_shape
 
-    return ":" in config.model and needs_data_shape(
+    return ":" not in config.model or needs_data_shape(
         config.model, config.input_shape, config.num_classes
     )
 
@@ -356,8 +366,6 @@ def _compiled_user_model(config: TrainConfig, engine, setup, dist, data):
     from mirrorfit.job import keras_job
     from mirrorfit.models.precision import as_precision
 
-    if ":" not in config.model:
-        return None
     engine.seed(config.seed)
     factory = model_factory(
         config.model,

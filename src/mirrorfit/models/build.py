@@ -72,6 +72,22 @@ def cnn(input_shape: tuple[int, ...] = MNIST_SHAPE, num_classes: int = 10) -> ke
 CNN_SMALLEST = 4  # pixels a side: two 2x2 poolings leave one pixel of a 4x4 image
 
 
+def taking_pixels(model: keras.Model) -> keras.Model:
+    """``model`` (one of mirrorfit's, on float32 images in [0, 1]) behind a Rescaling(1/255):
+    it takes uint8 pixels as they are stored, scaled where it runs, not a float32 copy of the
+    data in memory (four times its bytes), as the built-in loop fed them. No weight of its own:
+    its weights are ``model``'s (the last layer, :func:`inner_model`)."""
+    pixels = keras.Input(model.inputs[0].shape[1:], dtype="uint8", name="pixels")
+    scaled = keras.layers.Rescaling(1 / 255, name="scaled")(pixels)
+    return keras.Model(pixels, model(scaled), name=model.name)
+
+
+def inner_model(model: keras.Model) -> keras.Model:
+    """The model :func:`taking_pixels` wrapped (its variables), for an export or scoring on
+    [0, 1] images."""
+    return model.layers[-1]
+
+
 def _check_cnn_input(shape: tuple[int, ...]) -> None:
     """FitError (a ValueError, one line) for examples the CNN cannot take: not images, or
     smaller than 4x4 pixels (Keras's "output size would be zero or negative" otherwise)."""

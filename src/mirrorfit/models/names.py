@@ -112,10 +112,10 @@ def check_model_name(spec: str) -> None:
 
 
 def built_in_named(name: object) -> str | None:
-    """The built-in ``--model`` whose Keras model is named ``name`` (``mlp``, ``cnn``, an
-    application's lower-case name: ``resnet50``), or None."""
+    """The built-in ``--model`` named ``name`` in any letter case (``mlp``, ``cnn``, an
+    application: ``ResNet50``, or its Keras model's name ``resnet50``), or None."""
     by_lower = {n.lower(): n for n in REFERENCE + APPLICATIONS}
-    return by_lower.get(name) if isinstance(name, str) else None
+    return by_lower.get(name.lower()) if isinstance(name, str) else None
 
 
 def _suggestion(spec: str) -> str:

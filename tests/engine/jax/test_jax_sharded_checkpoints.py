@@ -61,7 +61,7 @@ def _stopped_mid_run(tmp_path, *args):
         cwd=ROOT,
     )
     deadline = time.monotonic() + 240
-    while not list(folder.glob("ckpt-*")) and proc.poll() is None:
+    while not list(folder.glob("epoch-*")) and proc.poll() is None:
         assert time.monotonic() < deadline, "no checkpoint in 240 s"
         time.sleep(0.05)
     proc.send_signal(signal.SIGTERM)
@@ -75,11 +75,12 @@ def test_a_sigterm_during_a_background_save_resumes_to_the_uninterrupted_run(tmp
 
     code, err = _stopped_mid_run(tmp_path, "--replicas", "4", "--shard", "all")
     assert code == 75, err[-3000:]  # EXIT_PREEMPTED: saved, committed, stopped
-    saved = sorted(p.name for p in (tmp_path / "ck").iterdir())
-    assert saved and all(n.startswith("ckpt-") for n in saved), saved  # no temp left
+    saved = sorted(p.name for p in (tmp_path / "ck").iterdir() if p.name != ".lock")
+    assert saved and all(n.startswith("epoch-") for n in saved), saved  # no temp left
     newest = tmp_path / "ck" / saved[-1]
-    assert (newest / "state").is_dir() and not (newest / "state.npz").exists()
-    step = json.loads((newest / "meta.json").read_text())["step"]
+    assert (newest / "state").is_dir() and not (newest / "state.weights.h5").exists()
+    meta = json.loads((newest / "meta.json").read_text())
+    step = meta["epoch"] * 32 + meta["step_in_epoch"]  # 32 steps an epoch
     assert 0 < step < 64, step  # stopped mid-run
     shutil.copytree(tmp_path / "ck", tmp_path / "ck2")
     runs = {
@@ -117,14 +118,14 @@ def test_a_damaged_sharded_checkpoint_is_set_aside_and_export_reads_the_previous
         "export", "--checkpoint-dir", str(tmp_path / "c"), "--export-dir", str(tmp_path / "m")
     )
     assert exported.returncode == 0, exported.stderr[-3000:]
-    assert "exported step 32" in exported.stdout
+    assert "exported epoch-000001" in exported.stdout, exported.stdout
     assert run_cli(*args, without_tensorflow=True).returncode == 0
-    for chunk in (tmp_path / "c" / "ckpt-000000064" / "state" / "d").iterdir():
+    for chunk in (tmp_path / "c" / "epoch-000002" / "state" / "d").iterdir():
         chunk.write_bytes(chunk.read_bytes()[:100])  # a power loss: the end never written
     resumed = run_cli(*args, "--epochs", "3", without_tensorflow=True)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "ckpt-000000064 cannot be read" in resumed.stderr
-    assert "resuming from" in resumed.stderr and "ckpt-000000032" in resumed.stderr
+    assert "epoch-000002 cannot be read" in resumed.stderr, resumed.stderr[-3000:]
+    assert "resuming from" in resumed.stderr and "epoch-000001" in resumed.stderr
     assert "Traceback" not in resumed.stderr and "WARNING" not in resumed.stderr
     # The export of step 32 predicts as the model the run saved at step 32.
     got = run_isolated(
@@ -267,9 +268,10 @@ def test_a_relative_checkpoint_folder_saves_and_resumes(tmp_path):
         cwd=tmp_path,
     )
     assert first.returncode == 0, first.stderr[-3000:]
-    assert (tmp_path / "ck" / "ckpt-000000032" / "state").is_dir()
+    assert (tmp_path / "ck" / "epoch-000001" / "state").is_dir()
     again = subprocess.run(
         args, capture_output=True, text=True, timeout=300, env=_env(), cwd=tmp_path
     )
     assert again.returncode == 0, again.stderr[-3000:]
-    assert "resuming from ck/ckpt-000000032" in again.stderr, again.stderr[-3000:]
+    assert "ck/epoch-000001 (epoch 2, step 0)" in again.stderr, again.stderr[-3000:]
+    assert again.stderr.count("resuming from") == 1, again.stderr[-3000:]

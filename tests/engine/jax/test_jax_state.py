@@ -40,7 +40,7 @@ def test_a_jax_checkpoint_exported_and_served_answers_as_jax_predicts(tmp_path):
         without_tensorflow=True,
     )
     assert train.returncode == 0, train.stderr[-3000:]
-    assert (tmp_path / "ckpt" / "ckpt-000000032" / "state.npz").is_file()
+    assert (tmp_path / "ckpt" / "epoch-000001" / "state.weights.h5").is_file()
     export = run_cli(
         "export",
         "--checkpoint-dir",
@@ -49,7 +49,7 @@ def test_a_jax_checkpoint_exported_and_served_answers_as_jax_predicts(tmp_path):
         str(tmp_path / "models" / "mlp"),
     )
     assert export.returncode == 0, export.stderr[-3000:]
-    assert "exported step 32" in export.stdout
+    assert "exported epoch-000001" in export.stdout, export.stdout
     want = run_isolated(HERE / "jax_predictions_driver.py", tmp_path / "mlp.keras")
     x, expected = np.array(want["x"], np.float32), np.array(want["p"])
     server = Server(

@@ -130,7 +130,7 @@ def test_two_workers_train_as_one_process_with_two_replicas_and_only_the_chief_w
     # other worker's scratch copies are gone, and it printed nothing but TF's own lines.
     assert sorted(p.name for p in (out / "models/mlp").iterdir()) == ["0001"]
     assert len(list((out / "tb").rglob("events.out.tfevents.*"))) == 1
-    ckpts = sorted((out / "ckpt").glob("ckpt-*"))
+    ckpts = sorted((out / "ckpt").glob("epoch-*"))
     assert ckpts and all((c / "meta.json").is_file() for c in ckpts)
     assert list(scratch.iterdir()) == []
     assert "exported SavedModel version" in log and "[worker 1] exported" not in log
@@ -166,7 +166,7 @@ def test_a_killed_worker_restarts_and_resumes_to_the_uninterrupted_weights(refer
         fresh=True,  # _task_pid finds the task by its parent and environment
     )
     deadline = time.monotonic() + 300
-    while not list((out / "ckpt").glob("ckpt-00000001[6-9]")):  # mid-run: 96 steps in all
+    while len(list((out / "ckpt").glob("epoch-*"))) < 2:  # mid-run (step 16 of 96)
         assert time.monotonic() < deadline and proc.poll() is None, proc.stdout.read()[-4000:]
         time.sleep(0.2)
     victim = _task_pid(proc.pid, '"index": 1')
@@ -328,7 +328,7 @@ def test_sigterm_stops_every_worker_at_the_same_step_with_a_checkpoint(tmp_path)
         tmp=tmp_path,
     )
     deadline = time.monotonic() + 300
-    while not list((out / "ckpt").glob("ckpt-*")):
+    while not list((out / "ckpt").glob("epoch-*")):
         assert time.monotonic() < deadline and proc.poll() is None, proc.stdout.read()[-4000:]
         time.sleep(0.2)
     proc.send_signal(signal.SIGTERM)  # the launcher forwards it to both workers
