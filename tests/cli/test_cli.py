@@ -456,6 +456,11 @@ def test_chapter_mlp_reaches_95_percent(tmp_path, cpu_only, mnist_dir, replicas)
     assert m["test_accuracy"] >= 0.95 and m["val_accuracy"] >= 0.95
     assert m["train_examples_per_sec"] > 0 and m["wall_time_s"] > 0
     assert m["final_train_loss"] < 0.2
+    # where the time went, as the README lists it: the fit's parts within the fit
+    t = m["timings_s"]
+    phases = ("framework", "devices", "data", "model", "first_execution", "steady_steps")
+    assert all(t[k] > 0 for k in phases) and t["validation"] > 0, t
+    assert t["first_execution"] + t["steady_steps"] + t["validation"] <= t["fit"], t
 
 
 def test_config_file_and_flags(tmp_path, mnist_dir):

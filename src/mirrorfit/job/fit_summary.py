@@ -135,10 +135,10 @@ def done_line(summary: dict) -> str:
         + (f" ({this_run} in this run, resumed at step {resumed})" if resumed else "")
         + f" in {summary['wall_time_s']:.1f} s",
         *([f"{steady:,.0f} examples/s steady"] if steady else []),
-        *(f"{k} {v:.4g}" for k, v in last.items() if _number(v)),
+        *(f"{k} {v:#.4g}" for k, v in last.items() if _number(v)),  # 0.9000, not 0.9
     ]
     test = summary.get("test")
-    tested = "; test " + ", ".join(f"{k} {v:.4g}" for k, v in test.items()) if test else ""
+    tested = "; test " + ", ".join(f"{k} {v:#.4g}" for k, v in test.items()) if test else ""
     return "done: " + ", ".join(parts) + tested
 
 

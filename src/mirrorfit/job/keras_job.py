@@ -651,6 +651,7 @@ def run(
     wall = time.perf_counter() - start
     guard.trained(config.checkpoint_dir)  # a signal now stops at the next check, said so
     clock.lap("fit")
+    clock.timings.update(rate.phases())  # where the fit's time went
     fields = {
         "wall_time_s": wall,
         "train_examples": examples or None,  # None: a dataset of unknown length
@@ -703,6 +704,7 @@ def run(
             path = export_keras_model(model, config.export_dir, before_commit=guard.check_local)
         summary["export_path"] = str(path)
         console.print(f"exported SavedModel version {path}")
+    clock.lap("test_and_outputs")
     summary["timings_s"] = clock.timings
     if config.metrics_out and chief:
         from mirrorfit._io import write_json_atomic

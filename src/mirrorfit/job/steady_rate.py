@@ -16,6 +16,7 @@ def steady_rate(examples_per_epoch: int, global_batch: int):
         def on_train_begin(self, logs=None):
             self.start = self.end = None  # (seconds, examples done) after the first call
             self.epochs_done, self.paused, self.pending = 0, 0.0, 0.0
+            self.began, self.tested = time.perf_counter(), 0.0
 
         def on_train_batch_end(self, batch, logs=None):
             # ``batch``: the call's last step; a partial last batch counts what it holds
@@ -30,6 +31,7 @@ def steady_rate(examples_per_epoch: int, global_batch: int):
 
         def on_test_end(self, logs=None):
             self.pending += time.perf_counter() - self.test_began
+            self.tested += time.perf_counter() - self.test_began
 
         def on_epoch_end(self, epoch, logs=None):
             self.epochs_done += 1
@@ -39,6 +41,17 @@ def steady_rate(examples_per_epoch: int, global_batch: int):
                 return None
             seconds = self.end[0] - self.start[0] - self.paused
             return (self.end[1] - self.start[1]) / seconds if seconds > 0 else None
+
+        def phases(self) -> dict[str, float]:
+            """Seconds of the fit as the built-in loop's ``timings_s`` split them: the first
+            call (its compile), the steady calls after it, the validation passes."""
+            if self.start is None:
+                return {"validation": round(self.tested, 3)}
+            return {
+                "first_execution": round(self.start[0] - self.began, 3),
+                "steady_steps": round(self.end[0] - self.start[0] - self.paused, 3),
+                "validation": round(self.tested, 3),
+            }
 
     return SteadyRate()
 

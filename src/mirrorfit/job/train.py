@@ -71,7 +71,9 @@ class _Clock:
 
     def lap(self, name: str) -> None:
         now = time.perf_counter()
-        self.timings[name] = round(now - self._last, 3)
+        # a phase met twice (the data: opened for a built-in model's shape, then read for
+        # mirrorfit.fit) counts both times
+        self.timings[name] = round(self.timings.get(name, 0.0) + now - self._last, 3)
         self._last = now
 
 
@@ -126,6 +128,8 @@ def _train(
     compiled = _compiled_user_model(config, engine, setup, dist, data)
     if compiled is not None:  # the Keras user's way: trained as compiled (job/keras_job.py)
         from mirrorfit.job import keras_job
+
+        clock.lap("model")
 
         if data is not None and ":" not in config.model:  # a built-in model: as before
             console.print(f"[bold]mirrorfit[/] {config.model} on {data.description}")
