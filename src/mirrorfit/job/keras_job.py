@@ -592,7 +592,7 @@ def run(
             model = taking_pixels(model)
         model.mirrorfit_pixels = True  # its checkpoints say so: export and evaluate unwrap it
     train, val, test = data["train"], data.get("val"), data.get("test")
-    if "description" in data:
+    if "description" in data and not built_in(config):  # a built-in's first line says it
         console.print(f"data: {data['description']}")
     decoded = decoded_kind(config)  # its reader took --train-examples (and a file's split)
     if config.train_examples is not None and not decoded and not _dataset(train):
