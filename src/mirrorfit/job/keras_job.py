@@ -550,6 +550,22 @@ def _pixels(split) -> bool:
     return isinstance(x, np.ndarray) and x.dtype == np.uint8
 
 
+def _check_one_kind(config: TrainConfig, data: dict) -> None:
+    """ConfigError where a built-in model's validation or test images are uint8 pixels and
+    its training images are not, or the other way round: one model takes both, scaled in it
+    (uint8) or as given (any other type), so one kind would be scored on the wrong scale."""
+    pixels = _pixels(data["train"])
+    for name in ("val", "test"):
+        split = data.get(name)
+        if split is not None and _pixels(split) != pixels:
+            kinds = ("uint8 pixels", "not uint8")
+            raise ConfigError(
+                f"--data {config.data}: the training images are {kinds[not pixels]} and the "
+                f"{name} images {kinds[pixels]}; the model scales uint8 pixels to [0, 1] and "
+                "takes other numbers as they are: give every split the same dtype"
+            )
+
+
 def _loss_scaled(model) -> bool:
     """Whether ``model`` trains with fp16's loss scaling (Keras's LossScaleOptimizer)."""
     return getattr(getattr(model, "optimizer", None), "inner_optimizer", None) is not None
@@ -585,6 +601,8 @@ def run(
 
     _, global_batch = config.batch_sizes(_replicas(model))
     data = splits(config, model, global_batch, config.eval_batch_size, returned)
+    if built_in(config):
+        _check_one_kind(config, data)
     if built_in(config) and _pixels(data["train"]):
         from mirrorfit.models.build import taking_pixels
 
@@ -690,8 +708,10 @@ def run(
         from mirrorfit.artifacts.keras_file import save_keras
 
         refuse_non_finite(model, "the trained model", allow=config.allow_nan)
-        # as the built-in models' file: atomic, durable, TensorFlow's start-up lines filtered
-        save_keras(model, config.save_keras, before_commit=guard.check_local)
+        # as the built-in models' file: atomic, durable, TensorFlow's start-up lines filtered;
+        # a built-in model's takes [0, 1] images, as its export does, whatever it trained on
+        kept = _plain_built_in(config, model) if built_in(config) else model
+        save_keras(kept, config.save_keras, before_commit=guard.check_local)
         console.print(f"saved {config.save_keras}")
     if config.export_dir and chief:
         from mirrorfit.artifacts.export import export_keras_model
@@ -713,19 +733,26 @@ def run(
     return summary
 
 
-def _export_built_in(config: TrainConfig, model, class_names, guard):
-    """A built-in model's SavedModel: float32 images in [0, 1], or raw uint8 pixels with
-    --export-preprocessing; class names where the data has them. Written from a copy built
-    outside the strategy (an export loads with none)."""
-    from mirrorfit.artifacts.export import export_saved_model
+def _plain_built_in(config: TrainConfig, model):
+    """A copy of a built-in model built outside the strategy (an export or a .keras file
+    loads with none), on float32 images in [0, 1], with ``model``'s trained weights."""
     from mirrorfit.models.build import model_factory
 
     plain = model_factory(
         config.model, input_shape=input_shape_of(model), num_classes=classes_of(model)
     )()
     plain.set_weights(model.get_weights())  # a taking_pixels wrapper's are its model's
+    return plain
+
+
+def _export_built_in(config: TrainConfig, model, class_names, guard):
+    """A built-in model's SavedModel: float32 images in [0, 1], or raw uint8 pixels with
+    --export-preprocessing; class names where the data has them. Written from a copy built
+    outside the strategy (an export loads with none)."""
+    from mirrorfit.artifacts.export import export_saved_model
+
     return export_saved_model(
-        plain,
+        _plain_built_in(config, model),
         config.export_dir,
         preprocessing=config.export_preprocessing,
         class_names=class_names,
@@ -904,8 +931,10 @@ def _held_out(config: TrainConfig, found: dict, *, own: bool = False) -> dict:
         train, val = dataset_held_out(train, fraction, config.seed)
         return {**found, "train": train, "val": val}
 
-    def rows(index):
-        return tuple(tree.map_structure(lambda a: a[index], part) for part in train)
+    def rows(index):  # an .npz without sample weights holds None in their place
+        return tuple(
+            None if part is None else tree.map_structure(lambda a: a[index], part) for part in train
+        )
 
     kept, held = holdout(len(tree.flatten(train[0])[0]), fraction, config.seed)
     return {**found, "train": rows(kept), "val": rows(held)}
