@@ -605,8 +605,12 @@ def run(
         _check_one_kind(config, data)
     if built_in(config) and _pixels(data["train"]):
         from mirrorfit.models.build import taking_pixels
+        from mirrorfit.models.precision import as_precision
 
-        with scope():  # uint8 pixels scaled in the model: no float32 copy of the data
+        # uint8 pixels scaled in the model: no float32 copy of the data. Built in the run's
+        # precision as its model was: Keras's compile gives a mixed_float16 model its loss
+        # scaling (on the branch's 58affe8 the wrapper was float32: fp16 trained unscaled).
+        with scope(), as_precision(config.precision).building():
             model = taking_pixels(model)
         model.mirrorfit_pixels = True  # its checkpoints say so: export and evaluate unwrap it
     train, val, test = data["train"], data.get("val"), data.get("test")

@@ -73,13 +73,25 @@ CNN_SMALLEST = 4  # pixels a side: two 2x2 poolings leave one pixel of a 4x4 ima
 
 
 def taking_pixels(model: keras.Model) -> keras.Model:
-    """``model`` (one of mirrorfit's, on float32 images in [0, 1]) behind a Rescaling(1/255):
+    """``model`` (one of mirrorfit's, on float32 images in [0, 1]) behind a scaling by 1/255:
     it takes uint8 pixels as they are stored, scaled where it runs, not a float32 copy of the
     data in memory (four times its bytes), as the built-in loop fed them. No weight of its own:
     its weights are ``model``'s (the last layer, :func:`inner_model`)."""
     pixels = keras.Input(model.inputs[0].shape[1:], dtype="uint8", name="pixels")
-    scaled = keras.layers.Rescaling(1 / 255, name="scaled")(pixels)
+    scaled = _Scaled(name="scaled")(pixels)
     return keras.Model(pixels, model(scaled), name=model.name)
+
+
+class _Scaled(keras.layers.Layer):
+    """uint8 pixels / 255 in the layer's compute dtype. Not Keras's Rescaling: a tf.data
+    layer, which asks TensorFlow whether it runs in a graph where TensorFlow is importable
+    (and fails where its import is blocked, as on a JAX-only machine's tests)."""
+
+    def call(self, x):
+        return keras.ops.cast(x, self.compute_dtype) / 255.0
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
 
 
 def inner_model(model: keras.Model) -> keras.Model:
