@@ -241,7 +241,9 @@ class Saver:
         if self.fresh:
             if self.writes:
                 found = list_checkpoints(self.directory) + checkpoints(self.directory)
-                discard(self.directory, found)
+                aside = discard(self.directory, found)
+                if aside is not None:  # said, as the earlier loop said it: nothing deleted
+                    log.info("moved the existing checkpoints to %s, starting over", aside)
             barrier()
 
     def use(self, state) -> None:
