@@ -194,6 +194,7 @@ def test_keep_fresh_train_examples_and_logdir_reach_a_compiled_model(tmp_path):
     assert len(json.loads(out.read_text())["history"]["loss"]) == 1  # started over
     (aside,) = ck.glob("discarded-*")
     assert sorted(p.name for p in aside.iterdir()) == ["epoch-000001-step-000002", "epoch-000002"]
+    assert f"moved the existing checkpoints to {aside}, starting over" in proc.stderr
 
 
 @pytest.mark.parametrize(
@@ -1183,3 +1184,16 @@ def test_a_built_in_models_keras_file_takes_images_in_0_1(tmp_path, mnist_dir):
         x, y = f["x_test"] / np.float32(255), f["y_test"]
     accuracy = float(np.mean(np.argmax(model.predict(x, verbose=0), axis=-1) == y))
     assert abs(accuracy - json.loads(out.read_text())["test_accuracy"]) < 1e-6, accuracy
+
+
+def test_fits_warnings_are_one_line_each_in_the_cli(tmp_path, mnist_dir):
+    """mirrorfit.fit's warnings (a Python API's) printed with the file, line and source line
+    Python adds (`keras_job.py:800: UserWarning: ...` and `warnings.warn(`); one line now."""
+    proc = run_cli(
+        *("train", "--data-dir", str(mnist_dir), "--train-examples", "320", "--epochs", "1"),
+        *("--no-progress", "--checkpoint-dir", str(tmp_path / "ck"), "--checkpoint-every", "7"),
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [ln for ln in proc.stderr.splitlines() if "checkpoint_every=7" in ln]
+    assert len(lines) == 1 and lines[0].startswith("warning: checkpoint_every=7 is below"), lines
+    assert "UserWarning" not in proc.stderr and "warnings.warn(" not in proc.stderr

@@ -14,6 +14,7 @@ import contextlib
 import functools
 import importlib
 import math
+import os
 import sys
 import time
 from typing import Any
@@ -857,21 +858,32 @@ def _fit(config: TrainConfig, model, global_batch: int, eval_batch: int, callbac
 @contextlib.contextmanager
 def _said(console):
     """``mirrorfit.fit``'s notes (where it resumed: ``mirrorfit.fit`` logs them at INFO) on the
-    start screen, while it runs."""
+    start screen, while it runs, and its warnings (a Python API's) as one line each."""
     import logging
+    import warnings
 
     class Said(logging.Handler):
         def emit(self, record):
             console.print(record.getMessage(), markup=False, highlight=False)
+
+    shown = warnings.showwarning
+
+    def one_line(message, category, filename, lineno, file=None, line=None):
+        if f"{os.sep}mirrorfit{os.sep}" not in str(filename):  # a library's: as Python shows it
+            return shown(message, category, filename, lineno, file, line)
+        # ours: the sentence alone, not the file, line and source Python adds for an API
+        console.print(f"warning: {message}", markup=False, highlight=False)
 
     log, handler = logging.getLogger("mirrorfit.fit"), Said(logging.INFO)
     level, propagate = log.level, log.propagate
     log.addHandler(handler)
     log.setLevel(logging.INFO)
     log.propagate = False  # said once: not again by a root handler a library set up
+    warnings.showwarning = one_line
     try:
         yield
     finally:
+        warnings.showwarning = shown
         log.removeHandler(handler)
         log.setLevel(level)
         log.propagate = propagate
