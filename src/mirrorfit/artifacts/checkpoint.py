@@ -530,7 +530,7 @@ def _load_fit_model(directory: Path, asked: str | None, read_state: ReadState, o
         read_state("jax", folder, model)
 
     pixels = built and epoch_checkpoint.recorded_pixels(directory)
-    if pixels:  # trained behind a Rescaling of uint8 pixels: read as it trained
+    if pixels:  # trained on uint8 pixels scaled in the model: read as it trained
         from mirrorfit.models.build import inner_model, taking_pixels
 
         net = taking_pixels(net)

@@ -830,7 +830,7 @@ def save(
         # mirrorfit train's own model (mlp, cnn; its --model), trained on [0, 1] pixels: scored
         # and exported as one, with the data's class names
         **({"built_in": _built_in(model)} if _built_in(model) else {}),
-        # ...behind a Rescaling of uint8 pixels (models.build.taking_pixels)
+        # ...on uint8 pixels scaled in the model (models.build.taking_pixels)
         **({"pixels": True} if getattr(model, "mirrorfit_pixels", False) is True else {}),
         **({"class_names": list(model.class_names)} if _class_names(model) else {}),
         **({"shapes": _shapes(model)} if _shapes(model) else {}),

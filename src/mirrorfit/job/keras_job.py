@@ -603,14 +603,14 @@ def run(
     _, global_batch = config.batch_sizes(_replicas(model))
     data = splits(config, model, global_batch, config.eval_batch_size, returned)
     if built_in(config):
-        _check_one_kind(config, data)
+        _check_one_kind(config, data)  # before one kind is taken for all
     if built_in(config) and _pixels(data["train"]):
         from mirrorfit.models.build import taking_pixels
         from mirrorfit.models.precision import as_precision
 
         # uint8 pixels scaled in the model: no float32 copy of the data. Built in the run's
         # precision as its model was: Keras's compile gives a mixed_float16 model its loss
-        # scaling (on the branch's 58affe8 the wrapper was float32: fp16 trained unscaled).
+        # scaling.
         with scope(), as_precision(config.precision).building():
             model = taking_pixels(model)
         model.mirrorfit_pixels = True  # its checkpoints say so: export and evaluate unwrap it

@@ -131,7 +131,7 @@ def _train(
 
         clock.lap("model")
 
-        if data is not None and ":" not in config.model:  # a built-in model: as before
+        if data is not None and keras_job.built_in(config):  # as the earlier loop said it
             console.print(f"[bold]mirrorfit[/] {config.model} on {data.description}")
         else:
             console.print(f"[bold]mirrorfit[/] {config.model} (trained through mirrorfit.fit)")
