@@ -41,10 +41,6 @@ def normalized(compiled=True):
     return model
 
 
-def normalized_uncompiled():
-    return normalized(compiled=False)
-
-
 def chapter_cnn():
     """Hands-On ML's way: uint8 pixels in, Rescaling(1/255) first."""
     model = keras.Sequential(

@@ -261,3 +261,20 @@ def own_compute_loss():
         metrics=["accuracy"],
     )
     return model
+
+
+@keras.saving.register_keras_serializable(package="user_models")
+class _Subclassed(keras.Model):
+    """A subclassed classifier with no keras.Input: built on the data it first sees."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.flatten = keras.layers.Flatten()
+        self.dense = keras.layers.Dense(10, activation="softmax")
+
+    def call(self, x):
+        return self.dense(self.flatten(x))
+
+
+def subclassed():
+    return _Subclassed(name="subclassed")

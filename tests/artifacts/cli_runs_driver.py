@@ -14,9 +14,11 @@ import signal
 import sys
 import traceback
 
+import keras
+
 from mirrorfit import cli
-from mirrorfit.artifacts.checkpoint import Checkpointer
-from mirrorfit.engine.controller import Trainer
+from mirrorfit.artifacts import epoch_checkpoint
+from mirrorfit.job import keras_job
 
 spec = json.loads(sys.argv[1])
 ARMED = {int(i): moment for i, moment in spec["armed"].items()}
@@ -30,74 +32,77 @@ def fire_once(moment, sig=signal.SIGTERM, times=1):
             os.kill(os.getpid(), sig)
 
 
+class _Moments(keras.callbacks.Callback):
+    """Added to every run's callbacks (as --callbacks would add it): ``after_call(step)``
+    after each call of steps, ``step`` the optimizer steps done; ``on_validation(epoch)``."""
+
+    after_call, on_validation = [], []
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = epoch
+
+    def on_train_batch_end(self, batch, logs=None):
+        step = int(keras.ops.convert_to_numpy(self.model.optimizer.iterations))
+        for hook in self.after_call:
+            hook(step)
+
+    def on_test_begin(self, logs=None):
+        for hook in self.on_validation:
+            hook(self.epoch)
+
+
+real_callbacks = keras_job.user_callbacks
+keras_job.user_callbacks = lambda spec: [*real_callbacks(spec), _Moments()]
+
+
 def at_step(step, sig, times):
-    """Moment "step": the first step past ``step``, ``times`` signals ``sig`` ("SIGINT")."""
-    real_hook = Checkpointer.step_hook
-
-    def step_hook(self, trainer):
-        real_hook(self, trainer)
-        if trainer.step >= step:
-            fire_once("step", getattr(signal, sig), times)
-
-    Checkpointer.step_hook = step_hook
+    """Moment "step": the first call of steps past ``step``, ``times`` signals ``sig``."""
+    _Moments.after_call.append(
+        lambda done: fire_once("step", getattr(signal, sig), times) if done >= step else None
+    )
 
 
 def at_steps():
-    """Moment "step N": after step N's hook, a SIGTERM."""
-    real_hook = Checkpointer.step_hook
-
-    def step_hook(self, trainer):
-        real_hook(self, trainer)
-        fire_once(f"step {trainer.step}")
-
-    Checkpointer.step_hook = step_hook
+    """Moment "step N": after the call of steps that ends at step N, a SIGTERM."""
+    _Moments.after_call.append(lambda done: fire_once(f"step {done}"))
 
 
 def last_validation():
     """Moment "validation": while the last of 3 epochs validates, a SIGTERM."""
-    real_evaluate = Trainer.evaluate
-
-    def evaluate(self, data, batch_size=None):
-        if self.epoch == 2:  # epochs done: 2 of 3, so this is epoch 3's validation
-            fire_once("validation")
-        return real_evaluate(self, data, batch_size)
-
-    Trainer.evaluate = evaluate
+    _Moments.on_validation.append(lambda epoch: fire_once("validation") if epoch == 2 else None)
 
 
 def last_checkpoint():
     """Moment "checkpoint": as the last of 3 epochs' checkpoint is written, a SIGTERM."""
-    real_save = Checkpointer.save
+    real_save = epoch_checkpoint.Saver.save
 
-    def save(self):
-        if self.trainer.epoch == 3:
+    def save(self, model, position):
+        if position.epoch == 3:
             fire_once("checkpoint")
-        return real_save(self)
+        return real_save(self, model, position)
 
-    Checkpointer.save = save
+    epoch_checkpoint.Saver.save = save
 
 
 def disk_full():
-    """A full disk: run 1 where checkpoint 16's meta.json reaches the disk (fsync), run 2 in
-    TensorFlow's own checkpoint write (its report of ENOSPC)."""
+    """A full disk: run 1 where epoch 2's meta.json reaches the disk (fsync), run 2 in Keras's
+    own weights file write (h5py's report of ENOSPC)."""
     import errno
 
-    import tensorflow as tf
-
-    real_fsync, real_write = os.fsync, tf.train.Checkpoint.write
+    real_fsync, real_write = os.fsync, keras.Model.save_weights
 
     def fsync(fd):
         path = os.readlink(f"/proc/self/fd/{fd}")
-        if current[0] == 1 and path.endswith("meta.json") and "000000016" in path:
+        if current[0] == 1 and path.endswith("meta.json"):  # epoch 2's, the one it writes
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         real_fsync(fd)
 
-    def write(self, prefix, options=None):
+    def write(self, filepath, *args, **kwargs):
         if current[0] == 2:
-            raise tf.errors.ResourceExhaustedError(None, None, prefix + "; No space left on device")
-        return real_write(self, prefix, options)
+            raise OSError(errno.ENOSPC, f"Unable to synchronously create file ({filepath})")
+        return real_write(self, filepath, *args, **kwargs)
 
-    os.fsync, tf.train.Checkpoint.write = fsync, write
+    os.fsync, keras.Model.save_weights = fsync, write
 
 
 PATCHES = {p.__name__: p for p in (at_step, at_steps, last_validation, last_checkpoint, disk_full)}

@@ -74,11 +74,11 @@ def test_changed_settings_are_refused_by_name_before_the_state_is_read(tmp_path)
         assert expected in lines[0] and "--fresh" in lines[0], (flags, lines[0])
         assert "cannot be read" not in lines[0]
     assert resumed["code"] == 0, resumed["err"][-3000:]
-    assert "1 epoch(s) done" in resumed["err"]
+    assert "resuming from" in resumed["err"] and "(epoch 2, step 0)" in resumed["err"]
     assert json.loads((tmp_path / "m.json").read_text())["learning_rate"] == pytest.approx(0.01)
-    assert sorted(p.name for p in (tmp_path / "c").iterdir()) == [
-        "ckpt-000000008",
-        "ckpt-000000016",
+    assert sorted(p.name for p in (tmp_path / "c").glob("epoch-*")) == [
+        "epoch-000001",
+        "epoch-000002",
     ]
 
 

@@ -94,7 +94,7 @@ def test_bad_data_met_while_loading_or_training_is_one_line(tmp_path):
         "sizes": ["tall.png is 30x28 pixels, not the size of the first image", "--image-size H,W"],
         "empty": ["no class subfolders in"],
         "labels": ["train label 12 (example 5) is out of range for --num-classes 10"],
-        "model": ["gives examples of shape 28x28x1 but --model user_models:tiny takes 28x28"],
+        "model": ["the --model takes examples of shape (28, 28);", "images are (28, 28, 1)"],
         "module": ["raised RuntimeError: the bucket is not reachable"],
     }
     for name, (rc, err) in out.items():

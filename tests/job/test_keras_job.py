@@ -537,10 +537,6 @@ def test_sync_batchnorm_reaches_a_compiled_model(tmp_path):
     assert "--sync-batchnorm" not in stderr["synced"] + stderr["one"]
     for args, needle in (
         (
-            ("--model", "keras_models:normalized_uncompiled", "--backend", "jax"),
-            "--sync-batchnorm: the model is not compiled, and the built-in loop",
-        ),
-        (
             ("--model", "keras_models:normalized", "--backend", "tensorflow", "--xla"),
             "sync_batchnorm with jit_compile=True: on TensorFlow",
         ),
@@ -1197,3 +1193,49 @@ def test_fits_warnings_are_one_line_each_in_the_cli(tmp_path, mnist_dir):
     lines = [ln for ln in proc.stderr.splitlines() if "checkpoint_every=7" in ln]
     assert len(lines) == 1 and lines[0].startswith("warning: checkpoint_every=7 is below"), lines
     assert "UserWarning" not in proc.stderr and "warnings.warn(" not in proc.stderr
+
+
+@pytest.mark.parametrize(
+    "backend, model", [("tensorflow", "user_models:tiny"), ("jax", "user_models:subclassed")]
+)
+def test_an_uncompiled_model_without_a_loss_trains_as_the_built_in_ones(
+    backend, model, tmp_path, mnist_dir
+):
+    """On f0a0cd2 such a --model trained on the earlier loop (its ckpt-* checkpoints, none of
+    fit's guarantees); now through mirrorfit.fit, compiled as the built-in models are (sparse
+    categorical crossentropy, accuracy, uint8 pixels scaled in the model): its checkpoint is
+    scored and its .keras file saved on [0, 1] images, as the run scored its test split."""
+    ckpt, kept = tmp_path / "c", tmp_path / "m.keras"
+    common = ("--backend", backend, "--model", model, "--train-examples", "2000")
+    proc = run_cli(
+        "train",
+        *common,
+        "--epochs",
+        "2",
+        "--no-progress",
+        "--checkpoint-dir",
+        str(ckpt),
+        "--save-keras",
+        str(kept),
+        "--metrics-out",
+        str(tmp_path / "m.json"),
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "loss: sparse_categorical_crossentropy (the default; --loss chooses)" in proc.stderr
+    meta = json.loads((ckpt / "epoch-000002" / "meta.json").read_text())
+    assert meta["default_compile"] is True and meta["pixels"] is True
+    accuracy = json.loads((tmp_path / "m.json").read_text())["test"]["accuracy"]
+    assert accuracy > 0.6  # learnt: the pixels reached it in [0, 1]
+    scored = run_cli("evaluate", "--checkpoint-dir", str(ckpt), "--model", model)
+    assert scored.returncode == 0, scored.stderr[-3000:]
+    assert f"test accuracy {accuracy:.4f}" in scored.stdout
+    import keras
+
+    import user_models  # noqa: F401 (its subclassed model, registered for load_model)
+
+    from mirrorfit.data.mnist import load_mnist
+
+    splits = load_mnist(mnist_dir, download=False)
+    plain = keras.saving.load_model(kept)  # takes images in [0, 1], not uint8
+    scores = plain.predict(splits.x_test.astype("float32") / 255, verbose=0)
+    assert np.mean(np.argmax(scores, axis=1) == splits.y_test) == pytest.approx(accuracy, abs=1e-4)

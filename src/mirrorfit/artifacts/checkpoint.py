@@ -480,12 +480,13 @@ def _load_fit_model(directory: Path, asked: str | None, read_state: ReadState, o
     ``--model`` is named by ``asked``: a checkpoint folder does not choose which code runs; a
     built-in one is found by the model's recorded name), and its meta with ``where``, the
     checkpoint's name."""
+    import numpy as np
+
     from mirrorfit.artifacts import epoch_checkpoint
     from mirrorfit.models.build import model_factory, needs_data_shape
     from mirrorfit.models.names import built_in_named
 
     recorded = epoch_checkpoint.recorded_built_in(directory)
-    built = recorded is not None and (asked is None or ":" not in asked)  # mirrorfit's own
     if asked is None:
         asked = recorded or built_in_named(epoch_checkpoint.recorded_name(directory))
     if asked is None:
@@ -519,6 +520,8 @@ def _load_fit_model(directory: Path, asked: str | None, read_state: ReadState, o
         batch = inputs[0][0]  # the first batch's size, which its InputLayer's config keeps
         try:
             net.build((batch if type(batch) is int and batch > 0 else None, *one_in))
+            if not net.weights:  # a subclassed model: its layers build on a first call
+                net(np.zeros((1, *one_in), "float32"))
         except Exception as e:  # Keras raises ValueError, TypeError... for a shape it refuses
             raise CheckpointError(
                 f"--model {asked} cannot be built for the input shape {tuple(one_in)} that "
@@ -529,11 +532,11 @@ def _load_fit_model(directory: Path, asked: str | None, read_state: ReadState, o
     def read_split(folder: Path, model) -> None:  # a state split over JAX devices: Orbax's
         read_state("jax", folder, model)
 
-    pixels = built and epoch_checkpoint.recorded_pixels(directory)
+    pixels = epoch_checkpoint.recorded_pixels(directory)
     if pixels:  # trained on uint8 pixels scaled in the model: read as it trained
         from mirrorfit.models.build import inner_model, taking_pixels
 
-        net = taking_pixels(net)
+        net = taking_pixels(net, one_in)
     path, meta = epoch_checkpoint.read_newest(net, directory, read_split, on_notice)
     return (inner_model(net) if pixels else net), {**meta, "where": path.name}
 

@@ -286,6 +286,10 @@ def settings_of(config) -> dict[str, Any]:
     }
 
 
+# Settings whose None is a value of its own, not "does not apply": every example.
+_NONE_IS_A_VALUE = ("--train-examples",)
+
+
 def check_settings(path: Path, meta: dict, ours: Mapping[str, Any]) -> None:
     """Refuse a run whose settings differ from those ``path`` was written with, naming each
     changed flag, its original value, and --fresh."""
@@ -293,7 +297,9 @@ def check_settings(path: Path, meta: dict, ours: Mapping[str, Any]) -> None:
     changed = [
         f
         for f, v in ours.items()
-        if f in theirs and v is not None and theirs[f] is not None and theirs[f] != v
+        if f in theirs
+        and theirs[f] != v
+        and (f in _NONE_IS_A_VALUE or (v is not None and theirs[f] is not None))
     ]
     if changed:
         was = " ".join(as_flag(f, theirs[f]) for f in changed)

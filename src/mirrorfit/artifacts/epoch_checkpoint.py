@@ -178,7 +178,8 @@ class Saver:
     every ``on_epoch_end``; the loop asks :meth:`due` after each call of steps and calls
     :meth:`save` then, and on a signal. ``writes``: this process keeps what it saves (the chief);
     ``every``: optimizer steps between saves inside an epoch (0: epoch ends only);
-    ``optimizer``: :func:`optimizer_settings` as compiled."""
+    ``optimizer``: :func:`optimizer_settings` as compiled; ``epochs``: the fit's, for the
+    line a resume logs."""
 
     def __init__(
         self,
@@ -190,6 +191,7 @@ class Saver:
         allow_nan: bool = False,
         keep: int = KEEP,
         fresh: bool = False,
+        epochs: int | None = None,
     ):
         import keras
 
@@ -215,17 +217,18 @@ class Saver:
                     data=saver.data,
                     state=saver.state,
                 )
-                if saver.restored is not None:
-                    at = saver.restored
-                    log.info(
-                        "resuming from %s (epoch %d, step %d)",
-                        directory / at.name,
-                        at.epoch + 1,
-                        at.step,
-                    )
-                    self.model._initial_epoch = saver.restored.epoch
-                    if saver.restored.rng is not None:
-                        set_rng_state(saver.restored.rng)
+                at = saver.restored
+                if at is not None:
+                    where = directory / at.name
+                    if epochs is not None and not at.step and at.epoch >= epochs:
+                        line = "nothing to train: %d of %d epochs already done in %s"
+                        log.info(line, at.epoch, epochs, where)
+                    else:
+                        line = "resuming from %s (epoch %d, step %d)"
+                        log.info(line, where, at.epoch + 1, at.step)
+                    self.model._initial_epoch = at.epoch
+                    if at.rng is not None:
+                        set_rng_state(at.rng)
                 found = checkpoints(directory)
                 saver.last = found[-1] if found else None
 
@@ -633,9 +636,20 @@ def recorded_built_in(directory: Path) -> str | None:
     return built_in_named(_newest_meta(directory).get("built_in"))
 
 
+def recorded_default_compile(directory: Path) -> bool:
+    """Whether ``directory``'s newest readable checkpoint is of a user's uncompiled ``--model``
+    that mirrorfit train compiled as its own models (sparse categorical crossentropy, accuracy,
+    [0, 1] images). Plain Python."""
+    return _newest_meta(directory).get("default_compile") is True
+
+
+def _default_compile(model) -> bool:
+    return getattr(model, "mirrorfit_default_compile", False) is True
+
+
 def recorded_pixels(directory: Path) -> bool:
-    """Whether ``directory``'s newest readable checkpoint is of a built-in model that took
-    uint8 pixels through models.build.taking_pixels. Plain Python."""
+    """Whether ``directory``'s newest readable checkpoint is of a model that took uint8 pixels
+    through models.build.taking_pixels. Plain Python."""
     return _newest_meta(directory).get("pixels") is True
 
 
@@ -784,9 +798,8 @@ def save(
     ``state`` splits the state (Orbax, in the background), the commit still running (its
     ``result`` raises what failed), else None: committed."""
     import keras
-    import numpy as np
 
-    from mirrorfit._io import remove_stale_temps, temp_tag
+    from mirrorfit._io import disk_full_hint, remove_stale_temps, temp_tag
 
     final = directory / position.name
     split = state is not None and state.split
@@ -802,16 +815,11 @@ def save(
         for stale in directory.glob(f".{_NAME}*.tmp-shared"):
             shutil.rmtree(stale, ignore_errors=True)
         tmp.mkdir()
+    before = [p for p in checkpoints(directory) if p != final]
+    kept = f"the previous checkpoint {before[-1]} is kept" if before else "none was written"
     try:
-        pending = state.write(tmp) if split else None
-        if writes:
-            if not split:
-                with tensorflow_start_filtered():  # Keras's h5 writer may load TensorFlow
-                    model.save_weights(tmp / _STATE)
-            np.savez(tmp / _SEEDS, *[np.asarray(v.value) for v in _seed_variables(model)])
-            adapted = _lora_variables(model)
-            if adapted and not split:  # Orbax keeps them as they are
-                np.savez(tmp / _LORA, *[np.asarray(v.value) for v in adapted])
+        with disk_full_hint(f"checkpoint {final}", kept):
+            pending = _write_state(model, tmp, writes, split, state)
     except BaseException:
         if writes:
             shutil.rmtree(tmp, ignore_errors=True)  # a failed write leaves nothing behind
@@ -832,13 +840,13 @@ def save(
         **({"built_in": _built_in(model)} if _built_in(model) else {}),
         # ...on uint8 pixels scaled in the model (models.build.taking_pixels)
         **({"pixels": True} if getattr(model, "mirrorfit_pixels", False) is True else {}),
+        # a user's uncompiled --model, trained as the built-in ones are: scored and exported so
+        **({"default_compile": True} if _default_compile(model) else {}),
         **({"class_names": list(model.class_names)} if _class_names(model) else {}),
         **({"shapes": _shapes(model)} if _shapes(model) else {}),
         **({"optimizer_settings": optimizer} if optimizer is not None else {}),
         **({"data": data} if data else {}),
     }
-    before = [p for p in checkpoints(directory) if p != final]
-    kept = f"the previous checkpoint {before[-1]} is kept" if before else "none was written"
     keeps = keep if writes else None
     commit = Commit(
         final,
@@ -852,6 +860,23 @@ def save(
         return final, None
     commit.start()
     return final, commit
+
+
+def _write_state(model, tmp: Path, writes: bool, split: bool, state):
+    """The state files into ``tmp``: the engine's split state (its background write
+    returned) or Keras's weights file, and the variables that file leaves out."""
+    import numpy as np
+
+    pending = state.write(tmp) if split else None
+    if writes:
+        if not split:
+            with tensorflow_start_filtered():  # Keras's h5 writer may load TensorFlow
+                model.save_weights(tmp / _STATE)
+        np.savez(tmp / _SEEDS, *[np.asarray(v.value) for v in _seed_variables(model)])
+        adapted = _lora_variables(model)
+        if adapted and not split:  # Orbax keeps them as they are
+            np.savez(tmp / _LORA, *[np.asarray(v.value) for v in adapted])
+    return pending
 
 
 def _commit(tmp: Path, final: Path, meta: dict, pending, keep: int | None) -> None:

@@ -204,12 +204,13 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
 
 def _built_in_checkpoint(checkpoint_dir: str, model: str | None) -> bool:
     """Whether mirrorfit.fit's checkpoints in ``checkpoint_dir`` are of a model mirrorfit
-    train built (mlp, cnn: trained on [0, 1] pixels), as meta.json records it (``--model``
-    must name the same one)."""
-    from mirrorfit.artifacts.epoch_checkpoint import recorded_built_in
+    train built (mlp, cnn: trained on [0, 1] pixels; ``--model`` must name the same one) or
+    compiled as it does its own (a user's uncompiled one), as meta.json records it."""
+    from mirrorfit.artifacts.epoch_checkpoint import recorded_built_in, recorded_default_compile
 
-    built_in = recorded_built_in(Path(checkpoint_dir)) is not None
-    return built_in and (model is None or ":" not in model)
+    folder = Path(checkpoint_dir)
+    built_in = recorded_built_in(folder) is not None and (model is None or ":" not in model)
+    return built_in or recorded_default_compile(folder)
 
 
 def _scored_on(checkpoint_dir: str) -> str:

@@ -20,7 +20,8 @@ from mirrorfit.job.preemption import Preempted
 class Signals:
     """While entered (in the main thread; elsewhere Python delivers no signal), SIGTERM and
     SIGINT set :attr:`name` instead of ending the process; a second Ctrl-C ends it at once.
-    The handlers before are put back on exit."""
+    The handlers before are put back on exit, and a signal fit did not stop for (after its
+    last epoch) is raised again for them."""
 
     def __init__(self) -> None:
         self.name: str | None = None
@@ -32,9 +33,13 @@ class Signals:
                 self._previous[sig] = signal.signal(sig, self._on_signal)
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, kind, *exc) -> None:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
+        if self.name is not None and kind is None and self._previous:
+            # It came after the last epoch's end, where fit returns: not dropped, but given to
+            # the handler before (a script's, mirrorfit train's; Python's default ends it)
+            signal.raise_signal(getattr(signal, self.name))
 
     def _on_signal(self, signum, frame) -> None:
         if self.name is None:

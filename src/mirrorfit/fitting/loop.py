@@ -80,6 +80,7 @@ def fit(
             "keep": _checked_int("keep_checkpoints", keep_checkpoints, 1),
             "fresh": _checked_bool("fresh", fresh),
             "allow_nan": _checked_bool("allow_nan", allow_nan),
+            "epochs": epochs if type(epochs) is int else None,  # for its resume's line
         }
         if checkpoint_dir is not None:
             saver = _saver(model, checkpoint_dir, checkpointing, workers, held)

@@ -178,7 +178,7 @@ def evaluate_artifact(
         net, meta = load_model(checkpoint_dir, read_state=backends.read_model, model=model)
         source = f"{checkpoint_dir} ({position_of(meta)})"
         predict = lambda x: ops.convert_to_numpy(net(np.asarray(x), training=False))  # noqa: E731
-        takes, outputs = tuple(net.inputs[0].shape[1:]), net.outputs[0].shape[-1]
+        takes, outputs = _shapes_of(net, meta)
     else:
         path, predict, takes, outputs = _saved_model_predict(Path(saved_model))
         source = str(path)
@@ -210,6 +210,16 @@ def evaluate_artifact(
         "test_accuracy": float(np.mean(correct)),
         "test_loss": loss,
     }
+
+
+def _shapes_of(net, meta: dict) -> tuple[tuple, int | None]:
+    """(one example's input shape, the outputs) of a checkpoint's model: its declared ones,
+    or, for a model that declares none (subclassed), those meta.json records."""
+    try:
+        return tuple(net.inputs[0].shape[1:]), net.outputs[0].shape[-1]
+    except (AttributeError, IndexError, TypeError, ValueError):
+        shapes = meta.get("shapes") or {}
+        return tuple(shapes["inputs"][0][1:]), shapes["outputs"][0][-1]
 
 
 def _check_probs(probs, batch: int, outputs: int | None, source: str) -> None:

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from mirrorfit.config import TrainConfig
-from mirrorfit.errors import ConfigError
+from mirrorfit.errors import ConfigError, MirrorfitError
 from mirrorfit.models.shapes import classes_of, input_shape_of
 
 # Settings that cannot reach a model the user compiled, why, and the way round.
@@ -34,42 +34,23 @@ _NOT_APPLIED = {
 _OPTIMIZER_FLAGS = ("optimizer", "lr", "lr_scaling", "base_batch", "warmup_epochs")
 
 
-def wanted(config: TrainConfig, model) -> bool:
-    """Whether a built ``--model`` goes this way: compiled, or ``--loss`` given."""
-    return bool(getattr(model, "compiled", False)) or config.loss is not None or built_in(config)
-
-
 def built_in(config: TrainConfig) -> bool:
-    """Whether ``--model`` is one of mirrorfit's (mlp, cnn, a keras.applications name): it
-    trains with sparse categorical crossentropy and accuracy, on uint8 pixels scaled to
-    float32 in [0, 1] (other inputs as given)."""
+    """Whether ``--model`` is one of mirrorfit's (mlp, cnn, a keras.applications name)."""
     return ":" not in config.model
 
 
-def check_default_loop(config: TrainConfig, model) -> None:
-    """One line for a flag the built-in loop cannot honour on an uncompiled ``--model``."""
-    from mirrorfit.engine import backends
-    from mirrorfit.fitting import batchnorm
-
-    backends.check_settings(config.backend, profile=config.profile)
-    if config.model_parallel > 1:
-        raise ConfigError(
-            f"--model-parallel {config.model_parallel}: the model is not compiled, and the "
-            "built-in loop trains data-parallel only; compile the model in its function, or "
-            "give --loss, to train it through mirrorfit.fit on the 2-D mesh"
-        )
-    if config.sync_batchnorm and batchnorm.layers(model):
-        raise ConfigError(
-            "--sync-batchnorm: the model is not compiled, and the built-in loop computes "
-            "BatchNormalization's statistics per replica; compile the model in its function, "
-            "or give --loss, to train it through mirrorfit.fit, which synchronizes them"
-        )
+def as_built_in(config: TrainConfig, model) -> bool:
+    """Whether ``model`` trains as mirrorfit's own models do: not compiled, and no ``--loss``
+    (a built-in model, or a user's uncompiled one): sparse categorical crossentropy and
+    accuracy, uint8 pixels scaled to float32 in [0, 1] inside the model (other inputs as
+    given), saved and exported on [0, 1] images with the data's class names."""
+    return not getattr(model, "compiled", False) and config.loss is None
 
 
 def check(config: TrainConfig, engine, model) -> None:
     """One line for a flag this path cannot honour (before anything trains)."""
     for name, why in _NOT_APPLIED.items():
-        if _given(config, name) and not built_in(config):
+        if _given(config, name) and not as_built_in(config, model):
             raise ConfigError(f"{_flag(name)} does not apply to a compiled --model: {why}")
     if config.cache is not None and not decoded_kind(config) and ":" not in (config.data or ""):
         raise ConfigError(
@@ -140,7 +121,7 @@ def compile_from_flags(config: TrainConfig, model, *, global_batch: int, example
 def compile_uncompiled(config: TrainConfig, model, optimizer) -> None:
     """``--loss`` and ``--metrics`` with ``--optimizer``/``--lr`` for a model not compiled."""
     loss, metrics = config.loss, [m for m in (config.metrics or "").split(",") if m]
-    if built_in(config):
+    if loss is None:  # as mirrorfit's own models train (as_built_in)
         loss, metrics = "sparse_categorical_crossentropy", ["accuracy"]
     try:
         model.compile(optimizer=optimizer, loss=loss, metrics=metrics)
@@ -182,8 +163,8 @@ def describe(config: TrainConfig, model, compiled: bool) -> str:
     if loss is None:  # compiled without a loss: the model's own add_loss trains it
         names = "none, the model's add_loss"
     where = "the model's compile" if compiled else "--loss"
-    if built_in(config):
-        where = f"{config.model}'s"
+    if not compiled and config.loss is None:
+        where = f"{config.model}'s" if built_in(config) else "the default; --loss chooses"
     kind = type(opt).__name__
     inner = getattr(opt, "inner_optimizer", None)  # fp16: Keras wraps the compiled one
     if inner is not None:
@@ -551,6 +532,14 @@ def _pixels(split) -> bool:
     return isinstance(x, np.ndarray) and x.dtype == np.uint8
 
 
+def _example_shape(split) -> tuple:
+    """The shape of one example of a training split's inputs (arrays, or a dataset)."""
+    spec = getattr(split, "element_spec", None)
+    if isinstance(spec, tuple):
+        return tuple(spec[0].shape[1:])
+    return tuple(split[0].shape[1:])
+
+
 def _check_one_kind(config: TrainConfig, data: dict) -> None:
     """ConfigError where a built-in model's validation or test images are uint8 pixels and
     its training images are not, or the other way round: one model takes both, scaled in it
@@ -602,9 +591,10 @@ def run(
 
     _, global_batch = config.batch_sizes(_replicas(model))
     data = splits(config, model, global_batch, config.eval_batch_size, returned)
-    if built_in(config):
+    default = as_built_in(config, model)
+    if default:
         _check_one_kind(config, data)  # before one kind is taken for all
-    if built_in(config) and _pixels(data["train"]):
+    if default and _pixels(data["train"]):
         from mirrorfit.models.build import taking_pixels
         from mirrorfit.models.precision import as_precision
 
@@ -612,7 +602,7 @@ def run(
         # precision as its model was: Keras's compile gives a mixed_float16 model its loss
         # scaling.
         with scope(), as_precision(config.precision).building():
-            model = taking_pixels(model)
+            model = taking_pixels(model, _example_shape(data["train"]))
         model.mirrorfit_pixels = True  # its checkpoints say so: export and evaluate unwrap it
     train, val, test = data["train"], data.get("val"), data.get("test")
     if "description" in data and not built_in(config):  # a built-in's first line says it
@@ -662,10 +652,21 @@ def run(
     usage = CpuGpuSampler() if config.profile else contextlib.nullcontext()
     from mirrorfit.artifacts.checkpoint_meta import settings_of
 
-    # its checkpoints record the flags, and a resume with one changed is refused by its name
-    model.mirrorfit_settings = settings_of(config)
-    if built_in(config):  # its checkpoints say so, and keep the class names for export
-        model.mirrorfit_built_in = config.model  # as given: ResNet50 is named resnet50
+    # its checkpoints record the flags, and a resume with one changed is refused by its name:
+    # also at an epoch's end (where Keras's BackupAndRestore goes on), as the rest of the run
+    # would take other batches, examples or orders than the run that was stopped (files that
+    # changed on disk are read as they are now, as Keras's fit takes new data between epochs)
+    model.mirrorfit_settings = {
+        **settings_of(config),
+        "--global-batch-size": global_batch,  # replicas x batch x accumulation steps
+        "--train-examples": config.train_examples,
+        "--seed": config.seed,
+    }
+    if default:  # its checkpoints say so, and keep the class names for export
+        if built_in(config):
+            model.mirrorfit_built_in = config.model  # as given: ResNet50 is named resnet50
+        else:
+            model.mirrorfit_default_compile = True
         if data.get("class_names"):
             model.class_names = list(data["class_names"])
     guard.fitting(workers=_workers())  # fit saves on a signal itself, from here on
@@ -715,7 +716,7 @@ def run(
         refuse_non_finite(model, "the trained model", allow=config.allow_nan)
         # as the built-in models' file: atomic, durable, TensorFlow's start-up lines filtered;
         # a built-in model's takes [0, 1] images, as its export does, whatever it trained on
-        kept = _plain_built_in(config, model) if built_in(config) else model
+        kept = _plain_built_in(config, model) if default else model
         save_keras(kept, config.save_keras, before_commit=guard.check_local)
         console.print(f"saved {config.save_keras}")
     if config.export_dir and chief:
@@ -723,7 +724,7 @@ def run(
         from mirrorfit.artifacts.finite import refuse_non_finite
 
         refuse_non_finite(model, "the trained model", allow=config.allow_nan)
-        if built_in(config):  # the signature TF Serving clients of mirrorfit's models know
+        if default:  # the signature TF Serving clients of mirrorfit's models know
             path = _export_built_in(config, model, data.get("class_names"), guard)
         else:
             path = export_keras_model(model, config.export_dir, before_commit=guard.check_local)
@@ -739,14 +740,17 @@ def run(
 
 
 def _plain_built_in(config: TrainConfig, model):
-    """A copy of a built-in model built outside the strategy (an export or a .keras file
-    loads with none), on float32 images in [0, 1], with ``model``'s trained weights."""
-    from mirrorfit.models.build import model_factory
+    """A copy of a model trained as mirrorfit's own are (:func:`as_built_in`), built outside
+    the strategy (an export or a .keras file loads with none), on float32 images in [0, 1],
+    with ``model``'s trained weights."""
+    from mirrorfit.models.build import inner_model, model_factory
 
-    plain = model_factory(
-        config.model, input_shape=input_shape_of(model), num_classes=classes_of(model)
-    )()
-    plain.set_weights(model.get_weights())  # a taking_pixels wrapper's are its model's
+    shape = input_shape_of(model)
+    plain = model_factory(config.model, input_shape=shape, num_classes=classes_of(model))()
+    if not plain.built:  # a subclassed model: built by a call, as it was by its first batch
+        plain(np.zeros((1, *shape), "float32"))
+    trained = inner_model(model) if getattr(model, "mirrorfit_pixels", False) else model
+    plain.set_weights(trained.get_weights())
     return plain
 
 
@@ -862,6 +866,8 @@ def _said(console):
     import logging
     import warnings
 
+    from mirrorfit.job.preemption import Preempted
+
     class Said(logging.Handler):
         def emit(self, record):
             console.print(record.getMessage(), markup=False, highlight=False)
@@ -882,11 +888,36 @@ def _said(console):
     warnings.showwarning = one_line
     try:
         yield
+    except Preempted as e:  # fit's line names its arguments; the CLI's names the flags
+        raise Preempted(e.signal_name, e.path, None, None, text=_flag_words(str(e))) from None
+    except MirrorfitError as e:
+        e.args = (_flag_words(str(e)), *e.args[1:])
+        raise
     finally:
         warnings.showwarning = shown
         log.removeHandler(handler)
         log.setLevel(level)
         log.propagate = propagate
+
+
+# mirrorfit.fit's words for its arguments, as mirrorfit train's flags (in this order)
+_FLAG_WORDS = (
+    ("rerun with the same checkpoint_dir", "rerun the same command"),
+    ("give another checkpoint_dir", "pass --fresh (or give another --checkpoint-dir)"),
+    ("fresh=True (--fresh)", "--fresh"),
+    ("fresh=True", "--fresh"),
+    ("allow_nan=True (--allow-nan)", "--allow-nan"),
+    ("allow_nan=True", "--allow-nan"),
+    ("checkpoint_dir=", "--checkpoint-dir "),
+    ("checkpoint_dir", "--checkpoint-dir"),
+    ("checkpoint_every=", "--checkpoint-every "),
+)
+
+
+def _flag_words(line: str) -> str:
+    for api, flag in _FLAG_WORDS:
+        line = line.replace(api, flag)
+    return line
 
 
 def _accelerate(config: TrainConfig, model, console) -> list[str]:

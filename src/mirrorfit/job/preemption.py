@@ -130,7 +130,10 @@ class PreemptionGuard:
                 "Ctrl-C again stops at once\n".encode(),
             )
         signal.signal(signal.SIGINT, signal.SIG_DFL)  # a second Ctrl-C ends the process now
-        if self.setting_up:  # the flag may never be read (a --data function that never returns)
+        # the flag may never be read (a --data function that never returns); once fit trains,
+        # what reaches this handler is a signal fit raised again after its last epoch, which
+        # the next check() stops at
+        if self.setting_up and not self._fitting:
             raise Preempted(self.signal_name, None, None, None)
 
     def watch(self, trainer, checkpointer=None, *, agree=None) -> None:

@@ -1,36 +1,26 @@
-"""The training job: config -> devices -> distribution -> data -> trainer -> summary, on the
-engine ``config.backend`` names (:mod:`mirrorfit.engine.backends`).
+"""The training job: config -> devices -> distribution -> the model -> mirrorfit.fit
+(job/keras_job.py: the data, the compile, the loop, the summary and outputs), on the engine
+``config.backend`` names (:mod:`mirrorfit.engine.backends`).
 
-``run_training(config)`` is what ``mirrorfit train`` calls; scripts can call it too. The data
-side of the run is in job/data.py, everything after the training loop in job/finish.py.
+``run_training(config)`` is what ``mirrorfit train`` calls; scripts can call it too.
 """
 
 from __future__ import annotations
 
-import contextlib
 import time
 from typing import Any
 
 from rich.console import Console
 
-from mirrorfit.artifacts.checkpoint import Checkpointer
-from mirrorfit.artifacts.checkpoint_meta import settings_of
 from mirrorfit.config import TrainConfig
 from mirrorfit.distribute._cpu_binding import threads_note
 from mirrorfit.job.checks import check_run
 from mirrorfit.engine import backends
-from mirrorfit.engine.progress import EpochProgress
-from mirrorfit.engine.controller import Trainer
 from mirrorfit.errors import ClusterError
 from mirrorfit.models.build import model_factory
-from mirrorfit.job.observe import CpuGpuSampler, ScalarWriter, out_of_memory_hint
 from mirrorfit.job.preemption import PreemptionGuard
-from mirrorfit.models.schedules import LinearWarmup, build_optimizer, learning_rate
 from mirrorfit.job.agreement import check_agreement, data_summary, must_match
-from mirrorfit.job.divergence import DivergenceGuard
-from mirrorfit.data.file_errors import data_errors
-from mirrorfit.job.data import check_model_fits, data_flags, load_run_data
-from mirrorfit.job.finish import Run, finish, state_line
+from mirrorfit.job.data import load_run_data
 
 _UNCHECKED = object()  # run_training's cluster: not given, so checked here
 
@@ -104,8 +94,8 @@ def _run(
 def _train(
     config: TrainConfig, console: Console, guard: PreemptionGuard, cluster, clock: _Clock
 ) -> dict[str, Any]:
-    """The run's stages: the engine, its devices and distribution, the data, the model and
-    trainer, the loop, then :func:`finish`."""
+    """The run's stages: the engine, its devices and distribution, the model (for the data's
+    shape where it needs it), then the run through mirrorfit.fit (job/keras_job.py)."""
     engine = backends.load(config.backend)  # the framework loads here
     clock.lap("engine")
     model_factory(config.model)  # a --model that does not load fails before the devices
@@ -125,53 +115,27 @@ def _train(
     data = None
     if _built_for_the_data(config):  # a --model function that takes the data's shape
         data = _run_data(config, dist, clock)
-    compiled = _compiled_user_model(config, engine, setup, dist, data)
-    if compiled is not None:  # the Keras user's way: trained as compiled (job/keras_job.py)
-        from mirrorfit.job import keras_job
+    model, compiled, scope = _model(config, engine, setup, dist, data)
+    clock.lap("model")
+    from mirrorfit.job import keras_job
 
-        clock.lap("model")
-
-        if data is not None and keras_job.built_in(config):  # as the earlier loop said it
-            console.print(f"[bold]mirrorfit[/] {config.model} on {data.description}")
-        else:
-            console.print(f"[bold]mirrorfit[/] {config.model} (trained through mirrorfit.fit)")
-        console.print(f"devices: {setup.describe()}")
-        if dist.workers > 1:
-            console.print(f"strategy: {dist.describe()}")
-        model, was_compiled, scope = compiled
-        return keras_job.run(
-            config,
-            console,
-            model,
-            compiled=was_compiled,
-            scope=scope,
-            guard=guard,
-            clock=clock,
-            returned=data.returned if data is not None else None,  # its function called once
-        )
-    if data is None:
-        data = _run_data(config, dist, clock)
-    # The model is built for the data: its input shape and classes (mlp/cnn take MNIST's when
-    # the data is MNIST, as before).
-    factory = model_factory(
-        config.model, input_shape=data.input_shape, num_classes=data.num_classes
-    )
-    engine.seed(config.seed)
-    trainer = _trainer(config, engine, setup, dist, data, factory, console)
-    usage = CpuGpuSampler() if config.profile else contextlib.nullcontext()
-    run = Run(
-        config=config,
-        console=console,
-        trainer=trainer,
-        data=data,
-        setup=setup,
-        dist=dist,
-        factory=factory,
+    if data is not None and keras_job.built_in(config):
+        console.print(f"[bold]mirrorfit[/] {config.model} on {data.description}")
+    else:
+        console.print(f"[bold]mirrorfit[/] {config.model} (trained through mirrorfit.fit)")
+    console.print(f"devices: {setup.describe()}")
+    if dist.workers > 1:
+        console.print(f"strategy: {dist.describe()}")
+    return keras_job.run(
+        config,
+        console,
+        model,
+        compiled=compiled,
+        scope=scope,
         guard=guard,
-        usage=usage,
         clock=clock,
+        returned=data.returned if data is not None else None,  # its function called once
     )
-    return finish(run, _fit(run))
 
 
 def _run_data(config: TrainConfig, dist, clock: _Clock):
@@ -233,140 +197,10 @@ def _devices(config: TrainConfig, engine, cluster, console: Console, guard: Pree
     return setup, dist
 
 
-def _trainer(config: TrainConfig, engine, setup, dist, data, factory, console: Console):
-    """The Trainer for the built-in loop, the start screen printed on the way."""
-    per_replica, global_batch = config.batch_sizes(dist.replicas)
-    console.print(f"[bold]mirrorfit[/] {config.model} on {data.description}")
-    console.print(f"devices: {setup.describe()}")
-    accum = f" x {config.accum_steps} accumulation steps" if config.accum_steps > 1 else ""
-    console.print(
-        f"strategy: {dist.describe()}, batch: {per_replica} per replica x "
-        f"{dist.replicas} replicas{accum} = {global_batch} global (effective), "
-        f"{config.steps_per_execution} steps per execution"
-    )
-    lr = learning_rate(
-        config.lr,
-        global_batch=global_batch,
-        base_batch=config.base_batch,
-        scaling=config.lr_scaling,
-        warmup_steps=round(config.warmup_epochs * data.train.steps_per_epoch),
-    )
-    xla = (
-        "on (every step, JAX)"
-        if engine.CAPABILITIES.compiles_every_step
-        else "on"
-        if config.xla
-        else "off"
-    )
-    console.print(
-        f"precision: {config.precision}, XLA: {xla}, "
-        f"learning rate: {_describe_lr(lr)}" + (", rematerialisation on" if config.remat else "")
-    )
-    import keras
-
-    trainer = Trainer(
-        strategy=dist,
-        model=factory,
-        optimizer=build_optimizer(config.optimizer, lr),
-        loss=keras.losses.SparseCategoricalCrossentropy(),
-        global_batch=global_batch,
-        steps_per_execution=config.steps_per_execution,
-        accum_steps=config.accum_steps,
-        precision=config.precision,
-        jit_compile=config.xla,
-        remat=config.remat,
-        on_notice=lambda msg: console.print(f"[yellow]{msg}[/]"),
-    )
-    check_model_fits(trainer.model, data, config)
-    console.print(state_line(trainer.runner))
-    return trainer
-
-
-def _checkpointer(run: Run) -> Checkpointer | None:
-    """--checkpoint-dir's checkpointer, the run resumed from it; None without one."""
-    config, trainer, data, dist = run.config, run.trainer, run.data, run.dist
-    if not config.checkpoint_dir:
-        return None
-    checkpointer = Checkpointer(
-        config.checkpoint_dir,
-        trainer=trainer,
-        model_spec=config.model,
-        every=config.checkpoint_every,
-        keep=config.keep_checkpoints,
-        data=data.train.order,
-        flags=data_flags(config, dist, data),
-        settings=settings_of(config),
-        on_notice=lambda msg: run.console.print(f"[yellow]{msg}[/]"),
-        writer=dist.is_chief,
-        class_names=data.class_names,
-        allow_nan=config.allow_nan,
-    )
-    trainer.resume(
-        checkpointer,
-        steps_per_epoch=data.train.steps_per_epoch,
-        fresh=config.fresh,
-        say=run.console.print,
-    )
-    return checkpointer
-
-
-def _fit(run: Run):
-    """The loop, with its step hooks and epoch callbacks, in their order: the epoch's line,
-    the divergence check, TensorBoard's scalars, the checkpointer, the signal guard."""
-    config, console, trainer, guard = run.config, run.console, run.trainer, run.guard
-    callbacks = [lambda e, logs: console.print(_epoch_line(e, config.epochs, logs))]
-    hooks: list = []
-    board = ScalarWriter(config.logdir if run.dist.is_chief else None) if config.logdir else None
-    checkpointer = _checkpointer(run)
-    if not config.allow_nan:  # first: a NaN step is neither checkpointed nor written out
-        diverged = DivergenceGuard(trainer, checkpoints=checkpointer)
-        hooks.append(diverged.hook)
-        if checkpointer is None:  # else its epoch-end save checks the weights, as often
-            callbacks.append(diverged.epoch_callback)
-    if board is not None:  # every worker reads the metrics (collectives); the chief writes
-        hooks.append(board.step_hook)
-        callbacks.append(board.epoch_callback)
-    if checkpointer is not None:
-        hooks.append(checkpointer.step_hook)  # before the guard's: a signal saves this step
-        callbacks.append(checkpointer.epoch_callback)
-    guard.reclaim()  # user code (a --data or --model function, a library) may have taken them
-    guard.watch(trainer, checkpointer, agree=run.dist.agree)
-    hooks.append(guard.hook)
-    callbacks.append(guard.epoch_callback)
-    guard.check()  # a signal while setting up: stop before the first step
-    run.clock.lap("model")
-    per_replica, _ = config.batch_sizes(run.dist.replicas)
-    try:
-        with run.usage, out_of_memory_hint(per_replica), data_errors(run.data):
-            history = trainer.fit(
-                run.data.train,
-                epochs=config.epochs,
-                validation=run.data.val,
-                hooks=hooks,
-                progress=EpochProgress(console=console, enabled=config.progress),
-                callbacks=callbacks,
-            )
-    finally:  # its last steps' scalars are written, also when a signal stops the run
-        if board is not None:
-            board.close()
-    if checkpointer is not None:
-        checkpointer.wait()  # the last save, committed (it may write in the background)
-    guard.check()  # a signal during the last validation or checkpoint
-    run.clock.lap("fit")
-    run.clock.timings.update(
-        first_execution=round(history.first_execution_s, 3),
-        steady_steps=round(history.steady_time_s, 3),
-        validation=round(history.validation_s, 3),
-    )
-    return history
-
-
-def _compiled_user_model(config: TrainConfig, engine, setup, dist, data):
-    """A ``--model package.module:function`` that returns a compiled model (or is given
-    ``--loss``), built here under the strategy (for ``data``'s shape and classes where the
-    function needs them and the flags do not say): ``(model, compiled, scope)``, ``scope()``
-    the strategy's scope to compile it in; None for the default loop (a built-in model, or an
-    uncompiled one without ``--loss``)."""
+def _model(config: TrainConfig, engine, setup, dist, data):
+    """``--model``, built here under the strategy (for ``data``'s shape and classes where
+    its function needs them and the flags do not say), and mirrorfit.fit set up to train it:
+    ``(model, compiled, scope)``, ``scope()`` the strategy's scope to compile it in."""
     from mirrorfit.job import keras_job
     from mirrorfit.models.precision import as_precision
 
@@ -383,9 +217,6 @@ def _compiled_user_model(config: TrainConfig, engine, setup, dist, data):
 
     with scope(), as_precision(config.precision).building():
         model = factory()
-    if not keras_job.wanted(config, model):
-        keras_job.check_default_loop(config, model)
-        return None
     keras_job.check(config, engine, model)
     compiled = bool(getattr(model, "compiled", False))
     from mirrorfit.fitting.setup import Setup, use
@@ -405,26 +236,3 @@ def _compiled_user_model(config: TrainConfig, engine, setup, dist, data):
         )
     )
     return model, compiled, scope
-
-
-def _describe_lr(lr) -> str:
-    if isinstance(lr, LinearWarmup):
-        return f"{lr.initial_lr:g} -> {lr.target_lr:g} over {lr.warmup_steps} warm-up steps"
-    return f"{lr:g}"
-
-
-def _epoch_line(epoch: int, epochs: int, logs: dict[str, float]) -> str:
-    return (
-        f"epoch {epoch}/{epochs}: loss {logs['loss']:.4f} accuracy {logs['accuracy']:.4f} "
-        + (
-            f"val_loss {logs['val_loss']:.4f} val_accuracy {logs['val_accuracy']:.4f} "
-            if "val_loss" in logs
-            else ""
-        )
-        + f"{logs['examples_per_sec']:,.0f} examples/s"
-        + (
-            f" loss scale {logs['loss_scale']:g}, {logs['skipped_steps']:.0f} skipped"
-            if "loss_scale" in logs
-            else ""
-        )
-    )

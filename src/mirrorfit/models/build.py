@@ -72,12 +72,18 @@ def cnn(input_shape: tuple[int, ...] = MNIST_SHAPE, num_classes: int = 10) -> ke
 CNN_SMALLEST = 4  # pixels a side: two 2x2 poolings leave one pixel of a 4x4 image
 
 
-def taking_pixels(model: keras.Model) -> keras.Model:
-    """``model`` (one of mirrorfit's, on float32 images in [0, 1]) behind a scaling by 1/255:
-    it takes uint8 pixels as they are stored, scaled where it runs, not a float32 copy of the
-    data in memory (four times its bytes), as the built-in loop fed them. No weight of its own:
-    its weights are ``model``'s (the last layer, :func:`inner_model`)."""
-    pixels = keras.Input(model.inputs[0].shape[1:], dtype="uint8", name="pixels")
+def taking_pixels(model: keras.Model, shape: tuple[int, ...] | None = None) -> keras.Model:
+    """``model`` (on float32 images in [0, 1]) behind a scaling by 1/255: it takes uint8
+    pixels as they are stored, scaled where it runs, not a float32 copy of the data in memory
+    (four times its bytes). ``shape``: one example's, for a model without a keras.Input (its
+    own otherwise). No weight of its own: its weights are ``model``'s (the last layer,
+    :func:`inner_model`)."""
+    try:
+        shape = tuple(model.inputs[0].shape[1:])
+    except (AttributeError, IndexError, TypeError, ValueError):  # subclassed: no inputs
+        if shape is None:
+            raise
+    pixels = keras.Input(shape, dtype="uint8", name="pixels")
     scaled = _Scaled(name="scaled")(pixels)
     return keras.Model(pixels, model(scaled), name=model.name)
 

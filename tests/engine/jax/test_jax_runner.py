@@ -87,15 +87,15 @@ RUN = [
 def test_sigterm_mid_epoch_then_resume_predicts_as_an_uninterrupted_run(tmp_path):
     a = [*RUN, "--checkpoint-dir", str(tmp_path / "a"), "--save-keras", str(tmp_path / "a.keras")]
     b = [*RUN, "--checkpoint-dir", str(tmp_path / "b"), "--save-keras", str(tmp_path / "b.keras")]
-    # One interpreter runs all three; run 1 gets SIGTERM after step 22's hook.
+    # One interpreter runs all three; run 1 gets SIGTERM after step 22.
     runs, armed = json.dumps([a, b, b]), json.dumps({1: 22})
     ref, stopped, resumed = run_isolated(HERE / "sigterm_runs_driver.py", runs, armed)
     assert ref["code"] == 0, ref["err"][-3000:]
     assert stopped["code"] == 75, stopped["err"][-3000:]  # epoch 2, step 22 of 48: mid-epoch
-    assert "ckpt-000000022" in stopped["err"]
+    assert "epoch-000001-step-000006 at epoch 2, step 6" in stopped["err"]
     assert resumed["code"] == 0, resumed["err"][-3000:]
-    assert "at step 6" in resumed["err"]
-    meta = json.loads((tmp_path / "b" / "ckpt-000000048" / "meta.json").read_text())
+    assert "(epoch 2, step 6)" in resumed["err"]
+    meta = json.loads((tmp_path / "b" / "epoch-000003" / "meta.json").read_text())
     assert meta["backend"] == "jax"
     out = run_isolated(HERE / "predict_driver.py", tmp_path / "a.keras", tmp_path / "b.keras")
     assert out["spread"] > 0.01 and out["max_diff"] < 1e-6

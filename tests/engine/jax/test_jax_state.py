@@ -86,14 +86,15 @@ def test_a_damaged_jax_state_is_set_aside_and_the_previous_one_resumes(tmp_path)
         str(tmp_path / "c"),
     ]
     assert run_cli(*args, "--epochs", "2", without_tensorflow=True).returncode == 0
-    newest = tmp_path / "c" / "ckpt-000000016"
-    (newest / "state.npz").write_bytes(b"PK\x03\x04 not a zip any more")
+    newest = tmp_path / "c" / "epoch-000002"
+    (newest / "state.weights.h5").write_bytes(b"\x89HDF\r\n not an h5 file any more")
     proc = run_cli(
         *args, "--epochs", "3", "--metrics-out", str(tmp_path / "m.json"), without_tensorflow=True
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "ckpt-000000016 cannot be read" in proc.stderr and "resuming from" in proc.stderr
-    assert any(p.name.startswith("corrupt-ckpt-000000016") for p in (tmp_path / "c").iterdir())
+    assert "epoch-000002 cannot be read" in proc.stderr
+    assert "resuming from the previous one, epoch-000001" in proc.stderr
+    assert any(p.name.startswith("corrupt-epoch-000002") for p in (tmp_path / "c").iterdir())
     assert json.loads((tmp_path / "m.json").read_text())["steps"] == 24
 
 
