@@ -104,7 +104,6 @@ FRAMEWORK_HOMES = {
         "mirrorfit.artifacts.export": "writes a SavedModel",
         "mirrorfit.job.evaluate": "scores a SavedModel",
         "mirrorfit.data": "the tf.data readers: image folders, TFRecords, user datasets",
-        "mirrorfit.job.profiling": "--profile breaks down TensorFlow's step",
         "mirrorfit.bench.flops": "TensorFlow's profiler counts a model's FLOPs",
         "mirrorfit.distribute.cluster": "TensorFlow's own TF_CONFIG resolver, cross-checked",
     },

@@ -9,12 +9,11 @@ import pytest
 import tensorflow as tf
 
 from mirrorfit.config import load_config
-from mirrorfit.engine.backends import GLOBAL_BATCH, WORKER_SHARE
+from mirrorfit.engine.backends import GLOBAL_BATCH
 from mirrorfit.engine.tensorflow.distribution import Distribution
 from mirrorfit.errors import DataError
 from mirrorfit.job.data import (
     check_model_fits,
-    data_flags,
     input_source,
     load_run_data,
 )
@@ -89,18 +88,6 @@ def test_a_model_that_does_not_take_the_data_is_one_line(
     assert "\n" not in str(error.value)
     for needle in needles:
         assert needle in str(error.value)
-
-
-def test_data_flags_name_streamed_tfrecords_worker_count(data):
-    config = load_config(data="synthetic", seed=3, batch_size=4)
-    flags = data_flags(config, _dist(2, WORKER_SHARE), data)
-    assert flags["seed"] == {"--seed": 3}
-    assert flags["global_batch"]["--replicas"] == 2
-    assert flags["global_batch"]["--batch-size"] == 4
-    assert set(flags["fingerprint"]) == {"--data", "--image-size", "--validation-split"}
-    records = dataclasses.replace(data, kind="tfrecord")
-    assert data_flags(config, _dist(2, WORKER_SHARE), records)["fingerprint"]["workers"] == 2
-    assert data_flags(config, _dist(2, GLOBAL_BATCH), records)["fingerprint"]["workers"] == 1
 
 
 def test_input_source_says_how_the_profiled_input_is_read(data, tmp_path):

@@ -1,6 +1,6 @@
 """A run whose numbers stop being finite ends, exit 65, instead of training NaNs to `done` and
-exporting them (job/divergence.py; checkpoints and exports refuse NaN weights): on both
-engines, through the built-in loop and through mirrorfit.fit's compiled-model path."""
+exporting them (fitting/guards.py; checkpoints and exports refuse NaN weights): on both
+engines, through mirrorfit train (built-in and compiled models) and mirrorfit.fit."""
 
 from __future__ import annotations
 
@@ -10,8 +10,6 @@ import numpy as np
 import pytest
 from conftest import run_cli
 
-from mirrorfit.errors import DivergedError
-from mirrorfit.job.divergence import DivergenceGuard
 
 pytestmark = pytest.mark.slow
 SMALL = ("--train-examples", "2000", "--epochs", "2", "--no-progress")
@@ -205,28 +203,3 @@ def test_a_compiled_model_that_diverges_stops_too(tmp_path):
     )
     assert "after step 2 of epoch 1 (" in proc.stderr and "; stopped; try a lower" in proc.stderr
     assert not (tmp_path / "m.keras").exists()
-
-
-class _Trainer:
-    def __init__(self, losses):
-        self.losses, self.step = list(losses), 0
-
-    def train_loss(self):
-        self.step += 10
-        return self.losses.pop(0)
-
-
-def test_the_guard_names_the_step_and_the_last_finite_loss():
-    trainer = _Trainer([2.5, 1.25, float("inf")])
-    guard = DivergenceGuard(trainer)
-    guard.hook(trainer)
-    guard.hook(trainer)
-    with pytest.raises(
-        DivergedError,
-        match=r"^the training loss is inf after global step 30 "
-        r"\(last finite: 1.25 at step 20\); stopped; try",
-    ):
-        guard.hook(trainer)
-    with pytest.raises(DivergedError, match="not finite at the first check"):
-        first = _Trainer([float("nan")])
-        DivergenceGuard(first).hook(first)

@@ -1,8 +1,7 @@
-"""What a run through ``mirrorfit.fit`` (``mirrorfit train`` with a compiled ``--model``) says:
-a line per epoch where no progress bar shows, the "done" line, and ``--metrics-out``'s record,
-with the built-in loop's fields (job/finish.py) wherever they apply, so that a tool reading one
-reads the other; ``history`` is Keras's own (a dict of lists), and ``test`` the compile's
-figures by name."""
+"""What a ``mirrorfit train`` run (through ``mirrorfit.fit``) says: what each device holds, a
+line per epoch where no progress bar shows, the "done" line, and ``--metrics-out``'s record
+(the earlier loop's fields, so that a tool reading one reads the other); ``history`` is
+Keras's own (a dict of lists), and ``test`` the compile's figures by name."""
 
 from __future__ import annotations
 
@@ -10,6 +9,23 @@ import time
 from typing import Any
 
 from mirrorfit.config import TrainConfig, to_dict
+
+
+def state_line(runner) -> str:
+    """The start screen's line on what each device holds (``runner``: an engine's)."""
+    return (
+        f"state: {runner.describe_sharding()}; "
+        f"{runner.state_bytes_per_device() / 2**20:,.1f} MiB per device"
+    )
+
+
+def state_fields(runner, shard: str) -> dict[str, Any]:
+    """--metrics-out's fields on what each device holds."""
+    return {
+        "shard": shard,
+        "state_bytes_per_device": runner.state_bytes_per_device(),
+        "peak_device_bytes": runner.peak_device_bytes(),
+    }  # GPUs; None elsewhere
 
 
 def epoch_record(

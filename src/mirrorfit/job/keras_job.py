@@ -584,7 +584,7 @@ def run(
     PreemptionGuard, checked before the export commits."""
     from mirrorfit.fitting.loop import input_wait_s, runner_of
     from mirrorfit.job import fit_summary
-    from mirrorfit.job.finish import state_fields
+    from mirrorfit.job.fit_summary import state_fields
     from mirrorfit.job.fit_summary import epoch_record
     from mirrorfit.job.observe import CpuGpuSampler
     from mirrorfit.job.steady_rate import steady_rate
@@ -1042,7 +1042,7 @@ def state_shown(console):
     import keras
 
     from mirrorfit.fitting.loop import runner_of
-    from mirrorfit.job.finish import state_line
+    from mirrorfit.job.fit_summary import state_line
 
     class StateShown(keras.callbacks.Callback):
         def on_train_begin(self, logs=None):

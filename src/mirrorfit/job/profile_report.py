@@ -1,6 +1,5 @@
 """What ``--profile`` reports: a step's time by part, the devices' utilisation, and a one-line
-diagnosis; both training loops' profiles fill it (job/profiling.py for the built-in models on
-TensorFlow, fitting/profile.py for a compiled ``--model``)."""
+diagnosis; fitting/profile.py fills it (through the fit runner, on both engines)."""
 
 from __future__ import annotations
 
