@@ -278,3 +278,8 @@ class _Subclassed(keras.Model):
 
 def subclassed():
     return _Subclassed(name="subclassed")
+
+
+def logits():
+    """An uncompiled classifier that ends in logits (no softmax)."""
+    return keras.Sequential([keras.Input((28, 28)), keras.layers.Flatten(), keras.layers.Dense(10)])

@@ -49,6 +49,8 @@ def as_built_in(config: TrainConfig, model) -> bool:
 
 def check(config: TrainConfig, engine, model) -> None:
     """One line for a flag this path cannot honour (before anything trains)."""
+    if as_built_in(config, model) and not built_in(config):
+        _check_probabilities(config, model)
     for name, why in _NOT_APPLIED.items():
         if _given(config, name) and not as_built_in(config, model):
             raise ConfigError(f"{_flag(name)} does not apply to a compiled --model: {why}")
@@ -90,6 +92,26 @@ def check(config: TrainConfig, engine, model) -> None:
             "--profile with --strategy parameter-server: the steps are scheduled on whichever "
             "worker is free, which the profile cannot time in parts; time the model with "
             "mirrorfit bench --model"
+        )
+
+
+def _check_probabilities(config: TrainConfig, model) -> None:
+    """ConfigError where an uncompiled ``--model`` ends in a Dense or Activation layer without
+    softmax (logits, say): the default loss takes probabilities, and would train it wrong
+    without a word. (Other last layers are not known here: trained as they are.)"""
+    import keras
+
+    layers = getattr(model, "layers", None) or []
+    last = layers[-1] if layers else None
+    if not isinstance(last, (keras.layers.Dense, keras.layers.Activation)):
+        return
+    activation = getattr(last.activation, "__name__", str(last.activation))
+    if activation != "softmax":
+        raise ConfigError(
+            f"--model {config.model}: its last layer {last.name!r} gives {activation} outputs, "
+            "and an uncompiled model trains with sparse categorical crossentropy on "
+            "probabilities; end it with a softmax, or compile it in its function (e.g. "
+            "loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))"
         )
 
 
