@@ -1,7 +1,8 @@
-"""A bench point on the JAX engine, in its own process (``mirrorfit.bench.point`` hands it a point
-whose ``backend`` is ``jax``, before Keras loads): mirrorfit's JAX engine, Keras's own ``fit`` on
-JAX (the yardstick: ``keras.distribution.DataParallel`` over the same devices, the point's
-``steps_per_execution``), or XLA's matmul peak. Throughput as :mod:`mirrorfit.bench.point`
+"""A bench point on JAX, in its own process (``mirrorfit.bench.point`` hands it a point whose
+``backend`` is ``jax``, before Keras loads): Keras's own ``fit`` on JAX (the yardstick:
+``keras.distribution.DataParallel`` over the same devices, the point's
+``steps_per_execution``), or XLA's matmul peak; mirrorfit's side runs through
+``mirrorfit.fit`` (:mod:`mirrorfit.bench.fit_point`). Throughput as :mod:`mirrorfit.bench.point`
 times it. No TensorFlow: on MNIST and synthetic data this runs where only JAX is installed.
 """
 
@@ -20,12 +21,9 @@ def run_jax_point(point) -> dict:
     setup = engine.configure_devices(replicas=point.replicas, keep_freed_memory=True)
     if point.kind == "peak":
         return {dtype: matmul_peak_flops(dtype) for dtype in point.dtypes}
-    placement = engine.build_distribution(setup)
     engine.seed(point.seed)
-    x, y, test, steps = _arrays(point)
-    if point.kind == "textbook":
-        return _keras_fit(point, setup, x, y, test, steps)
-    return _mirrorfit(point, placement, x, y, test, steps)
+    x, y, test, steps = _arrays(point)  # mirrorfit's side ran through mirrorfit.fit (fit_point)
+    return _keras_fit(point, setup, x, y, test, steps)
 
 
 def _arrays(point):
@@ -64,37 +62,6 @@ def _factory(point, shape, classes):
     import mirrorfit
 
     return mirrorfit.models.model_factory(point.model, input_shape=shape, num_classes=classes)
-
-
-def _mirrorfit(point, placement, x, y, test, steps) -> dict:
-    import keras
-
-    import mirrorfit
-
-    synthetic = test is None and not hasattr(x, "shape")
-    shape = point.input_shape if synthetic else tuple(x.shape[1:])
-    classes = point.num_classes if synthetic else 10
-    ends: list[float] = []
-    trainer = mirrorfit.Trainer(
-        strategy=placement,
-        model=_factory(point, shape, classes),
-        optimizer=keras.optimizers.SGD(learning_rate=1e-2),
-        loss=keras.losses.SparseCategoricalCrossentropy(),
-        global_batch=point.global_batch,
-        steps_per_execution=point.steps_per_execution,
-        accum_steps=point.accum_steps,
-        precision=point.precision,
-    )
-    batches = (
-        x
-        if synthetic
-        else mirrorfit.train_batches(x, y, global_batch=point.global_batch, seed=point.seed)
-    )
-    trainer.fit(
-        batches, epochs=point.epochs, callbacks=[lambda *_: ends.append(time.perf_counter())]
-    )
-    accuracy = None if test is None else trainer.evaluate(test)["accuracy"]
-    return _result(point, steps, ends, accuracy, xla_used=True)
 
 
 def _keras_fit(point, setup, x, y, test, steps) -> dict:
