@@ -307,7 +307,10 @@ def test_replace_checks_again_and_cross_section_checks_run(tmp_path):
     # --replicas (distribution) against --global-batch-size (optimisation)
     with pytest.raises(ConfigError, match="global batch size 33 is not divisible by 2 replicas"):
         dataclasses.replace(config, global_batch_size=33)
-    with pytest.raises(ConfigError, match="--export-dir writes a TensorFlow SavedModel; with --b"):
+    with pytest.raises(
+        ConfigError,
+        match="--export-dir writes a TensorFlow SavedModel, which the jax engine does not",
+    ):
         load_config(backend="jax", export_dir=str(tmp_path / "models" / "m"))
 
 

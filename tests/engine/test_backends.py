@@ -61,7 +61,10 @@ def test_the_toml_key_sets_the_backend(tmp_path, monkeypatch):
             "--cross-device-ops reduce-to-one chooses TensorFlow's collectives",
         ),
         (("--profile",), "--profile breaks down the built-in models' step on TensorFlow"),
-        (("--export-dir", "models/m"), "export it where TensorFlow is installed: mirrorfit export"),
+        (
+            ("--export-dir", "models/m"),
+            "then export it (with TensorFlow installed): mirrorfit export",
+        ),
         # not the TensorFlow advice (--strategy mirrored, --communication) JAX refuses next
         (("--communication", "ring"), "--communication ring chooses TensorFlow's multi-worker"),
         (

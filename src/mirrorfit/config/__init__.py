@@ -77,7 +77,7 @@ class TrainConfig(
                 f"{self.model} trains data-parallel: drop --model-parallel"
             )
         if self.backend is not None:  # an engine that writes no SavedModel
-            backends.check_settings(self.backend, export_dir=self.export_dir)
+            backends.check_settings(self.backend, export_dir=self.export_dir, model=self.model)
         if self.replicas is not None:  # the batch against an explicit --replicas, no devices
             self.batch_sizes(self.replicas)
 

@@ -123,15 +123,17 @@ def check_settings(
     shard: str = "none",
     export_dir: str | None = None,
     model_parallel: int = 1,
+    model: str | None = None,
 ) -> None:
     """ConfigError, one line, for a setting ``backend``'s engine does not have (its package's
     :class:`~mirrorfit.engine.contract.Capabilities`)."""
     can = capabilities(backend)
     if export_dir and not can.exports_saved_model:
+        named = f" --model {model}" if model and ":" in model else ""  # a user's: not recorded
         raise ConfigError(
-            f"--export-dir writes a TensorFlow SavedModel; with --backend {backend} "
-            "save --checkpoint-dir DIR and export it where TensorFlow is "
-            f"installed: mirrorfit export --checkpoint-dir DIR --export-dir {export_dir}"
+            f"--export-dir writes a TensorFlow SavedModel, which the {backend} engine does not; "
+            "save --checkpoint-dir DIR, then export it (with TensorFlow installed): "
+            f"mirrorfit export --checkpoint-dir DIR{named} --export-dir {export_dir}"
         )
     if shard not in SHARD_MODES:
         raise ConfigError(

@@ -1013,7 +1013,9 @@ def _first(split, n: int):
     """The first ``n`` examples of a training split (arrays, or a dict of them)."""
     from keras import tree
 
-    return tuple(tree.map_structure(lambda a: a[:n], part) for part in split)
+    return tuple(
+        None if part is None else tree.map_structure(lambda a: a[:n], part) for part in split
+    )
 
 
 def scalars(logdir: str | None, global_batch: int, record):
