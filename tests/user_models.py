@@ -283,3 +283,24 @@ def subclassed():
 def logits():
     """An uncompiled classifier that ends in logits (no softmax)."""
     return keras.Sequential([keras.Input((28, 28)), keras.layers.Flatten(), keras.layers.Dense(10)])
+
+
+def two_inputs():
+    """An uncompiled classifier of two images."""
+    a, b = keras.Input((28, 28)), keras.Input((28, 28))
+    joined = keras.layers.Concatenate()([keras.layers.Flatten()(a), keras.layers.Flatten()(b)])
+    return keras.Model([a, b], keras.layers.Dense(10, activation="softmax")(joined))
+
+
+class _KeywordCall(keras.Model):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.dense = keras.layers.Dense(10, activation="softmax")
+
+    def call(self, *, images):
+        return self.dense(keras.ops.reshape(images, (-1, 784)))
+
+
+def keyword_call():
+    """A subclassed model whose call takes its images by keyword only."""
+    return _KeywordCall()

@@ -480,6 +480,7 @@ def _load_fit_model(directory: Path, asked: str | None, read_state: ReadState, o
     ``--model`` is named by ``asked``: a checkpoint folder does not choose which code runs; a
     built-in one is found by the model's recorded name), and its meta with ``where``, the
     checkpoint's name."""
+    import keras
     import numpy as np
 
     from mirrorfit.artifacts import epoch_checkpoint
@@ -519,8 +520,9 @@ def _load_fit_model(directory: Path, asked: str | None, read_state: ReadState, o
     if not net.built:  # no Input: built from the data, as it was
         batch = inputs[0][0]  # the first batch's size, which its InputLayer's config keeps
         try:
-            net.build((batch if type(batch) is int and batch > 0 else None, *one_in))
-            if not net.weights:  # a subclassed model: its layers build on a first call
+            if isinstance(net, keras.Sequential):  # its InputLayer keeps the batch size
+                net.build((batch if type(batch) is int and batch > 0 else None, *one_in))
+            else:  # a subclassed model: its layers build on a first call
                 net(np.zeros((1, *one_in), "float32"))
         except Exception as e:  # Keras raises ValueError, TypeError... for a shape it refuses
             raise CheckpointError(

@@ -368,7 +368,7 @@ def check_data(
 
 
 def as_flag(flag: str, value: Any) -> str:
-    return f"without {flag}" if value is None else f"{flag} {value}"
+    return f"no {flag}" if value is None else f"{flag} {value}"
 
 
 def list_checkpoints(directory: Path) -> list[Path]:

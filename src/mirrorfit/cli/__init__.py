@@ -141,6 +141,11 @@ def _cmd_export(args: argparse.Namespace) -> int:
         path = export_keras_model(model, args.export_dir)
         print(f"exported {where} as {path}")
         return 0
+    shapes = meta.get("shapes") or {}
+    if shapes.get("inputs"):  # a subclassed model: exported on the input it trained on
+        from mirrorfit.models.build import with_inputs
+
+        model = with_inputs(model, tuple(shapes["inputs"][0][1:]))
     names = meta.get("class_names")  # absent in checkpoints of older versions
     if names is not None and not (
         isinstance(names, list) and names and all(isinstance(n, str) for n in names)

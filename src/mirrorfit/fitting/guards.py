@@ -48,7 +48,7 @@ class Signals:
             os.write(
                 2,
                 f"mirrorfit: {self.name}: finishing the steps in flight, then saving a "
-                "checkpoint where fit has a checkpoint_dir; Ctrl-C again stops at once\n".encode(),
+                "checkpoint if checkpoints are kept; Ctrl-C again stops at once\n".encode(),
             )
         signal.signal(signal.SIGINT, signal.SIG_DFL)
 

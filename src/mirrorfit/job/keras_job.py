@@ -554,6 +554,28 @@ def _pixels(split) -> bool:
     return isinstance(x, np.ndarray) and x.dtype == np.uint8
 
 
+def _taking_pixels(config: TrainConfig, model, shape: tuple):
+    """``model`` behind models.build.taking_pixels; ConfigError for one that cannot take one
+    array of images so (several inputs, a ``call`` of other arguments)."""
+    from mirrorfit.models.build import taking_pixels
+
+    inputs = getattr(model, "_inputs_struct", None)
+    if isinstance(inputs, (list, tuple, dict)) and len(inputs) != 1:
+        raise ConfigError(
+            f"--model {config.model} takes {len(inputs)} inputs, and the data one array of "
+            "images; give it one input, or compile it in its function and give --data a "
+            "function returning one array per input"
+        )
+    try:
+        return taking_pixels(model, shape)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(
+            f"--model {config.model} cannot be called on one array of images "
+            f"({type(e).__name__}: {str(e).strip().splitlines()[0][:160]}); give it a "
+            "call(self, inputs, training=None), or compile it in its function"
+        ) from None
+
+
 def _example_shape(split) -> tuple:
     """The shape of one example of a training split's inputs (arrays, or a dataset)."""
     spec = getattr(split, "element_spec", None)
@@ -617,14 +639,13 @@ def run(
     if default:
         _check_one_kind(config, data)  # before one kind is taken for all
     if default and _pixels(data["train"]):
-        from mirrorfit.models.build import taking_pixels
         from mirrorfit.models.precision import as_precision
 
         # uint8 pixels scaled in the model: no float32 copy of the data. Built in the run's
         # precision as its model was: Keras's compile gives a mixed_float16 model its loss
         # scaling.
         with scope(), as_precision(config.precision).building():
-            model = taking_pixels(model, _example_shape(data["train"]))
+            model = _taking_pixels(config, model, _example_shape(data["train"]))
         model.mirrorfit_pixels = True  # its checkpoints say so: export and evaluate unwrap it
     train, val, test = data["train"], data.get("val"), data.get("test")
     if "description" in data and not built_in(config):  # a built-in's first line says it
@@ -782,8 +803,10 @@ def _export_built_in(config: TrainConfig, model, class_names, guard):
     outside the strategy (an export loads with none)."""
     from mirrorfit.artifacts.export import export_saved_model
 
+    from mirrorfit.models.build import with_inputs
+
     return export_saved_model(
-        _plain_built_in(config, model),
+        with_inputs(_plain_built_in(config, model), input_shape_of(model)),
         config.export_dir,
         preprocessing=config.export_preprocessing,
         class_names=class_names,
@@ -900,7 +923,7 @@ def _said(console):
         if f"{os.sep}mirrorfit{os.sep}" not in str(filename):  # a library's: as Python shows it
             return shown(message, category, filename, lineno, file, line)
         # ours: the sentence alone, not the file, line and source Python adds for an API
-        console.print(f"warning: {message}", markup=False, highlight=False)
+        console.print(f"warning: {_flag_words(str(message))}", markup=False, highlight=False)
 
     log, handler = logging.getLogger("mirrorfit.fit"), Said(logging.INFO)
     level, propagate = log.level, log.propagate
@@ -933,6 +956,7 @@ _FLAG_WORDS = (
     ("checkpoint_dir=", "--checkpoint-dir "),
     ("checkpoint_dir", "--checkpoint-dir"),
     ("checkpoint_every=", "--checkpoint-every "),
+    ("steps_per_execution=", "--steps-per-execution "),
 )
 
 

@@ -120,6 +120,8 @@ class PreemptionGuard:
                 signal.signal(sig, self._on_signal)
 
     def _on_signal(self, signum, frame) -> None:
+        if self.signal_name is None and self._fitting:  # raised again by fit, which said it
+            self.signal_name = signal.Signals(signum).name
         if self.signal_name is None:
             self.signal_name = signal.Signals(signum).name
             then = ", then saving a checkpoint" if self.checkpointer else ""

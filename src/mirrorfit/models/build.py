@@ -100,6 +100,17 @@ class _Scaled(keras.layers.Layer):
         return input_shape
 
 
+def with_inputs(model: keras.Model, shape: tuple[int, ...]) -> keras.Model:
+    """``model``, or where it declares no inputs (a subclassed model) a functional model of
+    it on ``keras.Input(shape)``: what an export reads its signature from."""
+    try:
+        model.inputs[0]
+        return model
+    except (AttributeError, IndexError, TypeError, ValueError):
+        x = keras.Input(shape)
+        return keras.Model(x, model(x), name=model.name)
+
+
 def inner_model(model: keras.Model) -> keras.Model:
     """The model :func:`taking_pixels` wrapped (its variables), for an export or scoring on
     [0, 1] images."""
