@@ -1270,3 +1270,20 @@ def test_an_uncompiled_model_the_default_compile_cannot_train_is_one_line(backen
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     for needle in needles:
         assert needle in proc.stderr
+
+
+def test_train_examples_of_an_npz_without_weights(tmp_path, mnist_dir):
+    """On ce8b8dc `--train-examples` of a .npz holding no sample_weight_train raised TypeError
+    ('NoneType' object is not subscriptable), for any --model (a Keras-user pass)."""
+    from mirrorfit.data.mnist import load_mnist
+
+    splits = load_mnist(mnist_dir, download=False)
+    path = tmp_path / "digits.npz"
+    np.savez(path, x_train=splits.x_train[:600], y_train=splits.y_train[:600])
+    out = tmp_path / "m.json"
+    proc = run_cli(
+        *("train", "--model", "keras_models:compiled_mlp", "--data", str(path)),
+        *("--train-examples", "320", "--epochs", "1", "--no-progress", "--metrics-out", str(out)),
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(out.read_text())["train_examples"] == 320
