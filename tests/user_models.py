@@ -304,3 +304,15 @@ class _KeywordCall(keras.Model):
 def keyword_call():
     """A subclassed model whose call takes its images by keyword only."""
     return _KeywordCall()
+
+
+def own_rescaling():
+    """An uncompiled classifier that scales its pixels itself."""
+    return keras.Sequential(
+        [
+            keras.Input((28, 28)),
+            keras.layers.Rescaling(1 / 255),
+            keras.layers.Flatten(),
+            keras.layers.Dense(10, activation="softmax"),
+        ]
+    )

@@ -1263,6 +1263,8 @@ def test_an_uncompiled_model_without_a_loss_trains_as_the_built_in_ones(
         # tracebacks from wrapping it to take uint8 pixels (a hostile pass)
         ("tensorflow", "two_inputs", ["takes 2 inputs, and the data one array of images"]),
         ("jax", "keyword_call", ["cannot be called on one array of images (TypeError"]),
+        # trained on [0, 1/255] without a word: scaled by mirrorfit, then by the model
+        ("tensorflow", "own_rescaling", ["scales its inputs itself (its Rescaling layer"]),
     ],
 )
 def test_an_uncompiled_model_the_default_compile_cannot_train_is_one_line(backend, model, needles):

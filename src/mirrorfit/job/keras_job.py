@@ -566,6 +566,17 @@ def _taking_pixels(config: TrainConfig, model, shape: tuple):
             "images; give it one input, or compile it in its function and give --data a "
             "function returning one array per input"
         )
+    import keras
+
+    flat = getattr(model, "_flatten_layers", lambda: [])()
+    own = [layer.name for layer in flat if isinstance(layer, keras.layers.Rescaling)]
+    if own:  # it would scale the [0, 1] images again: trained on [0, 1/255], without a word
+        raise ConfigError(
+            f"--model {config.model} scales its inputs itself (its Rescaling layer "
+            f"{own[0]!r}), and an uncompiled model is given the pixels scaled to [0, 1]: drop "
+            "the layer, or compile the model in its function (it then takes the uint8 pixels "
+            "as they are)"
+        )
     try:
         return taking_pixels(model, shape)
     except (TypeError, ValueError) as e:
