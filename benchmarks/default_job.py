@@ -102,7 +102,9 @@ def run_side(side: str, compare_src: str | None) -> dict:
             }
         elif side.startswith("mirrorfit"):
             line = [ln for ln in proc.stderr.splitlines() if ln.startswith("done:")][-1]
-            out = {"test_accuracy": float(line.rsplit("test accuracy ", 1)[1]), "timings_s": {}}
+            # "test accuracy 0.9511" ends the line, or is followed by ", loss 0.1706"
+            accuracy = line.rsplit("test accuracy ", 1)[1].split(",")[0]
+            out = {"test_accuracy": float(accuracy), "timings_s": {}}
         else:
             out = json.loads(proc.stdout.strip().splitlines()[-1])
     return {"wall_s": wall, **out}
