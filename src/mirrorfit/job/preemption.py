@@ -120,9 +120,9 @@ class PreemptionGuard:
                 signal.signal(sig, self._on_signal)
 
     def _on_signal(self, signum, frame) -> None:
-        if self.signal_name is None and self._fitting:  # raised again by fit, which said it
-            self.signal_name = signal.Signals(signum).name
-        if self.signal_name is None:
+        # once fit trains, what reaches this handler is a signal fit raised again after its
+        # last epoch, having said it: taken, not said twice
+        if self.signal_name is None and not self._fitting:
             self.signal_name = signal.Signals(signum).name
             then = ", then saving a checkpoint" if self.checkpointer else ""
             # os.write: print() from a handler can re-enter a half-done write to stderr.
@@ -131,10 +131,10 @@ class PreemptionGuard:
                 f"mirrorfit: {self.signal_name}: finishing the steps in flight{then}; "
                 "Ctrl-C again stops at once\n".encode(),
             )
+        self.signal_name = self.signal_name or signal.Signals(signum).name
         signal.signal(signal.SIGINT, signal.SIG_DFL)  # a second Ctrl-C ends the process now
-        # the flag may never be read (a --data function that never returns); once fit trains,
-        # what reaches this handler is a signal fit raised again after its last epoch, which
-        # the next check() stops at
+        # the flag may never be read (a --data function that never returns); fit's signal
+        # stops at the next check()
         if self.setting_up and not self._fitting:
             raise Preempted(self.signal_name, None, None, None)
 
