@@ -75,8 +75,7 @@ def run_point(point: Point) -> dict:
     """Run ``point`` in this (fresh) process; return its measurements (examples/s; test
     accuracy, None on synthetic data, which has nothing to learn, and on a source without a
     test split)."""
-    through_fit = point.kind == "mirrorfit" and point.data in ("mnist", "synthetic")
-    if (point.compiled and point.kind != "peak") or through_fit:  # mirrorfit train's loop
+    if (point.compiled and point.kind != "peak") or point.kind == "mirrorfit":  # train's loop
         from mirrorfit.bench.fit_point import run_fit_point
 
         return run_fit_point(point)
@@ -110,20 +109,14 @@ def _measure(point: Point, strategy, train: "_Train", test, steps: int) -> dict:
     )
     ends: list[float] = []
     stamp = lambda *_: ends.append(time.perf_counter())  # noqa: E731 (both sides' epoch ends)
-    if point.kind == "textbook":
-        net = _textbook_model(point, strategy, factory)
-        _textbook_fit(net, point, train, steps, stamp)
-        accuracy, xla_used = _textbook_accuracy(net, point, train, test), False
-    else:
-        trainer = _trainer(point, strategy, factory)
-        trainer.fit(_mirrorfit_batches(point, train), epochs=point.epochs, callbacks=[stamp])
-        accuracy = None if test is None else trainer.evaluate(test)["accuracy"]
-        xla_used = trainer.jit_compile
+    net = _textbook_model(point, strategy, factory)  # mirrorfit's side: bench/fit_point.py
+    _textbook_fit(net, point, train, steps, stamp)
+    accuracy = _textbook_accuracy(net, point, train, test)
     examples = steps * point.global_batch * (point.epochs - 1)
     return {
         "examples_per_sec": examples / (ends[-1] - ends[0]),
         "test_accuracy": None if accuracy is None else float(accuracy),
-        "xla_used": xla_used,
+        "xla_used": False,
     }
 
 
@@ -178,37 +171,6 @@ def _textbook_accuracy(net, point: Point, train: "_Train", test):
         return net.evaluate(test[0] / 255.0, test[1], batch_size=point.global_batch, verbose=0)[1]
     # the batches mirrorfit's evaluate reads (arrays: scaled as mirrorfit scales them)
     return net.evaluate(_eval_batches(test, point.global_batch), verbose=0)[1]
-
-
-def _trainer(point: Point, strategy, factory):
-    """mirrorfit's Trainer for ``point`` under ``strategy`` (the textbook's optimizer and loss)."""
-    import keras
-
-    import mirrorfit
-
-    return mirrorfit.Trainer(
-        strategy=strategy,
-        model=factory,
-        optimizer=keras.optimizers.SGD(learning_rate=1e-2),
-        loss=keras.losses.SparseCategoricalCrossentropy(),
-        global_batch=point.global_batch,
-        steps_per_execution=point.steps_per_execution,
-        accum_steps=point.accum_steps,
-        precision=point.precision,
-        jit_compile=point.xla,
-        on_notice=lambda msg: print(msg, file=sys.stderr),
-    )
-
-
-def _mirrorfit_batches(point: Point, train: "_Train"):
-    """The global batches mirrorfit trains on: ``train``'s own, or the MNIST arrays'."""
-    if train.batches is not None:
-        return train.batches
-    import mirrorfit
-
-    return mirrorfit.train_batches(
-        train.x, train.y, global_batch=point.global_batch, seed=point.seed
-    )
 
 
 @dataclass
