@@ -1,8 +1,9 @@
 """Parameter servers through both doors, side by side: ``mirrorfit launch --workers 2 --ps 1 --
-mirrorfit train --strategy parameter-server`` with the built-in ``--model mlp`` (the built-in
-loop: per-worker tf.data pipelines, ``ReplicaStep``) against the same model compiled by the
-user (``--model ps_fit:compiled_mlp``: Rescaling, then the chapter's MLP, SGD, trained through
-``mirrorfit.fit``'s loop, each call's steps scheduled with their block). Steady examples/s from
+mirrorfit train --strategy parameter-server`` with the built-in ``--model mlp`` (compiled by
+``train`` from its flags; until the one loop, the earlier loop's per-worker tf.data pipelines)
+against the same model compiled by the user (``--model ps_fit:compiled_mlp``: Rescaling,
+then the chapter's MLP, SGD), both trained through ``mirrorfit.fit``'s loop, each call's
+steps scheduled with their block. Steady examples/s from
 ``--metrics-out``; the sides alternate each repeat and the medians are compared.
 
     .venv/bin/python benchmarks/ps_fit.py --repeats 3 --epochs 2

@@ -1,5 +1,5 @@
 """What `--shard` costs and saves on the JAX engine: examples/s and state bytes per device of
-`none`, `optimizer` and `all` on the CNN and a wide MLP, and of Keras's own
+`mirrorfit.fit` under `none`, `optimizer` and `all` on the CNN and a wide MLP, and of Keras's own
 `keras.distribution.ModelParallel` (a `LayoutMap` splitting the same kernels over the same
 devices, data parallel along the same axis: FSDP by the compiler's partitioner), all in one
 process on N devices (logical CPU devices where there is no GPU).
@@ -54,32 +54,35 @@ def _data(model: str, width: int, examples: int):
 
 
 def _ours(setup, model: str, width: int, batch: int, data):
-    """{mode: (train one more epoch, state bytes per device)}"""
+    """{mode: (train one more epoch, state bytes per device)}: ``mirrorfit.fit`` of the model
+    compiled with Adam under each ``--shard`` mode."""
     import keras
 
     import mirrorfit
     from mirrorfit.engine.jax.placement import build_placement
+    from mirrorfit.fitting.loop import runner_of
+    from mirrorfit.fitting.setup import Setup, use
 
     x, y = data
-    batches = mirrorfit.train_batches(x, y, global_batch=batch, seed=1)
+    if model == "cnn":  # the built-in CNN takes [0, 1] pixels
+        x = x.astype("float32") / 255
     out = {}
     for mode in MODES:
-        build = mirrorfit.models.cnn if model == "cnn" else wide_mlp(width)
-        loss = keras.losses.SparseCategoricalCrossentropy(from_logits=model != "cnn")
-        trainer = mirrorfit.Trainer(
-            strategy=build_placement(setup, shard=mode),
-            model=build,
+        chosen = Setup(backend="jax", devices=setup, placement=build_placement(setup, shard=mode))
+        use(chosen)
+        net = mirrorfit.models.cnn() if model == "cnn" else wide_mlp(width)()
+        net.compile(
             optimizer=keras.optimizers.Adam(1e-4),
-            loss=loss,
-            global_batch=batch,
-            steps_per_execution=10,
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=model != "cnn"),
         )
-        trainer.fit(batches, epochs=1)  # compiles
+        common = dict(batch_size=batch, epochs=1, verbose=0, steps_per_execution=10)
+        mirrorfit.fit(net, x, y, **common)  # compiles
 
-        def epoch(trainer=trainer):
-            trainer.fit(batches, epochs=trainer.epoch + 1)
+        def epoch(net=net, common=common, chosen=chosen):
+            use(chosen)  # fit runs on the setup in use: this model's mode, not the last built
+            mirrorfit.fit(net, x, y, **common)
 
-        out[mode] = (epoch, trainer.runner.state_bytes_per_device())
+        out[mode] = (epoch, runner_of(net).state_bytes_per_device())
     return out
 
 

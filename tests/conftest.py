@@ -157,24 +157,6 @@ def run_isolated(driver: Path, *args: object, timeout: float = 300, fresh: bool 
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def runs_by_replicas(driver: Path, table: dict, out: Path) -> dict:
-    """Each run of ``table`` (name: (replicas, *settings)), those of one replica count in one
-    new process (the devices are set before the backend starts): ``python DRIVER REPLICAS RUNS
-    OUT``, RUNS a JSON list of [name, *settings], printing a JSON object of each run's summary
-    and saving its weights to ``OUT/NAME.npz`` (``np.savez(path, *weights)``: arr_0, arr_1,
-    ...). Returns the summaries, each with "weights" (the arrays, in the model's order)."""
-    import numpy as np
-
-    results: dict = {}
-    for replicas in sorted({row[0] for row in table.values()}):
-        mine = [(name, *rest) for name, (count, *rest) in table.items() if count == replicas]
-        results.update(run_isolated(driver, replicas, json.dumps(mine), out))
-    for name, info in results.items():
-        with np.load(out / f"{name}.npz") as f:
-            info["weights"] = [f[k] for k in sorted(f.files, key=lambda k: int(k.split("_")[1]))]
-    return results
-
-
 def assert_same_weights(a: list, b: list, *, rtol: float, atol: float) -> None:
     """Two models' weights, array by array, equal within the tolerances (and some weights:
     two empty lists are not a pass)."""

@@ -178,7 +178,7 @@ def test_children_do_not_share_numpy_s_global_random_state(tmp_path):
         ([PROBE, "jax", "x"], {}, "jax"),
         ([PROBE, "tensorflow"], {"KERAS_BACKEND": "jax"}, "tensorflow"),
         ([PROBE, "0"], {"KERAS_BACKEND": "jax"}, "jax"),
-        ([str(HERE / "engine" / "jax" / "uneven_eval_driver.py")], {}, "jax"),  # blocks TF
+        ([str(HERE / "engine" / "jax" / "all_reduces_driver.py")], {}, "jax"),  # blocks TF
         # mirrorfit's CLI without TensorFlow: only JAX's server has not imported it
         ([BLOCKED, "tensorflow", "train", "--backend", "jax"], {}, "jax"),
         ([BLOCKED, "tensorflow", "train"], {}, None),

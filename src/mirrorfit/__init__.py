@@ -1,13 +1,12 @@
 """mirrorfit: data-parallel Keras training that is correct and fast, with numbers to prove it::
 
-    import keras, mirrorfit
-    setup = mirrorfit.configure_devices(replicas=2)     # before TensorFlow starts
-    trainer = mirrorfit.Trainer(strategy=mirrorfit.build_strategy(setup),
-                                model=mirrorfit.models.mlp, optimizer=keras.optimizers.SGD(1e-2),
-                                loss=keras.losses.SparseCategoricalCrossentropy(), global_batch=64)
-    history = trainer.fit(dataset_of_global_batches, epochs=10)
+    import mirrorfit
+    mirrorfit.setup(backend="jax", replicas=2)          # before the model is built
+    import keras
+    model = ...                                         # your Keras model, compiled
+    history = mirrorfit.fit(model, x, y, batch_size=64, epochs=10)
 
-More: docs/training.md#python-api; a compiled model's own fit (mirrorfit.fit): docs/keras-script.md
+More: docs/keras-script.md; the CLI's training job from Python: docs/training.md#python-api
 """
 
 import importlib
@@ -31,10 +30,6 @@ _EXPORTS = {
     "resolve_cluster": "mirrorfit.distribute.cluster",
     "Distribution": "mirrorfit.engine.tensorflow.strategy",
     "build_distribution": "mirrorfit.engine.tensorflow.strategy",
-    "History": "mirrorfit.engine.controller",
-    "Position": "mirrorfit.engine.controller",
-    "Trainer": "mirrorfit.engine.controller",
-    "Runner": "mirrorfit.engine.tensorflow.runner",
     "ConfigError": "mirrorfit.errors",
     "DataError": "mirrorfit.errors",
     "MirrorfitError": "mirrorfit.errors",

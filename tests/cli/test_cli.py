@@ -301,7 +301,8 @@ def test_evaluate_checks_metrics_out_before_scoring(tmp_path, where, needle):
     """A --metrics-out evaluate cannot write was found only after the whole test split was
     scored (FileNotFoundError, IsADirectoryError): it is refused first, as train refuses it
     (the line is about --metrics-out, so nothing was loaded)."""
-    (tmp_path / "ckpt" / "ckpt-1").mkdir(parents=True)  # passes the look before TF, no more
+    (tmp_path / "ckpt" / "epoch-000001").mkdir(parents=True)  # passes the look before TF,
+    (tmp_path / "ckpt" / "epoch-000001" / "meta.json").write_text("{}")  # no more
     out = str(tmp_path / where) if where else str(tmp_path)
     proc = run_cli("evaluate", "--checkpoint-dir", str(tmp_path / "ckpt"), "--metrics-out", out)
     _one_line_error(proc, needle.replace("{tmp}", str(tmp_path)))
@@ -425,8 +426,8 @@ def test_a_compiled_models_bar_stays_out_of_a_redirected_stdout(mnist_dir):
 def test_chapter_mlp_reaches_95_percent(tmp_path, cpu_only, mnist_dir, replicas):
     """The chapter's recipe: MLP, 10 epochs, global batch 32, SGD 1e-2, on the real MNIST.
 
-    On 2 replicas; 1 replica gives the same weights (tests/engine/test_controller.py checks it on
-    SGD and Adam), so a second 10-epoch run here would prove nothing more."""
+    On 2 replicas; 1 replica gives the same weights (tests/fitting/test_fit.py checks it for
+    every kind of model), so a second 10-epoch run here would prove nothing more."""
     out = tmp_path / "metrics.json"
     proc = run_cli(
         "train",

@@ -8,7 +8,6 @@ import hashlib
 import os
 from pathlib import Path
 
-import keras
 import numpy as np
 import pytest
 
@@ -116,41 +115,6 @@ def test_tfrecords_split_across_workers_by_file_every_record_once_per_epoch(file
     assert _same(
         _batches(data, start_epoch=1, epochs=2, skip=7, worker=1, workers=2), full[steps + 7 :]
     )
-
-
-def _accuracy(data, test, seed=1):
-    keras.utils.set_random_seed(seed)
-    strategy = mirrorfit.build_strategy(mirrorfit.configure_devices())
-    trainer = mirrorfit.Trainer(
-        strategy=strategy,
-        model=lambda: mirrorfit.models.mlp(data.input_shape, data.num_classes),
-        optimizer=keras.optimizers.Adam(1e-3),
-        loss=keras.losses.SparseCategoricalCrossentropy(),
-        global_batch=BATCH,
-        steps_per_execution=20,
-    )
-    trainer.fit(data.train, epochs=2)
-    x, y = test
-    return trainer.evaluate((x.reshape(len(x), *data.input_shape), y.astype(np.int32)))["accuracy"]
-
-
-def test_each_source_trains_to_the_accuracy_of_the_same_images_from_the_npz(files, monkeypatch):
-    monkeypatch.setenv("DATA_FIXTURE_N", str(N))
-    test = mnist(1000, split="test")
-    reference = _accuracy(load_data(files["npz"], global_batch=BATCH, seed=7), test)
-    assert reference > 0.8
-    same_order = {"folder": load_data(files["png"], global_batch=BATCH, seed=7)}
-    other_order = {
-        "tfrecord": load_data(files["tfr"], global_batch=BATCH, seed=7),
-        "module arrays": load_data("data_fixtures:arrays_source", global_batch=BATCH, seed=7),
-        "module dataset": load_data(
-            "data_fixtures:dataset_source", global_batch=BATCH, seed=7, cache="memory"
-        ),
-    }
-    for name, data in same_order.items():
-        assert _accuracy(data, test) == pytest.approx(reference, abs=0.002), name
-    for name, data in other_order.items():  # the same images in another order
-        assert _accuracy(data, test) == pytest.approx(reference, abs=0.03), name
 
 
 def test_validation_split_is_seeded_and_exact(files):

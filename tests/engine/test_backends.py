@@ -301,7 +301,8 @@ def test_a_broken_tensorflow_is_one_line_in_every_command(tmp_path):
     (tmp_path / "tensorflow").mkdir()
     (tmp_path / "tensorflow" / "__init__.py").write_text(BROKEN_TENSORFLOW)
     env = dict(_env(), PYTHONPATH=os.pathsep.join([str(tmp_path), _env()["PYTHONPATH"]]))
-    (tmp_path / "ckpt" / "ckpt-000000001").mkdir(parents=True)
+    (tmp_path / "ckpt" / "epoch-000001").mkdir(parents=True)
+    (tmp_path / "ckpt" / "epoch-000001" / "meta.json").write_text("{}")
     said = (
         "mirrorfit: error: TensorFlow is installed but does not load (ImportError: "
         "libtensorflow_framework.so.2: cannot open shared object file; Failed to load the "

@@ -23,6 +23,7 @@ from conftest import _env, run_isolated
 
 HERE = Path(__file__).resolve().parent
 KINDS = (
+    "accumulated",
     "autoencoder",
     "binary",
     "class_weights",
@@ -32,6 +33,7 @@ KINDS = (
     "global_clipnorm",
     "keras_losses_in_compute_loss",
     "logits",
+    "lstm",
     "masked_pooling",
     "mean_with_sample_weight",
     "one_hot",
@@ -40,6 +42,7 @@ KINDS = (
     "regularised",
     "rescaling_uint8",
     "sample_weights",
+    "steps_per_execution",
     "subclassed",
     "sum_reduction",
     "super_test_step",

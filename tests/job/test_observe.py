@@ -8,16 +8,18 @@ import tensorflow as tf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import mirrorfit
-from conftest import run_isolated
+from conftest import run_cli
 from mirrorfit.job.observe import CpuGpuSampler, out_of_memory_hint
 
 HERE = Path(__file__).parent
 
 
-# A fresh process: configure_devices() must run before TensorFlow starts, and in this one an
-# earlier test may have started it (on a GPU host that makes setting memory growth fail).
 def test_scalar_writer_records_training_and_epoch_scalars(tmp_path):
-    run_isolated(HERE / "scalars_driver.py", tmp_path)
+    """`mirrorfit train --logdir` on TensorFlow: 40 steps, 5 a call."""
+    args = ["--model", "mlp", "--train-examples", "2560", "--global-batch-size", "64"]
+    args += ["--epochs", "1", "--steps-per-execution", "5", "--lr", "0.05", "--no-progress"]
+    proc = run_cli("train", *args, "--logdir", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-3000:]
     events = EventAccumulator(str(tmp_path), size_guidance={"tensors": 0})
     events.Reload()
     tags = set(events.Tags()["tensors"])

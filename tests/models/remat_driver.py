@@ -1,7 +1,8 @@
 """Run by tests/models/test_remat.py, each backend in its own process: ``python
 remat_driver.py BACKEND PRECISION OUT``. On 2 replicas of BACKEND (jax, with TensorFlow
-blocked, or tensorflow), trains the CNN one epoch on 128 MNIST examples at PRECISION, without
-and with --remat, from seed 5, and saves the weights to OUT/plain.npz and OUT/remat.npz.
+blocked, or tensorflow), trains the CNN through ``mirrorfit.fit`` one epoch on 128 MNIST
+examples at PRECISION, without and with its layers rematerialized (as --remat does), from
+seed 5, and saves the weights to OUT/plain.npz and OUT/remat.npz.
 Prints one JSON line: per run, the layers marked for recomputation, the recomputation marks in
 the traced forward pass, the convolutions of the backward pass (TensorFlow only), the last
 loss, the steps and the notices."""
@@ -17,20 +18,13 @@ import numpy as np  # noqa: E402
 
 if backend == "jax":
     sys.modules["tensorflow"] = None  # the JAX engine never imports it
-    from mirrorfit.engine import jax as engine
+import mirrorfit  # noqa: E402
 
-    strategy = engine.build_distribution(engine.configure_devices(replicas=2))
-    seed = engine.seed
-else:
-    import mirrorfit
-
-    strategy = mirrorfit.build_strategy(mirrorfit.configure_devices(replicas=2))
-    import keras
-
-    seed = keras.utils.set_random_seed
+mirrorfit.setup(backend=backend, replicas=2, precision=precision)
 import keras  # noqa: E402
 
-import mirrorfit  # noqa: E402
+from mirrorfit.models.precision import Precision  # noqa: E402
+from mirrorfit.models.remat import rematerialize  # noqa: E402
 
 
 def recomputation(model, x):
@@ -59,33 +53,40 @@ def recomputation(model, x):
         op.type == "IdentityN" and b"CustomGradient" in op.get_attr("_gradient_op_type")
         for op in ops(lambda x: model(x, training=True))
     )
-    return marks, sum(op.type == "Conv2D" for op in ops(grads))
+    # per replica, as fit runs it (mirrored variables have no handle outside a replica)
+    strategy = tf.distribute.get_strategy()
+    return marks, sum(op.type == "Conv2D" for op in ops(lambda x: strategy.run(grads, (x,))))
 
 
 data = mirrorfit.load_mnist(train_examples=128, download=False)
+x = data.x_train.astype("float32") / 255.0
 out = {}
 for remat in (False, True):
-    seed(5)
-    notices = []
-    trainer = mirrorfit.Trainer(
-        strategy=strategy,
-        model=mirrorfit.models.cnn,
-        optimizer=keras.optimizers.SGD(0.05),
-        loss=keras.losses.SparseCategoricalCrossentropy(),
-        global_batch=32,
-        remat=remat,
-        on_notice=notices.append,
-        precision=precision,
-    )
-    model = trainer.model
+    keras.utils.set_random_seed(5)
+    notices: list = []
+    with Precision(precision).building():
+        model = mirrorfit.models.cnn()
+    model.compile(optimizer=keras.optimizers.SGD(0.05), loss="sparse_categorical_crossentropy")
+    if remat:
+        rematerialize(model, notices.append)
     recomputed = [
         type(layer).__name__
         for layer in model.layers
         if getattr(layer.call, "_mirrorfit_remat", False)
     ]
-    marks, convs = recomputation(model, data.x_train[:4].astype("float32") / 255.0)
-    history = trainer.fit(
-        mirrorfit.train_batches(data.x_train, data.y_train, global_batch=32, seed=3), epochs=1
+    marks, convs = recomputation(model, x[:4])
+    steps: list = []
+    count = keras.callbacks.LambdaCallback(on_train_batch_end=lambda b, logs, s=steps: s.append(b))
+    history = mirrorfit.fit(
+        model,
+        x,
+        data.y_train,
+        batch_size=32,
+        epochs=1,
+        shuffle=False,
+        verbose=0,
+        callbacks=[count],
+        steps_per_execution=1,
     )
     name = "remat" if remat else "plain"
     np.savez(f"{out_dir}/{name}.npz", *model.get_weights())
@@ -93,8 +94,8 @@ for remat in (False, True):
         "recomputed": recomputed,
         "marks": marks,
         "convs": convs,
-        "loss": history.epochs[-1]["loss"],
-        "steps": history.steps,
+        "loss": history.history["loss"][-1],
+        "steps": len(steps),
         "notices": notices,
     }
 print(json.dumps(out))

@@ -50,18 +50,18 @@ def test_bf16_cnn_runs_every_heavy_kernel_in_bfloat16():
 
     import tensorflow as tf
 
-    strategy = mirrorfit.build_strategy(mirrorfit.configure_devices())
-    trainer = mirrorfit.Trainer(
-        strategy=strategy,
-        model=mirrorfit.models.cnn,
-        optimizer=keras.optimizers.SGD(0.01),
-        loss=keras.losses.SparseCategoricalCrossentropy(),
-        global_batch=8,
-        precision="bf16",
-    )
+    with Precision("bf16").building():
+        model = mirrorfit.models.cnn()
+    model.compile(optimizer=keras.optimizers.SGD(0.01), loss="sparse_categorical_crossentropy")
+
+    def gradients(x, y):  # what mirrorfit.fit's TensorFlow step differentiates
+        with tf.GradientTape() as tape:
+            loss = model.compute_loss(x, y, model(x, training=True))
+        return tape.gradient(loss, model.trainable_variables)
+
     graph = (
-        tf.function(trainer.replica_step.gradients)
-        .get_concrete_function(tf.TensorSpec([8, 28, 28], tf.float32), tf.TensorSpec([8], tf.uint8))
+        tf.function(gradients)
+        .get_concrete_function(tf.TensorSpec([8, 28, 28], tf.float32), tf.TensorSpec([8], tf.int32))
         .graph
     )
     dtypes = collections.defaultdict(collections.Counter)

@@ -1,5 +1,6 @@
-"""models.remat (``--remat``): on both engines, the CNN (with Dropout) trains with its layers
-recomputed in the backward pass, to the weights it reaches without (Keras's own RematScope
+"""models.remat (``--remat``): on both engines, the CNN (with Dropout) trains through
+``mirrorfit.fit`` with its layers recomputed in the backward pass, to the weights it reaches
+without (Keras's own RematScope
 failed here: on TensorFlow for every model, on JAX for any model with Dropout or
 BatchNormalization). Each backend in its own process, on 2 replicas."""
 
@@ -36,9 +37,10 @@ def test_remat_trains_the_cnn_to_the_same_weights(backend, precision, tmp_path):
         with np.load(tmp_path / f"{name}.npz") as f:
             weights[name] = [f[k] for k in sorted(f.files, key=lambda k: int(k.split("_")[1]))]
     tolerance = 1e-5 if precision == "fp32" else 1e-2  # bf16: the same ops, bf16 rounding
-    assert_same_weights(
-        plain_w := weights["plain"], weights["remat"], rtol=tolerance, atol=tolerance / 10
-    )
+    # JAX: XLA fuses the recomputed layers otherwise; one step's updates were 4e-9 apart (of
+    # 1e-3), the four steps' weights up to 9.3e-6 (rounding, grown through ReLU and pooling)
+    atol = 2e-5 if backend == "jax" else tolerance / 10
+    assert_same_weights(plain_w := weights["plain"], weights["remat"], rtol=tolerance, atol=atol)
     assert np.isfinite(remat["loss"]) and len(plain_w) == 10
 
 

@@ -813,7 +813,10 @@ def save(
         # several workers' shared ones: no other fit writes here (the lock), and this one's
         # earlier saves are committed (Saver.save waits)
         for stale in directory.glob(f".{_NAME}*.tmp-shared"):
-            shutil.rmtree(stale, ignore_errors=True)
+            if stale.is_dir() and not stale.is_symlink():
+                shutil.rmtree(stale, ignore_errors=True)
+            else:  # a file or a link (rmtree refuses both: left there, and the next one
+                stale.unlink(missing_ok=True)  # mkdir of that name failed)
         tmp.mkdir()
     before = [p for p in checkpoints(directory) if p != final]
     kept = f"the previous checkpoint {before[-1]} is kept" if before else "none was written"

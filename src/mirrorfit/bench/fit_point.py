@@ -136,10 +136,29 @@ def _shape(point) -> tuple[tuple[int, ...], int]:
         return tuple(point.input_shape), point.num_classes
     if point.data == "mnist":
         return (28, 28), 10
-    from mirrorfit.bench.point import load_source
-
     data = load_source(point)  # opened for its shape, as `mirrorfit train` opens it
     return tuple(data.input_shape), data.num_classes
+
+
+def load_source(point):
+    """A file or function source (``--data``) opened as ``point`` reads it: a
+    :class:`mirrorfit.data.sources.Data`."""
+    from mirrorfit.data.sources import load_data
+
+    return load_data(
+        point.data,
+        global_batch=point.global_batch,
+        seed=point.seed,
+        train_examples=point.train_examples,
+        validation_split=point.validation_split,
+        image_size=point.image_size,
+        image_feature=point.image_feature,
+        label_feature=point.label_feature,
+        cache=point.cache,
+        input_shape=point.input_shape,
+        num_classes=point.num_classes,
+        model=point.model,
+    )
 
 
 def _arrays(point, model):
@@ -195,4 +214,4 @@ def _accuracy(logs: dict) -> float | None:
     return float(logs[names[0]]) if names else None
 
 
-__all__ = ["run_fit_point"]
+__all__ = ["load_source", "run_fit_point"]

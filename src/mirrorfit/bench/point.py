@@ -186,31 +186,12 @@ class _Train:
     source: object = None
 
 
-def load_source(point: Point):
-    """A file or function source (``--data``) opened as ``point`` reads it: a
-    :class:`mirrorfit.data.sources.Data`."""
-    from mirrorfit.data.sources import load_data
-
-    return load_data(
-        point.data,
-        global_batch=point.global_batch,
-        seed=point.seed,
-        train_examples=point.train_examples,
-        validation_split=point.validation_split,
-        image_size=point.image_size,
-        image_feature=point.image_feature,
-        label_feature=point.label_feature,
-        cache=point.cache,
-        input_shape=point.input_shape,
-        num_classes=point.num_classes,
-        model=point.model,
-    )
-
-
 def _data(point: Point) -> tuple[_Train, object, int]:
     """(training data, test data or None, optimizer steps per epoch) for ``point``. Test data
     is (x, y) arrays, or a tf.data.Dataset of global batches."""
     if point.data not in ("mnist", "synthetic"):
+        from mirrorfit.bench.fit_point import load_source
+
         data = load_source(point)
         train = _Train(tuple(data.input_shape), data.num_classes, batches=data.train, source=data)
         return train, data.test, data.train.steps_per_epoch

@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mirrorfit.bench.grid import DATA, Grid
-from mirrorfit.bench.point import Point, load_source
+from mirrorfit.bench.fit_point import load_source
+from mirrorfit.bench.point import Point
 from mirrorfit.data.spec import KINDS
 from mirrorfit.errors import DataError, MirrorfitError
 from mirrorfit.models.names import check_input_shape, is_application, min_size

@@ -122,16 +122,15 @@ def _cmd_export(args: argparse.Namespace) -> int:
     check_export_dir(args.export_dir)  # before TensorFlow loads and the model with it
     require_checkpoints(args.checkpoint_dir)
     backends.import_tensorflow("mirrorfit export (it writes a TensorFlow SavedModel)")
-    from mirrorfit.artifacts.checkpoint import load_model, position_of
+    from mirrorfit.artifacts.checkpoint_model import load_model, position_of
     from mirrorfit.artifacts.export import export_keras_model, export_saved_model
     from mirrorfit.artifacts.finite import refuse_non_finite
+    from mirrorfit.engine.jax import read_split_state
 
-    model, meta = load_model(args.checkpoint_dir, read_state=backends.read_model, model=args.model)
+    model, meta = load_model(args.checkpoint_dir, read_split=read_split_state, model=args.model)
     where = f"{position_of(meta)} of {args.checkpoint_dir}"
     refuse_non_finite(model, where, allow=bool(args.allow_nan))
-    if "where" in meta and not _built_in_checkpoint(
-        args.checkpoint_dir, args.model
-    ):  # a compiled model, exported as Keras exports it
+    if not _built_in_checkpoint(args.checkpoint_dir, args.model):  # as Keras exports it
         if args.export_preprocessing:
             raise MirrorfitError(
                 "--export-preprocessing does not apply to a compiled --model's checkpoint: "
@@ -163,7 +162,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
 def _cmd_evaluate(args: argparse.Namespace) -> int:
     from mirrorfit import _io
-    from mirrorfit.artifacts.checkpoint_meta import fits_checkpoints
+    from mirrorfit.artifacts.checkpoint_meta import require_checkpoints
     from mirrorfit.job.evaluate import check_evaluate_flags
     from mirrorfit.artifacts.output_paths import check_output_file
 
@@ -176,11 +175,13 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     )
     config = check_evaluate_flags(**flags)  # before TensorFlow loads: a bad flag fails at once
     check_output_file("--metrics-out", args.metrics_out)  # not after scoring it all
-    fits = bool(args.checkpoint_dir) and fits_checkpoints(args.checkpoint_dir)
+    checkpoint = bool(args.checkpoint_dir)  # else a SavedModel
+    if checkpoint:
+        require_checkpoints(args.checkpoint_dir)  # one line before TensorFlow loads
     # a built-in model's (mlp, cnn) is scored as the built-in models are, a user's by its compile
-    compiled = fits and not _built_in_checkpoint(args.checkpoint_dir, args.model)
+    compiled = checkpoint and not _built_in_checkpoint(args.checkpoint_dir, args.model)
     backends.prepare(
-        _scored_on(args.checkpoint_dir) if fits else "tensorflow", verbose=args.verbose
+        _scored_on(args.checkpoint_dir) if checkpoint else "tensorflow", verbose=args.verbose
     )
     backends.import_tensorflow("mirrorfit evaluate")
     on = "" if args.data == "mnist" else f" of --data {args.data}"

@@ -633,8 +633,9 @@ def _bench_model_data(add) -> None:
         help="mnist, synthetic (random batches made "
         "once and repeated, so no input pipeline limits the figures), or any --data of "
         "`mirrorfit train`: FILE.npz, an image FOLDER, 'train-*.tfrecord' (quote the pattern), "
-        "package.module:function; both sides of every point read its tf.data pipeline, and "
-        "test accuracy comes from its test split (none: shown as -)",
+        "package.module:function; mirrorfit's rows read the images as `mirrorfit train` does "
+        "(decoded once), the textbook's its tf.data pipeline, and test accuracy comes from "
+        "its test split (none: shown as -)",
     )
     add(
         "--input-shape",

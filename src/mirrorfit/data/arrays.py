@@ -248,32 +248,15 @@ def is_sparse_categorical(loss) -> bool:
     return name in ("sparse_categorical_crossentropy", "SparseCategoricalCrossentropy")
 
 
-def label_classes(model, loss) -> tuple[int | None, int | None]:
-    """(classes the labels must index, the label the loss skips) for a label range check:
-    (None, None) unless ``loss`` is sparse categorical (MSE on integer targets, a hinge loss's
-    -1/1 labels index nothing)."""
-    if not is_sparse_categorical(loss):
-        return None, None
-    return output_classes(model), getattr(loss, "ignore_class", None)
-
-
 def check_class_labels(
     y, where: str, classes: int | None = None, ignored: int | None = None
 ) -> None:
-    """FitError (a ValueError) for targets that are not integer class indices, given to the
-    ``Trainer`` API (its loss takes class indices and would cast them): the fix is
-    ``mirrorfit.fit``. With ``classes`` (the model's outputs), also for a label outside
-    ``[0, classes)`` but ``ignored`` (:func:`label_classes`): one-hot of it is all zeros, a
-    loss of 0 on JAX (one output, a sigmoid's: not checked)."""
+    """FitError (a ValueError) for integer labels ``y`` outside ``[0, classes)`` (the
+    model's outputs) but ``ignored`` (a sparse loss's ``ignore_class``): one-hot of it is all
+    zeros, a loss of 0 on JAX (one output, a sigmoid's: not checked)."""
     if y is None:
         return
     y = np.asarray(y)
-    if not np.issubdtype(y.dtype, np.integer):
-        raise FitError(
-            f"{where} has {y.dtype} targets; mirrorfit.Trainer takes "
-            "integer class indices (its loss would cast them): for float targets, "
-            "one-hot labels or a compiled model, use mirrorfit.fit(model, x, y)"
-        )
     if ignored is not None:  # the loss's ignore_class: any value, e.g. 255 or -1
         y = y[y != ignored]
     if classes and classes > 1 and y.size and (y.min() < 0 or y.max() >= classes):

@@ -12,7 +12,7 @@ import os
 import re
 import sys
 from types import ModuleType
-from typing import Any, Callable
+from typing import Callable
 
 from mirrorfit._frameworks import (
     install_hint,
@@ -43,17 +43,6 @@ def capabilities(backend: str) -> Capabilities:
     """What ``backend``'s engine declares it can do (its package's ``CAPABILITIES``; plain
     Python, no framework loaded)."""
     return importlib.import_module(ENGINES[backend]).CAPABILITIES
-
-
-def read_model(backend: str, folder, model) -> None:
-    """The model's variables from checkpoint ``folder`` as ``backend``'s engine wrote it (its
-    ``state.read_model``; a JAX checkpoint reads with NumPy, so TensorFlow's ``mirrorfit
-    export`` takes it). ValueError for a backend no engine has (a damaged meta.json)."""
-    if backend not in ENGINES:
-        raise ValueError(
-            f"meta.json names backend {str(backend)[:40]!r}, not one of {', '.join(ENGINES)}"
-        )
-    importlib.import_module(f"{ENGINES[backend]}.state").read_model(folder, model)
 
 
 def _engines_that(can: Callable[[Capabilities], bool]) -> str:
@@ -88,29 +77,6 @@ def split_batch(global_batch: int, replicas: int, accum_steps: int = 1) -> int:
             f"{max(n, global_batch // n * n)})"
         )
     return global_batch // n
-
-
-class BatchShape:
-    """How a runner's global batch splits (both engines' runners: ``global_batch``,
-    ``accum_steps`` and ``distribution.replicas`` set), in examples."""
-
-    distribution: Any
-    global_batch: int
-    accum_steps: int
-
-    @property
-    def replicas(self) -> int:
-        return self.distribution.replicas
-
-    @property
-    def per_replica_batch(self) -> int:
-        """Examples per replica per optimizer step (all its micro-batches)."""
-        return self.global_batch // self.replicas
-
-    @property
-    def micro_batch(self) -> int:
-        """Examples per replica per micro-batch (forward/backward pass)."""
-        return self.per_replica_batch // self.accum_steps
 
 
 def check_settings(
@@ -276,7 +242,7 @@ def load(backend: str) -> ModuleType:
     import_framework(backend)
     try:
         module = importlib.import_module(ENGINES[backend])
-        module.Runner  # noqa: B018 (the framework itself loads here, or ImportError says why)
+        module.build_distribution  # noqa: B018 (the framework loads here, or ImportError says why)
         return module
     except ImportError as e:
         if backend == "jax" and (e.name or "").split(".")[0] in ("jax", "jaxlib"):
@@ -293,7 +259,6 @@ __all__ = [
     "BACKENDS",
     "STRATEGY_NEEDS",
     "capabilities",
-    "read_model",
     "ENGINES",
     "DEFAULT",
     "resolve",

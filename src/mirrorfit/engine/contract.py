@@ -1,8 +1,10 @@
-"""The seam between the shared code (controller, training job, checkpoints) and an engine, typed:
-the package's functions (:class:`Engine`), the distribution ``build_distribution`` returns
-(:class:`Distribution`) and the :class:`Runner` holding a run's model, optimizer, metrics and
-compiled calls. An engine is a package under ``mirrorfit/engine/`` named in
-:data:`mirrorfit.engine.backends.ENGINES`. Plain typing: no framework imported.
+"""The seam between the shared code (``mirrorfit.fit``'s loop, the training job, checkpoints) and
+an engine, typed: the package's functions (:class:`Engine`), the distribution
+``build_distribution`` returns (:class:`Distribution`), its ``keras_fit`` module
+(:class:`FitEngine`), the :class:`FitRunner` holding a compiled model's compiled calls, and
+the :class:`CheckpointState` of a state split over the devices. An engine is a package under
+``mirrorfit/engine/`` named in :data:`mirrorfit.engine.backends.ENGINES`. Plain typing: no
+framework imported.
 (why, and a third engine: docs/architecture.md#the-engine-contract)
 """
 
@@ -56,97 +58,18 @@ class Distribution(Protocol):
         """One line for the start of a run."""
 
 
-class TrainIterator(Protocol):
-    """What :meth:`Runner.train_iterator` returns: the input of every call of one fit, read by
-    :meth:`Runner.run` only."""
-
-    def close(self) -> None:
-        """Release the input (reading threads, the framework's iterator), at the same point
-        on every worker."""
-
-
-class Runner(Protocol):
-    """A run's model, optimizer, metrics and compiled calls on one :class:`Distribution`.
-
-    Built as ``Runner(distribution=, model=, optimizer=, loss=, global_batch=, metrics=,
-    accum_steps=, precision=, jit_compile=, remat=, on_notice=)``; ``global_batch`` is examples
-    per optimizer step over every replica and micro-batch."""
-
-    backend: str
-    distribution: Distribution
-    global_batch: int
-    accum_steps: int
-    loss_scaling: bool  # fp16: a LossScaleOptimizer
-
-    # what the controller reads
-    model: Any  # the Keras model, its variables up to date
-    optimizer: Any
-    replicas: int
-    micro_batch: int  # examples per replica per micro-batch
-    jit_compile: bool
-    lockstep: bool  # several processes: metric reads and checks are collectives, in step
-
-    def steps_per_epoch(self, train) -> int:
-        """Optimizer steps per epoch of ``train``."""
-
-    def train_iterator(
-        self, train, *, start_epoch: int, epochs: int, skip: int, steps_per_execution: int
-    ) -> TrainIterator:
-        """The input of every call from (``start_epoch``, ``skip`` steps in) to ``epochs``."""
-
-    def run(self, iterator: TrainIterator, num_steps: int) -> None:
-        """``num_steps`` optimizer steps in one compiled call; returns when they are done."""
-
-    def evaluate(self, data, batch: int) -> dict[str, float]:
-        """Loss, metrics and ``examples`` over every example of ``data`` once."""
-
-    def reset_train_metrics(self) -> None: ...
-
-    def train_logs(self) -> dict[str, float]:
-        """The current epoch's training metrics (several processes: a collective)."""
-
-    def train_loss(self) -> float:
-        """The current epoch's mean training loss alone (several processes: a collective)."""
-
-    def loss_scale(self) -> float | None: ...
-
-    def applied_steps(self) -> int:
-        """Optimizer updates applied (fp16's skipped steps excluded)."""
-
-    def learning_rate(self) -> float: ...
-
-    def tracing_count(self) -> int: ...
-
-    def sync(self) -> None:
-        """The devices' state into the Keras variables (several processes: every worker at
-        the same point)."""
-
-    def state_bytes_per_device(self) -> int:
-        """Bytes of weights, statistics and optimizer state the fullest device holds."""
-
-    def peak_device_bytes(self) -> int | None:
-        """The devices' peak memory in use so far, where the platform reports it."""
-
-    def describe_sharding(self) -> str:
-        """One line: what of the state is split over the devices."""
-
-    def checkpoint_state(self) -> CheckpointState: ...
-
-
 class CheckpointState(Protocol):
-    """An engine's checkpoint files for one runner (``Runner.checkpoint_state()``)."""
+    """An engine's checkpoint files of a state split over the devices (``FitEngine.
+    checkpoint_state(runner)``); a whole state is Keras's own ``save_weights``."""
 
-    backend: str
-    # Every process writes its own part into the same folder (a sharded JAX run on several
+    split: bool  # the state is split over the devices (Orbax's files)
+    # Every process writes its own part into the same folder (a split state on several
     # processes); else only the chief's folder is kept.
     collective: bool
 
-    def first_non_finite(self) -> str | None:
-        """The first weight holding a NaN or an infinity, with how many; None: all finite."""
-
     def write(self, folder) -> Any:
-        """Write the model's and the optimizer's variables into ``folder``: None once
-        written, or a handle whose ``wait()`` returns when a background write completes."""
+        """Write the model's and the optimizer's variables into ``folder``: a handle whose
+        ``wait()`` returns when the background write completes."""
 
     def read(self, folder) -> None:
         """Restore them from ``folder`` (an error names what does not match)."""
@@ -155,7 +78,6 @@ class CheckpointState(Protocol):
 class Engine(Protocol):
     """The engine package itself (``mirrorfit.engine.<name>``)."""
 
-    Runner: Callable[..., Runner]
     CAPABILITIES: Capabilities
 
     def configure_devices(self, **settings) -> Any:
@@ -284,8 +206,6 @@ class FitEngine(Protocol):
 
 __all__ = [
     "Distribution",
-    "TrainIterator",
-    "Runner",
     "CheckpointState",
     "Engine",
     "FitRunner",

@@ -172,10 +172,10 @@ def evaluate_artifact(
     if checkpoint_dir:
         from keras import ops
 
-        from mirrorfit.artifacts.checkpoint import load_model, position_of
-        from mirrorfit.engine import backends
+        from mirrorfit.artifacts.checkpoint_model import load_model, position_of
+        from mirrorfit.engine.jax import read_split_state
 
-        net, meta = load_model(checkpoint_dir, read_state=backends.read_model, model=model)
+        net, meta = load_model(checkpoint_dir, read_split=read_split_state, model=model)
         source = f"{checkpoint_dir} ({position_of(meta)})"
         predict = lambda x: ops.convert_to_numpy(net(np.asarray(x), training=False))  # noqa: E731
         takes, outputs = _shapes_of(net, meta)

@@ -22,10 +22,10 @@ def evaluate_checkpoint(
     import mirrorfit
     from keras import tree
 
-    from mirrorfit.artifacts.checkpoint import load_model, position_of
-    from mirrorfit.engine import backends
+    from mirrorfit.artifacts.checkpoint_model import load_model, position_of
+    from mirrorfit.engine.jax import read_split_state
 
-    net, meta = load_model(checkpoint_dir, read_state=backends.read_model, model=model)
+    net, meta = load_model(checkpoint_dir, read_split=read_split_state, model=model)
     if not getattr(net, "compiled", False) and model is None:
         raise ConfigError(
             f"{checkpoint_dir} holds mirrorfit's {net.name}, trained through mirrorfit.fit "

@@ -724,7 +724,10 @@ def run(
         if data.get("class_names"):
             model.class_names = list(data["class_names"])
     guard.fitting(workers=_workers())  # fit saves on a signal itself, from here on
-    with _said(console), usage:
+    from mirrorfit.job.observe import out_of_memory_hint
+
+    per_replica = global_batch // _replicas(model)
+    with _said(console), usage, out_of_memory_hint(per_replica):  # OOM: one line, what to try
         history = _fit(config, model, global_batch, eval_batch, callbacks, val, kwargs, bar)
     wall = time.perf_counter() - start
     guard.trained(config.checkpoint_dir)  # a signal now stops at the next check, said so

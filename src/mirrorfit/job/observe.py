@@ -59,11 +59,6 @@ class ScalarWriter:
             event_pb2.Event(wall_time=time.time(), step=int(step), summary=summary)
         )
 
-    def step_hook(self, trainer) -> None:
-        logs = trainer.train_logs()
-        kept = {k: logs[k] for k in ("loss", "accuracy", "loss_scale") if k in logs}
-        self.after_call(trainer.step, kept, trainer.learning_rate(), trainer.global_batch)
-
     def after_call(
         self, step: int, logs: dict[str, float], learning_rate: float | None, global_batch: int
     ) -> None:

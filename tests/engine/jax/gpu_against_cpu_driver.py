@@ -1,5 +1,5 @@
 """Run by tests/engine/jax/test_jax_gpu.py where JAX sees a GPU: ``python
-gpu_against_cpu_driver.py``. The JAX engine (TensorFlow blocked) trains the MLP one epoch on
+gpu_against_cpu_driver.py``. ``mirrorfit.fit`` (TensorFlow blocked) trains the MLP one epoch on
 1,024 MNIST examples on GPU 0 and on the CPU, from the same seed, at full float32 matmul
 precision (not TF32). Prints one JSON line: the largest difference between the two runs'
 weights."""
@@ -22,6 +22,7 @@ from mirrorfit.engine.jax.devices import DeviceSetup  # noqa: E402
 
 import keras  # noqa: E402
 import mirrorfit  # noqa: E402
+from mirrorfit.fitting.setup import Setup, use  # noqa: E402
 
 data = mirrorfit.load_mnist(train_examples=1024, download=False)
 out = {}
@@ -34,17 +35,12 @@ for where in ("gpu", "cpu"):
         engine="JAX",
         handles=tuple(jax.devices(where)[:1]),
     )
+    use(Setup(backend="jax", devices=setup, placement=engine.build_distribution(setup)))
     engine.seed(3)
-    trainer = mirrorfit.Trainer(
-        strategy=engine.build_distribution(setup),
-        model=mirrorfit.models.mlp,
-        optimizer=keras.optimizers.SGD(0.05),
-        loss=keras.losses.SparseCategoricalCrossentropy(),
-        global_batch=128,
-    )
-    trainer.fit(
-        mirrorfit.train_batches(data.x_train, data.y_train, global_batch=128, seed=3), epochs=1
-    )
-    out[where] = [w.ravel().tolist() for w in trainer.model.get_weights()]
+    model = mirrorfit.models.mlp()
+    model.compile(optimizer=keras.optimizers.SGD(0.05), loss="sparse_categorical_crossentropy")
+    x = data.x_train.astype("float32") / 255
+    mirrorfit.fit(model, x, data.y_train, batch_size=128, epochs=1, shuffle=False, verbose=0)
+    out[where] = [w.ravel().tolist() for w in model.get_weights()]
 diff = max(float(np.abs(np.array(a) - np.array(b)).max()) for a, b in zip(out["gpu"], out["cpu"]))
 print(json.dumps({"diff": diff}))

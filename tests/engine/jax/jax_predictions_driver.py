@@ -1,4 +1,4 @@
-"""Run by tests/engine/jax/test_jax_state.py: ``python jax_predictions_driver.py KERAS_FILE``.
+"""Run by tests/engine/jax/test_jax_checkpoints.py: ``python jax_predictions_driver.py KERAS_FILE``.
 The .keras file predicts the first 8 MNIST test images on JAX, with TensorFlow blocked.
 Prints one JSON line: the images and the predictions."""
 

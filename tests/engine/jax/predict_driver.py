@@ -1,4 +1,4 @@
-"""Run by tests/engine/jax/test_jax_runner.py: ``python predict_driver.py A B``. Both .keras
+"""Run by tests/engine/jax/test_jax_train.py: ``python predict_driver.py A B``. Both .keras
 files predict the first 1,000 MNIST test images, on JAX with TensorFlow blocked. Prints one
 JSON line: their largest difference, and the spread of A's predictions."""
 

@@ -1,4 +1,4 @@
-"""Run by tests/engine/jax/test_jax_runner.py: ``python sigterm_runs_driver.py RUNS ARMED``.
+"""Run by tests/engine/jax/test_jax_train.py: ``python sigterm_runs_driver.py RUNS ARMED``.
 Runs `mirrorfit train` (cli.main) on each argv of RUNS (a JSON list) in one interpreter, on
 JAX with TensorFlow blocked; run i gets a SIGTERM (once) after the call of steps that ends
 at the optimizer step ARMED[i] names (ARMED: a JSON object, run index: step). Prints one

@@ -1,7 +1,8 @@
-"""engine.jax.orbax_state and the Checkpointer's background saves: a sharded run's checkpoints
-are Orbax's, written while training goes on; a SIGTERM during one resumes (on 4 devices or 2)
-to the uninterrupted run; a damaged one is set aside; `mirrorfit export` reads one; a failed
-background write is one line and leaves the previous checkpoint the newest."""
+"""engine.jax.orbax_state and fit's background saves (artifacts/epoch_checkpoint.py): a
+sharded run's checkpoints are Orbax's, written while training goes on; a SIGTERM during one
+resumes (on 4 devices or 2) to the uninterrupted run; a damaged one is set aside; `mirrorfit
+export` reads one; a failed background write is one line and leaves the previous checkpoint
+the newest."""
 
 import json
 import signal
@@ -156,15 +157,12 @@ def test_a_saved_array_of_another_shape_or_dtype_is_refused_before_anything_is_r
 
 
 class _Failing:
-    """An engine state whose background write fails after the save returned."""
+    """A split engine state whose background write fails after the save returned."""
 
-    backend, collective = "jax", False
+    split, collective = True, False
 
     def __init__(self, error):
         self.error, self.written = error, []
-
-    def first_non_finite(self):
-        return None
 
     def write(self, folder):
         (folder / "part").write_text("half")
@@ -176,25 +174,16 @@ class _Failing:
         raise self.error
 
 
-def _checkpointer(tmp_path, state):
+def _save(tmp_path, state):
+    """``mirrorfit.fit``'s save of a small model at epoch 1 into ``tmp_path``, with ``state``:
+    (its path, the commit running in the background)."""
     import keras
 
-    from mirrorfit.artifacts.checkpoint import Checkpointer
-    from mirrorfit.engine.controller import Position
+    from mirrorfit.artifacts import epoch_checkpoint
 
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
-    trainer = types.SimpleNamespace(
-        model=model,
-        optimizer=keras.optimizers.SGD(),
-        global_batch=8,
-        step=4,
-        epoch=0,
-        step_in_epoch=4,
-        position=Position(epoch=0, step_in_epoch=4, step=4),
-        runner=types.SimpleNamespace(checkpoint_state=lambda: state),
-        train_logs=dict,
-    )
-    return Checkpointer(tmp_path, trainer=trainer, model_spec="m")
+    model.compile(optimizer="sgd", loss="mse")
+    return epoch_checkpoint.save(model, tmp_path, epoch_checkpoint.Position(1), None, state=state)
 
 
 @pytest.mark.parametrize(
@@ -210,16 +199,16 @@ def _checkpointer(tmp_path, state):
 )
 def test_a_failed_background_write_is_one_line_and_commits_nothing(tmp_path, error, kind, says):
     state = _Failing(error)
-    checkpointer = _checkpointer(tmp_path, state)
-    path = checkpointer.save()  # returns while the write goes on
-    assert path.name == "ckpt-000000004" and state.written
+    path, commit = _save(tmp_path, state)  # returns while the write goes on
+    assert path.name == "epoch-000001" and state.written and commit is not None
+    commit.join()
     with pytest.raises(Exception) as raised:
-        checkpointer.wait()
+        commit.result()
     assert type(raised.value).__name__ == kind and says in str(raised.value)
-    assert "no checkpoint was written" in str(raised.value)
+    assert "none was written" in str(raised.value)
     assert "\n" not in str(raised.value)
     assert list(tmp_path.iterdir()) == []  # neither the checkpoint nor its temp folder
-    checkpointer.wait()  # raised once
+    commit.result()  # raised once
 
 
 def test_a_flipped_byte_that_orbax_reads_is_caught_by_the_checksums(tmp_path):
@@ -228,29 +217,14 @@ def test_a_flipped_byte_that_orbax_reads_is_caught_by_the_checksums(tmp_path):
     assert got["said"] == "state/trainable/0 does not match its checksum: the data is damaged"
 
 
-def test_a_folder_of_both_kinds_or_a_state_file_is_damage(tmp_path):
-    from mirrorfit.engine.jax.state import _kind
-
-    assert _kind(tmp_path) == "npz"
-    (tmp_path / "state").write_text("not a folder")
-    with pytest.raises(ValueError, match="state/ is not a folder"):
-        _kind(tmp_path)
-    (tmp_path / "state").unlink()
-    (tmp_path / "state").mkdir()
-    assert _kind(tmp_path) == "orbax"
-    (tmp_path / "state.npz").write_bytes(b"PK")
-    with pytest.raises(ValueError, match="holds both state.npz and state/"):
-        _kind(tmp_path)
-
-
 def test_a_stale_shared_temp_that_is_a_file_or_a_link_is_removed(tmp_path):
-    state = _Failing(RuntimeError("unused"))
-    checkpointer = _checkpointer(tmp_path, state)
-    (tmp_path / ".ckpt-000000002.tmp-shared").write_text("junk")
+    (tmp_path / ".epoch-000002.tmp-shared").write_text("junk")
     (tmp_path / "elsewhere").mkdir()
-    (tmp_path / ".ckpt-000000003.tmp-shared").symlink_to(tmp_path / "elsewhere")
-    removed = checkpointer.clean_partial()
-    assert len(removed) == 2 and sorted(p.name for p in tmp_path.iterdir()) == ["elsewhere"]
+    (tmp_path / ".epoch-000003.tmp-shared").symlink_to(tmp_path / "elsewhere")
+    path, commit = _save(tmp_path, None)  # a whole state: Keras's weights file, committed
+    assert commit is None and path.name == "epoch-000001"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["elsewhere", "epoch-000001"]
+    assert list((tmp_path / "elsewhere").iterdir()) == []  # a link is removed, not followed
 
 
 @pytest.mark.slow

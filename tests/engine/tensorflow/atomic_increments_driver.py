@@ -1,4 +1,4 @@
-"""Run by tests/engine/tensorflow/test_parameter_server_loops.py: ``python
+"""Run by tests/engine/tensorflow/test_parameter_server.py: ``python
 atomic_increments_driver.py``. A Keras Mean metric and counter updated twice in a tf.function
 under atomic_keras_increments(). Prints one JSON line: the metric's mean and count, the
 counter, and whether keras.Variable's assign_add and assign_sub were restored after."""

@@ -10,9 +10,12 @@ import sys
 
 import pytest
 
-from conftest import ROOT, _env
+from pathlib import Path
+
+from conftest import ROOT, _env, run_isolated
 
 pytestmark = pytest.mark.slow
+HERE = Path(__file__).parent
 
 
 def test_parameter_server_training_of_the_mlp_reaches_95_percent_and_only_the_chief_writes(
@@ -76,3 +79,9 @@ def test_parameter_server_training_of_the_mlp_reaches_95_percent_and_only_the_ch
     assert "[chief] done:" in log and "[worker 0] done:" not in log
     for task in ("worker 0", "worker 1", "ps 0"):
         assert f"[{task}] {task} of 2 worker(s)" in log  # they served, and said so once
+
+
+def test_atomic_increments_give_keras_results_and_restore_keras():
+    # One writer: the same numbers as Keras's own assign_add; the patch ends with the block.
+    result = run_isolated(HERE / "atomic_increments_driver.py")
+    assert result == {"mean": 3.0, "count": 6.0, "counter": -4, "restored": True}

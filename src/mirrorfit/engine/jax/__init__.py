@@ -1,7 +1,7 @@
 """The JAX engine (Keras 3 on JAX), in the order a run uses it: ``devices`` -> ``placement`` (a
-1-D mesh) -> ``step`` (per replica, one all-reduce per step; S steps in one jitted call) ->
-``feed`` (blocks of batches on the devices ahead of the step) -> ``runner`` (the state
-between calls) -> ``state`` (checkpoint files). Imports no TensorFlow.
+mesh; ``sharding``, ``created_sharded``: the state split over it) -> ``keras_fit`` (the
+compiled model's step, S steps in one jitted call, one all-reduce per step: ``step``) ->
+``fit_state``/``orbax_state`` (a split state's checkpoint files). Imports no TensorFlow.
 """
 
 import importlib
@@ -15,7 +15,6 @@ from mirrorfit.engine.contract import Capabilities
 _EXPORTS = {
     "configure_devices": "devices",
     "list_devices": "devices",
-    "Runner": "runner",
     "build_distribution": "placement",
 }
 
@@ -87,6 +86,23 @@ def creating_variables(placement):
     return contextlib.nullcontext() if made is None else made.scope()
 
 
+def read_split_state(folder, model) -> None:
+    """The model's variables from checkpoint ``folder`` whose state was split over JAX
+    devices (Orbax's files, read whole onto the host: TensorFlow's ``mirrorfit export`` takes
+    it); ConfigError, one line, without Orbax."""
+    from mirrorfit.errors import ConfigError
+
+    try:
+        from mirrorfit.engine.jax import orbax_state
+        import orbax.checkpoint  # noqa: F401
+    except ImportError as e:
+        raise ConfigError(
+            f"{folder} holds a state split over JAX devices (Orbax's files), and {e.name} "
+            "is not installed: pip install 'mirrorfit[jax]'"
+        ) from None
+    orbax_state.read_model(folder, model)
+
+
 def peer_failure(error: BaseException) -> bool:
     """Whether ``error`` is a collective that failed because another task went away."""
     from mirrorfit.engine.jax import processes
@@ -128,6 +144,7 @@ __all__ = [
     *_EXPORTS,
     "seed",
     "keras_setup",
+    "read_split_state",
     "peer_failure",
     "stopped_answering",
     "in_job",

@@ -12,13 +12,12 @@ Which arrays: :func:`shard_axis`; which optimizers: :data:`ELEMENTWISE`, no norm
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass, field
 from typing import Sequence
 
 from mirrorfit.engine.backends import SHARD_MODES, check_settings
-from mirrorfit.engine.jax.placement import AXIS, local_value
+from mirrorfit.engine.jax.placement import AXIS
 from mirrorfit.errors import ConfigError
 
 MIN_ELEMENTS = 1024  # values: a smaller parameter stays replicated (its collectives cost more)
@@ -311,26 +310,6 @@ def state_bytes_per_device(arrays: Sequence) -> int:
     return max(per_device.values(), default=0)
 
 
-def non_finite_counts(arrays: Sequence) -> list[int]:
-    """How many values of each of ``arrays`` (JAX arrays of any sharding) are NaN or infinite,
-    counted on the devices (split over processes: a collective every process runs)."""
-    counts = _non_finite_counter()(list(arrays))
-    return [int(local_value(c)) for c in counts]
-
-
-@functools.cache
-def _non_finite_counter():
-    import jax
-    import jax.numpy as jnp
-
-    def count(a):
-        if not jnp.issubdtype(a.dtype, jnp.floating):
-            return jnp.zeros((), jnp.int32)
-        return jnp.sum(~jnp.isfinite(a), dtype=jnp.int32)
-
-    return jax.jit(lambda xs: [count(a) for a in xs])
-
-
 def distinct_arrays(*groups: list) -> list[list]:
     """``groups`` of arrays with each one that appeared before (the same object) replaced by a
     copy: two Keras variables may hold one array (``b.assign(a)``), and a buffer donated twice
@@ -386,5 +365,4 @@ __all__ = [
     "state_bytes_per_device",
     "held_by_model",
     "peak_device_bytes",
-    "non_finite_counts",
 ]

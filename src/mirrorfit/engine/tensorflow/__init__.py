@@ -1,7 +1,7 @@
 """The TensorFlow engine, in the order a run uses it: ``devices`` (GPUs, logical CPU devices,
 thread pools) -> ``strategy`` (tf.distribute by name, as one ``distribution.Distribution``;
-``parameter_server`` for ParameterServerStrategy) -> ``step`` (what each replica runs) ->
-``loop`` (S steps in one tf.function) -> ``runner`` (everything built under the strategy)."""
+``parameter_server`` for ParameterServerStrategy) -> ``keras_fit`` (the compiled model's
+step per replica, S steps in one tf.function; ``coordinated_fit`` under parameter servers)."""
 
 import importlib
 from typing import TYPE_CHECKING
@@ -14,7 +14,6 @@ from mirrorfit.engine.contract import Capabilities
 _EXPORTS = {
     "configure_devices": "devices",
     "list_devices": "devices",
-    "Runner": "runner",
     "build_distribution": "strategy",
 }
 

@@ -14,7 +14,6 @@ import tensorflow as tf
 from keras.src.losses.loss import unscale_loss_for_distribution
 
 from mirrorfit.engine.tensorflow import coordinated_fit, shared_copy
-from mirrorfit.engine.tensorflow.step import _agree_on_overflow
 from mirrorfit.errors import FitError
 from mirrorfit.fitting import batchnorm
 from mirrorfit.fitting import metrics as fit_metrics
@@ -24,6 +23,23 @@ from mirrorfit.fitting import metrics as fit_metrics
 # (mirrorfit draws each epoch's permutation); Keras's TensorFlow fit reads a tf.data source's
 # first pass for epoch 1.
 READ_AGAIN = frozenset({"ArrayDataAdapter"})
+
+
+def _agree_on_overflow(grads: list[tf.Tensor]) -> list[tf.Tensor]:
+    """Make every replica see non-finite gradients if any replica has them (one scalar
+    all-reduce), so that fp16 loss scaling skips the step on all of them alike.
+    (why: docs/architecture.md#tensorflow-the-step)
+    """
+    local_bad = tf.cast(
+        tf.logical_not(tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in grads])),
+        tf.float32,
+    )
+    context = tf.distribute.get_replica_context()
+    any_bad = context.all_reduce(tf.distribute.ReduceOp.SUM, local_bad) > 0
+    return [
+        tf.where(any_bad, tf.fill(tf.shape(g), tf.constant(float("nan"), g.dtype)), g)
+        for g in grads
+    ]
 
 
 def placement(model, chosen=None):
@@ -251,17 +267,17 @@ class Runner:
         _no_rebuild_once_built(self.model)
 
     def state_bytes_per_device(self) -> int:
-        from mirrorfit.engine.tensorflow.runner import whole_state_bytes
+        from mirrorfit.engine.tensorflow.memory import whole_state_bytes
 
         return whole_state_bytes(self.model, self.model.optimizer)
 
     def peak_device_bytes(self) -> int | None:
-        from mirrorfit.engine.tensorflow.runner import gpu_peak_bytes
+        from mirrorfit.engine.tensorflow.memory import gpu_peak_bytes
 
         return gpu_peak_bytes()
 
     def describe_sharding(self) -> str:
-        from mirrorfit.engine.tensorflow.runner import REPLICATED
+        from mirrorfit.engine.tensorflow.memory import REPLICATED
 
         if self._central:
             return "one copy, central storage (every replica reads it each step)"

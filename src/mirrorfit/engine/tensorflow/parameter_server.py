@@ -1,17 +1,15 @@
-"""Parameter-server training: the ``ClusterCoordinator``-driven counterpart of ``loop.py``.
-
-The variables live on the ps tasks; the chief traces the steps and schedules them as closures
-on whichever worker is free (asynchronous: one optimizer step = one worker batch); workers and
-ps tasks only serve (:func:`serve`). Steps are counted on the chief; examples are sampled per
-worker; evaluation runs on the chief, every example once. Keras 3 needs
-:func:`atomic_keras_increments` here, and no ``variable_partitioner``.
+"""Parameter-server training's strategy and tasks: ``ParameterServerStrategy`` with its
+``ClusterCoordinator`` for the chief (:func:`build_parameter_server`), and the worker and ps
+tasks that only serve (:func:`serve`, :func:`serve_task`). The variables live on the ps tasks;
+the chief's fit schedules the steps as closures on whichever worker is free
+(``coordinated_fit.py``). Keras 3 needs :func:`atomic_keras_increments` here, and no
+``variable_partitioner``.
 (why: docs/architecture.md#tensorflow-parameter-servers)
 """
 
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
 from typing import Callable, NoReturn
 
 import keras
@@ -79,73 +77,6 @@ def _atomic(op: str, keras_method: Callable) -> Callable:
     return method
 
 
-@dataclass(frozen=True)
-class CoordinatedLoops:
-    """The compiled functions a controller drives. Build with :func:`coordinated_loops`."""
-
-    strategy: tf.distribute.Strategy
-    coordinator: tf.distribute.coordinator.ClusterCoordinator
-    train_steps: Callable  # (per-worker iterator, n: int64 tensor) -> None; scheduled
-    evaluate_batches: Callable  # (iterator) -> None; runs on the chief
-    num_workers: int
-
-    def per_worker_dataset(
-        self, dataset_fn: Callable[[tf.distribute.InputContext], tf.data.Dataset]
-    ):
-        """An iterator over per-step batches (examples per optimizer step, repeated without end)
-        built on each worker by ``dataset_fn(input_context)``; no
-        ``tf.numpy_function``/``tf.py_function`` (it runs on the workers);
-        ``input_context.input_pipeline_id`` is this worker's index (an int64 tensor). (why:
-        docs/architecture.md#tensorflow-parameter-servers)
-        """
-        num_workers, replicas = self.num_workers, self.strategy.num_replicas_in_sync
-
-        def worker_dataset_fn(_):  # PSS passes one pipeline, id 0: give the real ones
-            index = tf.distribute.coordinator.experimental_get_current_worker_index()
-            return dataset_fn(
-                tf.distribute.InputContext(
-                    num_input_pipelines=num_workers,
-                    input_pipeline_id=index,
-                    num_replicas_in_sync=replicas,
-                )
-            )
-
-        @tf.function
-        def per_worker_dataset():
-            return self.strategy.distribute_datasets_from_function(worker_dataset_fn)
-
-        return iter(self.coordinator.create_per_worker_dataset(per_worker_dataset))
-
-    def run_train(self, iterator, num_steps: int) -> None:
-        """Run ``num_steps`` optimizer steps (all workers together); return when they are done, with
-        weights, metrics and the chief's step count in agreement. Use tens of steps per worker
-        (why: docs/architecture.md#tensorflow-parameter-servers).
-        """
-        closures = max(1, min(self.num_workers, num_steps))
-        base, extra = divmod(num_steps, closures)
-        for i in range(closures):
-            n = base + (1 if i < extra else 0)
-            self.coordinator.schedule(self.train_steps, args=(iterator, tf.constant(n, tf.int64)))
-        self.coordinator.join()
-
-    def evaluate(self, dataset: tf.data.Dataset) -> None:
-        """Run the eval step on the chief over every batch of ``dataset`` (plain, not distributed),
-        each example once, after scheduled training has finished; use large batches
-        (why: docs/architecture.md#tensorflow-parameter-servers).
-        """
-        self.coordinator.join()
-        # Made eagerly, on the chief: iterating inside the function handles a partial last batch.
-        self.evaluate_batches(iter(dataset))
-
-    def join(self) -> None:
-        """Wait until every scheduled closure has finished (raises a closure's error)."""
-        self.coordinator.join()
-
-    def tracing_count(self) -> int:
-        """How often the scheduled train function was traced (should stay 1)."""
-        return self.train_steps.experimental_get_tracing_count()
-
-
 def check_no_partitioner(strategy, error: type[Exception] = ValueError) -> None:
     """``error`` for a ParameterServerStrategy with a ``variable_partitioner``, which Keras 3
     cannot train (why: docs/architecture.md#tensorflow-parameter-servers)."""
@@ -156,43 +87,6 @@ def check_no_partitioner(strategy, error: type[Exception] = ValueError) -> None:
             "the Keras optimizer cannot update it; benchmarks/repro/"
             "ps_keras3_partitioner.py); build the strategy without one"
         )
-
-
-def coordinated_loops(
-    strategy: tf.distribute.Strategy,
-    coordinator: tf.distribute.coordinator.ClusterCoordinator,
-    train_fn: Callable,
-    eval_fn: Callable,
-) -> CoordinatedLoops:
-    """Wrap per-replica ``train_fn(x, y)`` and ``eval_fn(x, y)`` (e.g. a ``ReplicaStep``'s) for
-    ``ParameterServerStrategy``: training scheduled on the workers, evaluation on the chief.
-    ``train_fn`` is one optimizer step on one worker's batch (its "global batch").
-    """
-    check_no_partitioner(strategy)
-    # PSS exposes no public worker count (strategy.cluster_resolver is None for it).
-    num_workers = strategy.extended._num_workers
-
-    @tf.function
-    def train_steps(iterator, num_steps):
-        # Traced once on the chief, at the first schedule; the patch covers that trace only.
-        with atomic_keras_increments():
-            for _ in tf.range(num_steps):
-                strategy.run(train_fn, args=next(iterator))
-
-    @tf.function
-    def evaluate_batches(iterator):
-        # Not strategy.run: that is for scheduled functions (PSS warns when the chief calls it).
-        # One replica on the chief, the metrics' only writer while workers are idle.
-        for x, y in iterator:
-            eval_fn(x, y)
-
-    return CoordinatedLoops(
-        strategy=strategy,
-        coordinator=coordinator,
-        train_steps=train_steps,
-        evaluate_batches=evaluate_batches,
-        num_workers=num_workers,
-    )
 
 
 def build_parameter_server(setup, cluster, *, timeout_s: float):
@@ -275,9 +169,7 @@ def serve_task(cluster, *, console=None) -> NoReturn:
 
 
 __all__ = [
-    "CoordinatedLoops",
     "build_parameter_server",
-    "coordinated_loops",
     "serve",
     "serve_task",
     "atomic_keras_increments",
