@@ -57,3 +57,28 @@ def test_mirrorfit_train_names_the_changed_flag(tmp_path):
     again = run_cli(*base, *first, "--epochs", "2")
     assert again.returncode == 0, again.stderr[-3000:]
     assert "resuming from" in again.stderr
+
+
+def test_a_folder_of_the_earlier_loops_checkpoints_is_one_line_in_both_doors(tmp_path):
+    """In mirrorfit train's words the line said --fresh twice ("pass --fresh (or give another
+    --checkpoint-dir), or --fresh to set them aside") on 6cac313."""
+    import keras
+    import pytest
+
+    from mirrorfit.artifacts import epoch_checkpoint
+    from mirrorfit.errors import FitError
+    from mirrorfit.job.keras_job import _flag_words
+
+    (tmp_path / "ckpt-000000008").mkdir()
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    with pytest.raises(FitError) as raised:
+        epoch_checkpoint.restore_newest(model, tmp_path, None, writes=True)
+    said = str(raised.value)
+    assert said.endswith(
+        "which this one does not resume; set them aside with fresh=True (--fresh) to start "
+        "over, or use another checkpoint_dir"
+    )
+    assert _flag_words(said).endswith(
+        "set them aside with --fresh to start over, or use another --checkpoint-dir"
+    )
+    assert (tmp_path / "ckpt-000000008").is_dir()  # nothing moved

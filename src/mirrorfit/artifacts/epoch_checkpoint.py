@@ -356,8 +356,8 @@ def restore_newest(
     if list_checkpoints(directory):  # alone, or beside fit's: which is newer cannot be told
         raise FitError(
             f"checkpoint_dir {directory} holds checkpoints of mirrorfit train's earlier loop "
-            "(ckpt-NNNNNNNNN), which this one does not resume; give another checkpoint_dir, "
-            "or fresh=True (--fresh) to set them aside and start over"
+            "(ckpt-NNNNNNNNN), which this one does not resume; set them aside with "
+            "fresh=True (--fresh) to start over, or use another checkpoint_dir"
         )
     found, meta, damaged = _first_readable(directory, check, lambda f: _load(model, f, state))
     if found is None:
