@@ -564,3 +564,31 @@ def test_synchronized_batchnorm_is_one_devices(backend, tmp_path):
     # its rows are not the batch's: which are padding is not known, and it says so
     (said,) = set(r["synced"]["reshaped_warnings"])
     assert "takes 576 rows per replica where its share of the batch has 16" in said
+
+
+@pytest.mark.slow
+def test_fp16_overflow_on_one_replica_skips_the_step_on_every_replica():
+    """tests/fitting/fp16_overflow_driver.py: the overflowing step skipped by both replicas (the
+    scale halved, one step applied, the copies equal), the good step after it applied as if
+    alone. Without the agreement the first replica steps alone and the loss turns NaN."""
+    out = run_isolated(HERE / "fp16_overflow_driver.py")
+    assert (out["compute"], out["output"]) == ("float16", "float32")
+    assert out["scale"] == out["initial_scale"] / 2 and out["applied"] == 1, out
+    assert out["replicas_agree"] and out["finite"], out
+    assert out["moved"] > 1e-3  # the good step changes the weights...
+    assert out["from_good_alone"] <= 1e-6, out  # ...as it does on its own
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["jax", "tensorflow"])
+def test_evaluate_past_the_data_and_bf16_weights_through_a_checkpoint(backend, tmp_path):
+    """tests/fitting/edges_driver.py: evaluate with a batch larger than the data and with a
+    partial last batch gives the loss and accuracy of the model's own predictions; a model
+    with a bfloat16 layer resumes from its checkpoint to the uninterrupted run's weights."""
+    out = run_isolated(HERE / "edges_driver.py", backend, tmp_path)
+    for n in (5, 1001):
+        got, expected = out[f"evaluate_{n}"]["got"], out[f"evaluate_{n}"]["expected"]
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6, err_msg=f"{n} examples")
+    bf16 = out["bf16"]
+    assert bf16["dtypes"] == ["bfloat16", "bfloat16", "float32", "float32"], bf16
+    assert bf16["epochs_trained"] == 1 and bf16["max_diff"] == 0.0, bf16

@@ -1,0 +1,71 @@
+"""Two edges of ``mirrorfit.fit`` on 2 replicas, as a user meets them. Run as ``python
+edges_driver.py BACKEND DIR``; prints one JSON line.
+
+* ``evaluate`` with a batch larger than the data (5 examples, batch 64: one partial batch,
+  padded and masked) and with a partial last batch (1,001 examples, batch 64): loss and
+  accuracy against the same figures computed here from the model's own ``predict``.
+* A model with a bfloat16 layer (its variables bfloat16, not only its compute) checkpointed by
+  ``checkpoint_dir`` after 2 epochs, then resumed to 3: its weights against an uninterrupted
+  3-epoch run, and their dtypes.
+"""
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+import mirrorfit
+
+BACKEND, DIR = sys.argv[1], Path(sys.argv[2])
+mirrorfit.setup(backend=BACKEND, replicas=2)
+import keras  # noqa: E402
+
+rng = np.random.default_rng(0)
+x = rng.normal(size=(1001, 12)).astype("float32")
+y = rng.integers(0, 4, 1001)
+out: dict = {}
+
+
+def build(bf16: bool = False):
+    keras.utils.set_random_seed(1)
+    model = keras.Sequential(
+        [
+            keras.Input((12,)),
+            keras.layers.Dense(16, activation="relu", dtype="bfloat16" if bf16 else None),
+            keras.layers.Dense(4, activation="softmax", dtype="float32"),
+        ]
+    )
+    model.compile(
+        keras.optimizers.SGD(0.05), loss="sparse_categorical_crossentropy", metrics=["accuracy"]
+    )
+    return model
+
+
+def expected(model, n: int) -> list[float]:
+    probs = np.asarray(model.predict(x[:n], batch_size=1024, verbose=0), np.float64)
+    loss = float(np.mean(-np.log(probs[np.arange(n), y[:n]])))
+    return [loss, float(np.mean(probs.argmax(1) == y[:n]))]
+
+
+model = build()
+mirrorfit.fit(model, x, y, batch_size=64, epochs=1, verbose=0)
+for n in (5, 1001):
+    got = mirrorfit.evaluate(model, x[:n], y[:n], batch_size=64, verbose=0)
+    out[f"evaluate_{n}"] = {"got": [float(v) for v in got], "expected": expected(model, n)}
+
+kw = dict(batch_size=64, shuffle=False, verbose=0)
+whole = build(bf16=True)
+mirrorfit.fit(whole, x, y, epochs=3, **kw)
+mirrorfit.fit(build(bf16=True), x, y, epochs=2, checkpoint_dir=DIR / "ckpt", **kw)
+resumed = build(bf16=True)
+mirrorfit.fit(resumed, x, y, epochs=3, checkpoint_dir=DIR / "ckpt", **kw)
+out["bf16"] = {
+    "dtypes": [str(w.dtype) for w in resumed.weights],
+    "max_diff": max(
+        float(np.abs(np.asarray(a, np.float32) - np.asarray(b, np.float32)).max())
+        for a, b in zip(whole.get_weights(), resumed.get_weights())
+    ),
+    "epochs_trained": len(resumed.history.epoch),
+}
+print(json.dumps(out))
