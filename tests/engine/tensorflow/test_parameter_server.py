@@ -5,12 +5,14 @@ mirrorfit train --strategy parameter-server`, real processes on loopback (a chie
 from __future__ import annotations
 
 import json
+import re
+import signal
 import subprocess
 import sys
-
-import pytest
-
 from pathlib import Path
+
+import psutil
+import pytest
 
 from conftest import ROOT, _env, run_isolated
 
@@ -79,6 +81,54 @@ def test_parameter_server_training_of_the_mlp_reaches_95_percent_and_only_the_ch
     assert "[chief] done:" in log and "[worker 0] done:" not in log
     for task in ("worker 0", "worker 1", "ps 0"):
         assert f"[{task}] {task} of 2 worker(s)" in log  # they served, and said so once
+
+
+def _listening_on(address: str) -> psutil.Process | None:
+    """The process serving ``address`` (host:port): a task's own gRPC server. (Found by its
+    port: the test's processes may be forks, whose /proc environ is their parent's.)"""
+    port = int(address.rpartition(":")[2])
+    for conn in psutil.net_connections(kind="tcp"):
+        if conn.status == psutil.CONN_LISTEN and conn.laddr.port == port and conn.pid:
+            return psutil.Process(conn.pid)
+    return None
+
+
+def test_a_killed_worker_is_restarted_and_its_steps_retried(tmp_path):
+    """Worker 1 SIGKILLed right after epoch 1 of 2, mid-schedule: the launcher restarts it
+    alone at its address, the chief's coordinator runs the lost steps again on a live worker,
+    and training ends with every step of both epochs applied (a killed call's steps may have
+    applied part of their updates before it died: at least as many updates as steps)."""
+    out = tmp_path / "m.json"
+    argv = [sys.executable, "-m", "mirrorfit", "launch", "--workers", "2", "--ps", "1"]
+    argv += ["--max-restarts", "1", "--", "mirrorfit", "train", "--strategy", "parameter-server"]
+    argv += ["--epochs", "2", "--train-examples", "25600", "--batch-size", "128"]
+    argv += ["--steps-per-execution", "20", "--no-progress", "--metrics-out", str(out)]
+    proc = subprocess.Popen(
+        argv,
+        env=dict(_env(), TMPDIR=str(tmp_path)),
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    log, killed = [], None
+    try:
+        for line in proc.stdout:
+            log.append(line)
+            if killed is None and line.startswith("[chief] epoch 1/2:"):
+                killed = _listening_on(re.search(r"worker 1 (\S+),", log[0]).group(1))
+                assert killed is not None, "".join(log)
+                killed.send_signal(signal.SIGKILL)
+        proc.wait(timeout=300)
+    finally:
+        proc.kill()
+    text = "".join(log)
+    assert proc.returncode == 0 and killed is not None, text[-4000:]
+    assert "worker 1 exited with SIGKILL (-9); restarting worker 1 alone" in text
+    summary = json.loads(out.read_text())
+    assert summary["steps"] == 2 * 25_600 // 128
+    assert summary["optimizer_updates"] >= summary["steps"], summary["optimizer_updates"]
+    assert summary["test_accuracy"] >= 0.8, summary["test_accuracy"]  # 2 epochs of SGD 0.01
 
 
 def test_atomic_increments_give_keras_results_and_restore_keras():
