@@ -4,6 +4,8 @@ edges_driver.py BACKEND DIR``; prints one JSON line.
 * ``evaluate`` with a batch larger than the data (5 examples, batch 64: one partial batch,
   padded and masked) and with a partial last batch (1,001 examples, batch 64): loss and
   accuracy against the same figures computed here from the model's own ``predict``.
+* Out of memory inside ``fit`` (a callback allocates 16 TiB, the framework's own error): the
+  same error raised, with a note of what to try.
 * A model with a bfloat16 layer (its variables bfloat16, not only its compute) checkpointed by
   ``checkpoint_dir`` after 2 epochs, then resumed to 3: its weights against an uninterrupted
   3-epoch run, and their dtypes.
@@ -53,6 +55,25 @@ mirrorfit.fit(model, x, y, batch_size=64, epochs=1, verbose=0)
 for n in (5, 1001):
     got = mirrorfit.evaluate(model, x[:n], y[:n], batch_size=64, verbose=0)
     out[f"evaluate_{n}"] = {"got": [float(v) for v in got], "expected": expected(model, n)}
+
+
+class Allocates(keras.callbacks.Callback):
+    def on_train_batch_begin(self, batch, logs=None):
+        if BACKEND == "jax":
+            import jax.numpy as jnp
+
+            jnp.zeros((1 << 42,), "float32").block_until_ready()
+        else:
+            import tensorflow as tf
+
+            tf.zeros([1 << 42]).numpy()
+
+
+try:
+    mirrorfit.fit(model, x, y, batch_size=64, epochs=1, verbose=0, callbacks=[Allocates()])
+    out["oom"] = None
+except Exception as e:  # noqa: BLE001 - reported to the test
+    out["oom"] = {"type": type(e).__name__, "notes": getattr(e, "__notes__", [])}
 
 kw = dict(batch_size=64, shuffle=False, verbose=0)
 whole = build(bf16=True)

@@ -583,12 +583,20 @@ def test_fp16_overflow_on_one_replica_skips_the_step_on_every_replica():
 @pytest.mark.parametrize("backend", ["jax", "tensorflow"])
 def test_evaluate_past_the_data_and_bf16_weights_through_a_checkpoint(backend, tmp_path):
     """tests/fitting/edges_driver.py: evaluate with a batch larger than the data and with a
-    partial last batch gives the loss and accuracy of the model's own predictions; a model
+    partial last batch gives the loss and accuracy of the model's own predictions; out of
+    memory inside fit is the framework's error with a note of what to try; a model
     with a bfloat16 layer resumes from its checkpoint to the uninterrupted run's weights."""
     out = run_isolated(HERE / "edges_driver.py", backend, tmp_path)
     for n in (5, 1001):
         got, expected = out[f"evaluate_{n}"]["got"], out[f"evaluate_{n}"]["expected"]
         np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6, err_msg=f"{n} examples")
+    oom = out["oom"]
+    assert (
+        oom["type"] == {"jax": "JaxRuntimeError", "tensorflow": "ResourceExhaustedError"}[backend]
+    )
+    ours = [n for n in oom["notes"] if n.startswith("mirrorfit")]  # JAX adds one of its own
+    assert [n.split(";")[0] for n in ours] == ["mirrorfit.fit: out of memory at batch_size=64"]
+    assert "accum_steps=K" in ours[0], oom
     bf16 = out["bf16"]
     assert bf16["dtypes"] == ["bfloat16", "bfloat16", "float32", "float32"], bf16
     assert bf16["epochs_trained"] == 1 and bf16["max_diff"] == 0.0, bf16

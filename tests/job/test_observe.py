@@ -73,3 +73,13 @@ def test_out_of_memory_says_what_to_try():
     assert "out of memory at a batch of 256 per replica" in message
     for flag in ("--accum-steps", "--remat", "--precision", "--gpu-memory-limit"):
         assert flag in message
+
+
+def test_out_of_memory_on_jax_says_what_to_try():
+    """JAX's own error (JaxRuntimeError since JAX 0.5; the hint once looked for the name
+    XlaRuntimeError only, and a JAX run's out-of-memory error was a traceback)."""
+    import jax.numpy as jnp
+
+    with pytest.raises(mirrorfit.MirrorfitError, match="out of memory at a batch of 8 per"):
+        with out_of_memory_hint(8):
+            jnp.zeros((1 << 42,), "float32").block_until_ready()  # 16 TiB

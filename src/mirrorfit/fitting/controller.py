@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from mirrorfit.errors import FitError
 from mirrorfit.fitting.epochs import Epochs
-from mirrorfit.fitting.guards import Divergence, Signals, preempted
+from mirrorfit.fitting.guards import Divergence, Signals, memory_noted, preempted
 
 
 @dataclass(frozen=True)
@@ -32,7 +32,8 @@ def train(run, data: Epochs, val, callbacks, hooks, span: Span, saver, allow_nan
         allow_nan, lambda: saver.last if saver is not None else None, every_call=workers.count > 1
     )
     try:
-        _train(run, data, val, callbacks, hooks, span, saver, guard)
+        with memory_noted(data.size):
+            _train(run, data, val, callbacks, hooks, span, saver, guard)
     finally:  # a checkpoint still committing in the background ends before fit returns
         if saver is not None:
             saver.join()

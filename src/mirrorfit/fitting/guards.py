@@ -6,13 +6,17 @@ same for a Keras script. (why: docs/keras-script.md#preemption-and-divergence)
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import signal
+import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
+from mirrorfit._io import is_disk_full
 from mirrorfit.errors import DivergedError
 from mirrorfit.job.preemption import Preempted
 
@@ -64,6 +68,37 @@ def preempted(name: str, path: Path | None, epoch: int, step: int) -> Preempted:
         "give a checkpoint_dir to make the run resumable",
     )
     return error
+
+
+def out_of_memory(error: BaseException) -> bool:
+    """TensorFlow's ResourceExhaustedError, or JAX's RESOURCE_EXHAUSTED (its JaxRuntimeError,
+    XlaRuntimeError before JAX 0.5); TensorFlow reports a full disk with the same error."""
+    tf = sys.modules.get("tensorflow")
+    if tf is not None and isinstance(error, tf.errors.ResourceExhaustedError):
+        return True
+    jax_errors = getattr(sys.modules.get("jax"), "errors", None)
+    runtime = getattr(jax_errors, "JaxRuntimeError", None)
+    jax_error = (runtime is not None and isinstance(error, runtime)) or type(
+        error
+    ).__name__ == "XlaRuntimeError"
+    return jax_error and "RESOURCE_EXHAUSTED" in str(error)
+
+
+@contextlib.contextmanager
+def memory_noted(batch_size: int) -> Iterator[None]:
+    """The framework's out-of-memory error raised as it is (a script may catch its type), with
+    a note of what to try in this API's words."""
+    try:
+        yield
+    except Exception as e:
+        if out_of_memory(e) and not is_disk_full(e):
+            e.add_note(
+                f"mirrorfit.fit: out of memory at batch_size={batch_size}; try a smaller "
+                "batch_size with accum_steps=K (K micro-batches a step keep the effective "
+                "batch), setup(precision='bf16'), or on JAX setup(shard='optimizer') or "
+                "shard='all' (the state split over the devices)"
+            )
+        raise
 
 
 class Divergence:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import statistics
-import sys
 import threading
 import time
 from typing import Iterator
@@ -18,6 +17,7 @@ import psutil
 
 from mirrorfit._io import is_disk_full
 from mirrorfit.errors import MirrorfitError, StorageError
+from mirrorfit.fitting.guards import out_of_memory
 
 
 class ScalarWriter:
@@ -145,7 +145,7 @@ def out_of_memory_hint(per_replica_batch: int) -> Iterator[None]:
     try:
         yield
     except Exception as e:
-        if not _out_of_memory(e):
+        if not out_of_memory(e):
             raise
         text = str(getattr(e, "message", e)).strip()
         if is_disk_full(e):
@@ -157,14 +157,6 @@ def out_of_memory_hint(per_replica_batch: int) -> Iterator[None]:
             "--precision bf16 or fp16, or on GPUs leave memory growth on and set "
             "--gpu-memory-limit MB"
         ) from None
-
-
-def _out_of_memory(error: Exception) -> bool:
-    """TensorFlow's ResourceExhaustedError, or XLA's RESOURCE_EXHAUSTED under JAX."""
-    tf = sys.modules.get("tensorflow")
-    if tf is not None and isinstance(error, tf.errors.ResourceExhaustedError):
-        return True
-    return type(error).__name__ == "XlaRuntimeError" and "RESOURCE_EXHAUSTED" in str(error)
 
 
 __all__ = ["ScalarWriter", "CpuGpuSampler", "out_of_memory_hint"]
