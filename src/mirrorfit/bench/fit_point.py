@@ -144,21 +144,9 @@ def load_source(point):
     """A file or function source (``--data``) opened as ``point`` reads it: a
     :class:`mirrorfit.data.sources.Data`."""
     from mirrorfit.data.sources import load_data
+    from mirrorfit.job.data import source
 
-    return load_data(
-        point.data,
-        global_batch=point.global_batch,
-        seed=point.seed,
-        train_examples=point.train_examples,
-        validation_split=point.validation_split,
-        image_size=point.image_size,
-        image_feature=point.image_feature,
-        label_feature=point.label_feature,
-        cache=point.cache,
-        input_shape=point.input_shape,
-        num_classes=point.num_classes,
-        model=point.model,
-    )
+    return load_data(point.data, global_batch=point.global_batch, **source(_config(point)))
 
 
 def _arrays(point, model):
