@@ -60,17 +60,12 @@ def test_the_toml_key_sets_the_backend(tmp_path, monkeypatch):
             ("--cross-device-ops", "reduce-to-one"),
             "--cross-device-ops reduce-to-one chooses TensorFlow's collectives",
         ),
-        (("--profile",), "--profile breaks down the built-in models' step on TensorFlow"),
         (
             ("--export-dir", "models/m"),
             "then export it (with TensorFlow installed): mirrorfit export",
         ),
         # not the TensorFlow advice (--strategy mirrored, --communication) JAX refuses next
         (("--communication", "ring"), "--communication ring chooses TensorFlow's multi-worker"),
-        (
-            ("--profile", "--strategy", "multi-worker"),
-            "--profile breaks down the built-in models' step on TensorFlow",
-        ),
         (
             ("--cross-device-ops", "nccl", "--strategy", "multi-worker"),
             "--cross-device-ops nccl chooses TensorFlow's",

@@ -54,3 +54,15 @@ def test_a_model_with_its_own_train_step_is_not_profiled_in_one_line(mnist_dir):
         .splitlines()[-1]
         .startswith("mirrorfit: error: --profile: _OwnStep's own train_step is one piece")
     )
+
+
+def test_a_built_in_model_is_profiled_on_jax(mnist_dir):
+    """Refused until the built-in models trained through mirrorfit.fit ("--profile breaks down
+    the built-in models' step on TensorFlow"): the fit runner times them on both engines."""
+    proc = run_cli(
+        *("train", "--backend", "jax", "--replicas", "2", "--data-dir", str(mnist_dir)),
+        *("--train-examples", "1024", "--epochs", "1", "--no-progress", "--profile"),
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (line,) = [ln for ln in proc.stderr.splitlines() if ln.startswith("profile, per step")]
+    assert "compute" in line and "all-reduce" in line, line

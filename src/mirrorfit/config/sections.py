@@ -73,7 +73,7 @@ class DistributionSettings(Section):
     shard: str = "none"  # JAX: none, optimizer (ZeRO-1) or all (FSDP): what is split over devices
     model_parallel: int = 1  # JAX: the devices each weight is split over (a data x model mesh)
     sync_batchnorm: bool = False  # BatchNormalization's statistics over every replica's share
-    profile: bool = False  # break down the engine's step (TensorFlow, one process)
+    profile: bool = False  # break down the step (one process)
 
     def check(self) -> None:
         backend = backends.resolve(self.backend)
@@ -89,9 +89,6 @@ class DistributionSettings(Section):
             strategy=self.strategy,
             cross_device_ops=self.cross_device_ops,
             communication=self.communication,
-            # a built-in model's loop (a --model function's compiled model: both engines;
-            # TrainConfig holds the model beside this section)
-            profile=self.profile and ":" not in getattr(self, "model", ""),
             shard=self.shard,
             model_parallel=self.model_parallel,
         )

@@ -85,7 +85,6 @@ def check_settings(
     strategy: str = "auto",
     cross_device_ops: str = "auto",
     communication: str = "auto",
-    profile: bool = False,
     shard: str = "none",
     export_dir: str | None = None,
     model_parallel: int = 1,
@@ -133,13 +132,6 @@ def check_settings(
         raise ConfigError(
             f"--communication {communication} chooses TensorFlow's multi-worker "
             f"collectives: drop it with --backend {backend}"
-        )
-    if profile and not can.profiles_built_in_step:
-        raise ConfigError(
-            "--profile breaks down the built-in models' step on TensorFlow; under "
-            f"--backend {backend} the summary reports the input wait (input_wait_share) "
-            "without it: drop --profile, use --backend tensorflow, or train a compiled "
-            "--model package.module:function (profiled on both backends)"
         )
 
 

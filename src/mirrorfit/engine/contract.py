@@ -24,7 +24,6 @@ class Capabilities:
     exports_saved_model: bool  # writes a SavedModel itself (--export-dir)
     compiles_every_step: bool  # the whole step is always compiled (--xla is what it does)
     chooses_collectives: bool  # --cross-device-ops and --communication
-    profiles_built_in_step: bool  # --profile of a built-in model's step
     syncs_batchnorm_under_xla: bool  # synchronized BatchNormalization in a jit-compiled step
 
 

@@ -136,7 +136,6 @@ CAPABILITIES = Capabilities(
     exports_saved_model=False,  # a SavedModel needs TensorFlow: `mirrorfit export` writes it
     compiles_every_step=True,  # XLA compiles the whole step always (--xla is what it does)
     chooses_collectives=False,  # XLA does the all-reduce
-    profiles_built_in_step=False,  # the built-in step is one jitted program
     syncs_batchnorm_under_xla=True,  # the whole step is one XLA program
 )
 

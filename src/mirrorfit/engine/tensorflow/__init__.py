@@ -123,7 +123,6 @@ CAPABILITIES = Capabilities(
     exports_saved_model=True,
     compiles_every_step=False,  # --xla compiles each replica's step; without it, tf.function
     chooses_collectives=True,  # --cross-device-ops, --communication
-    profiles_built_in_step=True,
     syncs_batchnorm_under_xla=False,  # a replica's XLA pass cannot all-reduce (merge_call)
 )
 
