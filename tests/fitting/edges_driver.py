@@ -6,6 +6,10 @@ edges_driver.py BACKEND DIR``; prints one JSON line.
   accuracy against the same figures computed here from the model's own ``predict``.
 * Out of memory inside ``fit`` (a callback allocates 16 TiB, the framework's own error): the
   same error raised, with a note of what to try.
+* BatchNormalization without ``sync_batchnorm``, one step of 64 rows whose halves (one per
+  replica) differ: its moving statistics are the replicas' averaged (momentum 0.99 from 0 and
+  1: 0.01 x the mean of the halves' means and variances), the same on every replica, and the
+  model predicts in memory as it does saved and loaded.
 * A model with a bfloat16 layer (its variables bfloat16, not only its compute) checkpointed by
   ``checkpoint_dir`` after 2 epochs, then resumed to 3: its weights against an uninterrupted
   3-epoch run, and their dtypes.
@@ -74,6 +78,51 @@ try:
     out["oom"] = None
 except Exception as e:  # noqa: BLE001 - reported to the test
     out["oom"] = {"type": type(e).__name__, "notes": getattr(e, "__notes__", [])}
+
+xb = x[:64].copy()
+xb[32:] = 3 * xb[32:] + 2  # the second replica's half: another mean and variance
+keras.utils.set_random_seed(1)
+bn_model = keras.Sequential(
+    [keras.Input((12,)), keras.layers.BatchNormalization(), keras.layers.Dense(4)]
+)
+bn_model.compile(keras.optimizers.SGD(0.05), loss="mse")
+mirrorfit.fit(bn_model, xb, np.zeros((64, 4)), batch_size=64, epochs=1, shuffle=False, verbose=0)
+bn = bn_model.layers[0]
+halves = (xb[:32].astype(np.float64), xb[32:].astype(np.float64))
+
+
+def copies(variable) -> list:
+    value = variable.value
+    if BACKEND == "tensorflow":
+        return [
+            np.asarray(c) for c in bn_model.distribute_strategy.experimental_local_results(value)
+        ]
+    return [np.asarray(shard.data) for shard in value.addressable_shards]
+
+
+DIR.mkdir(parents=True, exist_ok=True)
+bn_model.save(DIR / "bn.keras")
+out["batchnorm"] = {
+    "mean_off": float(
+        np.abs(np.asarray(bn.moving_mean) - 0.01 * np.mean([h.mean(0) for h in halves], 0)).max()
+    ),
+    "variance_off": float(
+        np.abs(
+            np.asarray(bn.moving_variance) - (0.99 + 0.01 * np.mean([h.var(0) for h in halves], 0))
+        ).max()
+    ),
+    "copies_apart": max(
+        float(np.abs(c - copies(v)[0]).max())
+        for v in (bn.moving_mean, bn.moving_variance)
+        for c in copies(v)
+    ),
+    "saved_apart": float(
+        np.abs(
+            bn_model.predict(xb, verbose=0)
+            - keras.saving.load_model(DIR / "bn.keras").predict(xb, verbose=0)
+        ).max()
+    ),
+}
 
 kw = dict(batch_size=64, shuffle=False, verbose=0)
 whole = build(bf16=True)

@@ -584,7 +584,8 @@ def test_fp16_overflow_on_one_replica_skips_the_step_on_every_replica():
 def test_evaluate_past_the_data_and_bf16_weights_through_a_checkpoint(backend, tmp_path):
     """tests/fitting/edges_driver.py: evaluate with a batch larger than the data and with a
     partial last batch gives the loss and accuracy of the model's own predictions; out of
-    memory inside fit is the framework's error with a note of what to try; a model
+    memory inside fit is the framework's error with a note of what to try; BatchNormalization's
+    moving statistics are the replicas' averaged, one copy as saved; a model
     with a bfloat16 layer resumes from its checkpoint to the uninterrupted run's weights."""
     out = run_isolated(HERE / "edges_driver.py", backend, tmp_path)
     for n in (5, 1001):
@@ -597,6 +598,11 @@ def test_evaluate_past_the_data_and_bf16_weights_through_a_checkpoint(backend, t
     ours = [n for n in oom["notes"] if n.startswith("mirrorfit")]  # JAX adds one of its own
     assert [n.split(";")[0] for n in ours] == ["mirrorfit.fit: out of memory at batch_size=64"]
     assert "accum_steps=K" in ours[0], oom
+    # on 7fa54d9 (TensorFlow) each replica kept its own moving statistics and the model saved
+    # replica 0's: mean_off 1.4e-2, copies_apart 0.12, saved_apart 0.50
+    bn = out["batchnorm"]
+    assert bn["mean_off"] < 1e-6 and bn["variance_off"] < 1e-6, bn
+    assert bn["copies_apart"] == 0.0 and bn["saved_apart"] == 0.0, bn
     bf16 = out["bf16"]
     assert bf16["dtypes"] == ["bfloat16", "bfloat16", "float32", "float32"], bf16
     assert bf16["epochs_trained"] == 1 and bf16["max_diff"] == 0.0, bf16
