@@ -5,9 +5,11 @@ good batch alone. Each replica computes its own gradients: without one agreement
 the first replica would apply a step the second skips, and the copies would part. Prints one
 JSON line: the loss scale and applied steps, whether the replicas' copies agree, how far the
 weights are from the good step alone, and the layers' compute dtypes. (JAX runs the global
-batch as one program: one check sees every gradient.)"""
+batch as one program: one check sees every gradient.) Also whether a rerun in the same
+process (a notebook's cell run again) resumes the fp16 checkpoint its first run wrote."""
 
 import json
+import tempfile
 
 import numpy as np
 
@@ -43,6 +45,15 @@ model, alone = build(), build()
 mirrorfit.fit(model, np.concatenate([bad, x]), np.concatenate([y, y]), **kw)
 mirrorfit.fit(alone, x, y, **kw)
 optimizer, start = model.optimizer, build().get_weights()
+# A notebook's rerun: the same cell builds and compiles again in the same process (Keras names
+# the new optimizer sgd_1, and the LossScaleOptimizer's config holds that name), then resumes.
+with tempfile.TemporaryDirectory() as folder:
+    mirrorfit.fit(build(), x, y, checkpoint_dir=folder, **kw)
+    try:
+        mirrorfit.fit(build(), x, y, checkpoint_dir=folder, **{**kw, "epochs": 2})
+        rerun_refused = None
+    except ValueError as e:
+        rerun_refused = str(e)
 copies = [
     [np.asarray(c) for c in model.distribute_strategy.experimental_local_results(w.value)]
     for w in model.weights
@@ -50,6 +61,7 @@ copies = [
 print(
     json.dumps(
         {
+            "rerun_refused": rerun_refused,
             "initial_scale": float(optimizer.initial_scale),
             "scale": float(optimizer.dynamic_scale.numpy()),
             "applied": int(optimizer.iterations.numpy()),

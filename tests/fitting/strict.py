@@ -104,6 +104,10 @@ cases = {
     "class_weight_fractional_key": lambda: mirrorfit.fit(
         classifier(), x, labels, class_weight={0.5: 1.0}, **kw
     ),
+    # a string is truthy: "no" dropped the remainder without a word (a hostile pass, 3e2d8f1)
+    "drop_remainder_string": lambda: mirrorfit.fit(
+        classifier(), x, labels, drop_remainder="no", **kw
+    ),
     "validation_split_above_1": lambda: mirrorfit.fit(
         classifier(), x, labels, validation_split=1.5, **kw
     ),

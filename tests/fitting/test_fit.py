@@ -448,6 +448,7 @@ def test_what_keras_takes_trains_and_what_it_should_not_is_one_line(backend, tmp
         "class_weight_absent_class": "class_weight names class 7, which no training label holds",
         "class_weight_string_key": "class_weight has the key '0'; its keys are class indices",
         "class_weight_fractional_key": "class_weight has the key 0.5; its keys are class",
+        "drop_remainder_string": "drop_remainder='no': give True or False",
         "validation_split_above_1": "validation_split=1.5: give a fraction of the data",
         "validation_split_of_a_dataset": "validation_split=0.25 holds out the last rows of "
         "arrays; x is a _BatchDataset: give validation_data",
@@ -575,6 +576,8 @@ def test_fp16_overflow_on_one_replica_skips_the_step_on_every_replica():
     assert (out["compute"], out["output"]) == ("float16", "float32")
     assert out["scale"] == out["initial_scale"] / 2 and out["applied"] == 1, out
     assert out["replicas_agree"] and out["finite"], out
+    # on 7fa54d9 refused: "trained with LossScaleOptimizer inner_optimizer={... 'sgd' ...}"
+    assert out["rerun_refused"] is None, out["rerun_refused"]
     assert out["moved"] > 1e-3  # the good step changes the weights...
     assert out["from_good_alone"] <= 1e-6, out  # ...as it does on its own
 
@@ -596,8 +599,10 @@ def test_evaluate_past_the_data_and_bf16_weights_through_a_checkpoint(backend, t
         oom["type"] == {"jax": "JaxRuntimeError", "tensorflow": "ResourceExhaustedError"}[backend]
     )
     ours = [n for n in oom["notes"] if n.startswith("mirrorfit")]  # JAX adds one of its own
-    assert [n.split(";")[0] for n in ours] == ["mirrorfit.fit: out of memory at batch_size=64"]
-    assert "accum_steps=K" in ours[0], oom
+    assert [n.split(";")[0] for n in ours] == [
+        "mirrorfit.fit: out of memory while training at batch_size=64"
+    ]
+    assert "accum_steps=K" in ours[0] and ("shard=" in ours[0]) == (backend == "jax"), oom
     # on 7fa54d9 (TensorFlow) each replica kept its own moving statistics and the model saved
     # replica 0's: mean_off 1.4e-2, copies_apart 0.12, saved_apart 0.50
     bn = out["batchnorm"]

@@ -457,7 +457,8 @@ def _check_identity(
                 f"{found} holds another model's checkpoint ({reason(meta.get(key), mine[key])}); "
                 f"{fix}"
             )
-    theirs = meta.get("optimizer_settings")
+    # (older checkpoints hold the inner optimizer's name)
+    theirs = _without_names(meta.get("optimizer_settings"))
     if optimizer is None or not isinstance(theirs, dict) or theirs == optimizer:
         return
     name = next(k for k in sorted({*theirs, *optimizer}) if theirs.get(k) != optimizer.get(k))
@@ -764,8 +765,19 @@ def optimizer_settings(model) -> dict | None:
     opt = model.optimizer
     if int(ops.convert_to_numpy(opt.iterations)) > 0:
         return None
-    config = {k: v for k, v in opt.get_config().items() if k != "name"}
-    return json.loads(json.dumps(config, sort_keys=True, default=lambda o: type(o).__name__))
+    config = json.dumps(opt.get_config(), sort_keys=True, default=lambda o: type(o).__name__)
+    return _without_names(json.loads(config))
+
+
+def _without_names(config):
+    """``config`` less every ``name``, nested ones too: Keras numbers the optimizers a
+    process makes (``sgd``, ``sgd_1``), and fp16's LossScaleOptimizer holds its inner one's
+    config, so a notebook's rerun of the same cell named another optimizer."""
+    if isinstance(config, dict):
+        return {k: _without_names(v) for k, v in config.items() if k != "name"}
+    if isinstance(config, list):
+        return [_without_names(v) for v in config]
+    return config
 
 
 def _differs(theirs, mine) -> str:

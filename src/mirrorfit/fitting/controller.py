@@ -32,7 +32,7 @@ def train(run, data: Epochs, val, callbacks, hooks, span: Span, saver, allow_nan
         allow_nan, lambda: saver.last if saver is not None else None, every_call=workers.count > 1
     )
     try:
-        with memory_noted(data.size):
+        with memory_noted(data.size, run.backend):
             _train(run, data, val, callbacks, hooks, span, saver, guard)
     finally:  # a checkpoint still committing in the background ends before fit returns
         if saver is not None:

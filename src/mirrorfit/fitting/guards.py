@@ -85,18 +85,19 @@ def out_of_memory(error: BaseException) -> bool:
 
 
 @contextlib.contextmanager
-def memory_noted(batch_size: int) -> Iterator[None]:
+def memory_noted(batch_size: int, backend: str) -> Iterator[None]:
     """The framework's out-of-memory error raised as it is (a script may catch its type), with
     a note of what to try in this API's words."""
     try:
         yield
     except Exception as e:
         if out_of_memory(e) and not is_disk_full(e):
+            split = ", or setup(shard='optimizer' or 'all') to split the state" * (backend == "jax")
             e.add_note(
-                f"mirrorfit.fit: out of memory at batch_size={batch_size}; try a smaller "
-                "batch_size with accum_steps=K (K micro-batches a step keep the effective "
-                "batch), setup(precision='bf16'), or on JAX setup(shard='optimizer') or "
-                "shard='all' (the state split over the devices)"
+                f"mirrorfit.fit: out of memory while training at batch_size={batch_size}; "
+                "where the step ran out (not a callback), try a smaller batch_size with "
+                "accum_steps=K (K micro-batches a step keep the effective batch), "
+                f"setup(precision='bf16'){split}"
             )
         raise
 

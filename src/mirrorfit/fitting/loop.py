@@ -92,6 +92,7 @@ def fit(
                 "checkpoint_dir; give one, or leave it out"
             )
         epochs = _checked_int("epochs", epochs, 0)
+        drop_remainder = _checked_bool("drop_remainder", drop_remainder)  # "no" is truthy
         initial_epoch = _checked_int("initial_epoch", initial_epoch, 0)
         validation_freq = _checked_int("validation_freq", validation_freq, 1)
         refused = None
