@@ -92,7 +92,10 @@ def memory_noted(batch_size: int, backend: str) -> Iterator[None]:
         yield
     except Exception as e:
         if out_of_memory(e) and not is_disk_full(e):
-            split = ", or setup(shard='optimizer' or 'all') to split the state" * (backend == "jax")
+            from mirrorfit.engine.backends import capabilities
+
+            splits = capabilities(backend).splits_state
+            split = ", or setup(shard='optimizer' or 'all') to split the state" * splits
             e.add_note(
                 f"mirrorfit.fit: out of memory while training at batch_size={batch_size}; "
                 "where the step ran out (not a callback), try a smaller batch_size with "

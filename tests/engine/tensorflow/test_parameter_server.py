@@ -126,7 +126,8 @@ def test_a_killed_worker_is_restarted_and_its_steps_retried(tmp_path):
     assert proc.returncode == 0 and killed is not None, text[-4000:]
     assert "worker 1 exited with SIGKILL (-9); restarting worker 1 alone" in text
     summary = json.loads(out.read_text())
-    assert summary["steps"] == 2 * 25_600 // 128
+    # the killed call's steps may be counted again when rerun: at most one call (20 steps)
+    assert 2 * 25_600 // 128 <= summary["steps"] <= 2 * 25_600 // 128 + 20, summary["steps"]
     assert summary["optimizer_updates"] >= summary["steps"], summary["optimizer_updates"]
     assert summary["test_accuracy"] >= 0.8, summary["test_accuracy"]  # 2 epochs of SGD 0.01
 
